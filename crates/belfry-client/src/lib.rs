@@ -1,0 +1,1 @@
+//! A Rust client for Belfry's HTTP API (work in progress).

@@ -1,0 +1,19 @@
+//! Belfry's domain vocabulary, shared by every other crate.
+//!
+//! This crate performs no I/O and never reads a clock by itself: time arrives through the
+//! [`Clock`] trait so that tests and the simulation can drive it.
+
+pub mod clock;
+pub mod id;
+pub mod limits;
+pub mod queue;
+pub mod retry;
+pub mod task;
+
+pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
+pub use id::{ParseTaskIdError, TaskId};
+pub use queue::{InvalidQueueName, QueueName};
+pub use retry::RetryPolicy;
+pub use task::{
+    Header, LatePolicy, LeaseId, LeasedTask, NewTask, PayloadKind, Priority, Task, TaskState,
+};

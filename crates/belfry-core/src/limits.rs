@@ -1,0 +1,44 @@
+//! Named limits. Every bound the system enforces lives here or in validated config, with the
+//! reason for its value.
+
+/// Longest queue name. Names appear in file names, metric labels and Redis keys.
+pub const QUEUE_NAME_LEN_MAX: usize = 128;
+
+/// Default largest payload (1 MiB): large enough for any notification body, small enough that
+/// a batch of them fits comfortably in memory while it is being committed.
+pub const PAYLOAD_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
+
+/// Tasks in one batch submit request.
+pub const BATCH_TASKS_MAX: usize = 1_000;
+
+/// Tasks handed out by one lease call.
+pub const LEASE_TASKS_MAX: usize = 1_000;
+
+/// Longest long-poll a lease call may ask for (30 s), below common proxy idle timeouts.
+pub const LEASE_WAIT_MS_MAX: u64 = 30_000;
+
+/// Shortest and longest visibility timeout of a lease.
+pub const LEASE_VISIBILITY_MS_MIN: u64 = 100;
+pub const LEASE_VISIBILITY_MS_MAX: u64 = 12 * 60 * 60 * 1000;
+
+/// Default visibility timeout when a consumer does not name one.
+pub const LEASE_VISIBILITY_MS_DEFAULT: u64 = 30_000;
+
+/// Default horizon: how far in the future a task may be due (10 years).
+pub const HORIZON_MS_DEFAULT: u64 = 10 * 365 * 24 * 60 * 60 * 1000;
+
+/// Headers on one task, and the size of each, so a task's metadata stays small next to its
+/// payload.
+pub const HEADERS_MAX: usize = 64;
+pub const HEADER_NAME_LEN_MAX: usize = 256;
+pub const HEADER_VALUE_LEN_MAX: usize = 4096;
+
+/// Longest idempotency key.
+pub const IDEMPOTENCY_KEY_LEN_MAX: usize = 256;
+
+/// Most delivery attempts a retry policy may allow.
+pub const RETRY_ATTEMPTS_MAX: u32 = 1_000;
+
+const _: () = assert!(LEASE_VISIBILITY_MS_MIN <= LEASE_VISIBILITY_MS_DEFAULT);
+const _: () = assert!(LEASE_VISIBILITY_MS_DEFAULT <= LEASE_VISIBILITY_MS_MAX);
+const _: () = assert!(LEASE_TASKS_MAX <= BATCH_TASKS_MAX);

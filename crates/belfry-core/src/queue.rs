@@ -1,0 +1,84 @@
+//! Queue names.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::limits::QUEUE_NAME_LEN_MAX;
+
+/// A validated queue name: 1 to 128 characters of `[A-Za-z0-9_.-]`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct QueueName(String);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("queue names are 1 to {QUEUE_NAME_LEN_MAX} characters of A-Z, a-z, 0-9, '_', '.' and '-'; got {got:?}")]
+pub struct InvalidQueueName {
+    pub got: String,
+}
+
+impl QueueName {
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidQueueName> {
+        let name = name.into();
+        let valid = !name.is_empty()
+            && name.len() <= QUEUE_NAME_LEN_MAX
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        // "." and ".." are refused because queue names become file names.
+        if valid && name != "." && name != ".." {
+            Ok(QueueName(name))
+        } else {
+            Err(InvalidQueueName {
+                got: name.chars().take(QUEUE_NAME_LEN_MAX + 8).collect(),
+            })
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl FromStr for QueueName {
+    type Err = InvalidQueueName;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        QueueName::new(s)
+    }
+}
+
+impl fmt::Display for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for QueueName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "QueueName({:?})", self.0)
+    }
+}
+
+impl AsRef<str> for QueueName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_names() {
+        let check = |name: &str, ok: bool| assert_eq!(QueueName::new(name).is_ok(), ok, "{name:?}");
+        check("orders", true);
+        check("a.b-c_D9", true);
+        check(&"x".repeat(128), true);
+        check(&"x".repeat(129), false);
+        check("", false);
+        check(".", false);
+        check("..", false);
+        check("a/b", false);
+        check("a b", false);
+        check("ü", false);
+    }
+}

@@ -1,0 +1,1 @@
+//! Server (work in progress).

@@ -1,0 +1,1 @@
+//! Sinks (work in progress).

@@ -1,0 +1,9 @@
+//! Belfry's storage: the [`Store`] trait every backend implements, the embedded timeline
+//! engine, and [`MemoryStore`], the simple reference implementation the engine is tested
+//! against.
+
+pub mod memory;
+mod store;
+
+pub use memory::MemoryStore;
+pub use store::*;

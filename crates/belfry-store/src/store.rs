@@ -1,0 +1,224 @@
+//! The contract between the server and a storage backend.
+//!
+//! All methods are synchronous and may block on disk or network I/O: async callers run them on
+//! a blocking thread. Time is always passed in (`now_ms`, wall clock): a store never reads a
+//! clock, which keeps it deterministic under test and lets the caller guarantee that no task is
+//! handed out before it is due.
+//!
+//! Durability: when a mutating call returns `Ok`, its effect survives a crash of the process
+//! (and, with the default fsync policy, of the machine).
+
+use std::io;
+
+use belfry_core::{LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState, UnixMs};
+use bytes::Bytes;
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Operating errors of a store. Expected outcomes (nothing due, stale lease) are not errors:
+/// they are the `*Outcome` enums below.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("queue {0} does not exist")]
+    QueueNotFound(QueueName),
+    #[error("I/O error while trying to {context}: {source}")]
+    Io {
+        context: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("corrupt data in {location}: {detail}")]
+    Corrupt { location: String, detail: String },
+    #[error("the store stopped after a fatal error and must be reopened: {0}")]
+    Poisoned(String),
+    #[error("the store is closed")]
+    Closed,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+/// The result of putting one task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// A new task was stored.
+    Created { id: TaskId, due_at_ms: UnixMs },
+    /// A task with the same idempotency key is already known; nothing was stored.
+    Duplicate(Box<Task>),
+}
+
+impl PutOutcome {
+    pub fn id(&self) -> TaskId {
+        match self {
+            PutOutcome::Created { id, .. } => *id,
+            PutOutcome::Duplicate(task) => task.id,
+        }
+    }
+}
+
+/// The result of a claim: tasks now leased, and tasks that the claim finished because their
+/// late policy said so.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClaimBatch {
+    pub leased: Vec<LeasedTask>,
+    /// Found later than their `LatePolicy::Skip` allowed: now `Done`, never delivered.
+    pub late_skipped: Vec<TaskId>,
+    /// Found later than their `LatePolicy::Dead` allowed: now `Dead`.
+    pub late_dead: Vec<TaskId>,
+}
+
+/// The result of ack, nack, extend or dead-lettering a leased task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    Ok,
+    /// No such task in this queue.
+    NotFound,
+    /// The task is not leased under this lease id (it expired, was re-leased, or finished).
+    LeaseExpired,
+}
+
+/// The result of cancel or reschedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChangeOutcome {
+    Ok,
+    NotFound,
+    /// Only scheduled tasks can be cancelled or rescheduled; this one is in another state.
+    WrongState(TaskState),
+}
+
+/// Per-queue counts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueCounts {
+    /// Scheduled tasks, due or not (includes `due`).
+    pub pending: u64,
+    /// Scheduled tasks whose due time has passed.
+    pub due: u64,
+    /// Leased tasks whose lease has not expired.
+    pub in_flight: u64,
+    /// Dead letters.
+    pub dead: u64,
+}
+
+/// A storage backend.
+///
+/// Semantics every implementation must share (checked by the conformance tests):
+/// - `claim` never returns a task whose due time is after `now_ms`.
+/// - Due tasks are claimed high priority first, then by due time, then in submit order.
+/// - A lease that reaches `lease_until_ms` without ack ends: the task is due again (with its
+///   original due time, so it goes to the front) and the old lease id is refused.
+/// - Finished tasks (done, cancelled) may be forgotten at any time after they finish: `get`
+///   may then return `None` and their idempotency key may be reused. Dead tasks are kept until
+///   redriven or their queue is deleted.
+pub trait Store: Send + Sync + 'static {
+    // ---- queues ----
+
+    /// Creates the queue or replaces its configuration. `config` is opaque to the store.
+    /// Returns whether the queue was created.
+    fn put_queue(&self, queue: &QueueName, config: Bytes) -> Result<bool>;
+    fn get_queue(&self, queue: &QueueName) -> Result<Option<Bytes>>;
+    fn list_queues(&self) -> Result<Vec<(QueueName, Bytes)>>;
+    /// Deletes the queue and every task in it. Returns whether it existed.
+    fn delete_queue(&self, queue: &QueueName) -> Result<bool>;
+
+    // ---- tasks ----
+
+    /// Stores tasks, durably, all or none. Every task's queue must exist. Outcomes are in input
+    /// order. A task whose idempotency key is already known in its queue (or earlier in the
+    /// same batch) is a `Duplicate` of the first.
+    fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>>;
+    fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>>;
+    fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>>;
+    fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+    fn reschedule(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        due_at_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<ChangeOutcome>;
+
+    // ---- delivery ----
+
+    /// Leases up to `max` due tasks until `now_ms + visibility_ms`, counting an attempt on each.
+    fn claim(
+        &self,
+        queue: &QueueName,
+        now_ms: UnixMs,
+        max: usize,
+        visibility_ms: u64,
+    ) -> Result<ClaimBatch>;
+    /// The task was handled: it becomes `Done`.
+    fn ack(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
+    /// The attempt failed: the task is scheduled again, due at `retry_at_ms`.
+    fn nack(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        retry_at_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
+    /// Moves the lease deadline to `lease_until_ms`.
+    fn extend(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        lease_until_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
+    /// The task cannot be delivered: it becomes `Dead` with `reason`.
+    fn dead_letter(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
+
+    // ---- dead letters ----
+
+    /// Dead tasks in id order, starting after `after`.
+    fn list_dead(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<Task>>;
+    /// A dead task is scheduled again, due at `now_ms`, with its attempt count reset.
+    fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+
+    // ---- observation ----
+
+    fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts>;
+    /// How many scheduled tasks fall due in each of `steps` intervals of `step_ms`, the first
+    /// starting at `from_ms`.
+    fn forecast(
+        &self,
+        queue: &QueueName,
+        from_ms: UnixMs,
+        step_ms: u64,
+        steps: usize,
+    ) -> Result<Vec<u64>>;
+    /// The earliest instant at which `claim` could return something (a due time or a lease
+    /// expiry), or `None` when the queue holds nothing to deliver. A dispatcher sleeps until
+    /// then (or until new tasks arrive).
+    fn next_due_ms(&self, queue: &QueueName) -> Result<Option<UnixMs>>;
+
+    // ---- small metadata (schedules and the like) ----
+
+    fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> Result<()>;
+    fn get_meta(&self, namespace: &str, key: &str) -> Result<Option<Bytes>>;
+    fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool>;
+    fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>>;
+
+    /// Makes everything written so far durable (whatever the fsync policy) and waits for
+    /// background work to reach a consistent point. Called on shutdown.
+    fn flush(&self) -> Result<()>;
+}
