@@ -2,8 +2,10 @@
 //! engine, and [`MemoryStore`], the simple reference implementation the engine is tested
 //! against.
 
+pub mod engine;
 pub mod memory;
 mod store;
 
+pub use engine::{Engine, EngineOptions, FsyncPolicy};
 pub use memory::MemoryStore;
 pub use store::*;
