@@ -1,0 +1,46 @@
+//! Errors in a sink's configuration. Delivery failures are not errors: they are
+//! [`crate::Outcome`]s.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+/// Why a sink cannot be built from its configuration. Every message says what to change.
+///
+/// Messages never contain a URL's credentials or query string, nor the signing secret.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SinkError {
+    #[error("webhook url is not a valid absolute URL ({reason}); expected something like https://example.com/hooks/belfry")]
+    InvalidUrl { reason: String },
+
+    #[error("webhook url is {len} bytes long; the limit is {max} bytes")]
+    UrlTooLong { len: usize, max: usize },
+
+    #[error("webhook url scheme {scheme:?} is not supported; use http:// or https://")]
+    UnsupportedScheme { scheme: String },
+
+    #[error("webhook url has no host; expected something like https://example.com/hooks/belfry")]
+    MissingHost,
+
+    #[error("webhook target {host} is {range}; belfry refuses private, loopback and other internal targets to prevent server-side request forgery. Use a public address, or allow private targets in the server configuration if this target is intended")]
+    ForbiddenTarget { host: String, range: &'static str },
+
+    #[error("webhook target {host} resolves to {addr}, which is {range}; belfry refuses private, loopback and other internal targets to prevent server-side request forgery. Use a public address, or allow private targets in the server configuration if this target is intended")]
+    ForbiddenAddress {
+        host: String,
+        addr: IpAddr,
+        range: &'static str,
+    },
+
+    #[error("webhook host {host} could not be resolved ({reason}); check the host name")]
+    Unresolvable { host: String, reason: String },
+
+    #[error("webhook timeout must be between {min:?} and {max:?}, got {got:?}")]
+    InvalidTimeout {
+        got: Duration,
+        min: Duration,
+        max: Duration,
+    },
+
+    #[error("webhook secret must be 1 to {max} bytes long, got {len} bytes")]
+    InvalidSecret { len: usize, max: usize },
+}

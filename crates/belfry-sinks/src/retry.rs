@@ -1,0 +1,314 @@
+//! Transient or permanent: the one place that decides whether a failed delivery is retried or
+//! dead-lettered, for every sink.
+//!
+//! The backoff itself (exponential, capped, jittered) lives in `belfry_core::RetryPolicy`; this
+//! module only says *whether* to retry and *how long the target asked us to wait*.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use belfry_core::UnixMs;
+
+use crate::Outcome;
+
+/// Longest wait a `Retry-After` may impose (1 hour). A receiver that asks for a day (or sends a
+/// date years ahead by mistake) would otherwise park the task far beyond its retry policy;
+/// past this cap the queue's own backoff and attempt limit take over.
+pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(60 * 60);
+
+/// Longest `Retry-After` header value we try to parse. An IMF-fixdate is 29 bytes; anything
+/// much longer is garbage and is ignored without parsing.
+const RETRY_AFTER_LEN_MAX: usize = 64;
+
+/// Parses a `Retry-After` header value (RFC 9110 §10.2.3): either a number of seconds or an
+/// HTTP-date, which is turned into a delay from `now_ms`. A date in the past means "now"
+/// (zero). The result is capped at [`RETRY_AFTER_MAX`]. Anything unparsable is `None`, and the
+/// queue's own backoff applies.
+pub fn parse_retry_after(value: &[u8], now_ms: UnixMs) -> Option<Duration> {
+    if value.len() > RETRY_AFTER_LEN_MAX {
+        return None;
+    }
+    let text = std::str::from_utf8(value).ok()?.trim();
+    if text.is_empty() {
+        return None;
+    }
+    if text.bytes().all(|b| b.is_ascii_digit()) {
+        // All digits but too large for u64 is still "a very long time": cap it.
+        let seconds = text.parse::<u64>().unwrap_or(u64::MAX);
+        return Some(Duration::from_secs(seconds).min(RETRY_AFTER_MAX));
+    }
+    let date = httpdate::parse_http_date(text).ok()?;
+    let now = UNIX_EPOCH + Duration::from_millis(now_ms);
+    let wait = date.duration_since(now).unwrap_or(Duration::ZERO);
+    Some(wait.min(RETRY_AFTER_MAX))
+}
+
+/// Formats a wall-clock instant as an HTTP-date (for tests and for receivers' convenience).
+pub fn format_http_date(at_ms: UnixMs) -> String {
+    httpdate::fmt_http_date(SystemTime::UNIX_EPOCH + Duration::from_millis(at_ms))
+}
+
+/// Whether an HTTP status means "try again later".
+///
+/// 429 and every 5xx are transient by contract. 408 (Request Timeout) is too: the receiver
+/// gave up waiting for our request, which is the same failure as our own timeout.
+pub fn is_transient_status(status: u16) -> bool {
+    status == 429 || status == 408 || (500..=599).contains(&status)
+}
+
+/// The outcome for an HTTP response status. `retry_after` is the raw `Retry-After` header,
+/// honoured only for transient statuses. `detail` (may be empty) is appended to the reason so
+/// a dead letter says what the receiver answered.
+///
+/// 3xx is a rejection: redirects are never followed (a redirect could point at an internal
+/// address the target check never saw), so the queue must name the final URL.
+pub fn classify_status(
+    status: u16,
+    retry_after: Option<&[u8]>,
+    now_ms: UnixMs,
+    detail: &str,
+) -> Outcome {
+    let mut reason = format!("HTTP {status}");
+    if let Some(text) = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+    {
+        reason.push(' ');
+        reason.push_str(text);
+    }
+    if (300..=399).contains(&status) {
+        reason.push_str(" (redirects are not followed; configure the final URL)");
+    }
+    if !detail.is_empty() {
+        reason.push_str(": ");
+        reason.push_str(detail);
+    }
+    if (200..=299).contains(&status) {
+        Outcome::Delivered
+    } else if is_transient_status(status) {
+        let after = retry_after.and_then(|value| parse_retry_after(value, now_ms));
+        Outcome::Retry { after, reason }
+    } else {
+        Outcome::Reject { reason }
+    }
+}
+
+/// A delivery that failed before any response arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportFailure {
+    /// The per-request timeout expired (connecting, sending or waiting for the answer).
+    Timeout,
+    /// The connection could not be made or broke (refused, reset, DNS failure, TLS error).
+    Connection,
+    /// The target resolved to an address the target policy forbids (possible DNS rebinding).
+    ForbiddenTarget,
+    /// The request could not even be built from the task (a bug or a bad configuration).
+    InvalidRequest,
+}
+
+/// The outcome for a delivery that got no response.
+pub fn classify_transport(failure: TransportFailure, detail: &str) -> Outcome {
+    let reason = |what: &str| {
+        if detail.is_empty() {
+            what.to_owned()
+        } else {
+            format!("{what}: {detail}")
+        }
+    };
+    match failure {
+        TransportFailure::Timeout => Outcome::Retry {
+            after: None,
+            reason: reason("timed out"),
+        },
+        TransportFailure::Connection => Outcome::Retry {
+            after: None,
+            reason: reason("connection failed"),
+        },
+        // Delivering to an internal address is exactly what the policy forbids; retrying would
+        // only give a rebinding attacker more chances.
+        TransportFailure::ForbiddenTarget => Outcome::Reject {
+            reason: reason("forbidden target"),
+        },
+        TransportFailure::InvalidRequest => Outcome::Reject {
+            reason: reason("invalid request"),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 2015-10-21T07:28:00Z, the instant in RFC 9110's example date.
+    const RFC_EXAMPLE_MS: UnixMs = 1_445_412_480_000;
+
+    #[test]
+    fn retry_after_values() {
+        let check = |input: &str, now_ms: UnixMs, expected: Option<u64>| {
+            assert_eq!(
+                parse_retry_after(input.as_bytes(), now_ms),
+                expected.map(Duration::from_millis),
+                "Retry-After {input:?} at {now_ms}"
+            );
+        };
+        // Seconds.
+        check("0", 0, Some(0));
+        check("7", 0, Some(7_000));
+        check(" 120 ", 0, Some(120_000));
+        check("3600", 0, Some(3_600_000));
+        check("3601", 0, Some(3_600_000));
+        check("99999999999999999999999", 0, Some(3_600_000));
+        // Not a number of seconds nor a date.
+        check("", 0, None);
+        check("   ", 0, None);
+        check("-5", 0, None);
+        check("1.5", 0, None);
+        check("+5", 0, None);
+        check("soon", 0, None);
+        check("5 seconds", 0, None);
+        check(&"9".repeat(65), 0, None);
+        // HTTP-date in its three forms, 90 s after "now".
+        let now = RFC_EXAMPLE_MS - 90_000;
+        check("Wed, 21 Oct 2015 07:28:00 GMT", now, Some(90_000));
+        check("Wednesday, 21-Oct-15 07:28:00 GMT", now, Some(90_000));
+        check("Wed Oct 21 07:28:00 2015", now, Some(90_000));
+        // A date in the past means now; a date far ahead is capped.
+        check(
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+            RFC_EXAMPLE_MS + 5_000,
+            Some(0),
+        );
+        check("Wed, 21 Oct 2015 07:28:00 GMT", RFC_EXAMPLE_MS, Some(0));
+        check("Wed, 21 Oct 2015 07:28:00 GMT", 0, Some(3_600_000));
+        // Sub-second "now": the date is whole seconds, the wait is exact to the millisecond.
+        check(
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+            RFC_EXAMPLE_MS - 1_500,
+            Some(1_500),
+        );
+        // Broken dates.
+        check("Wed, 32 Oct 2015 07:28:00 GMT", 0, None);
+        check("Wed, 21 Oct 2015 07:28:00", 0, None);
+    }
+
+    #[test]
+    fn retry_after_rejects_non_utf8() {
+        assert_eq!(parse_retry_after(&[0xff, b'5'], 0), None);
+    }
+
+    #[test]
+    fn formats_http_dates_that_parse_back() {
+        assert_eq!(
+            format_http_date(RFC_EXAMPLE_MS),
+            "Wed, 21 Oct 2015 07:28:00 GMT"
+        );
+        let now = RFC_EXAMPLE_MS - 30_000;
+        assert_eq!(
+            parse_retry_after(format_http_date(RFC_EXAMPLE_MS).as_bytes(), now),
+            Some(Duration::from_secs(30))
+        );
+    }
+
+    /// What a status should map to, without the free-text reason.
+    #[derive(Debug, PartialEq, Eq)]
+    enum Expected {
+        Delivered,
+        Retry(Option<u64>),
+        Reject,
+    }
+
+    fn project(outcome: &Outcome) -> Expected {
+        match outcome {
+            Outcome::Delivered => Expected::Delivered,
+            Outcome::Retry { after, .. } => Expected::Retry(after.map(|d| d.as_secs())),
+            Outcome::Reject { .. } => Expected::Reject,
+        }
+    }
+
+    #[test]
+    fn status_classification() {
+        let check = |status: u16, retry_after: Option<&str>, expected: Expected| {
+            let outcome = classify_status(status, retry_after.map(str::as_bytes), 0, "");
+            assert_eq!(
+                project(&outcome),
+                expected,
+                "status {status} Retry-After {retry_after:?}: {outcome:?}"
+            );
+        };
+        use Expected::*;
+        check(200, None, Delivered);
+        check(201, None, Delivered);
+        check(202, None, Delivered);
+        check(204, None, Delivered);
+        check(299, None, Delivered);
+        check(200, Some("30"), Delivered);
+        check(429, None, Retry(None));
+        check(429, Some("30"), Retry(Some(30)));
+        check(429, Some("garbage"), Retry(None));
+        check(429, Some("86400"), Retry(Some(3600)));
+        check(500, None, Retry(None));
+        check(502, None, Retry(None));
+        check(503, Some("5"), Retry(Some(5)));
+        check(504, None, Retry(None));
+        check(599, None, Retry(None));
+        check(408, None, Retry(None));
+        check(400, None, Reject);
+        check(401, None, Reject);
+        check(403, None, Reject);
+        check(404, Some("30"), Reject);
+        check(410, None, Reject);
+        check(413, None, Reject);
+        check(422, None, Reject);
+        check(499, None, Reject);
+        check(301, None, Reject);
+        check(302, Some("5"), Reject);
+        check(307, None, Reject);
+        check(308, None, Reject);
+        check(100, None, Reject);
+        check(600, None, Reject);
+    }
+
+    #[test]
+    fn reasons_name_the_status_and_the_detail() {
+        let check = |status: u16, detail: &str, expected: &str| {
+            let reason = match classify_status(status, None, 0, detail) {
+                Outcome::Delivered => String::new(),
+                Outcome::Retry { reason, .. } | Outcome::Reject { reason } => reason,
+            };
+            assert_eq!(reason, expected);
+        };
+        check(404, "", "HTTP 404 Not Found");
+        check(
+            503,
+            "down for maintenance",
+            "HTTP 503 Service Unavailable: down for maintenance",
+        );
+        check(
+            302,
+            "",
+            "HTTP 302 Found (redirects are not followed; configure the final URL)",
+        );
+        check(599, "x", "HTTP 599: x");
+    }
+
+    #[test]
+    fn transport_classification() {
+        let check = |failure: TransportFailure, expected: Expected| {
+            assert_eq!(
+                project(&classify_transport(failure, "detail")),
+                expected,
+                "{failure:?}"
+            );
+        };
+        check(TransportFailure::Timeout, Expected::Retry(None));
+        check(TransportFailure::Connection, Expected::Retry(None));
+        check(TransportFailure::ForbiddenTarget, Expected::Reject);
+        check(TransportFailure::InvalidRequest, Expected::Reject);
+        assert_eq!(
+            classify_transport(TransportFailure::Timeout, ""),
+            Outcome::Retry {
+                after: None,
+                reason: "timed out".into()
+            }
+        );
+    }
+}

@@ -1,0 +1,378 @@
+//! The HTTP webhook sink: POST each due task to a URL.
+//!
+//! Request: the payload bytes as the body (`application/json` or `application/octet-stream`),
+//! the task's own headers, then belfry's headers, which always win:
+//! `Belfry-Task-Id`, `Belfry-Queue`, `Belfry-Attempt`, `Belfry-Due-At` (unix ms), and with a
+//! secret `Belfry-Timestamp` (unix s) and `Belfry-Signature` (see [`signature`]).
+//! Response: classified by [`crate::retry`].
+
+pub mod signature;
+pub mod target;
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use belfry_core::{PayloadKind, Task, UnixMs};
+use hmac::Hmac;
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::Url;
+use sha2::Sha256;
+
+use crate::retry::{classify_status, classify_transport, TransportFailure};
+use crate::{Outcome, Sink, SinkError, TargetPolicy};
+
+/// Header names belfry sets on every webhook request.
+pub const HEADER_TASK_ID: &str = "belfry-task-id";
+pub const HEADER_QUEUE: &str = "belfry-queue";
+pub const HEADER_ATTEMPT: &str = "belfry-attempt";
+pub const HEADER_DUE_AT: &str = "belfry-due-at";
+pub const HEADER_TIMESTAMP: &str = "belfry-timestamp";
+pub const HEADER_SIGNATURE: &str = "belfry-signature";
+
+/// Shortest and longest per-request timeout. Under 100 ms a healthy receiver across a network
+/// could not answer; over 5 minutes a hung receiver would hold a concurrency slot (and delay
+/// the queue's other tasks) for too long.
+pub const TIMEOUT_MIN: Duration = Duration::from_millis(100);
+pub const TIMEOUT_MAX: Duration = Duration::from_secs(5 * 60);
+/// Timeout when the queue config names none.
+pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+
+/// Longest signing secret. Longer keys add no strength to HMAC-SHA256 (they are hashed first).
+pub const SECRET_BYTES_MAX: usize = 1024;
+
+/// How much of a failed response's body is kept in the outcome's reason: enough for an error
+/// message, small enough for a dead-letter record and a log line.
+const RESPONSE_DETAIL_BYTES_MAX: usize = 256;
+
+/// Task header names never forwarded: hop-by-hop headers (RFC 9110 §7.6.1), headers the HTTP
+/// client owns (`host`, `content-length`), `content-type` (set from the payload kind) and
+/// `expect`. Any name starting with `belfry-` is also skipped, so a producer cannot forge the
+/// task id, attempt or signature a receiver relies on.
+const SKIPPED_HEADERS: &[&str] = &[
+    "connection",
+    "content-length",
+    "content-type",
+    "expect",
+    "host",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+const RESERVED_HEADER_PREFIX: &str = "belfry-";
+
+/// Where and how to deliver one queue's tasks.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookConfig {
+    pub url: String,
+    /// Signing secret; when set, requests carry `Belfry-Timestamp` and `Belfry-Signature`.
+    pub secret: Option<String>,
+    /// Limit for one whole request: connecting, sending and receiving the answer.
+    pub timeout: Duration,
+}
+
+impl WebhookConfig {
+    pub fn new(url: impl Into<String>) -> Self {
+        WebhookConfig {
+            url: url.into(),
+            secret: None,
+            timeout: TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Never prints the secret, nor credentials or a query string in the URL (they often carry
+/// tokens).
+impl fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("url", &redact_url_str(&self.url))
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// `scheme://host:port/path`, without userinfo, query or fragment: safe for logs.
+pub fn redact_url(url: &Url) -> String {
+    let mut text = format!("{}://{}", url.scheme(), url.host_str().unwrap_or(""));
+    if let Some(port) = url.port() {
+        text.push_str(&format!(":{port}"));
+    }
+    text.push_str(url.path());
+    if url.query().is_some() {
+        text.push_str("?<redacted>");
+    }
+    text
+}
+
+fn redact_url_str(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(parsed) => redact_url(&parsed),
+        Err(_) => "<invalid url>".to_owned(),
+    }
+}
+
+/// Delivers tasks to one queue's webhook.
+pub struct WebhookSink {
+    url: Url,
+    /// The URL as logs may show it.
+    url_for_logs: String,
+    mac: Option<Hmac<Sha256>>,
+    timeout: Duration,
+    client: reqwest::Client,
+}
+
+impl fmt::Debug for WebhookSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WebhookSink")
+            .field("url", &self.url_for_logs)
+            .field("signed", &self.mac.is_some())
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+impl WebhookSink {
+    /// Checks the configuration and builds the sink.
+    ///
+    /// `client` should come from [`target::client_for`] with the same `policy` (or
+    /// [`target::default_client`] for the default policy): its DNS resolver is what enforces
+    /// the policy at connect time for host names. Share one client among all sinks so they
+    /// share its connection pool.
+    pub fn new(
+        config: WebhookConfig,
+        policy: TargetPolicy,
+        client: reqwest::Client,
+    ) -> Result<Self, SinkError> {
+        let url = target::validate_webhook_url(&config.url, &policy)?;
+        if !(TIMEOUT_MIN..=TIMEOUT_MAX).contains(&config.timeout) {
+            return Err(SinkError::InvalidTimeout {
+                got: config.timeout,
+                min: TIMEOUT_MIN,
+                max: TIMEOUT_MAX,
+            });
+        }
+        let mac = match &config.secret {
+            None => None,
+            Some(secret) if secret.is_empty() || secret.len() > SECRET_BYTES_MAX => {
+                return Err(SinkError::InvalidSecret {
+                    len: secret.len(),
+                    max: SECRET_BYTES_MAX,
+                })
+            }
+            Some(secret) => Some(signature::keyed(secret.as_bytes())),
+        };
+        Ok(WebhookSink {
+            url_for_logs: redact_url(&url),
+            url,
+            mac,
+            timeout: config.timeout,
+            client,
+        })
+    }
+
+    /// The target as logs may show it (no credentials, no query).
+    pub fn target_for_logs(&self) -> &str {
+        &self.url_for_logs
+    }
+
+    /// The request headers for one attempt.
+    fn headers(&self, task: &Task, attempt: u32, now_ms: UnixMs) -> HeaderMap {
+        let mut headers = HeaderMap::with_capacity(task.headers.len() + 7);
+        for (name, value) in &task.headers {
+            let lower = name.to_ascii_lowercase();
+            if lower.starts_with(RESERVED_HEADER_PREFIX)
+                || SKIPPED_HEADERS.contains(&lower.as_str())
+            {
+                continue;
+            }
+            match (
+                HeaderName::from_bytes(lower.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                // `append`, so repeated names in the task all arrive.
+                (Ok(name), Ok(value)) => {
+                    headers.append(name, value);
+                }
+                // The API validates headers on submit; one that still does not fit HTTP is
+                // dropped rather than failing the whole delivery. The value is not logged: it
+                // may be a credential.
+                _ => {
+                    tracing::debug!(task = %task.id, header = %lower.escape_debug(), "skip a task header that is not valid HTTP")
+                }
+            }
+        }
+        let content_type = match task.payload_kind {
+            PayloadKind::Json => "application/json",
+            PayloadKind::Binary => "application/octet-stream",
+        };
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        let mut set = |name: &'static str, value: String| {
+            // Ids, numbers and queue names are ASCII by construction, so this cannot fail;
+            // a failure would only drop the header, never panic.
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        };
+        set(HEADER_TASK_ID, task.id.to_string());
+        set(HEADER_QUEUE, task.queue.to_string());
+        set(HEADER_ATTEMPT, attempt.to_string());
+        set(HEADER_DUE_AT, task.due_at_ms.to_string());
+        if let Some(mac) = &self.mac {
+            let timestamp = (now_ms / 1000).to_string();
+            let signature = signature::sign_with(mac, &timestamp, &task.payload);
+            set(HEADER_SIGNATURE, signature);
+            set(HEADER_TIMESTAMP, timestamp);
+        }
+        headers
+    }
+
+    async fn deliver_once(&self, task: &Task, attempt: u32, now_ms: UnixMs) -> Outcome {
+        let request = self
+            .client
+            .post(self.url.clone())
+            .headers(self.headers(task, attempt, now_ms))
+            .timeout(self.timeout)
+            // `Bytes` clones share the buffer: the payload is not copied.
+            .body(task.payload.clone());
+        let outcome = match request.send().await {
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let retry_after = response
+                    .headers()
+                    .get(RETRY_AFTER)
+                    .map(|value| value.as_bytes().to_vec());
+                let detail = if response.status().is_success() {
+                    // Read (a bounded part of) the body anyway so the connection can return
+                    // to the pool.
+                    drain_detail(response).await;
+                    String::new()
+                } else {
+                    drain_detail(response).await
+                };
+                classify_status(status, retry_after.as_deref(), now_ms, &detail)
+            }
+            Err(error) => classify_transport(transport_failure(&error), &describe(&error)),
+        };
+        match &outcome {
+            Outcome::Delivered => {
+                tracing::debug!(task = %task.id, attempt, target = %self.url_for_logs, "delivered webhook")
+            }
+            Outcome::Retry { reason, after } => {
+                tracing::info!(task = %task.id, attempt, target = %self.url_for_logs, %reason, ?after, "webhook failed, will retry")
+            }
+            Outcome::Reject { reason } => {
+                tracing::warn!(task = %task.id, attempt, target = %self.url_for_logs, %reason, "webhook rejected the task")
+            }
+        }
+        outcome
+    }
+}
+
+impl Sink for WebhookSink {
+    fn deliver<'a>(
+        &'a self,
+        task: &'a Task,
+        attempt: u32,
+        now_ms: UnixMs,
+    ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>> {
+        Box::pin(self.deliver_once(task, attempt, now_ms))
+    }
+}
+
+/// Reads at most [`RESPONSE_DETAIL_BYTES_MAX`] of the body and returns it as printable text.
+/// The per-request timeout still applies to this read.
+async fn drain_detail(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < RESPONSE_DETAIL_BYTES_MAX {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = RESPONSE_DETAIL_BYTES_MAX - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    printable(&body)
+}
+
+/// Lossy UTF-8 with control characters replaced, so a receiver cannot inject lines into logs.
+fn printable(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_owned()
+}
+
+/// What kind of failure a client error is. The forbidden-target check is found by walking the
+/// error's sources down to our resolver's error.
+fn transport_failure(error: &reqwest::Error) -> TransportFailure {
+    if find_sink_error(error).is_some_and(|e| {
+        matches!(
+            e,
+            SinkError::ForbiddenAddress { .. } | SinkError::ForbiddenTarget { .. }
+        )
+    }) {
+        TransportFailure::ForbiddenTarget
+    } else if error.is_timeout() {
+        TransportFailure::Timeout
+    } else if error.is_builder() {
+        TransportFailure::InvalidRequest
+    } else {
+        TransportFailure::Connection
+    }
+}
+
+fn find_sink_error(error: &reqwest::Error) -> Option<&SinkError> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = source {
+        if let Some(found) = current.downcast_ref::<SinkError>() {
+            return Some(found);
+        }
+        source = current.source();
+    }
+    None
+}
+
+/// The error and its causes on one line, without the URL (it may hold credentials).
+fn describe(error: &reqwest::Error) -> String {
+    if let Some(sink_error) = find_sink_error(error) {
+        return sink_error.to_string();
+    }
+    let mut text = String::new();
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
+    // Our own words for the top level: reqwest's message would include the URL, and the
+    // causes below it do not.
+    let top = match error {
+        e if e.is_timeout() => "operation timed out",
+        e if e.is_connect() => "could not connect",
+        e if e.is_request() => "could not send the request",
+        e if e.is_body() => "could not read the response",
+        _ => "request failed",
+    };
+    text.push_str(top);
+    let mut depth = 0;
+    while let Some(current) = source {
+        // A bounded chain: error sources are finite, but be defensive about long ones.
+        if depth >= 8 {
+            break;
+        }
+        let piece = current.to_string();
+        if !text.ends_with(&piece) {
+            text.push_str(": ");
+            text.push_str(&piece);
+        }
+        source = current.source();
+        depth += 1;
+    }
+    printable(text.as_bytes())
+}
