@@ -259,7 +259,15 @@ impl WebhookSink {
                 };
                 classify_status(status, retry_after.as_deref(), now_ms, &detail)
             }
-            Err(error) => classify_transport(transport_failure(&error), &describe(&error)),
+            Err(error) => {
+                let failure = transport_failure(&error);
+                let detail = if failure == TransportFailure::Timeout {
+                    format!("no complete answer within {} ms", self.timeout.as_millis())
+                } else {
+                    describe(&error)
+                };
+                classify_transport(failure, &detail)
+            }
         };
         match &outcome {
             Outcome::Delivered => {

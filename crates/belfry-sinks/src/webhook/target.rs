@@ -376,13 +376,8 @@ impl reqwest::dns::Resolve for GuardedResolver {
         let policy = self.policy;
         Box::pin(async move {
             let host = name.as_str();
-            if !policy.allow_private && is_local_name(host) {
-                return Err(Box::new(SinkError::ForbiddenTarget {
-                    host: host.to_owned(),
-                    range: "a name that always resolves to loopback (localhost)",
-                })
-                    as Box<dyn std::error::Error + Send + Sync>);
-            }
+            // No by-name shortcut for `localhost` here (validation has one): at connect time
+            // the addresses are what matters, whatever the name.
             let addrs = resolve_host(host).await.map_err(|reason| {
                 Box::new(SinkError::Unresolvable {
                     host: host.to_owned(),
@@ -644,6 +639,39 @@ mod tests {
         .expect_err("loopback is refused");
         let text = error.to_string();
         assert!(!text.contains("hunter2") && !text.contains("abc"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn resolver_refuses_names_resolving_to_loopback() {
+        use reqwest::dns::Resolve;
+        let guarded = GuardedResolver {
+            policy: TargetPolicy::default(),
+        };
+        // "localhost" goes through the system resolver here (no by-name shortcut), so this
+        // exercises the address filter that runs at every connection.
+        for name in ["localhost", "127.0.0.1", "::1"] {
+            let name: reqwest::dns::Name = name.parse().expect("valid name");
+            let error = match guarded.resolve(name).await {
+                Ok(addrs) => panic!("resolved to {:?}", addrs.collect::<Vec<_>>()),
+                Err(error) => error,
+            };
+            let error = error
+                .downcast_ref::<SinkError>()
+                .expect("the resolver fails with a SinkError");
+            assert!(
+                matches!(error, SinkError::ForbiddenAddress { addr, .. } if addr.is_loopback()),
+                "{error}"
+            );
+        }
+        let permissive = GuardedResolver {
+            policy: TargetPolicy::ALLOW_PRIVATE,
+        };
+        let name: reqwest::dns::Name = "localhost".parse().expect("valid name");
+        let addrs: Vec<_> = permissive.resolve(name).await.expect("allowed").collect();
+        assert!(
+            addrs.iter().all(|a| a.ip().is_loopback()) && !addrs.is_empty(),
+            "{addrs:?}"
+        );
     }
 
     #[tokio::test]

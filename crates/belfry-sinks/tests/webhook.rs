@@ -1,0 +1,524 @@
+//! The webhook sink against a real HTTP receiver (axum) on 127.0.0.1, started by each test.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes as BodyBytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::Router;
+use belfry_core::{PayloadKind, QueueName, Task, TaskId, TaskState, UnixMs};
+use belfry_sinks::retry::format_http_date;
+use belfry_sinks::{
+    client_for, default_client, sign, verify_signature, Outcome, Sink, SinkError, TargetPolicy,
+    WebhookConfig, WebhookSink,
+};
+use bytes::Bytes;
+
+/// The dispatcher's "now" in these tests: 2023-11-14T22:13:20Z.
+const NOW_MS: UnixMs = 1_700_000_000_123;
+const SECRET: &str = "whsec_integration";
+
+/// One request as the receiver saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    mode: String,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Receiver {
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().expect("receiver lock").clone()
+    }
+}
+
+/// Answers according to the last path segment, after recording the request.
+async fn receive(
+    State(receiver): State<Receiver>,
+    Path(mode): Path<String>,
+    headers: HeaderMap,
+    body: BodyBytes,
+) -> Response {
+    receiver.seen.lock().expect("receiver lock").push(Seen {
+        mode: mode.clone(),
+        headers: headers.clone(),
+        body: body.clone(),
+    });
+    match mode.as_str() {
+        "ok" => StatusCode::OK.into_response(),
+        "accepted" => StatusCode::ACCEPTED.into_response(),
+        // Checks the signature the way a receiver would, refusing a bad one with 401.
+        "signed" => {
+            let header = |name: &str| {
+                headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_owned()
+            };
+            let timestamp = header("belfry-timestamp");
+            let signature = header("belfry-signature");
+            if verify_signature(SECRET.as_bytes(), &timestamp, &body, &signature) {
+                StatusCode::NO_CONTENT.into_response()
+            } else {
+                (StatusCode::UNAUTHORIZED, "bad signature").into_response()
+            }
+        }
+        "fail" => (StatusCode::INTERNAL_SERVER_ERROR, "boom\nsecond line").into_response(),
+        "busy" => (
+            StatusCode::TOO_MANY_REQUESTS,
+            [("retry-after", "7")],
+            "slow down",
+        )
+            .into_response(),
+        "busy-date" => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [("retry-after", format_http_date(NOW_MS - 123 + 120_000))],
+        )
+            .into_response(),
+        "busy-forever" => {
+            (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "999999")]).into_response()
+        }
+        "missing" => (StatusCode::NOT_FOUND, "no such hook").into_response(),
+        "gone" => StatusCode::GONE.into_response(),
+        "redirect" => (StatusCode::FOUND, [("location", "/hook/ok")]).into_response(),
+        "huge-error" => (StatusCode::BAD_REQUEST, "x".repeat(1 << 20)).into_response(),
+        "slow" => {
+            // Longer than any sink timeout in these tests; the test never waits for it.
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            StatusCode::OK.into_response()
+        }
+        _ => StatusCode::IM_A_TEAPOT.into_response(),
+    }
+}
+
+/// Starts a receiver on an ephemeral loopback port.
+async fn start_receiver() -> (Receiver, SocketAddr) {
+    let receiver = Receiver::default();
+    let app = Router::new()
+        .route("/hook/{mode}", post(receive))
+        .with_state(receiver.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the receiver");
+    let addr = listener.local_addr().expect("receiver address");
+    tokio::spawn(async move {
+        // Ends with the test's runtime.
+        let _ = axum::serve(listener, app).await;
+    });
+    (receiver, addr)
+}
+
+fn task(payload: &'static [u8], kind: PayloadKind, headers: &[(&str, &str)]) -> Task {
+    Task {
+        id: TaskId(0x0123_4567_89ab_cdef_0011_2233_4455_6677),
+        queue: QueueName::new("orders.eu-1").expect("valid queue name"),
+        due_at_ms: NOW_MS - 5_000,
+        payload: Bytes::from_static(payload),
+        payload_kind: kind,
+        headers: headers
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+            .collect(),
+        priority: Default::default(),
+        idempotency_key: None,
+        late_policy: Default::default(),
+        state: TaskState::Leased,
+        attempts: 3,
+        lease_until_ms: Some(NOW_MS + 30_000),
+        dead_reason: None,
+    }
+}
+
+/// A sink that may deliver to loopback, as every test receiver lives there.
+fn sink(addr: SocketAddr, mode: &str, secret: Option<&str>, timeout: Duration) -> WebhookSink {
+    let policy = TargetPolicy::ALLOW_PRIVATE;
+    WebhookSink::new(
+        WebhookConfig {
+            url: format!("http://{addr}/hook/{mode}"),
+            secret: secret.map(str::to_owned),
+            timeout,
+        },
+        policy,
+        client_for(&policy),
+    )
+    .expect("valid sink config")
+}
+
+fn header<'a>(seen: &'a Seen, name: &str) -> Vec<&'a str> {
+    seen.headers
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().expect("ascii header"))
+        .collect()
+}
+
+#[tokio::test]
+async fn delivers_json_with_belfry_headers_and_a_valid_signature() {
+    let (receiver, addr) = start_receiver().await;
+    let sink = sink(addr, "signed", Some(SECRET), Duration::from_secs(10));
+    let task = task(
+        br#"{"order":42}"#,
+        PayloadKind::Json,
+        &[
+            ("X-Custom", "one"),
+            ("x-custom", "two"),
+            ("Authorization", "Bearer t0ken"),
+            // Each of these would clash with belfry's or the client's own headers.
+            ("Belfry-Attempt", "99"),
+            ("belfry-signature", "v1=forged"),
+            ("Belfry-Anything", "reserved prefix"),
+            ("Host", "evil.example"),
+            ("Content-Length", "1"),
+            ("Content-Type", "text/plain"),
+            ("Connection", "close"),
+            ("Transfer-Encoding", "chunked"),
+            // Not valid HTTP: skipped, the delivery still happens.
+            ("bad header", "x"),
+            ("X-Bad-Value", "line\nbreak"),
+        ],
+    );
+
+    let outcome = sink.deliver(&task, 4, NOW_MS).await;
+    assert_eq!(outcome, Outcome::Delivered);
+
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 1);
+    let request = &seen[0];
+    assert_eq!(request.mode, "signed");
+    assert_eq!(&request.body[..], br#"{"order":42}"#);
+    assert_eq!(
+        header(request, "belfry-task-id"),
+        ["0123456789abcdef0011223344556677"]
+    );
+    assert_eq!(header(request, "belfry-queue"), ["orders.eu-1"]);
+    assert_eq!(header(request, "belfry-attempt"), ["4"]);
+    assert_eq!(
+        header(request, "belfry-due-at"),
+        [(NOW_MS - 5_000).to_string()]
+    );
+    assert_eq!(header(request, "belfry-timestamp"), ["1700000000"]);
+    let expected_signature = sign(SECRET.as_bytes(), "1700000000", br#"{"order":42}"#);
+    assert_eq!(
+        header(request, "belfry-signature"),
+        [expected_signature.as_str()]
+    );
+    assert!(header(request, "belfry-anything").is_empty());
+    assert_eq!(header(request, "content-type"), ["application/json"]);
+    assert_eq!(header(request, "content-length"), ["12"]);
+    assert_eq!(header(request, "host"), [addr.to_string()]);
+    assert!(header(request, "transfer-encoding").is_empty());
+    assert_eq!(header(request, "x-custom"), ["one", "two"]);
+    assert_eq!(header(request, "authorization"), ["Bearer t0ken"]);
+    assert!(header(request, "x-bad-value").is_empty());
+    assert!(header(request, "user-agent")[0].starts_with("belfry/"));
+}
+
+#[tokio::test]
+async fn binary_payload_without_secret_is_unsigned_octet_stream() {
+    let (receiver, addr) = start_receiver().await;
+    let sink = sink(addr, "accepted", None, Duration::from_secs(10));
+    let task = task(&[0, 159, 146, 150, 255], PayloadKind::Binary, &[]);
+
+    assert_eq!(sink.deliver(&task, 1, NOW_MS).await, Outcome::Delivered);
+
+    let seen = receiver.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(&seen[0].body[..], &[0, 159, 146, 150, 255]);
+    assert_eq!(
+        header(&seen[0], "content-type"),
+        ["application/octet-stream"]
+    );
+    assert!(header(&seen[0], "belfry-signature").is_empty());
+    assert!(header(&seen[0], "belfry-timestamp").is_empty());
+    assert_eq!(header(&seen[0], "belfry-attempt"), ["1"]);
+}
+
+#[tokio::test]
+async fn wrong_secret_is_refused_by_the_receiver_and_rejected() {
+    let (receiver, addr) = start_receiver().await;
+    let sink = sink(
+        addr,
+        "signed",
+        Some("not-the-secret"),
+        Duration::from_secs(10),
+    );
+    let outcome = sink
+        .deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
+        .await;
+    match outcome {
+        Outcome::Reject { reason } => {
+            assert_eq!(reason, "HTTP 401 Unauthorized: bad signature")
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert_eq!(receiver.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn statuses_map_to_outcomes() {
+    let (receiver, addr) = start_receiver().await;
+    let task = task(b"{}", PayloadKind::Json, &[]);
+    let check = |mode: &'static str, expected: Outcome| {
+        let sink = sink(addr, mode, None, Duration::from_secs(10));
+        let task = task.clone();
+        async move {
+            let outcome = sink.deliver(&task, 2, NOW_MS).await;
+            assert_eq!(outcome, expected, "mode {mode}");
+        }
+    };
+    check(
+        "fail",
+        Outcome::Retry {
+            after: None,
+            reason: "HTTP 500 Internal Server Error: boom second line".into(),
+        },
+    )
+    .await;
+    check(
+        "busy",
+        Outcome::Retry {
+            after: Some(Duration::from_secs(7)),
+            reason: "HTTP 429 Too Many Requests: slow down".into(),
+        },
+    )
+    .await;
+    // An HTTP-date two minutes after the dispatcher's now (the date has whole seconds).
+    check(
+        "busy-date",
+        Outcome::Retry {
+            after: Some(Duration::from_millis(120_000 - 123)),
+            reason: "HTTP 503 Service Unavailable".into(),
+        },
+    )
+    .await;
+    check(
+        "busy-forever",
+        Outcome::Retry {
+            after: Some(belfry_sinks::retry::RETRY_AFTER_MAX),
+            reason: "HTTP 503 Service Unavailable".into(),
+        },
+    )
+    .await;
+    check(
+        "missing",
+        Outcome::Reject {
+            reason: "HTTP 404 Not Found: no such hook".into(),
+        },
+    )
+    .await;
+    check(
+        "gone",
+        Outcome::Reject {
+            reason: "HTTP 410 Gone".into(),
+        },
+    )
+    .await;
+    check(
+        "redirect",
+        Outcome::Reject {
+            reason: "HTTP 302 Found (redirects are not followed; configure the final URL)".into(),
+        },
+    )
+    .await;
+
+    // The redirect was not followed: /hook/ok never saw a request.
+    let modes: Vec<String> = receiver.seen().into_iter().map(|s| s.mode).collect();
+    assert_eq!(
+        modes,
+        [
+            "fail",
+            "busy",
+            "busy-date",
+            "busy-forever",
+            "missing",
+            "gone",
+            "redirect"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_huge_error_body_is_cut_short_in_the_reason() {
+    let (_receiver, addr) = start_receiver().await;
+    let sink = sink(addr, "huge-error", None, Duration::from_secs(10));
+    let outcome = sink
+        .deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
+        .await;
+    match outcome {
+        Outcome::Reject { reason } => {
+            assert!(reason.starts_with("HTTP 400 Bad Request: xxx"), "{reason}");
+            assert!(reason.len() < 400, "reason is {} bytes", reason.len());
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_receiver_slower_than_the_timeout_is_retried() {
+    let (receiver, addr) = start_receiver().await;
+    let sink = sink(addr, "slow", None, Duration::from_millis(300));
+    let outcome = sink
+        .deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
+        .await;
+    match outcome {
+        Outcome::Retry {
+            after: None,
+            reason,
+        } => {
+            assert_eq!(reason, "timed out: no complete answer within 300 ms")
+        }
+        other => panic!("expected a retry, got {other:?}"),
+    }
+    // The request did arrive: the timeout hit while waiting for the answer.
+    assert_eq!(receiver.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn a_closed_port_is_retried_and_the_reason_hides_credentials() {
+    // Bind then drop a listener, so the port is (almost certainly) closed.
+    let addr = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address")
+    };
+    let policy = TargetPolicy::ALLOW_PRIVATE;
+    let sink = WebhookSink::new(
+        WebhookConfig {
+            url: format!("http://user:hunter2@{addr}/hook?token=sekrit"),
+            secret: Some("signing-secret-value".into()),
+            timeout: Duration::from_secs(10),
+        },
+        policy,
+        client_for(&policy),
+    )
+    .expect("valid sink config");
+    let outcome = sink
+        .deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
+        .await;
+    let reason = match outcome {
+        Outcome::Retry {
+            after: None,
+            reason,
+        } => reason,
+        other => panic!("expected a retry, got {other:?}"),
+    };
+    assert!(reason.starts_with("connection failed"), "{reason}");
+    let debug = format!("{sink:?}");
+    for text in [&reason, &debug] {
+        for secret in ["hunter2", "sekrit", "signing-secret-value"] {
+            assert!(!text.contains(secret), "{secret:?} leaked into {text:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn default_policy_refuses_loopback_at_configuration() {
+    let (_receiver, addr) = start_receiver().await;
+    let check = |url: String| {
+        let error = WebhookSink::new(
+            WebhookConfig::new(url.clone()),
+            TargetPolicy::default(),
+            default_client(),
+        )
+        .expect_err("loopback must be refused");
+        assert!(
+            matches!(error, SinkError::ForbiddenTarget { .. }),
+            "{url}: {error}"
+        );
+        assert!(error.to_string().contains("loopback"), "{error}");
+    };
+    check(format!("http://{addr}/hook/ok"));
+    check(format!("http://localhost:{}/hook/ok", addr.port()));
+    check(format!("http://[::1]:{}/hook/ok", addr.port()));
+    check(format!("http://[::ffff:127.0.0.1]:{}/hook/ok", addr.port()));
+}
+
+/// Models DNS rebinding: a host name that passed the check when the queue was configured now
+/// resolves to loopback. The sink's client (built for the default policy) refuses to connect,
+/// the task is rejected, and the receiver never sees a request.
+#[tokio::test]
+async fn default_client_refuses_a_name_resolving_to_loopback_at_connect_time() {
+    let (receiver, addr) = start_receiver().await;
+    let sink = WebhookSink::new(
+        WebhookConfig::new(format!("http://localhost:{}/hook/ok", addr.port())),
+        // Configuration passes (as it would have for a public name)...
+        TargetPolicy::ALLOW_PRIVATE,
+        // ...but the connection goes through the guarded resolver.
+        default_client(),
+    )
+    .expect("valid sink config");
+    let outcome = sink
+        .deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
+        .await;
+    match outcome {
+        Outcome::Reject { reason } => {
+            assert!(reason.starts_with("forbidden target"), "{reason}");
+            assert!(reason.contains("loopback"), "{reason}");
+        }
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert!(receiver.seen().is_empty());
+
+    // The same name with a client that allows private targets is delivered: the refusal
+    // above came from the policy, not from a broken receiver.
+    let policy = TargetPolicy::ALLOW_PRIVATE;
+    let allowed = WebhookSink::new(
+        WebhookConfig::new(format!("http://localhost:{}/hook/ok", addr.port())),
+        policy,
+        client_for(&policy),
+    )
+    .expect("valid sink config");
+    assert_eq!(
+        allowed
+            .deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
+            .await,
+        Outcome::Delivered
+    );
+    assert_eq!(receiver.seen().len(), 1);
+}
+
+#[tokio::test]
+async fn config_errors_say_what_to_fix() {
+    let policy = TargetPolicy::ALLOW_PRIVATE;
+    let check = |config: WebhookConfig, needle: &str| {
+        let error = WebhookSink::new(config, policy, client_for(&policy))
+            .expect_err("config must be refused");
+        assert!(error.to_string().contains(needle), "{error}");
+    };
+    let base = WebhookConfig::new("http://127.0.0.1:9/hook");
+    check(
+        WebhookConfig {
+            timeout: Duration::ZERO,
+            ..base.clone()
+        },
+        "timeout must be between",
+    );
+    check(
+        WebhookConfig {
+            timeout: Duration::from_secs(3600),
+            ..base.clone()
+        },
+        "timeout must be between",
+    );
+    check(
+        WebhookConfig {
+            secret: Some(String::new()),
+            ..base.clone()
+        },
+        "secret must be 1 to",
+    );
+    check(
+        WebhookConfig::new("ftp://example.com/"),
+        "use http:// or https://",
+    );
+    check(WebhookConfig::new("not a url"), "not a valid absolute URL");
+}
