@@ -19,6 +19,22 @@ pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(60 * 60);
 /// much longer is garbage and is ignored without parsing.
 const RETRY_AFTER_LEN_MAX: usize = 64;
 
+/// Longest reason kept in an [`Outcome`]. Reasons end up in dead-letter records and log lines,
+/// so they are bounded whatever a receiver or an error chain produces.
+pub const REASON_LEN_MAX: usize = 1024;
+
+/// Cuts `reason` to at most [`REASON_LEN_MAX`] bytes, on a character boundary.
+fn bounded(mut reason: String) -> String {
+    if reason.len() > REASON_LEN_MAX {
+        let mut end = REASON_LEN_MAX;
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        reason.truncate(end);
+    }
+    reason
+}
+
 /// Parses a `Retry-After` header value (RFC 9110 §10.2.3): either a number of seconds or an
 /// HTTP-date, which is turned into a delay from `now_ms`. A date in the past means "now"
 /// (zero). The result is capped at [`RETRY_AFTER_MAX`]. Anything unparsable is `None`, and the
@@ -82,6 +98,7 @@ pub fn classify_status(
         reason.push_str(": ");
         reason.push_str(detail);
     }
+    let reason = bounded(reason);
     if (200..=299).contains(&status) {
         Outcome::Delivered
     } else if is_transient_status(status) {
@@ -108,11 +125,11 @@ pub enum TransportFailure {
 /// The outcome for a delivery that got no response.
 pub fn classify_transport(failure: TransportFailure, detail: &str) -> Outcome {
     let reason = |what: &str| {
-        if detail.is_empty() {
+        bounded(if detail.is_empty() {
             what.to_owned()
         } else {
             format!("{what}: {detail}")
-        }
+        })
     };
     match failure {
         TransportFailure::Timeout => Outcome::Retry {
@@ -288,6 +305,22 @@ mod tests {
             "HTTP 302 Found (redirects are not followed; configure the final URL)",
         );
         check(599, "x", "HTTP 599: x");
+    }
+
+    #[test]
+    fn reasons_are_bounded_on_a_character_boundary() {
+        let long = "é".repeat(REASON_LEN_MAX);
+        for outcome in [
+            classify_status(500, None, 0, &long),
+            classify_status(404, None, 0, &long),
+            classify_transport(TransportFailure::Connection, &long),
+        ] {
+            let (Outcome::Retry { reason, .. } | Outcome::Reject { reason }) = outcome else {
+                panic!("not a failure");
+            };
+            assert!(reason.len() <= REASON_LEN_MAX && reason.len() > REASON_LEN_MAX - 4);
+            assert!(reason.ends_with('é'), "{reason}");
+        }
     }
 
     #[test]

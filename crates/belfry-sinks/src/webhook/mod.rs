@@ -14,6 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use belfry_core::limits::HEADERS_MAX;
 use belfry_core::{PayloadKind, Task, UnixMs};
 use hmac::Hmac;
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
@@ -185,8 +186,10 @@ impl WebhookSink {
 
     /// The request headers for one attempt.
     fn headers(&self, task: &Task, attempt: u32, now_ms: UnixMs) -> HeaderMap {
-        let mut headers = HeaderMap::with_capacity(task.headers.len() + 7);
-        for (name, value) in &task.headers {
+        // The API bounds a task's headers on submit; the bound is repeated here so a task from
+        // any other path cannot make a request arbitrarily large.
+        let mut headers = HeaderMap::with_capacity(task.headers.len().min(HEADERS_MAX) + 7);
+        for (name, value) in task.headers.iter().take(HEADERS_MAX) {
             let lower = name.to_ascii_lowercase();
             if lower.starts_with(RESERVED_HEADER_PREFIX)
                 || SKIPPED_HEADERS.contains(&lower.as_str())
