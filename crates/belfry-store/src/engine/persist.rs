@@ -1,0 +1,321 @@
+//! Small files rewritten whole: the meta file (queues and `*_meta` entries) and the
+//! checkpoint. Both are one CRC frame, written to a temporary file, fsync'd and renamed, so a
+//! reader sees the old or the new version, never a mix.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::{ErrorKind, Write};
+use std::path::Path;
+
+use belfry_core::{QueueName, TaskId, UnixMs};
+use bytes::Bytes;
+
+use super::record::{put_str, put_u64, split_frame_limited, write_frame, Reader};
+use crate::store::{Result, StoreError};
+
+const META_MAGIC: &[u8; 8] = b"BLFYMETA";
+const CHECKPOINT_MAGIC: &[u8; 8] = b"BLFYCKPT";
+const FILE_VERSION: u8 = 1;
+
+/// Longest meta value or queue config accepted when reading (they are small documents).
+const BLOB_BYTES_MAX: usize = 64 * 1024 * 1024;
+/// Longest namespace, key or name string accepted when reading.
+const NAME_BYTES_MAX: usize = 64 * 1024;
+
+#[derive(Debug, Default, Clone)]
+pub struct MetaFile {
+    pub next_queue_uid: u64,
+    /// name → (uid, config)
+    pub queues: BTreeMap<QueueName, (u64, Bytes)>,
+    pub entries: BTreeMap<(String, String), Bytes>,
+}
+
+/// What the checkpoint knows about one bucket: exact counts as of the checkpoint.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct BucketMeta {
+    pub scheduled: u64,
+    /// Smallest and largest due time of scheduled tasks (meaningless when none).
+    pub min_due_ms: UnixMs,
+    pub max_due_ms: UnixMs,
+    pub leased: u64,
+    /// Earliest lease deadline (meaningless when none leased).
+    pub min_until_ms: UnixMs,
+    pub dead: u64,
+}
+
+impl BucketMeta {
+    /// When this bucket next needs attention: its earliest due time or lease deadline.
+    pub fn wake_ms(&self) -> Option<UnixMs> {
+        let due = (self.scheduled > 0).then_some(self.min_due_ms);
+        let lease = (self.leased > 0).then_some(self.min_until_ms);
+        match (due, lease) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub fn add_scheduled(&mut self, due_ms: UnixMs) {
+        if self.scheduled == 0 {
+            self.min_due_ms = due_ms;
+            self.max_due_ms = due_ms;
+        } else {
+            self.min_due_ms = self.min_due_ms.min(due_ms);
+            self.max_due_ms = self.max_due_ms.max(due_ms);
+        }
+        self.scheduled += 1;
+    }
+
+    pub fn add_leased(&mut self, until_ms: UnixMs) {
+        self.min_until_ms = if self.leased == 0 {
+            until_ms
+        } else {
+            self.min_until_ms.min(until_ms)
+        };
+        self.leased += 1;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.scheduled == 0 && self.leased == 0 && self.dead == 0
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct CheckpointBucket {
+    pub queue_uid: u64,
+    pub key: u64,
+    pub file_len: u64,
+    pub meta: BucketMeta,
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct Checkpoint {
+    pub next_seq: u64,
+    pub next_lease: u64,
+    pub last_now_ms: UnixMs,
+    /// First WAL file to replay.
+    pub wal_start: u64,
+    pub buckets: Vec<CheckpointBucket>,
+    /// Live idempotency keys: (queue uid, key, id).
+    pub keys: Vec<(u64, String, TaskId)>,
+}
+
+fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::Io { context, source }
+}
+
+fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        location: path.display().to_string(),
+        detail: detail.into(),
+    }
+}
+
+/// Writes `body` as one frame to `path` atomically (temp file, fsync, rename, fsync dir).
+pub fn write_atomic(path: &Path, body: &[u8]) -> Result<()> {
+    let mut framed = Vec::with_capacity(body.len() + 8);
+    write_frame(&mut framed, body);
+    let temp = path.with_extension("tmp");
+    let mut file = File::create(&temp).map_err(io_err("create a temporary file"))?;
+    file.write_all(&framed)
+        .map_err(io_err("write a temporary file"))?;
+    file.sync_all().map_err(io_err("fsync a temporary file"))?;
+    drop(file);
+    fs::rename(&temp, path).map_err(io_err("rename a temporary file into place"))?;
+    if let Some(parent) = path.parent() {
+        sync_dir(parent)?;
+    }
+    Ok(())
+}
+
+pub fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err("fsync a directory"))
+}
+
+/// Reads a file written by [`write_atomic`]: `None` if it does not exist.
+fn read_framed(path: &Path, magic: &[u8; 8]) -> Result<Option<Vec<u8>>> {
+    let bytes = match fs::read(path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(StoreError::Io {
+                context: "read a metadata file",
+                source,
+            })
+        }
+    };
+    let (body, total) = split_frame_limited(&bytes, usize::MAX)
+        .map_err(|e| corrupt(path, format!("frame: {e}")))?;
+    if total != bytes.len() {
+        return Err(corrupt(path, "trailing bytes after the frame"));
+    }
+    if body.len() < 9 || &body[..8] != magic {
+        return Err(corrupt(path, "wrong magic"));
+    }
+    if body[8] != FILE_VERSION {
+        return Err(corrupt(path, format!("unknown version {}", body[8])));
+    }
+    Ok(Some(body[9..].to_vec()))
+}
+
+fn put_blob(out: &mut Vec<u8>, bytes: &[u8]) {
+    put_u64(out, bytes.len() as u64);
+    out.extend_from_slice(bytes);
+}
+
+fn read_blob(r: &mut Reader<'_>) -> std::result::Result<Bytes, &'static str> {
+    let len = r.u64().map_err(|_| "blob length")? as usize;
+    if len > BLOB_BYTES_MAX {
+        return Err("blob too long");
+    }
+    Ok(Bytes::copy_from_slice(r.take(len).map_err(|_| "blob")?))
+}
+
+impl MetaFile {
+    pub fn read(path: &Path) -> Result<MetaFile> {
+        let Some(body) = read_framed(path, META_MAGIC)? else {
+            return Ok(MetaFile::default());
+        };
+        Self::decode(&body).map_err(|detail| corrupt(path, detail))
+    }
+
+    fn decode(body: &[u8]) -> std::result::Result<MetaFile, &'static str> {
+        let mut r = Reader { bytes: body };
+        let mut meta = MetaFile {
+            next_queue_uid: r.u64().map_err(|_| "uid")?,
+            ..MetaFile::default()
+        };
+        let queues = r.u64().map_err(|_| "queue count")?;
+        for _ in 0..queues {
+            let name = r.string(NAME_BYTES_MAX).map_err(|_| "queue name")?;
+            let name = QueueName::new(name).map_err(|_| "invalid queue name")?;
+            let uid = r.u64().map_err(|_| "queue uid")?;
+            let config = read_blob(&mut r)?;
+            meta.queues.insert(name, (uid, config));
+        }
+        let entries = r.u64().map_err(|_| "entry count")?;
+        for _ in 0..entries {
+            let namespace = r.string(NAME_BYTES_MAX).map_err(|_| "namespace")?;
+            let key = r.string(NAME_BYTES_MAX).map_err(|_| "key")?;
+            let value = read_blob(&mut r)?;
+            meta.entries.insert((namespace, key), value);
+        }
+        if !r.bytes.is_empty() {
+            return Err("trailing bytes");
+        }
+        Ok(meta)
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let mut out = Vec::new();
+        out.extend_from_slice(META_MAGIC);
+        out.push(FILE_VERSION);
+        put_u64(&mut out, self.next_queue_uid);
+        put_u64(&mut out, self.queues.len() as u64);
+        for (name, (uid, config)) in &self.queues {
+            put_str(&mut out, name.as_str());
+            put_u64(&mut out, *uid);
+            put_blob(&mut out, config);
+        }
+        put_u64(&mut out, self.entries.len() as u64);
+        for ((namespace, key), value) in &self.entries {
+            put_str(&mut out, namespace);
+            put_str(&mut out, key);
+            put_blob(&mut out, value);
+        }
+        write_atomic(path, &out)
+    }
+}
+
+impl Checkpoint {
+    pub fn read(path: &Path) -> Result<Option<Checkpoint>> {
+        let Some(body) = read_framed(path, CHECKPOINT_MAGIC)? else {
+            return Ok(None);
+        };
+        Self::decode(&body)
+            .map(Some)
+            .map_err(|detail| corrupt(path, detail))
+    }
+
+    fn decode(body: &[u8]) -> std::result::Result<Checkpoint, &'static str> {
+        let mut r = Reader { bytes: body };
+        let u64_field = |r: &mut Reader<'_>| r.u64().map_err(|_| "truncated checkpoint");
+        let mut checkpoint = Checkpoint {
+            next_seq: u64_field(&mut r)?,
+            next_lease: u64_field(&mut r)?,
+            last_now_ms: u64_field(&mut r)?,
+            wal_start: u64_field(&mut r)?,
+            ..Checkpoint::default()
+        };
+        let buckets = u64_field(&mut r)?;
+        for _ in 0..buckets {
+            checkpoint.buckets.push(CheckpointBucket {
+                queue_uid: u64_field(&mut r)?,
+                key: u64_field(&mut r)?,
+                file_len: u64_field(&mut r)?,
+                meta: BucketMeta {
+                    scheduled: u64_field(&mut r)?,
+                    min_due_ms: u64_field(&mut r)?,
+                    max_due_ms: u64_field(&mut r)?,
+                    leased: u64_field(&mut r)?,
+                    min_until_ms: u64_field(&mut r)?,
+                    dead: u64_field(&mut r)?,
+                },
+            });
+        }
+        let keys = u64_field(&mut r)?;
+        for _ in 0..keys {
+            let uid = u64_field(&mut r)?;
+            let key = r.string(NAME_BYTES_MAX).map_err(|_| "key")?;
+            let high = u64_field(&mut r)?;
+            let low = u64_field(&mut r)?;
+            checkpoint
+                .keys
+                .push((uid, key, TaskId(((high as u128) << 64) | low as u128)));
+        }
+        if !r.bytes.is_empty() {
+            return Err("trailing bytes");
+        }
+        Ok(checkpoint)
+    }
+
+    pub fn write(&self, path: &Path) -> Result<()> {
+        let mut out = Vec::with_capacity(64 + self.buckets.len() * 72);
+        out.extend_from_slice(CHECKPOINT_MAGIC);
+        out.push(FILE_VERSION);
+        for v in [
+            self.next_seq,
+            self.next_lease,
+            self.last_now_ms,
+            self.wal_start,
+        ] {
+            put_u64(&mut out, v);
+        }
+        put_u64(&mut out, self.buckets.len() as u64);
+        for b in &self.buckets {
+            let m = &b.meta;
+            for v in [
+                b.queue_uid,
+                b.key,
+                b.file_len,
+                m.scheduled,
+                m.min_due_ms,
+                m.max_due_ms,
+                m.leased,
+                m.min_until_ms,
+                m.dead,
+            ] {
+                put_u64(&mut out, v);
+            }
+        }
+        put_u64(&mut out, self.keys.len() as u64);
+        for (uid, key, id) in &self.keys {
+            put_u64(&mut out, *uid);
+            put_str(&mut out, key);
+            put_u64(&mut out, (id.0 >> 64) as u64);
+            put_u64(&mut out, id.0 as u64);
+        }
+        write_atomic(path, &out)
+    }
+}

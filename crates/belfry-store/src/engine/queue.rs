@@ -1,0 +1,547 @@
+//! One queue's in-memory side: its buckets (loaded or not) and the index of loaded tasks.
+//!
+//! A bucket is either *unloaded* (only its [`BucketMeta`] counts are in memory) or *loaded*
+//! (one compact [`Entry`] per task, payloads stay on disk). Invariant: every unloaded bucket
+//! with scheduled or leased tasks is in `wake`, keyed by its earliest due time or lease
+//! deadline, and the engine loads every bucket whose wake time is within the look-ahead of
+//! `now` before answering a call that takes `now`. So an unloaded bucket never holds a due
+//! task or an expired lease, and claims only look at the loaded index.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::{self, File, OpenOptions};
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use belfry_core::{LatePolicy, Priority, QueueName, Task, TaskId, TaskState, UnixMs};
+
+use super::bucket::{file_name, task_id};
+use super::persist::BucketMeta;
+use super::record::{self, Record};
+use crate::store::{Result, StoreError};
+
+/// One task of a loaded bucket: what claims and state changes need, without the payload.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub due_ms: UnixMs,
+    pub until_ms: UnixMs,
+    pub lease_id: u64,
+    /// Where the task's put record is in the bucket file.
+    pub put_offset: u64,
+    pub put_len: u32,
+    pub attempts: u32,
+    pub state: TaskState,
+    pub priority: Priority,
+    pub late_policy: LatePolicy,
+    pub key: Option<Box<str>>,
+    pub dead_reason: Option<Box<str>>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Bucket {
+    pub path: PathBuf,
+    /// Bytes already written to the file; `buf` holds the rest, not yet written.
+    pub flushed_len: u64,
+    pub buf: Vec<u8>,
+    /// Written since the last fsync.
+    pub dirty: bool,
+    /// Exact counts while unloaded; recomputed from `entries` when a loaded bucket is
+    /// unloaded or checkpointed.
+    pub meta: BucketMeta,
+    pub entries: Option<HashMap<u64, Entry>>,
+    reader: Option<File>,
+}
+
+impl Bucket {
+    pub fn new(path: PathBuf, flushed_len: u64, meta: BucketMeta, loaded: bool) -> Bucket {
+        Bucket {
+            path,
+            flushed_len,
+            buf: Vec::new(),
+            dirty: false,
+            meta,
+            entries: loaded.then(HashMap::new),
+            reader: None,
+        }
+    }
+
+    pub fn len(&self) -> u64 {
+        self.flushed_len + self.buf.len() as u64
+    }
+
+    /// Appends one frame (to the buffer); returns its offset in the file.
+    pub fn append(&mut self, frame: &[u8]) -> u64 {
+        let offset = self.len();
+        self.buf.extend_from_slice(frame);
+        self.dirty = true;
+        offset
+    }
+
+    /// Writes the buffer to the file (no fsync: the WAL holds these bytes durably).
+    pub fn flush(&mut self) -> Result<usize> {
+        if self.buf.is_empty() {
+            return Ok(0);
+        }
+        let mut file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .map_err(|source| StoreError::Io {
+                context: "open a bucket file for append",
+                source,
+            })?;
+        file.write_all(&self.buf).map_err(|source| StoreError::Io {
+            context: "append to a bucket file",
+            source,
+        })?;
+        let written = self.buf.len();
+        self.flushed_len += written as u64;
+        self.buf.clear();
+        Ok(written)
+    }
+
+    pub fn sync(&mut self) -> Result<()> {
+        if !self.dirty {
+            return Ok(());
+        }
+        match File::open(&self.path) {
+            Ok(file) => file.sync_all().map_err(|source| StoreError::Io {
+                context: "fsync a bucket file",
+                source,
+            })?,
+            // Nothing was ever flushed to it (all its records were finished before a flush).
+            Err(e) if e.kind() == ErrorKind::NotFound && self.flushed_len == 0 => {}
+            Err(source) => {
+                return Err(StoreError::Io {
+                    context: "open a bucket file to fsync it",
+                    source,
+                })
+            }
+        }
+        self.dirty = false;
+        Ok(())
+    }
+
+    /// All bytes of the bucket, file and buffer.
+    fn read_all(&self) -> Result<Vec<u8>> {
+        let mut bytes = if self.flushed_len == 0 {
+            Vec::new()
+        } else {
+            fs::read(&self.path).map_err(|source| StoreError::Io {
+                context: "read a bucket file",
+                source,
+            })?
+        };
+        if (bytes.len() as u64) < self.flushed_len {
+            return Err(StoreError::Corrupt {
+                location: self.path.display().to_string(),
+                detail: format!(
+                    "file has {} bytes, {} were written",
+                    bytes.len(),
+                    self.flushed_len
+                ),
+            });
+        }
+        bytes.truncate(self.flushed_len as usize);
+        bytes.extend_from_slice(&self.buf);
+        Ok(bytes)
+    }
+
+    /// Reads the put record of a task.
+    fn read_put(&mut self, offset: u64, len: u32) -> Result<record::PutRecord> {
+        let corrupt = |path: &PathBuf, detail: String| StoreError::Corrupt {
+            location: format!("{} at offset {offset}", path.display()),
+            detail,
+        };
+        let mut owned;
+        let bytes: &[u8] = if offset >= self.flushed_len {
+            let start = (offset - self.flushed_len) as usize;
+            self.buf
+                .get(start..start + len as usize)
+                .ok_or_else(|| corrupt(&self.path, "put record beyond the buffer".into()))?
+        } else {
+            if self.reader.is_none() {
+                let file = File::open(&self.path).map_err(|source| StoreError::Io {
+                    context: "open a bucket file to read a task",
+                    source,
+                })?;
+                self.reader = Some(file);
+            }
+            owned = vec![0; len as usize];
+            if let Some(file) = &self.reader {
+                file.read_exact_at(&mut owned, offset)
+                    .map_err(|source| StoreError::Io {
+                        context: "read a task from a bucket file",
+                        source,
+                    })?;
+            }
+            &owned
+        };
+        match record::decode(bytes) {
+            Ok((Record::Put(put), _)) => Ok(put),
+            Ok((other, _)) => Err(corrupt(
+                &self.path,
+                format!("expected a put record, found {other:?}"),
+            )),
+            Err(e) => Err(corrupt(&self.path, e.to_string())),
+        }
+    }
+
+    /// Counts from the entries of a loaded bucket.
+    pub fn computed_meta(&self) -> BucketMeta {
+        let Some(entries) = &self.entries else {
+            return self.meta;
+        };
+        let mut meta = BucketMeta::default();
+        for entry in entries.values() {
+            match entry.state {
+                TaskState::Scheduled => meta.add_scheduled(entry.due_ms),
+                TaskState::Leased => meta.add_leased(entry.until_ms),
+                TaskState::Dead => meta.dead += 1,
+                TaskState::Done | TaskState::Cancelled => {}
+            }
+        }
+        meta
+    }
+}
+
+/// Ready key: due time, then submit order (seq), then the bucket to find the entry in.
+type ReadyKey = (UnixMs, u64, u64);
+
+#[derive(Debug, Default)]
+pub(crate) struct Index {
+    /// Scheduled tasks of loaded buckets: `[high, normal]`.
+    pub ready: [BTreeSet<ReadyKey>; 2],
+    /// Leased tasks of loaded buckets by deadline.
+    pub leases: BTreeSet<ReadyKey>,
+    /// Dead tasks in loaded buckets.
+    pub dead_loaded: u64,
+    /// Live idempotency keys.
+    pub keys: HashMap<String, TaskId>,
+}
+
+fn priority_slot(priority: Priority) -> usize {
+    match priority {
+        Priority::High => 0,
+        Priority::Normal => 1,
+    }
+}
+
+impl Index {
+    fn insert(&mut self, key: u64, seq: u64, entry: &Entry) {
+        match entry.state {
+            TaskState::Scheduled => {
+                self.ready[priority_slot(entry.priority)].insert((entry.due_ms, seq, key));
+            }
+            TaskState::Leased => {
+                self.leases.insert((entry.until_ms, seq, key));
+            }
+            TaskState::Dead => self.dead_loaded += 1,
+            TaskState::Done | TaskState::Cancelled => {}
+        }
+    }
+
+    fn remove(&mut self, key: u64, seq: u64, entry: &Entry) {
+        match entry.state {
+            TaskState::Scheduled => {
+                self.ready[priority_slot(entry.priority)].remove(&(entry.due_ms, seq, key));
+            }
+            TaskState::Leased => {
+                self.leases.remove(&(entry.until_ms, seq, key));
+            }
+            TaskState::Dead => self.dead_loaded -= 1,
+            TaskState::Done | TaskState::Cancelled => {}
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Queue {
+    pub name: QueueName,
+    pub uid: u64,
+    pub dir: PathBuf,
+    pub buckets: BTreeMap<u64, Bucket>,
+    /// Unloaded buckets with something scheduled or leased, by wake time.
+    pub wake: BTreeSet<(UnixMs, u64)>,
+    pub index: Index,
+}
+
+/// Counters of work done by loads and replay, for tests and metrics.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Bucket loads (reads of a whole bucket file into entries).
+    pub buckets_loaded: u64,
+    /// Records decoded by bucket loads.
+    pub records_loaded: u64,
+    /// Records replayed from the WAL at open.
+    pub wal_records_replayed: u64,
+    /// Buckets currently loaded, and known in all.
+    pub buckets_in_memory: u64,
+    pub buckets_total: u64,
+}
+
+impl Queue {
+    pub fn new(name: QueueName, uid: u64, dir: PathBuf) -> Queue {
+        Queue {
+            name,
+            uid,
+            dir,
+            buckets: BTreeMap::new(),
+            wake: BTreeSet::new(),
+            index: Index::default(),
+        }
+    }
+
+    pub fn bucket_path(&self, key: u64) -> PathBuf {
+        self.dir.join(file_name(key))
+    }
+
+    /// Adds a bucket known from the checkpoint or created by a write.
+    pub fn add_bucket(&mut self, key: u64, bucket: Bucket) {
+        if bucket.entries.is_none() {
+            if let Some(wake) = bucket.meta.wake_ms() {
+                self.wake.insert((wake, key));
+            }
+        }
+        self.buckets.insert(key, bucket);
+    }
+
+    /// Changes the counts of an unloaded bucket, keeping `wake` in step.
+    pub fn update_unloaded_meta(&mut self, key: u64, change: impl FnOnce(&mut BucketMeta)) {
+        let Some(bucket) = self.buckets.get_mut(&key) else {
+            return;
+        };
+        debug_assert!(bucket.entries.is_none());
+        if let Some(wake) = bucket.meta.wake_ms() {
+            self.wake.remove(&(wake, key));
+        }
+        change(&mut bucket.meta);
+        if let Some(wake) = bucket.meta.wake_ms() {
+            self.wake.insert((wake, key));
+        }
+    }
+
+    /// Reads a bucket file into entries.
+    pub fn load(&mut self, key: u64, stats: &mut EngineStats) -> Result<()> {
+        let Some(bucket) = self.buckets.get_mut(&key) else {
+            return Ok(());
+        };
+        if bucket.entries.is_some() {
+            return Ok(());
+        }
+        let bytes = bucket.read_all()?;
+        let mut records = Vec::new();
+        let mut offset = 0usize;
+        while offset < bytes.len() {
+            let (record, len) =
+                record::decode(&bytes[offset..]).map_err(|e| StoreError::Corrupt {
+                    location: format!("{} at offset {offset}", bucket.path.display()),
+                    detail: e.to_string(),
+                })?;
+            records.push((record, offset as u64, len as u32));
+            offset += len;
+        }
+        let wake = bucket.meta.wake_ms();
+        bucket.entries = Some(HashMap::new());
+        if let Some(wake) = wake {
+            self.wake.remove(&(wake, key));
+        }
+        stats.buckets_loaded += 1;
+        stats.records_loaded += records.len() as u64;
+        for (record, offset, len) in &records {
+            self.apply(key, record, *offset, *len);
+        }
+        Ok(())
+    }
+
+    /// Drops a loaded bucket's entries, keeping exact counts.
+    pub fn unload(&mut self, key: u64) {
+        let Some(bucket) = self.buckets.get_mut(&key) else {
+            return;
+        };
+        let meta = bucket.computed_meta();
+        let Some(entries) = bucket.entries.take() else {
+            return;
+        };
+        for (seq, entry) in &entries {
+            self.index.remove(key, *seq, entry);
+        }
+        bucket.meta = meta;
+        bucket.reader = None;
+        if let Some(wake) = meta.wake_ms() {
+            self.wake.insert((wake, key));
+        }
+    }
+
+    /// Applies a record to a loaded bucket and the index. Records for tasks the bucket does
+    /// not hold are ignored: they can follow a replay into a bucket deleted meanwhile.
+    pub fn apply(&mut self, key: u64, record: &Record, offset: u64, len: u32) {
+        let Some(entries) = self.buckets.get_mut(&key).and_then(|b| b.entries.as_mut()) else {
+            debug_assert!(false, "apply to an unloaded bucket");
+            return;
+        };
+        let seq = record.seq();
+        if let Record::Put(put) = record {
+            if entries.contains_key(&seq) {
+                return;
+            }
+            let entry = Entry {
+                due_ms: put.due_at_ms,
+                until_ms: 0,
+                lease_id: 0,
+                put_offset: offset,
+                put_len: len,
+                attempts: 0,
+                state: TaskState::Scheduled,
+                priority: put.priority,
+                late_policy: put.late_policy,
+                key: put.idempotency_key.as_deref().map(Box::from),
+                dead_reason: None,
+            };
+            self.index.insert(key, seq, &entry);
+            if let Some(k) = &put.idempotency_key {
+                self.index
+                    .keys
+                    .entry(k.clone())
+                    .or_insert(task_id(seq, key));
+            }
+            entries.insert(seq, entry);
+            return;
+        }
+        let Some(entry) = entries.get_mut(&seq) else {
+            return;
+        };
+        self.index.remove(key, seq, entry);
+        match record {
+            Record::Put(_) => {}
+            Record::Cancel { .. } => entry.state = TaskState::Cancelled,
+            Record::Reschedule { due_at_ms, .. } => {
+                entry.state = TaskState::Scheduled;
+                entry.due_ms = *due_at_ms;
+            }
+            Record::Lease {
+                lease_id,
+                until_ms,
+                attempts,
+                ..
+            } => {
+                entry.state = TaskState::Leased;
+                entry.lease_id = *lease_id;
+                entry.until_ms = *until_ms;
+                entry.attempts = *attempts;
+            }
+            Record::Done { .. } => entry.state = TaskState::Done,
+            Record::Nack { due_at_ms, .. } => {
+                entry.state = TaskState::Scheduled;
+                entry.due_ms = *due_at_ms;
+            }
+            Record::Extend {
+                lease_id, until_ms, ..
+            } => {
+                entry.state = TaskState::Leased;
+                entry.lease_id = *lease_id;
+                entry.until_ms = *until_ms;
+            }
+            Record::Dead { reason, .. } => {
+                entry.state = TaskState::Dead;
+                entry.dead_reason = Some(reason.as_str().into());
+            }
+            Record::Redrive { due_at_ms, .. } => {
+                entry.state = TaskState::Scheduled;
+                entry.due_ms = *due_at_ms;
+                entry.attempts = 0;
+                entry.dead_reason = None;
+            }
+        }
+        self.index.insert(key, seq, entry);
+        // A finished task's key may be reused (the Store contract allows forgetting it).
+        if matches!(entry.state, TaskState::Done | TaskState::Cancelled) {
+            if let Some(k) = &entry.key {
+                let id = task_id(seq, key);
+                if self.index.keys.get(&**k) == Some(&id) {
+                    self.index.keys.remove(&**k);
+                }
+            }
+        }
+    }
+
+    /// Loads every bucket that has something due or expiring by `horizon_ms`.
+    pub fn load_woken(&mut self, horizon_ms: UnixMs, stats: &mut EngineStats) -> Result<()> {
+        while let Some(&(wake, key)) = self.wake.first() {
+            if wake > horizon_ms {
+                break;
+            }
+            self.load(key, stats)?;
+        }
+        Ok(())
+    }
+
+    /// Ends every lease whose deadline is at or before `now_ms`: the task is scheduled again
+    /// with its due time unchanged. Nothing is written: a lease record plus the clock says it.
+    pub fn expire_leases(&mut self, now_ms: UnixMs) {
+        while let Some(&(until, seq, key)) = self.index.leases.first() {
+            if until > now_ms {
+                break;
+            }
+            self.index.leases.pop_first();
+            let Some(entry) = self
+                .buckets
+                .get_mut(&key)
+                .and_then(|b| b.entries.as_mut())
+                .and_then(|e| e.get_mut(&seq))
+            else {
+                debug_assert!(false, "leased entry missing");
+                continue;
+            };
+            debug_assert_eq!(entry.state, TaskState::Leased);
+            entry.state = TaskState::Scheduled;
+            self.index.insert(key, seq, entry);
+        }
+    }
+
+    /// The entry of a task, loading its bucket if needed. `None` if the bucket or the task
+    /// is unknown.
+    pub fn entry(&mut self, seq: u64, key: u64, stats: &mut EngineStats) -> Result<Option<&Entry>> {
+        if !self.buckets.contains_key(&key) {
+            return Ok(None);
+        }
+        self.load(key, stats)?;
+        Ok(self
+            .buckets
+            .get(&key)
+            .and_then(|b| b.entries.as_ref())
+            .and_then(|e| e.get(&seq)))
+    }
+
+    /// The full task for a loaded entry (reads its put record).
+    pub fn view(&mut self, seq: u64, key: u64) -> Result<Option<Task>> {
+        let Some(bucket) = self.buckets.get_mut(&key) else {
+            return Ok(None);
+        };
+        let Some(entry) = bucket.entries.as_ref().and_then(|e| e.get(&seq)).cloned() else {
+            return Ok(None);
+        };
+        let put = bucket.read_put(entry.put_offset, entry.put_len)?;
+        if put.seq != seq {
+            return Err(StoreError::Corrupt {
+                location: bucket.path.display().to_string(),
+                detail: format!("put record at {} is for seq {}", entry.put_offset, put.seq),
+            });
+        }
+        Ok(Some(Task {
+            id: task_id(seq, key),
+            queue: self.name.clone(),
+            due_at_ms: entry.due_ms,
+            payload: put.payload,
+            payload_kind: put.payload_kind,
+            headers: put.headers,
+            priority: put.priority,
+            idempotency_key: put.idempotency_key,
+            late_policy: put.late_policy,
+            state: entry.state,
+            attempts: entry.attempts,
+            lease_until_ms: (entry.state == TaskState::Leased).then_some(entry.until_ms),
+            dead_reason: entry.dead_reason.as_deref().map(String::from),
+        }))
+    }
+}

@@ -1,0 +1,516 @@
+//! One set of scenarios run against every store: the in-memory reference and the embedded
+//! engine (for which most scenarios also reopen the store halfway, so durability is checked
+//! by the same expectations).
+
+use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState};
+use belfry_store::{
+    ChangeOutcome, Engine, EngineOptions, LeaseOutcome, MemoryStore, PutOutcome, QueueCounts,
+    Store, StoreError,
+};
+use bytes::Bytes;
+
+/// A store under test, and a way to restart it.
+trait Harness {
+    fn store(&self) -> &dyn Store;
+    /// Restarts the store (a no-op for stores without durability). `clean` asks for a flush
+    /// first; otherwise the engine recovers from its WAL.
+    fn reopen(&mut self, clean: bool);
+}
+
+struct Memory(MemoryStore);
+
+impl Harness for Memory {
+    fn store(&self) -> &dyn Store {
+        &self.0
+    }
+    fn reopen(&mut self, _clean: bool) {}
+}
+
+struct Disk {
+    dir: tempfile::TempDir,
+    engine: Option<Engine>,
+}
+
+impl Disk {
+    fn new() -> Disk {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+        Disk {
+            dir,
+            engine: Some(engine),
+        }
+    }
+}
+
+impl Harness for Disk {
+    fn store(&self) -> &dyn Store {
+        self.engine.as_ref().unwrap()
+    }
+    fn reopen(&mut self, clean: bool) {
+        let engine = self.engine.take().unwrap();
+        if clean {
+            engine.flush().unwrap();
+        }
+        drop(engine);
+        self.engine = Some(Engine::open(self.dir.path(), EngineOptions::default()).unwrap());
+    }
+}
+
+fn q(name: &str) -> QueueName {
+    QueueName::new(name).unwrap()
+}
+
+fn task(queue: &str, due: u64, payload: &str) -> NewTask {
+    NewTask::new(q(queue), due, Bytes::from(payload.to_owned()))
+}
+
+fn created(outcome: &PutOutcome) -> TaskId {
+    match outcome {
+        PutOutcome::Created { id, .. } => *id,
+        PutOutcome::Duplicate(t) => panic!("unexpected duplicate of {:?}", t.id),
+    }
+}
+
+fn put1(h: &dyn Harness, t: NewTask) -> TaskId {
+    created(&h.store().put(vec![t]).unwrap()[0])
+}
+
+fn payloads(h: &dyn Harness, queue: &str, now: u64, max: usize) -> Vec<String> {
+    h.store()
+        .claim(&q(queue), now, max, 100_000_000)
+        .unwrap()
+        .leased
+        .into_iter()
+        .map(|l| String::from_utf8(l.task.payload.to_vec()).unwrap())
+        .collect()
+}
+
+fn queues_and_meta(h: &mut dyn Harness) {
+    let s = h.store();
+    assert!(s.put_queue(&q("a"), Bytes::from_static(b"cfg1")).unwrap());
+    assert!(!s.put_queue(&q("a"), Bytes::from_static(b"cfg2")).unwrap());
+    assert!(s.put_queue(&q("b"), Bytes::new()).unwrap());
+    assert!(matches!(
+        s.put(vec![task("missing", 1, "x")]),
+        Err(StoreError::QueueNotFound(_))
+    ));
+    assert!(matches!(
+        s.claim(&q("missing"), 1, 1, 1),
+        Err(StoreError::QueueNotFound(_))
+    ));
+    s.put_meta("sched", "k1", Bytes::from_static(b"v1"))
+        .unwrap();
+    s.put_meta("sched", "k2", Bytes::from_static(b"v2"))
+        .unwrap();
+    s.put_meta("other", "k1", Bytes::from_static(b"o")).unwrap();
+    assert!(s.delete_meta("sched", "k2").unwrap());
+    assert!(!s.delete_meta("sched", "k2").unwrap());
+    h.reopen(false);
+    let s = h.store();
+    assert_eq!(
+        s.get_queue(&q("a")).unwrap(),
+        Some(Bytes::from_static(b"cfg2"))
+    );
+    let names: Vec<String> = s
+        .list_queues()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(
+        s.get_meta("sched", "k1").unwrap(),
+        Some(Bytes::from_static(b"v1"))
+    );
+    assert_eq!(s.get_meta("sched", "k2").unwrap(), None);
+    assert_eq!(
+        s.list_meta("sched").unwrap(),
+        vec![("k1".to_owned(), Bytes::from_static(b"v1"))]
+    );
+    assert!(s.delete_queue(&q("a")).unwrap());
+    assert!(!s.delete_queue(&q("a")).unwrap());
+    assert_eq!(s.get_queue(&q("a")).unwrap(), None);
+}
+
+fn put_get_round_trip(h: &mut dyn Harness) {
+    h.store().put_queue(&q("a"), Bytes::new()).unwrap();
+    let mut t = task("a", 5_000, "{\"n\":1}");
+    t.headers = vec![("h".into(), "v".into())];
+    t.priority = Priority::High;
+    t.payload_kind = PayloadKind::Binary;
+    t.late_policy = LatePolicy::Skip { after_ms: 9 };
+    t.idempotency_key = Some("key".into());
+    let id = put1(h, t.clone());
+    h.reopen(false);
+    let got = h.store().get(&q("a"), id, 1_000).unwrap().unwrap();
+    assert_eq!(got.id, id);
+    assert_eq!(got.payload, t.payload);
+    assert_eq!(got.headers, t.headers);
+    assert_eq!(got.priority, Priority::High);
+    assert_eq!(got.payload_kind, PayloadKind::Binary);
+    assert_eq!(got.late_policy, t.late_policy);
+    assert_eq!(got.idempotency_key.as_deref(), Some("key"));
+    assert_eq!(got.state, TaskState::Scheduled);
+    assert_eq!(got.attempts, 0);
+    assert_eq!(got.due_at_ms, 5_000);
+    let by_key = h.store().get_by_key(&q("a"), "key", 1_000).unwrap();
+    assert_eq!(by_key.map(|t| t.id), Some(id));
+    assert!(h
+        .store()
+        .get(&q("a"), TaskId(id.0 ^ (1 << 100)), 1_000)
+        .unwrap()
+        .is_none());
+    assert!(h.store().get_by_key(&q("a"), "nope", 1).unwrap().is_none());
+}
+
+fn claim_order(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    s.put(vec![
+        task("a", 3_000, "n3"),
+        task("a", 1_000, "n1a"),
+        task("a", 1_000, "n1b"),
+        task("a", 2_000, "n2"),
+        task("a", 9_000, "late"),
+    ])
+    .unwrap();
+    let mut high = task("a", 2_500, "h25");
+    high.priority = Priority::High;
+    s.put(vec![high]).unwrap();
+    h.reopen(false);
+    // Never early.
+    assert!(payloads(h, "a", 999, 10).is_empty());
+    assert_eq!(payloads(h, "a", 1_500, 1), ["n1a"]);
+    h.reopen(true);
+    assert_eq!(payloads(h, "a", 3_000, 10), ["h25", "n1b", "n2", "n3"]);
+    assert!(payloads(h, "a", 8_999, 10).is_empty());
+    assert_eq!(payloads(h, "a", 100_000, 10), ["late"]);
+}
+
+fn lease_lifecycle(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let id = put1(h, task("a", 1_000, "x"));
+    let batch = h.store().claim(&q("a"), 1_000, 10, 500).unwrap();
+    assert_eq!(batch.leased.len(), 1);
+    let first = batch.leased[0].clone();
+    assert_eq!(first.task.id, id);
+    assert_eq!(first.task.attempts, 1);
+    assert_eq!(first.task.state, TaskState::Leased);
+    assert_eq!(first.lease_until_ms, 1_500);
+    h.reopen(false);
+    let s = h.store();
+    assert_eq!(s.next_due_ms(&q("a")).unwrap(), Some(1_500));
+    assert_eq!(
+        s.counts(&q("a"), 1_200).unwrap(),
+        QueueCounts {
+            pending: 0,
+            due: 0,
+            in_flight: 1,
+            dead: 0
+        }
+    );
+    // Extend moves the deadline.
+    assert_eq!(
+        s.extend(&q("a"), id, first.lease_id, 2_000, 1_400).unwrap(),
+        LeaseOutcome::Ok
+    );
+    assert!(s.claim(&q("a"), 1_900, 10, 500).unwrap().leased.is_empty());
+    // The lease expires: the task is due again, the old lease refused.
+    let again = s.claim(&q("a"), 2_000, 10, 500).unwrap();
+    assert_eq!(again.leased.len(), 1);
+    let second = again.leased[0].clone();
+    assert_eq!(second.task.attempts, 2);
+    assert_ne!(second.lease_id, first.lease_id);
+    assert_eq!(
+        s.ack(&q("a"), id, first.lease_id, 2_001).unwrap(),
+        LeaseOutcome::LeaseExpired
+    );
+    // Nack schedules a retry.
+    assert_eq!(
+        s.nack(&q("a"), id, second.lease_id, 5_000, 2_100).unwrap(),
+        LeaseOutcome::Ok
+    );
+    h.reopen(false);
+    let s = h.store();
+    let t = s.get(&q("a"), id, 2_200).unwrap().unwrap();
+    assert_eq!(
+        (t.state, t.due_at_ms, t.attempts),
+        (TaskState::Scheduled, 5_000, 2)
+    );
+    assert!(s.claim(&q("a"), 4_999, 10, 500).unwrap().leased.is_empty());
+    let third = s.claim(&q("a"), 5_000, 10, 500).unwrap().leased[0].clone();
+    assert_eq!(
+        s.ack(&q("a"), id, third.lease_id, 5_001).unwrap(),
+        LeaseOutcome::Ok
+    );
+    assert_eq!(
+        s.ack(&q("a"), id, third.lease_id, 5_002).unwrap(),
+        LeaseOutcome::LeaseExpired
+    );
+    assert_eq!(
+        s.ack(&q("a"), TaskId(12345), third.lease_id, 5_002)
+            .unwrap(),
+        LeaseOutcome::NotFound
+    );
+    // Done tasks may be forgotten; if still known they are done.
+    if let Some(t) = s.get(&q("a"), id, 5_003).unwrap() {
+        assert_eq!(t.state, TaskState::Done);
+    }
+    assert_eq!(s.next_due_ms(&q("a")).unwrap(), None);
+}
+
+fn dead_letters(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let ids: Vec<TaskId> = s
+        .put(vec![
+            task("a", 10, "d1"),
+            task("a", 10, "d2"),
+            task("a", 10, "d3"),
+        ])
+        .unwrap()
+        .iter()
+        .map(created)
+        .collect();
+    let batch = s.claim(&q("a"), 10, 10, 1_000).unwrap();
+    for leased in &batch.leased {
+        assert_eq!(
+            s.dead_letter(&q("a"), leased.task.id, leased.lease_id, "boom", 20)
+                .unwrap(),
+            LeaseOutcome::Ok
+        );
+    }
+    h.reopen(false);
+    let s = h.store();
+    let dead = s.list_dead(&q("a"), None, 10).unwrap();
+    assert_eq!(dead.iter().map(|t| t.id).collect::<Vec<_>>(), ids);
+    assert!(dead
+        .iter()
+        .all(|t| t.state == TaskState::Dead && t.dead_reason.as_deref() == Some("boom")));
+    let page = s.list_dead(&q("a"), Some(ids[0]), 1).unwrap();
+    assert_eq!(page.iter().map(|t| t.id).collect::<Vec<_>>(), [ids[1]]);
+    assert_eq!(s.counts(&q("a"), 30).unwrap().dead, 3);
+    assert_eq!(s.redrive(&q("a"), ids[1], 40).unwrap(), ChangeOutcome::Ok);
+    assert_eq!(
+        s.redrive(&q("a"), ids[1], 40).unwrap(),
+        ChangeOutcome::WrongState(TaskState::Scheduled)
+    );
+    h.reopen(true);
+    let s = h.store();
+    let t = s.get(&q("a"), ids[1], 41).unwrap().unwrap();
+    assert_eq!(
+        (t.state, t.attempts, t.due_at_ms, t.dead_reason),
+        (TaskState::Scheduled, 0, 40, None)
+    );
+    assert_eq!(s.list_dead(&q("a"), None, 10).unwrap().len(), 2);
+    assert_eq!(payloads(h, "a", 41, 10), ["d2"]);
+}
+
+fn late_policies(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let mut skip = task("a", 100, "skip");
+    skip.late_policy = LatePolicy::Skip { after_ms: 50 };
+    let mut dead = task("a", 100, "dead");
+    dead.late_policy = LatePolicy::Dead { after_ms: 50 };
+    let mut fine = task("a", 100, "fine");
+    fine.late_policy = LatePolicy::Skip { after_ms: 500 };
+    let ids: Vec<TaskId> = s
+        .put(vec![skip, dead, fine])
+        .unwrap()
+        .iter()
+        .map(created)
+        .collect();
+    let batch = s.claim(&q("a"), 200, 10, 1_000).unwrap();
+    assert_eq!(batch.late_skipped, [ids[0]]);
+    assert_eq!(batch.late_dead, [ids[1]]);
+    assert_eq!(batch.leased.len(), 1);
+    assert_eq!(batch.leased[0].task.id, ids[2]);
+    h.reopen(false);
+    let t = h.store().get(&q("a"), ids[1], 201).unwrap().unwrap();
+    assert_eq!(t.state, TaskState::Dead);
+    assert!(t.dead_reason.unwrap().contains("late"));
+}
+
+fn cancel_and_reschedule(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let far = 400 * 24 * 3_600_000;
+    let ids: Vec<TaskId> = s
+        .put(vec![
+            task("a", 1_000, "c"),
+            task("a", 2_000, "r"),
+            task("a", far, "far"),
+        ])
+        .unwrap()
+        .iter()
+        .map(created)
+        .collect();
+    assert_eq!(s.cancel(&q("a"), ids[0], 10).unwrap(), ChangeOutcome::Ok);
+    assert_eq!(
+        s.cancel(&q("a"), ids[0], 10).unwrap(),
+        ChangeOutcome::WrongState(TaskState::Cancelled)
+    );
+    assert_eq!(
+        s.cancel(&q("a"), TaskId(ids[0].0 + (1 << 80)), 10).unwrap(),
+        ChangeOutcome::NotFound
+    );
+    assert_eq!(
+        s.reschedule(&q("a"), ids[1], 500, 10).unwrap(),
+        ChangeOutcome::Ok
+    );
+    // A far task brought near, and a near one sent far.
+    assert_eq!(
+        s.reschedule(&q("a"), ids[2], 700, 10).unwrap(),
+        ChangeOutcome::Ok
+    );
+    h.reopen(false);
+    assert_eq!(h.store().next_due_ms(&q("a")).unwrap(), Some(500));
+    assert_eq!(payloads(h, "a", 600, 10), ["r"]);
+    h.reopen(true);
+    assert_eq!(payloads(h, "a", 3_000, 10), ["far"]);
+    let s = h.store();
+    assert_eq!(
+        s.reschedule(&q("a"), ids[2], 9_000, 3_001).unwrap(),
+        ChangeOutcome::WrongState(TaskState::Leased)
+    );
+}
+
+fn idempotency(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    s.put_queue(&q("b"), Bytes::new()).unwrap();
+    let keyed = |queue: &str, payload: &str| {
+        let mut t = task(queue, 1_000, payload);
+        t.idempotency_key = Some("k".into());
+        t
+    };
+    let out = s
+        .put(vec![
+            keyed("a", "first"),
+            keyed("a", "second"),
+            keyed("b", "other"),
+        ])
+        .unwrap();
+    let first = created(&out[0]);
+    match &out[1] {
+        PutOutcome::Duplicate(t) => {
+            assert_eq!(t.id, first);
+            assert_eq!(&t.payload[..], b"first");
+        }
+        other => panic!("{other:?}"),
+    }
+    created(&out[2]);
+    h.reopen(false);
+    let out = h.store().put(vec![keyed("a", "third")]).unwrap();
+    assert_eq!(out[0].id(), first);
+    assert!(matches!(out[0], PutOutcome::Duplicate(_)));
+    h.reopen(true);
+    let out = h.store().put(vec![keyed("a", "fourth")]).unwrap();
+    assert_eq!(out[0].id(), first);
+    assert_eq!(payloads(h, "a", 1_000, 10), ["first"]);
+}
+
+fn counts_forecast_next_due(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    s.put_queue(&q("empty"), Bytes::new()).unwrap();
+    assert_eq!(s.next_due_ms(&q("empty")).unwrap(), None);
+    let hour = 3_600_000;
+    let mut tasks = Vec::new();
+    for i in 0..10u64 {
+        tasks.push(task("a", 1_000 + i * 1_000, "near"));
+    }
+    for i in 0..5u64 {
+        tasks.push(task("a", 30 * 24 * hour + i * hour, "far"));
+    }
+    s.put(tasks).unwrap();
+    h.reopen(false);
+    let s = h.store();
+    assert_eq!(
+        s.counts(&q("a"), 5_000).unwrap(),
+        QueueCounts {
+            pending: 15,
+            due: 5,
+            in_flight: 0,
+            dead: 0
+        }
+    );
+    assert_eq!(s.next_due_ms(&q("a")).unwrap(), Some(1_000));
+    assert_eq!(s.forecast(&q("a"), 0, 5_000, 3).unwrap(), vec![4, 5, 1]);
+    assert_eq!(
+        s.forecast(&q("a"), 30 * 24 * hour, 2 * hour, 3).unwrap(),
+        vec![2, 2, 1]
+    );
+    assert!(matches!(
+        s.forecast(&q("a"), 0, 0, 3),
+        Err(StoreError::Invalid(_))
+    ));
+    h.reopen(true);
+    let s = h.store();
+    s.claim(&q("a"), 10_000, 100, 1_000).unwrap();
+    assert_eq!(s.next_due_ms(&q("a")).unwrap(), Some(11_000));
+    assert_eq!(
+        s.counts(&q("a"), 10_000).unwrap(),
+        QueueCounts {
+            pending: 5,
+            due: 0,
+            in_flight: 10,
+            dead: 0
+        }
+    );
+    // Once the leases expire the earliest far task is next... after the re-deliveries.
+    assert_eq!(s.counts(&q("a"), 11_000).unwrap().due, 10);
+}
+
+fn queue_delete_removes_tasks(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    s.put(vec![task("a", 10, "x"), task("a", 10_000_000_000, "y")])
+        .unwrap();
+    assert!(s.delete_queue(&q("a")).unwrap());
+    h.reopen(false);
+    let s = h.store();
+    assert!(s.put_queue(&q("a"), Bytes::new()).unwrap());
+    assert_eq!(s.counts(&q("a"), 20).unwrap(), QueueCounts::default());
+    assert!(payloads(h, "a", 20_000_000_000, 10).is_empty());
+}
+
+fn queues_are_isolated(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("busy"), Bytes::new()).unwrap();
+    s.put_queue(&q("quiet"), Bytes::new()).unwrap();
+    let backlog: Vec<NewTask> = (0..500).map(|i| task("busy", i, "b")).collect();
+    s.put(backlog).unwrap();
+    put1(h, task("quiet", 100, "q"));
+    assert_eq!(payloads(h, "quiet", 1_000, 10), ["q"]);
+    assert_eq!(h.store().counts(&q("busy"), 1_000).unwrap().due, 500);
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            use super::*;
+            $(#[test] fn $name() { super::$name(&mut Memory(MemoryStore::new())); })*
+        }
+        mod engine {
+            use super::*;
+            $(#[test] fn $name() { super::$name(&mut Disk::new()); })*
+        }
+    };
+}
+
+scenarios!(
+    queues_and_meta,
+    put_get_round_trip,
+    claim_order,
+    lease_lifecycle,
+    dead_letters,
+    late_policies,
+    cancel_and_reschedule,
+    idempotency,
+    counts_forecast_next_due,
+    queue_delete_removes_tasks,
+    queues_are_isolated,
+);
