@@ -8,6 +8,7 @@ pub mod id;
 pub mod limits;
 pub mod queue;
 pub mod retry;
+pub mod schedule;
 pub mod task;
 
 pub use clock::{Clock, ManualClock, SystemClock, UnixMs};

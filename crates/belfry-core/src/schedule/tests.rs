@@ -1,0 +1,693 @@
+//! Tests of next-fire computation across time zones and DST, bounds, and misfire policies.
+
+use jiff::Timestamp;
+use proptest::prelude::*;
+
+use super::*;
+
+/// Milliseconds of an RFC 9557 zoned date-time such as `2026-03-08T03:00:00-04:00[America/New_York]`.
+fn ms(text: &str) -> UnixMs {
+    let zoned: jiff::Zoned = text.parse().unwrap_or_else(|e| panic!("{text}: {e}"));
+    zoned.timestamp().as_millisecond() as u64
+}
+
+/// The next `expected.len()` firings of `expression` in `zone` after `after` are `expected`,
+/// written in the zone.
+fn check(expression: &str, zone: &str, after: &str, expected: &[&str]) {
+    let cron = CronSchedule::new(CronExpr::parse(expression).unwrap(), zone).unwrap();
+    let mut cursor = ms(after);
+    let mut got = Vec::new();
+    for _ in expected {
+        let Some(next) = cron.next_after(cursor) else {
+            break;
+        };
+        assert!(next > cursor);
+        got.push(cron.format_local(next).unwrap());
+        cursor = next;
+    }
+    assert_eq!(got, expected, "{expression:?} in {zone} after {after}");
+}
+
+#[test]
+fn utc_and_tokyo_have_no_surprises() {
+    check(
+        "0 0 9 * * MON-FRI",
+        "UTC",
+        "2026-11-20T09:00:00+00:00[UTC]",
+        &[
+            "2026-11-23T09:00:00+00:00[UTC]",
+            "2026-11-24T09:00:00+00:00[UTC]",
+        ],
+    );
+    check(
+        "*/20 * * * * *",
+        "UTC",
+        "2026-11-20T23:59:30.500+00:00[UTC]",
+        &[
+            "2026-11-20T23:59:40+00:00[UTC]",
+            "2026-11-21T00:00:00+00:00[UTC]",
+        ],
+    );
+    check(
+        "30 2 * * *",
+        "Asia/Tokyo",
+        "2026-03-08T00:00:00+09:00[Asia/Tokyo]",
+        &[
+            "2026-03-08T02:30:00+09:00[Asia/Tokyo]",
+            "2026-03-09T02:30:00+09:00[Asia/Tokyo]",
+        ],
+    );
+    check(
+        "@yearly",
+        "Asia/Tokyo",
+        "2026-06-01T00:00:00+09:00[Asia/Tokyo]",
+        &["2027-01-01T00:00:00+09:00[Asia/Tokyo]"],
+    );
+}
+
+#[test]
+fn new_york_spring_forward_fires_skipped_times_once_at_the_transition() {
+    let ny = "America/New_York";
+    check(
+        "30 2 * * *",
+        ny,
+        "2026-03-07T12:00:00-05:00[America/New_York]",
+        &[
+            "2026-03-08T03:00:00-04:00[America/New_York]",
+            "2026-03-09T02:30:00-04:00[America/New_York]",
+        ],
+    );
+    check(
+        "* * * * *",
+        ny,
+        "2026-03-08T01:58:00-05:00[America/New_York]",
+        &[
+            "2026-03-08T01:59:00-05:00[America/New_York]",
+            "2026-03-08T03:00:00-04:00[America/New_York]",
+            "2026-03-08T03:01:00-04:00[America/New_York]",
+        ],
+    );
+    check(
+        "30 * * * *",
+        ny,
+        "2026-03-08T00:00:00-05:00[America/New_York]",
+        &[
+            "2026-03-08T00:30:00-05:00[America/New_York]",
+            "2026-03-08T01:30:00-05:00[America/New_York]",
+            "2026-03-08T03:00:00-04:00[America/New_York]",
+            "2026-03-08T03:30:00-04:00[America/New_York]",
+        ],
+    );
+    check(
+        "0 0,15,30,45 2 * * *",
+        ny,
+        "2026-03-07T03:00:00-05:00[America/New_York]",
+        &[
+            "2026-03-08T03:00:00-04:00[America/New_York]",
+            "2026-03-09T02:00:00-04:00[America/New_York]",
+        ],
+    );
+}
+
+#[test]
+fn new_york_fall_back_fires_fixed_times_once_and_hourly_ones_each_real_hour() {
+    let ny = "America/New_York";
+    check(
+        "30 1 * * *",
+        ny,
+        "2026-10-31T12:00:00-04:00[America/New_York]",
+        &[
+            "2026-11-01T01:30:00-04:00[America/New_York]",
+            "2026-11-02T01:30:00-05:00[America/New_York]",
+        ],
+    );
+    // After the first occurrence has passed, the second does not fire.
+    check(
+        "30 1 * * *",
+        ny,
+        "2026-11-01T01:10:00-05:00[America/New_York]",
+        &["2026-11-02T01:30:00-05:00[America/New_York]"],
+    );
+    check(
+        "0 1-2 * * *",
+        ny,
+        "2026-11-01T00:00:00-04:00[America/New_York]",
+        &[
+            "2026-11-01T01:00:00-04:00[America/New_York]",
+            "2026-11-01T02:00:00-05:00[America/New_York]",
+        ],
+    );
+    check(
+        "*/20 * * * *",
+        ny,
+        "2026-11-01T00:50:00-04:00[America/New_York]",
+        &[
+            "2026-11-01T01:00:00-04:00[America/New_York]",
+            "2026-11-01T01:20:00-04:00[America/New_York]",
+            "2026-11-01T01:40:00-04:00[America/New_York]",
+            "2026-11-01T01:00:00-05:00[America/New_York]",
+            "2026-11-01T01:20:00-05:00[America/New_York]",
+            "2026-11-01T01:40:00-05:00[America/New_York]",
+            "2026-11-01T02:00:00-05:00[America/New_York]",
+        ],
+    );
+    // From inside the first pass, an hourly schedule's earlier minute comes again in the
+    // second pass.
+    check(
+        "5 * * * *",
+        ny,
+        "2026-11-01T01:10:00-04:00[America/New_York]",
+        &[
+            "2026-11-01T01:05:00-05:00[America/New_York]",
+            "2026-11-01T02:05:00-05:00[America/New_York]",
+        ],
+    );
+}
+
+#[test]
+fn berlin_transitions() {
+    let berlin = "Europe/Berlin";
+    check(
+        "0 30 2 * * *",
+        berlin,
+        "2026-03-28T12:00:00+01:00[Europe/Berlin]",
+        &[
+            "2026-03-29T03:00:00+02:00[Europe/Berlin]",
+            "2026-03-30T02:30:00+02:00[Europe/Berlin]",
+        ],
+    );
+    check(
+        "30 2 * * *",
+        berlin,
+        "2026-10-24T12:00:00+02:00[Europe/Berlin]",
+        &[
+            "2026-10-25T02:30:00+02:00[Europe/Berlin]",
+            "2026-10-26T02:30:00+01:00[Europe/Berlin]",
+        ],
+    );
+    check(
+        "0 * * * *",
+        berlin,
+        "2026-10-25T01:30:00+02:00[Europe/Berlin]",
+        &[
+            "2026-10-25T02:00:00+02:00[Europe/Berlin]",
+            "2026-10-25T02:00:00+01:00[Europe/Berlin]",
+            "2026-10-25T03:00:00+01:00[Europe/Berlin]",
+        ],
+    );
+}
+
+#[test]
+fn lord_howe_half_hour_shift() {
+    let zone = "Australia/Lord_Howe";
+    // DST ends on 2026-04-05: 02:00 (+11) becomes 01:30 (+10:30), repeating 01:30-01:59.
+    check(
+        "45 1 * * *",
+        zone,
+        "2026-04-04T12:00:00+11:00[Australia/Lord_Howe]",
+        &[
+            "2026-04-05T01:45:00+11:00[Australia/Lord_Howe]",
+            "2026-04-06T01:45:00+10:30[Australia/Lord_Howe]",
+        ],
+    );
+    check(
+        "*/15 * * * *",
+        zone,
+        "2026-04-05T01:20:00+11:00[Australia/Lord_Howe]",
+        &[
+            "2026-04-05T01:30:00+11:00[Australia/Lord_Howe]",
+            "2026-04-05T01:45:00+11:00[Australia/Lord_Howe]",
+            "2026-04-05T01:30:00+10:30[Australia/Lord_Howe]",
+            "2026-04-05T01:45:00+10:30[Australia/Lord_Howe]",
+            "2026-04-05T02:00:00+10:30[Australia/Lord_Howe]",
+        ],
+    );
+    // DST starts on 2026-10-04: 02:00 (+10:30) becomes 02:30 (+11).
+    check(
+        "15 2 * * *",
+        zone,
+        "2026-10-03T12:00:00+10:30[Australia/Lord_Howe]",
+        &[
+            "2026-10-04T02:30:00+11:00[Australia/Lord_Howe]",
+            "2026-10-05T02:15:00+11:00[Australia/Lord_Howe]",
+        ],
+    );
+    check(
+        "*/15 * * * *",
+        zone,
+        "2026-10-04T01:50:00+10:30[Australia/Lord_Howe]",
+        &[
+            "2026-10-04T02:30:00+11:00[Australia/Lord_Howe]",
+            "2026-10-04T02:45:00+11:00[Australia/Lord_Howe]",
+        ],
+    );
+}
+
+#[test]
+fn unknown_zone_is_refused() {
+    let expr = CronExpr::parse("* * * * *").unwrap();
+    for bad in [
+        "Mars/Olympus_Mons",
+        "",
+        "../../etc/passwd",
+        &"A".repeat(100),
+    ] {
+        let error = CronSchedule::new(expr.clone(), bad).unwrap_err();
+        assert!(
+            error.to_string().starts_with("unknown time zone"),
+            "{error}"
+        );
+    }
+    assert_eq!(
+        Trigger::cron("* * * * *", "Nowhere/Land")
+            .unwrap_err()
+            .to_string(),
+        r#"unknown time zone "Nowhere/Land": expected an IANA name such as "Europe/Berlin" or "UTC""#
+    );
+}
+
+#[test]
+fn intervals_and_bounds() {
+    let spec = |start, end| {
+        ScheduleSpec::new(
+            Trigger::every(10_000, 1_000).unwrap(),
+            start,
+            end,
+            1,
+            MisfirePolicy::FireOnce,
+        )
+        .unwrap()
+    };
+    assert_eq!(spec(None, None).preview(0, 3), [1_000, 11_000, 21_000]);
+    assert_eq!(spec(None, None).preview(11_000, 2), [21_000, 31_000]);
+    assert_eq!(spec(None, None).preview(11_001, 1), [21_000]);
+    // start_at inclusive, end_at inclusive.
+    assert_eq!(
+        spec(Some(21_000), Some(41_000)).preview(0, 10),
+        [21_000, 31_000, 41_000]
+    );
+    assert_eq!(spec(Some(21_001), Some(40_999)).preview(0, 10), [31_000]);
+    assert_eq!(spec(None, Some(500)).preview(0, 10), Vec::<UnixMs>::new());
+    assert_eq!(spec(None, None).preview(0, usize::MAX).len(), PREVIEW_MAX);
+
+    let error = |r: Result<ScheduleSpec, ScheduleError>| r.unwrap_err().to_string();
+    assert_eq!(
+        error(Trigger::every(999, 0).map(|_| unreachable!())),
+        "every_ms must be at least 1000 ms, got 999"
+    );
+    assert_eq!(
+        error(Trigger::every(INTERVAL_MS_MAX + 1, 0).map(|_| unreachable!())),
+        "every_ms must be at most 315360000000 ms, got 315360000001"
+    );
+    let trigger = Trigger::every(1_000, 0).unwrap();
+    assert_eq!(
+        error(ScheduleSpec::new(
+            trigger.clone(),
+            Some(10),
+            Some(9),
+            1,
+            MisfirePolicy::Skip
+        )),
+        "end_at (9) is before start_at (10)"
+    );
+    for shards in [0, SHARD_COUNT_MAX + 1] {
+        assert_eq!(
+            error(ScheduleSpec::new(
+                trigger.clone(),
+                None,
+                None,
+                shards,
+                MisfirePolicy::Skip
+            )),
+            format!("shard_count must be 1 to 1000, got {shards}")
+        );
+    }
+    assert_eq!(
+        error(Trigger::cron("0 0 32 * *", "UTC").map(|_| unreachable!())),
+        r#"invalid cron expression: field 3 (day of month) "32": value out of range 1-31"#
+    );
+    // Near the end of u64 an interval simply stops.
+    let far = ScheduleSpec::new(
+        Trigger::every(INTERVAL_MS_MAX, u64::MAX - 10).unwrap(),
+        None,
+        None,
+        1,
+        MisfirePolicy::Skip,
+    )
+    .unwrap();
+    assert_eq!(far.preview(u64::MAX - 100, 5), [u64::MAX - 10]);
+}
+
+#[test]
+fn count_in_steps_buckets_firings() {
+    let spec = ScheduleSpec::new(
+        Trigger::cron("*/10 * * * * *", "UTC").unwrap(),
+        None,
+        None,
+        1,
+        MisfirePolicy::Skip,
+    )
+    .unwrap();
+    // Firings at every 10 s, counted in 60 s steps: 6 each.
+    let from = 60_000;
+    assert_eq!(
+        spec.count_in_steps(from, 60_000, 3, 1_000),
+        (vec![6, 6, 6], false)
+    );
+    assert_eq!(
+        spec.count_in_steps(from + 5_000, 60_000, 2, 1_000),
+        (vec![6, 6], false)
+    );
+    assert_eq!(
+        spec.count_in_steps(from, 60_000, 3, 10),
+        (vec![6, 4, 0], true)
+    );
+}
+
+fn interval_spec(misfire: MisfirePolicy, end_at_ms: Option<UnixMs>) -> ScheduleSpec {
+    ScheduleSpec::new(
+        Trigger::every(10_000, 0).unwrap(),
+        None,
+        end_at_ms,
+        1,
+        misfire,
+    )
+    .unwrap()
+}
+
+fn range(from: UnixMs, to: UnixMs) -> Vec<UnixMs> {
+    (from..=to).step_by(10_000).collect()
+}
+
+#[test]
+fn misfire_policies() {
+    use MisfirePolicy::*;
+    // (policy, end_at, cursor, now, fired, new cursor, misfired, dropped)
+    type Row = (
+        MisfirePolicy,
+        Option<UnixMs>,
+        UnixMs,
+        UnixMs,
+        Vec<UnixMs>,
+        UnixMs,
+        bool,
+        u64,
+    );
+    let rows: Vec<Row> = vec![
+        // Nothing due yet.
+        (FireOnce, None, 100_000, 100_000, vec![], 100_000, false, 0),
+        (FireOnce, None, 100_000, 109_999, vec![], 100_000, false, 0),
+        // On time, or a little late: all due fire, whatever the policy.
+        (
+            Skip,
+            None,
+            100_000,
+            110_000,
+            vec![110_000],
+            110_000,
+            false,
+            0,
+        ),
+        (
+            Skip,
+            None,
+            100_000,
+            125_000,
+            vec![110_000, 120_000],
+            120_000,
+            false,
+            0,
+        ),
+        (
+            FireOnce,
+            None,
+            100_000,
+            160_000,
+            range(110_000, 160_000),
+            160_000,
+            false,
+            0,
+        ),
+        // 900 s of downtime: due 110 s..=1000 s (90 times); missed are those before 940 s.
+        (
+            Skip,
+            None,
+            100_000,
+            1_000_000,
+            range(940_000, 1_000_000),
+            1_000_000,
+            true,
+            83,
+        ),
+        (
+            FireOnce,
+            None,
+            100_000,
+            1_000_000,
+            vec![1_000_000],
+            1_000_000,
+            true,
+            89,
+        ),
+        (
+            CatchUp,
+            None,
+            100_000,
+            1_000_005,
+            range(110_000, 1_000_000),
+            1_000_000,
+            true,
+            0,
+        ),
+        // Skip keeps only the due times within the threshold of now.
+        (
+            Skip,
+            None,
+            100_000,
+            1_065_000,
+            vec![
+                1_010_000, 1_020_000, 1_030_000, 1_040_000, 1_050_000, 1_060_000,
+            ],
+            1_060_000,
+            true,
+            90,
+        ),
+        // Catch-up is capped at the latest CATCH_UP_MAX.
+        (
+            CatchUp,
+            None,
+            0,
+            20_000_000,
+            range(10_010_000, 20_000_000),
+            20_000_000,
+            true,
+            1_000,
+        ),
+        // end_at bounds the due set.
+        (
+            CatchUp,
+            Some(150_000),
+            100_000,
+            1_000_000,
+            range(110_000, 150_000),
+            150_000,
+            true,
+            0,
+        ),
+        (
+            FireOnce,
+            Some(150_000),
+            150_000,
+            1_000_000,
+            vec![],
+            150_000,
+            false,
+            0,
+        ),
+    ];
+    for (policy, end_at, cursor, now, fired, new_cursor, misfired, dropped) in rows {
+        let due = interval_spec(policy, end_at).due(cursor, now);
+        let expected = Due {
+            fire_times: fired,
+            cursor_ms: new_cursor,
+            misfired,
+            dropped,
+        };
+        assert_eq!(
+            due, expected,
+            "{policy:?} end {end_at:?} cursor {cursor} now {now}"
+        );
+    }
+}
+
+#[test]
+fn skip_after_downtime_fires_nothing_when_everything_is_old() {
+    let daily = ScheduleSpec::new(
+        Trigger::cron("0 9 * * *", "Europe/Berlin").unwrap(),
+        None,
+        None,
+        1,
+        MisfirePolicy::Skip,
+    )
+    .unwrap();
+    let cursor = ms("2026-06-01T09:00:00+02:00[Europe/Berlin]");
+    let now = ms("2026-06-04T12:00:00+02:00[Europe/Berlin]");
+    let due = daily.due(cursor, now);
+    assert!(due.fire_times.is_empty());
+    assert!(due.misfired);
+    assert_eq!(due.dropped, 3);
+    assert_eq!(
+        due.cursor_ms,
+        ms("2026-06-04T09:00:00+02:00[Europe/Berlin]")
+    );
+}
+
+#[test]
+fn a_year_of_per_second_downtime_is_cheap_to_decide() {
+    let every_second = ScheduleSpec::new(
+        Trigger::cron("* * * * * *", "UTC").unwrap(),
+        None,
+        None,
+        1,
+        MisfirePolicy::CatchUp,
+    )
+    .unwrap();
+    let now = 365 * 86_400_000 + 500;
+    let due = every_second.due(0, now);
+    assert_eq!(due.fire_times.len(), CATCH_UP_MAX);
+    assert_eq!(due.fire_times.last(), Some(&(365 * 86_400_000)));
+    assert_eq!(due.cursor_ms, 365 * 86_400_000);
+    // A lower bound: the look-back stopped once it had CATCH_UP_MAX firings.
+    assert!(due.dropped > 0);
+}
+
+// ---- property tests ----
+
+const ZONES: [&str; 5] = [
+    "UTC",
+    "America/New_York",
+    "Europe/Berlin",
+    "Australia/Lord_Howe",
+    "Asia/Tokyo",
+];
+
+fn expression() -> impl Strategy<Value = String> {
+    let second = prop::sample::select(vec!["0", "*/15", "30", "*"]);
+    let minute = prop::sample::select(vec!["*", "*/7", "0", "30", "15,45", "0-10/5"]);
+    let hour = prop::sample::select(vec!["*", "1", "2", "1-3", "*/2", "0", "2,3"]);
+    let dom = prop::sample::select(vec!["*", "*", "1-15", "?"]);
+    let dow = prop::sample::select(vec!["*", "*", "MON-FRI", "SUN"]);
+    (second, minute, hour, dom, dow).prop_map(|(s, mi, h, d, w)| format!("{s} {mi} {h} {d} * {w}"))
+}
+
+fn offset_at(cron: &CronSchedule, second: i64) -> i64 {
+    i64::from(
+        cron.zone()
+            .to_offset(Timestamp::from_second(second).unwrap())
+            .seconds(),
+    )
+}
+
+/// A slow reference: walks real seconds after `after_s` and applies the DST rule directly.
+fn brute_next(cron: &CronSchedule, after_s: i64, limit_s: i64) -> Option<i64> {
+    let expr = cron.expr();
+    for s in after_s + 1..=limit_s {
+        let offset = offset_at(cron, s);
+        let before = offset_at(cron, s - 1);
+        if offset > before {
+            // s starts a gap: local times [s + before, s + offset) were skipped.
+            let skipped =
+                (s + before..s + offset).any(|c| expr.matches(Civil::from_epoch_seconds(c)));
+            if skipped {
+                return Some(s);
+            }
+        }
+        let civil = Civil::from_epoch_seconds(s + offset);
+        if !expr.matches(civil) {
+            continue;
+        }
+        // A second occurrence: an earlier instant showed the same local time.
+        let repeated = [1_800i64, 3_600, 7_200]
+            .iter()
+            .any(|&d| offset_at(cron, s - d) == offset + d);
+        if repeated && !expr.every_hour() {
+            continue;
+        }
+        return Some(s);
+    }
+    None
+}
+
+/// Instants of DST transitions in 2026 in the zone (none for UTC and Tokyo).
+fn transitions_2026(cron: &CronSchedule) -> Vec<i64> {
+    let start = Timestamp::from_second(1_767_225_600).unwrap();
+    cron.zone()
+        .following(start)
+        .take(2)
+        .map(|t| t.timestamp().as_second())
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    #[test]
+    fn next_fire_increases_and_matches(
+        text in expression(),
+        zone in prop::sample::select(ZONES.to_vec()),
+        start_s in 1_577_836_800i64..2_051_222_400,
+        start_ms_part in 0u64..1000,
+    ) {
+        let cron = CronSchedule::new(CronExpr::parse(&text).unwrap(), zone).unwrap();
+        let mut cursor = start_s as u64 * 1000 + start_ms_part;
+        for _ in 0..20 {
+            let Some(next) = cron.next_after(cursor) else { break };
+            prop_assert!(next > cursor);
+            prop_assert_eq!(next % 1000, 0);
+            let local = cron.local(next).unwrap();
+            if !cron.expr().matches(local) {
+                // Only a gap transition may fire at a non-matching local time, and only when
+                // a skipped local time matched.
+                let s = (next / 1000) as i64;
+                let (offset, before) = (offset_at(&cron, s), offset_at(&cron, s - 1));
+                prop_assert!(offset > before, "{} fired at {}", text, local);
+                prop_assert!((s + before..s + offset)
+                    .any(|c| cron.expr().matches(Civil::from_epoch_seconds(c))));
+            }
+            cursor = next;
+        }
+    }
+
+    #[test]
+    fn next_fire_agrees_with_brute_force_around_transitions(
+        text in expression(),
+        zone in prop::sample::select(ZONES[1..4].to_vec()),
+        which in 0usize..2,
+        shift_s in -6 * 3_600i64..6 * 3_600,
+    ) {
+        let cron = CronSchedule::new(CronExpr::parse(&text).unwrap(), zone).unwrap();
+        let transitions = transitions_2026(&cron);
+        let after_s = transitions[which] + shift_s;
+        let expected = brute_next(&cron, after_s, after_s + 8 * 86_400);
+        let got = cron.next_after(after_s as u64 * 1000).map(|ms| (ms / 1000) as i64);
+        prop_assert_eq!(got, expected, "{} in {} after {}", text, zone, after_s);
+    }
+
+    #[test]
+    fn catch_up_partitions_the_due_set(
+        cursor in 0u64..1_000_000,
+        gap in 0u64..2_000_000,
+        policy in prop::sample::select(vec![MisfirePolicy::Skip, MisfirePolicy::FireOnce, MisfirePolicy::CatchUp]),
+    ) {
+        let spec = interval_spec(policy, None);
+        let now = cursor + gap;
+        let all: Vec<UnixMs> = spec.preview(cursor, PREVIEW_MAX).into_iter().filter(|&t| t <= now).collect();
+        let due = spec.due(cursor, now);
+        prop_assert_eq!(due.fire_times.len() as u64 + due.dropped, all.len() as u64);
+        prop_assert!(due.fire_times.iter().all(|t| all.contains(t)));
+        prop_assert_eq!(due.cursor_ms, all.last().copied().unwrap_or(cursor));
+        if !due.misfired || policy == MisfirePolicy::CatchUp {
+            prop_assert_eq!(&due.fire_times, &all);
+        }
+    }
+}
