@@ -1,0 +1,620 @@
+//! `belfry bench fire`: schedule N tasks due over a short window, consume them (pull
+//! leasing with batch acks, or a built-in webhook receiver), and measure delivered tasks/s
+//! and firing lateness = receipt time − due time. Early deliveries, losses and duplicates
+//! are counted. The Redis sorted-set queue is driven the same way as the baseline.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Method;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::http::{HttpConn, Target};
+use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
+use crate::plot::{lateness_cdf_svg, Series};
+use crate::redis_queue::{self, QueueKeys, RedisServer};
+use crate::report::{thousands, Report, Table};
+use crate::servers::WebhookReceiver;
+use crate::spawn::{create_queue, ServerUnderTest};
+use crate::stats::{cdf_points_ms, format_us, DeliverySummary, DeliveryTracker};
+use crate::sys::{unix_ms, unix_us, CpuMeter, CpuUse, Machine};
+use crate::workload::{due_times, validate, Bodies};
+use crate::{progress, Baseline, BaselineArgs, OutputArgs, ServerArgs};
+
+/// Ack requests a consumer may have queued for its acker before it waits: bounds memory
+/// and lets slow acks push back on leasing.
+const ACK_QUEUE_MAX: usize = 16;
+
+/// Brief targets for lateness (at 100k due/s).
+const LATENESS_P99_US_TARGET: u64 = 10_000;
+const LATENESS_P999_US_TARGET: u64 = 50_000;
+/// Brief target for dispatch to pull consumers (burst: all due at once).
+const DISPATCH_TASKS_PER_S_TARGET: f64 = 500_000.0;
+
+/// How often the webhook mode checks whether everything arrived.
+const WEBHOOK_DONE_POLL: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct FireArgs {
+    /// Tasks to schedule.
+    #[arg(long, default_value_t = 200_000)]
+    pub tasks: u64,
+    /// Spread the due times evenly over this many seconds (0 = all due at once: a burst,
+    /// which measures the drain rate).
+    #[arg(long, default_value_t = 20)]
+    pub window_s: u64,
+    /// The first task is due this long after the run starts, so that submitting finishes
+    /// before firing begins (tasks answered after their due time are reported).
+    #[arg(long, default_value_t = 5)]
+    pub lead_s: u64,
+    /// Tasks per submit request.
+    #[arg(long, default_value_t = 1_000)]
+    pub batch: usize,
+    /// Submit connections.
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Pull consumers (each with its own lease connection and ack connection).
+    #[arg(long, default_value_t = 4)]
+    pub consumers: usize,
+    /// Tasks per lease call (1..=1000); also the Redis claim script's limit.
+    #[arg(long, default_value_t = 1_000)]
+    pub lease_max: usize,
+    /// Long-poll of a lease call when nothing is due.
+    #[arg(long, default_value_t = 1_000)]
+    pub wait_ms: u64,
+    /// Visibility timeout of leases.
+    #[arg(long, default_value_t = 30_000)]
+    pub visibility_ms: u64,
+    /// Payload size in bytes.
+    #[arg(long, default_value_t = 200)]
+    pub payload_bytes: usize,
+    /// After the last due time, wait at most this long for stragglers before counting
+    /// the rest as lost.
+    #[arg(long, default_value_t = 10)]
+    pub grace_s: u64,
+    /// Deliver through a webhook queue to a built-in receiver on 127.0.0.1 instead of
+    /// pull leasing. (The server must allow loopback webhook targets.)
+    #[arg(long)]
+    pub webhook: bool,
+    /// Poll interval of the Redis baseline's consumers when nothing is due.
+    #[arg(long, default_value_t = 1)]
+    pub redis_poll_ms: u64,
+    /// Write the lateness CDF of every measured system to this SVG file.
+    #[arg(long)]
+    pub svg: Option<PathBuf>,
+    /// Queue to create and use (default: a fresh `bench-fire-<ms>`).
+    #[arg(long)]
+    pub queue: Option<String>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+    #[command(flatten)]
+    pub baselines: BaselineArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+impl FireArgs {
+    pub fn validate(&self) -> Result<(), crate::BenchError> {
+        use crate::BenchError;
+        validate(self.tasks, self.batch, self.connections, self.payload_bytes)?;
+        if self.consumers == 0 || self.consumers > crate::CONNECTIONS_MAX {
+            return Err(BenchError::invalid(
+                "--consumers",
+                format!("must be 1..={}", crate::CONNECTIONS_MAX),
+            ));
+        }
+        if self.lease_max == 0 || self.lease_max > crate::LEASE_TASKS_MAX {
+            return Err(BenchError::invalid(
+                "--lease-max",
+                format!("must be 1..={}", crate::LEASE_TASKS_MAX),
+            ));
+        }
+        if self.wait_ms > crate::LEASE_WAIT_MS_MAX {
+            return Err(BenchError::invalid(
+                "--wait-ms",
+                format!("must be at most {}", crate::LEASE_WAIT_MS_MAX),
+            ));
+        }
+        if self.tasks > u64::from(u32::MAX) {
+            return Err(BenchError::invalid(
+                "--tasks",
+                "at most 4294967295 for fire",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One system's fire run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct FireOutcome {
+    pub label: String,
+    pub delivery: DeliverySummary,
+    /// Distinct tasks delivered per second of receipts (first to last).
+    pub delivered_per_s: f64,
+    pub submit: IngestOutcome,
+    pub consume_cpu: CpuUse,
+    pub ack_failures: u64,
+    #[serde(skip)]
+    pub cdf: Vec<(f64, f64)>,
+}
+
+pub async fn run(args: FireArgs) -> anyhow::Result<Report> {
+    args.validate()?;
+    let machine = Machine::describe();
+    let mut outcomes = Vec::new();
+    if !args.server.baselines_only {
+        let server = ServerUnderTest::connect_or_spawn(&args.server).await?;
+        let result = fire_belfry(&args, &server).await;
+        server.stop();
+        outcomes.push(result?);
+    }
+    if args.baselines.wants(Baseline::Redis) {
+        outcomes.push(fire_redis(&args).await?);
+    }
+    let picture = match &args.svg {
+        Some(path) if !outcomes.is_empty() => {
+            let series: Vec<Series> = outcomes
+                .iter()
+                .map(|o| Series {
+                    label: o.label.clone(),
+                    points: o.cdf.clone(),
+                })
+                .collect();
+            lateness_cdf_svg(path, &title(&args), &series)?;
+            Some(path.display().to_string())
+        }
+        _ => None,
+    };
+    Ok(build_report(&args, machine, outcomes, picture))
+}
+
+fn title(args: &FireArgs) -> String {
+    if args.window_s == 0 {
+        format!(
+            "firing lateness: {} tasks all due at once",
+            thousands(args.tasks as f64)
+        )
+    } else {
+        format!(
+            "firing lateness: {} tasks due over {} s ({} due/s)",
+            thousands(args.tasks as f64),
+            args.window_s,
+            thousands(args.tasks as f64 / args.window_s as f64)
+        )
+    }
+}
+
+fn plan(args: &FireArgs) -> (Arc<Vec<u64>>, Arc<Bodies>, Instant) {
+    let start_ms = unix_ms() + args.lead_s * 1_000;
+    let due = due_times(args.tasks, start_ms, args.window_s * 1_000);
+    let bodies = Bodies::build(&due, args.batch, args.payload_bytes);
+    let deadline = Instant::now() + Duration::from_secs(args.lead_s + args.window_s + args.grace_s);
+    (Arc::new(due), Arc::new(bodies), deadline)
+}
+
+#[derive(Deserialize)]
+struct LeaseResponse {
+    tasks: Vec<LeasedTask>,
+}
+
+#[derive(Deserialize)]
+struct LeasedTask {
+    id: serde_json::Value,
+    lease_id: serde_json::Value,
+    #[serde(default)]
+    payload: Option<PayloadIndex>,
+}
+
+#[derive(Deserialize)]
+struct PayloadIndex {
+    i: u64,
+}
+
+async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Result<FireOutcome> {
+    let queue = args
+        .queue
+        .clone()
+        .unwrap_or_else(|| format!("bench-fire-{}", unix_ms()));
+    let (due, bodies, deadline) = plan(args);
+    let tracker = Arc::new(Mutex::new(DeliveryTracker::new(due.as_ref().clone())));
+    let bar = progress(&args.output, args.tasks, "belfry deliveries");
+    let done = Arc::new(AtomicBool::new(false));
+    let ack_failures = Arc::new(AtomicU64::new(0));
+
+    let receiver = if args.webhook {
+        let (tracker, bar) = (tracker.clone(), bar.clone());
+        let receiver = WebhookReceiver::start(move |body, _headers, receipt_us| {
+            if let Some(index) = crate::workload::parse_index(&body) {
+                if let Ok(mut t) = tracker.lock() {
+                    t.record(index, receipt_us);
+                }
+            }
+            bar.inc(1);
+        })
+        .await?;
+        let config = json!({"delivery": {"type": "webhook", "url": format!("http://{}/hook", receiver.addr)}});
+        create_queue(&server.target, &queue, &config.to_string()).await?;
+        Some(receiver)
+    } else {
+        create_queue(&server.target, &queue, "{}").await?;
+        None
+    };
+
+    let meter = CpuMeter::start(server.pid);
+    let mut consumers = Vec::new();
+    if !args.webhook {
+        for _ in 0..args.consumers {
+            consumers.push(tokio::spawn(pull_consumer(
+                server.target.clone(),
+                queue.clone(),
+                args.clone(),
+                tracker.clone(),
+                done.clone(),
+                ack_failures.clone(),
+                deadline,
+                bar.clone(),
+            )));
+        }
+    }
+    let submit = run_ingest(
+        IngestJob {
+            label: "belfry submit".into(),
+            target: server.target.clone(),
+            path: format!("/v1/queues/{queue}/tasks:batch"),
+            bodies,
+            connections: args.connections,
+            answers: Answers::Belfry,
+            due_at_ms: Some(due.clone()),
+            server_pid: server.pid,
+        },
+        indicatif::ProgressBar::hidden(),
+    )
+    .await;
+    if let Some(receiver) = receiver {
+        while Instant::now() < deadline && !tracker.lock().is_ok_and(|t| t.all_delivered()) {
+            tokio::time::sleep(WEBHOOK_DONE_POLL).await;
+        }
+        receiver.stop().await;
+    }
+    for c in consumers {
+        let _ = c.await;
+    }
+    let consume_cpu = meter.stop();
+    bar.finish_and_clear();
+    let label = if args.webhook {
+        "belfry (webhook)"
+    } else {
+        "belfry (pull lease + batch ack)"
+    };
+    let t = tracker
+        .lock()
+        .map_err(|_| anyhow::anyhow!("tracker lock poisoned"))?;
+    Ok(outcome(
+        label,
+        &t,
+        submit,
+        consume_cpu,
+        ack_failures.load(Ordering::Relaxed),
+    ))
+}
+
+fn outcome(
+    label: &str,
+    tracker: &DeliveryTracker,
+    submit: IngestOutcome,
+    consume_cpu: CpuUse,
+    ack_failures: u64,
+) -> FireOutcome {
+    let delivery = tracker.summary();
+    let span_s = (delivery.receipt_span_us as f64 / 1e6).max(1e-6);
+    FireOutcome {
+        label: label.to_string(),
+        delivered_per_s: delivery.delivered as f64 / span_s,
+        delivery,
+        submit,
+        consume_cpu,
+        ack_failures,
+        cdf: cdf_points_ms(tracker.lateness_histogram()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)] // one consumer's whole context, passed once at spawn
+async fn pull_consumer(
+    target: Target,
+    queue: String,
+    args: FireArgs,
+    tracker: Arc<Mutex<DeliveryTracker>>,
+    done: Arc<AtomicBool>,
+    ack_failures: Arc<AtomicU64>,
+    deadline: Instant,
+    bar: indicatif::ProgressBar,
+) {
+    let lease_path = format!("/v1/queues/{queue}/lease");
+    let ack_path = format!("/v1/queues/{queue}/ack");
+    // Long-polls never outlast the run by more than one wait.
+    let lease_body = Bytes::from(
+        json!({"max": args.lease_max, "wait_ms": args.wait_ms, "visibility_ms": args.visibility_ms})
+            .to_string(),
+    );
+    let (ack_tx, mut ack_rx) = tokio::sync::mpsc::channel::<Bytes>(ACK_QUEUE_MAX);
+    let acker = {
+        let (target, ack_failures) = (target.clone(), ack_failures.clone());
+        tokio::spawn(async move {
+            let mut conn = HttpConn::connect(&target).await.ok();
+            while let Some(body) = ack_rx.recv().await {
+                if conn.is_none() {
+                    conn = HttpConn::connect(&target).await.ok();
+                }
+                let ok = match conn.as_mut() {
+                    Some(c) => c
+                        .expect_success(Method::POST, &ack_path, body)
+                        .await
+                        .is_ok(),
+                    None => false,
+                };
+                if !ok {
+                    ack_failures.fetch_add(1, Ordering::Relaxed);
+                    conn = None;
+                }
+            }
+        })
+    };
+    let mut conn: Option<HttpConn> = None;
+    while !done.load(Ordering::Relaxed) && Instant::now() < deadline {
+        if conn.is_none() {
+            conn = HttpConn::connect(&target).await.ok();
+            if conn.is_none() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        let response = c
+            .request(Method::POST, &lease_path, lease_body.clone())
+            .await;
+        let receipt_us = unix_us();
+        let body = match response {
+            Ok((status, body)) if status.is_success() => body,
+            Ok(_) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            Err(_) => {
+                conn = None;
+                continue;
+            }
+        };
+        let Ok(leased) = serde_json::from_slice::<LeaseResponse>(&body) else {
+            continue;
+        };
+        if leased.tasks.is_empty() {
+            continue;
+        }
+        let mut acks = Vec::with_capacity(leased.tasks.len());
+        {
+            let Ok(mut t) = tracker.lock() else { break };
+            for task in &leased.tasks {
+                match &task.payload {
+                    Some(p) => {
+                        t.record(p.i, receipt_us);
+                    }
+                    None => {
+                        // Not one of ours (or not JSON): record as unknown.
+                        t.record(u64::MAX, receipt_us);
+                    }
+                }
+                acks.push(json!({"id": task.id, "lease_id": task.lease_id}));
+            }
+            if t.all_delivered() {
+                done.store(true, Ordering::Relaxed);
+            }
+        }
+        bar.inc(leased.tasks.len() as u64);
+        let ack = Bytes::from(json!({ "acks": acks }).to_string());
+        if ack_tx.send(ack).await.is_err() {
+            break;
+        }
+    }
+    drop(ack_tx);
+    let _ = acker.await;
+}
+
+async fn fire_redis(args: &FireArgs) -> anyhow::Result<FireOutcome> {
+    let server = RedisServer::start(&args.baselines)?;
+    let result = fire_redis_on(args, &server).await;
+    server.stop();
+    result
+}
+
+async fn fire_redis_on(args: &FireArgs, server: &RedisServer) -> anyhow::Result<FireOutcome> {
+    let keys = QueueKeys::new(&format!("bench-fire-{}", unix_ms()));
+    let (due, _bodies, deadline) = plan(args);
+    let tracker = Arc::new(Mutex::new(DeliveryTracker::new(due.as_ref().clone())));
+    let bar = progress(&args.output, args.tasks, "redis deliveries");
+    let meter = CpuMeter::start(server.pid);
+    let consume = redis_queue::Consume {
+        url: server.url.clone(),
+        keys: keys.clone(),
+        consumers: args.consumers,
+        max: args.lease_max,
+        poll_interval: Duration::from_millis(args.redis_poll_ms),
+        deadline,
+    };
+    let consumer = tokio::spawn(redis_queue::consume(consume, tracker.clone(), bar.clone()));
+    let submit = redis_queue::ingest(
+        redis_queue::Submit {
+            url: &server.url,
+            pid: server.pid,
+            keys: &keys,
+            batch: args.batch,
+            connections: args.connections,
+            payload_bytes: args.payload_bytes,
+        },
+        &due,
+        indicatif::ProgressBar::hidden(),
+        "redis submit",
+    )
+    .await?;
+    consumer.await??;
+    let consume_cpu = meter.stop();
+    let _ = redis_queue::delete_queue(&server.url, &keys).await;
+    let t = tracker
+        .lock()
+        .map_err(|_| anyhow::anyhow!("tracker lock poisoned"))?;
+    Ok(outcome(
+        "Redis ZSET + Lua claim (seeds' design)",
+        &t,
+        submit,
+        consume_cpu,
+        0,
+    ))
+}
+
+fn build_report(
+    args: &FireArgs,
+    machine: Machine,
+    outcomes: Vec<FireOutcome>,
+    picture: Option<String>,
+) -> Report {
+    let mut table = Table::new(
+        title(args),
+        &[
+            "system",
+            "delivered",
+            "delivered/s",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "early",
+            "lost",
+            "duplicates",
+            "submitted/s",
+        ],
+    );
+    let mut notes = Vec::new();
+    for o in &outcomes {
+        let d = &o.delivery;
+        table.row(vec![
+            o.label.clone(),
+            format!(
+                "{}/{}",
+                thousands(d.delivered as f64),
+                thousands(d.expected as f64)
+            ),
+            thousands(o.delivered_per_s),
+            format_us(d.lateness.p50_us),
+            format_us(d.lateness.p90_us),
+            format_us(d.lateness.p99_us),
+            format_us(d.lateness.p999_us),
+            format_us(d.lateness.max_us),
+            d.early.to_string(),
+            d.lost.to_string(),
+            d.duplicates.to_string(),
+            thousands(o.submit.tasks_per_s),
+        ]);
+        if d.early > 0 {
+            notes.push(format!(
+                "{}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
+                o.label,
+                d.early,
+                format_us(d.early_by_us_max)
+            ));
+        }
+        if o.submit.answered_after_due > 0 {
+            notes.push(format!(
+                "{}: {} tasks were acknowledged by the submit only after their due time (submit \
+                 took {:.1} s; raise --lead-s): their lateness includes submit delay.",
+                o.label, o.submit.answered_after_due, o.submit.elapsed_s
+            ));
+        }
+        if let Some(e) = &o.submit.first_error {
+            notes.push(format!(
+                "{}: submit errors ({}): {e}",
+                o.label, o.submit.rejected
+            ));
+        }
+        if o.ack_failures > 0 {
+            notes.push(format!(
+                "{}: {} ack requests failed.",
+                o.label, o.ack_failures
+            ));
+        }
+        let cpu = &o.consume_cpu;
+        notes.push(format!(
+            "{}: during the run the load generator used {:.2} cores{}{}.",
+            o.label,
+            cpu.client_cores,
+            cpu.server_cores
+                .map(|s| format!(", the server {s:.2} cores"))
+                .unwrap_or_default(),
+            if cpu.client_saturated() {
+                " — it saturated a core and may have limited the result"
+            } else {
+                ""
+            }
+        ));
+    }
+    if let Some(b) = outcomes.first().filter(|o| o.label.starts_with("belfry")) {
+        let l = &b.delivery.lateness;
+        let rate = if args.window_s == 0 {
+            "a burst".to_string()
+        } else {
+            format!(
+                "{} due/s",
+                thousands(args.tasks as f64 / args.window_s as f64)
+            )
+        };
+        notes.push(format!(
+            "targets (brief, at 100k due/s; this run: {rate}): p99 ≤ {} {}, p99.9 ≤ {} {}, never early {}.",
+            format_us(LATENESS_P99_US_TARGET),
+            met(l.p99_us <= LATENESS_P99_US_TARGET),
+            format_us(LATENESS_P999_US_TARGET),
+            met(l.p999_us <= LATENESS_P999_US_TARGET),
+            met(b.delivery.early == 0)
+        ));
+        if args.window_s == 0 && !args.webhook {
+            notes.push(format!(
+                "target pull dispatch ≥ {} tasks/s: {} ({} tasks/s).",
+                thousands(DISPATCH_TASKS_PER_S_TARGET),
+                met(b.delivered_per_s >= DISPATCH_TASKS_PER_S_TARGET),
+                thousands(b.delivered_per_s)
+            ));
+        }
+    }
+    Report {
+        scenario: match (args.webhook, args.window_s == 0) {
+            (false, false) => "fire".into(),
+            (true, false) => "fire-webhook".into(),
+            (false, true) => "fire-burst".into(),
+            (true, true) => "fire-webhook-burst".into(),
+        },
+        command: crate::command_line(),
+        machine,
+        tables: vec![table],
+        notes,
+        picture,
+        data: json!({
+            "tasks": args.tasks,
+            "window_s": args.window_s,
+            "batch": args.batch,
+            "consumers": args.consumers,
+            "lease_max": args.lease_max,
+            "outcomes": outcomes,
+        }),
+    }
+}
+
+fn met(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "MISSED"
+    }
+}

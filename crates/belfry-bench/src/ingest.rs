@@ -1,0 +1,340 @@
+//! `belfry bench ingest`: submit throughput and request latency, against the raw fsync'd
+//! append of the same bytes, the trivial HTTP handler answering the same requests, and
+//! Redis ZADD + HSET pipelines of the same batch size.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use crate::load::{raw_append, run_ingest, Answers, IngestJob, IngestOutcome, RawAppend};
+use crate::redis_queue::{self, QueueKeys, RedisServer};
+use crate::report::{ratio, thousands, Report, Table};
+use crate::spawn::{create_queue, ServerUnderTest};
+use crate::stats::format_us;
+use crate::sys::{unix_ms, Machine};
+use crate::workload::{due_times, validate, Bodies};
+use crate::{progress, Baseline, BaselineArgs, OutputArgs, ServerArgs};
+
+/// Target from the brief: durable batched ingest.
+const BATCHED_TASKS_PER_S_TARGET: f64 = 1_000_000.0;
+/// Target from the issue: batched ingest at least this share of raw fsync'd append.
+const BATCHED_SHARE_OF_FSYNC_TARGET: f64 = 0.7;
+/// Target from the brief: single-task ingest at least this share of the trivial handler.
+const SINGLE_SHARE_OF_TRIVIAL_TARGET: f64 = 0.7;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct IngestArgs {
+    /// Tasks to submit.
+    #[arg(long, default_value_t = 200_000)]
+    pub tasks: u64,
+    /// Tasks per request: 1 uses the single-task endpoint, 2..=1000 the batch endpoint.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Concurrent connections (each sends its requests in sequence).
+    #[arg(long, default_value_t = 32)]
+    pub connections: usize,
+    /// Payload size in bytes (a JSON object carrying the task's index, padded).
+    #[arg(long, default_value_t = 200)]
+    pub payload_bytes: usize,
+    /// The first task is due this many seconds from now...
+    #[arg(long, default_value_t = 3_600)]
+    pub due_in_s: u64,
+    /// ...and the rest are spread evenly over this many seconds after it.
+    #[arg(long, default_value_t = 3_600)]
+    pub due_window_s: u64,
+    /// Queue to create and submit to (default: a fresh `bench-ingest-<ms>`).
+    #[arg(long)]
+    pub queue: Option<String>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+    #[command(flatten)]
+    pub baselines: BaselineArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
+    validate(args.tasks, args.batch, args.connections, args.payload_bytes)?;
+    let machine = Machine::describe();
+    let due = due_times(
+        args.tasks,
+        unix_ms() + args.due_in_s * 1_000,
+        args.due_window_s * 1_000,
+    );
+    let bodies = Arc::new(Bodies::build(&due, args.batch, args.payload_bytes));
+    let queue = args
+        .queue
+        .clone()
+        .unwrap_or_else(|| format!("bench-ingest-{}", unix_ms()));
+    let path = if args.batch == 1 {
+        format!("/v1/queues/{queue}/tasks")
+    } else {
+        format!("/v1/queues/{queue}/tasks:batch")
+    };
+
+    let mut belfry = None;
+    let mut fsync_dir = args.server.spawn_dir.clone();
+    if !args.server.baselines_only {
+        let server = ServerUnderTest::connect_or_spawn(&args.server).await?;
+        if let Some(dir) = server
+            .data_dir(None)
+            .and_then(|d| d.parent().map(|p| p.to_path_buf()))
+        {
+            fsync_dir = Some(dir);
+        }
+        create_queue(&server.target, &queue, "{}").await?;
+        let outcome = run_ingest(
+            IngestJob {
+                label: "belfry".into(),
+                target: server.target.clone(),
+                path: path.clone(),
+                bodies: bodies.clone(),
+                connections: args.connections,
+                answers: Answers::Belfry,
+                due_at_ms: None,
+                server_pid: server.pid,
+            },
+            progress(&args.output, args.tasks, "belfry ingest"),
+        )
+        .await;
+        server.stop();
+        belfry = Some(outcome);
+    }
+
+    let trivial = if args.baselines.wants(Baseline::Http) {
+        let server = crate::servers::TrivialServer::start(args.baselines.trivial_threads)?;
+        let outcome = run_ingest(
+            IngestJob {
+                label: "trivial HTTP handler".into(),
+                target: server.target(),
+                path: path.clone(),
+                bodies: bodies.clone(),
+                connections: args.connections,
+                answers: Answers::AnySuccess,
+                due_at_ms: None,
+                server_pid: None,
+            },
+            progress(&args.output, args.tasks, "trivial handler"),
+        )
+        .await;
+        server.stop();
+        Some(outcome)
+    } else {
+        None
+    };
+
+    let fsync = if args.baselines.wants(Baseline::Fsync) {
+        let dir = match &fsync_dir {
+            Some(d) => tempfile::tempdir_in(d)?,
+            None => tempfile::tempdir()?,
+        };
+        let bar = progress(&args.output, args.tasks, "raw fsync append");
+        let bodies = bodies.clone();
+        let path = dir.path().to_path_buf();
+        let result =
+            tokio::task::spawn_blocking(move || raw_append(&path, &bodies, &bar)).await??;
+        Some(result)
+    } else {
+        None
+    };
+
+    let redis = if args.baselines.wants(Baseline::Redis) {
+        Some(redis_ingest(&args, &due).await?)
+    } else {
+        None
+    };
+
+    Ok(build_report(
+        &args, machine, &bodies, belfry, trivial, fsync, redis,
+    ))
+}
+
+async fn redis_ingest(args: &IngestArgs, due: &[u64]) -> anyhow::Result<IngestOutcome> {
+    let server = RedisServer::start(&args.baselines)?;
+    let keys = QueueKeys::new(&format!("bench-ingest-{}", unix_ms()));
+    let result = redis_queue::ingest(
+        redis_queue::Submit {
+            url: &server.url,
+            pid: server.pid,
+            keys: &keys,
+            batch: args.batch,
+            connections: args.connections,
+            payload_bytes: args.payload_bytes,
+        },
+        due,
+        progress(&args.output, args.tasks, "redis ZADD+HSET"),
+        "Redis ZADD+HSET (seeds' design)",
+    )
+    .await;
+    let _ = redis_queue::delete_queue(&server.url, &keys).await;
+    server.stop();
+    Ok(result?)
+}
+
+fn build_report(
+    args: &IngestArgs,
+    machine: Machine,
+    bodies: &Bodies,
+    belfry: Option<IngestOutcome>,
+    trivial: Option<IngestOutcome>,
+    fsync: Option<RawAppend>,
+    redis: Option<IngestOutcome>,
+) -> Report {
+    let mode = if args.batch == 1 {
+        "one task per request".to_string()
+    } else {
+        format!("batches of {}", args.batch)
+    };
+    let mut table = Table::new(
+        format!(
+            "ingest: {} tasks of {} B, {mode}, {} connections",
+            thousands(args.tasks as f64),
+            args.payload_bytes,
+            args.connections
+        ),
+        &[
+            "system",
+            "tasks/s",
+            "requests/s",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "errors",
+            "client CPU",
+            "belfry ÷ this",
+        ],
+    );
+    let belfry_rate = belfry.as_ref().map_or(0.0, |b| b.tasks_per_s);
+    let mut notes = Vec::new();
+    let mut row = |o: &IngestOutcome, table: &mut Table| {
+        table.row(vec![
+            o.label.clone(),
+            thousands(o.tasks_per_s),
+            thousands(o.requests_per_s),
+            format_us(o.latency.p50_us),
+            format_us(o.latency.p90_us),
+            format_us(o.latency.p99_us),
+            format_us(o.latency.p999_us),
+            format_us(o.latency.max_us),
+            (o.rejected + o.failed_requests).to_string(),
+            format!("{:.2} cores", o.cpu.client_cores),
+            if o.label == "belfry" {
+                "1.00×".into()
+            } else {
+                ratio(belfry_rate, o.tasks_per_s)
+            },
+        ]);
+        if o.cpu.client_saturated() {
+            notes.push(format!(
+                "{}: the load generator used {:.2} cores (≥ {:.0}% of one): it may have limited this number.",
+                o.label,
+                o.cpu.client_cores,
+                crate::sys::CLIENT_SATURATION_CORES * 100.0
+            ));
+        }
+        if let Some(e) = &o.first_error {
+            notes.push(format!(
+                "{}: {} rejected tasks; first error: {e}",
+                o.label, o.rejected
+            ));
+        }
+        if let Some(server) = o.cpu.server_cores {
+            notes.push(format!("{}: the server used {server:.2} cores.", o.label));
+        }
+    };
+    for o in [&belfry, &trivial, &redis].into_iter().flatten() {
+        row(o, &mut table);
+    }
+    if let Some(f) = &fsync {
+        table.row(vec![
+            "raw fsync'd append, same bytes".into(),
+            thousands(f.tasks_per_s),
+            thousands(f.bodies as f64 / f.elapsed_s),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            "0".into(),
+            "-".into(),
+            ratio(belfry_rate, f.tasks_per_s),
+        ]);
+        notes.push(format!(
+            "raw append: {} request bodies ({:.1} MB/s), one fdatasync each{}.",
+            thousands(f.bodies as f64),
+            f.bytes_per_s / 1e6,
+            if f.truncated {
+                format!(", stopped after {:?}", crate::load::RAW_APPEND_DURATION_MAX)
+            } else {
+                String::new()
+            }
+        ));
+    }
+    if let Some(b) = &belfry {
+        if args.batch > 1 {
+            let met = b.tasks_per_s >= BATCHED_TASKS_PER_S_TARGET;
+            notes.push(format!(
+                "target ≥ {} tasks/s batched: {} ({} tasks/s).",
+                thousands(BATCHED_TASKS_PER_S_TARGET),
+                if met { "met" } else { "missed" },
+                thousands(b.tasks_per_s)
+            ));
+            if let Some(f) = &fsync {
+                let share = b.tasks_per_s / f.tasks_per_s.max(1e-9);
+                notes.push(format!(
+                    "target ≥ {:.0}% of raw fsync'd append: {} ({:.0}%).",
+                    BATCHED_SHARE_OF_FSYNC_TARGET * 100.0,
+                    if share >= BATCHED_SHARE_OF_FSYNC_TARGET {
+                        "met"
+                    } else {
+                        "missed"
+                    },
+                    share * 100.0
+                ));
+            }
+        } else if let Some(t) = &trivial {
+            let share = b.requests_per_s / t.requests_per_s.max(1e-9);
+            notes.push(format!(
+                "target ≥ {:.0}% of the trivial handler's requests/s: {} ({:.0}%).",
+                SINGLE_SHARE_OF_TRIVIAL_TARGET * 100.0,
+                if share >= SINGLE_SHARE_OF_TRIVIAL_TARGET {
+                    "met"
+                } else {
+                    "missed"
+                },
+                share * 100.0
+            ));
+        }
+    }
+    if redis.is_some() {
+        notes.push(
+            "Redis runs with appendfsync everysec (not fsync per acknowledgement, unlike belfry)."
+                .into(),
+        );
+    }
+    Report {
+        scenario: if args.batch == 1 {
+            "ingest-single".into()
+        } else {
+            "ingest-batch".into()
+        },
+        command: crate::command_line(),
+        machine,
+        tables: vec![table],
+        notes,
+        picture: None,
+        data: json!({
+            "tasks": args.tasks,
+            "batch": args.batch,
+            "connections": args.connections,
+            "payload_bytes": args.payload_bytes,
+            "request_bytes_total": bodies.total_bytes(),
+            "belfry": belfry,
+            "trivial_http": trivial,
+            "raw_fsync_append": fsync,
+            "redis": redis,
+        }),
+    }
+}

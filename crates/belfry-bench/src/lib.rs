@@ -1,0 +1,339 @@
+//! `belfry bench`: a load generator for a whole belfry server, measured side by side with
+//! its baselines in the same run — raw fsync'd append (the disk), a trivial HTTP handler
+//! (the HTTP stack) and a Redis sorted-set delay queue (the seeds' design).
+//!
+//! Scenarios: `ingest` (submit throughput and latency), `fire` (delivery throughput and
+//! firing lateness, never early, nothing lost), `pending` (disk and memory per pending task,
+//! restart time after `kill -9`). Each prints a table, optionally JSON, and can rewrite its
+//! own part of BENCHMARKS.md.
+//!
+//! The binary wires it with `Bench { #[command(subcommand)] command: BenchCommand }` and
+//! `belfry_bench::run(command)`.
+
+use std::path::PathBuf;
+
+pub mod error;
+pub mod fire;
+pub mod http;
+pub mod ingest;
+pub mod load;
+pub mod markdown;
+pub mod pending;
+pub mod plot;
+pub mod redis_queue;
+pub mod report;
+pub mod servers;
+pub mod spawn;
+pub mod stats;
+pub mod sys;
+pub mod workload;
+
+pub use error::BenchError;
+
+/// Tasks in one batch request: the HTTP API v1 limit (`belfry_core::limits::BATCH_TASKS_MAX`).
+/// Repeated here because the bench speaks only the HTTP contract, not the server's crates.
+pub const BATCH_TASKS_MAX: usize = 1_000;
+
+/// Tasks one lease call may ask for: the HTTP API v1 limit (`LEASE_TASKS_MAX` in core).
+pub const LEASE_TASKS_MAX: usize = 1_000;
+
+/// Longest long-poll of one lease call: the HTTP API v1 limit (`LEASE_WAIT_MS_MAX` in core).
+pub const LEASE_WAIT_MS_MAX: u64 = 30_000;
+
+/// Concurrent connections a run may open: enough to saturate any server on loopback,
+/// few enough to stay far below the default file descriptor limit.
+pub const CONNECTIONS_MAX: usize = 512;
+
+/// Worker threads of the load generator's runtime at most.
+pub const CLIENT_THREADS_MAX: usize = 64;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum BenchCommand {
+    /// Submit N tasks (one per request, or --batch K) over C connections; report accepted
+    /// tasks/s and request latency against the fsync, HTTP and Redis baselines.
+    Ingest(Box<ingest::IngestArgs>),
+    /// Schedule N tasks due over a short window and consume them (pull leasing, or
+    /// --webhook); report delivered/s and firing lateness, early, lost and duplicates.
+    Fire(Box<fire::FireArgs>),
+    /// Fill N far-future tasks; report disk bytes and RSS per task, then kill -9 and restart
+    /// the server and time until /readyz answers.
+    Pending(Box<pending::PendingArgs>),
+}
+
+/// Which server to drive.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServerArgs {
+    /// Base URL of a running belfry server.
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    pub url: String,
+    /// Start `belfry serve` on a free loopback port and a temporary data dir instead.
+    #[arg(long)]
+    pub spawn: bool,
+    /// The belfry binary for --spawn (default: this binary if it is belfry, else `belfry`
+    /// next to it, else on PATH).
+    #[arg(long)]
+    pub belfry_bin: Option<PathBuf>,
+    /// Where --spawn puts its temporary data dir (default: the system temp dir). The fsync
+    /// baseline writes there too, so both measure the same disk.
+    #[arg(long)]
+    pub spawn_dir: Option<PathBuf>,
+    /// PID of the server at --url, to report its CPU and RSS (known for --spawn).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+    /// Data dir of the server at --url, to report its disk use (known for --spawn).
+    #[arg(long)]
+    pub server_data_dir: Option<PathBuf>,
+    /// Measure only the baselines (no belfry server needed).
+    #[arg(long)]
+    pub baselines_only: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Baseline {
+    /// Raw fsync'd sequential append of the same bytes in the same batch sizes.
+    Fsync,
+    /// A trivial HTTP handler answering 200 to the same requests.
+    Http,
+    /// A Redis sorted-set delay queue (ZADD + HSET, Lua claim) on a local redis-server.
+    Redis,
+    /// No baseline.
+    None,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BaselineArgs {
+    /// Baselines to measure in the same run (comma-separated).
+    #[arg(long = "baseline", value_enum, value_delimiter = ',', default_values = ["fsync", "http", "redis"])]
+    pub baselines: Vec<Baseline>,
+    /// Use this running Redis for the Redis baseline instead of starting one.
+    #[arg(long)]
+    pub redis_url: Option<String>,
+    /// Script that starts/stops a throwaway redis-server (installing it if missing).
+    #[arg(long, default_value = "scripts/redis.sh")]
+    pub redis_script: PathBuf,
+    /// Port for the throwaway redis-server.
+    #[arg(long, default_value_t = 6390)]
+    pub redis_port: u16,
+    /// Worker threads of the trivial HTTP handler's own runtime.
+    #[arg(long, default_value_t = 2)]
+    pub trivial_threads: usize,
+}
+
+impl BaselineArgs {
+    pub fn wants(&self, baseline: Baseline) -> bool {
+        !self.baselines.contains(&Baseline::None) && self.baselines.contains(&baseline)
+    }
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct OutputArgs {
+    /// Print the report as JSON on stdout (tables and progress go to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Rewrite this scenario's part of the server section of this Markdown file
+    /// (between `<!-- server:begin -->` and `<!-- server:end -->`), e.g. BENCHMARKS.md.
+    #[arg(long)]
+    pub write_markdown: Option<PathBuf>,
+    /// Worker threads of the load generator.
+    #[arg(long, default_value_t = 2)]
+    pub client_threads: usize,
+    /// No live progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// Runs one scenario on its own tokio runtime and prints its report.
+pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    let output = match &command {
+        BenchCommand::Ingest(a) => a.output.clone(),
+        BenchCommand::Fire(a) => a.output.clone(),
+        BenchCommand::Pending(a) => a.output.clone(),
+    };
+    if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
+        return Err(BenchError::invalid(
+            "--client-threads",
+            format!("must be 1..={CLIENT_THREADS_MAX}"),
+        )
+        .into());
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(output.client_threads)
+        .thread_name("bench")
+        .enable_all()
+        .build()?;
+    let report = runtime.block_on(async move {
+        match command {
+            BenchCommand::Ingest(args) => ingest::run(*args).await,
+            BenchCommand::Fire(args) => fire::run(*args).await,
+            BenchCommand::Pending(args) => pending::run(*args).await,
+        }
+    })?;
+    emit(&report, &output)
+}
+
+/// Prints the report and writes the Markdown section when asked.
+pub fn emit(report: &report::Report, output: &OutputArgs) -> anyhow::Result<()> {
+    if output.json {
+        eprint!("{}", report.render_text());
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{}", report.render_text());
+    }
+    if let Some(path) = &output.write_markdown {
+        let doc = std::fs::read_to_string(path).map_err(|e| BenchError::io("read", path, e))?;
+        let link = report.picture.as_deref().map(|p| relative_link(path, p));
+        let body = report.render_markdown(link.as_deref());
+        let new =
+            markdown::upsert_subsection(&doc, markdown::SERVER_SECTION, &report.scenario, &body)?;
+        std::fs::write(path, new).map_err(|e| BenchError::io("write", path, e))?;
+        eprintln!(
+            "updated the {} section of {}",
+            report.scenario,
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// `picture` as a link from the directory of `markdown_file` when it lies below it.
+fn relative_link(markdown_file: &std::path::Path, picture: &str) -> String {
+    let base = markdown_file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .and_then(|p| std::fs::canonicalize(p).ok());
+    let pic = std::fs::canonicalize(picture).ok();
+    match (base, pic) {
+        (Some(base), Some(pic)) => pic
+            .strip_prefix(&base)
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|_| picture.to_string()),
+        (None, Some(pic)) => std::env::current_dir()
+            .ok()
+            .and_then(|cwd| pic.strip_prefix(cwd).ok().map(|p| p.display().to_string()))
+            .unwrap_or_else(|| picture.to_string()),
+        _ => picture.to_string(),
+    }
+}
+
+/// The command line that produced a report, as a user would type it.
+pub fn command_line() -> String {
+    let mut args = std::env::args();
+    let program = args
+        .next()
+        .map(|p| {
+            std::path::Path::new(&p)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or(p)
+        })
+        .unwrap_or_else(|| "belfry".into());
+    let program = if program == "belfry-bench" {
+        "belfry bench".to_string()
+    } else {
+        program
+    };
+    std::iter::once(program)
+        .chain(args)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// A progress bar on stderr for `len` items (hidden when asked, or when stderr is not a
+/// terminal).
+pub fn progress(output: &OutputArgs, len: u64, label: &str) -> indicatif::ProgressBar {
+    if output.no_progress {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{prefix:>22} [{bar:30}] {human_pos}/{human_len} {per_sec:>14} eta {eta}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(label.to_string());
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(subcommand)]
+        command: BenchCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<BenchCommand, clap::Error> {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).map(|c| c.command)
+    }
+
+    fn fire(args: &[&str]) -> fire::FireArgs {
+        let mut all = vec!["fire"];
+        all.extend_from_slice(args);
+        match parse(&all) {
+            Ok(BenchCommand::Fire(a)) => *a,
+            _ => panic!("fire arguments did not parse"),
+        }
+    }
+
+    #[test]
+    fn defaults_parse_and_validate() {
+        assert!(fire(&[]).validate().is_ok());
+        let Ok(BenchCommand::Ingest(a)) = parse(&["ingest"]) else {
+            panic!("ingest did not parse")
+        };
+        assert_eq!((a.tasks, a.batch), (200_000, 1));
+        assert!(a.baselines.wants(Baseline::Fsync) && a.baselines.wants(Baseline::Redis));
+        assert!(parse(&["pending", "--spawn", "--belfry-bin", "/x/belfry"]).is_ok());
+    }
+
+    #[test]
+    fn bad_arguments_are_refused_with_the_flag_named() {
+        for (args, flag) in [
+            (&["--lease-max", "0"][..], "--lease-max"),
+            (&["--lease-max", "1001"][..], "--lease-max"),
+            (&["--wait-ms", "30001"][..], "--wait-ms"),
+            (&["--consumers", "0"][..], "--consumers"),
+            (&["--batch", "1001"][..], "--batch"),
+            (&["--tasks", "0"][..], "--tasks"),
+            (&["--payload-bytes", "4"][..], "--payload-bytes"),
+        ] {
+            let err = fire(args).validate().unwrap_err().to_string();
+            assert!(err.contains(flag), "{args:?}: {err}");
+        }
+        assert!(parse(&["fire", "--tasks", "-5"]).is_err());
+        assert!(parse(&["ingest", "--baseline", "postgres"]).is_err());
+    }
+
+    #[test]
+    fn baseline_none_turns_all_off() {
+        let Ok(BenchCommand::Ingest(a)) = parse(&["ingest", "--baseline", "none"]) else {
+            panic!("did not parse")
+        };
+        assert!(!a.baselines.wants(Baseline::Http));
+        let Ok(BenchCommand::Ingest(a)) = parse(&["ingest", "--baseline", "http,fsync"]) else {
+            panic!("did not parse")
+        };
+        assert!(a.baselines.wants(Baseline::Http) && !a.baselines.wants(Baseline::Redis));
+    }
+
+    #[test]
+    fn client_threads_are_bounded() {
+        let Ok(cmd) = parse(&[
+            "ingest",
+            "--client-threads",
+            "0",
+            "--baselines-only",
+            "--baseline",
+            "none",
+        ]) else {
+            panic!("did not parse")
+        };
+        assert!(run(cmd)
+            .unwrap_err()
+            .to_string()
+            .contains("--client-threads"));
+    }
+}

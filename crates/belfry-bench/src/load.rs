@@ -1,0 +1,324 @@
+//! The submit engine shared by every scenario: C workers, each with its own keep-alive
+//! connection, take prebuilt request bodies from one counter and send them in sequence.
+//! Also the raw fsync'd append baseline, which writes the same bodies to a file.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use http::Method;
+use indicatif::ProgressBar;
+use serde::{Deserialize, Serialize};
+
+use crate::error::BenchError;
+use crate::http::{HttpConn, Target};
+use crate::stats::{new_histogram, record_clamped, Percentiles};
+use crate::sys::{CpuMeter, CpuUse};
+use crate::workload::Bodies;
+
+/// How long the raw append baseline runs at most: with one task per fsync it would
+/// otherwise take minutes for what a few seconds already measure.
+pub const RAW_APPEND_DURATION_MAX: Duration = Duration::from_secs(10);
+
+/// Longest error text kept for the report.
+const ERROR_TEXT_MAX: usize = 300;
+
+/// How the answers are judged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answers {
+    /// Belfry's API: single submits answer 2xx; batches list one result per task, each a
+    /// task or an `error` object.
+    Belfry,
+    /// Any 2xx accepts every task of the request (the trivial handler).
+    AnySuccess,
+}
+
+/// The outcome of one submit phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestOutcome {
+    pub label: String,
+    pub requests: u64,
+    pub accepted: u64,
+    pub rejected: u64,
+    pub failed_requests: u64,
+    pub first_error: Option<String>,
+    pub elapsed_s: f64,
+    pub tasks_per_s: f64,
+    pub requests_per_s: f64,
+    pub latency: Percentiles,
+    pub cpu: CpuUse,
+    /// Tasks whose submit was answered only after their due time (fire scenario): their
+    /// lateness includes submit delay, not only dispatch delay.
+    pub answered_after_due: u64,
+}
+
+#[derive(Deserialize)]
+struct BatchResponse {
+    results: Vec<BatchItem>,
+}
+
+#[derive(Deserialize)]
+struct BatchItem {
+    #[serde(default)]
+    error: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Default)]
+struct Tally {
+    requests: u64,
+    accepted: u64,
+    rejected: u64,
+    failed_requests: u64,
+    first_error: Option<String>,
+    answered_after_due: u64,
+}
+
+impl Tally {
+    fn error(&mut self, text: String) {
+        if self.first_error.is_none() {
+            self.first_error = Some(text.chars().take(ERROR_TEXT_MAX).collect());
+        }
+    }
+}
+
+/// Everything a submit phase needs.
+pub struct IngestJob {
+    pub label: String,
+    pub target: Target,
+    pub path: String,
+    pub bodies: Arc<Bodies>,
+    pub connections: usize,
+    pub answers: Answers,
+    /// Due times by task index, to count tasks answered after they were due.
+    pub due_at_ms: Option<Arc<Vec<u64>>>,
+    pub server_pid: Option<u32>,
+}
+
+pub async fn run_ingest(job: IngestJob, progress: ProgressBar) -> IngestOutcome {
+    let next = Arc::new(AtomicUsize::new(0));
+    let path: Arc<str> = job.path.into();
+    let meter = CpuMeter::start(job.server_pid);
+    let started = Instant::now();
+    let mut workers = Vec::with_capacity(job.connections);
+    for _ in 0..job.connections {
+        let (target, path, bodies, next, due, progress) = (
+            job.target.clone(),
+            path.clone(),
+            job.bodies.clone(),
+            next.clone(),
+            job.due_at_ms.clone(),
+            progress.clone(),
+        );
+        let answers = job.answers;
+        workers.push(tokio::spawn(async move {
+            worker(target, path, bodies, next, due, answers, progress).await
+        }));
+    }
+    let mut tally = Tally::default();
+    let mut latency = new_histogram();
+    for w in workers {
+        match w.await {
+            Ok((t, h)) => {
+                tally.requests += t.requests;
+                tally.accepted += t.accepted;
+                tally.rejected += t.rejected;
+                tally.failed_requests += t.failed_requests;
+                tally.answered_after_due += t.answered_after_due;
+                if tally.first_error.is_none() {
+                    tally.first_error = t.first_error;
+                }
+                let _ = latency.add(&h);
+            }
+            Err(e) => tally.error(format!("worker panicked: {e}")),
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    let cpu = meter.stop();
+    progress.finish_and_clear();
+    IngestOutcome {
+        label: job.label,
+        requests: tally.requests,
+        accepted: tally.accepted,
+        rejected: tally.rejected,
+        failed_requests: tally.failed_requests,
+        first_error: tally.first_error,
+        elapsed_s: elapsed,
+        tasks_per_s: tally.accepted as f64 / elapsed,
+        requests_per_s: tally.requests as f64 / elapsed,
+        latency: Percentiles::of(&latency),
+        cpu,
+        answered_after_due: tally.answered_after_due,
+    }
+}
+
+async fn worker(
+    target: Target,
+    path: Arc<str>,
+    bodies: Arc<Bodies>,
+    next: Arc<AtomicUsize>,
+    due: Option<Arc<Vec<u64>>>,
+    answers: Answers,
+    progress: ProgressBar,
+) -> (Tally, Histogram<u64>) {
+    let mut tally = Tally::default();
+    let mut latency = new_histogram();
+    let mut conn = match HttpConn::connect(&target).await {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tally.error(e.to_string());
+            None
+        }
+    };
+    loop {
+        let b = next.fetch_add(1, Ordering::Relaxed);
+        if b >= bodies.bodies.len() {
+            break;
+        }
+        let tasks = bodies.tasks_in(b);
+        if conn.is_none() {
+            // One reconnect attempt per request after a failure: a dead server fails fast
+            // instead of spinning, and a restarted connection recovers.
+            conn = HttpConn::connect(&target).await.ok();
+        }
+        let Some(c) = conn.as_mut() else {
+            tally.requests += 1;
+            tally.failed_requests += 1;
+            tally.rejected += tasks;
+            progress.inc(tasks);
+            continue;
+        };
+        let sent = Instant::now();
+        let result = c
+            .request(Method::POST, &path, bodies.bodies[b].clone())
+            .await;
+        record_clamped(&mut latency, sent.elapsed().as_micros() as u64);
+        tally.requests += 1;
+        match result {
+            Ok((status, body)) if status.is_success() => {
+                let rejected = match answers {
+                    Answers::AnySuccess => 0,
+                    Answers::Belfry if bodies.batch == 1 => 0,
+                    Answers::Belfry => match serde_json::from_slice::<BatchResponse>(&body) {
+                        Ok(r) => {
+                            let errors =
+                                r.results.iter().filter(|i| i.error.is_some()).count() as u64;
+                            // Missing results count as rejected: the server must answer
+                            // one result per task.
+                            errors + tasks.saturating_sub(r.results.len() as u64)
+                        }
+                        Err(e) => {
+                            tally.error(format!("batch answer is not {{\"results\": [...]}}: {e}"));
+                            tasks
+                        }
+                    },
+                };
+                if rejected > 0 {
+                    tally.error(format!(
+                        "batch had rejected tasks: {}",
+                        String::from_utf8_lossy(&body)
+                    ));
+                }
+                tally.rejected += rejected;
+                tally.accepted += tasks - rejected;
+            }
+            Ok((status, body)) => {
+                tally.rejected += tasks;
+                tally.error(format!("HTTP {status}: {}", String::from_utf8_lossy(&body)));
+            }
+            Err(e) => {
+                tally.failed_requests += 1;
+                tally.rejected += tasks;
+                tally.error(e.to_string());
+                conn = None;
+            }
+        }
+        if let Some(due) = &due {
+            let now_ms = crate::sys::unix_ms();
+            let first = bodies.first[b] as usize;
+            let end = first + tasks as usize;
+            if let Some(slice) = due.get(first..end) {
+                tally.answered_after_due += slice.partition_point(|&d| d < now_ms) as u64;
+            }
+        }
+        progress.inc(tasks);
+    }
+    (tally, latency)
+}
+
+/// The raw append baseline's outcome.
+#[derive(Debug, Clone, Serialize)]
+pub struct RawAppend {
+    pub bodies: u64,
+    pub tasks: u64,
+    pub bytes: u64,
+    pub elapsed_s: f64,
+    pub tasks_per_s: f64,
+    pub bytes_per_s: f64,
+    /// True when [`RAW_APPEND_DURATION_MAX`] ended it before all bodies were written.
+    pub truncated: bool,
+}
+
+/// Appends the request bodies in order to a new file in `dir`, with one `fdatasync` after
+/// each — the disk's limit for acknowledging each request durably, with no group commit.
+pub fn raw_append(
+    dir: &Path,
+    bodies: &Bodies,
+    progress: &ProgressBar,
+) -> Result<RawAppend, BenchError> {
+    use std::io::Write;
+    let file_path = dir.join("raw-append.bin");
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(&file_path)
+        .map_err(|e| BenchError::io("create", &file_path, e))?;
+    let started = Instant::now();
+    let (mut written, mut tasks, mut bytes) = (0u64, 0u64, 0u64);
+    let mut truncated = false;
+    for (b, body) in bodies.bodies.iter().enumerate() {
+        if started.elapsed() >= RAW_APPEND_DURATION_MAX {
+            truncated = true;
+            break;
+        }
+        file.write_all(body)
+            .map_err(|e| BenchError::io("append to", &file_path, e))?;
+        file.sync_data()
+            .map_err(|e| BenchError::io("fdatasync", &file_path, e))?;
+        written += 1;
+        tasks += bodies.tasks_in(b);
+        bytes += body.len() as u64;
+        progress.inc(bodies.tasks_in(b));
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    drop(file);
+    let _ = std::fs::remove_file(&file_path);
+    progress.finish_and_clear();
+    Ok(RawAppend {
+        bodies: written,
+        tasks,
+        bytes,
+        elapsed_s: elapsed,
+        tasks_per_s: tasks as f64 / elapsed,
+        bytes_per_s: bytes as f64 / elapsed,
+        truncated,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::workload::due_times;
+
+    #[test]
+    fn raw_append_writes_every_body_and_cleans_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let bodies = Bodies::build(&due_times(50, 1, 1), 10, 64);
+        let r = raw_append(dir.path(), &bodies, &ProgressBar::hidden()).unwrap();
+        assert_eq!((r.bodies, r.tasks, r.bytes), (5, 50, bodies.total_bytes()));
+        assert!(!r.truncated);
+        assert!(!dir.path().join("raw-append.bin").exists());
+    }
+}

@@ -1,0 +1,174 @@
+//! In-process HTTP servers the bench runs itself: the trivial handler (the HTTP stack's
+//! ceiling, on its own runtime and threads so it competes for the cores like a real server
+//! would) and the webhook receiver that timestamps deliveries.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::error::BenchError;
+
+/// Serves `handler` on `listener` until `stop` turns true.
+async fn serve<H, F>(listener: TcpListener, handler: H, mut stop: watch::Receiver<bool>)
+where
+    H: Fn(Bytes, http::HeaderMap) -> F + Send + Sync + 'static,
+    F: Future<Output = (StatusCode, Bytes)> + Send + 'static,
+{
+    let handler = Arc::new(handler);
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.changed() => return,
+        };
+        let Ok((stream, _)) = accepted else {
+            // Out of file descriptors or a reset during accept: keep serving the others.
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request: Request<Incoming>| {
+                let handler = handler.clone();
+                async move {
+                    let (parts, body) = request.into_parts();
+                    // A body that fails mid-read is answered like an empty one: the
+                    // client will count its own error.
+                    let body = body
+                        .collect()
+                        .await
+                        .map(|b| b.to_bytes())
+                        .unwrap_or_default();
+                    let (status, response) = handler(body, parts.headers).await;
+                    let mut response = Response::new(Full::new(response));
+                    *response.status_mut() = status;
+                    Ok::<_, Infallible>(response)
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+/// The trivial handler: reads the request and answers `200 {}` — what any server on this
+/// HTTP stack costs before doing real work.
+pub struct TrivialServer {
+    pub addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TrivialServer {
+    /// Starts on 127.0.0.1 (a free port) with its own `threads`-worker runtime.
+    pub fn start(threads: usize) -> Result<Self, BenchError> {
+        let std_listener = std::net::TcpListener::bind("127.0.0.1:0")
+            .map_err(|e| BenchError::io("bind trivial server", "127.0.0.1:0", e))?;
+        let addr = std_listener
+            .local_addr()
+            .map_err(|e| BenchError::io("bind trivial server", "127.0.0.1:0", e))?;
+        std_listener
+            .set_nonblocking(true)
+            .map_err(|e| BenchError::io("bind trivial server", "127.0.0.1:0", e))?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads.max(1))
+            .thread_name("baseline-http")
+            .enable_all()
+            .build()
+            .map_err(|e| BenchError::io("start trivial server runtime", "", e))?;
+        let (stop, stop_rx) = watch::channel(false);
+        let thread = std::thread::Builder::new()
+            .name("baseline-http-main".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = TcpListener::from_std(std_listener) else {
+                        return;
+                    };
+                    serve(
+                        listener,
+                        |_body, _headers| async { (StatusCode::OK, Bytes::from_static(b"{}")) },
+                        stop_rx,
+                    )
+                    .await;
+                });
+                // Open connections are dropped with the runtime.
+                runtime.shutdown_background();
+            })
+            .map_err(|e| BenchError::io("spawn trivial server thread", "", e))?;
+        Ok(TrivialServer {
+            addr,
+            stop,
+            thread: Some(thread),
+        })
+    }
+
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    pub fn target(&self) -> crate::http::Target {
+        crate::http::Target::from_addr(self.addr)
+    }
+
+    fn shutdown(&mut self) {
+        let _ = self.stop.send(true);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for TrivialServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// A webhook receiver on the caller's runtime: each POST body is handed to `on_delivery`
+/// with the receipt time taken as soon as the body is read; answers 200.
+pub struct WebhookReceiver {
+    pub addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WebhookReceiver {
+    pub async fn start<D>(on_delivery: D) -> Result<Self, BenchError>
+    where
+        D: Fn(Bytes, &http::HeaderMap, u64) + Send + Sync + 'static,
+    {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| BenchError::io("bind webhook receiver", "127.0.0.1:0", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| BenchError::io("bind webhook receiver", "127.0.0.1:0", e))?;
+        let (stop, stop_rx) = watch::channel(false);
+        let on_delivery = Arc::new(on_delivery);
+        let task = tokio::spawn(serve(
+            listener,
+            move |body, headers| {
+                let receipt_us = crate::sys::unix_us();
+                on_delivery(body, &headers, receipt_us);
+                async { (StatusCode::OK, Bytes::new()) }
+            },
+            stop_rx,
+        ));
+        Ok(WebhookReceiver { addr, stop, task })
+    }
+
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
+}

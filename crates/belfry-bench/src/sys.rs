@@ -1,0 +1,240 @@
+//! What the bench reads from the operating system: clocks, CPU time and RSS from /proc, the
+//! size of a directory, a free port, and a description of the machine and commit.
+
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+/// Clock ticks per second of the CPU times in /proc/PID/stat. Linux exports them in USER_HZ,
+/// which is 100 on every mainstream architecture (it is part of the user ABI, independent of
+/// the kernel's internal HZ); reading it with sysconf would need `unsafe` for no gain.
+const USER_HZ: u64 = 100;
+
+/// Share of one core above which the load generator counts as saturated: a client busy 90%
+/// of the wall time on a core is probably limiting what it measures.
+pub const CLIENT_SATURATION_CORES: f64 = 0.9;
+
+/// Wall clock now, in microseconds since the Unix epoch.
+pub fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+pub fn unix_ms() -> u64 {
+    unix_us() / 1_000
+}
+
+/// User + system CPU time consumed so far by process `pid` ("self" for this process), or
+/// None when /proc cannot tell (process gone, not Linux).
+pub fn cpu_time(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may contain spaces: split after the
+    // last ')'. Then utime and stime are fields 14 and 15, i.e. 12th and 13th after it.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(Duration::from_millis((utime + stime) * 1_000 / USER_HZ))
+}
+
+/// CPU time of this process's threads whose name starts with `prefix` (e.g. the in-process
+/// trivial server's threads, which must not count as load generator CPU).
+pub fn threads_cpu_time(prefix: &str) -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let mut total = Duration::ZERO;
+    for task in tasks.flatten() {
+        let tid = task.file_name().to_string_lossy().into_owned();
+        let comm =
+            std::fs::read_to_string(format!("/proc/self/task/{tid}/comm")).unwrap_or_default();
+        if comm.trim_end().starts_with(prefix) {
+            total += cpu_time(&format!("self/task/{tid}")).unwrap_or_default();
+        }
+    }
+    total
+}
+
+/// Name prefix of threads that serve baselines in-process; [`CpuMeter`] leaves them out of
+/// the load generator's CPU.
+pub const BASELINE_THREAD_PREFIX: &str = "baseline-";
+
+/// Resident set size of process `pid` in bytes (VmRSS), and its peak (VmHWM).
+pub fn rss_bytes(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<u64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Measures CPU use of this process (and optionally one server process) over a phase.
+#[derive(Debug)]
+pub struct CpuMeter {
+    started: std::time::Instant,
+    self_start: Option<Duration>,
+    baseline_start: Duration,
+    server: Option<(u32, Option<Duration>)>,
+}
+
+/// CPU use over one phase, in cores (CPU seconds per wall second).
+#[derive(Debug, Clone, Copy, Serialize, Default)]
+pub struct CpuUse {
+    pub client_cores: f64,
+    pub server_cores: Option<f64>,
+}
+
+impl CpuUse {
+    pub fn client_saturated(&self) -> bool {
+        self.client_cores >= CLIENT_SATURATION_CORES
+    }
+}
+
+impl CpuMeter {
+    pub fn start(server_pid: Option<u32>) -> Self {
+        CpuMeter {
+            started: std::time::Instant::now(),
+            self_start: cpu_time("self"),
+            baseline_start: threads_cpu_time(BASELINE_THREAD_PREFIX),
+            server: server_pid.map(|pid| (pid, cpu_time(&pid.to_string()))),
+        }
+    }
+
+    pub fn stop(&self) -> CpuUse {
+        let wall = self.started.elapsed().as_secs_f64().max(1e-9);
+        let cores = |start: Option<Duration>, end: Option<Duration>| match (start, end) {
+            (Some(s), Some(e)) => Some(e.saturating_sub(s).as_secs_f64() / wall),
+            _ => None,
+        };
+        let baseline = threads_cpu_time(BASELINE_THREAD_PREFIX).saturating_sub(self.baseline_start);
+        CpuUse {
+            client_cores: cores(
+                self.self_start,
+                cpu_time("self").map(|t| t.saturating_sub(baseline)),
+            )
+            .unwrap_or(0.0),
+            server_cores: self
+                .server
+                .and_then(|(pid, start)| cores(start, cpu_time(&pid.to_string()))),
+        }
+    }
+}
+
+/// Bytes on disk under `dir`: (sum of file lengths, sum of allocated blocks). Allocated
+/// space is what the disk really holds (preallocated or sparse files differ from length).
+pub fn dir_bytes(dir: &Path) -> std::io::Result<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let mut length = 0;
+    let mut allocated = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        for entry in std::fs::read_dir(&path)? {
+            let entry = entry?;
+            let meta = entry.metadata()?;
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else {
+                length += meta.len();
+                allocated += meta.blocks() * 512;
+            }
+        }
+    }
+    Ok((length, allocated))
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (the OS picked it).
+pub fn free_port() -> std::io::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Where the numbers came from.
+#[derive(Debug, Clone, Serialize)]
+pub struct Machine {
+    pub cpus: usize,
+    pub cpu_model: String,
+    pub memory_gib: f64,
+    pub kernel: String,
+    pub commit: String,
+    pub date_utc: String,
+}
+
+impl Machine {
+    pub fn describe() -> Self {
+        let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let cpu_model = cpuinfo
+            .lines()
+            .find(|l| l.starts_with("model name"))
+            .and_then(|l| l.split(':').nth(1))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| "unknown".into());
+        let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+        let memory_kib: u64 = meminfo
+            .lines()
+            .find(|l| l.starts_with("MemTotal:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        Machine {
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            cpu_model,
+            memory_gib: memory_kib as f64 / (1024.0 * 1024.0),
+            kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+                .map(|s| s.trim().to_string())
+                .unwrap_or_else(|_| "unknown".into()),
+            commit: git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into()),
+            date_utc: command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
+                .unwrap_or_else(|| "unknown".into()),
+        }
+    }
+
+    pub fn one_line(&self) -> String {
+        format!(
+            "{} CPUs ({}), {:.1} GiB RAM, Linux {}",
+            self.cpus, self.cpu_model, self.memory_gib, self.kernel
+        )
+    }
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    command_output("git", args)
+}
+
+fn command_output(program: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8(out.stdout).ok()?;
+    let text = text.trim();
+    (!text.is_empty()).then(|| text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_cpu_time_and_rss_are_readable() {
+        assert!(cpu_time("self").is_some());
+        let (rss, peak) = rss_bytes(std::process::id()).unwrap();
+        assert!(rss > 0 && peak >= rss);
+    }
+
+    #[test]
+    fn dir_bytes_sums_nested_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("sub")).unwrap();
+        std::fs::write(dir.path().join("a"), [0u8; 100]).unwrap();
+        std::fs::write(dir.path().join("sub/b"), [0u8; 23]).unwrap();
+        assert_eq!(dir_bytes(dir.path()).unwrap().0, 123);
+    }
+}
