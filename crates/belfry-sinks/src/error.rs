@@ -43,4 +43,19 @@ pub enum SinkError {
 
     #[error("webhook secret must be 1 to {max} bytes long, got {len} bytes")]
     InvalidSecret { len: usize, max: usize },
+
+    #[error(
+        "redis url is not usable ({reason}); expected something like redis://127.0.0.1:6379/0"
+    )]
+    InvalidRedisUrl { reason: String },
+
+    #[error("redis stream key must be 1 to {max} bytes long, got {len} bytes (it may contain {{queue}}, replaced by the queue name)")]
+    InvalidStreamKey { len: usize, max: usize },
+
+    #[error("redis stream timeout must be between {min:?} and {max:?}, got {got:?}")]
+    InvalidRedisTimeout {
+        got: Duration,
+        min: Duration,
+        max: Duration,
+    },
 }

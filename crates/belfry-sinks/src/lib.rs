@@ -17,6 +17,8 @@ use std::time::Duration;
 use belfry_core::{Task, UnixMs};
 
 mod error;
+#[cfg(feature = "redis-streams")]
+pub mod redis_stream;
 pub mod retry;
 pub mod webhook;
 
@@ -27,6 +29,9 @@ pub use webhook::target::{
     TargetPolicy,
 };
 pub use webhook::{WebhookConfig, WebhookSink};
+
+#[cfg(feature = "redis-streams")]
+pub use redis_stream::{RedisStreamConfig, RedisStreamSink};
 
 /// What became of one delivery attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]

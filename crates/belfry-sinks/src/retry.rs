@@ -151,6 +151,31 @@ pub fn classify_transport(failure: TransportFailure, detail: &str) -> Outcome {
     }
 }
 
+/// Redis error codes after which retrying a stream append cannot help: the key holds another
+/// type, or the credentials or ACLs refuse us. Everything else a Redis server answers (`ERR max
+/// number of clients reached`, `LOADING`, `OOM`, `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`,
+/// `MASTERDOWN`, `READONLY` during a failover...) can pass, so it is retried, and the queue's
+/// attempt limit still ends a hopeless case.
+const REDIS_PERMANENT_CODES: &[&str] = &["WRONGTYPE", "NOAUTH", "WRONGPASS", "NOPERM"];
+
+/// The outcome for an error reply (or handshake failure) from Redis, by its error code (the
+/// first word of the reply), `authentication` when the handshake itself was refused.
+pub fn classify_redis_error(code: Option<&str>, authentication: bool, detail: &str) -> Outcome {
+    let permanent = authentication || code.is_some_and(|c| REDIS_PERMANENT_CODES.contains(&c));
+    let reason = bounded(match code {
+        Some(code) => format!("redis error {code}: {detail}"),
+        None => format!("redis error: {detail}"),
+    });
+    if permanent {
+        Outcome::Reject { reason }
+    } else {
+        Outcome::Retry {
+            after: None,
+            reason,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -321,6 +346,34 @@ mod tests {
             assert!(reason.len() <= REASON_LEN_MAX && reason.len() > REASON_LEN_MAX - 4);
             assert!(reason.ends_with('é'), "{reason}");
         }
+    }
+
+    #[test]
+    fn redis_error_classification() {
+        let check = |code: Option<&str>, authentication: bool, expected: Expected| {
+            let outcome = classify_redis_error(code, authentication, "detail");
+            assert_eq!(project(&outcome), expected, "{code:?} {authentication}");
+        };
+        check(Some("WRONGTYPE"), false, Expected::Reject);
+        check(Some("NOAUTH"), false, Expected::Reject);
+        check(Some("WRONGPASS"), false, Expected::Reject);
+        check(Some("NOPERM"), false, Expected::Reject);
+        check(None, true, Expected::Reject);
+        check(Some("ERR"), false, Expected::Retry(None));
+        check(Some("OOM"), false, Expected::Retry(None));
+        check(Some("LOADING"), false, Expected::Retry(None));
+        check(Some("BUSY"), false, Expected::Retry(None));
+        check(Some("READONLY"), false, Expected::Retry(None));
+        check(Some("CLUSTERDOWN"), false, Expected::Retry(None));
+        check(Some("wrongtype"), false, Expected::Retry(None));
+        check(None, false, Expected::Retry(None));
+        assert_eq!(
+            classify_redis_error(Some("OOM"), false, "over maxmemory"),
+            Outcome::Retry {
+                after: None,
+                reason: "redis error OOM: over maxmemory".into()
+            }
+        );
     }
 
     #[test]

@@ -257,7 +257,7 @@ pub fn non_public_range(ip: IpAddr) -> Option<&'static str> {
 }
 
 /// Host names that resolve to loopback by definition (RFC 6761), refused without asking DNS.
-fn is_local_name(host: &str) -> bool {
+pub(crate) fn is_local_name(host: &str) -> bool {
     let host = host.trim_end_matches('.').to_ascii_lowercase();
     host == "localhost" || host.ends_with(".localhost")
 }
@@ -309,7 +309,7 @@ pub fn validate_webhook_url(url: &str, policy: &TargetPolicy) -> Result<Url, Sin
 /// The IP address of an IP-literal URL host (IPv6 in brackets, as `Url::host_str` gives it),
 /// or `None` for a domain name. The URL parser has already normalised every IPv4 spelling
 /// (`0x7f.1`, `2130706433`) to dotted decimal.
-fn host_ip(host: &str) -> Option<IpAddr> {
+pub(crate) fn host_ip(host: &str) -> Option<IpAddr> {
     let bare = host
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
@@ -327,15 +327,7 @@ pub async fn check_webhook_target(url: &str, policy: &TargetPolicy) -> Result<Ur
     }
     let name = parsed.host_str().unwrap_or_default();
     if host_ip(name).is_none() {
-        let addrs = resolve_host(name)
-            .await
-            .map_err(|reason| SinkError::Unresolvable {
-                host: name.to_owned(),
-                reason,
-            })?;
-        if let Some(forbidden) = first_forbidden(name, &addrs, policy) {
-            return Err(forbidden);
-        }
+        resolve_allowed(name, policy).await?;
     }
     Ok(parsed)
 }
@@ -350,6 +342,25 @@ async fn resolve_host(name: &str) -> Result<Vec<SocketAddr>, String> {
         return Err("no addresses".to_owned());
     }
     Ok(addrs)
+}
+
+/// Resolves `host` (a name or an IP literal) and returns its addresses, or an error when it
+/// cannot be resolved or when any address is forbidden by `policy`. This is the connect-time
+/// check: connect only to the addresses it returns.
+pub(crate) async fn resolve_allowed(
+    host: &str,
+    policy: &TargetPolicy,
+) -> Result<Vec<SocketAddr>, SinkError> {
+    let addrs = resolve_host(host)
+        .await
+        .map_err(|reason| SinkError::Unresolvable {
+            host: host.to_owned(),
+            reason,
+        })?;
+    match first_forbidden(host, &addrs, policy) {
+        Some(forbidden) => Err(forbidden),
+        None => Ok(addrs),
+    }
 }
 
 fn first_forbidden(host: &str, addrs: &[SocketAddr], policy: &TargetPolicy) -> Option<SinkError> {
@@ -378,15 +389,9 @@ impl reqwest::dns::Resolve for GuardedResolver {
             let host = name.as_str();
             // No by-name shortcut for `localhost` here (validation has one): at connect time
             // the addresses are what matters, whatever the name.
-            let addrs = resolve_host(host).await.map_err(|reason| {
-                Box::new(SinkError::Unresolvable {
-                    host: host.to_owned(),
-                    reason,
-                }) as Box<dyn std::error::Error + Send + Sync>
-            })?;
-            if let Some(forbidden) = first_forbidden(host, &addrs, &policy) {
-                return Err(Box::new(forbidden) as Box<dyn std::error::Error + Send + Sync>);
-            }
+            let addrs = resolve_allowed(host, &policy)
+                .await
+                .map_err(|error| Box::new(error) as Box<dyn std::error::Error + Send + Sync>)?;
             let addrs: reqwest::dns::Addrs = Box::new(addrs.into_iter());
             Ok(addrs)
         })

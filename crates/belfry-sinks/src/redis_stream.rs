@@ -1,0 +1,411 @@
+//! The Redis Streams sink: append each due task to a stream with `XADD`.
+//!
+//! Entry fields: `id` (32 hex digits), `queue`, `attempt`, `due_at_ms`, `kind` (`json` or
+//! `binary`), `payload` (the raw bytes), and one `header:<name>` field per task header.
+//! Consumers read with `XREAD`/`XREADGROUP` and deduplicate on `id` (delivery is
+//! at-least-once: a timeout after Redis appended the entry means it is appended again).
+//!
+//! The stream can be trimmed on every append (`MAXLEN ~ n`), so a stream nobody reads cannot
+//! grow without bound. Which Redis errors are retried lives in [`crate::retry`]. The target is
+//! guarded like a webhook's: the host is checked when configured and every address is checked
+//! again each time the sink (re)connects.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use belfry_core::limits::HEADERS_MAX;
+use belfry_core::{PayloadKind, Task, UnixMs};
+use redis::aio::MultiplexedConnection;
+use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
+use reqwest::Url;
+
+use crate::retry::{classify_redis_error, classify_transport, TransportFailure};
+use crate::webhook::redact_url;
+use crate::webhook::target::{host_ip, is_local_name, non_public_range, resolve_allowed};
+use crate::{Outcome, Sink, SinkError, TargetPolicy};
+
+/// Placeholder in the stream key replaced by the task's queue name.
+pub const QUEUE_PLACEHOLDER: &str = "{queue}";
+/// Longest stream key (before the placeholder is replaced). Keys are stored once per stream
+/// but sent with every append.
+pub const STREAM_KEY_LEN_MAX: usize = 512;
+/// Shortest and longest limit for one append, connecting included. Redis answers an `XADD`
+/// in well under a millisecond; the upper bound keeps a stuck server from holding a
+/// concurrency slot for long.
+pub const TIMEOUT_MIN: Duration = Duration::from_millis(10);
+pub const TIMEOUT_MAX: Duration = Duration::from_secs(60);
+/// Limit when the config names none.
+pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Longest Redis URL accepted, as for webhooks.
+const REDIS_URL_LEN_MAX: usize = 2048;
+
+/// Where and how to append one queue's tasks.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisStreamConfig {
+    /// `redis://[user:password@]host[:port][/db]`, or `unix:///path/to/redis.sock`.
+    pub url: String,
+    /// The stream key; `{queue}` is replaced by the queue name.
+    pub stream: String,
+    /// Trim the stream to about this many entries on each append (`MAXLEN ~`); `None` keeps
+    /// every entry until consumers delete them.
+    pub max_len: Option<u64>,
+    /// Limit for one append, connecting included.
+    pub timeout: Duration,
+}
+
+impl RedisStreamConfig {
+    pub fn new(url: impl Into<String>, stream: impl Into<String>) -> Self {
+        RedisStreamConfig {
+            url: url.into(),
+            stream: stream.into(),
+            max_len: None,
+            timeout: TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Never prints the password in the URL.
+impl fmt::Debug for RedisStreamConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStreamConfig")
+            .field("url", &redact(&self.url))
+            .field("stream", &self.stream)
+            .field("max_len", &self.max_len)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+fn redact(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(parsed) => redact_url(&parsed),
+        Err(_) => "<invalid url>".to_owned(),
+    }
+}
+
+/// Appends tasks to one Redis stream.
+pub struct RedisStreamSink {
+    /// Holds the password, if any: never printed.
+    info: ConnectionInfo,
+    url_for_logs: String,
+    policy: TargetPolicy,
+    stream: String,
+    stream_has_queue: bool,
+    max_len: Option<u64>,
+    timeout: Duration,
+    /// One multiplexed connection (it pipelines concurrent appends), made on first use and
+    /// replaced after a connection-level error. The async mutex makes concurrent deliveries
+    /// wait for one connect instead of each opening its own.
+    connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+}
+
+impl fmt::Debug for RedisStreamSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStreamSink")
+            .field("url", &self.url_for_logs)
+            .field("stream", &self.stream)
+            .field("max_len", &self.max_len)
+            .field("timeout", &self.timeout)
+            .finish()
+    }
+}
+
+/// Why a connection attempt failed, already classified.
+struct ConnectFailure(Outcome);
+
+impl RedisStreamSink {
+    /// Checks the configuration; does not connect (the first delivery does).
+    pub fn new(config: RedisStreamConfig, policy: TargetPolicy) -> Result<Self, SinkError> {
+        if config.url.len() > REDIS_URL_LEN_MAX {
+            return Err(SinkError::UrlTooLong {
+                len: config.url.len(),
+                max: REDIS_URL_LEN_MAX,
+            });
+        }
+        if config.stream.is_empty() || config.stream.len() > STREAM_KEY_LEN_MAX {
+            return Err(SinkError::InvalidStreamKey {
+                len: config.stream.len(),
+                max: STREAM_KEY_LEN_MAX,
+            });
+        }
+        if !(TIMEOUT_MIN..=TIMEOUT_MAX).contains(&config.timeout) {
+            return Err(SinkError::InvalidRedisTimeout {
+                got: config.timeout,
+                min: TIMEOUT_MIN,
+                max: TIMEOUT_MAX,
+            });
+        }
+        let info = config
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|error| SinkError::InvalidRedisUrl {
+                reason: error.to_string(),
+            })?;
+        check_address(&info.addr, &policy)?;
+        Ok(RedisStreamSink {
+            info,
+            url_for_logs: redact(&config.url),
+            policy,
+            stream_has_queue: config.stream.contains(QUEUE_PLACEHOLDER),
+            stream: config.stream,
+            max_len: config.max_len,
+            timeout: config.timeout,
+            connection: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    fn stream_key(&self, task: &Task) -> String {
+        if self.stream_has_queue {
+            self.stream.replace(QUEUE_PLACEHOLDER, task.queue.as_str())
+        } else {
+            self.stream.clone()
+        }
+    }
+
+    /// The cached connection, or a new one.
+    async fn connection(&self) -> Result<MultiplexedConnection, ConnectFailure> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            return Ok(connection.clone());
+        }
+        let connection = self.connect().await?;
+        *slot = Some(connection.clone());
+        Ok(connection)
+    }
+
+    async fn connect(&self) -> Result<MultiplexedConnection, ConnectFailure> {
+        let mut info = self.info.clone();
+        // Resolve here and connect to a checked address, so a name that now resolves to a
+        // forbidden address (DNS rebinding) is refused at connect time too.
+        if let ConnectionAddr::Tcp(host, port) = &info.addr {
+            if !self.policy.allow_private && host_ip(host).is_none() {
+                let addrs = resolve_allowed(host, &self.policy)
+                    .await
+                    .map_err(|error| ConnectFailure(connect_error_outcome(&error)))?;
+                if let Some(addr) = addrs.first() {
+                    info.addr = ConnectionAddr::Tcp(addr.ip().to_string(), *port);
+                }
+            }
+        }
+        let client = redis::Client::open(info).map_err(|error| {
+            ConnectFailure(classify_transport(
+                TransportFailure::InvalidRequest,
+                &error.to_string(),
+            ))
+        })?;
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(self.timeout)
+            .set_response_timeout(self.timeout);
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|error| ConnectFailure(redis_outcome(&error)))
+    }
+
+    async fn append(&self, task: &Task, attempt: u32) -> Outcome {
+        let mut connection = match self.connection().await {
+            Ok(connection) => connection,
+            Err(ConnectFailure(outcome)) => return outcome,
+        };
+        let mut command = redis::cmd("XADD");
+        command.arg(self.stream_key(task));
+        if let Some(max_len) = self.max_len {
+            // "~": trim whole radix-tree nodes only, which keeps the append O(1).
+            command.arg("MAXLEN").arg("~").arg(max_len);
+        }
+        command
+            .arg("*")
+            .arg("id")
+            .arg(task.id.to_string())
+            .arg("queue")
+            .arg(task.queue.as_str())
+            .arg("attempt")
+            .arg(attempt)
+            .arg("due_at_ms")
+            .arg(task.due_at_ms)
+            .arg("kind")
+            .arg(match task.payload_kind {
+                PayloadKind::Json => "json",
+                PayloadKind::Binary => "binary",
+            })
+            .arg("payload")
+            .arg(&task.payload[..]);
+        for (name, value) in task.headers.iter().take(HEADERS_MAX) {
+            command.arg(format!("header:{name}")).arg(value);
+        }
+        match command.query_async::<String>(&mut connection).await {
+            Ok(_entry_id) => Outcome::Delivered,
+            Err(error) => {
+                if error.is_unrecoverable_error() || error.is_io_error() {
+                    // The connection is broken; the next delivery makes a new one.
+                    *self.connection.lock().await = None;
+                }
+                redis_outcome(&error)
+            }
+        }
+    }
+}
+
+impl Sink for RedisStreamSink {
+    fn deliver<'a>(
+        &'a self,
+        task: &'a Task,
+        attempt: u32,
+        _now_ms: UnixMs,
+    ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>> {
+        Box::pin(async move {
+            let outcome = match tokio::time::timeout(self.timeout, self.append(task, attempt)).await
+            {
+                Ok(outcome) => outcome,
+                Err(_) => classify_transport(
+                    TransportFailure::Timeout,
+                    &format!("no answer within {} ms", self.timeout.as_millis()),
+                ),
+            };
+            match &outcome {
+                Outcome::Delivered => {
+                    tracing::debug!(task = %task.id, attempt, target = %self.url_for_logs, "appended to redis stream")
+                }
+                Outcome::Retry { reason, .. } => {
+                    tracing::info!(task = %task.id, attempt, target = %self.url_for_logs, %reason, "redis stream append failed, will retry")
+                }
+                Outcome::Reject { reason } => {
+                    tracing::warn!(task = %task.id, attempt, target = %self.url_for_logs, %reason, "redis stream append rejected")
+                }
+            }
+            outcome
+        })
+    }
+}
+
+/// Static check of a Redis address under `policy`: IP literals and `localhost` names are
+/// judged now; other names when connecting. A Unix socket is local by definition.
+fn check_address(addr: &ConnectionAddr, policy: &TargetPolicy) -> Result<(), SinkError> {
+    if policy.allow_private {
+        return Ok(());
+    }
+    let host = match addr {
+        ConnectionAddr::Tcp(host, _) | ConnectionAddr::TcpTls { host, .. } => host,
+        ConnectionAddr::Unix(_) => {
+            return Err(SinkError::ForbiddenTarget {
+                host: "a Unix socket".to_owned(),
+                range: "a local socket",
+            })
+        }
+    };
+    let refusal = match host_ip(host) {
+        Some(ip) => non_public_range(ip),
+        None if is_local_name(host) => Some("a name that always resolves to loopback (localhost)"),
+        None => None,
+    };
+    match refusal {
+        Some(range) => Err(SinkError::ForbiddenTarget {
+            host: host.clone(),
+            range,
+        }),
+        None => Ok(()),
+    }
+}
+
+fn connect_error_outcome(error: &SinkError) -> Outcome {
+    match error {
+        SinkError::ForbiddenAddress { .. } | SinkError::ForbiddenTarget { .. } => {
+            classify_transport(TransportFailure::ForbiddenTarget, &error.to_string())
+        }
+        _ => classify_transport(TransportFailure::Connection, &error.to_string()),
+    }
+}
+
+/// The outcome for any error from the Redis client.
+fn redis_outcome(error: &redis::RedisError) -> Outcome {
+    let detail = error.to_string();
+    if error.is_timeout() {
+        classify_transport(TransportFailure::Timeout, &detail)
+    } else if error.is_io_error() {
+        classify_transport(TransportFailure::Connection, &detail)
+    } else if error.kind() == redis::ErrorKind::InvalidClientConfig {
+        classify_transport(TransportFailure::InvalidRequest, &detail)
+    } else {
+        let authentication = error.kind() == redis::ErrorKind::AuthenticationFailed;
+        classify_redis_error(error.code(), authentication, &detail)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_checks() {
+        let check = |config: RedisStreamConfig, policy: TargetPolicy, needle: Option<&str>| {
+            let got = RedisStreamSink::new(config.clone(), policy);
+            match (got, needle) {
+                (Ok(_), None) => {}
+                (Err(error), Some(needle)) => {
+                    assert!(error.to_string().contains(needle), "{config:?}: {error}")
+                }
+                (got, _) => panic!("{config:?}: got {got:?}, expected {needle:?}"),
+            }
+        };
+        let public = TargetPolicy::default();
+        let private = TargetPolicy::ALLOW_PRIVATE;
+        let base = RedisStreamConfig::new("redis://redis.example.com:6379/0", "belfry:{queue}");
+        check(base.clone(), public, None);
+        check(
+            RedisStreamConfig::new("redis://127.0.0.1:6379", "s"),
+            public,
+            Some("loopback"),
+        );
+        check(
+            RedisStreamConfig::new("redis://127.0.0.1:6379", "s"),
+            private,
+            None,
+        );
+        check(
+            RedisStreamConfig::new("redis://localhost", "s"),
+            public,
+            Some("localhost"),
+        );
+        check(
+            RedisStreamConfig::new("redis://10.1.2.3", "s"),
+            public,
+            Some("private"),
+        );
+        check(
+            RedisStreamConfig::new("unix:///run/redis.sock", "s"),
+            public,
+            Some("local socket"),
+        );
+        check(
+            RedisStreamConfig::new("http://example.com", "s"),
+            public,
+            Some("redis url is not usable"),
+        );
+        check(
+            RedisStreamConfig::new("redis://example.com", ""),
+            public,
+            Some("stream key must be 1 to 512"),
+        );
+        check(
+            RedisStreamConfig {
+                timeout: Duration::ZERO,
+                ..base.clone()
+            },
+            public,
+            Some("timeout must be between"),
+        );
+    }
+
+    #[test]
+    fn debug_hides_the_password() {
+        let config = RedisStreamConfig::new("redis://user:hunter2@redis.example.com/0", "s");
+        let sink = RedisStreamSink::new(config.clone(), TargetPolicy::default()).expect("valid");
+        for text in [format!("{config:?}"), format!("{sink:?}")] {
+            assert!(!text.contains("hunter2"), "{text}");
+            assert!(text.contains("redis.example.com"), "{text}");
+        }
+    }
+}
