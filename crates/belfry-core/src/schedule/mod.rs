@@ -14,8 +14,10 @@ mod misfire;
 pub mod zoned;
 
 pub use cron::{Civil, CronError, CronExpr, CronField, FieldProblem, CRON_EXPRESSION_LEN_MAX};
+/// Re-exported so callers can name zones without depending on jiff themselves.
+pub use jiff::tz::TimeZone;
 pub use misfire::{Due, MisfirePolicy, CATCH_UP_MAX, MISFIRE_THRESHOLD_MS};
-pub use zoned::{format_in_zone, time_zone, CronSchedule, UnknownTimeZone};
+pub use zoned::{format_in_zone, format_utc, time_zone, CronSchedule, UnknownTimeZone};
 
 use crate::clock::UnixMs;
 

@@ -203,3 +203,9 @@ pub fn format_in_zone(zone: &TimeZone, at_ms: UnixMs) -> Option<String> {
     let zoned = Timestamp::from_millisecond(ms).ok()?.to_zoned(zone.clone());
     Some(zoned.to_string())
 }
+
+/// The instant `at_ms` in UTC, RFC 3339: `2026-03-08T07:00:00Z`.
+pub fn format_utc(at_ms: UnixMs) -> Option<String> {
+    let ms = i64::try_from(at_ms).ok()?;
+    Some(Timestamp::from_millisecond(ms).ok()?.to_string())
+}

@@ -1,0 +1,28 @@
+//! Belfry's schedules as a service: cron and interval schedules stored in a [`Store`]'s
+//! metadata, and a `tick` that turns their due firings into ordinary tasks in their queue.
+//!
+//! The schedule math (cron parsing, time zones, DST, misfires) is in
+//! `belfry_core::schedule`; this crate adds persistence, ids and firing creation. The HTTP
+//! API and the runner loop that calls [`ScheduleService::tick`] live in the server.
+//!
+//! [`Store`]: belfry_store::Store
+
+mod model;
+mod record;
+mod service;
+
+pub use model::{
+    FireTime, InvalidSchedule, InvalidScheduleId, Schedule, ScheduleDef, ScheduleId, TriggerDef,
+    SCHEDULE_HEADERS_MAX, SCHEDULE_ID_LEN_MAX,
+};
+pub use record::{CURSORS_NAMESPACE, SCHEDULES_NAMESPACE};
+pub use service::{
+    firing_key, Result, ScheduleService, ScheduleServiceError, TickReport, FORECAST_FIRINGS_MAX,
+    FORECAST_STEPS_MAX,
+};
+
+// The schedule vocabulary callers need, so they do not have to reach into belfry-core.
+pub use belfry_core::schedule::{
+    MisfirePolicy, ScheduleSpec, CATCH_UP_MAX, INTERVAL_MS_MIN, MISFIRE_THRESHOLD_MS,
+    SHARD_COUNT_HEADER, SHARD_COUNT_MAX, SHARD_HEADER,
+};

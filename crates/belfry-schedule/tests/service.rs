@@ -1,0 +1,654 @@
+//! The schedule service over the reference store, with time passed in by hand.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs};
+use belfry_schedule::{
+    firing_key, MisfirePolicy, ScheduleDef, ScheduleId, ScheduleService, ScheduleServiceError,
+    TickReport, CURSORS_NAMESPACE, SCHEDULES_NAMESPACE, SHARD_COUNT_HEADER, SHARD_HEADER,
+};
+use belfry_store::{
+    ChangeOutcome, ClaimBatch, LeaseOutcome, MemoryStore, PutOutcome, QueueCounts, Store,
+    StoreError,
+};
+use bytes::Bytes;
+
+/// 2026-11-22T00:00:00Z, a Sunday.
+const T0: UnixMs = 1_795_305_600_000;
+const SECOND: u64 = 1_000;
+const MINUTE: u64 = 60 * SECOND;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+
+fn queue() -> QueueName {
+    QueueName::new("jobs").unwrap()
+}
+
+fn id(text: &str) -> ScheduleId {
+    ScheduleId::new(text).unwrap()
+}
+
+fn setup() -> (Arc<MemoryStore>, ScheduleService) {
+    let store = Arc::new(MemoryStore::new());
+    store.put_queue(&queue(), Bytes::new()).unwrap();
+    let service = ScheduleService::new(store.clone());
+    (store, service)
+}
+
+/// Due times of the scheduled tasks in the queue, via claiming everything due by `until`.
+fn claim_all(store: &MemoryStore, until: UnixMs) -> Vec<Task> {
+    let batch = store.claim(&queue(), until, 100_000, 60_000).unwrap();
+    batch.leased.into_iter().map(|leased| leased.task).collect()
+}
+
+fn due_times(store: &MemoryStore, until: UnixMs) -> Vec<UnixMs> {
+    claim_all(store, until)
+        .into_iter()
+        .map(|t| t.due_at_ms)
+        .collect()
+}
+
+#[test]
+fn crud_round_trip() {
+    let (_store, service) = setup();
+    let mut def = ScheduleDef::cron(queue(), "0 9 * * MON-FRI", "Europe/Berlin");
+    def.payload = Bytes::from_static(b"{\"report\":\"daily\"}");
+    def.headers = vec![("X-Team".into(), "billing".into())];
+    let created = service.create(Some(id("daily")), def.clone(), T0).unwrap();
+    assert_eq!(created.id, id("daily"));
+    assert_eq!(created.cursor_ms, T0);
+    assert_eq!(service.get(&id("daily")).unwrap().as_ref(), Some(&created));
+
+    let generated = service
+        .create(None, ScheduleDef::every(queue(), MINUTE), T0)
+        .unwrap();
+    assert_eq!(generated.id.as_str().len(), 32);
+    let ids: Vec<String> = service
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id.to_string())
+        .collect();
+    let mut expected = vec!["daily".to_string(), generated.id.to_string()];
+    expected.sort();
+    assert_eq!(ids, expected);
+
+    // Monday 2026-11-23 09:00 in Berlin is 08:00 UTC.
+    let next = service.next(&id("daily"), T0, 2).unwrap();
+    assert_eq!(next[0].at_ms, T0 + DAY + 8 * HOUR);
+    assert_eq!(next[0].utc, "2026-11-23T08:00:00Z");
+    assert_eq!(next[0].local, "2026-11-23T09:00:00+01:00[Europe/Berlin]");
+    assert_eq!(next[1].at_ms, T0 + 2 * DAY + 8 * HOUR);
+
+    let mut replaced_def = def;
+    replaced_def.trigger = belfry_schedule::TriggerDef::Cron {
+        expression: "30 7 * * *".into(),
+        timezone: "UTC".into(),
+    };
+    let replaced = service
+        .replace(&id("daily"), replaced_def, T0 + HOUR)
+        .unwrap();
+    assert_eq!(replaced.created_at_ms, T0);
+    assert_eq!(replaced.updated_at_ms, T0 + HOUR);
+    assert_eq!(replaced.next_fire_ms(), Some(T0 + 7 * HOUR + 30 * MINUTE));
+
+    assert!(service.delete(&id("daily")).unwrap());
+    assert!(!service.delete(&id("daily")).unwrap());
+    assert_eq!(service.get(&id("daily")).unwrap(), None);
+    assert!(matches!(
+        service.pause(&id("daily"), T0),
+        Err(ScheduleServiceError::NotFound(_))
+    ));
+}
+
+#[test]
+fn bad_input_is_refused_and_nothing_is_stored() {
+    let (store, service) = setup();
+    let check = |def: ScheduleDef, id: Option<ScheduleId>, code: &str, message: &str| {
+        let error = service.create(id, def, T0).unwrap_err();
+        assert_eq!(error.code(), code, "{error}");
+        assert_eq!(error.to_string(), message);
+    };
+    check(
+        ScheduleDef::cron(queue(), "0 0 32 * *", "UTC"),
+        None,
+        "invalid_schedule",
+        r#"invalid schedule: invalid cron expression: field 3 (day of month) "32": value out of range 1-31"#,
+    );
+    check(
+        ScheduleDef::cron(queue(), "@daily", "Mars/Base"),
+        None,
+        "invalid_schedule",
+        r#"invalid schedule: unknown time zone "Mars/Base": expected an IANA name such as "Europe/Berlin" or "UTC""#,
+    );
+    check(
+        ScheduleDef::every(queue(), 10),
+        None,
+        "invalid_schedule",
+        "invalid schedule: every_ms must be at least 1000 ms, got 10",
+    );
+    let mut bounds = ScheduleDef::every(queue(), SECOND);
+    bounds.start_at_ms = Some(T0 + 10);
+    bounds.end_at_ms = Some(T0);
+    check(
+        bounds,
+        None,
+        "invalid_schedule",
+        &format!(
+            "invalid schedule: end_at ({T0}) is before start_at ({})",
+            T0 + 10
+        ),
+    );
+    let mut shards = ScheduleDef::every(queue(), SECOND);
+    shards.shard_count = 0;
+    check(
+        shards,
+        None,
+        "invalid_schedule",
+        "invalid schedule: shard_count must be 1 to 1000, got 0",
+    );
+    let mut reserved = ScheduleDef::every(queue(), SECOND);
+    reserved.headers = vec![("belfry-shard".into(), "1".into())];
+    check(
+        reserved,
+        None,
+        "invalid_schedule",
+        r#"invalid schedule: invalid headers: header "belfry-shard" is set by the schedule itself"#,
+    );
+    check(
+        ScheduleDef::every(QueueName::new("nope").unwrap(), SECOND),
+        None,
+        "queue_not_found",
+        "queue nope does not exist",
+    );
+    assert!(store.list_meta(SCHEDULES_NAMESPACE).unwrap().is_empty());
+
+    service
+        .create(Some(id("x")), ScheduleDef::every(queue(), SECOND), T0)
+        .unwrap();
+    check(
+        ScheduleDef::every(queue(), MINUTE),
+        Some(id("x")),
+        "schedule_exists",
+        "schedule x already exists",
+    );
+    assert!(ScheduleId::new("a/b").is_err());
+    assert!(ScheduleId::new("").is_err());
+    assert!(ScheduleId::new("x".repeat(129)).is_err());
+}
+
+#[test]
+fn tick_creates_each_firing_once_with_its_key() {
+    let (store, service) = setup();
+    let mut def = ScheduleDef::every(queue(), 10 * SECOND);
+    def.payload = Bytes::from_static(b"{}");
+    service.create(Some(id("ten")), def, T0).unwrap();
+    assert_eq!(service.next_tick_ms().unwrap(), Some(T0 + 10 * SECOND));
+
+    let quiet = service.tick(T0 + 9_999).unwrap();
+    assert_eq!(quiet, TickReport::default());
+
+    let report = service.tick(T0 + 10 * SECOND).unwrap();
+    assert_eq!(report.firings, 1);
+    assert_eq!(report.tasks_created, 1);
+    assert_eq!(service.next_tick_ms().unwrap(), Some(T0 + 20 * SECOND));
+    // Ticking again at the same instant creates nothing.
+    assert_eq!(
+        service.tick(T0 + 10 * SECOND).unwrap(),
+        TickReport::default()
+    );
+
+    let key = firing_key(&id("ten"), T0 + 10 * SECOND, 0);
+    assert_eq!(key, format!("schedule:ten:{}:0", T0 + 10 * SECOND));
+    let task = store
+        .get_by_key(&queue(), &key, T0 + 10 * SECOND)
+        .unwrap()
+        .expect("the firing's task exists");
+    assert_eq!(task.due_at_ms, T0 + 10 * SECOND);
+    assert_eq!(&task.payload[..], b"{}");
+    assert!(task.headers.is_empty());
+
+    // A slightly late tick (within the misfire threshold) still creates every firing.
+    let report = service.tick(T0 + 45 * SECOND).unwrap();
+    assert_eq!(report.firings, 3);
+    assert_eq!(report.schedules_misfired, 0);
+    assert_eq!(
+        due_times(&store, T0 + HOUR),
+        [10, 20, 30, 40].map(|s| T0 + s * SECOND)
+    );
+}
+
+#[test]
+fn misfire_policies_after_downtime() {
+    // (policy, expected firings' due times after 10 minutes of downtime)
+    let cases: [(MisfirePolicy, Vec<UnixMs>); 3] = [
+        // Only the times at most 60 s old: 9:00 to 10:00 after the start.
+        (
+            MisfirePolicy::Skip,
+            (0..7).map(|i| T0 + 9 * MINUTE + i * 10 * SECOND).collect(),
+        ),
+        (MisfirePolicy::FireOnce, vec![T0 + 10 * MINUTE]),
+        (
+            MisfirePolicy::CatchUp,
+            (1..=60).map(|i| T0 + i * 10 * SECOND).collect(),
+        ),
+    ];
+    for (policy, expected) in cases {
+        let (store, service) = setup();
+        let mut def = ScheduleDef::every(queue(), 10 * SECOND);
+        def.misfire = policy;
+        service.create(Some(id("s")), def, T0).unwrap();
+        let report = service.tick(T0 + 10 * MINUTE).unwrap();
+        assert_eq!(report.schedules_misfired, 1, "{policy:?}");
+        assert_eq!(report.tasks_created, expected.len() as u64, "{policy:?}");
+        assert_eq!(
+            report.firings_dropped,
+            60 - expected.len() as u64,
+            "{policy:?}"
+        );
+        assert_eq!(due_times(&store, T0 + DAY), expected, "{policy:?}");
+        // Afterwards the schedule runs on normally.
+        assert_eq!(
+            service.next_tick_ms().unwrap(),
+            Some(T0 + 10 * MINUTE + 10 * SECOND)
+        );
+    }
+}
+
+#[test]
+fn sharded_firings_carry_shard_headers() {
+    let (store, service) = setup();
+    let mut def = ScheduleDef::cron(queue(), "0 * * * * *", "UTC");
+    def.shard_count = 3;
+    def.headers = vec![("X-Job".into(), "reindex".into())];
+    service.create(Some(id("sharded")), def, T0).unwrap();
+    let report = service.tick(T0 + MINUTE).unwrap();
+    assert_eq!(report.firings, 1);
+    assert_eq!(report.tasks_created, 3);
+    let mut tasks = claim_all(&store, T0 + MINUTE);
+    tasks.sort_by_key(|t| t.idempotency_key.clone());
+    for (shard, task) in tasks.iter().enumerate() {
+        assert_eq!(task.due_at_ms, T0 + MINUTE);
+        assert_eq!(
+            task.idempotency_key.as_deref(),
+            Some(firing_key(&id("sharded"), T0 + MINUTE, shard).as_str())
+        );
+        assert_eq!(
+            task.headers,
+            vec![
+                ("X-Job".to_string(), "reindex".to_string()),
+                (SHARD_HEADER.to_string(), shard.to_string()),
+                (SHARD_COUNT_HEADER.to_string(), "3".to_string()),
+            ]
+        );
+    }
+    assert_eq!(tasks.len(), 3);
+    assert_eq!(
+        service
+            .forecast_firings(&queue(), T0 + MINUTE, MINUTE, 3)
+            .unwrap(),
+        // The firing at T0+1min already exists as tasks; the next ones do not.
+        vec![0, 3, 3]
+    );
+}
+
+#[test]
+fn pause_and_resume_do_not_replay_the_paused_period() {
+    let (store, service) = setup();
+    let mut def = ScheduleDef::every(queue(), MINUTE);
+    def.misfire = MisfirePolicy::CatchUp;
+    service.create(Some(id("p")), def, T0).unwrap();
+    let paused = service.pause(&id("p"), T0 + 30 * SECOND).unwrap();
+    assert!(paused.def.paused);
+    assert_eq!(paused.next_fire_ms(), None);
+    assert_eq!(service.next_tick_ms().unwrap(), None);
+    assert_eq!(service.tick(T0 + HOUR).unwrap(), TickReport::default());
+    // Pausing twice is harmless.
+    assert_eq!(
+        service.pause(&id("p"), T0 + HOUR).unwrap().updated_at_ms,
+        T0 + 30 * SECOND
+    );
+
+    let resumed = service.resume(&id("p"), T0 + HOUR + 30 * SECOND).unwrap();
+    assert!(!resumed.def.paused);
+    assert_eq!(resumed.next_fire_ms(), Some(T0 + 61 * MINUTE));
+    let report = service.tick(T0 + 61 * MINUTE).unwrap();
+    assert_eq!(report.tasks_created, 1);
+    assert_eq!(report.schedules_misfired, 0);
+    assert_eq!(due_times(&store, T0 + DAY), vec![T0 + 61 * MINUTE]);
+}
+
+#[test]
+fn end_at_stops_firing() {
+    let (store, service) = setup();
+    let mut def = ScheduleDef::every(queue(), MINUTE);
+    def.end_at_ms = Some(T0 + 3 * MINUTE);
+    service.create(Some(id("e")), def, T0).unwrap();
+    service.tick(T0 + 2 * MINUTE).unwrap();
+    service.tick(T0 + 3 * MINUTE).unwrap();
+    assert_eq!(service.next_tick_ms().unwrap(), None);
+    assert_eq!(service.tick(T0 + DAY).unwrap(), TickReport::default());
+    assert_eq!(
+        due_times(&store, T0 + 2 * DAY),
+        [1, 2, 3].map(|m| T0 + m * MINUTE)
+    );
+    assert!(service.next(&id("e"), T0, 10).unwrap().is_empty());
+}
+
+#[test]
+fn a_new_service_over_the_same_store_continues() {
+    let (store, service) = setup();
+    service
+        .create(Some(id("r")), ScheduleDef::every(queue(), MINUTE), T0)
+        .unwrap();
+    service.tick(T0 + MINUTE).unwrap();
+    drop(service);
+    let restarted = ScheduleService::new(store.clone());
+    assert_eq!(restarted.next_tick_ms().unwrap(), Some(T0 + 2 * MINUTE));
+    let report = restarted.tick(T0 + 2 * MINUTE).unwrap();
+    assert_eq!((report.tasks_created, report.tasks_duplicate), (1, 0));
+}
+
+#[test]
+fn corrupt_records_are_reported_not_fatal() {
+    let (store, service) = setup();
+    service
+        .create(Some(id("good")), ScheduleDef::every(queue(), MINUTE), T0)
+        .unwrap();
+    store
+        .put_meta(SCHEDULES_NAMESPACE, "bad", Bytes::from_static(b"{\"v\":7}"))
+        .unwrap();
+    let report = service.tick(T0 + MINUTE).unwrap();
+    assert_eq!(report.tasks_created, 1);
+    assert_eq!(report.errors.len(), 1);
+    assert_eq!(report.errors[0].0, "bad");
+    assert!(report.errors[0]
+        .1
+        .contains("unsupported schedule record version 7"));
+    assert!(matches!(
+        service.get(&id("bad")),
+        Err(ScheduleServiceError::Corrupt { .. })
+    ));
+}
+
+#[test]
+fn a_deleted_queue_drops_firings_instead_of_retrying_forever() {
+    let (store, service) = setup();
+    service
+        .create(Some(id("orphan")), ScheduleDef::every(queue(), MINUTE), T0)
+        .unwrap();
+    store.delete_queue(&queue()).unwrap();
+    let report = service.tick(T0 + MINUTE).unwrap();
+    assert_eq!(report.firings_dropped, 1);
+    assert_eq!(report.errors.len(), 1);
+    assert_eq!(service.next_tick_ms().unwrap(), Some(T0 + 2 * MINUTE));
+}
+
+#[test]
+fn forecast_counts_future_firings_per_step() {
+    let (_store, service) = setup();
+    service
+        .create(Some(id("a")), ScheduleDef::every(queue(), 10 * SECOND), T0)
+        .unwrap();
+    let mut hourly = ScheduleDef::cron(queue(), "@hourly", "UTC");
+    hourly.shard_count = 5;
+    service.create(Some(id("b")), hourly, T0).unwrap();
+    let mut paused = ScheduleDef::every(queue(), SECOND);
+    paused.paused = true;
+    service.create(Some(id("c")), paused, T0).unwrap();
+    let other = QueueName::new("other").unwrap();
+    assert_eq!(
+        service.forecast_firings(&other, T0, MINUTE, 2).unwrap(),
+        vec![0, 0]
+    );
+    // Steps of 30 minutes from T0: the interval fires 180 times per step, but 179 in the
+    // first (T0 itself is not after the creation time); the hourly one at T0+1h (5 shards).
+    assert_eq!(
+        service
+            .forecast_firings(&queue(), T0, 30 * MINUTE, 3)
+            .unwrap(),
+        vec![179, 180, 180 + 5]
+    );
+    assert!(service.forecast_firings(&queue(), T0, 0, 3).is_err());
+}
+
+// ---- a crash between putting the firing's tasks and persisting the cursor ----
+
+/// Delegates to a `MemoryStore`, but fails the next `failures` cursor writes, as if the
+/// process died right after the tasks were put.
+struct CrashingStore {
+    inner: MemoryStore,
+    failures: AtomicU32,
+}
+
+impl Store for CrashingStore {
+    fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> belfry_store::Result<()> {
+        if namespace == CURSORS_NAMESPACE
+            && self
+                .failures
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+        {
+            return Err(StoreError::Io {
+                context: "persist the schedule cursor",
+                source: std::io::Error::other("simulated crash"),
+            });
+        }
+        self.inner.put_meta(namespace, key, value)
+    }
+
+    fn put_queue(&self, queue: &QueueName, config: Bytes) -> belfry_store::Result<bool> {
+        self.inner.put_queue(queue, config)
+    }
+    fn get_queue(&self, queue: &QueueName) -> belfry_store::Result<Option<Bytes>> {
+        self.inner.get_queue(queue)
+    }
+    fn list_queues(&self) -> belfry_store::Result<Vec<(QueueName, Bytes)>> {
+        self.inner.list_queues()
+    }
+    fn delete_queue(&self, queue: &QueueName) -> belfry_store::Result<bool> {
+        self.inner.delete_queue(queue)
+    }
+    fn put(&self, tasks: Vec<NewTask>) -> belfry_store::Result<Vec<PutOutcome>> {
+        self.inner.put(tasks)
+    }
+    fn get(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<Option<Task>> {
+        self.inner.get(queue, id, now_ms)
+    }
+    fn get_by_key(
+        &self,
+        queue: &QueueName,
+        key: &str,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<Option<Task>> {
+        self.inner.get_by_key(queue, key, now_ms)
+    }
+    fn cancel(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<ChangeOutcome> {
+        self.inner.cancel(queue, id, now_ms)
+    }
+    fn reschedule(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        due_at_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<ChangeOutcome> {
+        self.inner.reschedule(queue, id, due_at_ms, now_ms)
+    }
+    fn claim(
+        &self,
+        queue: &QueueName,
+        now_ms: UnixMs,
+        max: usize,
+        visibility_ms: u64,
+    ) -> belfry_store::Result<ClaimBatch> {
+        self.inner.claim(queue, now_ms, max, visibility_ms)
+    }
+    fn ack(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<LeaseOutcome> {
+        self.inner.ack(queue, id, lease, now_ms)
+    }
+    fn nack(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        retry_at_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<LeaseOutcome> {
+        self.inner.nack(queue, id, lease, retry_at_ms, now_ms)
+    }
+    fn extend(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        lease_until_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<LeaseOutcome> {
+        self.inner.extend(queue, id, lease, lease_until_ms, now_ms)
+    }
+    fn dead_letter(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<LeaseOutcome> {
+        self.inner.dead_letter(queue, id, lease, reason, now_ms)
+    }
+    fn list_dead(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> belfry_store::Result<Vec<Task>> {
+        self.inner.list_dead(queue, after, limit)
+    }
+    fn redrive(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: UnixMs,
+    ) -> belfry_store::Result<ChangeOutcome> {
+        self.inner.redrive(queue, id, now_ms)
+    }
+    fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> belfry_store::Result<QueueCounts> {
+        self.inner.counts(queue, now_ms)
+    }
+    fn forecast(
+        &self,
+        queue: &QueueName,
+        from_ms: UnixMs,
+        step_ms: u64,
+        steps: usize,
+    ) -> belfry_store::Result<Vec<u64>> {
+        self.inner.forecast(queue, from_ms, step_ms, steps)
+    }
+    fn next_due_ms(&self, queue: &QueueName) -> belfry_store::Result<Option<UnixMs>> {
+        self.inner.next_due_ms(queue)
+    }
+    fn get_meta(&self, namespace: &str, key: &str) -> belfry_store::Result<Option<Bytes>> {
+        self.inner.get_meta(namespace, key)
+    }
+    fn delete_meta(&self, namespace: &str, key: &str) -> belfry_store::Result<bool> {
+        self.inner.delete_meta(namespace, key)
+    }
+    fn list_meta(&self, namespace: &str) -> belfry_store::Result<Vec<(String, Bytes)>> {
+        self.inner.list_meta(namespace)
+    }
+    fn flush(&self) -> belfry_store::Result<()> {
+        self.inner.flush()
+    }
+}
+
+#[test]
+fn a_crash_between_put_and_cursor_persist_creates_no_second_firing() {
+    for policy in [
+        MisfirePolicy::Skip,
+        MisfirePolicy::FireOnce,
+        MisfirePolicy::CatchUp,
+    ] {
+        let store = Arc::new(CrashingStore {
+            inner: MemoryStore::new(),
+            failures: AtomicU32::new(0),
+        });
+        store.put_queue(&queue(), Bytes::new()).unwrap();
+        let service = ScheduleService::new(store.clone());
+        let mut def = ScheduleDef::cron(queue(), "*/10 * * * * *", "UTC");
+        def.shard_count = 2;
+        def.misfire = policy;
+        service.create(Some(id("c")), def, T0).unwrap();
+
+        // The tick puts the tasks of 10 s and 20 s, then "crashes" writing the cursor.
+        store.failures.store(1, Ordering::SeqCst);
+        let error = service.tick(T0 + 25 * SECOND).unwrap_err();
+        assert_eq!(error.code(), "storage_error");
+        assert_eq!(store.inner.counts(&queue(), T0).unwrap().pending, 4);
+
+        // A restarted service ticks again, a little later: the same firings are recomputed
+        // and the store already has them.
+        let restarted = ScheduleService::new(store.clone());
+        let report = restarted.tick(T0 + 31 * SECOND).unwrap();
+        assert_eq!(report.tasks_duplicate, 4, "{policy:?}");
+        assert_eq!(report.tasks_created, 2, "{policy:?}");
+        let tasks = store
+            .inner
+            .claim(&queue(), T0 + HOUR, 1_000, MINUTE)
+            .unwrap()
+            .leased;
+        let mut keys: Vec<String> = tasks
+            .iter()
+            .filter_map(|t| t.task.idempotency_key.clone())
+            .collect();
+        keys.sort();
+        let mut expected: Vec<String> = [10, 20, 30]
+            .iter()
+            .flat_map(|s| (0..2).map(move |shard| firing_key(&id("c"), T0 + s * SECOND, shard)))
+            .collect();
+        expected.sort();
+        assert_eq!(keys, expected, "{policy:?}");
+    }
+}
+
+#[test]
+fn a_crash_after_a_long_outage_replays_the_same_fire_once_firing() {
+    let store = Arc::new(CrashingStore {
+        inner: MemoryStore::new(),
+        failures: AtomicU32::new(1),
+    });
+    store.put_queue(&queue(), Bytes::new()).unwrap();
+    let service = ScheduleService::new(store.clone());
+    service
+        .create(
+            Some(id("daily")),
+            ScheduleDef::cron(queue(), "0 6 * * *", "UTC"),
+            T0,
+        )
+        .unwrap();
+    // Down for three days; the tick that fires once crashes before saving its cursor.
+    assert!(service.tick(T0 + 3 * DAY + HOUR * 7).is_err());
+    let report = service.tick(T0 + 3 * DAY + HOUR * 7 + 5 * SECOND).unwrap();
+    assert_eq!((report.tasks_created, report.tasks_duplicate), (0, 1));
+    assert_eq!(
+        store.inner.counts(&queue(), T0 + 4 * DAY).unwrap().pending,
+        1
+    );
+}
