@@ -44,6 +44,9 @@ pub enum SinkError {
     #[error("webhook secret must be 1 to {max} bytes long, got {len} bytes")]
     InvalidSecret { len: usize, max: usize },
 
+    #[error("the HTTP client for webhooks could not be built ({reason}); this points at a broken TLS setup on this machine")]
+    HttpClient { reason: String },
+
     #[error(
         "redis url is not usable ({reason}); expected something like redis://127.0.0.1:6379/0"
     )]

@@ -25,8 +25,8 @@ pub mod webhook;
 pub use error::SinkError;
 pub use webhook::signature::{sign, verify_signature};
 pub use webhook::target::{
-    check_webhook_target, client_for, default_client, non_public_range, validate_webhook_url,
-    TargetPolicy,
+    check_webhook_target, client_for, default_client, non_public_range, try_client_for,
+    validate_webhook_url, TargetPolicy,
 };
 pub use webhook::{WebhookConfig, WebhookSink};
 

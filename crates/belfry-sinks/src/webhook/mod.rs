@@ -387,3 +387,135 @@ fn describe(error: &reqwest::Error) -> String {
     }
     printable(text.as_bytes())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use belfry_core::{QueueName, TaskId, TaskState};
+    use bytes::Bytes;
+
+    #[test]
+    fn redacted_urls_keep_only_what_logs_need() {
+        let check = |url: &str, expected: &str| {
+            let parsed = Url::parse(url).expect("test URLs parse");
+            assert_eq!(redact_url(&parsed), expected, "{url}");
+        };
+        check("https://example.com/hook", "https://example.com/hook");
+        check("http://example.com:8080/a/b", "http://example.com:8080/a/b");
+        check(
+            "https://user:pw@example.com/hook?token=abc#frag",
+            "https://example.com/hook?<redacted>",
+        );
+        check("http://[::1]:9/x", "http://[::1]:9/x");
+        assert_eq!(redact_url_str("not a url"), "<invalid url>");
+    }
+
+    #[test]
+    fn config_debug_hides_secrets() {
+        let config = WebhookConfig {
+            url: "https://user:pw-in-url@example.com/hook?token=tok-in-query".into(),
+            secret: Some("signing-secret".into()),
+            timeout: TIMEOUT_DEFAULT,
+        };
+        let text = format!("{config:?}");
+        for secret in ["pw-in-url", "tok-in-query", "signing-secret"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+        assert!(
+            text.contains("<redacted>") && text.contains("example.com"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn printable_text_cannot_break_log_lines() {
+        let check = |input: &[u8], expected: &str| assert_eq!(printable(input), expected);
+        check(b"plain", "plain");
+        check(b" line\r\nbreak\t", "line  break");
+        check(b"\x1b[31mred", "[31mred");
+        check(&[0xff, b'a'], "\u{fffd}a");
+    }
+
+    fn task(headers: &[(&str, &str)]) -> Task {
+        Task {
+            id: TaskId(1),
+            queue: QueueName::new("q").expect("valid queue name"),
+            due_at_ms: 5_000,
+            payload: Bytes::from_static(b"{}"),
+            payload_kind: PayloadKind::Json,
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            priority: Default::default(),
+            idempotency_key: None,
+            late_policy: Default::default(),
+            state: TaskState::Leased,
+            attempts: 1,
+            lease_until_ms: None,
+            dead_reason: None,
+        }
+    }
+
+    #[test]
+    fn task_headers_never_override_belfry_or_transport_headers() {
+        let sink = WebhookSink::new(
+            WebhookConfig {
+                secret: Some("s".into()),
+                ..WebhookConfig::new("https://example.com/hook")
+            },
+            TargetPolicy::default(),
+            reqwest::Client::new(),
+        )
+        .expect("valid config");
+        let mut given: Vec<(String, String)> = SKIPPED_HEADERS
+            .iter()
+            .map(|name| (name.to_uppercase(), "forged".to_owned()))
+            .collect();
+        for name in [
+            HEADER_TASK_ID,
+            HEADER_QUEUE,
+            HEADER_ATTEMPT,
+            HEADER_DUE_AT,
+            HEADER_TIMESTAMP,
+            HEADER_SIGNATURE,
+            "Belfry-Other",
+        ] {
+            given.push((name.to_owned(), "forged".to_owned()));
+        }
+        given.push(("X-Kept".to_owned(), "kept".to_owned()));
+        let given: Vec<(&str, &str)> = given
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        let headers = sink.headers(&task(&given), 2, 7_999);
+
+        for (name, value) in &headers {
+            assert_ne!(value, "forged", "{name} was taken from the task");
+        }
+        assert_eq!(headers["x-kept"], "kept");
+        assert_eq!(headers[HEADER_ATTEMPT], "2");
+        assert_eq!(headers[HEADER_DUE_AT], "5000");
+        assert_eq!(headers[HEADER_TIMESTAMP], "7");
+        assert_eq!(headers[HEADER_SIGNATURE], signature::sign(b"s", "7", b"{}"));
+        assert_eq!(headers[CONTENT_TYPE], "application/json");
+        assert_eq!(headers.len(), 8, "{headers:?}");
+    }
+
+    #[test]
+    fn headers_beyond_the_limit_are_dropped() {
+        let sink = WebhookSink::new(
+            WebhookConfig::new("https://example.com/hook"),
+            TargetPolicy::default(),
+            reqwest::Client::new(),
+        )
+        .expect("valid config");
+        let names: Vec<String> = (0..HEADERS_MAX + 10).map(|i| format!("x-h{i}")).collect();
+        let given: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+        let headers = sink.headers(&task(&given), 1, 0);
+        // Belfry's own four headers and Content-Type, plus the first HEADERS_MAX task headers.
+        assert_eq!(headers.len(), HEADERS_MAX + 5);
+        assert!(headers.contains_key(format!("x-h{}", HEADERS_MAX - 1).as_str()));
+        assert!(!headers.contains_key(format!("x-h{HEADERS_MAX}").as_str()));
+    }
+}

@@ -413,7 +413,7 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 /// proxies, and (unless the policy allows private targets) a DNS resolver that refuses
 /// forbidden addresses at every connection. Build it once and share it between sinks with the
 /// same policy (clones share the pool).
-pub fn client_for(policy: &TargetPolicy) -> reqwest::Client {
+pub fn try_client_for(policy: &TargetPolicy) -> Result<reqwest::Client, SinkError> {
     let mut builder = reqwest::Client::builder()
         .user_agent(concat!("belfry/", env!("CARGO_PKG_VERSION")))
         .redirect(reqwest::redirect::Policy::none())
@@ -426,22 +426,21 @@ pub fn client_for(policy: &TargetPolicy) -> reqwest::Client {
     if !policy.allow_private {
         builder = builder.dns_resolver(Arc::new(GuardedResolver { policy: *policy }));
     }
-    match builder.build() {
+    builder.build().map_err(|error| SinkError::HttpClient {
+        reason: error.to_string(),
+    })
+}
+
+/// [`try_client_for`], for callers that treat a failure as fatal.
+///
+/// # Panics
+/// Only when the TLS backend cannot initialise, exactly when `reqwest::Client::new` would
+/// panic too; with the bundled rustls and root certificates that does not happen. A client
+/// without the SSRF guard is never returned instead.
+pub fn client_for(policy: &TargetPolicy) -> reqwest::Client {
+    match try_client_for(policy) {
         Ok(client) => client,
-        Err(error) => {
-            // Building fails only when the TLS backend cannot initialise; a client without our
-            // settings would be unsafe, so say so loudly and fall back to one that refuses
-            // every connection rather than one without the guard.
-            tracing::error!(%error, "build the webhook HTTP client");
-            reqwest::Client::builder()
-                .redirect(reqwest::redirect::Policy::none())
-                .no_proxy()
-                .dns_resolver(Arc::new(GuardedResolver {
-                    policy: TargetPolicy::PUBLIC_ONLY,
-                }))
-                .build()
-                .unwrap_or_default()
-        }
+        Err(error) => panic!("{error}"),
     }
 }
 
