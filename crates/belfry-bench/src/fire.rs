@@ -148,7 +148,14 @@ pub async fn run(args: FireArgs) -> anyhow::Result<Report> {
     let machine = Machine::describe();
     let mut outcomes = Vec::new();
     if !args.server.baselines_only {
-        let server = ServerUnderTest::connect_or_spawn(&args.server).await?;
+        // A webhook to the built-in receiver on 127.0.0.1 needs the SSRF guard's loopback
+        // allowance; a server at --url must be configured so by its operator.
+        let env: &[(&str, &str)] = if args.webhook {
+            &[("BELFRY_ALLOW_PRIVATE_TARGETS", "true")]
+        } else {
+            &[]
+        };
+        let server = ServerUnderTest::connect_or_spawn(&args.server, env).await?;
         let result = fire_belfry(&args, &server).await;
         server.stop();
         outcomes.push(result?);

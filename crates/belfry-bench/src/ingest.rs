@@ -75,7 +75,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
     let mut belfry = None;
     let mut fsync_dir = args.server.spawn_dir.clone();
     if !args.server.baselines_only {
-        let server = ServerUnderTest::connect_or_spawn(&args.server).await?;
+        let server = ServerUnderTest::connect_or_spawn(&args.server, &[]).await?;
         if let Some(dir) = server
             .data_dir(None)
             .and_then(|d| d.parent().map(|p| p.to_path_buf()))

@@ -77,6 +77,10 @@ pub struct ServerArgs {
     /// baseline writes there too, so both measure the same disk.
     #[arg(long)]
     pub spawn_dir: Option<PathBuf>,
+    /// Extra KEY=VALUE environment for the --spawn'ed server (repeatable), e.g.
+    /// BELFRY_FSYNC=... to try a configuration.
+    #[arg(long)]
+    pub server_env: Vec<String>,
     /// PID of the server at --url, to report its CPU and RSS (known for --spawn).
     #[arg(long)]
     pub server_pid: Option<u32>,

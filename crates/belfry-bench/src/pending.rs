@@ -100,7 +100,7 @@ pub async fn run(args: PendingArgs) -> anyhow::Result<Report> {
     let belfry = if args.server.baselines_only {
         None
     } else {
-        let mut server = ServerUnderTest::connect_or_spawn(&args.server).await?;
+        let mut server = ServerUnderTest::connect_or_spawn(&args.server, &[]).await?;
         let result = pending_belfry(&args, &mut server, bodies).await;
         server.stop();
         Some(result?)

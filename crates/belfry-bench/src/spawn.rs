@@ -24,6 +24,8 @@ pub struct SpawnedServer {
     pub target: Target,
     pub data_dir: PathBuf,
     log_path: PathBuf,
+    /// Extra environment of the child (e.g. allowing loopback webhook targets).
+    env: Vec<(String, String)>,
     /// Keeps the data dir (and the log beside it) alive for the run.
     _work_dir: tempfile::TempDir,
 }
@@ -31,7 +33,11 @@ pub struct SpawnedServer {
 impl SpawnedServer {
     /// Starts `bin serve` with a fresh data dir under `parent` (the system temp dir when
     /// None), and waits until it is ready.
-    pub async fn start(bin: &Path, parent: Option<&Path>) -> Result<Self, BenchError> {
+    pub async fn start(
+        bin: &Path,
+        parent: Option<&Path>,
+        env: Vec<(String, String)>,
+    ) -> Result<Self, BenchError> {
         let work_dir = match parent {
             Some(p) => tempfile::Builder::new()
                 .prefix("belfry-bench-")
@@ -56,6 +62,7 @@ impl SpawnedServer {
             target,
             data_dir,
             log_path,
+            env,
             _work_dir: work_dir,
         };
         server.launch()?;
@@ -78,6 +85,7 @@ impl SpawnedServer {
             .arg(self.target.addr.to_string())
             .arg("--data-dir")
             .arg(&self.data_dir)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)
@@ -207,10 +215,26 @@ pub struct ServerUnderTest {
 }
 
 impl ServerUnderTest {
-    pub async fn connect_or_spawn(args: &crate::ServerArgs) -> Result<Self, BenchError> {
+    /// `extra_env` is added to a spawned server's environment (after `--server-env`).
+    pub async fn connect_or_spawn(
+        args: &crate::ServerArgs,
+        extra_env: &[(&str, &str)],
+    ) -> Result<Self, BenchError> {
         if args.spawn {
             let bin = belfry_bin(args.belfry_bin.as_deref());
-            let server = SpawnedServer::start(&bin, args.spawn_dir.as_deref()).await?;
+            let mut env = Vec::new();
+            for pair in &args.server_env {
+                let (k, v) = pair.split_once('=').ok_or_else(|| {
+                    BenchError::invalid("--server-env", format!("{pair:?} is not KEY=VALUE"))
+                })?;
+                env.push((k.to_string(), v.to_string()));
+            }
+            env.extend(
+                extra_env
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string())),
+            );
+            let server = SpawnedServer::start(&bin, args.spawn_dir.as_deref(), env).await?;
             Ok(ServerUnderTest {
                 target: server.target.clone(),
                 pid: server.pid(),

@@ -118,9 +118,11 @@ impl CpuMeter {
                 cpu_time("self").map(|t| t.saturating_sub(baseline)),
             )
             .unwrap_or(0.0),
+            // Without a server process, the in-process baseline threads are the server.
             server_cores: self
                 .server
-                .and_then(|(pid, start)| cores(start, cpu_time(&pid.to_string()))),
+                .and_then(|(pid, start)| cores(start, cpu_time(&pid.to_string())))
+                .or_else(|| (!baseline.is_zero()).then(|| baseline.as_secs_f64() / wall)),
         }
     }
 }
