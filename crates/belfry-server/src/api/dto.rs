@@ -1,0 +1,685 @@
+//! The JSON shapes of API v1, and their conversion to and from domain types.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use belfry_core::limits::{
+    HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX, IDEMPOTENCY_KEY_LEN_MAX,
+};
+use belfry_core::{
+    LatePolicy, LeasedTask, NewTask, PayloadKind, Priority, QueueName, Task, TaskId, UnixMs,
+};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::error::{ApiError, ErrorBody, ErrorCode};
+use crate::queues::{Delivery, QueueConfig, WEBHOOK_TIMEOUT_MS_DEFAULT};
+use crate::service::QueuePatch;
+
+const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
+
+fn invalid(code: ErrorCode, message: impl Into<String>) -> ApiError {
+    ApiError::new(code, message)
+}
+
+// ---- queues ----
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueBody {
+    pub rate_per_s: Option<f64>,
+    pub burst: Option<u32>,
+    pub max_in_flight: Option<u32>,
+    pub retry: Option<RetryBody>,
+    pub delivery: Option<DeliveryBody>,
+    pub paused: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryBody {
+    pub max_attempts: Option<u32>,
+    pub backoff_initial_ms: Option<u64>,
+    pub backoff_max_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum DeliveryBody {
+    Pull,
+    Webhook {
+        url: String,
+        secret: Option<String>,
+        timeout_ms: Option<u64>,
+    },
+}
+
+impl QueueBody {
+    pub fn into_patch(self) -> QueuePatch {
+        let retry = self.retry.unwrap_or_default();
+        QueuePatch {
+            rate_per_s: self.rate_per_s,
+            burst: self.burst,
+            max_in_flight: self.max_in_flight,
+            max_attempts: retry.max_attempts,
+            backoff_initial_ms: retry.backoff_initial_ms,
+            backoff_max_ms: retry.backoff_max_ms,
+            delivery: self.delivery.map(|d| match d {
+                DeliveryBody::Pull => Delivery::Pull,
+                DeliveryBody::Webhook {
+                    url,
+                    secret,
+                    timeout_ms,
+                } => Delivery::Webhook {
+                    url,
+                    secret,
+                    timeout_ms: timeout_ms.unwrap_or(WEBHOOK_TIMEOUT_MS_DEFAULT),
+                },
+            }),
+            paused: self.paused,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct QueueView {
+    pub name: String,
+    pub rate_per_s: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+    pub retry: RetryView,
+    pub delivery: DeliveryView,
+    pub paused: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub due: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_flight: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RetryView {
+    pub max_attempts: u32,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+/// The secret is never echoed back; `secret_set` says whether there is one.
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum DeliveryView {
+    Pull,
+    Webhook {
+        url: String,
+        timeout_ms: u64,
+        secret_set: bool,
+    },
+}
+
+impl QueueView {
+    pub fn new(
+        name: &QueueName,
+        config: &QueueConfig,
+        counts: Option<belfry_store::QueueCounts>,
+    ) -> Self {
+        QueueView {
+            name: name.to_string(),
+            rate_per_s: config.rate_per_s,
+            burst: config.effective_burst() as u32,
+            max_in_flight: config.max_in_flight,
+            retry: RetryView {
+                max_attempts: config.retry.max_attempts,
+                backoff_initial_ms: config.retry.backoff_initial_ms,
+                backoff_max_ms: config.retry.backoff_max_ms,
+            },
+            delivery: match &config.delivery {
+                Delivery::Pull => DeliveryView::Pull,
+                Delivery::Webhook {
+                    url,
+                    secret,
+                    timeout_ms,
+                } => DeliveryView::Webhook {
+                    url: url.clone(),
+                    timeout_ms: *timeout_ms,
+                    secret_set: secret.is_some(),
+                },
+            },
+            paused: config.paused,
+            pending: counts.map(|c| c.pending),
+            due: counts.map(|c| c.due),
+            in_flight: counts.map(|c| c.in_flight),
+            dead: counts.map(|c| c.dead),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct QueueList {
+    pub queues: Vec<QueueView>,
+}
+
+// ---- tasks ----
+
+/// Limits that apply to submitted tasks (from the server configuration).
+#[derive(Debug, Clone, Copy)]
+pub struct TaskLimits {
+    pub payload_bytes_max: usize,
+    pub horizon_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PriorityBody {
+    High,
+    Normal,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(tag = "policy", rename_all = "lowercase", deny_unknown_fields)]
+pub enum LateBody {
+    Fire,
+    Skip { after_ms: u64 },
+    Dead { after_ms: u64 },
+}
+
+/// When a task is due: at most one of the three.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DueBody {
+    pub delay_ms: Option<i64>,
+    pub run_at: Option<String>,
+    pub run_at_ms: Option<i64>,
+}
+
+impl DueBody {
+    /// The due time in unix ms, `None` when no field is set.
+    pub fn resolve(&self, now_ms: UnixMs, horizon_ms: u64) -> Result<Option<UnixMs>, ApiError> {
+        let set = [
+            self.delay_ms.is_some(),
+            self.run_at.is_some(),
+            self.run_at_ms.is_some(),
+        ]
+        .iter()
+        .filter(|s| **s)
+        .count();
+        if set > 1 {
+            return Err(invalid(
+                ErrorCode::ConflictingDueTime,
+                "give at most one of delay_ms, run_at and run_at_ms",
+            ));
+        }
+        let due = if let Some(delay) = self.delay_ms {
+            let delay = u64::try_from(delay).map_err(|_| {
+                invalid(
+                    ErrorCode::InvalidDueTime,
+                    format!("delay_ms must not be negative, got {delay}"),
+                )
+            })?;
+            now_ms.saturating_add(delay)
+        } else if let Some(text) = &self.run_at {
+            let at: jiff::Timestamp = text.parse().map_err(|e| {
+                invalid(
+                    ErrorCode::InvalidDueTime,
+                    format!(
+                        "run_at must be an RFC 3339 time such as 2030-01-01T12:00:00Z, got {:?}: {e}",
+                        text.chars().take(64).collect::<String>()
+                    ),
+                )
+            })?;
+            // Times before 1970 are simply in the past: due now.
+            u64::try_from(at.as_millisecond()).unwrap_or(0)
+        } else if let Some(at) = self.run_at_ms {
+            u64::try_from(at).map_err(|_| {
+                invalid(
+                    ErrorCode::InvalidDueTime,
+                    format!("run_at_ms is unix milliseconds and must not be negative, got {at}"),
+                )
+            })?
+        } else {
+            return Ok(None);
+        };
+        let limit = now_ms.saturating_add(horizon_ms);
+        if due > limit {
+            return Err(invalid(
+                ErrorCode::BeyondHorizon,
+                format!(
+                    "the task would be due at {due} ms, beyond the server's horizon of {horizon_ms} ms from now (until {limit})"
+                ),
+            ));
+        }
+        Ok(Some(due))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskBody {
+    pub payload: Option<Box<RawValue>>,
+    pub payload_base64: Option<String>,
+    pub delay_ms: Option<i64>,
+    pub run_at: Option<String>,
+    pub run_at_ms: Option<i64>,
+    pub idempotency_key: Option<String>,
+    pub headers: Option<BTreeMap<String, String>>,
+    pub priority: Option<PriorityBody>,
+    pub late: Option<LateBody>,
+}
+
+impl TaskBody {
+    pub fn into_new_task(
+        self,
+        queue: &QueueName,
+        now_ms: UnixMs,
+        limits: TaskLimits,
+    ) -> Result<NewTask, ApiError> {
+        let due = DueBody {
+            delay_ms: self.delay_ms,
+            run_at: self.run_at,
+            run_at_ms: self.run_at_ms,
+        };
+        let due_at_ms = due.resolve(now_ms, limits.horizon_ms)?.unwrap_or(now_ms);
+        let (payload, kind) = match (self.payload, self.payload_base64) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    ErrorCode::InvalidPayload,
+                    "give either payload (JSON) or payload_base64 (bytes), not both",
+                ))
+            }
+            (Some(json), None) => (
+                Bytes::from(String::from(Box::<str>::from(json))),
+                PayloadKind::Json,
+            ),
+            (None, Some(text)) => {
+                // Base64 is 4/3 of the bytes: refuse oversized text before decoding it.
+                if text.len() / 4 * 3 > limits.payload_bytes_max + 3 {
+                    return Err(too_large(limits.payload_bytes_max));
+                }
+                let bytes = BASE64.decode(text.as_bytes()).map_err(|e| {
+                    invalid(
+                        ErrorCode::InvalidPayload,
+                        format!("payload_base64 is not valid standard base64: {e}"),
+                    )
+                })?;
+                (Bytes::from(bytes), PayloadKind::Binary)
+            }
+            (None, None) => (Bytes::from_static(b"null"), PayloadKind::Json),
+        };
+        if payload.len() > limits.payload_bytes_max {
+            return Err(too_large(limits.payload_bytes_max));
+        }
+        let headers = self.headers.unwrap_or_default();
+        if headers.len() > HEADERS_MAX {
+            return Err(invalid(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "at most {HEADERS_MAX} headers per task, got {}",
+                    headers.len()
+                ),
+            ));
+        }
+        for (name, value) in &headers {
+            if name.is_empty() || name.len() > HEADER_NAME_LEN_MAX {
+                return Err(invalid(
+                    ErrorCode::InvalidRequest,
+                    format!("header names are 1 to {HEADER_NAME_LEN_MAX} bytes"),
+                ));
+            }
+            if value.len() > HEADER_VALUE_LEN_MAX {
+                return Err(invalid(
+                    ErrorCode::InvalidRequest,
+                    format!("header {name:?} is longer than {HEADER_VALUE_LEN_MAX} bytes"),
+                ));
+            }
+        }
+        if let Some(key) = &self.idempotency_key {
+            if key.is_empty() || key.len() > IDEMPOTENCY_KEY_LEN_MAX {
+                return Err(invalid(
+                    ErrorCode::InvalidRequest,
+                    format!("idempotency_key must be 1 to {IDEMPOTENCY_KEY_LEN_MAX} bytes"),
+                ));
+            }
+        }
+        Ok(NewTask {
+            queue: queue.clone(),
+            due_at_ms,
+            payload,
+            payload_kind: kind,
+            headers: headers.into_iter().collect(),
+            priority: match self.priority {
+                Some(PriorityBody::High) => Priority::High,
+                Some(PriorityBody::Normal) | None => Priority::Normal,
+            },
+            idempotency_key: self.idempotency_key,
+            late_policy: match self.late {
+                None | Some(LateBody::Fire) => LatePolicy::Fire,
+                Some(LateBody::Skip { after_ms }) => LatePolicy::Skip { after_ms },
+                Some(LateBody::Dead { after_ms }) => LatePolicy::Dead { after_ms },
+            },
+        })
+    }
+}
+
+fn too_large(max: usize) -> ApiError {
+    invalid(
+        ErrorCode::PayloadTooLarge,
+        format!("the payload is larger than the limit of {max} bytes"),
+    )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// Each task is parsed on its own so one bad task fails alone.
+    pub tasks: Vec<Box<RawValue>>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Created {
+    pub id: String,
+    pub queue: String,
+    pub due_at_ms: UnixMs,
+    pub state: &'static str,
+}
+
+impl Created {
+    pub fn new(id: TaskId, queue: &QueueName, due_at_ms: UnixMs) -> Self {
+        Created {
+            id: id.to_string(),
+            queue: queue.to_string(),
+            due_at_ms,
+            state: "scheduled",
+        }
+    }
+}
+
+/// A payload as JSON: the producer's JSON as is, or bytes in base64.
+#[derive(Debug, Serialize)]
+pub struct PayloadView {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+}
+
+impl PayloadView {
+    pub fn new(kind: PayloadKind, bytes: &Bytes) -> Self {
+        let json = match kind {
+            PayloadKind::Json => std::str::from_utf8(bytes)
+                .ok()
+                .and_then(|text| RawValue::from_string(text.to_owned()).ok()),
+            PayloadKind::Binary => None,
+        };
+        match json {
+            Some(json) => PayloadView {
+                payload: Some(json),
+                payload_base64: None,
+            },
+            // Stored bytes that are not JSON (a store bug, or an old format) are still shown.
+            None => PayloadView {
+                payload: None,
+                payload_base64: Some(BASE64.encode(bytes)),
+            },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct TaskView {
+    pub id: String,
+    pub queue: String,
+    pub state: &'static str,
+    pub attempts: u32,
+    pub due_at_ms: UnixMs,
+    pub priority: &'static str,
+    pub headers: BTreeMap<String, String>,
+    #[serde(flatten)]
+    pub payload: PayloadView,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_until_ms: Option<UnixMs>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<bool>,
+}
+
+fn priority_str(p: Priority) -> &'static str {
+    match p {
+        Priority::High => "high",
+        Priority::Normal => "normal",
+    }
+}
+
+impl TaskView {
+    pub fn new(task: &Task) -> Self {
+        TaskView {
+            id: task.id.to_string(),
+            queue: task.queue.to_string(),
+            state: task.state.as_str(),
+            attempts: task.attempts,
+            due_at_ms: task.due_at_ms,
+            priority: priority_str(task.priority),
+            headers: task.headers.iter().cloned().collect(),
+            payload: PayloadView::new(task.payload_kind, &task.payload),
+            idempotency_key: task.idempotency_key.clone(),
+            lease_until_ms: task.lease_until_ms,
+            dead_reason: task.dead_reason.clone(),
+            duplicate: None,
+        }
+    }
+
+    pub fn duplicate(task: &Task) -> Self {
+        TaskView {
+            duplicate: Some(true),
+            ..TaskView::new(task)
+        }
+    }
+}
+
+/// One entry of a batch submit's results.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum BatchResult {
+    Created(Created),
+    Duplicate(Box<TaskView>),
+    Error { error: ErrorBody },
+}
+
+#[derive(Debug, Serialize)]
+pub struct BatchResults<T> {
+    pub results: Vec<T>,
+}
+
+// ---- leases ----
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseBody {
+    pub max: Option<u64>,
+    pub visibility_ms: Option<u64>,
+    pub wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct LeasedView {
+    pub id: String,
+    pub queue: String,
+    #[serde(flatten)]
+    pub payload: PayloadView,
+    pub headers: BTreeMap<String, String>,
+    pub attempt: u32,
+    pub due_at_ms: UnixMs,
+    pub priority: &'static str,
+    pub lease_id: String,
+    pub lease_until_ms: UnixMs,
+}
+
+impl LeasedView {
+    pub fn new(leased: &LeasedTask) -> Self {
+        let task = &leased.task;
+        LeasedView {
+            id: task.id.to_string(),
+            queue: task.queue.to_string(),
+            payload: PayloadView::new(task.payload_kind, &task.payload),
+            headers: task.headers.iter().cloned().collect(),
+            attempt: task.attempts,
+            due_at_ms: task.due_at_ms,
+            priority: priority_str(task.priority),
+            lease_id: leased.lease_id.0.to_string(),
+            lease_until_ms: leased.lease_until_ms,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct LeasedList {
+    pub tasks: Vec<LeasedView>,
+}
+
+/// A lease id: a string of digits (numbers are accepted too).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum LeaseIdBody {
+    Text(String),
+    Number(u64),
+}
+
+impl LeaseIdBody {
+    pub fn parse(&self) -> Result<belfry_core::LeaseId, ApiError> {
+        match self {
+            LeaseIdBody::Number(n) => Ok(belfry_core::LeaseId(*n)),
+            LeaseIdBody::Text(text) => text.parse().map(belfry_core::LeaseId).map_err(|_| {
+                invalid(
+                    ErrorCode::InvalidLeaseId,
+                    format!(
+                        "lease_id is the string of digits a lease call returned, got {:?}",
+                        text.chars().take(64).collect::<String>()
+                    ),
+                )
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AckBody {
+    pub lease_id: LeaseIdBody,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NackBody {
+    pub lease_id: LeaseIdBody,
+    pub delay_ms: Option<i64>,
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendBody {
+    pub lease_id: LeaseIdBody,
+    pub visibility_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchAckBody {
+    pub acks: Vec<BatchAckItem>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BatchAckItem {
+    pub id: String,
+    pub lease_id: LeaseIdBody,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TaskStateView {
+    pub id: String,
+    pub state: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub due_at_ms: Option<UnixMs>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_until_ms: Option<UnixMs>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AckResult {
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ok: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
+// ---- dead letters ----
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadQuery {
+    pub after: Option<String>,
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeadList {
+    pub tasks: Vec<TaskView>,
+    /// Pass as `after` to read the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn due(json: &str) -> Result<Option<UnixMs>, ErrorCode> {
+        let body: DueBody = serde_json::from_str(json).unwrap();
+        body.resolve(1_000, 10_000).map_err(|e| e.code)
+    }
+
+    #[test]
+    fn check_due_times() {
+        assert_eq!(due("{}"), Ok(None));
+        assert_eq!(due(r#"{"delay_ms": 5}"#), Ok(Some(1_005)));
+        assert_eq!(due(r#"{"run_at_ms": 7}"#), Ok(Some(7)));
+        assert_eq!(
+            due(r#"{"run_at": "1970-01-01T00:00:02Z"}"#),
+            Ok(Some(2_000))
+        );
+        assert_eq!(due(r#"{"run_at": "1960-01-01T00:00:00Z"}"#), Ok(Some(0)));
+        assert_eq!(due(r#"{"delay_ms": -1}"#), Err(ErrorCode::InvalidDueTime));
+        assert_eq!(due(r#"{"run_at_ms": -1}"#), Err(ErrorCode::InvalidDueTime));
+        assert_eq!(
+            due(r#"{"run_at": "tomorrow"}"#),
+            Err(ErrorCode::InvalidDueTime)
+        );
+        assert_eq!(
+            due(r#"{"delay_ms": 1, "run_at_ms": 1}"#),
+            Err(ErrorCode::ConflictingDueTime)
+        );
+        assert_eq!(due(r#"{"delay_ms": 10001}"#), Err(ErrorCode::BeyondHorizon));
+        assert_eq!(due(r#"{"delay_ms": 10000}"#), Ok(Some(11_000)));
+    }
+
+    #[test]
+    fn json_payload_is_kept_verbatim() {
+        let body: TaskBody = serde_json::from_str(r#"{"payload": {"a": [1, 2]}}"#).unwrap();
+        let limits = TaskLimits {
+            payload_bytes_max: 100,
+            horizon_ms: 100,
+        };
+        let task = body
+            .into_new_task(&QueueName::new("q").unwrap(), 5, limits)
+            .unwrap();
+        assert_eq!(&task.payload[..], br#"{"a": [1, 2]}"#);
+        assert_eq!(task.due_at_ms, 5);
+    }
+}

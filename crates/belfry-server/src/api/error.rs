@@ -1,0 +1,228 @@
+//! The API's one error type. Every error response is
+//! `{"error": {"code": "<stable_snake_case>", "message": "<what to fix>"}}`, and the mapping
+//! from code to HTTP status lives here and nowhere else. Codes are never reused.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use crate::service::ServiceError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorCode {
+    /// The body is not JSON.
+    MalformedJson,
+    /// The JSON has a wrong type, an unknown or missing field, or a value out of range.
+    InvalidRequest,
+    InvalidQueueName,
+    InvalidTaskId,
+    InvalidLeaseId,
+    /// More than one of `delay_ms`, `run_at`, `run_at_ms`.
+    ConflictingDueTime,
+    /// A negative delay, an unparsable `run_at`, a negative `run_at_ms`.
+    InvalidDueTime,
+    /// Due further in the future than the configured horizon.
+    BeyondHorizon,
+    /// Both `payload` and `payload_base64`, or bad base64.
+    InvalidPayload,
+    PayloadTooLarge,
+    BatchTooLarge,
+    InvalidQueueConfig,
+    WebhookTargetRefused,
+    QueueNotFound,
+    TaskNotFound,
+    RouteNotFound,
+    MethodNotAllowed,
+    LeaseExpired,
+    TaskNotScheduled,
+    TaskNotDead,
+    NotPullQueue,
+    ShuttingDown,
+    StoreUnavailable,
+    InternalError,
+}
+
+impl ErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::MalformedJson => "malformed_json",
+            ErrorCode::InvalidRequest => "invalid_request",
+            ErrorCode::InvalidQueueName => "invalid_queue_name",
+            ErrorCode::InvalidTaskId => "invalid_task_id",
+            ErrorCode::InvalidLeaseId => "invalid_lease_id",
+            ErrorCode::ConflictingDueTime => "conflicting_due_time",
+            ErrorCode::InvalidDueTime => "invalid_due_time",
+            ErrorCode::BeyondHorizon => "beyond_horizon",
+            ErrorCode::InvalidPayload => "invalid_payload",
+            ErrorCode::PayloadTooLarge => "payload_too_large",
+            ErrorCode::BatchTooLarge => "batch_too_large",
+            ErrorCode::InvalidQueueConfig => "invalid_queue_config",
+            ErrorCode::WebhookTargetRefused => "webhook_target_refused",
+            ErrorCode::QueueNotFound => "queue_not_found",
+            ErrorCode::TaskNotFound => "task_not_found",
+            ErrorCode::RouteNotFound => "route_not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::LeaseExpired => "lease_expired",
+            ErrorCode::TaskNotScheduled => "task_not_scheduled",
+            ErrorCode::TaskNotDead => "task_not_dead",
+            ErrorCode::NotPullQueue => "not_pull_queue",
+            ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::StoreUnavailable => "store_unavailable",
+            ErrorCode::InternalError => "internal_error",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::MalformedJson
+            | ErrorCode::InvalidRequest
+            | ErrorCode::InvalidQueueName
+            | ErrorCode::InvalidTaskId
+            | ErrorCode::InvalidLeaseId
+            | ErrorCode::ConflictingDueTime
+            | ErrorCode::InvalidDueTime
+            | ErrorCode::BeyondHorizon
+            | ErrorCode::InvalidPayload
+            | ErrorCode::BatchTooLarge
+            | ErrorCode::InvalidQueueConfig
+            | ErrorCode::WebhookTargetRefused => StatusCode::BAD_REQUEST,
+            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::QueueNotFound | ErrorCode::TaskNotFound | ErrorCode::RouteNotFound => {
+                StatusCode::NOT_FOUND
+            }
+            ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorCode::LeaseExpired
+            | ErrorCode::TaskNotScheduled
+            | ErrorCode::TaskNotDead
+            | ErrorCode::NotPullQueue => StatusCode::CONFLICT,
+            ErrorCode::ShuttingDown | ErrorCode::StoreUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ErrorCode::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The `{"code", "message"}` object, for batch results that embed errors.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            code: self.code.as_str(),
+            message: self.message.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    pub code: &'static str,
+    pub message: String,
+}
+
+#[derive(Serialize)]
+struct Envelope {
+    error: ErrorBody,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.code.status().is_server_error() {
+            tracing::error!(code = self.code.as_str(), message = %self.message, "request failed");
+        }
+        let status = self.code.status();
+        (status, axum::Json(Envelope { error: self.body() })).into_response()
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        let code = match &e {
+            ServiceError::QueueNotFound(queue) => {
+                return ApiError::new(
+                    ErrorCode::QueueNotFound,
+                    format!("queue {queue} does not exist; create it with PUT /v1/queues/{queue}"),
+                )
+            }
+            ServiceError::TaskNotFound(_) => ErrorCode::TaskNotFound,
+            ServiceError::LeaseExpired(_) => ErrorCode::LeaseExpired,
+            ServiceError::NotScheduled { .. } => ErrorCode::TaskNotScheduled,
+            ServiceError::NotDead { .. } => ErrorCode::TaskNotDead,
+            ServiceError::NotPullQueue(_) => ErrorCode::NotPullQueue,
+            ServiceError::InvalidQueueConfig(_) => ErrorCode::InvalidQueueConfig,
+            ServiceError::WebhookRefused(_) => ErrorCode::WebhookTargetRefused,
+            ServiceError::ShuttingDown => ErrorCode::ShuttingDown,
+            ServiceError::Invalid(_) => ErrorCode::InvalidRequest,
+            ServiceError::Store(
+                belfry_store::StoreError::Poisoned(_) | belfry_store::StoreError::Closed,
+            ) => ErrorCode::StoreUnavailable,
+            ServiceError::Store(_) | ServiceError::Internal(_) => ErrorCode::InternalError,
+        };
+        ApiError::new(code, e.to_string())
+    }
+}
+
+impl From<serde_json::Error> for ApiError {
+    fn from(e: serde_json::Error) -> Self {
+        use serde_json::error::Category;
+        let code = match e.classify() {
+            Category::Syntax | Category::Eof => ErrorCode::MalformedJson,
+            Category::Data => ErrorCode::InvalidRequest,
+            Category::Io => ErrorCode::InternalError,
+        };
+        let prefix = match code {
+            ErrorCode::MalformedJson => "the body is not valid JSON",
+            _ => "the body does not match the expected shape",
+        };
+        ApiError::new(code, format!("{prefix}: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique() {
+        let all = [
+            ErrorCode::MalformedJson,
+            ErrorCode::InvalidRequest,
+            ErrorCode::InvalidQueueName,
+            ErrorCode::InvalidTaskId,
+            ErrorCode::InvalidLeaseId,
+            ErrorCode::ConflictingDueTime,
+            ErrorCode::InvalidDueTime,
+            ErrorCode::BeyondHorizon,
+            ErrorCode::InvalidPayload,
+            ErrorCode::PayloadTooLarge,
+            ErrorCode::BatchTooLarge,
+            ErrorCode::InvalidQueueConfig,
+            ErrorCode::WebhookTargetRefused,
+            ErrorCode::QueueNotFound,
+            ErrorCode::TaskNotFound,
+            ErrorCode::RouteNotFound,
+            ErrorCode::MethodNotAllowed,
+            ErrorCode::LeaseExpired,
+            ErrorCode::TaskNotScheduled,
+            ErrorCode::TaskNotDead,
+            ErrorCode::NotPullQueue,
+            ErrorCode::ShuttingDown,
+            ErrorCode::StoreUnavailable,
+            ErrorCode::InternalError,
+        ];
+        let names: std::collections::HashSet<_> = all.iter().map(|c| c.as_str()).collect();
+        assert_eq!(names.len(), all.len());
+    }
+}

@@ -1,0 +1,95 @@
+//! Request extractors whose failures are `ApiError`s, never axum's plain-text rejections.
+
+use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::http::request::Parts;
+use belfry_core::{QueueName, TaskId};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+
+use super::error::{ApiError, ErrorCode};
+
+/// A JSON body. An empty body reads as `{}`, so endpoints whose fields are all optional work
+/// with a bare `curl -X POST`. No content type is required.
+pub struct JsonBody<T>(pub T);
+
+impl<S, T> FromRequest<S> for JsonBody<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::new(
+                    ErrorCode::PayloadTooLarge,
+                    "the request body is larger than the server's request_bytes_max",
+                )
+            } else {
+                ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("could not read the request body: {rejection}"),
+                )
+            }
+        })?;
+        let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        Ok(JsonBody(serde_json::from_slice(text)?))
+    }
+}
+
+/// Path parameters by name, decoded.
+async fn params(parts: &mut Parts) -> Result<Vec<(String, String)>, ApiError> {
+    Path::<Vec<(String, String)>>::from_request_parts(parts, &())
+        .await
+        .map(|Path(params)| params)
+        .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("bad path: {e}")))
+}
+
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Result<&'a str, ApiError> {
+    params
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .ok_or_else(|| ApiError::new(ErrorCode::InternalError, format!("route lacks {{{name}}}")))
+}
+
+pub fn queue_name(text: &str) -> Result<QueueName, ApiError> {
+    QueueName::new(text).map_err(|e| ApiError::new(ErrorCode::InvalidQueueName, e.to_string()))
+}
+
+pub fn task_id(text: &str) -> Result<TaskId, ApiError> {
+    text.parse().map_err(|e: belfry_core::ParseTaskIdError| {
+        ApiError::new(ErrorCode::InvalidTaskId, e.to_string())
+    })
+}
+
+/// `{queue}` from the path, validated.
+pub struct QueuePath(pub QueueName);
+
+impl<S: Send + Sync> FromRequestParts<S> for QueuePath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let params = params(parts).await?;
+        Ok(QueuePath(queue_name(param(&params, "queue")?)?))
+    }
+}
+
+/// `{queue}` and `{id}` from the path, validated.
+pub struct TaskPath(pub QueueName, pub TaskId);
+
+impl<S: Send + Sync> FromRequestParts<S> for TaskPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let params = params(parts).await?;
+        let queue = queue_name(param(&params, "queue")?)?;
+        let id = task_id(param(&params, "id")?)?;
+        Ok(TaskPath(queue, id))
+    }
+}

@@ -1,0 +1,86 @@
+//! HTTP API v1. The only module that knows HTTP and JSON: handlers turn requests into DTOs,
+//! DTOs into domain calls on `Service`, and results back into JSON.
+
+mod dto;
+mod error;
+mod extract;
+mod leases;
+mod ops;
+mod queues;
+mod tasks;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post, put};
+use axum::Router;
+
+pub use error::{ApiError, ErrorCode};
+
+use crate::metrics;
+use crate::service::Service;
+
+type AppState = Arc<Service>;
+
+/// The v1 API and the operational endpoints. Merge more routes onto it with `Router::merge`.
+pub fn router(service: Arc<Service>) -> Router {
+    let body_limit = service.config.request_bytes_max;
+    Router::new()
+        .route("/v1/queues", get(queues::list))
+        .route(
+            "/v1/queues/{queue}",
+            put(queues::put).get(queues::get).delete(queues::delete),
+        )
+        .route("/v1/queues/{queue}/pause", post(queues::pause))
+        .route("/v1/queues/{queue}/resume", post(queues::resume))
+        .route("/v1/queues/{queue}/tasks", post(tasks::submit))
+        .route("/v1/queues/{queue}/tasks:batch", post(tasks::submit_batch))
+        .route(
+            "/v1/queues/{queue}/tasks/{id}",
+            get(tasks::get)
+                .delete(tasks::cancel)
+                .patch(tasks::reschedule),
+        )
+        .route("/v1/queues/{queue}/lease", post(leases::lease))
+        .route("/v1/queues/{queue}/ack", post(leases::ack_batch))
+        .route("/v1/queues/{queue}/tasks/{id}/ack", post(leases::ack))
+        .route("/v1/queues/{queue}/tasks/{id}/nack", post(leases::nack))
+        .route("/v1/queues/{queue}/tasks/{id}/extend", post(leases::extend))
+        .route("/v1/queues/{queue}/dead", get(tasks::list_dead))
+        .route("/v1/queues/{queue}/dead/{id}/redrive", post(tasks::redrive))
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .route("/metrics", get(ops::metrics))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(service)
+}
+
+/// What every router of the server gets, after merging: our error format for unknown routes
+/// and methods, and request latency metrics.
+pub fn finish(router: Router) -> Router {
+    router
+        .fallback(ops::route_not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(middleware::from_fn(track_latency))
+}
+
+async fn track_latency(request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().as_str().to_owned();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let response = next.run(request).await;
+    metrics::http_request(
+        &method,
+        &route,
+        response.status().as_u16(),
+        started.elapsed().as_secs_f64(),
+    );
+    response
+}

@@ -1,0 +1,180 @@
+//! Task endpoints: submit (one or a batch), get, cancel, reschedule, dead letters.
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use belfry_core::limits::BATCH_TASKS_MAX;
+use belfry_store::PutOutcome;
+
+use super::dto::{
+    BatchBody, BatchResult, BatchResults, Created, DeadList, DeadQuery, DueBody, TaskBody,
+    TaskLimits, TaskView,
+};
+use super::error::{ApiError, ErrorCode};
+use super::extract::{task_id, JsonBody, QueuePath, TaskPath};
+use super::AppState;
+
+/// Dead letters per page when the caller does not say.
+const DEAD_PAGE_DEFAULT: usize = 100;
+
+fn limits(service: &AppState) -> TaskLimits {
+    TaskLimits {
+        payload_bytes_max: service.config.payload_bytes_max,
+        horizon_ms: service.config.horizon_ms,
+    }
+}
+
+pub async fn submit(
+    State(service): State<AppState>,
+    QueuePath(queue): QueuePath,
+    JsonBody(body): JsonBody<TaskBody>,
+) -> Result<Response, ApiError> {
+    // An unknown queue is reported before any complaint about the task itself.
+    service.runtime(&queue)?;
+    let task = body.into_new_task(&queue, service.now_ms(), limits(&service))?;
+    let outcome = service
+        .submit(&queue, vec![task])
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::new(ErrorCode::InternalError, "the store returned no outcome"))?;
+    Ok(match outcome {
+        PutOutcome::Created { id, due_at_ms } => (
+            StatusCode::CREATED,
+            Json(Created::new(id, &queue, due_at_ms)),
+        )
+            .into_response(),
+        PutOutcome::Duplicate(task) => {
+            (StatusCode::OK, Json(TaskView::duplicate(&task))).into_response()
+        }
+    })
+}
+
+pub async fn submit_batch(
+    State(service): State<AppState>,
+    QueuePath(queue): QueuePath,
+    JsonBody(body): JsonBody<BatchBody>,
+) -> Result<Json<BatchResults<BatchResult>>, ApiError> {
+    service.runtime(&queue)?;
+    if body.tasks.len() > BATCH_TASKS_MAX {
+        return Err(ApiError::new(
+            ErrorCode::BatchTooLarge,
+            format!(
+                "a batch holds at most {BATCH_TASKS_MAX} tasks, got {}; split it",
+                body.tasks.len()
+            ),
+        ));
+    }
+    let now_ms = service.now_ms();
+    let limits = limits(&service);
+    let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(body.tasks.len());
+    let mut valid = Vec::with_capacity(body.tasks.len());
+    for raw in &body.tasks {
+        let parsed = serde_json::from_str::<TaskBody>(raw.get())
+            .map_err(ApiError::from)
+            .and_then(|task| task.into_new_task(&queue, now_ms, limits));
+        match parsed {
+            Ok(task) => {
+                valid.push(task);
+                results.push(None);
+            }
+            Err(e) => results.push(Some(BatchResult::Error { error: e.body() })),
+        }
+    }
+    let mut outcomes = service.submit(&queue, valid).await?.into_iter();
+    let results = results
+        .into_iter()
+        .map(|slot| match slot {
+            Some(error) => Ok(error),
+            None => match outcomes.next() {
+                Some(PutOutcome::Created { id, due_at_ms }) => {
+                    Ok(BatchResult::Created(Created::new(id, &queue, due_at_ms)))
+                }
+                Some(PutOutcome::Duplicate(task)) => {
+                    Ok(BatchResult::Duplicate(Box::new(TaskView::duplicate(&task))))
+                }
+                None => Err(ApiError::new(
+                    ErrorCode::InternalError,
+                    "the store returned fewer outcomes than tasks",
+                )),
+            },
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(BatchResults { results }))
+}
+
+pub async fn get(
+    State(service): State<AppState>,
+    TaskPath(queue, id): TaskPath,
+) -> Result<Json<TaskView>, ApiError> {
+    let task = service.get_task(&queue, id).await?;
+    Ok(Json(TaskView::new(&task)))
+}
+
+pub async fn cancel(
+    State(service): State<AppState>,
+    TaskPath(queue, id): TaskPath,
+) -> Result<StatusCode, ApiError> {
+    service.cancel(&queue, id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn reschedule(
+    State(service): State<AppState>,
+    TaskPath(queue, id): TaskPath,
+    JsonBody(body): JsonBody<DueBody>,
+) -> Result<Json<TaskView>, ApiError> {
+    service.runtime(&queue)?;
+    let due = body
+        .resolve(service.now_ms(), service.config.horizon_ms)?
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidDueTime,
+                "give the new due time as one of delay_ms, run_at or run_at_ms",
+            )
+        })?;
+    let task = service.reschedule(&queue, id, due).await?;
+    Ok(Json(TaskView::new(&task)))
+}
+
+pub async fn list_dead(
+    State(service): State<AppState>,
+    QueuePath(queue): QueuePath,
+    query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeadList>, ApiError> {
+    let Query(query) = query.map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("bad query string (after=<task id>&limit=<n>): {e}"),
+        )
+    })?;
+    let after = query.after.as_deref().map(task_id).transpose()?;
+    let limit = query.limit.unwrap_or(DEAD_PAGE_DEFAULT);
+    if limit == 0 || limit > crate::service::DEAD_PAGE_MAX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "limit must be between 1 and {}, got {limit}",
+                crate::service::DEAD_PAGE_MAX
+            ),
+        ));
+    }
+    let tasks = service.list_dead(&queue, after, limit).await?;
+    let next_after = if tasks.len() == limit {
+        tasks.last().map(|t| t.id.to_string())
+    } else {
+        None
+    };
+    Ok(Json(DeadList {
+        tasks: tasks.iter().map(TaskView::new).collect(),
+        next_after,
+    }))
+}
+
+pub async fn redrive(
+    State(service): State<AppState>,
+    TaskPath(queue, id): TaskPath,
+) -> Result<Json<TaskView>, ApiError> {
+    let task = service.redrive(&queue, id).await?;
+    Ok(Json(TaskView::new(&task)))
+}

@@ -1,0 +1,94 @@
+//! The server's validated configuration. The binary turns its TOML file, environment and flags
+//! into this; the server never reads files or the environment itself.
+
+use std::net::SocketAddr;
+
+use belfry_core::limits::{HORIZON_MS_DEFAULT, PAYLOAD_BYTES_MAX_DEFAULT};
+
+/// Largest request body by default (16 MiB): a batch of 1,000 tasks of 16 KiB each, or one task
+/// with a 1 MiB payload in base64 with room to spare.
+pub const REQUEST_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
+
+/// How long shutdown waits for in-flight deliveries by default (30 s): longer than the default
+/// webhook timeout, shorter than common orchestrators' kill timeouts.
+pub const SHUTDOWN_GRACE_MS_DEFAULT: u64 = 25_000;
+
+/// How often the per-queue gauges (pending, due, in flight, dead) are refreshed by default.
+pub const METRICS_REFRESH_MS_DEFAULT: u64 = 5_000;
+
+/// Concurrent webhook deliveries per queue when the queue sets no `max_in_flight`: a slow
+/// receiver ties up at most this many connections.
+pub const WEBHOOK_IN_FLIGHT_DEFAULT: u32 = 256;
+
+const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < REQUEST_BYTES_MAX_DEFAULT);
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where the HTTP API listens. Port 0 picks a free port (tests).
+    pub listen: SocketAddr,
+    /// Largest task payload, in bytes after base64 decoding.
+    pub payload_bytes_max: usize,
+    /// Largest HTTP request body.
+    pub request_bytes_max: usize,
+    /// How far in the future a task may be due.
+    pub horizon_ms: u64,
+    /// How long shutdown waits for in-flight deliveries before flushing and exiting anyway.
+    pub shutdown_grace_ms: u64,
+    /// Whether webhook URLs may point at loopback and private addresses (SSRF guard off).
+    pub allow_private_targets: bool,
+    /// How often per-queue gauges are refreshed.
+    pub metrics_refresh_ms: u64,
+    /// Concurrent webhook deliveries per queue when the queue sets no `max_in_flight`.
+    pub webhook_in_flight_default: u32,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
+            payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
+            request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
+            horizon_ms: HORIZON_MS_DEFAULT,
+            shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
+            allow_private_targets: false,
+            metrics_refresh_ms: METRICS_REFRESH_MS_DEFAULT,
+            webhook_in_flight_default: WEBHOOK_IN_FLIGHT_DEFAULT,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid configuration: {key}: {problem}")]
+pub struct InvalidConfig {
+    pub key: &'static str,
+    pub problem: String,
+}
+
+impl ServerConfig {
+    /// Checks relations between settings; each message names the key to fix.
+    pub fn validate(&self) -> Result<(), InvalidConfig> {
+        let fail = |key, problem: String| Err(InvalidConfig { key, problem });
+        if self.payload_bytes_max == 0 {
+            return fail("payload_bytes_max", "must be at least 1 byte".into());
+        }
+        if self.request_bytes_max < self.payload_bytes_max {
+            return fail(
+                "request_bytes_max",
+                format!(
+                    "must be at least payload_bytes_max ({} bytes), got {}",
+                    self.payload_bytes_max, self.request_bytes_max
+                ),
+            );
+        }
+        if self.horizon_ms == 0 {
+            return fail("horizon", "must be longer than 0".into());
+        }
+        if self.metrics_refresh_ms == 0 {
+            return fail("metrics_refresh", "must be longer than 0".into());
+        }
+        if self.webhook_in_flight_default == 0 {
+            return fail("webhook_in_flight_default", "must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,125 @@
+//! Prometheus metrics: names in one place, the process-wide recorder, and the loop that
+//! refreshes per-queue gauges.
+
+use std::sync::OnceLock;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const TASKS_SUBMITTED: &str = "belfry_tasks_submitted_total";
+/// Tasks handed to a consumer (a lease or a webhook call started).
+pub const TASKS_DISPATCHED: &str = "belfry_tasks_dispatched_total";
+/// Tasks finished by a consumer: acked, or a 2xx from a webhook.
+pub const TASKS_DELIVERED: &str = "belfry_tasks_delivered_total";
+pub const TASKS_RETRIED: &str = "belfry_tasks_retried_total";
+pub const TASKS_DEAD_LETTERED: &str = "belfry_tasks_dead_lettered_total";
+/// Tasks dropped by a `skip` late policy.
+pub const TASKS_SKIPPED_LATE: &str = "belfry_tasks_skipped_late_total";
+pub const TASKS_PENDING: &str = "belfry_tasks_pending";
+pub const TASKS_DUE: &str = "belfry_tasks_due";
+pub const TASKS_IN_FLIGHT: &str = "belfry_tasks_in_flight";
+pub const TASKS_DEAD: &str = "belfry_tasks_dead";
+/// Delivery start minus due time, in seconds.
+pub const FIRING_LATENESS: &str = "belfry_firing_lateness_seconds";
+pub const HTTP_REQUEST_DURATION: &str = "belfry_http_request_duration_seconds";
+pub const WEBHOOK_DURATION: &str = "belfry_webhook_duration_seconds";
+
+/// Lateness buckets: from 1 ms (the precision we promise) to minutes (after an outage).
+const LATENESS_BUCKETS_S: &[f64] = &[
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+const LATENCY_BUCKETS_S: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide recorder once (several servers in one test process share it) and
+/// returns the handle that renders it, or `None` when another recorder was installed first.
+pub fn handle() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Full(FIRING_LATENESS.into()), LATENESS_BUCKETS_S)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(HTTP_REQUEST_DURATION.into()),
+                        LATENCY_BUCKETS_S,
+                    )
+                })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(WEBHOOK_DURATION.into()),
+                        LATENCY_BUCKETS_S,
+                    )
+                });
+            match builder {
+                Ok(builder) => {
+                    let recorder = builder.build_recorder();
+                    let handle = recorder.handle();
+                    match metrics::set_global_recorder(recorder) {
+                        Ok(()) => Some(handle),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "install the metrics recorder: another one is installed; /metrics will be empty");
+                            None
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "configure metric buckets");
+                    None
+                }
+            }
+        })
+        .clone()
+}
+
+pub fn submitted(queue: &str, n: usize) {
+    counter!(TASKS_SUBMITTED, "queue" => queue.to_owned()).increment(n as u64);
+}
+
+pub fn dispatched(queue: &str, n: usize) {
+    counter!(TASKS_DISPATCHED, "queue" => queue.to_owned()).increment(n as u64);
+}
+
+pub fn delivered(queue: &str, n: usize) {
+    counter!(TASKS_DELIVERED, "queue" => queue.to_owned()).increment(n as u64);
+}
+
+pub fn retried(queue: &str) {
+    counter!(TASKS_RETRIED, "queue" => queue.to_owned()).increment(1);
+}
+
+pub fn dead_lettered(queue: &str, n: usize) {
+    counter!(TASKS_DEAD_LETTERED, "queue" => queue.to_owned()).increment(n as u64);
+}
+
+pub fn skipped_late(queue: &str, n: usize) {
+    counter!(TASKS_SKIPPED_LATE, "queue" => queue.to_owned()).increment(n as u64);
+}
+
+pub fn lateness(queue: &str, late_ms: u64) {
+    histogram!(FIRING_LATENESS, "queue" => queue.to_owned()).record(late_ms as f64 / 1000.0);
+}
+
+pub fn webhook_duration(queue: &str, outcome: &'static str, seconds: f64) {
+    histogram!(WEBHOOK_DURATION, "queue" => queue.to_owned(), "outcome" => outcome).record(seconds);
+}
+
+pub fn http_request(method: &str, route: &str, status: u16, seconds: f64) {
+    histogram!(
+        HTTP_REQUEST_DURATION,
+        "method" => method.to_owned(),
+        "route" => route.to_owned(),
+        "status" => status.to_string()
+    )
+    .record(seconds);
+}
+
+pub fn queue_counts(queue: &str, counts: &belfry_store::QueueCounts) {
+    gauge!(TASKS_PENDING, "queue" => queue.to_owned()).set(counts.pending as f64);
+    gauge!(TASKS_DUE, "queue" => queue.to_owned()).set(counts.due as f64);
+    gauge!(TASKS_IN_FLIGHT, "queue" => queue.to_owned()).set(counts.in_flight as f64);
+    gauge!(TASKS_DEAD, "queue" => queue.to_owned()).set(counts.dead as f64);
+}

@@ -1,0 +1,311 @@
+//! A queue's dispatch policy, and its persisted form.
+//!
+//! The store keeps a queue's configuration as opaque bytes. They are a versioned JSON record
+//! defined here (not the API's DTO), so the HTTP contract and the on-disk format can change
+//! independently.
+
+use belfry_core::RetryPolicy;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+/// Highest rate a queue may ask for; above it, "unlimited" (0) is the honest setting.
+pub const RATE_PER_S_MAX: f64 = 10_000_000.0;
+/// Largest token bucket.
+pub const BURST_MAX: u32 = 10_000_000;
+/// Largest concurrency limit.
+pub const MAX_IN_FLIGHT_MAX: u32 = 1_000_000;
+/// Webhook timeout bounds and default.
+pub const WEBHOOK_TIMEOUT_MS_MIN: u64 = 10;
+pub const WEBHOOK_TIMEOUT_MS_MAX: u64 = 5 * 60 * 1000;
+pub const WEBHOOK_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+/// Longest webhook URL and secret.
+pub const WEBHOOK_URL_LEN_MAX: usize = 2048;
+pub const WEBHOOK_SECRET_LEN_MAX: usize = 1024;
+
+const _: () = assert!(WEBHOOK_TIMEOUT_MS_MIN <= WEBHOOK_TIMEOUT_MS_DEFAULT);
+const _: () = assert!(WEBHOOK_TIMEOUT_MS_DEFAULT <= WEBHOOK_TIMEOUT_MS_MAX);
+
+/// How a queue's due tasks leave the server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    /// Consumers lease tasks over the API.
+    Pull,
+    /// The server POSTs each task to a URL.
+    Webhook {
+        url: String,
+        secret: Option<String>,
+        timeout_ms: u64,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueConfig {
+    /// Tasks per second handed out (leases and webhook calls together); 0 means unlimited.
+    pub rate_per_s: f64,
+    /// Token bucket size; 0 means one second's worth of `rate_per_s` (at least 1).
+    pub burst: u32,
+    /// Leased tasks at once; 0 means unlimited for pull queues and the server default for
+    /// webhook queues.
+    pub max_in_flight: u32,
+    pub retry: RetryPolicy,
+    pub delivery: Delivery,
+    /// A paused queue accepts tasks and delivers none.
+    pub paused: bool,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            rate_per_s: 0.0,
+            burst: 0,
+            max_in_flight: 0,
+            retry: RetryPolicy::default(),
+            delivery: Delivery::Pull,
+            paused: false,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {problem}")]
+pub struct InvalidQueueConfig {
+    pub field: &'static str,
+    pub problem: String,
+}
+
+impl QueueConfig {
+    pub fn validate(&self) -> Result<(), InvalidQueueConfig> {
+        let fail = |field, problem: String| Err(InvalidQueueConfig { field, problem });
+        if !self.rate_per_s.is_finite() || self.rate_per_s < 0.0 || self.rate_per_s > RATE_PER_S_MAX
+        {
+            return fail(
+                "rate_per_s",
+                format!(
+                    "must be between 0 (unlimited) and {RATE_PER_S_MAX}, got {}",
+                    self.rate_per_s
+                ),
+            );
+        }
+        if self.burst > BURST_MAX {
+            return fail(
+                "burst",
+                format!("must be at most {BURST_MAX}, got {}", self.burst),
+            );
+        }
+        if self.max_in_flight > MAX_IN_FLIGHT_MAX {
+            return fail(
+                "max_in_flight",
+                format!(
+                    "must be at most {MAX_IN_FLIGHT_MAX} (0 = unlimited), got {}",
+                    self.max_in_flight
+                ),
+            );
+        }
+        if let Err(e) = self.retry.validate() {
+            return fail("retry", e.to_string());
+        }
+        if let Delivery::Webhook {
+            url,
+            secret,
+            timeout_ms,
+        } = &self.delivery
+        {
+            if url.is_empty() || url.len() > WEBHOOK_URL_LEN_MAX {
+                return fail(
+                    "delivery.url",
+                    format!("must be 1 to {WEBHOOK_URL_LEN_MAX} characters"),
+                );
+            }
+            if secret
+                .as_ref()
+                .is_some_and(|s| s.is_empty() || s.len() > WEBHOOK_SECRET_LEN_MAX)
+            {
+                return fail(
+                    "delivery.secret",
+                    format!("must be 1 to {WEBHOOK_SECRET_LEN_MAX} characters when set"),
+                );
+            }
+            if !(WEBHOOK_TIMEOUT_MS_MIN..=WEBHOOK_TIMEOUT_MS_MAX).contains(timeout_ms) {
+                return fail(
+                    "delivery.timeout_ms",
+                    format!(
+                        "must be between {WEBHOOK_TIMEOUT_MS_MIN} and {WEBHOOK_TIMEOUT_MS_MAX}, got {timeout_ms}"
+                    ),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The token bucket's size.
+    pub fn effective_burst(&self) -> f64 {
+        if self.burst > 0 {
+            f64::from(self.burst)
+        } else {
+            self.rate_per_s.ceil().max(1.0)
+        }
+    }
+
+    pub fn is_webhook(&self) -> bool {
+        matches!(self.delivery, Delivery::Webhook { .. })
+    }
+
+    pub fn encode(&self) -> Bytes {
+        let record = Record::from(self);
+        // Serialising plain numbers, strings and bools cannot fail.
+        Bytes::from(serde_json::to_vec(&record).expect("queue record serialises"))
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let record: Record = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        if record.v != RECORD_VERSION {
+            return Err(format!("unknown queue record version {}", record.v));
+        }
+        Ok(record.into())
+    }
+}
+
+const RECORD_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+struct Record {
+    v: u32,
+    rate_per_s: f64,
+    burst: u32,
+    max_in_flight: u32,
+    max_attempts: u32,
+    backoff_initial_ms: u64,
+    backoff_max_ms: u64,
+    paused: bool,
+    webhook: Option<WebhookRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct WebhookRecord {
+    url: String,
+    secret: Option<String>,
+    timeout_ms: u64,
+}
+
+impl From<&QueueConfig> for Record {
+    fn from(c: &QueueConfig) -> Self {
+        Record {
+            v: RECORD_VERSION,
+            rate_per_s: c.rate_per_s,
+            burst: c.burst,
+            max_in_flight: c.max_in_flight,
+            max_attempts: c.retry.max_attempts,
+            backoff_initial_ms: c.retry.backoff_initial_ms,
+            backoff_max_ms: c.retry.backoff_max_ms,
+            paused: c.paused,
+            webhook: match &c.delivery {
+                Delivery::Pull => None,
+                Delivery::Webhook {
+                    url,
+                    secret,
+                    timeout_ms,
+                } => Some(WebhookRecord {
+                    url: url.clone(),
+                    secret: secret.clone(),
+                    timeout_ms: *timeout_ms,
+                }),
+            },
+        }
+    }
+}
+
+impl From<Record> for QueueConfig {
+    fn from(r: Record) -> Self {
+        QueueConfig {
+            rate_per_s: r.rate_per_s,
+            burst: r.burst,
+            max_in_flight: r.max_in_flight,
+            retry: RetryPolicy {
+                max_attempts: r.max_attempts,
+                backoff_initial_ms: r.backoff_initial_ms,
+                backoff_max_ms: r.backoff_max_ms,
+            },
+            delivery: match r.webhook {
+                None => Delivery::Pull,
+                Some(w) => Delivery::Webhook {
+                    url: w.url,
+                    secret: w.secret,
+                    timeout_ms: w.timeout_ms,
+                },
+            },
+            paused: r.paused,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_round_trips() {
+        let config = QueueConfig {
+            rate_per_s: 2.5,
+            burst: 7,
+            max_in_flight: 3,
+            retry: RetryPolicy {
+                max_attempts: 4,
+                backoff_initial_ms: 10,
+                backoff_max_ms: 100,
+            },
+            delivery: Delivery::Webhook {
+                url: "http://example.invalid/x".into(),
+                secret: Some("s".into()),
+                timeout_ms: 500,
+            },
+            paused: true,
+        };
+        assert_eq!(QueueConfig::decode(&config.encode()).unwrap(), config);
+        assert!(QueueConfig::decode(b"{").is_err());
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let check = |config: QueueConfig, field: Option<&str>| {
+            assert_eq!(config.validate().err().map(|e| e.field), field);
+        };
+        check(QueueConfig::default(), None);
+        check(
+            QueueConfig {
+                rate_per_s: -1.0,
+                ..QueueConfig::default()
+            },
+            Some("rate_per_s"),
+        );
+        check(
+            QueueConfig {
+                rate_per_s: f64::NAN,
+                ..QueueConfig::default()
+            },
+            Some("rate_per_s"),
+        );
+        check(
+            QueueConfig {
+                delivery: Delivery::Webhook {
+                    url: "http://x".into(),
+                    secret: None,
+                    timeout_ms: 0,
+                },
+                ..QueueConfig::default()
+            },
+            Some("delivery.timeout_ms"),
+        );
+    }
+
+    #[test]
+    fn burst_defaults_to_one_second_of_rate() {
+        let c = |rate, burst| QueueConfig {
+            rate_per_s: rate,
+            burst,
+            ..QueueConfig::default()
+        };
+        assert_eq!(c(5.0, 0).effective_burst(), 5.0);
+        assert_eq!(c(0.5, 0).effective_burst(), 1.0);
+        assert_eq!(c(5.0, 2).effective_burst(), 2.0);
+    }
+}

@@ -1,0 +1,248 @@
+//! Queues at run time: each queue's configuration, rate limiter, in-flight leases and the
+//! wake-up that long-polls and its dispatcher wait on.
+
+mod config;
+mod inflight;
+mod rate;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::{QueueName, TaskId, UnixMs};
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{
+    Delivery, InvalidQueueConfig, QueueConfig, BURST_MAX, MAX_IN_FLIGHT_MAX, RATE_PER_S_MAX,
+    WEBHOOK_TIMEOUT_MS_DEFAULT,
+};
+use inflight::InFlight;
+use rate::TokenBucket;
+
+/// How many tasks a queue may hand out now, and if none, when to look again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    pub granted: usize,
+    /// When `granted` is 0: how long until a token or an in-flight slot should free up.
+    pub retry_in: Option<Duration>,
+}
+
+pub struct QueueRuntime {
+    pub name: QueueName,
+    config: RwLock<Arc<QueueConfig>>,
+    /// Woken when the queue may have something new to deliver: tasks put, nacked or
+    /// redriven, the queue resumed, a lease released, or the clock moved (tests).
+    wake: Notify,
+    limits: Mutex<Limits>,
+    /// Stops the queue's webhook dispatcher, when it has one.
+    pub(crate) dispatcher: Mutex<Option<CancellationToken>>,
+}
+
+struct Limits {
+    bucket: TokenBucket,
+    in_flight: InFlight,
+}
+
+impl QueueRuntime {
+    pub fn new(name: QueueName, config: QueueConfig, now: Duration) -> Self {
+        let bucket = TokenBucket::new(config.effective_burst(), now);
+        QueueRuntime {
+            name,
+            config: RwLock::new(Arc::new(config)),
+            wake: Notify::new(),
+            limits: Mutex::new(Limits {
+                bucket,
+                in_flight: InFlight::default(),
+            }),
+            dispatcher: Mutex::new(None),
+        }
+    }
+
+    pub fn config(&self) -> Arc<QueueConfig> {
+        self.config.read().clone()
+    }
+
+    pub fn set_config(&self, config: QueueConfig) {
+        *self.config.write() = Arc::new(config);
+        self.wake();
+    }
+
+    /// Wakes every long-poll and the dispatcher of this queue so they look again.
+    pub fn wake(&self) {
+        self.wake.notify_waiters();
+    }
+
+    /// A future that completes at the next `wake`. Call `enable` on it (pinned) before checking
+    /// for work, so a wake between the check and the wait is not lost.
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.wake.notified()
+    }
+
+    /// The in-flight cap: `max_in_flight`, or for webhook queues the server default.
+    fn in_flight_cap(config: &QueueConfig, webhook_default: u32) -> Option<usize> {
+        match (config.max_in_flight, config.is_webhook()) {
+            (0, false) => None,
+            (0, true) => Some(webhook_default as usize),
+            (cap, _) => Some(cap as usize),
+        }
+    }
+
+    /// Takes up to `want` rate tokens, bounded by the room under the in-flight cap. Paused
+    /// queues get nothing. Whatever is not used must be given back with `settle`.
+    pub fn admit(
+        &self,
+        want: usize,
+        monotonic: Duration,
+        now_ms: UnixMs,
+        webhook_default: u32,
+    ) -> Admission {
+        let config = self.config();
+        if config.paused || want == 0 {
+            return Admission {
+                granted: 0,
+                retry_in: None,
+            };
+        }
+        let mut limits = self.limits.lock();
+        let mut want = want;
+        let mut retry_in = None;
+        if let Some(cap) = Self::in_flight_cap(&config, webhook_default) {
+            let room = cap.saturating_sub(limits.in_flight.count(now_ms));
+            if room == 0 {
+                let until = limits.in_flight.earliest_until().unwrap_or(now_ms);
+                return Admission {
+                    granted: 0,
+                    retry_in: Some(Duration::from_millis(until.saturating_sub(now_ms).max(1))),
+                };
+            }
+            want = want.min(room);
+        }
+        let (rate, burst) = (config.rate_per_s, config.effective_burst());
+        let granted = limits.bucket.take(rate, burst, monotonic, want);
+        if granted == 0 {
+            retry_in = Some(
+                limits
+                    .bucket
+                    .time_to_token(rate)
+                    .max(Duration::from_millis(1)),
+            );
+        }
+        Admission { granted, retry_in }
+    }
+
+    /// Records what a claim granted by `admit` actually leased: unused tokens go back, leases
+    /// count against the in-flight cap.
+    pub fn settle(&self, granted: usize, leased: &[(TaskId, UnixMs)], webhook_default: u32) {
+        let config = self.config();
+        let mut limits = self.limits.lock();
+        let unused = granted.saturating_sub(leased.len());
+        limits
+            .bucket
+            .refund(config.rate_per_s, config.effective_burst(), unused);
+        if Self::in_flight_cap(&config, webhook_default).is_some() {
+            for (id, until) in leased {
+                limits.in_flight.insert(*id, *until);
+            }
+        }
+    }
+
+    /// A lease ended (ack, nack, dead letter): its in-flight slot is free.
+    pub fn release(&self, id: TaskId) {
+        let freed = self.limits.lock().in_flight.remove(id);
+        if freed {
+            self.wake();
+        }
+    }
+
+    /// A lease was extended: keep counting it until the new deadline.
+    pub fn extended(&self, id: TaskId, until_ms: UnixMs) {
+        let mut limits = self.limits.lock();
+        if limits.in_flight.remove(id) {
+            limits.in_flight.insert(id, until_ms);
+        }
+    }
+
+    /// Leases this process counts as in flight (may include expired ones not yet pruned).
+    pub fn tracked_in_flight(&self) -> usize {
+        self.limits.lock().in_flight.len()
+    }
+}
+
+/// Every queue this server knows, by name.
+#[derive(Default)]
+pub struct Queues {
+    map: RwLock<HashMap<QueueName, Arc<QueueRuntime>>>,
+}
+
+impl Queues {
+    pub fn get(&self, name: &QueueName) -> Option<Arc<QueueRuntime>> {
+        self.map.read().get(name).cloned()
+    }
+
+    pub fn insert(&self, runtime: Arc<QueueRuntime>) {
+        self.map.write().insert(runtime.name.clone(), runtime);
+    }
+
+    pub fn remove(&self, name: &QueueName) -> Option<Arc<QueueRuntime>> {
+        self.map.write().remove(name)
+    }
+
+    pub fn all(&self) -> Vec<Arc<QueueRuntime>> {
+        let mut all: Vec<_> = self.map.read().values().cloned().collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
+    }
+
+    pub fn wake_all(&self) {
+        for runtime in self.map.read().values() {
+            runtime.wake();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runtime(config: QueueConfig) -> QueueRuntime {
+        QueueRuntime::new(QueueName::new("q").unwrap(), config, Duration::ZERO)
+    }
+
+    #[test]
+    fn in_flight_cap_limits_admission() {
+        let q = runtime(QueueConfig {
+            max_in_flight: 2,
+            ..QueueConfig::default()
+        });
+        let a = q.admit(10, Duration::ZERO, 0, 8);
+        assert_eq!(a.granted, 2);
+        q.settle(2, &[(TaskId(1), 100), (TaskId(2), 100)], 8);
+        let full = q.admit(10, Duration::ZERO, 50, 8);
+        assert_eq!(full.granted, 0);
+        assert_eq!(full.retry_in, Some(Duration::from_millis(50)));
+        q.release(TaskId(1));
+        assert_eq!(q.admit(10, Duration::ZERO, 50, 8).granted, 1);
+    }
+
+    #[test]
+    fn paused_queue_admits_nothing() {
+        let q = runtime(QueueConfig {
+            paused: true,
+            ..QueueConfig::default()
+        });
+        assert_eq!(q.admit(10, Duration::ZERO, 0, 8).granted, 0);
+    }
+
+    #[test]
+    fn unused_tokens_are_refunded() {
+        let q = runtime(QueueConfig {
+            rate_per_s: 5.0,
+            ..QueueConfig::default()
+        });
+        assert_eq!(q.admit(10, Duration::ZERO, 0, 8).granted, 5);
+        q.settle(5, &[(TaskId(1), 10)], 8);
+        assert_eq!(q.admit(10, Duration::ZERO, 0, 8).granted, 4);
+    }
+}
