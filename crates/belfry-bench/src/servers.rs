@@ -172,3 +172,68 @@ impl WebhookReceiver {
         let _ = self.task.await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[tokio::test]
+    async fn the_receiver_hands_every_body_to_the_callback() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let sink = seen.clone();
+        let receiver = WebhookReceiver::start(move |body, headers, receipt_us| {
+            let id = headers
+                .get("belfry-task-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            sink.lock()
+                .unwrap()
+                .push((crate::workload::parse_index(&body), id, receipt_us));
+        })
+        .await
+        .unwrap();
+        let target = crate::http::Target::from_addr(receiver.addr);
+        let mut conn = crate::http::HttpConn::connect(&target).await.unwrap();
+        for i in 0..3u64 {
+            let body = Bytes::from(crate::workload::payload(i, 64));
+            let (status, _) = conn
+                .request(http::Method::POST, "/hook", body)
+                .await
+                .unwrap();
+            assert_eq!(status, StatusCode::OK);
+        }
+        receiver.stop().await;
+        let seen = seen.lock().unwrap();
+        let indices: Vec<_> = seen.iter().map(|s| s.0).collect();
+        assert_eq!(indices, vec![Some(0), Some(1), Some(2)]);
+        assert!(seen.iter().all(|s| s.2 > 0));
+    }
+
+    #[test]
+    fn the_trivial_server_answers_200_until_stopped() {
+        let server = TrivialServer::start(1).unwrap();
+        let target = server.target();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut conn = crate::http::HttpConn::connect(&target).await.unwrap();
+            let (status, body) = conn
+                .request(
+                    http::Method::POST,
+                    "/v1/queues/q/tasks",
+                    Bytes::from_static(b"{}"),
+                )
+                .await
+                .unwrap();
+            assert_eq!((status, &body[..]), (StatusCode::OK, &b"{}"[..]));
+        });
+        server.stop();
+        rt.block_on(async {
+            assert!(crate::http::HttpConn::connect(&target).await.is_err());
+        });
+    }
+}
