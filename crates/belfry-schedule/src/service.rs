@@ -101,6 +101,9 @@ pub struct ScheduleService {
     /// tick's re-read before firing, pause/resume). Other processes write other documents
     /// (see record.rs), so a process-local lock is enough.
     write_lock: Mutex<()>,
+    /// Parsed documents by id, with the bytes they came from: a scan re-parses only the
+    /// documents that changed. Holds only ids seen by the last scan.
+    parsed: Mutex<HashMap<String, (Bytes, Arc<Parsed>)>>,
 }
 
 impl std::fmt::Debug for ScheduleService {
@@ -114,6 +117,7 @@ impl ScheduleService {
         ScheduleService {
             store,
             write_lock: Mutex::new(()),
+            parsed: Mutex::new(HashMap::new()),
         }
     }
 
@@ -163,15 +167,22 @@ impl ScheduleService {
             return Ok(None);
         };
         let cursor = self.store.get_meta(CURSORS_NAMESPACE, id.as_str())?;
-        assemble(id.as_str(), &bytes, cursor.as_deref()).map(Some)
+        let parsed = self.parse_cached(id.as_str(), &bytes)?;
+        let cursor_ms = effective_cursor(id.as_str(), &parsed, cursor.as_deref())?;
+        Ok(Some(parsed.to_schedule(cursor_ms)))
     }
 
-    /// All schedules, in id order. An unreadable one is an error naming it.
+    /// All readable schedules, in id order. An unreadable one is left out with a warning
+    /// (and reported by every tick), so one bad record does not hide all the others.
     pub fn list(&self) -> Result<Vec<Schedule>> {
-        let cursors = self.cursors()?;
         let mut schedules = Vec::new();
-        for (key, bytes) in self.store.list_meta(SCHEDULES_NAMESPACE)? {
-            schedules.push(assemble(&key, &bytes, cursors.get(&key).map(|b| &b[..]))?);
+        for (key, entry) in self.scan()? {
+            match entry {
+                Ok(entry) => schedules.push(entry.parsed.to_schedule(entry.cursor_ms)),
+                Err(error) => {
+                    tracing::warn!(schedule = %key, %error, "list schedules: skipping an unreadable one")
+                }
+            }
         }
         schedules.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(schedules)
@@ -248,26 +259,20 @@ impl ScheduleService {
     /// ends the tick (nothing is lost: the next tick redoes the unfinished schedules).
     pub fn tick(&self, now_ms: UnixMs) -> Result<TickReport> {
         let mut report = TickReport::default();
-        let cursors = self.cursors()?;
-        for (key, bytes) in self.store.list_meta(SCHEDULES_NAMESPACE)? {
+        for (key, entry) in self.scan()? {
             // A cheap first look without the lock; the decision is remade under it.
-            let schedule = match assemble(&key, &bytes, cursors.get(&key).map(|b| &b[..])) {
-                Ok(schedule) => schedule,
+            let entry = match entry {
+                Ok(entry) => entry,
                 Err(error) => {
                     report.errors.push((key, error.to_string()));
                     continue;
                 }
             };
-            if schedule.def.paused
-                || schedule
-                    .spec
-                    .next_after(schedule.cursor_ms)
-                    .is_none_or(|next| next > now_ms)
-            {
+            if entry.next_fire_ms().is_none_or(|next| next > now_ms) {
                 continue;
             }
             let _guard = self.write_lock.lock();
-            let Some(schedule) = self.get(&schedule.id)? else {
+            let Some(schedule) = self.get(&entry.parsed.stored.id)? else {
                 continue;
             };
             if schedule.def.paused {
@@ -334,14 +339,10 @@ impl ScheduleService {
     /// created by other nodes are not announced, so a runner should also wake up
     /// periodically (e.g. every second).
     pub fn next_tick_ms(&self) -> Result<Option<UnixMs>> {
-        let cursors = self.cursors()?;
         let mut earliest: Option<UnixMs> = None;
-        for (key, bytes) in self.store.list_meta(SCHEDULES_NAMESPACE)? {
-            // An unreadable schedule cannot fire; tick reports it.
-            let Ok(schedule) = assemble(&key, &bytes, cursors.get(&key).map(|b| &b[..])) else {
-                continue;
-            };
-            if let Some(next) = schedule.next_fire_ms() {
+        // An unreadable schedule cannot fire; tick reports it.
+        for entry in self.scan()?.into_iter().filter_map(|(_, entry)| entry.ok()) {
+            if let Some(next) = entry.next_fire_ms() {
                 earliest = Some(earliest.map_or(next, |e| e.min(next)));
             }
         }
@@ -370,18 +371,15 @@ impl ScheduleService {
             )));
         }
         let mut counts = vec![0u64; steps];
-        let cursors = self.cursors()?;
-        for (key, bytes) in self.store.list_meta(SCHEDULES_NAMESPACE)? {
-            let Ok(schedule) = assemble(&key, &bytes, cursors.get(&key).map(|b| &b[..])) else {
-                continue;
-            };
-            if schedule.def.paused || &schedule.def.queue != queue {
+        for entry in self.scan()?.into_iter().filter_map(|(_, entry)| entry.ok()) {
+            let (stored, spec) = (&entry.parsed.stored, &entry.parsed.spec);
+            if stored.def.paused || &stored.def.queue != queue {
                 continue;
             }
-            let shards = u64::from(schedule.spec.shard_count());
-            let mut cursor = schedule.cursor_ms.max(from_ms.saturating_sub(1));
+            let shards = u64::from(spec.shard_count());
+            let mut cursor = entry.cursor_ms.max(from_ms.saturating_sub(1));
             for _ in 0..FORECAST_FIRINGS_MAX {
-                let Some(next) = schedule.spec.next_after(cursor) else {
+                let Some(next) = spec.next_after(cursor) else {
                     break;
                 };
                 let index = (next.saturating_sub(from_ms)) / step_ms;
@@ -414,6 +412,43 @@ impl ScheduleService {
         Ok(())
     }
 
+    /// Every stored schedule with its effective cursor, or why it cannot be read.
+    fn scan(&self) -> Result<Vec<(String, Result<Entry>)>> {
+        let cursors = self.cursors()?;
+        let listing = self.store.list_meta(SCHEDULES_NAMESPACE)?;
+        let mut cache = self.parsed.lock();
+        let mut fresh = HashMap::with_capacity(listing.len());
+        let mut entries = Vec::with_capacity(listing.len());
+        for (key, bytes) in listing {
+            let parsed = match cache.remove(&key) {
+                Some((cached, parsed)) if cached == bytes => Ok(parsed),
+                _ => parse(&key, &bytes).map(Arc::new),
+            };
+            let entry = parsed.and_then(|parsed| {
+                fresh.insert(key.clone(), (bytes, parsed.clone()));
+                let cursor_ms = effective_cursor(&key, &parsed, cursors.get(&key).map(|b| &b[..]))?;
+                Ok(Entry { parsed, cursor_ms })
+            });
+            entries.push((key, entry));
+        }
+        *cache = fresh;
+        Ok(entries)
+    }
+
+    /// Parses one document, reusing the cached parse when the bytes are unchanged.
+    fn parse_cached(&self, key: &str, bytes: &Bytes) -> Result<Arc<Parsed>> {
+        if let Some((cached, parsed)) = self.parsed.lock().get(key) {
+            if cached == bytes {
+                return Ok(parsed.clone());
+            }
+        }
+        let parsed = Arc::new(parse(key, bytes)?);
+        self.parsed
+            .lock()
+            .insert(key.to_string(), (bytes.clone(), parsed.clone()));
+        Ok(parsed)
+    }
+
     fn cursors(&self) -> Result<HashMap<String, Bytes>> {
         Ok(self
             .store
@@ -423,8 +458,43 @@ impl ScheduleService {
     }
 }
 
-/// Builds a schedule from its stored document and cursor.
-fn assemble(key: &str, bytes: &[u8], cursor: Option<&[u8]>) -> Result<Schedule> {
+/// A decoded schedule document and the spec built from it.
+struct Parsed {
+    stored: StoredSchedule,
+    spec: ScheduleSpec,
+}
+
+impl Parsed {
+    fn to_schedule(&self, cursor_ms: UnixMs) -> Schedule {
+        let stored = &self.stored;
+        Schedule {
+            id: stored.id.clone(),
+            def: stored.def.clone(),
+            spec: self.spec.clone(),
+            created_at_ms: stored.created_at_ms,
+            updated_at_ms: stored.updated_at_ms,
+            not_before_ms: stored.not_before_ms,
+            cursor_ms,
+        }
+    }
+}
+
+/// One schedule seen by a scan: its parsed document and its effective cursor.
+struct Entry {
+    parsed: Arc<Parsed>,
+    cursor_ms: UnixMs,
+}
+
+impl Entry {
+    fn next_fire_ms(&self) -> Option<UnixMs> {
+        if self.parsed.stored.def.paused {
+            return None;
+        }
+        self.parsed.spec.next_after(self.cursor_ms)
+    }
+}
+
+fn parse(key: &str, bytes: &[u8]) -> Result<Parsed> {
     let corrupt = |detail: String| ScheduleServiceError::Corrupt {
         id: key.to_string(),
         detail,
@@ -437,19 +507,22 @@ fn assemble(key: &str, bytes: &[u8], cursor: Option<&[u8]>) -> Result<Schedule> 
         .def
         .to_spec(stored.created_at_ms)
         .map_err(|e| corrupt(e.to_string()))?;
-    let cursor_ms = match cursor {
-        Some(bytes) => decode_cursor(bytes).map_err(|e| corrupt(format!("cursor: {e}")))?,
-        None => stored.not_before_ms,
-    };
-    Ok(Schedule {
-        id: stored.id,
-        def: stored.def,
-        spec,
-        created_at_ms: stored.created_at_ms,
-        updated_at_ms: stored.updated_at_ms,
-        not_before_ms: stored.not_before_ms,
-        cursor_ms: cursor_ms.max(stored.not_before_ms),
-    })
+    Ok(Parsed { stored, spec })
+}
+
+/// The stored cursor, never below the schedule's `not_before_ms` (a cursor left behind by a
+/// deleted schedule of the same id, or one from before a resume, is thereby ignored).
+fn effective_cursor(key: &str, parsed: &Parsed, cursor: Option<&[u8]>) -> Result<UnixMs> {
+    let not_before_ms = parsed.stored.not_before_ms;
+    match cursor {
+        Some(bytes) => decode_cursor(bytes)
+            .map(|cursor_ms| cursor_ms.max(not_before_ms))
+            .map_err(|e| ScheduleServiceError::Corrupt {
+                id: key.to_string(),
+                detail: format!("cursor: {e}"),
+            }),
+        None => Ok(not_before_ms),
+    }
 }
 
 /// The task of one shard of one firing.

@@ -370,6 +370,8 @@ fn corrupt_records_are_reported_not_fatal() {
         service.get(&id("bad")),
         Err(ScheduleServiceError::Corrupt { .. })
     ));
+    let listed: Vec<ScheduleId> = service.list().unwrap().into_iter().map(|s| s.id).collect();
+    assert_eq!(listed, vec![id("good")]);
 }
 
 #[test]
