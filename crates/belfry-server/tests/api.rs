@@ -1,0 +1,863 @@
+//! End-to-end tests of API v1 against a real server on a loopback port.
+
+mod common;
+
+use common::{TestServer, T0};
+use serde_json::{json, Value};
+
+fn code(value: &Value) -> &str {
+    value["error"]["code"].as_str().unwrap_or("<no code>")
+}
+
+#[tokio::test]
+async fn queue_lifecycle() {
+    let s = TestServer::start().await;
+    let created = s
+        .ok(
+            "PUT",
+            "/v1/queues/orders",
+            json!({"rate_per_s": 10, "burst": 20, "max_in_flight": 3,
+                   "retry": {"max_attempts": 4, "backoff_initial_ms": 10, "backoff_max_ms": 100}}),
+            201,
+        )
+        .await;
+    assert_eq!(created["name"], "orders");
+    assert_eq!(created["burst"], 20);
+    assert_eq!(created["retry"]["max_attempts"], 4);
+    assert_eq!(created["delivery"]["type"], "pull");
+    assert_eq!(created["pending"], 0);
+
+    // An update changes what it names and keeps the rest.
+    let updated = s
+        .ok("PUT", "/v1/queues/orders", json!({"rate_per_s": 2}), 200)
+        .await;
+    assert_eq!(updated["rate_per_s"], 2.0);
+    assert_eq!(updated["max_in_flight"], 3);
+
+    s.submit("orders", json!({"payload": 1, "delay_ms": 1000}))
+        .await;
+    s.submit("orders", json!({"payload": 2})).await;
+    let got = s.ok("GET", "/v1/queues/orders", Value::Null, 200).await;
+    assert_eq!(
+        (got["pending"].as_u64(), got["due"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(got["in_flight"], 0);
+    assert_eq!(got["dead"], 0);
+
+    s.queue("another", json!({})).await;
+    let list = s.ok("GET", "/v1/queues", Value::Null, 200).await;
+    let names: Vec<_> = list["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, vec!["another", "orders"]);
+
+    let paused = s
+        .ok("POST", "/v1/queues/orders/pause", Value::Null, 200)
+        .await;
+    assert_eq!(paused["paused"], true);
+    let resumed = s
+        .ok("POST", "/v1/queues/orders/resume", Value::Null, 200)
+        .await;
+    assert_eq!(resumed["paused"], false);
+
+    let (status, body) = s.call("DELETE", "/v1/queues/orders", Value::Null).await;
+    assert_eq!(status, 204, "{body}");
+    let (status, body) = s.call("GET", "/v1/queues/orders", Value::Null).await;
+    assert_eq!((status, code(&body)), (404, "queue_not_found"));
+    let (status, body) = s.call("DELETE", "/v1/queues/orders", Value::Null).await;
+    assert_eq!((status, code(&body)), (404, "queue_not_found"));
+    let (status, body) = s.call("POST", "/v1/queues/orders/pause", Value::Null).await;
+    assert_eq!((status, code(&body)), (404, "queue_not_found"));
+    // Pausing an unknown queue did not create it.
+    let (status, _) = s.call("GET", "/v1/queues/orders", Value::Null).await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn tasks_submit_get_duplicate_cancel_reschedule() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    let created = s
+        .ok(
+            "POST",
+            "/v1/queues/q/tasks",
+            json!({"payload": {"hello": [1, 2]}, "delay_ms": 5000, "headers": {"x-a": "1"},
+                   "priority": "high", "idempotency_key": "k1"}),
+            201,
+        )
+        .await;
+    assert_eq!(created["state"], "scheduled");
+    assert_eq!(created["queue"], "q");
+    assert_eq!(created["due_at_ms"], T0 + 5000);
+    let id = created["id"].as_str().unwrap();
+    assert_eq!(id.len(), 32);
+
+    let task = s.task("q", id).await;
+    assert_eq!(task["state"], "scheduled");
+    assert_eq!(task["attempts"], 0);
+    assert_eq!(task["payload"], json!({"hello": [1, 2]}));
+    assert_eq!(task["headers"], json!({"x-a": "1"}));
+    assert_eq!(task["priority"], "high");
+
+    // The same idempotency key returns the existing task with 200.
+    let dup = s
+        .ok(
+            "POST",
+            "/v1/queues/q/tasks",
+            json!({"payload": "other", "idempotency_key": "k1"}),
+            200,
+        )
+        .await;
+    assert_eq!(dup["duplicate"], true);
+    assert_eq!(dup["id"], id);
+    assert_eq!(dup["payload"], json!({"hello": [1, 2]}));
+
+    // run_at and run_at_ms.
+    let at = s
+        .ok(
+            "POST",
+            "/v1/queues/q/tasks",
+            json!({"run_at": "2026-01-01T00:01:00Z"}),
+            201,
+        )
+        .await;
+    assert_eq!(at["due_at_ms"], T0 + 60_000);
+    let at_ms = s
+        .ok(
+            "POST",
+            "/v1/queues/q/tasks",
+            json!({"run_at_ms": T0 + 7}),
+            201,
+        )
+        .await;
+    assert_eq!(at_ms["due_at_ms"], T0 + 7);
+
+    // Binary payloads come back as base64.
+    let bin = s.submit("q", json!({"payload_base64": "AAEC/w=="})).await;
+    assert_eq!(s.task("q", &bin).await["payload_base64"], "AAEC/w==");
+
+    // Reschedule atomically.
+    let moved = s
+        .ok(
+            "PATCH",
+            &format!("/v1/queues/q/tasks/{id}"),
+            json!({"delay_ms": 100}),
+            200,
+        )
+        .await;
+    assert_eq!(moved["due_at_ms"], T0 + 100);
+    let (status, body) = s
+        .call("PATCH", &format!("/v1/queues/q/tasks/{id}"), json!({}))
+        .await;
+    assert_eq!((status, code(&body)), (400, "invalid_due_time"));
+
+    // Cancel: 204, then 409 since it is no longer scheduled; 404 for an unknown id.
+    let (status, _) = s
+        .call("DELETE", &format!("/v1/queues/q/tasks/{id}"), Value::Null)
+        .await;
+    assert_eq!(status, 204);
+    assert_eq!(s.task("q", id).await["state"], "cancelled");
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/queues/q/tasks/{id}"), Value::Null)
+        .await;
+    assert_eq!((status, code(&body)), (409, "task_not_scheduled"));
+    let unknown = "0000000000000000000000000000beef";
+    let (status, body) = s
+        .call(
+            "DELETE",
+            &format!("/v1/queues/q/tasks/{unknown}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!((status, code(&body)), (404, "task_not_found"));
+    let (status, body) = s
+        .call("GET", &format!("/v1/queues/q/tasks/{unknown}"), Value::Null)
+        .await;
+    assert_eq!((status, code(&body)), (404, "task_not_found"));
+
+    // A delivered task cannot be cancelled.
+    let now = s.submit("q", json!({"payload": 1})).await;
+    let leased = s.lease("q", json!({"max": 10})).await;
+    let mine = leased.iter().find(|t| t["id"] == now.as_str()).unwrap();
+    s.ok(
+        "POST",
+        &format!("/v1/queues/q/tasks/{now}/ack"),
+        json!({"lease_id": mine["lease_id"]}),
+        200,
+    )
+    .await;
+    let (status, body) = s
+        .call("DELETE", &format!("/v1/queues/q/tasks/{now}"), Value::Null)
+        .await;
+    assert_eq!((status, code(&body)), (409, "task_not_scheduled"));
+}
+
+#[tokio::test]
+async fn batch_submit_reports_each_task() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    let body = s
+        .ok(
+            "POST",
+            "/v1/queues/q/tasks:batch",
+            json!({"tasks": [
+                {"payload": 1},
+                {"delay_ms": -5},
+                {"payload": 3, "idempotency_key": "same"},
+                {"payload": 4, "idempotency_key": "same"},
+                {"delay_ms": "soon"},
+            ]}),
+            200,
+        )
+        .await;
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 5);
+    assert_eq!(results[0]["state"], "scheduled");
+    assert_eq!(code(&results[1]), "invalid_due_time");
+    assert_eq!(results[2]["state"], "scheduled");
+    assert_eq!(results[3]["duplicate"], true);
+    assert_eq!(results[3]["id"], results[2]["id"]);
+    assert_eq!(code(&results[4]), "invalid_request");
+    let q = s.ok("GET", "/v1/queues/q", Value::Null, 200).await;
+    assert_eq!(q["pending"], 2);
+
+    let too_many: Vec<Value> = (0..1001).map(|_| json!({})).collect();
+    let (status, body) = s
+        .call(
+            "POST",
+            "/v1/queues/q/tasks:batch",
+            json!({ "tasks": too_many }),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (400, "batch_too_large"));
+    let (status, body) = s
+        .call("POST", "/v1/queues/nope/tasks:batch", json!({"tasks": []}))
+        .await;
+    assert_eq!((status, code(&body)), (404, "queue_not_found"));
+}
+
+#[tokio::test]
+async fn bad_input_gets_stable_codes() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    s.queue(
+        "hook",
+        json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/x"}, "paused": true}),
+    )
+    .await;
+    let big = "x".repeat(2000);
+    let huge = "y".repeat(70 * 1024);
+    let long_name = format!("/v1/queues/{}", "n".repeat(129));
+    let cases: Vec<(&str, &str, Option<String>, u16, &str)> = vec![
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some("{\"payload\":".into()),
+            400,
+            "malformed_json",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some("[1,2]".into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"delay_ms":"5"}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"delay_ms":1.5}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"dleay_ms":5}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"delay_ms":5,"run_at":"2026-01-01T00:00:00Z"}"#.into()),
+            400,
+            "conflicting_due_time",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"delay_ms":-1}"#.into()),
+            400,
+            "invalid_due_time",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"run_at":"next tuesday"}"#.into()),
+            400,
+            "invalid_due_time",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"run_at":"2099-01-01T00:00:00Z"}"#.into()),
+            400,
+            "beyond_horizon",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(format!(r#"{{"payload":"{big}"}}"#)),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(format!(r#"{{"payload":"{huge}"}}"#)),
+            413,
+            "payload_too_large",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"payload":1,"payload_base64":"AA=="}"#.into()),
+            400,
+            "invalid_payload",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"payload_base64":"***"}"#.into()),
+            400,
+            "invalid_payload",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            Some(r#"{"priority":"urgent"}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/nope/tasks",
+            Some("{}".into()),
+            404,
+            "queue_not_found",
+        ),
+        (
+            "POST",
+            "/v1/queues/bad%20name/tasks",
+            Some("{}".into()),
+            400,
+            "invalid_queue_name",
+        ),
+        ("PUT", &long_name, None, 400, "invalid_queue_name"),
+        (
+            "PUT",
+            "/v1/queues/q",
+            Some(r#"{"rate_per_s":-1}"#.into()),
+            400,
+            "invalid_queue_config",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q",
+            Some(r#"{"retry":{"max_attempts":0}}"#.into()),
+            400,
+            "invalid_queue_config",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q",
+            Some(r#"{"delivery":{"type":"carrier-pigeon"}}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q",
+            Some(r#"{"delivery":{"type":"webhook","url":"not a url"}}"#.into()),
+            400,
+            "webhook_target_refused",
+        ),
+        (
+            "PUT",
+            "/v1/queues/q",
+            Some(r#"{"burst":"lots"}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "GET",
+            "/v1/queues/q/tasks/xyz",
+            None,
+            400,
+            "invalid_task_id",
+        ),
+        (
+            "GET",
+            "/v1/queues/q/tasks/0000000000000000000000000000abcd",
+            None,
+            404,
+            "task_not_found",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks/0000000000000000000000000000abcd/ack",
+            Some(r#"{"lease_id":"abc"}"#.into()),
+            400,
+            "invalid_lease_id",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks/0000000000000000000000000000abcd/ack",
+            Some(r#"{"lease_id":"7"}"#.into()),
+            404,
+            "task_not_found",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks/0000000000000000000000000000abcd/ack",
+            Some("{}".into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/lease",
+            Some(r#"{"max":0}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/lease",
+            Some(r#"{"max":1001}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/lease",
+            Some(r#"{"wait_ms":30001}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/lease",
+            Some(r#"{"visibility_ms":1}"#.into()),
+            400,
+            "invalid_request",
+        ),
+        ("POST", "/v1/queues/hook/lease", None, 409, "not_pull_queue"),
+        (
+            "POST",
+            "/v1/queues/nope/lease",
+            None,
+            404,
+            "queue_not_found",
+        ),
+        (
+            "GET",
+            "/v1/queues/q/dead?limit=0",
+            None,
+            400,
+            "invalid_request",
+        ),
+        (
+            "GET",
+            "/v1/queues/q/dead?after=zz",
+            None,
+            400,
+            "invalid_task_id",
+        ),
+        ("GET", "/v1/nothing", None, 404, "route_not_found"),
+        ("PATCH", "/v1/queues", None, 405, "method_not_allowed"),
+    ];
+    for (method, path, body, status, expected) in cases {
+        let (got, answer) = s.raw(method, path, body.clone()).await;
+        assert_eq!(
+            (got, code(&answer)),
+            (status, expected),
+            "{method} {path} {body:?}: {answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(!message.is_empty(), "{method} {path}: no message");
+    }
+    // The unknown-queue message says how to create it.
+    let (_, answer) = s.call("POST", "/v1/queues/nope/tasks", json!({})).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("PUT /v1/queues/nope"),
+        "{answer}"
+    );
+    // Nothing valid was lost along the way, and the server still answers.
+    assert_eq!(
+        s.ok("GET", "/v1/queues/q", Value::Null, 200).await["pending"],
+        0
+    );
+    s.ok("GET", "/healthz", Value::Null, 200).await;
+}
+
+#[tokio::test]
+async fn lease_never_returns_a_task_before_it_is_due() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    let id = s.submit("q", json!({"payload": 1, "delay_ms": 5000})).await;
+    assert!(s.lease("q", json!({"max": 10})).await.is_empty());
+    s.advance(4999);
+    assert!(s.lease("q", json!({"max": 10})).await.is_empty());
+    // A long-poll parked before the task is due returns it once the clock gets there.
+    let waiting = {
+        let http = s.http.clone();
+        let url = format!("{}/v1/queues/q/lease", s.base);
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"max": 10, "wait_ms": 30000}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    s.advance(1);
+    let got = waiting.await.unwrap();
+    let tasks = got["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{got}");
+    assert_eq!(tasks[0]["id"], id.as_str());
+    assert_eq!(tasks[0]["due_at_ms"], T0 + 5000);
+    assert_eq!(tasks[0]["attempt"], 1);
+    assert!(tasks[0]["lease_id"].is_string());
+}
+
+#[tokio::test]
+async fn long_poll_wakes_on_submit_and_times_out_on_the_clock() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    let poll = |wait_ms: u64| {
+        let http = s.http.clone();
+        let url = format!("{}/v1/queues/q/lease", s.base);
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"max": 5, "wait_ms": wait_ms}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    let waiting = poll(30000);
+    let id = s.submit("q", json!({"payload": "now"})).await;
+    let got = waiting.await.unwrap();
+    assert_eq!(got["tasks"][0]["id"], id.as_str());
+
+    // With nothing to deliver, the poll ends when the (manual) clock passes wait_ms.
+    let mut waiting = poll(1000);
+    let got = loop {
+        tokio::select! {
+            got = &mut waiting => break got.unwrap(),
+            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => s.advance(1000),
+        }
+    };
+    assert_eq!(got["tasks"], json!([]));
+}
+
+#[tokio::test]
+async fn ack_nack_extend_and_lease_expiry() {
+    let s = TestServer::start().await;
+    s.queue(
+        "q",
+        json!({"retry": {"max_attempts": 3, "backoff_initial_ms": 100, "backoff_max_ms": 1000}}),
+    )
+    .await;
+    let id = s.submit("q", json!({"payload": 1})).await;
+    let path = |op: &str| format!("/v1/queues/q/tasks/{id}/{op}");
+
+    // Lease with a short visibility; it expires on the clock and the task is due again.
+    let first = s.lease("q", json!({"visibility_ms": 100})).await;
+    let lease1 = first[0]["lease_id"].clone();
+    assert_eq!(s.task("q", &id).await["state"], "leased");
+    s.advance(100);
+    let (status, body) = s
+        .call("POST", &path("ack"), json!({"lease_id": lease1}))
+        .await;
+    assert_eq!((status, code(&body)), (409, "lease_expired"));
+    let second = s.lease("q", json!({"visibility_ms": 1000})).await;
+    assert_eq!(second[0]["attempt"], 2);
+    let lease2 = second[0]["lease_id"].clone();
+    assert_ne!(lease1, lease2);
+
+    // Extend moves the deadline; the old deadline passing does not end the lease.
+    let extended = s
+        .ok(
+            "POST",
+            &path("extend"),
+            json!({"lease_id": lease2, "visibility_ms": 5000}),
+            200,
+        )
+        .await;
+    assert_eq!(extended["lease_until_ms"], s.clock_now() + 5000);
+    s.advance(2000);
+    // Nack with an explicit delay: due again later.
+    let nacked = s
+        .ok(
+            "POST",
+            &path("nack"),
+            json!({"lease_id": lease2, "delay_ms": 300}),
+            200,
+        )
+        .await;
+    assert_eq!(nacked["state"], "scheduled");
+    assert_eq!(nacked["due_at_ms"], s.clock_now() + 300);
+    assert!(s.lease("q", json!({})).await.is_empty());
+    s.advance(300);
+    let third = s.lease("q", json!({})).await;
+    assert_eq!(third[0]["attempt"], 3);
+    // The last attempt nacked: a dead letter.
+    let dead = s
+        .ok(
+            "POST",
+            &path("nack"),
+            json!({"lease_id": third[0]["lease_id"]}),
+            200,
+        )
+        .await;
+    assert_eq!(dead["state"], "dead");
+    let task = s.task("q", &id).await;
+    assert_eq!(task["state"], "dead");
+
+    // Dead letters: list, redrive (once), 409 when not dead.
+    let page = s.ok("GET", "/v1/queues/q/dead", Value::Null, 200).await;
+    assert_eq!(page["tasks"][0]["id"], id.as_str());
+    assert!(page["tasks"][0]["dead_reason"].is_string());
+    let redriven = s
+        .ok(
+            "POST",
+            &format!("/v1/queues/q/dead/{id}/redrive"),
+            Value::Null,
+            200,
+        )
+        .await;
+    assert_eq!(redriven["state"], "scheduled");
+    assert_eq!(redriven["attempts"], 0);
+    let (status, body) = s
+        .call(
+            "POST",
+            &format!("/v1/queues/q/dead/{id}/redrive"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!((status, code(&body)), (409, "task_not_dead"));
+    let fourth = s.lease("q", json!({})).await;
+    let acked = s
+        .ok(
+            "POST",
+            &path("ack"),
+            json!({"lease_id": fourth[0]["lease_id"]}),
+            200,
+        )
+        .await;
+    assert_eq!(acked["state"], "done");
+    assert_eq!(s.task("q", &id).await["state"], "done");
+    let (status, body) = s
+        .call(
+            "POST",
+            &path("ack"),
+            json!({"lease_id": fourth[0]["lease_id"]}),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (409, "lease_expired"));
+}
+
+#[tokio::test]
+async fn batch_ack_reports_each_ack() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    for i in 0..3 {
+        s.submit("q", json!({ "payload": i })).await;
+    }
+    let leased = s.lease("q", json!({"max": 10})).await;
+    assert_eq!(leased.len(), 3);
+    let mut acks: Vec<Value> = leased
+        .iter()
+        .map(|t| json!({"id": t["id"], "lease_id": t["lease_id"]}))
+        .collect();
+    acks.push(json!({"id": leased[0]["id"], "lease_id": leased[0]["lease_id"]}));
+    acks.push(json!({"id": "nope", "lease_id": "1"}));
+    let body = s
+        .ok("POST", "/v1/queues/q/ack", json!({ "acks": acks }), 200)
+        .await;
+    let results = body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 5);
+    for r in &results[..3] {
+        assert_eq!(r["ok"], true, "{r}");
+    }
+    assert_eq!(code(&results[3]), "lease_expired");
+    assert_eq!(code(&results[4]), "invalid_task_id");
+    let q = s.ok("GET", "/v1/queues/q", Value::Null, 200).await;
+    assert_eq!(
+        (q["pending"].as_u64(), q["in_flight"].as_u64()),
+        (Some(0), Some(0))
+    );
+}
+
+#[tokio::test]
+async fn rate_limit_is_observable() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({"rate_per_s": 5, "burst": 5})).await;
+    let tasks: Vec<Value> = (0..20).map(|i| json!({ "payload": i })).collect();
+    s.ok(
+        "POST",
+        "/v1/queues/q/tasks:batch",
+        json!({ "tasks": tasks }),
+        200,
+    )
+    .await;
+    assert_eq!(s.lease("q", json!({"max": 100})).await.len(), 5);
+    assert_eq!(s.lease("q", json!({"max": 100})).await.len(), 0);
+    s.advance(200);
+    assert_eq!(s.lease("q", json!({"max": 100})).await.len(), 1);
+    s.advance(1000);
+    assert_eq!(s.lease("q", json!({"max": 100})).await.len(), 5);
+    s.advance(60_000);
+    assert_eq!(
+        s.lease("q", json!({"max": 100})).await.len(),
+        5,
+        "burst caps the refill"
+    );
+}
+
+#[tokio::test]
+async fn max_in_flight_is_observable() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({"max_in_flight": 2})).await;
+    for i in 0..5 {
+        s.submit("q", json!({ "payload": i })).await;
+    }
+    let leased = s
+        .lease("q", json!({"max": 10, "visibility_ms": 1000}))
+        .await;
+    assert_eq!(leased.len(), 2);
+    assert!(s.lease("q", json!({"max": 10})).await.is_empty());
+    let id = leased[0]["id"].as_str().unwrap();
+    s.ok(
+        "POST",
+        &format!("/v1/queues/q/tasks/{id}/ack"),
+        json!({"lease_id": leased[0]["lease_id"]}),
+        200,
+    )
+    .await;
+    assert_eq!(
+        s.lease("q", json!({"max": 10, "visibility_ms": 1000}))
+            .await
+            .len(),
+        1
+    );
+    // Expired leases free their slot too.
+    s.advance(1000);
+    assert_eq!(s.lease("q", json!({"max": 10})).await.len(), 2);
+}
+
+#[tokio::test]
+async fn high_priority_overtakes_normal() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    for i in 0..3 {
+        s.submit("q", json!({ "payload": i })).await;
+    }
+    let urgent = s
+        .submit("q", json!({"payload": "urgent", "priority": "high"}))
+        .await;
+    let first = s.lease("q", json!({"max": 1})).await;
+    assert_eq!(first[0]["id"], urgent.as_str());
+    assert_eq!(first[0]["priority"], "high");
+    let rest = s.lease("q", json!({"max": 10})).await;
+    let payloads: Vec<_> = rest.iter().map(|t| t["payload"].clone()).collect();
+    assert_eq!(
+        payloads,
+        vec![json!(0), json!(1), json!(2)],
+        "then due order"
+    );
+}
+
+#[tokio::test]
+async fn paused_queue_accepts_but_delivers_nothing() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({"paused": true})).await;
+    let id = s.submit("q", json!({"payload": 1})).await;
+    assert!(s.lease("q", json!({"max": 10})).await.is_empty());
+    // A long-poll parked on a paused queue is woken by resume.
+    let waiting = {
+        let http = s.http.clone();
+        let url = format!("{}/v1/queues/q/lease", s.base);
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"wait_ms": 30000}))
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        })
+    };
+    s.ok("POST", "/v1/queues/q/resume", Value::Null, 200).await;
+    let got = waiting.await.unwrap();
+    assert_eq!(got["tasks"][0]["id"], id.as_str());
+}
+
+#[tokio::test]
+async fn metrics_and_health_endpoints() {
+    let s = TestServer::start().await;
+    s.queue("metered", json!({})).await;
+    s.submit("metered", json!({"payload": 1})).await;
+    let leased = s.lease("metered", json!({})).await;
+    assert_eq!(leased.len(), 1);
+    s.ok("GET", "/healthz", Value::Null, 200).await;
+    s.ok("GET", "/readyz", Value::Null, 200).await;
+    let text = s
+        .http
+        .get(format!("{}/metrics", s.base))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for name in [
+        "belfry_tasks_submitted_total{queue=\"metered\"}",
+        "belfry_tasks_dispatched_total{queue=\"metered\"}",
+        "belfry_firing_lateness_seconds_bucket",
+        "belfry_http_request_duration_seconds_bucket",
+    ] {
+        assert!(text.contains(name), "missing {name} in:\n{text}");
+    }
+}
+
+impl TestServer {
+    fn clock_now(&self) -> u64 {
+        use belfry_core::Clock;
+        self.clock.wall_ms()
+    }
+}

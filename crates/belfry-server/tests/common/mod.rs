@@ -1,0 +1,281 @@
+//! A real server on an ephemeral loopback port, a manual clock, an HTTP helper and a scripted
+//! webhook receiver.
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use belfry_core::{Clock, ManualClock};
+use belfry_server::{Server, ServerConfig, ServerHandle};
+use belfry_store::{MemoryStore, Store};
+use parking_lot::Mutex;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+/// Wall time the tests start at (2026-01-01T00:00:00Z).
+pub const T0: u64 = 1_767_225_600_000;
+
+/// How long a test polls a real server for an effect before failing.
+pub const POLL_DEADLINE: Duration = Duration::from_secs(20);
+
+pub struct TestServer {
+    pub handle: ServerHandle,
+    pub clock: ManualClock,
+    pub store: Arc<MemoryStore>,
+    pub http: reqwest::Client,
+    pub base: String,
+}
+
+pub fn test_config() -> ServerConfig {
+    ServerConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        allow_private_targets: true,
+        payload_bytes_max: 1024,
+        request_bytes_max: 64 * 1024,
+        horizon_ms: 365 * 24 * 3600 * 1000,
+        shutdown_grace_ms: 10_000,
+        ..ServerConfig::default()
+    }
+}
+
+impl TestServer {
+    pub async fn start() -> Self {
+        Self::start_with(test_config()).await
+    }
+
+    pub async fn start_with(config: ServerConfig) -> Self {
+        let clock = ManualClock::new(T0);
+        let store = Arc::new(MemoryStore::new());
+        let handle = Server::builder(config, store.clone() as Arc<dyn Store>)
+            .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
+            .start()
+            .await
+            .expect("server starts");
+        let base = format!("http://{}", handle.local_addr());
+        TestServer {
+            handle,
+            clock,
+            store,
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            base,
+        }
+    }
+
+    /// Sends a request with a raw body; returns the status and the JSON answer (Null if none).
+    pub async fn raw(&self, method: &str, path: &str, body: Option<String>) -> (u16, Value) {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut request = self.http.request(method, format!("{}{}", self.base, path));
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body);
+        }
+        let response = request.send().await.expect("request reaches the server");
+        let status = response.status().as_u16();
+        let bytes = response.bytes().await.unwrap();
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        (status, value)
+    }
+
+    pub async fn call(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        let body = if body.is_null() {
+            None
+        } else {
+            Some(body.to_string())
+        };
+        self.raw(method, path, body).await
+    }
+
+    /// Like `call`, and asserts the status.
+    pub async fn ok(&self, method: &str, path: &str, body: Value, status: u16) -> Value {
+        let (got, value) = self.call(method, path, body).await;
+        assert_eq!(got, status, "{method} {path}: {value}");
+        value
+    }
+
+    pub async fn queue(&self, name: &str, config: Value) -> Value {
+        let (status, value) = self
+            .call("PUT", &format!("/v1/queues/{name}"), config)
+            .await;
+        assert!(
+            status == 200 || status == 201,
+            "create {name}: {status} {value}"
+        );
+        value
+    }
+
+    /// Submits a task; returns its id.
+    pub async fn submit(&self, queue: &str, task: Value) -> String {
+        let value = self
+            .ok("POST", &format!("/v1/queues/{queue}/tasks"), task, 201)
+            .await;
+        value["id"].as_str().unwrap().to_owned()
+    }
+
+    pub async fn lease(&self, queue: &str, body: Value) -> Vec<Value> {
+        let value = self
+            .ok("POST", &format!("/v1/queues/{queue}/lease"), body, 200)
+            .await;
+        value["tasks"].as_array().unwrap().clone()
+    }
+
+    pub async fn task(&self, queue: &str, id: &str) -> Value {
+        self.ok(
+            "GET",
+            &format!("/v1/queues/{queue}/tasks/{id}"),
+            Value::Null,
+            200,
+        )
+        .await
+    }
+
+    /// Moves the clock and wakes the server's loops.
+    pub fn advance(&self, ms: u64) {
+        self.clock.advance(Duration::from_millis(ms));
+        self.handle.wake_all();
+    }
+}
+
+/// Polls `check` until it returns `Some`, or fails the test after `POLL_DEADLINE`. Between
+/// polls it calls `between` (e.g. to move the clock).
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + POLL_DEADLINE;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    /// The server's (manual) wall clock when the request arrived.
+    pub at_ms: u64,
+}
+
+/// A scripted webhook receiver: answers each request with the next scripted response (the
+/// last one repeats), optionally holding requests until released.
+#[derive(Clone)]
+pub struct Receiver {
+    pub addr: SocketAddr,
+    inner: Arc<ReceiverInner>,
+}
+
+struct ReceiverInner {
+    script: Mutex<VecDeque<(u16, Vec<(String, String)>)>>,
+    last: Mutex<(u16, Vec<(String, String)>)>,
+    received: Mutex<Vec<Received>>,
+    hold: Mutex<bool>,
+    release: Notify,
+    clock: ManualClock,
+}
+
+impl Receiver {
+    pub async fn start(clock: &ManualClock, script: Vec<(u16, Vec<(&str, &str)>)>) -> Self {
+        let script: VecDeque<_> = script
+            .into_iter()
+            .map(|(status, headers)| {
+                (
+                    status,
+                    headers
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect();
+        let last = script.back().cloned().unwrap_or((200, Vec::new()));
+        let inner = Arc::new(ReceiverInner {
+            script: Mutex::new(script),
+            last: Mutex::new(last),
+            received: Mutex::new(Vec::new()),
+            hold: Mutex::new(false),
+            release: Notify::new(),
+            clock: clock.clone(),
+        });
+        let app = axum::Router::new()
+            .route("/hook", axum::routing::post(receive))
+            .with_state(inner.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Receiver { addr, inner }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/hook", self.addr)
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.inner.received.lock().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.inner.received.lock().len()
+    }
+
+    /// Requests from now on wait until `release`.
+    pub fn hold(&self) {
+        *self.inner.hold.lock() = true;
+    }
+
+    pub fn release(&self) {
+        *self.inner.hold.lock() = false;
+        self.inner.release.notify_waiters();
+    }
+}
+
+async fn receive(
+    State(inner): State<Arc<ReceiverInner>>,
+    headers: HeaderMap,
+    body: bytes::Bytes,
+) -> Response {
+    inner.received.lock().push(Received {
+        headers,
+        body: body.to_vec(),
+        at_ms: inner.clock.wall_ms(),
+    });
+    loop {
+        let released = inner.release.notified();
+        if !*inner.hold.lock() {
+            break;
+        }
+        released.await;
+    }
+    let (status, headers) = {
+        let next = inner.script.lock().pop_front();
+        next.unwrap_or_else(|| inner.last.lock().clone())
+    };
+    let mut response = StatusCode::from_u16(status).unwrap().into_response();
+    for (k, v) in headers {
+        response.headers_mut().insert(
+            axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    response
+}
