@@ -183,9 +183,12 @@ pub struct Receiver {
     inner: Arc<ReceiverInner>,
 }
 
+/// A status and response headers.
+type Scripted = (u16, Vec<(String, String)>);
+
 struct ReceiverInner {
-    script: Mutex<VecDeque<(u16, Vec<(String, String)>)>>,
-    last: Mutex<(u16, Vec<(String, String)>)>,
+    script: Mutex<VecDeque<Scripted>>,
+    last: Mutex<Scripted>,
     received: Mutex<Vec<Received>>,
     hold: Mutex<bool>,
     release: Notify,
