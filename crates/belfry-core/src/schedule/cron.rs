@@ -849,6 +849,25 @@ mod tests {
         check("0 0 1 1 *", at(9999, 6, 1, 0, 0, 0), None);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn parsing_never_panics_and_errors_quote_little(text in "[0-9*/?,LW# a-zA-Z@-]{0,40}") {
+            match CronExpr::parse(&text) {
+                Ok(expr) => {
+                    // Whatever parses can be searched without panicking.
+                    let _ = expr.next_match(Civil::midnight(2026, 1, 1));
+                }
+                Err(error) => proptest::prop_assert!(error.to_string().len() < 300),
+            }
+        }
+
+        #[test]
+        fn epoch_seconds_round_trip(seconds in -62_135_596_800i64..253_402_300_800) {
+            let civil = Civil::from_epoch_seconds(seconds);
+            proptest::prop_assert_eq!(civil.as_epoch_seconds(), seconds);
+        }
+    }
+
     #[test]
     fn epoch_conversion_round_trips() {
         for seconds in [

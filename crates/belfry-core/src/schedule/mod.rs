@@ -217,42 +217,6 @@ impl ScheduleSpec {
         }
         out
     }
-
-    /// How many firings fall in each of `steps` windows `[from + i*step, from + (i+1)*step)`,
-    /// counting firings, not tasks (multiply by the shard count for tasks). Stops counting after
-    /// `firings_max` firings so a per-second schedule over a long horizon stays cheap; the
-    /// boolean says whether it stopped early.
-    pub fn count_in_steps(
-        &self,
-        from_ms: UnixMs,
-        step_ms: u64,
-        steps: usize,
-        firings_max: usize,
-    ) -> (Vec<u64>, bool) {
-        let mut counts = vec![0u64; steps];
-        if step_ms == 0 || steps == 0 {
-            return (counts, false);
-        }
-        // Firings are counted from from_ms on; at from_ms = 0 the instant 0 itself is left
-        // out, which only matters in tests.
-        let mut cursor = from_ms.saturating_sub(1);
-        let mut seen = 0usize;
-        loop {
-            let Some(next) = self.next_after(cursor) else {
-                return (counts, false);
-            };
-            let index = (next - from_ms) / step_ms;
-            let Some(slot) = usize::try_from(index).ok().and_then(|i| counts.get_mut(i)) else {
-                return (counts, false);
-            };
-            if seen == firings_max {
-                return (counts, true);
-            }
-            *slot += 1;
-            seen += 1;
-            cursor = next;
-        }
-    }
 }
 
 #[cfg(test)]

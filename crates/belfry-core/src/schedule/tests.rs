@@ -270,6 +270,18 @@ fn santiago_transitions_at_midnight() {
 }
 
 #[test]
+fn instants_beyond_year_9999_have_no_next_firing() {
+    let cron = CronSchedule::new(CronExpr::parse("* * * * * *").unwrap(), "Europe/Berlin").unwrap();
+    assert_eq!(cron.next_after(u64::MAX), None);
+    assert_eq!(cron.next_after(253_402_300_799_000), None);
+    // Three hours before the end (local 9999-12-31T22:00 in Berlin) firings still happen.
+    assert_eq!(
+        cron.next_after(253_402_290_000_000),
+        Some(253_402_290_001_000)
+    );
+}
+
+#[test]
 fn unknown_zone_is_refused() {
     let expr = CronExpr::parse("* * * * *").unwrap();
     for bad in [
@@ -362,32 +374,6 @@ fn intervals_and_bounds() {
     )
     .unwrap();
     assert_eq!(far.preview(u64::MAX - 100, 5), [u64::MAX - 10]);
-}
-
-#[test]
-fn count_in_steps_buckets_firings() {
-    let spec = ScheduleSpec::new(
-        Trigger::cron("*/10 * * * * *", "UTC").unwrap(),
-        None,
-        None,
-        1,
-        MisfirePolicy::Skip,
-    )
-    .unwrap();
-    // Firings at every 10 s, counted in 60 s steps: 6 each.
-    let from = 60_000;
-    assert_eq!(
-        spec.count_in_steps(from, 60_000, 3, 1_000),
-        (vec![6, 6, 6], false)
-    );
-    assert_eq!(
-        spec.count_in_steps(from + 5_000, 60_000, 2, 1_000),
-        (vec![6, 6], false)
-    );
-    assert_eq!(
-        spec.count_in_steps(from, 60_000, 3, 10),
-        (vec![6, 4, 0], true)
-    );
 }
 
 fn interval_spec(misfire: MisfirePolicy, end_at_ms: Option<UnixMs>) -> ScheduleSpec {

@@ -31,6 +31,10 @@ pub const TIME_ZONE_NAME_LEN_MAX: usize = 64;
 /// database is under 26 hours, so two days covers any gap or fold next to the instant.
 const OFFSET_WINDOW_SECONDS: i64 = 2 * 86_400;
 
+/// 9999-12-31T23:59:59Z, the last second the time zone library represents. Firings stop
+/// there (a little earlier in zones east of UTC).
+const LAST_SECOND: i64 = 253_402_300_799;
+
 /// A bound on the candidates one `next_after` call examines. Reaching it means a bug or a
 /// pathological zone; the call then answers "no further firing" rather than spinning.
 const CANDIDATES_MAX: u32 = 1_000_000;
@@ -94,6 +98,9 @@ impl CronSchedule {
     pub fn next_after(&self, after_ms: UnixMs) -> Option<UnixMs> {
         // Firings are whole seconds: a firing at second x is after `after_ms` iff x > a.
         let a = i64::try_from(after_ms / 1000).ok()?;
+        if a >= LAST_SECOND {
+            return None;
+        }
         let (offset_min, _) = self.offset_bounds(a);
         // A civil time c fires at c - offset for an offset in force near a, so only c above
         // a + offset_min can give an instant above a.
