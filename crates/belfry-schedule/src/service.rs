@@ -8,7 +8,9 @@
 //! Exactly-once firings: `tick` first puts a firing's tasks, each with the idempotency key
 //! `schedule:{id}:{fire_ms}:{shard}`, and only then persists the schedule's cursor. A crash in
 //! between makes the next tick recompute the same fire times, and the store answers
-//! `Duplicate` for the tasks it already has.
+//! `Duplicate` for the tasks it already has. A store may forget the key of a finished task,
+//! so the server must run one `tick` at start-up before it dispatches or serves the API: then
+//! no firing task can have finished between the crash and the replay.
 
 use std::collections::HashMap;
 use std::sync::Arc;
