@@ -95,6 +95,15 @@ pub struct TickReport {
     pub firings_dropped: u64,
     /// Schedules that could not be handled: (schedule id, reason). The others still ran.
     pub errors: Vec<(String, String)>,
+    /// The earliest future fire time among the active schedules after this tick (what
+    /// `next_tick_ms` would answer, without a second scan), or `None` if none will fire.
+    pub next_tick_ms: Option<UnixMs>,
+}
+
+impl TickReport {
+    fn note_next(&mut self, next: UnixMs) {
+        self.next_tick_ms = Some(self.next_tick_ms.map_or(next, |n| n.min(next)));
+    }
 }
 
 pub struct ScheduleService {
@@ -270,8 +279,13 @@ impl ScheduleService {
                     continue;
                 }
             };
-            if entry.next_fire_ms().is_none_or(|next| next > now_ms) {
-                continue;
+            match entry.next_fire_ms() {
+                None => continue,
+                Some(next) if next > now_ms => {
+                    report.note_next(next);
+                    continue;
+                }
+                Some(_) => {}
             }
             let _guard = self.write_lock.lock();
             let Some(schedule) = self.get(&entry.parsed.stored.id)? else {
@@ -280,16 +294,19 @@ impl ScheduleService {
             if schedule.def.paused {
                 continue;
             }
-            self.fire(&schedule, now_ms, &mut report)?;
+            let cursor_ms = self.fire(&schedule, now_ms, &mut report)?;
+            if let Some(next) = schedule.spec.next_after(cursor_ms) {
+                report.note_next(next);
+            }
         }
         Ok(report)
     }
 
-    /// Puts the due firings of one schedule, then persists its cursor.
-    fn fire(&self, schedule: &Schedule, now_ms: UnixMs, report: &mut TickReport) -> Result<()> {
+    /// Puts the due firings of one schedule, then persists its cursor. Returns the new cursor.
+    fn fire(&self, schedule: &Schedule, now_ms: UnixMs, report: &mut TickReport) -> Result<UnixMs> {
         let due = schedule.spec.due(schedule.cursor_ms, now_ms);
         if due.cursor_ms == schedule.cursor_ms {
-            return Ok(());
+            return Ok(due.cursor_ms);
         }
         report.schedules_due += 1;
         report.schedules_misfired += usize::from(due.misfired);
@@ -333,7 +350,7 @@ impl ScheduleService {
             schedule.id.as_str(),
             encode_cursor(due.cursor_ms),
         )?;
-        Ok(())
+        Ok(due.cursor_ms)
     }
 
     /// The earliest instant at which `tick` would create a firing, or `None` if no active

@@ -187,16 +187,26 @@ fn tick_creates_each_firing_once_with_its_key() {
     assert_eq!(service.next_tick_ms().unwrap(), Some(T0 + 10 * SECOND));
 
     let quiet = service.tick(T0 + 9_999).unwrap();
-    assert_eq!(quiet, TickReport::default());
+    assert_eq!(
+        quiet,
+        TickReport {
+            next_tick_ms: Some(T0 + 10 * SECOND),
+            ..TickReport::default()
+        }
+    );
 
     let report = service.tick(T0 + 10 * SECOND).unwrap();
     assert_eq!(report.firings, 1);
     assert_eq!(report.tasks_created, 1);
+    assert_eq!(report.next_tick_ms, Some(T0 + 20 * SECOND));
     assert_eq!(service.next_tick_ms().unwrap(), Some(T0 + 20 * SECOND));
     // Ticking again at the same instant creates nothing.
     assert_eq!(
         service.tick(T0 + 10 * SECOND).unwrap(),
-        TickReport::default()
+        TickReport {
+            next_tick_ms: Some(T0 + 20 * SECOND),
+            ..TickReport::default()
+        }
     );
 
     let key = firing_key(&id("ten"), T0 + 10 * SECOND, 0);
