@@ -664,3 +664,52 @@ fn a_crash_after_a_long_outage_replays_the_same_fire_once_firing() {
         1
     );
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+
+    /// Ticks at random times, some of which "crash" before saving the cursor: with `catch_up`
+    /// (and gaps short enough not to hit the catch-up cap), the queue ends up with exactly one
+    /// task per fire time and shard.
+    #[test]
+    fn ticks_with_crashes_create_every_firing_exactly_once(
+        steps in proptest::collection::vec((1u64..600_000, proptest::bool::ANY), 1..25),
+        shards in 1u32..4,
+    ) {
+        let store = Arc::new(CrashingStore {
+            inner: MemoryStore::new(),
+            failures: AtomicU32::new(0),
+        });
+        store.put_queue(&queue(), Bytes::new()).unwrap();
+        let service = ScheduleService::new(store.clone());
+        let mut def = ScheduleDef::cron(queue(), "*/10 * * * * *", "America/New_York");
+        def.shard_count = shards;
+        def.misfire = MisfirePolicy::CatchUp;
+        service.create(Some(id("sim")), def, T0).unwrap();
+        let mut now = T0;
+        for (gap, crash) in steps {
+            now += gap;
+            store.failures.store(u32::from(crash), Ordering::SeqCst);
+            let _ = service.tick(now);
+        }
+        store.failures.store(0, Ordering::SeqCst);
+        service.tick(now).unwrap();
+
+        let mut keys: Vec<String> = store
+            .inner
+            .claim(&queue(), now, 1_000_000, MINUTE)
+            .unwrap()
+            .leased
+            .into_iter()
+            .filter_map(|leased| leased.task.idempotency_key)
+            .collect();
+        keys.sort();
+        let mut expected: Vec<String> = (1..=(now - T0) / (10 * SECOND))
+            .flat_map(|i| {
+                (0..shards as usize).map(move |shard| firing_key(&id("sim"), T0 + i * 10 * SECOND, shard))
+            })
+            .collect();
+        expected.sort();
+        proptest::prop_assert_eq!(keys, expected);
+    }
+}
