@@ -9,11 +9,12 @@
 //!   every-minute schedule fires once at 03:00, not 61 times).
 //! - **Repeated local time** (fall back): a matching local time that occurs twice fires once,
 //!   at its **first** occurrence — unless the expression matches every hour of the day (its
-//!   hour field is `*` or an equivalent like `0-23`). Those schedules (`* * * * *`, `*/5 * * * *`, `30 * * * *`) mean "at
-//!   these minutes of every hour", and the wall clock really does show the repeated hour
-//!   twice; firing only the first occurrence would leave an every-minute schedule silent for a
-//!   whole real hour. So they fire at both occurrences, keeping their real-time rhythm, while
-//!   a fixed-hour schedule such as a daily `30 1 * * *` never runs twice in one day.
+//!   hour field is `*` or an equivalent like `0-23`). Those schedules (`* * * * *`,
+//!   `*/5 * * * *`, `30 * * * *`) mean "at these minutes of every hour", and the wall clock
+//!   really does show the repeated hour twice; firing only the first occurrence would leave
+//!   an every-minute schedule silent for a whole real hour. So they fire at both occurrences,
+//!   keeping their real-time rhythm, while a fixed-hour schedule such as a daily
+//!   `30 1 * * *` never runs twice in one day.
 //!
 //! The result of `next_after` is strictly greater than its argument, so repeated calls
 //! enumerate the firings in increasing order.
