@@ -1,0 +1,314 @@
+//! Webhook delivery against a real HTTP receiver on loopback, with the server's clock moved
+//! by hand.
+
+mod common;
+
+use common::{eventually, Receiver, TestServer, T0};
+use serde_json::{json, Value};
+
+fn header<'a>(r: &'a common::Received, name: &str) -> &'a str {
+    r.headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+async fn webhook_queue(s: &TestServer, name: &str, receiver: &Receiver, extra: Value) {
+    let mut config = json!({
+        "delivery": {"type": "webhook", "url": receiver.url(), "secret": "s3cret", "timeout_ms": 5000},
+        "retry": {"max_attempts": 5, "backoff_initial_ms": 1000, "backoff_max_ms": 600000},
+    });
+    if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+        for (k, v) in extra {
+            config.insert(k.clone(), v.clone());
+        }
+    }
+    s.queue(name, config).await;
+}
+
+/// Moves the clock `step_ms` at a time until `done` holds.
+async fn advance_until(s: &TestServer, step_ms: u64, what: &str, done: impl Fn() -> bool) {
+    eventually(what, || {
+        let ok = done();
+        if !ok {
+            s.advance(step_ms);
+        }
+        async move { ok.then_some(()) }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn retries_server_errors_then_delivers_signed_and_never_early() {
+    let s = TestServer::start().await;
+    let receiver =
+        Receiver::start(&s.clock, vec![(500, vec![]), (503, vec![]), (200, vec![])]).await;
+    webhook_queue(&s, "hooks", &receiver, json!({})).await;
+    let id = s
+        .submit(
+            "hooks",
+            json!({"payload": {"a": 1}, "delay_ms": 5000, "headers": {"x-trace": "t1"}}),
+        )
+        .await;
+    s.advance(4999);
+    // Not due: still scheduled, nothing sent.
+    assert_eq!(s.task("hooks", &id).await["state"], "scheduled");
+    assert_eq!(receiver.count(), 0);
+
+    advance_until(&s, 1, "the first attempt", || receiver.count() >= 1).await;
+    advance_until(&s, 250, "three attempts", || receiver.count() >= 3).await;
+    let done = eventually("the task is done", || async {
+        let task = s.task("hooks", &id).await;
+        (task["state"] == "done").then_some(task)
+    })
+    .await;
+    assert_eq!(done["attempts"], 3);
+
+    let got = receiver.received();
+    assert_eq!(got.len(), 3);
+    for (i, r) in got.iter().enumerate() {
+        assert!(
+            r.at_ms >= T0 + 5000,
+            "attempt {i} arrived at {} before due",
+            r.at_ms
+        );
+        assert_eq!(header(r, "belfry-task-id"), id);
+        assert_eq!(header(r, "belfry-queue"), "hooks");
+        assert_eq!(header(r, "belfry-attempt"), (i + 1).to_string());
+        assert_eq!(header(r, "x-trace"), "t1");
+        assert_eq!(
+            serde_json::from_slice::<Value>(&r.body).unwrap(),
+            json!({"a": 1})
+        );
+        let timestamp = header(r, "belfry-timestamp");
+        let signature = header(r, "belfry-signature");
+        assert!(
+            belfry_sinks::verify_signature(b"s3cret", timestamp, &r.body, signature),
+            "bad signature {signature:?}"
+        );
+    }
+    // Each retry waited at least half its backoff (1 s, then 2 s) after the previous attempt.
+    assert!(got[1].at_ms >= got[0].at_ms + 500);
+    assert!(got[2].at_ms >= got[1].at_ms + 1000);
+}
+
+#[tokio::test]
+async fn client_error_is_dead_at_once() {
+    let s = TestServer::start().await;
+    let receiver = Receiver::start(&s.clock, vec![(404, vec![])]).await;
+    webhook_queue(&s, "hooks", &receiver, json!({})).await;
+    let id = s.submit("hooks", json!({"payload": 1})).await;
+    let page = eventually("a dead letter", || async {
+        let page = s.ok("GET", "/v1/queues/hooks/dead", Value::Null, 200).await;
+        (!page["tasks"].as_array().unwrap().is_empty()).then_some(page)
+    })
+    .await;
+    assert_eq!(page["tasks"][0]["id"], id.as_str());
+    assert_eq!(page["tasks"][0]["attempts"], 1);
+    assert!(
+        page["tasks"][0]["dead_reason"]
+            .as_str()
+            .unwrap()
+            .contains("404"),
+        "{page}"
+    );
+    assert_eq!(receiver.count(), 1);
+    let q = s.ok("GET", "/v1/queues/hooks", Value::Null, 200).await;
+    assert_eq!(q["dead"], 1);
+}
+
+#[tokio::test]
+async fn retry_after_is_honoured() {
+    let s = TestServer::start().await;
+    let receiver = Receiver::start(
+        &s.clock,
+        vec![(429, vec![("retry-after", "120")]), (200, vec![])],
+    )
+    .await;
+    webhook_queue(&s, "hooks", &receiver, json!({})).await;
+    let id = s.submit("hooks", json!({"payload": 1})).await;
+    let task = eventually("the first attempt is recorded", || async {
+        let task = s.task("hooks", &id).await;
+        (task["state"] == "scheduled" && task["attempts"] == 1).then_some(task)
+    })
+    .await;
+    // The receiver asked for 120 s, longer than the 0.5–1 s backoff: it wins.
+    assert_eq!(task["due_at_ms"], T0 + 120_000);
+    s.advance(119_999);
+    assert_eq!(s.task("hooks", &id).await["state"], "scheduled");
+    assert_eq!(receiver.count(), 1);
+    s.advance(1);
+    eventually("the second attempt succeeds", || async {
+        (s.task("hooks", &id).await["state"] == "done").then_some(())
+    })
+    .await;
+    assert_eq!(receiver.count(), 2);
+    assert!(receiver.received()[1].at_ms >= T0 + 120_000);
+}
+
+#[tokio::test]
+async fn gives_up_after_max_attempts() {
+    let s = TestServer::start().await;
+    let receiver = Receiver::start(&s.clock, vec![(500, vec![])]).await;
+    webhook_queue(
+        &s,
+        "hooks",
+        &receiver,
+        json!({"retry": {"max_attempts": 2, "backoff_initial_ms": 100, "backoff_max_ms": 100}}),
+    )
+    .await;
+    let id = s.submit("hooks", json!({"payload": 1})).await;
+    advance_until(&s, 100, "two attempts", || receiver.count() >= 2).await;
+    let task = eventually("a dead letter", || async {
+        let task = s.task("hooks", &id).await;
+        (task["state"] == "dead").then_some(task)
+    })
+    .await;
+    assert!(
+        task["dead_reason"]
+            .as_str()
+            .unwrap()
+            .contains("gave up after 2"),
+        "{task}"
+    );
+    // Redrive delivers it again (the receiver still fails, so it is retried).
+    s.ok(
+        "POST",
+        &format!("/v1/queues/hooks/dead/{id}/redrive"),
+        Value::Null,
+        200,
+    )
+    .await;
+    eventually("a third attempt after redrive", || async {
+        (receiver.count() >= 3).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn paused_webhook_queue_holds_tasks_until_resumed() {
+    let s = TestServer::start().await;
+    let receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    webhook_queue(&s, "hooks", &receiver, json!({"paused": true})).await;
+    let id = s.submit("hooks", json!({"payload": 1})).await;
+    s.advance(10_000);
+    assert_eq!(s.task("hooks", &id).await["state"], "scheduled");
+    s.ok("POST", "/v1/queues/hooks/resume", Value::Null, 200)
+        .await;
+    eventually("delivery after resume", || async {
+        (s.task("hooks", &id).await["state"] == "done").then_some(())
+    })
+    .await;
+    assert_eq!(receiver.count(), 1);
+}
+
+#[tokio::test]
+async fn a_slow_webhook_does_not_delay_another_queue() {
+    let s = TestServer::start().await;
+    let slow = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    let fast = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    slow.hold();
+    webhook_queue(&s, "slow", &slow, json!({})).await;
+    webhook_queue(&s, "fast", &fast, json!({})).await;
+    let stuck = s.submit("slow", json!({"payload": 1})).await;
+    eventually("the slow receiver holds a request", || async {
+        (slow.count() == 1).then_some(())
+    })
+    .await;
+    let quick = s.submit("fast", json!({"payload": 2})).await;
+    eventually("the fast queue delivers", || async {
+        (s.task("fast", &quick).await["state"] == "done").then_some(())
+    })
+    .await;
+    assert_eq!(s.task("slow", &stuck).await["state"], "leased");
+    slow.release();
+    eventually("the slow queue finishes", || async {
+        (s.task("slow", &stuck).await["state"] == "done").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn webhook_rate_limit_holds_across_the_clock() {
+    let s = TestServer::start().await;
+    let receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    webhook_queue(&s, "hooks", &receiver, json!({"rate_per_s": 2, "burst": 2})).await;
+    let tasks: Vec<Value> = (0..5).map(|i| json!({ "payload": i })).collect();
+    s.ok(
+        "POST",
+        "/v1/queues/hooks/tasks:batch",
+        json!({ "tasks": tasks }),
+        200,
+    )
+    .await;
+    eventually("the burst is delivered", || async {
+        let q = s.ok("GET", "/v1/queues/hooks", Value::Null, 200).await;
+        (q["pending"] == 3 && q["in_flight"] == 0).then_some(())
+    })
+    .await;
+    // Without the clock moving, no more tokens: the other three stay pending.
+    assert_eq!(receiver.count(), 2);
+    s.advance(500);
+    eventually("one more after half a second", || async {
+        (receiver.count() == 3).then_some(())
+    })
+    .await;
+    advance_until(&s, 500, "all delivered", || receiver.count() == 5).await;
+}
+
+#[tokio::test]
+async fn graceful_shutdown_drains_in_flight_deliveries() {
+    let s = TestServer::start().await;
+    let receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    receiver.hold();
+    webhook_queue(&s, "hooks", &receiver, json!({})).await;
+    let id = s.submit("hooks", json!({"payload": 1})).await;
+    eventually("the delivery is in flight", || async {
+        (receiver.count() == 1).then_some(())
+    })
+    .await;
+    let service = s.handle.service().clone();
+    let TestServer { handle, store, .. } = s;
+    handle.shutdown();
+    let stopped = tokio::spawn(handle.wait());
+    eventually("shutdown began", || async {
+        service.stopping.is_cancelled().then_some(())
+    })
+    .await;
+    // The delivery is held by the receiver, so the server cannot have finished stopping.
+    assert!(!stopped.is_finished());
+    receiver.release();
+    stopped.await.unwrap().expect("clean shutdown");
+    use belfry_store::Store;
+    let task = store
+        .get(
+            &belfry_core::QueueName::new("hooks").unwrap(),
+            id.parse().unwrap(),
+            T0,
+        )
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        task.state,
+        belfry_core::TaskState::Done,
+        "acked before exit"
+    );
+}
+
+#[tokio::test]
+async fn private_targets_are_refused_by_default() {
+    let config = belfry_server::ServerConfig {
+        allow_private_targets: false,
+        ..common::test_config()
+    };
+    let s = TestServer::start_with(config).await;
+    let (status, body) = s
+        .call(
+            "PUT",
+            "/v1/queues/hooks",
+            json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/x"}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "webhook_target_refused");
+}
