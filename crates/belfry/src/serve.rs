@@ -5,11 +5,11 @@ use std::sync::Arc;
 use anyhow::Context;
 use belfry_server::Server;
 use belfry_store::{Engine, EngineOptions, MemoryStore, Store};
-use tokio_util::sync::CancellationToken;
 
 use crate::config::{Settings, StoreKind};
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
+    let signal = shutdown_signal()?;
     let store: Arc<dyn Store> = match settings.store {
         StoreKind::Engine => {
             let dir = settings.data_dir.clone();
@@ -40,35 +40,30 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     };
     tracing::info!("belfry listening on http://{}, {data}", handle.local_addr());
 
-    let shutdown = CancellationToken::new();
-    tokio::spawn(signals(shutdown.clone()));
-    shutdown.cancelled().await;
+    signal.await;
     handle.stop().await.context("shut down")?;
     Ok(())
 }
 
-/// Cancels `shutdown` on the first SIGTERM or SIGINT.
-async fn signals(shutdown: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Registers SIGTERM and SIGINT handlers now (before the server announces itself, so an early
+/// signal is never fatal) and returns a future that completes on the first of them.
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => tracing::info!("SIGINT received"),
-                    _ = term.recv() => tracing::info!("SIGTERM received"),
-                }
+        let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = int.recv() => tracing::info!("SIGINT received"),
             }
-            Err(e) => {
-                tracing::warn!(error = %e, "listen for SIGTERM; only SIGINT will stop the server");
-                let _ = ctrl_c.await;
-            }
-        }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = ctrl_c.await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
-    shutdown.cancel();
 }

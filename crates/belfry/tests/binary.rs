@@ -1,0 +1,265 @@
+//! The real `belfry` binary: serve on the embedded engine, survive `kill -9`, stop on SIGTERM,
+//! and the management subcommands.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use belfry_client::{Client, LeaseRequest, NewTask, QueueSpec};
+
+const BIN: &str = env!("CARGO_BIN_EXE_belfry");
+const START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A `belfry serve` process; killed (by its PID) when dropped.
+struct Served {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(args: &[&str]) -> Served {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("BELFRY_LISTEN")
+        .env_remove("BELFRY_DATA_DIR")
+        .env_remove("BELFRY_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn belfry serve");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read the log until the "listening" line, then keep draining so the pipe never fills.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let url = rest.split(',').next().unwrap_or("").trim().to_owned();
+                let _ = tx.send(url);
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(START_DEADLINE)
+        .expect("belfry serve logs where it listens");
+    Served { child, url }
+}
+
+fn belfry(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).args(args).output().expect("run belfry");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn data_dir(dir: &Path) -> String {
+    dir.join("data").to_string_lossy().into_owned()
+}
+
+#[tokio::test]
+async fn accepted_tasks_survive_kill_9_and_are_delivered_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data_dir(dir.path());
+    let mut expected = HashSet::new();
+    let first_leased;
+    {
+        let server = serve(&["--data-dir", &data]);
+        let client = Client::new(&server.url).unwrap();
+        client
+            .put_queue(
+                "jobs",
+                &QueueSpec {
+                    max_in_flight: Some(1000),
+                    ..QueueSpec::default()
+                },
+            )
+            .await
+            .unwrap();
+        let tasks: Vec<NewTask> = (0..50)
+            .map(|i| NewTask::json(serde_json::json!({ "n": i })))
+            .collect();
+        for item in client.submit_batch("jobs", &tasks).await.unwrap() {
+            match item {
+                belfry_client::BatchItem::Submitted(s) => {
+                    expected.insert(s.id);
+                }
+                other => panic!("submit failed: {other:?}"),
+            }
+        }
+        let one = client
+            .submit("jobs", &NewTask::json(serde_json::json!("single")))
+            .await
+            .unwrap();
+        expected.insert(one.id);
+        // One task is leased (briefly) and never acked: it must come back too.
+        let leased = client
+            .lease(
+                "jobs",
+                &LeaseRequest {
+                    max: Some(1),
+                    visibility_ms: Some(200),
+                    wait_ms: None,
+                },
+            )
+            .await
+            .unwrap();
+        first_leased = leased[0].id.clone();
+        // kill -9 (SIGKILL) right after the submits were acknowledged.
+        drop(server);
+    }
+    let server = serve(&["--data-dir", &data]);
+    let client = Client::new(&server.url).unwrap();
+    let queue = client.get_queue("jobs").await.unwrap();
+    assert_eq!(queue.max_in_flight, 1000, "queue config survives");
+    let mut seen = HashSet::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while seen.len() < expected.len() && Instant::now() < deadline {
+        let leased = client
+            .lease(
+                "jobs",
+                &LeaseRequest {
+                    max: Some(100),
+                    visibility_ms: Some(60_000),
+                    wait_ms: Some(1_000),
+                },
+            )
+            .await
+            .unwrap();
+        let acks: Vec<(String, String)> = leased
+            .iter()
+            .map(|t| (t.id.clone(), t.lease_id.clone()))
+            .collect();
+        for t in leased {
+            seen.insert(t.id);
+        }
+        if !acks.is_empty() {
+            client.ack_batch("jobs", &acks).await.unwrap();
+        }
+    }
+    assert_eq!(seen, expected, "every acknowledged submit is delivered");
+    assert!(seen.contains(&first_leased));
+}
+
+#[test]
+fn sigterm_stops_cleanly_with_exit_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data_dir(dir.path());
+    let mut server = serve(&["--data-dir", &data]);
+    let pid = server.child.id().to_string();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = server.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "belfry did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
+#[test]
+fn config_with_an_unknown_key_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("belfry.toml");
+    std::fs::write(
+        &path,
+        "listen = \"127.0.0.1:0\"\n[limits]\npayload_maxx = \"1 MiB\"\n",
+    )
+    .unwrap();
+    let (ok, _, stderr) = belfry(&["serve", "--config", path.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(stderr.contains("payload_maxx"), "{stderr}");
+}
+
+#[test]
+fn management_subcommands_talk_to_the_server() {
+    let server = serve(&["--store", "memory"]);
+    let url = server.url.clone();
+    let run = |args: &[&str]| {
+        let mut all: Vec<&str> = args.to_vec();
+        all.extend(["--server", &url]);
+        belfry(&all)
+    };
+    let (ok, out, err) = run(&[
+        "queue",
+        "create",
+        "mail",
+        "--rate",
+        "5",
+        "--max-attempts",
+        "3",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("mail") && out.contains("5/s"), "{out}");
+
+    let (ok, out, err) = run(&["queue", "list", "--json"]);
+    assert!(ok, "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(list[0]["name"], "mail");
+
+    let (ok, out, err) = run(&[
+        "task",
+        "add",
+        "mail",
+        "--payload",
+        "{\"to\":\"a\"}",
+        "--delay",
+        "1h",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let added: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let id = added["id"].as_str().unwrap().to_owned();
+
+    let (ok, out, err) = run(&["task", "get", "mail", &id]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("scheduled") && out.contains("{\"to\":\"a\"}"),
+        "{out}"
+    );
+
+    let (ok, out, _) = run(&["queue", "pause", "mail"]);
+    assert!(ok && out.contains("[paused]"), "{out}");
+    let (ok, out, _) = run(&["queue", "resume", "mail"]);
+    assert!(ok && !out.contains("[paused]"), "{out}");
+    let (ok, out, _) = run(&["queue", "get", "mail"]);
+    assert!(ok && out.contains("pending 1"), "{out}");
+
+    let (ok, out, err) = run(&["task", "cancel", "mail", &id]);
+    assert!(ok, "{err}");
+    assert!(out.contains("cancelled"), "{out}");
+    // Errors print the server's message and exit non-zero.
+    let (ok, _, err) = run(&["task", "cancel", "mail", &id]);
+    assert!(!ok);
+    assert!(err.contains("task_not_scheduled"), "{err}");
+    let (ok, _, err) = run(&["task", "add", "nosuch"]);
+    assert!(!ok);
+    assert!(err.contains("PUT /v1/queues/nosuch"), "{err}");
+
+    let (ok, out, _) = run(&["dead", "list", "mail"]);
+    assert!(ok && out.contains("no dead letters"), "{out}");
+    let (ok, _, err) = run(&["dead", "redrive", "mail", &id]);
+    assert!(!ok && err.contains("task_not_dead"), "{err}");
+
+    let (ok, out, _) = run(&["queue", "delete", "mail"]);
+    assert!(ok && out.contains("deleted"), "{out}");
+    let (ok, _, err) = run(&["queue", "get", "mail"]);
+    assert!(!ok && err.contains("queue_not_found"), "{err}");
+}
