@@ -223,9 +223,10 @@ impl State {
             let Some(queue) = self.queues.get_mut(&p.uid) else {
                 continue;
             };
-            let path = queue.bucket_path(p.key);
             let last_now = self.last_now_ms;
+            let dir = &queue.dir;
             let bucket = queue.buckets.entry(p.key).or_insert_with(|| {
+                let path = dir.join(bucket::file_name(p.key));
                 // A new bucket near now starts loaded (empty), so its tasks are claimable at
                 // once without reading back what was just written.
                 let near = bucket_range(p.key).is_some_and(|(start, _)| {
@@ -676,6 +677,23 @@ fn old_wal_files(dir: &Path) -> Result<Vec<u64>> {
     Ok(numbers)
 }
 
+/// Whether a bad frame at the end of the last WAL file is a torn write (cut it) rather than
+/// damage to acknowledged data (refuse to open): it runs past the end of the file, or it is
+/// the last frame, or everything after its start is zeros (space allocated, never written).
+fn is_torn_tail(rest: &[u8], error: &record::DecodeError) -> bool {
+    if matches!(error, record::DecodeError::Truncated { .. }) {
+        return true;
+    }
+    if rest.iter().all(|b| *b == 0) {
+        return true;
+    }
+    if rest.len() >= record::FRAME_HEADER_BYTES {
+        let declared = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        return record::FRAME_HEADER_BYTES.saturating_add(declared) == rest.len();
+    }
+    false
+}
+
 /// Replays WAL files numbered `start` and later into the bucket files. Returns the highest
 /// WAL file number seen.
 fn replay(dir: &Path, start: u64, state: &mut State, options: &EngineOptions) -> Result<u64> {
@@ -696,7 +714,7 @@ fn replay(dir: &Path, start: u64, state: &mut State, options: &EngineOptions) ->
             let (entries, len) = match record::decode_wal(&bytes[offset..]) {
                 Ok(decoded) => decoded,
                 Err(error) => {
-                    if i + 1 == count {
+                    if i + 1 == count && is_torn_tail(&bytes[offset..], &error) {
                         // The last file ends in a frame that was being written at the crash:
                         // its call never returned, so dropping it loses nothing acknowledged.
                         tracing::warn!(
