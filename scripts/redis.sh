@@ -8,7 +8,8 @@
 #
 # Environment: REDIS_PORT (default 6390), REDIS_DIR (default ${TMPDIR:-/tmp}/belfry-bench-redis-$REDIS_PORT).
 # Persistence: append-only file with fsync every second and no snapshots, the usual
-# production setting of a Redis delay queue.
+# production setting of a Redis delay queue. Throwaway: a start that finds the server
+# stopped wipes the old append-only files, so every run begins with an empty, unfragmented Redis.
 set -eu
 
 port=${REDIS_PORT:-6390}
@@ -65,6 +66,7 @@ start() {
         print_env
         return 0
     fi
+    rm -rf "$dir/appendonlydir" "$dir"/*.aof
     cat >"$dir/redis.conf" <<CONF
 bind 127.0.0.1
 port $port

@@ -138,6 +138,10 @@ pub struct OutputArgs {
     /// (between `<!-- server:begin -->` and `<!-- server:end -->`), e.g. BENCHMARKS.md.
     #[arg(long)]
     pub write_markdown: Option<PathBuf>,
+    /// Name of this run's sub-section in the Markdown file (default: the scenario, e.g.
+    /// `fire`, `fire-burst`, `ingest-batch`), to keep several runs of one scenario.
+    #[arg(long)]
+    pub section: Option<String>,
     /// Worker threads of the load generator.
     #[arg(long, default_value_t = 2)]
     pub client_threads: usize,
@@ -186,15 +190,18 @@ pub fn emit(report: &report::Report, output: &OutputArgs) -> anyhow::Result<()> 
     if let Some(path) = &output.write_markdown {
         let doc = std::fs::read_to_string(path).map_err(|e| BenchError::io("read", path, e))?;
         let link = report.picture.as_deref().map(|p| relative_link(path, p));
-        let body = report.render_markdown(link.as_deref());
-        let new =
-            markdown::upsert_subsection(&doc, markdown::SERVER_SECTION, &report.scenario, &body)?;
+        let section = output.section.as_deref().unwrap_or(&report.scenario);
+        if section.is_empty()
+            || !section
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-')
+        {
+            return Err(BenchError::invalid("--section", "use letters, digits and '-'").into());
+        }
+        let body = report.render_markdown(section, link.as_deref());
+        let new = markdown::upsert_subsection(&doc, markdown::SERVER_SECTION, section, &body)?;
         std::fs::write(path, new).map_err(|e| BenchError::io("write", path, e))?;
-        eprintln!(
-            "updated the {} section of {}",
-            report.scenario,
-            path.display()
-        );
+        eprintln!("updated server:{section} in {}", path.display());
     }
     Ok(())
 }

@@ -100,9 +100,9 @@ impl Report {
     }
 
     /// The Markdown block for this scenario's sub-section of BENCHMARKS.md.
-    /// `picture_link` is the picture's path relative to the Markdown file.
-    pub fn render_markdown(&self, picture_link: Option<&str>) -> String {
-        let mut out = format!("### `{}`\n\n", self.scenario);
+    /// `heading` names the run; `picture_link` is the picture's path relative to the Markdown file.
+    pub fn render_markdown(&self, heading: &str, picture_link: Option<&str>) -> String {
+        let mut out = format!("### `{heading}`\n\n");
         out.push_str(&format!(
             "Command: `{}`  \nCommit `{}`, {}, on {}.\n\n",
             self.command,

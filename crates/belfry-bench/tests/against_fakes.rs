@@ -66,7 +66,7 @@ fn ingest_counts_every_request_against_the_trivial_handler() {
         assert_eq!(report.data["belfry"], Value::Null);
         let text = report.render_text();
         assert!(text.contains("trivial HTTP handler") && text.contains("raw fsync'd append"));
-        let markdown = report.render_markdown(None);
+        let markdown = report.render_markdown("ingest", None);
         assert!(markdown.contains("| trivial HTTP handler |"));
     }
 }
