@@ -65,7 +65,7 @@ impl Dispatcher {
                     // More may be due already: look again at once.
                     continue;
                 }
-                Ok((_, Some(retry_in))) => retry_in,
+                Ok((_, Some(retry_in))) => retry_in.min(Duration::from_millis(IDLE_RECHECK_MS)),
                 Ok((_, None)) if self.runtime.config().paused => {
                     Duration::from_millis(IDLE_RECHECK_MS)
                 }

@@ -196,7 +196,12 @@ impl Service {
             })?;
             let runtime = Arc::new(QueueRuntime::new(name, config, self.clock.monotonic()));
             self.queues.insert(runtime.clone());
-            self.reconcile_dispatcher(&runtime)?;
+            // A stored webhook the current configuration refuses (say, private targets are no
+            // longer allowed) must not stop the server: the queue keeps its tasks, undelivered,
+            // until it is reconfigured.
+            if let Err(e) = self.reconcile_dispatcher(&runtime) {
+                tracing::error!(queue = %runtime.name, error = %e, "start the webhook dispatcher; the queue will not deliver until it is reconfigured");
+            }
         }
         Ok(())
     }
@@ -518,6 +523,7 @@ impl Service {
                 return Ok(Vec::new());
             }
             let (tasks, retry_in) = self.claim_once(&runtime, max, visibility_ms).await?;
+            let retry_in = retry_in.map(|r| r.min(Duration::from_millis(IDLE_RECHECK_MS)));
             if !tasks.is_empty() {
                 return Ok(tasks);
             }

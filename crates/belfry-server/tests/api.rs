@@ -861,3 +861,79 @@ impl TestServer {
         self.clock.wall_ms()
     }
 }
+
+#[tokio::test]
+async fn late_policies_skip_or_dead_letter_after_an_outage() {
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    let skipped = s
+        .submit(
+            "q",
+            json!({"payload": 1, "late": {"policy": "skip", "after_ms": 1000}}),
+        )
+        .await;
+    let dead = s
+        .submit(
+            "q",
+            json!({"payload": 2, "late": {"policy": "dead", "after_ms": 1000}}),
+        )
+        .await;
+    let fired = s
+        .submit(
+            "q",
+            json!({"payload": 3, "late": {"policy": "skip", "after_ms": 60000}}),
+        )
+        .await;
+    s.advance(5000);
+    let leased = s.lease("q", json!({"max": 10})).await;
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0]["id"], fired.as_str());
+    assert_eq!(s.task("q", &skipped).await["state"], "done");
+    assert_eq!(s.task("q", &dead).await["state"], "dead");
+    let (status, body) = s
+        .call(
+            "POST",
+            "/v1/queues/q/tasks",
+            json!({"late": {"policy": "later"}}),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (400, "invalid_request"));
+}
+
+#[tokio::test]
+async fn a_restarted_server_knows_its_queues() {
+    use belfry_core::Clock;
+    use std::sync::Arc;
+    let store = Arc::new(belfry_store::MemoryStore::new());
+    let clock = belfry_core::ManualClock::new(T0);
+    let start = || {
+        belfry_server::Server::builder(common::test_config(), store.clone())
+            .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
+            .start()
+    };
+    let first = start().await.unwrap();
+    let http = reqwest::Client::new();
+    let base = format!("http://{}", first.local_addr());
+    let put = http
+        .put(format!("{base}/v1/queues/kept"))
+        .json(&json!({"rate_per_s": 3, "paused": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(put.status(), 201);
+    first.stop().await.unwrap();
+
+    let second = start().await.unwrap();
+    let base = format!("http://{}", second.local_addr());
+    let got: Value = http
+        .get(format!("{base}/v1/queues/kept"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["rate_per_s"], 3.0);
+    assert_eq!(got["paused"], true);
+    second.stop().await.unwrap();
+}

@@ -40,6 +40,12 @@ pub enum ErrorCode {
     ShuttingDown,
     StoreUnavailable,
     InternalError,
+    // Schedules: the codes of `belfry_schedule::ScheduleServiceError::code`.
+    InvalidScheduleId,
+    InvalidSchedule,
+    ScheduleNotFound,
+    ScheduleExists,
+    ScheduleCorrupt,
 }
 
 impl ErrorCode {
@@ -69,6 +75,11 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::InternalError => "internal_error",
+            ErrorCode::InvalidScheduleId => "invalid_schedule_id",
+            ErrorCode::InvalidSchedule => "invalid_schedule",
+            ErrorCode::ScheduleNotFound => "schedule_not_found",
+            ErrorCode::ScheduleExists => "schedule_exists",
+            ErrorCode::ScheduleCorrupt => "schedule_corrupt",
         }
     }
 
@@ -85,20 +96,26 @@ impl ErrorCode {
             | ErrorCode::InvalidPayload
             | ErrorCode::BatchTooLarge
             | ErrorCode::InvalidQueueConfig
-            | ErrorCode::WebhookTargetRefused => StatusCode::BAD_REQUEST,
+            | ErrorCode::WebhookTargetRefused
+            | ErrorCode::InvalidScheduleId
+            | ErrorCode::InvalidSchedule => StatusCode::BAD_REQUEST,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::QueueNotFound | ErrorCode::TaskNotFound | ErrorCode::RouteNotFound => {
-                StatusCode::NOT_FOUND
-            }
+            ErrorCode::QueueNotFound
+            | ErrorCode::TaskNotFound
+            | ErrorCode::RouteNotFound
+            | ErrorCode::ScheduleNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::LeaseExpired
             | ErrorCode::TaskNotScheduled
             | ErrorCode::TaskNotDead
-            | ErrorCode::NotPullQueue => StatusCode::CONFLICT,
+            | ErrorCode::NotPullQueue
+            | ErrorCode::ScheduleExists => StatusCode::CONFLICT,
             ErrorCode::ShuttingDown | ErrorCode::StoreUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ErrorCode::InternalError => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::InternalError | ErrorCode::ScheduleCorrupt => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         }
     }
 }
@@ -221,6 +238,11 @@ mod tests {
             ErrorCode::ShuttingDown,
             ErrorCode::StoreUnavailable,
             ErrorCode::InternalError,
+            ErrorCode::InvalidScheduleId,
+            ErrorCode::InvalidSchedule,
+            ErrorCode::ScheduleNotFound,
+            ErrorCode::ScheduleExists,
+            ErrorCode::ScheduleCorrupt,
         ];
         let names: std::collections::HashSet<_> = all.iter().map(|c| c.as_str()).collect();
         assert_eq!(names.len(), all.len());

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 
 /// Highest rate a queue may ask for; above it, "unlimited" (0) is the honest setting.
 pub const RATE_PER_S_MAX: f64 = 10_000_000.0;
+/// Lowest non-zero rate: one task every ~17 minutes. Slower rates would make the wait for the
+/// next token longer than any timer we want to hold.
+pub const RATE_PER_S_MIN: f64 = 0.001;
 /// Largest token bucket.
 pub const BURST_MAX: u32 = 10_000_000;
 /// Largest concurrency limit.
@@ -76,12 +79,13 @@ pub struct InvalidQueueConfig {
 impl QueueConfig {
     pub fn validate(&self) -> Result<(), InvalidQueueConfig> {
         let fail = |field, problem: String| Err(InvalidQueueConfig { field, problem });
-        if !self.rate_per_s.is_finite() || self.rate_per_s < 0.0 || self.rate_per_s > RATE_PER_S_MAX
-        {
+        let rate_ok =
+            self.rate_per_s == 0.0 || (RATE_PER_S_MIN..=RATE_PER_S_MAX).contains(&self.rate_per_s);
+        if !rate_ok {
             return fail(
                 "rate_per_s",
                 format!(
-                    "must be between 0 (unlimited) and {RATE_PER_S_MAX}, got {}",
+                    "must be 0 (unlimited) or between {RATE_PER_S_MIN} and {RATE_PER_S_MAX}, got {}",
                     self.rate_per_s
                 ),
             );

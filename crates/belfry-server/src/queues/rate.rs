@@ -48,7 +48,8 @@ impl TokenBucket {
         if rate_per_s <= 0.0 || self.tokens >= 1.0 {
             return Duration::ZERO;
         }
-        Duration::from_secs_f64((1.0 - self.tokens) / rate_per_s)
+        // Saturates rather than panics on an absurd rate; callers cap their sleeps anyway.
+        Duration::try_from_secs_f64((1.0 - self.tokens) / rate_per_s).unwrap_or(Duration::MAX)
     }
 }
 
