@@ -76,11 +76,17 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
     let mut fsync_dir = args.server.spawn_dir.clone();
     if !args.server.baselines_only {
         let server = ServerUnderTest::connect_or_spawn(&args.server, &[]).await?;
-        if let Some(dir) = server
-            .data_dir(None)
-            .and_then(|d| d.parent().map(|p| p.to_path_buf()))
-        {
-            fsync_dir = Some(dir);
+        // On the server's disk: a spawned server lives under --spawn-dir (or the system temp
+        // dir, fsync_dir's default); a server at --url beside its --server-data-dir.
+        if !args.server.spawn {
+            if let Some(dir) = args
+                .server
+                .server_data_dir
+                .as_deref()
+                .and_then(|d| d.parent())
+            {
+                fsync_dir = Some(dir.to_path_buf());
+            }
         }
         create_queue(&server.target, &queue, "{}").await?;
         let outcome = run_ingest(
