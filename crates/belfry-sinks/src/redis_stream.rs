@@ -96,9 +96,12 @@ pub struct RedisStreamSink {
     max_len: Option<u64>,
     timeout: Duration,
     /// One multiplexed connection (it pipelines concurrent appends), made on first use and
-    /// replaced after a connection-level error. The async mutex makes concurrent deliveries
-    /// wait for one connect instead of each opening its own.
-    connection: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    /// replaced after a connection-level error. A plain mutex, held only to clone or replace
+    /// the handle, so the hot path never waits on an async lock.
+    connection: std::sync::Mutex<Option<MultiplexedConnection>>,
+    /// Held while connecting, so concurrent deliveries wait for one connect instead of each
+    /// opening their own connection.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 impl fmt::Debug for RedisStreamSink {
@@ -153,7 +156,8 @@ impl RedisStreamSink {
             stream: config.stream,
             max_len: config.max_len,
             timeout: config.timeout,
-            connection: tokio::sync::Mutex::new(None),
+            connection: std::sync::Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -165,14 +169,26 @@ impl RedisStreamSink {
         }
     }
 
+    /// The connection slot. A panic while holding it cannot leave it half-updated (it holds
+    /// an `Option` that is only replaced whole), so a poisoned lock is simply taken over.
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
+        self.connection
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// The cached connection, or a new one.
     async fn connection(&self) -> Result<MultiplexedConnection, ConnectFailure> {
-        let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            return Ok(connection.clone());
+        if let Some(connection) = self.slot().clone() {
+            return Ok(connection);
+        }
+        let _connecting = self.connecting.lock().await;
+        // Another delivery may have connected while this one waited.
+        if let Some(connection) = self.slot().clone() {
+            return Ok(connection);
         }
         let connection = self.connect().await?;
-        *slot = Some(connection.clone());
+        *self.slot() = Some(connection.clone());
         Ok(connection)
     }
 
@@ -241,7 +257,7 @@ impl RedisStreamSink {
             Err(error) => {
                 if error.is_unrecoverable_error() || error.is_io_error() {
                     // The connection is broken; the next delivery makes a new one.
-                    *self.connection.lock().await = None;
+                    *self.slot() = None;
                 }
                 redis_outcome(&error)
             }
