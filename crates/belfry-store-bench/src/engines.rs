@@ -1,0 +1,67 @@
+//! The engines under test and how to open them.
+
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use belfry_store::engine::{Engine, EngineOptions, FsyncPolicy};
+use belfry_store::{MemoryStore, Store};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EngineKind {
+    /// Sequential append + fsync of the raw records: the disk's limit, not a store.
+    Raw,
+    /// The belfry timeline engine, through the `Store` trait.
+    Belfry,
+    /// fjall, a general-purpose LSM: key = due || seq, value = payload.
+    Fjall,
+    /// The in-memory reference store, through the `Store` trait (nothing durable).
+    Memory,
+}
+
+impl EngineKind {
+    pub fn parse(name: &str) -> anyhow::Result<Self> {
+        Ok(match name {
+            "raw" => EngineKind::Raw,
+            "belfry" => EngineKind::Belfry,
+            "fjall" => EngineKind::Fjall,
+            "memory" => EngineKind::Memory,
+            other => bail!("unknown engine {other:?}: expected raw, belfry, fjall or memory"),
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EngineKind::Raw => "raw",
+            EngineKind::Belfry => "belfry",
+            EngineKind::Fjall => "fjall",
+            EngineKind::Memory => "memory",
+        }
+    }
+}
+
+/// Opens a `Store` engine in `dir` (created if missing). `durable_acks: false` opens belfry
+/// with fsync policy `never` (records reach the OS at once; `flush` makes them durable), used
+/// for the drain so that it is measured with the same durability as fjall's drain: one
+/// persist at the end rather than one fsync per ack.
+pub fn open_store(
+    kind: EngineKind,
+    dir: &Path,
+    durable_acks: bool,
+) -> anyhow::Result<Box<dyn Store>> {
+    match kind {
+        EngineKind::Belfry => open_belfry(dir, durable_acks),
+        EngineKind::Memory => Ok(Box::new(MemoryStore::default())),
+        EngineKind::Raw | EngineKind::Fjall => bail!("{} is not a Store", kind.name()),
+    }
+}
+
+fn open_belfry(dir: &Path, durable: bool) -> anyhow::Result<Box<dyn Store>> {
+    // Default options: fsync policy `always`, the durability the brief promises by default.
+    let mut options = EngineOptions::default();
+    if !durable {
+        options.fsync = FsyncPolicy::Never;
+    }
+    let engine = Engine::open(dir, options)
+        .with_context(|| format!("open the belfry engine in {}", dir.display()))?;
+    Ok(Box::new(engine))
+}
