@@ -246,5 +246,11 @@ mod tests {
         ];
         let names: std::collections::HashSet<_> = all.iter().map(|c| c.as_str()).collect();
         assert_eq!(names.len(), all.len());
+        // The reference documents every code with its status.
+        let reference = include_str!("../../../../docs/api.md");
+        for code in all {
+            let row = format!("| `{}` | {} |", code.as_str(), code.status().as_u16());
+            assert!(reference.contains(&row), "docs/api.md lacks the row {row}");
+        }
     }
 }
