@@ -332,10 +332,17 @@ pub async fn check_webhook_target(url: &str, policy: &TargetPolicy) -> Result<Ur
     Ok(parsed)
 }
 
+/// Longest wait for the system resolver. `getaddrinfo` can block for its own retries (tens of
+/// seconds with a dead name server); an API call validating a queue must not hang that long.
+/// Deliveries are bounded by their request timeout as well.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
 async fn resolve_host(name: &str) -> Result<Vec<SocketAddr>, String> {
     // Port 0: only the addresses matter; the connector puts the URL's port in.
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name, 0))
+    let lookup = tokio::net::lookup_host((name, 0));
+    let addrs: Vec<SocketAddr> = tokio::time::timeout(RESOLVE_TIMEOUT, lookup)
         .await
+        .map_err(|_| format!("no answer within {} s", RESOLVE_TIMEOUT.as_secs()))?
         .map_err(|error| error.to_string())?
         .collect();
     if addrs.is_empty() {
