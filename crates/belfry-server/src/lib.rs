@@ -40,7 +40,7 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
-    #[error("load queues: {0}")]
+    #[error("start: {0}")]
     Load(service::ServiceError),
     #[error("serve HTTP: {0}")]
     Serve(std::io::Error),
@@ -90,7 +90,9 @@ impl ServerBuilder {
     pub async fn start(self) -> Result<ServerHandle, ServerError> {
         self.config.validate()?;
         metrics::handle();
-        let service = Arc::new(Service::new(self.config.clone(), self.store, self.clock));
+        let service = Arc::new(
+            Service::new(self.config.clone(), self.store, self.clock).map_err(ServerError::Load)?,
+        );
         service.load_queues().await.map_err(ServerError::Load)?;
         let listener = tokio::net::TcpListener::bind(self.config.listen)
             .await
@@ -168,9 +170,8 @@ pub async fn run(
     store: Arc<dyn Store>,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
-    let data_note = config.listen;
     let handle = Server::builder(config, store).start().await?;
-    tracing::debug!(listen = %data_note, "server started");
+    tracing::info!("belfry listening on http://{}", handle.local_addr());
     let stopper = handle.shutdown.clone();
     tokio::spawn(async move {
         shutdown.cancelled().await;

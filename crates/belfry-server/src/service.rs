@@ -131,11 +131,13 @@ pub struct Service {
 }
 
 impl Service {
-    pub fn new(config: ServerConfig, store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Self {
+    pub fn new(config: ServerConfig, store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Result<Self> {
         let policy = belfry_sinks::TargetPolicy {
             allow_private: config.allow_private_targets,
         };
-        Service {
+        let webhook_client = belfry_sinks::try_client_for(&policy)
+            .map_err(|e| ServiceError::Internal(format!("build the webhook HTTP client: {e}")))?;
+        Ok(Service {
             store,
             clock,
             config,
@@ -145,8 +147,8 @@ impl Service {
             deliveries: TaskTracker::new(),
             dispatchers: TaskTracker::new(),
             ready: AtomicBool::new(false),
-            webhook_client: belfry_sinks::client_for(&policy),
-        }
+            webhook_client,
+        })
     }
 
     pub fn now_ms(&self) -> UnixMs {
