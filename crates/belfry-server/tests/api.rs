@@ -5,13 +5,28 @@ mod common;
 use common::{TestServer, T0};
 use serde_json::{json, Value};
 
+/// Runs a test body once on the in-memory store and once on the embedded engine.
+macro_rules! both_stores {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name(super::TestServer::start().await).await
+            }
+            #[tokio::test]
+            async fn engine() {
+                super::$name(super::TestServer::start_engine().await).await
+            }
+        }
+    };
+}
+
 fn code(value: &Value) -> &str {
     value["error"]["code"].as_str().unwrap_or("<no code>")
 }
 
-#[tokio::test]
-async fn queue_lifecycle() {
-    let s = TestServer::start().await;
+both_stores!(queue_lifecycle);
+async fn queue_lifecycle(s: TestServer) {
     let created = s
         .ok(
             "PUT",
@@ -77,9 +92,8 @@ async fn queue_lifecycle() {
     assert_eq!(status, 404);
 }
 
-#[tokio::test]
-async fn tasks_submit_get_duplicate_cancel_reschedule() {
-    let s = TestServer::start().await;
+both_stores!(tasks_submit_get_duplicate_cancel_reschedule);
+async fn tasks_submit_get_duplicate_cancel_reschedule(s: TestServer) {
     s.queue("q", json!({})).await;
     let created = s
         .ok(
@@ -196,9 +210,8 @@ async fn tasks_submit_get_duplicate_cancel_reschedule() {
     assert_eq!((status, code(&body)), (409, "task_not_scheduled"));
 }
 
-#[tokio::test]
-async fn batch_submit_reports_each_task() {
-    let s = TestServer::start().await;
+both_stores!(batch_submit_reports_each_task);
+async fn batch_submit_reports_each_task(s: TestServer) {
     s.queue("q", json!({})).await;
     let body = s
         .ok(
@@ -240,9 +253,8 @@ async fn batch_submit_reports_each_task() {
     assert_eq!((status, code(&body)), (404, "queue_not_found"));
 }
 
-#[tokio::test]
-async fn bad_input_gets_stable_codes() {
-    let s = TestServer::start().await;
+both_stores!(bad_input_gets_stable_codes);
+async fn bad_input_gets_stable_codes(s: TestServer) {
     s.queue("q", json!({})).await;
     s.queue(
         "hook",
@@ -516,9 +528,8 @@ async fn bad_input_gets_stable_codes() {
     s.ok("GET", "/healthz", Value::Null, 200).await;
 }
 
-#[tokio::test]
-async fn lease_never_returns_a_task_before_it_is_due() {
-    let s = TestServer::start().await;
+both_stores!(lease_never_returns_a_task_before_it_is_due);
+async fn lease_never_returns_a_task_before_it_is_due(s: TestServer) {
     s.queue("q", json!({})).await;
     let id = s.submit("q", json!({"payload": 1, "delay_ms": 5000})).await;
     assert!(s.lease("q", json!({"max": 10})).await.is_empty());
@@ -549,9 +560,8 @@ async fn lease_never_returns_a_task_before_it_is_due() {
     assert!(tasks[0]["lease_id"].is_string());
 }
 
-#[tokio::test]
-async fn long_poll_wakes_on_submit_and_times_out_on_the_clock() {
-    let s = TestServer::start().await;
+both_stores!(long_poll_wakes_on_submit_and_times_out_on_the_clock);
+async fn long_poll_wakes_on_submit_and_times_out_on_the_clock(s: TestServer) {
     s.queue("q", json!({})).await;
     let poll = |wait_ms: u64| {
         let http = s.http.clone();
@@ -583,9 +593,8 @@ async fn long_poll_wakes_on_submit_and_times_out_on_the_clock() {
     assert_eq!(got["tasks"], json!([]));
 }
 
-#[tokio::test]
-async fn ack_nack_extend_and_lease_expiry() {
-    let s = TestServer::start().await;
+both_stores!(ack_nack_extend_and_lease_expiry);
+async fn ack_nack_extend_and_lease_expiry(s: TestServer) {
     s.queue(
         "q",
         json!({"retry": {"max_attempts": 3, "backoff_initial_ms": 100, "backoff_max_ms": 1000}}),
@@ -690,9 +699,8 @@ async fn ack_nack_extend_and_lease_expiry() {
     assert_eq!((status, code(&body)), (409, "lease_expired"));
 }
 
-#[tokio::test]
-async fn batch_ack_reports_each_ack() {
-    let s = TestServer::start().await;
+both_stores!(batch_ack_reports_each_ack);
+async fn batch_ack_reports_each_ack(s: TestServer) {
     s.queue("q", json!({})).await;
     for i in 0..3 {
         s.submit("q", json!({ "payload": i })).await;
@@ -722,9 +730,8 @@ async fn batch_ack_reports_each_ack() {
     );
 }
 
-#[tokio::test]
-async fn rate_limit_is_observable() {
-    let s = TestServer::start().await;
+both_stores!(rate_limit_is_observable);
+async fn rate_limit_is_observable(s: TestServer) {
     s.queue("q", json!({"rate_per_s": 5, "burst": 5})).await;
     let tasks: Vec<Value> = (0..20).map(|i| json!({ "payload": i })).collect();
     s.ok(
@@ -748,9 +755,8 @@ async fn rate_limit_is_observable() {
     );
 }
 
-#[tokio::test]
-async fn max_in_flight_is_observable() {
-    let s = TestServer::start().await;
+both_stores!(max_in_flight_is_observable);
+async fn max_in_flight_is_observable(s: TestServer) {
     s.queue("q", json!({"max_in_flight": 2})).await;
     for i in 0..5 {
         s.submit("q", json!({ "payload": i })).await;
@@ -779,9 +785,8 @@ async fn max_in_flight_is_observable() {
     assert_eq!(s.lease("q", json!({"max": 10})).await.len(), 2);
 }
 
-#[tokio::test]
-async fn high_priority_overtakes_normal() {
-    let s = TestServer::start().await;
+both_stores!(high_priority_overtakes_normal);
+async fn high_priority_overtakes_normal(s: TestServer) {
     s.queue("q", json!({})).await;
     for i in 0..3 {
         s.submit("q", json!({ "payload": i })).await;
@@ -801,9 +806,8 @@ async fn high_priority_overtakes_normal() {
     );
 }
 
-#[tokio::test]
-async fn paused_queue_accepts_but_delivers_nothing() {
-    let s = TestServer::start().await;
+both_stores!(paused_queue_accepts_but_delivers_nothing);
+async fn paused_queue_accepts_but_delivers_nothing(s: TestServer) {
     s.queue("q", json!({"paused": true})).await;
     let id = s.submit("q", json!({"payload": 1})).await;
     assert!(s.lease("q", json!({"max": 10})).await.is_empty());
@@ -862,9 +866,8 @@ impl TestServer {
     }
 }
 
-#[tokio::test]
-async fn late_policies_skip_or_dead_letter_after_an_outage() {
-    let s = TestServer::start().await;
+both_stores!(late_policies_skip_or_dead_letter_after_an_outage);
+async fn late_policies_skip_or_dead_letter_after_an_outage(s: TestServer) {
     s.queue("q", json!({})).await;
     let skipped = s
         .submit(

@@ -6,6 +6,22 @@ mod common;
 use common::{eventually, Receiver, TestServer, T0};
 use serde_json::{json, Value};
 
+/// Runs a test body once on the in-memory store and once on the embedded engine.
+macro_rules! both_stores {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name(super::TestServer::start().await).await
+            }
+            #[tokio::test]
+            async fn engine() {
+                super::$name(super::TestServer::start_engine().await).await
+            }
+        }
+    };
+}
+
 fn header<'a>(r: &'a common::Received, name: &str) -> &'a str {
     r.headers
         .get(name)
@@ -38,9 +54,8 @@ async fn advance_until(s: &TestServer, step_ms: u64, what: &str, done: impl Fn()
     .await
 }
 
-#[tokio::test]
-async fn retries_server_errors_then_delivers_signed_and_never_early() {
-    let s = TestServer::start().await;
+both_stores!(retries_server_errors_then_delivers_signed_and_never_early);
+async fn retries_server_errors_then_delivers_signed_and_never_early(s: TestServer) {
     let receiver =
         Receiver::start(&s.clock, vec![(500, vec![]), (503, vec![]), (200, vec![])]).await;
     webhook_queue(&s, "hooks", &receiver, json!({})).await;
@@ -92,9 +107,8 @@ async fn retries_server_errors_then_delivers_signed_and_never_early() {
     assert!(got[2].at_ms >= got[1].at_ms + 1000);
 }
 
-#[tokio::test]
-async fn client_error_is_dead_at_once() {
-    let s = TestServer::start().await;
+both_stores!(client_error_is_dead_at_once);
+async fn client_error_is_dead_at_once(s: TestServer) {
     let receiver = Receiver::start(&s.clock, vec![(404, vec![])]).await;
     webhook_queue(&s, "hooks", &receiver, json!({})).await;
     let id = s.submit("hooks", json!({"payload": 1})).await;
@@ -117,9 +131,8 @@ async fn client_error_is_dead_at_once() {
     assert_eq!(q["dead"], 1);
 }
 
-#[tokio::test]
-async fn retry_after_is_honoured() {
-    let s = TestServer::start().await;
+both_stores!(retry_after_is_honoured);
+async fn retry_after_is_honoured(s: TestServer) {
     let receiver = Receiver::start(
         &s.clock,
         vec![(429, vec![("retry-after", "120")]), (200, vec![])],
@@ -146,9 +159,8 @@ async fn retry_after_is_honoured() {
     assert!(receiver.received()[1].at_ms >= T0 + 120_000);
 }
 
-#[tokio::test]
-async fn gives_up_after_max_attempts() {
-    let s = TestServer::start().await;
+both_stores!(gives_up_after_max_attempts);
+async fn gives_up_after_max_attempts(s: TestServer) {
     let receiver = Receiver::start(&s.clock, vec![(500, vec![])]).await;
     webhook_queue(
         &s,
@@ -202,9 +214,8 @@ async fn paused_webhook_queue_holds_tasks_until_resumed() {
     assert_eq!(receiver.count(), 1);
 }
 
-#[tokio::test]
-async fn a_slow_webhook_does_not_delay_another_queue() {
-    let s = TestServer::start().await;
+both_stores!(a_slow_webhook_does_not_delay_another_queue);
+async fn a_slow_webhook_does_not_delay_another_queue(s: TestServer) {
     let slow = Receiver::start(&s.clock, vec![(200, vec![])]).await;
     let fast = Receiver::start(&s.clock, vec![(200, vec![])]).await;
     slow.hold();
@@ -279,7 +290,6 @@ async fn graceful_shutdown_drains_in_flight_deliveries() {
     assert!(!stopped.is_finished());
     receiver.release();
     stopped.await.unwrap().expect("clean shutdown");
-    use belfry_store::Store;
     let task = store
         .get(
             &belfry_core::QueueName::new("hooks").unwrap(),

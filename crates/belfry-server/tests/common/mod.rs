@@ -26,9 +26,11 @@ pub const POLL_DEADLINE: Duration = Duration::from_secs(20);
 pub struct TestServer {
     pub handle: ServerHandle,
     pub clock: ManualClock,
-    pub store: Arc<MemoryStore>,
+    pub store: Arc<dyn Store>,
     pub http: reqwest::Client,
     pub base: String,
+    /// The engine's directory, when the server runs on the engine.
+    _dir: Option<tempfile::TempDir>,
 }
 
 pub fn test_config() -> ServerConfig {
@@ -49,9 +51,24 @@ impl TestServer {
     }
 
     pub async fn start_with(config: ServerConfig) -> Self {
+        Self::start_on(config, Arc::new(MemoryStore::new()), None).await
+    }
+
+    /// A server on the embedded engine in a fresh temporary directory.
+    pub async fn start_engine() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = belfry_store::Engine::open(dir.path(), belfry_store::EngineOptions::default())
+            .expect("engine opens");
+        Self::start_on(test_config(), Arc::new(engine), Some(dir)).await
+    }
+
+    async fn start_on(
+        config: ServerConfig,
+        store: Arc<dyn Store>,
+        dir: Option<tempfile::TempDir>,
+    ) -> Self {
         let clock = ManualClock::new(T0);
-        let store = Arc::new(MemoryStore::new());
-        let handle = Server::builder(config, store.clone() as Arc<dyn Store>)
+        let handle = Server::builder(config, store.clone())
             .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
             .start()
             .await
@@ -63,6 +80,7 @@ impl TestServer {
             store,
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             base,
+            _dir: dir,
         }
     }
 
