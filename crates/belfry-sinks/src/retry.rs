@@ -232,6 +232,46 @@ mod tests {
         check("Wed, 21 Oct 2015 07:28:00", 0, None);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn retry_after_is_bounded_for_any_bytes(value: Vec<u8>, now_ms in 0u64..4_102_444_800_000) {
+            if let Some(wait) = parse_retry_after(&value, now_ms) {
+                proptest::prop_assert!(wait <= RETRY_AFTER_MAX);
+            }
+        }
+
+        #[test]
+        fn retry_after_seconds_round_trip(seconds in 0u64..10_000_000) {
+            let expected = Duration::from_secs(seconds).min(RETRY_AFTER_MAX);
+            proptest::prop_assert_eq!(
+                parse_retry_after(seconds.to_string().as_bytes(), 0),
+                Some(expected)
+            );
+        }
+
+        /// A date `ahead_s` seconds after a whole-second "now" waits exactly that long (capped).
+        #[test]
+        fn retry_after_dates_round_trip(now_s in 0u64..4_000_000_000, ahead_s in 0u64..10_000) {
+            let now_ms = now_s * 1000;
+            let date = format_http_date(now_ms + ahead_s * 1000);
+            proptest::prop_assert_eq!(
+                parse_retry_after(date.as_bytes(), now_ms),
+                Some(Duration::from_secs(ahead_s).min(RETRY_AFTER_MAX))
+            );
+        }
+
+        /// Every status maps to exactly the outcome the contract names.
+        #[test]
+        fn every_status_follows_the_contract(status in 0u16..1000) {
+            let expected = match status {
+                200..=299 => Expected::Delivered,
+                408 | 429 | 500..=599 => Expected::Retry(None),
+                _ => Expected::Reject,
+            };
+            proptest::prop_assert_eq!(project(&classify_status(status, None, 0, "")), expected);
+        }
+    }
+
     #[test]
     fn retry_after_rejects_non_utf8() {
         assert_eq!(parse_retry_after(&[0xff, b'5'], 0), None);

@@ -652,6 +652,53 @@ mod tests {
         assert!(!text.contains("hunter2") && !text.contains("abc"), "{text}");
     }
 
+    proptest::proptest! {
+        /// Every IPv6 form that carries an IPv4 address to a dual-stack socket or a
+        /// translator is judged by that IPv4 address.
+        #[test]
+        fn embedded_ipv4_is_judged_like_the_ipv4_address(bits: u32) {
+            let v4 = Ipv4Addr::from(bits);
+            let refused = non_public_range(IpAddr::V4(v4)).is_some();
+            let mapped = v4.to_ipv6_mapped();
+            let nat64 = Ipv6Addr::from((0x0064_ff9b_u128 << 96) | u128::from(bits));
+            let six_to_four = Ipv6Addr::from((0x2002_u128 << 112) | (u128::from(bits) << 80) | 1);
+            for v6 in [mapped, nat64, six_to_four] {
+                proptest::prop_assert_eq!(
+                    non_public_range(IpAddr::V6(v6)).is_some(),
+                    refused,
+                    "{} embeds {}", v6, v4
+                );
+            }
+        }
+
+        /// Whatever the text, validation answers (never panics), and what it accepts under
+        /// the default policy is an http(s) URL whose IP-literal host, if any, is public.
+        #[test]
+        fn validation_never_panics_and_accepts_only_public_literals(url in "(https?|ftp|file|[a-z]{1,5})://[a-zA-Z0-9.:\\[\\]@%_~-]{0,40}(/[ -~]{0,20})?|\\PC{0,40}") {
+            if let Ok(parsed) = validate_webhook_url(&url, &TargetPolicy::default()) {
+                proptest::prop_assert!(matches!(parsed.scheme(), "http" | "https"));
+                let host = parsed.host_str().unwrap_or_default();
+                if let Some(ip) = host_ip(host) {
+                    proptest::prop_assert_eq!(non_public_range(ip), None);
+                }
+            }
+        }
+
+        #[test]
+        fn literal_urls_follow_the_address_classification(bits: u32, v6: u128, port: u16) {
+            let v4 = Ipv4Addr::from(bits);
+            let v6 = Ipv6Addr::from(v6);
+            for (url, ip) in [
+                (format!("http://{v4}:{port}/h"), IpAddr::V4(v4)),
+                (format!("https://[{v6}]:{port}/h"), IpAddr::V6(v6)),
+            ] {
+                let accepted = validate_webhook_url(&url, &TargetPolicy::default()).is_ok();
+                proptest::prop_assert_eq!(accepted, non_public_range(ip).is_none(), "{}", url);
+                proptest::prop_assert!(validate_webhook_url(&url, &TargetPolicy::ALLOW_PRIVATE).is_ok());
+            }
+        }
+    }
+
     #[tokio::test]
     async fn resolver_refuses_names_resolving_to_loopback() {
         use reqwest::dns::Resolve;
