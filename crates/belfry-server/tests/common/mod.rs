@@ -62,6 +62,20 @@ impl TestServer {
         Self::start_on(test_config(), Arc::new(engine), Some(dir)).await
     }
 
+    /// Wraps a server started elsewhere (say, with more routes merged). The store is the one
+    /// the server runs on.
+    pub fn from_handle(handle: ServerHandle, clock: ManualClock, store: Arc<dyn Store>) -> Self {
+        let base = format!("http://{}", handle.local_addr());
+        TestServer {
+            handle,
+            clock,
+            store,
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            base,
+            _dir: None,
+        }
+    }
+
     async fn start_on(
         config: ServerConfig,
         store: Arc<dyn Store>,
@@ -73,14 +87,9 @@ impl TestServer {
             .start()
             .await
             .expect("server starts");
-        let base = format!("http://{}", handle.local_addr());
         TestServer {
-            handle,
-            clock,
-            store,
-            http: reqwest::Client::builder().no_proxy().build().unwrap(),
-            base,
             _dir: dir,
+            ..Self::from_handle(handle, clock, store)
         }
     }
 
