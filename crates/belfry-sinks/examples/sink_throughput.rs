@@ -2,11 +2,11 @@
 //!
 //! Webhook: `WebhookSink::deliver` (signed, with belfry's headers and classification) against
 //! the same POSTs sent with a bare `reqwest::Client`, both to one axum receiver in this process.
-//! Redis Streams (with `--features redis-streams` and `redis-server` installed): the sink's
+//! Redis Streams (default feature `redis-streams`, with `redis-server` installed): the sink's
 //! `XADD` against bare `XADD`s on one multiplexed redis-rs connection.
 //!
 //! ```text
-//! cargo run -p belfry-sinks --example sink_throughput --features redis-streams -- [deliveries] [concurrency]
+//! cargo run -p belfry-sinks --example sink_throughput -- [deliveries] [concurrency]
 //! ```
 //! Dependencies are built with opt-level 2 even in the dev profile (workspace setting), so the
 //! HTTP and Redis stacks run optimised without a release build of the workspace.

@@ -253,8 +253,8 @@ impl WebhookSink {
                     .get(RETRY_AFTER)
                     .map(|value| value.as_bytes().to_vec());
                 let detail = if response.status().is_success() {
-                    // Read (a bounded part of) the body anyway so the connection can return
-                    // to the pool.
+                    // Read the (usually empty or tiny) body anyway: a connection whose
+                    // response was read to the end goes back to the pool for the next task.
                     drain_detail(response).await;
                     String::new()
                 } else {
