@@ -129,6 +129,50 @@ impl FireArgs {
     }
 }
 
+/// What the pull consumers saw, for explaining a slow run: how many lease calls, how full,
+/// and how long lease and ack calls took on average.
+#[derive(Debug, Default)]
+pub struct ConsumerStats {
+    pub lease_calls: AtomicU64,
+    pub lease_empty: AtomicU64,
+    pub lease_errors: AtomicU64,
+    pub leased_tasks: AtomicU64,
+    pub lease_us_total: AtomicU64,
+    pub ack_calls: AtomicU64,
+    pub ack_failures: AtomicU64,
+    pub ack_us_total: AtomicU64,
+}
+
+/// [`ConsumerStats`] at the end of a run.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct ConsumerSummary {
+    pub lease_calls: u64,
+    pub lease_empty: u64,
+    pub lease_errors: u64,
+    pub tasks_per_lease_mean: f64,
+    pub lease_ms_mean: f64,
+    pub ack_calls: u64,
+    pub ack_failures: u64,
+    pub ack_ms_mean: f64,
+}
+
+impl ConsumerStats {
+    fn summary(&self) -> ConsumerSummary {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let per = |total: u64, n: u64| if n == 0 { 0.0 } else { total as f64 / n as f64 };
+        ConsumerSummary {
+            lease_calls: get(&self.lease_calls),
+            lease_empty: get(&self.lease_empty),
+            lease_errors: get(&self.lease_errors),
+            tasks_per_lease_mean: per(get(&self.leased_tasks), get(&self.lease_calls)),
+            lease_ms_mean: per(get(&self.lease_us_total), get(&self.lease_calls)) / 1_000.0,
+            ack_calls: get(&self.ack_calls),
+            ack_failures: get(&self.ack_failures),
+            ack_ms_mean: per(get(&self.ack_us_total), get(&self.ack_calls)) / 1_000.0,
+        }
+    }
+}
+
 /// One system's fire run.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FireOutcome {
@@ -138,7 +182,8 @@ pub struct FireOutcome {
     pub delivered_per_s: f64,
     pub submit: IngestOutcome,
     pub consume_cpu: CpuUse,
-    pub ack_failures: u64,
+    /// Pull consumers' call statistics (None for webhook and Redis runs).
+    pub consumers: Option<ConsumerSummary>,
     #[serde(skip)]
     pub cdf: Vec<(f64, f64)>,
 }
@@ -231,7 +276,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
     let tracker = Arc::new(Mutex::new(DeliveryTracker::new(due.as_ref().clone())));
     let bar = progress(&args.output, args.tasks, "belfry deliveries");
     let done = Arc::new(AtomicBool::new(false));
-    let ack_failures = Arc::new(AtomicU64::new(0));
+    let stats = Arc::new(ConsumerStats::default());
 
     let receiver = if args.webhook {
         let (tracker, bar) = (tracker.clone(), bar.clone());
@@ -262,7 +307,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
                 args.clone(),
                 tracker.clone(),
                 done.clone(),
-                ack_failures.clone(),
+                stats.clone(),
                 deadline,
                 bar.clone(),
             )));
@@ -306,7 +351,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
         &t,
         submit,
         consume_cpu,
-        ack_failures.load(Ordering::Relaxed),
+        (!args.webhook).then(|| stats.summary()),
     ))
 }
 
@@ -315,7 +360,7 @@ fn outcome(
     tracker: &DeliveryTracker,
     submit: IngestOutcome,
     consume_cpu: CpuUse,
-    ack_failures: u64,
+    consumers: Option<ConsumerSummary>,
 ) -> FireOutcome {
     let delivery = tracker.summary();
     let span_s = (delivery.receipt_span_us as f64 / 1e6).max(1e-6);
@@ -325,7 +370,7 @@ fn outcome(
         delivery,
         submit,
         consume_cpu,
-        ack_failures,
+        consumers,
         cdf: cdf_points_ms(tracker.lateness_histogram()),
     }
 }
@@ -337,7 +382,7 @@ async fn pull_consumer(
     args: FireArgs,
     tracker: Arc<Mutex<DeliveryTracker>>,
     done: Arc<AtomicBool>,
-    ack_failures: Arc<AtomicU64>,
+    stats: Arc<ConsumerStats>,
     deadline: Instant,
     bar: indicatif::ProgressBar,
 ) {
@@ -350,13 +395,14 @@ async fn pull_consumer(
     );
     let (ack_tx, mut ack_rx) = tokio::sync::mpsc::channel::<Bytes>(ACK_QUEUE_MAX);
     let acker = {
-        let (target, ack_failures) = (target.clone(), ack_failures.clone());
+        let (target, stats) = (target.clone(), stats.clone());
         tokio::spawn(async move {
             let mut conn = HttpConn::connect(&target).await.ok();
             while let Some(body) = ack_rx.recv().await {
                 if conn.is_none() {
                     conn = HttpConn::connect(&target).await.ok();
                 }
+                let sent = Instant::now();
                 let ok = match conn.as_mut() {
                     Some(c) => c
                         .expect_success(Method::POST, &ack_path, body)
@@ -364,8 +410,12 @@ async fn pull_consumer(
                         .is_ok(),
                     None => false,
                 };
+                stats.ack_calls.fetch_add(1, Ordering::Relaxed);
+                stats
+                    .ack_us_total
+                    .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
                 if !ok {
-                    ack_failures.fetch_add(1, Ordering::Relaxed);
+                    stats.ack_failures.fetch_add(1, Ordering::Relaxed);
                     conn = None;
                 }
             }
@@ -381,27 +431,39 @@ async fn pull_consumer(
             }
         }
         let Some(c) = conn.as_mut() else { continue };
+        let sent = Instant::now();
         let response = c
             .request(Method::POST, &lease_path, lease_body.clone())
             .await;
         let receipt_us = unix_us();
+        stats.lease_calls.fetch_add(1, Ordering::Relaxed);
+        stats
+            .lease_us_total
+            .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
         let body = match response {
             Ok((status, body)) if status.is_success() => body,
             Ok(_) => {
+                stats.lease_errors.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
             Err(_) => {
+                stats.lease_errors.fetch_add(1, Ordering::Relaxed);
                 conn = None;
                 continue;
             }
         };
         let Ok(leased) = serde_json::from_slice::<LeaseResponse>(&body) else {
+            stats.lease_errors.fetch_add(1, Ordering::Relaxed);
             continue;
         };
         if leased.tasks.is_empty() {
+            stats.lease_empty.fetch_add(1, Ordering::Relaxed);
             continue;
         }
+        stats
+            .leased_tasks
+            .fetch_add(leased.tasks.len() as u64, Ordering::Relaxed);
         let mut acks = Vec::with_capacity(leased.tasks.len());
         {
             let Ok(mut t) = tracker.lock() else { break };
@@ -478,7 +540,7 @@ async fn fire_redis_on(args: &FireArgs, server: &RedisServer) -> anyhow::Result<
         &t,
         submit,
         consume_cpu,
-        0,
+        None,
     ))
 }
 
@@ -547,10 +609,19 @@ fn build_report(
                 o.label, o.submit.rejected
             ));
         }
-        if o.ack_failures > 0 {
+        if let Some(c) = &o.consumers {
             notes.push(format!(
-                "{}: {} ack requests failed.",
-                o.label, o.ack_failures
+                "{}: {} lease calls ({} empty, {} failed), {:.1} tasks and {:.1} ms each on \
+                 average; {} batch acks ({} failed), {:.1} ms each.",
+                o.label,
+                c.lease_calls,
+                c.lease_empty,
+                c.lease_errors,
+                c.tasks_per_lease_mean,
+                c.lease_ms_mean,
+                c.ack_calls,
+                c.ack_failures,
+                c.ack_ms_mean
             ));
         }
         let cpu = &o.consume_cpu;

@@ -164,6 +164,9 @@ pub struct Machine {
     pub kernel: String,
     pub commit: String,
     pub date_utc: String,
+    /// 1/5/15-minute load averages when the run started: on a shared machine, other work
+    /// competes for the same cores and this says how much.
+    pub load_average: String,
 }
 
 impl Machine {
@@ -189,6 +192,9 @@ impl Machine {
             kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| "unknown".into()),
+            load_average: std::fs::read_to_string("/proc/loadavg")
+                .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+                .unwrap_or_else(|_| "unknown".into()),
             commit: git(&["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "unknown".into()),
             date_utc: command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"])
                 .unwrap_or_else(|| "unknown".into()),
@@ -197,8 +203,8 @@ impl Machine {
 
     pub fn one_line(&self) -> String {
         format!(
-            "{} CPUs ({}), {:.1} GiB RAM, Linux {}",
-            self.cpus, self.cpu_model, self.memory_gib, self.kernel
+            "{} CPUs ({}), {:.1} GiB RAM, Linux {}, load average {} at start",
+            self.cpus, self.cpu_model, self.memory_gib, self.kernel, self.load_average
         )
     }
 }

@@ -226,7 +226,8 @@ fn fire_against_a_fake_counts_deliveries_duplicates_and_lateness() {
     assert_eq!(d["duplicates"], 1);
     assert_eq!(d["lateness"]["count"], 300);
     assert_eq!(o["submit"]["accepted"], 300);
-    assert_eq!(o["ack_failures"], 0);
+    assert_eq!(o["consumers"]["ack_failures"], 0);
+    assert_eq!(o["consumers"]["lease_errors"], 0);
     // Every leased task was acked, the redelivery included.
     assert_eq!(fake.lock().unwrap().acked, 301);
     assert!(report
