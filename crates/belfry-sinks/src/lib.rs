@@ -20,6 +20,7 @@ mod error;
 #[cfg(feature = "redis-streams")]
 pub mod redis_stream;
 pub mod retry;
+pub mod testing;
 pub mod webhook;
 
 pub use error::SinkError;
