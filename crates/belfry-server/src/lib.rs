@@ -194,6 +194,12 @@ async fn serve(
     let stopping = service.stopping.clone();
     let signal = shutdown.clone();
     let http = tokio::spawn(async move {
+    // Small answers go out at once rather than waiting on Nagle's algorithm.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "set TCP_NODELAY");
+        }
+    });
         axum::serve(listener, router)
             .with_graceful_shutdown(async move {
                 signal.cancelled().await;
