@@ -2,7 +2,9 @@
 //! last checkpoint and on the near window, not on how many tasks are pending far out.
 
 use belfry_core::{NewTask, QueueName};
-use belfry_store::{Engine, EngineOptions, Store};
+use std::time::Duration;
+
+use belfry_store::{Engine, EngineOptions, FsyncPolicy, Store};
 use bytes::Bytes;
 
 const DAY_MS: u64 = 24 * 3_600_000;
@@ -109,4 +111,36 @@ fn finished_buckets_are_deleted() {
         .flat_map(|e| std::fs::read_dir(e.path()).unwrap())
         .count();
     assert_eq!(files, 0, "bucket files left behind");
+}
+
+#[test]
+fn every_fsync_policy_keeps_data_across_reopen() {
+    for fsync in [
+        FsyncPolicy::Always,
+        FsyncPolicy::Interval(Duration::from_millis(5)),
+        FsyncPolicy::Never,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = QueueName::new("q").unwrap();
+        let options = EngineOptions {
+            fsync,
+            ..EngineOptions::default()
+        };
+        let ids: Vec<_> = {
+            let engine = Engine::open(dir.path(), options.clone()).unwrap();
+            engine.put_queue(&queue, Bytes::new()).unwrap();
+            (0..20)
+                .map(|i| {
+                    engine
+                        .put(vec![NewTask::new(queue.clone(), NOW + i, "x")])
+                        .unwrap()[0]
+                        .id()
+                })
+                .collect()
+        };
+        let engine = Engine::open(dir.path(), options).unwrap();
+        for id in ids {
+            assert!(engine.get(&queue, id, NOW).unwrap().is_some(), "{fsync:?}");
+        }
+    }
 }

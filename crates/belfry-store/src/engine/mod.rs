@@ -24,12 +24,14 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
 use std::time::{Duration, Instant};
 
 use belfry_core::UnixMs;
 use belfry_core::{LatePolicy, LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState};
 use bytes::Bytes;
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use self::bucket::{bucket_for, bucket_range, split_id, task_id};
 use self::persist::{BucketMeta, Checkpoint, CheckpointBucket, MetaFile};
@@ -46,8 +48,8 @@ pub enum FsyncPolicy {
     /// Every mutating call returns only once its records are fsync'd (shared by group commit).
     #[default]
     Always,
-    /// Records are written to the OS at once and fsync'd by the first commit at least this
-    /// long after the previous fsync (and by `flush`).
+    /// Calls return once their records are written to the OS; a background thread (or the
+    /// next commit) fsyncs them within about this interval, and `flush` at once.
     Interval(Duration),
     /// Records are handed to the OS; fsync only at checkpoints and `flush`.
     Never,
@@ -128,6 +130,61 @@ struct WalWriter {
     file: File,
     number: u64,
     last_sync: Instant,
+    /// Written since the last fsync.
+    unsynced: bool,
+}
+
+/// Under `FsyncPolicy::Interval`, a thread that fsyncs the WAL when writes have waited for
+/// longer than the interval, so the bound holds even when no further call arrives.
+#[derive(Debug)]
+struct Flusher {
+    stop: Arc<(Mutex<bool>, Condvar)>,
+    handle: Option<thread::JoinHandle<()>>,
+}
+
+impl Flusher {
+    fn start(wal: Arc<Mutex<WalWriter>>, every: Duration) -> Flusher {
+        let stop = Arc::new((Mutex::new(false), Condvar::new()));
+        let signal = Arc::clone(&stop);
+        let handle = thread::Builder::new()
+            .name("belfry-wal-fsync".into())
+            .spawn(move || loop {
+                {
+                    let (stopped, wake) = &*signal;
+                    let mut stopped = stopped.lock();
+                    if !*stopped {
+                        wake.wait_for(&mut stopped, every);
+                    }
+                    if *stopped {
+                        return;
+                    }
+                }
+                let mut wal = wal.lock();
+                if wal.unsynced && wal.last_sync.elapsed() >= every {
+                    match wal.file.sync_data() {
+                        Ok(()) => {
+                            wal.unsynced = false;
+                            wal.last_sync = Instant::now();
+                        }
+                        // The next commit or checkpoint fsyncs again and reports the error.
+                        Err(error) => tracing::warn!(%error, "periodic WAL fsync failed"),
+                    }
+                }
+            })
+            .ok();
+        Flusher { stop, handle }
+    }
+}
+
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        let (stopped, wake) = &*self.stop;
+        *stopped.lock() = true;
+        wake.notify_all();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -153,11 +210,12 @@ struct State {
 pub struct Engine {
     dir: PathBuf,
     options: EngineOptions,
-    wal: Mutex<WalWriter>,
+    wal: Arc<Mutex<WalWriter>>,
     state: Mutex<State>,
     /// WAL bytes known written (and fsync'd per policy).
     durable: AtomicU64,
     checkpointing: Mutex<()>,
+    _flusher: Option<Flusher>,
 }
 
 /// One record of a call: where it goes and its bytes' place in the WAL batch.
@@ -392,14 +450,21 @@ impl Engine {
         let last_wal = replay(&dir, checkpoint.wal_start, &mut state, &options)?;
         let number = last_wal.max(checkpoint.wal_start) + 1;
         let file = create_wal(&dir, number)?;
+        let wal = Arc::new(Mutex::new(WalWriter {
+            file,
+            number,
+            last_sync: Instant::now(),
+            unsynced: false,
+        }));
+        let flusher = match options.fsync {
+            FsyncPolicy::Interval(every) => Some(Flusher::start(Arc::clone(&wal), every)),
+            FsyncPolicy::Always | FsyncPolicy::Never => None,
+        };
         let engine = Engine {
             dir,
             options,
-            wal: Mutex::new(WalWriter {
-                file,
-                number,
-                last_sync: Instant::now(),
-            }),
+            wal,
+            _flusher: flusher,
             state: Mutex::new(state),
             durable: AtomicU64::new(0),
             checkpointing: Mutex::new(()),
@@ -454,6 +519,9 @@ impl Engine {
                     if sync {
                         wal.file.sync_data().map_err(io("fsync the WAL"))?;
                         wal.last_sync = Instant::now();
+                        wal.unsynced = false;
+                    } else {
+                        wal.unsynced = true;
                     }
                     Ok(())
                 });
@@ -565,6 +633,7 @@ impl Engine {
         wal.file = file;
         wal.number = number;
         wal.last_sync = Instant::now();
+        wal.unsynced = false;
         state.wal_since_checkpoint = 0;
         // 5. Only now may what the checkpoint replaced go.
         for n in old_wal_files(&self.dir)? {

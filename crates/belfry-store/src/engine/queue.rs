@@ -312,12 +312,17 @@ impl Queue {
             return;
         };
         debug_assert!(bucket.entries.is_none());
-        if let Some(wake) = bucket.meta.wake_ms() {
-            self.wake.remove(&(wake, key));
-        }
+        let before = bucket.meta.wake_ms();
         change(&mut bucket.meta);
-        if let Some(wake) = bucket.meta.wake_ms() {
-            self.wake.insert((wake, key));
+        let after = bucket.meta.wake_ms();
+        // Most puts land after a bucket's earliest task: the wake time stays.
+        if before != after {
+            if let Some(wake) = before {
+                self.wake.remove(&(wake, key));
+            }
+            if let Some(wake) = after {
+                self.wake.insert((wake, key));
+            }
         }
     }
 
