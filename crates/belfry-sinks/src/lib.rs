@@ -9,6 +9,10 @@
 //! loopback and other internal targets unless [`TargetPolicy::allow_private`] is set, both when
 //! a queue is configured ([`validate_webhook_url`]) and at every connection (a DNS resolver that
 //! filters addresses, so DNS rebinding cannot sneak past the first check).
+//!
+//! The Redis Streams sink (`redis_stream`, feature `redis-streams`, on by default) appends to a
+//! stream instead. [`testing::ScriptedSink`] records deliveries and answers from a script or
+//! seeded faults, for dispatcher tests and the simulation.
 
 use std::future::Future;
 use std::pin::Pin;

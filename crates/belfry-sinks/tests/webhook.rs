@@ -522,3 +522,66 @@ async fn config_errors_say_what_to_fix() {
     );
     check(WebhookConfig::new("not a url"), "not a valid absolute URL");
 }
+
+/// A raw TCP "receiver" that reads the request head, then answers `reply` (possibly nothing)
+/// and closes the connection.
+async fn start_raw_receiver(reply: &'static [u8]) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the raw receiver");
+    let addr = listener.local_addr().expect("raw receiver address");
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let mut buffer = vec![0u8; 64 * 1024];
+            let mut seen = Vec::new();
+            // Read until the end of the request head, so the client has sent its request.
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buffer).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buffer[..n]),
+                }
+            }
+            let _ = stream.write_all(reply).await;
+            // Dropping the stream closes the connection.
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_connection_closed_without_an_answer_or_with_garbage_is_retried() {
+    for reply in [
+        &b""[..],
+        b"this is not HTTP\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Le",
+    ] {
+        let addr = start_raw_receiver(reply).await;
+        let sink = sink(addr, "ok", None, Duration::from_secs(10));
+        let outcome = sink
+            .deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
+            .await;
+        match outcome {
+            Outcome::Retry {
+                after: None,
+                reason,
+            } => {
+                assert!(reason.starts_with("connection failed"), "{reason}")
+            }
+            other => panic!("reply {reply:?}: expected a retry, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_success_whose_body_is_cut_off_still_counts_as_delivered() {
+    // The status line and headers arrived: the receiver accepted the task, even if the body
+    // then broke off.
+    let addr = start_raw_receiver(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial").await;
+    let sink = sink(addr, "ok", None, Duration::from_secs(10));
+    assert_eq!(
+        sink.deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
+            .await,
+        Outcome::Delivered
+    );
+}
