@@ -75,6 +75,8 @@ pub struct EngineResult {
     pub rss_after_ingest_bytes: Option<u64>,
     pub rss_after_reopen_bytes: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
+    /// What the engine did at reopen, in its own words (belfry's work counters).
+    pub reopen_work: Option<String>,
 }
 
 impl EngineResult {
@@ -521,8 +523,23 @@ fn store(
     let queue = queue();
     if phase == Phase::PendingReopen {
         let started = Instant::now();
-        let engine = engines::open_store(kind, dir, true)?;
-        result.reopen_secs = Some(started.elapsed().as_secs_f64());
+        let engine: Box<dyn Store> = if kind == EngineKind::Belfry {
+            let engine = engines::open_belfry_engine(dir, true)?;
+            result.reopen_secs = Some(started.elapsed().as_secs_f64());
+            let stats = engine.stats();
+            result.reopen_work = Some(format!(
+                "{} WAL records replayed, {} bucket records read, {} of {} buckets in memory",
+                stats.wal_records_replayed,
+                stats.records_loaded,
+                stats.buckets_in_memory,
+                stats.buckets_total
+            ));
+            Box::new(engine)
+        } else {
+            let engine = engines::open_store(kind, dir, true)?;
+            result.reopen_secs = Some(started.elapsed().as_secs_f64());
+            engine
+        };
         // "Serving again": the first claim answers (nothing is due yet, the tasks are far out).
         let now_ms = wall_ms();
         let batch = engine.claim(&queue, now_ms, workload.batch, DRAIN_VISIBILITY_MS)?;

@@ -56,12 +56,16 @@ pub fn open_store(
 }
 
 fn open_belfry(dir: &Path, durable: bool) -> anyhow::Result<Box<dyn Store>> {
+    Ok(Box::new(open_belfry_engine(dir, durable)?))
+}
+
+/// The belfry engine itself, for callers that also read its work counters.
+pub fn open_belfry_engine(dir: &Path, durable: bool) -> anyhow::Result<Engine> {
     // Default options: fsync policy `always`, the durability the brief promises by default.
     let mut options = EngineOptions::default();
     if !durable {
         options.fsync = FsyncPolicy::Never;
     }
-    let engine = Engine::open(dir, options)
-        .with_context(|| format!("open the belfry engine in {}", dir.display()))?;
-    Ok(Box::new(engine))
+    Engine::open(dir, options)
+        .with_context(|| format!("open the belfry engine in {}", dir.display()))
 }

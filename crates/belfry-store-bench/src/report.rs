@@ -126,6 +126,7 @@ fn compare_rows(workload: &Workload, results: &[EngineResult]) -> Vec<Vec<String
                 ratio(disk_per_task.map(|d| d / raw_bytes)),
                 bytes(r.disk_after_drain_bytes),
                 secs(r.reopen_secs),
+                bytes(r.rss_after_ingest_bytes),
                 bytes(r.peak_rss_bytes),
                 if r.order_violations + r.verify_failures == 0 && r.drained == r.tasks {
                     "ok".into()
@@ -140,7 +141,7 @@ fn compare_rows(workload: &Workload, results: &[EngineResult]) -> Vec<Vec<String
         .collect()
 }
 
-const COMPARE_HEADER: [&str; 14] = [
+const COMPARE_HEADER: [&str; 15] = [
     "engine",
     "ingest tasks/s",
     "÷ raw",
@@ -153,6 +154,7 @@ const COMPARE_HEADER: [&str; 14] = [
     "disk ÷ raw",
     "disk after drain",
     "reopen",
+    "RSS after ingest",
     "peak RSS",
     "check",
 ];
@@ -296,8 +298,14 @@ fn provenance() -> String {
     let command: Vec<String> = std::env::args().collect();
     let mut shown = vec!["belfry-store-bench".to_string()];
     shown.extend(command.into_iter().skip(1));
+    // The machine is shared: the load average says how much else was running.
+    let load = fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_string))
+        .map(|one_minute| format!(", 1-minute load average {one_minute} at the end of the run"))
+        .unwrap_or_default();
     format!(
-        "Command: `cargo run --release -p belfry-store-bench -- {}`  \nCommit `{}`, {}, on {}.\n",
+        "Command: `cargo run --release -p belfry-store-bench -- {}`  \nCommit `{}`, {}, on {}{load}.\n",
         shown[1..].join(" "),
         git_commit(),
         date_utc(),
@@ -383,11 +391,11 @@ fn extrapolate(workload: &Workload, rows: &[PendingRow]) -> Vec<String> {
         }
         let project = |a: Option<f64>, b: Option<f64>| -> Option<(f64, f64)> {
             let (a, b) = (a?, b?);
-            let slope = (b - a) / span;
-            Some((
-                slope,
-                b + slope * (TARGET_PENDING - large.fill.tasks) as f64,
-            ))
+            // A negative slope is noise (nothing shrinks as tasks are added): project from
+            // the larger measurement with no growth instead of extrapolating a decrease.
+            let slope = ((b - a) / span).max(0.0);
+            let remaining = TARGET_PENDING.saturating_sub(large.fill.tasks) as f64;
+            Some((slope, a.max(b) + slope * remaining))
         };
         let as_f = |v: Option<u64>| v.map(|v| v as f64);
         if let Some((slope, at_target)) = project(
@@ -447,6 +455,15 @@ fn extrapolate(workload: &Workload, rows: &[PendingRow]) -> Vec<String> {
 
 pub fn pending_table(workload: &Workload, rows: &[PendingRow]) -> String {
     let mut out = text_table(&PENDING_HEADER, &pending_rows(workload, rows));
+    for row in rows {
+        if let Some(work) = &row.reopen.reopen_work {
+            let _ = writeln!(
+                out,
+                "{} reopen at {} pending: {work}",
+                row.reopen.engine, row.fill.tasks
+            );
+        }
+    }
     for line in extrapolate(workload, rows) {
         let _ = writeln!(out, "{line}");
     }
@@ -470,7 +487,25 @@ pub fn pending_markdown(workload: &Workload, rows: &[PendingRow]) -> String {
         &PENDING_HEADER,
         &pending_rows(workload, rows),
     ));
-    out.push_str("\nTargets (100M pending is extrapolated linearly from the two sizes above, not measured):\n\n");
+    let work: Vec<String> = rows
+        .iter()
+        .filter_map(|row| {
+            let work = row.reopen.reopen_work.as_ref()?;
+            Some(format!(
+                "- {} at {} pending: {work}",
+                row.reopen.engine, row.fill.tasks
+            ))
+        })
+        .collect();
+    if !work.is_empty() {
+        out.push_str("\nWork done by each reopen (the engine's counters):\n\n");
+        for line in work {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    out.push_str("\nTargets (100M pending is extrapolated linearly from the two sizes above, not measured; a \
+         straight line through two points overstates costs that are bounded, such as WAL replay \
+         since the last checkpoint, and understates nothing that grows faster than linearly):\n\n");
     for line in extrapolate(workload, rows) {
         let _ = writeln!(out, "{line}");
     }

@@ -32,7 +32,8 @@ const WRITER: &str = env!("CARGO_BIN_EXE_belfry-store-bench");
 /// debug build.
 const ROUNDS: u64 = 20;
 
-/// A round kills the writer after it logged between 1 and this many acknowledged puts.
+/// A round kills the writer after it logged between 1 and this many acknowledged puts and
+/// acks.
 const KILL_AFTER_PUTS_MAX: u64 = 3_000;
 
 /// Tasks per claim in the checker's drain.
@@ -86,7 +87,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// Runs one writer in `dir` and kills it after `kill_after` acknowledged puts.
+/// Runs one writer in `dir` and kills it after `kill_after` acknowledged puts and acks.
 fn run_writer(dir: &Path, round: u64, claim: bool, kill_after: u64) -> AckLog {
     let mut command = Command::new(WRITER);
     command
@@ -97,7 +98,9 @@ fn run_writer(dir: &Path, round: u64, claim: bool, kill_after: u64) -> AckLog {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if claim {
-        command.arg("--claim");
+        // One writer thread, so the claimer's acks are a good share of what is in flight
+        // when the kill lands.
+        command.args(["--claim", "--writers", "1"]);
     }
     let mut child = KillOnDrop(command.spawn().expect("start the crash writer"));
     let stdout = child.0.stdout.take().unwrap();
@@ -125,7 +128,7 @@ fn run_writer(dir: &Path, round: u64, claim: bool, kill_after: u64) -> AckLog {
             // A torn last line: the writer died while printing it. Not counted as acked.
             None => {}
         }
-        if !killed && log.puts.len() as u64 >= kill_after {
+        if !killed && (log.puts.len() + log.acks.len()) as u64 >= kill_after {
             child.0.kill().expect("kill the writer");
             killed = true;
         }
