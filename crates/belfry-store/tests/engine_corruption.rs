@@ -196,3 +196,41 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+#[test]
+fn inputs_the_format_cannot_hold_are_refused_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+    engine.put_queue(&queue(), Bytes::new()).unwrap();
+    let mut many_headers = NewTask::new(queue(), NOW, "x");
+    many_headers.headers = (0..1_000).map(|i| (format!("h{i}"), "v".into())).collect();
+    let mut long_key = NewTask::new(queue(), NOW, "x");
+    long_key.idempotency_key = Some("k".repeat(100_000));
+    for bad in [many_headers, long_key] {
+        let ok = NewTask::new(queue(), NOW, "fine");
+        assert!(matches!(
+            engine.put(vec![ok, bad]),
+            Err(StoreError::Invalid(_))
+        ));
+    }
+    // Nothing of the refused batches was stored, and a long dead reason is cut, not refused.
+    engine.put(vec![NewTask::new(queue(), NOW, "y")]).unwrap();
+    let leased = engine.claim(&queue(), NOW, 10, 1_000).unwrap().leased;
+    assert_eq!(leased.len(), 1);
+    let reason = "é".repeat(10_000);
+    engine
+        .dead_letter(
+            &queue(),
+            leased[0].task.id,
+            leased[0].lease_id,
+            &reason,
+            NOW,
+        )
+        .unwrap();
+    drop(engine);
+    let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+    let dead = engine.list_dead(&queue(), None, 10).unwrap();
+    assert_eq!(dead.len(), 1);
+    let stored = dead[0].dead_reason.clone().unwrap();
+    assert!(stored.len() <= 4096 && reason.starts_with(&stored));
+}

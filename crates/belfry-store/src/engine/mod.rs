@@ -994,6 +994,9 @@ impl Store for Engine {
                 headers: task.headers,
                 payload: task.payload,
             });
+            if let Record::Put(put) = &record {
+                record::check_put(put).map_err(StoreError::Invalid)?;
+            }
             push(&mut batch, &mut pending, uid, key, record);
         }
         self.commit(state, batch, pending)?;
@@ -1244,7 +1247,7 @@ impl Store for Engine {
         let mut pending = Vec::new();
         let record = Record::Dead {
             seq,
-            reason: reason.to_owned(),
+            reason: record::cut_reason(reason).to_owned(),
         };
         push(&mut batch, &mut pending, uid, key, record);
         self.commit(state, batch, pending)?;

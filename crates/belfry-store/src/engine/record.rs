@@ -256,6 +256,49 @@ pub fn decode_wal(bytes: &[u8]) -> Result<(WalEntries<'_>, usize), DecodeError> 
 /// Largest WAL frame body: one store call's records. A batch of 1,000 tasks of 1 MiB fits.
 pub const WAL_FRAME_BODY_BYTES_MAX: usize = u32::MAX as usize;
 
+/// Checks that a task fits the record format's limits, so that everything written can be
+/// read back. The API enforces tighter limits; this guards the disk format itself.
+pub fn check_put(put: &PutRecord) -> Result<(), String> {
+    if put.headers.len() > HEADERS_MAX {
+        return Err(format!("more than {HEADERS_MAX} headers"));
+    }
+    for (name, value) in &put.headers {
+        if name.len() > HEADER_NAME_LEN_MAX || value.len() > HEADER_VALUE_LEN_MAX {
+            return Err(format!(
+                "a header name is limited to {HEADER_NAME_LEN_MAX} bytes and a value to {HEADER_VALUE_LEN_MAX}"
+            ));
+        }
+    }
+    if put
+        .idempotency_key
+        .as_ref()
+        .is_some_and(|k| k.len() > KEY_BYTES_MAX)
+    {
+        return Err(format!("idempotency key longer than {KEY_BYTES_MAX} bytes"));
+    }
+    // Header bytes plus payload must fit one frame, with room for the fixed fields.
+    let header_bytes: usize = put.headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
+    let key_bytes = put.idempotency_key.as_ref().map_or(0, |k| k.len() + 4);
+    if put.payload.len() + header_bytes + key_bytes + PUT_FIXED_BYTES > FRAME_BODY_BYTES_MAX {
+        return Err(format!(
+            "task larger than the {FRAME_BODY_BYTES_MAX}-byte record limit"
+        ));
+    }
+    Ok(())
+}
+
+/// Bytes of a put record besides strings and payload (generous).
+const PUT_FIXED_BYTES: usize = 64;
+
+/// Cuts a dead-letter reason to what a record stores, on a character boundary.
+pub fn cut_reason(reason: &str) -> &str {
+    let mut cut = reason.len().min(DEAD_REASON_BYTES_MAX);
+    while !reason.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    &reason[..cut]
+}
+
 /// Appends `record` to `out` as one bucket frame.
 pub fn encode(out: &mut Vec<u8>, record: &Record) {
     let start = out.len();
@@ -339,11 +382,7 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
         Record::Dead { seq, reason } => {
             out.push(KIND_DEAD);
             put_u64(out, *seq);
-            let mut cut = reason.len().min(DEAD_REASON_BYTES_MAX);
-            while !reason.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            put_str(out, &reason[..cut]);
+            put_str(out, cut_reason(reason));
         }
         Record::Redrive { seq, due_at_ms } => {
             out.push(KIND_REDRIVE);
@@ -409,7 +448,7 @@ impl<'a> Reader<'a> {
 }
 
 /// Longest idempotency key a record may hold (the API enforces a tighter limit).
-const KEY_BYTES_MAX: usize = 64 * 1024;
+pub const KEY_BYTES_MAX: usize = 64 * 1024;
 
 fn decode_body(body: &[u8]) -> Result<Record, DecodeError> {
     let mut r = Reader { bytes: body };
