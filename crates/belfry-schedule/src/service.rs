@@ -12,7 +12,7 @@
 //! so the server must run one `tick` at start-up before it dispatches or serves the API: then
 //! no firing task can have finished between the crash and the replay.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use belfry_core::limits::BATCH_TASKS_MAX;
@@ -87,6 +87,8 @@ pub struct TickReport {
     pub firings: u64,
     /// Tasks stored by this tick.
     pub tasks_created: u64,
+    /// Firings by queue name (for per-queue metrics, and to wake only those queues).
+    pub firings_by_queue: BTreeMap<String, u64>,
     /// Tasks the store already had (a replay after a crash between put and cursor persist).
     pub tasks_duplicate: u64,
     /// Schedules whose due set included missed fire times.
@@ -324,6 +326,10 @@ impl ScheduleService {
                 match self.store.put(std::mem::take(&mut batch)) {
                     Ok(outcomes) => {
                         report.firings += firings;
+                        *report
+                            .firings_by_queue
+                            .entry(schedule.def.queue.to_string())
+                            .or_default() += firings;
                         for outcome in outcomes {
                             match outcome {
                                 PutOutcome::Created { .. } => report.tasks_created += 1,

@@ -14,6 +14,7 @@ pub mod config;
 mod dispatcher;
 pub mod metrics;
 pub mod queues;
+pub mod schedules;
 pub mod service;
 
 use std::net::SocketAddr;

@@ -29,6 +29,14 @@ pub const IDLE_RECHECK_MS: u64 = 1_000;
 /// Dead letters listed per page at most.
 pub const DEAD_PAGE_MAX: usize = 1_000;
 
+/// Store calls running or queued on the blocking pool at once. Tokio's blocking queue is
+/// unbounded; this bound is what turns a flood of requests into `503 overloaded` instead of
+/// unbounded memory and latency. Twice the blocking pool's default thread count.
+pub const STORE_CALLS_IN_FLIGHT_MAX: usize = 1_024;
+
+/// How long a request waits for a store-call slot before it is refused as overloaded.
+pub const STORE_CALL_ADMISSION_WAIT_MS: u64 = 2_000;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error("queue {0} does not exist")]
@@ -49,6 +57,8 @@ pub enum ServiceError {
     WebhookRefused(String),
     #[error("the server is shutting down")]
     ShuttingDown,
+    #[error("the server is overloaded ({STORE_CALLS_IN_FLIGHT_MAX} storage calls in flight); retry shortly")]
+    Overloaded,
     #[error("{0}")]
     Invalid(String),
     #[error("storage failed: {0}")]
@@ -126,6 +136,8 @@ pub struct Service {
     /// Dispatcher loops.
     pub dispatchers: TaskTracker,
     ready: AtomicBool,
+    /// Admission for store calls (see `STORE_CALLS_IN_FLIGHT_MAX`).
+    store_calls: tokio::sync::Semaphore,
     /// The HTTP client every webhook sink shares (one connection pool per server).
     webhook_client: reqwest::Client,
 }
@@ -147,6 +159,7 @@ impl Service {
             deliveries: TaskTracker::new(),
             dispatchers: TaskTracker::new(),
             ready: AtomicBool::new(false),
+            store_calls: tokio::sync::Semaphore::new(STORE_CALLS_IN_FLIGHT_MAX),
             webhook_client,
         })
     }
@@ -173,6 +186,12 @@ impl Service {
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
     {
+        let wait = Duration::from_millis(STORE_CALL_ADMISSION_WAIT_MS);
+        let _permit = match tokio::time::timeout(wait, self.store_calls.acquire()).await {
+            Ok(Ok(permit)) => permit,
+            Ok(Err(_closed)) => return Err(ServiceError::ShuttingDown),
+            Err(_elapsed) => return Err(ServiceError::Overloaded),
+        };
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || f(&*store))
             .await

@@ -38,6 +38,8 @@ pub enum ErrorCode {
     TaskNotDead,
     NotPullQueue,
     ShuttingDown,
+    /// Too many requests at once: retry after the `Retry-After` seconds.
+    Overloaded,
     StoreUnavailable,
     InternalError,
     // Schedules: the codes of `belfry_schedule::ScheduleServiceError::code`.
@@ -73,6 +75,7 @@ impl ErrorCode {
             ErrorCode::TaskNotDead => "task_not_dead",
             ErrorCode::NotPullQueue => "not_pull_queue",
             ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Overloaded => "overloaded",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::InternalError => "internal_error",
             ErrorCode::InvalidScheduleId => "invalid_schedule_id",
@@ -110,7 +113,7 @@ impl ErrorCode {
             | ErrorCode::TaskNotDead
             | ErrorCode::NotPullQueue
             | ErrorCode::ScheduleExists => StatusCode::CONFLICT,
-            ErrorCode::ShuttingDown | ErrorCode::StoreUnavailable => {
+            ErrorCode::ShuttingDown | ErrorCode::Overloaded | ErrorCode::StoreUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ErrorCode::InternalError | ErrorCode::ScheduleCorrupt => {
@@ -160,7 +163,15 @@ impl IntoResponse for ApiError {
             tracing::error!(code = self.code.as_str(), message = %self.message, "request failed");
         }
         let status = self.code.status();
-        (status, axum::Json(Envelope { error: self.body() })).into_response()
+        let mut response = (status, axum::Json(Envelope { error: self.body() })).into_response();
+        if self.code == ErrorCode::Overloaded {
+            // One second: long enough for a burst to drain, short enough to stay responsive.
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
 
@@ -181,6 +192,7 @@ impl From<ServiceError> for ApiError {
             ServiceError::InvalidQueueConfig(_) => ErrorCode::InvalidQueueConfig,
             ServiceError::WebhookRefused(_) => ErrorCode::WebhookTargetRefused,
             ServiceError::ShuttingDown => ErrorCode::ShuttingDown,
+            ServiceError::Overloaded => ErrorCode::Overloaded,
             ServiceError::Invalid(_) => ErrorCode::InvalidRequest,
             ServiceError::Store(
                 belfry_store::StoreError::Poisoned(_) | belfry_store::StoreError::Closed,
@@ -236,6 +248,7 @@ mod tests {
             ErrorCode::TaskNotDead,
             ErrorCode::NotPullQueue,
             ErrorCode::ShuttingDown,
+            ErrorCode::Overloaded,
             ErrorCode::StoreUnavailable,
             ErrorCode::InternalError,
             ErrorCode::InvalidScheduleId,

@@ -7,6 +7,7 @@ mod extract;
 mod leases;
 mod ops;
 mod queues;
+pub(crate) mod schedules;
 mod tasks;
 
 use std::sync::Arc;

@@ -166,11 +166,7 @@ pub struct ScheduleBody {
 }
 
 /// An instant given as RFC 3339 text or as unix milliseconds (at most one of the two).
-fn instant(
-    name: &str,
-    text: Option<&str>,
-    ms: Option<u64>,
-) -> Result<Option<UnixMs>, ApiError> {
+fn instant(name: &str, text: Option<&str>, ms: Option<u64>) -> Result<Option<UnixMs>, ApiError> {
     match (text, ms) {
         (Some(_), Some(_)) => Err(invalid(format!(
             "give {name} (RFC 3339) or {name}_ms (unix ms), not both"
@@ -318,9 +314,12 @@ pub struct ForecastQuery {
 }
 
 fn query<T>(query: Result<Query<T>, QueryRejection>, shape: &str) -> Result<T, ApiError> {
-    query
-        .map(|Query(q)| q)
-        .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("bad query string ({shape}): {e}")))
+    query.map(|Query(q)| q).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("bad query string ({shape}): {e}"),
+        )
+    })
 }
 
 // ---- responses ----
@@ -518,7 +517,9 @@ pub async fn replace(
         if body_id != id.as_str() {
             return Err(ApiError::new(
                 ErrorCode::InvalidRequest,
-                format!("the body's id {body_id:?} differs from the path's {id}; ids cannot change"),
+                format!(
+                    "the body's id {body_id:?} differs from the path's {id}; ids cannot change"
+                ),
             ));
         }
     }
@@ -667,9 +668,7 @@ fn forecast_counts(
         return Err(ScheduleServiceError::QueueNotFound(queue.clone()));
     }
     let tasks = s.store.forecast(queue, from_ms, step_ms, steps)?;
-    let firings = s
-        .service
-        .forecast_firings(queue, from_ms, step_ms, steps)?;
+    let firings = s.service.forecast_firings(queue, from_ms, step_ms, steps)?;
     Ok((tasks, firings))
 }
 
@@ -711,7 +710,8 @@ mod tests {
     }
 
     fn def(json: &str) -> Result<ScheduleDef, ErrorCode> {
-        let body: ScheduleBody = serde_json::from_str(json).map_err(|_| ErrorCode::InvalidRequest)?;
+        let body: ScheduleBody =
+            serde_json::from_str(json).map_err(|_| ErrorCode::InvalidRequest)?;
         body.into_def(100).map(|(_, def)| def).map_err(|e| e.code)
     }
 
@@ -756,7 +756,10 @@ mod tests {
                 r#"{"queue": "q", "every_ms": 1000, "start_at": "1970-01-01T00:00:02Z", "start_at_ms": 1}"#,
                 ErrorCode::InvalidSchedule,
             ),
-            (r#"{"queue": "no/pe", "every_ms": 1000}"#, ErrorCode::InvalidQueueName),
+            (
+                r#"{"queue": "no/pe", "every_ms": 1000}"#,
+                ErrorCode::InvalidQueueName,
+            ),
             (
                 r#"{"queue": "q", "every_ms": 1000, "payload": 1, "payload_base64": ""}"#,
                 ErrorCode::InvalidPayload,

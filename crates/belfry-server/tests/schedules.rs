@@ -1,0 +1,671 @@
+//! Schedules end to end: the `/v1/schedules` routes, the runner creating tasks at fire times
+//! (driven by a manual clock), misfires after downtime, and the queue forecast.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::{Clock, ManualClock};
+use belfry_server::schedules::Schedules;
+use belfry_server::Server;
+use belfry_store::{MemoryStore, Store};
+use common::{eventually, test_config, TestServer, T0};
+use serde_json::{json, Value};
+
+const MINUTE: u64 = 60_000;
+
+/// A test server with the schedule routes and runner, started the way `belfry serve` does.
+struct Scheduled {
+    s: TestServer,
+    schedules: Schedules,
+    /// The store, kept to start the next server on after a stop.
+    memory: Arc<MemoryStore>,
+}
+
+fn dyn_store_again(store: &Arc<MemoryStore>) -> Arc<dyn Store> {
+    store.clone()
+}
+
+impl Scheduled {
+    async fn start() -> Self {
+        Self::start_on(Arc::new(MemoryStore::new()), ManualClock::new(T0)).await
+    }
+
+    /// On an existing store and clock: a restart after "downtime".
+    async fn start_on(store: Arc<MemoryStore>, clock: ManualClock) -> Self {
+        let config = test_config();
+        let dyn_store = store.clone() as Arc<dyn Store>;
+        let dyn_clock = Arc::new(clock.clone()) as Arc<dyn Clock>;
+        let schedules = Schedules::new(&config, dyn_store.clone(), dyn_clock.clone());
+        schedules
+            .tick_at_startup()
+            .await
+            .expect("start-up tick succeeds");
+        let handle = Server::builder(config, dyn_store)
+            .clock(dyn_clock)
+            .merge(schedules.routes())
+            .start()
+            .await
+            .expect("server starts");
+        schedules.spawn_runner(&handle);
+        Scheduled {
+            s: TestServer::from_handle(handle, clock, dyn_store_again(&store)),
+            schedules,
+            memory: store,
+        }
+    }
+
+    /// Moves the clock and wakes the runner and the queues.
+    fn advance(&self, ms: u64) {
+        self.s.advance(ms);
+        self.schedules.wake();
+    }
+
+    async fn stop(self) -> (Arc<MemoryStore>, ManualClock) {
+        let clock = self.s.clock.clone();
+        self.s.handle.stop().await.expect("clean stop");
+        (self.memory, clock)
+    }
+
+    async fn create(&self, body: Value) -> Value {
+        self.s.ok("POST", "/v1/schedules", body, 201).await
+    }
+
+    /// Leases and acks until `n` tasks came (or fails after the poll deadline); returns them
+    /// sorted by due time, then by shard.
+    async fn lease_n(&self, queue: &str, n: usize) -> Vec<Value> {
+        let mut got: Vec<Value> = Vec::new();
+        let deadline = tokio::time::Instant::now() + common::POLL_DEADLINE;
+        while got.len() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "gave up waiting for {n} tasks in {queue}, have {got:?}"
+            );
+            let leased = self.s.lease(queue, json!({"max": 100})).await;
+            if leased.is_empty() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            for task in &leased {
+                let id = task["id"].as_str().unwrap();
+                self.s
+                    .ok(
+                        "POST",
+                        &format!("/v1/queues/{queue}/tasks/{id}/ack"),
+                        json!({"lease_id": task["lease_id"]}),
+                        200,
+                    )
+                    .await;
+            }
+            got.extend(leased);
+        }
+        assert_eq!(got.len(), n, "exactly {n} tasks: {got:?}");
+        got.sort_by_key(|t| {
+            (
+                t["due_at_ms"].as_u64(),
+                t["headers"]["Belfry-Shard"].as_str().map(str::to_owned),
+            )
+        });
+        got
+    }
+
+    async fn pending(&self, queue: &str) -> u64 {
+        let q = self
+            .s
+            .ok("GET", &format!("/v1/queues/{queue}"), Value::Null, 200)
+            .await;
+        q["pending"].as_u64().unwrap()
+    }
+}
+
+fn code(value: &Value) -> &str {
+    value["error"]["code"].as_str().unwrap_or("<no code>")
+}
+
+fn message(value: &Value) -> &str {
+    value["error"]["message"].as_str().unwrap_or("")
+}
+
+#[tokio::test]
+async fn schedule_lifecycle_through_http() {
+    let t = Scheduled::start().await;
+    t.s.queue("reports", json!({})).await;
+
+    let created = t
+        .create(json!({
+            "id": "daily-report",
+            "queue": "reports",
+            "cron": "30 2 * * *",
+            "timezone": "America/New_York",
+            "payload": {"report": "sales"},
+            "headers": {"X-Kind": "report"},
+            "priority": "high",
+            "late": {"policy": "skip", "after_ms": 3600000},
+        }))
+        .await;
+    assert_eq!(created["id"], "daily-report");
+    assert_eq!(created["queue"], "reports");
+    assert_eq!(created["cron"], "30 2 * * *");
+    assert_eq!(created["timezone"], "America/New_York");
+    assert_eq!(created["payload"], json!({"report": "sales"}));
+    assert_eq!(created["headers"], json!({"X-Kind": "report"}));
+    assert_eq!(created["priority"], "high");
+    assert_eq!(
+        created["late"],
+        json!({"policy": "skip", "after_ms": 3600000})
+    );
+    assert_eq!(created["shard_count"], 1);
+    assert_eq!(created["misfire"], "fire_once");
+    assert_eq!(created["paused"], false);
+    // T0 is 2026-01-01T00:00Z = 2025-12-31 19:00 in New York: next 02:30 EST is 07:30Z.
+    assert_eq!(created["next_fire_at"], "2026-01-01T07:30:00Z");
+    assert_eq!(
+        created["next_fire_at_ms"],
+        T0 + 7 * 60 * MINUTE + 30 * MINUTE
+    );
+    assert_eq!(
+        created["next_fire_local"],
+        "2026-01-01T02:30:00-05:00[America/New_York]"
+    );
+
+    let got =
+        t.s.ok("GET", "/v1/schedules/daily-report", Value::Null, 200)
+            .await;
+    assert_eq!(got, created);
+
+    // A generated id.
+    let other = t
+        .create(json!({"queue": "reports", "every_ms": 90_000, "payload_base64": "AAE="}))
+        .await;
+    let other_id = other["id"].as_str().unwrap().to_owned();
+    assert_eq!(other_id.len(), 32);
+    assert_eq!(other["every_ms"], 90_000);
+    assert_eq!(other["payload_base64"], "AAE=");
+    assert_eq!(other["next_fire_at_ms"], T0 + 90_000);
+    assert!(other.get("timezone").is_none());
+
+    let list = t.s.ok("GET", "/v1/schedules", Value::Null, 200).await;
+    let mut ids: Vec<_> = list["schedules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect();
+    ids.sort();
+    let mut expected = vec!["daily-report".to_owned(), other_id.clone()];
+    expected.sort();
+    assert_eq!(ids, expected);
+
+    // Next fire times across the 2026-03-08 spring-forward in New York: 02:30 does not exist
+    // that day and fires once at 03:00 EDT.
+    let replaced =
+        t.s.ok(
+            "PUT",
+            "/v1/schedules/daily-report",
+            json!({"queue": "reports", "cron": "30 2 * * *", "timezone": "America/New_York",
+                   "start_at": "2026-03-07T00:00:00Z"}),
+            200,
+        )
+        .await;
+    assert_eq!(replaced["start_at"], "2026-03-07T00:00:00Z");
+    assert_eq!(replaced["priority"], "normal");
+    let next =
+        t.s.ok(
+            "GET",
+            "/v1/schedules/daily-report/next?n=3",
+            Value::Null,
+            200,
+        )
+        .await;
+    assert_eq!(next["timezone"], "America/New_York");
+    let times = next["fire_times"].as_array().unwrap();
+    let local: Vec<_> = times.iter().map(|t| t["local"].as_str().unwrap()).collect();
+    assert_eq!(
+        local,
+        vec![
+            "2026-03-07T02:30:00-05:00[America/New_York]",
+            "2026-03-08T03:00:00-04:00[America/New_York]",
+            "2026-03-09T02:30:00-04:00[America/New_York]",
+        ]
+    );
+    assert_eq!(times[1]["at"], "2026-03-08T07:00:00Z");
+    assert_eq!(times[0]["at_ms"].as_u64(), Some(1_772_868_600_000));
+    let default_n =
+        t.s.ok("GET", "/v1/schedules/daily-report/next", Value::Null, 200)
+            .await;
+    assert_eq!(default_n["fire_times"].as_array().unwrap().len(), 10);
+
+    let paused =
+        t.s.ok("POST", "/v1/schedules/daily-report/pause", Value::Null, 200)
+            .await;
+    assert_eq!(paused["paused"], true);
+    assert!(paused.get("next_fire_at").is_none(), "{paused}");
+    let resumed =
+        t.s.ok(
+            "POST",
+            "/v1/schedules/daily-report/resume",
+            Value::Null,
+            200,
+        )
+        .await;
+    assert_eq!(resumed["paused"], false);
+    assert_eq!(resumed["next_fire_at"], "2026-03-07T07:30:00Z");
+
+    let (status, body) =
+        t.s.call("DELETE", "/v1/schedules/daily-report", Value::Null)
+            .await;
+    assert_eq!(status, 204, "{body}");
+    for (method, path) in [
+        ("GET", "/v1/schedules/daily-report"),
+        ("DELETE", "/v1/schedules/daily-report"),
+        ("POST", "/v1/schedules/daily-report/pause"),
+        ("POST", "/v1/schedules/daily-report/resume"),
+        ("GET", "/v1/schedules/daily-report/next"),
+    ] {
+        let (status, body) = t.s.call(method, path, Value::Null).await;
+        assert_eq!(
+            (status, code(&body)),
+            (404, "schedule_not_found"),
+            "{method} {path}"
+        );
+    }
+    let (status, body) =
+        t.s.call(
+            "PUT",
+            "/v1/schedules/daily-report",
+            json!({"queue": "reports", "every_ms": 1000}),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (404, "schedule_not_found"));
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn bad_input_is_refused_with_stable_codes_and_nothing_is_stored() {
+    let t = Scheduled::start().await;
+    t.s.queue("q", json!({})).await;
+    let cases: Vec<(Value, u16, &str, &str)> = vec![
+        (
+            json!({"queue": "q", "cron": "0 9 32 * *"}),
+            400,
+            "invalid_schedule",
+            "field 3 (day of month) \"32\"",
+        ),
+        (
+            json!({"queue": "q", "cron": "0 9 * *"}),
+            400,
+            "invalid_schedule",
+            "has 5 fields",
+        ),
+        (
+            json!({"queue": "q", "cron": "0 9 * * *", "timezone": "Mars/Olympus_Mons"}),
+            400,
+            "invalid_schedule",
+            "Mars/Olympus_Mons",
+        ),
+        (
+            json!({"queue": "q", "every_ms": 999}),
+            400,
+            "invalid_schedule",
+            "at least 1000",
+        ),
+        (
+            json!({"queue": "q", "every_ms": 1000, "start_at_ms": T0 + 10, "end_at_ms": T0}),
+            400,
+            "invalid_schedule",
+            "before start_at",
+        ),
+        (
+            json!({"queue": "q", "every_ms": 1000, "shard_count": 0}),
+            400,
+            "invalid_schedule",
+            "shard_count",
+        ),
+        (
+            json!({"queue": "q", "every_ms": 1000, "shard_count": 1001}),
+            400,
+            "invalid_schedule",
+            "shard_count",
+        ),
+        (
+            json!({"queue": "q", "every_ms": 1000, "headers": {"Belfry-Shard": "1"}}),
+            400,
+            "invalid_schedule",
+            "set by the schedule",
+        ),
+        (json!({"queue": "q"}), 400, "invalid_schedule", "cron"),
+        (
+            json!({"queue": "q", "every_ms": 1000, "id": "not ok!"}),
+            400,
+            "invalid_schedule_id",
+            "not ok!",
+        ),
+        (
+            json!({"queue": "nowhere", "every_ms": 1000}),
+            404,
+            "queue_not_found",
+            "nowhere",
+        ),
+        (
+            json!({"queue": "q", "every_ms": 1000, "misfire": "sometimes"}),
+            400,
+            "invalid_request",
+            "sometimes",
+        ),
+        (
+            json!({"queue": "q", "every_ms": 1000, "color": "blue"}),
+            400,
+            "invalid_request",
+            "color",
+        ),
+    ];
+    for (body, status, expected_code, hint) in cases {
+        let (got, answer) = t.s.call("POST", "/v1/schedules", body.clone()).await;
+        assert_eq!(
+            (got, code(&answer)),
+            (status, expected_code),
+            "{body}: {answer}"
+        );
+        assert!(
+            message(&answer).contains(hint),
+            "{body}: message {:?} should mention {hint:?}",
+            message(&answer)
+        );
+    }
+    let (status, answer) = t.s.raw("POST", "/v1/schedules", Some("{".into())).await;
+    assert_eq!((status, code(&answer)), (400, "malformed_json"));
+    let list = t.s.ok("GET", "/v1/schedules", Value::Null, 200).await;
+    assert_eq!(list["schedules"], json!([]), "nothing was stored");
+
+    // Duplicate ids.
+    t.create(json!({"id": "once", "queue": "q", "every_ms": 1000}))
+        .await;
+    let (status, answer) =
+        t.s.call(
+            "POST",
+            "/v1/schedules",
+            json!({"id": "once", "queue": "q", "every_ms": 5000}),
+        )
+        .await;
+    assert_eq!((status, code(&answer)), (409, "schedule_exists"));
+    let kept = t.s.ok("GET", "/v1/schedules/once", Value::Null, 200).await;
+    assert_eq!(kept["every_ms"], 1000, "the first one is unchanged");
+
+    // A bad replacement leaves the schedule as it was.
+    let (status, answer) =
+        t.s.call(
+            "PUT",
+            "/v1/schedules/once",
+            json!({"queue": "q", "cron": "* * * * * * *"}),
+        )
+        .await;
+    assert_eq!((status, code(&answer)), (400, "invalid_schedule"));
+    let (status, answer) =
+        t.s.call(
+            "PUT",
+            "/v1/schedules/once",
+            json!({"id": "other", "queue": "q", "every_ms": 2000}),
+        )
+        .await;
+    assert_eq!((status, code(&answer)), (400, "invalid_request"));
+    let kept = t.s.ok("GET", "/v1/schedules/once", Value::Null, 200).await;
+    assert_eq!(kept["every_ms"], 1000);
+
+    // Path and query checks.
+    let (status, answer) = t.s.call("GET", "/v1/schedules/bad%20id", Value::Null).await;
+    assert_eq!((status, code(&answer)), (400, "invalid_schedule_id"));
+    for query in ["n=0", "n=1001", "n=x", "m=1"] {
+        let (status, answer) =
+            t.s.call(
+                "GET",
+                &format!("/v1/schedules/once/next?{query}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!((status, code(&answer)), (400, "invalid_request"), "{query}");
+    }
+    let (status, answer) =
+        t.s.call("GET", "/v1/schedules/once/next?n=1000", Value::Null)
+            .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["fire_times"].as_array().unwrap().len(), 1000);
+    for query in [
+        "step_ms=999",
+        "horizon_ms=0",
+        "horizon_ms=2678400001&step_ms=3600000",
+        "horizon_ms=20000001&step_ms=1000",
+        "horizon_ms=x",
+    ] {
+        let (status, answer) =
+            t.s.call(
+                "GET",
+                &format!("/v1/queues/q/forecast?{query}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(
+            (status, code(&answer)),
+            (400, "invalid_request"),
+            "{query}: {answer}"
+        );
+    }
+    let (status, answer) =
+        t.s.call("GET", "/v1/queues/nowhere/forecast", Value::Null)
+            .await;
+    assert_eq!((status, code(&answer)), (404, "queue_not_found"));
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn cron_firings_become_tasks_due_at_their_fire_times() {
+    let t = Scheduled::start().await;
+    t.s.queue("ticks", json!({"max_in_flight": 100})).await;
+    t.create(json!({
+        "id": "every-minute",
+        "queue": "ticks",
+        "cron": "* * * * *",
+        "payload": {"hello": "world"},
+        "headers": {"X-From": "cron"},
+    }))
+    .await;
+
+    t.advance(MINUTE);
+    let first = t.lease_n("ticks", 1).await;
+    assert_eq!(first[0]["due_at_ms"], T0 + MINUTE);
+    assert_eq!(first[0]["payload"], json!({"hello": "world"}));
+    assert_eq!(first[0]["headers"]["X-From"], "cron");
+    assert!(first[0]["headers"].get("Belfry-Shard").is_none());
+
+    // Two more minutes in one step: a late tick, not a misfire (within 60 s of the second).
+    t.advance(2 * MINUTE);
+    let next = t.lease_n("ticks", 2).await;
+    let due: Vec<_> = next
+        .iter()
+        .map(|t| t["due_at_ms"].as_u64().unwrap())
+        .collect();
+    assert_eq!(due, vec![T0 + 2 * MINUTE, T0 + 3 * MINUTE]);
+
+    let schedule =
+        t.s.ok("GET", "/v1/schedules/every-minute", Value::Null, 200)
+            .await;
+    assert_eq!(schedule["next_fire_at_ms"], T0 + 4 * MINUTE);
+
+    // Paused schedules do not fire, and resuming does not replay the pause.
+    t.s.ok("POST", "/v1/schedules/every-minute/pause", Value::Null, 200)
+        .await;
+    t.advance(10 * MINUTE);
+    let resumed =
+        t.s.ok(
+            "POST",
+            "/v1/schedules/every-minute/resume",
+            Value::Null,
+            200,
+        )
+        .await;
+    assert_eq!(resumed["next_fire_at_ms"], T0 + 14 * MINUTE);
+    t.advance(MINUTE);
+    let after = t.lease_n("ticks", 1).await;
+    assert_eq!(after[0]["due_at_ms"], T0 + 14 * MINUTE);
+    assert_eq!(t.pending("ticks").await, 0, "nothing else was created");
+
+    let metrics =
+        t.s.http
+            .get(format!("{}/metrics", t.s.base))
+            .send()
+            .await
+            .expect("metrics answer")
+            .text()
+            .await
+            .expect("metrics text");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("belfry_schedule_firings_total{queue=\"ticks\"}")),
+        "per-queue firing counter:\n{metrics}"
+    );
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn sharded_firings_create_one_task_per_shard() {
+    let t = Scheduled::start().await;
+    t.s.queue("slices", json!({"max_in_flight": 100})).await;
+    t.create(
+        json!({"id": "sliced", "queue": "slices", "every_ms": 5000, "shard_count": 3,
+                    "headers": {"X-Job": "reindex"}}),
+    )
+    .await;
+    t.advance(5000);
+    let tasks = t.lease_n("slices", 3).await;
+    for (i, task) in tasks.iter().enumerate() {
+        assert_eq!(task["due_at_ms"], T0 + 5000);
+        assert_eq!(task["headers"]["Belfry-Shard"], i.to_string());
+        assert_eq!(task["headers"]["Belfry-Shard-Count"], "3");
+        assert_eq!(task["headers"]["X-Job"], "reindex");
+    }
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn misfire_policies_after_downtime() {
+    let t = Scheduled::start().await;
+    for (queue, policy) in [("skip", "skip"), ("once", "fire_once"), ("all", "catch_up")] {
+        t.s.queue(queue, json!({"max_in_flight": 1000})).await;
+        t.create(json!({"id": queue, "queue": queue, "every_ms": 10_000, "misfire": policy}))
+            .await;
+    }
+    let (store, clock) = t.stop().await;
+
+    // Ten minutes and five seconds of downtime: fire times T0+10 s ... T0+600 s were missed,
+    // except the six within the last 60 s (T0+550 s ... T0+600 s).
+    clock.advance(Duration::from_millis(10 * MINUTE + 5_000));
+    let t = Scheduled::start_on(store, clock).await;
+    // The start-up tick has already run: counts need no waiting.
+    assert_eq!(t.pending("skip").await, 6);
+    assert_eq!(t.pending("once").await, 1);
+    assert_eq!(t.pending("all").await, 60);
+
+    let once = t.lease_n("once", 1).await;
+    assert_eq!(once[0]["due_at_ms"], T0 + 600_000, "the latest missed time");
+    let skip = t.lease_n("skip", 6).await;
+    assert_eq!(skip[0]["due_at_ms"], T0 + 550_000);
+    let all = t.lease_n("all", 60).await;
+    assert_eq!(all[0]["due_at_ms"], T0 + 10_000);
+    assert_eq!(all[59]["due_at_ms"], T0 + 600_000);
+
+    // Then every schedule continues on its rhythm.
+    t.advance(5_000);
+    for queue in ["skip", "once", "all"] {
+        let next = t.lease_n(queue, 1).await;
+        assert_eq!(next[0]["due_at_ms"], T0 + 610_000, "{queue}");
+    }
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn restart_does_not_fire_twice() {
+    let t = Scheduled::start().await;
+    t.s.queue("q", json!({"max_in_flight": 100})).await;
+    t.create(json!({"id": "s", "queue": "q", "every_ms": 10_000}))
+        .await;
+    t.advance(10_000);
+    t.lease_n("q", 1).await;
+    let (store, clock) = t.stop().await;
+    let t = Scheduled::start_on(store, clock).await;
+    let list = t.s.ok("GET", "/v1/schedules", Value::Null, 200).await;
+    assert_eq!(list["schedules"][0]["next_fire_at_ms"], T0 + 20_000);
+    assert_eq!(
+        t.pending("q").await,
+        0,
+        "the start-up tick fired nothing again"
+    );
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn forecast_counts_stored_tasks_and_future_firings() {
+    let t = Scheduled::start().await;
+    t.s.queue("fc", json!({})).await;
+    t.s.queue("elsewhere", json!({})).await;
+    t.create(json!({"id": "m", "queue": "fc", "every_ms": MINUTE, "shard_count": 2}))
+        .await;
+    t.create(json!({"id": "x", "queue": "elsewhere", "cron": "* * * * * *"}))
+        .await;
+    t.create(json!({"id": "p", "queue": "fc", "every_ms": 1000, "paused": true}))
+        .await;
+    t.s.submit("fc", json!({"delay_ms": 90_000})).await;
+    t.s.submit("fc", json!({"delay_ms": 100_000})).await;
+
+    let answer =
+        t.s.ok(
+            "GET",
+            "/v1/queues/fc/forecast?horizon_ms=300000&step_ms=60000",
+            Value::Null,
+            200,
+        )
+        .await;
+    assert_eq!(answer["queue"], "fc");
+    assert_eq!(answer["from_ms"], T0);
+    let steps = answer["steps"].as_array().unwrap();
+    let column =
+        |name: &str| -> Vec<u64> { steps.iter().map(|s| s[name].as_u64().unwrap()).collect() };
+    assert_eq!(column("tasks"), vec![0, 2, 0, 0, 0]);
+    assert_eq!(column("firings"), vec![0, 2, 2, 2, 2]);
+    assert_eq!(column("total"), vec![0, 4, 2, 2, 2]);
+    assert_eq!(
+        column("start_ms"),
+        (0..5).map(|i| T0 + i * MINUTE).collect::<Vec<_>>()
+    );
+
+    // Defaults: an hour by minutes.
+    let default =
+        t.s.ok("GET", "/v1/queues/fc/forecast", Value::Null, 200)
+            .await;
+    assert_eq!(default["steps"].as_array().unwrap().len(), 60);
+    assert_eq!(default["step_ms"], MINUTE);
+
+    // Once fired, a firing is counted as a stored task and no longer as a future firing.
+    t.advance(MINUTE);
+    eventually("the first firing", || async {
+        (t.pending("fc").await == 4).then_some(())
+    })
+    .await;
+    let answer =
+        t.s.ok(
+            "GET",
+            "/v1/queues/fc/forecast?horizon_ms=120000&step_ms=60000",
+            Value::Null,
+            200,
+        )
+        .await;
+    let steps = answer["steps"].as_array().unwrap();
+    // From T0+60 s: the fired tasks (due T0+60 s) and the two submitted ones, then T0+120 s.
+    let tasks: Vec<_> = steps.iter().map(|s| s["tasks"].as_u64().unwrap()).collect();
+    let firings: Vec<_> = steps
+        .iter()
+        .map(|s| s["firings"].as_u64().unwrap())
+        .collect();
+    assert_eq!(tasks, vec![4, 0]);
+    assert_eq!(firings, vec![0, 2]);
+    t.stop().await;
+}
