@@ -202,6 +202,8 @@ struct State {
     buffered_bytes: usize,
     poisoned: Option<String>,
     stats: EngineStats,
+    /// Checkpoints run so far (they are the only deleters of bucket files).
+    checkpoints: u64,
 }
 
 /// The embedded engine. Cheap to share behind an `Arc`; every method may be called from many
@@ -371,6 +373,7 @@ impl Engine {
             buffered_bytes: 0,
             poisoned: None,
             stats: EngineStats::default(),
+            checkpoints: 0,
             meta,
         };
         for (name, (uid, _)) in &state.meta.queues {
@@ -566,6 +569,7 @@ impl Engine {
             .map_err(io("append to the WAL"))?;
         wal.file.sync_data().map_err(io("fsync the WAL"))?;
         self.durable.store(state.wal_appended, Ordering::Release);
+        state.checkpoints += 1;
         // 2. Unload far buckets; pick finished buckets for deletion.
         let horizon = state
             .last_now_ms
@@ -683,6 +687,43 @@ impl Engine {
         self.finish(ticket)
     }
 
+    /// Reads the files of buckets that `now_ms` is about to need without holding the state
+    /// lock, so a large load in one queue does not stall calls on other queues. The bytes
+    /// up to a bucket's flushed length never change while it exists (files are append-only
+    /// and only cut at open), so reading them unlocked is safe; the rest is read under the
+    /// lock by the load itself.
+    fn preload(&self, queue: &QueueName, now_ms: UnixMs) -> Result<()> {
+        // Buckets are deleted (and their keys may be reused) only by checkpoints, and a queue
+        // re-created gets a new uid: if either changed meanwhile, the bytes are not used.
+        let (targets, epoch) = {
+            let mut state = self.lock_state()?;
+            let checkpoints = state.checkpoints;
+            let (q, _) = state.queue(queue)?;
+            let targets = q.woken(now_ms.saturating_add(self.options.lookahead_ms));
+            (targets, (checkpoints, q.uid))
+        };
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let mut read = Vec::with_capacity(targets.len());
+        for (key, path, len) in targets {
+            // Errors are left for the locked load to find and report with context.
+            if let Ok(bytes) = read_prefix(&path, len) {
+                read.push((key, bytes));
+            }
+        }
+        let mut state = self.lock_state()?;
+        let checkpoints = state.checkpoints;
+        let (q, stats) = state.queue(queue)?;
+        if (checkpoints, q.uid) != epoch {
+            return Ok(());
+        }
+        for (key, bytes) in read {
+            q.load_from(key, Some(bytes), stats)?;
+        }
+        Ok(())
+    }
+
     /// Finds a leased task and checks the lease; on success returns its bucket key and seq.
     fn leased(
         &self,
@@ -722,6 +763,15 @@ impl Engine {
         let found = q.entry(seq, key, stats)?.map(|e| e.state);
         Ok(found.map(|s| (uid, key, seq, s)))
     }
+}
+
+/// The first `len` bytes of a file.
+fn read_prefix(path: &Path, len: u64) -> std::io::Result<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    let file = File::open(path)?;
+    let mut bytes = vec![0; len as usize];
+    file.read_exact_at(&mut bytes, 0)?;
+    Ok(bytes)
 }
 
 fn create_wal(dir: &Path, number: u64) -> Result<File> {
@@ -1079,6 +1129,7 @@ impl Store for Engine {
         max: usize,
         visibility_ms: u64,
     ) -> Result<ClaimBatch> {
+        self.preload(queue, now_ms)?;
         let mut state = self.lock_state()?;
         let mut next_lease = state.next_lease;
         let (q, _) = state.queue_at(queue, now_ms, self.options.lookahead_ms)?;
@@ -1314,6 +1365,7 @@ impl Store for Engine {
     }
 
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
+        self.preload(queue, now_ms)?;
         let mut state = self.lock_state()?;
         let (q, _) = state.queue_at(queue, now_ms, self.options.lookahead_ms)?;
         let mut counts = QueueCounts::default();

@@ -8,7 +8,7 @@
 //! task or an expired lease, and claims only look at the loaded index.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
@@ -122,27 +122,35 @@ impl Bucket {
         Ok(())
     }
 
-    /// All bytes of the bucket, file and buffer.
-    fn read_all(&self) -> Result<Vec<u8>> {
-        let mut bytes = if self.flushed_len == 0 {
-            Vec::new()
-        } else {
-            fs::read(&self.path).map_err(|source| StoreError::Io {
-                context: "read a bucket file",
-                source,
-            })?
+    /// All bytes of the bucket, file and buffer. `prefix`, if given, is the file's first
+    /// bytes already read (outside the engine lock); only the rest is read here.
+    fn read_all(&self, prefix: Option<Vec<u8>>) -> Result<Vec<u8>> {
+        let mut bytes = match prefix {
+            Some(prefix) if prefix.len() as u64 <= self.flushed_len => prefix,
+            _ => Vec::new(),
         };
-        if (bytes.len() as u64) < self.flushed_len {
-            return Err(StoreError::Corrupt {
-                location: self.path.display().to_string(),
-                detail: format!(
-                    "file has {} bytes, {} were written",
-                    bytes.len(),
-                    self.flushed_len
-                ),
-            });
+        let have = bytes.len() as u64;
+        if have < self.flushed_len {
+            let file = File::open(&self.path).map_err(|source| StoreError::Io {
+                context: "open a bucket file to load it",
+                source,
+            })?;
+            bytes.resize(self.flushed_len as usize, 0);
+            file.read_exact_at(&mut bytes[have as usize..], have)
+                .map_err(|source| match source.kind() {
+                    ErrorKind::UnexpectedEof => StoreError::Corrupt {
+                        location: self.path.display().to_string(),
+                        detail: format!(
+                            "file is shorter than the {} bytes written",
+                            self.flushed_len
+                        ),
+                    },
+                    _ => StoreError::Io {
+                        context: "read a bucket file",
+                        source,
+                    },
+                })?;
         }
-        bytes.truncate(self.flushed_len as usize);
         bytes.extend_from_slice(&self.buf);
         Ok(bytes)
     }
@@ -328,13 +336,23 @@ impl Queue {
 
     /// Reads a bucket file into entries.
     pub fn load(&mut self, key: u64, stats: &mut EngineStats) -> Result<()> {
+        self.load_from(key, None, stats)
+    }
+
+    /// [`Queue::load`] given the first bytes of the file, read without the engine lock.
+    pub fn load_from(
+        &mut self,
+        key: u64,
+        prefix: Option<Vec<u8>>,
+        stats: &mut EngineStats,
+    ) -> Result<()> {
         let Some(bucket) = self.buckets.get_mut(&key) else {
             return Ok(());
         };
         if bucket.entries.is_some() {
             return Ok(());
         }
-        let bytes = bucket.read_all()?;
+        let bytes = bucket.read_all(prefix)?;
         let mut records = Vec::new();
         let mut offset = 0usize;
         while offset < bytes.len() {
@@ -468,6 +486,19 @@ impl Queue {
                 }
             }
         }
+    }
+
+    /// The unloaded buckets that have something due or expiring by `horizon_ms`, with the
+    /// file bytes that can be read without the lock: `(key, path, flushed_len)`.
+    pub fn woken(&self, horizon_ms: UnixMs) -> Vec<(u64, PathBuf, u64)> {
+        self.wake
+            .iter()
+            .take_while(|(wake, _)| *wake <= horizon_ms)
+            .filter_map(|(_, key)| {
+                let bucket = self.buckets.get(key)?;
+                Some((*key, bucket.path.clone(), bucket.flushed_len))
+            })
+            .collect()
     }
 
     /// Loads every bucket that has something due or expiring by `horizon_ms`.
