@@ -60,6 +60,9 @@ pub struct FireArgs {
     /// Pull consumers (each with its own lease connection and ack connection).
     #[arg(long, default_value_t = 4)]
     pub consumers: usize,
+    /// Ack connections per pull consumer (batch acks are sent concurrently on them).
+    #[arg(long, default_value_t = 4)]
+    pub ack_connections: usize,
     /// Tasks per lease call (1..=1000); also the Redis claim script's limit.
     #[arg(long, default_value_t = 1_000)]
     pub lease_max: usize,
@@ -104,6 +107,12 @@ impl FireArgs {
         if self.consumers == 0 || self.consumers > crate::CONNECTIONS_MAX {
             return Err(BenchError::invalid(
                 "--consumers",
+                format!("must be 1..={}", crate::CONNECTIONS_MAX),
+            ));
+        }
+        if self.ack_connections == 0 || self.ack_connections > crate::CONNECTIONS_MAX {
+            return Err(BenchError::invalid(
+                "--ack-connections",
                 format!("must be 1..={}", crate::CONNECTIONS_MAX),
             ));
         }
@@ -394,11 +403,22 @@ async fn pull_consumer(
             .to_string(),
     );
     let (ack_tx, mut ack_rx) = tokio::sync::mpsc::channel::<Bytes>(ACK_QUEUE_MAX);
-    let acker = {
-        let (target, stats) = (target.clone(), stats.clone());
-        tokio::spawn(async move {
+    // Several ack connections per consumer, so a slow ack (an fsync on the server) does
+    // not hold back the next lease: real consumers ack concurrently too.
+    let ack_rx = Arc::new(tokio::sync::Mutex::new(ack_rx));
+    let mut ackers = Vec::with_capacity(args.ack_connections);
+    for _ in 0..args.ack_connections {
+        let (target, stats, ack_rx, ack_path) = (
+            target.clone(),
+            stats.clone(),
+            ack_rx.clone(),
+            ack_path.clone(),
+        );
+        ackers.push(tokio::spawn(async move {
             let mut conn = HttpConn::connect(&target).await.ok();
-            while let Some(body) = ack_rx.recv().await {
+            loop {
+                let next = ack_rx.lock().await.recv().await;
+                let Some(body) = next else { break };
                 if conn.is_none() {
                     conn = HttpConn::connect(&target).await.ok();
                 }
@@ -419,8 +439,8 @@ async fn pull_consumer(
                     conn = None;
                 }
             }
-        })
-    };
+        }));
+    }
     let mut conn: Option<HttpConn> = None;
     while !done.load(Ordering::Relaxed) && Instant::now() < deadline {
         if conn.is_none() {
@@ -490,7 +510,9 @@ async fn pull_consumer(
         }
     }
     drop(ack_tx);
-    let _ = acker.await;
+    for acker in ackers {
+        let _ = acker.await;
+    }
 }
 
 async fn fire_redis(args: &FireArgs) -> anyhow::Result<FireOutcome> {
@@ -562,7 +584,7 @@ fn build_report(
             "p99.9",
             "max",
             "early",
-            "lost",
+            "undelivered",
             "duplicates",
             "submitted/s",
         ],
@@ -588,6 +610,14 @@ fn build_report(
             d.duplicates.to_string(),
             thousands(o.submit.tasks_per_s),
         ]);
+        if d.lost > 0 {
+            notes.push(format!(
+                "{}: {} tasks were not received within {} s after the last due time (the run's \
+                 end); they may still be pending in the server, so this is lateness beyond the \
+                 run, not proven loss.",
+                o.label, d.lost, args.grace_s
+            ));
+        }
         if d.early > 0 {
             notes.push(format!(
                 "{}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
