@@ -402,7 +402,7 @@ async fn pull_consumer(
         json!({"max": args.lease_max, "wait_ms": args.wait_ms, "visibility_ms": args.visibility_ms})
             .to_string(),
     );
-    let (ack_tx, mut ack_rx) = tokio::sync::mpsc::channel::<Bytes>(ACK_QUEUE_MAX);
+    let (ack_tx, ack_rx) = tokio::sync::mpsc::channel::<Bytes>(ACK_QUEUE_MAX);
     // Several ack connections per consumer, so a slow ack (an fsync on the server) does
     // not hold back the next lease: real consumers ack concurrently too.
     let ack_rx = Arc::new(tokio::sync::Mutex::new(ack_rx));
