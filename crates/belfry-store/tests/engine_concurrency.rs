@@ -75,6 +75,22 @@ fn concurrent_writers_share_commits_and_lose_nothing() {
         }
     }
     assert_eq!(all.len(), THREADS * BATCHES * BATCH);
+    // Every call's frame was written by some leader; never more writes than calls. (How many
+    // calls share a write depends on scheduling, so it is printed, not asserted.)
+    let stats = engine.stats();
+    let calls = (THREADS * BATCHES + 2 * 200) as u64;
+    assert!(
+        stats.wal_writes >= 1 && stats.wal_writes <= calls,
+        "{stats:?}"
+    );
+    assert!(
+        stats.wal_syncs <= stats.wal_writes + stats.checkpoints,
+        "{stats:?}"
+    );
+    println!(
+        "{calls} calls, {} WAL writes, {} fsyncs",
+        stats.wal_writes, stats.wal_syncs
+    );
     drop(engine);
     let engine = Engine::open(dir.path(), options).unwrap();
     let counts = engine.counts(&queue, 50_000).unwrap();

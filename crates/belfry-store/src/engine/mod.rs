@@ -216,6 +216,10 @@ pub struct Engine {
     state: Mutex<State>,
     /// WAL bytes known written (and fsync'd per policy).
     durable: AtomicU64,
+    /// WAL writes and fsyncs by group-commit leaders: with concurrent callers there are
+    /// fewer of them than mutating calls.
+    wal_writes: AtomicU64,
+    wal_syncs: AtomicU64,
     checkpointing: Mutex<()>,
     _flusher: Option<Flusher>,
 }
@@ -470,6 +474,8 @@ impl Engine {
             _flusher: flusher,
             state: Mutex::new(state),
             durable: AtomicU64::new(0),
+            wal_writes: AtomicU64::new(0),
+            wal_syncs: AtomicU64::new(0),
             checkpointing: Mutex::new(()),
         };
         engine.checkpoint()?;
@@ -480,6 +486,9 @@ impl Engine {
     pub fn stats(&self) -> EngineStats {
         let state = self.state.lock();
         let mut stats = state.stats;
+        stats.wal_writes = self.wal_writes.load(Ordering::Relaxed);
+        stats.wal_syncs = self.wal_syncs.load(Ordering::Relaxed);
+        stats.checkpoints = state.checkpoints;
         stats.buckets_in_memory = 0;
         stats.buckets_total = 0;
         for queue in state.queues.values() {
@@ -531,6 +540,10 @@ impl Engine {
             if let Err(error) = result {
                 self.state.lock().poison(&error);
                 return Err(error);
+            }
+            self.wal_writes.fetch_add(1, Ordering::Relaxed);
+            if sync {
+                self.wal_syncs.fetch_add(1, Ordering::Relaxed);
             }
             self.durable.store(end, Ordering::Release);
         }
@@ -861,9 +874,9 @@ fn replay(dir: &Path, start: u64, state: &mut State, options: &EngineOptions) ->
                     continue; // decode_wal checked it; unreachable in practice
                 };
                 state.stats.wal_records_replayed += 1;
-                state.next_seq = state.next_seq.max(record.seq() + 1);
+                state.next_seq = state.next_seq.max(record.seq().saturating_add(1));
                 if let Record::Lease { lease_id, .. } | Record::Extend { lease_id, .. } = &record {
-                    state.next_lease = state.next_lease.max(lease_id + 1);
+                    state.next_lease = state.next_lease.max(lease_id.saturating_add(1));
                 }
                 let Some(queue) = state.queues.get_mut(&target.queue_uid) else {
                     continue; // the queue was deleted after this record

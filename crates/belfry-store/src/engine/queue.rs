@@ -283,6 +283,11 @@ pub struct EngineStats {
     pub records_loaded: u64,
     /// Records replayed from the WAL at open.
     pub wal_records_replayed: u64,
+    /// Group-commit WAL writes and fsyncs so far (each may cover many calls).
+    pub wal_writes: u64,
+    pub wal_syncs: u64,
+    /// Checkpoints run since open (including the one at open).
+    pub checkpoints: u64,
     /// Buckets currently loaded, and known in all.
     pub buckets_in_memory: u64,
     pub buckets_total: u64,
