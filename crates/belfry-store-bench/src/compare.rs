@@ -77,6 +77,13 @@ pub struct EngineResult {
     pub peak_rss_bytes: Option<u64>,
     /// What the engine did at reopen, in its own words (belfry's work counters).
     pub reopen_work: Option<String>,
+    /// Runs this result is the median of (by ingest rate), and the range of rates they saw.
+    #[serde(default)]
+    pub repetitions: usize,
+    #[serde(default)]
+    pub ingest_range: Option<(f64, f64)>,
+    #[serde(default)]
+    pub drain_range: Option<(f64, f64)>,
 }
 
 impl EngineResult {
@@ -101,21 +108,57 @@ fn rate(count: u64, secs: Option<f64>) -> Option<f64> {
 /// Runs every engine named in `args`, each in its own child process and fresh directory.
 pub fn run(args: &CompareArgs, workload: &Workload) -> anyhow::Result<Vec<EngineResult>> {
     let parent = BenchDir::new(args.dir.as_deref())?;
-    let mut results = Vec::new();
-    for name in &args.engines {
-        let kind = EngineKind::parse(name)?;
-        let dir = parent.path().join(kind.name());
-        eprintln!(
-            "running {} on {} tasks in {}",
-            kind.name(),
-            workload.tasks,
-            dir.display()
-        );
-        let result = spawn_child(kind, &dir, Phase::Compare, workload, &args.workload)?;
-        remove_dir_if_exists(&dir)?;
-        results.push(result);
+    let kinds = args
+        .engines
+        .iter()
+        .map(|name| EngineKind::parse(name))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    // Repetitions go round the engines (raw, belfry, fjall, raw, ...) rather than repeating
+    // one engine back to back, so a burst of load from other processes on a shared machine
+    // does not fall on one engine only.
+    let mut runs: Vec<Vec<EngineResult>> = vec![Vec::new(); kinds.len()];
+    for repetition in 0..args.repeat.max(1) {
+        for (index, &kind) in kinds.iter().enumerate() {
+            let dir = parent.path().join(kind.name());
+            eprintln!(
+                "running {} on {} tasks in {} (repetition {})",
+                kind.name(),
+                workload.tasks,
+                dir.display(),
+                repetition + 1
+            );
+            let result = spawn_child(kind, &dir, Phase::Compare, workload, &args.workload)?;
+            remove_dir_if_exists(&dir)?;
+            runs[index].push(result);
+        }
     }
-    Ok(results)
+    Ok(runs.into_iter().filter_map(median_run).collect())
+}
+
+/// The run with the median ingest rate, carrying the range of ingest and drain rates seen.
+fn median_run(mut runs: Vec<EngineResult>) -> Option<EngineResult> {
+    let rates =
+        |f: fn(&EngineResult) -> Option<f64>, runs: &[EngineResult]| -> Option<(f64, f64)> {
+            let values: Vec<f64> = runs.iter().filter_map(f).collect();
+            let min = values.iter().copied().reduce(f64::min)?;
+            let max = values.iter().copied().reduce(f64::max)?;
+            Some((min, max))
+        };
+    let ingest_range = rates(EngineResult::ingest_rate, &runs);
+    let drain_range = rates(EngineResult::drain_rate, &runs);
+    let repetitions = runs.len();
+    runs.sort_by(|a, b| {
+        let (a, b) = (
+            a.ingest_rate().unwrap_or(0.0),
+            b.ingest_rate().unwrap_or(0.0),
+        );
+        a.total_cmp(&b)
+    });
+    let mut median = runs.swap_remove(repetitions / 2);
+    median.repetitions = repetitions;
+    median.ingest_range = ingest_range;
+    median.drain_range = drain_range;
+    Some(median)
 }
 
 /// The parent directory of a run: the one given, or a fresh one under the system's temp dir

@@ -84,6 +84,10 @@ struct CompareArgs {
     /// Rewrite the engine section of this markdown file with the results.
     #[arg(long)]
     write_markdown: Option<PathBuf>,
+    /// Run every engine this many times (round-robin) and report each one's median run by
+    /// ingest rate, with the range seen: shared machines are noisy.
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     #[command(flatten)]
     workload: WorkloadArgs,
 }

@@ -202,12 +202,35 @@ fn workload_line(workload: &Workload) -> String {
     )
 }
 
+fn range_lines(results: &[EngineResult]) -> Vec<String> {
+    results
+        .iter()
+        .filter(|r| r.repetitions > 1)
+        .map(|r| {
+            let range = |range: Option<(f64, f64)>| match range {
+                Some((low, high)) => format!("{}–{}", rate(Some(low)), rate(Some(high))),
+                None => "n/a".into(),
+            };
+            format!(
+                "- {}: median of {} runs; ingest {} tasks/s, drain {} tasks/s over the runs",
+                r.engine,
+                r.repetitions,
+                range(r.ingest_range),
+                range(r.drain_range)
+            )
+        })
+        .collect()
+}
+
 pub fn compare_table(workload: &Workload, results: &[EngineResult]) -> String {
     let mut out = format!("workload: {}\n\n", workload_line(workload));
     out.push_str(&text_table(
         &COMPARE_HEADER,
         &compare_rows(workload, results),
     ));
+    for line in range_lines(results) {
+        let _ = writeln!(out, "{line}");
+    }
     for verdict in compare_verdicts(workload, results) {
         let _ = writeln!(out, "{verdict}");
     }
@@ -326,6 +349,15 @@ pub fn compare_markdown(
         &COMPARE_HEADER,
         &compare_rows(workload, results),
     ));
+    let ranges = range_lines(results);
+    if !ranges.is_empty() {
+        out.push_str(
+            "\nEach row is the run with the median ingest rate; the spread over all runs:\n\n",
+        );
+        for line in ranges {
+            let _ = writeln!(out, "{line}");
+        }
+    }
     out.push_str(
         "\nEach engine runs in its own child process (peak RSS is its own). Ingest: `put` batches \
          through the `Store` trait (fjall: one write batch per commit with `SyncData`). Drain: \
