@@ -204,6 +204,8 @@ struct State {
     stats: EngineStats,
     /// Checkpoints run so far (they are the only deleters of bucket files).
     checkpoints: u64,
+    /// Until a call passes `now`: the earliest due time submitted, used in its place.
+    due_reference_ms: Option<UnixMs>,
 }
 
 /// The embedded engine. Cheap to share behind an `Arc`; every method may be called from many
@@ -378,6 +380,7 @@ impl Engine {
             poisoned: None,
             stats: EngineStats::default(),
             checkpoints: 0,
+            due_reference_ms: None,
             meta,
         };
         for (name, (uid, _)) in &state.meta.queues {
@@ -995,7 +998,17 @@ impl Store for Engine {
         let mut outcomes = Vec::with_capacity(tasks.len());
         // Keys first seen in this batch → the task they created.
         let mut batch_keys: HashMap<(u64, String), Task> = HashMap::new();
-        let last_now = state.last_now_ms;
+        // Bucket widths are relative to now. Before any call has said what time it is, the
+        // earliest due time submitted so far stands in for it (tasks are mostly due in the
+        // future), rather than the epoch, which would put everything in week buckets.
+        let last_now = if state.last_now_ms > 0 {
+            state.last_now_ms
+        } else {
+            let earliest = tasks.iter().map(|t| t.due_at_ms).min().unwrap_or(0);
+            let reference = state.due_reference_ms.map_or(earliest, |r| r.min(earliest));
+            state.due_reference_ms = Some(reference);
+            reference
+        };
         for (task, uid) in tasks.into_iter().zip(uids) {
             if let Some(k) = &task.idempotency_key {
                 if let Some(first) = batch_keys.get(&(uid, k.clone())) {
