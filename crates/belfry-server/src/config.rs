@@ -20,6 +20,14 @@ pub const METRICS_REFRESH_MS_DEFAULT: u64 = 5_000;
 /// receiver ties up at most this many connections.
 pub const WEBHOOK_IN_FLIGHT_DEFAULT: u32 = 256;
 
+/// Store calls running or queued on the blocking pool at once, by default. Tokio's blocking
+/// queue is unbounded; this bound turns a flood of requests into `503 overloaded` instead of
+/// unbounded memory and latency. Twice the blocking pool's default thread count.
+pub const STORE_CALLS_IN_FLIGHT_MAX_DEFAULT: usize = 1_024;
+
+/// How long a request waits for a store-call slot, by default, before it is refused.
+pub const STORE_ADMISSION_WAIT_MS_DEFAULT: u64 = 2_000;
+
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < REQUEST_BYTES_MAX_DEFAULT);
 
 #[derive(Debug, Clone)]
@@ -40,6 +48,10 @@ pub struct ServerConfig {
     pub metrics_refresh_ms: u64,
     /// Concurrent webhook deliveries per queue when the queue sets no `max_in_flight`.
     pub webhook_in_flight_default: u32,
+    /// Store calls in flight at once (admission control).
+    pub store_calls_in_flight_max: usize,
+    /// How long a request waits for a store-call slot before `503 overloaded`.
+    pub store_admission_wait_ms: u64,
 }
 
 impl Default for ServerConfig {
@@ -53,6 +65,8 @@ impl Default for ServerConfig {
             allow_private_targets: false,
             metrics_refresh_ms: METRICS_REFRESH_MS_DEFAULT,
             webhook_in_flight_default: WEBHOOK_IN_FLIGHT_DEFAULT,
+            store_calls_in_flight_max: STORE_CALLS_IN_FLIGHT_MAX_DEFAULT,
+            store_admission_wait_ms: STORE_ADMISSION_WAIT_MS_DEFAULT,
         }
     }
 }
@@ -85,6 +99,9 @@ impl ServerConfig {
         }
         if self.metrics_refresh_ms == 0 {
             return fail("metrics_refresh", "must be longer than 0".into());
+        }
+        if self.store_calls_in_flight_max == 0 {
+            return fail("store_calls_in_flight_max", "must be at least 1".into());
         }
         if self.webhook_in_flight_default == 0 {
             return fail("webhook_in_flight_default", "must be at least 1".into());

@@ -194,13 +194,13 @@ async fn serve(
     //    long-polls return empty, dispatchers leave their loops.
     let stopping = service.stopping.clone();
     let signal = shutdown.clone();
-    let http = tokio::spawn(async move {
     // Small answers go out at once rather than waiting on Nagle's algorithm.
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "set TCP_NODELAY");
         }
     });
+    let http = tokio::spawn(async move {
         axum::serve(listener, router)
             .with_graceful_shutdown(async move {
                 signal.cancelled().await;

@@ -29,14 +29,6 @@ pub const IDLE_RECHECK_MS: u64 = 1_000;
 /// Dead letters listed per page at most.
 pub const DEAD_PAGE_MAX: usize = 1_000;
 
-/// Store calls running or queued on the blocking pool at once. Tokio's blocking queue is
-/// unbounded; this bound is what turns a flood of requests into `503 overloaded` instead of
-/// unbounded memory and latency. Twice the blocking pool's default thread count.
-pub const STORE_CALLS_IN_FLIGHT_MAX: usize = 1_024;
-
-/// How long a request waits for a store-call slot before it is refused as overloaded.
-pub const STORE_CALL_ADMISSION_WAIT_MS: u64 = 2_000;
-
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
     #[error("queue {0} does not exist")]
@@ -57,7 +49,7 @@ pub enum ServiceError {
     WebhookRefused(String),
     #[error("the server is shutting down")]
     ShuttingDown,
-    #[error("the server is overloaded ({STORE_CALLS_IN_FLIGHT_MAX} storage calls in flight); retry shortly")]
+    #[error("the server is overloaded (too many storage calls in flight); retry shortly")]
     Overloaded,
     #[error("{0}")]
     Invalid(String),
@@ -136,7 +128,7 @@ pub struct Service {
     /// Dispatcher loops.
     pub dispatchers: TaskTracker,
     ready: AtomicBool,
-    /// Admission for store calls (see `STORE_CALLS_IN_FLIGHT_MAX`).
+    /// Admission for store calls (`store_calls_in_flight_max`).
     store_calls: tokio::sync::Semaphore,
     /// The HTTP client every webhook sink shares (one connection pool per server).
     webhook_client: reqwest::Client,
@@ -149,6 +141,7 @@ impl Service {
         };
         let webhook_client = belfry_sinks::try_client_for(&policy)
             .map_err(|e| ServiceError::Internal(format!("build the webhook HTTP client: {e}")))?;
+        let store_calls = tokio::sync::Semaphore::new(config.store_calls_in_flight_max);
         Ok(Service {
             store,
             clock,
@@ -159,7 +152,7 @@ impl Service {
             deliveries: TaskTracker::new(),
             dispatchers: TaskTracker::new(),
             ready: AtomicBool::new(false),
-            store_calls: tokio::sync::Semaphore::new(STORE_CALLS_IN_FLIGHT_MAX),
+            store_calls,
             webhook_client,
         })
     }
@@ -186,7 +179,7 @@ impl Service {
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
     {
-        let wait = Duration::from_millis(STORE_CALL_ADMISSION_WAIT_MS);
+        let wait = Duration::from_millis(self.config.store_admission_wait_ms);
         let _permit = match tokio::time::timeout(wait, self.store_calls.acquire()).await {
             Ok(Ok(permit)) => permit,
             Ok(Err(_closed)) => return Err(ServiceError::ShuttingDown),

@@ -940,3 +940,121 @@ async fn a_restarted_server_knows_its_queues() {
     assert_eq!(got["paused"], true);
     second.stop().await.unwrap();
 }
+
+/// A store whose `put` waits until released, to fill the server's store-call slots.
+struct StallingStore {
+    inner: belfry_store::MemoryStore,
+    entered: std::sync::atomic::AtomicUsize,
+    release: std::sync::Mutex<bool>,
+    released: std::sync::Condvar,
+}
+
+impl StallingStore {
+    fn release(&self) {
+        *self.release.lock().unwrap() = true;
+        self.released.notify_all();
+    }
+}
+
+macro_rules! delegate {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> $ret { self.inner.$name($($arg),*) })*
+    };
+}
+
+impl belfry_store::Store for StallingStore {
+    fn put(
+        &self,
+        tasks: Vec<belfry_core::NewTask>,
+    ) -> belfry_store::Result<Vec<belfry_store::PutOutcome>> {
+        self.entered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut released = self.release.lock().unwrap();
+        while !*released {
+            released = self.released.wait(released).unwrap();
+        }
+        drop(released);
+        self.inner.put(tasks)
+    }
+    delegate! {
+        put_queue(queue: &belfry_core::QueueName, config: bytes::Bytes) -> belfry_store::Result<bool>;
+        get_queue(queue: &belfry_core::QueueName) -> belfry_store::Result<Option<bytes::Bytes>>;
+        list_queues() -> belfry_store::Result<Vec<(belfry_core::QueueName, bytes::Bytes)>>;
+        delete_queue(queue: &belfry_core::QueueName) -> belfry_store::Result<bool>;
+        get(queue: &belfry_core::QueueName, id: belfry_core::TaskId, now_ms: u64) -> belfry_store::Result<Option<belfry_core::Task>>;
+        get_by_key(queue: &belfry_core::QueueName, key: &str, now_ms: u64) -> belfry_store::Result<Option<belfry_core::Task>>;
+        cancel(queue: &belfry_core::QueueName, id: belfry_core::TaskId, now_ms: u64) -> belfry_store::Result<belfry_store::ChangeOutcome>;
+        reschedule(queue: &belfry_core::QueueName, id: belfry_core::TaskId, due_at_ms: u64, now_ms: u64) -> belfry_store::Result<belfry_store::ChangeOutcome>;
+        claim(queue: &belfry_core::QueueName, now_ms: u64, max: usize, visibility_ms: u64) -> belfry_store::Result<belfry_store::ClaimBatch>;
+        ack(queue: &belfry_core::QueueName, id: belfry_core::TaskId, lease: belfry_core::LeaseId, now_ms: u64) -> belfry_store::Result<belfry_store::LeaseOutcome>;
+        nack(queue: &belfry_core::QueueName, id: belfry_core::TaskId, lease: belfry_core::LeaseId, retry_at_ms: u64, now_ms: u64) -> belfry_store::Result<belfry_store::LeaseOutcome>;
+        extend(queue: &belfry_core::QueueName, id: belfry_core::TaskId, lease: belfry_core::LeaseId, lease_until_ms: u64, now_ms: u64) -> belfry_store::Result<belfry_store::LeaseOutcome>;
+        dead_letter(queue: &belfry_core::QueueName, id: belfry_core::TaskId, lease: belfry_core::LeaseId, reason: &str, now_ms: u64) -> belfry_store::Result<belfry_store::LeaseOutcome>;
+        list_dead(queue: &belfry_core::QueueName, after: Option<belfry_core::TaskId>, limit: usize) -> belfry_store::Result<Vec<belfry_core::Task>>;
+        redrive(queue: &belfry_core::QueueName, id: belfry_core::TaskId, now_ms: u64) -> belfry_store::Result<belfry_store::ChangeOutcome>;
+        counts(queue: &belfry_core::QueueName, now_ms: u64) -> belfry_store::Result<belfry_store::QueueCounts>;
+        forecast(queue: &belfry_core::QueueName, from_ms: u64, step_ms: u64, steps: usize) -> belfry_store::Result<Vec<u64>>;
+        next_due_ms(queue: &belfry_core::QueueName) -> belfry_store::Result<Option<u64>>;
+        put_meta(namespace: &str, key: &str, value: bytes::Bytes) -> belfry_store::Result<()>;
+        get_meta(namespace: &str, key: &str) -> belfry_store::Result<Option<bytes::Bytes>>;
+        delete_meta(namespace: &str, key: &str) -> belfry_store::Result<bool>;
+        list_meta(namespace: &str) -> belfry_store::Result<Vec<(String, bytes::Bytes)>>;
+        flush() -> belfry_store::Result<()>;
+    }
+}
+
+#[tokio::test]
+async fn a_flood_of_requests_is_refused_as_overloaded_not_queued() {
+    use std::sync::Arc;
+    let store = Arc::new(StallingStore {
+        inner: belfry_store::MemoryStore::new(),
+        entered: Default::default(),
+        release: std::sync::Mutex::new(false),
+        released: std::sync::Condvar::new(),
+    });
+    let config = belfry_server::ServerConfig {
+        store_calls_in_flight_max: 1,
+        store_admission_wait_ms: 0,
+        ..common::test_config()
+    };
+    let clock = belfry_core::ManualClock::new(T0);
+    let handle = belfry_server::Server::builder(config, store.clone())
+        .clock(Arc::new(clock.clone()))
+        .start()
+        .await
+        .unwrap();
+    let s = TestServer::from_handle(handle, clock, store.clone());
+    s.queue("q", json!({})).await;
+    // The first submit takes the only slot and stalls in the store.
+    let first = {
+        let http = s.http.clone();
+        let url = format!("{}/v1/queues/q/tasks", s.base);
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"payload": 1}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    common::eventually("the first submit is inside the store", || async {
+        (store.entered.load(std::sync::atomic::Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    let response = s
+        .http
+        .post(format!("{}/v1/queues/q/tasks", s.base))
+        .json(&json!({"payload": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 503);
+    assert_eq!(response.headers()["retry-after"], "1");
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(code(&body), "overloaded");
+    store.release();
+    assert_eq!(first.await.unwrap(), 201);
+    // With the slot free again, requests are served.
+    s.submit("q", json!({"payload": 3})).await;
+}

@@ -37,6 +37,8 @@ pub struct LimitsSection {
     pub payload_max: Option<HumanSize>,
     pub request_max: Option<HumanSize>,
     pub horizon: Option<HumanDuration>,
+    pub store_calls_in_flight: Option<usize>,
+    pub store_admission_wait: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -201,6 +203,12 @@ impl FileConfig {
         }
         if let Some(d) = &self.limits.horizon {
             server.horizon_ms = ms_of("limits.horizon", d)?;
+        }
+        if let Some(n) = self.limits.store_calls_in_flight {
+            server.store_calls_in_flight_max = n;
+        }
+        if let Some(d) = &self.limits.store_admission_wait {
+            server.store_admission_wait_ms = ms_of("limits.store_admission_wait", d)?;
         }
         if let Some(allow) = self.webhooks.allow_private_targets {
             server.allow_private_targets = allow;

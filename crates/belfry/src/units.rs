@@ -121,5 +121,6 @@ mod tests {
         check("1MB", Some(1_000_000));
         check("42", Some(42));
         check("1 parsec", None);
+        check("", None);
     }
 }
