@@ -118,6 +118,11 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_REQUEST_MAX", "limits.request_max"),
     ("BELFRY_HORIZON", "limits.horizon"),
     (
+        "BELFRY_STORE_CALLS_IN_FLIGHT",
+        "limits.store_calls_in_flight",
+    ),
+    ("BELFRY_STORE_ADMISSION_WAIT", "limits.store_admission_wait"),
+    (
         "BELFRY_ALLOW_PRIVATE_TARGETS",
         "webhooks.allow_private_targets",
     ),
@@ -149,6 +154,13 @@ impl FileConfig {
                     self.limits.request_max = Some(HumanSize::Text(value.clone()))
                 }
                 "limits.horizon" => self.limits.horizon = Some(HumanDuration::Text(value.clone())),
+                "limits.store_calls_in_flight" => {
+                    self.limits.store_calls_in_flight =
+                        Some(value.parse().map_err(|_| bad("expected a whole number"))?)
+                }
+                "limits.store_admission_wait" => {
+                    self.limits.store_admission_wait = Some(HumanDuration::Text(value.clone()))
+                }
                 "webhooks.allow_private_targets" => {
                     self.webhooks.allow_private_targets = Some(match value.as_str() {
                         "1" | "true" | "yes" => true,
