@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use belfry_store_bench::probe;
 use belfry_store_bench::workload::{fill_payload, verify_payload, Workload};
 
-use crate::engines::{self, EngineKind};
+use crate::engines::{self, EngineKind, EngineSpec};
 use crate::CompareArgs;
 
 /// A child prints exactly one line starting with this, followed by its result as JSON.
@@ -108,26 +108,32 @@ fn rate(count: u64, secs: Option<f64>) -> Option<f64> {
 /// Runs every engine named in `args`, each in its own child process and fresh directory.
 pub fn run(args: &CompareArgs, workload: &Workload) -> anyhow::Result<Vec<EngineResult>> {
     let parent = BenchDir::new(args.dir.as_deref())?;
-    let kinds = args
+    let specs = args
         .engines
         .iter()
-        .map(|name| EngineKind::parse(name))
+        .map(|name| EngineSpec::parse(name))
         .collect::<anyhow::Result<Vec<_>>>()?;
     // Repetitions go round the engines (raw, belfry, fjall, raw, ...) rather than repeating
     // one engine back to back, so a burst of load from other processes on a shared machine
     // does not fall on one engine only.
-    let mut runs: Vec<Vec<EngineResult>> = vec![Vec::new(); kinds.len()];
+    let mut runs: Vec<Vec<EngineResult>> = vec![Vec::new(); specs.len()];
     for repetition in 0..args.repeat.max(1) {
-        for (index, &kind) in kinds.iter().enumerate() {
+        for (index, &spec) in specs.iter().enumerate() {
+            let kind = spec.kind;
             let dir = parent.path().join(kind.name());
             eprintln!(
                 "running {} on {} tasks in {} (repetition {})",
-                kind.name(),
+                spec.label(),
                 workload.tasks,
                 dir.display(),
                 repetition + 1
             );
-            let result = spawn_child(kind, &dir, Phase::Compare, workload, &args.workload)?;
+            let mut workload_args = args.workload.clone();
+            if let Some(writers) = spec.writers {
+                workload_args.writers = writers;
+            }
+            let mut result = spawn_child(kind, &dir, Phase::Compare, workload, &workload_args)?;
+            result.engine = spec.label();
             remove_dir_if_exists(&dir)?;
             runs[index].push(result);
         }

@@ -39,6 +39,42 @@ impl EngineKind {
     }
 }
 
+/// An engine as named on the command line: `belfry`, or `belfry@4` for the same engine fed
+/// by 4 concurrent writer threads (to show group commit), overriding `--writers`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineSpec {
+    pub kind: EngineKind,
+    pub writers: Option<usize>,
+}
+
+impl EngineSpec {
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let (name, writers) = match text.split_once('@') {
+            Some((name, writers)) => {
+                let writers: usize =
+                    writers.parse().ok().filter(|&w| w > 0).with_context(|| {
+                        format!("{text:?}: the writer count after @ must be at least 1")
+                    })?;
+                (name, Some(writers))
+            }
+            None => (text, None),
+        };
+        let kind = EngineKind::parse(name)?;
+        if writers.is_some() && kind == EngineKind::Raw {
+            bail!("raw append is one stream; it takes no @writers");
+        }
+        Ok(EngineSpec { kind, writers })
+    }
+
+    /// The row label: the kind's name, with the writer count when it was given.
+    pub fn label(self) -> String {
+        match self.writers {
+            Some(writers) => format!("{}, {writers} writers", self.kind.name()),
+            None => self.kind.name().to_string(),
+        }
+    }
+}
+
 /// Opens a `Store` engine in `dir` (created if missing). `durable_acks: false` opens belfry
 /// with fsync policy `never` (records reach the OS at once; `flush` makes them durable), used
 /// for the drain so that it is measured with the same durability as fjall's drain: one

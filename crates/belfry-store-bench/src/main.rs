@@ -75,8 +75,13 @@ struct CompareArgs {
     /// Tasks to ingest and then drain.
     #[arg(long, default_value_t = 1_000_000)]
     tasks: u64,
-    /// Engines to run, in order: raw, belfry, fjall, memory (the in-memory reference store).
-    #[arg(long, value_delimiter = ',', default_value = "raw,belfry,fjall")]
+    /// Engines to run, in order: raw, belfry, fjall, memory (the in-memory reference store);
+    /// `NAME@N` runs NAME with N concurrent writer threads instead of `--writers`.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "raw,belfry,belfry@4,fjall"
+    )]
     engines: Vec<String>,
     /// Parent directory for the engines' data (a fresh subdirectory per engine, removed after).
     #[arg(long)]
@@ -175,7 +180,7 @@ fn main() -> anyhow::Result<()> {
             let args = cli.compare;
             args.workload.validate()?;
             for engine in &args.engines {
-                engines::EngineKind::parse(engine)?;
+                engines::EngineSpec::parse(engine)?;
             }
             let workload = args.workload.workload(args.tasks, DUE_BASE_MS);
             let results = compare::run(&args, &workload)?;

@@ -264,6 +264,18 @@ fn compare_verdicts(workload: &Workload, results: &[EngineResult]) -> Vec<String
             ),
         ));
     }
+    for row in results.iter().filter(|r| r.engine.starts_with("belfry, ")) {
+        if let (Some(ingest), Some(raw_ingest)) =
+            (row.ingest_rate(), raw.and_then(EngineResult::ingest_rate))
+        {
+            out.push(format!(
+                "- ({}: {:.0}% of raw, {} tasks/s, the same commits shared by concurrent writers)",
+                row.engine,
+                ingest / raw_ingest * 100.0,
+                rate(Some(ingest))
+            ));
+        }
+    }
     if let Some(ingest) = belfry.ingest_rate() {
         out.push(verdict(
             "ingest ≥ 1,000,000 tasks/s (brief)",
