@@ -703,8 +703,8 @@ impl Engine {
         self.finish(ticket)
     }
 
-    /// Reads the files of buckets that `now_ms` is about to need without holding the state
-    /// lock, so a large load in one queue does not stall calls on other queues. The bytes
+    /// Reads and decodes the files of buckets that `now_ms` is about to need without holding
+    /// the state lock, so a large load in one queue does not stall calls on other queues. The bytes
     /// up to a bucket's flushed length never change while it exists (files are append-only
     /// and only cut at open), so reading them unlocked is safe; the rest is read under the
     /// lock by the load itself.
@@ -723,9 +723,9 @@ impl Engine {
         }
         let mut read = Vec::with_capacity(targets.len());
         for (key, path, len) in targets {
-            // Errors are left for the locked load to find and report with context.
-            if let Ok(bytes) = read_prefix(&path, len) {
-                read.push((key, bytes));
+            // Errors are left for the locked load to find and report.
+            if let Ok(decoded) = queue::decode_prefix(&path, len) {
+                read.push((key, decoded));
             }
         }
         let mut state = self.lock_state()?;
@@ -734,8 +734,8 @@ impl Engine {
         if (checkpoints, q.uid) != epoch {
             return Ok(());
         }
-        for (key, bytes) in read {
-            q.load_from(key, Some(bytes), stats)?;
+        for (key, decoded) in read {
+            q.load_from(key, Some(decoded), stats)?;
         }
         Ok(())
     }
@@ -779,15 +779,6 @@ impl Engine {
         let found = q.entry(seq, key, stats)?.map(|e| e.state);
         Ok(found.map(|s| (uid, key, seq, s)))
     }
-}
-
-/// The first `len` bytes of a file.
-fn read_prefix(path: &Path, len: u64) -> std::io::Result<Vec<u8>> {
-    use std::os::unix::fs::FileExt;
-    let file = File::open(path)?;
-    let mut bytes = vec![0; len as usize];
-    file.read_exact_at(&mut bytes, 0)?;
-    Ok(bytes)
 }
 
 fn create_wal(dir: &Path, number: u64) -> Result<File> {

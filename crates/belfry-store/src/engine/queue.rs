@@ -9,9 +9,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{File, OpenOptions};
-use std::io::{ErrorKind, Write};
+use std::io::{BufReader, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use belfry_core::{LatePolicy, Priority, QueueName, Task, TaskId, TaskState, UnixMs};
 
@@ -122,37 +122,23 @@ impl Bucket {
         Ok(())
     }
 
-    /// All bytes of the bucket, file and buffer. `prefix`, if given, is the file's first
-    /// bytes already read (outside the engine lock); only the rest is read here.
-    fn read_all(&self, prefix: Option<Vec<u8>>) -> Result<Vec<u8>> {
-        let mut bytes = match prefix {
-            Some(prefix) if prefix.len() as u64 <= self.flushed_len => prefix,
-            _ => Vec::new(),
+    /// The bucket's records from file offset `from` on: the rest of the file (read under
+    /// the lock, usually little) and the write buffer, decoded.
+    fn decode_rest(&self, from: u64) -> Result<Vec<LoadedRecord>> {
+        let mut records = if from < self.flushed_len {
+            decode_file(&self.path, from, self.flushed_len)?
+        } else {
+            Vec::new()
         };
-        let have = bytes.len() as u64;
-        if have < self.flushed_len {
-            let file = File::open(&self.path).map_err(|source| StoreError::Io {
-                context: "open a bucket file to load it",
-                source,
-            })?;
-            bytes.resize(self.flushed_len as usize, 0);
-            file.read_exact_at(&mut bytes[have as usize..], have)
-                .map_err(|source| match source.kind() {
-                    ErrorKind::UnexpectedEof => StoreError::Corrupt {
-                        location: self.path.display().to_string(),
-                        detail: format!(
-                            "file is shorter than the {} bytes written",
-                            self.flushed_len
-                        ),
-                    },
-                    _ => StoreError::Io {
-                        context: "read a bucket file",
-                        source,
-                    },
-                })?;
+        let mut offset = 0usize;
+        while offset < self.buf.len() {
+            let at = self.flushed_len + offset as u64;
+            let (record, len) = record::decode(&self.buf[offset..])
+                .map_err(|e| corrupt_at(&self.path, at, e.to_string()))?;
+            records.push((lighten(record), at, len as u32));
+            offset += len;
         }
-        bytes.extend_from_slice(&self.buf);
-        Ok(bytes)
+        Ok(records)
     }
 
     /// Reads the put record of a task.
@@ -211,6 +197,97 @@ impl Bucket {
         }
         meta
     }
+}
+
+/// A decoded record with its offset and length in the bucket file.
+pub(crate) type LoadedRecord = (Record, u64, u32);
+
+/// The records of a bucket file's first `len` bytes, decoded (without payloads).
+#[derive(Debug)]
+pub(crate) struct Decoded {
+    records: Vec<LoadedRecord>,
+    len: u64,
+}
+
+fn corrupt_at(path: &Path, offset: u64, detail: String) -> StoreError {
+    StoreError::Corrupt {
+        location: format!("{} at offset {offset}", path.display()),
+        detail,
+    }
+}
+
+/// Drops what a load does not keep (payload and headers stay on disk), so decoding a large
+/// bucket holds one small record per task, not the file.
+fn lighten(record: Record) -> Record {
+    match record {
+        Record::Put(mut put) => {
+            put.payload = bytes::Bytes::new();
+            put.headers = Vec::new();
+            Record::Put(put)
+        }
+        other => other,
+    }
+}
+
+/// Size of the read buffer when streaming a bucket file.
+const LOAD_READ_BUFFER_BYTES: usize = 1024 * 1024;
+
+/// Decodes bytes `from..to` of a bucket file, streaming, one frame at a time.
+fn decode_file(path: &Path, from: u64, to: u64) -> Result<Vec<LoadedRecord>> {
+    let file = File::open(path).map_err(|source| StoreError::Io {
+        context: "open a bucket file to load it",
+        source,
+    })?;
+    let mut reader = BufReader::with_capacity(LOAD_READ_BUFFER_BYTES, file);
+    reader
+        .seek(SeekFrom::Start(from))
+        .map_err(|source| StoreError::Io {
+            context: "seek in a bucket file",
+            source,
+        })?;
+    let read_error = |source: std::io::Error, at: u64| match source.kind() {
+        ErrorKind::UnexpectedEof => corrupt_at(path, at, "file shorter than written".into()),
+        _ => StoreError::Io {
+            context: "read a bucket file",
+            source,
+        },
+    };
+    let mut records = Vec::new();
+    let mut frame = Vec::new();
+    let mut offset = from;
+    while offset < to {
+        frame.resize(record::FRAME_HEADER_BYTES, 0);
+        reader
+            .read_exact(&mut frame)
+            .map_err(|e| read_error(e, offset))?;
+        let body_len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as u64;
+        let total = record::FRAME_HEADER_BYTES as u64 + body_len;
+        if body_len > record::FRAME_BODY_BYTES_MAX as u64 || offset + total > to {
+            return Err(corrupt_at(
+                path,
+                offset,
+                format!("bad frame length {body_len}"),
+            ));
+        }
+        frame.resize(total as usize, 0);
+        reader
+            .read_exact(&mut frame[record::FRAME_HEADER_BYTES..])
+            .map_err(|e| read_error(e, offset))?;
+        let (record, _) =
+            record::decode(&frame).map_err(|e| corrupt_at(path, offset, e.to_string()))?;
+        records.push((lighten(record), offset, total as u32));
+        offset += total;
+    }
+    Ok(records)
+}
+
+/// Decodes a bucket file's first `len` bytes; used without the engine lock (see
+/// `Engine::preload`).
+pub(crate) fn decode_prefix(path: &Path, len: u64) -> Result<Decoded> {
+    Ok(Decoded {
+        records: decode_file(path, 0, len)?,
+        len,
+    })
 }
 
 /// Ready key: due time, then submit order (seq), then the bucket to find the entry in.
@@ -348,7 +425,7 @@ impl Queue {
     pub fn load_from(
         &mut self,
         key: u64,
-        prefix: Option<Vec<u8>>,
+        prefix: Option<Decoded>,
         stats: &mut EngineStats,
     ) -> Result<()> {
         let Some(bucket) = self.buckets.get_mut(&key) else {
@@ -357,18 +434,11 @@ impl Queue {
         if bucket.entries.is_some() {
             return Ok(());
         }
-        let bytes = bucket.read_all(prefix)?;
-        let mut records = Vec::new();
-        let mut offset = 0usize;
-        while offset < bytes.len() {
-            let (record, len) =
-                record::decode(&bytes[offset..]).map_err(|e| StoreError::Corrupt {
-                    location: format!("{} at offset {offset}", bucket.path.display()),
-                    detail: e.to_string(),
-                })?;
-            records.push((record, offset as u64, len as u32));
-            offset += len;
-        }
+        let (mut records, from) = match prefix {
+            Some(prefix) if prefix.len <= bucket.flushed_len => (prefix.records, prefix.len),
+            _ => (Vec::new(), 0),
+        };
+        records.extend(bucket.decode_rest(from)?);
         let wake = bucket.meta.wake_ms();
         bucket.entries = Some(HashMap::new());
         if let Some(wake) = wake {
