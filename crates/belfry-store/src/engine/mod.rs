@@ -74,8 +74,9 @@ pub struct EngineOptions {
     pub buffers_total_bytes: usize,
 }
 
-/// Default WAL bytes between checkpoints: replaying 64 MiB at reopen takes well under 2 s.
-pub const CHECKPOINT_WAL_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+/// Default WAL bytes between checkpoints: replaying 32 MiB at reopen takes well under 2 s
+/// even on a busy 2-core machine (0.4 s measured for 48 MiB on a quiet one).
+pub const CHECKPOINT_WAL_BYTES_DEFAULT: u64 = 32 * 1024 * 1024;
 /// Default look-ahead: two near (1-minute) buckets.
 pub const LOOKAHEAD_MS_DEFAULT: u64 = 2 * 60 * 1000;
 /// Default unload distance: an hour, well beyond the look-ahead so buckets do not flap.
