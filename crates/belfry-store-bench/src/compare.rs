@@ -680,15 +680,54 @@ fn store(
 
     let before = probe::write_bytes();
     let started = Instant::now();
-    result.drained += drain(
-        engine.as_ref(),
-        &queue,
-        now_ms,
-        workload.batch,
-        u64::MAX,
-        &mut check,
-        &mut result,
-    )?;
+    if writers <= 1 {
+        result.drained += drain(
+            engine.as_ref(),
+            &queue,
+            now_ms,
+            workload.batch,
+            u64::MAX,
+            &mut check,
+            &mut result,
+        )?;
+    } else {
+        // As many consumers as writers, each claiming and acking in a loop. Claims take the
+        // earliest due tasks, so each consumer still sees due times in order.
+        let engine = engine.as_ref();
+        let parts = std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..writers)
+                .map(|_| {
+                    let queue = &queue;
+                    scope.spawn(move || -> anyhow::Result<EngineResult> {
+                        let mut part = EngineResult::default();
+                        let mut check = DrainCheck::new(workload.payload_bytes);
+                        part.drained = drain(
+                            engine,
+                            queue,
+                            now_ms,
+                            workload.batch,
+                            u64::MAX,
+                            &mut check,
+                            &mut part,
+                        )?;
+                        Ok(part)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| match handle.join() {
+                    Ok(part) => part,
+                    Err(_) => bail!("a drain thread panicked"),
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        })?;
+        for part in parts {
+            result.drained += part.drained;
+            result.order_violations += part.order_violations;
+            result.verify_failures += part.verify_failures;
+        }
+    }
     engine.flush()?;
     result.drain_secs = Some(started.elapsed().as_secs_f64());
     result.drain_write_bytes = write_bytes_since(before);

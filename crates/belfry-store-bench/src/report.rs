@@ -269,7 +269,7 @@ fn compare_verdicts(workload: &Workload, results: &[EngineResult]) -> Vec<String
             (row.ingest_rate(), raw.and_then(EngineResult::ingest_rate))
         {
             out.push(format!(
-                "- ({}: {:.0}% of raw, {} tasks/s, the same commits shared by concurrent writers)",
+                "- ({}: {:.0}% of raw, {} tasks/s: the same commits from concurrent writers, which share fsyncs)",
                 row.engine,
                 ingest / raw_ingest * 100.0,
                 rate(Some(ingest))
@@ -373,7 +373,8 @@ pub fn compare_markdown(
     out.push_str(
         "\nEach engine runs in its own child process (peak RSS is its own). Ingest: `put` batches \
          through the `Store` trait (fjall: one write batch per commit with `SyncData`). Drain: \
-         `claim` (1,000 at a time) + `ack` (one call per task, one thread) in due order with \
+         `claim` (1,000 at a time) + `ack` (one call per task; one thread, or N threads for \
+         \"N writers\" rows) in due order with \
          the clock past every due time, right after a reopen, data in page cache, acks handed \
          to the OS and made durable by one flush at the end (belfry reopened with fsync policy \
          `never` for this; fjall: range scan from a cursor + batch delete, one persist at the \
