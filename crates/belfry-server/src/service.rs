@@ -26,6 +26,10 @@ use crate::queues::{Delivery, InvalidQueueConfig, QueueConfig, QueueRuntime, Que
 /// wake-up: a safety net for a lost notification or a wall-clock step.
 pub const IDLE_RECHECK_MS: u64 = 1_000;
 
+/// Store calls a batch ack runs at once, so a durable store's group commit can share fsyncs
+/// among them.
+pub const ACK_BATCH_PARALLELISM: usize = 32;
+
 /// Dead letters listed per page at most.
 pub const DEAD_PAGE_MAX: usize = 1_000;
 
@@ -583,18 +587,31 @@ impl Service {
         acks: Vec<(TaskId, LeaseId)>,
     ) -> Result<Vec<Result<()>>> {
         let runtime = self.runtime(queue)?;
-        let name = queue.clone();
         let now_ms = self.now_ms();
+        // The Store acks one task per call, and a durable store fsyncs each call. Acks run in
+        // parallel groups so the store's group commit shares fsyncs between them: a batch
+        // costs a few fsyncs, not one per task.
+        let parallelism = ACK_BATCH_PARALLELISM
+            .min(self.config.store_calls_in_flight_max)
+            .max(1);
+        let chunk = acks.len().div_ceil(parallelism).max(1);
+        let groups: Vec<Vec<(TaskId, LeaseId)>> = acks.chunks(chunk).map(<[_]>::to_vec).collect();
         let outcomes = self
-            .blocking(move |s| {
-                acks.into_iter()
-                    .map(|(id, lease)| Ok((id, s.ack(&name, id, lease, now_ms)?)))
-                    .collect::<Result<Vec<_>>>()
-            })
+            .blocking_parallel(
+                groups,
+                move |s, name, group| {
+                    group
+                        .into_iter()
+                        .map(|(id, lease)| Ok((id, s.ack(name, id, lease, now_ms)?)))
+                        .collect::<Result<Vec<_>>>()
+                },
+                queue,
+            )
             .await?;
         let mut done = 0;
         let results = outcomes
             .into_iter()
+            .flatten()
             .map(|(id, outcome)| {
                 let result = lease_result(id, outcome);
                 if result.is_ok() {
@@ -605,6 +622,45 @@ impl Service {
             })
             .collect();
         metrics::delivered(queue.as_str(), done);
+        Ok(results)
+    }
+
+    /// Runs `f` on each group at once on the blocking pool (one admission slot each) and
+    /// returns the results in group order.
+    async fn blocking_parallel<G, T, F>(
+        &self,
+        groups: Vec<G>,
+        f: F,
+        queue: &QueueName,
+    ) -> Result<Vec<T>>
+    where
+        G: Send + 'static,
+        T: Send + 'static,
+        F: Fn(&dyn Store, &QueueName, G) -> Result<T> + Send + Sync + 'static,
+    {
+        let wait = Duration::from_millis(self.config.store_admission_wait_ms);
+        let slots = u32::try_from(groups.len()).unwrap_or(u32::MAX);
+        let _permits = match tokio::time::timeout(wait, self.store_calls.acquire_many(slots)).await
+        {
+            Ok(Ok(permits)) => permits,
+            Ok(Err(_closed)) => return Err(ServiceError::ShuttingDown),
+            Err(_elapsed) => return Err(ServiceError::Overloaded),
+        };
+        let f = Arc::new(f);
+        let handles: Vec<_> = groups
+            .into_iter()
+            .map(|group| {
+                let (store, f, name) = (self.store.clone(), f.clone(), queue.clone());
+                tokio::task::spawn_blocking(move || f(&*store, &name, group))
+            })
+            .collect();
+        let mut results = Vec::with_capacity(handles.len());
+        for handle in handles {
+            let result = handle
+                .await
+                .map_err(|e| ServiceError::Internal(format!("store call did not finish: {e}")))?;
+            results.push(result?);
+        }
         Ok(results)
     }
 
