@@ -10,6 +10,8 @@
 //! # Ok(()) }
 //! ```
 
+mod schedules;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -49,6 +51,8 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+pub use schedules::{FireTime, Forecast, ForecastStep, NextFireTimes, Schedule, ScheduleSpec};
 
 // ---- request and response types ----
 

@@ -44,6 +44,13 @@ pub enum Command {
         #[command(subcommand)]
         command: DeadCommand,
     },
+    /// Manage cron and interval schedules on a running server.
+    Schedule {
+        #[command(flatten)]
+        remote: Remote,
+        #[command(subcommand)]
+        command: crate::schedule_cmd::ScheduleCommand,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -191,6 +198,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Queue { remote, command } => crate::commands::queue(&remote, command).await,
         Command::Task { remote, command } => crate::commands::task(&remote, command).await,
         Command::Dead { remote, command } => crate::commands::dead(&remote, command).await,
+        Command::Schedule { remote, command } => crate::schedule_cmd::run(&remote, command).await,
     }
 }
 

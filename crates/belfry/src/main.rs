@@ -4,6 +4,7 @@
 mod cli;
 mod commands;
 mod config;
+mod schedule_cmd;
 mod serve;
 mod units;
 

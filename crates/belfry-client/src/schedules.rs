@@ -1,0 +1,274 @@
+//! Schedules (`/v1/schedules`) and the queue forecast.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), belfry_client::Error> {
+//! let client = belfry_client::Client::new("http://127.0.0.1:7070")?;
+//! let spec = belfry_client::ScheduleSpec::cron("reports", "30 2 * * *")
+//!     .timezone("Europe/Paris")
+//!     .id("nightly");
+//! let schedule = client.create_schedule(&spec).await?;
+//! println!("next at {:?}", schedule.next_fire_at);
+//! # Ok(()) }
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::{Client, Result};
+
+/// A schedule to create or to replace one with.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ScheduleSpec {
+    /// Chosen by the client (1 to 128 of `[A-Za-z0-9_.-]`); generated when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub queue: String,
+    /// 5 or 6 fields (seconds first), or an alias such as `@hourly`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    /// IANA zone of `cron` (UTC by default).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// "high" or "normal".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+    /// A task's late policy, e.g. `{"policy": "skip", "after_ms": 60000}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard_count: Option<u32>,
+    /// "skip", "fire_once" (default) or "catch_up".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub misfire: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+}
+
+impl ScheduleSpec {
+    pub fn cron(queue: impl Into<String>, expression: impl Into<String>) -> Self {
+        ScheduleSpec {
+            queue: queue.into(),
+            cron: Some(expression.into()),
+            ..ScheduleSpec::default()
+        }
+    }
+
+    pub fn every_ms(queue: impl Into<String>, every_ms: u64) -> Self {
+        ScheduleSpec {
+            queue: queue.into(),
+            every_ms: Some(every_ms),
+            ..ScheduleSpec::default()
+        }
+    }
+
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    pub fn timezone(mut self, zone: impl Into<String>) -> Self {
+        self.timezone = Some(zone.into());
+        self
+    }
+
+    pub fn payload(mut self, payload: Value) -> Self {
+        self.payload = Some(payload);
+        self
+    }
+
+    pub fn shard_count(mut self, shards: u32) -> Self {
+        self.shard_count = Some(shards);
+        self
+    }
+
+    pub fn misfire(mut self, policy: impl Into<String>) -> Self {
+        self.misfire = Some(policy.into());
+        self
+    }
+}
+
+/// A stored schedule, as the server shows it.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct Schedule {
+    pub id: String,
+    pub queue: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub priority: String,
+    #[serde(default)]
+    pub late: Value,
+    pub shard_count: u32,
+    pub misfire: String,
+    pub paused: bool,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// The next firing not yet created: absent when paused or finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_fire_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_fire_at_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_fire_local: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+struct ScheduleList {
+    schedules: Vec<Schedule>,
+}
+
+/// One upcoming fire time.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct FireTime {
+    /// RFC 3339 in UTC.
+    pub at: String,
+    pub at_ms: u64,
+    /// RFC 9557 in the schedule's zone.
+    pub local: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct NextFireTimes {
+    pub id: String,
+    pub timezone: String,
+    pub fire_times: Vec<FireTime>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ForecastStep {
+    pub start_ms: u64,
+    /// Tasks already stored, due in this step.
+    pub tasks: u64,
+    /// Tasks schedules will create in this step.
+    pub firings: u64,
+    pub total: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Forecast {
+    pub queue: String,
+    pub from_ms: u64,
+    pub step_ms: u64,
+    pub horizon_ms: u64,
+    pub steps: Vec<ForecastStep>,
+}
+
+impl Client {
+    pub async fn create_schedule(&self, spec: &ScheduleSpec) -> Result<Schedule> {
+        self.expect(Method::POST, "/v1/schedules", Some(spec)).await
+    }
+
+    pub async fn list_schedules(&self) -> Result<Vec<Schedule>> {
+        let list: ScheduleList = self
+            .expect(Method::GET, "/v1/schedules", Self::NO_BODY)
+            .await?;
+        Ok(list.schedules)
+    }
+
+    pub async fn get_schedule(&self, id: &str) -> Result<Schedule> {
+        self.expect(Method::GET, &format!("/v1/schedules/{id}"), Self::NO_BODY)
+            .await
+    }
+
+    /// Replaces the schedule's definition; it fires afresh from now.
+    pub async fn replace_schedule(&self, id: &str, spec: &ScheduleSpec) -> Result<Schedule> {
+        self.expect(Method::PUT, &format!("/v1/schedules/{id}"), Some(spec))
+            .await
+    }
+
+    /// Deletes the schedule; tasks of past firings stay in their queue.
+    pub async fn delete_schedule(&self, id: &str) -> Result<()> {
+        self.call::<Value>(
+            Method::DELETE,
+            &format!("/v1/schedules/{id}"),
+            Self::NO_BODY,
+            Duration::ZERO,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    pub async fn pause_schedule(&self, id: &str) -> Result<Schedule> {
+        self.expect(
+            Method::POST,
+            &format!("/v1/schedules/{id}/pause"),
+            Self::NO_BODY,
+        )
+        .await
+    }
+
+    /// Fires again from now on; the paused period is not replayed.
+    pub async fn resume_schedule(&self, id: &str) -> Result<Schedule> {
+        self.expect(
+            Method::POST,
+            &format!("/v1/schedules/{id}/resume"),
+            Self::NO_BODY,
+        )
+        .await
+    }
+
+    /// The next `n` fire times (the server's default, 10, when `None`).
+    pub async fn next_fire_times(&self, id: &str, n: Option<usize>) -> Result<NextFireTimes> {
+        let path = match n {
+            Some(n) => format!("/v1/schedules/{id}/next?n={n}"),
+            None => format!("/v1/schedules/{id}/next"),
+        };
+        self.expect(Method::GET, &path, Self::NO_BODY).await
+    }
+
+    /// Tasks falling due per step from now: stored ones and future schedule firings.
+    pub async fn forecast(
+        &self,
+        queue: &str,
+        horizon_ms: Option<u64>,
+        step_ms: Option<u64>,
+    ) -> Result<Forecast> {
+        let mut path = format!("/v1/queues/{queue}/forecast");
+        let mut sep = '?';
+        if let Some(horizon) = horizon_ms {
+            path.push_str(&format!("{sep}horizon_ms={horizon}"));
+            sep = '&';
+        }
+        if let Some(step) = step_ms {
+            path.push_str(&format!("{sep}step_ms={step}"));
+        }
+        self.expect(Method::GET, &path, Self::NO_BODY).await
+    }
+}

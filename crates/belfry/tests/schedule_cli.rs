@@ -1,0 +1,232 @@
+//! `belfry schedule ...` against a spawned `belfry serve`, and a schedule firing on the real
+//! clock through the real binary (the runner `serve` starts).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use belfry_client::{Client, LeaseRequest};
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_belfry");
+const START_DEADLINE: Duration = Duration::from_secs(30);
+/// How long the test waits for an every-second schedule to fire on the real clock.
+const FIRE_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A `belfry serve` process; killed (by its PID) when dropped.
+struct Served {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve_in_memory() -> Served {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory"])
+        .env("RUST_LOG", "info")
+        .env_remove("BELFRY_LISTEN")
+        .env_remove("BELFRY_DATA_DIR")
+        .env_remove("BELFRY_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn belfry serve");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read the log until the "listening" line, then keep draining so the pipe never fills.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let url = rest.split(',').next().unwrap_or("").trim().to_owned();
+                let _ = tx.send(url);
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(START_DEADLINE)
+        .expect("belfry serve logs where it listens");
+    Served { child, url }
+}
+
+/// Runs `belfry ARGS --server URL`; returns (success, stdout, stderr).
+fn belfry(server: &Served, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["--server", &server.url])
+        .env_remove("BELFRY_SERVER")
+        .output()
+        .expect("run belfry");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(server: &Served, args: &[&str]) -> String {
+    let (success, stdout, stderr) = belfry(server, args);
+    assert!(success, "belfry {args:?} failed: {stderr}");
+    stdout
+}
+
+fn json(server: &Served, args: &[&str]) -> Value {
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let stdout = ok(server, &with_json);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {stdout}"))
+}
+
+#[test]
+fn schedule_subcommands_against_a_running_server() {
+    let server = serve_in_memory();
+    ok(&server, &["queue", "create", "jobs"]);
+
+    let created = ok(
+        &server,
+        &[
+            "schedule",
+            "create",
+            "jobs",
+            "--id",
+            "nightly",
+            "--cron",
+            "30 2 * * *",
+            "--timezone",
+            "Europe/Paris",
+            "--payload",
+            r#"{"job": "backup"}"#,
+            "--shards",
+            "2",
+        ],
+    );
+    assert!(
+        created.contains("nightly -> jobs: cron \"30 2 * * *\" in Europe/Paris, 2 shards"),
+        "{created}"
+    );
+    assert!(
+        created.contains("[Europe/Paris]"),
+        "local next time: {created}"
+    );
+
+    let every = json(
+        &server,
+        &[
+            "schedule", "create", "jobs", "--every", "90s", "--id", "often", "--paused",
+        ],
+    );
+    assert_eq!(every["every_ms"], 90_000);
+    assert_eq!(every["paused"], true);
+
+    let listed = ok(&server, &["schedule", "list"]);
+    assert!(listed.contains("nightly -> jobs"), "{listed}");
+    assert!(listed.contains("often -> jobs: every 90000 ms"), "{listed}");
+    let listed = json(&server, &["schedule", "list"]);
+    let ids: Vec<_> = listed
+        .as_array()
+        .expect("a JSON array")
+        .iter()
+        .map(|s| s["id"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(ids, vec!["nightly", "often"]);
+
+    let got = json(&server, &["schedule", "get", "nightly"]);
+    assert_eq!(got["payload"], serde_json::json!({"job": "backup"}));
+    assert_eq!(got["shard_count"], 2);
+
+    let next = json(&server, &["schedule", "next", "nightly", "-n", "3"]);
+    let times = next["fire_times"].as_array().expect("fire times");
+    assert_eq!(times.len(), 3);
+    for t in times {
+        let local = t["local"].as_str().unwrap_or_default();
+        assert!(local.contains("T02:30:00+0"), "{local}");
+        assert!(local.ends_with("[Europe/Paris]"), "{local}");
+    }
+    let human = ok(&server, &["schedule", "next", "nightly", "-n", "2"]);
+    assert_eq!(human.lines().count(), 2, "{human}");
+
+    let paused = json(&server, &["schedule", "pause", "nightly"]);
+    assert_eq!(paused["paused"], true);
+    let resumed = ok(&server, &["schedule", "resume", "often"]);
+    assert!(resumed.contains("next "), "{resumed}");
+
+    let forecast = json(
+        &server,
+        &[
+            "schedule",
+            "forecast",
+            "jobs",
+            "--horizon",
+            "10m",
+            "--step",
+            "5m",
+        ],
+    );
+    let totals: Vec<_> = forecast["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| s["firings"].as_u64().unwrap_or(0))
+        .collect();
+    assert_eq!(totals.len(), 2);
+    // `often` fires every 90 s from its resume: three or four times in each 5 minutes.
+    assert!(totals.iter().all(|n| (3..=4).contains(n)), "{totals:?}");
+
+    ok(&server, &["schedule", "delete", "nightly"]);
+    let (success, _, stderr) = belfry(&server, &["schedule", "get", "nightly"]);
+    assert!(!success);
+    assert!(stderr.contains("schedule_not_found"), "{stderr}");
+
+    // Bad input: the server's message reaches the user, naming the field.
+    let (success, _, stderr) = belfry(
+        &server,
+        &["schedule", "create", "jobs", "--cron", "0 25 * * *"],
+    );
+    assert!(!success);
+    assert!(stderr.contains("invalid_schedule"), "{stderr}");
+    assert!(stderr.contains("field 2 (hour)"), "{stderr}");
+    let (success, _, stderr) = belfry(&server, &["schedule", "create", "jobs"]);
+    assert!(!success, "a rule is required");
+    assert!(stderr.contains("--cron"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_schedule_fires_on_the_real_clock_in_a_served_binary() {
+    let server = serve_in_memory();
+    ok(&server, &["queue", "create", "ticks"]);
+    let created = json(
+        &server,
+        &[
+            "schedule", "create", "ticks", "--every", "1s", "--id", "second",
+        ],
+    );
+    let first_fire = created["next_fire_at_ms"]
+        .as_u64()
+        .expect("a next fire time");
+    let client = Client::new(&server.url).expect("client");
+    let deadline = Instant::now() + FIRE_DEADLINE;
+    let leased = loop {
+        let leased = client
+            .lease(
+                "ticks",
+                &LeaseRequest {
+                    max: Some(1),
+                    visibility_ms: None,
+                    wait_ms: Some(1_000),
+                },
+            )
+            .await
+            .expect("lease");
+        if !leased.is_empty() {
+            break leased;
+        }
+        assert!(Instant::now() < deadline, "the schedule never fired");
+    };
+    assert_eq!(leased[0].due_at_ms, first_fire);
+    assert!(leased[0].lease_until_ms > first_fire);
+}
