@@ -257,7 +257,7 @@ pub fn progress(output: &OutputArgs, len: u64, label: &str) -> indicatif::Progre
     }
     let bar = indicatif::ProgressBar::new(len);
     if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{prefix:>22} [{bar:30}] {human_pos}/{human_len} {per_sec:>14} eta {eta}",
+        "{prefix} [{bar:24}] {human_pos}/{human_len} {per_sec} eta {eta}",
     ) {
         bar.set_style(style.progress_chars("=> "));
     }
@@ -346,5 +346,66 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("--client-threads"));
+    }
+}
+
+#[cfg(test)]
+mod emit_tests {
+    use super::*;
+
+    fn report() -> report::Report {
+        let mut table = report::Table::new("t", &["system", "tasks/s"]);
+        table.row(vec!["belfry".into(), "1".into()]);
+        report::Report {
+            scenario: "ingest-batch".into(),
+            command: "belfry bench ingest --batch 1000".into(),
+            machine: sys::Machine::describe(),
+            tables: vec![table],
+            notes: vec!["a note".into()],
+            picture: None,
+            data: serde_json::Value::Null,
+        }
+    }
+
+    fn output(path: &std::path::Path, section: Option<&str>) -> OutputArgs {
+        OutputArgs {
+            json: false,
+            write_markdown: Some(path.to_path_buf()),
+            section: section.map(str::to_string),
+            client_threads: 1,
+            no_progress: true,
+        }
+    }
+
+    #[test]
+    fn emit_rewrites_only_its_subsection_and_is_idempotent() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("BENCHMARKS.md");
+        let original = "# B\n<!-- engine:begin -->\nE\n<!-- engine:end -->\n<!-- server:begin -->\n(not measured yet)\n<!-- server:end -->\n";
+        std::fs::write(&path, original).unwrap();
+        emit(&report(), &output(&path, None)).unwrap();
+        let once = std::fs::read_to_string(&path).unwrap();
+        assert!(once.contains("<!-- server:ingest-batch:begin -->\n### `ingest-batch`"));
+        assert!(once.contains("| belfry | 1 |") && once.contains("- a note"));
+        assert!(once.starts_with("# B\n<!-- engine:begin -->\nE\n<!-- engine:end -->\n"));
+        emit(&report(), &output(&path, None)).unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), once);
+        emit(&report(), &output(&path, Some("ingest-2"))).unwrap();
+        let twice = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            twice.contains("server:ingest-batch:begin") && twice.contains("server:ingest-2:begin")
+        );
+    }
+
+    #[test]
+    fn emit_refuses_odd_section_names_and_files_without_markers() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("B.md");
+        std::fs::write(&path, "<!-- server:begin -->\n<!-- server:end -->\n").unwrap();
+        assert!(emit(&report(), &output(&path, Some("a b"))).is_err());
+        assert!(emit(&report(), &output(&path, Some(""))).is_err());
+        std::fs::write(&path, "no markers\n").unwrap();
+        assert!(emit(&report(), &output(&path, None)).is_err());
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "no markers\n");
     }
 }
