@@ -144,3 +144,38 @@ fn every_fsync_policy_keeps_data_across_reopen() {
         }
     }
 }
+
+#[test]
+fn lookups_of_far_tasks_do_not_keep_far_buckets_loaded() {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = QueueName::new("q").unwrap();
+    let options = EngineOptions {
+        far_loaded_tasks_max: 100,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::open(dir.path(), options).unwrap();
+    engine.put_queue(&queue, Bytes::new()).unwrap();
+    engine.counts(&queue, NOW).unwrap();
+    // 30 day buckets, 50 tasks each, 100 to 130 days out.
+    let tasks: Vec<NewTask> = (0..1_500u64)
+        .map(|i| NewTask::new(queue.clone(), NOW + (100 + i % 30) * DAY_MS + i, "far"))
+        .collect();
+    let ids: Vec<_> = engine.put(tasks).unwrap().iter().map(|o| o.id()).collect();
+    engine.flush().unwrap();
+    assert_eq!(engine.stats().buckets_in_memory, 0);
+    for id in ids.iter().take(30) {
+        assert_eq!(
+            engine.cancel(&queue, *id, NOW).unwrap(),
+            belfry_store::ChangeOutcome::Ok
+        );
+        assert!(engine.get(&queue, ids[1_000], NOW).unwrap().is_some());
+        // Never more than the cap's worth of far tasks, plus the bucket in use.
+        assert!(
+            engine.stats().buckets_in_memory <= 3,
+            "{:?}",
+            engine.stats()
+        );
+    }
+    let counts = engine.counts(&queue, NOW).unwrap();
+    assert_eq!(counts.pending, 1_470);
+}

@@ -81,6 +81,7 @@ fn options() -> EngineOptions {
         checkpoint_wal_bytes: 4 * 1024,
         lookahead_ms: 1_000,
         unload_distance_ms: 5_000,
+        far_loaded_tasks_max: 3,
         bucket_buffer_bytes: 128,
         buffers_total_bytes: 1024,
     }

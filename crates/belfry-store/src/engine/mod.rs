@@ -68,6 +68,11 @@ pub struct EngineOptions {
     /// At a checkpoint, loaded buckets with nothing due or expiring within this distance of
     /// the latest `now` seen are unloaded (their entries dropped), bounding memory.
     pub unload_distance_ms: u64,
+    /// Far buckets (starting beyond `unload_distance_ms`) are loaded only to serve a call on
+    /// one of their tasks (get, cancel, ...). Once together they hold more tasks than this,
+    /// all but the one just used are unloaded at once rather than at the next checkpoint,
+    /// so lookups of far tasks cannot fill memory.
+    pub far_loaded_tasks_max: usize,
     /// A bucket's write buffer is written out once it holds this many bytes.
     pub bucket_buffer_bytes: usize,
     /// All write buffers are written out once together they hold this many bytes.
@@ -82,6 +87,8 @@ pub const LOOKAHEAD_MS_DEFAULT: u64 = 2 * 60 * 1000;
 /// Default unload distance: an hour, well beyond the look-ahead so buckets do not flap.
 pub const UNLOAD_DISTANCE_MS_DEFAULT: u64 = 60 * 60 * 1000;
 const _: () = assert!(LOOKAHEAD_MS_DEFAULT < UNLOAD_DISTANCE_MS_DEFAULT);
+/// Default cap on tasks of far buckets held loaded: about 150 MB of entries.
+pub const FAR_LOADED_TASKS_MAX_DEFAULT: usize = 1_000_000;
 
 impl Default for EngineOptions {
     fn default() -> Self {
@@ -90,6 +97,7 @@ impl Default for EngineOptions {
             checkpoint_wal_bytes: CHECKPOINT_WAL_BYTES_DEFAULT,
             lookahead_ms: LOOKAHEAD_MS_DEFAULT,
             unload_distance_ms: UNLOAD_DISTANCE_MS_DEFAULT,
+            far_loaded_tasks_max: FAR_LOADED_TASKS_MAX_DEFAULT,
             bucket_buffer_bytes: 256 * 1024,
             buffers_total_bytes: 32 * 1024 * 1024,
         }
@@ -326,6 +334,46 @@ impl State {
         self.wal_appended += frame.len() as u64;
         self.wal_since_checkpoint += frame.len() as u64;
         Ok(self.wal_appended)
+    }
+
+    /// Unloads far buckets loaded for lookups once they hold more than the configured number
+    /// of tasks, except `keep` (the bucket the current call used). A far bucket that holds
+    /// something due or expiring soon (a task rescheduled near) stays.
+    fn trim_far(&mut self, keep: Option<(u64, u64)>, options: &EngineOptions) {
+        let horizon = self.last_now_ms.saturating_add(options.unload_distance_ms);
+        let is_far = |key: u64| bucket_range(key).is_none_or(|(start, _)| start > horizon);
+        let mut total = 0usize;
+        for (uid, queue) in &self.queues {
+            for (key, bucket) in &queue.buckets {
+                if let Some(entries) = &bucket.entries {
+                    if is_far(*key) && keep != Some((*uid, *key)) {
+                        total += entries.len();
+                    }
+                }
+            }
+        }
+        if total <= options.far_loaded_tasks_max {
+            return;
+        }
+        for (uid, queue) in self.queues.iter_mut() {
+            let candidates: Vec<u64> = queue
+                .buckets
+                .iter()
+                .filter(|(key, b)| {
+                    b.entries.is_some() && is_far(**key) && keep != Some((*uid, **key))
+                })
+                .map(|(key, _)| *key)
+                .collect();
+            for key in candidates {
+                let wake = queue
+                    .buckets
+                    .get(&key)
+                    .and_then(|b| b.computed_meta().wake_ms());
+                if wake.is_none_or(|w| w > horizon) {
+                    queue.unload(key);
+                }
+            }
+        }
     }
 
     fn flush_buffers(&mut self) -> Result<()> {
@@ -693,6 +741,7 @@ impl Engine {
         if pending.is_empty() {
             return Ok(());
         }
+        let keep = pending.first().map(|p| (p.uid, p.key));
         let ticket = match state.commit(batch, pending, &self.options) {
             Ok(ticket) => ticket,
             Err(error) => {
@@ -700,6 +749,7 @@ impl Engine {
                 return Err(error);
             }
         };
+        state.trim_far(keep, &self.options);
         drop(state);
         self.finish(ticket)
     }
@@ -1074,12 +1124,15 @@ impl Store for Engine {
     fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>> {
         let mut state = self.lock_state()?;
         let (q, stats) = state.queue_at(queue, now_ms, self.options.lookahead_ms)?;
+        let uid = q.uid;
         let (seq, key) = split_id(id);
-        if q.entry(seq, key, stats)?.is_some() {
-            q.view(seq, key)
+        let task = if q.entry(seq, key, stats)?.is_some() {
+            q.view(seq, key)?
         } else {
-            Ok(None)
-        }
+            None
+        };
+        state.trim_far(Some((uid, key)), &self.options);
+        Ok(task)
     }
 
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>> {
