@@ -17,7 +17,7 @@
 //! `RUNNER_RECHECK_MS` (schedules written by other nodes are not announced), and at once
 //! when this node creates, replaces or resumes a schedule.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -57,9 +57,16 @@ pub struct SchedulesState {
     pub(crate) payload_bytes_max: usize,
     request_bytes_max: usize,
     wake: Notify,
+    /// The running server, once `spawn_runner` attached it: API calls go through its
+    /// store-call admission.
+    server: OnceLock<Arc<Service>>,
 }
 
 impl SchedulesState {
+    pub(crate) fn server(&self) -> Option<&Arc<Service>> {
+        self.server.get()
+    }
+
     /// Makes the runner tick now (a stored permit if it is busy, so no wake is lost).
     pub(crate) fn wake(&self) {
         self.wake.notify_one();
@@ -83,6 +90,7 @@ impl Schedules {
                 payload_bytes_max: config.payload_bytes_max,
                 request_bytes_max: config.request_bytes_max,
                 wake: Notify::new(),
+                server: OnceLock::new(),
             }),
         }
     }
@@ -115,10 +123,17 @@ impl Schedules {
         self.state.wake();
     }
 
-    /// Starts the runner. It stops when the server starts shutting down, and the server waits
-    /// for its last tick before flushing the store.
+    /// Starts the runner, and puts the schedule routes under the server's store-call
+    /// admission. The runner stops when the server starts shutting down, and the server waits
+    /// for its last tick before flushing the store. Call it once, right after `start`.
     pub fn spawn_runner(&self, server: &ServerHandle) {
         let service = server.service().clone();
+        if self.state.server.set(service.clone()).is_err() {
+            tracing::warn!(
+                "schedules: spawn_runner called twice; the second runner is not started"
+            );
+            return;
+        }
         let runner = Runner {
             state: self.state.clone(),
             stop: service.stopping.clone(),

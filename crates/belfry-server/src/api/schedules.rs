@@ -112,22 +112,31 @@ fn invalid(message: impl Into<String>) -> ApiError {
     ApiError::new(ErrorCode::InvalidSchedule, message)
 }
 
-/// Runs schedule-service calls on the blocking pool (they are store calls).
+/// Runs schedule-service calls on the blocking pool (they are store calls), through the
+/// server's store-call admission like every other endpoint (503 `overloaded` when saturated).
 async fn blocking<T, F>(state: &AppState, f: F) -> Result<T, ApiError>
 where
     T: Send + 'static,
     F: FnOnce(&SchedulesState) -> Result<T, ScheduleServiceError> + Send + 'static,
 {
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || f(&state))
+    let task_state = state.clone();
+    let call = move |_: &dyn belfry_store::Store| Ok(f(&task_state));
+    let outcome = match state.server() {
+        Some(server) => server.blocking(call).await?,
+        // Only between `ServerBuilder::start` and `Schedules::spawn_runner`: no admission yet.
+        None => tokio::task::spawn_blocking({
+            let store = state.store.clone();
+            move || call(&*store)
+        })
         .await
         .map_err(|e| {
             ApiError::new(
                 ErrorCode::InternalError,
                 format!("schedule call did not finish: {e}"),
             )
-        })?
-        .map_err(ApiError::from)
+        })??,
+    };
+    outcome.map_err(ApiError::from)
 }
 
 // ---- requests ----
