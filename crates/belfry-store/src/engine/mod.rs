@@ -12,7 +12,9 @@
 //! Concurrency: one mutex guards the in-memory state; a second serialises WAL writes. A caller
 //! applies its change in memory and queues its WAL frame under the state lock, then waits until
 //! some caller (the leader) has written and fsync'd the WAL past its frame. Lock order is WAL
-//! then state, never the reverse.
+//! then state, never the reverse. Another caller may observe a change before it is durable
+//! (a `get` is not delayed), but any change that builds on it (a claim of a just-put task)
+//! has a later WAL frame, so after a crash either both or only the first survive.
 
 pub mod bucket;
 pub mod persist;
@@ -234,6 +236,12 @@ pub struct Engine {
     checkpointing: Mutex<()>,
     _flusher: Option<Flusher>,
 }
+
+// The server shares one engine across threads.
+const _: fn() = || {
+    fn shared<T: Send + Sync + 'static>() {}
+    shared::<Engine>();
+};
 
 /// One record of a call: where it goes and its bytes' place in the WAL batch.
 struct Pending {
