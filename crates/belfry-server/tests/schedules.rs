@@ -701,3 +701,31 @@ async fn firings_are_created_once_across_an_engine_restart() {
     assert_eq!(schedule["next_fire_at_ms"], T0 + 50_000);
     t.stop().await;
 }
+
+#[tokio::test]
+async fn an_unreadable_stored_schedule_is_reported_not_fatal() {
+    let t = Scheduled::start().await;
+    t.s.queue("q", json!({})).await;
+    t.create(json!({"id": "fine", "queue": "q", "every_ms": 1000}))
+        .await;
+    t.store
+        .put_meta(
+            belfry_schedule::SCHEDULES_NAMESPACE,
+            "broken",
+            bytes::Bytes::from_static(b"not a schedule"),
+        )
+        .unwrap();
+    let (status, answer) = t.s.call("GET", "/v1/schedules/broken", Value::Null).await;
+    assert_eq!(
+        (status, code(&answer)),
+        (500, "schedule_corrupt"),
+        "{answer}"
+    );
+    // The others still list and fire.
+    let list = t.s.ok("GET", "/v1/schedules", Value::Null, 200).await;
+    assert_eq!(list["schedules"].as_array().map(Vec::len), Some(1));
+    t.advance(1000);
+    let fired = t.lease_n("q", 1).await;
+    assert_eq!(fired[0]["due_at_ms"], T0 + 1000);
+    t.stop().await;
+}
