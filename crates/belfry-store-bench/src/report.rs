@@ -550,7 +550,7 @@ pub fn pending_markdown(workload: &Workload, rows: &[PendingRow]) -> String {
     }
     out.push_str("\nTargets (100M pending is extrapolated linearly from the two sizes above, not measured; a \
          straight line through two points overstates costs that are bounded, such as WAL replay \
-         since the last checkpoint, and understates nothing that grows faster than linearly):\n\n");
+         since the last checkpoint, and would miss a cost that grows faster than linearly):\n\n");
     for line in extrapolate(workload, rows) {
         let _ = writeln!(out, "{line}");
     }
