@@ -488,6 +488,30 @@ fn queues_are_isolated(h: &mut dyn Harness) {
     assert_eq!(h.store().counts(&q("busy"), 1_000).unwrap().due, 500);
 }
 
+fn clock_jumps_never_fire_early_nor_lose_tasks(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let day = 24 * 3_600_000;
+    s.put(vec![
+        task("a", 10 * day, "t1"),
+        task("a", 10 * day + 1, "t2"),
+    ])
+    .unwrap();
+    // The clock jumps far ahead (buckets load, leases are taken)...
+    let batch = s.claim(&q("a"), 10 * day, 1, 1_000).unwrap();
+    assert_eq!(batch.leased.len(), 1);
+    h.reopen(false);
+    // ...then back by days: nothing is due, nothing is lost.
+    let s = h.store();
+    assert!(s.claim(&q("a"), day, 10, 1_000).unwrap().leased.is_empty());
+    let counts = s.counts(&q("a"), day).unwrap();
+    assert_eq!((counts.pending, counts.due, counts.in_flight), (1, 0, 1));
+    h.reopen(true);
+    // Forward again: the other task, then the first once its lease has expired.
+    assert_eq!(payloads(h, "a", 10 * day + 1, 10), ["t2"]);
+    assert_eq!(payloads(h, "a", 10 * day + 1_000, 10), ["t1"]);
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -513,4 +537,5 @@ scenarios!(
     counts_forecast_next_due,
     queue_delete_removes_tasks,
     queues_are_isolated,
+    clock_jumps_never_fire_early_nor_lose_tasks,
 );
