@@ -84,6 +84,10 @@ pub struct EngineResult {
     pub ingest_range: Option<(f64, f64)>,
     #[serde(default)]
     pub drain_range: Option<(f64, f64)>,
+    /// Median over repetitions of this engine's ingest rate divided by raw's in the same
+    /// repetition.
+    #[serde(default)]
+    pub ingest_vs_raw_paired: Option<f64>,
 }
 
 impl EngineResult {
@@ -138,7 +142,30 @@ pub fn run(args: &CompareArgs, workload: &Workload) -> anyhow::Result<Vec<Engine
             runs[index].push(result);
         }
     }
-    Ok(runs.into_iter().filter_map(median_run).collect())
+    // Paired ratios: each engine's ingest rate over raw's in the same repetition (run
+    // moments apart), whose median is steadier than a ratio of medians when the machine's
+    // load drifts.
+    let raw_runs: Option<Vec<Option<f64>>> = specs
+        .iter()
+        .position(|spec| spec.kind == EngineKind::Raw)
+        .map(|index| runs[index].iter().map(EngineResult::ingest_rate).collect());
+    let mut results = Vec::new();
+    for engine_runs in runs {
+        let paired = raw_runs.as_ref().and_then(|raw| {
+            let mut ratios: Vec<f64> = engine_runs
+                .iter()
+                .zip(raw)
+                .filter_map(|(run, raw)| Some(run.ingest_rate()? / raw.filter(|r| *r > 0.0)?))
+                .collect();
+            ratios.sort_by(f64::total_cmp);
+            ratios.get(ratios.len() / 2).copied()
+        });
+        if let Some(mut result) = median_run(engine_runs) {
+            result.ingest_vs_raw_paired = paired;
+            results.push(result);
+        }
+    }
+    Ok(results)
 }
 
 /// The run with the median ingest rate, carrying the range of ingest and drain rates seen.
