@@ -243,6 +243,16 @@ const _: fn() = || {
     shared::<Engine>();
 };
 
+/// What phase A of a checkpoint decided.
+#[derive(Debug, Default)]
+struct CheckpointPlan {
+    checkpoint: Checkpoint,
+    sync_files: Vec<PathBuf>,
+    sync_dirs: Vec<PathBuf>,
+    /// Finished buckets `(uid, key, length)`, deleted in phase C if still untouched.
+    doomed: Vec<(u64, u64, u64)>,
+}
+
 /// One record of a call: where it goes and its bytes' place in the WAL batch.
 struct Pending {
     uid: u64,
@@ -615,7 +625,7 @@ impl Engine {
         let due = self.state.lock().wal_since_checkpoint >= self.options.checkpoint_wal_bytes;
         if due {
             if let Some(_guard) = self.checkpointing.try_lock() {
-                self.checkpoint()?;
+                self.checkpoint_guarded()?;
             }
         }
         Ok(())
@@ -623,114 +633,163 @@ impl Engine {
 
     /// Makes the bucket files durable, records where they end, and drops the WAL before that
     /// point. Also unloads far buckets and deletes buckets whose tasks are all finished.
+    ///
+    /// Three phases, so writers are stopped only for the first (cheap) one:
+    /// A. under both locks: write the queued WAL, write bucket buffers, note every bucket's
+    ///    length, switch to a new WAL file; the checkpoint will say "files up to these
+    ///    lengths, then the WAL from the new file".
+    /// B. without locks: fsync the bucket files written since the last checkpoint. Writers
+    ///    append past the noted lengths meanwhile; those bytes are also in the new WAL.
+    /// C. write the checkpoint, delete the old WAL, and (under the state lock) delete the
+    ///    finished buckets that received nothing since phase A.
     fn checkpoint(&self) -> Result<()> {
-        let mut wal = self.wal.lock();
-        let mut state = self.state.lock();
-        state.check()?;
-        let result = self.checkpoint_locked(&mut wal, &mut state);
+        let _guard = self.checkpointing.lock();
+        self.checkpoint_guarded()
+    }
+
+    fn checkpoint_guarded(&self) -> Result<()> {
+        let result = self.checkpoint_phases();
         if let Err(error) = &result {
-            state.poison(error);
+            self.state.lock().poison(error);
         }
         result
     }
 
-    fn checkpoint_locked(&self, wal: &mut WalWriter, state: &mut State) -> Result<()> {
-        // 1. Everything queued for the WAL is written, so callers waiting on it are released.
-        let pending = std::mem::take(&mut state.wal_pending);
-        wal.file
-            .write_all(&pending)
-            .map_err(io("append to the WAL"))?;
-        wal.file.sync_data().map_err(io("fsync the WAL"))?;
-        self.durable.store(state.wal_appended, Ordering::Release);
+    fn checkpoint_phases(&self) -> Result<()> {
+        // Phase A.
+        let (plan, old_wal) = {
+            let mut wal = self.wal.lock();
+            let mut state = self.state.lock();
+            state.check()?;
+            let pending = std::mem::take(&mut state.wal_pending);
+            wal.file
+                .write_all(&pending)
+                .map_err(io("append to the WAL"))?;
+            wal.file.sync_data().map_err(io("fsync the WAL"))?;
+            self.durable.store(state.wal_appended, Ordering::Release);
+            let plan = self.plan_checkpoint(&mut state)?;
+            let number = wal.number + 1;
+            let file = create_wal(&self.dir, number)?;
+            let old = wal.number;
+            wal.file = file;
+            wal.number = number;
+            wal.last_sync = Instant::now();
+            wal.unsynced = false;
+            state.wal_since_checkpoint = 0;
+            (plan, old)
+        };
+        // Phase B.
+        for path in &plan.sync_files {
+            match File::open(path) {
+                Ok(file) => file.sync_all().map_err(io("fsync a bucket file"))?,
+                // Deleted meanwhile with its queue: nothing to keep.
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(StoreError::Io {
+                        context: "open a bucket file to fsync it",
+                        source,
+                    })
+                }
+            }
+        }
+        for dir in &plan.sync_dirs {
+            match persist::sync_dir(dir) {
+                Ok(()) => {}
+                Err(_) if !dir.exists() => {}
+                Err(error) => return Err(error),
+            }
+        }
+        // Phase C.
+        let mut checkpoint = plan.checkpoint;
+        checkpoint.wal_start = old_wal + 1;
+        checkpoint.write(&self.dir.join(CHECKPOINT_FILE))?;
+        for n in old_wal_files(&self.dir)? {
+            if n <= old_wal {
+                fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
+            }
+        }
+        let mut state = self.state.lock();
         state.checkpoints += 1;
-        // 2. Unload far buckets; pick finished buckets for deletion.
+        for (uid, key, len) in plan.doomed {
+            let Some(queue) = state.queues.get_mut(&uid) else {
+                continue;
+            };
+            let untouched = queue
+                .buckets
+                .get(&key)
+                .is_some_and(|b| b.len() == len && b.computed_meta().is_empty());
+            if !untouched {
+                // Written to since phase A: it stays. The checkpoint does not list it, so a
+                // restart rebuilds it from the WAL alone (its old tasks were all finished).
+                continue;
+            }
+            queue.unload(key);
+            if let Some(bucket) = queue.buckets.remove(&key) {
+                state.buffered_bytes = state.buffered_bytes.saturating_sub(bucket.buf.len());
+                match fs::remove_file(&bucket.path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(StoreError::Io {
+                            context: "remove a finished bucket file",
+                            source,
+                        })
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase A of a checkpoint, under the state lock: unloads far buckets, picks finished
+    /// ones, writes all buffers and notes what to fsync and record.
+    fn plan_checkpoint(&self, state: &mut State) -> Result<CheckpointPlan> {
         let horizon = state
             .last_now_ms
             .saturating_add(self.options.unload_distance_ms);
-        let mut doomed = Vec::new();
+        state.flush_buffers()?;
+        let mut plan = CheckpointPlan::default();
         for queue in state.queues.values_mut() {
             let keys: Vec<u64> = queue.buckets.keys().copied().collect();
+            let mut any_dirty = false;
             for key in keys {
                 let Some(bucket) = queue.buckets.get(&key) else {
                     continue;
                 };
                 let meta = bucket.computed_meta();
                 if meta.is_empty() {
-                    queue.unload(key);
-                    if let Some(wake) = meta.wake_ms() {
-                        queue.wake.remove(&(wake, key));
-                    }
-                    if let Some(bucket) = queue.buckets.remove(&key) {
-                        state.buffered_bytes -= bucket.buf.len();
-                        doomed.push(bucket.path);
-                    }
-                } else if bucket.entries.is_some() && meta.wake_ms().is_none_or(|w| w > horizon) {
+                    plan.doomed.push((queue.uid, key, bucket.len()));
+                    continue;
+                }
+                if bucket.entries.is_some() && meta.wake_ms().is_none_or(|w| w > horizon) {
                     queue.unload(key);
                 }
-            }
-        }
-        // 3. Bucket files: write and fsync.
-        state.flush_buffers()?;
-        let mut buckets = Vec::new();
-        for queue in state.queues.values_mut() {
-            let mut any_new = false;
-            for (key, bucket) in queue.buckets.iter_mut() {
-                any_new |= bucket.dirty;
-                bucket.sync()?;
-                buckets.push(CheckpointBucket {
+                let Some(bucket) = queue.buckets.get_mut(&key) else {
+                    continue;
+                };
+                if bucket.dirty && bucket.flushed_len > 0 {
+                    plan.sync_files.push(bucket.path.clone());
+                    any_dirty = true;
+                }
+                bucket.dirty = false;
+                plan.checkpoint.buckets.push(CheckpointBucket {
                     queue_uid: queue.uid,
-                    key: *key,
+                    key,
                     file_len: bucket.flushed_len,
                     meta: bucket.computed_meta(),
                 });
             }
-            if any_new {
-                persist::sync_dir(&queue.dir)?;
+            if any_dirty {
+                plan.sync_dirs.push(queue.dir.clone());
             }
-        }
-        // 4. A fresh WAL file; the checkpoint says replay starts there.
-        let number = wal.number + 1;
-        let file = create_wal(&self.dir, number)?;
-        let mut keys = Vec::new();
-        for queue in state.queues.values() {
             for (key, id) in &queue.index.keys {
-                keys.push((queue.uid, key.clone(), *id));
+                plan.checkpoint.keys.push((queue.uid, key.clone(), *id));
             }
         }
-        let checkpoint = Checkpoint {
-            next_seq: state.next_seq,
-            next_lease: state.next_lease,
-            last_now_ms: state.last_now_ms,
-            wal_start: number,
-            buckets,
-            keys,
-        };
-        checkpoint.write(&self.dir.join(CHECKPOINT_FILE))?;
-        let old = wal.number;
-        wal.file = file;
-        wal.number = number;
-        wal.last_sync = Instant::now();
-        wal.unsynced = false;
-        state.wal_since_checkpoint = 0;
-        // 5. Only now may what the checkpoint replaced go.
-        for n in old_wal_files(&self.dir)? {
-            if n <= old {
-                fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
-            }
-        }
-        for path in doomed {
-            match fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(StoreError::Io {
-                        context: "remove a finished bucket file",
-                        source,
-                    })
-                }
-            }
-        }
-        Ok(())
+        plan.checkpoint.next_seq = state.next_seq;
+        plan.checkpoint.next_lease = state.next_lease;
+        plan.checkpoint.last_now_ms = state.last_now_ms;
+        Ok(plan)
     }
 
     fn lock_state(&self) -> Result<parking_lot::MutexGuard<'_, State>> {
@@ -1579,7 +1638,6 @@ impl Store for Engine {
     }
 
     fn flush(&self) -> Result<()> {
-        let _guard = self.checkpointing.lock();
         self.checkpoint()
     }
 }

@@ -100,28 +100,6 @@ impl Bucket {
         Ok(written)
     }
 
-    pub fn sync(&mut self) -> Result<()> {
-        if !self.dirty {
-            return Ok(());
-        }
-        match File::open(&self.path) {
-            Ok(file) => file.sync_all().map_err(|source| StoreError::Io {
-                context: "fsync a bucket file",
-                source,
-            })?,
-            // Nothing was ever flushed to it (all its records were finished before a flush).
-            Err(e) if e.kind() == ErrorKind::NotFound && self.flushed_len == 0 => {}
-            Err(source) => {
-                return Err(StoreError::Io {
-                    context: "open a bucket file to fsync it",
-                    source,
-                })
-            }
-        }
-        self.dirty = false;
-        Ok(())
-    }
-
     /// The bucket's records from file offset `from` on: the rest of the file (read under
     /// the lock, usually little) and the write buffer, decoded.
     fn decode_rest(&self, from: u64) -> Result<Vec<LoadedRecord>> {
