@@ -25,9 +25,10 @@ use crate::sys::{unix_ms, unix_us, CpuMeter, CpuUse, Machine};
 use crate::workload::{due_times, validate, Bodies};
 use crate::{progress, Baseline, BaselineArgs, OutputArgs, ServerArgs};
 
-/// Ack requests a consumer may have queued for its acker before it waits: bounds memory
-/// and lets slow acks push back on leasing.
-const ACK_QUEUE_MAX: usize = 16;
+/// Ack requests a consumer may have queued for its ackers before it waits: bounds memory
+/// (at most 64 bodies of ≤ 1000 acks, ~5 MiB per consumer) and lets acks that fall far
+/// behind push back on leasing, as they would for a real consumer.
+const ACK_QUEUE_MAX: usize = 64;
 
 /// Brief targets for lateness (at 100k due/s).
 const LATENESS_P99_US_TARGET: u64 = 10_000;
@@ -60,8 +61,10 @@ pub struct FireArgs {
     /// Pull consumers (each with its own lease connection and ack connection).
     #[arg(long, default_value_t = 4)]
     pub consumers: usize,
-    /// Ack connections per pull consumer (batch acks are sent concurrently on them).
-    #[arg(long, default_value_t = 4)]
+    /// Ack connections per pull consumer (batch acks are sent concurrently on them). Acks
+    /// wait for the server's fsync; too few connections would let ack latency, not the
+    /// server's dispatch, limit how fast the bench leases.
+    #[arg(long, default_value_t = 16)]
     pub ack_connections: usize,
     /// Tasks per lease call (1..=1000); also the Redis claim script's limit.
     #[arg(long, default_value_t = 1_000)]
