@@ -77,6 +77,9 @@ pub struct EngineResult {
     pub peak_rss_bytes: Option<u64>,
     /// What the engine did at reopen, in its own words (belfry's work counters).
     pub reopen_work: Option<String>,
+    /// Records the engine read at reopen (WAL replay plus bucket loads), from its counters.
+    #[serde(default)]
+    pub reopen_records_read: Option<u64>,
     /// Runs this result is the median of (by ingest rate), and the range of rates they saw.
     #[serde(default)]
     pub repetitions: usize,
@@ -603,6 +606,7 @@ fn store(
             let engine = engines::open_belfry_engine(dir, true)?;
             result.reopen_secs = Some(started.elapsed().as_secs_f64());
             let stats = engine.stats();
+            result.reopen_records_read = Some(stats.wal_records_replayed + stats.records_loaded);
             result.reopen_work = Some(format!(
                 "{} WAL records replayed, {} bucket records read, {} of {} buckets in memory",
                 stats.wal_records_replayed,
