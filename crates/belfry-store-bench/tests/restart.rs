@@ -131,6 +131,6 @@ fn reopen_after_abandoning_the_engine_loads_no_far_bucket() {
     let ids = fill(&engine, &queue);
     // No flush, no close: the files are left as a killed process would leave them (every put
     // was fsync'd before it returned).
-    std::mem::forget(engine);
+    engine.abandon();
     check_small(&reopened_stats(dir.path(), &queue, &ids));
 }

@@ -5,8 +5,17 @@
 //! clock, which keeps it deterministic under test and lets the caller guarantee that no task is
 //! handed out before it is due.
 //!
-//! Durability: when a mutating call returns `Ok`, its effect survives a crash of the process
-//! (and, with the default fsync policy, of the machine).
+//! Durability: when a mutating call returns `Ok`, its effect survives a crash of the process.
+//! *Durable changes* (`put`, `cancel`, `reschedule`, `redrive`, queue and meta changes) also
+//! survive a crash of the machine under the engine's default fsync policy. *Delivery state*
+//! (`claim`, `ack`, `nack`, `extend`, `dead_letter`) need not: a store may return before it is
+//! on stable storage, as long as losing it in a machine crash leaves the task as an earlier
+//! whole state had it (scheduled and due, or leased and due again when that lease ends). The
+//! task is then delivered again, which at-least-once delivery allows; it is never lost, and a
+//! durable change made after a delivery call is never kept while that delivery call is lost.
+//! The embedded engine makes such records durable within a short bounded delay
+//! (`EngineOptions::delivery_sync_delay`) or, with `EngineOptions::sync_delivery`, before
+//! returning. See `docs/storage-format.md`, "Durability of delivery state".
 
 use std::io;
 
@@ -35,6 +44,9 @@ pub enum StoreError {
     Closed,
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// Another live store (in this process or another) has the data directory open.
+    #[error("data directory {dir} is in use by another belfry process (lock file {lock})")]
+    InUse { dir: String, lock: String },
 }
 
 /// The result of putting one task.
@@ -121,7 +133,7 @@ pub trait Store: Send + Sync + 'static {
 
     // ---- tasks ----
 
-    /// Stores tasks, durably, all or none. Every task's queue must exist. Outcomes are in input
+    /// Stores tasks, durably (before returning, under the default fsync policy), all or none. Every task's queue must exist. Outcomes are in input
     /// order. A task whose idempotency key is already known in its queue (or earlier in the
     /// same batch) is a `Duplicate` of the first.
     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>>;
@@ -139,6 +151,10 @@ pub trait Store: Send + Sync + 'static {
     // ---- delivery ----
 
     /// Leases up to `max` due tasks until `now_ms + visibility_ms`, counting an attempt on each.
+    ///
+    /// Delivery state: the leases (and late-policy outcomes) survive a crash of the process,
+    /// but may be lost in a crash of the machine, leaving those tasks due again (see the
+    /// module docs).
     fn claim(
         &self,
         queue: &QueueName,
@@ -147,6 +163,9 @@ pub trait Store: Send + Sync + 'static {
         visibility_ms: u64,
     ) -> Result<ClaimBatch>;
     /// The task was handled: it becomes `Done`.
+    ///
+    /// Delivery state: if a machine crash loses the ack, the task is leased again under the
+    /// old lease after restart and due once it expires, so it is delivered again (never lost).
     fn ack(
         &self,
         queue: &QueueName,
@@ -155,6 +174,9 @@ pub trait Store: Send + Sync + 'static {
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome>;
     /// The attempt failed: the task is scheduled again, due at `retry_at_ms`.
+    ///
+    /// Delivery state: if a machine crash loses the nack, the task is due again once the
+    /// old lease expires (possibly before `retry_at_ms`).
     fn nack(
         &self,
         queue: &QueueName,
@@ -164,6 +186,9 @@ pub trait Store: Send + Sync + 'static {
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome>;
     /// Moves the lease deadline to `lease_until_ms`.
+    ///
+    /// Delivery state: if a machine crash loses the extension, the old deadline applies after
+    /// restart, so the task may be delivered again while still being handled.
     fn extend(
         &self,
         queue: &QueueName,
@@ -173,6 +198,9 @@ pub trait Store: Send + Sync + 'static {
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome>;
     /// The task cannot be delivered: it becomes `Dead` with `reason`.
+    ///
+    /// Delivery state: if a machine crash loses it, the task is due again once the old lease
+    /// expires.
     fn dead_letter(
         &self,
         queue: &QueueName,

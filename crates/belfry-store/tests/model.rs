@@ -84,6 +84,7 @@ fn options() -> EngineOptions {
         far_loaded_tasks_max: 3,
         bucket_buffer_bytes: 128,
         buffers_total_bytes: 1024,
+        ..EngineOptions::default()
     }
 }
 

@@ -27,7 +27,9 @@ const START_MASK: u64 = (1 << START_BITS) - 1;
 
 const _: () = assert!(TIER_WIDTH_MS.len() == TIER_DISTANCE_MS.len() + 1);
 // Every width is a whole number of minutes, so bucket starts are exact in minutes.
-const _: () = assert!(TIER_WIDTH_MS[3] % MINUTE_MS == 0 && TIER_WIDTH_MS[2] % MINUTE_MS == 0);
+const _: () = assert!(
+    TIER_WIDTH_MS[3].is_multiple_of(MINUTE_MS) && TIER_WIDTH_MS[2].is_multiple_of(MINUTE_MS)
+);
 
 /// The bucket a task due at `due_ms` goes to, when now is `now_ms`.
 pub fn bucket_for(due_ms: UnixMs, now_ms: UnixMs) -> u64 {

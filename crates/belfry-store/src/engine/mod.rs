@@ -9,12 +9,23 @@
 //!   reopening reads neither far buckets nor the whole history.
 //! - `meta`: queues and `*_meta` entries, rewritten whole on each (rare) change.
 //!
-//! Concurrency: one mutex guards the in-memory state; a second serialises WAL writes. A caller
-//! applies its change in memory and queues its WAL frame under the state lock, then waits until
-//! some caller (the leader) has written and fsync'd the WAL past its frame. Lock order is WAL
-//! then state, never the reverse. Another caller may observe a change before it is durable
-//! (a `get` is not delayed), but any change that builds on it (a claim of a just-put task)
-//! has a later WAL frame, so after a crash either both or only the first survive.
+//! Concurrency: one mutex guards the in-memory state; a second serialises WAL writes and a
+//! third fsyncs. A caller applies its change in memory and queues its WAL frame under the
+//! state lock, then makes sure the WAL is written to the OS past its frame (whoever takes the
+//! write lock writes every queued frame with one `write`), and, if the call must be durable,
+//! that it is fsync'd past it (whoever takes the sync lock fsyncs everything written so far).
+//! Lock order is sync, write, state, never the reverse. Another caller may observe a change
+//! before it is durable (a `get` is not delayed), but any change that builds on it (a claim
+//! of a just-put task) has a later WAL frame, so after a crash either both or only the first
+//! survive.
+//!
+//! Delivery state (leases, acks, nacks, extensions, dead letters) does not wait for fsync
+//! unless [`EngineOptions::sync_delivery`] is set: its frame is written to the OS before the
+//! call returns (so it survives a crash of the process), and it becomes durable with the next
+//! fsync, which covers every earlier frame, or by the background flusher within
+//! [`EngineOptions::delivery_sync_delay`]. Losing such a record in a machine crash only
+//! delivers the task again, which at-least-once delivery allows (see
+//! `docs/storage-format.md`, "Durability of delivery state").
 
 pub mod bucket;
 pub mod persist;
@@ -25,7 +36,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -47,7 +58,10 @@ use crate::store::{
 /// When appended records are forced to stable storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FsyncPolicy {
-    /// Every mutating call returns only once its records are fsync'd (shared by group commit).
+    /// Every durable change returns only once its records are fsync'd (shared by group
+    /// commit). Delivery state (claim, ack, nack, extend, dead letter) returns once written
+    /// and is fsync'd within `EngineOptions::delivery_sync_delay`, unless
+    /// `EngineOptions::sync_delivery` is set.
     #[default]
     Always,
     /// Calls return once their records are written to the OS; a background thread (or the
@@ -79,6 +93,14 @@ pub struct EngineOptions {
     pub bucket_buffer_bytes: usize,
     /// All write buffers are written out once together they hold this many bytes.
     pub buffers_total_bytes: usize,
+    /// Under `FsyncPolicy::Always`, make delivery-state calls (`claim`, `ack`, `nack`,
+    /// `extend`, `dead_letter`) wait for their fsync like every other call. Off by default:
+    /// they then return once their record is written to the OS, and it is fsync'd by the next
+    /// durable call or within `delivery_sync_delay`.
+    pub sync_delivery: bool,
+    /// Longest time a delivery-state record written without fsync waits before the
+    /// background flusher fsyncs it (when no durable call did so first).
+    pub delivery_sync_delay: Duration,
 }
 
 /// Default WAL bytes between checkpoints: replaying 32 MiB at reopen takes well under 2 s
@@ -89,6 +111,10 @@ pub const LOOKAHEAD_MS_DEFAULT: u64 = 2 * 60 * 1000;
 /// Default unload distance: an hour, well beyond the look-ahead so buckets do not flap.
 pub const UNLOAD_DISTANCE_MS_DEFAULT: u64 = 60 * 60 * 1000;
 const _: () = assert!(LOOKAHEAD_MS_DEFAULT < UNLOAD_DISTANCE_MS_DEFAULT);
+/// Default bound on how long delivery state stays unsynced: short enough that a machine crash
+/// redelivers only what was acked in the last few tens of milliseconds, long enough that one
+/// fsync covers thousands of acks at full speed.
+pub const DELIVERY_SYNC_DELAY_DEFAULT: Duration = Duration::from_millis(20);
 /// Default cap on tasks of far buckets held loaded: about 150 MB of entries.
 pub const FAR_LOADED_TASKS_MAX_DEFAULT: usize = 1_000_000;
 
@@ -102,6 +128,8 @@ impl Default for EngineOptions {
             far_loaded_tasks_max: FAR_LOADED_TASKS_MAX_DEFAULT,
             bucket_buffer_bytes: 256 * 1024,
             buffers_total_bytes: 32 * 1024 * 1024,
+            sync_delivery: false,
+            delivery_sync_delay: DELIVERY_SYNC_DELAY_DEFAULT,
         }
     }
 }
@@ -109,6 +137,8 @@ impl Default for EngineOptions {
 const META_FILE: &str = "meta";
 const CHECKPOINT_FILE: &str = "checkpoint";
 const WAL_DIR: &str = "wal";
+/// Held locked (`flock`) by the engine that has the directory open.
+const LOCK_FILE: &str = "LOCK";
 
 fn wal_path(dir: &Path, number: u64) -> PathBuf {
     dir.join(WAL_DIR).join(format!("{number:016x}.wal"))
@@ -136,17 +166,70 @@ fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
     move |source| StoreError::Io { context, source }
 }
 
+/// The current WAL file. Guarded by `Wal::writer`.
 #[derive(Debug)]
 struct WalWriter {
-    file: File,
+    /// Shared so that an fsync can run without holding the write lock.
+    file: Arc<File>,
     number: u64,
-    last_sync: Instant,
-    /// Written since the last fsync.
-    unsynced: bool,
 }
 
-/// Under `FsyncPolicy::Interval`, a thread that fsyncs the WAL when writes have waited for
-/// longer than the interval, so the bound holds even when no further call arrives.
+/// Guarded by `Wal::sync`, which serialises fsyncs and WAL file switches.
+#[derive(Debug)]
+struct SyncState {
+    last_sync: Instant,
+}
+
+/// The write-ahead log and how far it is written and fsync'd. Positions are logical: bytes
+/// appended by this process (`State::wal_appended`), across WAL files.
+#[derive(Debug)]
+struct Wal {
+    sync: Mutex<SyncState>,
+    writer: Mutex<WalWriter>,
+    /// WAL bytes handed to the OS (they survive a crash of the process).
+    written: AtomicU64,
+    /// WAL bytes fsync'd (they survive a crash of the machine).
+    synced: AtomicU64,
+    /// Writes and fsyncs done: with concurrent callers there are fewer than calls.
+    writes: AtomicU64,
+    syncs: AtomicU64,
+    /// Set when a background fsync failed: after a failed fsync the kernel may have dropped
+    /// the dirty pages, so a later successful fsync proves nothing and the engine must stop.
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+}
+
+impl Wal {
+    /// fsyncs everything written so far unless that is already done. The caller holds
+    /// `sync` (passed in), so no WAL file switch happens meanwhile.
+    fn sync_written(&self, sync: &mut SyncState) -> Result<()> {
+        let (file, end) = {
+            let writer = self.writer.lock();
+            (
+                Arc::clone(&writer.file),
+                self.written.load(Ordering::Acquire),
+            )
+        };
+        if self.synced.load(Ordering::Acquire) >= end {
+            return Ok(());
+        }
+        // Bytes written before `end` are in this file or in older ones, which were fsync'd
+        // when the checkpoint switched away from them.
+        file.sync_data().map_err(io("fsync the WAL"))?;
+        sync.last_sync = Instant::now();
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.synced.fetch_max(end, Ordering::Release);
+        Ok(())
+    }
+
+    fn unsynced(&self) -> bool {
+        self.synced.load(Ordering::Acquire) < self.written.load(Ordering::Acquire)
+    }
+}
+
+/// A thread that fsyncs written but unsynced WAL bytes every `period`, so the bound on how
+/// long they stay unsynced holds even when no further call arrives: under
+/// `FsyncPolicy::Interval`, and for delivery state under `FsyncPolicy::Always`.
 #[derive(Debug)]
 struct Flusher {
     stop: Arc<(Mutex<bool>, Condvar)>,
@@ -154,7 +237,7 @@ struct Flusher {
 }
 
 impl Flusher {
-    fn start(wal: Arc<Mutex<WalWriter>>, every: Duration) -> Flusher {
+    fn start(wal: Arc<Wal>, period: Duration) -> Flusher {
         let stop = Arc::new((Mutex::new(false), Condvar::new()));
         let signal = Arc::clone(&stop);
         let handle = thread::Builder::new()
@@ -164,25 +247,28 @@ impl Flusher {
                     let (stopped, wake) = &*signal;
                     let mut stopped = stopped.lock();
                     if !*stopped {
-                        wake.wait_for(&mut stopped, every);
+                        wake.wait_for(&mut stopped, period);
                     }
                     if *stopped {
                         return;
                     }
                 }
-                let mut wal = wal.lock();
-                if wal.unsynced && wal.last_sync.elapsed() >= every {
-                    match wal.file.sync_data() {
-                        Ok(()) => {
-                            wal.unsynced = false;
-                            wal.last_sync = Instant::now();
-                        }
-                        // The next commit or checkpoint fsyncs again and reports the error.
-                        Err(error) => tracing::warn!(%error, "periodic WAL fsync failed"),
-                    }
+                if !wal.unsynced() || wal.failed.load(Ordering::Acquire) {
+                    continue;
+                }
+                let mut sync = wal.sync.lock();
+                if let Err(error) = wal.sync_written(&mut sync) {
+                    tracing::error!(%error, "background WAL fsync failed; the engine stops");
+                    *wal.failure.lock() = Some(error.to_string());
+                    wal.failed.store(true, Ordering::Release);
                 }
             })
             .ok();
+        if handle.is_none() {
+            tracing::warn!(
+                "could not start the WAL fsync thread; unsynced records wait for the next fsync"
+            );
+        }
         Flusher { stop, handle }
     }
 }
@@ -225,16 +311,16 @@ struct State {
 pub struct Engine {
     dir: PathBuf,
     options: EngineOptions,
-    wal: Arc<Mutex<WalWriter>>,
+    wal: Arc<Wal>,
     state: Mutex<State>,
-    /// WAL bytes known written (and fsync'd per policy).
-    durable: AtomicU64,
-    /// WAL writes and fsyncs by group-commit leaders: with concurrent callers there are
-    /// fewer of them than mutating calls.
-    wal_writes: AtomicU64,
-    wal_syncs: AtomicU64,
     checkpointing: Mutex<()>,
-    _flusher: Option<Flusher>,
+    /// Stopped (joined) when the engine drops, before the final fsync in `Drop`.
+    flusher: Option<Flusher>,
+    /// Holds the `flock` on `LOCK` while the engine is open; the OS releases it when the
+    /// process dies, so a crash never blocks the next open.
+    _lock: File,
+    /// Set by [`Engine::abandon`]: drop without the final fsync.
+    abandoned: bool,
 }
 
 // The server shares one engine across threads.
@@ -433,6 +519,7 @@ impl Engine {
     pub fn open(dir: impl AsRef<Path>, options: EngineOptions) -> Result<Engine> {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(dir.join(WAL_DIR)).map_err(io("create the data directory"))?;
+        let lock = lock_dir(&dir)?;
         let meta = MetaFile::read(&dir.join(META_FILE))?;
         let checkpoint = Checkpoint::read(&dir.join(CHECKPOINT_FILE))?.unwrap_or_default();
         let mut state = State {
@@ -527,37 +614,55 @@ impl Engine {
         let last_wal = replay(&dir, checkpoint.wal_start, &mut state, &options)?;
         let number = last_wal.max(checkpoint.wal_start) + 1;
         let file = create_wal(&dir, number)?;
-        let wal = Arc::new(Mutex::new(WalWriter {
-            file,
-            number,
-            last_sync: Instant::now(),
-            unsynced: false,
-        }));
-        let flusher = match options.fsync {
-            FsyncPolicy::Interval(every) => Some(Flusher::start(Arc::clone(&wal), every)),
+        let wal = Arc::new(Wal {
+            sync: Mutex::new(SyncState {
+                last_sync: Instant::now(),
+            }),
+            writer: Mutex::new(WalWriter {
+                file: Arc::new(file),
+                number,
+            }),
+            written: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            syncs: AtomicU64::new(0),
+            failed: AtomicBool::new(false),
+            failure: Mutex::new(None),
+        });
+        let flush_period = match options.fsync {
+            FsyncPolicy::Interval(every) => Some(every),
+            FsyncPolicy::Always if !options.sync_delivery => Some(options.delivery_sync_delay),
             FsyncPolicy::Always | FsyncPolicy::Never => None,
         };
+        let flusher = flush_period.map(|period| Flusher::start(Arc::clone(&wal), period));
         let engine = Engine {
             dir,
             options,
             wal,
-            _flusher: flusher,
+            flusher,
             state: Mutex::new(state),
-            durable: AtomicU64::new(0),
-            wal_writes: AtomicU64::new(0),
-            wal_syncs: AtomicU64::new(0),
             checkpointing: Mutex::new(()),
+            _lock: lock,
+            abandoned: false,
         };
         engine.checkpoint()?;
         Ok(engine)
+    }
+
+    /// Closes the engine as a crash of the process would leave it: no checkpoint, no final
+    /// fsync of delivery state, write buffers dropped. The directory lock is released, so the
+    /// same process can reopen the directory and see what a restart after `kill -9` sees.
+    /// For tests; `std::mem::forget` would keep the lock (and the flusher thread) alive.
+    pub fn abandon(mut self) {
+        self.abandoned = true;
     }
 
     /// Work counters: how many buckets and records were read so far.
     pub fn stats(&self) -> EngineStats {
         let state = self.state.lock();
         let mut stats = state.stats;
-        stats.wal_writes = self.wal_writes.load(Ordering::Relaxed);
-        stats.wal_syncs = self.wal_syncs.load(Ordering::Relaxed);
+        stats.wal_writes = self.wal.writes.load(Ordering::Relaxed);
+        stats.wal_syncs = self.wal.syncs.load(Ordering::Relaxed);
         stats.checkpoints = state.checkpoints;
         stats.buckets_in_memory = 0;
         stats.buckets_total = 0;
@@ -572,56 +677,80 @@ impl Engine {
         stats
     }
 
-    /// Waits until the WAL holds everything up to `ticket`, writing it ourselves if no one
-    /// else is (group commit: whoever gets the WAL lock writes all callers' frames).
-    fn wait_durable(&self, ticket: u64) -> Result<()> {
-        loop {
-            if self.durable.load(Ordering::Acquire) >= ticket {
-                return Ok(());
+    /// Makes sure the WAL is written to the OS up to `ticket`, writing every queued frame
+    /// ourselves unless a writer already did (group commit of writes: one `write` for all
+    /// frames queued when the writer took the lock).
+    fn write_through(&self, ticket: u64) -> Result<()> {
+        if self.wal.written.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let writer = self.wal.writer.lock();
+        if self.wal.written.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let (bytes, end) = {
+            let mut state = self.state.lock();
+            state.check()?;
+            (std::mem::take(&mut state.wal_pending), state.wal_appended)
+        };
+        if let Err(error) = (&*writer.file)
+            .write_all(&bytes)
+            .map_err(io("append to the WAL"))
+        {
+            self.state.lock().poison(&error);
+            return Err(error);
+        }
+        self.wal.writes.fetch_add(1, Ordering::Relaxed);
+        self.wal.written.store(end, Ordering::Release);
+        Ok(())
+    }
+
+    /// Makes sure the WAL is fsync'd up to `ticket` (already written): whoever takes the sync
+    /// lock fsyncs everything written so far, and the others find their frames covered.
+    fn sync_through(&self, ticket: u64) -> Result<()> {
+        if self.wal.synced.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let mut sync = self.wal.sync.lock();
+        if self.wal.synced.load(Ordering::Acquire) >= ticket {
+            return Ok(());
+        }
+        let result = self.wal.sync_written(&mut sync);
+        if let Err(error) = &result {
+            self.state.lock().poison(error);
+        }
+        result
+    }
+
+    /// Waits until the WAL holds everything up to `ticket` as the fsync policy asks. A
+    /// `delivery` call (lease, ack, nack, extend, dead letter) waits only for the write,
+    /// unless `sync_delivery` is set.
+    fn wait_durable(&self, ticket: u64, delivery: bool) -> Result<()> {
+        self.write_through(ticket)?;
+        match self.options.fsync {
+            FsyncPolicy::Always if !delivery || self.options.sync_delivery => {
+                self.sync_through(ticket)
             }
-            let mut wal = self.wal.lock();
-            if self.durable.load(Ordering::Acquire) >= ticket {
-                return Ok(());
-            }
-            let (bytes, end) = {
-                let mut state = self.state.lock();
-                state.check()?;
-                (std::mem::take(&mut state.wal_pending), state.wal_appended)
-            };
-            let sync = match self.options.fsync {
-                FsyncPolicy::Always => true,
-                FsyncPolicy::Interval(every) => wal.last_sync.elapsed() >= every,
-                FsyncPolicy::Never => false,
-            };
-            let result = wal
-                .file
-                .write_all(&bytes)
-                .map_err(io("append to the WAL"))
-                .and_then(|()| {
-                    if sync {
-                        wal.file.sync_data().map_err(io("fsync the WAL"))?;
-                        wal.last_sync = Instant::now();
-                        wal.unsynced = false;
-                    } else {
-                        wal.unsynced = true;
+            FsyncPolicy::Always | FsyncPolicy::Never => Ok(()),
+            FsyncPolicy::Interval(every) => {
+                // Opportunistic: fsync now if it is overdue and no one else is at it; the
+                // background flusher keeps the bound otherwise.
+                if let Some(mut sync) = self.wal.sync.try_lock() {
+                    if sync.last_sync.elapsed() >= every {
+                        if let Err(error) = self.wal.sync_written(&mut sync) {
+                            self.state.lock().poison(&error);
+                            return Err(error);
+                        }
                     }
-                    Ok(())
-                });
-            if let Err(error) = result {
-                self.state.lock().poison(&error);
-                return Err(error);
+                }
+                Ok(())
             }
-            self.wal_writes.fetch_add(1, Ordering::Relaxed);
-            if sync {
-                self.wal_syncs.fetch_add(1, Ordering::Relaxed);
-            }
-            self.durable.store(end, Ordering::Release);
         }
     }
 
     /// After a mutating call: wait for durability, then checkpoint if the WAL grew enough.
-    fn finish(&self, ticket: u64) -> Result<()> {
-        self.wait_durable(ticket)?;
+    fn finish(&self, ticket: u64, delivery: bool) -> Result<()> {
+        self.wait_durable(ticket, delivery)?;
         let due = self.state.lock().wal_since_checkpoint >= self.options.checkpoint_wal_bytes;
         if due {
             if let Some(_guard) = self.checkpointing.try_lock() {
@@ -658,23 +787,26 @@ impl Engine {
     fn checkpoint_phases(&self) -> Result<()> {
         // Phase A.
         let (plan, old_wal) = {
-            let mut wal = self.wal.lock();
+            let mut sync = self.wal.sync.lock();
+            let mut writer = self.wal.writer.lock();
             let mut state = self.state.lock();
             state.check()?;
             let pending = std::mem::take(&mut state.wal_pending);
-            wal.file
+            (&*writer.file)
                 .write_all(&pending)
                 .map_err(io("append to the WAL"))?;
-            wal.file.sync_data().map_err(io("fsync the WAL"))?;
-            self.durable.store(state.wal_appended, Ordering::Release);
+            writer.file.sync_data().map_err(io("fsync the WAL"))?;
+            self.wal
+                .written
+                .store(state.wal_appended, Ordering::Release);
+            self.wal.synced.store(state.wal_appended, Ordering::Release);
             let plan = self.plan_checkpoint(&mut state)?;
-            let number = wal.number + 1;
+            let number = writer.number + 1;
             let file = create_wal(&self.dir, number)?;
-            let old = wal.number;
-            wal.file = file;
-            wal.number = number;
-            wal.last_sync = Instant::now();
-            wal.unsynced = false;
+            let old = writer.number;
+            writer.file = Arc::new(file);
+            writer.number = number;
+            sync.last_sync = Instant::now();
             state.wal_since_checkpoint = 0;
             (plan, old)
         };
@@ -793,17 +925,23 @@ impl Engine {
     }
 
     fn lock_state(&self) -> Result<parking_lot::MutexGuard<'_, State>> {
-        let state = self.state.lock();
+        let mut state = self.state.lock();
+        if state.poisoned.is_none() && self.wal.failed.load(Ordering::Acquire) {
+            let reason = self.wal.failure.lock().clone().unwrap_or_default();
+            state.poisoned = Some(reason);
+        }
         state.check()?;
         Ok(state)
     }
 
-    /// Commits a call's records and waits for them to be durable.
+    /// Commits a call's records and waits for them to be durable (a `delivery` call: written;
+    /// see [`Engine::wait_durable`]).
     fn commit(
         &self,
         mut state: parking_lot::MutexGuard<'_, State>,
         batch: WalBatch,
         pending: Vec<Pending>,
+        delivery: bool,
     ) -> Result<()> {
         if pending.is_empty() {
             return Ok(());
@@ -818,7 +956,7 @@ impl Engine {
         };
         state.trim_far(keep, &self.options);
         drop(state);
-        self.finish(ticket)
+        self.finish(ticket, delivery)
     }
 
     /// Reads and decodes the files of buckets that `now_ms` is about to need without holding
@@ -896,6 +1034,48 @@ impl Engine {
         let (seq, key) = split_id(id);
         let found = q.entry(seq, key, stats)?.map(|e| e.state);
         Ok(found.map(|s| (uid, key, seq, s)))
+    }
+}
+
+/// Takes the data directory's lock, so that two engines (in this process or another) never
+/// write the same files. The lock is an OS file lock: it goes away with the process, so a
+/// crashed engine never blocks the next open, and the `LOCK` file itself may stay behind.
+fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io("open the data directory's lock file"))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::InUse {
+            dir: dir.display().to_string(),
+            lock: path.display().to_string(),
+        }),
+        Err(std::fs::TryLockError::Error(source)) => Err(StoreError::Io {
+            context: "lock the data directory",
+            source,
+        }),
+    }
+}
+
+impl Drop for Engine {
+    /// A clean close makes delivery state written without fsync durable (best effort: an
+    /// error here only means those tasks may be delivered again after a machine crash).
+    fn drop(&mut self) {
+        drop(self.flusher.take());
+        if self.abandoned || self.wal.failed.load(Ordering::Acquire) || !self.wal.unsynced() {
+            return;
+        }
+        if matches!(self.options.fsync, FsyncPolicy::Never) {
+            return;
+        }
+        let mut sync = self.wal.sync.lock();
+        if let Err(error) = self.wal.sync_written(&mut sync) {
+            tracing::warn!(%error, "final WAL fsync at close failed");
+        }
     }
 }
 
@@ -1184,7 +1364,7 @@ impl Store for Engine {
             }
             push(&mut batch, &mut pending, uid, key, record);
         }
-        self.commit(state, batch, pending)?;
+        self.commit(state, batch, pending, false)?;
         Ok(outcomes)
     }
 
@@ -1227,7 +1407,7 @@ impl Store for Engine {
         let mut batch = WalBatch::new();
         let mut pending = Vec::new();
         push(&mut batch, &mut pending, uid, key, Record::Cancel { seq });
-        self.commit(state, batch, pending)?;
+        self.commit(state, batch, pending, false)?;
         Ok(ChangeOutcome::Ok)
     }
 
@@ -1256,7 +1436,7 @@ impl Store for Engine {
             key,
             Record::Reschedule { seq, due_at_ms },
         );
-        self.commit(state, batch, pending)?;
+        self.commit(state, batch, pending, false)?;
         Ok(ChangeOutcome::Ok)
     }
 
@@ -1347,7 +1527,7 @@ impl Store for Engine {
             }
         }
         drop(state);
-        self.finish(ticket)?;
+        self.finish(ticket, true)?;
         Ok(result)
     }
 
@@ -1366,7 +1546,7 @@ impl Store for Engine {
         let mut batch = WalBatch::new();
         let mut pending = Vec::new();
         push(&mut batch, &mut pending, uid, key, Record::Done { seq });
-        self.commit(state, batch, pending)?;
+        self.commit(state, batch, pending, true)?;
         Ok(LeaseOutcome::Ok)
     }
 
@@ -1390,7 +1570,7 @@ impl Store for Engine {
             due_at_ms: retry_at_ms,
         };
         push(&mut batch, &mut pending, uid, key, record);
-        self.commit(state, batch, pending)?;
+        self.commit(state, batch, pending, true)?;
         Ok(LeaseOutcome::Ok)
     }
 
@@ -1415,7 +1595,7 @@ impl Store for Engine {
             until_ms: lease_until_ms,
         };
         push(&mut batch, &mut pending, uid, key, record);
-        self.commit(state, batch, pending)?;
+        self.commit(state, batch, pending, true)?;
         Ok(LeaseOutcome::Ok)
     }
 
@@ -1439,7 +1619,7 @@ impl Store for Engine {
             reason: record::cut_reason(reason).to_owned(),
         };
         push(&mut batch, &mut pending, uid, key, record);
-        self.commit(state, batch, pending)?;
+        self.commit(state, batch, pending, true)?;
         Ok(LeaseOutcome::Ok)
     }
 
@@ -1498,7 +1678,7 @@ impl Store for Engine {
             due_at_ms: now_ms,
         };
         push(&mut batch, &mut pending, uid, key, record);
-        self.commit(state, batch, pending)?;
+        self.commit(state, batch, pending, false)?;
         Ok(ChangeOutcome::Ok)
     }
 
