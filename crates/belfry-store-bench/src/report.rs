@@ -513,7 +513,7 @@ fn extrapolate(workload: &Workload, rows: &[PendingRow]) -> Vec<String> {
             if b <= a.saturating_mul(2) {
                 out.push(format!(
                     "- {engine}: records read at reopen did not grow with the pending count ({a} at {} → {b} at {}): \
-                     by that measure reopen at 100M stays near the measured {}, and the straight line above follows timing noise \
+                     by that measure reopen at 100M stays near the measured {}, whatever a straight line through two noisy timings says \
                      (reopen also fsyncs what the killed process left unsynced, bounded by the checkpoint interval)",
                     small.fill.tasks,
                     large.fill.tasks,
