@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use belfry_store::engine::{Engine, EngineOptions, FsyncPolicy};
+use belfry_store::engine::{Engine, EngineOptions};
 use belfry_store::{MemoryStore, Store};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,33 +75,29 @@ impl EngineSpec {
     }
 }
 
-/// Opens a `Store` engine in `dir` (created if missing). `durable_acks: false` opens belfry
-/// with fsync policy `never` (records reach the OS at once; `flush` makes them durable), used
-/// for the drain so that it is measured with the same durability as fjall's drain: one
-/// persist at the end rather than one fsync per ack.
+/// Opens a `Store` engine in `dir` (created if missing) with its default options: fsync
+/// policy `always`, the durability the brief promises by default. `sync_delivery` also makes
+/// belfry's delivery-state calls (claim, ack, ...) wait for their own fsync; by default they
+/// return once their record is written to the OS (it survives a process crash) and are
+/// fsync'd by the next durable call or a background flusher.
 pub fn open_store(
     kind: EngineKind,
     dir: &Path,
-    durable_acks: bool,
+    sync_delivery: bool,
 ) -> anyhow::Result<Box<dyn Store>> {
     match kind {
-        EngineKind::Belfry => open_belfry(dir, durable_acks),
+        EngineKind::Belfry => Ok(Box::new(open_belfry_engine(dir, sync_delivery)?)),
         EngineKind::Memory => Ok(Box::new(MemoryStore::default())),
         EngineKind::Raw | EngineKind::Fjall => bail!("{} is not a Store", kind.name()),
     }
 }
 
-fn open_belfry(dir: &Path, durable: bool) -> anyhow::Result<Box<dyn Store>> {
-    Ok(Box::new(open_belfry_engine(dir, durable)?))
-}
-
 /// The belfry engine itself, for callers that also read its work counters.
-pub fn open_belfry_engine(dir: &Path, durable: bool) -> anyhow::Result<Engine> {
-    // Default options: fsync policy `always`, the durability the brief promises by default.
-    let mut options = EngineOptions::default();
-    if !durable {
-        options.fsync = FsyncPolicy::Never;
-    }
+pub fn open_belfry_engine(dir: &Path, sync_delivery: bool) -> anyhow::Result<Engine> {
+    let options = EngineOptions {
+        sync_delivery,
+        ..EngineOptions::default()
+    };
     Engine::open(dir, options)
         .with_context(|| format!("open the belfry engine in {}", dir.display()))
 }

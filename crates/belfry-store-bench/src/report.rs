@@ -388,12 +388,13 @@ pub fn compare_markdown(
          through the `Store` trait (fjall: one write batch per commit with `SyncData`). Drain: \
          `claim` (1,000 at a time) + `ack` (one call per task; one thread, or N threads for \
          \"N writers\" rows) in due order with \
-         the clock past every due time, right after a reopen, data in page cache, acks handed \
-         to the OS and made durable by one flush at the end (belfry reopened with fsync policy \
-         `never` for this; fjall: range scan from a cursor + batch delete, one persist at the \
-         end; raw: a sequential read-and-check, its ceiling). \"drain, fsync per ack\": the \
-         first 2,000 tasks drained with the default policy `always`, where each ack waits \
-         for its own fsync. Bytes written come from `/proc/self/io` (`write_bytes`), \
+         the clock past every due time, right after a reopen, data in page cache, then one flush \
+         (belfry with its default options: policy `always`, delivery state written to the OS \
+         before each call returns and fsync'd in groups by the next durable call or a \
+         background flusher; fjall: range scan from a cursor + batch delete, not fsync'd per \
+         batch; raw: a sequential read-and-check, its ceiling). \"drain, fsync per ack\": the \
+         first 2,000 tasks drained with belfry's `sync_delivery` on, where each ack waits for \
+         its own fsync. Bytes written come from `/proc/self/io` (`write_bytes`), \
          disk from allocated file sizes. \"÷ raw\" columns divide by the raw row or by the raw \
          record size.\n\nTargets:\n\n",
     );
