@@ -63,3 +63,72 @@ fn ingest_and_drain_probe() {
         drained as f64 / drain.as_secs_f64()
     );
 }
+
+/// Claim-and-ack probe, ignored by default: `cargo test --release -p belfry-store --test
+/// engine_perf claim_ack -- --ignored --nocapture`. `PROBE_TASKS` due tasks (default 200,000)
+/// are claimed 1,000 at a time and each is acked by its own call from 8 threads, as a server
+/// acking one message at a time does. `PROBE_SYNC_DELIVERY=1` makes every ack wait for its
+/// fsync (`EngineOptions::sync_delivery`). Prints numbers; asserts only correctness.
+#[test]
+#[ignore]
+fn claim_ack_probe() {
+    const CLAIM_MAX: usize = 1_000;
+    const ACK_THREADS: usize = 8;
+    let tasks: usize = std::env::var("PROBE_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let sync_delivery = std::env::var("PROBE_SYNC_DELIVERY").is_ok_and(|v| v == "1");
+    let dir =
+        tempfile::tempdir_in(std::env::var("PROBE_DIR").unwrap_or_else(|_| ".".into())).unwrap();
+    let queue = QueueName::new("q").unwrap();
+    let options = EngineOptions {
+        sync_delivery,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::open(dir.path(), options).unwrap();
+    engine.put_queue(&queue, Bytes::new()).unwrap();
+    let now = 1_700_000_000_000u64;
+    let payload = Bytes::from(vec![b'x'; 200]);
+    for chunk in 0..tasks.div_ceil(CLAIM_MAX) {
+        let count = CLAIM_MAX.min(tasks - chunk * CLAIM_MAX);
+        let batch = (0..count)
+            .map(|_| NewTask::new(queue.clone(), now, payload.clone()))
+            .collect();
+        engine.put(batch).unwrap();
+    }
+    let before = engine.stats();
+    let start = Instant::now();
+    let mut acked = 0;
+    loop {
+        let batch = engine.claim(&queue, now, CLAIM_MAX, 600_000).unwrap();
+        if batch.leased.is_empty() {
+            break;
+        }
+        let per_thread = batch.leased.len().div_ceil(ACK_THREADS);
+        std::thread::scope(|scope| {
+            for part in batch.leased.chunks(per_thread) {
+                let (engine, queue) = (&engine, &queue);
+                scope.spawn(move || {
+                    for leased in part {
+                        let outcome = engine
+                            .ack(queue, leased.task.id, leased.lease_id, now)
+                            .unwrap();
+                        assert_eq!(outcome, belfry_store::LeaseOutcome::Ok);
+                    }
+                });
+            }
+        });
+        acked += batch.leased.len();
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(acked, tasks);
+    let after = engine.stats();
+    println!(
+        "claim+ack (sync_delivery={sync_delivery}): {acked} tasks in {elapsed:?}: {:.0} tasks/s; \
+         {} WAL writes, {} fsyncs",
+        acked as f64 / elapsed.as_secs_f64(),
+        after.wal_writes - before.wal_writes,
+        after.wal_syncs - before.wal_syncs,
+    );
+}
