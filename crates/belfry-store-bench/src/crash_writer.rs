@@ -47,6 +47,10 @@ pub struct CrashWriterArgs {
     /// Also run a thread that claims due tasks and acks them.
     #[arg(long)]
     pub claim: bool,
+    /// Checkpoint after this many WAL bytes instead of the engine's default, so that kills
+    /// also land during checkpoints (bucket fsyncs, checkpoint rewrite, WAL deletion).
+    #[arg(long)]
+    pub checkpoint_wal_bytes: Option<u64>,
 }
 
 /// Where acknowledgements go. Each call writes whole lines and returns only once they are
@@ -86,7 +90,11 @@ pub fn run(args: &CrashWriterArgs) -> anyhow::Result<()> {
                 .with_context(|| format!("open {}", path.display()))?,
         )),
     };
-    let engine = Engine::open(&args.dir, EngineOptions::default())
+    let mut options = EngineOptions::default();
+    if let Some(bytes) = args.checkpoint_wal_bytes {
+        options.checkpoint_wal_bytes = bytes;
+    }
+    let engine = Engine::open(&args.dir, options)
         .with_context(|| format!("open the engine in {}", args.dir.display()))?;
     let queue = QueueName::new(crash::QUEUE)?;
     engine.put_queue(&queue, Bytes::new())?;

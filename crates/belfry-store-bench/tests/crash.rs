@@ -34,7 +34,10 @@ const ROUNDS: u64 = 20;
 
 /// A round kills the writer after it logged between 1 and this many acknowledged puts and
 /// acks.
-const KILL_AFTER_PUTS_MAX: u64 = 3_000;
+const KILL_AFTER_PUTS_MAX: u64 = 6_000;
+
+/// WAL bytes between checkpoints in the rounds that checkpoint often: a few batches.
+const FREQUENT_CHECKPOINT_WAL_BYTES: u64 = 64 * 1024;
 
 /// Tasks per claim in the checker's drain.
 const DRAIN_CLAIM_MAX: usize = 1_000;
@@ -88,7 +91,13 @@ impl Drop for KillOnDrop {
 }
 
 /// Runs one writer in `dir` and kills it after `kill_after` acknowledged puts and acks.
-fn run_writer(dir: &Path, round: u64, claim: bool, kill_after: u64) -> AckLog {
+fn run_writer(
+    dir: &Path,
+    round: u64,
+    claim: bool,
+    checkpoint_wal_bytes: Option<u64>,
+    kill_after: u64,
+) -> AckLog {
     let mut command = Command::new(WRITER);
     command
         .arg("crash-writer")
@@ -97,6 +106,9 @@ fn run_writer(dir: &Path, round: u64, claim: bool, kill_after: u64) -> AckLog {
         .args(["--round", &round.to_string()])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    if let Some(bytes) = checkpoint_wal_bytes {
+        command.args(["--checkpoint-wal-bytes", &bytes.to_string()]);
+    }
     if claim {
         // One writer thread, so the claimer's acks are a good share of what is in flight
         // when the kill lands.
@@ -372,7 +384,9 @@ fn kill_rounds(seed: u64, claim_rounds: bool, damage_rounds: bool) {
         };
         let kill_after = rng.range(1, KILL_AFTER_PUTS_MAX + 1);
         let started = std::time::Instant::now();
-        let log = run_writer(&data, round, claim, kill_after);
+        // Half the rounds checkpoint often, so kills also land inside checkpoints.
+        let checkpoint = (rng.range(0, 2) == 1).then_some(FREQUENT_CHECKPOINT_WAL_BYTES);
+        let log = run_writer(&data, round, claim, checkpoint, kill_after);
         eprintln!("round {round}: writer ran {:?}", started.elapsed());
         let what = damage(&data, kind, &mut rng);
         let checked = std::time::Instant::now();
@@ -389,7 +403,7 @@ fn kill_rounds(seed: u64, claim_rounds: bool, damage_rounds: bool) {
                 history = History::default();
             }
             Err(panic) => {
-                eprintln!("round {round} (seed {seed}, claim {claim}, kill after {kill_after}, {what}) failed");
+                eprintln!("round {round} (seed {seed}, claim {claim}, checkpoint {checkpoint:?}, kill after {kill_after}, {what}) failed");
                 std::panic::resume_unwind(panic);
             }
         }
