@@ -418,6 +418,8 @@ impl Store for MemoryStore {
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
         let mut inner = self.inner.lock();
         let queue = inner.queue(queue)?;
+        // Like cancel: a task whose lease ran out is reported as scheduled, not leased.
+        queue.expire_leases(now_ms);
         let Some(stored) = queue.tasks.get_mut(&id) else {
             return Ok(ChangeOutcome::NotFound);
         };

@@ -291,3 +291,84 @@ fn a_data_directory_is_opened_by_one_engine_at_a_time() {
     let again = Engine::open(dir.path(), EngineOptions::default()).unwrap();
     drop(again);
 }
+
+/// Acks from several threads while puts and checkpoints run, then an abandon (as after
+/// `kill -9`): an ack that returned was written to the OS before returning, so it survives a
+/// crash of the process even though it was never fsync'd on its own.
+#[test]
+fn acks_that_returned_survive_a_process_crash_amid_checkpoints() {
+    use std::collections::HashSet;
+    use std::sync::Arc;
+
+    let dir = tempfile::tempdir().unwrap();
+    let q = queue();
+    let options = EngineOptions {
+        checkpoint_wal_bytes: 16 * 1024,
+        ..options(false)
+    };
+    let engine = Arc::new(Engine::open(dir.path(), options.clone()).unwrap());
+    engine.put_queue(&q, Bytes::new()).unwrap();
+    let writers: Vec<_> = (0..2)
+        .map(|t| {
+            let (engine, q) = (Arc::clone(&engine), q.clone());
+            std::thread::spawn(move || {
+                let mut ids = Vec::new();
+                for b in 0..40u64 {
+                    let tasks = (0..10u64)
+                        .map(|i| NewTask::new(q.clone(), NOW - (t * 400 + b * 10 + i), "w"))
+                        .collect();
+                    ids.extend(engine.put(tasks).unwrap().iter().map(|o| o.id()));
+                }
+                ids
+            })
+        })
+        .collect();
+    let ackers: Vec<_> = (0..3)
+        .map(|_| {
+            let (engine, q) = (Arc::clone(&engine), q.clone());
+            std::thread::spawn(move || {
+                let mut acked = Vec::new();
+                for _ in 0..100 {
+                    for leased in engine.claim(&q, NOW, 5, VISIBILITY_MS).unwrap().leased {
+                        let outcome = engine.ack(&q, leased.task.id, leased.lease_id, NOW);
+                        assert_eq!(outcome.unwrap(), LeaseOutcome::Ok);
+                        acked.push(leased.task.id);
+                    }
+                }
+                acked
+            })
+        })
+        .collect();
+    let mut put = HashSet::new();
+    for writer in writers {
+        put.extend(writer.join().unwrap());
+    }
+    let mut acked = HashSet::new();
+    for acker in ackers {
+        acked.extend(acker.join().unwrap());
+    }
+    assert!(engine.stats().checkpoints > 1, "checkpoints ran meanwhile");
+    let engine = Arc::into_inner(engine).expect("the threads are done");
+    engine.abandon();
+
+    let engine = Engine::open(dir.path(), options).unwrap();
+    for id in &acked {
+        let state = engine.get(&q, *id, NOW).unwrap().map(|t| t.state);
+        assert!(
+            matches!(state, None | Some(TaskState::Done)),
+            "{id}: {state:?}"
+        );
+    }
+    // Leases that were never acked came back with the reopen; they end at their deadline.
+    let rest = engine
+        .claim(&q, NOW + VISIBILITY_MS, 100_000, VISIBILITY_MS)
+        .unwrap();
+    let rest: HashSet<TaskId> = rest.leased.iter().map(|l| l.task.id).collect();
+    assert!(rest.is_disjoint(&acked), "an acked task came back");
+    assert_eq!(
+        rest.len() + acked.len(),
+        put.len(),
+        "every put is done or due"
+    );
+    assert!(rest.iter().all(|id| put.contains(id)));
+}

@@ -397,8 +397,11 @@ impl World {
                 let engine = self.engine.take().unwrap();
                 if *clean {
                     engine.flush().unwrap();
+                    drop(engine);
+                } else {
+                    // As after `kill -9`: no checkpoint, no final fsync.
+                    engine.abandon();
                 }
-                drop(engine);
                 self.engine = Some(Engine::open(self.dir.path(), options()).unwrap());
                 // ...and the first thing a restarted server does is look at its queues with
                 // the current time, which ends those leases again in both stores.

@@ -1664,7 +1664,10 @@ impl Store for Engine {
 
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
         let mut state = self.lock_state()?;
-        let Some((uid, key, seq, current)) = self.change_target(&mut state, queue, id, None)?
+        // With `now`, like cancel and reschedule: a lease that has run out is ended first, so
+        // the state reported for a task that is not dead is the one `get` would show.
+        let Some((uid, key, seq, current)) =
+            self.change_target(&mut state, queue, id, Some(now_ms))?
         else {
             return Ok(ChangeOutcome::NotFound);
         };
