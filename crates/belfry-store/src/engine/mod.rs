@@ -139,6 +139,14 @@ const CHECKPOINT_FILE: &str = "checkpoint";
 const WAL_DIR: &str = "wal";
 /// Held locked (`flock`) by the engine that has the directory open.
 const LOCK_FILE: &str = "LOCK";
+/// How long `open` keeps trying to take a held directory lock before it reports `InUse`. A
+/// lock can be held briefly by a process that is not using the directory: a child forked by
+/// any thread of the owner's process holds a copy of its descriptors (and so the lock) until
+/// it execs, even if the owner closes the engine meanwhile. Retrying for a moment tells that
+/// apart from a live engine.
+const LOCK_WAIT_MAX: Duration = Duration::from_secs(1);
+/// Pause between attempts to take the directory lock.
+const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(10);
 
 fn wal_path(dir: &Path, number: u64) -> PathBuf {
     dir.join(WAL_DIR).join(format!("{number:016x}.wal"))
@@ -748,11 +756,16 @@ impl Engine {
         }
     }
 
-    /// After a mutating call: wait for durability, then checkpoint if the WAL grew enough.
-    fn finish(&self, ticket: u64, delivery: bool) -> Result<()> {
+    /// Whether the WAL grew enough since the last checkpoint for the next one. Read while the
+    /// caller still holds the state lock, so `finish` need not take it again.
+    fn checkpoint_due(&self, state: &State) -> bool {
+        state.wal_since_checkpoint >= self.options.checkpoint_wal_bytes
+    }
+
+    /// After a mutating call: wait for durability, then checkpoint if `checkpoint_due`.
+    fn finish(&self, ticket: u64, delivery: bool, checkpoint_due: bool) -> Result<()> {
         self.wait_durable(ticket, delivery)?;
-        let due = self.state.lock().wal_since_checkpoint >= self.options.checkpoint_wal_bytes;
-        if due {
+        if checkpoint_due {
             if let Some(_guard) = self.checkpointing.try_lock() {
                 self.checkpoint_guarded()?;
             }
@@ -955,8 +968,9 @@ impl Engine {
             }
         };
         state.trim_far(keep, &self.options);
+        let checkpoint_due = self.checkpoint_due(&state);
         drop(state);
-        self.finish(ticket, delivery)
+        self.finish(ticket, delivery, checkpoint_due)
     }
 
     /// Reads and decodes the files of buckets that `now_ms` is about to need without holding
@@ -1048,16 +1062,26 @@ fn lock_dir(dir: &Path) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(io("open the data directory's lock file"))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(std::fs::TryLockError::WouldBlock) => Err(StoreError::InUse {
-            dir: dir.display().to_string(),
-            lock: path.display().to_string(),
-        }),
-        Err(std::fs::TryLockError::Error(source)) => Err(StoreError::Io {
-            context: "lock the data directory",
-            source,
-        }),
+    let started = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT_MAX => {
+                thread::sleep(LOCK_RETRY_PAUSE);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::InUse {
+                    dir: dir.display().to_string(),
+                    lock: path.display().to_string(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(StoreError::Io {
+                    context: "lock the data directory",
+                    source,
+                })
+            }
+        }
     }
 }
 
@@ -1526,8 +1550,9 @@ impl Store for Engine {
                 });
             }
         }
+        let checkpoint_due = self.checkpoint_due(&state);
         drop(state);
-        self.finish(ticket, true)?;
+        self.finish(ticket, true, checkpoint_due)?;
         Ok(result)
     }
 
