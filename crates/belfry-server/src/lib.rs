@@ -10,6 +10,7 @@
 //! to the grace period → `Store::flush` → return.
 
 pub mod api;
+mod coalesce;
 pub mod config;
 mod dispatcher;
 pub mod metrics;

@@ -133,6 +133,8 @@ pub struct Service {
     /// Dispatcher loops.
     pub dispatchers: TaskTracker,
     ready: AtomicBool,
+    /// Single submits, coalesced into shared store calls.
+    submits: crate::coalesce::Coalescer,
     /// Admission for store calls (`store_calls_in_flight_max`).
     store_calls: tokio::sync::Semaphore,
     /// The HTTP client every webhook sink shares (one connection pool per server).
@@ -147,7 +149,9 @@ impl Service {
         let webhook_client = belfry_sinks::try_client_for(&policy)
             .map_err(|e| ServiceError::Internal(format!("build the webhook HTTP client: {e}")))?;
         let store_calls = tokio::sync::Semaphore::new(config.store_calls_in_flight_max);
+        let submits = crate::coalesce::Coalescer::start(&store);
         Ok(Service {
+            submits,
             store,
             clock,
             config,
@@ -178,18 +182,23 @@ impl Service {
         &self.webhook_client
     }
 
+    /// Waits for a store-call slot, up to `store_admission_wait_ms`.
+    async fn admit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        let wait = Duration::from_millis(self.config.store_admission_wait_ms);
+        match tokio::time::timeout(wait, self.store_calls.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_closed)) => Err(ServiceError::ShuttingDown),
+            Err(_elapsed) => Err(ServiceError::Overloaded),
+        }
+    }
+
     /// Runs a store call on the blocking pool.
     pub async fn blocking<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
     {
-        let wait = Duration::from_millis(self.config.store_admission_wait_ms);
-        let _permit = match tokio::time::timeout(wait, self.store_calls.acquire()).await {
-            Ok(Ok(permit)) => permit,
-            Ok(Err(_closed)) => return Err(ServiceError::ShuttingDown),
-            Err(_elapsed) => return Err(ServiceError::Overloaded),
-        };
+        let _permit = self.admit().await?;
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || f(&*store))
             .await
@@ -367,7 +376,14 @@ impl Service {
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
-        let outcomes = self.blocking(move |s| Ok(s.put(tasks)?)).await?;
+        let outcomes = if tasks.len() == 1 {
+            // One task per request: share the store call with concurrent submits. Each waiting
+            // submit holds a store-call slot, so admission still bounds the queue.
+            let _permit = self.admit().await?;
+            self.submits.put(tasks).await?
+        } else {
+            self.blocking(move |s| Ok(s.put(tasks)?)).await?
+        };
         let created = outcomes
             .iter()
             .filter(|o| matches!(o, PutOutcome::Created { .. }))

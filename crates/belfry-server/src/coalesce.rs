@@ -1,0 +1,111 @@
+//! Single-task submits, coalesced: while one `Store::put` is running, submits that arrive
+//! wait and then go to the store together in the next call.
+//!
+//! A durable store fsyncs once per call, and every call is a hand-off to a blocking thread and
+//! back. With one task per HTTP request, those costs (not JSON or HTTP) dominated: coalescing
+//! turns N concurrent submits into one call. A submit alone is not delayed: it finds the
+//! writer idle and goes at once.
+
+use std::sync::{Arc, Weak};
+
+use belfry_core::NewTask;
+use belfry_store::{PutOutcome, Store, StoreError};
+use tokio::sync::{mpsc, oneshot};
+
+/// Submits waiting for the writer at most; beyond it, submitters wait for room (backpressure,
+/// not memory growth).
+pub const QUEUED_SUBMITS_MAX: usize = 4_096;
+
+/// Tasks in one coalesced `Store::put` at most: a batch request's worth.
+pub const COALESCED_TASKS_MAX: usize = belfry_core::limits::BATCH_TASKS_MAX;
+
+type Reply = oneshot::Sender<Result<Vec<PutOutcome>, StoreError>>;
+
+struct Pending {
+    tasks: Vec<NewTask>,
+    reply: Reply,
+}
+
+/// The sending side; the writer task ends when this is dropped.
+pub struct Coalescer {
+    tx: mpsc::Sender<Pending>,
+}
+
+impl Coalescer {
+    /// Starts the writer on the current runtime. It holds the store weakly, so the store
+    /// closes (and frees its directory) as soon as the server lets go of it.
+    pub fn start(store: &Arc<dyn Store>) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUED_SUBMITS_MAX);
+        tokio::spawn(write_loop(Arc::downgrade(store), rx));
+        Coalescer { tx }
+    }
+
+    /// Puts `tasks` (one submit's worth), possibly together with other submits.
+    pub async fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Pending { tasks, reply })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+}
+
+async fn write_loop(store: Weak<dyn Store>, mut rx: mpsc::Receiver<Pending>) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        let mut count = batch[0].tasks.len();
+        while count < COALESCED_TASKS_MAX {
+            match rx.try_recv() {
+                Ok(next) => {
+                    count += next.tasks.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        let Some(store) = store.upgrade() else {
+            for pending in batch {
+                let _ = pending.reply.send(Err(StoreError::Closed));
+            }
+            continue;
+        };
+        // The whole batch runs on one blocking thread; answers go back from there.
+        let finished = tokio::task::spawn_blocking(move || write(&*store, batch)).await;
+        if let Err(e) = finished {
+            tracing::error!(error = %e, "coalesced put did not finish");
+        }
+    }
+}
+
+fn write(store: &dyn Store, batch: Vec<Pending>) {
+    if batch.len() == 1 {
+        let mut batch = batch;
+        if let Some(one) = batch.pop() {
+            let _ = one.reply.send(store.put(one.tasks));
+        }
+        return;
+    }
+    let sizes: Vec<usize> = batch.iter().map(|p| p.tasks.len()).collect();
+    let mut replies = Vec::with_capacity(batch.len());
+    let mut tasks = Vec::with_capacity(sizes.iter().sum());
+    for pending in batch {
+        tasks.extend(pending.tasks.iter().cloned());
+        replies.push((pending.tasks, pending.reply));
+    }
+    match store.put(tasks) {
+        Ok(outcomes) if outcomes.len() == sizes.iter().sum::<usize>() => {
+            let mut outcomes = outcomes.into_iter();
+            for ((_, reply), size) in replies.into_iter().zip(sizes) {
+                let _ = reply.send(Ok(outcomes.by_ref().take(size).collect()));
+            }
+        }
+        // A put is all or none: when the combined one failed (say, one submit's queue was
+        // deleted meanwhile), each submit is tried on its own so it gets its own answer.
+        _ => {
+            for (tasks, reply) in replies {
+                let _ = reply.send(store.put(tasks));
+            }
+        }
+    }
+}
