@@ -51,6 +51,12 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::schedule_cmd::ScheduleCommand,
     },
+    /// Load-generate against a server (or one it spawns) and compare with same-run baselines.
+    /// See BENCHMARKS.md for the commands behind every published number.
+    Bench {
+        #[command(subcommand)]
+        command: belfry_bench::BenchCommand,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -199,6 +205,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Task { remote, command } => crate::commands::task(&remote, command).await,
         Command::Dead { remote, command } => crate::commands::dead(&remote, command).await,
         Command::Schedule { remote, command } => crate::schedule_cmd::run(&remote, command).await,
+        // `main` runs the bench before any runtime exists: it builds its own.
+        Command::Bench { .. } => anyhow::bail!("belfry bench must be dispatched by main"),
     }
 }
 

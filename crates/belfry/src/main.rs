@@ -12,6 +12,17 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
+    // The load generator sizes and owns its runtimes (client and baseline servers apart), so it
+    // runs outside the one built below.
+    if let cli::Command::Bench { command } = cli.command {
+        return match belfry_bench::run(command) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(e) => {
