@@ -26,10 +26,13 @@ use crate::queues::{Delivery, InvalidQueueConfig, QueueConfig, QueueRuntime, Que
 /// wake-up: a safety net for a lost notification or a wall-clock step.
 pub const IDLE_RECHECK_MS: u64 = 1_000;
 
-/// Store calls a batch ack runs at once, so a durable store's group commit can share fsyncs
-/// among them: a batch of 1,000 acks costs about four fsync rounds. At most half the
-/// store-call slots, so one batch cannot lock out other requests.
-pub const ACK_BATCH_PARALLELISM: usize = 256;
+/// Store calls a batch ack runs at once (at most half the store-call slots, so one batch
+/// cannot lock out other requests). One: the embedded engine's acks return once written,
+/// without waiting for an fsync, so a batch is cheapest as one sequential call; parallel
+/// groups only contended for the engine's locks (A/B at 100k due/s: p99 lateness 10-19 ms
+/// with one group, 45-395 ms with 256; BENCHMARKS.md). A store whose acks each wait for an
+/// fsync would want more, to share its group commits.
+pub const ACK_BATCH_PARALLELISM: usize = 1;
 
 /// Dead letters listed per page at most.
 pub const DEAD_PAGE_MAX: usize = 1_000;
@@ -605,9 +608,8 @@ impl Service {
     ) -> Result<Vec<Result<()>>> {
         let runtime = self.runtime(queue)?;
         let now_ms = self.now_ms();
-        // The Store acks one task per call, and a durable store fsyncs each call. Acks run in
-        // parallel groups so the store's group commit shares fsyncs between them: a batch
-        // costs a few fsyncs, not one per task.
+        // The Store acks one task per call; see ACK_BATCH_PARALLELISM for how many calls run
+        // at once.
         let parallelism = ACK_BATCH_PARALLELISM
             .min(self.config.store_calls_in_flight_max / 2)
             .max(1);
