@@ -1,18 +1,40 @@
 //! Subcommands that talk to a running server through `belfry-client`.
 
+use std::collections::BTreeMap;
+
 use anyhow::{anyhow, Context};
 use belfry_client::{Client, DeliverySpec, NewTask, Queue, QueueSpec, RetrySpec, Task};
 use serde::Serialize;
 
 use crate::cli::{DeadCommand, QueueCommand, Remote, TaskAdd, TaskCommand};
 
-fn client(remote: &Remote) -> anyhow::Result<Client> {
+pub(crate) fn client(remote: &Remote) -> anyhow::Result<Client> {
     Client::new(&remote.server).with_context(|| format!("server URL {:?}", remote.server))
 }
 
-fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
+pub(crate) fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
     println!("{}", serde_json::to_string_pretty(value)?);
     Ok(())
+}
+
+/// `--payload TEXT`: JSON, parsed here so a typo is reported before anything is sent.
+pub(crate) fn parse_payload(text: Option<&str>) -> anyhow::Result<Option<serde_json::Value>> {
+    text.map(|text| {
+        serde_json::from_str(text).context("--payload must be JSON (quote strings: '\"hi\"')")
+    })
+    .transpose()
+}
+
+/// Repeated `--header NAME=VALUE` flags.
+pub(crate) fn parse_headers(flags: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    flags
+        .iter()
+        .map(|h| {
+            h.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| anyhow!("--header must be NAME=VALUE, got {h:?}"))
+        })
+        .collect()
 }
 
 fn describe_queue(q: &Queue) -> String {
@@ -135,28 +157,14 @@ pub async fn queue(remote: &Remote, command: QueueCommand) -> anyhow::Result<()>
 }
 
 fn new_task(args: &TaskAdd) -> anyhow::Result<NewTask> {
-    let payload = match &args.payload {
-        Some(text) => Some(
-            serde_json::from_str(text)
-                .context("--payload must be JSON (quote strings: '\"hi\"')")?,
-        ),
-        None => None,
-    };
+    let payload = parse_payload(args.payload.as_deref())?;
     let delay_ms = args
         .delay
         .as_deref()
         .map(crate::units::parse_duration_ms)
         .transpose()
         .map_err(|e| anyhow!("--delay: {e}"))?;
-    let headers = args
-        .headers
-        .iter()
-        .map(|h| {
-            h.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .ok_or_else(|| anyhow!("--header must be NAME=VALUE, got {h:?}"))
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let headers = parse_headers(&args.headers)?;
     Ok(NewTask {
         payload,
         payload_base64: None,

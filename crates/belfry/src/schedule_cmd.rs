@@ -1,11 +1,11 @@
 //! `belfry schedule ...`: manage schedules on a running server through `belfry-client`.
 
-use anyhow::{anyhow, Context};
-use belfry_client::{Client, Schedule, ScheduleSpec};
+use anyhow::anyhow;
+use belfry_client::{Schedule, ScheduleSpec};
 use clap::{Args, Subcommand};
-use serde::Serialize;
 
 use crate::cli::Remote;
+use crate::commands::{client, parse_headers, parse_payload, print_json};
 
 #[derive(Debug, Subcommand)]
 pub enum ScheduleCommand {
@@ -82,38 +82,15 @@ pub struct ScheduleCreate {
     pub paused: bool,
 }
 
-fn client(remote: &Remote) -> anyhow::Result<Client> {
-    Client::new(&remote.server).with_context(|| format!("server URL {:?}", remote.server))
-}
-
-fn print_json(value: &impl Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(value)?);
-    Ok(())
-}
-
 fn spec(args: ScheduleCreate) -> anyhow::Result<ScheduleSpec> {
-    let payload = args
-        .payload
-        .as_deref()
-        .map(|text| {
-            serde_json::from_str(text).context("--payload must be JSON (quote strings: '\"hi\"')")
-        })
-        .transpose()?;
+    let payload = parse_payload(args.payload.as_deref())?;
     let every_ms = args
         .every
         .as_deref()
         .map(crate::units::parse_duration_ms)
         .transpose()
         .map_err(|e| anyhow!("--every: {e}"))?;
-    let headers = args
-        .headers
-        .iter()
-        .map(|h| {
-            h.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .ok_or_else(|| anyhow!("--header must be NAME=VALUE, got {h:?}"))
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let headers = parse_headers(&args.headers)?;
     Ok(ScheduleSpec {
         id: args.id,
         queue: args.queue,

@@ -1,57 +1,21 @@
 //! `belfry schedule ...` against a spawned `belfry serve`, and a schedule firing on the real
 //! clock through the real binary (the runner `serve` starts).
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use belfry_client::{Client, LeaseRequest};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_belfry");
-const START_DEADLINE: Duration = Duration::from_secs(30);
+mod common;
+
+use common::{serve, Served, BIN};
+
 /// How long the test waits for an every-second schedule to fire on the real clock.
 const FIRE_DEADLINE: Duration = Duration::from_secs(30);
 
-/// A `belfry serve` process; killed (by its PID) when dropped.
-struct Served {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve_in_memory() -> Served {
-    let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", "memory"])
-        .env("RUST_LOG", "info")
-        .env_remove("BELFRY_LISTEN")
-        .env_remove("BELFRY_DATA_DIR")
-        .env_remove("BELFRY_CONFIG")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn belfry serve");
-    let stdout = child.stdout.take().expect("piped stdout");
-    let (tx, rx) = std::sync::mpsc::channel();
-    // Read the log until the "listening" line, then keep draining so the pipe never fills.
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                let url = rest.split(',').next().unwrap_or("").trim().to_owned();
-                let _ = tx.send(url);
-            }
-        }
-    });
-    let url = rx
-        .recv_timeout(START_DEADLINE)
-        .expect("belfry serve logs where it listens");
-    Served { child, url }
+    serve(&["--store", "memory"])
 }
 
 /// Runs `belfry ARGS --server URL`; returns (success, stdout, stderr).

@@ -1,0 +1,56 @@
+//! What the binary's integration tests share: spawning `belfry serve` on a free port and
+//! finding where it listens.
+#![allow(dead_code)] // each test file uses a different part
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_belfry");
+/// How long a spawned server may take to log where it listens (a cold debug binary under load).
+pub const START_DEADLINE: Duration = Duration::from_secs(30);
+
+/// A `belfry serve` process; killed (by its PID) when dropped.
+pub struct Served {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Starts `belfry serve --listen 127.0.0.1:0 ARGS` with a clean environment and waits for its
+/// "listening on" log line.
+pub fn serve(args: &[&str]) -> Served {
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("BELFRY_LISTEN")
+        .env_remove("BELFRY_DATA_DIR")
+        .env_remove("BELFRY_CONFIG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn belfry serve");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Read the log until the "listening" line, then keep draining so the pipe never fills.
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on ").nth(1) {
+                let url = rest.split(',').next().unwrap_or("").trim().to_owned();
+                let _ = tx.send(url);
+            }
+        }
+    });
+    let url = rx
+        .recv_timeout(START_DEADLINE)
+        .expect("belfry serve logs where it listens");
+    Served { child, url }
+}
