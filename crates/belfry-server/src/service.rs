@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::{
-    Clock, LeaseId, LeasedTask, NewTask, QueueName, RetryPolicy, Task, TaskId, TaskState, UnixMs,
+    Clock, LatePolicy, LeaseId, LeasedTask, NewTask, QueueName, RetryPolicy, Task, TaskId,
+    TaskState, UnixMs,
 };
 use belfry_store::{
     ChangeOutcome, ClaimBatch, LeaseOutcome, PutOutcome, QueueCounts, Store, StoreError,
@@ -91,6 +92,7 @@ pub struct QueuePatch {
     pub backoff_max_ms: Option<u64>,
     pub delivery: Option<Delivery>,
     pub paused: Option<bool>,
+    pub late_policy: Option<LatePolicy>,
 }
 
 impl QueuePatch {
@@ -108,6 +110,7 @@ impl QueuePatch {
             },
             delivery: self.delivery.unwrap_or_else(|| base.delivery.clone()),
             paused: self.paused.unwrap_or(base.paused),
+            late_policy: self.late_policy.unwrap_or(base.late_policy),
         }
     }
 }

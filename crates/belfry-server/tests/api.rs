@@ -903,6 +903,60 @@ async fn late_policies_skip_or_dead_letter_after_an_outage(s: TestServer) {
     assert_eq!((status, code(&body)), (400, "invalid_request"));
 }
 
+both_stores!(a_queue_late_policy_applies_to_tasks_that_name_none);
+async fn a_queue_late_policy_applies_to_tasks_that_name_none(s: TestServer) {
+    let queue = s
+        .queue("q", json!({"late_policy": "dead", "late_after_ms": 1000}))
+        .await;
+    assert_eq!(queue["late_policy"], "dead");
+    assert_eq!(queue["late_after_ms"], 1000);
+    // Inherits the queue's policy.
+    let inherited = s.submit("q", json!({"payload": 1})).await;
+    // Names its own, in the flat form, and so is delivered however late.
+    let own = s
+        .submit("q", json!({"payload": 2, "late_policy": "fire"}))
+        .await;
+    let skipped = s
+        .submit(
+            "q",
+            json!({"payload": 3, "late_policy": "skip", "late_after_ms": 1000}),
+        )
+        .await;
+    s.advance(5000);
+    let leased = s.lease("q", json!({"max": 10})).await;
+    assert_eq!(leased.len(), 1);
+    assert_eq!(leased[0]["id"], own.as_str());
+    assert_eq!(s.task("q", &inherited).await["state"], "dead");
+    assert_eq!(s.task("q", &skipped).await["state"], "done");
+    // The queue's policy survives an update that does not mention it, and can be reset.
+    let queue = s.queue("q", json!({"rate_per_s": 5})).await;
+    assert_eq!(queue["late_policy"], "dead");
+    let queue = s.queue("q", json!({"late_policy": "fire"})).await;
+    assert_eq!(queue["late_policy"], "fire");
+    assert!(queue.get("late_after_ms").is_none());
+    // Every inconsistent combination is refused with a message, on tasks and on queues.
+    for bad in [
+        json!({"late_policy": "skip"}),
+        json!({"late_after_ms": 5}),
+        json!({"late_policy": "fire", "late_after_ms": 5}),
+        json!({"late_policy": "dead", "late_after_ms": 5, "late": {"policy": "fire"}}),
+        json!({"late_policy": "sometimes", "late_after_ms": 5}),
+    ] {
+        let (status, body) = s.call("POST", "/v1/queues/q/tasks", bad.clone()).await;
+        assert_eq!(
+            (status, code(&body)),
+            (400, "invalid_request"),
+            "task {bad}"
+        );
+        let (status, body) = s.call("PUT", "/v1/queues/q", bad.clone()).await;
+        assert_eq!(
+            (status, code(&body)),
+            (400, "invalid_request"),
+            "queue {bad}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_restarted_server_knows_its_queues() {
     use belfry_core::Clock;

@@ -34,6 +34,9 @@ pub struct QueueBody {
     pub retry: Option<RetryBody>,
     pub delivery: Option<DeliveryBody>,
     pub paused: Option<bool>,
+    /// The late policy of tasks that name none (default `fire`).
+    pub late_policy: Option<LatePolicyName>,
+    pub late_after_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -56,9 +59,10 @@ pub enum DeliveryBody {
 }
 
 impl QueueBody {
-    pub fn into_patch(self) -> QueuePatch {
+    pub fn into_patch(self) -> Result<QueuePatch, ApiError> {
         let retry = self.retry.unwrap_or_default();
-        QueuePatch {
+        let late_policy = late_policy_from(None, self.late_policy, self.late_after_ms)?;
+        Ok(QueuePatch {
             rate_per_s: self.rate_per_s,
             burst: self.burst,
             max_in_flight: self.max_in_flight,
@@ -78,7 +82,8 @@ impl QueueBody {
                 },
             }),
             paused: self.paused,
-        }
+            late_policy,
+        })
     }
 }
 
@@ -91,6 +96,9 @@ pub struct QueueView {
     pub retry: RetryView,
     pub delivery: DeliveryView,
     pub paused: bool,
+    pub late_policy: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_after_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pending: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -126,6 +134,7 @@ impl QueueView {
         config: &QueueConfig,
         counts: Option<belfry_store::QueueCounts>,
     ) -> Self {
+        let (late_policy, late_after_ms) = late_policy_view(config.late_policy);
         QueueView {
             name: name.to_string(),
             rate_per_s: config.rate_per_s,
@@ -149,6 +158,8 @@ impl QueueView {
                 },
             },
             paused: config.paused,
+            late_policy,
+            late_after_ms,
             pending: counts.map(|c| c.pending),
             due: counts.map(|c| c.due),
             in_flight: counts.map(|c| c.in_flight),
@@ -169,6 +180,8 @@ pub struct QueueList {
 pub struct TaskLimits {
     pub payload_bytes_max: usize,
     pub horizon_ms: u64,
+    /// The queue's late policy, for tasks that name none.
+    pub late_default: LatePolicy,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -184,6 +197,59 @@ pub enum LateBody {
     Fire,
     Skip { after_ms: u64 },
     Dead { after_ms: u64 },
+}
+
+impl From<LateBody> for LatePolicy {
+    fn from(body: LateBody) -> Self {
+        match body {
+            LateBody::Fire => LatePolicy::Fire,
+            LateBody::Skip { after_ms } => LatePolicy::Skip { after_ms },
+            LateBody::Dead { after_ms } => LatePolicy::Dead { after_ms },
+        }
+    }
+}
+
+/// `late_policy`: what to do with a task found later than `late_after_ms` (after an outage).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LatePolicyName {
+    Fire,
+    Skip,
+    Dead,
+}
+
+/// A late policy given in its flat form (`late_policy` + `late_after_ms`) or its object form
+/// (`late`), at most one of them. `None` when neither is given.
+pub fn late_policy_from(
+    late: Option<LateBody>,
+    name: Option<LatePolicyName>,
+    after_ms: Option<u64>,
+) -> Result<Option<LatePolicy>, ApiError> {
+    let bad = |message: &str| Err(invalid(ErrorCode::InvalidRequest, message.to_owned()));
+    match (late, name, after_ms) {
+        (None, None, None) => Ok(None),
+        (Some(body), None, None) => Ok(Some(body.into())),
+        (Some(_), _, _) => bad("give the late policy as late_policy (with late_after_ms) or as late, not both"),
+        (None, None, Some(_)) => bad("late_after_ms needs late_policy \"skip\" or \"dead\""),
+        (None, Some(LatePolicyName::Fire), None) => Ok(Some(LatePolicy::Fire)),
+        (None, Some(LatePolicyName::Fire), Some(_)) => {
+            bad("late_after_ms applies only to late_policy \"skip\" or \"dead\"; \"fire\" delivers however late")
+        }
+        (None, Some(LatePolicyName::Skip), Some(after_ms)) => Ok(Some(LatePolicy::Skip { after_ms })),
+        (None, Some(LatePolicyName::Dead), Some(after_ms)) => Ok(Some(LatePolicy::Dead { after_ms })),
+        (None, Some(_), None) => bad(
+            "late_policy \"skip\" and \"dead\" need late_after_ms: how late (in ms) a task may be and still be delivered",
+        ),
+    }
+}
+
+/// The flat form of a late policy, for views.
+pub fn late_policy_view(policy: LatePolicy) -> (&'static str, Option<u64>) {
+    match policy {
+        LatePolicy::Fire => ("fire", None),
+        LatePolicy::Skip { after_ms } => ("skip", Some(after_ms)),
+        LatePolicy::Dead { after_ms } => ("dead", Some(after_ms)),
+    }
 }
 
 /// When a task is due: at most one of the three.
@@ -267,6 +333,8 @@ pub struct TaskBody {
     pub headers: Option<BTreeMap<String, String>>,
     pub priority: Option<PriorityBody>,
     pub late: Option<LateBody>,
+    pub late_policy: Option<LatePolicyName>,
+    pub late_after_ms: Option<u64>,
 }
 
 impl TaskBody {
@@ -354,11 +422,8 @@ impl TaskBody {
                 Some(PriorityBody::Normal) | None => Priority::Normal,
             },
             idempotency_key: self.idempotency_key,
-            late_policy: match self.late {
-                None | Some(LateBody::Fire) => LatePolicy::Fire,
-                Some(LateBody::Skip { after_ms }) => LatePolicy::Skip { after_ms },
-                Some(LateBody::Dead { after_ms }) => LatePolicy::Dead { after_ms },
-            },
+            late_policy: late_policy_from(self.late, self.late_policy, self.late_after_ms)?
+                .unwrap_or(limits.late_default),
         })
     }
 }
@@ -675,6 +740,7 @@ mod tests {
         let limits = TaskLimits {
             payload_bytes_max: 100,
             horizon_ms: 100,
+            late_default: LatePolicy::Fire,
         };
         let task = body
             .into_new_task(&QueueName::new("q").unwrap(), 5, limits)

@@ -15,7 +15,7 @@ pub async fn put(
     QueuePath(queue): QueuePath,
     JsonBody(body): JsonBody<QueueBody>,
 ) -> Result<Response, ApiError> {
-    let (config, created) = service.put_queue(queue.clone(), body.into_patch()).await?;
+    let (config, created) = service.put_queue(queue.clone(), body.into_patch()?).await?;
     let counts = service.queue_counts(&queue).await?;
     let status = if created {
         StatusCode::CREATED

@@ -26,7 +26,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::dto::{LateBody, PayloadView, PriorityBody};
+use super::dto::{late_policy_from, LateBody, LatePolicyName, PayloadView, PriorityBody};
 use super::error::{ApiError, ErrorCode};
 use super::extract::{queue_name, JsonBody, QueuePath};
 use crate::schedules::SchedulesState;
@@ -166,9 +166,11 @@ pub struct ScheduleBody {
     pub payload_base64: Option<String>,
     pub headers: Option<BTreeMap<String, String>>,
     pub priority: Option<PriorityBody>,
-    /// The same shape as a task's `late`: `{"policy": "skip", "after_ms": 60000}`.
-    #[serde(alias = "late_policy")]
+    /// The same forms as a task's: `late_policy` + `late_after_ms`, or `late`
+    /// (`{"policy": "skip", "after_ms": 60000}`).
     pub late: Option<LateBody>,
+    pub late_policy: Option<LatePolicyName>,
+    pub late_after_ms: Option<u64>,
     pub shard_count: Option<u32>,
     pub misfire: Option<MisfireBody>,
     pub paused: Option<bool>,
@@ -267,11 +269,8 @@ impl ScheduleBody {
                 Some(PriorityBody::High) => Priority::High,
                 Some(PriorityBody::Normal) | None => Priority::Normal,
             },
-            late_policy: match self.late {
-                None | Some(LateBody::Fire) => LatePolicy::Fire,
-                Some(LateBody::Skip { after_ms }) => LatePolicy::Skip { after_ms },
-                Some(LateBody::Dead { after_ms }) => LatePolicy::Dead { after_ms },
-            },
+            late_policy: late_policy_from(self.late, self.late_policy, self.late_after_ms)?
+                .unwrap_or_default(),
             shard_count: self.shard_count.unwrap_or(1),
             misfire: match self.misfire {
                 Some(MisfireBody::Skip) => MisfirePolicy::Skip,
@@ -740,7 +739,7 @@ mod tests {
         let every = def(
             r#"{"queue": "q", "every_ms": 5000, "start_at": "1970-01-01T00:00:02Z",
                 "end_at_ms": 9000, "misfire": "catch_up",
-                "late_policy": {"policy": "skip", "after_ms": 7}}"#,
+                "late_policy": "skip", "late_after_ms": 7}"#,
         )
         .unwrap();
         assert_eq!(every.start_at_ms, Some(2_000));

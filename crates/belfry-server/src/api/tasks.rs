@@ -5,6 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use belfry_core::limits::BATCH_TASKS_MAX;
+use belfry_core::QueueName;
 use belfry_store::PutOutcome;
 
 use super::dto::{
@@ -18,11 +19,15 @@ use super::AppState;
 /// Dead letters per page when the caller does not say.
 const DEAD_PAGE_DEFAULT: usize = 100;
 
-fn limits(service: &AppState) -> TaskLimits {
-    TaskLimits {
+/// What a submitted task is checked against, and the queue's defaults. An unknown queue is
+/// reported here, before any complaint about the task itself.
+fn limits(service: &AppState, queue: &QueueName) -> Result<TaskLimits, ApiError> {
+    let runtime = service.runtime(queue)?;
+    Ok(TaskLimits {
         payload_bytes_max: service.config.payload_bytes_max,
         horizon_ms: service.config.horizon_ms,
-    }
+        late_default: runtime.config().late_policy,
+    })
 }
 
 pub async fn submit(
@@ -30,9 +35,8 @@ pub async fn submit(
     QueuePath(queue): QueuePath,
     JsonBody(body): JsonBody<TaskBody>,
 ) -> Result<Response, ApiError> {
-    // An unknown queue is reported before any complaint about the task itself.
-    service.runtime(&queue)?;
-    let task = body.into_new_task(&queue, service.now_ms(), limits(&service))?;
+    let limits = limits(&service, &queue)?;
+    let task = body.into_new_task(&queue, service.now_ms(), limits)?;
     let outcome = service
         .submit(&queue, vec![task])
         .await?
@@ -66,7 +70,7 @@ pub async fn submit_batch(
         ));
     }
     let now_ms = service.now_ms();
-    let limits = limits(&service);
+    let limits = limits(&service, &queue)?;
     let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(body.tasks.len());
     let mut valid = Vec::with_capacity(body.tasks.len());
     for raw in &body.tasks {

@@ -4,7 +4,7 @@
 //! defined here (not the API's DTO), so the HTTP contract and the on-disk format can change
 //! independently.
 
-use belfry_core::RetryPolicy;
+use belfry_core::{LatePolicy, RetryPolicy};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -54,6 +54,8 @@ pub struct QueueConfig {
     pub delivery: Delivery,
     /// A paused queue accepts tasks and delivers none.
     pub paused: bool,
+    /// The late policy of tasks submitted without one.
+    pub late_policy: LatePolicy,
 }
 
 impl Default for QueueConfig {
@@ -65,6 +67,7 @@ impl Default for QueueConfig {
             retry: RetryPolicy::default(),
             delivery: Delivery::Pull,
             paused: false,
+            late_policy: LatePolicy::Fire,
         }
     }
 }
@@ -161,11 +164,26 @@ impl QueueConfig {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        let record: Record = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        let mut record: Record = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
         if record.v != RECORD_VERSION {
             return Err(format!("unknown queue record version {}", record.v));
         }
-        Ok(record.into())
+        let late_policy = match record.late.take() {
+            None => LatePolicy::Fire,
+            Some(late) => match late.policy.as_str() {
+                "skip" => LatePolicy::Skip {
+                    after_ms: late.after_ms,
+                },
+                "dead" => LatePolicy::Dead {
+                    after_ms: late.after_ms,
+                },
+                other => return Err(format!("unknown late policy {other:?} in queue record")),
+            },
+        };
+        Ok(QueueConfig {
+            late_policy,
+            ..record.into()
+        })
     }
 }
 
@@ -182,6 +200,16 @@ struct Record {
     backoff_max_ms: u64,
     paused: bool,
     webhook: Option<WebhookRecord>,
+    /// Added after version 1 shipped; absent means `fire`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    late: Option<LateRecord>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct LateRecord {
+    /// "skip" or "dead".
+    policy: String,
+    after_ms: u64,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -214,6 +242,17 @@ impl From<&QueueConfig> for Record {
                     timeout_ms: *timeout_ms,
                 }),
             },
+            late: match c.late_policy {
+                LatePolicy::Fire => None,
+                LatePolicy::Skip { after_ms } => Some(LateRecord {
+                    policy: "skip".into(),
+                    after_ms,
+                }),
+                LatePolicy::Dead { after_ms } => Some(LateRecord {
+                    policy: "dead".into(),
+                    after_ms,
+                }),
+            },
         }
     }
 }
@@ -238,6 +277,8 @@ impl From<Record> for QueueConfig {
                 },
             },
             paused: r.paused,
+            // Set by `decode`, which can refuse an unknown policy.
+            late_policy: LatePolicy::Fire,
         }
     }
 }
@@ -263,9 +304,19 @@ mod tests {
                 timeout_ms: 500,
             },
             paused: true,
+            late_policy: LatePolicy::Dead { after_ms: 9 },
         };
         assert_eq!(QueueConfig::decode(&config.encode()).unwrap(), config);
         assert!(QueueConfig::decode(b"{").is_err());
+        // Records written before late policies existed read as `fire`; a policy this build
+        // does not know is refused, not guessed.
+        let old = br#"{"v":1,"rate_per_s":0.0,"burst":0,"max_in_flight":0,"max_attempts":1,"backoff_initial_ms":1,"backoff_max_ms":1,"paused":false,"webhook":null}"#;
+        assert_eq!(
+            QueueConfig::decode(old).unwrap().late_policy,
+            LatePolicy::Fire
+        );
+        let unknown = br#"{"v":1,"rate_per_s":0.0,"burst":0,"max_in_flight":0,"max_attempts":1,"backoff_initial_ms":1,"backoff_max_ms":1,"paused":false,"webhook":null,"late":{"policy":"maybe","after_ms":1}}"#;
+        assert!(QueueConfig::decode(unknown).is_err());
     }
 
     #[test]
