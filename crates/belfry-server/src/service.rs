@@ -27,14 +27,6 @@ use crate::queues::{Delivery, InvalidQueueConfig, QueueConfig, QueueRuntime, Que
 /// wake-up: a safety net for a lost notification or a wall-clock step.
 pub const IDLE_RECHECK_MS: u64 = 1_000;
 
-/// Store calls a batch ack runs at once (at most half the store-call slots, so one batch
-/// cannot lock out other requests). One: the embedded engine's acks return once written,
-/// without waiting for an fsync, so a batch is cheapest as one sequential call; parallel
-/// groups only contended for the engine's locks (A/B at 100k due/s: p99 lateness 10-19 ms
-/// with one group, 45-395 ms with 256; BENCHMARKS.md). A store whose acks each wait for an
-/// fsync would want more, to share its group commits.
-pub const ACK_BATCH_PARALLELISM: usize = 1;
-
 /// Dead letters listed per page at most.
 pub const DEAD_PAGE_MAX: usize = 1_000;
 
@@ -611,29 +603,32 @@ impl Service {
     ) -> Result<Vec<Result<()>>> {
         let runtime = self.runtime(queue)?;
         let now_ms = self.now_ms();
-        // The Store acks one task per call; see ACK_BATCH_PARALLELISM for how many calls run
-        // at once.
-        let parallelism = ACK_BATCH_PARALLELISM
-            .min(self.config.store_calls_in_flight_max / 2)
-            .max(1);
-        let chunk = acks.len().div_ceil(parallelism).max(1);
-        let groups: Vec<Vec<(TaskId, LeaseId)>> = acks.chunks(chunk).map(<[_]>::to_vec).collect();
+        // One store call for the whole batch: the embedded engine then takes its lock once
+        // and writes one WAL frame, rather than one of each per task (which capped burst
+        // dispatch). Parallel groups of acks only contended for the engine's locks (A/B at
+        // 100k due/s in BENCHMARKS.md: p99 lateness 10-19 ms with one group, 45-395 ms with
+        // 256), so the batch stays one call.
+        let name = queue.clone();
         let outcomes = self
-            .blocking_parallel(
-                groups,
-                move |s, name, group| {
-                    group
-                        .into_iter()
-                        .map(|(id, lease)| Ok((id, s.ack(name, id, lease, now_ms)?)))
-                        .collect::<Result<Vec<_>>>()
-                },
-                queue,
-            )
+            .blocking(move |s| {
+                let outcomes = s.ack_many(&name, &acks, now_ms)?;
+                if outcomes.len() != acks.len() {
+                    return Err(ServiceError::Internal(format!(
+                        "the store answered {} of {} acks",
+                        outcomes.len(),
+                        acks.len()
+                    )));
+                }
+                Ok(acks
+                    .into_iter()
+                    .map(|(id, _)| id)
+                    .zip(outcomes)
+                    .collect::<Vec<_>>())
+            })
             .await?;
         let mut done = 0;
         let results = outcomes
             .into_iter()
-            .flatten()
             .map(|(id, outcome)| {
                 let result = lease_result(id, outcome);
                 if result.is_ok() {
@@ -644,45 +639,6 @@ impl Service {
             })
             .collect();
         metrics::delivered(queue.as_str(), done);
-        Ok(results)
-    }
-
-    /// Runs `f` on each group at once on the blocking pool (one admission slot each) and
-    /// returns the results in group order.
-    async fn blocking_parallel<G, T, F>(
-        &self,
-        groups: Vec<G>,
-        f: F,
-        queue: &QueueName,
-    ) -> Result<Vec<T>>
-    where
-        G: Send + 'static,
-        T: Send + 'static,
-        F: Fn(&dyn Store, &QueueName, G) -> Result<T> + Send + Sync + 'static,
-    {
-        let wait = Duration::from_millis(self.config.store_admission_wait_ms);
-        let slots = u32::try_from(groups.len()).unwrap_or(u32::MAX);
-        let _permits = match tokio::time::timeout(wait, self.store_calls.acquire_many(slots)).await
-        {
-            Ok(Ok(permits)) => permits,
-            Ok(Err(_closed)) => return Err(ServiceError::ShuttingDown),
-            Err(_elapsed) => return Err(ServiceError::Overloaded),
-        };
-        let f = Arc::new(f);
-        let handles: Vec<_> = groups
-            .into_iter()
-            .map(|group| {
-                let (store, f, name) = (self.store.clone(), f.clone(), queue.clone());
-                tokio::task::spawn_blocking(move || f(&*store, &name, group))
-            })
-            .collect();
-        let mut results = Vec::with_capacity(handles.len());
-        for handle in handles {
-            let result = handle
-                .await
-                .map_err(|e| ServiceError::Internal(format!("store call did not finish: {e}")))?;
-            results.push(result?);
-        }
         Ok(results)
     }
 

@@ -173,6 +173,25 @@ pub trait Store: Send + Sync + 'static {
         lease: LeaseId,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome>;
+    /// Acks many tasks of one queue in one call: the outcomes, in input order, are those of
+    /// calling [`Store::ack`] for each pair in order (so a task named twice is `Ok` the first
+    /// time and `LeaseExpired` after, since it is then done).
+    ///
+    /// The default loops over `ack`. The embedded engine takes its lock once and writes every
+    /// ack in one WAL frame, so after a crash either all of the call's acks survive or none
+    /// (delivery state, like `ack`: it returns once written, without waiting for an fsync).
+    /// If it fails with an error, none of its acks took effect; the default may have applied
+    /// the acks before the failing one.
+    fn ack_many(
+        &self,
+        queue: &QueueName,
+        acks: &[(TaskId, LeaseId)],
+        now_ms: UnixMs,
+    ) -> Result<Vec<LeaseOutcome>> {
+        acks.iter()
+            .map(|&(id, lease)| self.ack(queue, id, lease, now_ms))
+            .collect()
+    }
     /// The attempt failed: the task is scheduled again, due at `retry_at_ms`.
     ///
     /// Delivery state: if a machine crash loses the nack, the task is due again once the

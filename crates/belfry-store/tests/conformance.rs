@@ -15,6 +15,9 @@ trait Harness {
     /// Restarts the store (a no-op for stores without durability). `clean` asks for a flush
     /// first; otherwise the engine recovers from its WAL.
     fn reopen(&mut self, clean: bool);
+    /// Restarts the store as a crash of the process would (`Engine::abandon`: no flush, no
+    /// final fsync, write buffers dropped); a no-op for stores without durability.
+    fn crash(&mut self);
 }
 
 struct Memory(MemoryStore);
@@ -24,6 +27,7 @@ impl Harness for Memory {
         &self.0
     }
     fn reopen(&mut self, _clean: bool) {}
+    fn crash(&mut self) {}
 }
 
 struct Disk {
@@ -52,6 +56,10 @@ impl Harness for Disk {
             engine.flush().unwrap();
         }
         drop(engine);
+        self.engine = Some(Engine::open(self.dir.path(), EngineOptions::default()).unwrap());
+    }
+    fn crash(&mut self) {
+        self.engine.take().unwrap().abandon();
         self.engine = Some(Engine::open(self.dir.path(), EngineOptions::default()).unwrap());
     }
 }
@@ -512,6 +520,82 @@ fn clock_jumps_never_fire_early_nor_lose_tasks(h: &mut dyn Harness) {
     assert_eq!(payloads(h, "a", 10 * day + 1_000, 10), ["t1"]);
 }
 
+/// A batch ack answers each pair as `ack` would, called for each in order: valid, stale
+/// lease, unknown id, and a task named twice (done after its first ack) in one batch.
+fn ack_many_matches_sequential_acks(h: &mut dyn Harness) {
+    const NOW: u64 = 1_000;
+    let mut answers = Vec::new();
+    let mut tasks = Vec::new();
+    for (name, batched) in [("seq", false), ("many", true)] {
+        let s = h.store();
+        s.put_queue(&q(name), Bytes::new()).unwrap();
+        let ids: Vec<TaskId> = (0..4)
+            .map(|i| put1(h, task(name, NOW, &format!("t{i}"))))
+            .collect();
+        let s = h.store();
+        let mut leased = s.claim(&q(name), NOW, 10, 100_000).unwrap().leased;
+        leased.sort_by_key(|l| l.task.id);
+        assert_eq!(leased.len(), 4);
+        let lease = |i: usize| leased[i].lease_id;
+        assert_eq!(leased.iter().map(|l| l.task.id).collect::<Vec<_>>(), ids);
+        let acks = [
+            (ids[0], lease(0)),
+            (ids[1], lease(2)), // another task's lease: stale for this one
+            (TaskId(12345), lease(0)),
+            (ids[0], lease(0)), // again: done by the first
+            (ids[2], lease(2)),
+        ];
+        let outcomes = if batched {
+            s.ack_many(&q(name), &acks, NOW + 1).unwrap()
+        } else {
+            acks.iter()
+                .map(|&(id, l)| s.ack(&q(name), id, l, NOW + 1).unwrap())
+                .collect()
+        };
+        answers.push(outcomes);
+        tasks.push(ids);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(
+        answers[1],
+        [
+            LeaseOutcome::Ok,
+            LeaseOutcome::LeaseExpired,
+            LeaseOutcome::NotFound,
+            LeaseOutcome::LeaseExpired,
+            LeaseOutcome::Ok,
+        ]
+    );
+    assert!(h
+        .store()
+        .ack_many(&q("many"), &[], NOW + 1)
+        .unwrap()
+        .is_empty());
+    let check = |h: &dyn Harness| {
+        for (name, ids) in [("seq", &tasks[0]), ("many", &tasks[1])] {
+            for (i, id) in ids.iter().enumerate() {
+                let state = h
+                    .store()
+                    .get(&q(name), *id, NOW + 2)
+                    .unwrap()
+                    .map(|t| t.state);
+                if i == 0 || i == 2 {
+                    // Done tasks may be forgotten; if still known they are done.
+                    assert!(matches!(state, None | Some(TaskState::Done)), "{name} {i}");
+                } else {
+                    assert_eq!(state, Some(TaskState::Leased), "{name} {i}");
+                }
+            }
+        }
+    };
+    check(h);
+    // A crash of the process keeps the batch's acks, all of them (one WAL frame, written).
+    h.crash();
+    check(h);
+    h.reopen(false);
+    check(h);
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -527,6 +611,7 @@ macro_rules! scenarios {
 
 scenarios!(
     queues_and_meta,
+    ack_many_matches_sequential_acks,
     put_get_round_trip,
     claim_order,
     lease_lifecycle,

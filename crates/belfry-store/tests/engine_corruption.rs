@@ -97,6 +97,45 @@ fn torn_wal_tail_loses_only_the_last_call() {
 }
 
 #[test]
+fn torn_batch_ack_is_lost_whole() {
+    const TASKS: usize = 10;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+    engine.put_queue(&queue(), Bytes::new()).unwrap();
+    let tasks = (0..TASKS)
+        .map(|i| NewTask::new(queue(), NOW, Bytes::from(format!("t{i}"))))
+        .collect();
+    engine.put(tasks).unwrap();
+    let leased = engine.claim(&queue(), NOW, TASKS, DAY_MS).unwrap().leased;
+    assert_eq!(leased.len(), TASKS);
+    let acks: Vec<_> = leased.iter().map(|l| (l.task.id, l.lease_id)).collect();
+    let outcomes = engine.ack_many(&queue(), &acks, NOW).unwrap();
+    assert!(outcomes
+        .iter()
+        .all(|o| *o == belfry_store::LeaseOutcome::Ok));
+    // A process crash after the call: its frame is written, so every ack survives.
+    engine.abandon();
+    let template = tempfile::tempdir().unwrap();
+    copy_dir(dir.path(), template.path());
+    let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+    assert_eq!(engine.counts(&queue(), NOW).unwrap().in_flight, 0);
+    drop(engine);
+    // The batch's frame torn (its last bytes missing): none of its acks survives, where
+    // one frame per ack would have lost only the last.
+    let wal = files(template.path(), ".wal");
+    let last = wal.last().unwrap();
+    let len = fs::metadata(last).unwrap().len();
+    let file = fs::OpenOptions::new().write(true).open(last).unwrap();
+    file.set_len(len - 4).unwrap();
+    drop(file);
+    let engine = Engine::open(template.path(), EngineOptions::default()).unwrap();
+    assert_eq!(
+        engine.counts(&queue(), NOW).unwrap().in_flight,
+        TASKS as u64
+    );
+}
+
+#[test]
 fn damaged_wal_bytes_are_refused_or_cut_never_misread() {
     let template = tempfile::tempdir().unwrap();
     let expected = populate(template.path(), false);

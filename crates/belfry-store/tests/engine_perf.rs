@@ -132,3 +132,65 @@ fn claim_ack_probe() {
         after.wal_syncs - before.wal_syncs,
     );
 }
+
+/// The claim-and-ack probe with batch acks: `cargo test --release -p belfry-store --test
+/// engine_perf claim_ack_many -- --ignored --nocapture`. Each claimed batch of 1,000 is acked
+/// by one `ack_many` call (one lock, one WAL frame), as the server's batch-ack endpoint does.
+/// Same environment variables as `claim_ack_probe`.
+#[test]
+#[ignore]
+fn claim_ack_many_probe() {
+    const CLAIM_MAX: usize = 1_000;
+    let tasks: usize = std::env::var("PROBE_TASKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200_000);
+    let sync_delivery = std::env::var("PROBE_SYNC_DELIVERY").is_ok_and(|v| v == "1");
+    let dir =
+        tempfile::tempdir_in(std::env::var("PROBE_DIR").unwrap_or_else(|_| ".".into())).unwrap();
+    let queue = QueueName::new("q").unwrap();
+    let options = EngineOptions {
+        sync_delivery,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::open(dir.path(), options).unwrap();
+    engine.put_queue(&queue, Bytes::new()).unwrap();
+    let now = 1_700_000_000_000u64;
+    let payload = Bytes::from(vec![b'x'; 200]);
+    for chunk in 0..tasks.div_ceil(CLAIM_MAX) {
+        let count = CLAIM_MAX.min(tasks - chunk * CLAIM_MAX);
+        let batch = (0..count)
+            .map(|_| NewTask::new(queue.clone(), now, payload.clone()))
+            .collect();
+        engine.put(batch).unwrap();
+    }
+    let before = engine.stats();
+    let start = Instant::now();
+    let mut acked = 0;
+    loop {
+        let batch = engine.claim(&queue, now, CLAIM_MAX, 600_000).unwrap();
+        if batch.leased.is_empty() {
+            break;
+        }
+        let acks: Vec<_> = batch
+            .leased
+            .iter()
+            .map(|l| (l.task.id, l.lease_id))
+            .collect();
+        let outcomes = engine.ack_many(&queue, &acks, now).unwrap();
+        assert!(outcomes
+            .iter()
+            .all(|o| *o == belfry_store::LeaseOutcome::Ok));
+        acked += outcomes.len();
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(acked, tasks);
+    let after = engine.stats();
+    println!(
+        "claim+ack_many (sync_delivery={sync_delivery}): {acked} tasks in {elapsed:?}: {:.0} \
+         tasks/s; {} WAL writes, {} fsyncs",
+        acked as f64 / elapsed.as_secs_f64(),
+        after.wal_writes - before.wal_writes,
+        after.wal_syncs - before.wal_syncs,
+    );
+}

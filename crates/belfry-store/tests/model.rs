@@ -27,6 +27,8 @@ enum Op {
         visibility: u64,
     },
     Ack(usize),
+    /// One batch ack of the picked leases (those of the first pick's queue).
+    AckMany(Vec<usize>),
     Nack(usize, u64),
     Extend(usize, u64),
     Dead(usize),
@@ -59,6 +61,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (0..2usize, 1..5usize, 100..3_000u64)
             .prop_map(|(queue, max, visibility)| Op::Claim { queue, max, visibility }),
         3 => any::<usize>().prop_map(Op::Ack),
+        2 => proptest::collection::vec(any::<usize>(), 0..6).prop_map(Op::AckMany),
         2 => (any::<usize>(), 0..5_000u64).prop_map(|(i, d)| Op::Nack(i, d)),
         1 => (any::<usize>(), 0..5_000u64).prop_map(|(i, d)| Op::Extend(i, d)),
         1 => any::<usize>().prop_map(Op::Dead),
@@ -274,6 +277,39 @@ impl World {
                     ));
                 }
                 prop_assert_eq!(strip(m), strip(e));
+            }
+            Op::AckMany(picks) => {
+                let Some(first) = picks.first() else {
+                    return Ok(());
+                };
+                if self.leases.is_empty() {
+                    return Ok(());
+                }
+                let pick = |i: usize| self.leases[i % self.leases.len()];
+                let queue = self.ids[pick(*first).2].2;
+                let (mut macks, mut eacks, mut mids) = (Vec::new(), Vec::new(), Vec::new());
+                for &i in picks {
+                    let (ml, el, index) = pick(i);
+                    let (mid, eid, q) = self.ids[index];
+                    if q == queue {
+                        macks.push((mid, ml));
+                        eacks.push((eid, el));
+                        mids.push(mid);
+                    }
+                }
+                let q = qn(queue);
+                let m = self.model.ack_many(&q, &macks, now).unwrap();
+                let e = self.engine().ack_many(&q, &eacks, now).unwrap();
+                prop_assert_eq!(m.len(), e.len());
+                for ((m, e), mid) in m.into_iter().zip(e).zip(mids) {
+                    let model_state = self.model.get(&q, mid, now).unwrap().map(|t| t.state);
+                    if e == belfry_store::LeaseOutcome::NotFound
+                        && matches!(model_state, Some(TaskState::Done | TaskState::Cancelled))
+                    {
+                        continue;
+                    }
+                    prop_assert_eq!(m, e);
+                }
             }
             Op::Ack(i) | Op::Dead(i) | Op::Nack(i, _) | Op::Extend(i, _) => {
                 if self.leases.is_empty() {

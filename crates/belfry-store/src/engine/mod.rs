@@ -1575,6 +1575,44 @@ impl Store for Engine {
         Ok(LeaseOutcome::Ok)
     }
 
+    /// One lock, one WAL frame holding every Done record: replay applies the call's acks
+    /// all together or (frame lost or cut) not at all.
+    fn ack_many(
+        &self,
+        queue: &QueueName,
+        acks: &[(TaskId, LeaseId)],
+        now_ms: UnixMs,
+    ) -> Result<Vec<LeaseOutcome>> {
+        if acks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut state = self.lock_state()?;
+        let mut batch = WalBatch::new();
+        let mut pending = Vec::with_capacity(acks.len());
+        let mut outcomes = Vec::with_capacity(acks.len());
+        // Records reach memory only at commit, so a task acked earlier in this call still
+        // looks leased: remember it, and answer a repeat as a sequential ack would (the
+        // task is done, so its lease is no longer in force).
+        let mut acked: HashSet<(u64, u64)> = HashSet::with_capacity(acks.len());
+        for &(id, lease) in acks {
+            let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
+                Ok(found) => found,
+                Err(outcome) => {
+                    outcomes.push(outcome);
+                    continue;
+                }
+            };
+            if !acked.insert((seq, key)) {
+                outcomes.push(LeaseOutcome::LeaseExpired);
+                continue;
+            }
+            push(&mut batch, &mut pending, uid, key, Record::Done { seq });
+            outcomes.push(LeaseOutcome::Ok);
+        }
+        self.commit(state, batch, pending, true)?;
+        Ok(outcomes)
+    }
+
     fn nack(
         &self,
         queue: &QueueName,
