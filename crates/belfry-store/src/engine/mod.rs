@@ -1010,6 +1010,28 @@ impl Engine {
         Ok(())
     }
 
+    /// The shared path of ack, nack, extend and dead_letter: check the lease, then append the
+    /// one record `make` builds from the task's sequence number. A stale lease writes nothing.
+    fn change_lease(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        now_ms: UnixMs,
+        make: impl FnOnce(u64) -> Record,
+    ) -> Result<LeaseOutcome> {
+        let mut state = self.lock_state()?;
+        let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
+            Ok(found) => found,
+            Err(outcome) => return Ok(outcome),
+        };
+        let mut batch = WalBatch::new();
+        let mut pending = Vec::new();
+        push(&mut batch, &mut pending, uid, key, make(seq));
+        self.commit(state, batch, pending, true)?;
+        Ok(LeaseOutcome::Ok)
+    }
+
     /// Finds a leased task and checks the lease; on success returns its bucket key and seq.
     fn leased(
         &self,
@@ -1563,16 +1585,7 @@ impl Store for Engine {
         lease: LeaseId,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        let mut state = self.lock_state()?;
-        let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
-            Ok(found) => found,
-            Err(outcome) => return Ok(outcome),
-        };
-        let mut batch = WalBatch::new();
-        let mut pending = Vec::new();
-        push(&mut batch, &mut pending, uid, key, Record::Done { seq });
-        self.commit(state, batch, pending, true)?;
-        Ok(LeaseOutcome::Ok)
+        self.change_lease(queue, id, lease, now_ms, |seq| Record::Done { seq })
     }
 
     /// One lock, one WAL frame holding every Done record: replay applies the call's acks
@@ -1621,20 +1634,10 @@ impl Store for Engine {
         retry_at_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        let mut state = self.lock_state()?;
-        let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
-            Ok(found) => found,
-            Err(outcome) => return Ok(outcome),
-        };
-        let mut batch = WalBatch::new();
-        let mut pending = Vec::new();
-        let record = Record::Nack {
+        self.change_lease(queue, id, lease, now_ms, |seq| Record::Nack {
             seq,
             due_at_ms: retry_at_ms,
-        };
-        push(&mut batch, &mut pending, uid, key, record);
-        self.commit(state, batch, pending, true)?;
-        Ok(LeaseOutcome::Ok)
+        })
     }
 
     fn extend(
@@ -1645,21 +1648,11 @@ impl Store for Engine {
         lease_until_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        let mut state = self.lock_state()?;
-        let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
-            Ok(found) => found,
-            Err(outcome) => return Ok(outcome),
-        };
-        let mut batch = WalBatch::new();
-        let mut pending = Vec::new();
-        let record = Record::Extend {
+        self.change_lease(queue, id, lease, now_ms, |seq| Record::Extend {
             seq,
             lease_id: lease.0,
             until_ms: lease_until_ms,
-        };
-        push(&mut batch, &mut pending, uid, key, record);
-        self.commit(state, batch, pending, true)?;
-        Ok(LeaseOutcome::Ok)
+        })
     }
 
     fn dead_letter(
@@ -1670,20 +1663,10 @@ impl Store for Engine {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        let mut state = self.lock_state()?;
-        let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
-            Ok(found) => found,
-            Err(outcome) => return Ok(outcome),
-        };
-        let mut batch = WalBatch::new();
-        let mut pending = Vec::new();
-        let record = Record::Dead {
+        self.change_lease(queue, id, lease, now_ms, |seq| Record::Dead {
             seq,
             reason: record::cut_reason(reason).to_owned(),
-        };
-        push(&mut batch, &mut pending, uid, key, record);
-        self.commit(state, batch, pending, true)?;
-        Ok(LeaseOutcome::Ok)
+        })
     }
 
     fn list_dead(
