@@ -1010,6 +1010,33 @@ impl Engine {
         Ok(())
     }
 
+    /// The shared path of cancel, reschedule and redrive: find the task (ending a lease that
+    /// has run out), require `required`, then durably append the one record `make` builds from
+    /// the task's sequence number. A task in another state writes nothing.
+    fn change_state(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: UnixMs,
+        required: TaskState,
+        make: impl FnOnce(u64) -> Record,
+    ) -> Result<ChangeOutcome> {
+        let mut state = self.lock_state()?;
+        let Some((uid, key, seq, current)) =
+            self.change_target(&mut state, queue, id, Some(now_ms))?
+        else {
+            return Ok(ChangeOutcome::NotFound);
+        };
+        if current != required {
+            return Ok(ChangeOutcome::WrongState(current));
+        }
+        let mut batch = WalBatch::new();
+        let mut pending = Vec::new();
+        push(&mut batch, &mut pending, uid, key, make(seq));
+        self.commit(state, batch, pending, false)?;
+        Ok(ChangeOutcome::Ok)
+    }
+
     /// The shared path of ack, nack, extend and dead_letter: check the lease, then append the
     /// one record `make` builds from the task's sequence number. A stale lease writes nothing.
     fn change_lease(
@@ -1441,20 +1468,9 @@ impl Store for Engine {
     }
 
     fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
-        let mut state = self.lock_state()?;
-        let Some((uid, key, seq, current)) =
-            self.change_target(&mut state, queue, id, Some(now_ms))?
-        else {
-            return Ok(ChangeOutcome::NotFound);
-        };
-        if current != TaskState::Scheduled {
-            return Ok(ChangeOutcome::WrongState(current));
-        }
-        let mut batch = WalBatch::new();
-        let mut pending = Vec::new();
-        push(&mut batch, &mut pending, uid, key, Record::Cancel { seq });
-        self.commit(state, batch, pending, false)?;
-        Ok(ChangeOutcome::Ok)
+        self.change_state(queue, id, now_ms, TaskState::Scheduled, |seq| {
+            Record::Cancel { seq }
+        })
     }
 
     fn reschedule(
@@ -1464,26 +1480,9 @@ impl Store for Engine {
         due_at_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<ChangeOutcome> {
-        let mut state = self.lock_state()?;
-        let Some((uid, key, seq, current)) =
-            self.change_target(&mut state, queue, id, Some(now_ms))?
-        else {
-            return Ok(ChangeOutcome::NotFound);
-        };
-        if current != TaskState::Scheduled {
-            return Ok(ChangeOutcome::WrongState(current));
-        }
-        let mut batch = WalBatch::new();
-        let mut pending = Vec::new();
-        push(
-            &mut batch,
-            &mut pending,
-            uid,
-            key,
-            Record::Reschedule { seq, due_at_ms },
-        );
-        self.commit(state, batch, pending, false)?;
-        Ok(ChangeOutcome::Ok)
+        self.change_state(queue, id, now_ms, TaskState::Scheduled, |seq| {
+            Record::Reschedule { seq, due_at_ms }
+        })
     }
 
     fn claim(
@@ -1709,26 +1708,12 @@ impl Store for Engine {
     }
 
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
-        let mut state = self.lock_state()?;
         // With `now`, like cancel and reschedule: a lease that has run out is ended first, so
         // the state reported for a task that is not dead is the one `get` would show.
-        let Some((uid, key, seq, current)) =
-            self.change_target(&mut state, queue, id, Some(now_ms))?
-        else {
-            return Ok(ChangeOutcome::NotFound);
-        };
-        if current != TaskState::Dead {
-            return Ok(ChangeOutcome::WrongState(current));
-        }
-        let mut batch = WalBatch::new();
-        let mut pending = Vec::new();
-        let record = Record::Redrive {
+        self.change_state(queue, id, now_ms, TaskState::Dead, |seq| Record::Redrive {
             seq,
             due_at_ms: now_ms,
-        };
-        push(&mut batch, &mut pending, uid, key, record);
-        self.commit(state, batch, pending, false)?;
-        Ok(ChangeOutcome::Ok)
+        })
     }
 
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
