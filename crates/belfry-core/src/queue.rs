@@ -2,12 +2,16 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use crate::limits::QUEUE_NAME_LEN_MAX;
 
 /// A validated queue name: 1 to 128 characters of `[A-Za-z0-9_.-]`.
+///
+/// Shared, not copied: every task carries its queue's name, so a clone is a reference-count
+/// increment rather than an allocation.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct QueueName(String);
+pub struct QueueName(Arc<str>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("queue names are 1 to {QUEUE_NAME_LEN_MAX} characters of A-Z, a-z, 0-9, '_', '.' and '-'; got {got:?}")]
@@ -25,7 +29,7 @@ impl QueueName {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
         // "." and ".." are refused because queue names become file names.
         if valid && name != "." && name != ".." {
-            Ok(QueueName(name))
+            Ok(QueueName(Arc::from(name)))
         } else {
             Err(InvalidQueueName {
                 got: name.chars().take(QUEUE_NAME_LEN_MAX + 8).collect(),

@@ -33,6 +33,8 @@ mod queue;
 pub mod record;
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Write};
 use std::path::{Path, PathBuf};
@@ -295,7 +297,7 @@ impl Drop for Flusher {
 #[derive(Debug)]
 struct State {
     meta: MetaFile,
-    queues: HashMap<u64, Queue>,
+    queues: FxHashMap<u64, Queue>,
     next_seq: u64,
     next_lease: u64,
     /// The latest `now` any call passed in: the reference for choosing bucket widths.
@@ -531,7 +533,7 @@ impl Engine {
         let meta = MetaFile::read(&dir.join(META_FILE))?;
         let checkpoint = Checkpoint::read(&dir.join(CHECKPOINT_FILE))?.unwrap_or_default();
         let mut state = State {
-            queues: HashMap::new(),
+            queues: FxHashMap::default(),
             next_seq: checkpoint.next_seq.max(1),
             next_lease: checkpoint.next_lease.max(1),
             last_now_ms: checkpoint.last_now_ms,
@@ -1502,17 +1504,17 @@ impl Store for Engine {
         let mut pending = Vec::new();
         let mut result = ClaimBatch::default();
         let mut leased = Vec::new();
-        while leased.len() < max {
-            let next = (0..2).find_map(|slot| {
-                q.index.ready[slot]
-                    .first()
-                    .copied()
-                    .filter(|(due, _, _)| *due <= now_ms)
-                    .map(|k| (slot, k))
-            });
-            let Some((slot, ready_key)) = next else { break };
-            q.index.ready[slot].remove(&ready_key);
-            let (due, seq, key) = ready_key;
+        // Due tasks, high priority first, each in due order. They are only read here: their
+        // records take them out of the ready index when applied at commit.
+        let due = q.index.ready.iter().flat_map(|slot| {
+            slot.iter()
+                .take_while(move |(due, _, _)| *due <= now_ms)
+                .copied()
+        });
+        for (due, seq, key) in due {
+            if leased.len() == max {
+                break;
+            }
             let Some(entry) = q
                 .buckets
                 .get(&key)
@@ -1562,8 +1564,11 @@ impl Store for Engine {
             }
         };
         let (q, _) = state.queue(queue)?;
-        for (seq, key, lease_id) in leased {
-            if let Some(task) = q.view(seq, key)? {
+        let wanted: Vec<(u64, u64)> = leased.iter().map(|&(seq, key, _)| (seq, key)).collect();
+        let tasks = q.view_many(&wanted)?;
+        result.leased.reserve(tasks.len());
+        for (task, (_, _, lease_id)) in tasks.into_iter().zip(leased) {
+            if let Some(task) = task {
                 result.leased.push(LeasedTask {
                     task,
                     lease_id: LeaseId(lease_id),
@@ -1605,7 +1610,8 @@ impl Store for Engine {
         // Records reach memory only at commit, so a task acked earlier in this call still
         // looks leased: remember it, and answer a repeat as a sequential ack would (the
         // task is done, so its lease is no longer in force).
-        let mut acked: HashSet<(u64, u64)> = HashSet::with_capacity(acks.len());
+        let mut acked: FxHashSet<(u64, u64)> =
+            FxHashSet::with_capacity_and_hasher(acks.len(), Default::default());
         for &(id, lease) in acks {
             let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
                 Ok(found) => found,
@@ -1698,13 +1704,8 @@ impl Store for Engine {
         }
         dead.sort_unstable();
         dead.truncate(limit);
-        let mut tasks = Vec::with_capacity(dead.len());
-        for (_, seq, key) in dead {
-            if let Some(task) = q.view(seq, key)? {
-                tasks.push(task);
-            }
-        }
-        Ok(tasks)
+        let wanted: Vec<(u64, u64)> = dead.iter().map(|&(_, seq, key)| (seq, key)).collect();
+        Ok(q.view_many(&wanted)?.into_iter().flatten().collect())
     }
 
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {

@@ -174,8 +174,38 @@ pub fn write_frame(out: &mut Vec<u8>, body: &[u8]) {
 /// This is the decoder the fuzz target exercises.
 pub fn decode(bytes: &[u8]) -> Result<(Record, usize), DecodeError> {
     let (body, total) = split_frame(bytes)?;
-    let record = decode_body(body)?;
+    let record = decode_body(body, Keep::Full)?;
     Ok((record, total))
+}
+
+/// What a decode keeps of a put record's payload and headers.
+#[derive(Clone, Copy)]
+enum Keep<'a> {
+    /// Everything, the payload copied into its own buffer.
+    Full,
+    /// Everything, the payload a shared slice of this buffer (which holds the frame).
+    Shared(&'a Bytes),
+    /// Neither payload nor headers (both are checked, then left on disk): what a bucket
+    /// load keeps in memory.
+    Light,
+}
+
+/// [`decode`] for a bucket load: a put record comes back without its payload and headers,
+/// so decoding a large bucket allocates neither.
+pub fn decode_light(bytes: &[u8]) -> Result<(Record, usize), DecodeError> {
+    let (body, total) = split_frame(bytes)?;
+    let record = decode_body(body, Keep::Light)?;
+    Ok((record, total))
+}
+
+/// Decodes the first frame of `frame`, which must be a put record, with its payload a
+/// slice of `frame`'s buffer rather than a copy: reads of many tasks share one buffer.
+pub fn decode_put_shared(frame: &Bytes) -> Result<PutRecord, DecodeError> {
+    let (body, _) = split_frame(frame)?;
+    match decode_body(body, Keep::Shared(frame))? {
+        Record::Put(put) => Ok(put),
+        _ => Err(DecodeError::Malformed("expected a put record")),
+    }
 }
 
 /// A WAL entry: which bucket of which queue incarnation a bucket frame belongs to.
@@ -243,7 +273,7 @@ pub fn decode_wal(bytes: &[u8]) -> Result<(WalEntries<'_>, usize), DecodeError> 
         let queue_uid = reader.u64()?;
         let bucket = reader.u64()?;
         let inner = reader.bytes;
-        let (_, inner_len) = decode(inner).map_err(|e| match e {
+        let (_, inner_len) = decode_light(inner).map_err(|e| match e {
             DecodeError::Truncated { .. } => DecodeError::Malformed("inner frame truncated"),
             other => other,
         })?;
@@ -438,19 +468,24 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn string(&mut self, max: usize) -> Result<String, DecodeError> {
+        self.str(max).map(str::to_owned)
+    }
+
+    /// A length-prefixed UTF-8 string, borrowed from the record.
+    pub(crate) fn str(&mut self, max: usize) -> Result<&'a str, DecodeError> {
         let len = self.u32()? as usize;
         if len > max {
             return Err(DecodeError::Malformed("string longer than its limit"));
         }
         let bytes = self.take(len)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| DecodeError::Malformed("string not UTF-8"))
+        std::str::from_utf8(bytes).map_err(|_| DecodeError::Malformed("string not UTF-8"))
     }
 }
 
 /// Longest idempotency key a record may hold (the API enforces a tighter limit).
 pub const KEY_BYTES_MAX: usize = 64 * 1024;
 
-fn decode_body(body: &[u8]) -> Result<Record, DecodeError> {
+fn decode_body(body: &[u8], keep: Keep<'_>) -> Result<Record, DecodeError> {
     let mut r = Reader { bytes: body };
     let version = r.u8()?;
     if version != RECORD_VERSION {
@@ -488,14 +523,22 @@ fn decode_body(body: &[u8]) -> Result<Record, DecodeError> {
             if header_count > HEADERS_MAX {
                 return Err(DecodeError::Malformed("too many headers"));
             }
-            let mut headers = Vec::with_capacity(header_count);
+            let light = matches!(keep, Keep::Light);
+            let mut headers = Vec::with_capacity(if light { 0 } else { header_count });
             for _ in 0..header_count {
-                let name = r.string(HEADER_NAME_LEN_MAX)?;
-                let value = r.string(HEADER_VALUE_LEN_MAX)?;
-                headers.push((name, value));
+                let name = r.str(HEADER_NAME_LEN_MAX)?;
+                let value = r.str(HEADER_VALUE_LEN_MAX)?;
+                if !light {
+                    headers.push((name.to_owned(), value.to_owned()));
+                }
             }
             let payload_len = r.u32()? as usize;
-            let payload = Bytes::copy_from_slice(r.take(payload_len)?);
+            let payload = r.take(payload_len)?;
+            let payload = match keep {
+                Keep::Full => Bytes::copy_from_slice(payload),
+                Keep::Shared(frame) => frame.slice_ref(payload),
+                Keep::Light => Bytes::new(),
+            };
             Record::Put(PutRecord {
                 seq,
                 due_at_ms,
