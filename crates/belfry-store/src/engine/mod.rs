@@ -1237,7 +1237,8 @@ fn replay(dir: &Path, start: u64, state: &mut State, options: &EngineOptions) ->
                 }
             };
             for (target, inner) in entries {
-                let Ok((record, _)) = record::decode(inner) else {
+                // Payload and headers are not needed here: the frame is copied verbatim.
+                let Ok((record, _)) = record::decode_light(inner) else {
                     continue; // decode_wal checked it; unreachable in practice
                 };
                 state.stats.wal_records_replayed += 1;
@@ -1248,11 +1249,11 @@ fn replay(dir: &Path, start: u64, state: &mut State, options: &EngineOptions) ->
                 let Some(queue) = state.queues.get_mut(&target.queue_uid) else {
                     continue; // the queue was deleted after this record
                 };
-                let path = queue.bucket_path(target.bucket);
-                let bucket = queue
-                    .buckets
-                    .entry(target.bucket)
-                    .or_insert_with(|| Bucket::new(path, 0, BucketMeta::default(), false));
+                let dir = &queue.dir;
+                let bucket = queue.buckets.entry(target.bucket).or_insert_with(|| {
+                    let path = dir.join(bucket::file_name(target.bucket));
+                    Bucket::new(path, 0, BucketMeta::default(), false)
+                });
                 bucket.append(inner);
                 state.buffered_bytes += inner.len();
                 if bucket.buf.len() >= options.bucket_buffer_bytes {
@@ -1352,12 +1353,20 @@ impl Store for Engine {
     }
 
     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
+        // Sized before taking the lock: the frame is built once, without regrowing.
+        let mut batch = WalBatch::with_capacity(
+            tasks
+                .iter()
+                .map(|t| {
+                    record::put_size_hint(t.payload.len(), &t.headers, t.idempotency_key.as_deref())
+                })
+                .sum(),
+        );
         let mut state = self.lock_state()?;
         let mut uids = Vec::with_capacity(tasks.len());
         for task in &tasks {
             uids.push(state.uid(&task.queue)?);
         }
-        let mut batch = WalBatch::new();
         let mut pending = Vec::with_capacity(tasks.len());
         let mut outcomes = Vec::with_capacity(tasks.len());
         // Keys first seen in this batch → the task they created.

@@ -225,9 +225,15 @@ pub struct WalBatch {
 
 impl WalBatch {
     pub fn new() -> Self {
-        WalBatch {
-            bytes: vec![0; FRAME_HEADER_BYTES],
-        }
+        WalBatch::with_capacity(0)
+    }
+
+    /// A batch with room for about `bytes` of records, so a large call's frame is built
+    /// without regrowing (and recopying) its buffer.
+    pub fn with_capacity(bytes: usize) -> Self {
+        let mut buffer = Vec::with_capacity(FRAME_HEADER_BYTES + bytes);
+        buffer.resize(FRAME_HEADER_BYTES, 0);
+        WalBatch { bytes: buffer }
     }
 
     /// Adds one record; returns the offset of its bucket frame inside the batch, which is
@@ -319,6 +325,13 @@ pub fn check_put(put: &PutRecord) -> Result<(), String> {
 
 /// Bytes of a put record besides strings and payload (generous).
 const PUT_FIXED_BYTES: usize = 64;
+
+/// About how many bytes a put of this task adds to a WAL frame (target, framing, fields,
+/// strings, payload): enough to size the frame's buffer once.
+pub fn put_size_hint(payload: usize, headers: &[belfry_core::Header], key: Option<&str>) -> usize {
+    let strings: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
+    16 + FRAME_HEADER_BYTES + PUT_FIXED_BYTES + payload + strings + key.map_or(0, |k| k.len() + 4)
+}
 
 /// Cuts a dead-letter reason to what a record stores, on a character boundary.
 pub fn cut_reason(reason: &str) -> &str {
