@@ -3,12 +3,17 @@
 //! server, restart it on the same data, time until `/readyz` answers 200, and check that
 //! every acknowledged task is still pending. Redis holds the same tasks as the baseline
 //! (memory per pending task in RAM).
+//!
+//! The server's RSS is sampled throughout the fill, so the report can tell memory that
+//! grows with the pending count (the slope over the second half of the fill, which the brief
+//! bounds) from memory that a server needs once it is busy (the step at the start).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::Method;
+use indicatif::ProgressBar;
 use serde::Serialize;
 use serde_json::json;
 
@@ -36,6 +41,21 @@ const RAW_TASK_OVERHEAD_BYTES: u64 = 8;
 /// follow an acknowledged write are counted.
 const SETTLE: Duration = Duration::from_secs(1);
 
+/// How often the server's RSS is sampled during the fill: a 1M fill (a few seconds) still
+/// gets tens of samples, a 100M fill a few thousand.
+const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The pending count the brief's memory target is stated for.
+const TARGET_PENDING: u64 = 100_000_000;
+
+/// Growth per pending task is fitted over the fill from this share of the tasks on: the
+/// first part holds the one-off step of a server going from idle to busy (threads, buffers,
+/// allocator arenas), which is not a cost per pending task.
+const GROWTH_FIT_FROM: f64 = 0.5;
+
+/// Fill levels at which the report shows the sampled RSS.
+const RSS_REPORT_FRACTIONS: [f64; 4] = [0.25, 0.5, 0.75, 1.0];
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct PendingArgs {
     /// Far-future tasks to fill.
@@ -50,9 +70,13 @@ pub struct PendingArgs {
     /// Payload size in bytes.
     #[arg(long, default_value_t = 200)]
     pub payload_bytes: usize,
-    /// Tasks are due this many days from now (spread over one day).
+    /// The first task is due this many days from now.
     #[arg(long, default_value_t = 365)]
     pub due_in_days: u64,
+    /// Due times are spread evenly over this many days (the engine's buckets widen with
+    /// distance: 1 day far away is one or two buckets, 730 days a few hundred).
+    #[arg(long, default_value_t = 1)]
+    pub spread_days: u64,
     /// Skip the kill -9 and restart (always skipped without --spawn).
     #[arg(long)]
     pub no_restart: bool,
@@ -79,6 +103,15 @@ pub struct PendingOutcome {
     pub restart_ready_ms: Option<f64>,
     pub pending_after_restart: Option<u64>,
     pub rss_after_restart_bytes: Option<u64>,
+    /// Server RSS during the fill, by tasks answered so far (the last one after the fill).
+    pub rss_samples: Vec<RssSample>,
+}
+
+/// The server's RSS when `tasks` tasks of the fill had been answered.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct RssSample {
+    pub tasks: u64,
+    pub rss_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -91,10 +124,13 @@ pub struct RedisPendingOutcome {
 pub async fn run(args: PendingArgs) -> anyhow::Result<Report> {
     validate(args.tasks, args.batch, args.connections, args.payload_bytes)?;
     let machine = Machine::describe();
+    if args.spread_days == 0 {
+        return Err(crate::BenchError::invalid("--spread-days", "must be at least 1").into());
+    }
     let due = due_times(
         args.tasks,
-        unix_ms() + args.due_in_days * 86_400_000,
-        86_400_000,
+        unix_ms() + args.due_in_days.saturating_mul(86_400_000),
+        args.spread_days.saturating_mul(86_400_000),
     );
     let bodies = Arc::new(Bodies::build(&due, args.batch, args.payload_bytes));
     let belfry = if args.server.baselines_only {
@@ -127,6 +163,17 @@ async fn pending_belfry(
         ..Default::default()
     };
     create_queue(&server.target, &queue, "{}").await?;
+    let bar = progress(&args.output, args.tasks, "belfry fill");
+    let (stop_sampling, sampler) = match server.pid {
+        Some(pid) => {
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            (
+                Some(stop),
+                Some(tokio::spawn(sample_rss(pid, bar.clone(), stopped))),
+            )
+        }
+        None => (None, None),
+    };
     let submit = run_ingest(
         IngestJob {
             label: "belfry".into(),
@@ -138,15 +185,26 @@ async fn pending_belfry(
             due_at_ms: None,
             server_pid: server.pid,
         },
-        progress(&args.output, args.tasks, "belfry fill"),
+        bar,
     )
     .await;
+    if let Some(stop) = stop_sampling {
+        let _ = stop.send(());
+    }
+    if let Some(sampler) = sampler {
+        out.rss_samples = sampler.await.unwrap_or_default();
+    }
+    let accepted = submit.accepted;
     out.submit = Some(submit);
     tokio::time::sleep(SETTLE).await;
     out.pending_reported = pending_count(&server.target, &queue).await;
     if let Some((rss, peak)) = server.pid.and_then(rss_bytes) {
         out.rss_filled_bytes = Some(rss);
         out.rss_peak_bytes = Some(peak);
+        out.rss_samples.push(RssSample {
+            tasks: accepted,
+            rss_bytes: rss,
+        });
     }
     if let Some(dir) = server.data_dir(args.server.server_data_dir.as_deref()) {
         if let Ok((length, allocated)) = dir_bytes(&dir) {
@@ -165,6 +223,59 @@ async fn pending_belfry(
         out.rss_after_restart_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
     }
     Ok(out)
+}
+
+/// Samples the RSS of process `pid` every [`RSS_SAMPLE_INTERVAL`] against the tasks the
+/// fill has answered so far (the progress bar counts them, drawn or hidden), until `stop`.
+async fn sample_rss(
+    pid: u32,
+    answered: ProgressBar,
+    mut stop: tokio::sync::oneshot::Receiver<()>,
+) -> Vec<RssSample> {
+    let mut samples = Vec::new();
+    let mut every = tokio::time::interval(RSS_SAMPLE_INTERVAL);
+    loop {
+        tokio::select! {
+            _ = &mut stop => return samples,
+            _ = every.tick() => {
+                let tasks = answered.position();
+                if let Some((rss, _)) = rss_bytes(pid) {
+                    samples.push(RssSample { tasks, rss_bytes: rss });
+                }
+            }
+        }
+    }
+}
+
+/// The first sample taken once `fraction` of `tasks` had been answered.
+pub fn rss_at_fraction(samples: &[RssSample], tasks: u64, fraction: f64) -> Option<RssSample> {
+    let level = (tasks as f64 * fraction).ceil() as u64;
+    samples.iter().copied().find(|s| s.tasks >= level)
+}
+
+/// RSS growth in bytes per task answered: the least-squares slope of RSS over tasks, fitted
+/// to the samples taken from `from_tasks` tasks on. None without two distinct task counts
+/// there (a fill too short to sample).
+pub fn growth_per_task(samples: &[RssSample], from_tasks: u64) -> Option<f64> {
+    let points: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|s| s.tasks >= from_tasks)
+        .map(|s| (s.tasks as f64, s.rss_bytes as f64))
+        .collect();
+    let n = points.len() as f64;
+    let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
+    let mean_y = points.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
+    let sxy: f64 = points.iter().map(|p| (p.0 - mean_x) * (p.1 - mean_y)).sum();
+    // sxx is 0 with fewer than two distinct task counts (and NaN with no points).
+    (sxx > 0.0).then(|| sxy / sxx)
+}
+
+/// RSS at `to_tasks` pending, going on from `rss_bytes` at `from_tasks` with `per_task`
+/// bytes per extra task (a shrinking fit is not extrapolated below the measured RSS).
+pub fn extrapolate_rss(rss_bytes: u64, from_tasks: u64, per_task: f64, to_tasks: u64) -> f64 {
+    let extra = to_tasks.saturating_sub(from_tasks) as f64;
+    rss_bytes as f64 + per_task.max(0.0) * extra
 }
 
 /// The queue's `pending` count from `GET /v1/queues/{queue}`, wherever the object puts it.
@@ -293,7 +404,38 @@ fn build_report(
         format!("≤ {} at 100M, flat in N", mib(RSS_BYTES_TARGET_AT_100M)),
     ]);
     table.row(vec![
-        "memory bytes/task".into(),
+        format!(
+            "server RSS at {} of the fill",
+            RSS_REPORT_FRACTIONS
+                .map(|f| format!("{:.0}%", f * 100.0))
+                .join(" / ")
+        ),
+        if b.rss_samples.is_empty() {
+            dash()
+        } else {
+            RSS_REPORT_FRACTIONS
+                .map(|f| {
+                    rss_at_fraction(&b.rss_samples, args.tasks, f)
+                        .map_or_else(dash, |s| mib(s.rss_bytes))
+                })
+                .join(" / ")
+        },
+        dash(),
+        "flat".into(),
+    ]);
+    let fit_from = (n * GROWTH_FIT_FROM) as u64;
+    let growth = growth_per_task(&b.rss_samples, fit_from);
+    table.row(vec![
+        format!(
+            "RSS growth per pending task (fit over the last {:.0}% of the fill)",
+            (1.0 - GROWTH_FIT_FROM) * 100.0
+        ),
+        growth.map_or_else(dash, |g| format!("{g:.2} B")),
+        dash(),
+        format!("≤ {:.1} B", RSS_BYTES_TARGET_AT_100M as f64 / 1e8),
+    ]);
+    table.row(vec![
+        "RSS idle → filled, per task (with the one-off step)".into(),
         match (b.rss_idle_bytes, b.rss_filled_bytes) {
             (Some(i), Some(f)) => format!("{:.1} B (RSS growth)", f.saturating_sub(i) as f64 / n),
             _ => dash(),
@@ -306,7 +448,7 @@ fn build_report(
         } else {
             dash()
         },
-        format!("≤ {:.1} B", RSS_BYTES_TARGET_AT_100M as f64 / 1e8),
+        "- (the slope above is what the target bounds)".into(),
     ]);
     table.row(vec![
         "kill -9 → /readyz 200".into(),
@@ -357,6 +499,23 @@ fn build_report(
             }
         ));
     }
+    if let (Some(g), Some(filled)) = (growth, b.rss_filled_bytes) {
+        let at_target = extrapolate_rss(filled, args.tasks, g, TARGET_PENDING);
+        notes.push(format!(
+            "RSS grew {g:.2} B per pending task over the last {:.0}% of the fill ({} samples); \
+             going on at that rate, {} pending would take {} (target ≤ {}): {}.",
+            (1.0 - GROWTH_FIT_FROM) * 100.0,
+            b.rss_samples.iter().filter(|s| s.tasks >= fit_from).count(),
+            thousands(TARGET_PENDING as f64),
+            mib(at_target as u64),
+            mib(RSS_BYTES_TARGET_AT_100M),
+            if at_target <= RSS_BYTES_TARGET_AT_100M as f64 {
+                "met (extrapolated)"
+            } else {
+                "missed (extrapolated)"
+            }
+        ));
+    }
     if let Some(ms) = b.restart_ready_ms {
         notes.push(format!(
             "restart target ≤ {} s (stated for 100M pending; this run: {}): {} ({ms:.0} ms).",
@@ -385,7 +544,10 @@ fn build_report(
         data: json!({
             "tasks": args.tasks,
             "payload_bytes": args.payload_bytes,
+            "due_in_days": args.due_in_days,
+            "spread_days": args.spread_days,
             "raw_bytes_per_task": raw_per_task,
+            "rss_growth_per_task_bytes": growth,
             "belfry": belfry,
             "redis": redis,
         }),
@@ -408,5 +570,59 @@ mod tests {
         );
         assert_eq!(find_u64(&json!({"pending": "x"}), "pending"), None);
         assert_eq!(find_u64(&json!([1, 2]), "pending"), None);
+    }
+
+    fn samples(points: &[(u64, u64)]) -> Vec<RssSample> {
+        points
+            .iter()
+            .map(|&(tasks, rss_bytes)| RssSample { tasks, rss_bytes })
+            .collect()
+    }
+
+    #[test]
+    fn growth_is_the_slope_over_the_fitted_part_only() {
+        // A step from idle to busy in the first half, then 3 B per task.
+        let s = samples(&[
+            (0, 10_000_000),
+            (100, 30_000_000),
+            (500, 30_001_500),
+            (700, 30_002_100),
+            (1_000, 30_003_000),
+        ]);
+        let slope = growth_per_task(&s, 500).unwrap();
+        assert!((slope - 3.0).abs() < 1e-9, "{slope}");
+        // Fitted from the start, the step dominates.
+        assert!(growth_per_task(&s, 0).unwrap() > 1_000.0);
+        // Flat memory is zero growth, noise around it averages out.
+        let flat = samples(&[(500, 20), (600, 30), (700, 20), (800, 30)]);
+        assert!(growth_per_task(&flat, 500).unwrap().abs() < 0.05);
+    }
+
+    #[test]
+    fn growth_needs_two_distinct_task_counts() {
+        assert_eq!(growth_per_task(&[], 0), None);
+        assert_eq!(growth_per_task(&samples(&[(5, 1), (5, 9)]), 0), None);
+        assert_eq!(growth_per_task(&samples(&[(1, 1), (9, 9)]), 5), None);
+    }
+
+    #[test]
+    fn rss_at_a_fill_level_is_the_first_sample_past_it() {
+        let s = samples(&[(0, 1), (240, 2), (260, 3), (1_000, 4)]);
+        assert_eq!(
+            rss_at_fraction(&s, 1_000, 0.25).map(|s| s.rss_bytes),
+            Some(3)
+        );
+        assert_eq!(
+            rss_at_fraction(&s, 1_000, 1.0).map(|s| s.rss_bytes),
+            Some(4)
+        );
+        assert_eq!(rss_at_fraction(&s[..2], 1_000, 0.5), None);
+    }
+
+    #[test]
+    fn extrapolation_adds_growth_for_the_missing_tasks_only() {
+        assert_eq!(extrapolate_rss(1_000, 10, 2.0, 110), 1_200.0);
+        assert_eq!(extrapolate_rss(1_000, 10, -5.0, 110), 1_000.0);
+        assert_eq!(extrapolate_rss(1_000, 200, 2.0, 110), 1_000.0);
     }
 }
