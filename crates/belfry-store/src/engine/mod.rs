@@ -103,6 +103,9 @@ pub struct EngineOptions {
     /// Longest time a delivery-state record written without fsync waits before the
     /// background flusher fsyncs it (when no durable call did so first).
     pub delivery_sync_delay: Duration,
+    /// Run checkpoints on a thread of the engine's own. Otherwise the call that finds one
+    /// due runs it before returning (its caller waits for the bucket files' fsync).
+    pub background_checkpoints: bool,
 }
 
 /// Default WAL bytes between checkpoints: replaying 32 MiB at reopen takes well under 2 s
@@ -132,6 +135,7 @@ impl Default for EngineOptions {
             buffers_total_bytes: 32 * 1024 * 1024,
             sync_delivery: false,
             delivery_sync_delay: DELIVERY_SYNC_DELAY_DEFAULT,
+            background_checkpoints: true,
         }
     }
 }
@@ -294,6 +298,88 @@ impl Drop for Flusher {
     }
 }
 
+/// Whether a call should see to a checkpoint (see `Engine::finish`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CheckpointNeed {
+    No,
+    Due,
+    /// The WAL since the last checkpoint is this many times the threshold: background
+    /// checkpoints are not keeping up.
+    Overdue,
+}
+
+/// WAL growth, in checkpoint thresholds, at which writers stop leaving checkpoints to the
+/// checkpoint thread and wait for one themselves.
+const CHECKPOINT_OVERDUE_FACTOR: u64 = 2;
+
+/// A thread that runs a checkpoint whenever a call finds one due, so that no caller waits
+/// for the bucket files' fsync (`EngineOptions::background_checkpoints`).
+#[derive(Debug)]
+struct Checkpointer {
+    signal: Arc<(Mutex<CheckpointSignal>, Condvar)>,
+    handle: Option<thread::JoinHandle<()>>,
+}
+
+#[derive(Debug, Default)]
+struct CheckpointSignal {
+    requested: bool,
+    stopped: bool,
+}
+
+impl Checkpointer {
+    /// `None` if the thread cannot be started: callers then run checkpoints themselves.
+    fn start(core: Arc<Core>) -> Option<Checkpointer> {
+        let signal = Arc::new((Mutex::new(CheckpointSignal::default()), Condvar::new()));
+        let theirs = Arc::clone(&signal);
+        let spawned = thread::Builder::new()
+            .name("belfry-checkpoint".into())
+            .spawn(move || loop {
+                {
+                    let (flags, wake) = &*theirs;
+                    let mut flags = flags.lock();
+                    while !flags.requested && !flags.stopped {
+                        wake.wait(&mut flags);
+                    }
+                    if flags.stopped {
+                        return;
+                    }
+                    flags.requested = false;
+                }
+                let _guard = core.checkpointing.lock();
+                // A failure poisons the engine (logged there; every later call reports it).
+                let _ = core.checkpoint_guarded();
+            });
+        match spawned {
+            Ok(handle) => Some(Checkpointer {
+                signal,
+                handle: Some(handle),
+            }),
+            Err(error) => {
+                tracing::warn!(%error, "could not start the checkpoint thread; calls run checkpoints");
+                None
+            }
+        }
+    }
+
+    fn request(&self) {
+        let (flags, wake) = &*self.signal;
+        flags.lock().requested = true;
+        wake.notify_one();
+    }
+}
+
+impl Drop for Checkpointer {
+    /// Waits for a checkpoint in progress; one only requested is left to the next open.
+    fn drop(&mut self) {
+        let (flags, wake) = &*self.signal;
+        flags.lock().stopped = true;
+        wake.notify_one();
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
 #[derive(Debug)]
 struct State {
     meta: MetaFile,
@@ -319,18 +405,27 @@ struct State {
 /// threads at once.
 #[derive(Debug)]
 pub struct Engine {
-    dir: PathBuf,
-    options: EngineOptions,
-    wal: Arc<Wal>,
-    state: Mutex<State>,
-    checkpointing: Mutex<()>,
+    core: Arc<Core>,
     /// Stopped (joined) when the engine drops, before the final fsync in `Drop`.
     flusher: Option<Flusher>,
+    /// Runs checkpoints off the callers' threads (`EngineOptions::background_checkpoints`);
+    /// stopped before the flusher.
+    checkpointer: Option<Checkpointer>,
     /// Holds the `flock` on `LOCK` while the engine is open; the OS releases it when the
     /// process dies, so a crash never blocks the next open.
     _lock: File,
     /// Set by [`Engine::abandon`]: drop without the final fsync.
     abandoned: bool,
+}
+
+/// The part of the engine a checkpoint needs, shared with the checkpoint thread.
+#[derive(Debug)]
+struct Core {
+    dir: PathBuf,
+    options: EngineOptions,
+    wal: Arc<Wal>,
+    state: Mutex<State>,
+    checkpointing: Mutex<()>,
 }
 
 // The server shares one engine across threads.
@@ -343,6 +438,8 @@ const _: fn() = || {
 #[derive(Debug, Default)]
 struct CheckpointPlan {
     checkpoint: Checkpoint,
+    /// Buckets `(uid, key, length)` with buffered bytes: written in phase B up to `length`.
+    flush: Vec<(u64, u64, u64)>,
     sync_files: Vec<PathBuf>,
     sync_dirs: Vec<PathBuf>,
     /// Finished buckets `(uid, key, length)`, deleted in phase C if still untouched.
@@ -645,18 +742,27 @@ impl Engine {
             FsyncPolicy::Always | FsyncPolicy::Never => None,
         };
         let flusher = flush_period.map(|period| Flusher::start(Arc::clone(&wal), period));
-        let engine = Engine {
+        let background = options.background_checkpoints;
+        let core = Arc::new(Core {
             dir,
             options,
             wal,
-            flusher,
             state: Mutex::new(state),
             checkpointing: Mutex::new(()),
+        });
+        core.checkpoint()?;
+        let checkpointer = if background {
+            Checkpointer::start(Arc::clone(&core))
+        } else {
+            None
+        };
+        Ok(Engine {
+            core,
+            flusher,
+            checkpointer,
             _lock: lock,
             abandoned: false,
-        };
-        engine.checkpoint()?;
-        Ok(engine)
+        })
     }
 
     /// Closes the engine as a crash of the process would leave it: no checkpoint, no final
@@ -669,10 +775,10 @@ impl Engine {
 
     /// Work counters: how many buckets and records were read so far.
     pub fn stats(&self) -> EngineStats {
-        let state = self.state.lock();
+        let state = self.core.state.lock();
         let mut stats = state.stats;
-        stats.wal_writes = self.wal.writes.load(Ordering::Relaxed);
-        stats.wal_syncs = self.wal.syncs.load(Ordering::Relaxed);
+        stats.wal_writes = self.core.wal.writes.load(Ordering::Relaxed);
+        stats.wal_syncs = self.core.wal.syncs.load(Ordering::Relaxed);
         stats.checkpoints = state.checkpoints;
         stats.buckets_in_memory = 0;
         stats.buckets_total = 0;
@@ -691,15 +797,15 @@ impl Engine {
     /// ourselves unless a writer already did (group commit of writes: one `write` for all
     /// frames queued when the writer took the lock).
     fn write_through(&self, ticket: u64) -> Result<()> {
-        if self.wal.written.load(Ordering::Acquire) >= ticket {
+        if self.core.wal.written.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
-        let writer = self.wal.writer.lock();
-        if self.wal.written.load(Ordering::Acquire) >= ticket {
+        let writer = self.core.wal.writer.lock();
+        if self.core.wal.written.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
         let (bytes, end) = {
-            let mut state = self.state.lock();
+            let mut state = self.core.state.lock();
             state.check()?;
             (std::mem::take(&mut state.wal_pending), state.wal_appended)
         };
@@ -707,27 +813,27 @@ impl Engine {
             .write_all(&bytes)
             .map_err(io("append to the WAL"))
         {
-            self.state.lock().poison(&error);
+            self.core.state.lock().poison(&error);
             return Err(error);
         }
-        self.wal.writes.fetch_add(1, Ordering::Relaxed);
-        self.wal.written.store(end, Ordering::Release);
+        self.core.wal.writes.fetch_add(1, Ordering::Relaxed);
+        self.core.wal.written.store(end, Ordering::Release);
         Ok(())
     }
 
     /// Makes sure the WAL is fsync'd up to `ticket` (already written): whoever takes the sync
     /// lock fsyncs everything written so far, and the others find their frames covered.
     fn sync_through(&self, ticket: u64) -> Result<()> {
-        if self.wal.synced.load(Ordering::Acquire) >= ticket {
+        if self.core.wal.synced.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
-        let mut sync = self.wal.sync.lock();
-        if self.wal.synced.load(Ordering::Acquire) >= ticket {
+        let mut sync = self.core.wal.sync.lock();
+        if self.core.wal.synced.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
-        let result = self.wal.sync_written(&mut sync);
+        let result = self.core.wal.sync_written(&mut sync);
         if let Err(error) = &result {
-            self.state.lock().poison(error);
+            self.core.state.lock().poison(error);
         }
         result
     }
@@ -737,18 +843,18 @@ impl Engine {
     /// unless `sync_delivery` is set.
     fn wait_durable(&self, ticket: u64, delivery: bool) -> Result<()> {
         self.write_through(ticket)?;
-        match self.options.fsync {
-            FsyncPolicy::Always if !delivery || self.options.sync_delivery => {
+        match self.core.options.fsync {
+            FsyncPolicy::Always if !delivery || self.core.options.sync_delivery => {
                 self.sync_through(ticket)
             }
             FsyncPolicy::Always | FsyncPolicy::Never => Ok(()),
             FsyncPolicy::Interval(every) => {
                 // Opportunistic: fsync now if it is overdue and no one else is at it; the
                 // background flusher keeps the bound otherwise.
-                if let Some(mut sync) = self.wal.sync.try_lock() {
+                if let Some(mut sync) = self.core.wal.sync.try_lock() {
                     if sync.last_sync.elapsed() >= every {
-                        if let Err(error) = self.wal.sync_written(&mut sync) {
-                            self.state.lock().poison(&error);
+                        if let Err(error) = self.core.wal.sync_written(&mut sync) {
+                            self.core.state.lock().poison(&error);
                             return Err(error);
                         }
                     }
@@ -760,189 +866,48 @@ impl Engine {
 
     /// Whether the WAL grew enough since the last checkpoint for the next one. Read while the
     /// caller still holds the state lock, so `finish` need not take it again.
-    fn checkpoint_due(&self, state: &State) -> bool {
-        state.wal_since_checkpoint >= self.options.checkpoint_wal_bytes
+    fn checkpoint_due(&self, state: &State) -> CheckpointNeed {
+        let threshold = self.core.options.checkpoint_wal_bytes;
+        if state.wal_since_checkpoint >= threshold.saturating_mul(CHECKPOINT_OVERDUE_FACTOR) {
+            CheckpointNeed::Overdue
+        } else if state.wal_since_checkpoint >= threshold {
+            CheckpointNeed::Due
+        } else {
+            CheckpointNeed::No
+        }
     }
 
-    /// After a mutating call: wait for durability, then checkpoint if `checkpoint_due`.
-    fn finish(&self, ticket: u64, delivery: bool, checkpoint_due: bool) -> Result<()> {
+    /// After a mutating call: wait for durability, then see to a checkpoint if one is due:
+    /// ask the checkpoint thread for it, or run it here (without a thread, or when writers
+    /// have outrun the thread: the caller then waits, which bounds the WAL and so the replay
+    /// at reopen).
+    fn finish(&self, ticket: u64, delivery: bool, need: CheckpointNeed) -> Result<()> {
         self.wait_durable(ticket, delivery)?;
-        if checkpoint_due {
-            if let Some(_guard) = self.checkpointing.try_lock() {
-                self.checkpoint_guarded()?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Makes the bucket files durable, records where they end, and drops the WAL before that
-    /// point. Also unloads far buckets and deletes buckets whose tasks are all finished.
-    ///
-    /// Three phases, so writers are stopped only for the first (cheap) one:
-    /// A. under both locks: write the queued WAL, write bucket buffers, note every bucket's
-    ///    length, switch to a new WAL file; the checkpoint will say "files up to these
-    ///    lengths, then the WAL from the new file".
-    /// B. without locks: fsync the bucket files written since the last checkpoint. Writers
-    ///    append past the noted lengths meanwhile; those bytes are also in the new WAL.
-    /// C. write the checkpoint, delete the old WAL, and (under the state lock) delete the
-    ///    finished buckets that received nothing since phase A.
-    fn checkpoint(&self) -> Result<()> {
-        let _guard = self.checkpointing.lock();
-        self.checkpoint_guarded()
-    }
-
-    fn checkpoint_guarded(&self) -> Result<()> {
-        let result = self.checkpoint_phases();
-        if let Err(error) = &result {
-            self.state.lock().poison(error);
-        }
-        result
-    }
-
-    fn checkpoint_phases(&self) -> Result<()> {
-        // Phase A.
-        let (plan, old_wal) = {
-            let mut sync = self.wal.sync.lock();
-            let mut writer = self.wal.writer.lock();
-            let mut state = self.state.lock();
-            state.check()?;
-            let pending = std::mem::take(&mut state.wal_pending);
-            (&*writer.file)
-                .write_all(&pending)
-                .map_err(io("append to the WAL"))?;
-            writer.file.sync_data().map_err(io("fsync the WAL"))?;
-            self.wal
-                .written
-                .store(state.wal_appended, Ordering::Release);
-            self.wal.synced.store(state.wal_appended, Ordering::Release);
-            let plan = self.plan_checkpoint(&mut state)?;
-            let number = writer.number + 1;
-            let file = create_wal(&self.dir, number)?;
-            let old = writer.number;
-            writer.file = Arc::new(file);
-            writer.number = number;
-            sync.last_sync = Instant::now();
-            state.wal_since_checkpoint = 0;
-            (plan, old)
-        };
-        // Phase B.
-        for path in &plan.sync_files {
-            match File::open(path) {
-                Ok(file) => file.sync_all().map_err(io("fsync a bucket file"))?,
-                // Deleted meanwhile with its queue: nothing to keep.
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(StoreError::Io {
-                        context: "open a bucket file to fsync it",
-                        source,
-                    })
+        match (need, &self.checkpointer) {
+            (CheckpointNeed::No, _) => {}
+            (CheckpointNeed::Due, Some(checkpointer)) => checkpointer.request(),
+            (CheckpointNeed::Due, None) => {
+                if let Some(_guard) = self.core.checkpointing.try_lock() {
+                    self.core.checkpoint_guarded()?;
                 }
             }
-        }
-        for dir in &plan.sync_dirs {
-            match persist::sync_dir(dir) {
-                Ok(()) => {}
-                Err(_) if !dir.exists() => {}
-                Err(error) => return Err(error),
-            }
-        }
-        // Phase C.
-        let mut checkpoint = plan.checkpoint;
-        checkpoint.wal_start = old_wal + 1;
-        checkpoint.write(&self.dir.join(CHECKPOINT_FILE))?;
-        for n in old_wal_files(&self.dir)? {
-            if n <= old_wal {
-                fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
-            }
-        }
-        let mut state = self.state.lock();
-        state.checkpoints += 1;
-        for (uid, key, len) in plan.doomed {
-            let Some(queue) = state.queues.get_mut(&uid) else {
-                continue;
-            };
-            let untouched = queue
-                .buckets
-                .get(&key)
-                .is_some_and(|b| b.len() == len && b.computed_meta().is_empty());
-            if !untouched {
-                // Written to since phase A: it stays. The checkpoint does not list it, so a
-                // restart rebuilds it from the WAL alone (its old tasks were all finished).
-                continue;
-            }
-            queue.unload(key);
-            if let Some(bucket) = queue.buckets.remove(&key) {
-                state.buffered_bytes = state.buffered_bytes.saturating_sub(bucket.buf.len());
-                match fs::remove_file(&bucket.path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == ErrorKind::NotFound => {}
-                    Err(source) => {
-                        return Err(StoreError::Io {
-                            context: "remove a finished bucket file",
-                            source,
-                        })
-                    }
+            (CheckpointNeed::Overdue, _) => {
+                let _guard = self.core.checkpointing.lock();
+                // The checkpoint that held the guard may have made this one unnecessary.
+                let still = self.core.state.lock().wal_since_checkpoint
+                    >= self.core.options.checkpoint_wal_bytes;
+                if still {
+                    self.core.checkpoint_guarded()?;
                 }
             }
         }
         Ok(())
-    }
-
-    /// Phase A of a checkpoint, under the state lock: unloads far buckets, picks finished
-    /// ones, writes all buffers and notes what to fsync and record.
-    fn plan_checkpoint(&self, state: &mut State) -> Result<CheckpointPlan> {
-        let horizon = state
-            .last_now_ms
-            .saturating_add(self.options.unload_distance_ms);
-        state.flush_buffers()?;
-        let mut plan = CheckpointPlan::default();
-        for queue in state.queues.values_mut() {
-            let keys: Vec<u64> = queue.buckets.keys().copied().collect();
-            let mut any_dirty = false;
-            for key in keys {
-                let Some(bucket) = queue.buckets.get(&key) else {
-                    continue;
-                };
-                let meta = bucket.computed_meta();
-                if meta.is_empty() {
-                    plan.doomed.push((queue.uid, key, bucket.len()));
-                    continue;
-                }
-                if bucket.entries.is_some() && meta.wake_ms().is_none_or(|w| w > horizon) {
-                    queue.unload(key);
-                }
-                let Some(bucket) = queue.buckets.get_mut(&key) else {
-                    continue;
-                };
-                if bucket.dirty && bucket.flushed_len > 0 {
-                    plan.sync_files.push(bucket.path.clone());
-                    any_dirty = true;
-                }
-                bucket.dirty = false;
-                plan.checkpoint.buckets.push(CheckpointBucket {
-                    queue_uid: queue.uid,
-                    key,
-                    file_len: bucket.flushed_len,
-                    meta: bucket.computed_meta(),
-                });
-            }
-            if any_dirty {
-                plan.sync_dirs.push(queue.dir.clone());
-            }
-            for (key, id) in &queue.index.keys {
-                plan.checkpoint.keys.push((queue.uid, key.clone(), *id));
-            }
-        }
-        plan.checkpoint.next_seq = state.next_seq;
-        plan.checkpoint.next_lease = state.next_lease;
-        plan.checkpoint.last_now_ms = state.last_now_ms;
-        Ok(plan)
     }
 
     fn lock_state(&self) -> Result<parking_lot::MutexGuard<'_, State>> {
-        let mut state = self.state.lock();
-        if state.poisoned.is_none() && self.wal.failed.load(Ordering::Acquire) {
-            let reason = self.wal.failure.lock().clone().unwrap_or_default();
+        let mut state = self.core.state.lock();
+        if state.poisoned.is_none() && self.core.wal.failed.load(Ordering::Acquire) {
+            let reason = self.core.wal.failure.lock().clone().unwrap_or_default();
             state.poisoned = Some(reason);
         }
         state.check()?;
@@ -962,14 +927,14 @@ impl Engine {
             return Ok(());
         }
         let keep = pending.first().map(|p| (p.uid, p.key));
-        let ticket = match state.commit(batch, pending, &self.options) {
+        let ticket = match state.commit(batch, pending, &self.core.options) {
             Ok(ticket) => ticket,
             Err(error) => {
                 state.poison(&error);
                 return Err(error);
             }
         };
-        state.trim_far(keep, &self.options);
+        state.trim_far(keep, &self.core.options);
         let checkpoint_due = self.checkpoint_due(&state);
         drop(state);
         self.finish(ticket, delivery, checkpoint_due)
@@ -987,7 +952,7 @@ impl Engine {
             let mut state = self.lock_state()?;
             let checkpoints = state.checkpoints;
             let (q, _) = state.queue(queue)?;
-            let targets = q.woken(now_ms.saturating_add(self.options.lookahead_ms));
+            let targets = q.woken(now_ms.saturating_add(self.core.options.lookahead_ms));
             (targets, (checkpoints, q.uid))
         };
         if targets.is_empty() {
@@ -1070,7 +1035,7 @@ impl Engine {
         lease: LeaseId,
         now_ms: UnixMs,
     ) -> Result<std::result::Result<(u64, u64, u64), LeaseOutcome>> {
-        let (q, stats) = state.queue_at(queue, now_ms, self.options.lookahead_ms)?;
+        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let uid = q.uid;
         let (seq, key) = split_id(id);
         let found = q.entry(seq, key, stats)?.cloned();
@@ -1092,7 +1057,7 @@ impl Engine {
         now_ms: Option<UnixMs>,
     ) -> Result<Option<(u64, u64, u64, TaskState)>> {
         let (q, stats) = match now_ms {
-            Some(now) => state.queue_at(queue, now, self.options.lookahead_ms)?,
+            Some(now) => state.queue_at(queue, now, self.core.options.lookahead_ms)?,
             None => state.queue(queue)?,
         };
         let uid = q.uid;
@@ -1136,19 +1101,219 @@ fn lock_dir(dir: &Path) -> Result<File> {
     }
 }
 
+impl Core {
+    /// Makes the bucket files durable, records where they end, and drops the WAL before that
+    /// point. Also unloads far buckets and deletes buckets whose tasks are all finished.
+    ///
+    /// Three phases, so writers are stopped only for the first one, which does no I/O
+    /// that waits for the disk:
+    /// A. under all WAL locks and the state lock: write the queued WAL, note every bucket's
+    ///    length (written or still buffered), switch to the next WAL file (created and its
+    ///    directory fsync'd beforehand); the checkpoint will say "files up to these lengths,
+    ///    then the WAL from the new file". Then, holding only the sync lock, fsync the old
+    ///    WAL file: calls that need an fsync wait for it (they would anyway), calls that do
+    ///    not (leases, acks) go on writing to the new file.
+    /// B. write each noted bucket's buffer, taking the state lock one bucket at a time, then
+    ///    without locks fsync the bucket files written since the last checkpoint. Writers
+    ///    append past the noted lengths meanwhile; those bytes are also in the new WAL.
+    /// C. write the checkpoint, delete the old WAL, and (under the state lock) delete the
+    ///    finished buckets that received nothing since phase A.
+    fn checkpoint(&self) -> Result<()> {
+        let _guard = self.checkpointing.lock();
+        self.checkpoint_guarded()
+    }
+
+    fn checkpoint_guarded(&self) -> Result<()> {
+        let result = self.checkpoint_phases();
+        if let Err(error) = &result {
+            self.state.lock().poison(error);
+        }
+        result
+    }
+
+    fn checkpoint_phases(&self) -> Result<()> {
+        // Before phase A: the next WAL file, so that no file creation and directory fsync
+        // happen under the locks. Only checkpoints switch files, and they run one at a time.
+        let number = self.wal.writer.lock().number + 1;
+        let next_file = create_wal(&self.dir, number)?;
+        // Phase A.
+        let mut sync = self.wal.sync.lock();
+        let (plan, old_file, old_end) = {
+            let mut writer = self.wal.writer.lock();
+            let mut state = self.state.lock();
+            state.check()?;
+            let pending = std::mem::take(&mut state.wal_pending);
+            (&*writer.file)
+                .write_all(&pending)
+                .map_err(io("append to the WAL"))?;
+            self.wal
+                .written
+                .store(state.wal_appended, Ordering::Release);
+            let plan = self.plan_checkpoint(&mut state)?;
+            let old_file = std::mem::replace(&mut writer.file, Arc::new(next_file));
+            writer.number = number;
+            state.wal_since_checkpoint = 0;
+            (plan, old_file, state.wal_appended)
+        };
+        // Still phase A, with only the sync lock held: nobody can fsync the new file (and so
+        // mark these bytes synced) before the old one is.
+        old_file.sync_data().map_err(io("fsync the WAL"))?;
+        sync.last_sync = Instant::now();
+        self.wal.syncs.fetch_add(1, Ordering::Relaxed);
+        self.wal.synced.fetch_max(old_end, Ordering::Release);
+        drop(sync);
+        let old_wal = number - 1;
+        // Phase B.
+        for &(uid, key, len) in &plan.flush {
+            let mut state = self.state.lock();
+            state.check()?;
+            let State {
+                queues,
+                buffered_bytes,
+                ..
+            } = &mut *state;
+            let Some(bucket) = queues.get_mut(&uid).and_then(|q| q.buckets.get_mut(&key)) else {
+                continue; // deleted with its queue
+            };
+            if bucket.flushed_len < len {
+                let written = bucket.flush()?;
+                *buffered_bytes -= written;
+            }
+        }
+        for path in &plan.sync_files {
+            match File::open(path) {
+                Ok(file) => file.sync_all().map_err(io("fsync a bucket file"))?,
+                // Deleted meanwhile with its queue: nothing to keep.
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(StoreError::Io {
+                        context: "open a bucket file to fsync it",
+                        source,
+                    })
+                }
+            }
+        }
+        for dir in &plan.sync_dirs {
+            match persist::sync_dir(dir) {
+                Ok(()) => {}
+                Err(_) if !dir.exists() => {}
+                Err(error) => return Err(error),
+            }
+        }
+        // Phase C.
+        let mut checkpoint = plan.checkpoint;
+        checkpoint.wal_start = old_wal + 1;
+        checkpoint.write(&self.dir.join(CHECKPOINT_FILE))?;
+        for n in old_wal_files(&self.dir)? {
+            if n <= old_wal {
+                fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
+            }
+        }
+        let mut state = self.state.lock();
+        state.checkpoints += 1;
+        for (uid, key, len) in plan.doomed {
+            let Some(queue) = state.queues.get_mut(&uid) else {
+                continue;
+            };
+            let untouched = queue
+                .buckets
+                .get(&key)
+                .is_some_and(|b| b.len() == len && b.computed_meta().is_empty());
+            if !untouched {
+                // Written to since phase A: it stays. The checkpoint does not list it, so a
+                // restart rebuilds it from the WAL alone (its old tasks were all finished).
+                continue;
+            }
+            queue.unload(key);
+            if let Some(bucket) = queue.buckets.remove(&key) {
+                state.buffered_bytes = state.buffered_bytes.saturating_sub(bucket.buf.len());
+                match fs::remove_file(&bucket.path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(source) => {
+                        return Err(StoreError::Io {
+                            context: "remove a finished bucket file",
+                            source,
+                        })
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Phase A of a checkpoint, under the state lock: unloads far buckets, picks finished
+    /// ones and notes what to write, fsync and record.
+    fn plan_checkpoint(&self, state: &mut State) -> Result<CheckpointPlan> {
+        let horizon = state
+            .last_now_ms
+            .saturating_add(self.options.unload_distance_ms);
+        let mut plan = CheckpointPlan::default();
+        for queue in state.queues.values_mut() {
+            let keys: Vec<u64> = queue.buckets.keys().copied().collect();
+            let mut any_dirty = false;
+            for key in keys {
+                let Some(bucket) = queue.buckets.get(&key) else {
+                    continue;
+                };
+                let meta = bucket.computed_meta();
+                if meta.is_empty() {
+                    plan.doomed.push((queue.uid, key, bucket.len()));
+                    continue;
+                }
+                if bucket.entries.is_some() && meta.wake_ms().is_none_or(|w| w > horizon) {
+                    queue.unload(key);
+                }
+                let Some(bucket) = queue.buckets.get_mut(&key) else {
+                    continue;
+                };
+                if !bucket.buf.is_empty() {
+                    plan.flush.push((queue.uid, key, bucket.len()));
+                }
+                if bucket.dirty && bucket.len() > 0 {
+                    plan.sync_files.push(bucket.path.clone());
+                    any_dirty = true;
+                }
+                bucket.dirty = false;
+                plan.checkpoint.buckets.push(CheckpointBucket {
+                    queue_uid: queue.uid,
+                    key,
+                    // Buffered bytes count: phase B writes them before the fsync.
+                    file_len: bucket.len(),
+                    meta: bucket.computed_meta(),
+                });
+            }
+            if any_dirty {
+                plan.sync_dirs.push(queue.dir.clone());
+            }
+            for (key, id) in &queue.index.keys {
+                plan.checkpoint.keys.push((queue.uid, key.clone(), *id));
+            }
+        }
+        plan.checkpoint.next_seq = state.next_seq;
+        plan.checkpoint.next_lease = state.next_lease;
+        plan.checkpoint.last_now_ms = state.last_now_ms;
+        Ok(plan)
+    }
+}
+
 impl Drop for Engine {
     /// A clean close makes delivery state written without fsync durable (best effort: an
     /// error here only means those tasks may be delivered again after a machine crash).
     fn drop(&mut self) {
+        drop(self.checkpointer.take());
         drop(self.flusher.take());
-        if self.abandoned || self.wal.failed.load(Ordering::Acquire) || !self.wal.unsynced() {
+        if self.abandoned
+            || self.core.wal.failed.load(Ordering::Acquire)
+            || !self.core.wal.unsynced()
+        {
             return;
         }
-        if matches!(self.options.fsync, FsyncPolicy::Never) {
+        if matches!(self.core.options.fsync, FsyncPolicy::Never) {
             return;
         }
-        let mut sync = self.wal.sync.lock();
-        if let Err(error) = self.wal.sync_written(&mut sync) {
+        let mut sync = self.core.wal.sync.lock();
+        if let Err(error) = self.core.wal.sync_written(&mut sync) {
             tracing::warn!(%error, "final WAL fsync at close failed");
         }
     }
@@ -1302,9 +1467,9 @@ impl Store for Engine {
             None => {
                 let uid = meta.next_queue_uid;
                 meta.next_queue_uid += 1;
-                let qdir = queue_dir(&self.dir, uid);
+                let qdir = queue_dir(&self.core.dir, uid);
                 fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
-                persist::sync_dir(&self.dir)?;
+                persist::sync_dir(&self.core.dir)?;
                 meta.queues.insert(queue.clone(), (uid, config));
                 state
                     .queues
@@ -1312,7 +1477,7 @@ impl Store for Engine {
                 true
             }
         };
-        meta.write(&self.dir.join(META_FILE))?;
+        meta.write(&self.core.dir.join(META_FILE))?;
         state.meta = meta;
         Ok(created)
     }
@@ -1340,7 +1505,7 @@ impl Store for Engine {
         };
         // The meta file is the truth: once it no longer names the queue, its files and any
         // WAL records for its uid are ignored, so removing the directory may lag.
-        meta.write(&self.dir.join(META_FILE))?;
+        meta.write(&self.core.dir.join(META_FILE))?;
         state.meta = meta;
         if let Some(q) = state.queues.remove(&uid) {
             let buffered: usize = q.buckets.values().map(|b| b.buf.len()).sum();
@@ -1454,7 +1619,7 @@ impl Store for Engine {
 
     fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>> {
         let mut state = self.lock_state()?;
-        let (q, stats) = state.queue_at(queue, now_ms, self.options.lookahead_ms)?;
+        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let uid = q.uid;
         let (seq, key) = split_id(id);
         let task = if q.entry(seq, key, stats)?.is_some() {
@@ -1462,14 +1627,14 @@ impl Store for Engine {
         } else {
             None
         };
-        state.trim_far(Some((uid, key)), &self.options);
+        state.trim_far(Some((uid, key)), &self.core.options);
         Ok(task)
     }
 
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>> {
         let id = {
             let mut state = self.lock_state()?;
-            let (q, _) = state.queue_at(queue, now_ms, self.options.lookahead_ms)?;
+            let (q, _) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
             q.index.keys.get(key).copied()
         };
         match id {
@@ -1506,7 +1671,7 @@ impl Store for Engine {
         self.preload(queue, now_ms)?;
         let mut state = self.lock_state()?;
         let mut next_lease = state.next_lease;
-        let (q, _) = state.queue_at(queue, now_ms, self.options.lookahead_ms)?;
+        let (q, _) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let uid = q.uid;
         let lease_until_ms = now_ms.saturating_add(visibility_ms);
         let mut batch = WalBatch::new();
@@ -1565,7 +1730,7 @@ impl Store for Engine {
         if pending.is_empty() {
             return Ok(result);
         }
-        let ticket = match state.commit(batch, pending, &self.options) {
+        let ticket = match state.commit(batch, pending, &self.core.options) {
             Ok(ticket) => ticket,
             Err(error) => {
                 state.poison(&error);
@@ -1729,7 +1894,7 @@ impl Store for Engine {
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
         self.preload(queue, now_ms)?;
         let mut state = self.lock_state()?;
-        let (q, _) = state.queue_at(queue, now_ms, self.options.lookahead_ms)?;
+        let (q, _) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let mut counts = QueueCounts::default();
         for set in &q.index.ready {
             counts.pending += set.len() as u64;
@@ -1822,7 +1987,7 @@ impl Store for Engine {
         let mut meta = state.meta.clone();
         meta.entries
             .insert((namespace.to_owned(), key.to_owned()), value);
-        meta.write(&self.dir.join(META_FILE))?;
+        meta.write(&self.core.dir.join(META_FILE))?;
         state.meta = meta;
         Ok(())
     }
@@ -1844,7 +2009,7 @@ impl Store for Engine {
             .remove(&(namespace.to_owned(), key.to_owned()))
             .is_some();
         if existed {
-            meta.write(&self.dir.join(META_FILE))?;
+            meta.write(&self.core.dir.join(META_FILE))?;
             state.meta = meta;
         }
         Ok(existed)
@@ -1862,6 +2027,6 @@ impl Store for Engine {
     }
 
     fn flush(&self) -> Result<()> {
-        self.checkpoint()
+        self.core.checkpoint()
     }
 }
