@@ -6,16 +6,16 @@ use base64::Engine as _;
 use belfry_core::limits::{
     HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX, IDEMPOTENCY_KEY_LEN_MAX,
 };
-use belfry_core::{
-    LatePolicy, LeasedTask, NewTask, PayloadKind, Priority, QueueName, Task, TaskId, UnixMs,
-};
+use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, QueueName, Task, UnixMs};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::error::{ApiError, ErrorBody, ErrorCode};
+use super::error::{ApiError, ErrorCode};
 use crate::queues::{Delivery, QueueConfig, WEBHOOK_TIMEOUT_MS_DEFAULT};
 use crate::service::QueuePatch;
+#[cfg(test)]
+use {super::error::ErrorBody, belfry_core::LeasedTask, belfry_core::TaskId};
 
 const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
@@ -437,11 +437,16 @@ fn too_large(max: usize) -> ApiError {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct BatchBody {
-    /// Each task is parsed on its own so one bad task fails alone.
-    pub tasks: Vec<Box<RawValue>>,
+pub struct BatchBody<'a> {
+    /// Each task is parsed on its own so one bad task fails alone; the raw texts borrow from
+    /// the request body rather than being copied out of it first.
+    #[serde(borrow)]
+    pub tasks: Vec<&'a RawValue>,
 }
 
+/// Test-only: the serde shape `wire.rs` writes by hand, kept as the reference its tests compare
+/// against byte for byte.
+#[cfg(test)]
 #[derive(Debug, Serialize)]
 pub struct Created {
     pub id: String,
@@ -450,6 +455,9 @@ pub struct Created {
     pub state: &'static str,
 }
 
+/// Test-only: the serde shape `wire.rs` writes by hand, kept as the reference its tests compare
+/// against byte for byte.
+#[cfg(test)]
 impl Created {
     pub fn new(id: TaskId, queue: &QueueName, due_at_ms: UnixMs) -> Self {
         Created {
@@ -546,6 +554,9 @@ impl TaskView {
     }
 }
 
+/// Test-only: the serde shape `wire.rs` writes by hand, kept as the reference its tests compare
+/// against byte for byte.
+#[cfg(test)]
 /// One entry of a batch submit's results.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
@@ -555,6 +566,9 @@ pub enum BatchResult {
     Error { error: ErrorBody },
 }
 
+/// Test-only: the serde shape `wire.rs` writes by hand, kept as the reference its tests compare
+/// against byte for byte.
+#[cfg(test)]
 #[derive(Debug, Serialize)]
 pub struct BatchResults<T> {
     pub results: Vec<T>,
@@ -570,6 +584,9 @@ pub struct LeaseBody {
     pub wait_ms: Option<u64>,
 }
 
+/// Test-only: the serde shape `wire.rs` writes by hand, kept as the reference its tests compare
+/// against byte for byte.
+#[cfg(test)]
 #[derive(Debug, Serialize)]
 pub struct LeasedView {
     pub id: String,
@@ -584,6 +601,9 @@ pub struct LeasedView {
     pub lease_until_ms: UnixMs,
 }
 
+/// Test-only: the serde shape `wire.rs` writes by hand, kept as the reference its tests compare
+/// against byte for byte.
+#[cfg(test)]
 impl LeasedView {
     pub fn new(leased: &LeasedTask) -> Self {
         let task = &leased.task;
@@ -601,32 +621,94 @@ impl LeasedView {
     }
 }
 
+/// Test-only: the serde shape `wire.rs` writes by hand, kept as the reference its tests compare
+/// against byte for byte.
+#[cfg(test)]
 #[derive(Debug, Serialize)]
 pub struct LeasedList {
     pub tasks: Vec<LeasedView>,
 }
 
-/// A lease id: a string of digits (numbers are accepted too).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// A lease id: a string of digits (numbers are accepted too). The text is parsed while the
+/// body is read, so a valid id costs no allocation (batch acks carry up to 1,000 of them); a
+/// text that is not one is kept for the error message, which reports it per ack.
+#[derive(Debug)]
 pub enum LeaseIdBody {
-    Text(String),
-    Number(u64),
+    Valid(u64),
+    Invalid(String),
+}
+
+/// What serde said when the untagged enum this type replaced matched neither a string nor a
+/// number; kept so error messages did not change.
+const LEASE_ID_MISMATCH: &str = "data did not match any variant of untagged enum LeaseIdBody";
+
+impl<'de> Deserialize<'de> for LeaseIdBody {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = LeaseIdBody;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a lease id: a string of digits or a number")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<LeaseIdBody, E> {
+                Ok(match text.parse() {
+                    Ok(n) => LeaseIdBody::Valid(n),
+                    Err(_) => LeaseIdBody::Invalid(text.chars().take(64).collect()),
+                })
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<LeaseIdBody, E> {
+                Ok(LeaseIdBody::Valid(n))
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<LeaseIdBody, E> {
+                u64::try_from(n)
+                    .map(LeaseIdBody::Valid)
+                    .map_err(|_| E::custom(LEASE_ID_MISMATCH))
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<LeaseIdBody, E> {
+                Err(E::custom(LEASE_ID_MISMATCH))
+            }
+
+            fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<LeaseIdBody, E> {
+                Err(E::custom(LEASE_ID_MISMATCH))
+            }
+
+            fn visit_unit<E: serde::de::Error>(self) -> Result<LeaseIdBody, E> {
+                Err(E::custom(LEASE_ID_MISMATCH))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                _: A,
+            ) -> Result<LeaseIdBody, A::Error> {
+                Err(serde::de::Error::custom(LEASE_ID_MISMATCH))
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                _: A,
+            ) -> Result<LeaseIdBody, A::Error> {
+                Err(serde::de::Error::custom(LEASE_ID_MISMATCH))
+            }
+        }
+
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 impl LeaseIdBody {
     pub fn parse(&self) -> Result<belfry_core::LeaseId, ApiError> {
         match self {
-            LeaseIdBody::Number(n) => Ok(belfry_core::LeaseId(*n)),
-            LeaseIdBody::Text(text) => text.parse().map(belfry_core::LeaseId).map_err(|_| {
-                invalid(
-                    ErrorCode::InvalidLeaseId,
-                    format!(
-                        "lease_id is the string of digits a lease call returned, got {:?}",
-                        text.chars().take(64).collect::<String>()
-                    ),
-                )
-            }),
+            LeaseIdBody::Valid(n) => Ok(belfry_core::LeaseId(*n)),
+            LeaseIdBody::Invalid(text) => Err(invalid(
+                ErrorCode::InvalidLeaseId,
+                format!("lease_id is the string of digits a lease call returned, got {text:?}"),
+            )),
         }
     }
 }
@@ -652,16 +734,20 @@ pub struct ExtendBody {
     pub visibility_ms: Option<u64>,
 }
 
+/// A batch ack, borrowing its task ids from the request body (no string is copied unless it
+/// has escapes).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct BatchAckBody {
-    pub acks: Vec<BatchAckItem>,
+pub struct BatchAckBody<'a> {
+    #[serde(borrow)]
+    pub acks: Vec<BatchAckItem<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct BatchAckItem {
-    pub id: String,
+pub struct BatchAckItem<'a> {
+    #[serde(borrow)]
+    pub id: std::borrow::Cow<'a, str>,
     pub lease_id: LeaseIdBody,
 }
 
@@ -675,6 +761,9 @@ pub struct TaskStateView {
     pub lease_until_ms: Option<UnixMs>,
 }
 
+/// Test-only: the serde shape `wire.rs` writes by hand, kept as the reference its tests compare
+/// against byte for byte.
+#[cfg(test)]
 #[derive(Debug, Serialize)]
 pub struct AckResult {
     pub id: String,

@@ -9,12 +9,13 @@ use belfry_core::limits::{
     LEASE_VISIBILITY_MS_MIN, LEASE_WAIT_MS_MAX,
 };
 
-use super::dto::{
-    AckBody, AckResult, BatchAckBody, BatchResults, ExtendBody, LeaseBody, LeasedList, LeasedView,
-    NackBody, TaskStateView,
-};
+use axum::http::StatusCode;
+use axum::response::Response;
+
+use super::dto::{AckBody, BatchAckBody, ExtendBody, LeaseBody, NackBody, TaskStateView};
 use super::error::{ApiError, ErrorCode};
-use super::extract::{task_id, JsonBody, QueuePath, TaskPath};
+use super::extract::{parse_json, task_id, JsonBody, JsonBytes, QueuePath, TaskPath};
+use super::wire::{self, AckEntry};
 use super::AppState;
 use crate::service::NackResult;
 
@@ -42,7 +43,7 @@ pub async fn lease(
     State(service): State<AppState>,
     QueuePath(queue): QueuePath,
     JsonBody(body): JsonBody<LeaseBody>,
-) -> Result<Json<LeasedList>, ApiError> {
+) -> Result<Response, ApiError> {
     let max = body.max.unwrap_or(1);
     if !(1..=LEASE_TASKS_MAX as u64).contains(&max) {
         return Err(out_of_range("max", 1, LEASE_TASKS_MAX as u64, max));
@@ -60,9 +61,10 @@ pub async fn lease(
             Duration::from_millis(wait_ms),
         )
         .await?;
-    Ok(Json(LeasedList {
-        tasks: tasks.iter().map(LeasedView::new).collect(),
-    }))
+    Ok(wire::json_response(
+        StatusCode::OK,
+        wire::leased_list(&tasks),
+    ))
 }
 
 pub async fn ack(
@@ -145,8 +147,9 @@ pub async fn extend(
 pub async fn ack_batch(
     State(service): State<AppState>,
     QueuePath(queue): QueuePath,
-    JsonBody(body): JsonBody<BatchAckBody>,
-) -> Result<Json<BatchResults<AckResult>>, ApiError> {
+    JsonBytes(bytes): JsonBytes,
+) -> Result<Response, ApiError> {
+    let body: BatchAckBody = parse_json(&bytes)?;
     if body.acks.len() > BATCH_TASKS_MAX {
         return Err(ApiError::new(
             ErrorCode::BatchTooLarge,
@@ -156,47 +159,47 @@ pub async fn ack_batch(
             ),
         ));
     }
-    let mut results: Vec<Option<AckResult>> = Vec::with_capacity(body.acks.len());
+    // One entry per ack, in order: errors found here are final; the others are filled in
+    // from the store's outcomes below.
+    let mut entries: Vec<Option<AckEntry>> = Vec::with_capacity(body.acks.len());
     let mut valid = Vec::with_capacity(body.acks.len());
     for item in &body.acks {
-        match task_id(&item.id).and_then(|id| Ok((id, item.lease_id.parse()?))) {
+        let id = match wire::parse_hex_id(&item.id) {
+            Some(id) => Ok(id),
+            None => task_id(&item.id),
+        };
+        match id.and_then(|id| Ok((id, item.lease_id.parse()?))) {
             Ok(pair) => {
                 valid.push(pair);
-                results.push(None);
+                entries.push(None);
             }
-            Err(e) => results.push(Some(AckResult {
+            Err(e) => entries.push(Some(AckEntry::Failed {
                 id: item.id.chars().take(64).collect(),
-                ok: None,
-                error: Some(e.body()),
+                error: e.body(),
             })),
         }
     }
     let ids: Vec<_> = valid.iter().map(|(id, _)| *id).collect();
     let mut outcomes = service.ack_batch(&queue, valid).await?.into_iter().zip(ids);
-    let results = results
+    let entries: Vec<AckEntry> = entries
         .into_iter()
         .map(|slot| match slot {
             Some(error) => error,
             None => match outcomes.next() {
-                Some((Ok(()), id)) => AckResult {
+                Some((Ok(()), id)) => AckEntry::Done(id),
+                Some((Err(e), id)) => AckEntry::Failed {
                     id: id.to_string(),
-                    ok: Some(true),
-                    error: None,
+                    error: ApiError::from(e).body(),
                 },
-                Some((Err(e), id)) => AckResult {
-                    id: id.to_string(),
-                    ok: None,
-                    error: Some(ApiError::from(e).body()),
-                },
-                None => AckResult {
+                None => AckEntry::Failed {
                     id: String::new(),
-                    ok: None,
-                    error: Some(
-                        ApiError::new(ErrorCode::InternalError, "missing ack outcome").body(),
-                    ),
+                    error: ApiError::new(ErrorCode::InternalError, "missing ack outcome").body(),
                 },
             },
         })
         .collect();
-    Ok(Json(BatchResults { results }))
+    Ok(wire::json_response(
+        StatusCode::OK,
+        wire::ack_results(&entries),
+    ))
 }

@@ -9,6 +9,7 @@ mod ops;
 mod queues;
 pub(crate) mod schedules;
 mod tasks;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Instant;

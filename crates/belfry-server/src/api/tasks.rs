@@ -8,12 +8,10 @@ use belfry_core::limits::BATCH_TASKS_MAX;
 use belfry_core::QueueName;
 use belfry_store::PutOutcome;
 
-use super::dto::{
-    BatchBody, BatchResult, BatchResults, Created, DeadList, DeadQuery, DueBody, TaskBody,
-    TaskLimits, TaskView,
-};
+use super::dto::{BatchBody, DeadList, DeadQuery, DueBody, TaskBody, TaskLimits, TaskView};
 use super::error::{ApiError, ErrorCode};
-use super::extract::{task_id, JsonBody, QueuePath, TaskPath};
+use super::extract::{parse_json, task_id, JsonBody, JsonBytes, QueuePath, TaskPath};
+use super::wire::{self, SubmitEntry};
 use super::AppState;
 
 /// Dead letters per page when the caller does not say.
@@ -43,11 +41,9 @@ pub async fn submit(
         .pop()
         .ok_or_else(|| ApiError::new(ErrorCode::InternalError, "the store returned no outcome"))?;
     Ok(match outcome {
-        PutOutcome::Created { id, due_at_ms } => (
-            StatusCode::CREATED,
-            Json(Created::new(id, &queue, due_at_ms)),
-        )
-            .into_response(),
+        PutOutcome::Created { id, due_at_ms } => {
+            wire::json_response(StatusCode::CREATED, wire::created(id, &queue, due_at_ms))
+        }
         PutOutcome::Duplicate(task) => {
             (StatusCode::OK, Json(TaskView::duplicate(&task))).into_response()
         }
@@ -57,8 +53,9 @@ pub async fn submit(
 pub async fn submit_batch(
     State(service): State<AppState>,
     QueuePath(queue): QueuePath,
-    JsonBody(body): JsonBody<BatchBody>,
-) -> Result<Json<BatchResults<BatchResult>>, ApiError> {
+    JsonBytes(bytes): JsonBytes,
+) -> Result<Response, ApiError> {
+    let body: BatchBody = parse_json(&bytes)?;
     service.runtime(&queue)?;
     if body.tasks.len() > BATCH_TASKS_MAX {
         return Err(ApiError::new(
@@ -71,7 +68,7 @@ pub async fn submit_batch(
     }
     let now_ms = service.now_ms();
     let limits = limits(&service, &queue)?;
-    let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(body.tasks.len());
+    let mut entries: Vec<Option<SubmitEntry<TaskView>>> = Vec::with_capacity(body.tasks.len());
     let mut valid = Vec::with_capacity(body.tasks.len());
     for raw in &body.tasks {
         let parsed = serde_json::from_str::<TaskBody>(raw.get())
@@ -80,22 +77,22 @@ pub async fn submit_batch(
         match parsed {
             Ok(task) => {
                 valid.push(task);
-                results.push(None);
+                entries.push(None);
             }
-            Err(e) => results.push(Some(BatchResult::Error { error: e.body() })),
+            Err(e) => entries.push(Some(SubmitEntry::Error(e.body()))),
         }
     }
     let mut outcomes = service.submit(&queue, valid).await?.into_iter();
-    let results = results
+    let entries = entries
         .into_iter()
         .map(|slot| match slot {
             Some(error) => Ok(error),
             None => match outcomes.next() {
                 Some(PutOutcome::Created { id, due_at_ms }) => {
-                    Ok(BatchResult::Created(Created::new(id, &queue, due_at_ms)))
+                    Ok(SubmitEntry::Created { id, due_at_ms })
                 }
                 Some(PutOutcome::Duplicate(task)) => {
-                    Ok(BatchResult::Duplicate(Box::new(TaskView::duplicate(&task))))
+                    Ok(SubmitEntry::Other(TaskView::duplicate(&task)))
                 }
                 None => Err(ApiError::new(
                     ErrorCode::InternalError,
@@ -104,7 +101,10 @@ pub async fn submit_batch(
             },
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Json(BatchResults { results }))
+    Ok(wire::json_response(
+        StatusCode::OK,
+        wire::submit_results(&queue, &entries),
+    ))
 }
 
 pub async fn get(
