@@ -3,6 +3,7 @@
 //! and firing lateness = receipt time − due time. Early deliveries, losses and duplicates
 //! are counted. The Redis sorted-set queue is driven the same way as the baseline.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -261,17 +262,79 @@ fn plan(args: &FireArgs) -> (Arc<Vec<u64>>, Arc<Bodies>, Instant) {
     (Arc::new(due), Arc::new(bodies), deadline)
 }
 
+/// A lease answer, read borrowing from the response body: the consumer shares the node's
+/// cores with the server under test, so it copies no strings and builds no `Value` trees.
 #[derive(Deserialize)]
-struct LeaseResponse {
-    tasks: Vec<LeasedTask>,
+struct LeaseResponse<'a> {
+    #[serde(borrow)]
+    tasks: Vec<LeasedTask<'a>>,
 }
 
 #[derive(Deserialize)]
-struct LeasedTask {
-    id: serde_json::Value,
-    lease_id: serde_json::Value,
+struct LeasedTask<'a> {
+    #[serde(borrow)]
+    id: Echo<'a>,
+    #[serde(borrow)]
+    lease_id: Echo<'a>,
     #[serde(default)]
     payload: Option<PayloadIndex>,
+}
+
+/// An id the consumer sends back as it got it: a string (borrowed from the answer when it has
+/// no escapes) or a number. Read with a visitor rather than as a `serde_json::Value` or an
+/// untagged enum, both of which allocate per task.
+enum Echo<'a> {
+    Text(Cow<'a, str>),
+    Number(u64),
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Echo<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor<'a>(std::marker::PhantomData<&'a ()>);
+
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visitor<'a> {
+            type Value = Echo<'a>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a non-negative integer")
+            }
+
+            fn visit_borrowed_str<E: serde::de::Error>(self, v: &'de str) -> Result<Echo<'a>, E> {
+                Ok(Echo::Text(Cow::Borrowed(v)))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Echo<'a>, E> {
+                Ok(Echo::Text(Cow::Owned(v.to_owned())))
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Echo<'a>, E> {
+                Ok(Echo::Number(v))
+            }
+        }
+
+        deserializer.deserialize_any(Visitor(std::marker::PhantomData))
+    }
+}
+
+impl serde::Serialize for Echo<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Echo::Text(text) => serializer.serialize_str(text),
+            Echo::Number(n) => serializer.serialize_u64(*n),
+        }
+    }
+}
+
+/// One entry of a batch ack (`{"acks": [...]}`).
+#[derive(serde::Serialize)]
+struct AckItem<'a> {
+    id: &'a Echo<'a>,
+    lease_id: &'a Echo<'a>,
+}
+
+#[derive(serde::Serialize)]
+struct AckBatch<'a> {
+    acks: Vec<AckItem<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -500,14 +563,20 @@ async fn pull_consumer(
                         t.record(u64::MAX, receipt_us);
                     }
                 }
-                acks.push(json!({"id": task.id, "lease_id": task.lease_id}));
+                acks.push(AckItem {
+                    id: &task.id,
+                    lease_id: &task.lease_id,
+                });
             }
             if t.all_delivered() {
                 done.store(true, Ordering::Relaxed);
             }
         }
         bar.inc(leased.tasks.len() as u64);
-        let ack = Bytes::from(json!({ "acks": acks }).to_string());
+        let Ok(ack) = serde_json::to_vec(&AckBatch { acks }) else {
+            break;
+        };
+        let ack = Bytes::from(ack);
         if ack_tx.send(ack).await.is_err() {
             break;
         }
