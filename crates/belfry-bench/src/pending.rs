@@ -77,6 +77,10 @@ pub struct PendingArgs {
     /// distance: 1 day far away is one or two buckets, 730 days a few hundred).
     #[arg(long, default_value_t = 1)]
     pub spread_days: u64,
+    /// Give every task an idempotency key (`pending-<run>-<index>`): a store that keeps live
+    /// keys in memory shows it here as growth per pending task.
+    #[arg(long)]
+    pub idempotency_keys: bool,
     /// Skip the kill -9 and restart (always skipped without --spawn).
     #[arg(long)]
     pub no_restart: bool,
@@ -132,7 +136,11 @@ pub async fn run(args: PendingArgs) -> anyhow::Result<Report> {
         unix_ms() + args.due_in_days.saturating_mul(86_400_000),
         args.spread_days.saturating_mul(86_400_000),
     );
-    let bodies = Arc::new(Bodies::build(&due, args.batch, args.payload_bytes));
+    let bodies = Arc::new(if args.idempotency_keys {
+        bodies_with_keys(&due, args.batch, args.payload_bytes, &unix_ms().to_string())
+    } else {
+        Bodies::build(&due, args.batch, args.payload_bytes)
+    });
     let belfry = if args.server.baselines_only {
         None
     } else {
@@ -178,7 +186,12 @@ async fn pending_belfry(
         IngestJob {
             label: "belfry".into(),
             target: server.target.clone(),
-            path: format!("/v1/queues/{queue}/tasks:batch"),
+            // `--batch 1` bodies are single tasks, for the single-task endpoint.
+            path: if args.batch == 1 {
+                format!("/v1/queues/{queue}/tasks")
+            } else {
+                format!("/v1/queues/{queue}/tasks:batch")
+            },
             bodies,
             connections: args.connections,
             answers: Answers::Belfry,
@@ -276,6 +289,50 @@ pub fn growth_per_task(samples: &[RssSample], from_tasks: u64) -> Option<f64> {
 pub fn extrapolate_rss(rss_bytes: u64, from_tasks: u64, per_task: f64, to_tasks: u64) -> f64 {
     let extra = to_tasks.saturating_sub(from_tasks) as f64;
     rss_bytes as f64 + per_task.max(0.0) * extra
+}
+
+/// Batch request bodies like [`Bodies::build`], each task with the idempotency key
+/// `pending-{run}-{index}` (unique per run, so a second run on the same queue adds tasks).
+pub fn bodies_with_keys(
+    due_at_ms: &[u64],
+    batch: usize,
+    payload_bytes: usize,
+    run: &str,
+) -> Bodies {
+    let batch = batch.max(1);
+    let mut bodies = Vec::with_capacity(due_at_ms.len().div_ceil(batch));
+    let mut first = Vec::with_capacity(bodies.capacity());
+    for (chunk_number, chunk) in due_at_ms.chunks(batch).enumerate() {
+        let start = (chunk_number * batch) as u64;
+        first.push(start);
+        let tasks: Vec<serde_json::Value> = chunk
+            .iter()
+            .enumerate()
+            .map(|(offset, &due)| {
+                let index = start + offset as u64;
+                let payload: serde_json::Value =
+                    serde_json::from_str(&crate::workload::payload(index, payload_bytes))
+                        .unwrap_or(serde_json::Value::Null);
+                json!({
+                    "payload": payload,
+                    "run_at_ms": due,
+                    "idempotency_key": format!("pending-{run}-{index}"),
+                })
+            })
+            .collect();
+        let body = if batch == 1 {
+            tasks.into_iter().next().unwrap_or_default()
+        } else {
+            json!({ "tasks": tasks })
+        };
+        bodies.push(Bytes::from(body.to_string()));
+    }
+    Bodies {
+        batch,
+        bodies,
+        first,
+        tasks: due_at_ms.len() as u64,
+    }
 }
 
 /// The queue's `pending` count from `GET /v1/queues/{queue}`, wherever the object puts it.
@@ -546,6 +603,7 @@ fn build_report(
             "payload_bytes": args.payload_bytes,
             "due_in_days": args.due_in_days,
             "spread_days": args.spread_days,
+            "idempotency_keys": args.idempotency_keys,
             "raw_bytes_per_task": raw_per_task,
             "rss_growth_per_task_bytes": growth,
             "belfry": belfry,
@@ -617,6 +675,21 @@ mod tests {
             Some(4)
         );
         assert_eq!(rss_at_fraction(&s[..2], 1_000, 0.5), None);
+    }
+
+    #[test]
+    fn keyed_bodies_give_each_task_its_own_key() {
+        let due = crate::workload::due_times(5, 100, 10);
+        let b = bodies_with_keys(&due, 2, 64, "r1");
+        assert_eq!(b.bodies.len(), 3);
+        assert_eq!((b.tasks_in(0), b.tasks_in(2)), (2, 1));
+        let v: serde_json::Value = serde_json::from_slice(&b.bodies[1]).unwrap();
+        assert_eq!(v["tasks"][1]["idempotency_key"], "pending-r1-3");
+        assert_eq!(v["tasks"][1]["payload"]["i"], 3);
+        assert_eq!(v["tasks"][1]["run_at_ms"], due[3]);
+        let single = bodies_with_keys(&due, 1, 64, "r1");
+        let v: serde_json::Value = serde_json::from_slice(&single.bodies[4]).unwrap();
+        assert_eq!(v["idempotency_key"], "pending-r1-4");
     }
 
     #[test]
