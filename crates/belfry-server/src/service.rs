@@ -182,6 +182,13 @@ impl Service {
 
     /// Waits for a store-call slot, up to `store_admission_wait_ms`.
     async fn admit(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        // A free slot is taken without arming a timer: that is the common case, and a timer
+        // per store call (registered and cancelled on every request) was measurable.
+        match self.store_calls.try_acquire() {
+            Ok(permit) => return Ok(permit),
+            Err(tokio::sync::TryAcquireError::Closed) => return Err(ServiceError::ShuttingDown),
+            Err(tokio::sync::TryAcquireError::NoPermits) => {}
+        }
         let wait = Duration::from_millis(self.config.store_admission_wait_ms);
         match tokio::time::timeout(wait, self.store_calls.acquire()).await {
             Ok(Ok(permit)) => Ok(permit),

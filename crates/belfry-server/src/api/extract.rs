@@ -1,6 +1,6 @@
 //! Request extractors whose failures are `ApiError`s, never axum's plain-text rejections.
 
-use axum::extract::{FromRequest, FromRequestParts, Path, Request};
+use axum::extract::{FromRequest, FromRequestParts, RawPathParams, Request};
 use axum::http::request::Parts;
 use belfry_core::{QueueName, TaskId};
 use bytes::Bytes;
@@ -64,19 +64,20 @@ pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError
     Ok(serde_json::from_slice(text)?)
 }
 
-/// Path parameters by name, decoded.
-async fn params(parts: &mut Parts) -> Result<Vec<(String, String)>, ApiError> {
-    Path::<Vec<(String, String)>>::from_request_parts(parts, &())
+/// Path parameters by name, decoded. `RawPathParams` shares the router's decoded strings
+/// (reference counts, one `Vec`) where `Path<Vec<(String, String)>>` copied each name and
+/// value into new `String`s on every request.
+async fn params(parts: &mut Parts) -> Result<RawPathParams, ApiError> {
+    RawPathParams::from_request_parts(parts, &())
         .await
-        .map(|Path(params)| params)
         .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("bad path: {e}")))
 }
 
-fn param<'a>(params: &'a [(String, String)], name: &str) -> Result<&'a str, ApiError> {
+fn param<'a>(params: &'a RawPathParams, name: &str) -> Result<&'a str, ApiError> {
     params
         .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v)
         .ok_or_else(|| ApiError::new(ErrorCode::InternalError, format!("route lacks {{{name}}}")))
 }
 
@@ -111,7 +112,11 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskPath {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let params = params(parts).await?;
         let queue = queue_name(param(&params, "queue")?)?;
-        let id = task_id(param(&params, "id")?)?;
+        let text = param(&params, "id")?;
+        let id = match super::wire::parse_hex_id(text) {
+            Some(id) => id,
+            None => task_id(text)?,
+        };
         Ok(TaskPath(queue, id))
     }
 }

@@ -71,16 +71,14 @@ pub fn finish(router: Router) -> Router {
 
 async fn track_latency(request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
+    // Clones, not copies: standard methods and the matched route (an `Arc<str>`) clone
+    // without allocating, and this runs on every request.
+    let method = request.method().clone();
+    let route = request.extensions().get::<MatchedPath>().cloned();
     let response = next.run(request).await;
     metrics::http_request(
-        &method,
-        &route,
+        method.as_str(),
+        route.as_ref().map_or("unmatched", MatchedPath::as_str),
         response.status().as_u16(),
         started.elapsed().as_secs_f64(),
     );

@@ -47,11 +47,10 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// A task id's text form (32 lowercase hex digits, as `TaskId`'s `Display`), without going
 /// through `core::fmt`.
 pub fn hex_id(id: TaskId) -> [u8; 32] {
-    let value = id.as_u128();
     let mut out = [0u8; 32];
-    for (i, digit) in out.iter_mut().enumerate() {
-        let shift = 124 - 4 * i as u32;
-        *digit = HEX[((value >> shift) & 0xf) as usize];
+    for (pair, byte) in out.chunks_exact_mut(2).zip(id.to_bytes()) {
+        pair[0] = HEX[usize::from(byte >> 4)];
+        pair[1] = HEX[usize::from(byte & 0xf)];
     }
     out
 }
@@ -186,6 +185,8 @@ pub fn leased_list(tasks: &[LeasedTask]) -> Vec<u8> {
         })
         .sum();
     let mut out = Vec::with_capacity(16 + size);
+    // A lease answers from one queue: its name is escaped once, not once per task.
+    let mut queue: Option<(&QueueName, Vec<u8>)> = None;
     out.extend_from_slice(b"{\"tasks\":[");
     for (i, leased) in tasks.iter().enumerate() {
         let task = &leased.task;
@@ -195,7 +196,15 @@ pub fn leased_list(tasks: &[LeasedTask]) -> Vec<u8> {
         out.extend_from_slice(b"{\"id\":");
         push_id(&mut out, task.id);
         out.extend_from_slice(b",\"queue\":");
-        push_str(&mut out, task.queue.as_str());
+        match &queue {
+            Some((name, json)) if *name == &task.queue => out.extend_from_slice(json),
+            _ => {
+                let mut json = Vec::with_capacity(task.queue.as_str().len() + 2);
+                push_str(&mut json, task.queue.as_str());
+                out.extend_from_slice(&json);
+                queue = Some((&task.queue, json));
+            }
+        }
         out.push(b',');
         push_payload(&mut out, task.payload_kind, &task.payload);
         out.extend_from_slice(b",\"headers\":");
@@ -262,11 +271,12 @@ pub fn ack_results(entries: &[AckEntry]) -> Vec<u8> {
 }
 
 /// `Created` (a task accepted by a submit): `{"id","queue","due_at_ms","state":"scheduled"}`.
-pub fn push_created(out: &mut Vec<u8>, id: TaskId, queue: &QueueName, due_at_ms: UnixMs) {
+/// `Created` with the queue name already written as a JSON string.
+fn push_created(out: &mut Vec<u8>, id: TaskId, queue_json: &[u8], due_at_ms: UnixMs) {
     out.extend_from_slice(b"{\"id\":");
     push_id(out, id);
     out.extend_from_slice(b",\"queue\":");
-    push_str(out, queue.as_str());
+    out.extend_from_slice(queue_json);
     out.extend_from_slice(b",\"due_at_ms\":");
     push_u64(out, due_at_ms);
     out.extend_from_slice(b",\"state\":\"scheduled\"}");
@@ -275,7 +285,13 @@ pub fn push_created(out: &mut Vec<u8>, id: TaskId, queue: &QueueName, due_at_ms:
 /// A single submit's `Created` body.
 pub fn created(id: TaskId, queue: &QueueName, due_at_ms: UnixMs) -> Vec<u8> {
     let mut out = Vec::with_capacity(CREATED_FIXED_BYTES + queue.as_str().len());
-    push_created(&mut out, id, queue, due_at_ms);
+    out.extend_from_slice(b"{\"id\":");
+    push_id(&mut out, id);
+    out.extend_from_slice(b",\"queue\":");
+    push_str(&mut out, queue.as_str());
+    out.extend_from_slice(b",\"due_at_ms\":");
+    push_u64(&mut out, due_at_ms);
+    out.extend_from_slice(b",\"state\":\"scheduled\"}");
     out
 }
 
@@ -297,6 +313,8 @@ pub fn submit_results<T: serde::Serialize>(
 ) -> Vec<u8> {
     let mut out =
         Vec::with_capacity(16 + entries.len() * (CREATED_FIXED_BYTES + queue.as_str().len()));
+    let mut queue_json = Vec::with_capacity(queue.as_str().len() + 2);
+    push_str(&mut queue_json, queue.as_str());
     out.extend_from_slice(b"{\"results\":[");
     for (i, entry) in entries.iter().enumerate() {
         if i > 0 {
@@ -304,7 +322,7 @@ pub fn submit_results<T: serde::Serialize>(
         }
         match entry {
             SubmitEntry::Created { id, due_at_ms } => {
-                push_created(&mut out, *id, queue, *due_at_ms)
+                push_created(&mut out, *id, &queue_json, *due_at_ms)
             }
             SubmitEntry::Other(view) => {
                 let _ = serde_json::to_writer(&mut out, view);
@@ -366,6 +384,9 @@ mod tests {
             task(46, b"", bin, &[("k", "v\"q\\\n\u{1}é"), ("k", "last")]),
             task(47, b"{}", json, &[("ctrl\t", "\u{7f}\u{1f}")]),
         ];
+        let mut tasks = tasks;
+        // The queue name is cached per answer: a task of another queue must still show its own.
+        tasks[6].queue = QueueName::new("other").unwrap();
         tasks
             .into_iter()
             .enumerate()
