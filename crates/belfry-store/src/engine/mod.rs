@@ -51,7 +51,7 @@ use parking_lot::{Condvar, Mutex};
 use self::bucket::{bucket_for, bucket_range, split_id, task_id};
 use self::persist::{BucketMeta, Checkpoint, CheckpointBucket, MetaFile};
 pub use self::queue::EngineStats;
-use self::queue::{Bucket, Queue};
+use self::queue::{Bucket, Queue, TaskFacts};
 use self::record::{PutRecord, Record, WalBatch, WalTarget};
 use crate::store::{
     ChangeOutcome, ClaimBatch, LeaseOutcome, PutOutcome, QueueCounts, Result, Store, StoreError,
@@ -297,6 +297,9 @@ impl Drop for Flusher {
         }
     }
 }
+
+/// About the bytes a lease record takes in a WAL frame (target, framing, fields).
+const LEASE_RECORD_BYTES_HINT: usize = 64;
 
 /// Whether a call should see to a checkpoint (see `Engine::finish`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -1674,10 +1677,13 @@ impl Store for Engine {
         let (q, _) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let uid = q.uid;
         let lease_until_ms = now_ms.saturating_add(visibility_ms);
-        let mut batch = WalBatch::new();
-        let mut pending = Vec::new();
+        let room = max.min(q.index.ready.iter().map(|slot| slot.len()).sum());
+        let mut batch = WalBatch::with_capacity(room * LEASE_RECORD_BYTES_HINT);
+        let mut pending = Vec::with_capacity(room);
         let mut result = ClaimBatch::default();
-        let mut leased = Vec::new();
+        // (seq, key, lease id, due, attempts, put offset, put length): all a leased task's
+        // view needs besides its put record, so the entry is looked up once here.
+        let mut leased = Vec::with_capacity(room);
         // Due tasks, high priority first, each in due order. They are only read here: their
         // records take them out of the ready index when applied at commit.
         let due = q.index.ready.iter().flat_map(|slot| {
@@ -1715,12 +1721,21 @@ impl Store for Engine {
                 _ => {
                     let lease_id = next_lease;
                     next_lease += 1;
-                    leased.push((seq, key, lease_id));
+                    let attempts = entry.attempts.saturating_add(1);
+                    leased.push((
+                        seq,
+                        key,
+                        lease_id,
+                        due,
+                        attempts,
+                        entry.put_offset,
+                        entry.put_len,
+                    ));
                     Record::Lease {
                         seq,
                         lease_id,
                         until_ms: lease_until_ms,
-                        attempts: entry.attempts.saturating_add(1),
+                        attempts,
                     }
                 }
             };
@@ -1738,17 +1753,25 @@ impl Store for Engine {
             }
         };
         let (q, _) = state.queue(queue)?;
-        let wanted: Vec<(u64, u64)> = leased.iter().map(|&(seq, key, _)| (seq, key)).collect();
-        let tasks = q.view_many(&wanted)?;
-        result.leased.reserve(tasks.len());
-        for (task, (_, _, lease_id)) in tasks.into_iter().zip(leased) {
-            if let Some(task) = task {
-                result.leased.push(LeasedTask {
-                    task,
-                    lease_id: LeaseId(lease_id),
-                    lease_until_ms,
-                });
-            }
+        let spots: Vec<(u64, u64, u32)> = leased
+            .iter()
+            .map(|&(_, key, _, _, _, offset, len)| (key, offset, len))
+            .collect();
+        let puts = q.read_puts(&spots)?;
+        result.leased.reserve(puts.len());
+        for (put, (seq, key, lease_id, due, attempts, _, _)) in puts.into_iter().zip(leased) {
+            let facts = TaskFacts {
+                due,
+                state: TaskState::Leased,
+                attempts,
+                until: Some(lease_until_ms),
+                dead_reason: None,
+            };
+            result.leased.push(LeasedTask {
+                task: q.task(seq, key, put, facts)?,
+                lease_id: LeaseId(lease_id),
+                lease_until_ms,
+            });
         }
         let checkpoint_due = self.checkpoint_due(&state);
         drop(state);

@@ -205,6 +205,15 @@ impl Bucket {
     }
 }
 
+/// What memory knows of a task besides its put record.
+pub(crate) struct TaskFacts {
+    pub due: UnixMs,
+    pub state: TaskState,
+    pub attempts: u32,
+    pub until: Option<UnixMs>,
+    pub dead_reason: Option<String>,
+}
+
 /// A decoded record with its offset and length in the bucket file.
 pub(crate) type LoadedRecord = (Record, u64, u32);
 
@@ -630,10 +639,11 @@ impl Queue {
     }
 
     /// The full tasks for loaded entries `(seq, key)`, in the order asked (`None` for one not
-    /// loaded). Put records are read bucket by bucket in file order, so neighbours share reads.
+    /// loaded).
     pub fn view_many(&mut self, wanted: &[(u64, u64)]) -> Result<Vec<Option<Task>>> {
-        // (bucket, put offset, put length, position in `wanted`)
-        let mut order: Vec<(u64, u64, u32, usize)> = Vec::with_capacity(wanted.len());
+        // (bucket, put offset, put length) of each loaded entry, and where it was asked.
+        let mut spots = Vec::with_capacity(wanted.len());
+        let mut asked = Vec::with_capacity(wanted.len());
         for (at, &(seq, key)) in wanted.iter().enumerate() {
             let entry = self
                 .buckets
@@ -641,52 +651,95 @@ impl Queue {
                 .and_then(|b| b.entries.as_ref())
                 .and_then(|e| e.get(&seq));
             if let Some(entry) = entry {
-                order.push((key, entry.put_offset, entry.put_len, at));
+                spots.push((key, entry.put_offset, entry.put_len));
+                asked.push(at);
             }
         }
-        order.sort_unstable();
+        let puts = self.read_puts(&spots)?;
         let mut tasks: Vec<Option<Task>> = (0..wanted.len()).map(|_| None).collect();
-        let mut spots = Vec::new();
-        for group in order.chunk_by(|a, b| a.0 == b.0) {
-            let key = group[0].0;
-            let Some(bucket) = self.buckets.get_mut(&key) else {
+        for (put, at) in puts.into_iter().zip(asked) {
+            let (seq, key) = wanted[at];
+            let Some(entry) = self
+                .buckets
+                .get(&key)
+                .and_then(|b| b.entries.as_ref())
+                .and_then(|e| e.get(&seq))
+            else {
                 continue;
             };
-            spots.clear();
-            spots.extend(group.iter().map(|&(_, offset, len, _)| (offset, len)));
-            let puts = bucket.read_puts(&spots)?;
-            let Some(entries) = bucket.entries.as_ref() else {
-                continue;
-            };
-            for (&(_, offset, _, at), put) in group.iter().zip(puts) {
-                let seq = wanted[at].0;
-                let Some(entry) = entries.get(&seq) else {
-                    continue;
-                };
-                if put.seq != seq {
-                    return Err(corrupt_at(
-                        &bucket.path,
-                        offset,
-                        format!("put record is for seq {}, expected {seq}", put.seq),
-                    ));
-                }
-                tasks[at] = Some(Task {
-                    id: task_id(seq, key),
-                    queue: self.name.clone(),
-                    due_at_ms: entry.due_ms,
-                    payload: put.payload,
-                    payload_kind: put.payload_kind,
-                    headers: put.headers,
-                    priority: put.priority,
-                    idempotency_key: put.idempotency_key,
-                    late_policy: put.late_policy,
-                    state: entry.state,
-                    attempts: entry.attempts,
-                    lease_until_ms: (entry.state == TaskState::Leased).then_some(entry.until_ms),
-                    dead_reason: entry.dead_reason.as_deref().map(String::from),
-                });
-            }
+            let until = (entry.state == TaskState::Leased).then_some(entry.until_ms);
+            let dead_reason = entry.dead_reason.as_deref().map(String::from);
+            let (due, state, attempts) = (entry.due_ms, entry.state, entry.attempts);
+            tasks[at] = Some(self.task(
+                seq,
+                key,
+                put,
+                TaskFacts {
+                    due,
+                    state,
+                    attempts,
+                    until,
+                    dead_reason,
+                },
+            )?);
         }
         Ok(tasks)
+    }
+
+    /// The put records at `(bucket, file offset, frame length)`, in the order asked. They are
+    /// read bucket by bucket in file order, so neighbours share reads; each is checked to be
+    /// the put record of the task it is asked for by the caller (see [`Queue::task`]).
+    pub fn read_puts(&mut self, spots: &[(u64, u64, u32)]) -> Result<Vec<record::PutRecord>> {
+        let mut order: Vec<usize> = (0..spots.len()).collect();
+        order.sort_unstable_by_key(|&i| (spots[i].0, spots[i].1));
+        let mut puts: Vec<Option<record::PutRecord>> = (0..spots.len()).map(|_| None).collect();
+        let mut offsets = Vec::new();
+        for group in order.chunk_by(|&a, &b| spots[a].0 == spots[b].0) {
+            let key = spots[group[0]].0;
+            let Some(bucket) = self.buckets.get_mut(&key) else {
+                return Err(StoreError::Corrupt {
+                    location: format!("bucket {key:#x} of queue {}", self.name),
+                    detail: "a task's bucket is not known".into(),
+                });
+            };
+            offsets.clear();
+            offsets.extend(group.iter().map(|&i| (spots[i].1, spots[i].2)));
+            for (&i, put) in group.iter().zip(bucket.read_puts(&offsets)?) {
+                puts[i] = Some(put);
+            }
+        }
+        Ok(puts.into_iter().flatten().collect())
+    }
+
+    /// A task from its put record and what memory knows of it. The put record must be the
+    /// task's own: a mismatch means the file or the index is damaged.
+    pub fn task(
+        &self,
+        seq: u64,
+        key: u64,
+        put: record::PutRecord,
+        facts: TaskFacts,
+    ) -> Result<Task> {
+        if put.seq != seq {
+            return Err(StoreError::Corrupt {
+                location: self.bucket_path(key).display().to_string(),
+                detail: format!("the put record read for seq {seq} is for seq {}", put.seq),
+            });
+        }
+        Ok(Task {
+            id: task_id(seq, key),
+            queue: self.name.clone(),
+            due_at_ms: facts.due,
+            payload: put.payload,
+            payload_kind: put.payload_kind,
+            headers: put.headers,
+            priority: put.priority,
+            idempotency_key: put.idempotency_key,
+            late_policy: put.late_policy,
+            state: facts.state,
+            attempts: facts.attempts,
+            lease_until_ms: facts.until,
+            dead_reason: facts.dead_reason,
+        })
     }
 }
