@@ -1040,15 +1040,7 @@ impl Engine {
     ) -> Result<std::result::Result<(u64, u64, u64), LeaseOutcome>> {
         let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let uid = q.uid;
-        let (seq, key) = split_id(id);
-        let found = q.entry(seq, key, stats)?.cloned();
-        let Some(entry) = found else {
-            return Ok(Err(LeaseOutcome::NotFound));
-        };
-        if entry.state != TaskState::Leased || entry.lease_id != lease.0 {
-            return Ok(Err(LeaseOutcome::LeaseExpired));
-        }
-        Ok(Ok((uid, key, seq)))
+        Ok(lease_in_force(q, stats, id, lease)?.map(|(key, seq)| (uid, key, seq)))
     }
 
     /// Finds a task for cancel or reschedule (or redrive), returning its entry's state.
@@ -1068,6 +1060,24 @@ impl Engine {
         let found = q.entry(seq, key, stats)?.map(|e| e.state);
         Ok(found.map(|s| (uid, key, seq, s)))
     }
+}
+
+/// Whether `lease` is the lease in force on task `id` of `q` (whose buckets near now are
+/// loaded and expired leases ended): its `(key, seq)`, or the outcome to report.
+fn lease_in_force(
+    q: &mut Queue,
+    stats: &mut EngineStats,
+    id: TaskId,
+    lease: LeaseId,
+) -> Result<std::result::Result<(u64, u64), LeaseOutcome>> {
+    let (seq, key) = split_id(id);
+    let Some(entry) = q.entry(seq, key, stats)? else {
+        return Ok(Err(LeaseOutcome::NotFound));
+    };
+    if entry.state != TaskState::Leased || entry.lease_id != lease.0 {
+        return Ok(Err(LeaseOutcome::LeaseExpired));
+    }
+    Ok(Ok((key, seq)))
 }
 
 /// Takes the data directory's lock, so that two engines (in this process or another) never
@@ -1800,8 +1810,10 @@ impl Store for Engine {
         if acks.is_empty() {
             return Ok(Vec::new());
         }
+        let mut batch = WalBatch::with_capacity(acks.len() * LEASE_RECORD_BYTES_HINT);
         let mut state = self.lock_state()?;
-        let mut batch = WalBatch::new();
+        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let uid = q.uid;
         let mut pending = Vec::with_capacity(acks.len());
         let mut outcomes = Vec::with_capacity(acks.len());
         // Records reach memory only at commit, so a task acked earlier in this call still
@@ -1810,7 +1822,7 @@ impl Store for Engine {
         let mut acked: FxHashSet<(u64, u64)> =
             FxHashSet::with_capacity_and_hasher(acks.len(), Default::default());
         for &(id, lease) in acks {
-            let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
+            let (key, seq) = match lease_in_force(q, stats, id, lease)? {
                 Ok(found) => found,
                 Err(outcome) => {
                     outcomes.push(outcome);

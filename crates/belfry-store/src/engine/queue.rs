@@ -622,10 +622,11 @@ impl Queue {
     /// The entry of a task, loading its bucket if needed. `None` if the bucket or the task
     /// is unknown.
     pub fn entry(&mut self, seq: u64, key: u64, stats: &mut EngineStats) -> Result<Option<&Entry>> {
-        if !self.buckets.contains_key(&key) {
-            return Ok(None);
+        match self.buckets.get(&key) {
+            None => return Ok(None),
+            Some(bucket) if bucket.entries.is_none() => self.load(key, stats)?,
+            Some(_) => {}
         }
-        self.load(key, stats)?;
         Ok(self
             .buckets
             .get(&key)
