@@ -8,7 +8,9 @@ use belfry_core::limits::BATCH_TASKS_MAX;
 use belfry_core::QueueName;
 use belfry_store::PutOutcome;
 
-use super::dto::{BatchBody, DeadList, DeadQuery, DueBody, TaskBody, TaskLimits, TaskView};
+use super::dto::{
+    BatchBody, BatchTasks, DeadList, DeadQuery, DueBody, TaskBody, TaskLimits, TaskView,
+};
 use super::error::{ApiError, ErrorCode};
 use super::extract::{parse_json, task_id, JsonBody, JsonBytes, QueuePath, TaskPath};
 use super::wire::{self, SubmitEntry};
@@ -31,8 +33,9 @@ fn limits(service: &AppState, queue: &QueueName) -> Result<TaskLimits, ApiError>
 pub async fn submit(
     State(service): State<AppState>,
     QueuePath(queue): QueuePath,
-    JsonBody(body): JsonBody<TaskBody>,
+    JsonBytes(bytes): JsonBytes,
 ) -> Result<Response, ApiError> {
+    let body: TaskBody = parse_json(&bytes)?;
     let limits = limits(&service, &queue)?;
     let task = body.into_new_task(&queue, service.now_ms(), limits)?;
     let outcome = service
@@ -55,25 +58,32 @@ pub async fn submit_batch(
     QueuePath(queue): QueuePath,
     JsonBytes(bytes): JsonBytes,
 ) -> Result<Response, ApiError> {
-    let body: BatchBody = parse_json(&bytes)?;
+    // One pass when every task parses (see `BatchTasks`); otherwise each task on its own, so
+    // one bad task fails alone and its error is the one it always was.
+    let tasks: Vec<Result<TaskBody, ApiError>> = match parse_json::<BatchTasks>(&bytes) {
+        Ok(batch) => batch.tasks.into_iter().map(Ok).collect(),
+        Err(_) => parse_json::<BatchBody>(&bytes)?
+            .tasks
+            .into_iter()
+            .map(|raw| serde_json::from_str::<TaskBody>(raw.get()).map_err(ApiError::from))
+            .collect(),
+    };
     service.runtime(&queue)?;
-    if body.tasks.len() > BATCH_TASKS_MAX {
+    if tasks.len() > BATCH_TASKS_MAX {
         return Err(ApiError::new(
             ErrorCode::BatchTooLarge,
             format!(
                 "a batch holds at most {BATCH_TASKS_MAX} tasks, got {}; split it",
-                body.tasks.len()
+                tasks.len()
             ),
         ));
     }
     let now_ms = service.now_ms();
     let limits = limits(&service, &queue)?;
-    let mut entries: Vec<Option<SubmitEntry<TaskView>>> = Vec::with_capacity(body.tasks.len());
-    let mut valid = Vec::with_capacity(body.tasks.len());
-    for raw in &body.tasks {
-        let parsed = serde_json::from_str::<TaskBody>(raw.get())
-            .map_err(ApiError::from)
-            .and_then(|task| task.into_new_task(&queue, now_ms, limits));
+    let mut entries: Vec<Option<SubmitEntry<TaskView>>> = Vec::with_capacity(tasks.len());
+    let mut valid = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let parsed = task.and_then(|task| task.into_new_task(&queue, now_ms, limits));
         match parsed {
             Ok(task) => {
                 valid.push(task);
