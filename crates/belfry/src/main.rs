@@ -44,43 +44,32 @@ fn main() -> std::process::ExitCode {
 /// Keeps the server's memory from tracking its past throughput (glibc only).
 ///
 /// Under load the server allocates large short-lived buffers (a 1,000-task request body and
-/// its WAL frame are ~250 KiB each) on many threads. With glibc's defaults, the first such
-/// buffer freed raises the mmap threshold, so later ones come from the per-thread arenas
-/// (up to 8 per core), and each arena keeps the memory it once held: measured with
-/// `malloc_stats()` after filling 10M far-future tasks, 15 arenas held 54 MB of which
-/// 1.3 MB was in use, and RSS grew from 37 MiB (1M filled) to 50 MiB (10M) although the
-/// live heap did not. A fixed 128 KiB threshold returns every large buffer to the OS when it
-/// is freed, and one arena per core bounds what small-object fragmentation can keep: RSS
-/// after the same 10M fill is 19 MiB and no longer grows with the fill (fill rate unchanged
-/// within noise). `MALLOC_ARENA_MAX`, `MALLOC_MMAP_THRESHOLD_` or `GLIBC_TUNABLES` in the
-/// environment win: glibc has applied them already, and then this does nothing.
+/// its WAL frame are ~250 KiB each) on many threads, and glibc gives threads up to 8 arenas
+/// per core, each keeping the memory it once held. Measured with `malloc_stats()` after
+/// filling 10M far-future tasks: 15 arenas held 54 MB of which 1.3 MB was in use, and RSS
+/// grew from 37 MiB (1M filled) to 50 MiB (10M) although the live heap did not. One arena
+/// per core bounds that retention: 2M filled, RSS 26-27 MiB instead of 47 MiB, at the same
+/// server CPU per task (A/B, two rounds). A fixed 128 KiB mmap threshold would bring it to
+/// 16 MiB but cost 40% more server CPU per task (every large buffer freshly mapped and
+/// faulted in), so the threshold stays glibc's. `MALLOC_ARENA_MAX` or `GLIBC_TUNABLES` in
+/// the environment win: glibc has applied them already, and then this does nothing.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 #[allow(unsafe_code)]
 fn tune_malloc() {
-    const MMAP_THRESHOLD_BYTES: libc::c_int = 128 * 1024;
-    let tuned_by_environment = [
-        "MALLOC_ARENA_MAX",
-        "MALLOC_MMAP_THRESHOLD_",
-        "GLIBC_TUNABLES",
-    ]
-    .iter()
-    .any(|name| std::env::var_os(name).is_some());
+    let tuned_by_environment = ["MALLOC_ARENA_MAX", "GLIBC_TUNABLES"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some());
     if tuned_by_environment {
         return;
     }
     let arenas = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(libc::c_int::MAX as usize) as libc::c_int;
-    // SAFETY: mallopt only sets allocator parameters; it is called before this process
+    // SAFETY: mallopt only sets an allocator parameter; it is called before this process
     // starts any other thread, and a rejected value (return 0) leaves glibc's default.
-    let (threshold_set, arenas_set) = unsafe {
-        (
-            libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES),
-            libc::mallopt(libc::M_ARENA_MAX, arenas),
-        )
-    };
-    if threshold_set == 0 || arenas_set == 0 {
-        eprintln!("warning: glibc rejected a malloc setting; using its defaults");
+    let set = unsafe { libc::mallopt(libc::M_ARENA_MAX, arenas) };
+    if set == 0 {
+        eprintln!("warning: glibc rejected M_ARENA_MAX={arenas}; using its default");
     }
 }
 
