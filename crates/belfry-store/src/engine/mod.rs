@@ -28,6 +28,7 @@
 //! `docs/storage-format.md`, "Durability of delivery state").
 
 pub mod bucket;
+mod keys;
 pub mod persist;
 mod queue;
 pub mod record;
@@ -49,6 +50,7 @@ use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
 use self::bucket::{bucket_for, bucket_range, split_id, task_id};
+use self::keys::KeyHasher;
 use self::persist::{BucketMeta, Checkpoint, CheckpointBucket, MetaFile};
 pub use self::queue::EngineStats;
 use self::queue::{Bucket, Queue, TaskFacts};
@@ -386,6 +388,8 @@ impl Drop for Checkpointer {
 #[derive(Debug)]
 struct State {
     meta: MetaFile,
+    /// The idempotency-key hash (its secret is kept in the checkpoint).
+    key_hasher: KeyHasher,
     queues: FxHashMap<u64, Queue>,
     next_seq: u64,
     next_lease: u64,
@@ -535,7 +539,8 @@ impl State {
             } else if let Record::Put(put) = &p.record {
                 queue.update_unloaded_meta(p.key, |meta| meta.add_scheduled(put.due_at_ms));
                 if let Some(k) = &put.idempotency_key {
-                    queue.index.keys.insert(k.clone(), task_id(put.seq, p.key));
+                    let hash = queue.hasher.hash(k);
+                    queue.index.keys.insert(hash, task_id(put.seq, p.key));
                 }
             } else {
                 debug_assert!(false, "state change on an unloaded bucket");
@@ -646,13 +651,16 @@ impl Engine {
             checkpoints: 0,
             due_reference_ms: None,
             meta,
+            key_hasher: checkpoint
+                .key_secret
+                .map_or_else(KeyHasher::random, |(k0, k1)| KeyHasher { k0, k1 }),
         };
         for (name, (uid, _)) in &state.meta.queues {
             let qdir = queue_dir(&dir, *uid);
             fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
             state
                 .queues
-                .insert(*uid, Queue::new(name.clone(), *uid, qdir));
+                .insert(*uid, Queue::new(name.clone(), *uid, qdir, state.key_hasher));
         }
         // Directories of deleted queues.
         for entry in fs::read_dir(&dir).map_err(io("list the data directory"))? {
@@ -716,9 +724,14 @@ impl Engine {
                 }
             }
         }
-        for (uid, key, id) in &checkpoint.keys {
+        for &(uid, hash, id) in &checkpoint.keys {
+            if let Some(queue) = state.queues.get_mut(&uid) {
+                queue.index.keys.insert(hash, id);
+            }
+        }
+        for (uid, key, id) in &checkpoint.legacy_keys {
             if let Some(queue) = state.queues.get_mut(uid) {
-                queue.index.keys.insert(key.clone(), *id);
+                queue.index.keys.insert(state.key_hasher.hash(key), *id);
             }
         }
         let last_wal = replay(&dir, checkpoint.wal_start, &mut state, &options)?;
@@ -1062,6 +1075,26 @@ impl Engine {
     }
 }
 
+/// The live task of `q` whose idempotency key is `key`, if any: the key index names the
+/// tasks whose key has the same hash, and each candidate's put record says whether its key is
+/// this one (far candidates' buckets are loaded; `trim_far` bounds what stays loaded).
+fn live_task_with_key(q: &mut Queue, stats: &mut EngineStats, key: &str) -> Result<Option<Task>> {
+    let hash = q.hasher.hash(key);
+    let candidates: Vec<TaskId> = q.index.keys.candidates(hash).collect();
+    for id in candidates {
+        let (seq, bucket) = split_id(id);
+        if q.entry(seq, bucket, stats)?.is_none() {
+            continue;
+        }
+        if let Some(task) = q.view(seq, bucket)? {
+            if task.idempotency_key.as_deref() == Some(key) {
+                return Ok(Some(task));
+            }
+        }
+    }
+    Ok(None)
+}
+
 /// Whether `lease` is the lease in force on task `id` of `q` (whose buckets near now are
 /// loaded and expired leases ended): its `(key, seq)`, or the outcome to report.
 fn lease_in_force(
@@ -1299,13 +1332,15 @@ impl Core {
             if any_dirty {
                 plan.sync_dirs.push(queue.dir.clone());
             }
-            for (key, id) in &queue.index.keys {
-                plan.checkpoint.keys.push((queue.uid, key.clone(), *id));
-            }
+            let uid = queue.uid;
+            plan.checkpoint
+                .keys
+                .extend(queue.index.keys.iter().map(|(hash, id)| (uid, hash, id)));
         }
         plan.checkpoint.next_seq = state.next_seq;
         plan.checkpoint.next_lease = state.next_lease;
         plan.checkpoint.last_now_ms = state.last_now_ms;
+        plan.checkpoint.key_secret = Some((state.key_hasher.k0, state.key_hasher.k1));
         Ok(plan)
     }
 }
@@ -1444,10 +1479,11 @@ fn replay(dir: &Path, start: u64, state: &mut State, options: &EngineOptions) ->
                             m.add_scheduled(put.due_at_ms)
                         });
                         if let Some(k) = &put.idempotency_key {
+                            let hash = queue.hasher.hash(k);
                             queue
                                 .index
                                 .keys
-                                .insert(k.clone(), task_id(put.seq, target.bucket));
+                                .insert(hash, task_id(put.seq, target.bucket));
                         }
                     }
                     _ => {
@@ -1484,9 +1520,10 @@ impl Store for Engine {
                 fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
                 persist::sync_dir(&self.core.dir)?;
                 meta.queues.insert(queue.clone(), (uid, config));
+                let hasher = state.key_hasher;
                 state
                     .queues
-                    .insert(uid, Queue::new(queue.clone(), uid, qdir));
+                    .insert(uid, Queue::new(queue.clone(), uid, qdir, hasher));
                 true
             }
         };
@@ -1566,23 +1603,10 @@ impl Store for Engine {
                     outcomes.push(PutOutcome::Duplicate(Box::new(first.clone())));
                     continue;
                 }
-                let existing = state
-                    .queues
-                    .get(&uid)
-                    .and_then(|q| q.index.keys.get(k))
-                    .copied();
-                if let Some(id) = existing {
-                    let (q, stats) = state.queue(&task.queue)?;
-                    let (seq, key) = split_id(id);
-                    let found = if q.entry(seq, key, stats)?.is_some() {
-                        q.view(seq, key)?
-                    } else {
-                        None
-                    };
-                    if let Some(found) = found {
-                        outcomes.push(PutOutcome::Duplicate(Box::new(found)));
-                        continue;
-                    }
+                let (q, stats) = state.queue(&task.queue)?;
+                if let Some(found) = live_task_with_key(q, stats, k)? {
+                    outcomes.push(PutOutcome::Duplicate(Box::new(found)));
+                    continue;
                 }
             }
             let seq = state.next_seq;
@@ -1645,15 +1669,12 @@ impl Store for Engine {
     }
 
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>> {
-        let id = {
-            let mut state = self.lock_state()?;
-            let (q, _) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
-            q.index.keys.get(key).copied()
-        };
-        match id {
-            Some(id) => self.get(queue, id, now_ms),
-            None => Ok(None),
-        }
+        self.preload(queue, now_ms)?;
+        let mut state = self.lock_state()?;
+        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let found = live_task_with_key(q, stats, key)?;
+        state.trim_far(None, &self.core.options);
+        Ok(found)
     }
 
     fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {

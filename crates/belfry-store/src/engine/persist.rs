@@ -16,6 +16,9 @@ use crate::store::{Result, StoreError};
 const META_MAGIC: &[u8; 8] = b"BLFYMETA";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"BLFYCKPT";
 const FILE_VERSION: u8 = 1;
+/// Checkpoint format 2 keeps idempotency keys as keyed hashes (`engine::keys`) and the hash's
+/// secret; format 1 (full keys) is still read.
+const CHECKPOINT_VERSION: u8 = 2;
 
 /// Longest meta value or queue config accepted when reading (they are small documents).
 const BLOB_BYTES_MAX: usize = 64 * 1024 * 1024;
@@ -95,8 +98,13 @@ pub struct Checkpoint {
     /// First WAL file to replay.
     pub wal_start: u64,
     pub buckets: Vec<CheckpointBucket>,
-    /// Live idempotency keys: (queue uid, key, id).
-    pub keys: Vec<(u64, String, TaskId)>,
+    /// The secret of the idempotency-key hash (`None` in a format-1 checkpoint).
+    pub key_secret: Option<(u64, u64)>,
+    /// Live idempotency keys: (queue uid, key hash, id).
+    pub keys: Vec<(u64, u64, TaskId)>,
+    /// Live idempotency keys of a format-1 checkpoint, in full: (queue uid, key, id). Open
+    /// hashes them under a new secret.
+    pub legacy_keys: Vec<(u64, String, TaskId)>,
 }
 
 fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -135,6 +143,15 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
 
 /// Reads a file written by [`write_atomic`]: `None` if it does not exist.
 fn read_framed(path: &Path, magic: &[u8; 8]) -> Result<Option<Vec<u8>>> {
+    Ok(read_framed_versions(path, magic, &[FILE_VERSION])?.map(|(_, body)| body))
+}
+
+/// [`read_framed`] for a file with several known versions: the version read and the body.
+fn read_framed_versions(
+    path: &Path,
+    magic: &[u8; 8],
+    versions: &[u8],
+) -> Result<Option<(u8, Vec<u8>)>> {
     let bytes = match fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
@@ -153,10 +170,10 @@ fn read_framed(path: &Path, magic: &[u8; 8]) -> Result<Option<Vec<u8>>> {
     if body.len() < 9 || &body[..8] != magic {
         return Err(corrupt(path, "wrong magic"));
     }
-    if body[8] != FILE_VERSION {
+    if !versions.contains(&body[8]) {
         return Err(corrupt(path, format!("unknown version {}", body[8])));
     }
-    Ok(Some(body[9..].to_vec()))
+    Ok(Some((body[8], body[9..].to_vec())))
 }
 
 fn put_blob(out: &mut Vec<u8>, bytes: &[u8]) {
@@ -228,17 +245,24 @@ impl MetaFile {
     }
 }
 
+fn task_id_field(r: &mut Reader<'_>) -> std::result::Result<TaskId, &'static str> {
+    let high = r.u64().map_err(|_| "truncated checkpoint")?;
+    let low = r.u64().map_err(|_| "truncated checkpoint")?;
+    Ok(TaskId(((high as u128) << 64) | low as u128))
+}
+
 impl Checkpoint {
     pub fn read(path: &Path) -> Result<Option<Checkpoint>> {
-        let Some(body) = read_framed(path, CHECKPOINT_MAGIC)? else {
+        let versions = [FILE_VERSION, CHECKPOINT_VERSION];
+        let Some((version, body)) = read_framed_versions(path, CHECKPOINT_MAGIC, &versions)? else {
             return Ok(None);
         };
-        Self::decode(&body)
+        Self::decode(&body, version)
             .map(Some)
             .map_err(|detail| corrupt(path, detail))
     }
 
-    fn decode(body: &[u8]) -> std::result::Result<Checkpoint, &'static str> {
+    fn decode(body: &[u8], version: u8) -> std::result::Result<Checkpoint, &'static str> {
         let mut r = Reader { bytes: body };
         let u64_field = |r: &mut Reader<'_>| r.u64().map_err(|_| "truncated checkpoint");
         let mut checkpoint = Checkpoint {
@@ -264,15 +288,21 @@ impl Checkpoint {
                 },
             });
         }
+        if version >= CHECKPOINT_VERSION {
+            checkpoint.key_secret = Some((u64_field(&mut r)?, u64_field(&mut r)?));
+        }
         let keys = u64_field(&mut r)?;
         for _ in 0..keys {
             let uid = u64_field(&mut r)?;
-            let key = r.string(NAME_BYTES_MAX).map_err(|_| "key")?;
-            let high = u64_field(&mut r)?;
-            let low = u64_field(&mut r)?;
-            checkpoint
-                .keys
-                .push((uid, key, TaskId(((high as u128) << 64) | low as u128)));
+            if version >= CHECKPOINT_VERSION {
+                let hash = u64_field(&mut r)?;
+                let id = task_id_field(&mut r)?;
+                checkpoint.keys.push((uid, hash, id));
+            } else {
+                let key = r.string(NAME_BYTES_MAX).map_err(|_| "key")?;
+                let id = task_id_field(&mut r)?;
+                checkpoint.legacy_keys.push((uid, key, id));
+            }
         }
         if !r.bytes.is_empty() {
             return Err("trailing bytes");
@@ -283,7 +313,7 @@ impl Checkpoint {
     pub fn write(&self, path: &Path) -> Result<()> {
         let mut out = Vec::with_capacity(64 + self.buckets.len() * 72);
         out.extend_from_slice(CHECKPOINT_MAGIC);
-        out.push(FILE_VERSION);
+        out.push(CHECKPOINT_VERSION);
         for v in [
             self.next_seq,
             self.next_lease,
@@ -309,13 +339,66 @@ impl Checkpoint {
                 put_u64(&mut out, v);
             }
         }
+        // Format 2 always carries a secret; `Engine::open` sets one before any write.
+        let (k0, k1) = self.key_secret.unwrap_or_default();
+        put_u64(&mut out, k0);
+        put_u64(&mut out, k1);
         put_u64(&mut out, self.keys.len() as u64);
-        for (uid, key, id) in &self.keys {
+        for (uid, hash, id) in &self.keys {
             put_u64(&mut out, *uid);
-            put_str(&mut out, key);
+            put_u64(&mut out, *hash);
             put_u64(&mut out, (id.0 >> 64) as u64);
             put_u64(&mut out, id.0 as u64);
         }
         write_atomic(path, &out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_keys_round_trip_as_hashes_with_their_secret() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint");
+        let written = Checkpoint {
+            next_seq: 9,
+            wal_start: 3,
+            key_secret: Some((11, 12)),
+            keys: vec![(1, 0xfeed, TaskId(5 << 64 | 6))],
+            ..Checkpoint::default()
+        };
+        written.write(&path).unwrap();
+        let read = Checkpoint::read(&path).unwrap().unwrap();
+        assert_eq!(read.key_secret, Some((11, 12)));
+        assert_eq!(read.keys, written.keys);
+        assert!(read.legacy_keys.is_empty());
+        assert_eq!((read.next_seq, read.wal_start), (9, 3));
+    }
+
+    #[test]
+    fn a_format_1_checkpoint_is_read_with_its_full_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint");
+        let mut body = Vec::new();
+        body.extend_from_slice(CHECKPOINT_MAGIC);
+        body.push(1);
+        for v in [9, 4, 1_700_000_000_000, 3, 0] {
+            put_u64(&mut body, v); // counters, wal_start, no buckets
+        }
+        put_u64(&mut body, 1);
+        put_u64(&mut body, 7); // queue uid
+        put_str(&mut body, "order-42");
+        put_u64(&mut body, 5);
+        put_u64(&mut body, 6);
+        write_atomic(&path, &body).unwrap();
+        let read = Checkpoint::read(&path).unwrap().unwrap();
+        assert_eq!(read.key_secret, None);
+        assert!(read.keys.is_empty());
+        assert_eq!(
+            read.legacy_keys,
+            vec![(7, "order-42".to_string(), TaskId(5 << 64 | 6))]
+        );
     }
 }

@@ -7,7 +7,7 @@
 //! `now` before answering a call that takes `now`. So an unloaded bucket never holds a due
 //! task or an expired lease, and claims only look at the loaded index.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
@@ -15,9 +15,10 @@ use std::path::{Path, PathBuf};
 
 use rustc_hash::FxHashMap;
 
-use belfry_core::{LatePolicy, Priority, QueueName, Task, TaskId, TaskState, UnixMs};
+use belfry_core::{LatePolicy, Priority, QueueName, Task, TaskState, UnixMs};
 
 use super::bucket::{file_name, task_id};
+use super::keys::{KeyHasher, KeyIndex};
 use super::persist::BucketMeta;
 use super::record::{self, Record};
 use crate::store::{Result, StoreError};
@@ -35,7 +36,9 @@ pub(crate) struct Entry {
     pub state: TaskState,
     pub priority: Priority,
     pub late_policy: LatePolicy,
-    pub key: Option<Box<str>>,
+    /// The hash of the task's idempotency key (see `engine::keys`), to release it when the
+    /// task finishes.
+    pub key_hash: Option<u64>,
     pub dead_reason: Option<Box<str>>,
 }
 
@@ -310,8 +313,8 @@ pub(crate) struct Index {
     pub leases: BTreeSet<ReadyKey>,
     /// Dead tasks in loaded buckets.
     pub dead_loaded: u64,
-    /// Live idempotency keys.
-    pub keys: HashMap<String, TaskId>,
+    /// Live idempotency keys, by hash.
+    pub keys: KeyIndex,
 }
 
 fn priority_slot(priority: Priority) -> usize {
@@ -358,6 +361,8 @@ pub(crate) struct Queue {
     /// Unloaded buckets with something scheduled or leased, by wake time.
     pub wake: BTreeSet<(UnixMs, u64)>,
     pub index: Index,
+    /// The engine's idempotency-key hash.
+    pub hasher: KeyHasher,
 }
 
 /// Counters of work done by loads and replay, for tests and metrics.
@@ -380,7 +385,7 @@ pub struct EngineStats {
 }
 
 impl Queue {
-    pub fn new(name: QueueName, uid: u64, dir: PathBuf) -> Queue {
+    pub fn new(name: QueueName, uid: u64, dir: PathBuf, hasher: KeyHasher) -> Queue {
         Queue {
             name,
             uid,
@@ -388,6 +393,7 @@ impl Queue {
             buckets: BTreeMap::new(),
             wake: BTreeSet::new(),
             index: Index::default(),
+            hasher,
         }
     }
 
@@ -502,15 +508,12 @@ impl Queue {
                 state: TaskState::Scheduled,
                 priority: put.priority,
                 late_policy: put.late_policy,
-                key: put.idempotency_key.as_deref().map(Box::from),
+                key_hash: put.idempotency_key.as_deref().map(|k| self.hasher.hash(k)),
                 dead_reason: None,
             };
             self.index.insert(key, seq, &entry);
-            if let Some(k) = &put.idempotency_key {
-                self.index
-                    .keys
-                    .entry(k.clone())
-                    .or_insert(task_id(seq, key));
+            if let Some(hash) = entry.key_hash {
+                self.index.keys.insert(hash, task_id(seq, key));
             }
             entries.insert(seq, entry);
             return;
@@ -563,11 +566,8 @@ impl Queue {
         self.index.insert(key, seq, entry);
         // A finished task's key may be reused (the Store contract allows forgetting it).
         if matches!(entry.state, TaskState::Done | TaskState::Cancelled) {
-            if let Some(k) = &entry.key {
-                let id = task_id(seq, key);
-                if self.index.keys.get(&**k) == Some(&id) {
-                    self.index.keys.remove(&**k);
-                }
+            if let Some(hash) = entry.key_hash {
+                self.index.keys.remove(hash, task_id(seq, key));
             }
         }
     }
