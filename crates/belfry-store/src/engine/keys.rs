@@ -2,7 +2,7 @@
 //!
 //! Keys can be long (up to the API's limit) and a queue may hold many millions of keyed
 //! tasks, so memory holds a 64-bit keyed hash of each key, not the key: one `(hash, task id)`
-//! pair, about 40 bytes with the tree's overhead, whatever the key's length. A hash only
+//! pair, about 35 bytes with the tree's overhead, whatever the key's length. A hash only
 //! names candidates; the key itself is in the task's put record, and callers confirm a
 //! candidate by reading it (only on a hash match, so an insert of a new key reads nothing).
 //!
@@ -42,30 +42,43 @@ impl KeyHasher {
 }
 
 /// Live keys of one queue: `(hash, task id)` pairs. Two keys with the same hash are both
-/// kept; lookups return every task under a hash.
+/// kept; lookups return every task under a hash. The id is stored as two `u64` halves: a
+/// `u128` would align each element to 16 bytes (32 with the hash instead of 24).
 #[derive(Debug, Default)]
 pub(crate) struct KeyIndex {
-    pairs: BTreeSet<(u64, u128)>,
+    pairs: BTreeSet<(u64, u64, u64)>,
+}
+
+fn halves(id: TaskId) -> (u64, u64) {
+    ((id.0 >> 64) as u64, id.0 as u64)
+}
+
+fn whole(high: u64, low: u64) -> TaskId {
+    TaskId((u128::from(high) << 64) | u128::from(low))
 }
 
 impl KeyIndex {
     pub fn insert(&mut self, hash: u64, id: TaskId) {
-        self.pairs.insert((hash, id.0));
+        let (high, low) = halves(id);
+        self.pairs.insert((hash, high, low));
     }
 
     pub fn remove(&mut self, hash: u64, id: TaskId) {
-        self.pairs.remove(&(hash, id.0));
+        let (high, low) = halves(id);
+        self.pairs.remove(&(hash, high, low));
     }
 
     /// The tasks whose key has this hash: the key asked for is at most one of them.
     pub fn candidates(&self, hash: u64) -> impl Iterator<Item = TaskId> + '_ {
         self.pairs
-            .range((hash, 0)..=(hash, u128::MAX))
-            .map(|&(_, id)| TaskId(id))
+            .range((hash, 0, 0)..=(hash, u64::MAX, u64::MAX))
+            .map(|&(_, high, low)| whole(high, low))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (u64, TaskId)> + '_ {
-        self.pairs.iter().map(|&(hash, id)| (hash, TaskId(id)))
+        self.pairs
+            .iter()
+            .map(|&(hash, high, low)| (hash, whole(high, low)))
     }
 
     #[cfg(test)]
@@ -85,10 +98,12 @@ mod tests {
         index.insert(7, TaskId(2));
         index.insert(8, TaskId(3));
         index.insert(6, TaskId(4));
+        index.insert(7, TaskId(u128::MAX));
         let mut under_7: Vec<_> = index.candidates(7).collect();
         under_7.sort();
-        assert_eq!(under_7, vec![TaskId(1), TaskId(2)]);
+        assert_eq!(under_7, vec![TaskId(1), TaskId(2), TaskId(u128::MAX)]);
         index.remove(7, TaskId(1));
+        index.remove(7, TaskId(u128::MAX));
         assert_eq!(index.candidates(7).collect::<Vec<_>>(), vec![TaskId(2)]);
         // Removing a pair that is not there (another task's id) changes nothing.
         index.remove(8, TaskId(99));

@@ -10,7 +10,7 @@ use std::path::Path;
 use belfry_core::{QueueName, TaskId, UnixMs};
 use bytes::Bytes;
 
-use super::record::{put_str, put_u64, split_frame_limited, write_frame, Reader};
+use super::record::{put_str, put_u64, split_frame_limited, write_frame_header, Reader};
 use crate::store::{Result, StoreError};
 
 const META_MAGIC: &[u8; 8] = b"BLFYMETA";
@@ -120,11 +120,13 @@ fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
 
 /// Writes `body` as one frame to `path` atomically (temp file, fsync, rename, fsync dir).
 pub fn write_atomic(path: &Path, body: &[u8]) -> Result<()> {
-    let mut framed = Vec::with_capacity(body.len() + 8);
-    write_frame(&mut framed, body);
+    // The frame header, then the body as it is: a large checkpoint is not copied again.
+    let mut header = Vec::with_capacity(8);
+    write_frame_header(&mut header, body);
     let temp = path.with_extension("tmp");
     let mut file = File::create(&temp).map_err(io_err("create a temporary file"))?;
-    file.write_all(&framed)
+    file.write_all(&header)
+        .and_then(|()| file.write_all(body))
         .map_err(io_err("write a temporary file"))?;
     file.sync_all().map_err(io_err("fsync a temporary file"))?;
     drop(file);

@@ -164,10 +164,15 @@ pub fn split_frame_limited(bytes: &[u8], max: usize) -> Result<(&[u8], usize), D
 
 /// Appends `body` to `out` as one frame.
 pub fn write_frame(out: &mut Vec<u8>, body: &[u8]) {
+    write_frame_header(out, body);
+    out.extend_from_slice(body);
+}
+
+/// Appends the header of `body`'s frame (length and CRC) to `out`; the body follows it.
+pub fn write_frame_header(out: &mut Vec<u8>, body: &[u8]) {
     debug_assert!(body.len() <= FRAME_BODY_BYTES_MAX);
     out.extend_from_slice(&(body.len() as u32).to_le_bytes());
     out.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
-    out.extend_from_slice(body);
 }
 
 /// Decodes the first bucket frame of `bytes`: the record and the frame's total length.
