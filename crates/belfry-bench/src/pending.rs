@@ -8,7 +8,7 @@
 //! grows with the pending count (the slope over the second half of the fill, which the brief
 //! bounds) from memory that a server needs once it is busy (the step at the start).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -52,6 +52,10 @@ const TARGET_PENDING: u64 = 100_000_000;
 /// first part holds the one-off step of a server going from idle to busy (threads, buffers,
 /// allocator arenas), which is not a cost per pending task.
 const GROWTH_FIT_FROM: f64 = 0.5;
+
+/// Tasks whose request bodies the load generator builds at a time: ~500 MB of 200-byte
+/// tasks. The fill goes chunk by chunk, so 100M pending needs no 25 GB of prebuilt requests.
+const FILL_CHUNK_TASKS: u64 = 2_000_000;
 
 /// Fill levels at which the report shows the sampled RSS.
 const RSS_REPORT_FRACTIONS: [f64; 4] = [0.25, 0.5, 0.75, 1.0];
@@ -131,25 +135,21 @@ pub async fn run(args: PendingArgs) -> anyhow::Result<Report> {
     if args.spread_days == 0 {
         return Err(crate::BenchError::invalid("--spread-days", "must be at least 1").into());
     }
-    let due = due_times(
-        args.tasks,
-        unix_ms() + args.due_in_days.saturating_mul(86_400_000),
-        args.spread_days.saturating_mul(86_400_000),
-    );
-    let bodies = Arc::new(if args.idempotency_keys {
-        bodies_with_keys(&due, args.batch, args.payload_bytes, &unix_ms().to_string())
-    } else {
-        Bodies::build(&due, args.batch, args.payload_bytes)
-    });
+    let plan = FillPlan {
+        start_ms: unix_ms() + args.due_in_days.saturating_mul(86_400_000),
+        window_ms: args.spread_days.saturating_mul(86_400_000),
+        key_run: args.idempotency_keys.then(|| unix_ms().to_string()),
+    };
     let belfry = if args.server.baselines_only {
         None
     } else {
         let mut server = ServerUnderTest::connect_or_spawn(&args.server, &[]).await?;
-        let result = pending_belfry(&args, &mut server, bodies).await;
+        let result = pending_belfry(&args, &mut server, &plan).await;
         server.stop();
         Some(result?)
     };
     let redis = if args.baselines.wants(Baseline::Redis) {
+        let due = due_times(args.tasks, plan.start_ms, plan.window_ms);
         Some(pending_redis(&args, &due).await?)
     } else {
         None
@@ -157,10 +157,75 @@ pub async fn run(args: PendingArgs) -> anyhow::Result<Report> {
     Ok(build_report(&args, machine, belfry, redis))
 }
 
+/// What the fill submits: due times spread evenly over `[start_ms, start_ms + window_ms)`
+/// in task order (as [`due_times`]), keys `pending-{key_run}-{index}` when asked for.
+struct FillPlan {
+    start_ms: u64,
+    window_ms: u64,
+    key_run: Option<String>,
+}
+
+impl FillPlan {
+    /// Request bodies for tasks `from..to` of `tasks`.
+    fn bodies(&self, args: &PendingArgs, from: u64, to: u64) -> Bodies {
+        let due = due_range(args.tasks, self.start_ms, self.window_ms, from, to);
+        match &self.key_run {
+            Some(run) => bodies_with_keys(&due, args.batch, args.payload_bytes, run, from),
+            None => Bodies::build(&due, args.batch, args.payload_bytes),
+        }
+    }
+}
+
+/// Due times of tasks `from..to` out of `count` spread as [`due_times`] spreads them all.
+pub fn due_range(count: u64, start_ms: u64, window_ms: u64, from: u64, to: u64) -> Vec<u64> {
+    (from..to.min(count))
+        .map(|i| {
+            start_ms + (u128::from(i) * u128::from(window_ms) / u128::from(count.max(1))) as u64
+        })
+        .collect()
+}
+
+/// One outcome for a fill submitted in chunks: counts and times add up; CPU is averaged over
+/// the chunks' time; latency percentiles are the worst chunk's (an upper bound: histograms of
+/// chunks are not kept).
+pub fn merge_outcomes(parts: Vec<IngestOutcome>) -> Option<IngestOutcome> {
+    let mut parts = parts.into_iter();
+    let mut total = parts.next()?;
+    let mut client_cpu_s = total.cpu.client_cores * total.elapsed_s;
+    let mut server_cpu_s = total.cpu.server_cores.map(|c| c * total.elapsed_s);
+    for p in parts {
+        total.requests += p.requests;
+        total.accepted += p.accepted;
+        total.rejected += p.rejected;
+        total.failed_requests += p.failed_requests;
+        total.answered_after_due += p.answered_after_due;
+        total.first_error = total.first_error.or(p.first_error);
+        total.elapsed_s += p.elapsed_s;
+        client_cpu_s += p.cpu.client_cores * p.elapsed_s;
+        server_cpu_s = match (server_cpu_s, p.cpu.server_cores) {
+            (Some(s), Some(c)) => Some(s + c * p.elapsed_s),
+            _ => None,
+        };
+        let (a, b) = (&mut total.latency, p.latency);
+        a.count += b.count;
+        a.p50_us = a.p50_us.max(b.p50_us);
+        a.p90_us = a.p90_us.max(b.p90_us);
+        a.p99_us = a.p99_us.max(b.p99_us);
+        a.p999_us = a.p999_us.max(b.p999_us);
+        a.max_us = a.max_us.max(b.max_us);
+    }
+    let elapsed = total.elapsed_s.max(1e-9);
+    total.tasks_per_s = total.accepted as f64 / elapsed;
+    total.requests_per_s = total.requests as f64 / elapsed;
+    total.cpu.client_cores = client_cpu_s / elapsed;
+    total.cpu.server_cores = server_cpu_s.map(|s| s / elapsed);
+    Some(total)
+}
+
 async fn pending_belfry(
     args: &PendingArgs,
     server: &mut ServerUnderTest,
-    bodies: Arc<Bodies>,
+    plan: &FillPlan,
 ) -> anyhow::Result<PendingOutcome> {
     let queue = args
         .queue
@@ -171,36 +236,53 @@ async fn pending_belfry(
         ..Default::default()
     };
     create_queue(&server.target, &queue, "{}").await?;
-    let bar = progress(&args.output, args.tasks, "belfry fill");
+    // The bar of the chunk being submitted; each starts where the last one ended, so its
+    // position counts the tasks answered over the whole fill.
+    let answered = Arc::new(Mutex::new(ProgressBar::hidden()));
     let (stop_sampling, sampler) = match server.pid {
         Some(pid) => {
             let (stop, stopped) = tokio::sync::oneshot::channel();
             (
                 Some(stop),
-                Some(tokio::spawn(sample_rss(pid, bar.clone(), stopped))),
+                Some(tokio::spawn(sample_rss(pid, answered.clone(), stopped))),
             )
         }
         None => (None, None),
     };
-    let submit = run_ingest(
-        IngestJob {
-            label: "belfry".into(),
-            target: server.target.clone(),
-            // `--batch 1` bodies are single tasks, for the single-task endpoint.
-            path: if args.batch == 1 {
-                format!("/v1/queues/{queue}/tasks")
-            } else {
-                format!("/v1/queues/{queue}/tasks:batch")
-            },
-            bodies,
-            connections: args.connections,
-            answers: Answers::Belfry,
-            due_at_ms: None,
-            server_pid: server.pid,
-        },
-        bar,
-    )
-    .await;
+    let mut parts = Vec::new();
+    let mut from = 0;
+    while from < args.tasks {
+        let to = args.tasks.min(from + FILL_CHUNK_TASKS);
+        let bodies = Arc::new(plan.bodies(args, from, to));
+        let bar = progress(&args.output, args.tasks, "belfry fill");
+        bar.set_position(from);
+        if let Ok(mut current) = answered.lock() {
+            *current = bar.clone();
+        }
+        parts.push(
+            run_ingest(
+                IngestJob {
+                    label: "belfry".into(),
+                    target: server.target.clone(),
+                    // `--batch 1` bodies are single tasks, for the single-task endpoint.
+                    path: if args.batch == 1 {
+                        format!("/v1/queues/{queue}/tasks")
+                    } else {
+                        format!("/v1/queues/{queue}/tasks:batch")
+                    },
+                    bodies,
+                    connections: args.connections,
+                    answers: Answers::Belfry,
+                    due_at_ms: None,
+                    server_pid: server.pid,
+                },
+                bar,
+            )
+            .await,
+        );
+        from = to;
+    }
+    let submit = merge_outcomes(parts).ok_or_else(|| anyhow::anyhow!("nothing to fill"))?;
     if let Some(stop) = stop_sampling {
         let _ = stop.send(());
     }
@@ -242,7 +324,7 @@ async fn pending_belfry(
 /// fill has answered so far (the progress bar counts them, drawn or hidden), until `stop`.
 async fn sample_rss(
     pid: u32,
-    answered: ProgressBar,
+    answered: Arc<Mutex<ProgressBar>>,
     mut stop: tokio::sync::oneshot::Receiver<()>,
 ) -> Vec<RssSample> {
     let mut samples = Vec::new();
@@ -251,7 +333,9 @@ async fn sample_rss(
         tokio::select! {
             _ = &mut stop => return samples,
             _ = every.tick() => {
-                let tasks = answered.position();
+                let Ok(tasks) = answered.lock().map(|bar| bar.position()) else {
+                    return samples;
+                };
                 if let Some((rss, _)) = rss_bytes(pid) {
                     samples.push(RssSample { tasks, rss_bytes: rss });
                 }
@@ -292,12 +376,14 @@ pub fn extrapolate_rss(rss_bytes: u64, from_tasks: u64, per_task: f64, to_tasks:
 }
 
 /// Batch request bodies like [`Bodies::build`], each task with the idempotency key
-/// `pending-{run}-{index}` (unique per run, so a second run on the same queue adds tasks).
+/// `pending-{run}-{index}` (unique per run, so a second run on the same queue adds tasks),
+/// the first task being number `first_index` of the fill.
 pub fn bodies_with_keys(
     due_at_ms: &[u64],
     batch: usize,
     payload_bytes: usize,
     run: &str,
+    first_index: u64,
 ) -> Bodies {
     let batch = batch.max(1);
     let mut bodies = Vec::with_capacity(due_at_ms.len().div_ceil(batch));
@@ -309,7 +395,7 @@ pub fn bodies_with_keys(
             .iter()
             .enumerate()
             .map(|(offset, &due)| {
-                let index = start + offset as u64;
+                let index = first_index + start + offset as u64;
                 let payload: serde_json::Value =
                     serde_json::from_str(&crate::workload::payload(index, payload_bytes))
                         .unwrap_or(serde_json::Value::Null);
@@ -680,16 +766,72 @@ mod tests {
     #[test]
     fn keyed_bodies_give_each_task_its_own_key() {
         let due = crate::workload::due_times(5, 100, 10);
-        let b = bodies_with_keys(&due, 2, 64, "r1");
+        let b = bodies_with_keys(&due, 2, 64, "r1", 0);
         assert_eq!(b.bodies.len(), 3);
         assert_eq!((b.tasks_in(0), b.tasks_in(2)), (2, 1));
         let v: serde_json::Value = serde_json::from_slice(&b.bodies[1]).unwrap();
         assert_eq!(v["tasks"][1]["idempotency_key"], "pending-r1-3");
         assert_eq!(v["tasks"][1]["payload"]["i"], 3);
         assert_eq!(v["tasks"][1]["run_at_ms"], due[3]);
-        let single = bodies_with_keys(&due, 1, 64, "r1");
+        let single = bodies_with_keys(&due, 1, 64, "r1", 0);
         let v: serde_json::Value = serde_json::from_slice(&single.bodies[4]).unwrap();
         assert_eq!(v["idempotency_key"], "pending-r1-4");
+        // A later chunk numbers its keys from where it starts in the fill.
+        let later = bodies_with_keys(&due[3..], 2, 64, "r1", 3);
+        let v: serde_json::Value = serde_json::from_slice(&later.bodies[0]).unwrap();
+        assert_eq!(v["tasks"][0]["idempotency_key"], "pending-r1-3");
+    }
+
+    #[test]
+    fn chunks_of_due_times_join_into_the_whole_spread() {
+        let whole = due_times(1_003, 5_000, 86_400_000);
+        let mut joined = Vec::new();
+        for from in (0..1_003).step_by(100) {
+            joined.extend(due_range(1_003, 5_000, 86_400_000, from, from + 100));
+        }
+        assert_eq!(joined, whole);
+        assert!(due_range(10, 0, 10, 8, 50).len() == 2);
+    }
+
+    fn outcome(accepted: u64, elapsed_s: f64, server_cores: f64, p99_us: u64) -> IngestOutcome {
+        IngestOutcome {
+            label: "belfry".into(),
+            requests: accepted / 10,
+            accepted,
+            rejected: 1,
+            failed_requests: 0,
+            first_error: None,
+            elapsed_s,
+            tasks_per_s: accepted as f64 / elapsed_s,
+            requests_per_s: 0.0,
+            latency: crate::stats::Percentiles {
+                count: accepted / 10,
+                p99_us,
+                ..Default::default()
+            },
+            cpu: crate::sys::CpuUse {
+                client_cores: 0.5,
+                server_cores: Some(server_cores),
+            },
+            answered_after_due: 0,
+        }
+    }
+
+    #[test]
+    fn chunk_outcomes_add_up() {
+        assert!(merge_outcomes(Vec::new()).is_none());
+        let mut second = outcome(300, 3.0, 0.5, 70);
+        second.first_error = Some("later".into());
+        let m = merge_outcomes(vec![outcome(100, 1.0, 1.0, 90), second]).unwrap();
+        assert_eq!((m.accepted, m.rejected, m.requests), (400, 2, 40));
+        assert_eq!(m.elapsed_s, 4.0);
+        assert_eq!(m.tasks_per_s, 100.0);
+        assert_eq!(m.requests_per_s, 10.0);
+        // 1 core for 1 s and 0.5 for 3 s: 2.5 CPU-seconds over 4 s.
+        assert_eq!(m.cpu.server_cores, Some(0.625));
+        assert_eq!(m.cpu.client_cores, 0.5);
+        assert_eq!((m.latency.count, m.latency.p99_us), (40, 90));
+        assert_eq!(m.first_error.as_deref(), Some("later"));
     }
 
     #[test]
