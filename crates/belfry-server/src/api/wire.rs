@@ -78,17 +78,32 @@ pub fn parse_hex_id(text: &str) -> Option<TaskId> {
     Some(TaskId::from_u128(value))
 }
 
+/// "00" to "99": two digits per division when writing numbers (due times and lease ids have
+/// 13 to 20 digits, and a lease answer writes four numbers per task).
+const DIGIT_PAIRS: &[u8; 200] = b"\
+0001020304050607080910111213141516171819\
+2021222324252627282930313233343536373839\
+4041424344454647484950515253545556575859\
+6061626364656667686970717273747576777879\
+8081828384858687888990919293949596979899";
+
 /// `value` in decimal, as serde_json writes integers.
 pub fn push_u64(out: &mut Vec<u8>, mut value: u64) {
     let mut digits = [0u8; 20];
     let mut start = digits.len();
-    loop {
+    while value >= 100 {
+        let pair = (value % 100) as usize * 2;
+        value /= 100;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    }
+    if value >= 10 {
+        let pair = value as usize * 2;
+        start -= 2;
+        digits[start..start + 2].copy_from_slice(&DIGIT_PAIRS[pair..pair + 2]);
+    } else {
         start -= 1;
-        digits[start] = b'0' + (value % 10) as u8;
-        value /= 10;
-        if value == 0 {
-            break;
-        }
+        digits[start] = b'0' + value as u8;
     }
     out.extend_from_slice(&digits[start..]);
 }
@@ -438,7 +453,10 @@ mod tests {
             assert_eq!(parse_hex_id(bad), None, "{bad:?}");
             assert!(bad.parse::<TaskId>().is_err());
         }
-        for value in [0, 9, 10, 99, 100, 12_345, u64::MAX] {
+        let mut values = vec![0, 9, 10, 11, 99, 100, 101, 999, 1_000, 12_345, u64::MAX];
+        values.extend((0..64).map(|shift| 1u64 << shift));
+        values.extend((1..20).map(|exp| 10u64.pow(exp) - 1));
+        for value in values {
             let mut out = Vec::new();
             push_u64(&mut out, value);
             assert_eq!(out, value.to_string().as_bytes());
