@@ -13,8 +13,6 @@ use std::io::{BufReader, ErrorKind, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use rustc_hash::FxHashMap;
-
 use belfry_core::{LatePolicy, Priority, QueueName, Task, TaskState, UnixMs};
 
 use super::bucket::{file_name, task_id};
@@ -42,6 +40,83 @@ pub(crate) struct Entry {
     pub dead_reason: Option<Box<str>>,
 }
 
+/// The entries of a loaded bucket, by sequence number: sorted sequence numbers in one array
+/// and the entries in another, same order.
+///
+/// A bucket's records arrive in sequence order (puts are numbered under the engine lock and
+/// appended in that order; a load reads the file front to back), so an insert is a push and
+/// the arrays stay sorted. Claims and acks visit tasks in due order, which within a due time
+/// is sequence order: neighbouring lookups touch neighbouring memory, and a search walks a
+/// dense array of `u64`s (8 bytes a task) rather than a hash table of whole entries, which
+/// in a large bucket missed the cache on nearly every lookup. When sequence numbers are
+/// consecutive, the position is computed and checked without a search.
+#[derive(Debug, Default)]
+pub(crate) struct Entries {
+    seqs: Vec<u64>,
+    items: Vec<Entry>,
+}
+
+impl Entries {
+    fn position(&self, seq: u64) -> Result<usize, usize> {
+        let first = match self.seqs.first() {
+            Some(&first) => first,
+            None => return Err(0),
+        };
+        // Dense numbering: the guess is right.
+        if let Some(guess) = seq.checked_sub(first).and_then(|d| usize::try_from(d).ok()) {
+            if self.seqs.get(guess) == Some(&seq) {
+                return Ok(guess);
+            }
+        }
+        self.seqs.binary_search(&seq)
+    }
+
+    pub fn get(&self, seq: &u64) -> Option<&Entry> {
+        self.position(*seq).ok().map(|at| &self.items[at])
+    }
+
+    pub fn get_mut(&mut self, seq: &u64) -> Option<&mut Entry> {
+        self.position(*seq).ok().map(|at| &mut self.items[at])
+    }
+
+    pub fn contains_key(&self, seq: &u64) -> bool {
+        self.position(*seq).is_ok()
+    }
+
+    /// Adds an entry (replacing one with the same sequence number).
+    pub fn insert(&mut self, seq: u64, entry: Entry) {
+        if self.seqs.last().is_none_or(|&last| last < seq) {
+            self.seqs.push(seq);
+            self.items.push(entry);
+            return;
+        }
+        match self.position(seq) {
+            Ok(at) => self.items[at] = entry,
+            Err(at) => {
+                self.seqs.insert(at, seq);
+                self.items.insert(at, entry);
+            }
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.seqs.len()
+    }
+
+    pub fn values(&self) -> impl Iterator<Item = &Entry> {
+        self.items.iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a Entries {
+    type Item = (&'a u64, &'a Entry);
+    type IntoIter = std::iter::Zip<std::slice::Iter<'a, u64>, std::slice::Iter<'a, Entry>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.seqs.iter().zip(self.items.iter())
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Bucket {
     pub path: PathBuf,
@@ -53,9 +128,7 @@ pub(crate) struct Bucket {
     /// Exact counts while unloaded; recomputed from `entries` when a loaded bucket is
     /// unloaded or checkpointed.
     pub meta: BucketMeta,
-    /// Keyed by sequence number. Sequence numbers come from the engine, never from a client,
-    /// so a fast non-keyed hash is safe here (idempotency keys keep the default hasher).
-    pub entries: Option<FxHashMap<u64, Entry>>,
+    pub entries: Option<Entries>,
     reader: Option<File>,
 }
 
@@ -67,7 +140,7 @@ impl Bucket {
             buf: Vec::new(),
             dirty: false,
             meta,
-            entries: loaded.then(FxHashMap::default),
+            entries: loaded.then(Entries::default),
             reader: None,
         }
     }
@@ -455,7 +528,7 @@ impl Queue {
         };
         records.extend(bucket.decode_rest(from)?);
         let wake = bucket.meta.wake_ms();
-        bucket.entries = Some(FxHashMap::default());
+        bucket.entries = Some(Entries::default());
         if let Some(wake) = wake {
             self.wake.remove(&(wake, key));
         }
