@@ -129,7 +129,8 @@ pub(crate) struct Bucket {
     /// unloaded or checkpointed.
     pub meta: BucketMeta,
     pub entries: Option<Entries>,
-    reader: Option<File>,
+    /// Open for reads and appends while the bucket is loaded (see [`Bucket::flush`]).
+    file: Option<File>,
 }
 
 impl Bucket {
@@ -141,7 +142,7 @@ impl Bucket {
             dirty: false,
             meta,
             entries: loaded.then(Entries::default),
-            reader: None,
+            file: None,
         }
     }
 
@@ -162,21 +163,21 @@ impl Bucket {
         if self.buf.is_empty() {
             return Ok(0);
         }
-        let mut file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.path)
+        let file = open_bucket_file(&mut self.file, &self.path)?;
+        (&*file)
+            .write_all(&self.buf)
             .map_err(|source| StoreError::Io {
-                context: "open a bucket file for append",
+                context: "append to a bucket file",
                 source,
             })?;
-        file.write_all(&self.buf).map_err(|source| StoreError::Io {
-            context: "append to a bucket file",
-            source,
-        })?;
         let written = self.buf.len();
         self.flushed_len += written as u64;
         self.buf.clear();
+        // Loaded buckets (near now) keep their file open for the next write or read; far
+        // ones, written to rarely and possibly by the hundred, do not hold a descriptor.
+        if self.entries.is_none() {
+            self.file = None;
+        }
         Ok(written)
     }
 
@@ -245,21 +246,13 @@ impl Bucket {
             })?;
             return Ok(bytes::Bytes::copy_from_slice(bytes));
         }
-        if self.reader.is_none() {
-            let file = File::open(&self.path).map_err(|source| StoreError::Io {
-                context: "open a bucket file to read a task",
+        let mut owned = vec![0; (end - start) as usize];
+        open_bucket_file(&mut self.file, &self.path)?
+            .read_exact_at(&mut owned, start)
+            .map_err(|source| StoreError::Io {
+                context: "read tasks from a bucket file",
                 source,
             })?;
-            self.reader = Some(file);
-        }
-        let mut owned = vec![0; (end - start) as usize];
-        if let Some(file) = &self.reader {
-            file.read_exact_at(&mut owned, start)
-                .map_err(|source| StoreError::Io {
-                    context: "read tasks from a bucket file",
-                    source,
-                })?;
-        }
         Ok(bytes::Bytes::from(owned))
     }
 
@@ -288,6 +281,23 @@ pub(crate) struct TaskFacts {
     pub attempts: u32,
     pub until: Option<UnixMs>,
     pub dead_reason: Option<String>,
+}
+
+/// A bucket's file, opened once for reads and appends (created if missing).
+fn open_bucket_file<'a>(slot: &'a mut Option<File>, path: &Path) -> Result<&'a File> {
+    if let Some(file) = slot {
+        return Ok(file);
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .open(path)
+        .map_err(|source| StoreError::Io {
+            context: "open a bucket file",
+            source,
+        })?;
+    Ok(slot.insert(file))
 }
 
 /// A decoded record with its offset and length in the bucket file.
@@ -553,7 +563,7 @@ impl Queue {
             self.index.remove(key, *seq, entry);
         }
         bucket.meta = meta;
-        bucket.reader = None;
+        bucket.file = None;
         if let Some(wake) = meta.wake_ms() {
             self.wake.insert((wake, key));
         }
