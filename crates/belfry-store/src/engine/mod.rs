@@ -502,17 +502,18 @@ impl State {
 
     /// Appends a call's records: to the bucket buffers and the WAL queue, then applies them
     /// to memory. Returns the WAL position the caller must wait for.
+    /// `pending` is borrowed so the caller drops it (payloads, strings) after the lock.
     fn commit(
         &mut self,
         batch: WalBatch,
-        pending: Vec<Pending>,
+        pending: &[Pending],
         options: &EngineOptions,
     ) -> Result<u64> {
         if pending.is_empty() {
             return Ok(0);
         }
         let frame = batch.finish();
-        for p in &pending {
+        for p in pending {
             let Some(queue) = self.queues.get_mut(&p.uid) else {
                 continue;
             };
@@ -943,7 +944,7 @@ impl Engine {
             return Ok(());
         }
         let keep = pending.first().map(|p| (p.uid, p.key));
-        let ticket = match state.commit(batch, pending, &self.core.options) {
+        let ticket = match state.commit(batch, &pending, &self.core.options) {
             Ok(ticket) => ticket,
             Err(error) => {
                 state.poison(&error);
@@ -953,6 +954,7 @@ impl Engine {
         state.trim_far(keep, &self.core.options);
         let checkpoint_due = self.checkpoint_due(&state);
         drop(state);
+        drop(pending);
         self.finish(ticket, delivery, checkpoint_due)
     }
 
@@ -1776,7 +1778,7 @@ impl Store for Engine {
         if pending.is_empty() {
             return Ok(result);
         }
-        let ticket = match state.commit(batch, pending, &self.core.options) {
+        let ticket = match state.commit(batch, &pending, &self.core.options) {
             Ok(ticket) => ticket,
             Err(error) => {
                 state.poison(&error);
