@@ -300,6 +300,9 @@ impl Drop for Flusher {
     }
 }
 
+/// Idempotency keys copied into a checkpoint per hold of the state lock.
+const CHECKPOINT_KEY_CHUNK: usize = 16 * 1024;
+
 /// About the bytes a lease record takes in a WAL frame (target, framing, fields).
 const LEASE_RECORD_BYTES_HINT: usize = 64;
 
@@ -451,6 +454,8 @@ struct CheckpointPlan {
     sync_dirs: Vec<PathBuf>,
     /// Finished buckets `(uid, key, length)`, deleted in phase C if still untouched.
     doomed: Vec<(u64, u64, u64)>,
+    /// Queues whose idempotency keys phase C copies into the checkpoint.
+    key_queues: Vec<u64>,
 }
 
 /// One record of a call: where it goes and its bytes' place in the WAL batch.
@@ -1251,7 +1256,7 @@ impl Core {
         // Phase C.
         let mut checkpoint = plan.checkpoint;
         checkpoint.wal_start = old_wal + 1;
-        checkpoint.write(&self.dir.join(CHECKPOINT_FILE))?;
+        self.write_checkpoint(&checkpoint, &plan.key_queues)?;
         for n in old_wal_files(&self.dir)? {
             if n <= old_wal {
                 fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
@@ -1288,6 +1293,45 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// Writes the checkpoint file, streaming the idempotency keys of `key_queues` from the
+    /// live index a chunk at a time, taking the state lock per chunk: a queue with millions
+    /// of keys neither stalls calls while it is copied nor is copied whole into memory.
+    ///
+    /// The copy is later than phase A, and that is sound: every key inserted since then has
+    /// its put in WAL files that replay reads after this checkpoint (and re-inserts), and
+    /// every key released since then has its task's finishing record there too (replay
+    /// loads that bucket, which releases it again). A key released before phase A is not
+    /// in the index any more, so it cannot be copied.
+    fn write_checkpoint(&self, checkpoint: &Checkpoint, key_queues: &[u64]) -> Result<()> {
+        let mut writer = persist::FramedWriter::create(&self.dir.join(CHECKPOINT_FILE))?;
+        writer.write(&checkpoint.encode_head())?;
+        let mut chunk = Vec::new();
+        let mut bytes = Vec::new();
+        for &uid in key_queues {
+            let mut after = None;
+            loop {
+                chunk.clear();
+                {
+                    let state = self.state.lock();
+                    let Some(queue) = state.queues.get(&uid) else {
+                        break; // deleted meanwhile
+                    };
+                    let pairs = queue.index.keys.chunk_after(after, CHECKPOINT_KEY_CHUNK);
+                    chunk.extend(pairs.iter().map(|&(hash, id)| (uid, hash, id)));
+                    after = pairs.last().copied();
+                }
+                if chunk.is_empty() {
+                    break;
+                }
+                bytes.clear();
+                persist::encode_key_chunk(&mut bytes, &chunk);
+                writer.write(&bytes)?;
+            }
+        }
+        writer.write(&persist::KEY_CHUNKS_END)?;
+        writer.finish()
     }
 
     /// Phase A of a checkpoint, under the state lock: unloads far buckets, picks finished
@@ -1334,10 +1378,8 @@ impl Core {
             if any_dirty {
                 plan.sync_dirs.push(queue.dir.clone());
             }
-            let uid = queue.uid;
-            plan.checkpoint
-                .keys
-                .extend(queue.index.keys.iter().map(|(hash, id)| (uid, hash, id)));
+            // Keys are copied in phase C, a chunk at a time (see there).
+            plan.key_queues.push(queue.uid);
         }
         plan.checkpoint.next_seq = state.next_seq;
         plan.checkpoint.next_lease = state.next_lease;

@@ -10,7 +10,7 @@ use std::path::Path;
 use belfry_core::{QueueName, TaskId, UnixMs};
 use bytes::Bytes;
 
-use super::record::{put_str, put_u64, split_frame_limited, write_frame_header, Reader};
+use super::record::{put_str, put_u64, split_frame_limited, Reader};
 use crate::store::{Result, StoreError};
 
 const META_MAGIC: &[u8; 8] = b"BLFYMETA";
@@ -120,21 +120,71 @@ fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
 
 /// Writes `body` as one frame to `path` atomically (temp file, fsync, rename, fsync dir).
 pub fn write_atomic(path: &Path, body: &[u8]) -> Result<()> {
-    // The frame header, then the body as it is: a large checkpoint is not copied again.
-    let mut header = Vec::with_capacity(8);
-    write_frame_header(&mut header, body);
-    let temp = path.with_extension("tmp");
-    let mut file = File::create(&temp).map_err(io_err("create a temporary file"))?;
-    file.write_all(&header)
-        .and_then(|()| file.write_all(body))
-        .map_err(io_err("write a temporary file"))?;
-    file.sync_all().map_err(io_err("fsync a temporary file"))?;
-    drop(file);
-    fs::rename(&temp, path).map_err(io_err("rename a temporary file into place"))?;
-    if let Some(parent) = path.parent() {
-        sync_dir(parent)?;
+    let mut writer = FramedWriter::create(path)?;
+    writer.write(body)?;
+    writer.finish()
+}
+
+/// Writes one frame to a file atomically, its body in pieces, so a large body (a checkpoint
+/// with millions of idempotency keys) is never held whole in memory: a placeholder header,
+/// the pieces (their CRC computed on the way), then the real header, fsync, rename, fsync dir.
+pub struct FramedWriter {
+    file: std::io::BufWriter<File>,
+    crc: crc32fast::Hasher,
+    len: u64,
+    temp: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+/// Buffer between a framed file's pieces and the disk.
+const FRAMED_WRITE_BUFFER_BYTES: usize = 1024 * 1024;
+
+impl FramedWriter {
+    pub fn create(path: &Path) -> Result<FramedWriter> {
+        let temp = path.with_extension("tmp");
+        let file = File::create(&temp).map_err(io_err("create a temporary file"))?;
+        let mut file = std::io::BufWriter::with_capacity(FRAMED_WRITE_BUFFER_BYTES, file);
+        file.write_all(&[0; 8])
+            .map_err(io_err("write a temporary file"))?;
+        Ok(FramedWriter {
+            file,
+            crc: crc32fast::Hasher::new(),
+            len: 0,
+            temp,
+            path: path.to_path_buf(),
+        })
     }
-    Ok(())
+
+    pub fn write(&mut self, piece: &[u8]) -> Result<()> {
+        self.crc.update(piece);
+        self.len += piece.len() as u64;
+        self.file
+            .write_all(piece)
+            .map_err(io_err("write a temporary file"))
+    }
+
+    pub fn finish(self) -> Result<()> {
+        let len = u32::try_from(self.len).map_err(|_| StoreError::Io {
+            context: "write a metadata file",
+            source: std::io::Error::other("body longer than a frame can hold (4 GiB)"),
+        })?;
+        let file = self.file.into_inner().map_err(|e| StoreError::Io {
+            context: "write a temporary file",
+            source: e.into_error(),
+        })?;
+        let mut header = [0u8; 8];
+        header[..4].copy_from_slice(&len.to_le_bytes());
+        header[4..].copy_from_slice(&self.crc.finalize().to_le_bytes());
+        std::os::unix::fs::FileExt::write_all_at(&file, &header, 0)
+            .map_err(io_err("write a temporary file"))?;
+        file.sync_all().map_err(io_err("fsync a temporary file"))?;
+        drop(file);
+        fs::rename(&self.temp, &self.path).map_err(io_err("rename a temporary file into place"))?;
+        if let Some(parent) = self.path.parent() {
+            sync_dir(parent)?;
+        }
+        Ok(())
+    }
 }
 
 pub fn sync_dir(dir: &Path) -> Result<()> {
@@ -292,15 +342,23 @@ impl Checkpoint {
         }
         if version >= CHECKPOINT_VERSION {
             checkpoint.key_secret = Some((u64_field(&mut r)?, u64_field(&mut r)?));
-        }
-        let keys = u64_field(&mut r)?;
-        for _ in 0..keys {
-            let uid = u64_field(&mut r)?;
-            if version >= CHECKPOINT_VERSION {
-                let hash = u64_field(&mut r)?;
-                let id = task_id_field(&mut r)?;
-                checkpoint.keys.push((uid, hash, id));
-            } else {
+            // Chunks of `(uid, hash, id)`, each after its count; a count of 0 ends them.
+            loop {
+                let count = u64_field(&mut r)?;
+                if count == 0 {
+                    break;
+                }
+                for _ in 0..count {
+                    let uid = u64_field(&mut r)?;
+                    let hash = u64_field(&mut r)?;
+                    let id = task_id_field(&mut r)?;
+                    checkpoint.keys.push((uid, hash, id));
+                }
+            }
+        } else {
+            let keys = u64_field(&mut r)?;
+            for _ in 0..keys {
+                let uid = u64_field(&mut r)?;
                 let key = r.string(NAME_BYTES_MAX).map_err(|_| "key")?;
                 let id = task_id_field(&mut r)?;
                 checkpoint.legacy_keys.push((uid, key, id));
@@ -312,7 +370,20 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
+    /// Writes the checkpoint with the keys in `self.keys`.
     pub fn write(&self, path: &Path) -> Result<()> {
+        let mut writer = FramedWriter::create(path)?;
+        writer.write(&self.encode_head())?;
+        let mut chunk = Vec::new();
+        encode_key_chunk(&mut chunk, &self.keys);
+        writer.write(&chunk)?;
+        writer.write(&KEY_CHUNKS_END)?;
+        writer.finish()
+    }
+
+    /// Everything before the idempotency keys, which follow as chunks (see
+    /// [`encode_key_chunk`]) ended by [`KEY_CHUNKS_END`].
+    pub fn encode_head(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.buckets.len() * 72);
         out.extend_from_slice(CHECKPOINT_MAGIC);
         out.push(CHECKPOINT_VERSION);
@@ -345,14 +416,26 @@ impl Checkpoint {
         let (k0, k1) = self.key_secret.unwrap_or_default();
         put_u64(&mut out, k0);
         put_u64(&mut out, k1);
-        put_u64(&mut out, self.keys.len() as u64);
-        for (uid, hash, id) in &self.keys {
-            put_u64(&mut out, *uid);
-            put_u64(&mut out, *hash);
-            put_u64(&mut out, (id.0 >> 64) as u64);
-            put_u64(&mut out, id.0 as u64);
-        }
-        write_atomic(path, &out)
+        out
+    }
+}
+
+/// Ends the key chunks of a checkpoint (a chunk count of zero).
+pub const KEY_CHUNKS_END: [u8; 8] = [0; 8];
+
+/// Appends one chunk of idempotency keys `(uid, hash, id)` to `out` (nothing if empty: an
+/// empty chunk would end the list).
+pub fn encode_key_chunk(out: &mut Vec<u8>, keys: &[(u64, u64, TaskId)]) {
+    if keys.is_empty() {
+        return;
+    }
+    out.reserve(8 + keys.len() * 32);
+    put_u64(out, keys.len() as u64);
+    for (uid, hash, id) in keys {
+        put_u64(out, *uid);
+        put_u64(out, *hash);
+        put_u64(out, (id.0 >> 64) as u64);
+        put_u64(out, id.0 as u64);
     }
 }
 
