@@ -172,11 +172,15 @@ impl Bucket {
             })?;
         let written = self.buf.len();
         self.flushed_len += written as u64;
-        self.buf.clear();
-        // Loaded buckets (near now) keep their file open for the next write or read; far
-        // ones, written to rarely and possibly by the hundred, do not hold a descriptor.
+        // Loaded buckets (near now) keep their file open and their buffer's capacity for the
+        // next write; far ones, written to rarely and possibly by the hundred, hold neither
+        // a descriptor nor memory (a kept 256 KiB-plus buffer per far bucket was most of the
+        // heap after a fill spread over two years).
         if self.entries.is_none() {
             self.file = None;
+            self.buf = Vec::new();
+        } else {
+            self.buf.clear();
         }
         Ok(written)
     }
