@@ -1112,3 +1112,46 @@ async fn a_flood_of_requests_is_refused_as_overloaded_not_queued() {
     // With the slot free again, requests are served.
     s.submit("q", json!({"payload": 3})).await;
 }
+
+/// The value of the sample `series` (name and labels exactly as rendered) in a Prometheus text
+/// page, if present.
+fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
+}
+
+/// Metric handles are cached per thread after the first request: later requests must still
+/// be counted, each once. Other tests in this process share the route label (not this
+/// queue's), so the route's count is checked to grow by at least ours.
+#[tokio::test]
+async fn repeated_submits_are_each_counted() {
+    let s = TestServer::start().await;
+    s.queue("counted-each", json!({})).await;
+    let metrics_text = || async {
+        s.http
+            .get(format!("{}/metrics", s.base))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let route = "belfry_http_request_duration_seconds_count{method=\"POST\",route=\"/v1/queues/{queue}/tasks\",status=\"201\"}";
+    let before = metric_value(&metrics_text().await, route).unwrap_or(0.0);
+    for i in 0..5 {
+        s.submit("counted-each", json!({"payload": i})).await;
+    }
+    let text = metrics_text().await;
+    assert_eq!(
+        metric_value(
+            &text,
+            "belfry_tasks_submitted_total{queue=\"counted-each\"}"
+        ),
+        Some(5.0),
+        "in:\n{text}"
+    );
+    let after = metric_value(&text, route).unwrap_or(0.0);
+    assert!(after - before >= 5.0, "{route}: {before} then {after}");
+}

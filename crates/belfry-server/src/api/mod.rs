@@ -115,7 +115,7 @@ where
         Box::pin(async move {
             let response = response.await?;
             metrics::http_request(
-                method.as_str(),
+                &method,
                 route.as_ref().map_or("unmatched", MatchedPath::as_str),
                 response.status().as_u16(),
                 started.elapsed().as_secs_f64(),
