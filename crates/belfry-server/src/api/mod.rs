@@ -19,6 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
+use axum::http::Method;
 use axum::response::Response;
 use axum::routing::{get, post, put};
 use axum::Router;
@@ -95,11 +96,11 @@ struct TrackLatency<S> {
 impl<S> tower::Service<Request> for TrackLatency<S>
 where
     S: tower::Service<Request, Response = Response, Error = Infallible>,
-    S::Future: Send + 'static,
+    S::Future: Unpin,
 {
     type Response = Response;
     type Error = Infallible;
-    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+    type Future = TrackLatencyFuture<S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         self.inner.poll_ready(cx)
@@ -111,16 +112,43 @@ where
         // without allocating.
         let method = request.method().clone();
         let route = request.extensions().get::<MatchedPath>().cloned();
-        let response = self.inner.call(request);
-        Box::pin(async move {
-            let response = response.await?;
-            metrics::http_request(
-                &method,
-                route.as_ref().map_or("unmatched", MatchedPath::as_str),
-                response.status().as_u16(),
-                started.elapsed().as_secs_f64(),
-            );
-            Ok(response)
-        })
+        TrackLatencyFuture {
+            inner: self.inner.call(request),
+            started,
+            method,
+            route,
+        }
+    }
+}
+
+/// The inner response future, then the latency record. A named future rather than a boxed
+/// `async` block: one allocation less per request. The router's futures are `Unpin` (they
+/// box what they run), so no pin projection is needed.
+struct TrackLatencyFuture<F> {
+    inner: F,
+    started: Instant,
+    method: Method,
+    route: Option<MatchedPath>,
+}
+
+impl<F> Future for TrackLatencyFuture<F>
+where
+    F: Future<Output = Result<Response, Infallible>> + Unpin,
+{
+    type Output = Result<Response, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let response = match Pin::new(&mut self.inner).poll(cx) {
+            Poll::Ready(Ok(response)) => response,
+            Poll::Ready(Err(never)) => match never {},
+            Poll::Pending => return Poll::Pending,
+        };
+        metrics::http_request(
+            &self.method,
+            self.route.as_ref().map_or("unmatched", MatchedPath::as_str),
+            response.status().as_u16(),
+            self.started.elapsed().as_secs_f64(),
+        );
+        Poll::Ready(Ok(response))
     }
 }
