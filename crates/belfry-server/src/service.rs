@@ -147,7 +147,8 @@ impl Service {
         let webhook_client = belfry_sinks::try_client_for(&policy)
             .map_err(|e| ServiceError::Internal(format!("build the webhook HTTP client: {e}")))?;
         let store_calls = tokio::sync::Semaphore::new(config.store_calls_in_flight_max);
-        let submits = crate::coalesce::Coalescer::start(&store);
+        let submits = crate::coalesce::Coalescer::start(&store)
+            .map_err(|e| ServiceError::Internal(format!("start the submit writer thread: {e}")))?;
         Ok(Service {
             submits,
             store,
