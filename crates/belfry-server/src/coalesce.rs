@@ -139,3 +139,50 @@ fn write(store: &dyn Store, batch: Vec<Pending>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use belfry_core::QueueName;
+    use belfry_store::MemoryStore;
+
+    /// Submits to a queue that does not exist fail on their own, whether or not they were
+    /// coalesced with submits to one that does (a combined put fails as a whole, so the
+    /// writer must then put each submit alone): every other submit is stored, once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_submit_fails_alone_and_the_others_are_stored_once() {
+        let present = QueueName::new("present").unwrap();
+        let missing = QueueName::new("missing").unwrap();
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+        store.put_queue(&present, bytes::Bytes::new()).unwrap();
+        let coalescer = Arc::new(Coalescer::start(&store).unwrap());
+        let submits: Vec<_> = (0..200u64)
+            .map(|i| {
+                let queue = if i % 4 == 3 { &missing } else { &present };
+                let task = NewTask::new(queue.clone(), 1_000 + i, format!("{i}"));
+                let coalescer = Arc::clone(&coalescer);
+                tokio::spawn(async move { (i, coalescer.put(vec![task]).await) })
+            })
+            .collect();
+        let mut ids = std::collections::HashSet::new();
+        for submit in submits {
+            let (i, answer) = submit.await.unwrap();
+            if i % 4 == 3 {
+                assert!(
+                    matches!(&answer, Err(StoreError::QueueNotFound(q)) if *q == missing),
+                    "submit {i}: {answer:?}"
+                );
+            } else {
+                let outcomes = answer.unwrap();
+                assert_eq!(outcomes.len(), 1, "submit {i}");
+                let PutOutcome::Created { id, due_at_ms } = &outcomes[0] else {
+                    panic!("submit {i}: {outcomes:?}");
+                };
+                assert_eq!(*due_at_ms, 1_000 + i, "submit {i} got another's outcome");
+                assert!(ids.insert(*id), "submit {i}: id {id:?} given twice");
+            }
+        }
+        assert_eq!(ids.len(), 150);
+        assert_eq!(store.counts(&present, 0).unwrap().pending, 150);
+    }
+}
