@@ -385,40 +385,18 @@ pub fn bodies_with_keys(
     run: &str,
     first_index: u64,
 ) -> Bodies {
-    let batch = batch.max(1);
-    let mut bodies = Vec::with_capacity(due_at_ms.len().div_ceil(batch));
-    let mut first = Vec::with_capacity(bodies.capacity());
-    for (chunk_number, chunk) in due_at_ms.chunks(batch).enumerate() {
-        let start = (chunk_number * batch) as u64;
-        first.push(start);
-        let tasks: Vec<serde_json::Value> = chunk
-            .iter()
-            .enumerate()
-            .map(|(offset, &due)| {
-                let index = first_index + start + offset as u64;
-                let payload: serde_json::Value =
-                    serde_json::from_str(&crate::workload::payload(index, payload_bytes))
-                        .unwrap_or(serde_json::Value::Null);
-                json!({
-                    "payload": payload,
-                    "run_at_ms": due,
-                    "idempotency_key": format!("pending-{run}-{index}"),
-                })
-            })
-            .collect();
-        let body = if batch == 1 {
-            tasks.into_iter().next().unwrap_or_default()
-        } else {
-            json!({ "tasks": tasks })
-        };
-        bodies.push(Bytes::from(body.to_string()));
-    }
-    Bodies {
-        batch,
-        bodies,
-        first,
-        tasks: due_at_ms.len() as u64,
-    }
+    Bodies::from_tasks(due_at_ms, batch, |offset, due| {
+        let index = first_index + offset;
+        let payload: serde_json::Value =
+            serde_json::from_str(&crate::workload::payload(index, payload_bytes))
+                .unwrap_or(serde_json::Value::Null);
+        json!({
+            "payload": payload,
+            "run_at_ms": due,
+            "idempotency_key": format!("pending-{run}-{index}"),
+        })
+        .to_string()
+    })
 }
 
 /// The queue's `pending` count from `GET /v1/queues/{queue}`, wherever the object puts it.

@@ -67,6 +67,18 @@ pub struct Bodies {
 
 impl Bodies {
     pub fn build(due_at_ms: &[u64], batch: usize, payload_bytes: usize) -> Self {
+        Bodies::from_tasks(due_at_ms, batch, |index, due| {
+            task_json(index, due, payload_bytes)
+        })
+    }
+
+    /// Request bodies of `batch` tasks each (one bare task object when `batch` is 1), the
+    /// JSON of each task written by `task(index in due_at_ms, due time)`.
+    pub fn from_tasks(
+        due_at_ms: &[u64],
+        batch: usize,
+        mut task: impl FnMut(u64, u64) -> String,
+    ) -> Self {
         let batch = batch.max(1);
         let mut bodies = Vec::with_capacity(due_at_ms.len().div_ceil(batch));
         let mut first = Vec::with_capacity(bodies.capacity());
@@ -74,16 +86,16 @@ impl Bodies {
             let start = (chunk_number * batch) as u64;
             first.push(start);
             if batch == 1 {
-                bodies.push(Bytes::from(task_json(start, chunk[0], payload_bytes)));
+                bodies.push(Bytes::from(task(start, chunk[0])));
                 continue;
             }
-            let mut body = String::with_capacity(chunk.len() * (payload_bytes + 40) + 16);
+            let mut body = String::new();
             body.push_str("{\"tasks\":[");
             for (offset, &due) in chunk.iter().enumerate() {
                 if offset > 0 {
                     body.push(',');
                 }
-                body.push_str(&task_json(start + offset as u64, due, payload_bytes));
+                body.push_str(&task(start + offset as u64, due));
             }
             body.push_str("]}");
             bodies.push(Bytes::from(body));
