@@ -840,15 +840,7 @@ async fn metrics_and_health_endpoints() {
     assert_eq!(leased.len(), 1);
     s.ok("GET", "/healthz", Value::Null, 200).await;
     s.ok("GET", "/readyz", Value::Null, 200).await;
-    let text = s
-        .http
-        .get(format!("{}/metrics", s.base))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = s.metrics_text().await;
     for name in [
         "belfry_tasks_submitted_total{queue=\"metered\"}",
         "belfry_tasks_dispatched_total{queue=\"metered\"}",
@@ -1128,22 +1120,12 @@ fn metric_value(text: &str, series: &str) -> Option<f64> {
 async fn repeated_submits_are_each_counted() {
     let s = TestServer::start().await;
     s.queue("counted-each", json!({})).await;
-    let metrics_text = || async {
-        s.http
-            .get(format!("{}/metrics", s.base))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
     let route = "belfry_http_request_duration_seconds_count{method=\"POST\",route=\"/v1/queues/{queue}/tasks\",status=\"201\"}";
-    let before = metric_value(&metrics_text().await, route).unwrap_or(0.0);
+    let before = metric_value(&s.metrics_text().await, route).unwrap_or(0.0);
     for i in 0..5 {
         s.submit("counted-each", json!({"payload": i})).await;
     }
-    let text = metrics_text().await;
+    let text = s.metrics_text().await;
     assert_eq!(
         metric_value(
             &text,

@@ -504,15 +504,7 @@ async fn cron_firings_become_tasks_due_at_their_fire_times() {
     assert_eq!(after[0]["due_at_ms"], T0 + 14 * MINUTE);
     assert_eq!(t.pending("ticks").await, 0, "nothing else was created");
 
-    let metrics =
-        t.s.http
-            .get(format!("{}/metrics", t.s.base))
-            .send()
-            .await
-            .expect("metrics answer")
-            .text()
-            .await
-            .expect("metrics text");
+    let metrics = t.s.metrics_text().await;
     assert!(
         metrics
             .lines()

@@ -142,6 +142,18 @@ impl TestServer {
     }
 
     /// Submits a task; returns its id.
+    /// The Prometheus text of `GET /metrics`.
+    pub async fn metrics_text(&self) -> String {
+        self.http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await
+            .expect("metrics answer")
+            .text()
+            .await
+            .expect("metrics text")
+    }
+
     pub async fn submit(&self, queue: &str, task: Value) -> String {
         let value = self
             .ok("POST", &format!("/v1/queues/{queue}/tasks"), task, 201)
