@@ -1770,12 +1770,7 @@ impl Store for Engine {
             if leased.len() == max {
                 break;
             }
-            let Some(entry) = q
-                .buckets
-                .get(&key)
-                .and_then(|b| b.entries.as_ref())
-                .and_then(|e| e.get(&seq))
-            else {
+            let Some(entry) = q.loaded_entry(seq, key) else {
                 debug_assert!(false, "ready entry missing");
                 continue;
             };

@@ -706,6 +706,14 @@ impl Queue {
         }
     }
 
+    /// The entry of task `seq` of bucket `key` if that bucket is loaded.
+    pub fn loaded_entry(&self, seq: u64, key: u64) -> Option<&Entry> {
+        self.buckets
+            .get(&key)
+            .and_then(|b| b.entries.as_ref())
+            .and_then(|e| e.get(&seq))
+    }
+
     /// The entry of a task, loading its bucket if needed. `None` if the bucket or the task
     /// is unknown.
     pub fn entry(&mut self, seq: u64, key: u64, stats: &mut EngineStats) -> Result<Option<&Entry>> {
@@ -714,11 +722,7 @@ impl Queue {
             Some(bucket) if bucket.entries.is_none() => self.load(key, stats)?,
             Some(_) => {}
         }
-        Ok(self
-            .buckets
-            .get(&key)
-            .and_then(|b| b.entries.as_ref())
-            .and_then(|e| e.get(&seq)))
+        Ok(self.loaded_entry(seq, key))
     }
 
     /// The full task for a loaded entry (reads its put record).
@@ -733,11 +737,7 @@ impl Queue {
         let mut spots = Vec::with_capacity(wanted.len());
         let mut asked = Vec::with_capacity(wanted.len());
         for (at, &(seq, key)) in wanted.iter().enumerate() {
-            let entry = self
-                .buckets
-                .get(&key)
-                .and_then(|b| b.entries.as_ref())
-                .and_then(|e| e.get(&seq));
+            let entry = self.loaded_entry(seq, key);
             if let Some(entry) = entry {
                 spots.push((key, entry.put_offset, entry.put_len));
                 asked.push(at);
@@ -747,12 +747,7 @@ impl Queue {
         let mut tasks: Vec<Option<Task>> = (0..wanted.len()).map(|_| None).collect();
         for (put, at) in puts.into_iter().zip(asked) {
             let (seq, key) = wanted[at];
-            let Some(entry) = self
-                .buckets
-                .get(&key)
-                .and_then(|b| b.entries.as_ref())
-                .and_then(|e| e.get(&seq))
-            else {
+            let Some(entry) = self.loaded_entry(seq, key) else {
                 continue;
             };
             let until = (entry.state == TaskState::Leased).then_some(entry.until_ms);
