@@ -20,8 +20,10 @@ pub struct InvalidQueueName {
 }
 
 impl QueueName {
-    pub fn new(name: impl Into<String>) -> Result<Self, InvalidQueueName> {
-        let name = name.into();
+    /// Validates `name`; the one allocation is the shared name itself (a `&str` from a
+    /// request path is not first copied into a `String`).
+    pub fn new(name: impl AsRef<str>) -> Result<Self, InvalidQueueName> {
+        let name = name.as_ref();
         let valid = !name.is_empty()
             && name.len() <= QUEUE_NAME_LEN_MAX
             && name
