@@ -74,29 +74,14 @@ fn ingest_and_drain_probe() {
 fn claim_ack_probe() {
     const CLAIM_MAX: usize = 1_000;
     const ACK_THREADS: usize = 8;
-    let tasks: usize = std::env::var("PROBE_TASKS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
-    let sync_delivery = std::env::var("PROBE_SYNC_DELIVERY").is_ok_and(|v| v == "1");
-    let dir =
-        tempfile::tempdir_in(std::env::var("PROBE_DIR").unwrap_or_else(|_| ".".into())).unwrap();
-    let queue = QueueName::new("q").unwrap();
-    let options = EngineOptions {
+    let DueTasks {
+        _dir,
+        engine,
+        queue,
+        now,
+        tasks,
         sync_delivery,
-        ..EngineOptions::default()
-    };
-    let engine = Engine::open(dir.path(), options).unwrap();
-    engine.put_queue(&queue, Bytes::new()).unwrap();
-    let now = 1_700_000_000_000u64;
-    let payload = Bytes::from(vec![b'x'; 200]);
-    for chunk in 0..tasks.div_ceil(CLAIM_MAX) {
-        let count = CLAIM_MAX.min(tasks - chunk * CLAIM_MAX);
-        let batch = (0..count)
-            .map(|_| NewTask::new(queue.clone(), now, payload.clone()))
-            .collect();
-        engine.put(batch).unwrap();
-    }
+    } = DueTasks::fill(CLAIM_MAX);
     let before = engine.stats();
     let start = Instant::now();
     let mut acked = 0;
@@ -141,29 +126,14 @@ fn claim_ack_probe() {
 #[ignore]
 fn claim_ack_many_probe() {
     const CLAIM_MAX: usize = 1_000;
-    let tasks: usize = std::env::var("PROBE_TASKS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200_000);
-    let sync_delivery = std::env::var("PROBE_SYNC_DELIVERY").is_ok_and(|v| v == "1");
-    let dir =
-        tempfile::tempdir_in(std::env::var("PROBE_DIR").unwrap_or_else(|_| ".".into())).unwrap();
-    let queue = QueueName::new("q").unwrap();
-    let options = EngineOptions {
+    let DueTasks {
+        _dir,
+        engine,
+        queue,
+        now,
+        tasks,
         sync_delivery,
-        ..EngineOptions::default()
-    };
-    let engine = Engine::open(dir.path(), options).unwrap();
-    engine.put_queue(&queue, Bytes::new()).unwrap();
-    let now = 1_700_000_000_000u64;
-    let payload = Bytes::from(vec![b'x'; 200]);
-    for chunk in 0..tasks.div_ceil(CLAIM_MAX) {
-        let count = CLAIM_MAX.min(tasks - chunk * CLAIM_MAX);
-        let batch = (0..count)
-            .map(|_| NewTask::new(queue.clone(), now, payload.clone()))
-            .collect();
-        engine.put(batch).unwrap();
-    }
+    } = DueTasks::fill(CLAIM_MAX);
     let before = engine.stats();
     let start = Instant::now();
     let mut acked = 0;
@@ -193,4 +163,52 @@ fn claim_ack_many_probe() {
         after.wal_writes - before.wal_writes,
         after.wal_syncs - before.wal_syncs,
     );
+}
+
+/// An engine holding `PROBE_TASKS` (default 200,000) tasks of 200 B, all due at `now`, put in
+/// batches of `batch`; `PROBE_SYNC_DELIVERY=1` sets `sync_delivery`, `PROBE_DIR` the parent of
+/// its directory. The set-up shared by the claim-and-ack probes.
+struct DueTasks {
+    _dir: tempfile::TempDir,
+    engine: Engine,
+    queue: QueueName,
+    now: u64,
+    tasks: usize,
+    sync_delivery: bool,
+}
+
+impl DueTasks {
+    fn fill(batch: usize) -> DueTasks {
+        let tasks: usize = std::env::var("PROBE_TASKS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(200_000);
+        let sync_delivery = std::env::var("PROBE_SYNC_DELIVERY").is_ok_and(|v| v == "1");
+        let dir = tempfile::tempdir_in(std::env::var("PROBE_DIR").unwrap_or_else(|_| ".".into()))
+            .unwrap();
+        let queue = QueueName::new("q").unwrap();
+        let options = EngineOptions {
+            sync_delivery,
+            ..EngineOptions::default()
+        };
+        let engine = Engine::open(dir.path(), options).unwrap();
+        engine.put_queue(&queue, Bytes::new()).unwrap();
+        let now = 1_700_000_000_000u64;
+        let payload = Bytes::from(vec![b'x'; 200]);
+        for chunk in 0..tasks.div_ceil(batch) {
+            let count = batch.min(tasks - chunk * batch);
+            let tasks = (0..count)
+                .map(|_| NewTask::new(queue.clone(), now, payload.clone()))
+                .collect();
+            engine.put(tasks).unwrap();
+        }
+        DueTasks {
+            _dir: dir,
+            engine,
+            queue,
+            now,
+            tasks,
+            sync_delivery,
+        }
+    }
 }
