@@ -21,6 +21,7 @@ use std::time::Duration;
 use belfry_core::{Task, UnixMs};
 
 mod error;
+pub mod factory;
 #[cfg(feature = "redis-streams")]
 pub mod redis_stream;
 pub mod retry;
@@ -28,6 +29,7 @@ pub mod testing;
 pub mod webhook;
 
 pub use error::SinkError;
+pub use factory::{SinkFactory, SinkSpec, StandardSinks, WebhookSpec};
 pub use webhook::signature::{sign, verify_signature};
 pub use webhook::target::{
     check_webhook_target, client_for, default_client, non_public_range, try_client_for,
@@ -66,6 +68,28 @@ impl Outcome {
     }
 }
 
+/// One task handed to a sink, with the 1-based number of this delivery attempt.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    pub task: &'a Task,
+    pub attempt: u32,
+}
+
+/// What a sink knows of its target's health, for `/readyz`-style reporting and create-time
+/// warnings. Never a reason to refuse a queue: a broker may come up after the queue is made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SinkHealth {
+    /// Nothing tried yet.
+    Unknown,
+    /// The last connection attempt or delivery reached the target.
+    Reachable,
+    /// The last attempt failed, and why (no credentials in it).
+    Unreachable(String),
+}
+
+/// A boxed future, as the object-safe [`Sink`] methods return.
+pub type SinkFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// A destination for due tasks.
 ///
 /// `attempt` is the 1-based number of this delivery (the receiver gets it to deduplicate);
@@ -75,11 +99,61 @@ impl Outcome {
 /// Cancellation: dropping the future abandons the attempt; the task stays leased in the store
 /// and is delivered again when the lease expires (at-least-once), so callers need not drive it
 /// to completion during shutdown.
+///
+/// The dispatcher owns what happens after an [`Outcome`] (ack, retry with backoff, dead
+/// letter); a sink only reports. A new sink is one folder: its spec (a variant of
+/// [`SinkSpec`]), its `Sink` impl, and one arm in [`StandardSinks::build`].
 pub trait Sink: Send + Sync + 'static {
     fn deliver<'a>(
         &'a self,
         task: &'a Task,
         attempt: u32,
         now_ms: UnixMs,
-    ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>>;
+    ) -> SinkFuture<'a, Outcome>;
+
+    /// Most tasks the dispatcher hands to one [`Sink::deliver_batch`] call. `1` (the
+    /// default) means one `deliver` per task, each its own concurrent delivery: right for
+    /// HTTP, where every request is independent. Stream sinks publish many per round trip.
+    fn batch_max(&self) -> usize {
+        1
+    }
+
+    /// Delivers tasks of one queue, given in due order; answers one outcome per task, in the
+    /// same order. The default delivers them one after another (keeping their order).
+    fn deliver_batch<'a>(
+        &'a self,
+        batch: &'a [Attempt<'a>],
+        now_ms: UnixMs,
+    ) -> SinkFuture<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let mut outcomes = Vec::with_capacity(batch.len());
+            for item in batch {
+                outcomes.push(self.deliver(item.task, item.attempt, now_ms).await);
+            }
+            outcomes
+        })
+    }
+
+    /// The key of the connection pool this sink delivers through (a webhook's
+    /// `scheme://host:port`, a broker connection's name). The dispatcher caps deliveries in
+    /// flight per target, so queues sharing a target share its connections fairly. Never
+    /// contains credentials.
+    fn target(&self) -> &str;
+
+    /// Connects (or checks the target) ahead of the first delivery. An error is reported to
+    /// whoever configured the queue; it does not stop the queue, whose deliveries retry.
+    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    /// What the sink last saw of its target.
+    fn health(&self) -> SinkHealth {
+        SinkHealth::Unknown
+    }
+
+    /// Lets go of connections once the dispatcher stops using the sink (the queue was
+    /// reconfigured or deleted, or the server stops). Deliveries still running finish first.
+    fn close(&self) -> SinkFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }

@@ -295,6 +295,10 @@ impl Sink for RedisStreamSink {
             outcome
         })
     }
+
+    fn target(&self) -> &str {
+        &self.url_for_logs
+    }
 }
 
 /// Static check of a Redis address under `policy`: IP literals and `localhost` names are

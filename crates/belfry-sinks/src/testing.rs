@@ -166,6 +166,10 @@ impl Sink for ScriptedSink {
         let outcome = self.answer(task, attempt, now_ms);
         Box::pin(std::future::ready(outcome))
     }
+
+    fn target(&self) -> &str {
+        "scripted"
+    }
 }
 
 #[cfg(test)]

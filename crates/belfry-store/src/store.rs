@@ -97,6 +97,33 @@ pub enum ChangeOutcome {
     WrongState(TaskState),
 }
 
+/// One change of small metadata (see [`Store::write_meta`]): `Some` puts the value, `None`
+/// deletes the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaChange {
+    pub namespace: String,
+    pub key: String,
+    pub value: Option<Bytes>,
+}
+
+impl MetaChange {
+    pub fn put(namespace: &str, key: &str, value: Bytes) -> Self {
+        MetaChange {
+            namespace: namespace.to_owned(),
+            key: key.to_owned(),
+            value: Some(value),
+        }
+    }
+
+    pub fn delete(namespace: &str, key: &str) -> Self {
+        MetaChange {
+            namespace: namespace.to_owned(),
+            key: key.to_owned(),
+            value: None,
+        }
+    }
+}
+
 /// Per-queue counts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueCounts {
@@ -264,6 +291,21 @@ pub trait Store: Send + Sync + 'static {
     fn get_meta(&self, namespace: &str, key: &str) -> Result<Option<Bytes>>;
     fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool>;
     fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>>;
+    /// Applies `changes` in order, durably, as one write: a schedule's cursors after a tick,
+    /// or a schedule and its cursor together. Stores should make it atomic (after a crash all
+    /// of the changes or none took effect) and cost about one small record per change; the
+    /// default applies them one call at a time, which is neither.
+    fn write_meta(&self, changes: Vec<MetaChange>) -> Result<()> {
+        for change in changes {
+            match change.value {
+                Some(value) => self.put_meta(&change.namespace, &change.key, value)?,
+                None => {
+                    self.delete_meta(&change.namespace, &change.key)?;
+                }
+            }
+        }
+        Ok(())
+    }
 
     /// Makes everything written so far durable (whatever the fsync policy) and waits for
     /// background work to reach a consistent point. Called on shutdown.

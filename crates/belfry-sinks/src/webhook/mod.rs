@@ -113,6 +113,11 @@ pub fn redact_url(url: &Url) -> String {
     text
 }
 
+/// [`redact_url`] of a URL given as text; an unparsable URL shows as `<invalid url>`.
+pub fn redact_url_text(url: &str) -> String {
+    redact_url_str(url)
+}
+
 fn redact_url_str(url: &str) -> String {
     match Url::parse(url) {
         Ok(parsed) => redact_url(&parsed),
@@ -123,6 +128,8 @@ fn redact_url_str(url: &str) -> String {
 /// Delivers tasks to one queue's webhook.
 pub struct WebhookSink {
     url: Url,
+    /// `scheme://host:port`: the connection pool this sink's requests share.
+    target: String,
     /// The URL as logs may show it.
     url_for_logs: String,
     mac: Option<Hmac<Sha256>>,
@@ -170,7 +177,14 @@ impl WebhookSink {
             }
             Some(secret) => Some(signature::keyed(secret.as_bytes())),
         };
+        let target = format!(
+            "{}://{}:{}",
+            url.scheme(),
+            url.host_str().unwrap_or(""),
+            url.port_or_known_default().unwrap_or(0)
+        );
         Ok(WebhookSink {
+            target,
             url_for_logs: redact_url(&url),
             url,
             mac,
@@ -295,6 +309,10 @@ impl Sink for WebhookSink {
         now_ms: UnixMs,
     ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>> {
         Box::pin(self.deliver_once(task, attempt, now_ms))
+    }
+
+    fn target(&self) -> &str {
+        &self.target
     }
 }
 

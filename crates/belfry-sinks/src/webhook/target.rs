@@ -421,13 +421,23 @@ const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 /// forbidden addresses at every connection. Build it once and share it between sinks with the
 /// same policy (clones share the pool).
 pub fn try_client_for(policy: &TargetPolicy) -> Result<reqwest::Client, SinkError> {
+    try_client_with_pool(policy, POOL_IDLE_PER_HOST_MAX)
+}
+
+/// [`try_client_for`] keeping up to `idle_per_host` idle connections per host (at least 1):
+/// set it to the dispatcher's per-target in-flight cap, so that every delivery the cap allows
+/// can go back to the pool instead of being closed and reopened.
+pub fn try_client_with_pool(
+    policy: &TargetPolicy,
+    idle_per_host: usize,
+) -> Result<reqwest::Client, SinkError> {
     let mut builder = reqwest::Client::builder()
         .user_agent(concat!("belfry/", env!("CARGO_PKG_VERSION")))
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .connect_timeout(CONNECT_TIMEOUT)
         .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_max_idle_per_host(POOL_IDLE_PER_HOST_MAX)
+        .pool_max_idle_per_host(idle_per_host.max(1))
         .tcp_keepalive(TCP_KEEPALIVE)
         .tcp_nodelay(true);
     if !policy.allow_private {
