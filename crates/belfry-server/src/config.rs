@@ -20,6 +20,15 @@ pub const METRICS_REFRESH_MS_DEFAULT: u64 = 5_000;
 /// receiver ties up at most this many connections.
 pub const WEBHOOK_IN_FLIGHT_DEFAULT: u32 = 256;
 
+/// Tasks in push deliveries at once, all queues together, by default: bounds the memory and
+/// the work in flight however many queues are due together.
+pub const DISPATCH_IN_FLIGHT_MAX_DEFAULT: usize = 4_096;
+
+/// Delivery calls in flight to one target (a webhook host, a broker connection) by default,
+/// all queues on it together. The webhook HTTP client keeps as many idle connections per
+/// host, so each call finds a pooled connection instead of opening one.
+pub const DISPATCH_PER_TARGET_MAX_DEFAULT: usize = 64;
+
 /// Store calls running or queued on the blocking pool at once, by default. Tokio's blocking
 /// queue is unbounded; this bound turns a flood of requests into `503 overloaded` instead of
 /// unbounded memory and latency. Twice the blocking pool's default thread count.
@@ -52,6 +61,10 @@ pub struct ServerConfig {
     pub store_calls_in_flight_max: usize,
     /// How long a request waits for a store-call slot before `503 overloaded`.
     pub store_admission_wait_ms: u64,
+    /// Tasks in push deliveries at once, all queues together.
+    pub dispatch_in_flight_max: usize,
+    /// Delivery calls in flight to one target (webhook host or broker connection).
+    pub dispatch_per_target_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -67,6 +80,8 @@ impl Default for ServerConfig {
             webhook_in_flight_default: WEBHOOK_IN_FLIGHT_DEFAULT,
             store_calls_in_flight_max: STORE_CALLS_IN_FLIGHT_MAX_DEFAULT,
             store_admission_wait_ms: STORE_ADMISSION_WAIT_MS_DEFAULT,
+            dispatch_in_flight_max: DISPATCH_IN_FLIGHT_MAX_DEFAULT,
+            dispatch_per_target_max: DISPATCH_PER_TARGET_MAX_DEFAULT,
         }
     }
 }
@@ -102,6 +117,18 @@ impl ServerConfig {
         }
         if self.store_calls_in_flight_max == 0 {
             return fail("store_calls_in_flight_max", "must be at least 1".into());
+        }
+        if self.dispatch_in_flight_max == 0 || self.dispatch_in_flight_max > u32::MAX as usize {
+            return fail(
+                "dispatch.in_flight_max",
+                format!("must be between 1 and {}", u32::MAX),
+            );
+        }
+        if self.dispatch_per_target_max == 0 || self.dispatch_per_target_max > u32::MAX as usize {
+            return fail(
+                "dispatch.per_target_max",
+                format!("must be between 1 and {}", u32::MAX),
+            );
         }
         if self.webhook_in_flight_default == 0 {
             return fail("webhook_in_flight_default", "must be at least 1".into());

@@ -1,22 +1,27 @@
-//! Belfry's server: the HTTP API, pull leases, webhook dispatch, queue policies (pause, rate,
-//! in-flight caps, retries), metrics and an orderly shutdown.
+//! Belfry's server: the HTTP API, pull leases, push dispatch, schedules, queue policies
+//! (pause, rate, in-flight caps, retries), metrics and an orderly shutdown.
 //!
-//! Layers: `api` (HTTP and JSON, nothing else knows them) → `service` (operations and
-//! dispatch policy) → `belfry_store::Store` (run on the blocking pool). `dispatcher` pushes
-//! webhook queues; `queues` holds each queue's run-time state.
+//! Layers: `api` (HTTP and JSON, nothing else knows them) → `service` (operations, split by
+//! job) → `shared` (store, clock, queues, store-call admission) → `belfry_store::Store` (run on
+//! the blocking pool). `claim` is the one path tasks leave the store by; `outcome` the one
+//! decision of what becomes of an attempt; `dispatch` delivers every push queue through its
+//! sink; `schedules` turns firings into tasks. `ServerBuilder` composes all of them.
 //!
 //! Shutdown happens in a fixed order: stop accepting connections and stop claiming (long-polls
-//! return empty, dispatchers exit) → wait for in-flight HTTP requests and webhook deliveries up
-//! to the grace period → `Store::flush` → return.
+//! return empty, the dispatcher and the schedule runner stop) → wait for in-flight HTTP
+//! requests and push deliveries up to the grace period → `Store::flush` → return.
 
 pub mod api;
+mod claim;
 mod coalesce;
 pub mod config;
-mod dispatcher;
+mod dispatch;
 pub mod metrics;
+pub mod outcome;
 pub mod queues;
 pub mod schedules;
 pub mod service;
+pub mod shared;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,12 +29,16 @@ use std::time::Duration;
 
 use axum::Router;
 use belfry_core::{Clock, SystemClock};
+use belfry_sinks::{SinkFactory, StandardSinks, TargetPolicy};
 use belfry_store::Store;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 pub use config::{InvalidConfig, ServerConfig};
+pub use schedules::Schedules;
 pub use service::Service;
+pub use shared::ServiceError;
 
 /// Failures that stop the server from starting or stopping cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +53,10 @@ pub enum ServerError {
     },
     #[error("start: {0}")]
     Load(service::ServiceError),
+    #[error("fire the schedules due at start-up: {0}")]
+    Schedules(belfry_schedule::ScheduleServiceError),
+    #[error("build the sinks: {0}")]
+    Sinks(belfry_sinks::SinkError),
     #[error("serve HTTP: {0}")]
     Serve(std::io::Error),
     #[error("flush the store on shutdown: {0}")]
@@ -52,11 +65,12 @@ pub enum ServerError {
     Join(String),
 }
 
-/// Builds and starts a server.
+/// Builds and starts a server: the API, the dispatcher and its sinks, and the schedules.
 pub struct ServerBuilder {
     config: ServerConfig,
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
+    sinks: Option<Arc<dyn SinkFactory>>,
     extra_routes: Vec<Router>,
 }
 
@@ -69,6 +83,7 @@ impl Server {
             config,
             store,
             clock: Arc::new(SystemClock::new()),
+            sinks: None,
             extra_routes: Vec::new(),
         }
     }
@@ -81,20 +96,46 @@ impl ServerBuilder {
         self
     }
 
-    /// More routes served beside API v1 (schedules, console, ...). They must not overlap.
+    /// Where push queues deliver: by default [`StandardSinks`] (webhooks under the server's
+    /// target policy); tests pass a factory of scripted sinks, the binary one with the
+    /// configured broker connections.
+    pub fn sinks(mut self, sinks: Arc<dyn SinkFactory>) -> Self {
+        self.sinks = Some(sinks);
+        self
+    }
+
+    /// More routes served beside API v1 (console, ...). They must not overlap.
     pub fn merge(mut self, routes: Router) -> Self {
         self.extra_routes.push(routes);
         self
     }
 
-    /// Loads the queues, binds the listener and starts serving. Returns once the server
-    /// accepts connections.
+    /// Fires the schedules due at start-up, loads the queues, binds the listener and starts
+    /// serving, dispatching and firing schedules. Returns once the server accepts connections.
     pub async fn start(self) -> Result<ServerHandle, ServerError> {
         self.config.validate()?;
         metrics::handle();
+        let sinks = match self.sinks {
+            Some(sinks) => sinks,
+            None => {
+                let policy = TargetPolicy {
+                    allow_private: self.config.allow_private_targets,
+                };
+                let standard = StandardSinks::new(policy, self.config.dispatch_per_target_max)
+                    .map_err(ServerError::Sinks)?;
+                Arc::new(standard)
+            }
+        };
         let service = Arc::new(
-            Service::new(self.config.clone(), self.store, self.clock).map_err(ServerError::Load)?,
+            Service::new(self.config.clone(), self.store, self.clock, sinks)
+                .map_err(ServerError::Load)?,
         );
+        // Exactly-once firings need this tick before anything is dispatched or served.
+        let schedules = Schedules::new(service.shared().clone());
+        schedules
+            .tick_at_startup()
+            .await
+            .map_err(ServerError::Schedules)?;
         service.load_queues().await.map_err(ServerError::Load)?;
         let listener = tokio::net::TcpListener::bind(self.config.listen)
             .await
@@ -106,17 +147,28 @@ impl ServerBuilder {
             addr: self.config.listen,
             source,
         })?;
-        let mut router = api::router(service.clone());
+        let mut router = api::router(service.clone()).merge(schedules.routes());
         for extra in self.extra_routes {
             router = router.merge(extra);
         }
         let router = api::finish(router);
         let shutdown = CancellationToken::new();
+        let background = TaskTracker::new();
+        service.dispatcher.start();
+        background.spawn(schedules.runner());
+        background.spawn(service.clone().refresh_gauges());
         service.set_ready();
-        let task = tokio::spawn(serve(service.clone(), listener, router, shutdown.clone()));
+        let task = tokio::spawn(serve(
+            service.clone(),
+            listener,
+            router,
+            shutdown.clone(),
+            background,
+        ));
         Ok(ServerHandle {
             local_addr,
             service,
+            schedules,
             shutdown,
             task,
         })
@@ -127,6 +179,7 @@ impl ServerBuilder {
 pub struct ServerHandle {
     local_addr: SocketAddr,
     service: Arc<Service>,
+    schedules: Schedules,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
 }
@@ -141,10 +194,15 @@ impl ServerHandle {
         &self.service
     }
 
-    /// Wakes every long-poll and dispatcher so they look at the clock again: tests call this
-    /// after moving a `ManualClock`.
+    pub fn schedules(&self) -> &Schedules {
+        &self.schedules
+    }
+
+    /// Wakes every long-poll, the dispatcher and the schedule runner so they look at the
+    /// clock again: tests call this after moving a `ManualClock`.
     pub fn wake_all(&self) {
         self.service.queues.wake_all();
+        self.schedules.wake();
     }
 
     /// Starts the shutdown sequence without waiting for it.
@@ -166,29 +224,13 @@ impl ServerHandle {
     }
 }
 
-/// Serves with the system clock until `shutdown` is cancelled, then stops in order.
-pub async fn run(
-    config: ServerConfig,
-    store: Arc<dyn Store>,
-    shutdown: CancellationToken,
-) -> Result<(), ServerError> {
-    let handle = Server::builder(config, store).start().await?;
-    tracing::info!("belfry listening on http://{}", handle.local_addr());
-    let stopper = handle.shutdown.clone();
-    tokio::spawn(async move {
-        shutdown.cancelled().await;
-        stopper.cancel();
-    });
-    handle.wait().await
-}
-
 async fn serve(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: CancellationToken,
+    background: TaskTracker,
 ) -> Result<(), ServerError> {
-    let gauges = tokio::spawn(service.clone().refresh_gauges());
     let grace = Duration::from_millis(service.config.shutdown_grace_ms);
 
     // 1. Stop accepting and stop claiming, together: the HTTP server stops taking connections,
@@ -228,20 +270,21 @@ async fn serve(
         }
     };
 
-    // 3. Dispatchers have stopped claiming; wait for deliveries already started.
-    service.dispatchers.close();
-    service.deliveries.close();
-    let _ = tokio::time::timeout_at(deadline, service.dispatchers.wait()).await;
-    if tokio::time::timeout_at(deadline, service.deliveries.wait())
+    // 3. The dispatcher and the schedule runner have stopped claiming and firing; wait for
+    //    deliveries already started and the runner's last tick.
+    if !service.dispatcher.drain(deadline).await {
+        tracing::warn!(
+            in_flight = service.push_in_flight(),
+            "push deliveries still running at the end of the grace period; their leases will expire and the tasks will be delivered again"
+        );
+    }
+    background.close();
+    if tokio::time::timeout_at(deadline, background.wait())
         .await
         .is_err()
     {
-        tracing::warn!(
-            in_flight = service.deliveries.len(),
-            "webhook deliveries still running at the end of the grace period; their leases will expire and the tasks will be delivered again"
-        );
+        tracing::warn!("the schedule runner's last tick outlived the grace period");
     }
-    gauges.abort();
 
     // 4. Make everything durable.
     service

@@ -25,7 +25,9 @@ pub const TASKS_DEAD: &str = "belfry_tasks_dead";
 /// Delivery start minus due time, in seconds.
 pub const FIRING_LATENESS: &str = "belfry_firing_lateness_seconds";
 pub const HTTP_REQUEST_DURATION: &str = "belfry_http_request_duration_seconds";
-pub const WEBHOOK_DURATION: &str = "belfry_webhook_duration_seconds";
+/// One delivery call to a sink (a webhook request, a stream publish), by queue, sink type and
+/// outcome (`delivered`, `retry`, `reject`): its count is deliveries by outcome class.
+pub const SINK_DURATION: &str = "belfry_sink_duration_seconds";
 
 /// Lateness buckets: from 1 ms (the precision we promise) to minutes (after an outage).
 const LATENESS_BUCKETS_S: &[f64] = &[
@@ -53,7 +55,7 @@ pub fn handle() -> Option<PrometheusHandle> {
                 })
                 .and_then(|b| {
                     b.set_buckets_for_metric(
-                        Matcher::Full(WEBHOOK_DURATION.into()),
+                        Matcher::Full(SINK_DURATION.into()),
                         LATENCY_BUCKETS_S,
                     )
                 });
@@ -152,8 +154,9 @@ pub fn lateness(queue: &str, late_ms: impl Iterator<Item = u64>) {
     }
 }
 
-pub fn webhook_duration(queue: &str, outcome: &'static str, seconds: f64) {
-    histogram!(WEBHOOK_DURATION, "queue" => queue.to_owned(), "outcome" => outcome).record(seconds);
+pub fn sink_duration(queue: &str, sink: &'static str, outcome: &'static str, seconds: f64) {
+    histogram!(SINK_DURATION, "queue" => queue.to_owned(), "sink" => sink, "outcome" => outcome)
+        .record(seconds);
 }
 
 /// Recorded for every request: the handle comes from the thread's cache, so a request

@@ -31,20 +31,15 @@ impl Scheduled {
     /// On an existing store and clock: a restart after "downtime".
     async fn start_on(store: Arc<dyn Store>, clock: ManualClock) -> Self {
         let config = test_config();
-        let dyn_store = store.clone();
         let dyn_clock = Arc::new(clock.clone()) as Arc<dyn Clock>;
-        let schedules = Schedules::new(&config, dyn_store.clone(), dyn_clock.clone());
-        schedules
-            .tick_at_startup()
-            .await
-            .expect("start-up tick succeeds");
-        let handle = Server::builder(config, dyn_store)
+        // The builder fires the schedules due at start-up, serves their routes and runs the
+        // runner: nothing to wire here, as in `belfry serve`.
+        let handle = Server::builder(config, store.clone())
             .clock(dyn_clock)
-            .merge(schedules.routes())
             .start()
             .await
             .expect("server starts");
-        schedules.spawn_runner(&handle);
+        let schedules = handle.schedules().clone();
         Scheduled {
             s: TestServer::from_handle(handle, clock, store.clone()),
             schedules,

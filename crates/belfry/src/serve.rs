@@ -3,8 +3,6 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use belfry_core::{Clock, SystemClock};
-use belfry_server::schedules::Schedules;
 use belfry_server::Server;
 use belfry_store::{Engine, EngineOptions, MemoryStore, Store};
 
@@ -30,21 +28,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
         StoreKind::Memory => Arc::new(MemoryStore::new()),
     };
-    // Schedules: one tick before the server dispatches or serves (exactly-once firings rely
-    // on it, see belfry_server::schedules), then the runner.
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock::new());
-    let schedules = Schedules::new(&settings.server, store.clone(), clock.clone());
-    schedules
-        .tick_at_startup()
-        .await
-        .context("fire the schedules due at start-up")?;
     let handle = Server::builder(settings.server.clone(), store)
-        .clock(clock)
-        .merge(schedules.routes())
         .start()
         .await
         .context("start the server")?;
-    schedules.spawn_runner(&handle);
     let data = match settings.store {
         StoreKind::Engine => format!("data in {}", settings.data_dir.display()),
         StoreKind::Memory => {

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::error::{ApiError, ErrorCode};
-use crate::queues::{Delivery, QueueConfig, WEBHOOK_TIMEOUT_MS_DEFAULT};
+use crate::queues::{Delivery, QueueConfig};
 use crate::service::QueuePatch;
 #[cfg(test)]
 use {super::error::ErrorBody, belfry_core::LeasedTask, belfry_core::TaskId};
@@ -47,15 +47,31 @@ pub struct RetryBody {
     pub backoff_max_ms: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+/// A queue's `delivery`: `{"type": "pull"}`, or a push sink's spec (`belfry_sinks::SinkSpec`,
+/// tagged by `type`: `webhook`, and the stream sinks the server is built with).
+#[derive(Debug)]
 pub enum DeliveryBody {
     Pull,
-    Webhook {
-        url: String,
-        secret: Option<String>,
-        timeout_ms: Option<u64>,
-    },
+    Push(belfry_sinks::SinkSpec),
+}
+
+impl<'de> Deserialize<'de> for DeliveryBody {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let value = serde_json::Value::deserialize(deserializer)?;
+        let is_pull = value.get("type").and_then(|t| t.as_str()) == Some("pull");
+        if is_pull {
+            return match value.as_object().map(|o| o.len()) {
+                Some(1) => Ok(DeliveryBody::Pull),
+                _ => Err(D::Error::custom(
+                    "delivery: a pull delivery takes no fields besides \"type\"",
+                )),
+            };
+        }
+        belfry_sinks::SinkSpec::deserialize(value)
+            .map(DeliveryBody::Push)
+            .map_err(|e| D::Error::custom(format!("delivery: {e} (or \"pull\")")))
+    }
 }
 
 impl QueueBody {
@@ -71,15 +87,7 @@ impl QueueBody {
             backoff_max_ms: retry.backoff_max_ms,
             delivery: self.delivery.map(|d| match d {
                 DeliveryBody::Pull => Delivery::Pull,
-                DeliveryBody::Webhook {
-                    url,
-                    secret,
-                    timeout_ms,
-                } => Delivery::Webhook {
-                    url,
-                    secret,
-                    timeout_ms: timeout_ms.unwrap_or(WEBHOOK_TIMEOUT_MS_DEFAULT),
-                },
+                DeliveryBody::Push(spec) => Delivery::Push(spec),
             }),
             paused: self.paused,
             late_policy,
@@ -116,14 +124,18 @@ pub struct RetryView {
     pub backoff_max_ms: u64,
 }
 
-/// The secret is never echoed back; `secret_set` says whether there is one.
+/// Secrets are never echoed back (`secret_set` says whether there is one), nor credentials
+/// or query strings in URLs.
 #[derive(Debug, Serialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(untagged)]
 pub enum DeliveryView {
-    Pull,
-    Webhook {
-        url: String,
-        timeout_ms: u64,
+    Pull {
+        #[serde(rename = "type")]
+        kind: &'static str,
+    },
+    Push {
+        #[serde(flatten)]
+        spec: belfry_sinks::SinkSpec,
         secret_set: bool,
     },
 }
@@ -146,15 +158,10 @@ impl QueueView {
                 backoff_max_ms: config.retry.backoff_max_ms,
             },
             delivery: match &config.delivery {
-                Delivery::Pull => DeliveryView::Pull,
-                Delivery::Webhook {
-                    url,
-                    secret,
-                    timeout_ms,
-                } => DeliveryView::Webhook {
-                    url: url.clone(),
-                    timeout_ms: *timeout_ms,
-                    secret_set: secret.is_some(),
+                Delivery::Pull => DeliveryView::Pull { kind: "pull" },
+                Delivery::Push(spec) => DeliveryView::Push {
+                    spec: spec.redacted(),
+                    secret_set: spec.has_secret(),
                 },
             },
             paused: config.paused,

@@ -29,6 +29,9 @@ pub enum ErrorCode {
     BatchTooLarge,
     InvalidQueueConfig,
     WebhookTargetRefused,
+    /// A push delivery (other than a webhook) its sink refuses: an unknown connection, a
+    /// missing or invalid field.
+    InvalidDelivery,
     QueueNotFound,
     TaskNotFound,
     RouteNotFound,
@@ -66,6 +69,7 @@ impl ErrorCode {
             ErrorCode::BatchTooLarge => "batch_too_large",
             ErrorCode::InvalidQueueConfig => "invalid_queue_config",
             ErrorCode::WebhookTargetRefused => "webhook_target_refused",
+            ErrorCode::InvalidDelivery => "invalid_delivery",
             ErrorCode::QueueNotFound => "queue_not_found",
             ErrorCode::TaskNotFound => "task_not_found",
             ErrorCode::RouteNotFound => "route_not_found",
@@ -100,6 +104,7 @@ impl ErrorCode {
             | ErrorCode::BatchTooLarge
             | ErrorCode::InvalidQueueConfig
             | ErrorCode::WebhookTargetRefused
+            | ErrorCode::InvalidDelivery
             | ErrorCode::InvalidScheduleId
             | ErrorCode::InvalidSchedule => StatusCode::BAD_REQUEST,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -188,9 +193,12 @@ impl From<ServiceError> for ApiError {
             ServiceError::LeaseExpired(_) => ErrorCode::LeaseExpired,
             ServiceError::NotScheduled { .. } => ErrorCode::TaskNotScheduled,
             ServiceError::NotDead { .. } => ErrorCode::TaskNotDead,
-            ServiceError::NotPullQueue(_) => ErrorCode::NotPullQueue,
+            ServiceError::NotPullQueue(..) => ErrorCode::NotPullQueue,
             ServiceError::InvalidQueueConfig(_) => ErrorCode::InvalidQueueConfig,
-            ServiceError::WebhookRefused(_) => ErrorCode::WebhookTargetRefused,
+            ServiceError::DeliveryRefused {
+                sink: "webhook", ..
+            } => ErrorCode::WebhookTargetRefused,
+            ServiceError::DeliveryRefused { .. } => ErrorCode::InvalidDelivery,
             ServiceError::ShuttingDown => ErrorCode::ShuttingDown,
             ServiceError::Overloaded => ErrorCode::Overloaded,
             ServiceError::Invalid(_) => ErrorCode::InvalidRequest,
@@ -239,6 +247,7 @@ mod tests {
             ErrorCode::BatchTooLarge,
             ErrorCode::InvalidQueueConfig,
             ErrorCode::WebhookTargetRefused,
+            ErrorCode::InvalidDelivery,
             ErrorCode::QueueNotFound,
             ErrorCode::TaskNotFound,
             ErrorCode::RouteNotFound,

@@ -30,6 +30,7 @@ use super::dto::{late_policy_from, LateBody, LatePolicyName, PayloadView, Priori
 use super::error::{ApiError, ErrorCode};
 use super::extract::{queue_name, JsonBody, QueuePath};
 use crate::schedules::SchedulesState;
+use crate::shared::Caller;
 
 type AppState = Arc<SchedulesState>;
 
@@ -121,21 +122,7 @@ where
 {
     let task_state = state.clone();
     let call = move |_: &dyn belfry_store::Store| Ok(f(&task_state));
-    let outcome = match state.server() {
-        Some(server) => server.blocking(call).await?,
-        // Only between `ServerBuilder::start` and `Schedules::spawn_runner`: no admission yet.
-        None => tokio::task::spawn_blocking({
-            let store = state.store.clone();
-            move || call(&*store)
-        })
-        .await
-        .map_err(|e| {
-            ApiError::new(
-                ErrorCode::InternalError,
-                format!("schedule call did not finish: {e}"),
-            )
-        })??,
-    };
+    let outcome = state.shared.blocking(Caller::Api, call).await?;
     outcome.map_err(ApiError::from)
 }
 
@@ -489,7 +476,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let (id, def) = body.into_def(state.payload_bytes_max)?;
     let id = id.as_deref().map(schedule_id).transpose()?;
-    let now_ms = state.clock.wall_ms();
+    let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.create(id, def, now_ms)).await?;
     state.wake();
     Ok((StatusCode::CREATED, Json(ScheduleView::new(&schedule))).into_response())
@@ -531,7 +518,7 @@ pub async fn replace(
             ));
         }
     }
-    let now_ms = state.clock.wall_ms();
+    let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.replace(&id, def, now_ms)).await?;
     state.wake();
     Ok(Json(ScheduleView::new(&schedule)))
@@ -557,7 +544,7 @@ pub async fn pause(
     State(state): State<AppState>,
     SchedulePath(id): SchedulePath,
 ) -> Result<Json<ScheduleView>, ApiError> {
-    let now_ms = state.clock.wall_ms();
+    let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.pause(&id, now_ms)).await?;
     Ok(Json(ScheduleView::new(&schedule)))
 }
@@ -566,7 +553,7 @@ pub async fn resume(
     State(state): State<AppState>,
     SchedulePath(id): SchedulePath,
 ) -> Result<Json<ScheduleView>, ApiError> {
-    let now_ms = state.clock.wall_ms();
+    let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.resume(&id, now_ms)).await?;
     state.wake();
     Ok(Json(ScheduleView::new(&schedule)))
@@ -585,7 +572,7 @@ pub async fn next(
             format!("n must be between 1 and {NEXT_MAX}, got {n}"),
         ));
     }
-    let now_ms = state.clock.wall_ms();
+    let now_ms = state.shared.now_ms();
     let (schedule, times) = blocking(&state, move |s| {
         let times = s.service.next(&id, now_ms, n)?;
         // `next` found the schedule, so a missing one here was deleted in between.
@@ -616,7 +603,7 @@ pub async fn forecast(
     let horizon_ms = q.horizon_ms.unwrap_or(FORECAST_HORIZON_MS_DEFAULT);
     let step_ms = q.step_ms.unwrap_or(FORECAST_STEP_MS_DEFAULT);
     let steps = forecast_steps(horizon_ms, step_ms)?;
-    let from_ms = state.clock.wall_ms();
+    let from_ms = state.shared.now_ms();
     let name = queue.clone();
     let (tasks, firings) = blocking(&state, move |s| {
         forecast_counts(s, &name, from_ms, step_ms, steps)
@@ -672,10 +659,10 @@ fn forecast_counts(
     step_ms: u64,
     steps: usize,
 ) -> Result<(Vec<u64>, Vec<u64>), ScheduleServiceError> {
-    if s.store.get_queue(queue)?.is_none() {
+    if s.shared.store.get_queue(queue)?.is_none() {
         return Err(ScheduleServiceError::QueueNotFound(queue.clone()));
     }
-    let tasks = s.store.forecast(queue, from_ms, step_ms, steps)?;
+    let tasks = s.shared.store.forecast(queue, from_ms, step_ms, steps)?;
     let firings = s.service.forecast_firings(queue, from_ms, step_ms, steps)?;
     Ok((tasks, firings))
 }

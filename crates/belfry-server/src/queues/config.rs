@@ -5,6 +5,7 @@
 //! independently.
 
 use belfry_core::{LatePolicy, RetryPolicy};
+use belfry_sinks::{SinkSpec, WebhookSpec};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -33,12 +34,8 @@ const _: () = assert!(WEBHOOK_TIMEOUT_MS_DEFAULT <= WEBHOOK_TIMEOUT_MS_MAX);
 pub enum Delivery {
     /// Consumers lease tasks over the API.
     Pull,
-    /// The server POSTs each task to a URL.
-    Webhook {
-        url: String,
-        secret: Option<String>,
-        timeout_ms: u64,
-    },
+    /// The dispatcher delivers each task through a sink (a webhook, a stream, ...).
+    Push(SinkSpec),
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -48,7 +45,7 @@ pub struct QueueConfig {
     /// Token bucket size; 0 means one second's worth of `rate_per_s` (at least 1).
     pub burst: u32,
     /// Leased tasks at once; 0 means unlimited for pull queues and the server default for
-    /// webhook queues.
+    /// push queues.
     pub max_in_flight: u32,
     pub retry: RetryPolicy,
     pub delivery: Delivery,
@@ -111,11 +108,11 @@ impl QueueConfig {
         if let Err(e) = self.retry.validate() {
             return fail("retry", e.to_string());
         }
-        if let Delivery::Webhook {
+        if let Delivery::Push(SinkSpec::Webhook(WebhookSpec {
             url,
             secret,
             timeout_ms,
-        } = &self.delivery
+        })) = &self.delivery
         {
             if url.is_empty() || url.len() > WEBHOOK_URL_LEN_MAX {
                 return fail(
@@ -153,8 +150,16 @@ impl QueueConfig {
         }
     }
 
-    pub fn is_webhook(&self) -> bool {
-        matches!(self.delivery, Delivery::Webhook { .. })
+    pub fn is_push(&self) -> bool {
+        matches!(self.delivery, Delivery::Push(_))
+    }
+
+    /// The sink spec of a push queue.
+    pub fn sink(&self) -> Option<&SinkSpec> {
+        match &self.delivery {
+            Delivery::Pull => None,
+            Delivery::Push(spec) => Some(spec),
+        }
     }
 
     pub fn encode(&self) -> Bytes {
@@ -165,7 +170,7 @@ impl QueueConfig {
 
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
         let mut record: Record = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
-        if record.v != RECORD_VERSION {
+        if !(RECORD_VERSION_WEBHOOK_ONLY..=RECORD_VERSION).contains(&record.v) {
             return Err(format!("unknown queue record version {}", record.v));
         }
         let late_policy = match record.late.take() {
@@ -187,7 +192,11 @@ impl QueueConfig {
     }
 }
 
-const RECORD_VERSION: u32 = 1;
+/// Version 2 stores a push queue's sink spec in `delivery`. Version 1 knew only webhooks, in
+/// `webhook`; it is still read. A binary that knows only version 1 refuses version 2 rather
+/// than read a stream queue as a pull queue.
+const RECORD_VERSION: u32 = 2;
+const RECORD_VERSION_WEBHOOK_ONLY: u32 = 1;
 
 #[derive(Serialize, Deserialize)]
 struct Record {
@@ -199,7 +208,12 @@ struct Record {
     backoff_initial_ms: u64,
     backoff_max_ms: u64,
     paused: bool,
+    /// Version 1 only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     webhook: Option<WebhookRecord>,
+    /// Version 2: a push queue's sink spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    delivery: Option<SinkSpec>,
     /// Added after version 1 shipped; absent means `fire`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     late: Option<LateRecord>,
@@ -230,18 +244,8 @@ impl From<&QueueConfig> for Record {
             backoff_initial_ms: c.retry.backoff_initial_ms,
             backoff_max_ms: c.retry.backoff_max_ms,
             paused: c.paused,
-            webhook: match &c.delivery {
-                Delivery::Pull => None,
-                Delivery::Webhook {
-                    url,
-                    secret,
-                    timeout_ms,
-                } => Some(WebhookRecord {
-                    url: url.clone(),
-                    secret: secret.clone(),
-                    timeout_ms: *timeout_ms,
-                }),
-            },
+            webhook: None,
+            delivery: c.sink().cloned(),
             late: match c.late_policy {
                 LatePolicy::Fire => None,
                 LatePolicy::Skip { after_ms } => Some(LateRecord {
@@ -268,13 +272,14 @@ impl From<Record> for QueueConfig {
                 backoff_initial_ms: r.backoff_initial_ms,
                 backoff_max_ms: r.backoff_max_ms,
             },
-            delivery: match r.webhook {
-                None => Delivery::Pull,
-                Some(w) => Delivery::Webhook {
+            delivery: match (r.delivery, r.webhook) {
+                (Some(spec), _) => Delivery::Push(spec),
+                (None, Some(w)) => Delivery::Push(SinkSpec::Webhook(WebhookSpec {
                     url: w.url,
                     secret: w.secret,
                     timeout_ms: w.timeout_ms,
-                },
+                })),
+                (None, None) => Delivery::Pull,
             },
             paused: r.paused,
             // Set by `decode`, which can refuse an unknown policy.
@@ -298,11 +303,11 @@ mod tests {
                 backoff_initial_ms: 10,
                 backoff_max_ms: 100,
             },
-            delivery: Delivery::Webhook {
+            delivery: Delivery::Push(SinkSpec::Webhook(WebhookSpec {
                 url: "http://example.invalid/x".into(),
                 secret: Some("s".into()),
                 timeout_ms: 500,
-            },
+            })),
             paused: true,
             late_policy: LatePolicy::Dead { after_ms: 9 },
         };
@@ -315,6 +320,17 @@ mod tests {
             QueueConfig::decode(old).unwrap().late_policy,
             LatePolicy::Fire
         );
+        // A version 1 webhook record reads as a push queue with a webhook sink.
+        let v1 = br#"{"v":1,"rate_per_s":0.0,"burst":0,"max_in_flight":0,"max_attempts":1,"backoff_initial_ms":1,"backoff_max_ms":1,"paused":false,"webhook":{"url":"http://h/x","secret":null,"timeout_ms":700}}"#;
+        assert_eq!(
+            QueueConfig::decode(v1).unwrap().delivery,
+            Delivery::Push(SinkSpec::Webhook(WebhookSpec {
+                url: "http://h/x".into(),
+                secret: None,
+                timeout_ms: 700
+            }))
+        );
+        assert!(QueueConfig::decode(br#"{"v":3}"#).is_err());
         let unknown = br#"{"v":1,"rate_per_s":0.0,"burst":0,"max_in_flight":0,"max_attempts":1,"backoff_initial_ms":1,"backoff_max_ms":1,"paused":false,"webhook":null,"late":{"policy":"maybe","after_ms":1}}"#;
         assert!(QueueConfig::decode(unknown).is_err());
     }
@@ -341,11 +357,11 @@ mod tests {
         );
         check(
             QueueConfig {
-                delivery: Delivery::Webhook {
+                delivery: Delivery::Push(SinkSpec::Webhook(WebhookSpec {
                     url: "http://x".into(),
                     secret: None,
                     timeout_ms: 0,
-                },
+                })),
                 ..QueueConfig::default()
             },
             Some("delivery.timeout_ms"),

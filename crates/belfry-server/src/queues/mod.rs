@@ -1,18 +1,20 @@
 //! Queues at run time: each queue's configuration, rate limiter, in-flight leases and the
-//! wake-up that long-polls and its dispatcher wait on.
+//! wake-ups: long-polls wait on the queue's `Notify`; a push queue's wake-up also tells the
+//! shared dispatcher (through the hook `Queues` was made with, so this module does not know
+//! the dispatcher).
 
 mod config;
 mod inflight;
 mod rate;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::{QueueName, TaskId, UnixMs};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
 
 pub use config::{
     Delivery, InvalidQueueConfig, QueueConfig, BURST_MAX, MAX_IN_FLIGHT_MAX, RATE_PER_S_MAX,
@@ -36,9 +38,13 @@ pub struct QueueRuntime {
     /// redriven, the queue resumed, a lease released, or the clock moved (tests).
     wake: Notify,
     limits: Mutex<Limits>,
-    /// Stops the queue's webhook dispatcher, when it has one.
-    pub(crate) dispatcher: Mutex<Option<CancellationToken>>,
+    /// Whether the dispatcher delivers this queue (it is a push queue whose sink is built).
+    pushed: AtomicBool,
+    on_wake: WakeHook,
 }
+
+/// Called with the queue's name when a push queue is woken.
+pub type WakeHook = Arc<dyn Fn(&QueueName) + Send + Sync>;
 
 struct Limits {
     bucket: TokenBucket,
@@ -47,6 +53,10 @@ struct Limits {
 
 impl QueueRuntime {
     pub fn new(name: QueueName, config: QueueConfig, now: Duration) -> Self {
+        Self::with_hook(name, config, now, Arc::new(|_: &QueueName| {}))
+    }
+
+    fn with_hook(name: QueueName, config: QueueConfig, now: Duration, on_wake: WakeHook) -> Self {
         let bucket = TokenBucket::new(config.effective_burst(), now);
         QueueRuntime {
             name,
@@ -56,8 +66,18 @@ impl QueueRuntime {
                 bucket,
                 in_flight: InFlight::default(),
             }),
-            dispatcher: Mutex::new(None),
+            pushed: AtomicBool::new(false),
+            on_wake,
         }
+    }
+
+    /// Marks the queue as delivered by the dispatcher (or no longer).
+    pub(crate) fn set_pushed(&self, pushed: bool) {
+        self.pushed.store(pushed, Ordering::Release);
+    }
+
+    pub fn is_pushed(&self) -> bool {
+        self.pushed.load(Ordering::Acquire)
     }
 
     pub fn config(&self) -> Arc<QueueConfig> {
@@ -69,9 +89,13 @@ impl QueueRuntime {
         self.wake();
     }
 
-    /// Wakes every long-poll and the dispatcher of this queue so they look again.
+    /// Wakes every long-poll of this queue, and the dispatcher if it delivers the queue, so
+    /// they look again.
     pub fn wake(&self) {
         self.wake.notify_waiters();
+        if self.is_pushed() {
+            (self.on_wake)(&self.name);
+        }
     }
 
     /// A future that completes at the next `wake`. Call `enable` on it (pinned) before checking
@@ -80,9 +104,9 @@ impl QueueRuntime {
         self.wake.notified()
     }
 
-    /// The in-flight cap: `max_in_flight`, or for webhook queues the server default.
+    /// The in-flight cap: `max_in_flight`, or for push queues the server default.
     fn in_flight_cap(config: &QueueConfig, webhook_default: u32) -> Option<usize> {
-        match (config.max_in_flight, config.is_webhook()) {
+        match (config.max_in_flight, config.is_push()) {
             (0, false) => None,
             (0, true) => Some(webhook_default as usize),
             (cap, _) => Some(cap as usize),
@@ -171,12 +195,31 @@ impl QueueRuntime {
 }
 
 /// Every queue this server knows, by name.
-#[derive(Default)]
 pub struct Queues {
     map: RwLock<HashMap<QueueName, Arc<QueueRuntime>>>,
+    on_wake: WakeHook,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Queues::new(Arc::new(|_: &QueueName| {}))
+    }
 }
 
 impl Queues {
+    /// `on_wake` is called when a push queue is woken.
+    pub fn new(on_wake: WakeHook) -> Self {
+        Queues {
+            map: RwLock::new(HashMap::new()),
+            on_wake,
+        }
+    }
+
+    /// A runtime for a new queue, wired to this set's wake hook (not yet inserted).
+    pub fn runtime(&self, name: QueueName, config: QueueConfig, now: Duration) -> QueueRuntime {
+        QueueRuntime::with_hook(name, config, now, self.on_wake.clone())
+    }
+
     pub fn get(&self, name: &QueueName) -> Option<Arc<QueueRuntime>> {
         self.map.read().get(name).cloned()
     }

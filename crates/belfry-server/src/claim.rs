@@ -1,0 +1,119 @@
+//! Claiming due tasks of one queue under its policy: the one path by which tasks leave the
+//! store, for pull leases and push dispatch alike.
+//!
+//! A claim takes what the queue's rate limit and in-flight cap allow, leases that many due
+//! tasks, and sends a task whose previous lease expired on its last attempt to the dead
+//! letters (through [`crate::outcome::decide`]) instead of handing it out again.
+
+use std::time::Duration;
+
+use belfry_core::{LeasedTask, TaskId, UnixMs};
+
+use crate::metrics;
+use crate::outcome::{self, Action, AttemptEnd};
+use crate::queues::QueueRuntime;
+use crate::shared::{Caller, Result, Shared};
+
+/// What one claim got.
+#[derive(Debug, Default)]
+pub struct Claimed {
+    pub leased: Vec<LeasedTask>,
+    /// When nothing was granted: how long the rate or in-flight limit asks to wait.
+    pub retry_in: Option<Duration>,
+    /// How many tasks the policy granted (the claim asked the store for this many).
+    pub granted: usize,
+    /// When the store had fewer due tasks than granted: the earliest instant it could have
+    /// more (`Store::next_due_ms`, read in the same store call), `None` if it holds nothing.
+    pub next_due_ms: Option<Option<UnixMs>>,
+}
+
+/// Claims up to `max` due tasks of `runtime`'s queue, leased for `visibility_ms`.
+pub async fn claim_once(
+    shared: &Shared,
+    runtime: &QueueRuntime,
+    max: usize,
+    visibility_ms: u64,
+    caller: Caller,
+) -> Result<Claimed> {
+    let now_ms = shared.now_ms();
+    let in_flight_default = shared.config.webhook_in_flight_default;
+    let admission = runtime.admit(max, shared.clock.monotonic(), now_ms, in_flight_default);
+    if admission.granted == 0 {
+        return Ok(Claimed {
+            retry_in: admission.retry_in,
+            ..Claimed::default()
+        });
+    }
+    let granted = admission.granted;
+    let name = runtime.name.clone();
+    let retry = runtime.config().retry;
+    let claimed = shared
+        .blocking(caller, move |s| {
+            let batch = s.claim(&name, now_ms, granted, visibility_ms)?;
+            let mut leased = Vec::with_capacity(batch.leased.len());
+            let mut exhausted = 0;
+            for task in batch.leased {
+                let action = outcome::decide(
+                    &AttemptEnd::LeaseExpired,
+                    task.task.attempts,
+                    &retry,
+                    now_ms,
+                    0.0,
+                );
+                match action {
+                    Action::Proceed => leased.push(task),
+                    other => {
+                        outcome::apply(s, &name, task.task.id, task.lease_id, &other, now_ms)?;
+                        exhausted += 1;
+                    }
+                }
+            }
+            let next_due_ms = if leased.len() + exhausted < granted {
+                Some(s.next_due_ms(&name)?)
+            } else {
+                None
+            };
+            let finished = (batch.late_skipped.len(), batch.late_dead.len() + exhausted);
+            Ok((leased, finished, next_due_ms))
+        })
+        .await;
+    let (leased, (skipped, dead), next_due_ms) = match claimed {
+        Ok(claimed) => claimed,
+        Err(e) => {
+            runtime.settle(granted, &[], in_flight_default);
+            return Err(e);
+        }
+    };
+    let leases: Vec<(TaskId, UnixMs)> = leased
+        .iter()
+        .map(|t| (t.task.id, t.lease_until_ms))
+        .collect();
+    runtime.settle(granted, &leases, in_flight_default);
+    record_metrics(runtime.name.as_str(), &leased, skipped, dead, now_ms);
+    Ok(Claimed {
+        leased,
+        retry_in: None,
+        granted,
+        next_due_ms,
+    })
+}
+
+fn record_metrics(queue: &str, leased: &[LeasedTask], skipped: usize, dead: usize, now_ms: UnixMs) {
+    if skipped > 0 {
+        metrics::skipped_late(queue, skipped);
+    }
+    if dead > 0 {
+        metrics::dead_lettered(queue, dead);
+    }
+    if !leased.is_empty() {
+        metrics::dispatched(queue, leased.len());
+        metrics::lateness(
+            queue,
+            leased.iter().map(|task| {
+                // The store's promise, checked: nothing is handed out before it is due.
+                debug_assert!(task.task.due_at_ms <= now_ms, "claimed a task before due");
+                now_ms.saturating_sub(task.task.due_at_ms)
+            }),
+        );
+    }
+}

@@ -1,0 +1,158 @@
+//! One delivery call: a task (or a batch, for sinks that publish many per round trip) handed
+//! to its sink, each outcome decided by [`crate::outcome::decide`] and recorded by the
+//! writer. The budget the claim took is held until then, and given back when this ends.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use belfry_core::LeasedTask;
+use belfry_sinks::{Attempt, Outcome};
+use belfry_store::LeaseOutcome;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::{Dispatcher, Push};
+use crate::metrics;
+use crate::outcome::{decide, Action, AttemptEnd};
+use crate::queues::QueueRuntime;
+
+/// Budget a delivery holds (only to give it back when it ends): its tasks' share of the
+/// global cap and one call to its target.
+pub(super) struct Budget {
+    _tasks: OwnedSemaphorePermit,
+    _call: OwnedSemaphorePermit,
+}
+
+impl Dispatcher {
+    /// Starts deliveries for claimed tasks, in calls of the sink's batch size, each with its
+    /// share of `tasks` and one of `calls`. Budget not needed (the claim got fewer tasks) is
+    /// given back at once.
+    pub(super) fn start_deliveries(
+        self: &Arc<Dispatcher>,
+        runtime: &Arc<QueueRuntime>,
+        push: &Arc<Push>,
+        leased: Vec<LeasedTask>,
+        mut tasks: OwnedSemaphorePermit,
+        mut calls: OwnedSemaphorePermit,
+    ) {
+        let mut leased = leased.into_iter().peekable();
+        while leased.peek().is_some() {
+            let batch: Vec<LeasedTask> = leased.by_ref().take(push.batch_max).collect();
+            let (Some(task_share), Some(call)) = (tasks.split(batch.len()), calls.split(1)) else {
+                // The claim never leases more than the budget it was given.
+                debug_assert!(false, "claimed more tasks than the budget taken");
+                break;
+            };
+            let budget = Budget {
+                _tasks: task_share,
+                _call: call,
+            };
+            let job = DeliveryJob {
+                dispatcher: self.clone(),
+                runtime: runtime.clone(),
+                push: push.clone(),
+            };
+            push.deliveries.spawn(job.run(batch, budget));
+        }
+        drop((tasks, calls));
+    }
+}
+
+struct DeliveryJob {
+    dispatcher: Arc<Dispatcher>,
+    runtime: Arc<QueueRuntime>,
+    push: Arc<Push>,
+}
+
+impl DeliveryJob {
+    async fn run(self, batch: Vec<LeasedTask>, budget: Budget) {
+        let shared = self.dispatcher.shared.clone();
+        let queue = self.runtime.name.clone();
+        let started = Instant::now();
+        let now_ms = shared.now_ms();
+        let outcomes = if batch.len() == 1 {
+            let task = &batch[0].task;
+            vec![self.push.sink.deliver(task, task.attempts, now_ms).await]
+        } else {
+            let attempts: Vec<Attempt<'_>> = batch
+                .iter()
+                .map(|t| Attempt {
+                    task: &t.task,
+                    attempt: t.task.attempts,
+                })
+                .collect();
+            self.push.sink.deliver_batch(&attempts, now_ms).await
+        };
+        let seconds = started.elapsed().as_secs_f64();
+        let retry = self.runtime.config().retry;
+        let now_ms = shared.now_ms();
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut outcomes = outcomes.into_iter();
+        for leased in &batch {
+            let outcome = outcomes.next().unwrap_or_else(|| Outcome::Retry {
+                after: None,
+                reason: format!(
+                    "the sink answered fewer outcomes than the {} tasks it was given",
+                    batch.len()
+                ),
+            });
+            metrics::sink_duration(queue.as_str(), self.push.kind, outcome.label(), seconds);
+            let attempt = leased.task.attempts;
+            let action = decide(
+                &AttemptEnd::from_sink(outcome),
+                attempt,
+                &retry,
+                now_ms,
+                rand::random(),
+            );
+            if let Action::Retry { at_ms } = &action {
+                tracing::debug!(%queue, task = %leased.task.id, attempt, retry_in_ms = at_ms.saturating_sub(now_ms), "delivery failed; will retry");
+            }
+            let answer = self
+                .dispatcher
+                .writer
+                .record(
+                    queue.clone(),
+                    leased.task.id,
+                    leased.lease_id,
+                    action.clone(),
+                )
+                .await;
+            answers.push((leased.task.id, action, answer));
+        }
+        let mut retried = false;
+        for (id, action, answer) in answers {
+            let result = answer
+                .await
+                .unwrap_or_else(|_| Err("the outcome writer stopped".into()));
+            match result {
+                Ok(LeaseOutcome::Ok) => match action {
+                    Action::Ack => metrics::delivered(queue.as_str(), 1),
+                    Action::Retry { .. } => {
+                        metrics::retried(queue.as_str());
+                        retried = true;
+                    }
+                    Action::Dead { reason } => {
+                        tracing::warn!(%queue, task = %id, %reason, "delivery gave up; the task is a dead letter");
+                        metrics::dead_lettered(queue.as_str(), 1)
+                    }
+                    Action::Proceed => {}
+                },
+                Ok(LeaseOutcome::LeaseExpired | LeaseOutcome::NotFound) => {
+                    // The lease ran out (or the queue was deleted) while we delivered: the
+                    // task is due again and will be delivered again, as at-least-once allows.
+                    tracing::warn!(%queue, task = %id, "lease ended during delivery; the task will be delivered again");
+                }
+                Err(error) => {
+                    tracing::error!(%queue, task = %id, %error, "record the delivery outcome; the task will be delivered again when its lease expires");
+                }
+            }
+            self.runtime.release(id);
+        }
+        drop(budget);
+        self.dispatcher.released();
+        if retried {
+            // A retry may be due sooner than the queue's current timer.
+            self.runtime.wake();
+        }
+    }
+}

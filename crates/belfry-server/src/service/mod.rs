@@ -1,0 +1,141 @@
+//! The server's operations, between the API (which knows HTTP and JSON) and the `Store`
+//! (which knows bytes on disk), split by job: `queues` (configuration and push attachment),
+//! `tasks` (submit, read, cancel, reschedule, dead letters), `leases` (pull consumers).
+//!
+//! `Service` is the API's handle: the shared parts (`Deref` to [`Shared`]), the dispatcher it
+//! attaches push queues to, and the submit coalescer. It depends on the dispatcher, never the
+//! other way round: the dispatcher hears about queues through their wake-up hook.
+
+mod leases;
+mod queues;
+mod tasks;
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use belfry_core::{Clock, QueueName};
+use belfry_sinks::SinkFactory;
+use belfry_store::Store;
+
+use crate::config::ServerConfig;
+use crate::dispatch::Dispatcher;
+use crate::queues::{QueueRuntime, Queues};
+use crate::shared::{Caller, Shared, StoreCalls};
+
+pub use crate::shared::{Result, ServiceError};
+pub use leases::NackResult;
+pub use queues::QueuePatch;
+
+/// Dead letters listed per page at most.
+pub const DEAD_PAGE_MAX: usize = 1_000;
+
+pub struct Service {
+    shared: Arc<Shared>,
+    pub(crate) dispatcher: Arc<Dispatcher>,
+    /// Serialises queue creation, update and deletion.
+    admin: tokio::sync::Mutex<()>,
+    ready: AtomicBool,
+    /// Single submits, coalesced into shared store calls.
+    submits: crate::coalesce::Coalescer,
+}
+
+impl Deref for Service {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
+}
+
+impl Service {
+    pub fn new(
+        config: ServerConfig,
+        store: Arc<dyn Store>,
+        clock: Arc<dyn Clock>,
+        sinks: Arc<dyn SinkFactory>,
+    ) -> Result<Self> {
+        let submits = crate::coalesce::Coalescer::start(&store)
+            .map_err(|e| ServiceError::Internal(format!("start the submit writer thread: {e}")))?;
+        let calls = StoreCalls::new(
+            config.store_calls_in_flight_max,
+            std::time::Duration::from_millis(config.store_admission_wait_ms),
+        );
+        let dispatcher = Dispatcher::new(sinks, move |on_wake| Shared {
+            store,
+            clock,
+            config,
+            queues: Queues::new(on_wake),
+            calls,
+            stopping: tokio_util::sync::CancellationToken::new(),
+        });
+        Ok(Service {
+            shared: dispatcher.shared().clone(),
+            dispatcher,
+            admin: tokio::sync::Mutex::new(()),
+            ready: AtomicBool::new(false),
+            submits,
+        })
+    }
+
+    /// The parts the dispatcher and the schedule runner share with the API.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst) && !self.stopping.is_cancelled()
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::SeqCst);
+    }
+
+    /// Runs a store call of an API request on the blocking pool (`503 overloaded` when the
+    /// store-call admission stays full).
+    pub async fn blocking<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
+    {
+        self.shared.blocking(Caller::Api, f).await
+    }
+
+    pub fn runtime(&self, queue: &QueueName) -> Result<Arc<QueueRuntime>> {
+        self.shared.runtime(queue)
+    }
+
+    /// Tasks in flight in push deliveries, all queues together.
+    pub fn push_in_flight(&self) -> usize {
+        self.dispatcher.in_flight()
+    }
+
+    /// Refreshes per-queue gauges until shutdown.
+    pub async fn refresh_gauges(self: Arc<Self>) {
+        let period = std::time::Duration::from_millis(self.config.metrics_refresh_ms);
+        loop {
+            for runtime in self.queues.all() {
+                let name = runtime.name.clone();
+                let now_ms = self.now_ms();
+                let counts = self
+                    .shared
+                    .blocking(Caller::Internal, move |s| Ok(s.counts(&name, now_ms)?))
+                    .await;
+                match counts {
+                    Ok(counts) => crate::metrics::queue_counts(runtime.name.as_str(), &counts),
+                    Err(ServiceError::QueueNotFound(_)) => {}
+                    Err(e) => {
+                        tracing::warn!(queue = %runtime.name, error = %e, "refresh queue gauges")
+                    }
+                }
+            }
+            if let Some(handle) = crate::metrics::handle() {
+                handle.run_upkeep();
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = self.stopping.cancelled() => return,
+            }
+        }
+    }
+}

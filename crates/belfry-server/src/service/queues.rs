@@ -1,0 +1,160 @@
+//! Queue configuration: create, change, pause, delete, and attaching push queues to the
+//! dispatcher.
+
+use std::sync::Arc;
+
+use belfry_core::{LatePolicy, QueueName, RetryPolicy};
+use belfry_store::QueueCounts;
+
+use super::{Result, Service, ServiceError};
+use crate::queues::{Delivery, QueueConfig, QueueRuntime};
+
+/// A change to a queue's configuration: `None` keeps the current value (or the default, for a
+/// new queue).
+#[derive(Debug, Clone, Default)]
+pub struct QueuePatch {
+    pub rate_per_s: Option<f64>,
+    pub burst: Option<u32>,
+    pub max_in_flight: Option<u32>,
+    pub max_attempts: Option<u32>,
+    pub backoff_initial_ms: Option<u64>,
+    pub backoff_max_ms: Option<u64>,
+    pub delivery: Option<Delivery>,
+    pub paused: Option<bool>,
+    pub late_policy: Option<LatePolicy>,
+}
+
+impl QueuePatch {
+    fn apply(self, base: &QueueConfig) -> QueueConfig {
+        QueueConfig {
+            rate_per_s: self.rate_per_s.unwrap_or(base.rate_per_s),
+            burst: self.burst.unwrap_or(base.burst),
+            max_in_flight: self.max_in_flight.unwrap_or(base.max_in_flight),
+            retry: RetryPolicy {
+                max_attempts: self.max_attempts.unwrap_or(base.retry.max_attempts),
+                backoff_initial_ms: self
+                    .backoff_initial_ms
+                    .unwrap_or(base.retry.backoff_initial_ms),
+                backoff_max_ms: self.backoff_max_ms.unwrap_or(base.retry.backoff_max_ms),
+            },
+            delivery: self.delivery.unwrap_or_else(|| base.delivery.clone()),
+            paused: self.paused.unwrap_or(base.paused),
+            late_policy: self.late_policy.unwrap_or(base.late_policy),
+        }
+    }
+}
+
+impl Service {
+    /// Loads every stored queue. Called once at start-up, before the API serves.
+    pub async fn load_queues(&self) -> Result<()> {
+        let stored = self.blocking(|s| Ok(s.list_queues()?)).await?;
+        for (name, bytes) in stored {
+            let config = QueueConfig::decode(&bytes).map_err(|e| {
+                ServiceError::Internal(format!(
+                    "decode the stored configuration of queue {name}: {e}"
+                ))
+            })?;
+            let runtime = Arc::new(self.queues.runtime(name, config, self.clock.monotonic()));
+            self.queues.insert(runtime.clone());
+            // A stored sink the current configuration refuses (say, private targets are no
+            // longer allowed) must not stop the server: the queue keeps its tasks, undelivered,
+            // until it is reconfigured.
+            if let Err(e) = self.dispatcher.attach(&runtime) {
+                tracing::error!(queue = %runtime.name, error = %e, "start push delivery; the queue will not deliver until it is reconfigured");
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates a queue or changes its configuration. Returns the new configuration and whether
+    /// the queue was created.
+    pub async fn put_queue(
+        &self,
+        queue: QueueName,
+        patch: QueuePatch,
+    ) -> Result<(QueueConfig, bool)> {
+        let _admin = self.admin.lock().await;
+        let existing = self.queues.get(&queue);
+        let base = existing
+            .as_ref()
+            .map(|r| (*r.config()).clone())
+            .unwrap_or_default();
+        let config = patch.apply(&base);
+        config.validate()?;
+        // Building the sink checks its spec (for a webhook: the URL against the SSRF policy,
+        // the timeout and the secret) without connecting.
+        if let Some(spec) = config.sink() {
+            self.dispatcher
+                .check(&queue, spec)
+                .map_err(|e| refused(spec, e))?;
+        }
+        let encoded = config.encode();
+        let name = queue.clone();
+        self.blocking(move |s| Ok(s.put_queue(&name, encoded)?))
+            .await?;
+        let created = existing.is_none();
+        let runtime = match existing {
+            Some(runtime) => {
+                runtime.set_config(config.clone());
+                runtime
+            }
+            None => {
+                let runtime = Arc::new(self.queues.runtime(
+                    queue,
+                    config.clone(),
+                    self.clock.monotonic(),
+                ));
+                self.queues.insert(runtime.clone());
+                runtime
+            }
+        };
+        // The sink is rebuilt on every change so it never delivers with an old URL or secret;
+        // deliveries already started finish with the sink they began with.
+        if let Err(e) = self.dispatcher.attach(&runtime) {
+            return Err(match config.sink() {
+                Some(spec) => refused(spec, e),
+                None => ServiceError::Internal(e.to_string()),
+            });
+        }
+        Ok((config, created))
+    }
+
+    pub async fn set_paused(&self, queue: QueueName, paused: bool) -> Result<QueueConfig> {
+        self.runtime(&queue)?;
+        let patch = QueuePatch {
+            paused: Some(paused),
+            ..QueuePatch::default()
+        };
+        let (config, created) = self.put_queue(queue.clone(), patch).await?;
+        if created {
+            // Deleted and recreated in between: undo, as pausing never creates a queue.
+            self.delete_queue(queue.clone()).await?;
+            return Err(ServiceError::QueueNotFound(queue));
+        }
+        Ok(config)
+    }
+
+    pub async fn queue_counts(&self, queue: &QueueName) -> Result<QueueCounts> {
+        let name = queue.clone();
+        let now_ms = self.now_ms();
+        self.blocking(move |s| Ok(s.counts(&name, now_ms)?)).await
+    }
+
+    pub async fn delete_queue(&self, queue: QueueName) -> Result<bool> {
+        let _admin = self.admin.lock().await;
+        self.dispatcher.detach(&queue);
+        let runtime: Option<Arc<QueueRuntime>> = self.queues.remove(&queue);
+        if let Some(runtime) = &runtime {
+            runtime.wake();
+        }
+        let existed = self.blocking(move |s| Ok(s.delete_queue(&queue)?)).await?;
+        Ok(existed || runtime.is_some())
+    }
+}
+
+fn refused(spec: &belfry_sinks::SinkSpec, error: belfry_sinks::SinkError) -> ServiceError {
+    ServiceError::DeliveryRefused {
+        sink: spec.kind(),
+        message: error.to_string(),
+    }
+}

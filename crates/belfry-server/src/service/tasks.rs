@@ -1,0 +1,114 @@
+//! Tasks: submit (single submits coalesced), read, cancel, reschedule, and dead letters.
+
+use belfry_core::{NewTask, QueueName, Task, TaskId, UnixMs};
+use belfry_store::{ChangeOutcome, PutOutcome};
+
+use super::{Result, Service, ServiceError, DEAD_PAGE_MAX};
+use crate::metrics;
+use crate::shared::Caller;
+
+impl Service {
+    pub async fn submit(&self, queue: &QueueName, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
+        let runtime = self.runtime(queue)?;
+        if tasks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let outcomes = if tasks.len() == 1 {
+            // One task per request: share the store call with concurrent submits. Each waiting
+            // submit holds a store-call slot, so admission still bounds the queue.
+            let _permit = self.calls.admit(Caller::Api).await?;
+            self.submits.put(tasks).await?
+        } else {
+            self.blocking(move |s| Ok(s.put(tasks)?)).await?
+        };
+        let created = outcomes
+            .iter()
+            .filter(|o| matches!(o, PutOutcome::Created { .. }))
+            .count();
+        metrics::submitted(queue.as_str(), created);
+        if created > 0 {
+            runtime.wake();
+        }
+        Ok(outcomes)
+    }
+
+    pub async fn get_task(&self, queue: &QueueName, id: TaskId) -> Result<Task> {
+        self.runtime(queue)?;
+        let name = queue.clone();
+        let now_ms = self.now_ms();
+        self.blocking(move |s| Ok(s.get(&name, id, now_ms)?))
+            .await?
+            .ok_or(ServiceError::TaskNotFound(id))
+    }
+
+    pub async fn cancel(&self, queue: &QueueName, id: TaskId) -> Result<()> {
+        self.runtime(queue)?;
+        let name = queue.clone();
+        let now_ms = self.now_ms();
+        let outcome = self
+            .blocking(move |s| Ok(s.cancel(&name, id, now_ms)?))
+            .await?;
+        change_result(id, outcome)
+    }
+
+    pub async fn reschedule(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        due_at_ms: UnixMs,
+    ) -> Result<Task> {
+        let runtime = self.runtime(queue)?;
+        let name = queue.clone();
+        let now_ms = self.now_ms();
+        let (outcome, task) = self
+            .blocking(move |s| {
+                let outcome = s.reschedule(&name, id, due_at_ms, now_ms)?;
+                let task = s.get(&name, id, now_ms)?;
+                Ok((outcome, task))
+            })
+            .await?;
+        change_result(id, outcome)?;
+        runtime.wake();
+        task.ok_or(ServiceError::TaskNotFound(id))
+    }
+
+    pub async fn list_dead(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<Task>> {
+        self.runtime(queue)?;
+        let name = queue.clone();
+        let limit = limit.min(DEAD_PAGE_MAX);
+        self.blocking(move |s| Ok(s.list_dead(&name, after, limit)?))
+            .await
+    }
+
+    pub async fn redrive(&self, queue: &QueueName, id: TaskId) -> Result<Task> {
+        let runtime = self.runtime(queue)?;
+        let name = queue.clone();
+        let now_ms = self.now_ms();
+        let (outcome, task) = self
+            .blocking(move |s| {
+                let outcome = s.redrive(&name, id, now_ms)?;
+                Ok((outcome, s.get(&name, id, now_ms)?))
+            })
+            .await?;
+        match outcome {
+            ChangeOutcome::Ok => {}
+            ChangeOutcome::NotFound => return Err(ServiceError::TaskNotFound(id)),
+            ChangeOutcome::WrongState(state) => return Err(ServiceError::NotDead { id, state }),
+        }
+        runtime.wake();
+        task.ok_or(ServiceError::TaskNotFound(id))
+    }
+}
+
+fn change_result(id: TaskId, outcome: ChangeOutcome) -> Result<()> {
+    match outcome {
+        ChangeOutcome::Ok => Ok(()),
+        ChangeOutcome::NotFound => Err(ServiceError::TaskNotFound(id)),
+        ChangeOutcome::WrongState(state) => Err(ServiceError::NotScheduled { id, state }),
+    }
+}

@@ -1,0 +1,160 @@
+//! What every part of the server shares: the store, the clock, the configuration, the queues'
+//! run-time state, and admission for store calls.
+//!
+//! Store calls may block on fsync, so every one runs on tokio's blocking pool, never on an
+//! async worker. Two admissions bound them:
+//! - API calls take a slot from `store_calls_in_flight_max`, waiting at most
+//!   `store_admission_wait_ms` before `503 overloaded`: a flood of requests is refused, not
+//!   queued without bound.
+//! - The server's own work (dispatch claims, delivery outcomes, schedule ticks, gauges) takes
+//!   a slot from a separate, smaller pool and waits for it: it is never refused, and API
+//!   clients can never crowd it out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::{Clock, QueueName, UnixMs};
+use belfry_store::{Store, StoreError};
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ServerConfig;
+use crate::queues::{QueueRuntime, Queues};
+
+/// Store calls of the server's own work running or queued at once. Dispatch claims are
+/// bounded separately (`dispatch::CLAIMS_IN_FLIGHT_MAX`), delivery outcomes go through one
+/// writer, and schedule ticks are one at a time, so this only needs room for those plus the
+/// gauges; it keeps their share of the blocking pool bounded.
+pub const INTERNAL_STORE_CALLS_MAX: usize = 64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("queue {0} does not exist")]
+    QueueNotFound(QueueName),
+    #[error("task {0} does not exist in this queue")]
+    TaskNotFound(belfry_core::TaskId),
+    #[error("the lease on task {0} expired or was replaced; lease the task again")]
+    LeaseExpired(belfry_core::TaskId),
+    #[error("task {id} is {}, only scheduled tasks can be changed or cancelled", state.as_str())]
+    NotScheduled {
+        id: belfry_core::TaskId,
+        state: belfry_core::TaskState,
+    },
+    #[error("task {id} is {}, only dead tasks can be redriven", state.as_str())]
+    NotDead {
+        id: belfry_core::TaskId,
+        state: belfry_core::TaskState,
+    },
+    #[error("queue {0} delivers by push ({1}); leases are only for pull queues")]
+    NotPullQueue(QueueName, &'static str),
+    #[error("invalid queue configuration: {0}")]
+    InvalidQueueConfig(#[from] crate::queues::InvalidQueueConfig),
+    /// A push queue's delivery spec its sink refuses; `sink` is the spec's type.
+    #[error("delivery: {message}")]
+    DeliveryRefused { sink: &'static str, message: String },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    #[error("the server is overloaded (too many storage calls in flight); retry shortly")]
+    Overloaded,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("storage failed: {0}")]
+    Store(StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::QueueNotFound(q) => ServiceError::QueueNotFound(q),
+            StoreError::Invalid(m) => ServiceError::Invalid(m),
+            other => ServiceError::Store(other),
+        }
+    }
+}
+
+pub type Result<T, E = ServiceError> = std::result::Result<T, E>;
+
+/// Who is asking for a store call, which decides the admission it goes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    /// An API request: refused with `Overloaded` when no slot frees up in time.
+    Api,
+    /// The server's own work: waits for its own pool, never refused.
+    Internal,
+}
+
+/// The two admissions for store calls.
+pub struct StoreCalls {
+    api: Semaphore,
+    api_wait: Duration,
+    internal: Semaphore,
+}
+
+impl StoreCalls {
+    pub fn new(api_max: usize, api_wait: Duration) -> Self {
+        StoreCalls {
+            api: Semaphore::new(api_max),
+            api_wait,
+            internal: Semaphore::new(INTERNAL_STORE_CALLS_MAX),
+        }
+    }
+
+    pub async fn admit(&self, caller: Caller) -> Result<SemaphorePermit<'_>> {
+        match caller {
+            Caller::Internal => self
+                .internal
+                .acquire()
+                .await
+                .map_err(|_| ServiceError::ShuttingDown),
+            Caller::Api => {
+                // A free slot is taken at once, without arming a timer.
+                if let Ok(permit) = self.api.try_acquire() {
+                    return Ok(permit);
+                }
+                match tokio::time::timeout(self.api_wait, self.api.acquire()).await {
+                    Ok(Ok(permit)) => Ok(permit),
+                    Ok(Err(_closed)) => Err(ServiceError::ShuttingDown),
+                    Err(_elapsed) => Err(ServiceError::Overloaded),
+                }
+            }
+        }
+    }
+}
+
+/// The parts of the server that the API, the dispatcher and the schedule runner all use.
+pub struct Shared {
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<dyn Clock>,
+    pub config: ServerConfig,
+    pub queues: Queues,
+    pub calls: StoreCalls,
+    /// Cancelled when shutdown begins: long-polls return, the dispatcher stops claiming.
+    pub stopping: CancellationToken,
+}
+
+impl Shared {
+    pub fn now_ms(&self) -> UnixMs {
+        self.clock.wall_ms()
+    }
+
+    /// Runs a store call on the blocking pool, after `caller`'s admission.
+    pub async fn blocking<T, F>(&self, caller: Caller, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
+    {
+        let _permit = self.calls.admit(caller).await?;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&*store))
+            .await
+            .map_err(|e| ServiceError::Internal(format!("store call did not finish: {e}")))?
+    }
+
+    pub fn runtime(&self, queue: &QueueName) -> Result<Arc<QueueRuntime>> {
+        self.queues
+            .get(queue)
+            .ok_or_else(|| ServiceError::QueueNotFound(queue.clone()))
+    }
+}
