@@ -15,7 +15,7 @@ pub mod api;
 mod claim;
 mod coalesce;
 pub mod config;
-mod dispatch;
+pub mod dispatch;
 pub mod metrics;
 pub mod outcome;
 pub mod queues;

@@ -27,6 +27,8 @@ pub const FIRING_LATENESS: &str = "belfry_firing_lateness_seconds";
 pub const HTTP_REQUEST_DURATION: &str = "belfry_http_request_duration_seconds";
 /// One delivery call to a sink (a webhook request, a stream publish), by queue, sink type and
 /// outcome (`delivered`, `retry`, `reject`): its count is deliveries by outcome class.
+/// The dispatcher's claims that failed (store errors); never API admission refusals.
+pub const DISPATCH_CLAIM_ERRORS: &str = "belfry_dispatch_claim_errors_total";
 pub const SINK_DURATION: &str = "belfry_sink_duration_seconds";
 
 /// Lateness buckets: from 1 ms (the precision we promise) to minutes (after an outage).
@@ -205,4 +207,8 @@ pub fn queue_counts(queue: &str, counts: &belfry_store::QueueCounts) {
     gauge!(TASKS_DUE, "queue" => queue.to_owned()).set(counts.due as f64);
     gauge!(TASKS_IN_FLIGHT, "queue" => queue.to_owned()).set(counts.in_flight as f64);
     gauge!(TASKS_DEAD, "queue" => queue.to_owned()).set(counts.dead as f64);
+}
+
+pub fn dispatch_claim_error() {
+    counter!(DISPATCH_CLAIM_ERRORS).increment(1);
 }

@@ -43,6 +43,7 @@ use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
 use crate::claim::claim_once;
+use crate::metrics;
 use crate::queues::QueueRuntime;
 use crate::shared::{Caller, Shared};
 use slots::{Slots, TurnEnd};
@@ -86,8 +87,20 @@ pub(crate) struct Push {
     pub deliveries: TaskTracker,
 }
 
+/// What the dispatcher has done, for tests and operators.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DispatchStats {
+    /// Claim turns taken (one store call each, when budget allowed one).
+    pub turns: u64,
+    /// Claims that failed (a store error). The server's own claims are never refused by API
+    /// admission, so under load this stays 0.
+    pub claim_errors: u64,
+}
+
 pub(crate) struct Dispatcher {
     shared: Arc<Shared>,
+    turns: std::sync::atomic::AtomicU64,
+    claim_errors: std::sync::atomic::AtomicU64,
     sinks: Arc<dyn SinkFactory>,
     slots: Mutex<Slots>,
     /// Wakes the loop: a queue became ready, budget was released, or shutdown.
@@ -121,6 +134,8 @@ impl Dispatcher {
             Dispatcher {
                 writer: OutcomeWriter::start(&shared),
                 shared,
+                turns: Default::default(),
+                claim_errors: Default::default(),
                 sinks,
                 slots: Mutex::new(Slots::default()),
                 notify: Notify::new(),
@@ -287,6 +302,8 @@ impl Dispatcher {
             return TurnEnd::WaitBudget;
         };
         let want = tasks.num_permits();
+        self.turns
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let claimed = claim_once(
             &self.shared,
             &runtime,
@@ -298,6 +315,9 @@ impl Dispatcher {
         let claimed = match claimed {
             Ok(claimed) => claimed,
             Err(error) => {
+                self.claim_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::dispatch_claim_error();
                 tracing::warn!(%queue, %error, "claim due tasks for push delivery");
                 drop((tasks, calls));
                 self.released();
@@ -349,6 +369,14 @@ impl Dispatcher {
         tokio::time::timeout_at(deadline, self.tasks.wait())
             .await
             .is_ok()
+    }
+
+    pub fn stats(&self) -> DispatchStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        DispatchStats {
+            turns: self.turns.load(Relaxed),
+            claim_errors: self.claim_errors.load(Relaxed),
+        }
     }
 
     /// Tasks in flight in push deliveries.

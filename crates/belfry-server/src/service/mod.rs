@@ -105,6 +105,11 @@ impl Service {
         self.shared.runtime(queue)
     }
 
+    /// What the push dispatcher has done so far.
+    pub fn dispatch_stats(&self) -> crate::dispatch::DispatchStats {
+        self.dispatcher.stats()
+    }
+
     /// Tasks in flight in push deliveries, all queues together.
     pub fn push_in_flight(&self) -> usize {
         self.dispatcher.in_flight()

@@ -2,6 +2,8 @@
 //! webhook receiver.
 #![allow(dead_code)]
 
+pub mod faults;
+
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -81,12 +83,24 @@ impl TestServer {
         store: Arc<dyn Store>,
         dir: Option<tempfile::TempDir>,
     ) -> Self {
+        Self::start_with_sinks(config, store, None, dir).await
+    }
+
+    /// A server on `store` whose push queues deliver through `sinks` (the standard sinks when
+    /// `None`).
+    pub async fn start_with_sinks(
+        config: ServerConfig,
+        store: Arc<dyn Store>,
+        sinks: Option<Arc<dyn belfry_sinks::SinkFactory>>,
+        dir: Option<tempfile::TempDir>,
+    ) -> Self {
         let clock = ManualClock::new(T0);
-        let handle = Server::builder(config, store.clone())
-            .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
-            .start()
-            .await
-            .expect("server starts");
+        let mut builder =
+            Server::builder(config, store.clone()).clock(Arc::new(clock.clone()) as Arc<dyn Clock>);
+        if let Some(sinks) = sinks {
+            builder = builder.sinks(sinks);
+        }
+        let handle = builder.start().await.expect("server starts");
         TestServer {
             _dir: dir,
             ..Self::from_handle(handle, clock, store)
