@@ -234,7 +234,7 @@ async fn serve(
     let grace = Duration::from_millis(service.config.shutdown_grace_ms);
 
     // 1. Stop accepting and stop claiming, together: the HTTP server stops taking connections,
-    //    long-polls return empty, dispatchers leave their loops.
+    //    long-polls return empty, the dispatcher and the schedule runner stop.
     let stopping = service.stopping.clone();
     let signal = shutdown.clone();
     // Small answers go out at once rather than waiting on Nagle's algorithm.

@@ -154,7 +154,7 @@ fn publish(state: &SchedulesState, report: &TickReport) {
             .ok()
             .and_then(|name| state.shared.queues.get(&name));
         if let Some(runtime) = runtime {
-            // The new tasks may be due now: long-polls and dispatchers look again.
+            // The new tasks may be due now: long-polls and the dispatcher look again.
             runtime.wake();
         }
     }
