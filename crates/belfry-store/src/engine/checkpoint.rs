@@ -114,6 +114,8 @@ pub(super) struct CheckpointPlan {
     pub(super) doomed: Vec<(u64, u64, u64)>,
     /// Queues whose idempotency keys phase C copies into the checkpoint.
     pub(super) key_queues: Vec<u64>,
+    /// The metadata entries as of the WAL switch, encoded for the checkpoint.
+    pub(super) meta_entries: Vec<u8>,
 }
 
 impl Engine {
@@ -193,7 +195,7 @@ impl Core {
         self.write_buckets(&plan)?;
         let mut checkpoint = plan.checkpoint;
         checkpoint.wal_start = old_wal + 1;
-        self.write_checkpoint(&checkpoint, &plan.key_queues)?;
+        self.write_checkpoint(&checkpoint, &plan.key_queues, &plan.meta_entries)?;
         for n in old_wal_files(&self.dir)? {
             if n <= old_wal {
                 fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
@@ -210,8 +212,13 @@ impl Core {
         // happen under the locks. Only checkpoints switch files, and they run one at a time.
         let number = self.wal.writer.lock().number + 1;
         let next_file = create_wal(&self.dir, number)?;
+        // The metadata lock first (see `meta.rs`): no metadata frame is queued between the
+        // copy and the switch, so the copy holds exactly the changes of WAL files up to the
+        // old one. Metadata calls wait meanwhile; task calls do not.
+        let meta = self.meta.lock();
+        let meta_entries = persist::encode_meta_entries(&meta);
         let mut sync = self.wal.sync.lock();
-        let (plan, old_file, old_end) = {
+        let (mut plan, old_file, old_end) = {
             let mut writer = self.wal.writer.lock();
             let mut state = self.state.lock();
             state.check()?;
@@ -228,6 +235,8 @@ impl Core {
             state.wal_since_checkpoint = 0;
             (plan, old_file, state.wal_appended)
         };
+        drop(meta);
+        plan.meta_entries = meta_entries;
         // Still phase A, with only the sync lock held: nobody can fsync the new file (and so
         // mark these bytes synced) before the old one is.
         old_file.sync_data().map_err(io("fsync the WAL"))?;
@@ -324,10 +333,14 @@ impl Core {
     /// every key released since then has its task's finishing record there too (replay
     /// loads that bucket, which releases it again). A key released before phase A is not
     /// in the index any more, so it cannot be copied.
+    ///
+    /// The metadata entries follow the keys: `meta_entries`, copied in phase A under the
+    /// metadata lock, exactly as of the WAL switch.
     pub(super) fn write_checkpoint(
         &self,
         checkpoint: &Checkpoint,
         key_queues: &[u64],
+        meta_entries: &[u8],
     ) -> Result<()> {
         let mut writer = persist::FramedWriter::create(&self.dir.join(CHECKPOINT_FILE))?;
         writer.write(&checkpoint.encode_head())?;
@@ -355,6 +368,7 @@ impl Core {
             }
         }
         writer.write(&persist::KEY_CHUNKS_END)?;
+        writer.write(meta_entries)?;
         writer.finish()
     }
 

@@ -5,18 +5,20 @@
 //!   its records; concurrent callers share one fsync (group commit).
 //! - `q-<uid>/b-<bucket>.seg`: one file per due-time bucket of a queue, the same records
 //!   appended without fsync; they are fsync'd at checkpoints, after which the WAL is dropped.
-//! - `checkpoint`: per-bucket counts and file lengths, counters and live idempotency keys, so
-//!   reopening reads neither far buckets nor the whole history.
-//! - `meta`: queues and `*_meta` entries, rewritten whole on each (rare) change.
+//! - `checkpoint`: per-bucket counts and file lengths, counters, live idempotency keys and the
+//!   `*_meta` entries, so reopening reads neither far buckets nor the whole history.
+//! - `meta`: queues, rewritten whole on each (rare) queue change. Metadata changes are WAL
+//!   records (one per call, see `meta.rs`), compacted into the checkpoint.
 //!
-//! Concurrency: one mutex guards the in-memory state; a second serialises WAL writes and a
-//! third fsyncs. A caller applies its change in memory and queues its WAL frame under the
-//! state lock, then makes sure the WAL is written to the OS past its frame (whoever takes the
-//! write lock writes every queued frame with one `write`), and, if the call must be durable,
-//! that it is fsync'd past it (whoever takes the sync lock fsyncs everything written so far).
-//! Lock order is sync, write, state, never the reverse. Another caller may observe a change
-//! before it is durable (a `get` is not delayed), but any change that builds on it (a claim
-//! of a just-put task) has a later WAL frame, so after a crash either both or only the first
+//! Concurrency: one mutex guards the in-memory state of tasks and queues; a second serialises
+//! WAL writes and a third fsyncs; a fourth guards the metadata entries (see `meta.rs`). A
+//! caller applies its change in memory and queues its WAL frame under the state lock, then
+//! makes sure the WAL is written to the OS past its frame (whoever takes the write lock writes
+//! every queued frame with one `write`), and, if the call must be durable, that it is fsync'd
+//! past it (whoever takes the sync lock fsyncs everything written so far). Lock order is
+//! metadata, sync, write, state, never the reverse. Another caller may observe a change before
+//! it is durable (a `get` is not delayed), but any change that builds on it (a claim of a
+//! just-put task) has a later WAL frame, so after a crash either both or only the first
 //! survive.
 //!
 //! Delivery state (leases, acks, nacks, extensions, dead letters) does not wait for fsync
@@ -31,8 +33,8 @@
 //! a call's records reach memory and the WAL queue (`State::commit`); `wal.rs` the WAL, group
 //! commit and the background flusher; `checkpoint.rs` checkpoints and their thread;
 //! `recovery.rs` opening a directory and replaying the WAL; `calls.rs` the paths store calls
-//! share (commit and wait, preload, finding a task or its lease); `store_impl.rs` the `Store`
-//! trait. `queue.rs`, `bucket.rs`, `keys.rs`, `record.rs` and `persist.rs` are the in-memory
+//! share (commit and wait, preload, finding a task or its lease); `meta.rs` small metadata
+//! under its own lock; `store_impl.rs` the `Store` trait. `queue.rs`, `bucket.rs`, `keys.rs`, `record.rs` and `persist.rs` are the in-memory
 //! index, bucket keys, the idempotency-key hash, the record format and the whole-file
 //! documents.
 
@@ -40,6 +42,7 @@ pub mod bucket;
 mod calls;
 mod checkpoint;
 mod keys;
+mod meta;
 pub mod persist;
 mod queue;
 pub mod record;
@@ -49,7 +52,7 @@ mod wal;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,7 +63,7 @@ use rustc_hash::FxHashMap;
 use self::bucket::{bucket_range, task_id};
 use self::checkpoint::Checkpointer;
 use self::keys::KeyHasher;
-use self::persist::{BucketMeta, MetaFile};
+use self::persist::{BucketMeta, MetaEntries, MetaFile};
 pub use self::queue::EngineStats;
 use self::queue::{Bucket, Queue};
 use self::record::{Record, WalBatch, WalTarget};
@@ -184,6 +187,9 @@ struct State {
     wal_since_checkpoint: u64,
     buffered_bytes: usize,
     poisoned: Option<String>,
+    /// Set with `poisoned`, so that calls that do not take the state lock (metadata reads)
+    /// can see it. Shared with `Core::poisoned`.
+    poisoned_flag: Arc<AtomicBool>,
     stats: EngineStats,
     /// Checkpoints run so far (they are the only deleters of bucket files).
     checkpoints: u64,
@@ -215,6 +221,12 @@ struct Core {
     options: EngineOptions,
     wal: Arc<Wal>,
     state: Mutex<State>,
+    /// Small metadata (`*_meta`), under its own lock so that metadata calls never hold the
+    /// state lock longer than it takes to queue their WAL frame (see `meta.rs`). Lock order:
+    /// meta before state (and before the WAL locks, in a checkpoint).
+    meta: Mutex<MetaEntries>,
+    /// Whether the engine stopped after a fatal error (`State::poisoned` says why).
+    poisoned: Arc<AtomicBool>,
     checkpointing: Mutex<()>,
 }
 
@@ -321,10 +333,16 @@ impl State {
         if self.buffered_bytes >= options.buffers_total_bytes {
             self.flush_buffers()?;
         }
-        self.wal_pending.extend_from_slice(&frame);
+        Ok(self.enqueue(&frame))
+    }
+
+    /// Queues a WAL frame for the next write; returns the WAL position the caller must wait
+    /// for. Frames reach the WAL in the order they are queued.
+    fn enqueue(&mut self, frame: &[u8]) -> u64 {
+        self.wal_pending.extend_from_slice(frame);
         self.wal_appended += frame.len() as u64;
         self.wal_since_checkpoint += frame.len() as u64;
-        Ok(self.wal_appended)
+        self.wal_appended
     }
 
     /// Unloads far buckets loaded for lookups once they hold more than the configured number
@@ -380,6 +398,7 @@ impl State {
     fn poison(&mut self, error: &StoreError) {
         tracing::error!(%error, "storage engine stopped after a fatal error");
         self.poisoned.get_or_insert_with(|| error.to_string());
+        self.poisoned_flag.store(true, Ordering::Release);
     }
 }
 

@@ -5,6 +5,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::ErrorKind;
 use std::path::Path;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -15,7 +16,8 @@ use rustc_hash::FxHashMap;
 use super::bucket::{self, task_id};
 use super::checkpoint::Checkpointer;
 use super::keys::KeyHasher;
-use super::persist::{BucketMeta, Checkpoint, MetaFile};
+use super::meta;
+use super::persist::{BucketMeta, Checkpoint, MetaEntries, MetaFile};
 use super::queue::{Bucket, EngineStats, Queue};
 use super::record::{self, Record, WalTarget};
 use super::wal::{create_wal, old_wal_files, wal_path, Flusher, Wal};
@@ -43,13 +45,26 @@ impl Engine {
         let dir = dir.as_ref().to_path_buf();
         fs::create_dir_all(dir.join(WAL_DIR)).map_err(io("create the data directory"))?;
         let lock = lock_dir(&dir)?;
-        let meta = MetaFile::read(&dir.join(META_FILE))?;
-        let checkpoint = Checkpoint::read(&dir.join(CHECKPOINT_FILE))?.unwrap_or_default();
-        let mut state = State::from_checkpoint(meta, &checkpoint);
+        let (meta, legacy_entries) = MetaFile::read(&dir.join(META_FILE))?;
+        let mut checkpoint = Checkpoint::read(&dir.join(CHECKPOINT_FILE))?.unwrap_or_default();
+        // A format-3 checkpoint holds the entries; before that, the meta file did.
+        let mut entries = checkpoint
+            .meta_entries
+            .take()
+            .or(legacy_entries)
+            .unwrap_or_default();
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let mut state = State::from_checkpoint(meta, &checkpoint, Arc::clone(&poisoned));
         restore_queues(&dir, &mut state)?;
         restore_buckets(&checkpoint, &mut state)?;
         restore_keys(&checkpoint, &mut state);
-        let last_wal = replay(&dir, checkpoint.wal_start, &mut state, &options)?;
+        let last_wal = replay(
+            &dir,
+            checkpoint.wal_start,
+            &mut state,
+            &mut entries,
+            &options,
+        )?;
         let number = last_wal.max(checkpoint.wal_start) + 1;
         let wal = Arc::new(Wal::new(create_wal(&dir, number)?, number));
         let flush_period = match options.fsync {
@@ -64,6 +79,8 @@ impl Engine {
             options,
             wal,
             state: Mutex::new(state),
+            meta: Mutex::new(entries),
+            poisoned,
             checkpointing: Mutex::new(()),
         });
         core.checkpoint()?;
@@ -85,7 +102,11 @@ impl Engine {
 impl State {
     /// The state a reopen starts from, before any file is looked at: counters and the key
     /// hash from the checkpoint, queues from the meta file.
-    fn from_checkpoint(meta: MetaFile, checkpoint: &Checkpoint) -> State {
+    fn from_checkpoint(
+        meta: MetaFile,
+        checkpoint: &Checkpoint,
+        poisoned_flag: Arc<AtomicBool>,
+    ) -> State {
         State {
             queues: FxHashMap::default(),
             next_seq: checkpoint.next_seq.max(1),
@@ -96,6 +117,7 @@ impl State {
             wal_since_checkpoint: 0,
             buffered_bytes: 0,
             poisoned: None,
+            poisoned_flag,
             stats: EngineStats::default(),
             checkpoints: 0,
             due_reference_ms: None,
@@ -260,6 +282,7 @@ pub(super) fn replay(
     dir: &Path,
     start: u64,
     state: &mut State,
+    meta: &mut MetaEntries,
     options: &EngineOptions,
 ) -> Result<u64> {
     let numbers = old_wal_files(dir)?;
@@ -274,7 +297,13 @@ pub(super) fn replay(
             continue;
         }
         let is_last = i + 1 == count;
-        replay_file(&path, is_last, state, options, &mut to_load)?;
+        let mut replay = Replay {
+            state: &mut *state,
+            meta: &mut *meta,
+            options,
+            to_load: &mut to_load,
+        };
+        replay.file(&path, is_last)?;
     }
     // Buckets that saw state changes: their counts are only known by reading them.
     let State { queues, stats, .. } = state;
@@ -286,93 +315,107 @@ pub(super) fn replay(
     Ok(last)
 }
 
-/// Replays one WAL file, frame by frame. A bad frame is cut as a torn tail if `is_last` and
-/// [`is_torn_tail`] says so; otherwise it is `Corrupt`.
-fn replay_file(
-    path: &Path,
-    is_last: bool,
-    state: &mut State,
-    options: &EngineOptions,
-    to_load: &mut BTreeSet<(u64, u64)>,
-) -> Result<()> {
-    let bytes = fs::read(path).map_err(io("read a WAL file"))?;
-    let mut offset = 0;
-    while offset < bytes.len() {
-        let (entries, len) = match record::decode_wal(&bytes[offset..]) {
-            Ok(decoded) => decoded,
-            Err(error) if is_last && is_torn_tail(&bytes[offset..], &error) => {
-                // The last file ends in a frame that was being written at the crash: its
-                // call never returned, so dropping it loses nothing acknowledged.
-                tracing::warn!(path = %path.display(), offset, %error, "cutting a torn WAL tail");
-                let file = OpenOptions::new()
-                    .write(true)
-                    .open(path)
-                    .map_err(io("open a WAL file to cut its tail"))?;
-                file.set_len(offset as u64)
-                    .map_err(io("cut a WAL file's tail"))?;
-                return Ok(());
-            }
-            Err(error) => {
-                return Err(StoreError::Corrupt {
-                    location: format!("{} at offset {offset}", path.display()),
-                    detail: error.to_string(),
-                })
-            }
-        };
-        for (target, inner) in entries {
-            replay_entry(target, inner, state, options, to_load)?;
-        }
-        offset += len;
-    }
-    Ok(())
+/// Where replayed records go: bucket records to their buckets (and the buckets to load
+/// afterwards), metadata records to the metadata entries.
+struct Replay<'a> {
+    state: &'a mut State,
+    meta: &'a mut MetaEntries,
+    options: &'a EngineOptions,
+    to_load: &'a mut BTreeSet<(u64, u64)>,
 }
 
-/// Appends one replayed bucket record to its bucket and counts it (a put), or notes the
-/// bucket for loading (any other record: counts are only known by reading it).
-fn replay_entry(
-    target: WalTarget,
-    inner: &[u8],
-    state: &mut State,
-    options: &EngineOptions,
-    to_load: &mut BTreeSet<(u64, u64)>,
-) -> Result<()> {
-    // Payload and headers are not needed here: the frame is copied verbatim.
-    let Ok((record, _)) = record::decode_light(inner) else {
-        return Ok(()); // decode_wal checked it; unreachable in practice
-    };
-    state.stats.wal_records_replayed += 1;
-    state.next_seq = state.next_seq.max(record.seq().saturating_add(1));
-    if let Record::Lease { lease_id, .. } | Record::Extend { lease_id, .. } = &record {
-        state.next_lease = state.next_lease.max(lease_id.saturating_add(1));
+impl Replay<'_> {
+    /// Replays one WAL file, frame by frame. A bad frame is cut as a torn tail if `is_last`
+    /// and [`is_torn_tail`] says so; otherwise it is `Corrupt`.
+    fn file(&mut self, path: &Path, is_last: bool) -> Result<()> {
+        let bytes = fs::read(path).map_err(io("read a WAL file"))?;
+        let mut offset = 0;
+        while offset < bytes.len() {
+            let (entries, len) = match record::decode_wal(&bytes[offset..]) {
+                Ok(decoded) => decoded,
+                Err(error) if is_last && is_torn_tail(&bytes[offset..], &error) => {
+                    // The last file ends in a frame that was being written at the crash: its
+                    // call never returned, so dropping it loses nothing acknowledged.
+                    tracing::warn!(path = %path.display(), offset, %error, "cutting a torn WAL tail");
+                    let file = OpenOptions::new()
+                        .write(true)
+                        .open(path)
+                        .map_err(io("open a WAL file to cut its tail"))?;
+                    file.set_len(offset as u64)
+                        .map_err(io("cut a WAL file's tail"))?;
+                    return Ok(());
+                }
+                Err(error) => {
+                    return Err(StoreError::Corrupt {
+                        location: format!("{} at offset {offset}", path.display()),
+                        detail: error.to_string(),
+                    })
+                }
+            };
+            for (target, inner) in entries {
+                if target.queue_uid == record::META_TARGET_UID {
+                    self.meta_record(inner);
+                } else {
+                    self.bucket_record(target, inner)?;
+                }
+            }
+            offset += len;
+        }
+        Ok(())
     }
-    let Some(queue) = state.queues.get_mut(&target.queue_uid) else {
-        return Ok(()); // the queue was deleted after this record
-    };
-    let dir = &queue.dir;
-    let bucket = queue.buckets.entry(target.bucket).or_insert_with(|| {
-        let path = dir.join(bucket::file_name(target.bucket));
-        Bucket::new(path, 0, BucketMeta::default(), false)
-    });
-    bucket.append(inner);
-    state.buffered_bytes += inner.len();
-    if bucket.buf.len() >= options.bucket_buffer_bytes {
-        let written = bucket.flush()?;
-        state.buffered_bytes -= written;
+
+    /// Applies a metadata record's changes in order (each carries the resulting value, so
+    /// applying one again, on a checkpoint that already holds it, changes nothing).
+    fn meta_record(&mut self, inner: &[u8]) {
+        let Ok((changes, _)) = record::decode_meta(inner) else {
+            return; // decode_wal checked it; unreachable in practice
+        };
+        self.state.stats.wal_records_replayed += changes.len() as u64;
+        meta::apply(self.meta, changes);
     }
-    match &record {
-        Record::Put(put) => {
-            queue.update_unloaded_meta(target.bucket, |m| m.add_scheduled(put.due_at_ms));
-            if let Some(k) = &put.idempotency_key {
-                let hash = queue.hasher.hash(k);
-                queue
-                    .index
-                    .keys
-                    .insert(hash, task_id(put.seq, target.bucket));
+
+    /// Appends one replayed bucket record to its bucket and counts it (a put), or notes the
+    /// bucket for loading (any other record: counts are only known by reading it).
+    fn bucket_record(&mut self, target: WalTarget, inner: &[u8]) -> Result<()> {
+        // Payload and headers are not needed here: the frame is copied verbatim.
+        let Ok((record, _)) = record::decode_light(inner) else {
+            return Ok(()); // decode_wal checked it; unreachable in practice
+        };
+        let state = &mut *self.state;
+        state.stats.wal_records_replayed += 1;
+        state.next_seq = state.next_seq.max(record.seq().saturating_add(1));
+        if let Record::Lease { lease_id, .. } | Record::Extend { lease_id, .. } = &record {
+            state.next_lease = state.next_lease.max(lease_id.saturating_add(1));
+        }
+        let Some(queue) = state.queues.get_mut(&target.queue_uid) else {
+            return Ok(()); // the queue was deleted after this record
+        };
+        let dir = &queue.dir;
+        let bucket = queue.buckets.entry(target.bucket).or_insert_with(|| {
+            let path = dir.join(bucket::file_name(target.bucket));
+            Bucket::new(path, 0, BucketMeta::default(), false)
+        });
+        bucket.append(inner);
+        state.buffered_bytes += inner.len();
+        if bucket.buf.len() >= self.options.bucket_buffer_bytes {
+            let written = bucket.flush()?;
+            state.buffered_bytes -= written;
+        }
+        match &record {
+            Record::Put(put) => {
+                queue.update_unloaded_meta(target.bucket, |m| m.add_scheduled(put.due_at_ms));
+                if let Some(k) = &put.idempotency_key {
+                    let hash = queue.hasher.hash(k);
+                    queue
+                        .index
+                        .keys
+                        .insert(hash, task_id(put.seq, target.bucket));
+                }
+            }
+            _ => {
+                self.to_load.insert((target.queue_uid, target.bucket));
             }
         }
-        _ => {
-            to_load.insert((target.queue_uid, target.bucket));
-        }
+        Ok(())
     }
-    Ok(())
 }

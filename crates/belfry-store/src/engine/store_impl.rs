@@ -16,7 +16,8 @@ use super::queue::{Queue, TaskFacts};
 use super::record::{self, PutRecord, Record, WalBatch};
 use super::{io, push, queue_dir, Engine, META_FILE};
 use crate::store::{
-    ChangeOutcome, ClaimBatch, LeaseOutcome, PutOutcome, QueueCounts, Result, Store, StoreError,
+    ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Result, Store,
+    StoreError,
 };
 
 impl Store for Engine {
@@ -530,47 +531,24 @@ impl Store for Engine {
     }
 
     fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> Result<()> {
-        let mut state = self.lock_state()?;
-        let mut meta = state.meta.clone();
-        meta.entries
-            .insert((namespace.to_owned(), key.to_owned()), value);
-        meta.write(&self.core.dir.join(META_FILE))?;
-        state.meta = meta;
-        Ok(())
+        self.meta_write(vec![MetaChange::put(namespace, key, value)])
     }
 
     fn get_meta(&self, namespace: &str, key: &str) -> Result<Option<Bytes>> {
-        let state = self.lock_state()?;
-        Ok(state
-            .meta
-            .entries
-            .get(&(namespace.to_owned(), key.to_owned()))
-            .cloned())
+        self.meta_get(namespace, key)
     }
 
     fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool> {
-        let mut state = self.lock_state()?;
-        let mut meta = state.meta.clone();
-        let existed = meta
-            .entries
-            .remove(&(namespace.to_owned(), key.to_owned()))
-            .is_some();
-        if existed {
-            meta.write(&self.core.dir.join(META_FILE))?;
-            state.meta = meta;
-        }
-        Ok(existed)
+        self.meta_delete(namespace, key)
     }
 
     fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>> {
-        let state = self.lock_state()?;
-        Ok(state
-            .meta
-            .entries
-            .range((namespace.to_owned(), String::new())..)
-            .take_while(|((ns, _), _)| ns == namespace)
-            .map(|((_, key), value)| (key.clone(), value.clone()))
-            .collect())
+        self.meta_list(namespace)
+    }
+
+    /// One WAL frame holding every change: after a crash all of them or none took effect.
+    fn write_meta(&self, changes: Vec<MetaChange>) -> Result<()> {
+        self.meta_write(changes)
     }
 
     fn flush(&self) -> Result<()> {
