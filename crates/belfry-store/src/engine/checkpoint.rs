@@ -212,6 +212,13 @@ impl Core {
         // happen under the locks. Only checkpoints switch files, and they run one at a time.
         let number = self.wal.writer.lock().number + 1;
         let next_file = create_wal(&self.dir, number)?;
+        #[cfg(test)]
+        if fault::crash_after_next_wal_created(&wal_path(&self.dir, number - 1)) {
+            return Err(StoreError::Io {
+                context: "checkpoint (stopped by a test fault point)",
+                source: std::io::Error::other("simulated crash"),
+            });
+        }
         // The metadata lock first (see `meta.rs`): no metadata frame is queued between the
         // copy and the switch, so the copy holds exactly the changes of WAL files up to the
         // old one. Metadata calls wait meanwhile; task calls do not.
@@ -424,5 +431,37 @@ impl Core {
         plan.checkpoint.last_now_ms = state.last_now_ms;
         plan.checkpoint.key_secret = Some((state.key_hasher.k0, state.key_hasher.k1));
         Ok(plan)
+    }
+}
+
+/// Test-only fault points of the checkpoint: they put the files in the state a crash of the
+/// process at that point leaves, then stop the checkpoint there.
+#[cfg(test)]
+pub(super) mod fault {
+    use std::cell::RefCell;
+    use std::path::Path;
+
+    /// Runs with the path of the current WAL file.
+    type Hook = Box<dyn FnOnce(&Path)>;
+
+    thread_local! {
+        static AFTER_NEXT_WAL_CREATED: RefCell<Option<Hook>> = RefCell::new(None);
+    }
+
+    /// The next checkpoint on this thread runs `hook` once the next WAL file exists (before
+    /// the locks and the switch), then stops as if the process died there.
+    pub(in crate::engine) fn arm_after_next_wal_created(hook: impl FnOnce(&Path) + 'static) {
+        AFTER_NEXT_WAL_CREATED.with(|slot| *slot.borrow_mut() = Some(Box::new(hook)));
+    }
+
+    /// Whether an armed hook ran (the checkpoint must then stop).
+    pub(super) fn crash_after_next_wal_created(current: &Path) -> bool {
+        match AFTER_NEXT_WAL_CREATED.with(|slot| slot.borrow_mut().take()) {
+            Some(hook) => {
+                hook(current);
+                true
+            }
+            None => false,
+        }
     }
 }

@@ -259,9 +259,10 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File> {
     }
 }
 
-/// Whether a bad frame at the end of the last WAL file is a torn write (cut it) rather than
-/// damage to acknowledged data (refuse to open): it runs past the end of the file, or it is
-/// the last frame, or everything after its start is zeros (space allocated, never written).
+/// Whether a bad frame at the end of the log (the last non-empty WAL file) is a torn write
+/// (cut it) rather than damage to acknowledged data (refuse to open): it runs past the end of
+/// the file, or it is the last frame, or everything after its start is zeros (space
+/// allocated, never written).
 pub(super) fn is_torn_tail(rest: &[u8], error: &record::DecodeError) -> bool {
     if matches!(error, record::DecodeError::Truncated { .. }) {
         return true;
@@ -286,24 +287,31 @@ pub(super) fn replay(
     options: &EngineOptions,
 ) -> Result<u64> {
     let numbers = old_wal_files(dir)?;
-    let mut last = 0;
+    let last = numbers.last().copied().unwrap_or(0);
     let mut to_load: BTreeSet<(u64, u64)> = BTreeSet::new();
-    let count = numbers.len();
-    for (i, number) in numbers.into_iter().enumerate() {
-        last = last.max(number);
+    let mut live = Vec::with_capacity(numbers.len());
+    for number in numbers {
         let path = wal_path(dir, number);
         if number < start {
             fs::remove_file(&path).map_err(io("remove an old WAL file"))?;
-            continue;
+        } else {
+            let len = fs::metadata(&path).map_err(io("stat a WAL file"))?.len();
+            live.push((path, len));
         }
-        let is_last = i + 1 == count;
+    }
+    // The log ends where its last non-empty file ends. Empty files after it were created
+    // ahead of use (by a checkpoint that had not switched to them yet, or by an open) and
+    // never written: a frame torn at the end of that file is the log's torn tail, even if
+    // it is not the last file (see `docs/storage-format.md`, "Recovery").
+    let tail = live.iter().rposition(|(_, len)| *len > 0);
+    for (i, (path, _)) in live.iter().enumerate() {
         let mut replay = Replay {
             state: &mut *state,
             meta: &mut *meta,
             options,
             to_load: &mut to_load,
         };
-        replay.file(&path, is_last)?;
+        replay.file(path, Some(i) == tail)?;
     }
     // Buckets that saw state changes: their counts are only known by reading them.
     let State { queues, stats, .. } = state;
@@ -325,17 +333,20 @@ struct Replay<'a> {
 }
 
 impl Replay<'_> {
-    /// Replays one WAL file, frame by frame. A bad frame is cut as a torn tail if `is_last`
-    /// and [`is_torn_tail`] says so; otherwise it is `Corrupt`.
-    fn file(&mut self, path: &Path, is_last: bool) -> Result<()> {
+    /// Replays one WAL file, frame by frame. A bad frame is cut as a torn tail if the file
+    /// ends the log (`is_tail`: no later file holds a byte) and [`is_torn_tail`] says so;
+    /// otherwise it is `Corrupt`.
+    fn file(&mut self, path: &Path, is_tail: bool) -> Result<()> {
         let bytes = fs::read(path).map_err(io("read a WAL file"))?;
         let mut offset = 0;
         while offset < bytes.len() {
             let (entries, len) = match record::decode_wal(&bytes[offset..]) {
                 Ok(decoded) => decoded,
-                Err(error) if is_last && is_torn_tail(&bytes[offset..], &error) => {
-                    // The last file ends in a frame that was being written at the crash: its
-                    // call never returned, so dropping it loses nothing acknowledged.
+                Err(error) if is_tail && is_torn_tail(&bytes[offset..], &error) => {
+                    // The log ends in a frame that was being written at the crash: its call
+                    // never returned (a call returns only once its whole frame is written),
+                    // and nothing was written after it, so dropping it loses nothing
+                    // acknowledged.
                     tracing::warn!(path = %path.display(), offset, %error, "cutting a torn WAL tail");
                     let file = OpenOptions::new()
                         .write(true)
@@ -417,5 +428,123 @@ impl Replay<'_> {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use belfry_core::{NewTask, QueueName};
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::engine::checkpoint::fault;
+    use crate::engine::record::{PutRecord, WalBatch};
+    use crate::store::{PutOutcome, Store};
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn options() -> EngineOptions {
+        EngineOptions {
+            background_checkpoints: false,
+            ..EngineOptions::default()
+        }
+    }
+
+    fn queue() -> QueueName {
+        QueueName::new("q").unwrap()
+    }
+
+    /// A WAL frame of one put of 50 tasks, about the size of the crash writer's batches
+    /// (6,308 bytes in the failure this reproduces).
+    fn put_frame(uid: u64) -> Vec<u8> {
+        let mut batch = WalBatch::new();
+        for seq in 1_000..1_050 {
+            let put = Record::Put(PutRecord {
+                seq,
+                due_at_ms: NOW,
+                priority: belfry_core::Priority::Normal,
+                payload_kind: belfry_core::PayloadKind::Binary,
+                late_policy: belfry_core::LatePolicy::Fire,
+                idempotency_key: None,
+                headers: Vec::new(),
+                payload: Bytes::from(vec![7u8; 64]),
+            });
+            let target = record::WalTarget {
+                queue_uid: uid,
+                bucket: super::super::bucket::bucket_for(NOW, NOW),
+            };
+            batch.push(target, &put);
+        }
+        batch.finish()
+    }
+
+    fn append(path: &Path, bytes: &[u8]) {
+        let mut file = OpenOptions::new().append(true).open(path).unwrap();
+        file.write_all(bytes).unwrap();
+    }
+
+    /// Acknowledged puts and a cursor, then the engine is left as a crash leaves it while the
+    /// checkpoint thread has created the next WAL file and a writer is in the middle of
+    /// appending a frame to the current one: the fatal signal cut that `write` short (Linux
+    /// may end a multi-page `write` early when a fatal signal arrives), so the current file
+    /// ends in a torn frame and is no longer the last file. Returns the acknowledged ids.
+    fn crash_mid_write_after_the_next_wal_exists(dir: &Path) -> Vec<belfry_core::TaskId> {
+        let engine = Engine::open(dir, options()).unwrap();
+        engine.put_queue(&queue(), Bytes::new()).unwrap();
+        let tasks = (0..10)
+            .map(|i| NewTask::new(queue(), NOW + i, Bytes::from(format!("task-{i}"))))
+            .collect();
+        let ids = engine
+            .put(tasks)
+            .unwrap()
+            .iter()
+            .map(PutOutcome::id)
+            .collect();
+        engine
+            .put_meta("sched", "cursor", Bytes::from_static(b"12345678"))
+            .unwrap();
+        let frame = put_frame(0);
+        fault::arm_after_next_wal_created(move |current| append(current, &frame[..1_800]));
+        assert!(engine.flush().is_err(), "the fault point did not fire");
+        engine.abandon();
+        ids
+    }
+
+    #[test]
+    fn a_torn_frame_before_a_pre_created_empty_wal_file_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = crash_mid_write_after_the_next_wal_exists(dir.path());
+        let engine = Engine::open(dir.path(), options()).unwrap();
+        for id in ids {
+            assert!(
+                engine.get(&queue(), id, NOW).unwrap().is_some(),
+                "{id} lost"
+            );
+        }
+        assert_eq!(
+            engine.get_meta("sched", "cursor").unwrap(),
+            Some(Bytes::from_static(b"12345678"))
+        );
+        let counts = engine.counts(&queue(), NOW + 100).unwrap();
+        assert_eq!(counts.pending, 10, "the torn frame's tasks appeared");
+    }
+
+    #[test]
+    fn a_torn_frame_followed_by_written_frames_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        crash_mid_write_after_the_next_wal_exists(dir.path());
+        // Something written after the torn frame: it may have been acknowledged, so the torn
+        // frame is damage, not a torn tail, and nothing may be silently dropped.
+        let last = old_wal_files(dir.path()).unwrap().pop().unwrap();
+        append(&wal_path(dir.path(), last), &put_frame(0));
+        match Engine::open(dir.path(), options()) {
+            Err(StoreError::Corrupt { location, detail }) => {
+                assert!(location.contains(".wal at offset"), "{location}");
+                assert!(detail.contains("truncated"), "{detail}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
     }
 }
