@@ -130,41 +130,15 @@ impl Store for Engine {
             let key = bucket_for(task.due_at_ms, last_now);
             let id = task_id(seq, key);
             if let Some(k) = &task.idempotency_key {
-                let view = Task {
-                    id,
-                    queue: task.queue.clone(),
-                    due_at_ms: task.due_at_ms,
-                    payload: task.payload.clone(),
-                    payload_kind: task.payload_kind,
-                    headers: task.headers.clone(),
-                    priority: task.priority,
-                    idempotency_key: Some(k.clone()),
-                    late_policy: task.late_policy,
-                    state: TaskState::Scheduled,
-                    attempts: 0,
-                    lease_until_ms: None,
-                    dead_reason: None,
-                };
-                batch_keys.insert((uid, k.clone()), view);
+                batch_keys.insert((uid, k.clone()), scheduled_view(&task, id));
             }
             outcomes.push(PutOutcome::Created {
                 id,
                 due_at_ms: task.due_at_ms,
             });
-            let record = Record::Put(PutRecord {
-                seq,
-                due_at_ms: task.due_at_ms,
-                priority: task.priority,
-                payload_kind: task.payload_kind,
-                late_policy: task.late_policy,
-                idempotency_key: task.idempotency_key,
-                headers: task.headers,
-                payload: task.payload,
-            });
-            if let Record::Put(put) = &record {
-                record::check_put(put).map_err(StoreError::Invalid)?;
-            }
-            push(&mut batch, &mut pending, uid, key, record);
+            let put = put_record(seq, task);
+            record::check_put(&put).map_err(StoreError::Invalid)?;
+            push(&mut batch, &mut pending, uid, key, Record::Put(put));
         }
         self.commit(state, batch, pending, false)?;
         Ok(outcomes)
@@ -246,40 +220,25 @@ impl Store for Engine {
                 debug_assert!(false, "ready entry missing");
                 continue;
             };
-            let late_ms = now_ms - due;
-            let id = task_id(seq, key);
-            let record = match entry.late_policy {
-                LatePolicy::Skip { after_ms } if late_ms > after_ms => {
-                    result.late_skipped.push(id);
-                    Record::Done { seq }
-                }
-                LatePolicy::Dead { after_ms } if late_ms > after_ms => {
-                    result.late_dead.push(id);
-                    Record::Dead {
-                        seq,
-                        reason: format!("late by {late_ms} ms (late policy allows {after_ms} ms)"),
-                    }
-                }
-                _ => {
-                    let lease_id = next_lease;
-                    next_lease += 1;
-                    let attempts = entry.attempts.saturating_add(1);
-                    leased.push((
-                        seq,
-                        key,
-                        lease_id,
-                        due,
-                        attempts,
-                        entry.put_offset,
-                        entry.put_len,
-                    ));
-                    Record::Lease {
-                        seq,
-                        lease_id,
-                        until_ms: lease_until_ms,
-                        attempts,
-                    }
-                }
+            if let Some(record) = late_record(entry.late_policy, seq, now_ms - due) {
+                let late = match record {
+                    Record::Done { .. } => &mut result.late_skipped,
+                    _ => &mut result.late_dead,
+                };
+                late.push(task_id(seq, key));
+                push(&mut batch, &mut pending, uid, key, record);
+                continue;
+            }
+            let lease_id = next_lease;
+            next_lease += 1;
+            let attempts = entry.attempts.saturating_add(1);
+            let (offset, len) = (entry.put_offset, entry.put_len);
+            leased.push((seq, key, lease_id, due, attempts, offset, len));
+            let record = Record::Lease {
+                seq,
+                lease_id,
+                until_ms: lease_until_ms,
+                attempts,
             };
             push(&mut batch, &mut pending, uid, key, record);
         }
@@ -588,4 +547,49 @@ fn leased_tasks(
         });
     }
     Ok(tasks)
+}
+
+/// How a task just put looks (what a later duplicate in the same batch reports).
+fn scheduled_view(task: &NewTask, id: TaskId) -> Task {
+    Task {
+        id,
+        queue: task.queue.clone(),
+        due_at_ms: task.due_at_ms,
+        payload: task.payload.clone(),
+        payload_kind: task.payload_kind,
+        headers: task.headers.clone(),
+        priority: task.priority,
+        idempotency_key: task.idempotency_key.clone(),
+        late_policy: task.late_policy,
+        state: TaskState::Scheduled,
+        attempts: 0,
+        lease_until_ms: None,
+        dead_reason: None,
+    }
+}
+
+fn put_record(seq: u64, task: NewTask) -> PutRecord {
+    PutRecord {
+        seq,
+        due_at_ms: task.due_at_ms,
+        priority: task.priority,
+        payload_kind: task.payload_kind,
+        late_policy: task.late_policy,
+        idempotency_key: task.idempotency_key,
+        headers: task.headers,
+        payload: task.payload,
+    }
+}
+
+/// What a claim does instead of leasing a task found `late_ms` after its due time, if its
+/// late policy says so: finish it (`Done`, skipped) or dead-letter it.
+fn late_record(policy: LatePolicy, seq: u64, late_ms: u64) -> Option<Record> {
+    match policy {
+        LatePolicy::Skip { after_ms } if late_ms > after_ms => Some(Record::Done { seq }),
+        LatePolicy::Dead { after_ms } if late_ms > after_ms => Some(Record::Dead {
+            seq,
+            reason: format!("late by {late_ms} ms (late policy allows {after_ms} ms)"),
+        }),
+        _ => None,
+    }
 }
