@@ -13,10 +13,19 @@ fuzz_target!(|data: &[u8]| {
         record::encode(&mut again, &decoded);
         assert_eq!(&again[..], &data[..len]);
     }
+    if let Ok((changes, len)) = record::decode_meta(data) {
+        let mut again = Vec::new();
+        record::encode_meta(&mut again, &changes);
+        assert_eq!(&again[..], &data[..len]);
+    }
     if let Ok((entries, len)) = record::decode_wal(data) {
         assert!(len <= data.len());
-        for (_, inner) in entries {
-            assert!(record::decode(inner).is_ok());
+        for (target, inner) in entries {
+            if target.queue_uid == record::META_TARGET_UID {
+                assert!(record::decode_meta(inner).is_ok());
+            } else {
+                assert!(record::decode(inner).is_ok());
+            }
         }
     }
 });

@@ -9,6 +9,8 @@
 //! L <tag> <id>               the claimer leased that task and is about to ack it (so it may
 //!                            be done even if no A line follows)
 //! A <tag> <id>               ack of that task is durable
+//! M <value>                  `write_meta` setting every one of the `META_KEYS` cursors to
+//!                            <value> (a tag, see `meta_value`) is durable
 //! BAD <text>                 the writer saw wrong data (the test fails)
 //! ```
 
@@ -17,6 +19,16 @@ use belfry_core::{TaskId, UnixMs};
 use crate::workload::{splitmix64, DUE_BASE_MS};
 
 pub const QUEUE: &str = "crash";
+
+/// The metadata namespace of the writer's cursors, and how many cursors each `write_meta`
+/// sets (all to the same value, so a reader can tell a torn batch).
+pub const META_NAMESPACE: &str = "crash-cursors";
+pub const META_KEYS: u64 = 16;
+
+/// The key of cursor `i`.
+pub fn meta_key(i: u64) -> String {
+    format!("cursor-{i:04}")
+}
 
 /// Due times spread over twice this span from `DUE_BASE_MS`; the writer's claimer runs at
 /// `CLAIM_NOW_MS`, the middle, so about half the tasks are due for it.
@@ -58,6 +70,7 @@ pub enum AckLine {
     Put { tag: u64, id: TaskId },
     Leased { tag: u64, id: TaskId },
     Acked { tag: u64, id: TaskId },
+    Meta { value: u64 },
     Bad(String),
 }
 
@@ -68,6 +81,7 @@ impl AckLine {
             AckLine::Put { tag, id } => format!("P {tag} {id}\n"),
             AckLine::Leased { tag, id } => format!("L {tag} {id}\n"),
             AckLine::Acked { tag, id } => format!("A {tag} {id}\n"),
+            AckLine::Meta { value } => format!("M {value}\n"),
             AckLine::Bad(text) => format!("BAD {}\n", text.replace('\n', " ")),
         }
     }
@@ -79,6 +93,9 @@ impl AckLine {
         }
         if let Some(text) = line.strip_prefix("BAD ") {
             return Some(AckLine::Bad(text.to_string()));
+        }
+        if let Some(value) = line.strip_prefix("M ") {
+            return value.parse().ok().map(|value| AckLine::Meta { value });
         }
         let mut parts = line.split(' ');
         let kind = parts.next()?;
@@ -115,6 +132,9 @@ mod tests {
             AckLine::Acked {
                 tag: 7,
                 id: TaskId(u128::MAX),
+            },
+            AckLine::Meta {
+                value: tag(3, 7, 12),
             },
             AckLine::Bad("payload of tag 5 is torn".into()),
         ] {

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{bail, Context};
 use belfry_core::{NewTask, PayloadKind, QueueName};
 use belfry_store::engine::{Engine, EngineOptions};
-use belfry_store::{LeaseOutcome, Store};
+use belfry_store::{LeaseOutcome, MetaChange, Store};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
@@ -51,6 +51,10 @@ pub struct CrashWriterArgs {
     /// also land during checkpoints (bucket fsyncs, checkpoint rewrite, WAL deletion).
     #[arg(long)]
     pub checkpoint_wal_bytes: Option<u64>,
+    /// Also run a thread that moves `crash::META_KEYS` cursors together with `write_meta`,
+    /// as the schedule service does after a tick.
+    #[arg(long)]
+    pub meta: bool,
 }
 
 /// Where acknowledgements go. Each call writes whole lines and returns only once they are
@@ -114,6 +118,10 @@ pub fn run(args: &CrashWriterArgs) -> anyhow::Result<()> {
         if args.claim {
             let (engine, queue, log, stop) = (&engine, &queue, &log, &stop);
             handles.push(scope.spawn(move || claim_loop(engine, queue, log, stop)));
+        }
+        if args.meta {
+            let (engine, log, stop) = (&engine, &log, &stop);
+            handles.push(scope.spawn(move || meta_loop(engine, log, args.round, stop)));
         }
         for handle in handles {
             match handle.join() {
@@ -213,6 +221,29 @@ fn claim_loop(
             };
             log.write(&[line])?;
         }
+    }
+    Ok(())
+}
+
+/// Writer thread number that tags the meta loop's values (tags of puts use 0..writers).
+const META_WRITER: u64 = 255;
+
+fn meta_loop(engine: &Engine, log: &AckLog, round: u64, stop: &AtomicBool) -> anyhow::Result<()> {
+    let mut seq = 0;
+    while !stop.load(Ordering::Relaxed) && seq < TASKS_PER_WRITER_MAX {
+        let value = crash::tag(round, META_WRITER, seq);
+        let changes = (0..crash::META_KEYS)
+            .map(|i| {
+                MetaChange::put(
+                    crash::META_NAMESPACE,
+                    &crash::meta_key(i),
+                    Bytes::copy_from_slice(&value.to_le_bytes()),
+                )
+            })
+            .collect();
+        engine.write_meta(changes).context("write_meta")?;
+        log.write(&[AckLine::Meta { value }])?;
+        seq += 1;
     }
     Ok(())
 }

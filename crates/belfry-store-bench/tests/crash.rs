@@ -5,6 +5,8 @@
 //!
 //! - every put the writer saw acknowledged is present exactly once, with its full payload;
 //! - every ack the writer saw acknowledged stays done (never delivered again);
+//! - in rounds with a metadata writer, the cursors it moves together with `write_meta` all
+//!   hold one value (no torn batch), and it is the last acknowledged one or the one after;
 //! - nothing is half-visible: every task found has a self-verifying payload (tag, filler,
 //!   checksum) and the id the writer logged for it;
 //! - after the tail of the most recently modified file is truncated or corrupted, reopen gives
@@ -78,6 +80,8 @@ struct AckLog {
     /// Leased by the writer's claimer, which was about to ack them.
     leased: HashMap<u64, TaskId>,
     acks: HashMap<u64, TaskId>,
+    /// The last `write_meta` value acknowledged.
+    meta: Option<u64>,
 }
 
 /// Kills `child` on drop, so a failing assertion never leaves a writer running.
@@ -96,6 +100,7 @@ fn run_writer(
     round: u64,
     claim: bool,
     checkpoint_wal_bytes: Option<u64>,
+    meta: bool,
     kill_after: u64,
 ) -> AckLog {
     let mut command = Command::new(WRITER);
@@ -108,6 +113,9 @@ fn run_writer(
         .stderr(Stdio::piped());
     if let Some(bytes) = checkpoint_wal_bytes {
         command.args(["--checkpoint-wal-bytes", &bytes.to_string()]);
+    }
+    if meta {
+        command.arg("--meta");
     }
     if claim {
         // One writer thread, so the claimer's acks are a good share of what is in flight
@@ -135,6 +143,10 @@ fn run_writer(
             }
             Some(AckLine::Acked { tag, id }) => {
                 assert!(log.acks.insert(tag, id).is_none(), "tag {tag} acked twice");
+            }
+            Some(AckLine::Meta { value }) => {
+                assert!(log.meta < Some(value), "meta value {value} went backwards");
+                log.meta = Some(value);
             }
             Some(AckLine::Bad(text)) => panic!("round {round}: the writer saw wrong data: {text}"),
             // A torn last line: the writer died while printing it. Not counted as acked.
@@ -221,6 +233,65 @@ fn damage(dir: &Path, damage: Damage, rng: &mut Rng) -> String {
 struct History {
     /// Tags whose ack was acknowledged in some round (they must never come back).
     acked: HashSet<u64>,
+    /// The value the metadata cursors held after the last check.
+    meta: Option<u64>,
+}
+
+/// Checks the metadata cursors against what the writer acknowledged: all hold one value (a
+/// `write_meta` is one frame), and it is the last acknowledged value or the next one (written
+/// but not acknowledged), or, if none was acknowledged this round, the previous round's value
+/// or this round's first.
+fn check_meta(
+    engine: &Engine,
+    round: u64,
+    log: &AckLog,
+    history: &mut History,
+    damaged: bool,
+) -> Result<(), String> {
+    let entries = engine
+        .list_meta(crash::META_NAMESPACE)
+        .map_err(|e| format!("list_meta: {e}"))?;
+    if entries.is_empty() {
+        assert!(
+            damaged || (log.meta.is_none() && history.meta.is_none()),
+            "round {round}: acknowledged metadata is missing"
+        );
+        return Ok(());
+    }
+    assert_eq!(
+        entries.len() as u64,
+        crash::META_KEYS,
+        "round {round}: part of a write_meta survived: {entries:?}"
+    );
+    let values: HashSet<&[u8]> = entries.iter().map(|(_, v)| v.as_ref()).collect();
+    assert_eq!(
+        values.len(),
+        1,
+        "round {round}: torn write_meta: {entries:?}"
+    );
+    let value = u64::from_le_bytes(
+        entries[0]
+            .1
+            .as_ref()
+            .try_into()
+            .unwrap_or_else(|_| panic!("round {round}: cursor value {:?}", entries[0].1)),
+    );
+    if !damaged {
+        let allowed = match log.meta {
+            Some(last) => vec![last, last + 1],
+            None => history
+                .meta
+                .into_iter()
+                .chain([crash::tag(round, 255, 0)])
+                .collect(),
+        };
+        assert!(
+            allowed.contains(&value),
+            "round {round}: cursors hold {value}, expected one of {allowed:?}"
+        );
+    }
+    history.meta = Some(value);
+    Ok(())
 }
 
 /// Reopens the engine after a kill and checks it against the log. With `damaged`, lost tasks
@@ -291,6 +362,7 @@ fn check(
         }
     }
     history.acked.extend(log.acks.keys().copied());
+    check_meta(&engine, round, log, history, damaged)?;
 
     // By drain: every task still scheduled is delivered exactly once and is one the writer
     // wrote; acknowledged puts that were not acked are all among them.
@@ -357,11 +429,12 @@ fn check(
     }
     engine.flush().map_err(|e| fail("flush", e))?;
     eprintln!(
-        "round {round}: {} puts, {} leases and {} acks acknowledged, {} drained, {lost} lost to damage or done",
+        "round {round}: {} puts, {} leases and {} acks acknowledged, {} drained, {lost} lost to damage or done, last meta {:?}",
         log.puts.len(),
         log.leased.len(),
         log.acks.len(),
-        seen.len()
+        seen.len(),
+        log.meta,
     );
     Ok(())
 }
@@ -386,7 +459,10 @@ fn kill_rounds(seed: u64, claim_rounds: bool, damage_rounds: bool) {
         let started = std::time::Instant::now();
         // Half the rounds checkpoint often, so kills also land inside checkpoints.
         let checkpoint = (rng.range(0, 2) == 1).then_some(FREQUENT_CHECKPOINT_WAL_BYTES);
-        let log = run_writer(&data, round, claim, checkpoint, kill_after);
+        // Half the rounds also move metadata cursors (their own stream, so the other choices
+        // and the kill points stay what the seed always gave).
+        let meta = Rng::new(seed ^ round).range(0, 2) == 1;
+        let log = run_writer(&data, round, claim, checkpoint, meta, kill_after);
         eprintln!("round {round}: writer ran {:?}", started.elapsed());
         let what = damage(&data, kind, &mut rng);
         let checked = std::time::Instant::now();
@@ -403,7 +479,7 @@ fn kill_rounds(seed: u64, claim_rounds: bool, damage_rounds: bool) {
                 history = History::default();
             }
             Err(panic) => {
-                eprintln!("round {round} (seed {seed}, claim {claim}, checkpoint {checkpoint:?}, kill after {kill_after}, {what}) failed");
+                eprintln!("round {round} (seed {seed}, claim {claim}, checkpoint {checkpoint:?}, meta {meta}, kill after {kill_after}, {what}) failed");
                 std::panic::resume_unwind(panic);
             }
         }

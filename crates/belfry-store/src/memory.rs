@@ -12,7 +12,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::store::{
-    ChangeOutcome, ClaimBatch, LeaseOutcome, PutOutcome, QueueCounts, Result, Store, StoreError,
+    ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Result, Store,
+    StoreError,
 };
 
 #[derive(Debug, Default)]
@@ -516,6 +517,23 @@ impl Store for MemoryStore {
             .meta
             .remove(&(namespace.to_owned(), key.to_owned()))
             .is_some())
+    }
+
+    /// Under one hold of the lock: no other call sees some of the changes without the rest.
+    fn write_meta(&self, changes: Vec<MetaChange>) -> Result<()> {
+        let mut inner = self.inner.lock();
+        for change in changes {
+            let key = (change.namespace, change.key);
+            match change.value {
+                Some(value) => {
+                    inner.meta.insert(key, value);
+                }
+                None => {
+                    inner.meta.remove(&key);
+                }
+            }
+        }
+        Ok(())
     }
 
     fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>> {

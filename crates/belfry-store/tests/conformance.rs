@@ -4,8 +4,8 @@
 
 use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState};
 use belfry_store::{
-    ChangeOutcome, Engine, EngineOptions, LeaseOutcome, MemoryStore, PutOutcome, QueueCounts,
-    Store, StoreError,
+    ChangeOutcome, Engine, EngineOptions, LeaseOutcome, MemoryStore, MetaChange, PutOutcome,
+    QueueCounts, Store, StoreError,
 };
 use bytes::Bytes;
 
@@ -596,6 +596,106 @@ fn ack_many_matches_sequential_acks(h: &mut dyn Harness) {
     check(h);
 }
 
+fn b(text: &str) -> Bytes {
+    Bytes::from(text.to_owned())
+}
+
+fn sched(h: &dyn Harness) -> Vec<(String, Bytes)> {
+    h.store().list_meta("sched").unwrap()
+}
+
+/// `write_meta` applies its changes in order (a put then a delete of one key leaves no key; a
+/// later put wins), and what it wrote survives clean and unclean restarts, before and after a
+/// checkpoint.
+fn write_meta_in_order_and_durable(h: &mut dyn Harness) {
+    h.store().write_meta(Vec::new()).unwrap();
+    h.store()
+        .write_meta(vec![
+            MetaChange::put("sched", "a", b("1")),
+            MetaChange::put("sched", "b", b("2")),
+            MetaChange::delete("sched", "a"),
+            MetaChange::put("sched", "c", b("3")),
+            MetaChange::put("sched", "b", b("22")),
+            MetaChange::put("other", "a", b("o")),
+            MetaChange::delete("sched", "never-there"),
+        ])
+        .unwrap();
+    let expected = vec![("b".to_owned(), b("22")), ("c".to_owned(), b("3"))];
+    assert_eq!(sched(h), expected);
+    h.crash();
+    assert_eq!(sched(h), expected);
+    h.reopen(false);
+    assert_eq!(sched(h), expected);
+    assert_eq!(h.store().get_meta("other", "a").unwrap(), Some(b("o")));
+    // After a checkpoint (clean reopen), changes on top of it, then a crash.
+    h.reopen(true);
+    h.store()
+        .write_meta(vec![
+            MetaChange::delete("sched", "b"),
+            MetaChange::put("sched", "d", b("4")),
+        ])
+        .unwrap();
+    h.store().put_meta("sched", "c", b("33")).unwrap();
+    assert!(h.store().delete_meta("other", "a").unwrap());
+    h.crash();
+    assert_eq!(
+        sched(h),
+        vec![("c".to_owned(), b("33")), ("d".to_owned(), b("4"))]
+    );
+    assert_eq!(h.store().list_meta("other").unwrap(), Vec::new());
+    h.reopen(true);
+    assert_eq!(
+        sched(h),
+        vec![("c".to_owned(), b("33")), ("d".to_owned(), b("4"))]
+    );
+}
+
+/// No reader ever sees part of a `write_meta`: a writer moves two cursors together, a reader
+/// checks they always agree. The writer goes on until the reader has looked many times while
+/// it was writing, so a store that applies the changes one call at a time fails.
+fn write_meta_is_seen_whole(h: &mut dyn Harness) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const READS_MIN: u64 = 5_000;
+    const WRITES_MAX: u64 = 1_000_000;
+    let pair = |n: u64| {
+        vec![
+            MetaChange::put("sched", "left", Bytes::from(n.to_string())),
+            MetaChange::put("sched", "right", Bytes::from(n.to_string())),
+        ]
+    };
+    h.store().write_meta(pair(0)).unwrap();
+    let store = h.store();
+    let done = AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    let last = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut n = 0;
+            while n < 50 || (reads.load(Ordering::Relaxed) < READS_MIN && n < WRITES_MAX) {
+                n += 1;
+                store.write_meta(pair(n)).unwrap();
+            }
+            done.store(true, Ordering::Release);
+            n
+        });
+        while !done.load(Ordering::Acquire) {
+            let seen = store.list_meta("sched").unwrap();
+            assert_eq!(seen.len(), 2);
+            assert_eq!(seen[0].1, seen[1].1, "saw half of a write_meta: {seen:?}");
+            reads.fetch_add(1, Ordering::Relaxed);
+        }
+        writer.join().unwrap()
+    });
+    h.crash();
+    let last = Bytes::from(last.to_string());
+    assert_eq!(
+        sched(h),
+        vec![
+            ("left".to_owned(), last.clone()),
+            ("right".to_owned(), last)
+        ]
+    );
+}
+
 macro_rules! scenarios {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -611,6 +711,8 @@ macro_rules! scenarios {
 
 scenarios!(
     queues_and_meta,
+    write_meta_in_order_and_durable,
+    write_meta_is_seen_whole,
     ack_many_matches_sequential_acks,
     put_get_round_trip,
     claim_order,

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use belfry_core::{LatePolicy, PayloadKind, Priority};
 use belfry_store::engine::record::{self, PutRecord, Record, WalBatch, WalTarget};
+use belfry_store::MetaChange;
 use bytes::Bytes;
 
 fn corpus_dir() -> PathBuf {
@@ -23,10 +24,23 @@ fn check(data: &[u8]) {
             "re-encoding differs for {decoded:?}"
         );
     }
+    if let Ok((changes, len)) = record::decode_meta(data) {
+        let mut again = Vec::new();
+        record::encode_meta(&mut again, &changes);
+        assert_eq!(
+            &again[..],
+            &data[..len],
+            "re-encoding differs for {changes:?}"
+        );
+    }
     if let Ok((entries, len)) = record::decode_wal(data) {
         assert!(len <= data.len());
-        for (_, inner) in entries {
-            assert!(record::decode(inner).is_ok());
+        for (target, inner) in entries {
+            if target.queue_uid == record::META_TARGET_UID {
+                assert!(record::decode_meta(inner).is_ok());
+            } else {
+                assert!(record::decode(inner).is_ok());
+            }
         }
     }
 }
@@ -86,7 +100,11 @@ fn seed_corpus_and_mutations_never_panic() {
     let mut decoded = 0;
     for seed in &seeds {
         check(seed);
-        decoded += usize::from(record::decode(seed).is_ok() || record::decode_wal(seed).is_ok());
+        decoded += usize::from(
+            record::decode(seed).is_ok()
+                || record::decode_wal(seed).is_ok()
+                || record::decode_meta(seed).is_ok(),
+        );
     }
     assert_eq!(
         decoded,
@@ -165,4 +183,18 @@ fn write_seed_corpus() {
         );
     }
     fs::write(dir.join("wal-batch"), batch.finish()).unwrap();
+    let changes = vec![
+        MetaChange::put(
+            "schedules",
+            "nightly-report",
+            Bytes::from_static(b"\x00\x01\x02\x03\x04\x05\x06\x07"),
+        ),
+        MetaChange::delete("schedules", "retired"),
+    ];
+    let mut bytes = Vec::new();
+    record::encode_meta(&mut bytes, &changes);
+    fs::write(dir.join("meta-record"), bytes).unwrap();
+    let mut batch = WalBatch::new();
+    batch.push_meta(&changes);
+    fs::write(dir.join("wal-meta"), batch.finish()).unwrap();
 }

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use belfry_core::{LatePolicy, LeaseId, NewTask, Priority, QueueName, Task, TaskId, TaskState};
 use belfry_store::{
-    ClaimBatch, Engine, EngineOptions, FsyncPolicy, MemoryStore, PutOutcome, Store,
+    ClaimBatch, Engine, EngineOptions, FsyncPolicy, MemoryStore, MetaChange, PutOutcome, Store,
 };
 use bytes::Bytes;
 use proptest::prelude::*;
@@ -39,6 +39,9 @@ enum Op {
     GetByKey(usize, u8),
     Observe(usize),
     Advance(i64),
+    /// Metadata changes in one `write_meta` (key, value or delete), on a few keys of two
+    /// namespaces, then a comparison of both namespaces.
+    WriteMeta(Vec<(u8, Option<u8>)>),
     Reopen {
         clean: bool,
     },
@@ -74,6 +77,8 @@ fn op() -> impl Strategy<Value = Op> {
         5 => prop_oneof![9 => 0..2_500i64, 1 => -1_000..0i64, 1 => Just(60 * DAY_MS as i64)]
             .prop_map(Op::Advance),
         2 => any::<bool>().prop_map(|clean| Op::Reopen { clean }),
+        2 => proptest::collection::vec((0..8u8, proptest::option::of(any::<u8>())), 0..6)
+            .prop_map(Op::WriteMeta),
     ]
 }
 
@@ -131,6 +136,16 @@ impl World {
             to_model: HashMap::new(),
             leases: Vec::new(),
         }
+    }
+
+    fn compare_meta(&self) -> Result<(), TestCaseError> {
+        for namespace in ["even", "odd"] {
+            prop_assert_eq!(
+                self.model.list_meta(namespace).unwrap(),
+                self.engine().list_meta(namespace).unwrap()
+            );
+        }
+        Ok(())
     }
 
     fn engine(&self) -> &Engine {
@@ -420,6 +435,22 @@ impl World {
                     .collect();
                 prop_assert_eq!(m, e);
             }
+            Op::WriteMeta(changes) => {
+                let changes: Vec<MetaChange> = changes
+                    .iter()
+                    .map(|&(key, value)| {
+                        let namespace = if key % 2 == 0 { "even" } else { "odd" };
+                        let key = format!("k{}", key / 2);
+                        match value {
+                            Some(v) => MetaChange::put(namespace, &key, Bytes::from(vec![v])),
+                            None => MetaChange::delete(namespace, &key),
+                        }
+                    })
+                    .collect();
+                self.model.write_meta(changes.clone()).unwrap();
+                self.engine().write_meta(changes).unwrap();
+                self.compare_meta()?;
+            }
             Op::Advance(delta) => {
                 self.now = shift(self.now, *delta);
                 self.max_now = self.max_now.max(self.now);
@@ -439,6 +470,7 @@ impl World {
                     engine.abandon();
                 }
                 self.engine = Some(Engine::open(self.dir.path(), options()).unwrap());
+                self.compare_meta()?;
                 // ...and the first thing a restarted server does is look at its queues with
                 // the current time, which ends those leases again in both stores.
                 for queue in 0..QUEUES.len() {

@@ -1,6 +1,7 @@
-//! Small files rewritten whole: the meta file (queues and `*_meta` entries) and the
-//! checkpoint. Both are one CRC frame, written to a temporary file, fsync'd and renamed, so a
-//! reader sees the old or the new version, never a mix.
+//! Small files rewritten whole: the meta file (queues) and the checkpoint (which also holds
+//! the metadata entries as of its WAL position). Both are one CRC frame, written to a
+//! temporary file, fsync'd and renamed, so a reader sees the old or the new version, never a
+//! mix.
 
 use std::collections::BTreeMap;
 use std::fs::{self, File};
@@ -16,21 +17,30 @@ use crate::store::{Result, StoreError};
 const META_MAGIC: &[u8; 8] = b"BLFYMETA";
 const CHECKPOINT_MAGIC: &[u8; 8] = b"BLFYCKPT";
 const FILE_VERSION: u8 = 1;
+/// Meta file format 2 holds queues only; format 1 also held the `*_meta` entries, which now
+/// live in the WAL and the checkpoint. Format 1 is still read (its entries are the starting
+/// point when the checkpoint has none).
+const META_VERSION: u8 = 2;
 /// Checkpoint format 2 keeps idempotency keys as keyed hashes (`engine::keys`) and the hash's
-/// secret; format 1 (full keys) is still read.
-const CHECKPOINT_VERSION: u8 = 2;
+/// secret; format 3 adds the metadata entries after the keys. Formats 1 (full keys) and 2 are
+/// still read.
+const CHECKPOINT_VERSION: u8 = 3;
+/// The first checkpoint format with keyed hashes of idempotency keys.
+const CHECKPOINT_VERSION_HASHED_KEYS: u8 = 2;
 
 /// Longest meta value or queue config accepted when reading (they are small documents).
 const BLOB_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Longest namespace, key or name string accepted when reading.
 const NAME_BYTES_MAX: usize = 64 * 1024;
 
+/// Small metadata: `(namespace, key)` → value.
+pub type MetaEntries = BTreeMap<(String, String), Bytes>;
+
 #[derive(Debug, Default, Clone)]
 pub struct MetaFile {
     pub next_queue_uid: u64,
     /// name → (uid, config)
     pub queues: BTreeMap<QueueName, (u64, Bytes)>,
-    pub entries: BTreeMap<(String, String), Bytes>,
 }
 
 /// What the checkpoint knows about one bucket: exact counts as of the checkpoint.
@@ -105,6 +115,9 @@ pub struct Checkpoint {
     /// Live idempotency keys of a format-1 checkpoint, in full: (queue uid, key, id). Open
     /// hashes them under a new secret.
     pub legacy_keys: Vec<(u64, String, TaskId)>,
+    /// The metadata entries as of `wal_start` (`None` before format 3: they were in the meta
+    /// file then).
+    pub meta_entries: Option<MetaEntries>,
 }
 
 fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -193,11 +206,6 @@ pub fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(io_err("fsync a directory"))
 }
 
-/// Reads a file written by [`write_atomic`]: `None` if it does not exist.
-fn read_framed(path: &Path, magic: &[u8; 8]) -> Result<Option<Vec<u8>>> {
-    Ok(read_framed_versions(path, magic, &[FILE_VERSION])?.map(|(_, body)| body))
-}
-
 /// [`read_framed`] for a file with several known versions: the version read and the body.
 fn read_framed_versions(
     path: &Path,
@@ -242,14 +250,20 @@ fn read_blob(r: &mut Reader<'_>) -> std::result::Result<Bytes, &'static str> {
 }
 
 impl MetaFile {
-    pub fn read(path: &Path) -> Result<MetaFile> {
-        let Some(body) = read_framed(path, META_MAGIC)? else {
-            return Ok(MetaFile::default());
+    /// The meta file, and the metadata entries a format-1 file held (`None` for format 2,
+    /// whose entries live in the checkpoint and the WAL).
+    pub fn read(path: &Path) -> Result<(MetaFile, Option<MetaEntries>)> {
+        let versions = [FILE_VERSION, META_VERSION];
+        let Some((version, body)) = read_framed_versions(path, META_MAGIC, &versions)? else {
+            return Ok((MetaFile::default(), None));
         };
-        Self::decode(&body).map_err(|detail| corrupt(path, detail))
+        Self::decode(&body, version).map_err(|detail| corrupt(path, detail))
     }
 
-    fn decode(body: &[u8]) -> std::result::Result<MetaFile, &'static str> {
+    fn decode(
+        body: &[u8],
+        version: u8,
+    ) -> std::result::Result<(MetaFile, Option<MetaEntries>), &'static str> {
         let mut r = Reader { bytes: body };
         let mut meta = MetaFile {
             next_queue_uid: r.u64().map_err(|_| "uid")?,
@@ -263,23 +277,21 @@ impl MetaFile {
             let config = read_blob(&mut r)?;
             meta.queues.insert(name, (uid, config));
         }
-        let entries = r.u64().map_err(|_| "entry count")?;
-        for _ in 0..entries {
-            let namespace = r.string(NAME_BYTES_MAX).map_err(|_| "namespace")?;
-            let key = r.string(NAME_BYTES_MAX).map_err(|_| "key")?;
-            let value = read_blob(&mut r)?;
-            meta.entries.insert((namespace, key), value);
-        }
+        let entries = if version == FILE_VERSION {
+            Some(read_meta_entries(&mut r)?)
+        } else {
+            None
+        };
         if !r.bytes.is_empty() {
             return Err("trailing bytes");
         }
-        Ok(meta)
+        Ok((meta, entries))
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {
         let mut out = Vec::new();
         out.extend_from_slice(META_MAGIC);
-        out.push(FILE_VERSION);
+        out.push(META_VERSION);
         put_u64(&mut out, self.next_queue_uid);
         put_u64(&mut out, self.queues.len() as u64);
         for (name, (uid, config)) in &self.queues {
@@ -287,14 +299,37 @@ impl MetaFile {
             put_u64(&mut out, *uid);
             put_blob(&mut out, config);
         }
-        put_u64(&mut out, self.entries.len() as u64);
-        for ((namespace, key), value) in &self.entries {
-            put_str(&mut out, namespace);
-            put_str(&mut out, key);
-            put_blob(&mut out, value);
-        }
         write_atomic(path, &out)
     }
+}
+
+/// `[count: u64]` then `(namespace: str, key: str, value: u64 length + bytes)` per entry: the
+/// metadata section of a checkpoint (format 3) and of a format-1 meta file.
+pub fn encode_meta_entries(entries: &MetaEntries) -> Vec<u8> {
+    let bytes: usize = entries
+        .iter()
+        .map(|((ns, key), value)| 16 + ns.len() + key.len() + value.len())
+        .sum();
+    let mut out = Vec::with_capacity(8 + bytes);
+    put_u64(&mut out, entries.len() as u64);
+    for ((namespace, key), value) in entries {
+        put_str(&mut out, namespace);
+        put_str(&mut out, key);
+        put_blob(&mut out, value);
+    }
+    out
+}
+
+fn read_meta_entries(r: &mut Reader<'_>) -> std::result::Result<MetaEntries, &'static str> {
+    let count = r.u64().map_err(|_| "entry count")?;
+    let mut entries = MetaEntries::new();
+    for _ in 0..count {
+        let namespace = r.string(NAME_BYTES_MAX).map_err(|_| "namespace")?;
+        let key = r.string(NAME_BYTES_MAX).map_err(|_| "key")?;
+        let value = read_blob(r)?;
+        entries.insert((namespace, key), value);
+    }
+    Ok(entries)
 }
 
 fn task_id_field(r: &mut Reader<'_>) -> std::result::Result<TaskId, &'static str> {
@@ -305,7 +340,11 @@ fn task_id_field(r: &mut Reader<'_>) -> std::result::Result<TaskId, &'static str
 
 impl Checkpoint {
     pub fn read(path: &Path) -> Result<Option<Checkpoint>> {
-        let versions = [FILE_VERSION, CHECKPOINT_VERSION];
+        let versions = [
+            FILE_VERSION,
+            CHECKPOINT_VERSION_HASHED_KEYS,
+            CHECKPOINT_VERSION,
+        ];
         let Some((version, body)) = read_framed_versions(path, CHECKPOINT_MAGIC, &versions)? else {
             return Ok(None);
         };
@@ -340,7 +379,7 @@ impl Checkpoint {
                 },
             });
         }
-        if version >= CHECKPOINT_VERSION {
+        if version >= CHECKPOINT_VERSION_HASHED_KEYS {
             checkpoint.key_secret = Some((u64_field(&mut r)?, u64_field(&mut r)?));
             // Chunks of `(uid, hash, id)`, each after its count; a count of 0 ends them.
             loop {
@@ -364,13 +403,17 @@ impl Checkpoint {
                 checkpoint.legacy_keys.push((uid, key, id));
             }
         }
+        if version >= CHECKPOINT_VERSION {
+            checkpoint.meta_entries = Some(read_meta_entries(&mut r)?);
+        }
         if !r.bytes.is_empty() {
             return Err("trailing bytes");
         }
         Ok(checkpoint)
     }
 
-    /// Writes the checkpoint with the keys in `self.keys`.
+    /// Writes the checkpoint with the keys in `self.keys` and the entries in
+    /// `self.meta_entries` (none if `None`).
     pub fn write(&self, path: &Path) -> Result<()> {
         let mut writer = FramedWriter::create(path)?;
         writer.write(&self.encode_head())?;
@@ -378,11 +421,14 @@ impl Checkpoint {
         encode_key_chunk(&mut chunk, &self.keys);
         writer.write(&chunk)?;
         writer.write(&KEY_CHUNKS_END)?;
+        let entries = self.meta_entries.clone().unwrap_or_default();
+        writer.write(&encode_meta_entries(&entries))?;
         writer.finish()
     }
 
     /// Everything before the idempotency keys, which follow as chunks (see
-    /// [`encode_key_chunk`]) ended by [`KEY_CHUNKS_END`].
+    /// [`encode_key_chunk`]) ended by [`KEY_CHUNKS_END`], and then the metadata entries
+    /// ([`encode_meta_entries`]).
     pub fn encode_head(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.buckets.len() * 72);
         out.extend_from_slice(CHECKPOINT_MAGIC);
@@ -460,6 +506,47 @@ mod tests {
         assert_eq!(read.keys, written.keys);
         assert!(read.legacy_keys.is_empty());
         assert_eq!((read.next_seq, read.wal_start), (9, 3));
+        assert_eq!(read.meta_entries, Some(MetaEntries::new()));
+    }
+
+    #[test]
+    fn checkpoint_meta_entries_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint");
+        let mut entries = MetaEntries::new();
+        entries.insert(("s".into(), "k".into()), Bytes::from_static(b"v"));
+        let written = Checkpoint {
+            key_secret: Some((1, 2)),
+            meta_entries: Some(entries.clone()),
+            ..Checkpoint::default()
+        };
+        written.write(&path).unwrap();
+        assert_eq!(
+            Checkpoint::read(&path).unwrap().unwrap().meta_entries,
+            Some(entries)
+        );
+    }
+
+    #[test]
+    fn a_format_1_meta_file_is_read_with_its_entries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("meta");
+        let mut entries = MetaEntries::new();
+        entries.insert(("s".into(), "k".into()), Bytes::from_static(b"v"));
+        let mut body = Vec::new();
+        body.extend_from_slice(META_MAGIC);
+        body.push(1);
+        put_u64(&mut body, 3); // next queue uid
+        put_u64(&mut body, 0); // no queues
+        body.extend_from_slice(&encode_meta_entries(&entries));
+        write_atomic(&path, &body).unwrap();
+        let (meta, read) = MetaFile::read(&path).unwrap();
+        assert_eq!(meta.next_queue_uid, 3);
+        assert_eq!(read, Some(entries));
+        // Rewritten, it is format 2: queues only.
+        meta.write(&path).unwrap();
+        let (meta, read) = MetaFile::read(&path).unwrap();
+        assert_eq!((meta.next_queue_uid, read), (3, None));
     }
 
     #[test]

@@ -10,6 +10,8 @@ use belfry_core::limits::{HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX
 use belfry_core::{Header, LatePolicy, PayloadKind, Priority, UnixMs};
 use bytes::Bytes;
 
+use crate::store::MetaChange;
+
 /// Format version written in every bucket record; a reader refuses versions it does not know.
 pub const RECORD_VERSION: u8 = 1;
 
@@ -32,6 +34,8 @@ const KIND_NACK: u8 = 6;
 const KIND_EXTEND: u8 = 7;
 const KIND_DEAD: u8 = 8;
 const KIND_REDRIVE: u8 = 9;
+/// A metadata record (WAL only, see [`encode_meta`]): never in a bucket file.
+const KIND_META: u8 = 10;
 
 /// A new task as stored in its bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -213,7 +217,8 @@ pub fn decode_put_shared(frame: &Bytes) -> Result<PutRecord, DecodeError> {
     }
 }
 
-/// A WAL entry: which bucket of which queue incarnation a bucket frame belongs to.
+/// A WAL entry: which bucket of which queue incarnation a bucket frame belongs to, or (queue
+/// uid [`META_TARGET_UID`], bucket 0) a metadata record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WalTarget {
     pub queue_uid: u64,
@@ -252,6 +257,14 @@ impl WalBatch {
         start..self.bytes.len()
     }
 
+    /// Adds one metadata record holding `changes` (checked by [`check_meta`]), under the
+    /// target [`META_TARGET_UID`].
+    pub fn push_meta(&mut self, changes: &[MetaChange]) {
+        self.bytes.extend_from_slice(&META_TARGET_UID.to_le_bytes());
+        self.bytes.extend_from_slice(&0u64.to_le_bytes());
+        encode_meta(&mut self.bytes, changes);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.bytes.len() == FRAME_HEADER_BYTES
     }
@@ -284,7 +297,12 @@ pub fn decode_wal(bytes: &[u8]) -> Result<(WalEntries<'_>, usize), DecodeError> 
         let queue_uid = reader.u64()?;
         let bucket = reader.u64()?;
         let inner = reader.bytes;
-        let (_, inner_len) = decode_light(inner).map_err(|e| match e {
+        let checked = if queue_uid == META_TARGET_UID {
+            decode_meta(inner).map(|(_, len)| len)
+        } else {
+            decode_light(inner).map(|(_, len)| len)
+        };
+        let inner_len = checked.map_err(|e| match e {
             DecodeError::Truncated { .. } => DecodeError::Malformed("inner frame truncated"),
             other => other,
         })?;
@@ -442,6 +460,119 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
     let crc = crc32fast::hash(&out[start + FRAME_HEADER_BYTES..]);
     out[start..start + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The queue uid of a WAL entry that holds a metadata record rather than a bucket record.
+/// Queue uids count up from 0 (`MetaFile::next_queue_uid`), so no queue ever has it.
+pub const META_TARGET_UID: u64 = u64::MAX;
+
+/// Longest metadata namespace or key a record may hold (the meta file's reader uses the same
+/// bound).
+pub const META_NAME_BYTES_MAX: usize = 64 * 1024;
+
+/// Bytes a metadata change takes besides its strings and value: two string lengths and the
+/// put/delete flag (a put adds the value's length, 4 bytes, and the value).
+const META_CHANGE_FIXED_BYTES: usize = 4 + 4 + 1;
+
+/// The bytes `changes` take as a metadata frame, to size a WAL frame once and to refuse a
+/// batch that cannot fit a frame before anything is written.
+pub fn meta_size_hint(changes: &[MetaChange]) -> usize {
+    let body: usize = changes
+        .iter()
+        .map(|c| {
+            META_CHANGE_FIXED_BYTES
+                + c.namespace.len()
+                + c.key.len()
+                + c.value.as_ref().map_or(0, |v| 4 + v.len())
+        })
+        .sum();
+    FRAME_HEADER_BYTES + 2 + 4 + body
+}
+
+/// Checks that `changes` fit the metadata record's limits, so that everything written can be
+/// read back.
+pub fn check_meta(changes: &[MetaChange]) -> Result<(), String> {
+    for change in changes {
+        if change.namespace.len() > META_NAME_BYTES_MAX || change.key.len() > META_NAME_BYTES_MAX {
+            return Err(format!(
+                "a metadata namespace or key is limited to {META_NAME_BYTES_MAX} bytes"
+            ));
+        }
+    }
+    if changes.len() > u32::MAX as usize
+        || meta_size_hint(changes) - FRAME_HEADER_BYTES > FRAME_BODY_BYTES_MAX
+    {
+        return Err(format!(
+            "metadata changes larger than the {FRAME_BODY_BYTES_MAX}-byte record limit"
+        ));
+    }
+    Ok(())
+}
+
+/// Appends `changes` to `out` as one metadata frame: `[version][kind = 10][count: u32]`, then
+/// per change `[namespace: str][key: str][flag: u8 (0 delete, 1 put)]` and, for a put,
+/// `[value len: u32][value]`. The caller has checked them ([`check_meta`]).
+pub fn encode_meta(out: &mut Vec<u8>, changes: &[MetaChange]) {
+    let start = out.len();
+    out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
+    out.push(RECORD_VERSION);
+    out.push(KIND_META);
+    out.extend_from_slice(&(changes.len() as u32).to_le_bytes());
+    for change in changes {
+        put_str(out, &change.namespace);
+        put_str(out, &change.key);
+        match &change.value {
+            None => out.push(0),
+            Some(value) => {
+                out.push(1);
+                out.extend_from_slice(&(value.len() as u32).to_le_bytes());
+                out.extend_from_slice(value);
+            }
+        }
+    }
+    let body_len = out.len() - start - FRAME_HEADER_BYTES;
+    let crc = crc32fast::hash(&out[start + FRAME_HEADER_BYTES..]);
+    out[start..start + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Decodes the first frame of `bytes` as a metadata record: its changes, in order, and the
+/// frame's total length. Never allocates more than the frame holds.
+pub fn decode_meta(bytes: &[u8]) -> Result<(Vec<MetaChange>, usize), DecodeError> {
+    let (body, total) = split_frame(bytes)?;
+    let mut r = Reader { bytes: body };
+    let version = r.u8()?;
+    if version != RECORD_VERSION {
+        return Err(DecodeError::Version(version));
+    }
+    let kind = r.u8()?;
+    if kind != KIND_META {
+        return Err(DecodeError::Kind(kind));
+    }
+    let count = r.u32()? as usize;
+    // Each change takes at least its fixed bytes, so a corrupt count cannot over-allocate.
+    let mut changes = Vec::with_capacity(count.min(r.bytes.len() / META_CHANGE_FIXED_BYTES));
+    for _ in 0..count {
+        let namespace = r.string(META_NAME_BYTES_MAX)?;
+        let key = r.string(META_NAME_BYTES_MAX)?;
+        let value = match r.u8()? {
+            0 => None,
+            1 => {
+                let len = r.u32()? as usize;
+                Some(Bytes::copy_from_slice(r.take(len)?))
+            }
+            _ => return Err(DecodeError::Malformed("metadata flag")),
+        };
+        changes.push(MetaChange {
+            namespace,
+            key,
+            value,
+        });
+    }
+    if !r.bytes.is_empty() {
+        return Err(DecodeError::Malformed("trailing bytes in record"));
+    }
+    Ok((changes, total))
 }
 
 pub(crate) fn put_u64(out: &mut Vec<u8>, value: u64) {
@@ -698,5 +829,63 @@ mod tests {
         for cut in 0..wal.len() {
             assert!(decode_wal(&wal[..cut]).is_err());
         }
+    }
+
+    fn meta_changes() -> Vec<MetaChange> {
+        vec![
+            MetaChange::put("schedules", "s-1", Bytes::from_static(b"cursor01")),
+            MetaChange::delete("schedules", "s-2"),
+            MetaChange::put("", "", Bytes::new()),
+        ]
+    }
+
+    #[test]
+    fn meta_records_round_trip_and_detect_damage() {
+        let changes = meta_changes();
+        check_meta(&changes).unwrap();
+        let mut bytes = Vec::new();
+        encode_meta(&mut bytes, &changes);
+        assert_eq!(bytes.len(), meta_size_hint(&changes));
+        assert_eq!(decode_meta(&bytes).unwrap(), (changes, bytes.len()));
+        for cut in 0..bytes.len() {
+            assert!(matches!(
+                decode_meta(&bytes[..cut]),
+                Err(DecodeError::Truncated { .. })
+            ));
+        }
+        for i in 0..bytes.len() {
+            let mut damaged = bytes.clone();
+            damaged[i] ^= 0x40;
+            assert!(decode_meta(&damaged).is_err(), "flip at {i} accepted");
+        }
+        // A metadata record is not a bucket record, and the other way round.
+        assert_eq!(decode(&bytes), Err(DecodeError::Kind(KIND_META)));
+        let mut done = Vec::new();
+        encode(&mut done, &Record::Done { seq: 1 });
+        assert_eq!(decode_meta(&done), Err(DecodeError::Kind(KIND_DONE)));
+    }
+
+    #[test]
+    fn a_wal_frame_holds_a_meta_record_whole() {
+        let mut batch = WalBatch::new();
+        batch.push_meta(&meta_changes());
+        let wal = batch.finish();
+        let (entries, len) = decode_wal(&wal).unwrap();
+        assert_eq!(len, wal.len());
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].0.queue_uid, META_TARGET_UID);
+        assert_eq!(decode_meta(entries[0].1).unwrap().0, meta_changes());
+        for cut in 0..wal.len() {
+            assert!(decode_wal(&wal[..cut]).is_err());
+        }
+    }
+
+    #[test]
+    fn meta_changes_beyond_the_format_are_refused() {
+        let long = "k".repeat(META_NAME_BYTES_MAX + 1);
+        assert!(check_meta(&[MetaChange::delete("ns", &long)]).is_err());
+        assert!(check_meta(&[MetaChange::delete(&long, "k")]).is_err());
+        let huge = Bytes::from(vec![0u8; FRAME_BODY_BYTES_MAX]);
+        assert!(check_meta(&[MetaChange::put("ns", "k", huge)]).is_err());
     }
 }

@@ -1,0 +1,215 @@
+//! The paths store calls share: taking the state lock, committing a call's records and
+//! waiting for them to be durable, reading bucket files ahead of a call, and finding the task
+//! (and the lease in force) a call is about.
+
+use std::sync::atomic::Ordering;
+
+use belfry_core::{LeaseId, QueueName, Task, TaskId, TaskState, UnixMs};
+
+use super::bucket::split_id;
+use super::queue::{self, EngineStats, Queue};
+use super::record::{Record, WalBatch};
+use super::{push, Engine, Pending, State};
+use crate::store::{ChangeOutcome, LeaseOutcome, Result};
+
+/// About the bytes a lease record takes in a WAL frame (target, framing, fields).
+pub(super) const LEASE_RECORD_BYTES_HINT: usize = 64;
+
+impl Engine {
+    pub(super) fn lock_state(&self) -> Result<parking_lot::MutexGuard<'_, State>> {
+        let mut state = self.core.state.lock();
+        if state.poisoned.is_none() && self.core.wal.failed.load(Ordering::Acquire) {
+            let reason = self.core.wal.failure.lock().clone().unwrap_or_default();
+            state.poisoned = Some(reason);
+        }
+        state.check()?;
+        Ok(state)
+    }
+
+    /// Commits a call's records and waits for them to be durable (a `delivery` call: written;
+    /// see [`Engine::wait_durable`]).
+    pub(super) fn commit(
+        &self,
+        mut state: parking_lot::MutexGuard<'_, State>,
+        batch: WalBatch,
+        pending: Vec<Pending>,
+        delivery: bool,
+    ) -> Result<()> {
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let keep = pending.first().map(|p| (p.uid, p.key));
+        let ticket = match state.commit(batch, &pending, &self.core.options) {
+            Ok(ticket) => ticket,
+            Err(error) => {
+                state.poison(&error);
+                return Err(error);
+            }
+        };
+        state.trim_far(keep, &self.core.options);
+        let checkpoint_due = self.checkpoint_due(&state);
+        drop(state);
+        drop(pending);
+        self.finish(ticket, delivery, checkpoint_due)
+    }
+
+    /// Reads and decodes the files of buckets that `now_ms` is about to need without holding
+    /// the state lock, so a large load in one queue does not stall calls on other queues. The bytes
+    /// up to a bucket's flushed length never change while it exists (files are append-only
+    /// and only cut at open), so reading them unlocked is safe; the rest is read under the
+    /// lock by the load itself.
+    pub(super) fn preload(&self, queue: &QueueName, now_ms: UnixMs) -> Result<()> {
+        // Buckets are deleted (and their keys may be reused) only by checkpoints, and a queue
+        // re-created gets a new uid: if either changed meanwhile, the bytes are not used.
+        let (targets, epoch) = {
+            let mut state = self.lock_state()?;
+            let checkpoints = state.checkpoints;
+            let (q, _) = state.queue(queue)?;
+            let targets = q.woken(now_ms.saturating_add(self.core.options.lookahead_ms));
+            (targets, (checkpoints, q.uid))
+        };
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let mut read = Vec::with_capacity(targets.len());
+        for (key, path, len) in targets {
+            // Errors are left for the locked load to find and report.
+            if let Ok(decoded) = queue::decode_prefix(&path, len) {
+                read.push((key, decoded));
+            }
+        }
+        let mut state = self.lock_state()?;
+        let checkpoints = state.checkpoints;
+        let (q, stats) = state.queue(queue)?;
+        if (checkpoints, q.uid) != epoch {
+            return Ok(());
+        }
+        for (key, decoded) in read {
+            q.load_from(key, Some(decoded), stats)?;
+        }
+        Ok(())
+    }
+
+    /// The shared path of cancel, reschedule and redrive: find the task (ending a lease that
+    /// has run out), require `required`, then durably append the one record `make` builds from
+    /// the task's sequence number. A task in another state writes nothing.
+    pub(super) fn change_state(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: UnixMs,
+        required: TaskState,
+        make: impl FnOnce(u64) -> Record,
+    ) -> Result<ChangeOutcome> {
+        let mut state = self.lock_state()?;
+        let Some((uid, key, seq, current)) =
+            self.change_target(&mut state, queue, id, Some(now_ms))?
+        else {
+            return Ok(ChangeOutcome::NotFound);
+        };
+        if current != required {
+            return Ok(ChangeOutcome::WrongState(current));
+        }
+        let mut batch = WalBatch::new();
+        let mut pending = Vec::new();
+        push(&mut batch, &mut pending, uid, key, make(seq));
+        self.commit(state, batch, pending, false)?;
+        Ok(ChangeOutcome::Ok)
+    }
+
+    /// The shared path of ack, nack, extend and dead_letter: check the lease, then append the
+    /// one record `make` builds from the task's sequence number. A stale lease writes nothing.
+    pub(super) fn change_lease(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        now_ms: UnixMs,
+        make: impl FnOnce(u64) -> Record,
+    ) -> Result<LeaseOutcome> {
+        let mut state = self.lock_state()?;
+        let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
+            Ok(found) => found,
+            Err(outcome) => return Ok(outcome),
+        };
+        let mut batch = WalBatch::new();
+        let mut pending = Vec::new();
+        push(&mut batch, &mut pending, uid, key, make(seq));
+        self.commit(state, batch, pending, true)?;
+        Ok(LeaseOutcome::Ok)
+    }
+
+    /// Finds a leased task and checks the lease; on success returns its bucket key and seq.
+    pub(super) fn leased(
+        &self,
+        state: &mut State,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        now_ms: UnixMs,
+    ) -> Result<std::result::Result<(u64, u64, u64), LeaseOutcome>> {
+        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let uid = q.uid;
+        Ok(lease_in_force(q, stats, id, lease)?.map(|(key, seq)| (uid, key, seq)))
+    }
+
+    /// Finds a task for cancel or reschedule (or redrive), returning its entry's state.
+    pub(super) fn change_target(
+        &self,
+        state: &mut State,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: Option<UnixMs>,
+    ) -> Result<Option<(u64, u64, u64, TaskState)>> {
+        let (q, stats) = match now_ms {
+            Some(now) => state.queue_at(queue, now, self.core.options.lookahead_ms)?,
+            None => state.queue(queue)?,
+        };
+        let uid = q.uid;
+        let (seq, key) = split_id(id);
+        let found = q.entry(seq, key, stats)?.map(|e| e.state);
+        Ok(found.map(|s| (uid, key, seq, s)))
+    }
+}
+
+/// The live task of `q` whose idempotency key is `key`, if any: the key index names the
+/// tasks whose key has the same hash, and each candidate's put record says whether its key is
+/// this one (far candidates' buckets are loaded; `trim_far` bounds what stays loaded).
+pub(super) fn live_task_with_key(
+    q: &mut Queue,
+    stats: &mut EngineStats,
+    key: &str,
+) -> Result<Option<Task>> {
+    let hash = q.hasher.hash(key);
+    let candidates: Vec<TaskId> = q.index.keys.candidates(hash).collect();
+    for id in candidates {
+        let (seq, bucket) = split_id(id);
+        if q.entry(seq, bucket, stats)?.is_none() {
+            continue;
+        }
+        if let Some(task) = q.view(seq, bucket)? {
+            if task.idempotency_key.as_deref() == Some(key) {
+                return Ok(Some(task));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Whether `lease` is the lease in force on task `id` of `q` (whose buckets near now are
+/// loaded and expired leases ended): its `(key, seq)`, or the outcome to report.
+pub(super) fn lease_in_force(
+    q: &mut Queue,
+    stats: &mut EngineStats,
+    id: TaskId,
+    lease: LeaseId,
+) -> Result<std::result::Result<(u64, u64), LeaseOutcome>> {
+    let (seq, key) = split_id(id);
+    let Some(entry) = q.entry(seq, key, stats)? else {
+        return Ok(Err(LeaseOutcome::NotFound));
+    };
+    if entry.state != TaskState::Leased || entry.lease_id != lease.0 {
+        return Ok(Err(LeaseOutcome::LeaseExpired));
+    }
+    Ok(Ok((key, seq)))
+}

@@ -1,0 +1,550 @@
+//! Opening a data directory: take its lock, read `meta` and `checkpoint`, cut bucket files
+//! back to their checkpointed lengths and replay the WAL written since (cutting a torn tail).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::{self, File, OpenOptions};
+use std::io::ErrorKind;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use rustc_hash::FxHashMap;
+
+use super::bucket::{self, task_id};
+use super::checkpoint::Checkpointer;
+use super::keys::KeyHasher;
+use super::meta;
+use super::persist::{BucketMeta, Checkpoint, MetaEntries, MetaFile};
+use super::queue::{Bucket, EngineStats, Queue};
+use super::record::{self, Record, WalTarget};
+use super::wal::{create_wal, old_wal_files, wal_path, Flusher, Wal};
+use super::{
+    io, parse_queue_dir, queue_dir, Core, Engine, EngineOptions, FsyncPolicy, State,
+    CHECKPOINT_FILE, META_FILE, WAL_DIR,
+};
+use crate::store::{Result, StoreError};
+
+/// Held locked (`flock`) by the engine that has the directory open.
+pub(super) const LOCK_FILE: &str = "LOCK";
+/// How long `open` keeps trying to take a held directory lock before it reports `InUse`. A
+/// lock can be held briefly by a process that is not using the directory: a child forked by
+/// any thread of the owner's process holds a copy of its descriptors (and so the lock) until
+/// it execs, even if the owner closes the engine meanwhile. Retrying for a moment tells that
+/// apart from a live engine.
+pub(super) const LOCK_WAIT_MAX: Duration = Duration::from_secs(1);
+/// Pause between attempts to take the directory lock.
+pub(super) const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(10);
+
+impl Engine {
+    /// Opens (or creates) an engine in `dir`, recovering after a crash: the WAL written since
+    /// the last checkpoint is replayed (a torn tail is cut off), far buckets are not read.
+    pub fn open(dir: impl AsRef<Path>, options: EngineOptions) -> Result<Engine> {
+        let dir = dir.as_ref().to_path_buf();
+        fs::create_dir_all(dir.join(WAL_DIR)).map_err(io("create the data directory"))?;
+        let lock = lock_dir(&dir)?;
+        let (meta, legacy_entries) = MetaFile::read(&dir.join(META_FILE))?;
+        let mut checkpoint = Checkpoint::read(&dir.join(CHECKPOINT_FILE))?.unwrap_or_default();
+        // A format-3 checkpoint holds the entries; before that, the meta file did.
+        let mut entries = checkpoint
+            .meta_entries
+            .take()
+            .or(legacy_entries)
+            .unwrap_or_default();
+        let poisoned = Arc::new(AtomicBool::new(false));
+        let mut state = State::from_checkpoint(meta, &checkpoint, Arc::clone(&poisoned));
+        restore_queues(&dir, &mut state)?;
+        restore_buckets(&checkpoint, &mut state)?;
+        restore_keys(&checkpoint, &mut state);
+        let last_wal = replay(
+            &dir,
+            checkpoint.wal_start,
+            &mut state,
+            &mut entries,
+            &options,
+        )?;
+        let number = last_wal.max(checkpoint.wal_start) + 1;
+        let wal = Arc::new(Wal::new(create_wal(&dir, number)?, number));
+        let flush_period = match options.fsync {
+            FsyncPolicy::Interval(every) => Some(every),
+            FsyncPolicy::Always if !options.sync_delivery => Some(options.delivery_sync_delay),
+            FsyncPolicy::Always | FsyncPolicy::Never => None,
+        };
+        let flusher = flush_period.map(|period| Flusher::start(Arc::clone(&wal), period));
+        let background = options.background_checkpoints;
+        let core = Arc::new(Core {
+            dir,
+            options,
+            wal,
+            state: Mutex::new(state),
+            meta: Mutex::new(entries),
+            poisoned,
+            checkpointing: Mutex::new(()),
+        });
+        core.checkpoint()?;
+        let checkpointer = if background {
+            Checkpointer::start(Arc::clone(&core))
+        } else {
+            None
+        };
+        Ok(Engine {
+            core,
+            flusher,
+            checkpointer,
+            _lock: lock,
+            abandoned: false,
+        })
+    }
+}
+
+impl State {
+    /// The state a reopen starts from, before any file is looked at: counters and the key
+    /// hash from the checkpoint, queues from the meta file.
+    fn from_checkpoint(
+        meta: MetaFile,
+        checkpoint: &Checkpoint,
+        poisoned_flag: Arc<AtomicBool>,
+    ) -> State {
+        State {
+            queues: FxHashMap::default(),
+            next_seq: checkpoint.next_seq.max(1),
+            next_lease: checkpoint.next_lease.max(1),
+            last_now_ms: checkpoint.last_now_ms,
+            wal_pending: Vec::new(),
+            wal_appended: 0,
+            wal_since_checkpoint: 0,
+            buffered_bytes: 0,
+            poisoned: None,
+            poisoned_flag,
+            stats: EngineStats::default(),
+            checkpoints: 0,
+            due_reference_ms: None,
+            meta,
+            key_hasher: checkpoint
+                .key_secret
+                .map_or_else(KeyHasher::random, |(k0, k1)| KeyHasher { k0, k1 }),
+        }
+    }
+}
+
+/// Creates the directory of every queue the meta file lists and removes those of deleted
+/// queues.
+fn restore_queues(dir: &Path, state: &mut State) -> Result<()> {
+    for (name, (uid, _)) in &state.meta.queues {
+        let qdir = queue_dir(dir, *uid);
+        fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
+        state
+            .queues
+            .insert(*uid, Queue::new(name.clone(), *uid, qdir, state.key_hasher));
+    }
+    for entry in fs::read_dir(dir).map_err(io("list the data directory"))? {
+        let entry = entry.map_err(io("list the data directory"))?;
+        let name = entry.file_name();
+        if let Some(uid) = name.to_str().and_then(parse_queue_dir) {
+            if !state.queues.contains_key(&uid) {
+                fs::remove_dir_all(entry.path()).map_err(io("remove a deleted queue"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Buckets known to the checkpoint: cut anything written after it (the WAL replay writes it
+/// again); files it does not know were created after it: remove them.
+fn restore_buckets(checkpoint: &Checkpoint, state: &mut State) -> Result<()> {
+    let mut known: HashMap<u64, HashSet<u64>> = HashMap::new();
+    for cb in &checkpoint.buckets {
+        let Some(queue) = state.queues.get_mut(&cb.queue_uid) else {
+            continue;
+        };
+        let path = queue.bucket_path(cb.key);
+        cut_to_checkpoint(&path, cb.file_len)?;
+        known.entry(cb.queue_uid).or_default().insert(cb.key);
+        queue.add_bucket(cb.key, Bucket::new(path, cb.file_len, cb.meta, false));
+    }
+    for queue in state.queues.values_mut() {
+        let known = known.remove(&queue.uid).unwrap_or_default();
+        for entry in fs::read_dir(&queue.dir).map_err(io("list a queue directory"))? {
+            let entry = entry.map_err(io("list a queue directory"))?;
+            let keep = entry
+                .file_name()
+                .to_str()
+                .and_then(bucket::parse_file_name)
+                .is_some_and(|key| known.contains(&key));
+            if !keep {
+                fs::remove_file(entry.path()).map_err(io("remove a stale bucket file"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Cuts a bucket file back to the length the checkpoint recorded; a shorter file lost bytes
+/// the checkpoint made durable: `Corrupt`.
+fn cut_to_checkpoint(path: &Path, file_len: u64) -> Result<()> {
+    let actual = match fs::metadata(path) {
+        Ok(m) => m.len(),
+        Err(e) if e.kind() == ErrorKind::NotFound => 0,
+        Err(source) => {
+            return Err(StoreError::Io {
+                context: "stat a bucket file",
+                source,
+            })
+        }
+    };
+    if actual < file_len {
+        return Err(StoreError::Corrupt {
+            location: path.display().to_string(),
+            detail: format!("bucket file has {actual} bytes, the checkpoint recorded {file_len}"),
+        });
+    }
+    if actual > file_len {
+        let file = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(io("open a bucket file to cut its tail"))?;
+        file.set_len(file_len)
+            .map_err(io("cut a bucket file's tail"))?;
+    }
+    Ok(())
+}
+
+/// The live idempotency keys the checkpoint holds (format 1: in full, hashed now).
+fn restore_keys(checkpoint: &Checkpoint, state: &mut State) {
+    for &(uid, hash, id) in &checkpoint.keys {
+        if let Some(queue) = state.queues.get_mut(&uid) {
+            queue.index.keys.insert(hash, id);
+        }
+    }
+    for (uid, key, id) in &checkpoint.legacy_keys {
+        if let Some(queue) = state.queues.get_mut(uid) {
+            queue.index.keys.insert(state.key_hasher.hash(key), *id);
+        }
+    }
+}
+
+/// Takes the data directory's lock, so that two engines (in this process or another) never
+/// write the same files. The lock is an OS file lock: it goes away with the process, so a
+/// crashed engine never blocks the next open, and the `LOCK` file itself may stay behind.
+pub(super) fn lock_dir(dir: &Path) -> Result<File> {
+    let path = dir.join(LOCK_FILE);
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io("open the data directory's lock file"))?;
+    let started = Instant::now();
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(file),
+            Err(std::fs::TryLockError::WouldBlock) if started.elapsed() < LOCK_WAIT_MAX => {
+                thread::sleep(LOCK_RETRY_PAUSE);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(StoreError::InUse {
+                    dir: dir.display().to_string(),
+                    lock: path.display().to_string(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(source)) => {
+                return Err(StoreError::Io {
+                    context: "lock the data directory",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+/// Whether a bad frame at the end of the log (the last non-empty WAL file) is a torn write
+/// (cut it) rather than damage to acknowledged data (refuse to open): it runs past the end of
+/// the file, or it is the last frame, or everything after its start is zeros (space
+/// allocated, never written).
+pub(super) fn is_torn_tail(rest: &[u8], error: &record::DecodeError) -> bool {
+    if matches!(error, record::DecodeError::Truncated { .. }) {
+        return true;
+    }
+    if rest.iter().all(|b| *b == 0) {
+        return true;
+    }
+    if rest.len() >= record::FRAME_HEADER_BYTES {
+        let declared = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        return record::FRAME_HEADER_BYTES.saturating_add(declared) == rest.len();
+    }
+    false
+}
+
+/// Replays WAL files numbered `start` and later into the bucket files. Returns the highest
+/// WAL file number seen.
+pub(super) fn replay(
+    dir: &Path,
+    start: u64,
+    state: &mut State,
+    meta: &mut MetaEntries,
+    options: &EngineOptions,
+) -> Result<u64> {
+    let numbers = old_wal_files(dir)?;
+    let last = numbers.last().copied().unwrap_or(0);
+    let mut to_load: BTreeSet<(u64, u64)> = BTreeSet::new();
+    let mut live = Vec::with_capacity(numbers.len());
+    for number in numbers {
+        let path = wal_path(dir, number);
+        if number < start {
+            fs::remove_file(&path).map_err(io("remove an old WAL file"))?;
+        } else {
+            let len = fs::metadata(&path).map_err(io("stat a WAL file"))?.len();
+            live.push((path, len));
+        }
+    }
+    // The log ends where its last non-empty file ends. Empty files after it were created
+    // ahead of use (by a checkpoint that had not switched to them yet, or by an open) and
+    // never written: a frame torn at the end of that file is the log's torn tail, even if
+    // it is not the last file (see `docs/storage-format.md`, "Recovery").
+    let tail = live.iter().rposition(|(_, len)| *len > 0);
+    for (i, (path, _)) in live.iter().enumerate() {
+        let mut replay = Replay {
+            state: &mut *state,
+            meta: &mut *meta,
+            options,
+            to_load: &mut to_load,
+        };
+        replay.file(path, Some(i) == tail)?;
+    }
+    // Buckets that saw state changes: their counts are only known by reading them.
+    let State { queues, stats, .. } = state;
+    for (uid, key) in to_load {
+        if let Some(queue) = queues.get_mut(&uid) {
+            queue.load(key, stats)?;
+        }
+    }
+    Ok(last)
+}
+
+/// Where replayed records go: bucket records to their buckets (and the buckets to load
+/// afterwards), metadata records to the metadata entries.
+struct Replay<'a> {
+    state: &'a mut State,
+    meta: &'a mut MetaEntries,
+    options: &'a EngineOptions,
+    to_load: &'a mut BTreeSet<(u64, u64)>,
+}
+
+impl Replay<'_> {
+    /// Replays one WAL file, frame by frame. A bad frame is cut as a torn tail if the file
+    /// ends the log (`is_tail`: no later file holds a byte) and [`is_torn_tail`] says so;
+    /// otherwise it is `Corrupt`.
+    fn file(&mut self, path: &Path, is_tail: bool) -> Result<()> {
+        let bytes = fs::read(path).map_err(io("read a WAL file"))?;
+        let mut offset = 0;
+        while offset < bytes.len() {
+            let (entries, len) = match record::decode_wal(&bytes[offset..]) {
+                Ok(decoded) => decoded,
+                Err(error) if is_tail && is_torn_tail(&bytes[offset..], &error) => {
+                    // The log ends in a frame that was being written at the crash: its call
+                    // never returned (a call returns only once its whole frame is written),
+                    // and nothing was written after it, so dropping it loses nothing
+                    // acknowledged.
+                    tracing::warn!(path = %path.display(), offset, %error, "cutting a torn WAL tail");
+                    let file = OpenOptions::new()
+                        .write(true)
+                        .open(path)
+                        .map_err(io("open a WAL file to cut its tail"))?;
+                    file.set_len(offset as u64)
+                        .map_err(io("cut a WAL file's tail"))?;
+                    return Ok(());
+                }
+                Err(error) => {
+                    return Err(StoreError::Corrupt {
+                        location: format!("{} at offset {offset}", path.display()),
+                        detail: error.to_string(),
+                    })
+                }
+            };
+            for (target, inner) in entries {
+                if target.queue_uid == record::META_TARGET_UID {
+                    self.meta_record(inner);
+                } else {
+                    self.bucket_record(target, inner)?;
+                }
+            }
+            offset += len;
+        }
+        Ok(())
+    }
+
+    /// Applies a metadata record's changes in order (each carries the resulting value, so
+    /// applying one again, on a checkpoint that already holds it, changes nothing).
+    fn meta_record(&mut self, inner: &[u8]) {
+        let Ok((changes, _)) = record::decode_meta(inner) else {
+            return; // decode_wal checked it; unreachable in practice
+        };
+        self.state.stats.wal_records_replayed += changes.len() as u64;
+        meta::apply(self.meta, changes);
+    }
+
+    /// Appends one replayed bucket record to its bucket and counts it (a put), or notes the
+    /// bucket for loading (any other record: counts are only known by reading it).
+    fn bucket_record(&mut self, target: WalTarget, inner: &[u8]) -> Result<()> {
+        // Payload and headers are not needed here: the frame is copied verbatim.
+        let Ok((record, _)) = record::decode_light(inner) else {
+            return Ok(()); // decode_wal checked it; unreachable in practice
+        };
+        let state = &mut *self.state;
+        state.stats.wal_records_replayed += 1;
+        state.next_seq = state.next_seq.max(record.seq().saturating_add(1));
+        if let Record::Lease { lease_id, .. } | Record::Extend { lease_id, .. } = &record {
+            state.next_lease = state.next_lease.max(lease_id.saturating_add(1));
+        }
+        let Some(queue) = state.queues.get_mut(&target.queue_uid) else {
+            return Ok(()); // the queue was deleted after this record
+        };
+        let dir = &queue.dir;
+        let bucket = queue.buckets.entry(target.bucket).or_insert_with(|| {
+            let path = dir.join(bucket::file_name(target.bucket));
+            Bucket::new(path, 0, BucketMeta::default(), false)
+        });
+        bucket.append(inner);
+        state.buffered_bytes += inner.len();
+        if bucket.buf.len() >= self.options.bucket_buffer_bytes {
+            let written = bucket.flush()?;
+            state.buffered_bytes -= written;
+        }
+        match &record {
+            Record::Put(put) => {
+                queue.update_unloaded_meta(target.bucket, |m| m.add_scheduled(put.due_at_ms));
+                if let Some(k) = &put.idempotency_key {
+                    let hash = queue.hasher.hash(k);
+                    queue
+                        .index
+                        .keys
+                        .insert(hash, task_id(put.seq, target.bucket));
+                }
+            }
+            _ => {
+                self.to_load.insert((target.queue_uid, target.bucket));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use belfry_core::{NewTask, QueueName};
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::engine::checkpoint::fault;
+    use crate::engine::record::{PutRecord, WalBatch};
+    use crate::store::{PutOutcome, Store};
+
+    const NOW: u64 = 1_700_000_000_000;
+
+    fn options() -> EngineOptions {
+        EngineOptions {
+            background_checkpoints: false,
+            ..EngineOptions::default()
+        }
+    }
+
+    fn queue() -> QueueName {
+        QueueName::new("q").unwrap()
+    }
+
+    /// A WAL frame of one put of 50 tasks, about the size of the crash writer's batches
+    /// (6,308 bytes in the failure this reproduces).
+    fn put_frame(uid: u64) -> Vec<u8> {
+        let mut batch = WalBatch::new();
+        for seq in 1_000..1_050 {
+            let put = Record::Put(PutRecord {
+                seq,
+                due_at_ms: NOW,
+                priority: belfry_core::Priority::Normal,
+                payload_kind: belfry_core::PayloadKind::Binary,
+                late_policy: belfry_core::LatePolicy::Fire,
+                idempotency_key: None,
+                headers: Vec::new(),
+                payload: Bytes::from(vec![7u8; 64]),
+            });
+            let target = record::WalTarget {
+                queue_uid: uid,
+                bucket: super::super::bucket::bucket_for(NOW, NOW),
+            };
+            batch.push(target, &put);
+        }
+        batch.finish()
+    }
+
+    fn append(path: &Path, bytes: &[u8]) {
+        let mut file = OpenOptions::new().append(true).open(path).unwrap();
+        file.write_all(bytes).unwrap();
+    }
+
+    /// Acknowledged puts and a cursor, then the engine is left as a crash leaves it while the
+    /// checkpoint thread has created the next WAL file and a writer is in the middle of
+    /// appending a frame to the current one: the fatal signal cut that `write` short (Linux
+    /// may end a multi-page `write` early when a fatal signal arrives), so the current file
+    /// ends in a torn frame and is no longer the last file. Returns the acknowledged ids.
+    fn crash_mid_write_after_the_next_wal_exists(dir: &Path) -> Vec<belfry_core::TaskId> {
+        let engine = Engine::open(dir, options()).unwrap();
+        engine.put_queue(&queue(), Bytes::new()).unwrap();
+        let tasks = (0..10)
+            .map(|i| NewTask::new(queue(), NOW + i, Bytes::from(format!("task-{i}"))))
+            .collect();
+        let ids = engine
+            .put(tasks)
+            .unwrap()
+            .iter()
+            .map(PutOutcome::id)
+            .collect();
+        engine
+            .put_meta("sched", "cursor", Bytes::from_static(b"12345678"))
+            .unwrap();
+        let frame = put_frame(0);
+        fault::arm_after_next_wal_created(move |current| append(current, &frame[..1_800]));
+        assert!(engine.flush().is_err(), "the fault point did not fire");
+        engine.abandon();
+        ids
+    }
+
+    #[test]
+    fn a_torn_frame_before_a_pre_created_empty_wal_file_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids = crash_mid_write_after_the_next_wal_exists(dir.path());
+        let engine = Engine::open(dir.path(), options()).unwrap();
+        for id in ids {
+            assert!(
+                engine.get(&queue(), id, NOW).unwrap().is_some(),
+                "{id} lost"
+            );
+        }
+        assert_eq!(
+            engine.get_meta("sched", "cursor").unwrap(),
+            Some(Bytes::from_static(b"12345678"))
+        );
+        let counts = engine.counts(&queue(), NOW + 100).unwrap();
+        assert_eq!(counts.pending, 10, "the torn frame's tasks appeared");
+    }
+
+    #[test]
+    fn a_torn_frame_followed_by_written_frames_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        crash_mid_write_after_the_next_wal_exists(dir.path());
+        // Something written after the torn frame: it may have been acknowledged, so the torn
+        // frame is damage, not a torn tail, and nothing may be silently dropped.
+        let last = old_wal_files(dir.path()).unwrap().pop().unwrap();
+        append(&wal_path(dir.path(), last), &put_frame(0));
+        match Engine::open(dir.path(), options()) {
+            Err(StoreError::Corrupt { location, detail }) => {
+                assert!(location.contains(".wal at offset"), "{location}");
+                assert!(detail.contains("truncated"), "{detail}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+}

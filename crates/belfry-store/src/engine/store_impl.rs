@@ -1,0 +1,595 @@
+//! The `Store` trait on the engine: each call validates under the state lock, builds its WAL
+//! frame, and commits it through the shared paths of `calls.rs`.
+
+use std::collections::HashMap;
+use std::fs;
+
+use belfry_core::UnixMs;
+use belfry_core::{LatePolicy, LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState};
+use bytes::Bytes;
+use rustc_hash::FxHashSet;
+
+use super::bucket::{bucket_for, split_id, task_id};
+use super::calls::{lease_in_force, live_task_with_key, LEASE_RECORD_BYTES_HINT};
+use super::persist::{self, BucketMeta};
+use super::queue::{Queue, TaskFacts};
+use super::record::{self, PutRecord, Record, WalBatch};
+use super::{io, push, queue_dir, Engine, META_FILE};
+use crate::store::{
+    ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Result, Store,
+    StoreError,
+};
+
+impl Store for Engine {
+    fn put_queue(&self, queue: &QueueName, config: Bytes) -> Result<bool> {
+        let mut state = self.lock_state()?;
+        let mut meta = state.meta.clone();
+        let created = match meta.queues.get_mut(queue) {
+            Some((_, existing)) => {
+                *existing = config;
+                false
+            }
+            None => {
+                let uid = meta.next_queue_uid;
+                meta.next_queue_uid += 1;
+                let qdir = queue_dir(&self.core.dir, uid);
+                fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
+                persist::sync_dir(&self.core.dir)?;
+                meta.queues.insert(queue.clone(), (uid, config));
+                let hasher = state.key_hasher;
+                state
+                    .queues
+                    .insert(uid, Queue::new(queue.clone(), uid, qdir, hasher));
+                true
+            }
+        };
+        meta.write(&self.core.dir.join(META_FILE))?;
+        state.meta = meta;
+        Ok(created)
+    }
+
+    fn get_queue(&self, queue: &QueueName) -> Result<Option<Bytes>> {
+        let state = self.lock_state()?;
+        Ok(state.meta.queues.get(queue).map(|(_, c)| c.clone()))
+    }
+
+    fn list_queues(&self) -> Result<Vec<(QueueName, Bytes)>> {
+        let state = self.lock_state()?;
+        Ok(state
+            .meta
+            .queues
+            .iter()
+            .map(|(name, (_, config))| (name.clone(), config.clone()))
+            .collect())
+    }
+
+    fn delete_queue(&self, queue: &QueueName) -> Result<bool> {
+        let mut state = self.lock_state()?;
+        let mut meta = state.meta.clone();
+        let Some((uid, _)) = meta.queues.remove(queue) else {
+            return Ok(false);
+        };
+        // The meta file is the truth: once it no longer names the queue, its files and any
+        // WAL records for its uid are ignored, so removing the directory may lag.
+        meta.write(&self.core.dir.join(META_FILE))?;
+        state.meta = meta;
+        if let Some(q) = state.queues.remove(&uid) {
+            let buffered: usize = q.buckets.values().map(|b| b.buf.len()).sum();
+            state.buffered_bytes -= buffered;
+            if let Err(error) = fs::remove_dir_all(&q.dir) {
+                tracing::warn!(%error, dir = %q.dir.display(), "could not remove a deleted queue's files; they go at the next open");
+            }
+        }
+        Ok(true)
+    }
+
+    fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
+        // Sized before taking the lock: the frame is built once, without regrowing.
+        let mut batch = WalBatch::with_capacity(
+            tasks
+                .iter()
+                .map(|t| {
+                    record::put_size_hint(t.payload.len(), &t.headers, t.idempotency_key.as_deref())
+                })
+                .sum(),
+        );
+        let mut state = self.lock_state()?;
+        let mut uids = Vec::with_capacity(tasks.len());
+        for task in &tasks {
+            uids.push(state.uid(&task.queue)?);
+        }
+        let mut pending = Vec::with_capacity(tasks.len());
+        let mut outcomes = Vec::with_capacity(tasks.len());
+        // Keys first seen in this batch → the task they created.
+        let mut batch_keys: HashMap<(u64, String), Task> = HashMap::new();
+        // Bucket widths are relative to now. Before any call has said what time it is, the
+        // earliest due time submitted so far stands in for it (tasks are mostly due in the
+        // future), rather than the epoch, which would put everything in week buckets.
+        let last_now = if state.last_now_ms > 0 {
+            state.last_now_ms
+        } else {
+            let earliest = tasks.iter().map(|t| t.due_at_ms).min().unwrap_or(0);
+            let reference = state.due_reference_ms.map_or(earliest, |r| r.min(earliest));
+            state.due_reference_ms = Some(reference);
+            reference
+        };
+        for (task, uid) in tasks.into_iter().zip(uids) {
+            if let Some(k) = &task.idempotency_key {
+                if let Some(first) = batch_keys.get(&(uid, k.clone())) {
+                    outcomes.push(PutOutcome::Duplicate(Box::new(first.clone())));
+                    continue;
+                }
+                let (q, stats) = state.queue(&task.queue)?;
+                if let Some(found) = live_task_with_key(q, stats, k)? {
+                    outcomes.push(PutOutcome::Duplicate(Box::new(found)));
+                    continue;
+                }
+            }
+            let seq = state.next_seq;
+            state.next_seq += 1;
+            let key = bucket_for(task.due_at_ms, last_now);
+            let id = task_id(seq, key);
+            if let Some(k) = &task.idempotency_key {
+                batch_keys.insert((uid, k.clone()), scheduled_view(&task, id));
+            }
+            outcomes.push(PutOutcome::Created {
+                id,
+                due_at_ms: task.due_at_ms,
+            });
+            let put = put_record(seq, task);
+            record::check_put(&put).map_err(StoreError::Invalid)?;
+            push(&mut batch, &mut pending, uid, key, Record::Put(put));
+        }
+        self.commit(state, batch, pending, false)?;
+        Ok(outcomes)
+    }
+
+    fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>> {
+        let mut state = self.lock_state()?;
+        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let uid = q.uid;
+        let (seq, key) = split_id(id);
+        let task = if q.entry(seq, key, stats)?.is_some() {
+            q.view(seq, key)?
+        } else {
+            None
+        };
+        state.trim_far(Some((uid, key)), &self.core.options);
+        Ok(task)
+    }
+
+    fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>> {
+        self.preload(queue, now_ms)?;
+        let mut state = self.lock_state()?;
+        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let found = live_task_with_key(q, stats, key)?;
+        state.trim_far(None, &self.core.options);
+        Ok(found)
+    }
+
+    fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
+        self.change_state(queue, id, now_ms, TaskState::Scheduled, |seq| {
+            Record::Cancel { seq }
+        })
+    }
+
+    fn reschedule(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        due_at_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<ChangeOutcome> {
+        self.change_state(queue, id, now_ms, TaskState::Scheduled, |seq| {
+            Record::Reschedule { seq, due_at_ms }
+        })
+    }
+
+    fn claim(
+        &self,
+        queue: &QueueName,
+        now_ms: UnixMs,
+        max: usize,
+        visibility_ms: u64,
+    ) -> Result<ClaimBatch> {
+        self.preload(queue, now_ms)?;
+        let mut state = self.lock_state()?;
+        let mut next_lease = state.next_lease;
+        let (q, _) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let uid = q.uid;
+        let lease_until_ms = now_ms.saturating_add(visibility_ms);
+        let room = max.min(q.index.ready.iter().map(|slot| slot.len()).sum());
+        let mut batch = WalBatch::with_capacity(room * LEASE_RECORD_BYTES_HINT);
+        let mut pending = Vec::with_capacity(room);
+        let mut result = ClaimBatch::default();
+        // (seq, key, lease id, due, attempts, put offset, put length): all a leased task's
+        // view needs besides its put record, so the entry is looked up once here.
+        let mut leased: Vec<Claimed> = Vec::with_capacity(room);
+        // Due tasks, high priority first, each in due order. They are only read here: their
+        // records take them out of the ready index when applied at commit.
+        let due = q.index.ready.iter().flat_map(|slot| {
+            slot.iter()
+                .take_while(move |(due, _, _)| *due <= now_ms)
+                .copied()
+        });
+        for (due, seq, key) in due {
+            if leased.len() == max {
+                break;
+            }
+            let Some(entry) = q.loaded_entry(seq, key) else {
+                debug_assert!(false, "ready entry missing");
+                continue;
+            };
+            if let Some(record) = late_record(entry.late_policy, seq, now_ms - due) {
+                let late = match record {
+                    Record::Done { .. } => &mut result.late_skipped,
+                    _ => &mut result.late_dead,
+                };
+                late.push(task_id(seq, key));
+                push(&mut batch, &mut pending, uid, key, record);
+                continue;
+            }
+            let lease_id = next_lease;
+            next_lease += 1;
+            let attempts = entry.attempts.saturating_add(1);
+            let (offset, len) = (entry.put_offset, entry.put_len);
+            leased.push((seq, key, lease_id, due, attempts, offset, len));
+            let record = Record::Lease {
+                seq,
+                lease_id,
+                until_ms: lease_until_ms,
+                attempts,
+            };
+            push(&mut batch, &mut pending, uid, key, record);
+        }
+        state.next_lease = next_lease;
+        if pending.is_empty() {
+            return Ok(result);
+        }
+        let ticket = match state.commit(batch, &pending, &self.core.options) {
+            Ok(ticket) => ticket,
+            Err(error) => {
+                state.poison(&error);
+                return Err(error);
+            }
+        };
+        let (q, _) = state.queue(queue)?;
+        result.leased = leased_tasks(q, leased, lease_until_ms)?;
+        let checkpoint_due = self.checkpoint_due(&state);
+        drop(state);
+        self.finish(ticket, true, checkpoint_due)?;
+        Ok(result)
+    }
+
+    fn ack(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome> {
+        self.change_lease(queue, id, lease, now_ms, |seq| Record::Done { seq })
+    }
+
+    /// One lock, one WAL frame holding every Done record: replay applies the call's acks
+    /// all together or (frame lost or cut) not at all.
+    fn ack_many(
+        &self,
+        queue: &QueueName,
+        acks: &[(TaskId, LeaseId)],
+        now_ms: UnixMs,
+    ) -> Result<Vec<LeaseOutcome>> {
+        if acks.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut batch = WalBatch::with_capacity(acks.len() * LEASE_RECORD_BYTES_HINT);
+        let mut state = self.lock_state()?;
+        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let uid = q.uid;
+        let mut pending = Vec::with_capacity(acks.len());
+        let mut outcomes = Vec::with_capacity(acks.len());
+        // Records reach memory only at commit, so a task acked earlier in this call still
+        // looks leased: remember it, and answer a repeat as a sequential ack would (the
+        // task is done, so its lease is no longer in force).
+        let mut acked: FxHashSet<(u64, u64)> =
+            FxHashSet::with_capacity_and_hasher(acks.len(), Default::default());
+        for &(id, lease) in acks {
+            let (key, seq) = match lease_in_force(q, stats, id, lease)? {
+                Ok(found) => found,
+                Err(outcome) => {
+                    outcomes.push(outcome);
+                    continue;
+                }
+            };
+            if !acked.insert((seq, key)) {
+                outcomes.push(LeaseOutcome::LeaseExpired);
+                continue;
+            }
+            push(&mut batch, &mut pending, uid, key, Record::Done { seq });
+            outcomes.push(LeaseOutcome::Ok);
+        }
+        self.commit(state, batch, pending, true)?;
+        Ok(outcomes)
+    }
+
+    fn nack(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        retry_at_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome> {
+        self.change_lease(queue, id, lease, now_ms, |seq| Record::Nack {
+            seq,
+            due_at_ms: retry_at_ms,
+        })
+    }
+
+    fn extend(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        lease_until_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome> {
+        self.change_lease(queue, id, lease, now_ms, |seq| Record::Extend {
+            seq,
+            lease_id: lease.0,
+            until_ms: lease_until_ms,
+        })
+    }
+
+    fn dead_letter(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome> {
+        self.change_lease(queue, id, lease, now_ms, |seq| Record::Dead {
+            seq,
+            reason: record::cut_reason(reason).to_owned(),
+        })
+    }
+
+    fn list_dead(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<Task>> {
+        let mut state = self.lock_state()?;
+        let (q, stats) = state.queue(queue)?;
+        let with_dead: Vec<u64> = q
+            .buckets
+            .iter()
+            .filter(|(_, b)| b.entries.is_none() && b.meta.dead > 0)
+            .map(|(k, _)| *k)
+            .collect();
+        for key in with_dead {
+            q.load(key, stats)?;
+        }
+        let mut dead: Vec<(TaskId, u64, u64)> = Vec::new();
+        for (key, bucket) in &q.buckets {
+            if let Some(entries) = &bucket.entries {
+                for (seq, entry) in entries {
+                    let id = task_id(*seq, *key);
+                    if entry.state == TaskState::Dead && after.is_none_or(|a| id > a) {
+                        dead.push((id, *seq, *key));
+                    }
+                }
+            }
+        }
+        dead.sort_unstable();
+        dead.truncate(limit);
+        let wanted: Vec<(u64, u64)> = dead.iter().map(|&(_, seq, key)| (seq, key)).collect();
+        Ok(q.view_many(&wanted)?.into_iter().flatten().collect())
+    }
+
+    fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
+        // With `now`, like cancel and reschedule: a lease that has run out is ended first, so
+        // the state reported for a task that is not dead is the one `get` would show.
+        self.change_state(queue, id, now_ms, TaskState::Dead, |seq| Record::Redrive {
+            seq,
+            due_at_ms: now_ms,
+        })
+    }
+
+    fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
+        self.preload(queue, now_ms)?;
+        let mut state = self.lock_state()?;
+        let (q, _) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let mut counts = QueueCounts::default();
+        for set in &q.index.ready {
+            counts.pending += set.len() as u64;
+            counts.due += set.range(..=(now_ms, u64::MAX, u64::MAX)).count() as u64;
+        }
+        counts.in_flight = q.index.leases.len() as u64;
+        counts.dead = q.index.dead_loaded;
+        for bucket in q.buckets.values().filter(|b| b.entries.is_none()) {
+            // Unloaded buckets hold nothing due and no expired lease (see queue.rs).
+            counts.pending += bucket.meta.scheduled;
+            counts.in_flight += bucket.meta.leased;
+            counts.dead += bucket.meta.dead;
+        }
+        Ok(counts)
+    }
+
+    fn forecast(
+        &self,
+        queue: &QueueName,
+        from_ms: UnixMs,
+        step_ms: u64,
+        steps: usize,
+    ) -> Result<Vec<u64>> {
+        if step_ms == 0 {
+            return Err(StoreError::Invalid(
+                "forecast step must be at least 1 ms".into(),
+            ));
+        }
+        let mut state = self.lock_state()?;
+        let (q, stats) = state.queue(queue)?;
+        let mut bins = vec![0u64; steps];
+        let end = from_ms.saturating_add(step_ms.saturating_mul(steps as u64));
+        let bin_of = |due: UnixMs| -> Option<usize> {
+            if due < from_ms {
+                return None;
+            }
+            let bin = (due - from_ms) / step_ms;
+            (bin < steps as u64).then_some(bin as usize)
+        };
+        // Unloaded buckets: whole counts when all their tasks fall in one bin; otherwise the
+        // bucket is read (and unloaded again) to count exactly.
+        let unloaded: Vec<(u64, BucketMeta)> = q
+            .buckets
+            .iter()
+            .filter(|(_, b)| b.entries.is_none() && b.meta.scheduled > 0)
+            .map(|(k, b)| (*k, b.meta))
+            .collect();
+        let mut scanned = Vec::new();
+        for (key, meta) in unloaded {
+            if meta.max_due_ms < from_ms || meta.min_due_ms >= end {
+                continue;
+            }
+            match (bin_of(meta.min_due_ms), bin_of(meta.max_due_ms)) {
+                (Some(a), Some(b)) if a == b => bins[a] += meta.scheduled,
+                _ => {
+                    q.load(key, stats)?;
+                    scanned.push(key);
+                }
+            }
+        }
+        for set in &q.index.ready {
+            for (due, _, _) in set.range((from_ms, 0, 0)..) {
+                if let Some(bin) = bin_of(*due) {
+                    bins[bin] += 1;
+                } else {
+                    break;
+                }
+            }
+        }
+        for key in scanned {
+            q.unload(key);
+        }
+        Ok(bins)
+    }
+
+    fn next_due_ms(&self, queue: &QueueName) -> Result<Option<UnixMs>> {
+        let mut state = self.lock_state()?;
+        let (q, _) = state.queue(queue)?;
+        let candidates = [
+            q.index.ready[0].first().map(|(due, _, _)| *due),
+            q.index.ready[1].first().map(|(due, _, _)| *due),
+            q.index.leases.first().map(|(until, _, _)| *until),
+            q.wake.first().map(|(wake, _)| *wake),
+        ];
+        Ok(candidates.into_iter().flatten().min())
+    }
+
+    fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> Result<()> {
+        self.meta_write(vec![MetaChange::put(namespace, key, value)])
+    }
+
+    fn get_meta(&self, namespace: &str, key: &str) -> Result<Option<Bytes>> {
+        self.meta_get(namespace, key)
+    }
+
+    fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool> {
+        self.meta_delete(namespace, key)
+    }
+
+    fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>> {
+        self.meta_list(namespace)
+    }
+
+    /// One WAL frame holding every change: after a crash all of them or none took effect.
+    fn write_meta(&self, changes: Vec<MetaChange>) -> Result<()> {
+        self.meta_write(changes)
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.core.checkpoint()
+    }
+}
+
+/// A task a claim leased: `(seq, bucket key, lease id, due, attempts, put offset, put
+/// length)`, all its view needs besides its put record.
+type Claimed = (u64, u64, u64, UnixMs, u32, u64, u32);
+
+/// The views of the tasks a claim leased, their put records read bucket by bucket in file
+/// order.
+fn leased_tasks(
+    q: &mut Queue,
+    leased: Vec<Claimed>,
+    lease_until_ms: UnixMs,
+) -> Result<Vec<LeasedTask>> {
+    let spots: Vec<(u64, u64, u32)> = leased
+        .iter()
+        .map(|&(_, key, _, _, _, offset, len)| (key, offset, len))
+        .collect();
+    let puts = q.read_puts(&spots)?;
+    let mut tasks = Vec::with_capacity(puts.len());
+    for (put, (seq, key, lease_id, due, attempts, _, _)) in puts.into_iter().zip(leased) {
+        let facts = TaskFacts {
+            due,
+            state: TaskState::Leased,
+            attempts,
+            until: Some(lease_until_ms),
+            dead_reason: None,
+        };
+        tasks.push(LeasedTask {
+            task: q.task(seq, key, put, facts)?,
+            lease_id: LeaseId(lease_id),
+            lease_until_ms,
+        });
+    }
+    Ok(tasks)
+}
+
+/// How a task just put looks (what a later duplicate in the same batch reports).
+fn scheduled_view(task: &NewTask, id: TaskId) -> Task {
+    Task {
+        id,
+        queue: task.queue.clone(),
+        due_at_ms: task.due_at_ms,
+        payload: task.payload.clone(),
+        payload_kind: task.payload_kind,
+        headers: task.headers.clone(),
+        priority: task.priority,
+        idempotency_key: task.idempotency_key.clone(),
+        late_policy: task.late_policy,
+        state: TaskState::Scheduled,
+        attempts: 0,
+        lease_until_ms: None,
+        dead_reason: None,
+    }
+}
+
+fn put_record(seq: u64, task: NewTask) -> PutRecord {
+    PutRecord {
+        seq,
+        due_at_ms: task.due_at_ms,
+        priority: task.priority,
+        payload_kind: task.payload_kind,
+        late_policy: task.late_policy,
+        idempotency_key: task.idempotency_key,
+        headers: task.headers,
+        payload: task.payload,
+    }
+}
+
+/// What a claim does instead of leasing a task found `late_ms` after its due time, if its
+/// late policy says so: finish it (`Done`, skipped) or dead-letter it.
+fn late_record(policy: LatePolicy, seq: u64, late_ms: u64) -> Option<Record> {
+    match policy {
+        LatePolicy::Skip { after_ms } if late_ms > after_ms => Some(Record::Done { seq }),
+        LatePolicy::Dead { after_ms } if late_ms > after_ms => Some(Record::Dead {
+            seq,
+            reason: format!("late by {late_ms} ms (late policy allows {after_ms} ms)"),
+        }),
+        _ => None,
+    }
+}
