@@ -1,7 +1,7 @@
 //! Belfry's domain vocabulary, shared by every other crate.
 //!
 //! This crate performs no I/O and never reads a clock by itself: time arrives through the
-//! [`Clock`] trait so that tests and the simulation can drive it.
+//! [`Clock`] trait so that tests can drive it.
 
 pub mod clock;
 pub mod id;

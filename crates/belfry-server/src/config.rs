@@ -29,6 +29,24 @@ pub const DISPATCH_IN_FLIGHT_MAX_DEFAULT: usize = 4_096;
 /// host, so each call finds a pooled connection instead of opening one.
 pub const DISPATCH_PER_TARGET_MAX_DEFAULT: usize = 64;
 
+/// How long a request's headers may take to arrive, by default, counted from when the
+/// connection starts waiting for a request (it connected, or its previous response went
+/// out). A client on a slow mobile link sends a few hundred bytes of headers in well under a
+/// second.
+pub const HTTP_HEADER_READ_TIMEOUT_MS_DEFAULT: u64 = 10_000;
+
+/// How long a request body may send nothing before the request fails, by default.
+pub const HTTP_BODY_READ_TIMEOUT_MS_DEFAULT: u64 = 30_000;
+
+/// How long a connection with no request in progress may move no bytes before it is closed,
+/// by default: keep-alive connections between bursts, and connections that never send. Short
+/// (as Node's 5 s keep-alive default), since reconnecting costs a client little on a LAN.
+pub const HTTP_IDLE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+
+/// Connections served at once by default; past it the listener stops accepting until one
+/// closes. Below a typical descriptor limit with room for data files and outgoing sinks.
+pub const HTTP_CONNECTIONS_MAX_DEFAULT: usize = 10_000;
+
 /// Store calls running or queued on the blocking pool at once, by default. Tokio's blocking
 /// queue is unbounded; this bound turns a flood of requests into `503 overloaded` instead of
 /// unbounded memory and latency. Twice the blocking pool's default thread count.
@@ -65,6 +83,14 @@ pub struct ServerConfig {
     pub dispatch_in_flight_max: usize,
     /// Delivery calls in flight to one target (webhook host or broker connection).
     pub dispatch_per_target_max: usize,
+    /// How long a request's headers may take, from their first byte.
+    pub http_header_read_timeout_ms: u64,
+    /// How long a request body may send nothing.
+    pub http_body_read_timeout_ms: u64,
+    /// How long a connection with no request in progress may move no bytes.
+    pub http_idle_timeout_ms: u64,
+    /// Connections served at once.
+    pub http_connections_max: usize,
 }
 
 impl Default for ServerConfig {
@@ -82,6 +108,10 @@ impl Default for ServerConfig {
             store_admission_wait_ms: STORE_ADMISSION_WAIT_MS_DEFAULT,
             dispatch_in_flight_max: DISPATCH_IN_FLIGHT_MAX_DEFAULT,
             dispatch_per_target_max: DISPATCH_PER_TARGET_MAX_DEFAULT,
+            http_header_read_timeout_ms: HTTP_HEADER_READ_TIMEOUT_MS_DEFAULT,
+            http_body_read_timeout_ms: HTTP_BODY_READ_TIMEOUT_MS_DEFAULT,
+            http_idle_timeout_ms: HTTP_IDLE_TIMEOUT_MS_DEFAULT,
+            http_connections_max: HTTP_CONNECTIONS_MAX_DEFAULT,
         }
     }
 }
@@ -129,6 +159,18 @@ impl ServerConfig {
                 "dispatch.per_target_max",
                 format!("must be between 1 and {}", u32::MAX),
             );
+        }
+        for (key, ms) in [
+            ("http.header_read_timeout", self.http_header_read_timeout_ms),
+            ("http.body_read_timeout", self.http_body_read_timeout_ms),
+            ("http.idle_timeout", self.http_idle_timeout_ms),
+        ] {
+            if ms == 0 {
+                return fail(key, "must be longer than 0".into());
+            }
+        }
+        if self.http_connections_max == 0 {
+            return fail("http.connections_max", "must be at least 1".into());
         }
         if self.webhook_in_flight_default == 0 {
             return fail("webhook_in_flight_default", "must be at least 1".into());

@@ -16,6 +16,7 @@ mod claim;
 mod coalesce;
 pub mod config;
 pub mod dispatch;
+pub mod listener;
 pub mod metrics;
 pub mod outcome;
 pub mod queues;
@@ -57,8 +58,6 @@ pub enum ServerError {
     Schedules(belfry_schedule::ScheduleServiceError),
     #[error("build the sinks: {0}")]
     Sinks(belfry_sinks::SinkError),
-    #[error("serve HTTP: {0}")]
-    Serve(std::io::Error),
     #[error("flush the store on shutdown: {0}")]
     Flush(service::ServiceError),
     #[error("server task failed: {0}")]
@@ -151,7 +150,10 @@ impl ServerBuilder {
         for extra in self.extra_routes {
             router = router.merge(extra);
         }
-        let router = api::finish(router);
+        let router = api::finish(
+            router,
+            Duration::from_millis(self.config.http_body_read_timeout_ms),
+        );
         let shutdown = CancellationToken::new();
         let background = TaskTracker::new();
         service.dispatcher.start();
@@ -237,19 +239,24 @@ async fn serve(
     //    long-polls return empty, the dispatcher and the schedule runner stop.
     let stopping = service.stopping.clone();
     let signal = shutdown.clone();
-    // Small answers go out at once rather than waiting on Nagle's algorithm.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "set TCP_NODELAY");
-        }
-    });
-    let http = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                signal.cancelled().await;
-                stopping.cancel();
-            })
-            .await
+    let limits = listener::Limits {
+        connections_max: service.config.http_connections_max,
+        header_read_timeout: Duration::from_millis(service.config.http_header_read_timeout_ms),
+        idle_timeout: Duration::from_millis(service.config.http_idle_timeout_ms),
+    };
+    let connections = service.connections.clone();
+    let http_shutdown = CancellationToken::new();
+    let http = tokio::spawn(listener::serve(
+        listener,
+        router,
+        limits,
+        connections,
+        http_shutdown.clone(),
+    ));
+    tokio::spawn(async move {
+        signal.cancelled().await;
+        stopping.cancel();
+        http_shutdown.cancel();
     });
     shutdown.cancelled().await;
     tracing::info!("shutting down: no new connections or claims; draining");
@@ -259,8 +266,7 @@ async fn serve(
     let mut http = http;
     let served = tokio::select! {
         result = &mut http => match result {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(ServerError::Serve(e)),
+            Ok(()) => Ok(()),
             Err(e) => Err(ServerError::Join(e.to_string())),
         },
         _ = tokio::time::sleep_until(deadline) => {

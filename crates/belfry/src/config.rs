@@ -22,6 +22,10 @@ pub struct FileConfig {
     #[serde(default)]
     pub webhooks: WebhooksSection,
     #[serde(default)]
+    pub http: HttpSection,
+    #[serde(default)]
+    pub dispatch: DispatchSection,
+    #[serde(default)]
     pub storage: StorageSection,
     #[serde(default)]
     pub shutdown: ShutdownSection,
@@ -46,6 +50,22 @@ pub struct LimitsSection {
 pub struct WebhooksSection {
     pub allow_private_targets: Option<bool>,
     pub in_flight_default: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSection {
+    pub header_read_timeout: Option<HumanDuration>,
+    pub body_read_timeout: Option<HumanDuration>,
+    pub idle_timeout: Option<HumanDuration>,
+    pub connections_max: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchSection {
+    pub in_flight_max: Option<usize>,
+    pub per_target_max: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -130,6 +150,15 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
         "BELFRY_WEBHOOK_IN_FLIGHT_DEFAULT",
         "webhooks.in_flight_default",
     ),
+    (
+        "BELFRY_HTTP_HEADER_READ_TIMEOUT",
+        "http.header_read_timeout",
+    ),
+    ("BELFRY_HTTP_BODY_READ_TIMEOUT", "http.body_read_timeout"),
+    ("BELFRY_HTTP_IDLE_TIMEOUT", "http.idle_timeout"),
+    ("BELFRY_HTTP_CONNECTIONS_MAX", "http.connections_max"),
+    ("BELFRY_DISPATCH_IN_FLIGHT_MAX", "dispatch.in_flight_max"),
+    ("BELFRY_DISPATCH_PER_TARGET_MAX", "dispatch.per_target_max"),
     ("BELFRY_FSYNC", "storage.fsync"),
     ("BELFRY_FSYNC_INTERVAL", "storage.fsync_interval"),
     ("BELFRY_SHUTDOWN_GRACE", "shutdown.grace"),
@@ -170,6 +199,27 @@ impl FileConfig {
                 }
                 "webhooks.in_flight_default" => {
                     self.webhooks.in_flight_default =
+                        Some(value.parse().map_err(|_| bad("expected a whole number"))?)
+                }
+                "http.header_read_timeout" => {
+                    self.http.header_read_timeout = Some(HumanDuration::Text(value.clone()))
+                }
+                "http.body_read_timeout" => {
+                    self.http.body_read_timeout = Some(HumanDuration::Text(value.clone()))
+                }
+                "http.idle_timeout" => {
+                    self.http.idle_timeout = Some(HumanDuration::Text(value.clone()))
+                }
+                "http.connections_max" => {
+                    self.http.connections_max =
+                        Some(value.parse().map_err(|_| bad("expected a whole number"))?)
+                }
+                "dispatch.in_flight_max" => {
+                    self.dispatch.in_flight_max =
+                        Some(value.parse().map_err(|_| bad("expected a whole number"))?)
+                }
+                "dispatch.per_target_max" => {
+                    self.dispatch.per_target_max =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
                 }
                 "storage.fsync" => self.storage.fsync = Some(value.clone()),
@@ -227,6 +277,24 @@ impl FileConfig {
         }
         if let Some(n) = self.webhooks.in_flight_default {
             server.webhook_in_flight_default = n;
+        }
+        if let Some(d) = &self.http.header_read_timeout {
+            server.http_header_read_timeout_ms = ms_of("http.header_read_timeout", d)?;
+        }
+        if let Some(d) = &self.http.body_read_timeout {
+            server.http_body_read_timeout_ms = ms_of("http.body_read_timeout", d)?;
+        }
+        if let Some(d) = &self.http.idle_timeout {
+            server.http_idle_timeout_ms = ms_of("http.idle_timeout", d)?;
+        }
+        if let Some(n) = self.http.connections_max {
+            server.http_connections_max = n;
+        }
+        if let Some(n) = self.dispatch.in_flight_max {
+            server.dispatch_in_flight_max = n;
+        }
+        if let Some(n) = self.dispatch.per_target_max {
+            server.dispatch_per_target_max = n;
         }
         if let Some(d) = &self.shutdown.grace {
             server.shutdown_grace_ms = ms_of("shutdown.grace", d)?;

@@ -65,11 +65,15 @@ pub fn router(service: Arc<Service>) -> Router {
 }
 
 /// What every router of the server gets, after merging: our error format for unknown routes
-/// and methods, and request latency metrics.
-pub fn finish(router: Router) -> Router {
+/// and methods, request latency metrics, and a request body that sends nothing for
+/// `body_read_timeout` failing its request (a slow or stalled client cannot hold a handler).
+pub fn finish(router: Router, body_read_timeout: std::time::Duration) -> Router {
     router
         .fallback(ops::route_not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_read_timeout,
+        ))
         .layer(TrackLatencyLayer)
 }
 

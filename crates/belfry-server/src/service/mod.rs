@@ -38,6 +38,8 @@ pub struct Service {
     ready: AtomicBool,
     /// Single submits, coalesced into shared store calls.
     submits: crate::coalesce::Coalescer,
+    /// The HTTP listener's connection counts.
+    pub connections: Arc<crate::listener::ConnectionStats>,
 }
 
 impl Deref for Service {
@@ -75,6 +77,7 @@ impl Service {
             admin: tokio::sync::Mutex::new(()),
             ready: AtomicBool::new(false),
             submits,
+            connections: Arc::default(),
         })
     }
 

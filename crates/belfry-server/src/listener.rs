@@ -1,0 +1,309 @@
+//! The HTTP listener: accepting connections, serving them, and keeping hostile or careless
+//! clients from taking the server offline.
+//!
+//! `axum::serve` timed nothing out and capped nothing: twenty thousand idle or half-sent
+//! connections used up the file descriptors, and then nobody was answered, not even
+//! `/healthz`. Here, every number is named and configurable:
+//! - at most `http.connections_max` connections are served at once; at the cap the listener
+//!   stops accepting (the kernel's backlog holds newcomers) until one closes, and an accept
+//!   error such as running out of descriptors pauses accepting briefly instead of spinning;
+//! - a request's headers must be complete within `http.header_read_timeout` of the moment
+//!   the connection starts waiting for them (it connected, or the previous response went
+//!   out): hyper's header timer, which trickled bytes do not reset;
+//! - a request body that sends nothing for `http.body_read_timeout` fails the request
+//!   (`RequestBodyTimeoutLayer`, applied in `api::finish`);
+//! - a connection with no request in progress and no bytes moving for `http.idle_timeout`
+//!   is closed: an idle keep-alive connection, or one that connected and sent nothing (the
+//!   header timer would close those too, later, when it is the longer of the two).
+//!
+//! Shutdown: when `shutdown` is cancelled the listener stops accepting and every connection
+//! finishes the request it is serving (hyper's graceful shutdown), then closes.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// After an accept error (say, no file descriptors left), wait this long before accepting
+/// again, so the loop neither spins nor floods the log.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// How often an idle-looking connection is checked at most: a fraction of the idle timeout,
+/// so a connection is closed at most this much after its timeout.
+const IDLE_CHECKS_PER_TIMEOUT: u32 = 4;
+
+/// The connection limits, from `ServerConfig`.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub connections_max: usize,
+    pub header_read_timeout: Duration,
+    pub idle_timeout: Duration,
+}
+
+/// Connections open now, for metrics and tests.
+#[derive(Debug, Default)]
+pub struct ConnectionStats {
+    pub open: AtomicUsize,
+    pub accepted: AtomicU64,
+    pub closed_idle: AtomicU64,
+}
+
+/// Accepts and serves until `shutdown`, then waits for the connections to finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    limits: Limits,
+    stats: Arc<ConnectionStats>,
+    shutdown: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let connections = TaskTracker::new();
+    let started = Instant::now();
+    loop {
+        // Back-pressure: take a slot before accepting, so at the cap nothing is accepted.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => slot,
+            _ = shutdown.cancelled() => break,
+        };
+        let Ok(slot) = slot else { break };
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = shutdown.cancelled() => break,
+        };
+        let (tcp, _peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accept a connection; pausing before the next accept");
+                drop(slot);
+                tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        // Small answers go out at once rather than waiting on Nagle's algorithm.
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "set TCP_NODELAY");
+        }
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let connection = Connection {
+            router: router.clone(),
+            limits,
+            stats: stats.clone(),
+            shutdown: shutdown.clone(),
+            epoch: started,
+        };
+        connections.spawn(async move {
+            connection.serve(tcp).await;
+            drop(slot);
+        });
+    }
+    connections.close();
+    connections.wait().await;
+}
+
+struct Connection {
+    router: Router,
+    limits: Limits,
+    stats: Arc<ConnectionStats>,
+    shutdown: CancellationToken,
+    epoch: Instant,
+}
+
+impl Connection {
+    async fn serve(self, tcp: TcpStream) {
+        self.stats.open.fetch_add(1, Ordering::Relaxed);
+        let activity = Arc::new(Activity::default());
+        // Idle from the moment it connects: one that never sends a byte is closed too.
+        activity.touch(self.epoch);
+        let io = Watched {
+            inner: tcp,
+            activity: activity.clone(),
+            epoch: self.epoch,
+        };
+        let service = TowerToHyperService::new(InFlight {
+            inner: self.router.clone(),
+            activity: activity.clone(),
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_read_timeout)
+            .keep_alive(true);
+        let connection = builder.serve_connection(TokioIo::new(io), service);
+        let mut connection = std::pin::pin!(connection);
+        let idle = self.limits.idle_timeout;
+        let check_every = (idle / IDLE_CHECKS_PER_TIMEOUT).max(Duration::from_millis(10));
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "HTTP connection ended with an error");
+                    }
+                    break;
+                }
+                _ = self.shutdown.cancelled(), if !draining => {
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+                _ = tokio::time::sleep(check_every) => {
+                    if activity.idle_for(self.epoch) >= idle {
+                        self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+        }
+        self.stats.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What a connection is doing: requests in progress, and when bytes last moved.
+#[derive(Default)]
+struct Activity {
+    requests: AtomicUsize,
+    /// Milliseconds since the listener's epoch.
+    last_io_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self, epoch: Instant) {
+        let now = epoch.elapsed().as_millis() as u64;
+        self.last_io_ms.store(now, Ordering::Relaxed);
+    }
+
+    /// How long the connection has been idle: zero while a request is in progress (a
+    /// long-poll may rightly move no bytes for its whole wait).
+    fn idle_for(&self, epoch: Instant) -> Duration {
+        if self.requests.load(Ordering::Relaxed) > 0 {
+            return Duration::ZERO;
+        }
+        let now = epoch.elapsed().as_millis() as u64;
+        Duration::from_millis(now.saturating_sub(self.last_io_ms.load(Ordering::Relaxed)))
+    }
+}
+
+/// A socket that notes when bytes move.
+struct Watched {
+    inner: TcpStream,
+    activity: Arc<Activity>,
+    epoch: Instant,
+}
+
+impl AsyncRead for Watched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch(self.epoch);
+        }
+        polled
+    }
+}
+
+impl AsyncWrite for Watched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch(self.epoch);
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.activity.touch(self.epoch);
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+/// Counts the requests in progress on a connection, from the request's arrival until its
+/// response is ready (streaming bodies are not used by the API).
+#[derive(Clone)]
+struct InFlight {
+    inner: Router,
+    activity: Arc<Activity>,
+}
+
+impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for InFlight {
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future = CountedFuture;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // A router is always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: axum::extract::Request<hyper::body::Incoming>) -> Self::Future {
+        self.activity.requests.fetch_add(1, Ordering::Relaxed);
+        let guard = RequestGuard(self.activity.clone());
+        let inner = tower::Service::call(&mut self.inner, request.map(axum::body::Body::new));
+        CountedFuture {
+            inner,
+            _guard: guard,
+        }
+    }
+}
+
+/// The router's response future, holding the request's place in the count until it is
+/// done or dropped. Named rather than boxed (one allocation less per request); the router's
+/// futures are `Unpin`, so no pin projection is needed.
+struct CountedFuture {
+    inner: axum::routing::future::RouteFuture<Infallible>,
+    _guard: RequestGuard,
+}
+
+impl std::future::Future for CountedFuture {
+    type Output = Result<axum::response::Response, Infallible>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.inner).poll(cx)
+    }
+}
+
+/// Ends a request's count even if its future is dropped (the client went away).
+struct RequestGuard(Arc<Activity>);
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        self.0.requests.fetch_sub(1, Ordering::Relaxed);
+    }
+}

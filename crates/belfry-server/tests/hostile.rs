@@ -1,0 +1,129 @@
+//! Hostile and careless clients on loopback: thousands of half-sent connections must not take
+//! the server offline, and the server closes them once their timeouts pass; at the connection
+//! cap the listener waits instead of failing. Bounded in count and time.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{test_config, TestServer};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Short timeouts, so the test sees them pass. The idle timeout is the shorter, so a silent
+/// connection is closed by it rather than by the header timer.
+fn config() -> belfry_server::ServerConfig {
+    belfry_server::ServerConfig {
+        http_header_read_timeout_ms: 1_000,
+        http_body_read_timeout_ms: 300,
+        http_idle_timeout_ms: 300,
+        ..test_config()
+    }
+}
+
+/// What a hostile client sends before it stops.
+fn partial(kind: usize) -> &'static [u8] {
+    match kind % 4 {
+        // Connects and says nothing.
+        0 => b"",
+        // A request line only.
+        1 => b"POST /v1/queues/q/tasks HTTP/1.1\r\n",
+        // Headers without the blank line that ends them.
+        2 => b"POST /v1/queues/q/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n",
+        // Half a body.
+        _ => b"POST /v1/queues/q/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"payload\": ",
+    }
+}
+
+/// Reads until the server closes the connection; false if it stays open past `within`.
+async fn closed_within(stream: &mut TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_partial_connections_do_not_stop_the_server_and_are_closed() {
+    const HOSTILE: usize = 2_000;
+    let s = TestServer::start_with(config()).await;
+    s.queue("q", json!({})).await;
+    let addr = s.handle.local_addr();
+    let mut hostile = Vec::with_capacity(HOSTILE);
+    for kind in 0..HOSTILE {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        stream.write_all(partial(kind)).await.expect("send");
+        hostile.push(stream);
+    }
+    // While they are held, ordinary requests are answered promptly.
+    let started = Instant::now();
+    let health = s.http.get(format!("{}/healthz", s.base)).send().await;
+    assert_eq!(health.expect("healthz answers").status(), 200);
+    s.submit("q", json!({"payload": 1})).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "ordinary requests took {:?} with {HOSTILE} partial connections held",
+        started.elapsed()
+    );
+    // Past the timeouts, the server has closed every one of them.
+    let mut open = 0;
+    for stream in &mut hostile {
+        if !closed_within(stream, Duration::from_secs(5)).await {
+            open += 1;
+        }
+    }
+    assert_eq!(open, 0, "{open} partial connections still open");
+    let stats = &s.handle.service().connections;
+    assert!(
+        stats.closed_idle.load(std::sync::atomic::Ordering::Relaxed) >= (HOSTILE / 4) as u64,
+        "the silent connections were not closed as idle: {}",
+        stats.closed_idle.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    s.handle.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_connection_cap_the_listener_waits_then_serves() {
+    const CAP: usize = 20;
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_connections_max: CAP,
+        ..config()
+    })
+    .await;
+    let addr = s.handle.local_addr();
+    let mut idle = Vec::new();
+    for _ in 0..CAP {
+        idle.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    // Give the listener time to take all of them, so the cap is reached.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let open = s
+        .handle
+        .service()
+        .connections
+        .open
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(open, CAP, "the listener should serve exactly the cap");
+    // A new client waits in the backlog until the idle ones time out, then is served.
+    let started = Instant::now();
+    let health = s
+        .http
+        .get(format!("{}/healthz", s.base))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("answered once slots free up");
+    assert_eq!(health.status(), 200);
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(200),
+        "served after {waited:?}: the cap was not enforced"
+    );
+    s.handle.stop().await.expect("clean stop");
+}
