@@ -269,7 +269,9 @@ pub struct DueBody {
 }
 
 impl DueBody {
-    /// The due time in unix ms, `None` when no field is set.
+    /// The due time in unix ms, `None` when no field is set. A time in the past is due now,
+    /// and stored as now: the lateness a delivery reports, and a late policy, then count from
+    /// when the task was accepted, not from a moment before it existed.
     pub fn resolve(&self, now_ms: UnixMs, horizon_ms: u64) -> Result<Option<UnixMs>, ApiError> {
         let set = [
             self.delay_ms.is_some(),
@@ -324,7 +326,7 @@ impl DueBody {
                 ),
             ));
         }
-        Ok(Some(due))
+        Ok(Some(due.max(now_ms)))
     }
 }
 
@@ -824,12 +826,17 @@ mod tests {
     fn check_due_times() {
         assert_eq!(due("{}"), Ok(None));
         assert_eq!(due(r#"{"delay_ms": 5}"#), Ok(Some(1_005)));
-        assert_eq!(due(r#"{"run_at_ms": 7}"#), Ok(Some(7)));
+        // In the past: due now (1,000 here), not at 7.
+        assert_eq!(due(r#"{"run_at_ms": 7}"#), Ok(Some(1_000)));
+        assert_eq!(due(r#"{"run_at_ms": 1001}"#), Ok(Some(1_001)));
+        assert_eq!(
+            due(r#"{"run_at": "1960-01-01T00:00:00Z"}"#),
+            Ok(Some(1_000))
+        );
         assert_eq!(
             due(r#"{"run_at": "1970-01-01T00:00:02Z"}"#),
             Ok(Some(2_000))
         );
-        assert_eq!(due(r#"{"run_at": "1960-01-01T00:00:00Z"}"#), Ok(Some(0)));
         assert_eq!(due(r#"{"delay_ms": -1}"#), Err(ErrorCode::InvalidDueTime));
         assert_eq!(due(r#"{"run_at_ms": -1}"#), Err(ErrorCode::InvalidDueTime));
         assert_eq!(
