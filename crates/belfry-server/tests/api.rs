@@ -210,6 +210,62 @@ async fn tasks_submit_get_duplicate_cancel_reschedule(s: TestServer) {
     assert_eq!((status, code(&body)), (409, "task_not_scheduled"));
 }
 
+both_stores!(get_cancel_and_reschedule_by_idempotency_key);
+async fn get_cancel_and_reschedule_by_idempotency_key(s: TestServer) {
+    s.queue("orders", json!({})).await;
+    let key = "close-order/42";
+    let path = "/v1/queues/orders/keys/close-order%2F42";
+    let id = s
+        .submit(
+            "orders",
+            json!({"payload": 1, "delay_ms": 60_000, "idempotency_key": key}),
+        )
+        .await;
+    let other = s
+        .submit(
+            "orders",
+            json!({"payload": 2, "delay_ms": 60_000, "idempotency_key": "k2"}),
+        )
+        .await;
+    let got = s.ok("GET", path, Value::Null, 200).await;
+    assert_eq!(got["id"], id.as_str());
+    assert_eq!(got["idempotency_key"], key);
+    // Reschedule by key: the keyed task moves, the other does not.
+    let moved = s.ok("PATCH", path, json!({"delay_ms": 600_000}), 200).await;
+    assert_eq!(moved["id"], id.as_str());
+    assert_eq!(moved["due_at_ms"], T0 + 600_000);
+    assert_eq!(s.task("orders", &other).await["due_at_ms"], T0 + 60_000);
+    // Cancel by key.
+    let (status, _) = s.call("DELETE", path, Value::Null).await;
+    assert_eq!(status, 204);
+    assert_eq!(s.task("orders", &id).await["state"], "cancelled");
+    // An unknown key, an unknown queue, an oversized key: stable codes.
+    let (status, body) = s
+        .call("GET", "/v1/queues/orders/keys/nobody", Value::Null)
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("task_not_found"))
+    );
+    let (status, body) = s.call("GET", "/v1/queues/nope/keys/k2", Value::Null).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("queue_not_found"))
+    );
+    let long = "k".repeat(300);
+    let (status, body) = s
+        .call(
+            "GET",
+            &format!("/v1/queues/orders/keys/{long}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+}
+
 both_stores!(batch_submit_reports_each_task);
 async fn batch_submit_reports_each_task(s: TestServer) {
     s.queue("q", json!({})).await;

@@ -103,6 +103,30 @@ impl<S: Send + Sync> FromRequestParts<S> for QueuePath {
     }
 }
 
+/// `{queue}` and `{key}` (an idempotency key, percent-decoded) from the path, validated.
+pub struct KeyPath(pub QueueName, pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let params = params(parts).await?;
+        let queue = queue_name(param(&params, "queue")?)?;
+        let key = param(&params, "key")?;
+        let max = belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX;
+        if key.is_empty() || key.len() > max {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "the idempotency key in the path must be 1 to {max} bytes (percent-encode \"/\" and other reserved characters), got {} bytes",
+                    key.len()
+                ),
+            ));
+        }
+        Ok(KeyPath(queue, key.to_owned()))
+    }
+}
+
 /// `{queue}` and `{id}` from the path, validated.
 pub struct TaskPath(pub QueueName, pub TaskId);
 
