@@ -309,6 +309,51 @@ async fn batch_submit_reports_each_task(s: TestServer) {
     assert_eq!((status, code(&body)), (404, "queue_not_found"));
 }
 
+both_stores!(a_body_of_the_wrong_shape_names_the_field);
+async fn a_body_of_the_wrong_shape_names_the_field(s: TestServer) {
+    s.queue("q", json!({})).await;
+    let cases = [
+        (
+            "PUT",
+            "/v1/queues/q",
+            json!({"retry": {"max_attempts": "five"}}),
+            "retry.max_attempts",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            json!({"payload": 1, "delay_ms": "soon"}),
+            "delay_ms",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks:batch",
+            json!({"tasks": [{"payload": 1}, {"payload": 2, "priority": 7}]}),
+            "priority",
+        ),
+        ("POST", "/v1/queues/q/lease", json!({"max": -1}), "max"),
+    ];
+    for (method, path, body, field) in cases {
+        let (status, answer) = s.call(method, path, body.clone()).await;
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        let code = answer["error"]["code"].as_str().unwrap_or("");
+        // The batch reports a bad task in its own result, with the same message.
+        let message = if path.ends_with(":batch") {
+            answer["results"][1]["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        } else {
+            assert_eq!((status, code), (400, "invalid_request"), "{body}: {answer}");
+            message.to_owned()
+        };
+        assert!(
+            message.contains(field),
+            "{body}: {message:?} does not name {field}"
+        );
+    }
+}
+
 both_stores!(bad_input_gets_stable_codes);
 async fn bad_input_gets_stable_codes(s: TestServer) {
     s.queue("q", json!({})).await;

@@ -65,7 +65,7 @@ pub async fn submit_batch(
         Err(_) => parse_json::<BatchBody>(&bytes)?
             .tasks
             .into_iter()
-            .map(|raw| serde_json::from_str::<TaskBody>(raw.get()).map_err(ApiError::from))
+            .map(|raw| parse_json::<TaskBody>(raw.get().as_bytes()))
             .collect(),
     };
     service.runtime(&queue)?;
