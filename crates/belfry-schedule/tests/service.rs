@@ -154,7 +154,7 @@ fn bad_input_is_refused_and_nothing_is_stored() {
         reserved,
         None,
         "invalid_schedule",
-        r#"invalid schedule: invalid headers: header "belfry-shard" is set by the schedule itself"#,
+        r#"invalid schedule: invalid headers: header "belfry-shard" is set by belfry itself (Belfry-* names, and hop-by-hop or transport headers such as Host and Content-Length); use another name"#,
     );
     check(
         ScheduleDef::every(QueueName::new("nope").unwrap(), SECOND),

@@ -354,6 +354,40 @@ async fn a_body_of_the_wrong_shape_names_the_field(s: TestServer) {
     }
 }
 
+both_stores!(task_headers_that_cannot_be_delivered_are_refused);
+async fn task_headers_that_cannot_be_delivered_are_refused(s: TestServer) {
+    s.queue("q", json!({})).await;
+    for (headers, hint) in [
+        (json!({"Belfry-Task-Id": "forged"}), "Belfry-Task-Id"),
+        (json!({"host": "evil.example"}), "host"),
+        (json!({"Content-Length": "1"}), "Content-Length"),
+        (
+            json!({"x-note": "line\r\nInjected: 1"}),
+            "control character",
+        ),
+        (json!({"two words": "v"}), "two words"),
+    ] {
+        let (status, answer) = s
+            .call(
+                "POST",
+                "/v1/queues/q/tasks",
+                json!({"payload": 1, "headers": headers}),
+            )
+            .await;
+        assert_eq!(status, 400, "{headers}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(hint),
+            "{message:?} does not mention {hint}"
+        );
+    }
+    let q = s.ok("GET", "/v1/queues/q", Value::Null, 200).await;
+    assert_eq!(q["pending"], 0, "a refused task was stored");
+    s.submit("q", json!({"payload": 1, "headers": {"X-Trace": "t1"}}))
+        .await;
+}
+
 both_stores!(bad_input_gets_stable_codes);
 async fn bad_input_gets_stable_codes(s: TestServer) {
     s.queue("q", json!({})).await;

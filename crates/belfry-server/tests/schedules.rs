@@ -322,7 +322,7 @@ async fn bad_input_is_refused_with_stable_codes_and_nothing_is_stored() {
             json!({"queue": "q", "every_ms": 1000, "headers": {"Belfry-Shard": "1"}}),
             400,
             "invalid_schedule",
-            "set by the schedule",
+            "set by belfry itself",
         ),
         (json!({"queue": "q"}), 400, "invalid_schedule", "cron"),
         (

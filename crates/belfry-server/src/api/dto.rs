@@ -3,9 +3,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use belfry_core::limits::{
-    HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX, IDEMPOTENCY_KEY_LEN_MAX,
-};
+use belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX;
 use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, QueueName, Task, UnixMs};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -392,29 +390,8 @@ impl TaskBody<'_> {
             return Err(too_large(limits.payload_bytes_max));
         }
         let headers = self.headers.unwrap_or_default();
-        if headers.len() > HEADERS_MAX {
-            return Err(invalid(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "at most {HEADERS_MAX} headers per task, got {}",
-                    headers.len()
-                ),
-            ));
-        }
-        for (name, value) in &headers {
-            if name.is_empty() || name.len() > HEADER_NAME_LEN_MAX {
-                return Err(invalid(
-                    ErrorCode::InvalidRequest,
-                    format!("header names are 1 to {HEADER_NAME_LEN_MAX} bytes"),
-                ));
-            }
-            if value.len() > HEADER_VALUE_LEN_MAX {
-                return Err(invalid(
-                    ErrorCode::InvalidRequest,
-                    format!("header {name:?} is longer than {HEADER_VALUE_LEN_MAX} bytes"),
-                ));
-            }
-        }
+        belfry_core::headers::check_all(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+            .map_err(|problem| invalid(ErrorCode::InvalidRequest, format!("headers: {problem}")))?;
         if let Some(key) = &self.idempotency_key {
             if key.is_empty() || key.len() > IDEMPOTENCY_KEY_LEN_MAX {
                 return Err(invalid(
