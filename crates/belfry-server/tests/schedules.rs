@@ -690,6 +690,44 @@ async fn firings_are_created_once_across_an_engine_restart() {
 }
 
 #[tokio::test]
+async fn a_schedule_whose_queue_was_deleted_says_so_and_drops_its_firings() {
+    let t = Scheduled::start().await;
+    t.s.queue("gone", json!({})).await;
+    t.create(json!({"id": "orphan", "queue": "gone", "every_ms": 1000}))
+        .await;
+    let before =
+        t.s.ok("GET", "/v1/schedules/orphan", Value::Null, 200)
+            .await;
+    assert!(before.get("queue_missing").is_none(), "{before}");
+    t.s.ok("DELETE", "/v1/queues/gone", Value::Null, 204).await;
+    let after =
+        t.s.ok("GET", "/v1/schedules/orphan", Value::Null, 200)
+            .await;
+    assert_eq!(after["queue_missing"], true);
+    // Its firings are dropped (counted), and the schedule moves on.
+    t.advance(1_000);
+    eventually("the firing dropped", || async {
+        let text = t.s.metrics_text().await;
+        text.lines()
+            .any(|l| l.starts_with("belfry_schedule_firings_dropped_total") && !l.ends_with(" 0"))
+            .then_some(())
+    })
+    .await;
+    let later =
+        t.s.ok("GET", "/v1/schedules/orphan", Value::Null, 200)
+            .await;
+    assert_eq!(later["next_fire_at_ms"], T0 + 2_000);
+    // Recreated, the queue gets firings again.
+    t.s.queue("gone", json!({})).await;
+    t.advance(1_000);
+    eventually("a firing in the recreated queue", || async {
+        (t.pending("gone").await == 1).then_some(())
+    })
+    .await;
+    t.stop().await;
+}
+
+#[tokio::test]
 async fn an_unreadable_stored_schedule_is_reported_not_fatal() {
     let t = Scheduled::start().await;
     t.s.queue("q", json!({})).await;
