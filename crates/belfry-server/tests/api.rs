@@ -1058,6 +1058,12 @@ async fn a_queue_late_policy_applies_to_tasks_that_name_none(s: TestServer) {
     // The queue's policy survives an update that does not mention it, and can be reset.
     let queue = s.queue("q", json!({"rate_per_s": 5})).await;
     assert_eq!(queue["late_policy"], "dead");
+    // The nested form tasks and schedules accept works on queues too.
+    let queue = s
+        .queue("q", json!({"late": {"policy": "skip", "after_ms": 250}}))
+        .await;
+    assert_eq!(queue["late_policy"], "skip");
+    assert_eq!(queue["late_after_ms"], 250);
     let queue = s.queue("q", json!({"late_policy": "fire"})).await;
     assert_eq!(queue["late_policy"], "fire");
     assert!(queue.get("late_after_ms").is_none());

@@ -32,9 +32,11 @@ pub struct QueueBody {
     pub retry: Option<RetryBody>,
     pub delivery: Option<DeliveryBody>,
     pub paused: Option<bool>,
-    /// The late policy of tasks that name none (default `fire`).
+    /// The late policy of tasks that name none (default `fire`), in either of the forms
+    /// tasks and schedules accept: `late_policy` (with `late_after_ms`), or `late`.
     pub late_policy: Option<LatePolicyName>,
     pub late_after_ms: Option<u64>,
+    pub late: Option<LateBody>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -75,7 +77,7 @@ impl<'de> Deserialize<'de> for DeliveryBody {
 impl QueueBody {
     pub fn into_patch(self) -> Result<QueuePatch, ApiError> {
         let retry = self.retry.unwrap_or_default();
-        let late_policy = late_policy_from(None, self.late_policy, self.late_after_ms)?;
+        let late_policy = late_policy_from(self.late, self.late_policy, self.late_after_ms)?;
         Ok(QueuePatch {
             rate_per_s: self.rate_per_s,
             burst: self.burst,
