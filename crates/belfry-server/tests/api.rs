@@ -1090,18 +1090,24 @@ async fn a_queue_late_policy_applies_to_tasks_that_name_none(s: TestServer) {
     }
 }
 
+/// A real restart: the second server opens the engine's files anew (the first engine is
+/// closed), so what it knows came from disk, not from a store object both servers shared.
 #[tokio::test]
 async fn a_restarted_server_knows_its_queues() {
     use belfry_core::Clock;
     use std::sync::Arc;
-    let store = Arc::new(belfry_store::MemoryStore::new());
+    let dir = tempfile::tempdir().unwrap();
     let clock = belfry_core::ManualClock::new(T0);
-    let start = || {
-        belfry_server::Server::builder(common::test_config(), store.clone())
+    let start = || async {
+        let engine = belfry_store::Engine::open(dir.path(), belfry_store::EngineOptions::default())
+            .expect("the engine opens: the previous one is closed");
+        belfry_server::Server::builder(common::test_config(), Arc::new(engine))
             .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
             .start()
+            .await
+            .unwrap()
     };
-    let first = start().await.unwrap();
+    let first = start().await;
     let http = reqwest::Client::new();
     let base = format!("http://{}", first.local_addr());
     let put = http
@@ -1113,7 +1119,7 @@ async fn a_restarted_server_knows_its_queues() {
     assert_eq!(put.status(), 201);
     first.stop().await.unwrap();
 
-    let second = start().await.unwrap();
+    let second = start().await;
     let base = format!("http://{}", second.local_addr());
     let got: Value = http
         .get(format!("{base}/v1/queues/kept"))

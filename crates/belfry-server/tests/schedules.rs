@@ -565,16 +565,26 @@ async fn misfire_policies_after_downtime() {
     t.stop().await;
 }
 
+/// On the engine, reopened from its files: the restart is of storage too, not a new server
+/// over the same store object.
 #[tokio::test]
 async fn restart_does_not_fire_twice() {
-    let t = Scheduled::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let open = || -> Arc<dyn Store> {
+        Arc::new(
+            belfry_store::Engine::open(dir.path(), belfry_store::EngineOptions::default())
+                .expect("the engine opens: the previous one is closed"),
+        )
+    };
+    let t = Scheduled::start_on(open(), ManualClock::new(T0)).await;
     t.s.queue("q", json!({"max_in_flight": 100})).await;
     t.create(json!({"id": "s", "queue": "q", "every_ms": 10_000}))
         .await;
     t.advance(10_000);
     t.lease_n("q", 1).await;
     let (store, clock) = t.stop().await;
-    let t = Scheduled::start_on(store, clock).await;
+    drop(store);
+    let t = Scheduled::start_on(open(), clock).await;
     let list = t.s.ok("GET", "/v1/schedules", Value::Null, 200).await;
     assert_eq!(list["schedules"][0]["next_fire_at_ms"], T0 + 20_000);
     assert_eq!(

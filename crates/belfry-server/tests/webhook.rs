@@ -3,6 +3,7 @@
 
 mod common;
 
+use belfry_core::Clock;
 use common::{eventually, Receiver, TestServer, T0};
 use serde_json::{json, Value};
 
@@ -42,6 +43,18 @@ async fn webhook_queue(s: &TestServer, name: &str, receiver: &Receiver, extra: V
     s.queue(name, config).await;
 }
 
+/// Moves the clock and waits until the dispatcher has looked at the store at the new time
+/// (a claim turn with that clock finished), so a following "nothing delivered yet" observes
+/// a dispatcher that looked and found nothing due, not one that has not run.
+async fn advance_and_look(s: &TestServer, ms: u64) {
+    s.advance(ms);
+    let now = s.clock.wall_ms();
+    eventually("a dispatch turn at the new time", || async {
+        (s.handle.service().dispatch_stats().looked_at_ms >= now).then_some(())
+    })
+    .await;
+}
+
 /// Moves the clock `step_ms` at a time until `done` holds.
 async fn advance_until(s: &TestServer, step_ms: u64, what: &str, done: impl Fn() -> bool) {
     eventually(what, || {
@@ -65,7 +78,7 @@ async fn retries_server_errors_then_delivers_signed_and_never_early(s: TestServe
             json!({"payload": {"a": 1}, "delay_ms": 5000, "headers": {"x-trace": "t1"}}),
         )
         .await;
-    s.advance(4999);
+    advance_and_look(&s, 4999).await;
     // Not due: still scheduled, nothing sent.
     assert_eq!(s.task("hooks", &id).await["state"], "scheduled");
     assert_eq!(receiver.count(), 0);
@@ -147,7 +160,7 @@ async fn retry_after_is_honoured(s: TestServer) {
     .await;
     // The receiver asked for 120 s, longer than the 0.5–1 s backoff: it wins.
     assert_eq!(task["due_at_ms"], T0 + 120_000);
-    s.advance(119_999);
+    advance_and_look(&s, 119_999).await;
     assert_eq!(s.task("hooks", &id).await["state"], "scheduled");
     assert_eq!(receiver.count(), 1);
     s.advance(1);
@@ -203,7 +216,7 @@ async fn paused_webhook_queue_holds_tasks_until_resumed() {
     let receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
     webhook_queue(&s, "hooks", &receiver, json!({"paused": true})).await;
     let id = s.submit("hooks", json!({"payload": 1})).await;
-    s.advance(10_000);
+    advance_and_look(&s, 10_000).await;
     assert_eq!(s.task("hooks", &id).await["state"], "scheduled");
     s.ok("POST", "/v1/queues/hooks/resume", Value::Null, 200)
         .await;

@@ -95,12 +95,17 @@ pub struct DispatchStats {
     /// Claims that failed (a store error). The server's own claims are never refused by API
     /// admission, so under load this stays 0.
     pub claim_errors: u64,
+    /// The latest wall-clock time a finished claim looked at the store with: a test that moved
+    /// a manual clock waits for this to reach the new time before it asserts that nothing was
+    /// delivered, so the assertion observes a dispatcher that looked, not one that never ran.
+    pub looked_at_ms: u64,
 }
 
 pub(crate) struct Dispatcher {
     shared: Arc<Shared>,
     turns: std::sync::atomic::AtomicU64,
     claim_errors: std::sync::atomic::AtomicU64,
+    looked_at_ms: std::sync::atomic::AtomicU64,
     sinks: Arc<dyn SinkFactory>,
     slots: Mutex<Slots>,
     /// Wakes the loop: a queue became ready, budget was released, or shutdown.
@@ -136,6 +141,7 @@ impl Dispatcher {
                 shared,
                 turns: Default::default(),
                 claim_errors: Default::default(),
+                looked_at_ms: Default::default(),
                 sinks,
                 slots: Mutex::new(Slots::default()),
                 notify: Notify::new(),
@@ -302,8 +308,7 @@ impl Dispatcher {
             return TurnEnd::WaitBudget;
         };
         let want = tasks.num_permits();
-        self.turns
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let looked_at_ms = self.shared.now_ms();
         let claimed = claim_once(
             &self.shared,
             &runtime,
@@ -312,6 +317,10 @@ impl Dispatcher {
             Caller::Internal,
         )
         .await;
+        self.turns
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.looked_at_ms
+            .fetch_max(looked_at_ms, std::sync::atomic::Ordering::Relaxed);
         let claimed = match claimed {
             Ok(claimed) => claimed,
             Err(error) => {
@@ -376,6 +385,7 @@ impl Dispatcher {
         DispatchStats {
             turns: self.turns.load(Relaxed),
             claim_errors: self.claim_errors.load(Relaxed),
+            looked_at_ms: self.looked_at_ms.load(Relaxed),
         }
     }
 
