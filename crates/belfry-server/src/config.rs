@@ -69,6 +69,9 @@ pub struct ServerConfig {
     pub horizon_ms: u64,
     /// How long shutdown waits for in-flight deliveries before flushing and exiting anyway.
     pub shutdown_grace_ms: u64,
+    /// How long the server keeps serving after shutdown begins, with `/readyz` already
+    /// answering `503 shutting_down`, so load balancers stop sending first. 0 by default.
+    pub shutdown_drain_delay_ms: u64,
     /// Whether webhook URLs may point at loopback and private addresses (SSRF guard off).
     pub allow_private_targets: bool,
     /// How often per-queue gauges are refreshed.
@@ -101,6 +104,7 @@ impl Default for ServerConfig {
             request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
             horizon_ms: HORIZON_MS_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
+            shutdown_drain_delay_ms: 0,
             allow_private_targets: false,
             metrics_refresh_ms: METRICS_REFRESH_MS_DEFAULT,
             webhook_in_flight_default: WEBHOOK_IN_FLIGHT_DEFAULT,

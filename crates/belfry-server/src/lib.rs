@@ -235,10 +235,11 @@ async fn serve(
 ) -> Result<(), ServerError> {
     let grace = Duration::from_millis(service.config.shutdown_grace_ms);
 
-    // 1. Stop accepting and stop claiming, together: the HTTP server stops taking connections,
-    //    long-polls return empty, the dispatcher and the schedule runner stop.
-    let stopping = service.stopping.clone();
-    let signal = shutdown.clone();
+    // 0. Not ready any more: /readyz answers 503 shutting_down, and for `drain_delay` the
+    //    server goes on serving everything, so a load balancer that polls readiness stops
+    //    sending before connections are refused.
+    // 1. Then stop accepting and stop claiming, together: the HTTP server stops taking
+    //    connections, long-polls return empty, the dispatcher and the schedule runner stop.
     let limits = listener::Limits {
         connections_max: service.config.http_connections_max,
         header_read_timeout: Duration::from_millis(service.config.http_header_read_timeout_ms),
@@ -253,12 +254,18 @@ async fn serve(
         connections,
         http_shutdown.clone(),
     ));
-    tokio::spawn(async move {
-        signal.cancelled().await;
-        stopping.cancel();
-        http_shutdown.cancel();
-    });
     shutdown.cancelled().await;
+    service.set_draining();
+    let drain_delay = Duration::from_millis(service.config.shutdown_drain_delay_ms);
+    if !drain_delay.is_zero() {
+        tracing::info!(
+            delay_ms = drain_delay.as_millis() as u64,
+            "shutting down: /readyz now answers shutting_down; still serving until the drain delay ends"
+        );
+        tokio::time::sleep(drain_delay).await;
+    }
+    service.stopping.cancel();
+    http_shutdown.cancel();
     tracing::info!("shutting down: no new connections or claims; draining");
     let deadline = tokio::time::Instant::now() + grace;
 

@@ -127,3 +127,28 @@ async fn at_the_connection_cap_the_listener_waits_then_serves() {
     );
     s.handle.stop().await.expect("clean stop");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_says_shutting_down_while_the_server_still_serves_its_drain_delay() {
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        shutdown_drain_delay_ms: 1_500,
+        ..test_config()
+    })
+    .await;
+    s.queue("q", json!({})).await;
+    let (status, _) = s.call("GET", "/readyz", serde_json::Value::Null).await;
+    assert_eq!(status, 200);
+    s.handle.shutdown();
+    // Not ready at once; everything else still served during the delay.
+    common::eventually("readyz turns 503", || async {
+        let (status, body) = s.call("GET", "/readyz", serde_json::Value::Null).await;
+        (status == 503 && body["error"]["code"] == "shutting_down").then_some(())
+    })
+    .await;
+    let (status, _) = s.call("GET", "/healthz", serde_json::Value::Null).await;
+    assert_eq!(status, 200);
+    s.submit("q", json!({"payload": 1})).await;
+    let started = Instant::now();
+    s.handle.wait().await.expect("clean stop");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}

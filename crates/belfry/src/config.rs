@@ -79,6 +79,7 @@ pub struct StorageSection {
 #[serde(deny_unknown_fields)]
 pub struct ShutdownSection {
     pub grace: Option<HumanDuration>,
+    pub drain_delay: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -162,6 +163,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_FSYNC", "storage.fsync"),
     ("BELFRY_FSYNC_INTERVAL", "storage.fsync_interval"),
     ("BELFRY_SHUTDOWN_GRACE", "shutdown.grace"),
+    ("BELFRY_SHUTDOWN_DRAIN_DELAY", "shutdown.drain_delay"),
     ("BELFRY_METRICS_REFRESH", "metrics.refresh"),
     ("BELFRY_LOG_LEVEL", "log.level"),
     ("BELFRY_LOG_FORMAT", "log.format"),
@@ -227,6 +229,9 @@ impl FileConfig {
                     self.storage.fsync_interval = Some(HumanDuration::Text(value.clone()))
                 }
                 "shutdown.grace" => self.shutdown.grace = Some(HumanDuration::Text(value.clone())),
+                "shutdown.drain_delay" => {
+                    self.shutdown.drain_delay = Some(HumanDuration::Text(value.clone()))
+                }
                 "metrics.refresh" => {
                     self.metrics.refresh = Some(HumanDuration::Text(value.clone()))
                 }
@@ -298,6 +303,9 @@ impl FileConfig {
         }
         if let Some(d) = &self.shutdown.grace {
             server.shutdown_grace_ms = ms_of("shutdown.grace", d)?;
+        }
+        if let Some(d) = &self.shutdown.drain_delay {
+            server.shutdown_drain_delay_ms = ms_of("shutdown.drain_delay", d)?;
         }
         if let Some(d) = &self.metrics.refresh {
             server.metrics_refresh_ms = ms_of("metrics.refresh", d)?;

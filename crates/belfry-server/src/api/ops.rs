@@ -15,7 +15,8 @@ pub async fn healthz() -> Response {
         .into_response()
 }
 
-/// Ready once the store is open and the queues are loaded; not ready again once shutdown began.
+/// Ready once the store is open and the queues are loaded; `503 shutting_down` from the moment
+/// shutdown begins (through the drain delay, while everything else is still served).
 pub async fn readyz(State(service): State<AppState>) -> Response {
     if service.is_ready() {
         (
@@ -23,12 +24,14 @@ pub async fn readyz(State(service): State<AppState>) -> Response {
             axum::Json(serde_json::json!({"status": "ready"})),
         )
             .into_response()
-    } else {
+    } else if service.is_draining() {
         ApiError::new(
             ErrorCode::ShuttingDown,
-            "the server is starting or stopping",
+            "the server is shutting down: finishing work in flight, taking no new work soon",
         )
         .into_response()
+    } else {
+        ApiError::new(ErrorCode::ShuttingDown, "the server is starting").into_response()
     }
 }
 

@@ -36,6 +36,8 @@ pub struct Service {
     /// Serialises queue creation, update and deletion.
     admin: tokio::sync::Mutex<()>,
     ready: AtomicBool,
+    /// Set when shutdown begins (before the drain delay): `/readyz` says `shutting_down`.
+    draining: AtomicBool,
     /// Single submits, coalesced into shared store calls.
     submits: crate::coalesce::Coalescer,
     /// The HTTP listener's connection counts.
@@ -76,6 +78,7 @@ impl Service {
             dispatcher,
             admin: tokio::sync::Mutex::new(()),
             ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             submits,
             connections: Arc::default(),
         })
@@ -87,7 +90,16 @@ impl Service {
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::SeqCst) && !self.stopping.is_cancelled()
+        self.ready.load(Ordering::SeqCst) && !self.is_draining()
+    }
+
+    /// Shutdown has begun (the server may still serve during its drain delay).
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst) || self.stopping.is_cancelled()
+    }
+
+    pub(crate) fn set_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
     }
 
     pub fn set_ready(&self) {
