@@ -8,6 +8,10 @@ pub const QUEUE_NAME_LEN_MAX: usize = 128;
 /// a batch of them fits comfortably in memory while it is being committed.
 pub const PAYLOAD_BYTES_MAX_DEFAULT: usize = 1024 * 1024;
 
+/// Deepest nesting of arrays and objects in a JSON payload: the default recursion limit of
+/// common JSON parsers (serde_json's), so every consumer can read what belfry accepts.
+pub const PAYLOAD_NESTING_MAX: usize = 128;
+
 /// Tasks in one batch submit request.
 pub const BATCH_TASKS_MAX: usize = 1_000;
 

@@ -388,6 +388,37 @@ async fn task_headers_that_cannot_be_delivered_are_refused(s: TestServer) {
         .await;
 }
 
+both_stores!(deeply_nested_payloads_are_refused_not_crashing);
+async fn deeply_nested_payloads_are_refused_not_crashing(s: TestServer) {
+    s.queue("q", json!({})).await;
+    // 128 levels are fine (brackets inside strings do not count); more are refused, however
+    // many, without harm to the server.
+    let fine = format!(
+        "{{\"payload\": {}\"[[[{{\"{}}}",
+        "[".repeat(128),
+        "]".repeat(128)
+    );
+    let (status, answer) = s.raw("POST", "/v1/queues/q/tasks", Some(fine)).await;
+    assert_eq!(status, 201, "{answer}");
+    for depth in [129, 30_000] {
+        let deep = format!(
+            "{{\"payload\": {}1{}}}",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        );
+        let (status, answer) = s.raw("POST", "/v1/queues/q/tasks", Some(deep)).await;
+        assert_eq!(status, 400, "depth {depth}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("recursion limit"),
+            "depth {depth}: {message}"
+        );
+    }
+    // The server is still there.
+    let (status, _) = s.call("GET", "/healthz", Value::Null).await;
+    assert_eq!(status, 200);
+}
+
 both_stores!(bad_input_gets_stable_codes);
 async fn bad_input_gets_stable_codes(s: TestServer) {
     s.queue("q", json!({})).await;

@@ -259,6 +259,42 @@ pub fn late_policy_view(policy: LatePolicy) -> (&'static str, Option<u64>) {
     }
 }
 
+/// Refuses a JSON payload nested deeper than `PAYLOAD_NESTING_MAX`. The payload is kept as
+/// the producer's text (never parsed into a tree), so this one scan is the only bound; it is
+/// iterative, so no depth can exhaust the stack.
+pub fn check_nesting(json: &str) -> Result<(), ApiError> {
+    use belfry_core::limits::PAYLOAD_NESTING_MAX;
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for byte in json.bytes() {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > PAYLOAD_NESTING_MAX {
+                    return Err(invalid(
+                        ErrorCode::InvalidPayload,
+                        format!(
+                            "payload is nested deeper than {PAYLOAD_NESTING_MAX} levels of arrays and objects (the recursion limit of common JSON parsers)"
+                        ),
+                    ));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// When a task is due: at most one of the three.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -369,10 +405,13 @@ impl TaskBody<'_> {
                     "give either payload (JSON) or payload_base64 (bytes), not both",
                 ))
             }
-            (Some(json), None) => (
-                Bytes::copy_from_slice(json.get().as_bytes()),
-                PayloadKind::Json,
-            ),
+            (Some(json), None) => {
+                check_nesting(json.get())?;
+                (
+                    Bytes::copy_from_slice(json.get().as_bytes()),
+                    PayloadKind::Json,
+                )
+            }
             (None, Some(text)) => {
                 // Base64 is 4/3 of the bytes: refuse oversized text before decoding it.
                 if text.len() / 4 * 3 > limits.payload_bytes_max + 3 {
