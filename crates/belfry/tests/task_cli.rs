@@ -147,7 +147,7 @@ fn ack_several_tasks_at_once() {
 fn nack_with_delay_and_extend() {
     let server = serve(&["--store", "memory"]);
     ok(&server, &["queue", "create", "work"]);
-    let (id, lease_id) = add_and_lease(&server, "work", "2s");
+    let (id, lease_id) = add_and_lease(&server, "work", "1m");
 
     let before = now_ms();
     let extended = json(
