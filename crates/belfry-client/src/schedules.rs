@@ -12,12 +12,12 @@
 //! ```
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::request::{segment, Request};
 use crate::{Client, Result};
 
 /// A schedule to create or to replace one with.
@@ -150,8 +150,8 @@ pub struct Schedule {
 }
 
 #[derive(Debug, Clone, Deserialize)]
-struct ScheduleList {
-    schedules: Vec<Schedule>,
+pub struct ScheduleList {
+    pub schedules: Vec<Schedule>,
 }
 
 /// One upcoming fire time.
@@ -190,67 +190,101 @@ pub struct Forecast {
     pub steps: Vec<ForecastStep>,
 }
 
+impl Request {
+    pub fn create_schedule(spec: &ScheduleSpec) -> Self {
+        Self::new(Method::POST, "/v1/schedules".to_owned()).with_body(body(spec))
+    }
+
+    pub fn list_schedules() -> Self {
+        Self::new(Method::GET, "/v1/schedules".to_owned())
+    }
+
+    pub fn get_schedule(id: &str) -> Self {
+        Self::new(Method::GET, schedule_path(id, ""))
+    }
+
+    pub fn replace_schedule(id: &str, spec: &ScheduleSpec) -> Self {
+        Self::new(Method::PUT, schedule_path(id, "")).with_body(body(spec))
+    }
+
+    pub fn delete_schedule(id: &str) -> Self {
+        Self::new(Method::DELETE, schedule_path(id, ""))
+    }
+
+    pub fn pause_schedule(id: &str) -> Self {
+        Self::new(Method::POST, schedule_path(id, "/pause"))
+    }
+
+    pub fn resume_schedule(id: &str) -> Self {
+        Self::new(Method::POST, schedule_path(id, "/resume"))
+    }
+
+    pub fn next_fire_times(id: &str, n: Option<usize>) -> Self {
+        let query = n.map(|n| format!("?n={n}")).unwrap_or_default();
+        Self::new(Method::GET, schedule_path(id, &format!("/next{query}")))
+    }
+
+    pub fn forecast(queue: &str, horizon_ms: Option<u64>, step_ms: Option<u64>) -> Self {
+        let mut query = Vec::new();
+        if let Some(horizon) = horizon_ms {
+            query.push(format!("horizon_ms={horizon}"));
+        }
+        if let Some(step) = step_ms {
+            query.push(format!("step_ms={step}"));
+        }
+        let mut path = format!("/v1/queues/{}/forecast", segment(queue));
+        if !query.is_empty() {
+            path = format!("{path}?{}", query.join("&"));
+        }
+        Self::new(Method::GET, path)
+    }
+}
+
+fn schedule_path(id: &str, rest: &str) -> String {
+    format!("/v1/schedules/{}{rest}", segment(id))
+}
+
+fn body(spec: &ScheduleSpec) -> Value {
+    // A plain struct with string keys: serialising it cannot fail.
+    serde_json::to_value(spec).expect("a schedule spec serialises to JSON")
+}
+
 impl Client {
     pub async fn create_schedule(&self, spec: &ScheduleSpec) -> Result<Schedule> {
-        self.expect(Method::POST, "/v1/schedules", Some(spec)).await
+        self.expect(Request::create_schedule(spec)).await
     }
 
     pub async fn list_schedules(&self) -> Result<Vec<Schedule>> {
-        let list: ScheduleList = self
-            .expect(Method::GET, "/v1/schedules", Self::NO_BODY)
-            .await?;
+        let list: ScheduleList = self.expect(Request::list_schedules()).await?;
         Ok(list.schedules)
     }
 
     pub async fn get_schedule(&self, id: &str) -> Result<Schedule> {
-        self.expect(Method::GET, &format!("/v1/schedules/{id}"), Self::NO_BODY)
-            .await
+        self.expect(Request::get_schedule(id)).await
     }
 
     /// Replaces the schedule's definition; it fires afresh from now.
     pub async fn replace_schedule(&self, id: &str, spec: &ScheduleSpec) -> Result<Schedule> {
-        self.expect(Method::PUT, &format!("/v1/schedules/{id}"), Some(spec))
-            .await
+        self.expect(Request::replace_schedule(id, spec)).await
     }
 
     /// Deletes the schedule; tasks of past firings stay in their queue.
     pub async fn delete_schedule(&self, id: &str) -> Result<()> {
-        self.call::<Value>(
-            Method::DELETE,
-            &format!("/v1/schedules/{id}"),
-            Self::NO_BODY,
-            Duration::ZERO,
-        )
-        .await
-        .map(|_| ())
+        self.expect_empty(Request::delete_schedule(id)).await
     }
 
     pub async fn pause_schedule(&self, id: &str) -> Result<Schedule> {
-        self.expect(
-            Method::POST,
-            &format!("/v1/schedules/{id}/pause"),
-            Self::NO_BODY,
-        )
-        .await
+        self.expect(Request::pause_schedule(id)).await
     }
 
     /// Fires again from now on; the paused period is not replayed.
     pub async fn resume_schedule(&self, id: &str) -> Result<Schedule> {
-        self.expect(
-            Method::POST,
-            &format!("/v1/schedules/{id}/resume"),
-            Self::NO_BODY,
-        )
-        .await
+        self.expect(Request::resume_schedule(id)).await
     }
 
     /// The next `n` fire times (the server's default, 10, when `None`).
     pub async fn next_fire_times(&self, id: &str, n: Option<usize>) -> Result<NextFireTimes> {
-        let path = match n {
-            Some(n) => format!("/v1/schedules/{id}/next?n={n}"),
-            None => format!("/v1/schedules/{id}/next"),
-        };
-        self.expect(Method::GET, &path, Self::NO_BODY).await
+        self.expect(Request::next_fire_times(id, n)).await
     }
 
     /// Tasks falling due per step from now: stored ones and future schedule firings.
@@ -260,15 +294,7 @@ impl Client {
         horizon_ms: Option<u64>,
         step_ms: Option<u64>,
     ) -> Result<Forecast> {
-        let mut path = format!("/v1/queues/{queue}/forecast");
-        let mut sep = '?';
-        if let Some(horizon) = horizon_ms {
-            path.push_str(&format!("{sep}horizon_ms={horizon}"));
-            sep = '&';
-        }
-        if let Some(step) = step_ms {
-            path.push_str(&format!("{sep}step_ms={step}"));
-        }
-        self.expect(Method::GET, &path, Self::NO_BODY).await
+        self.expect(Request::forecast(queue, horizon_ms, step_ms))
+            .await
     }
 }

@@ -28,21 +28,21 @@ pub enum Command {
         #[command(flatten)]
         remote: Remote,
         #[command(subcommand)]
-        command: QueueCommand,
+        command: crate::commands::queue::QueueCommand,
     },
-    /// Manage tasks on a running server.
+    /// Add, inspect, cancel and reschedule tasks; lease, ack, nack and extend by hand.
     Task {
         #[command(flatten)]
         remote: Remote,
         #[command(subcommand)]
-        command: TaskCommand,
+        command: crate::commands::task::TaskCommand,
     },
     /// Inspect and redrive dead letters on a running server.
     Dead {
         #[command(flatten)]
         remote: Remote,
         #[command(subcommand)]
-        command: DeadCommand,
+        command: crate::commands::dead::DeadCommand,
     },
     /// Manage cron and interval schedules on a running server.
     Schedule {
@@ -77,7 +77,7 @@ pub struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub struct Remote {
-    /// The server's URL.
+    /// The server's URL (http://HOST:PORT).
     #[arg(
         long,
         env = "BELFRY_SERVER",
@@ -85,106 +85,9 @@ pub struct Remote {
         global = true
     )]
     pub server: String,
-    /// Print the server's JSON instead of a summary.
+    /// Print the server's JSON answer exactly as received (nothing for an empty answer).
     #[arg(long, global = true)]
     pub json: bool,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum QueueCommand {
-    /// Create a queue, or change its settings.
-    Create(QueueCreate),
-    /// Show a queue's settings and counts.
-    Get { queue: String },
-    /// List queues.
-    List,
-    /// Stop delivering (tasks are still accepted).
-    Pause { queue: String },
-    /// Deliver again.
-    Resume { queue: String },
-    /// Delete a queue and every task in it.
-    Delete { queue: String },
-}
-
-#[derive(Debug, Args)]
-pub struct QueueCreate {
-    pub queue: String,
-    /// Tasks per second (0 = unlimited).
-    #[arg(long)]
-    pub rate: Option<f64>,
-    /// Token bucket size.
-    #[arg(long)]
-    pub burst: Option<u32>,
-    /// Most tasks leased at once (0 = unlimited).
-    #[arg(long)]
-    pub max_in_flight: Option<u32>,
-    /// Delivery attempts before a task becomes a dead letter.
-    #[arg(long)]
-    pub max_attempts: Option<u32>,
-    #[arg(long)]
-    pub backoff_initial_ms: Option<u64>,
-    #[arg(long)]
-    pub backoff_max_ms: Option<u64>,
-    /// Deliver by POSTing to this URL instead of waiting for pull consumers.
-    #[arg(long)]
-    pub webhook: Option<String>,
-    /// HMAC-SHA256 signing secret for the webhook.
-    #[arg(long, requires = "webhook")]
-    pub secret: Option<String>,
-    #[arg(long, requires = "webhook")]
-    pub timeout_ms: Option<u64>,
-    /// Make it a pull queue (undoes --webhook).
-    #[arg(long, conflicts_with = "webhook")]
-    pub pull: bool,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum TaskCommand {
-    /// Schedule a task.
-    Add(TaskAdd),
-    /// Show a task.
-    Get { queue: String, id: String },
-    /// Cancel a scheduled task.
-    Cancel { queue: String, id: String },
-}
-
-#[derive(Debug, Args)]
-pub struct TaskAdd {
-    pub queue: String,
-    /// JSON payload (default null).
-    #[arg(long)]
-    pub payload: Option<String>,
-    /// Due after this long: "10s", "5m", "250ms".
-    #[arg(long, conflicts_with_all = ["at", "at_ms"])]
-    pub delay: Option<String>,
-    /// Due at this RFC 3339 time.
-    #[arg(long, conflicts_with = "at_ms")]
-    pub at: Option<String>,
-    /// Due at this unix time in milliseconds.
-    #[arg(long)]
-    pub at_ms: Option<u64>,
-    #[arg(long)]
-    pub idempotency_key: Option<String>,
-    /// Deliver before normal-priority tasks.
-    #[arg(long)]
-    pub high: bool,
-    /// A header NAME=VALUE (repeatable).
-    #[arg(long = "header")]
-    pub headers: Vec<String>,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum DeadCommand {
-    /// List dead letters.
-    List {
-        queue: String,
-        #[arg(long)]
-        after: Option<String>,
-        #[arg(long)]
-        limit: Option<usize>,
-    },
-    /// Schedule a dead letter again, due now.
-    Redrive { queue: String, id: String },
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -201,9 +104,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             init_tracing(&settings.log_level, settings.log_format);
             crate::serve::serve(settings).await
         }
-        Command::Queue { remote, command } => crate::commands::queue(&remote, command).await,
-        Command::Task { remote, command } => crate::commands::task(&remote, command).await,
-        Command::Dead { remote, command } => crate::commands::dead(&remote, command).await,
+        Command::Queue { remote, command } => crate::commands::queue::queue(&remote, command).await,
+        Command::Task { remote, command } => crate::commands::task::task(&remote, command).await,
+        Command::Dead { remote, command } => crate::commands::dead::dead(&remote, command).await,
         Command::Schedule { remote, command } => crate::schedule_cmd::run(&remote, command).await,
         // `main` runs the bench before any runtime exists: it builds its own.
         Command::Bench { .. } => anyhow::bail!("belfry bench must be dispatched by main"),

@@ -6,6 +6,7 @@ mod commands;
 mod config;
 mod schedule_cmd;
 mod serve;
+mod show;
 mod units;
 
 use clap::Parser;
@@ -35,7 +36,7 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(cli::run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", commands::error_line(&e));
             std::process::ExitCode::FAILURE
         }
     }

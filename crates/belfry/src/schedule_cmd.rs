@@ -1,11 +1,11 @@
 //! `belfry schedule ...`: manage schedules on a running server through `belfry-client`.
 
-use anyhow::anyhow;
-use belfry_client::{Schedule, ScheduleSpec};
+use belfry_client::{Forecast, NextFireTimes, Request, Schedule, ScheduleList, ScheduleSpec};
 use clap::{Args, Subcommand};
 
 use crate::cli::Remote;
-use crate::commands::{client, parse_headers, parse_payload, print_json};
+use crate::commands::{self, parse_headers, parse_payload};
+use crate::show::{duration, now_ms, rfc3339, table, time};
 
 #[derive(Debug, Subcommand)]
 pub enum ScheduleCommand {
@@ -84,12 +84,7 @@ pub struct ScheduleCreate {
 
 fn spec(args: ScheduleCreate) -> anyhow::Result<ScheduleSpec> {
     let payload = parse_payload(args.payload.as_deref())?;
-    let every_ms = args
-        .every
-        .as_deref()
-        .map(crate::units::parse_duration_ms)
-        .transpose()
-        .map_err(|e| anyhow!("--every: {e}"))?;
+    let every_ms = commands::parse_ms("every", args.every.as_deref())?;
     let headers = parse_headers(&args.headers)?;
     Ok(ScheduleSpec {
         id: args.id,
@@ -115,7 +110,7 @@ fn describe(s: &Schedule) -> String {
             "cron {cron:?} in {}",
             s.timezone.as_deref().unwrap_or("UTC")
         ),
-        (None, Some(every)) => format!("every {every} ms"),
+        (None, Some(every)) => format!("every {}", duration(every)),
         (None, None) => "no rule".to_owned(),
     };
     let shards = if s.shard_count == 1 {
@@ -125,8 +120,14 @@ fn describe(s: &Schedule) -> String {
     };
     let next = match (&s.next_fire_at, &s.next_fire_local) {
         _ if s.paused => "paused".to_owned(),
-        (Some(utc), Some(local)) if s.cron.is_some() => format!("next {utc} ({local})"),
-        (Some(utc), _) => format!("next {utc}"),
+        (Some(_), Some(local)) if s.cron.is_some() => match s.next_fire_at_ms {
+            Some(ms) => format!("next {}, {local}", time(ms, now_ms())),
+            None => format!("next {local}"),
+        },
+        (Some(utc), _) => match s.next_fire_at_ms {
+            Some(ms) => format!("next {}", time(ms, now_ms())),
+            None => format!("next {utc}"),
+        },
         (None, _) => "finished: no more firings".to_owned(),
     };
     format!(
@@ -138,76 +139,81 @@ fn describe(s: &Schedule) -> String {
 }
 
 pub async fn run(remote: &Remote, command: ScheduleCommand) -> anyhow::Result<()> {
-    let client = client(remote)?;
-    let schedule = match command {
-        ScheduleCommand::Create(args) => client.create_schedule(&spec(args)?).await?,
-        ScheduleCommand::Get { id } => client.get_schedule(&id).await?,
-        ScheduleCommand::Pause { id } => client.pause_schedule(&id).await?,
-        ScheduleCommand::Resume { id } => client.resume_schedule(&id).await?,
+    let show = |s: Schedule| describe(&s);
+    match command {
+        ScheduleCommand::Create(args) => {
+            commands::run(remote, Request::create_schedule(&spec(args)?), show).await
+        }
+        ScheduleCommand::Get { id } => {
+            commands::run(remote, Request::get_schedule(&id), show).await
+        }
+        ScheduleCommand::Pause { id } => {
+            commands::run(remote, Request::pause_schedule(&id), show).await
+        }
+        ScheduleCommand::Resume { id } => {
+            commands::run(remote, Request::resume_schedule(&id), show).await
+        }
         ScheduleCommand::List => {
-            let schedules = client.list_schedules().await?;
-            if remote.json {
-                return print_json(&schedules);
-            }
-            if schedules.is_empty() {
-                println!(
-                    "no schedules; create one with: belfry schedule create QUEUE --cron '0 * * * *'"
-                );
-            }
-            for s in &schedules {
-                println!("{}", describe(s));
-            }
-            return Ok(());
+            commands::run(remote, Request::list_schedules(), describe_list).await
         }
         ScheduleCommand::Next { id, n } => {
-            let next = client.next_fire_times(&id, Some(n)).await?;
-            if remote.json {
-                return print_json(&next);
-            }
-            if next.fire_times.is_empty() {
-                println!("{id} will not fire again");
-            }
-            for t in &next.fire_times {
-                println!("{}  {}", t.at, t.local);
-            }
-            return Ok(());
+            let request = Request::next_fire_times(&id, Some(n));
+            commands::run(remote, request, |next: NextFireTimes| {
+                describe_next(&id, next)
+            })
+            .await
         }
         ScheduleCommand::Delete { id } => {
-            client.delete_schedule(&id).await?;
-            if remote.json {
-                return print_json(&serde_json::json!({"deleted": id}));
-            }
-            println!("deleted schedule {id}");
-            return Ok(());
+            let done = format!("deleted schedule {id}");
+            commands::run_empty(remote, Request::delete_schedule(&id), done).await
         }
         ScheduleCommand::Forecast {
             queue,
             horizon,
             step,
         } => {
-            let ms = |flag: &str, text: Option<String>| {
-                text.as_deref()
-                    .map(crate::units::parse_duration_ms)
-                    .transpose()
-                    .map_err(|e| anyhow!("--{flag}: {e}"))
-            };
-            let forecast = client
-                .forecast(&queue, ms("horizon", horizon)?, ms("step", step)?)
-                .await?;
-            if remote.json {
-                return print_json(&forecast);
-            }
-            println!("start_ms\ttasks\tfirings\ttotal");
-            for s in &forecast.steps {
-                println!("{}\t{}\t{}\t{}", s.start_ms, s.tasks, s.firings, s.total);
-            }
-            return Ok(());
+            let horizon_ms = commands::parse_ms("horizon", horizon.as_deref())?;
+            let step_ms = commands::parse_ms("step", step.as_deref())?;
+            let request = Request::forecast(&queue, horizon_ms, step_ms);
+            commands::run(remote, request, describe_forecast).await
         }
-    };
-    if remote.json {
-        print_json(&schedule)
-    } else {
-        println!("{}", describe(&schedule));
-        Ok(())
     }
+}
+
+fn describe_list(list: ScheduleList) -> String {
+    if list.schedules.is_empty() {
+        return "no schedules; create one with: belfry schedule create QUEUE --cron '0 * * * *'"
+            .to_owned();
+    }
+    let lines: Vec<String> = list.schedules.iter().map(describe).collect();
+    lines.join("\n")
+}
+
+fn describe_next(id: &str, next: NextFireTimes) -> String {
+    if next.fire_times.is_empty() {
+        return format!("{id} will not fire again");
+    }
+    let now = now_ms();
+    let lines: Vec<String> = next
+        .fire_times
+        .iter()
+        .map(|t| format!("{}  {}", time(t.at_ms, now), t.local))
+        .collect();
+    lines.join("\n")
+}
+
+fn describe_forecast(forecast: Forecast) -> String {
+    let rows: Vec<Vec<String>> = forecast
+        .steps
+        .iter()
+        .map(|s| {
+            vec![
+                rfc3339(s.start_ms),
+                s.tasks.to_string(),
+                s.firings.to_string(),
+                s.total.to_string(),
+            ]
+        })
+        .collect();
+    table(&["STEP START", "TASKS", "FIRINGS", "TOTAL"], &rows)
 }

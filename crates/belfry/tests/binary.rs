@@ -169,7 +169,7 @@ fn management_subcommands_talk_to_the_server() {
     let (ok, out, err) = run(&["queue", "list", "--json"]);
     assert!(ok, "{err}");
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(list[0]["name"], "mail");
+    assert_eq!(list["queues"][0]["name"], "mail");
 
     let (ok, out, err) = run(&[
         "task",

@@ -89,9 +89,9 @@ fn schedule_subcommands_against_a_running_server() {
 
     let listed = ok(&server, &["schedule", "list"]);
     assert!(listed.contains("nightly -> jobs"), "{listed}");
-    assert!(listed.contains("often -> jobs: every 90000 ms"), "{listed}");
+    assert!(listed.contains("often -> jobs: every 1m 30s"), "{listed}");
     let listed = json(&server, &["schedule", "list"]);
-    let ids: Vec<_> = listed
+    let ids: Vec<_> = listed["schedules"]
         .as_array()
         .expect("a JSON array")
         .iter()

@@ -1,0 +1,107 @@
+//! The client's errors, and the server's stable error codes as a type to match on.
+
+/// Declares `ErrorCode` with one variant per stable code of docs/api.md, and its text.
+macro_rules! error_codes {
+    ($($variant:ident => $text:literal,)*) => {
+        /// A stable API error code (docs/api.md). Codes this client does not know yet (a newer
+        /// server) arrive as `Other` with their text.
+        #[derive(Debug, Clone, PartialEq, Eq, Hash)]
+        #[non_exhaustive]
+        pub enum ErrorCode {
+            $($variant,)*
+            Other(String),
+        }
+
+        impl ErrorCode {
+            /// The code as the server writes it, e.g. `"queue_not_found"`.
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $(ErrorCode::$variant => $text,)*
+                    ErrorCode::Other(text) => text,
+                }
+            }
+
+            pub fn parse(text: &str) -> Self {
+                match text {
+                    $($text => ErrorCode::$variant,)*
+                    other => ErrorCode::Other(other.to_owned()),
+                }
+            }
+        }
+    };
+}
+
+error_codes! {
+    MalformedJson => "malformed_json",
+    InvalidRequest => "invalid_request",
+    InvalidQueueName => "invalid_queue_name",
+    InvalidTaskId => "invalid_task_id",
+    InvalidLeaseId => "invalid_lease_id",
+    ConflictingDueTime => "conflicting_due_time",
+    InvalidDueTime => "invalid_due_time",
+    BeyondHorizon => "beyond_horizon",
+    InvalidPayload => "invalid_payload",
+    BatchTooLarge => "batch_too_large",
+    InvalidQueueConfig => "invalid_queue_config",
+    WebhookTargetRefused => "webhook_target_refused",
+    InvalidDelivery => "invalid_delivery",
+    PayloadTooLarge => "payload_too_large",
+    QueueNotFound => "queue_not_found",
+    TaskNotFound => "task_not_found",
+    RouteNotFound => "route_not_found",
+    MethodNotAllowed => "method_not_allowed",
+    LeaseExpired => "lease_expired",
+    TaskNotScheduled => "task_not_scheduled",
+    TaskNotDead => "task_not_dead",
+    NotPullQueue => "not_pull_queue",
+    ShuttingDown => "shutting_down",
+    Overloaded => "overloaded",
+    StoreUnavailable => "store_unavailable",
+    InternalError => "internal_error",
+    InvalidScheduleId => "invalid_schedule_id",
+    InvalidSchedule => "invalid_schedule",
+    ScheduleNotFound => "schedule_not_found",
+    ScheduleExists => "schedule_exists",
+    ScheduleCorrupt => "schedule_corrupt",
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server answered with an API error: match on `code`.
+    #[error("{code}: {message} (HTTP {status})")]
+    Api {
+        status: u16,
+        code: ErrorCode,
+        message: String,
+    },
+    /// No connection to the server could be made (nothing listens there, or a wrong host).
+    #[error("cannot reach belfry at {url}")]
+    Unreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The request failed after connecting: a timeout, a reset, a broken body.
+    #[error("request to belfry failed: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("unexpected answer from belfry (HTTP {status}): {detail}")]
+    Unexpected { status: u16, detail: String },
+    #[error("invalid server URL {0:?}: give http://HOST:PORT")]
+    BadUrl(String),
+}
+
+impl Error {
+    /// The API error code, when the server sent one.
+    pub fn code(&self) -> Option<&ErrorCode> {
+        match self {
+            Error::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}

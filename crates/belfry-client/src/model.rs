@@ -1,0 +1,245 @@
+//! The API's request and answer bodies, as the client sends and reads them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct QueueSpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_per_s: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_in_flight: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetrySpec>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<DeliverySpec>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paused: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RetrySpec {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff_initial_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backoff_max_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum DeliverySpec {
+    Pull,
+    Webhook {
+        url: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        secret: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct Queue {
+    pub name: String,
+    pub rate_per_s: f64,
+    pub burst: u32,
+    pub max_in_flight: u32,
+    pub retry: Retry,
+    pub delivery: Value,
+    pub paused: bool,
+    #[serde(default)]
+    pub pending: Option<u64>,
+    #[serde(default)]
+    pub due: Option<u64>,
+    #[serde(default)]
+    pub in_flight: Option<u64>,
+    #[serde(default)]
+    pub dead: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Retry {
+    pub max_attempts: u32,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct QueueList {
+    pub queues: Vec<Queue>,
+}
+
+/// A task to submit.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NewTask {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payload_base64: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_at: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// "high" or "normal".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<String>,
+}
+
+impl NewTask {
+    pub fn json(payload: Value) -> Self {
+        NewTask {
+            payload: Some(payload),
+            ..NewTask::default()
+        }
+    }
+
+    pub fn delay_ms(mut self, ms: u64) -> Self {
+        self.delay_ms = Some(ms);
+        self
+    }
+
+    pub fn run_at_ms(mut self, ms: u64) -> Self {
+        self.run_at_ms = Some(ms);
+        self
+    }
+
+    pub fn high_priority(mut self) -> Self {
+        self.priority = Some("high".into());
+        self
+    }
+
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+}
+
+/// The answer to a submit: a new task, or with `duplicate` the existing one.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct Submitted {
+    pub id: String,
+    pub queue: String,
+    pub due_at_ms: u64,
+    pub state: String,
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct Task {
+    pub id: String,
+    pub queue: String,
+    pub state: String,
+    pub attempts: u32,
+    pub due_at_ms: u64,
+    pub priority: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub payload: Option<Value>,
+    #[serde(default)]
+    pub payload_base64: Option<String>,
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    #[serde(default)]
+    pub lease_until_ms: Option<u64>,
+    #[serde(default)]
+    pub dead_reason: Option<String>,
+    #[serde(default)]
+    pub duplicate: bool,
+}
+
+/// One entry of a batch submit's results: a task or an error.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum BatchItem {
+    Error { error: ApiErrorBody },
+    Submitted(Submitted),
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ApiErrorBody {
+    pub code: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct Results<T> {
+    pub results: Vec<T>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LeaseRequest {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub visibility_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct Leased {
+    pub id: String,
+    pub queue: String,
+    #[serde(default)]
+    pub payload: Option<Value>,
+    #[serde(default)]
+    pub payload_base64: Option<String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    pub attempt: u32,
+    pub due_at_ms: u64,
+    pub priority: String,
+    pub lease_id: String,
+    pub lease_until_ms: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct LeasedList {
+    pub tasks: Vec<Leased>,
+}
+
+/// The state of a task after ack, nack or extend.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct TaskState {
+    pub id: String,
+    pub state: String,
+    #[serde(default)]
+    pub due_at_ms: Option<u64>,
+    #[serde(default)]
+    pub lease_until_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct AckItemResult {
+    pub id: String,
+    #[serde(default)]
+    pub ok: Option<bool>,
+    #[serde(default)]
+    pub error: Option<ApiErrorBody>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct DeadPage {
+    pub tasks: Vec<Task>,
+    #[serde(default)]
+    pub next_after: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct ErrorEnvelope {
+    pub(crate) error: ApiErrorBody,
+}

@@ -1,0 +1,260 @@
+//! One API call as a value: method, path and body. Every typed method of `Client` builds one
+//! and parses the answer; `Client::send` sends one and hands back the answer's bytes as
+//! received, for callers that want the server's JSON itself (the CLI's `--json`).
+
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::model::{LeaseRequest, NewTask, QueueSpec};
+
+/// A new due time for a scheduled task: exactly one of the API's three forms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DueTime {
+    /// Due this many milliseconds from now (on the server's clock).
+    DelayMs(u64),
+    /// Due at this RFC 3339 time, parsed by the server.
+    At(String),
+    /// Due at this unix time in milliseconds.
+    AtMs(u64),
+}
+
+impl DueTime {
+    fn body(&self) -> Value {
+        match self {
+            DueTime::DelayMs(ms) => serde_json::json!({ "delay_ms": ms }),
+            DueTime::At(text) => serde_json::json!({ "run_at": text }),
+            DueTime::AtMs(ms) => serde_json::json!({ "run_at_ms": ms }),
+        }
+    }
+}
+
+/// What a nack may say besides the lease: when to retry and why it failed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Nack {
+    /// Retry after this long; the queue's backoff when `None`.
+    pub delay_ms: Option<u64>,
+    /// Kept with the task (the server keeps the first 1,024 characters).
+    pub reason: Option<String>,
+}
+
+/// One API call, ready to send with `Client::send`.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub(crate) method: Method,
+    pub(crate) path: String,
+    pub(crate) body: Option<Value>,
+    /// A long poll's wait, added to the request timeout.
+    pub(crate) wait: Duration,
+}
+
+/// Percent-encodes one path segment: everything but RFC 3986's unreserved characters, so a
+/// key such as `order/42?x` stays one segment.
+pub(crate) fn segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+fn to_body(value: &impl Serialize) -> Value {
+    // Our request types are plain structs with string keys: serialising them cannot fail.
+    serde_json::to_value(value).expect("request bodies serialise to JSON")
+}
+
+impl Request {
+    pub(crate) fn new(method: Method, path: String) -> Self {
+        Request {
+            method,
+            path,
+            body: None,
+            wait: Duration::ZERO,
+        }
+    }
+
+    pub(crate) fn with_body(mut self, body: Value) -> Self {
+        self.body = Some(body);
+        self
+    }
+
+    /// The path, for messages (`/v1/queues/mail/tasks`).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub fn method(&self) -> &str {
+        self.method.as_str()
+    }
+
+    fn queue_path(queue: &str, rest: &str) -> String {
+        format!("/v1/queues/{}{rest}", segment(queue))
+    }
+
+    fn task_path(queue: &str, id: &str, rest: &str) -> String {
+        Self::queue_path(queue, &format!("/tasks/{}{rest}", segment(id)))
+    }
+
+    fn key_path(queue: &str, key: &str) -> String {
+        Self::queue_path(queue, &format!("/keys/{}", segment(key)))
+    }
+
+    // ---- queues ----
+
+    pub fn put_queue(queue: &str, spec: &QueueSpec) -> Self {
+        Self::new(Method::PUT, Self::queue_path(queue, "")).with_body(to_body(spec))
+    }
+
+    pub fn get_queue(queue: &str) -> Self {
+        Self::new(Method::GET, Self::queue_path(queue, ""))
+    }
+
+    pub fn list_queues() -> Self {
+        Self::new(Method::GET, "/v1/queues".to_owned())
+    }
+
+    pub fn delete_queue(queue: &str) -> Self {
+        Self::new(Method::DELETE, Self::queue_path(queue, ""))
+    }
+
+    pub fn pause_queue(queue: &str) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/pause"))
+    }
+
+    pub fn resume_queue(queue: &str) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/resume"))
+    }
+
+    // ---- tasks ----
+
+    pub fn submit(queue: &str, task: &NewTask) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/tasks")).with_body(to_body(task))
+    }
+
+    pub fn submit_batch(queue: &str, tasks: &[NewTask]) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/tasks:batch"))
+            .with_body(serde_json::json!({ "tasks": tasks }))
+    }
+
+    pub fn get_task(queue: &str, id: &str) -> Self {
+        Self::new(Method::GET, Self::task_path(queue, id, ""))
+    }
+
+    pub fn cancel(queue: &str, id: &str) -> Self {
+        Self::new(Method::DELETE, Self::task_path(queue, id, ""))
+    }
+
+    pub fn reschedule(queue: &str, id: &str, due: &DueTime) -> Self {
+        Self::new(Method::PATCH, Self::task_path(queue, id, "")).with_body(due.body())
+    }
+
+    /// The task submitted with this idempotency key. A key of `.` or `..` cannot be named in a
+    /// URL path (it is a dot segment); use the task id for those.
+    pub fn get_task_by_key(queue: &str, key: &str) -> Self {
+        Self::new(Method::GET, Self::key_path(queue, key))
+    }
+
+    pub fn cancel_by_key(queue: &str, key: &str) -> Self {
+        Self::new(Method::DELETE, Self::key_path(queue, key))
+    }
+
+    pub fn reschedule_by_key(queue: &str, key: &str, due: &DueTime) -> Self {
+        Self::new(Method::PATCH, Self::key_path(queue, key)).with_body(due.body())
+    }
+
+    // ---- pull consumers ----
+
+    pub fn lease(queue: &str, request: &LeaseRequest) -> Self {
+        let mut call =
+            Self::new(Method::POST, Self::queue_path(queue, "/lease")).with_body(to_body(request));
+        call.wait = Duration::from_millis(request.wait_ms.unwrap_or(0));
+        call
+    }
+
+    pub fn ack(queue: &str, id: &str, lease_id: &str) -> Self {
+        Self::new(Method::POST, Self::task_path(queue, id, "/ack"))
+            .with_body(serde_json::json!({ "lease_id": lease_id }))
+    }
+
+    pub fn nack(queue: &str, id: &str, lease_id: &str, nack: &Nack) -> Self {
+        let mut body = serde_json::json!({ "lease_id": lease_id });
+        if let Some(delay) = nack.delay_ms {
+            body["delay_ms"] = delay.into();
+        }
+        if let Some(reason) = &nack.reason {
+            body["reason"] = reason.as_str().into();
+        }
+        Self::new(Method::POST, Self::task_path(queue, id, "/nack")).with_body(body)
+    }
+
+    pub fn extend(queue: &str, id: &str, lease_id: &str, visibility_ms: u64) -> Self {
+        Self::new(Method::POST, Self::task_path(queue, id, "/extend"))
+            .with_body(serde_json::json!({ "lease_id": lease_id, "visibility_ms": visibility_ms }))
+    }
+
+    /// Acks many tasks: `(task id, lease id)` pairs.
+    pub fn ack_batch(queue: &str, acks: &[(String, String)]) -> Self {
+        let acks: Vec<Value> = acks
+            .iter()
+            .map(|(id, lease)| serde_json::json!({ "id": id, "lease_id": lease }))
+            .collect();
+        Self::new(Method::POST, Self::queue_path(queue, "/ack"))
+            .with_body(serde_json::json!({ "acks": acks }))
+    }
+
+    // ---- dead letters ----
+
+    pub fn list_dead(queue: &str, after: Option<&str>, limit: Option<usize>) -> Self {
+        let mut query = Vec::new();
+        if let Some(after) = after {
+            query.push(format!("after={}", segment(after)));
+        }
+        if let Some(limit) = limit {
+            query.push(format!("limit={limit}"));
+        }
+        let mut path = Self::queue_path(queue, "/dead");
+        if !query.is_empty() {
+            path = format!("{path}?{}", query.join("&"));
+        }
+        Self::new(Method::GET, path)
+    }
+
+    pub fn redrive(queue: &str, id: &str) -> Self {
+        let path = Self::queue_path(queue, &format!("/dead/{}/redrive", segment(id)));
+        Self::new(Method::POST, path)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_keep_unreserved_and_encode_the_rest() {
+        let check = |text: &str, expected: &str| assert_eq!(segment(text), expected, "{text}");
+        check("close-order-42", "close-order-42");
+        check("a.b_c~d", "a.b_c~d");
+        check("order/42", "order%2F42");
+        check("a b?c#d%", "a%20b%3Fc%23d%25");
+        check("é", "%C3%A9");
+    }
+
+    #[test]
+    fn due_times_are_one_field_each() {
+        assert_eq!(
+            DueTime::DelayMs(5).body(),
+            serde_json::json!({"delay_ms": 5})
+        );
+        assert_eq!(
+            DueTime::At("2026-01-01T00:00:00Z".into()).body(),
+            serde_json::json!({"run_at": "2026-01-01T00:00:00Z"})
+        );
+        assert_eq!(DueTime::AtMs(7).body(), serde_json::json!({"run_at_ms": 7}));
+    }
+}

@@ -1,0 +1,107 @@
+//! Subcommands that talk to a running server through `belfry-client`, one module per noun.
+//! Each sends one `Request`; `--json` prints the server's answer as received, otherwise the
+//! answer is parsed and described for a person (see `show`).
+
+pub mod dead;
+pub mod queue;
+pub mod task;
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use anyhow::{anyhow, Context};
+use belfry_client::{Answer, Client, Request};
+use serde::de::DeserializeOwned;
+
+use crate::cli::Remote;
+
+pub(crate) fn client(remote: &Remote) -> anyhow::Result<Client> {
+    Ok(Client::new(&remote.server)?)
+}
+
+/// Sends `request`; with `--json` prints the answer's body exactly as the server wrote it
+/// (nothing for `204`), otherwise parses it as `T` and prints what `describe` makes of it.
+pub(crate) async fn run<T: DeserializeOwned>(
+    remote: &Remote,
+    request: Request,
+    describe: impl FnOnce(T) -> String,
+) -> anyhow::Result<()> {
+    let answer = client(remote)?.send(&request).await?;
+    if remote.json {
+        return print_raw(&answer);
+    }
+    let value: T = answer.json()?;
+    println!("{}", describe(value));
+    Ok(())
+}
+
+/// Like `run`, for calls answered `204 No Content`: prints `done` unless `--json`.
+pub(crate) async fn run_empty(
+    remote: &Remote,
+    request: Request,
+    done: String,
+) -> anyhow::Result<()> {
+    let answer = client(remote)?.send(&request).await?;
+    if remote.json {
+        return print_raw(&answer);
+    }
+    println!("{done}");
+    Ok(())
+}
+
+/// The body byte for byte; a newline after it only at a terminal, so that a pipe gets exactly
+/// what the server sent.
+pub(crate) fn print_raw(answer: &Answer) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(&answer.body)?;
+    if std::io::IsTerminal::is_terminal(&out) && !answer.body.is_empty() {
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+/// The one line `main` prints for a failed command: the server's code and message, or for an
+/// unreachable server which URL was tried and how to point at another.
+pub fn error_line(error: &anyhow::Error) -> String {
+    match error.downcast_ref::<belfry_client::Error>() {
+        Some(belfry_client::Error::Unreachable { url, source }) => {
+            let mut cause: &dyn std::error::Error = source;
+            while let Some(next) = cause.source() {
+                cause = next;
+            }
+            format!(
+                "cannot reach belfry at {url} ({cause}); is `belfry serve` running there? \
+                 Point --server or BELFRY_SERVER at it"
+            )
+        }
+        _ => format!("{error:#}"),
+    }
+}
+
+/// `--payload TEXT`: JSON, parsed here so a typo is reported before anything is sent.
+pub(crate) fn parse_payload(text: Option<&str>) -> anyhow::Result<Option<serde_json::Value>> {
+    text.map(|text| {
+        serde_json::from_str(text).context("--payload must be JSON (quote strings: '\"hi\"')")
+    })
+    .transpose()
+}
+
+/// Repeated `--header NAME=VALUE` flags.
+pub(crate) fn parse_headers(flags: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    flags
+        .iter()
+        .map(|h| {
+            h.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| anyhow!("--header must be NAME=VALUE, got {h:?}"))
+        })
+        .collect()
+}
+
+/// A duration flag such as `--delay 10m`, in milliseconds.
+pub(crate) fn parse_ms(flag: &str, text: Option<&str>) -> anyhow::Result<Option<u64>> {
+    text.map(crate::units::parse_duration_ms)
+        .transpose()
+        .map_err(|e| anyhow!("--{flag}: {e}"))
+}

@@ -1,0 +1,197 @@
+//! `belfry queue ...`: create, inspect, pause and delete queues.
+
+use belfry_client::{DeliverySpec, Queue, QueueList, QueueSpec, Request, RetrySpec};
+use clap::{Args, Subcommand};
+
+use super::{run, run_empty};
+use crate::cli::Remote;
+use crate::show::{duration, fields, table};
+
+#[derive(Debug, Subcommand)]
+pub enum QueueCommand {
+    /// Create a queue, or change the settings given (others keep their values).
+    Create(QueueCreate),
+    /// Show a queue's settings and its task counts.
+    Get { queue: String },
+    /// List every queue with its task counts, sorted by name.
+    List,
+    /// Stop delivering the queue's tasks (new tasks are still accepted).
+    Pause { queue: String },
+    /// Deliver a paused queue's tasks again.
+    Resume { queue: String },
+    /// Delete a queue and every task in it.
+    Delete { queue: String },
+}
+
+#[derive(Debug, Args)]
+pub struct QueueCreate {
+    pub queue: String,
+    /// Tasks per second (0 = unlimited).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Token bucket size.
+    #[arg(long)]
+    pub burst: Option<u32>,
+    /// Most tasks leased at once (0 = unlimited).
+    #[arg(long)]
+    pub max_in_flight: Option<u32>,
+    /// Delivery attempts before a task becomes a dead letter.
+    #[arg(long)]
+    pub max_attempts: Option<u32>,
+    /// First retry delay in ms; it doubles each attempt.
+    #[arg(long)]
+    pub backoff_initial_ms: Option<u64>,
+    /// Longest retry delay in ms.
+    #[arg(long)]
+    pub backoff_max_ms: Option<u64>,
+    /// Deliver by POSTing to this URL instead of waiting for pull consumers.
+    #[arg(long)]
+    pub webhook: Option<String>,
+    /// HMAC-SHA256 signing secret for the webhook.
+    #[arg(long, requires = "webhook")]
+    pub secret: Option<String>,
+    /// How long one webhook call may take, in ms.
+    #[arg(long, requires = "webhook")]
+    pub timeout_ms: Option<u64>,
+    /// Make it a pull queue (undoes --webhook).
+    #[arg(long, conflicts_with = "webhook")]
+    pub pull: bool,
+}
+
+fn spec(args: QueueCreate) -> QueueSpec {
+    let retry = (args.max_attempts.is_some()
+        || args.backoff_initial_ms.is_some()
+        || args.backoff_max_ms.is_some())
+    .then_some(RetrySpec {
+        max_attempts: args.max_attempts,
+        backoff_initial_ms: args.backoff_initial_ms,
+        backoff_max_ms: args.backoff_max_ms,
+    });
+    let delivery = match (args.webhook, args.pull) {
+        (Some(url), _) => Some(DeliverySpec::Webhook {
+            url,
+            secret: args.secret,
+            timeout_ms: args.timeout_ms,
+        }),
+        (None, true) => Some(DeliverySpec::Pull),
+        (None, false) => None,
+    };
+    QueueSpec {
+        rate_per_s: args.rate,
+        burst: args.burst,
+        max_in_flight: args.max_in_flight,
+        retry,
+        delivery,
+        paused: None,
+    }
+}
+
+fn delivery(q: &Queue) -> String {
+    match q.delivery.get("type").and_then(|t| t.as_str()) {
+        Some("webhook") => format!(
+            "webhook {}",
+            q.delivery
+                .get("url")
+                .and_then(|u| u.as_str())
+                .unwrap_or("?")
+        ),
+        Some(other) => other.to_owned(),
+        None => "pull".to_owned(),
+    }
+}
+
+fn rate(q: &Queue) -> String {
+    if q.rate_per_s > 0.0 {
+        format!("{}/s (burst {})", q.rate_per_s, q.burst)
+    } else {
+        "unlimited".to_owned()
+    }
+}
+
+pub(crate) fn describe(q: &Queue) -> String {
+    let in_flight_max = match q.max_in_flight {
+        0 => "unlimited".to_owned(),
+        n => n.to_string(),
+    };
+    fields(&[
+        (
+            "queue",
+            format!("{}{}", q.name, if q.paused { " [paused]" } else { "" }),
+        ),
+        ("delivery", delivery(q)),
+        ("rate", rate(q)),
+        ("max in flight", in_flight_max),
+        (
+            "retry",
+            format!(
+                "{} attempts, backoff {} doubling to {}",
+                q.retry.max_attempts,
+                duration(q.retry.backoff_initial_ms),
+                duration(q.retry.backoff_max_ms)
+            ),
+        ),
+        (
+            "tasks",
+            format!(
+                "pending {} (due {}), in flight {}, dead {}",
+                q.pending.unwrap_or(0),
+                q.due.unwrap_or(0),
+                q.in_flight.unwrap_or(0),
+                q.dead.unwrap_or(0)
+            ),
+        ),
+    ])
+}
+
+fn describe_list(list: QueueList) -> String {
+    if list.queues.is_empty() {
+        return "no queues; create one with: belfry queue create NAME".to_owned();
+    }
+    let rows: Vec<Vec<String>> = list
+        .queues
+        .iter()
+        .map(|q| {
+            vec![
+                q.name.clone(),
+                if q.paused { "paused" } else { "active" }.to_owned(),
+                q.pending.unwrap_or(0).to_string(),
+                q.due.unwrap_or(0).to_string(),
+                q.in_flight.unwrap_or(0).to_string(),
+                q.dead.unwrap_or(0).to_string(),
+                rate(q),
+                delivery(q),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "QUEUE",
+            "STATE",
+            "PENDING",
+            "DUE",
+            "IN FLIGHT",
+            "DEAD",
+            "RATE",
+            "DELIVERY",
+        ],
+        &rows,
+    )
+}
+
+pub async fn queue(remote: &Remote, command: QueueCommand) -> anyhow::Result<()> {
+    let show = |q: Queue| describe(&q);
+    match command {
+        QueueCommand::Create(args) => {
+            let name = args.queue.clone();
+            run(remote, Request::put_queue(&name, &spec(args)), show).await
+        }
+        QueueCommand::Get { queue } => run(remote, Request::get_queue(&queue), show).await,
+        QueueCommand::List => run(remote, Request::list_queues(), describe_list).await,
+        QueueCommand::Pause { queue } => run(remote, Request::pause_queue(&queue), show).await,
+        QueueCommand::Resume { queue } => run(remote, Request::resume_queue(&queue), show).await,
+        QueueCommand::Delete { queue } => {
+            let done = format!("deleted queue {queue} and its tasks");
+            run_empty(remote, Request::delete_queue(&queue), done).await
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! `belfry task ...`: submit, inspect, cancel and reschedule tasks (by id or by idempotency
+//! key), and consume a pull queue by hand: lease, ack, nack, extend.
+
+use anyhow::{anyhow, bail};
+use belfry_client::{
+    AckItemResult, DueTime, LeaseRequest, LeasedList, Nack, NewTask, Request, Results, Submitted,
+    Task, TaskState,
+};
+use clap::{Args, Subcommand};
+
+use super::{client, parse_headers, parse_ms, parse_payload, print_raw, run, run_empty};
+use crate::cli::Remote;
+use crate::show::{clip, fields, now_ms, table, time};
+
+/// How much of a payload a table row shows.
+const PAYLOAD_COLUMN_CHARS_MAX: usize = 60;
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// Schedule a task: due now, after --delay, or --at a time.
+    Add(TaskAdd),
+    /// Show a task: its state, due time, attempts and payload.
+    Get(Target),
+    /// Cancel a scheduled task (not one leased or finished).
+    Cancel(Target),
+    /// Move a scheduled task to a new due time.
+    Reschedule {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        due: When,
+    },
+    /// Lease due tasks from a pull queue, for as long as --visibility; ack each when done.
+    Lease {
+        queue: String,
+        /// Most tasks to lease (1 to 1000).
+        #[arg(long, default_value_t = 1)]
+        max: u32,
+        /// How long the lease holds before the task is due again: "30s", "5m" [server: 30s].
+        #[arg(long)]
+        visibility: Option<String>,
+        /// Wait this long for a task when none is due: "10s" (at most 30s) [default: 0].
+        #[arg(long)]
+        wait: Option<String>,
+    },
+    /// Mark leased tasks done: QUEUE ID LEASE_ID, or several ID LEASE_ID pairs at once.
+    Ack {
+        queue: String,
+        /// ID LEASE_ID, repeated for a batch.
+        #[arg(value_names = ["ID", "LEASE_ID"], num_args = 2.., required = true)]
+        pairs: Vec<String>,
+    },
+    /// Give a leased task back: due again after --delay (or the queue's backoff), or a dead
+    /// letter once out of attempts.
+    Nack {
+        queue: String,
+        id: String,
+        lease_id: String,
+        /// Retry after this long: "5s" [default: the queue's backoff].
+        #[arg(long)]
+        delay: Option<String>,
+        /// Why it failed; kept with the task.
+        #[arg(long)]
+        reason: Option<String>,
+    },
+    /// Hold a lease longer: --visibility from now.
+    Extend {
+        queue: String,
+        id: String,
+        lease_id: String,
+        /// The lease's new length from now: "30s", "5m".
+        #[arg(long)]
+        visibility: String,
+    },
+}
+
+/// A task named by its id, or by the idempotency key it was submitted with.
+#[derive(Debug, Args)]
+pub struct Target {
+    pub queue: String,
+    /// The task's id (or use --key).
+    #[arg(required_unless_present = "key", conflicts_with = "key")]
+    pub id: Option<String>,
+    /// The idempotency key the task was submitted with, instead of its id.
+    #[arg(long)]
+    pub key: Option<String>,
+}
+
+/// A due time: exactly one of the three forms.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct When {
+    /// Due after this long from now: "10s", "10m", "250ms".
+    #[arg(long)]
+    pub delay: Option<String>,
+    /// Due at this RFC 3339 time ("2026-11-23T12:10:00Z").
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Due at this unix time in milliseconds.
+    #[arg(long)]
+    pub at_ms: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct TaskAdd {
+    pub queue: String,
+    /// JSON payload (default null).
+    #[arg(long)]
+    pub payload: Option<String>,
+    /// Due after this long: "10s", "5m", "250ms".
+    #[arg(long, conflicts_with_all = ["at", "at_ms"])]
+    pub delay: Option<String>,
+    /// Due at this RFC 3339 time.
+    #[arg(long, conflicts_with = "at_ms")]
+    pub at: Option<String>,
+    /// Due at this unix time in milliseconds.
+    #[arg(long)]
+    pub at_ms: Option<u64>,
+    /// A repeat with the same key returns the existing task instead of adding one.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    /// Deliver before normal-priority tasks.
+    #[arg(long)]
+    pub high: bool,
+    /// A header NAME=VALUE (repeatable).
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+}
+
+fn new_task(args: &TaskAdd) -> anyhow::Result<NewTask> {
+    Ok(NewTask {
+        payload: parse_payload(args.payload.as_deref())?,
+        payload_base64: None,
+        delay_ms: parse_ms("delay", args.delay.as_deref())?,
+        run_at: args.at.clone(),
+        run_at_ms: args.at_ms,
+        idempotency_key: args.idempotency_key.clone(),
+        headers: parse_headers(&args.headers)?,
+        priority: args.high.then(|| "high".to_owned()),
+    })
+}
+
+fn due_time(when: When) -> anyhow::Result<DueTime> {
+    match (
+        parse_ms("delay", when.delay.as_deref())?,
+        when.at,
+        when.at_ms,
+    ) {
+        (Some(ms), None, None) => Ok(DueTime::DelayMs(ms)),
+        (None, Some(at), None) => Ok(DueTime::At(at)),
+        (None, None, Some(ms)) => Ok(DueTime::AtMs(ms)),
+        _ => bail!("give exactly one of --delay, --at and --at-ms"),
+    }
+}
+
+/// The task's fields, one aligned line each.
+pub(crate) fn describe(t: &Task) -> String {
+    let now = now_ms();
+    let payload = match (&t.payload, &t.payload_base64) {
+        (_, Some(bytes)) => format!("{bytes} (base64)"),
+        (Some(json), None) => json.to_string(),
+        (None, None) => String::new(),
+    };
+    let headers: Vec<String> = t.headers.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    fields(&[
+        ("task", t.id.clone()),
+        ("queue", t.queue.clone()),
+        ("state", t.state.clone()),
+        ("due", time(t.due_at_ms, now)),
+        (
+            "leased until",
+            t.lease_until_ms.map(|ms| time(ms, now)).unwrap_or_default(),
+        ),
+        ("attempts", t.attempts.to_string()),
+        ("priority", t.priority.clone()),
+        ("key", t.idempotency_key.clone().unwrap_or_default()),
+        ("dead because", t.dead_reason.clone().unwrap_or_default()),
+        ("headers", headers.join(", ")),
+        ("payload", payload),
+    ])
+}
+
+fn describe_submitted(s: Submitted) -> String {
+    let note = if s.duplicate {
+        " (already known: same idempotency key)"
+    } else {
+        ""
+    };
+    format!(
+        "{} scheduled in {}, due {}{note}",
+        s.id,
+        s.queue,
+        time(s.due_at_ms, now_ms())
+    )
+}
+
+fn describe_leased(queue: &str, list: LeasedList) -> String {
+    if list.tasks.is_empty() {
+        return format!("no task due in {queue}");
+    }
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = list
+        .tasks
+        .iter()
+        .map(|t| {
+            let payload = match (&t.payload, &t.payload_base64) {
+                (_, Some(bytes)) => format!("{bytes} (base64)"),
+                (Some(json), None) => json.to_string(),
+                (None, None) => "null".to_owned(),
+            };
+            vec![
+                t.id.clone(),
+                t.lease_id.clone(),
+                t.attempt.to_string(),
+                time(t.lease_until_ms, now),
+                clip(&payload, PAYLOAD_COLUMN_CHARS_MAX),
+            ]
+        })
+        .collect();
+    let header = ["TASK", "LEASE", "ATTEMPT", "LEASED UNTIL", "PAYLOAD"];
+    format!(
+        "{}\nack each with: belfry task ack {queue} TASK LEASE",
+        table(&header, &rows)
+    )
+}
+
+/// After ack, nack or extend: where the task stands now.
+fn describe_state(s: TaskState) -> String {
+    let now = now_ms();
+    match (s.state.as_str(), s.due_at_ms, s.lease_until_ms) {
+        ("done", _, _) => format!("{} done", s.id),
+        ("scheduled", Some(due), _) => format!("{} scheduled again, due {}", s.id, time(due, now)),
+        ("leased", _, Some(until)) => format!("{} leased until {}", s.id, time(until, now)),
+        ("dead", _, _) => format!("{} is a dead letter now (out of attempts)", s.id),
+        (state, _, _) => format!("{} {state}", s.id),
+    }
+}
+
+pub async fn task(remote: &Remote, command: TaskCommand) -> anyhow::Result<()> {
+    let show = |t: Task| describe(&t);
+    match command {
+        TaskCommand::Add(args) => {
+            let request = Request::submit(&args.queue, &new_task(&args)?);
+            run(remote, request, describe_submitted).await
+        }
+        TaskCommand::Get(target) => run(remote, get_request(&target), show).await,
+        TaskCommand::Cancel(target) => cancel(remote, &target).await,
+        TaskCommand::Reschedule { target, due } => {
+            let due = due_time(due)?;
+            let request = match (&target.id, &target.key) {
+                (_, Some(key)) => Request::reschedule_by_key(&target.queue, key, &due),
+                (Some(id), None) => Request::reschedule(&target.queue, id, &due),
+                (None, None) => bail!("name the task by ID or --key"),
+            };
+            run(remote, request, show).await
+        }
+        TaskCommand::Lease {
+            queue,
+            max,
+            visibility,
+            wait,
+        } => {
+            let lease = LeaseRequest {
+                max: Some(max),
+                visibility_ms: parse_ms("visibility", visibility.as_deref())?,
+                wait_ms: parse_ms("wait", wait.as_deref())?,
+            };
+            let request = Request::lease(&queue, &lease);
+            run(remote, request, |list| describe_leased(&queue, list)).await
+        }
+        TaskCommand::Ack { queue, pairs } => ack(remote, &queue, &pairs).await,
+        TaskCommand::Nack {
+            queue,
+            id,
+            lease_id,
+            delay,
+            reason,
+        } => {
+            let nack = Nack {
+                delay_ms: parse_ms("delay", delay.as_deref())?,
+                reason,
+            };
+            let request = Request::nack(&queue, &id, &lease_id, &nack);
+            run(remote, request, describe_state).await
+        }
+        TaskCommand::Extend {
+            queue,
+            id,
+            lease_id,
+            visibility,
+        } => {
+            let visibility_ms = parse_ms("visibility", Some(&visibility))?.unwrap_or_default();
+            let request = Request::extend(&queue, &id, &lease_id, visibility_ms);
+            run(remote, request, describe_state).await
+        }
+    }
+}
+
+fn get_request(target: &Target) -> Request {
+    match (&target.id, &target.key) {
+        (_, Some(key)) => Request::get_task_by_key(&target.queue, key),
+        (id, None) => Request::get_task(&target.queue, id.as_deref().unwrap_or_default()),
+    }
+}
+
+async fn cancel(remote: &Remote, target: &Target) -> anyhow::Result<()> {
+    let (request, name) = match (&target.id, &target.key) {
+        (_, Some(key)) => (
+            Request::cancel_by_key(&target.queue, key),
+            format!("the task with key {key:?}"),
+        ),
+        (Some(id), None) => (Request::cancel(&target.queue, id), id.clone()),
+        (None, None) => bail!("name the task by ID or --key"),
+    };
+    run_empty(remote, request, format!("cancelled {name}")).await
+}
+
+/// One pair acks through the single-task route; several go in one batch, and any failed ack
+/// makes the command fail after printing every result.
+async fn ack(remote: &Remote, queue: &str, pairs: &[String]) -> anyhow::Result<()> {
+    if pairs.len() % 2 != 0 {
+        bail!("give each task as ID LEASE_ID: got {} words", pairs.len());
+    }
+    if let [id, lease_id] = pairs {
+        return run(remote, Request::ack(queue, id, lease_id), describe_state).await;
+    }
+    let acks: Vec<(String, String)> = pairs
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect();
+    let answer = client(remote)?
+        .send(&Request::ack_batch(queue, &acks))
+        .await?;
+    let results: Results<AckItemResult> = answer.json()?;
+    if remote.json {
+        print_raw(&answer)?;
+    } else {
+        for result in &results.results {
+            match &result.error {
+                None => println!("{} done", result.id),
+                Some(e) => println!("{} not acked: {}: {}", result.id, e.code, e.message),
+            }
+        }
+    }
+    let failed = results.results.iter().filter(|r| r.error.is_some()).count();
+    if failed > 0 {
+        return Err(anyhow!("{failed} of {} acks failed", results.results.len()));
+    }
+    Ok(())
+}

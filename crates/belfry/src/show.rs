@@ -1,0 +1,206 @@
+//! Human-readable output: times as RFC 3339 with a relative hint, durations in units a person
+//! reads, and aligned `key: value` lines.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const SECOND_MS: u64 = 1_000;
+const MINUTE_MS: u64 = 60 * SECOND_MS;
+const HOUR_MS: u64 = 60 * MINUTE_MS;
+const DAY_MS: u64 = 24 * HOUR_MS;
+
+/// This machine's wall clock in unix ms; the relative hints are only hints, so a skew with the
+/// server's clock shows as a skewed hint, nothing worse.
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// `2026-11-23T12:10:00Z (in 4m 10s)`, `... (3s ago)`, `... (now)`.
+pub fn time(at_ms: u64, now_ms: u64) -> String {
+    let hint = if at_ms > now_ms {
+        format!("in {}", duration(at_ms - now_ms))
+    } else if now_ms - at_ms < SECOND_MS {
+        "now".to_owned()
+    } else {
+        format!("{} ago", duration(now_ms - at_ms))
+    };
+    format!("{} ({hint})", rfc3339(at_ms))
+}
+
+/// A duration in its two largest units: `250ms`, `4s`, `4m 10s`, `2h 5m`, `3d 4h`.
+pub fn duration(ms: u64) -> String {
+    if ms < SECOND_MS {
+        return format!("{ms}ms");
+    }
+    if ms < MINUTE_MS {
+        let tenths = (ms % SECOND_MS) / 100;
+        return if tenths == 0 || ms >= 10 * SECOND_MS {
+            format!("{}s", ms / SECOND_MS)
+        } else {
+            format!("{}.{tenths}s", ms / SECOND_MS)
+        };
+    }
+    let units = [
+        (DAY_MS, "d"),
+        (HOUR_MS, "h"),
+        (MINUTE_MS, "m"),
+        (SECOND_MS, "s"),
+    ];
+    let first = units.iter().position(|(size, _)| ms >= *size).unwrap_or(3);
+    let (big, big_name) = units[first];
+    let (small, small_name) = units[(first + 1).min(3)];
+    let rest = (ms % big) / small;
+    if rest == 0 {
+        format!("{}{big_name}", ms / big)
+    } else {
+        format!("{}{big_name} {rest}{small_name}", ms / big)
+    }
+}
+
+/// Unix milliseconds as RFC 3339 in UTC; milliseconds shown only when there are some.
+pub fn rfc3339(ms: u64) -> String {
+    let days = ms / DAY_MS;
+    let in_day = ms % DAY_MS;
+    let (year, month, day) = civil_from_days(days);
+    let (h, m, s, milli) = (
+        in_day / HOUR_MS,
+        (in_day % HOUR_MS) / MINUTE_MS,
+        (in_day % MINUTE_MS) / SECOND_MS,
+        in_day % SECOND_MS,
+    );
+    let fraction = if milli == 0 {
+        String::new()
+    } else {
+        format!(".{milli:03}")
+    };
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}{fraction}Z")
+}
+
+/// The Gregorian date `days` after 1970-01-01: count 400-year eras (146,097 days each) from
+/// 0000-03-01, so that the leap day is the last day of each shifted year.
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    const ERA_DAYS: u64 = 146_097;
+    // Days from 0000-03-01 to 1970-01-01.
+    let shifted = days + 719_468;
+    let era = shifted / ERA_DAYS;
+    let day_of_era = shifted % ERA_DAYS;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+/// `key: value` lines with the values aligned; empty values are left out.
+pub fn fields(rows: &[(&str, String)]) -> String {
+    let width = rows.iter().map(|(key, _)| key.len()).max().unwrap_or(0) + 1;
+    rows.iter()
+        .filter(|(_, value)| !value.is_empty())
+        .map(|(key, value)| format!("{:width$} {value}", format!("{key}:")))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Columns padded to their widest cell; the last column is not padded.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let last = cells.len().saturating_sub(1);
+        let padded: Vec<String> = cells
+            .into_iter()
+            .enumerate()
+            .map(|(i, cell)| {
+                if i == last {
+                    cell
+                } else {
+                    format!("{cell:width$}", width = widths[i])
+                }
+            })
+            .collect();
+        padded.join("  ")
+    };
+    let mut lines = vec![line(header.iter().map(|h| (*h).to_owned()).collect())];
+    lines.extend(rows.iter().map(|row| line(row.clone())));
+    lines.join("\n")
+}
+
+/// At most `max` characters, with `…` when cut.
+pub fn clip(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_rfc3339() {
+        let check = |ms: u64, text: &str| assert_eq!(rfc3339(ms), text, "{ms}");
+        check(0, "1970-01-01T00:00:00Z");
+        check(1_767_225_600_000, "2026-01-01T00:00:00Z");
+        check(1_767_225_610_250, "2026-01-01T00:00:10.250Z");
+        check(951_782_400_000, "2000-02-29T00:00:00Z");
+        check(951_868_799_999, "2000-02-29T23:59:59.999Z");
+        check(4_107_542_400_000, "2100-03-01T00:00:00Z");
+        check(1_795_435_800_000, "2026-11-23T12:10:00Z");
+    }
+
+    #[test]
+    fn check_durations() {
+        let check = |ms: u64, text: &str| assert_eq!(duration(ms), text, "{ms}");
+        check(0, "0ms");
+        check(250, "250ms");
+        check(1_500, "1.5s");
+        check(4_000, "4s");
+        check(59_999, "59s");
+        check(60_000, "1m");
+        check(250_000, "4m 10s");
+        check(2 * HOUR_MS + 5 * MINUTE_MS + 7_000, "2h 5m");
+        check(3 * DAY_MS + 4 * HOUR_MS, "3d 4h");
+    }
+
+    #[test]
+    fn check_relative_times() {
+        let now = 1_795_435_550_000;
+        assert_eq!(
+            time(1_795_435_800_000, now),
+            "2026-11-23T12:10:00Z (in 4m 10s)"
+        );
+        assert_eq!(time(now - 3_000, now), "2026-11-23T12:05:47Z (3s ago)");
+        assert_eq!(time(now, now), "2026-11-23T12:05:50Z (now)");
+    }
+
+    #[test]
+    fn fields_align_and_skip_empty_values() {
+        let text = fields(&[
+            ("id", "7".into()),
+            ("lease", String::new()),
+            ("state", "done".into()),
+        ]);
+        assert_eq!(text, "id:    7\nstate: done");
+    }
+
+    #[test]
+    fn tables_pad_all_but_the_last_column() {
+        let text = table(&["ID", "NOTE"], &[vec!["1234".into(), "x".into()]]);
+        assert_eq!(text, "ID    NOTE\n1234  x");
+    }
+}

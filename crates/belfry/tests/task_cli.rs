@@ -1,0 +1,455 @@
+//! The task, dead-letter and queue verbs of the real `belfry` binary against a spawned
+//! `belfry serve`: a pull consumer by hand (lease, ack, nack, extend), tasks by idempotency
+//! key, dead letters, `--json` printing the server's answer as received, and error lines.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+mod common;
+
+use common::{serve, Served, BIN};
+
+/// Runs `belfry ARGS --server URL`; returns (success, stdout, stderr).
+fn belfry(server: &Served, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN)
+        .args(args)
+        .args(["--server", &server.url])
+        .env_remove("BELFRY_SERVER")
+        .output()
+        .expect("run belfry");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok(server: &Served, args: &[&str]) -> String {
+    let (success, stdout, stderr) = belfry(server, args);
+    assert!(success, "belfry {args:?} failed: {stderr}");
+    stdout
+}
+
+/// Runs the command with `--json` and parses what it printed.
+fn json(server: &Served, args: &[&str]) -> Value {
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let stdout = ok(server, &with_json);
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {stdout}"))
+}
+
+/// Runs a command that must fail; returns its stderr, which must be one line.
+fn fails(server: &Served, args: &[&str]) -> String {
+    let (success, stdout, stderr) = belfry(server, args);
+    assert!(!success, "belfry {args:?} succeeded: {stdout}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
+    stderr
+}
+
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    since.as_millis() as u64
+}
+
+fn text(value: &Value) -> String {
+    value
+        .as_str()
+        .unwrap_or_else(|| panic!("a string: {value}"))
+        .to_owned()
+}
+
+/// Adds a task due now and leases it: (task id, lease id).
+fn add_and_lease(server: &Served, queue: &str, visibility: &str) -> (String, String) {
+    let added = json(server, &["task", "add", queue, "--payload", r#"{"n": 1}"#]);
+    let leased = json(
+        server,
+        &["task", "lease", queue, "--visibility", visibility],
+    );
+    let task = &leased["tasks"][0];
+    assert_eq!(task["id"], added["id"], "{leased}");
+    (text(&task["id"]), text(&task["lease_id"]))
+}
+
+#[test]
+fn lease_then_ack_round_trip() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "work"]);
+    let added = json(
+        &server,
+        &["task", "add", "work", "--payload", r#"{"to": "a"}"#],
+    );
+    let id = text(&added["id"]);
+
+    let table = ok(&server, &["task", "lease", "work", "--visibility", "10m"]);
+    let mut lines = table.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(
+        header.starts_with("TASK") && header.contains("LEASED UNTIL"),
+        "{table}"
+    );
+    let row = lines.next().unwrap_or_default();
+    assert!(
+        row.starts_with(&id) && row.contains(r#"{"to":"a"}"#),
+        "{table}"
+    );
+    assert!(
+        row.contains("(in 9m 5") || row.contains("(in 10m)"),
+        "relative: {row}"
+    );
+    let lease_id = row
+        .split_whitespace()
+        .nth(1)
+        .expect("a lease column")
+        .to_owned();
+
+    let acked = ok(&server, &["task", "ack", "work", &id, &lease_id]);
+    assert_eq!(acked.trim(), format!("{id} done"));
+    let task = json(&server, &["task", "get", "work", &id]);
+    assert_eq!(task["state"], "done");
+    let stale = fails(&server, &["task", "ack", "work", &id, &lease_id]);
+    assert!(stale.starts_with("error: lease_expired: "), "{stale}");
+
+    let empty = ok(&server, &["task", "lease", "work"]);
+    assert_eq!(empty.trim(), "no task due in work");
+}
+
+#[test]
+fn ack_several_tasks_at_once() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "work"]);
+    ok(&server, &["task", "add", "work"]);
+    ok(&server, &["task", "add", "work"]);
+    let leased = json(&server, &["task", "lease", "work", "--max", "2"]);
+    let tasks = leased["tasks"].as_array().expect("tasks");
+    assert_eq!(tasks.len(), 2, "{leased}");
+    let words: Vec<String> = tasks
+        .iter()
+        .flat_map(|t| [text(&t["id"]), text(&t["lease_id"])])
+        .collect();
+    let mut args = vec!["task", "ack", "work"];
+    args.extend(words.iter().map(String::as_str));
+    let out = ok(&server, &args);
+    assert_eq!(
+        out.lines().filter(|l| l.ends_with(" done")).count(),
+        2,
+        "{out}"
+    );
+    // The same leases again: every ack fails, and the command says so.
+    let (success, out, err) = belfry(&server, &args);
+    assert!(!success && err.contains("2 of 2 acks failed"), "{err}");
+    assert_eq!(out.matches("lease_expired").count(), 2, "{out}");
+}
+
+#[test]
+fn nack_with_delay_and_extend() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "work"]);
+    let (id, lease_id) = add_and_lease(&server, "work", "1m");
+
+    let before = now_ms();
+    let extended = json(
+        &server,
+        &[
+            "task",
+            "extend",
+            "work",
+            &id,
+            &lease_id,
+            "--visibility",
+            "10m",
+        ],
+    );
+    assert_eq!(extended["state"], "leased");
+    let until = extended["lease_until_ms"].as_u64().expect("lease_until_ms");
+    assert!(
+        until >= before + 600_000 && until <= now_ms() + 600_000,
+        "{extended}"
+    );
+
+    let before = now_ms();
+    let nacked = ok(
+        &server,
+        &[
+            "task",
+            "nack",
+            "work",
+            &id,
+            &lease_id,
+            "--delay",
+            "1h",
+            "--reason",
+            "smtp down",
+        ],
+    );
+    assert!(
+        nacked.starts_with(&format!("{id} scheduled again, due ")),
+        "{nacked}"
+    );
+    assert!(
+        nacked.contains("(in 59m 5") || nacked.contains("(in 1h)"),
+        "{nacked}"
+    );
+    let task = json(&server, &["task", "get", "work", &id]);
+    assert_eq!(task["state"], "scheduled");
+    let due = task["due_at_ms"].as_u64().expect("due_at_ms");
+    assert!(
+        due >= before + 3_600_000 && due <= now_ms() + 3_600_000,
+        "{task}"
+    );
+    // Not due for an hour: nothing to lease, and the old lease is gone.
+    assert_eq!(
+        json(&server, &["task", "lease", "work"])["tasks"],
+        Value::Array(vec![])
+    );
+    let stale = fails(
+        &server,
+        &[
+            "task",
+            "extend",
+            "work",
+            &id,
+            &lease_id,
+            "--visibility",
+            "1m",
+        ],
+    );
+    assert!(stale.contains("lease_expired"), "{stale}");
+}
+
+#[test]
+fn get_reschedule_and_cancel_by_idempotency_key() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "orders"]);
+    let key = "close/order 42";
+    let added = json(
+        &server,
+        &[
+            "task",
+            "add",
+            "orders",
+            "--delay",
+            "1m",
+            "--idempotency-key",
+            key,
+        ],
+    );
+    let by_key = json(&server, &["task", "get", "orders", "--key", key]);
+    assert_eq!(by_key["id"], added["id"]);
+
+    let before = now_ms();
+    let moved = json(
+        &server,
+        &[
+            "task",
+            "reschedule",
+            "orders",
+            "--key",
+            key,
+            "--delay",
+            "10m",
+        ],
+    );
+    let due = moved["due_at_ms"].as_u64().expect("due_at_ms");
+    assert!(
+        due >= before + 600_000 && due <= now_ms() + 600_000,
+        "{moved}"
+    );
+    let at = ok(
+        &server,
+        &[
+            "task",
+            "reschedule",
+            "orders",
+            "--key",
+            key,
+            "--at",
+            "2030-01-01T00:00:00Z",
+        ],
+    );
+    assert!(
+        at.contains("due:") && at.contains("2030-01-01T00:00:00Z (in "),
+        "{at}"
+    );
+    let id = text(&added["id"]);
+    let by_ms = json(
+        &server,
+        &[
+            "task",
+            "reschedule",
+            "orders",
+            &id,
+            "--at-ms",
+            "1924992000000",
+        ],
+    );
+    assert_eq!(by_ms["due_at_ms"], 1_924_992_000_000_u64);
+
+    let cancelled = ok(&server, &["task", "cancel", "orders", "--key", key]);
+    assert!(cancelled.starts_with("cancelled"), "{cancelled}");
+    assert_eq!(
+        json(&server, &["task", "get", "orders", &id])["state"],
+        "cancelled"
+    );
+    let again = fails(&server, &["task", "cancel", "orders", "--key", key]);
+    assert!(again.contains("task_not_scheduled"), "{again}");
+    let unknown = fails(&server, &["task", "get", "orders", "--key", "nope"]);
+    assert!(unknown.contains("task_not_found"), "{unknown}");
+    let neither = belfry(&server, &["task", "get", "orders"]);
+    assert!(!neither.0 && neither.2.contains("<ID>"), "{}", neither.2);
+}
+
+#[test]
+fn dead_get_list_and_redrive() {
+    let server = serve(&["--store", "memory"]);
+    ok(
+        &server,
+        &["queue", "create", "fragile", "--max-attempts", "1"],
+    );
+    let (id, lease_id) = add_and_lease(&server, "fragile", "30s");
+    let out = ok(
+        &server,
+        &[
+            "task",
+            "nack",
+            "fragile",
+            &id,
+            &lease_id,
+            "--reason",
+            "bad input",
+        ],
+    );
+    assert_eq!(
+        out.trim(),
+        format!("{id} is a dead letter now (out of attempts)")
+    );
+
+    let dead = ok(&server, &["dead", "get", "fragile", &id]);
+    assert!(
+        dead.contains("state:") && dead.contains(" dead\n"),
+        "{dead}"
+    );
+    assert!(dead.contains("dead because:"), "{dead}");
+    let listed = ok(&server, &["dead", "list", "fragile"]);
+    assert!(
+        listed.starts_with("TASK") && listed.contains(&id),
+        "{listed}"
+    );
+    let got = json(&server, &["dead", "get", "fragile", &id]);
+    assert_eq!(got["state"], "dead");
+
+    let redriven = json(&server, &["dead", "redrive", "fragile", &id]);
+    assert_eq!(
+        (&redriven["state"], &redriven["attempts"]),
+        (&Value::from("scheduled"), &Value::from(0))
+    );
+    let not_dead = fails(&server, &["dead", "redrive", "fragile", &id]);
+    assert!(not_dead.contains("task_not_dead"), "{not_dead}");
+}
+
+/// `--json` prints the server's answer byte for byte, not a re-serialisation.
+#[tokio::test]
+async fn json_output_is_the_servers_answer() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "raw", "--rate", "2.5"]);
+    let added = json(
+        &server,
+        &[
+            "task",
+            "add",
+            "raw",
+            "--delay",
+            "1h",
+            "--payload",
+            r#"{"z": 1, "a": 1.50}"#,
+        ],
+    );
+    let id = text(&added["id"]);
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for (args, path) in [
+        (
+            vec!["task", "get", "raw", id.as_str()],
+            format!("/v1/queues/raw/tasks/{id}"),
+        ),
+        (vec!["queue", "get", "raw"], "/v1/queues/raw".to_owned()),
+        (vec!["queue", "list"], "/v1/queues".to_owned()),
+        (
+            vec!["dead", "list", "raw"],
+            "/v1/queues/raw/dead".to_owned(),
+        ),
+    ] {
+        let direct = http
+            .get(format!("{}{path}", server.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let mut with_json = args.clone();
+        with_json.push("--json");
+        assert_eq!(ok(&server, &with_json), direct, "{args:?}");
+    }
+    // An empty answer (204) prints nothing.
+    assert_eq!(ok(&server, &["task", "cancel", "raw", &id, "--json"]), "");
+}
+
+#[test]
+fn an_unreachable_server_is_one_line_with_a_hint() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = Command::new(BIN)
+        .args(["queue", "list", "--server", &url])
+        .output()
+        .expect("run belfry");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(stderr.trim_end().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot reach belfry at {url}")),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("--server") && stderr.contains("BELFRY_SERVER"),
+        "{stderr}"
+    );
+}
+
+/// Every subcommand of every noun says what it does in `--help`.
+#[test]
+fn every_subcommand_has_help_text() {
+    for noun in ["queue", "task", "dead", "schedule"] {
+        let out = Command::new(BIN)
+            .args([noun, "--help"])
+            .output()
+            .expect("help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        let commands: Vec<&str> = help
+            .lines()
+            .skip_while(|l| !l.starts_with("Commands:"))
+            .skip(1)
+            .take_while(|l| !l.trim().is_empty())
+            .filter(|l| !l.trim_start().starts_with("help "))
+            .collect();
+        assert!(commands.len() >= 3, "{noun}: {help}");
+        for line in commands {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            assert!(words.len() >= 3, "{noun}: {line:?} has no description");
+        }
+    }
+    let out = Command::new(BIN)
+        .args(["task", "lease", "--help"])
+        .output()
+        .expect("help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("--visibility") && help.contains("--wait"),
+        "{help}"
+    );
+}
