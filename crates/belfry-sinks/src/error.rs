@@ -61,4 +61,9 @@ pub enum SinkError {
         min: Duration,
         max: Duration,
     },
+
+    /// A field of a queue's `delivery` object is missing, invalid or names something the
+    /// server does not have. `field` is the path inside `delivery` (`connection`, `topic`).
+    #[error("delivery.{field}: {reason}")]
+    InvalidDelivery { field: &'static str, reason: String },
 }

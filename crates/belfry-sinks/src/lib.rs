@@ -10,8 +10,11 @@
 //! a queue is configured ([`validate_webhook_url`]) and at every connection (a DNS resolver that
 //! filters addresses, so DNS rebinding cannot sneak past the first check).
 //!
-//! The Redis Streams sink (`redis_stream`, feature `redis-streams`, on by default) appends to a
-//! stream instead. [`testing::ScriptedSink`] records deliveries and answers from a script or
+//! The stream sinks publish to a broker the operator declared in the server config
+//! ([`Connections`]): Redis Streams (`redis_stream`, feature `redis-streams`), NATS JetStream
+//! (`nats`, feature `nats`) and Kafka (`kafka`, feature `kafka`), all on by default. They
+//! deliver many tasks per round trip ([`Sink::deliver_batch`]) and name the same metadata
+//! ([`metadata`]). [`testing::ScriptedSink`] records deliveries and answers from a script or
 //! seeded faults, for dispatcher tests and the simulation.
 
 use std::future::Future;
@@ -20,16 +23,26 @@ use std::time::Duration;
 
 use belfry_core::{Task, UnixMs};
 
+pub mod connections;
 mod error;
 pub mod factory;
+mod gate;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+pub mod metadata;
+#[cfg(feature = "nats")]
+pub mod nats;
 #[cfg(feature = "redis-streams")]
 pub mod redis_stream;
 pub mod retry;
 pub mod testing;
 pub mod webhook;
 
+pub use connections::{ConnectionKind, ConnectionSpec, Connections, TlsOptions};
 pub use error::SinkError;
-pub use factory::{SinkFactory, SinkSpec, StandardSinks, WebhookSpec};
+pub use factory::{
+    KafkaSpec, NatsSpec, RedisStreamSpec, SinkFactory, SinkSpec, StandardSinks, WebhookSpec,
+};
 pub use webhook::signature::{sign, verify_signature};
 pub use webhook::target::{
     check_webhook_target, client_for, default_client, non_public_range, try_client_for,
@@ -37,6 +50,10 @@ pub use webhook::target::{
 };
 pub use webhook::{WebhookConfig, WebhookSink};
 
+#[cfg(feature = "kafka")]
+pub use kafka::{KafkaConfig, KafkaKey, KafkaSink};
+#[cfg(feature = "nats")]
+pub use nats::{NatsConfig, NatsSink};
 #[cfg(feature = "redis-streams")]
 pub use redis_stream::{RedisStreamConfig, RedisStreamSink};
 

@@ -176,6 +176,135 @@ pub fn classify_redis_error(code: Option<&str>, authentication: bool, detail: &s
     }
 }
 
+/// How a NATS JetStream publish failed, as the NATS sink saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatsFailure {
+    /// No connection could be made, or it broke while the publish was in flight.
+    Connection,
+    /// No PubAck within the limit (a slow or stopped server, or a reconnect in progress).
+    Timeout,
+    /// The server refused our credentials.
+    Authorization,
+    /// No stream captures the subject ("no responders"): nothing would ever store the message.
+    NoStream,
+    /// The message is larger than the server's `max_payload`; the server would close the
+    /// connection rather than take it.
+    TooLarge,
+    /// The stream answered with a JetStream API error code.
+    Api(u64),
+    /// The publish could not be built (an invalid subject or header).
+    InvalidRequest,
+}
+
+/// JetStream API error codes after which publishing the same message again cannot succeed:
+/// 10054 the message exceeds the stream's maximum message size, 10060 expected stream does not
+/// match, 10070 and 10071 a failed expected-last-id or -sequence check, 10058 the stream is
+/// sealed. Every other API error (insufficient resources, store failures, leader elections) can
+/// pass and is retried.
+const NATS_PERMANENT_API_CODES: &[u64] = &[10054, 10058, 10060, 10070, 10071];
+
+/// The outcome for a failed JetStream publish.
+pub fn classify_nats_failure(failure: NatsFailure, detail: &str) -> Outcome {
+    let reason = |what: &str| {
+        bounded(if detail.is_empty() {
+            format!("nats: {what}")
+        } else {
+            format!("nats: {what}: {detail}")
+        })
+    };
+    match failure {
+        NatsFailure::Connection => classify_transport(TransportFailure::Connection, detail),
+        NatsFailure::Timeout => classify_transport(TransportFailure::Timeout, detail),
+        NatsFailure::Authorization => Outcome::Reject {
+            reason: reason("authorization refused"),
+        },
+        NatsFailure::NoStream => Outcome::Reject {
+            reason: reason("no JetStream stream captures the subject"),
+        },
+        NatsFailure::TooLarge => Outcome::Reject {
+            reason: reason("message too large"),
+        },
+        NatsFailure::Api(code) if NATS_PERMANENT_API_CODES.contains(&code) => Outcome::Reject {
+            reason: reason(&format!("JetStream error {code}")),
+        },
+        NatsFailure::Api(code) => Outcome::Retry {
+            after: None,
+            reason: reason(&format!("JetStream error {code}")),
+        },
+        NatsFailure::InvalidRequest => classify_transport(TransportFailure::InvalidRequest, detail),
+    }
+}
+
+/// Kafka protocol errors (by rskafka's name for them) after which producing the same record
+/// again cannot help: the topic does not exist or is invalid, the record or batch is too large
+/// or invalid, authorization or SASL authentication failed, the broker refuses the request's
+/// shape. Everything else (not the leader, not enough replicas, request timed out, network
+/// errors, throttling) is transient in Kafka's own terms and retried.
+const KAFKA_PERMANENT_ERRORS: &[&str] = &[
+    "UnknownTopicOrPartition",
+    "InvalidTopicException",
+    "MessageTooLarge",
+    "RecordListTooLarge",
+    "InvalidRecord",
+    "InvalidRequiredAcks",
+    "TopicAuthorizationFailed",
+    "ClusterAuthorizationFailed",
+    "SaslAuthenticationFailed",
+    "UnsupportedSaslMechanism",
+    "IllegalSaslState",
+    "UnsupportedVersion",
+    "UnsupportedForMessageFormat",
+    "PolicyViolation",
+];
+
+/// How a Kafka produce failed, as the Kafka sink saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KafkaFailure<'a> {
+    /// No broker could be reached, or the connection broke mid-request.
+    Connection,
+    /// No acknowledgement within the limit.
+    Timeout,
+    /// The broker answered with this protocol error (rskafka's name for it).
+    Broker(&'a str),
+    /// SASL authentication was refused.
+    Authentication,
+    /// The topic is not in the cluster's metadata.
+    UnknownTopic,
+    /// The record could not be built (a key the spec cannot take, for instance).
+    InvalidRequest,
+}
+
+/// The outcome for a failed Kafka produce.
+pub fn classify_kafka_failure(failure: KafkaFailure<'_>, detail: &str) -> Outcome {
+    let reason = |what: &str| {
+        bounded(if detail.is_empty() {
+            format!("kafka: {what}")
+        } else {
+            format!("kafka: {what}: {detail}")
+        })
+    };
+    match failure {
+        KafkaFailure::Connection => classify_transport(TransportFailure::Connection, detail),
+        KafkaFailure::Timeout => classify_transport(TransportFailure::Timeout, detail),
+        KafkaFailure::Authentication => Outcome::Reject {
+            reason: reason("authentication refused"),
+        },
+        KafkaFailure::UnknownTopic => Outcome::Reject {
+            reason: reason("unknown topic"),
+        },
+        KafkaFailure::Broker(name) if KAFKA_PERMANENT_ERRORS.contains(&name) => Outcome::Reject {
+            reason: reason(&format!("broker error {name}")),
+        },
+        KafkaFailure::Broker(name) => Outcome::Retry {
+            after: None,
+            reason: reason(&format!("broker error {name}")),
+        },
+        KafkaFailure::InvalidRequest => {
+            classify_transport(TransportFailure::InvalidRequest, detail)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -436,5 +565,57 @@ mod tests {
                 reason: "timed out".into()
             }
         );
+    }
+
+    #[test]
+    fn nats_failure_classification() {
+        let check = |failure: NatsFailure, expected: Expected| {
+            assert_eq!(
+                project(&classify_nats_failure(failure, "d")),
+                expected,
+                "{failure:?}"
+            );
+        };
+        check(NatsFailure::Connection, Expected::Retry(None));
+        check(NatsFailure::Timeout, Expected::Retry(None));
+        check(NatsFailure::Authorization, Expected::Reject);
+        check(NatsFailure::NoStream, Expected::Reject);
+        check(NatsFailure::TooLarge, Expected::Reject);
+        check(NatsFailure::Api(10054), Expected::Reject);
+        check(NatsFailure::Api(10023), Expected::Retry(None));
+        check(NatsFailure::InvalidRequest, Expected::Reject);
+    }
+
+    #[test]
+    fn kafka_failure_classification() {
+        let check = |failure: KafkaFailure<'_>, expected: Expected| {
+            assert_eq!(
+                project(&classify_kafka_failure(failure, "d")),
+                expected,
+                "{failure:?}"
+            );
+        };
+        check(KafkaFailure::Connection, Expected::Retry(None));
+        check(KafkaFailure::Timeout, Expected::Retry(None));
+        check(KafkaFailure::Authentication, Expected::Reject);
+        check(KafkaFailure::UnknownTopic, Expected::Reject);
+        check(KafkaFailure::Broker("MessageTooLarge"), Expected::Reject);
+        check(
+            KafkaFailure::Broker("UnknownTopicOrPartition"),
+            Expected::Reject,
+        );
+        check(
+            KafkaFailure::Broker("NotLeaderOrFollower"),
+            Expected::Retry(None),
+        );
+        check(
+            KafkaFailure::Broker("NotEnoughReplicas"),
+            Expected::Retry(None),
+        );
+        check(
+            KafkaFailure::Broker("RequestTimedOut"),
+            Expected::Retry(None),
+        );
+        check(KafkaFailure::InvalidRequest, Expected::Reject);
     }
 }

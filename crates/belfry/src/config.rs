@@ -1,11 +1,13 @@
 //! The configuration file (TOML), its environment overrides and conversion to the server's
 //! validated settings. Every key is documented in config/belfry.example.toml.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
 use belfry_server::ServerConfig;
+use belfry_sinks::{ConnectionKind, ConnectionSpec, Connections, TlsOptions};
 use belfry_store::FsyncPolicy;
 use serde::Deserialize;
 
@@ -33,6 +35,122 @@ pub struct FileConfig {
     pub metrics: MetricsSection,
     #[serde(default)]
     pub log: LogSection,
+    /// `[connections.NAME]`: brokers that queues' stream deliveries name.
+    #[serde(default)]
+    pub connections: BTreeMap<String, ConnectionSection>,
+}
+
+/// One `[connections.NAME]` table. Secrets in it are never logged: `Debug` redacts them.
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionSection {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub url: Option<String>,
+    pub brokers: Option<Vec<String>>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub token: Option<String>,
+    #[serde(default)]
+    pub tls: ConnectionTlsSection,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionTlsSection {
+    pub enabled: Option<bool>,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ConnectionSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let redacted = |set: bool| if set { Some("<redacted>") } else { None };
+        f.debug_struct("ConnectionSection")
+            .field("kind", &self.kind)
+            .field("url", &redacted(self.url.is_some()))
+            .field("brokers", &self.brokers)
+            .field("username", &self.username)
+            .field("password", &redacted(self.password.is_some()))
+            .field("token", &redacted(self.token.is_some()))
+            .field("tls", &self.tls)
+            .finish()
+    }
+}
+
+/// Prefix of the environment overrides of a connection's keys:
+/// `BELFRY_CONNECTIONS__<NAME>__<KEY>` with KEY one of URL, BROKERS (comma-separated),
+/// USERNAME, PASSWORD, TOKEN. NAME is matched case-insensitively against the file's names (a
+/// name the file lacks declares a new connection, lower-cased; it then needs a TYPE too).
+pub const CONNECTION_ENV_PREFIX: &str = "BELFRY_CONNECTIONS__";
+
+impl FileConfig {
+    /// Applies `BELFRY_CONNECTIONS__NAME__KEY` overrides from `vars` (name, value pairs).
+    pub fn apply_connection_env(
+        &mut self,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> anyhow::Result<()> {
+        for (var, value) in vars {
+            let Some(rest) = var.strip_prefix(CONNECTION_ENV_PREFIX) else {
+                continue;
+            };
+            let Some((name, key)) = rest.split_once("__") else {
+                bail!("{var}: expected {CONNECTION_ENV_PREFIX}<NAME>__<KEY>");
+            };
+            let existing = self
+                .connections
+                .keys()
+                .find(|known| known.eq_ignore_ascii_case(name))
+                .cloned();
+            let name = existing.unwrap_or_else(|| name.to_ascii_lowercase());
+            let entry = self.connections.entry(name).or_default();
+            let value = value.trim().to_owned();
+            match key {
+                "TYPE" => entry.kind = Some(value),
+                "URL" => entry.url = Some(value),
+                "BROKERS" => {
+                    entry.brokers = Some(value.split(',').map(|b| b.trim().to_owned()).collect())
+                }
+                "USERNAME" => entry.username = Some(value),
+                "PASSWORD" => entry.password = Some(value),
+                "TOKEN" => entry.token = Some(value),
+                other => bail!(
+                    "{var}: unknown connection key {other:?}; expected TYPE, URL, BROKERS, USERNAME, PASSWORD or TOKEN"
+                ),
+            }
+        }
+        Ok(())
+    }
+
+    /// The validated `[connections.*]` entries.
+    fn resolve_connections(&self) -> anyhow::Result<Connections> {
+        let mut connections = Connections::empty();
+        for (name, section) in &self.connections {
+            let kind_text = section.kind.as_deref().ok_or_else(|| {
+                anyhow!("connections.{name}.type: required (\"redis\", \"nats\" or \"kafka\")")
+            })?;
+            let kind = ConnectionKind::parse(kind_text).ok_or_else(|| {
+                anyhow!(
+                    "connections.{name}.type: expected \"redis\", \"nats\" or \"kafka\", got {kind_text:?}"
+                )
+            })?;
+            let spec = ConnectionSpec {
+                kind,
+                url: section.url.clone(),
+                brokers: section.brokers.clone().unwrap_or_default(),
+                username: section.username.clone(),
+                password: section.password.clone(),
+                token: section.token.clone(),
+                tls: TlsOptions {
+                    enabled: section.tls.enabled.unwrap_or(false),
+                    ca_file: section.tls.ca_file.clone(),
+                },
+            };
+            connections
+                .insert(name.clone(), spec)
+                .map_err(|error| anyhow!("{error}"))?;
+        }
+        Ok(connections)
+    }
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -119,6 +237,9 @@ pub struct Settings {
     pub fsync: FsyncPolicy,
     pub log_level: String,
     pub log_format: LogFormat,
+    /// The `[connections.*]` brokers that stream deliveries name; `serve` hands them to the
+    /// server builder.
+    pub connections: Connections,
 }
 
 /// Reads the TOML file. Unknown keys are refused with their name.
@@ -170,8 +291,17 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
 ];
 
 impl FileConfig {
-    /// Applies `BELFRY_*` overrides found by `lookup`.
+    /// Applies `BELFRY_*` overrides found by `lookup`, then the connection overrides
+    /// (`BELFRY_CONNECTIONS__NAME__KEY`), which are read from the process environment because
+    /// their names are open-ended.
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+        self.apply_fixed_env(lookup)?;
+        self.apply_connection_env(
+            std::env::vars().filter(|(var, _)| var.starts_with(CONNECTION_ENV_PREFIX)),
+        )
+    }
+
+    fn apply_fixed_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
         for (var, key) in ENV_OVERRIDES {
             let Some(value) = lookup(var) else { continue };
             let value = value.trim().to_owned();
@@ -250,6 +380,7 @@ impl FileConfig {
         data_dir: Option<PathBuf>,
         store: Option<String>,
     ) -> anyhow::Result<Settings> {
+        let connections = self.resolve_connections()?;
         let mut server = ServerConfig::default();
         let listen = listen
             .or(self.listen)
@@ -351,6 +482,7 @@ impl FileConfig {
             fsync,
             log_level: self.log.level.unwrap_or_else(|| "info".into()),
             log_format,
+            connections,
         })
     }
 }
@@ -390,6 +522,75 @@ mod tests {
         assert_eq!(settings.server.horizon_ms, 2 * 86_400_000);
         assert_eq!(settings.store, StoreKind::Engine);
         assert_eq!(settings.server.listen.port(), 9);
+    }
+
+    #[test]
+    fn connections_parse_validate_and_take_env_overrides() {
+        let text = r#"
+[connections.main]
+type = "redis"
+url = "redis://127.0.0.1:6379/0"
+password = "swordfish"
+
+[connections.events]
+type = "nats"
+url = "nats://127.0.0.1:4222"
+
+[connections.log]
+type = "kafka"
+brokers = ["127.0.0.1:9092"]
+"#;
+        let mut file = parse(text).unwrap();
+        assert!(!format!("{file:?}").contains("swordfish"));
+        file.apply_connection_env([
+            (
+                "BELFRY_CONNECTIONS__MAIN__URL".to_owned(),
+                "redis://10.0.0.5:6379/1".to_owned(),
+            ),
+            (
+                "BELFRY_CONNECTIONS__LOG__BROKERS".to_owned(),
+                "a:9092, b:9092".to_owned(),
+            ),
+        ])
+        .unwrap();
+        let settings = file.resolve(None, None, None).unwrap();
+        let main = settings.connections.get("main").unwrap();
+        assert_eq!(main.url.as_deref(), Some("redis://10.0.0.5:6379/1"));
+        assert_eq!(main.password.as_deref(), Some("swordfish"));
+        assert_eq!(
+            settings.connections.get("log").unwrap().brokers,
+            vec!["a:9092".to_owned(), "b:9092".to_owned()]
+        );
+        assert_eq!(settings.connections.len(), 3);
+        assert!(!format!("{settings:?}").contains("swordfish"));
+
+        let check = |text: &str, needle: &str| {
+            let err = match parse(text) {
+                Err(err) => err,
+                Ok(file) => file.resolve(None, None, None).unwrap_err(),
+            };
+            assert!(err.to_string().contains(needle), "{text}: {err}");
+        };
+        check("[connections.a]\ntype = \"redis\"\nurll = \"x\"\n", "urll");
+        check(
+            "[connections.a]\nurl = \"redis://x\"\n",
+            "connections.a.type",
+        );
+        check("[connections.a]\ntype = \"mqtt\"\n", "connections.a.type");
+        check("[connections.a]\ntype = \"nats\"\n", "connections.a.url");
+        check(
+            "[connections.a]\ntype = \"kafka\"\nbrokers = []\n",
+            "connections.a.brokers",
+        );
+        check(
+            "[connections.a]\ntype = \"redis\"\nurl = \"http://x\"\n",
+            "connections.a.url",
+        );
+        let mut file = parse("").unwrap();
+        let err = file
+            .apply_connection_env([("BELFRY_CONNECTIONS__X__COLOUR".to_owned(), "1".to_owned())])
+            .unwrap_err();
+        assert!(err.to_string().contains("COLOUR"), "{err}");
     }
 
     #[test]

@@ -29,6 +29,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         StoreKind::Memory => Arc::new(MemoryStore::new()),
     };
     let handle = Server::builder(settings.server.clone(), store)
+        .connections(settings.connections.clone())
         .start()
         .await
         .context("start the server")?;

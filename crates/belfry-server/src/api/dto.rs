@@ -115,6 +115,13 @@ pub struct QueueView {
     pub in_flight: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dead: Option<u64>,
+    /// A push queue's delivery target as its sink last saw it: `reachable`, `unknown`, or
+    /// `unreachable: <why>` (no credentials).
+    #[serde(rename = "delivery_health", skip_serializing_if = "Option::is_none")]
+    pub health: Option<String>,
+    /// Things the caller should know that did not stop the request.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -171,6 +178,8 @@ impl QueueView {
             due: counts.map(|c| c.due),
             in_flight: counts.map(|c| c.in_flight),
             dead: counts.map(|c| c.dead),
+            health: None,
+            warnings: Vec::new(),
         }
     }
 }

@@ -15,14 +15,22 @@ pub async fn put(
     QueuePath(queue): QueuePath,
     JsonBody(body): JsonBody<QueueBody>,
 ) -> Result<Response, ApiError> {
-    let (config, created) = service.put_queue(queue.clone(), body.into_patch()?).await?;
+    let (config, created, unreachable) =
+        service.put_queue(queue.clone(), body.into_patch()?).await?;
     let counts = service.queue_counts(&queue).await?;
     let status = if created {
         StatusCode::CREATED
     } else {
         StatusCode::OK
     };
-    Ok((status, Json(QueueView::new(&queue, &config, Some(counts)))).into_response())
+    let mut view = QueueView::new(&queue, &config, Some(counts));
+    view.health = health(&service, &queue);
+    if let Some(reason) = unreachable {
+        view.warnings.push(format!(
+            "the delivery target is not reachable yet ({reason}); the queue is created and deliveries will be retried"
+        ));
+    }
+    Ok((status, Json(view)).into_response())
 }
 
 pub async fn get(
@@ -31,11 +39,19 @@ pub async fn get(
 ) -> Result<Json<QueueView>, ApiError> {
     let runtime = service.runtime(&queue)?;
     let counts = service.queue_counts(&queue).await?;
-    Ok(Json(QueueView::new(
-        &queue,
-        &runtime.config(),
-        Some(counts),
-    )))
+    let mut view = QueueView::new(&queue, &runtime.config(), Some(counts));
+    view.health = health(&service, &queue);
+    Ok(Json(view))
+}
+
+/// A push queue's sink health as the API shows it.
+fn health(service: &AppState, queue: &belfry_core::QueueName) -> Option<String> {
+    use belfry_sinks::SinkHealth;
+    service.dispatcher.health(queue).map(|health| match health {
+        SinkHealth::Unknown => "unknown".to_owned(),
+        SinkHealth::Reachable => "reachable".to_owned(),
+        SinkHealth::Unreachable(reason) => format!("unreachable: {reason}"),
+    })
 }
 
 pub async fn list(State(service): State<AppState>) -> Result<Json<QueueList>, ApiError> {

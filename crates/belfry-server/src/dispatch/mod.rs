@@ -164,11 +164,13 @@ impl Dispatcher {
 
     /// Starts delivering `runtime`'s queue with the sink its configuration names, replacing
     /// the sink it had. Deliveries already started finish with the sink they began with.
-    pub fn attach(&self, runtime: &Arc<QueueRuntime>) -> Result<(), SinkError> {
+    /// Returns the new sink (`None` for a pull queue), whose `open` the caller may await to
+    /// report an unreachable target; the sink is opened in the background either way.
+    pub fn attach(&self, runtime: &Arc<QueueRuntime>) -> Result<Option<Arc<dyn Sink>>, SinkError> {
         let config = runtime.config();
         let Some(spec) = config.sink() else {
             self.detach(&runtime.name);
-            return Ok(());
+            return Ok(None);
         };
         let sink = self.sinks.build(&runtime.name, spec)?;
         let visibility_ms = u64::try_from(spec.timeout().as_millis())
@@ -191,10 +193,16 @@ impl Dispatcher {
             }
             push
         };
+        let sink = push.sink.clone();
         self.open(push);
         runtime.set_pushed(true);
         self.mark(&runtime.name);
-        Ok(())
+        Ok(Some(sink))
+    }
+
+    /// What the queue's sink last saw of its target (`None`: not a push queue).
+    pub fn health(&self, queue: &QueueName) -> Option<belfry_sinks::SinkHealth> {
+        self.slots.lock().push(queue).map(|push| push.sink.health())
     }
 
     /// Stops delivering the queue (deleted, or now a pull queue).

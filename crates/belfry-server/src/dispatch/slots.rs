@@ -87,6 +87,11 @@ impl Slots {
         }
     }
 
+    /// The sink a queue delivers through now.
+    pub fn push(&self, queue: &QueueName) -> Option<Arc<Push>> {
+        self.queues.get(queue).map(|slot| slot.push.clone())
+    }
+
     pub fn detach(&mut self, queue: &QueueName) -> Option<Arc<Push>> {
         // Entries left in the line, timers or the waiting list are skipped when they come up.
         self.queues.remove(queue).map(|slot| slot.push)
@@ -195,8 +200,14 @@ impl Slots {
                 let at = now + wait;
                 slot.status = Status::Idle;
                 slot.timer = Some(at);
+                // The loop may be asleep until a later timer: if this one is now the earliest,
+                // it must wake to sleep until this one instead.
+                let earliest = self
+                    .timers
+                    .peek()
+                    .is_none_or(|Reverse((first, _))| at < *first);
                 self.timers.push(Reverse((at, queue.clone())));
-                false
+                earliest
             }
             TurnEnd::WaitBudget => {
                 slot.status = Status::Waiting;
@@ -285,6 +296,26 @@ mod tests {
             Some(Some(later + Duration::from_secs(60))),
             "the stale timer must not make the queue ready"
         );
+    }
+
+    #[tokio::test]
+    async fn a_timer_earlier_than_all_others_wakes_the_loop() {
+        let now = Instant::now();
+        let mut slots = Slots::default();
+        for name in ["a", "b"] {
+            slots.attach(q(name), push());
+            slots.mark(&q(name));
+        }
+        slots.next(now).unwrap();
+        slots.next(now).unwrap();
+        // The first timer: the loop must learn of it.
+        assert!(slots.finish(&q("a"), TurnEnd::After(Duration::from_secs(10)), now));
+        // A later one changes nothing for a loop asleep until the first.
+        assert!(!slots.finish(&q("b"), TurnEnd::After(Duration::from_secs(20)), now));
+        slots.mark(&q("a"));
+        slots.next(now).unwrap();
+        // An earlier one than the loop's sleep: it must wake (the bug: it slept 10 s).
+        assert!(slots.finish(&q("a"), TurnEnd::After(Duration::from_secs(1)), now));
     }
 
     #[tokio::test]

@@ -66,13 +66,14 @@ impl Service {
         Ok(())
     }
 
-    /// Creates a queue or changes its configuration. Returns the new configuration and whether
-    /// the queue was created.
+    /// Creates a queue or changes its configuration. Returns the new configuration, whether
+    /// the queue was created, and for a push queue whose target could not be reached within
+    /// `OPEN_CHECK_MS`, why (reported, not refused: a broker may come up after the queue).
     pub async fn put_queue(
         &self,
         queue: QueueName,
         patch: QueuePatch,
-    ) -> Result<(QueueConfig, bool)> {
+    ) -> Result<(QueueConfig, bool, Option<String>)> {
         let _admin = self.admin.lock().await;
         let existing = self.queues.get(&queue);
         let base = existing
@@ -110,13 +111,20 @@ impl Service {
         };
         // The sink is rebuilt on every change so it never delivers with an old URL or secret;
         // deliveries already started finish with the sink they began with.
-        if let Err(e) = self.dispatcher.attach(&runtime) {
-            return Err(match config.sink() {
-                Some(spec) => refused(spec, e),
-                None => ServiceError::Internal(e.to_string()),
-            });
-        }
-        Ok((config, created))
+        let sink = match self.dispatcher.attach(&runtime) {
+            Ok(sink) => sink,
+            Err(e) => {
+                return Err(match config.sink() {
+                    Some(spec) => refused(spec, e),
+                    None => ServiceError::Internal(e.to_string()),
+                })
+            }
+        };
+        let unreachable = match sink {
+            Some(sink) => check_reachable(sink).await,
+            None => None,
+        };
+        Ok((config, created, unreachable))
     }
 
     pub async fn set_paused(&self, queue: QueueName, paused: bool) -> Result<QueueConfig> {
@@ -125,7 +133,7 @@ impl Service {
             paused: Some(paused),
             ..QueuePatch::default()
         };
-        let (config, created) = self.put_queue(queue.clone(), patch).await?;
+        let (config, created, _) = self.put_queue(queue.clone(), patch).await?;
         if created {
             // Deleted and recreated in between: undo, as pausing never creates a queue.
             self.delete_queue(queue.clone()).await?;
@@ -149,6 +157,19 @@ impl Service {
         }
         let existed = self.blocking(move |s| Ok(s.delete_queue(&queue)?)).await?;
         Ok(existed || runtime.is_some())
+    }
+}
+
+/// How long creating or changing a push queue waits to learn whether its target answers.
+pub const OPEN_CHECK_MS: u64 = 2_000;
+
+/// Why the sink's target did not answer within `OPEN_CHECK_MS`, if it did not.
+async fn check_reachable(sink: std::sync::Arc<dyn belfry_sinks::Sink>) -> Option<String> {
+    let wait = std::time::Duration::from_millis(OPEN_CHECK_MS);
+    match tokio::time::timeout(wait, sink.open()).await {
+        Ok(Ok(())) => None,
+        Ok(Err(reason)) => Some(reason),
+        Err(_) => Some(format!("no answer within {OPEN_CHECK_MS} ms")),
     }
 }
 

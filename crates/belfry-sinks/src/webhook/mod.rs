@@ -231,6 +231,12 @@ impl WebhookSink {
         set(HEADER_QUEUE, task.queue.to_string());
         set(HEADER_ATTEMPT, attempt.to_string());
         set(HEADER_DUE_AT, task.due_at_ms.to_string());
+        // A sharded schedule's firing: its `belfry-shard*` headers were skipped above with
+        // the other reserved names, and are set here from the task, as every sink does.
+        if let Some((index, count)) = crate::metadata::shard(task) {
+            set(crate::metadata::HEADER_SHARD, index.to_owned());
+            set(crate::metadata::HEADER_SHARD_COUNT, count.to_owned());
+        }
         if let Some(mac) = &self.mac {
             let timestamp = (now_ms / 1000).to_string();
             let signature = signature::sign_with(mac, &timestamp, &task.payload);

@@ -1,9 +1,13 @@
 //! The Redis Streams sink: append each due task to a stream with `XADD`.
 //!
 //! Entry fields: `id` (32 hex digits), `queue`, `attempt`, `due_at_ms`, `kind` (`json` or
-//! `binary`), `payload` (the raw bytes), and one `header:<name>` field per task header.
+//! `binary`), `payload` (the raw bytes), `shard` and `shard_count` for a sharded schedule's
+//! firing, and one `header:<name>` field per task header (`belfry-*` names excepted).
 //! Consumers read with `XREAD`/`XREADGROUP` and deduplicate on `id` (delivery is
 //! at-least-once: a timeout after Redis appended the entry means it is appended again).
+//!
+//! A batch is one pipeline of `XADD`s in due order: one round trip, one outcome for all (the
+//! same stream on one connection either takes them all or fails them all alike).
 //!
 //! The stream can be trimmed on every append (`MAXLEN ~ n`), so a stream nobody reads cannot
 //! grow without bound. Which Redis errors are retried lives in [`crate::retry`]. The target is
@@ -21,10 +25,12 @@ use redis::aio::MultiplexedConnection;
 use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 use reqwest::Url;
 
+use crate::gate::{Gate, HealthCell};
+use crate::metadata;
 use crate::retry::{classify_redis_error, classify_transport, TransportFailure};
 use crate::webhook::redact_url;
 use crate::webhook::target::{host_ip, is_local_name, non_public_range, resolve_allowed};
-use crate::{Outcome, Sink, SinkError, TargetPolicy};
+use crate::{Attempt, Outcome, Sink, SinkError, SinkFuture, SinkHealth, TargetPolicy};
 
 /// Placeholder in the stream key replaced by the task's queue name.
 pub const QUEUE_PLACEHOLDER: &str = "{queue}";
@@ -40,6 +46,10 @@ pub const TIMEOUT_MAX: Duration = Duration::from_secs(60);
 pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 /// Longest Redis URL accepted, as for webhooks.
 const REDIS_URL_LEN_MAX: usize = 2048;
+/// Most appends in one pipeline. Enough to amortise the round trip (Redis answers a pipeline
+/// of 256 small `XADD`s in about a millisecond); small enough that one batch's reply stays
+/// small and a timeout fails few tasks at once.
+pub const BATCH_MAX: usize = 256;
 
 /// Where and how to append one queue's tasks.
 #[derive(Clone, PartialEq, Eq)]
@@ -53,6 +63,12 @@ pub struct RedisStreamConfig {
     pub max_len: Option<u64>,
     /// Limit for one append, connecting included.
     pub timeout: Duration,
+    /// ACL user and password, applied over any in the URL (from the connection's config).
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// The name reported by [`Sink::target`] (the connection's name); the redacted URL when
+    /// `None`.
+    pub target: Option<String>,
 }
 
 impl RedisStreamConfig {
@@ -62,6 +78,9 @@ impl RedisStreamConfig {
             stream: stream.into(),
             max_len: None,
             timeout: TIMEOUT_DEFAULT,
+            username: None,
+            password: None,
+            target: None,
         }
     }
 }
@@ -74,6 +93,8 @@ impl fmt::Debug for RedisStreamConfig {
             .field("stream", &self.stream)
             .field("max_len", &self.max_len)
             .field("timeout", &self.timeout)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
             .finish()
     }
 }
@@ -90,7 +111,10 @@ pub struct RedisStreamSink {
     /// Holds the password, if any: never printed.
     info: ConnectionInfo,
     url_for_logs: String,
+    target: String,
     policy: TargetPolicy,
+    gate: Gate,
+    health: HealthCell,
     stream: String,
     stream_has_queue: bool,
     max_len: Option<u64>,
@@ -140,18 +164,28 @@ impl RedisStreamSink {
                 max: TIMEOUT_MAX,
             });
         }
-        let info = config
+        let mut info = config
             .url
             .as_str()
             .into_connection_info()
             .map_err(|error| SinkError::InvalidRedisUrl {
                 reason: error.to_string(),
             })?;
+        if config.username.is_some() {
+            info.redis.username = config.username.clone();
+        }
+        if config.password.is_some() {
+            info.redis.password = config.password.clone();
+        }
+        let url_for_logs = redact(&config.url);
         check_address(&info.addr, &policy)?;
         Ok(RedisStreamSink {
             info,
-            url_for_logs: redact(&config.url),
+            target: config.target.unwrap_or_else(|| url_for_logs.clone()),
+            url_for_logs,
             policy,
+            gate: Gate::default(),
+            health: HealthCell::default(),
             stream_has_queue: config.stream.contains(QUEUE_PLACEHOLDER),
             stream: config.stream,
             max_len: config.max_len,
@@ -221,11 +255,8 @@ impl RedisStreamSink {
             .map_err(|error| ConnectFailure(redis_outcome(&error)))
     }
 
-    async fn append(&self, task: &Task, attempt: u32) -> Outcome {
-        let mut connection = match self.connection().await {
-            Ok(connection) => connection,
-            Err(ConnectFailure(outcome)) => return outcome,
-        };
+    /// One `XADD` for `task`.
+    fn command(&self, task: &Task, attempt: u32) -> redis::Cmd {
         let mut command = redis::cmd("XADD");
         command.arg(self.stream_key(task));
         if let Some(max_len) = self.max_len {
@@ -249,11 +280,42 @@ impl RedisStreamSink {
             })
             .arg("payload")
             .arg(&task.payload[..]);
-        for (name, value) in task.headers.iter().take(HEADERS_MAX) {
+        if let Some((index, count)) = metadata::shard(task) {
+            command
+                .arg("shard")
+                .arg(index)
+                .arg("shard_count")
+                .arg(count);
+        }
+        for (name, value) in metadata::own_headers(task, |_| false).take(HEADERS_MAX) {
             command.arg(format!("header:{name}")).arg(value);
         }
-        match command.query_async::<String>(&mut connection).await {
-            Ok(_entry_id) => Outcome::Delivered,
+        command
+    }
+
+    /// Appends every task of `batch` in one pipeline; one outcome for the whole batch.
+    async fn append(&self, batch: &[Attempt<'_>]) -> Outcome {
+        let mut connection = match self.connection().await {
+            Ok(connection) => connection,
+            Err(ConnectFailure(outcome)) => return outcome,
+        };
+        let mut pipeline = redis::pipe();
+        for item in batch {
+            pipeline.add_command(self.command(item.task, item.attempt));
+        }
+        match pipeline
+            .query_async::<Vec<redis::Value>>(&mut connection)
+            .await
+        {
+            Ok(replies) if replies.len() == batch.len() => Outcome::Delivered,
+            Ok(replies) => classify_transport(
+                TransportFailure::Connection,
+                &format!(
+                    "redis answered {} replies to {} appends",
+                    replies.len(),
+                    batch.len()
+                ),
+            ),
             Err(error) => {
                 if error.is_unrecoverable_error() || error.is_io_error() {
                     // The connection is broken; the next delivery makes a new one.
@@ -262,6 +324,35 @@ impl RedisStreamSink {
                 redis_outcome(&error)
             }
         }
+    }
+
+    async fn deliver_all(&self, batch: &[Attempt<'_>]) -> Vec<Outcome> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let outcome = match self.gate.enter().await {
+            Err(closed) => closed,
+            Ok(_open) => match tokio::time::timeout(self.timeout, self.append(batch)).await {
+                Ok(outcome) => outcome,
+                Err(_) => classify_transport(
+                    TransportFailure::Timeout,
+                    &format!("no answer within {} ms", self.timeout.as_millis()),
+                ),
+            },
+        };
+        self.health.record(&outcome);
+        match &outcome {
+            Outcome::Delivered => {
+                tracing::debug!(tasks = batch.len(), target = %self.target, "appended to redis stream")
+            }
+            Outcome::Retry { reason, .. } => {
+                tracing::info!(tasks = batch.len(), target = %self.target, %reason, "redis stream append failed, will retry")
+            }
+            Outcome::Reject { reason } => {
+                tracing::warn!(tasks = batch.len(), target = %self.target, %reason, "redis stream append rejected")
+            }
+        }
+        vec![outcome; batch.len()]
     }
 }
 
@@ -273,31 +364,59 @@ impl Sink for RedisStreamSink {
         _now_ms: UnixMs,
     ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>> {
         Box::pin(async move {
-            let outcome = match tokio::time::timeout(self.timeout, self.append(task, attempt)).await
-            {
-                Ok(outcome) => outcome,
-                Err(_) => classify_transport(
-                    TransportFailure::Timeout,
-                    &format!("no answer within {} ms", self.timeout.as_millis()),
-                ),
-            };
-            match &outcome {
-                Outcome::Delivered => {
-                    tracing::debug!(task = %task.id, attempt, target = %self.url_for_logs, "appended to redis stream")
-                }
-                Outcome::Retry { reason, .. } => {
-                    tracing::info!(task = %task.id, attempt, target = %self.url_for_logs, %reason, "redis stream append failed, will retry")
-                }
-                Outcome::Reject { reason } => {
-                    tracing::warn!(task = %task.id, attempt, target = %self.url_for_logs, %reason, "redis stream append rejected")
-                }
-            }
-            outcome
+            let batch = [Attempt { task, attempt }];
+            let mut outcomes = self.deliver_all(&batch).await;
+            outcomes.pop().unwrap_or(Outcome::Retry {
+                after: None,
+                reason: "no outcome".to_owned(),
+            })
         })
     }
 
+    fn batch_max(&self) -> usize {
+        BATCH_MAX
+    }
+
+    fn deliver_batch<'a>(
+        &'a self,
+        batch: &'a [Attempt<'a>],
+        _now_ms: UnixMs,
+    ) -> SinkFuture<'a, Vec<Outcome>> {
+        Box::pin(self.deliver_all(batch))
+    }
+
     fn target(&self) -> &str {
-        &self.url_for_logs
+        &self.target
+    }
+
+    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let outcome = match tokio::time::timeout(self.timeout, self.connection()).await {
+                Ok(Ok(_)) => Outcome::Delivered,
+                Ok(Err(ConnectFailure(outcome))) => outcome,
+                Err(_) => classify_transport(TransportFailure::Timeout, "connecting"),
+            };
+            self.health.record(&outcome);
+            match outcome {
+                Outcome::Delivered => Ok(()),
+                Outcome::Retry { reason, .. } | Outcome::Reject { reason } => Err(format!(
+                    "redis connection {} ({}) is not reachable yet: {reason}",
+                    self.target, self.url_for_logs
+                )),
+            }
+        })
+    }
+
+    fn health(&self) -> SinkHealth {
+        self.health.get()
+    }
+
+    fn close(&self) -> SinkFuture<'_, ()> {
+        Box::pin(async move {
+            if self.gate.close().await {
+                *self.slot() = None;
+            }
+        })
     }
 }
 

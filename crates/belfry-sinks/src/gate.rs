@@ -1,0 +1,75 @@
+//! The open/closed state a stream sink shares between its deliveries and `close`.
+//!
+//! Deliveries hold a read guard for their whole run; `close` takes the write guard, which
+//! waits for every delivery in flight to finish (tokio's lock is fair, so deliveries that start
+//! after `close` began wait behind it instead of starving it) and then marks the sink closed.
+//! A delivery that finds the sink closed answers `Retry`: the task stays leased and goes out
+//! again through whatever sink the dispatcher uses next.
+
+use tokio::sync::{RwLock, RwLockReadGuard};
+
+use crate::Outcome;
+
+#[derive(Debug, Default)]
+pub(crate) struct Gate {
+    closed: RwLock<bool>,
+}
+
+/// Proof that the sink was open when a delivery started; it stays open until this is dropped.
+pub(crate) struct Open<'a>(#[allow(dead_code)] RwLockReadGuard<'a, bool>);
+
+impl Gate {
+    /// Enters the gate, or the outcome for a closed sink.
+    pub(crate) async fn enter(&self) -> Result<Open<'_>, Outcome> {
+        let guard = self.closed.read().await;
+        if *guard {
+            return Err(Outcome::Retry {
+                after: None,
+                reason:
+                    "the sink was closed (the queue was reconfigured or the server is stopping)"
+                        .to_owned(),
+            });
+        }
+        Ok(Open(guard))
+    }
+
+    /// Waits for deliveries in flight, then closes. Returns whether this call closed it.
+    pub(crate) async fn close(&self) -> bool {
+        let mut closed = self.closed.write().await;
+        let was_open = !*closed;
+        *closed = true;
+        was_open
+    }
+}
+
+/// What a sink last saw of its target, updated after every delivery and `open`.
+#[derive(Debug)]
+pub(crate) struct HealthCell(std::sync::Mutex<crate::SinkHealth>);
+
+impl Default for HealthCell {
+    fn default() -> Self {
+        HealthCell(std::sync::Mutex::new(crate::SinkHealth::Unknown))
+    }
+}
+
+impl HealthCell {
+    pub(crate) fn get(&self) -> crate::SinkHealth {
+        self.lock().clone()
+    }
+
+    /// Records what an outcome says about reachability: delivered or refused means the target
+    /// answered; a retry means it may not have.
+    pub(crate) fn record(&self, outcome: &Outcome) {
+        *self.lock() = match outcome {
+            Outcome::Delivered | Outcome::Reject { .. } => crate::SinkHealth::Reachable,
+            Outcome::Retry { reason, .. } => crate::SinkHealth::Unreachable(reason.clone()),
+        };
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, crate::SinkHealth> {
+        // Only ever replaced whole: a poisoned lock holds a complete value.
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}

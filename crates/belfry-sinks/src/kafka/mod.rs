@@ -1,0 +1,585 @@
+//! The Kafka sink: produce each due task as one record, counted delivered once the partition
+//! leader acknowledges it with `acks=all` (every in-sync replica has it). rskafka always
+//! produces with `acks=-1`.
+//!
+//! Record: value = the task's payload, unchanged; key from the spec (`task_id`, `header:NAME`
+//! or none); timestamp = the dispatcher's clock at delivery; headers = the `belfry-*` metadata
+//! (see [`crate::metadata`]) and the task's own headers (one value per name: Kafka clients
+//! read headers as a list, rskafka writes a map, so a repeated name keeps its last value).
+//!
+//! Partitioning: a keyed record goes where Kafka's default partitioner would put it
+//! (murmur2 of the key modulo the partition count), so consumers of other producers agree; an
+//! unkeyed batch goes to one partition, chosen round-robin per batch, which keeps the batch in
+//! due order for a consumer of that partition. A batch is one produce request per partition,
+//! all sent at once.
+//!
+//! The topic must exist: an unknown topic is a rejection (dead letter), because this sink never
+//! creates topics (their partition count and retention are the operator's choice).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::{Task, UnixMs};
+use futures_util::future::join_all;
+use rskafka::chrono::DateTime;
+use rskafka::client::error::Error as KafkaError;
+use rskafka::client::partition::{Compression, PartitionClient, UnknownTopicHandling};
+use rskafka::client::{Client, ClientBuilder, Credentials, SaslConfig};
+use rskafka::record::Record;
+use rskafka::BackoffConfig;
+
+use crate::gate::{Gate, HealthCell};
+use crate::metadata;
+use crate::retry::{classify_kafka_failure, KafkaFailure};
+use crate::{Attempt, Outcome, Sink, SinkError, SinkFuture, SinkHealth};
+
+/// Longest topic name Kafka accepts.
+pub const TOPIC_LEN_MAX: usize = 249;
+/// Longest `key` spec (`header:` and a header name). Header names are short; this only stops
+/// a spec from carrying a blob.
+pub const KEY_SPEC_LEN_MAX: usize = 128;
+/// Shortest and longest limit for one produce (connecting and metadata included).
+pub const TIMEOUT_MIN: Duration = Duration::from_millis(10);
+pub const TIMEOUT_MAX: Duration = Duration::from_secs(60);
+/// Limit when the spec names none: `acks=all` waits for the slowest in-sync replica.
+pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(10);
+/// Most records in one batch (one produce request per partition).
+pub const BATCH_MAX: usize = 256;
+/// Largest response the client reads. Produce answers are tiny; metadata for a large cluster
+/// is the biggest answer we ask for. A broker sending a larger length prefix (or garbage that
+/// reads as one) is cut off instead of making us allocate it.
+pub const RESPONSE_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// First wait between the client's own retries inside one produce (leader moves, metadata
+/// refresh); the deadline is the produce's timeout.
+const CLIENT_BACKOFF_MIN: Duration = Duration::from_millis(20);
+const CLIENT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+
+/// Where a record's key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KafkaKey {
+    /// No key: the batch goes to one partition, round-robin.
+    None,
+    /// The task id (32 hex digits): a task's redeliveries land on the same partition.
+    TaskId,
+    /// The value of this task header (no key when the task lacks it).
+    Header(String),
+}
+
+impl KafkaKey {
+    /// Parses the spec's `key`: `"task_id"`, `"header:NAME"` or absent.
+    pub fn parse(spec: Option<&str>) -> Result<KafkaKey, String> {
+        let Some(spec) = spec else {
+            return Ok(KafkaKey::None);
+        };
+        if spec.len() > KEY_SPEC_LEN_MAX {
+            return Err(format!(
+                "is {} bytes long; the limit is {KEY_SPEC_LEN_MAX}",
+                spec.len()
+            ));
+        }
+        if spec == "task_id" {
+            return Ok(KafkaKey::TaskId);
+        }
+        match spec.strip_prefix("header:") {
+            Some(name)
+                if !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && b != b':') =>
+            {
+                Ok(KafkaKey::Header(name.to_owned()))
+            }
+            _ => Err(format!(
+                "expected \"task_id\", \"header:NAME\" or null, got {spec:?}"
+            )),
+        }
+    }
+
+    fn of(&self, task: &Task) -> Option<Vec<u8>> {
+        match self {
+            KafkaKey::None => None,
+            KafkaKey::TaskId => Some(task.id.to_string().into_bytes()),
+            KafkaKey::Header(wanted) => task
+                .headers
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
+                .map(|(_, value)| value.as_bytes().to_vec()),
+        }
+    }
+}
+
+/// Checks a topic name as Kafka does: 1 to 249 of `[a-zA-Z0-9._-]`, not `.` or `..`.
+pub fn validate_topic(topic: &str) -> Result<(), String> {
+    if topic.is_empty() || topic.len() > TOPIC_LEN_MAX {
+        return Err(format!("must be 1 to {TOPIC_LEN_MAX} characters long"));
+    }
+    if topic == "." || topic == ".." {
+        return Err("must not be \".\" or \"..\"".to_owned());
+    }
+    if !topic
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Err("may contain only letters, digits, '.', '_' and '-'".to_owned());
+    }
+    Ok(())
+}
+
+/// Where and how to produce one queue's tasks.
+#[derive(Clone)]
+pub struct KafkaConfig {
+    /// Bootstrap brokers, `host:port`.
+    pub brokers: Vec<String>,
+    /// SASL/PLAIN credentials.
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub topic: String,
+    pub key: KafkaKey,
+    pub timeout: Duration,
+    /// What [`Sink::target`] reports: the connection's name.
+    pub target: String,
+}
+
+impl KafkaConfig {
+    pub fn new(brokers: Vec<String>, topic: impl Into<String>) -> Self {
+        KafkaConfig {
+            target: brokers.join(","),
+            brokers,
+            username: None,
+            password: None,
+            topic: topic.into(),
+            key: KafkaKey::None,
+            timeout: TIMEOUT_DEFAULT,
+        }
+    }
+}
+
+/// Never prints the password.
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("topic", &self.topic)
+            .field("key", &self.key)
+            .field("timeout", &self.timeout)
+            .field("target", &self.target)
+            .finish()
+    }
+}
+
+/// A connected client and one producer per partition of the topic.
+#[derive(Clone)]
+struct Link {
+    partitions: Arc<Vec<PartitionClient>>,
+}
+
+/// Produces one queue's tasks to a Kafka topic.
+pub struct KafkaSink {
+    config: KafkaConfig,
+    link: std::sync::Mutex<Option<Link>>,
+    connecting: tokio::sync::Mutex<()>,
+    /// The partition for the next unkeyed batch.
+    next_partition: AtomicUsize,
+    gate: Gate,
+    health: HealthCell,
+}
+
+impl fmt::Debug for KafkaSink {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaSink")
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl KafkaSink {
+    /// Checks the configuration; does not connect.
+    pub fn new(config: KafkaConfig) -> Result<Self, SinkError> {
+        validate_topic(&config.topic).map_err(|reason| SinkError::InvalidDelivery {
+            field: "topic",
+            reason,
+        })?;
+        if !(TIMEOUT_MIN..=TIMEOUT_MAX).contains(&config.timeout) {
+            return Err(SinkError::InvalidDelivery {
+                field: "timeout_ms",
+                reason: format!(
+                    "must be between {} and {} ms",
+                    TIMEOUT_MIN.as_millis(),
+                    TIMEOUT_MAX.as_millis()
+                ),
+            });
+        }
+        if config.brokers.is_empty() {
+            return Err(SinkError::InvalidDelivery {
+                field: "connection",
+                reason: "the connection lists no brokers".to_owned(),
+            });
+        }
+        Ok(KafkaSink {
+            config,
+            link: std::sync::Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            next_partition: AtomicUsize::new(0),
+            gate: Gate::default(),
+            health: HealthCell::default(),
+        })
+    }
+
+    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Link>> {
+        // Replaced whole only: a poisoned lock still holds a complete value.
+        self.link
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn link(&self) -> Result<Link, Outcome> {
+        if let Some(link) = self.slot().clone() {
+            return Ok(link);
+        }
+        let _connecting = self.connecting.lock().await;
+        if let Some(link) = self.slot().clone() {
+            return Ok(link);
+        }
+        let link = self.connect().await?;
+        *self.slot() = Some(link.clone());
+        Ok(link)
+    }
+
+    async fn connect(&self) -> Result<Link, Outcome> {
+        let config = &self.config;
+        let mut builder = ClientBuilder::new(config.brokers.clone())
+            .client_id("belfry")
+            .max_message_size(RESPONSE_BYTES_MAX)
+            .backoff_config(BackoffConfig {
+                init_backoff: CLIENT_BACKOFF_MIN,
+                max_backoff: CLIENT_BACKOFF_MAX,
+                base: 2.0,
+                deadline: Some(config.timeout),
+            });
+        if let (Some(user), Some(password)) = (&config.username, &config.password) {
+            builder = builder.sasl_config(SaslConfig::Plain(Credentials::new(
+                user.clone(),
+                password.clone(),
+            )));
+        }
+        let client: Client = builder.build().await.map_err(|e| kafka_outcome(&e))?;
+        let topics = client.list_topics().await.map_err(|e| kafka_outcome(&e))?;
+        let Some(topic) = topics.into_iter().find(|t| t.name == config.topic) else {
+            return Err(classify_kafka_failure(
+                KafkaFailure::UnknownTopic,
+                &format!("{:?} is not in the cluster's metadata", config.topic),
+            ));
+        };
+        let mut ids = topic.partitions.into_iter().collect::<Vec<i32>>();
+        ids.sort_unstable();
+        if ids.is_empty() {
+            return Err(classify_kafka_failure(
+                KafkaFailure::Broker("LeaderNotAvailable"),
+                "the topic has no partitions yet",
+            ));
+        }
+        let mut partitions = Vec::with_capacity(ids.len());
+        for id in ids {
+            let partition = client
+                .partition_client(config.topic.clone(), id, UnknownTopicHandling::Error)
+                .await
+                .map_err(|e| kafka_outcome(&e))?;
+            partitions.push(partition);
+        }
+        Ok(Link {
+            partitions: Arc::new(partitions),
+        })
+    }
+
+    fn record(&self, task: &Task, attempt: u32, now_ms: UnixMs) -> Record {
+        let mut headers = BTreeMap::new();
+        for (name, value) in metadata::own_headers(task, |_| false) {
+            headers.insert(name.to_owned(), value.as_bytes().to_vec());
+        }
+        for (name, value) in metadata::headers(task, attempt) {
+            headers.insert(name.to_owned(), value.into_bytes());
+        }
+        let timestamp = i64::try_from(now_ms)
+            .ok()
+            .and_then(DateTime::from_timestamp_millis)
+            .unwrap_or_default();
+        Record {
+            key: self.config.key.of(task),
+            value: Some(task.payload.to_vec()),
+            headers,
+            timestamp,
+        }
+    }
+
+    async fn produce_all(&self, batch: &[Attempt<'_>], now_ms: UnixMs) -> Vec<Outcome> {
+        let link = match self.link().await {
+            Ok(link) => link,
+            Err(outcome) => return vec![outcome; batch.len()],
+        };
+        let count = link.partitions.len();
+        let sticky = self.next_partition.fetch_add(1, Ordering::Relaxed) % count;
+        // Partition → (batch positions, records), each in due order.
+        let mut groups: BTreeMap<usize, (Vec<usize>, Vec<Record>)> = BTreeMap::new();
+        for (position, item) in batch.iter().enumerate() {
+            let record = self.record(item.task, item.attempt, now_ms);
+            let partition = match &record.key {
+                Some(key) => partition_for_key(key, count),
+                None => sticky,
+            };
+            let group = groups.entry(partition).or_default();
+            group.0.push(position);
+            group.1.push(record);
+        }
+        let results = join_all(groups.into_iter().map(|(partition, (positions, records))| {
+            let client = &link.partitions[partition];
+            async move {
+                let result = client.produce(records, Compression::NoCompression).await;
+                (positions, result)
+            }
+        }))
+        .await;
+        let mut outcomes = vec![Outcome::Delivered; batch.len()];
+        let mut broken = false;
+        for (positions, result) in results {
+            let outcome = match result {
+                Ok(offsets) if offsets.len() == positions.len() => continue,
+                Ok(offsets) => classify_kafka_failure(
+                    KafkaFailure::Connection,
+                    &format!(
+                        "the broker acknowledged {} of {} records",
+                        offsets.len(),
+                        positions.len()
+                    ),
+                ),
+                Err(error) => {
+                    broken |= !matches!(error, KafkaError::ServerError { .. });
+                    kafka_outcome(&error)
+                }
+            };
+            for position in positions {
+                outcomes[position] = outcome.clone();
+            }
+        }
+        if broken || outcomes.iter().any(|o| matches!(o, Outcome::Reject { .. })) {
+            // Reconnect and re-read the metadata next time: the broker set or the topic
+            // (deleted, re-created, repartitioned) may have changed.
+            *self.slot() = None;
+        }
+        outcomes
+    }
+
+    async fn deliver_all(&self, batch: &[Attempt<'_>], now_ms: UnixMs) -> Vec<Outcome> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        let outcomes = match self.gate.enter().await {
+            Err(closed) => vec![closed; batch.len()],
+            Ok(_open) => {
+                let limit = self.config.timeout;
+                match tokio::time::timeout(limit, self.produce_all(batch, now_ms)).await {
+                    Ok(outcomes) => outcomes,
+                    Err(_) => {
+                        *self.slot() = None;
+                        vec![
+                            classify_kafka_failure(
+                                KafkaFailure::Timeout,
+                                &format!("no acknowledgement within {} ms", limit.as_millis()),
+                            );
+                            batch.len()
+                        ]
+                    }
+                }
+            }
+        };
+        if let Some(last) = outcomes.last() {
+            self.health.record(last);
+        }
+        for (item, outcome) in batch.iter().zip(&outcomes) {
+            match outcome {
+                Outcome::Delivered => {}
+                Outcome::Retry { reason, .. } => {
+                    tracing::info!(task = %item.task.id, attempt = item.attempt, target = %self.config.target, %reason, "kafka produce failed, will retry")
+                }
+                Outcome::Reject { reason } => {
+                    tracing::warn!(task = %item.task.id, attempt = item.attempt, target = %self.config.target, %reason, "kafka produce rejected")
+                }
+            }
+        }
+        outcomes
+    }
+}
+
+/// The outcome for an rskafka error.
+fn kafka_outcome(error: &KafkaError) -> Outcome {
+    let detail = error.to_string();
+    match error {
+        KafkaError::ServerError { protocol_error, .. } => {
+            let name = format!("{protocol_error:?}");
+            classify_kafka_failure(KafkaFailure::Broker(&name), &detail)
+        }
+        KafkaError::Timeout => classify_kafka_failure(KafkaFailure::Timeout, &detail),
+        KafkaError::Connection(rskafka::ConnectionError::SaslFailed(_)) => {
+            classify_kafka_failure(KafkaFailure::Authentication, &detail)
+        }
+        // Connection refused or reset, a response that does not parse, retries exhausted.
+        _ => classify_kafka_failure(KafkaFailure::Connection, &detail),
+    }
+}
+
+/// Kafka's default partitioner for a keyed record: murmur2 of the key, sign bit cleared,
+/// modulo the partition count.
+pub fn partition_for_key(key: &[u8], partitions: usize) -> usize {
+    let positive = (murmur2(key) & 0x7fff_ffff) as usize;
+    positive % partitions.max(1)
+}
+
+/// MurmurHash2 (32-bit) with Kafka's seed, as its Java client computes it.
+pub fn murmur2(data: &[u8]) -> u32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    // Kafka hashes the length as a Java int: lengths beyond 2^31 wrap the same way.
+    let mut h = SEED ^ (data.len() as u32);
+    let mut chunks = data.chunks_exact(4);
+    for chunk in &mut chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    let rest = chunks.remainder();
+    if rest.len() >= 3 {
+        h ^= u32::from(rest[2]) << 16;
+    }
+    if rest.len() >= 2 {
+        h ^= u32::from(rest[1]) << 8;
+    }
+    if !rest.is_empty() {
+        h ^= u32::from(rest[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h
+}
+
+impl Sink for KafkaSink {
+    fn deliver<'a>(
+        &'a self,
+        task: &'a Task,
+        attempt: u32,
+        now_ms: UnixMs,
+    ) -> SinkFuture<'a, Outcome> {
+        Box::pin(async move {
+            let batch = [Attempt { task, attempt }];
+            let mut outcomes = self.deliver_all(&batch, now_ms).await;
+            outcomes.pop().unwrap_or(Outcome::Retry {
+                after: None,
+                reason: "no outcome".to_owned(),
+            })
+        })
+    }
+
+    fn batch_max(&self) -> usize {
+        BATCH_MAX
+    }
+
+    fn deliver_batch<'a>(
+        &'a self,
+        batch: &'a [Attempt<'a>],
+        now_ms: UnixMs,
+    ) -> SinkFuture<'a, Vec<Outcome>> {
+        Box::pin(self.deliver_all(batch, now_ms))
+    }
+
+    fn target(&self) -> &str {
+        &self.config.target
+    }
+
+    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            let result = tokio::time::timeout(self.config.timeout, self.link()).await;
+            let outcome = match result {
+                Ok(Ok(_)) => Outcome::Delivered,
+                Ok(Err(outcome)) => outcome,
+                Err(_) => classify_kafka_failure(KafkaFailure::Timeout, "connecting"),
+            };
+            self.health.record(&outcome);
+            match outcome {
+                Outcome::Delivered => Ok(()),
+                Outcome::Retry { reason, .. } | Outcome::Reject { reason } => Err(format!(
+                    "kafka connection {} is not usable yet: {reason}",
+                    self.config.target
+                )),
+            }
+        })
+    }
+
+    fn health(&self) -> SinkHealth {
+        self.health.get()
+    }
+
+    fn close(&self) -> SinkFuture<'_, ()> {
+        Box::pin(async move {
+            if self.gate.close().await {
+                // Every produce was acknowledged or failed (the gate waited): nothing is
+                // buffered client-side, so dropping the connections loses nothing.
+                *self.slot() = None;
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn murmur2_matches_kafka() {
+        // Vectors from Kafka's own partitioner tests (as signed Java ints).
+        let check = |input: &str, expected: i32| {
+            assert_eq!(murmur2(input.as_bytes()) as i32, expected, "{input}");
+        };
+        check("21", -973_932_308);
+        check("foobar", -790_332_482);
+        check("a-little-bit-long-string", -985_981_536);
+        check("a-little-bit-longer-string", -1_486_304_829);
+        check(
+            "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+            -58_897_971,
+        );
+        check("abc", 479_470_107);
+    }
+
+    #[test]
+    fn key_specs() {
+        assert_eq!(KafkaKey::parse(None), Ok(KafkaKey::None));
+        assert_eq!(KafkaKey::parse(Some("task_id")), Ok(KafkaKey::TaskId));
+        assert_eq!(
+            KafkaKey::parse(Some("header:tenant")),
+            Ok(KafkaKey::Header("tenant".into()))
+        );
+        for bad in [
+            "",
+            "header:",
+            "id",
+            "header:a b",
+            &"x".repeat(KEY_SPEC_LEN_MAX + 1),
+        ] {
+            assert!(KafkaKey::parse(Some(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn topic_names() {
+        assert!(validate_topic("orders.eu-1_x").is_ok());
+        for bad in ["", ".", "..", "a b", "ä", &"t".repeat(TOPIC_LEN_MAX + 1)] {
+            assert!(validate_topic(bad).is_err(), "{bad:?}");
+        }
+    }
+}
