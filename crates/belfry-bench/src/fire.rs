@@ -393,6 +393,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
             label: "belfry submit".into(),
             target: server.target.clone(),
             path: format!("/v1/queues/{queue}/tasks:batch"),
+            body_paths: None,
             bodies,
             connections: args.connections,
             answers: Answers::Belfry,
