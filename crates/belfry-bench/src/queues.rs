@@ -443,12 +443,14 @@ pub async fn create_webhook_queues(
             )
         })
         .collect();
-    put_all(target, Arc::new(bodies), connections, bar).await
+    send_all(target, Method::PUT, Arc::new(bodies), connections, bar).await
 }
 
-/// Sends every `(path, body)` as a PUT over `connections` connections.
-async fn put_all(
+/// Sends every `(path, body)` with `method` over `connections` connections; a non-2xx
+/// answer is a failure.
+pub async fn send_all(
     target: &Target,
+    method: Method,
     requests: Arc<Vec<(String, Bytes)>>,
     connections: usize,
     bar: indicatif::ProgressBar,
@@ -460,8 +462,9 @@ async fn put_all(
     let first_error = Arc::new(Mutex::new(None::<String>));
     let mut workers = Vec::new();
     for _ in 0..connections.clamp(1, CONNECTIONS_MAX) {
-        let (target, requests, next, ok, failed, first_error, bar) = (
+        let (target, method, requests, next, ok, failed, first_error, bar) = (
             target.clone(),
+            method.clone(),
             requests.clone(),
             next.clone(),
             ok.clone(),
@@ -480,7 +483,7 @@ async fn put_all(
                     conn = HttpConn::connect(&target).await.ok();
                 }
                 let result = match conn.as_mut() {
-                    Some(c) => c.expect_success(Method::PUT, path, body.clone()).await,
+                    Some(c) => c.expect_success(method.clone(), path, body.clone()).await,
                     None => Err(BenchError::Server(format!(
                         "cannot connect to {}",
                         target.addr
