@@ -4,6 +4,7 @@
 //! [`Clock`] trait so that tests can drive it.
 
 pub mod clock;
+pub mod headers;
 pub mod id;
 pub mod limits;
 pub mod queue;

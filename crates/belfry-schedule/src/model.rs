@@ -4,12 +4,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use belfry_core::limits::{
-    HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX, PAYLOAD_BYTES_MAX_DEFAULT,
-};
-use belfry_core::schedule::{
-    MisfirePolicy, ScheduleError, ScheduleSpec, Trigger, SHARD_COUNT_HEADER, SHARD_HEADER,
-};
+use belfry_core::limits::{HEADERS_MAX, PAYLOAD_BYTES_MAX_DEFAULT};
+use belfry_core::schedule::{MisfirePolicy, ScheduleError, ScheduleSpec, Trigger};
 use belfry_core::{Header, LatePolicy, PayloadKind, Priority, QueueName, UnixMs};
 use bytes::Bytes;
 
@@ -180,23 +176,7 @@ impl ScheduleDef {
             )));
         }
         for (name, value) in &self.headers {
-            if name.is_empty() || name.len() > HEADER_NAME_LEN_MAX {
-                return Err(InvalidSchedule::Headers(format!(
-                    "header names are 1 to {HEADER_NAME_LEN_MAX} bytes"
-                )));
-            }
-            if value.len() > HEADER_VALUE_LEN_MAX {
-                return Err(InvalidSchedule::Headers(format!(
-                    "header {name:?}: values are at most {HEADER_VALUE_LEN_MAX} bytes"
-                )));
-            }
-            if name.eq_ignore_ascii_case(SHARD_HEADER)
-                || name.eq_ignore_ascii_case(SHARD_COUNT_HEADER)
-            {
-                return Err(InvalidSchedule::Headers(format!(
-                    "header {name:?} is set by the schedule itself"
-                )));
-            }
+            belfry_core::headers::check(name, value).map_err(InvalidSchedule::Headers)?;
         }
         Ok(())
     }

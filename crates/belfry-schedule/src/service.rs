@@ -109,6 +109,9 @@ pub struct TickReport {
     pub firings_dropped: u64,
     /// Schedules that could not be handled: (schedule id, reason). The others still ran.
     pub errors: Vec<(String, String)>,
+    /// Schedules whose queue no longer exists: (schedule id, queue). Their firings were
+    /// dropped (counted in `firings_dropped`).
+    pub queues_missing: Vec<(String, String)>,
     /// The earliest future fire time among the active schedules after this tick (what
     /// `next_tick_ms` would answer, without a second scan), or `None` if none will fire.
     pub next_tick_ms: Option<UnixMs>,
@@ -397,10 +400,10 @@ impl ScheduleService {
                         let gone = group.first().is_some_and(|t| t.queue == queue);
                         if gone {
                             report.firings_dropped += 1;
-                            report.errors.push((
-                                id.to_string(),
-                                format!("queue {queue} does not exist; firings dropped"),
-                            ));
+                            let entry = (id.to_string(), queue.to_string());
+                            if !report.queues_missing.contains(&entry) {
+                                report.queues_missing.push(entry);
+                            }
                         }
                         !gone
                     });

@@ -116,6 +116,8 @@ impl Default for ServerConfig {
     }
 }
 
+/// A setting that does not fit; `key` is the setting's name in the configuration file
+/// (`section.key`), which is what an operator can change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid configuration: {key}: {problem}")]
 pub struct InvalidConfig {
@@ -128,25 +130,25 @@ impl ServerConfig {
     pub fn validate(&self) -> Result<(), InvalidConfig> {
         let fail = |key, problem: String| Err(InvalidConfig { key, problem });
         if self.payload_bytes_max == 0 {
-            return fail("payload_bytes_max", "must be at least 1 byte".into());
+            return fail("limits.payload_max", "must be at least 1 byte".into());
         }
         if self.request_bytes_max < self.payload_bytes_max {
             return fail(
-                "request_bytes_max",
+                "limits.request_max",
                 format!(
-                    "must be at least payload_bytes_max ({} bytes), got {}",
+                    "must be at least limits.payload_max ({} bytes), got {}",
                     self.payload_bytes_max, self.request_bytes_max
                 ),
             );
         }
         if self.horizon_ms == 0 {
-            return fail("horizon", "must be longer than 0".into());
+            return fail("limits.horizon", "must be longer than 0".into());
         }
         if self.metrics_refresh_ms == 0 {
-            return fail("metrics_refresh", "must be longer than 0".into());
+            return fail("metrics.refresh", "must be longer than 0".into());
         }
         if self.store_calls_in_flight_max == 0 {
-            return fail("store_calls_in_flight_max", "must be at least 1".into());
+            return fail("limits.store_calls_in_flight", "must be at least 1".into());
         }
         if self.dispatch_in_flight_max == 0 || self.dispatch_in_flight_max > u32::MAX as usize {
             return fail(
@@ -173,7 +175,7 @@ impl ServerConfig {
             return fail("http.connections_max", "must be at least 1".into());
         }
         if self.webhook_in_flight_default == 0 {
-            return fail("webhook_in_flight_default", "must be at least 1".into());
+            return fail("webhooks.in_flight_default", "must be at least 1".into());
         }
         Ok(())
     }

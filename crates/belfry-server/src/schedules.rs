@@ -45,6 +45,9 @@ pub struct SchedulesState {
     pub(crate) payload_bytes_max: usize,
     request_bytes_max: usize,
     wake: Notify,
+    /// Schedules already reported as firing into a missing queue: each is warned about once,
+    /// not at every firing. Forgotten when the schedule fires normally again.
+    warned_missing: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 impl SchedulesState {
@@ -69,6 +72,7 @@ impl Schedules {
                 request_bytes_max: shared.config.request_bytes_max,
                 shared,
                 wake: Notify::new(),
+                warned_missing: Default::default(),
             }),
         }
     }
@@ -166,6 +170,16 @@ fn publish(state: &SchedulesState, report: &TickReport) {
     }
     for (schedule, reason) in &report.errors {
         tracing::warn!(%schedule, %reason, "fire schedule");
+    }
+    let mut warned = state.warned_missing.lock();
+    for (schedule, queue) in &report.queues_missing {
+        if warned.insert(schedule.clone()) {
+            tracing::warn!(%schedule, %queue, "the schedule's queue does not exist; its firings are dropped until the queue is created again (said once per schedule; see belfry_schedule_firings_dropped_total)");
+        }
+    }
+    if !warned.is_empty() && report.firings > 0 {
+        // A schedule that fires again had its queue back (or was changed).
+        warned.retain(|schedule| report.queues_missing.iter().any(|(s, _)| s == schedule));
     }
     if report.firings > 0 {
         tracing::debug!(

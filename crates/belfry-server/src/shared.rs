@@ -33,6 +33,8 @@ pub enum ServiceError {
     QueueNotFound(QueueName),
     #[error("task {0} does not exist in this queue")]
     TaskNotFound(belfry_core::TaskId),
+    #[error("no task with idempotency key {0:?} in this queue")]
+    KeyNotFound(String),
     #[error("the lease on task {0} expired or was replaced; lease the task again")]
     LeaseExpired(belfry_core::TaskId),
     #[error("task {id} is {}, only scheduled tasks can be changed or cancelled", state.as_str())]

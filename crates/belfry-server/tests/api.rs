@@ -210,6 +210,62 @@ async fn tasks_submit_get_duplicate_cancel_reschedule(s: TestServer) {
     assert_eq!((status, code(&body)), (409, "task_not_scheduled"));
 }
 
+both_stores!(get_cancel_and_reschedule_by_idempotency_key);
+async fn get_cancel_and_reschedule_by_idempotency_key(s: TestServer) {
+    s.queue("orders", json!({})).await;
+    let key = "close-order/42";
+    let path = "/v1/queues/orders/keys/close-order%2F42";
+    let id = s
+        .submit(
+            "orders",
+            json!({"payload": 1, "delay_ms": 60_000, "idempotency_key": key}),
+        )
+        .await;
+    let other = s
+        .submit(
+            "orders",
+            json!({"payload": 2, "delay_ms": 60_000, "idempotency_key": "k2"}),
+        )
+        .await;
+    let got = s.ok("GET", path, Value::Null, 200).await;
+    assert_eq!(got["id"], id.as_str());
+    assert_eq!(got["idempotency_key"], key);
+    // Reschedule by key: the keyed task moves, the other does not.
+    let moved = s.ok("PATCH", path, json!({"delay_ms": 600_000}), 200).await;
+    assert_eq!(moved["id"], id.as_str());
+    assert_eq!(moved["due_at_ms"], T0 + 600_000);
+    assert_eq!(s.task("orders", &other).await["due_at_ms"], T0 + 60_000);
+    // Cancel by key.
+    let (status, _) = s.call("DELETE", path, Value::Null).await;
+    assert_eq!(status, 204);
+    assert_eq!(s.task("orders", &id).await["state"], "cancelled");
+    // An unknown key, an unknown queue, an oversized key: stable codes.
+    let (status, body) = s
+        .call("GET", "/v1/queues/orders/keys/nobody", Value::Null)
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("task_not_found"))
+    );
+    let (status, body) = s.call("GET", "/v1/queues/nope/keys/k2", Value::Null).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("queue_not_found"))
+    );
+    let long = "k".repeat(300);
+    let (status, body) = s
+        .call(
+            "GET",
+            &format!("/v1/queues/orders/keys/{long}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_request"))
+    );
+}
+
 both_stores!(batch_submit_reports_each_task);
 async fn batch_submit_reports_each_task(s: TestServer) {
     s.queue("q", json!({})).await;
@@ -251,6 +307,85 @@ async fn batch_submit_reports_each_task(s: TestServer) {
         .call("POST", "/v1/queues/nope/tasks:batch", json!({"tasks": []}))
         .await;
     assert_eq!((status, code(&body)), (404, "queue_not_found"));
+}
+
+both_stores!(a_body_of_the_wrong_shape_names_the_field);
+async fn a_body_of_the_wrong_shape_names_the_field(s: TestServer) {
+    s.queue("q", json!({})).await;
+    let cases = [
+        (
+            "PUT",
+            "/v1/queues/q",
+            json!({"retry": {"max_attempts": "five"}}),
+            "retry.max_attempts",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            json!({"payload": 1, "delay_ms": "soon"}),
+            "delay_ms",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks:batch",
+            json!({"tasks": [{"payload": 1}, {"payload": 2, "priority": 7}]}),
+            "priority",
+        ),
+        ("POST", "/v1/queues/q/lease", json!({"max": -1}), "max"),
+    ];
+    for (method, path, body, field) in cases {
+        let (status, answer) = s.call(method, path, body.clone()).await;
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        let code = answer["error"]["code"].as_str().unwrap_or("");
+        // The batch reports a bad task in its own result, with the same message.
+        let message = if path.ends_with(":batch") {
+            answer["results"][1]["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        } else {
+            assert_eq!((status, code), (400, "invalid_request"), "{body}: {answer}");
+            message.to_owned()
+        };
+        assert!(
+            message.contains(field),
+            "{body}: {message:?} does not name {field}"
+        );
+    }
+}
+
+both_stores!(task_headers_that_cannot_be_delivered_are_refused);
+async fn task_headers_that_cannot_be_delivered_are_refused(s: TestServer) {
+    s.queue("q", json!({})).await;
+    for (headers, hint) in [
+        (json!({"Belfry-Task-Id": "forged"}), "Belfry-Task-Id"),
+        (json!({"host": "evil.example"}), "host"),
+        (json!({"Content-Length": "1"}), "Content-Length"),
+        (
+            json!({"x-note": "line\r\nInjected: 1"}),
+            "control character",
+        ),
+        (json!({"two words": "v"}), "two words"),
+    ] {
+        let (status, answer) = s
+            .call(
+                "POST",
+                "/v1/queues/q/tasks",
+                json!({"payload": 1, "headers": headers}),
+            )
+            .await;
+        assert_eq!(status, 400, "{headers}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(hint),
+            "{message:?} does not mention {hint}"
+        );
+    }
+    let q = s.ok("GET", "/v1/queues/q", Value::Null, 200).await;
+    assert_eq!(q["pending"], 0, "a refused task was stored");
+    s.submit("q", json!({"payload": 1, "headers": {"X-Trace": "t1"}}))
+        .await;
 }
 
 both_stores!(bad_input_gets_stable_codes);
@@ -923,6 +1058,12 @@ async fn a_queue_late_policy_applies_to_tasks_that_name_none(s: TestServer) {
     // The queue's policy survives an update that does not mention it, and can be reset.
     let queue = s.queue("q", json!({"rate_per_s": 5})).await;
     assert_eq!(queue["late_policy"], "dead");
+    // The nested form tasks and schedules accept works on queues too.
+    let queue = s
+        .queue("q", json!({"late": {"policy": "skip", "after_ms": 250}}))
+        .await;
+    assert_eq!(queue["late_policy"], "skip");
+    assert_eq!(queue["late_after_ms"], 250);
     let queue = s.queue("q", json!({"late_policy": "fire"})).await;
     assert_eq!(queue["late_policy"], "fire");
     assert!(queue.get("late_after_ms").is_none());

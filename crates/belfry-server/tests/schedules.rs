@@ -322,7 +322,7 @@ async fn bad_input_is_refused_with_stable_codes_and_nothing_is_stored() {
             json!({"queue": "q", "every_ms": 1000, "headers": {"Belfry-Shard": "1"}}),
             400,
             "invalid_schedule",
-            "set by the schedule",
+            "set by belfry itself",
         ),
         (json!({"queue": "q"}), 400, "invalid_schedule", "cron"),
         (
@@ -686,6 +686,44 @@ async fn firings_are_created_once_across_an_engine_restart() {
     assert_eq!(due, vec![T0 + 20_000, T0 + 30_000, T0 + 40_000]);
     let schedule = t.s.ok("GET", "/v1/schedules/s", Value::Null, 200).await;
     assert_eq!(schedule["next_fire_at_ms"], T0 + 50_000);
+    t.stop().await;
+}
+
+#[tokio::test]
+async fn a_schedule_whose_queue_was_deleted_says_so_and_drops_its_firings() {
+    let t = Scheduled::start().await;
+    t.s.queue("gone", json!({})).await;
+    t.create(json!({"id": "orphan", "queue": "gone", "every_ms": 1000}))
+        .await;
+    let before =
+        t.s.ok("GET", "/v1/schedules/orphan", Value::Null, 200)
+            .await;
+    assert!(before.get("queue_missing").is_none(), "{before}");
+    t.s.ok("DELETE", "/v1/queues/gone", Value::Null, 204).await;
+    let after =
+        t.s.ok("GET", "/v1/schedules/orphan", Value::Null, 200)
+            .await;
+    assert_eq!(after["queue_missing"], true);
+    // Its firings are dropped (counted), and the schedule moves on.
+    t.advance(1_000);
+    eventually("the firing dropped", || async {
+        let text = t.s.metrics_text().await;
+        text.lines()
+            .any(|l| l.starts_with("belfry_schedule_firings_dropped_total") && !l.ends_with(" 0"))
+            .then_some(())
+    })
+    .await;
+    let later =
+        t.s.ok("GET", "/v1/schedules/orphan", Value::Null, 200)
+            .await;
+    assert_eq!(later["next_fire_at_ms"], T0 + 2_000);
+    // Recreated, the queue gets firings again.
+    t.s.queue("gone", json!({})).await;
+    t.advance(1_000);
+    eventually("a firing in the recreated queue", || async {
+        (t.pending("gone").await == 1).then_some(())
+    })
+    .await;
     t.stop().await;
 }
 

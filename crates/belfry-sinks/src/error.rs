@@ -21,10 +21,10 @@ pub enum SinkError {
     #[error("webhook url has no host; expected something like https://example.com/hooks/belfry")]
     MissingHost,
 
-    #[error("webhook target {host} is {range}; belfry refuses private, loopback and other internal targets to prevent server-side request forgery. Use a public address, or allow private targets in the server configuration if this target is intended")]
+    #[error("webhook target {host} is {range}; belfry refuses private, loopback and other internal targets to prevent server-side request forgery. Use a public address, or set webhooks.allow_private_targets = true in the server configuration if this target is intended")]
     ForbiddenTarget { host: String, range: &'static str },
 
-    #[error("webhook target {host} resolves to {addr}, which is {range}; belfry refuses private, loopback and other internal targets to prevent server-side request forgery. Use a public address, or allow private targets in the server configuration if this target is intended")]
+    #[error("webhook target {host} resolves to {addr}, which is {range}; belfry refuses private, loopback and other internal targets to prevent server-side request forgery. Use a public address, or set webhooks.allow_private_targets = true in the server configuration if this target is intended")]
     ForbiddenAddress {
         host: String,
         addr: IpAddr,

@@ -177,6 +177,9 @@ async fn delivers_json_with_belfry_headers_and_a_valid_signature() {
             ("Belfry-Attempt", "99"),
             ("belfry-signature", "v1=forged"),
             ("Belfry-Anything", "reserved prefix"),
+            // A schedule's shard headers, which belfry itself puts on firing tasks, go out.
+            ("Belfry-Shard", "2"),
+            ("Belfry-Shard-Count", "4"),
             ("Host", "evil.example"),
             ("Content-Length", "1"),
             ("Content-Type", "text/plain"),
@@ -213,6 +216,8 @@ async fn delivers_json_with_belfry_headers_and_a_valid_signature() {
         [expected_signature.as_str()]
     );
     assert!(header(request, "belfry-anything").is_empty());
+    assert_eq!(header(request, "belfry-shard"), ["2"]);
+    assert_eq!(header(request, "belfry-shard-count"), ["4"]);
     assert_eq!(header(request, "content-type"), ["application/json"]);
     assert_eq!(header(request, "content-length"), ["12"]);
     assert_eq!(header(request, "host"), [addr.to_string()]);

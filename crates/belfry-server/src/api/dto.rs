@@ -3,9 +3,7 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use belfry_core::limits::{
-    HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX, IDEMPOTENCY_KEY_LEN_MAX,
-};
+use belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX;
 use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, QueueName, Task, UnixMs};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -34,9 +32,11 @@ pub struct QueueBody {
     pub retry: Option<RetryBody>,
     pub delivery: Option<DeliveryBody>,
     pub paused: Option<bool>,
-    /// The late policy of tasks that name none (default `fire`).
+    /// The late policy of tasks that name none (default `fire`), in either of the forms
+    /// tasks and schedules accept: `late_policy` (with `late_after_ms`), or `late`.
     pub late_policy: Option<LatePolicyName>,
     pub late_after_ms: Option<u64>,
+    pub late: Option<LateBody>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -77,7 +77,7 @@ impl<'de> Deserialize<'de> for DeliveryBody {
 impl QueueBody {
     pub fn into_patch(self) -> Result<QueuePatch, ApiError> {
         let retry = self.retry.unwrap_or_default();
-        let late_policy = late_policy_from(None, self.late_policy, self.late_after_ms)?;
+        let late_policy = late_policy_from(self.late, self.late_policy, self.late_after_ms)?;
         Ok(QueuePatch {
             rate_per_s: self.rate_per_s,
             burst: self.burst,
@@ -269,7 +269,9 @@ pub struct DueBody {
 }
 
 impl DueBody {
-    /// The due time in unix ms, `None` when no field is set.
+    /// The due time in unix ms, `None` when no field is set. A time in the past is due now,
+    /// and stored as now: the lateness a delivery reports, and a late policy, then count from
+    /// when the task was accepted, not from a moment before it existed.
     pub fn resolve(&self, now_ms: UnixMs, horizon_ms: u64) -> Result<Option<UnixMs>, ApiError> {
         let set = [
             self.delay_ms.is_some(),
@@ -324,7 +326,7 @@ impl DueBody {
                 ),
             ));
         }
-        Ok(Some(due))
+        Ok(Some(due.max(now_ms)))
     }
 }
 
@@ -390,29 +392,8 @@ impl TaskBody<'_> {
             return Err(too_large(limits.payload_bytes_max));
         }
         let headers = self.headers.unwrap_or_default();
-        if headers.len() > HEADERS_MAX {
-            return Err(invalid(
-                ErrorCode::InvalidRequest,
-                format!(
-                    "at most {HEADERS_MAX} headers per task, got {}",
-                    headers.len()
-                ),
-            ));
-        }
-        for (name, value) in &headers {
-            if name.is_empty() || name.len() > HEADER_NAME_LEN_MAX {
-                return Err(invalid(
-                    ErrorCode::InvalidRequest,
-                    format!("header names are 1 to {HEADER_NAME_LEN_MAX} bytes"),
-                ));
-            }
-            if value.len() > HEADER_VALUE_LEN_MAX {
-                return Err(invalid(
-                    ErrorCode::InvalidRequest,
-                    format!("header {name:?} is longer than {HEADER_VALUE_LEN_MAX} bytes"),
-                ));
-            }
-        }
+        belfry_core::headers::check_all(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
+            .map_err(|problem| invalid(ErrorCode::InvalidRequest, format!("headers: {problem}")))?;
         if let Some(key) = &self.idempotency_key {
             if key.is_empty() || key.len() > IDEMPOTENCY_KEY_LEN_MAX {
                 return Err(invalid(
@@ -824,12 +805,17 @@ mod tests {
     fn check_due_times() {
         assert_eq!(due("{}"), Ok(None));
         assert_eq!(due(r#"{"delay_ms": 5}"#), Ok(Some(1_005)));
-        assert_eq!(due(r#"{"run_at_ms": 7}"#), Ok(Some(7)));
+        // In the past: due now (1,000 here), not at 7.
+        assert_eq!(due(r#"{"run_at_ms": 7}"#), Ok(Some(1_000)));
+        assert_eq!(due(r#"{"run_at_ms": 1001}"#), Ok(Some(1_001)));
+        assert_eq!(
+            due(r#"{"run_at": "1960-01-01T00:00:00Z"}"#),
+            Ok(Some(1_000))
+        );
         assert_eq!(
             due(r#"{"run_at": "1970-01-01T00:00:02Z"}"#),
             Ok(Some(2_000))
         );
-        assert_eq!(due(r#"{"run_at": "1960-01-01T00:00:00Z"}"#), Ok(Some(0)));
         assert_eq!(due(r#"{"delay_ms": -1}"#), Err(ErrorCode::InvalidDueTime));
         assert_eq!(due(r#"{"run_at_ms": -1}"#), Err(ErrorCode::InvalidDueTime));
         assert_eq!(

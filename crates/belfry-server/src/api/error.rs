@@ -189,7 +189,7 @@ impl From<ServiceError> for ApiError {
                     format!("queue {queue} does not exist; create it with PUT /v1/queues/{queue}"),
                 )
             }
-            ServiceError::TaskNotFound(_) => ErrorCode::TaskNotFound,
+            ServiceError::TaskNotFound(_) | ServiceError::KeyNotFound(_) => ErrorCode::TaskNotFound,
             ServiceError::LeaseExpired(_) => ErrorCode::LeaseExpired,
             ServiceError::NotScheduled { .. } => ErrorCode::TaskNotScheduled,
             ServiceError::NotDead { .. } => ErrorCode::TaskNotDead,

@@ -41,7 +41,7 @@ where
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
                     ErrorCode::PayloadTooLarge,
-                    "the request body is larger than the server's request_bytes_max",
+                    "the request body is larger than the server allows (limits.request_max in its configuration)",
                 )
             } else {
                 ApiError::new(
@@ -55,13 +55,40 @@ where
 }
 
 /// Parses a body read by `JsonBytes`, with `JsonBody`'s rules (an empty body is `{}`).
+///
+/// A body of the wrong shape is answered with the field at fault (`retry.max_attempts:
+/// invalid type: ...`), found by parsing it a second time with path tracking: errors are
+/// rare, so the common case pays nothing for it.
 pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
     let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
         b"{}"
     } else {
         bytes
     };
-    Ok(serde_json::from_slice(text)?)
+    match serde_json::from_slice(text) {
+        Ok(value) => Ok(value),
+        // Some shape errors are reported as syntax ("expected value") by the borrowed
+        // types; valid JSON means the shape is at fault.
+        Err(error) if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok() => {
+            Err(shape_error::<T>(text).unwrap_or_else(|| error.into()))
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// The shape error of `text` as `T`, naming the field, or `None` if the path is the root.
+fn shape_error<'a, T: Deserialize<'a>>(text: &'a [u8]) -> Option<ApiError> {
+    let mut deserializer = serde_json::Deserializer::from_slice(text);
+    let error = serde_path_to_error::deserialize::<_, T>(&mut deserializer).err()?;
+    let path = error.path().to_string();
+    if path.is_empty() || path == "." {
+        return None;
+    }
+    let inner = error.into_inner();
+    Some(ApiError::new(
+        ErrorCode::InvalidRequest,
+        format!("the body does not match the expected shape: {path}: {inner}"),
+    ))
 }
 
 /// Path parameters by name, decoded. `RawPathParams` shares the router's decoded strings
@@ -100,6 +127,30 @@ impl<S: Send + Sync> FromRequestParts<S> for QueuePath {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         let params = params(parts).await?;
         Ok(QueuePath(queue_name(param(&params, "queue")?)?))
+    }
+}
+
+/// `{queue}` and `{key}` (an idempotency key, percent-decoded) from the path, validated.
+pub struct KeyPath(pub QueueName, pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let params = params(parts).await?;
+        let queue = queue_name(param(&params, "queue")?)?;
+        let key = param(&params, "key")?;
+        let max = belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX;
+        if key.is_empty() || key.len() > max {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!(
+                    "the idempotency key in the path must be 1 to {max} bytes (percent-encode \"/\" and other reserved characters), got {} bytes",
+                    key.len()
+                ),
+            ));
+        }
+        Ok(KeyPath(queue, key.to_owned()))
     }
 }
 

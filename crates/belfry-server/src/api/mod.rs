@@ -50,6 +50,12 @@ pub fn router(service: Arc<Service>) -> Router {
                 .delete(tasks::cancel)
                 .patch(tasks::reschedule),
         )
+        .route(
+            "/v1/queues/{queue}/keys/{key}",
+            get(tasks::get_by_key)
+                .delete(tasks::cancel_by_key)
+                .patch(tasks::reschedule_by_key),
+        )
         .route("/v1/queues/{queue}/lease", post(leases::lease))
         .route("/v1/queues/{queue}/ack", post(leases::ack_batch))
         .route("/v1/queues/{queue}/tasks/{id}/ack", post(leases::ack))

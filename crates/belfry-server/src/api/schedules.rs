@@ -365,6 +365,10 @@ pub struct ScheduleView {
     /// `2026-03-08T03:00:00-04:00[America/New_York]`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_fire_local: Option<String>,
+    /// Present (and true) when the schedule's queue no longer exists: its firings are dropped
+    /// until the queue is created again or the schedule is pointed at another.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub queue_missing: bool,
 }
 
 fn local_time(schedule: &Schedule, at_ms: UnixMs) -> Option<String> {
@@ -375,7 +379,8 @@ fn local_time(schedule: &Schedule, at_ms: UnixMs) -> Option<String> {
 }
 
 impl ScheduleView {
-    pub fn new(schedule: &Schedule) -> Self {
+    /// The schedule as the API shows it; `state` tells whether its queue still exists.
+    pub fn new(schedule: &Schedule, state: &SchedulesState) -> Self {
         let def = &schedule.def;
         let (cron, timezone, every_ms) = match &def.trigger {
             TriggerDef::Cron {
@@ -414,6 +419,7 @@ impl ScheduleView {
             next_fire_at: next.and_then(format_utc),
             next_fire_at_ms: next,
             next_fire_local: next.and_then(|at| local_time(schedule, at)),
+            queue_missing: state.shared.queues.get(&def.queue).is_none(),
         }
     }
 }
@@ -479,13 +485,20 @@ pub async fn create(
     let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.create(id, def, now_ms)).await?;
     state.wake();
-    Ok((StatusCode::CREATED, Json(ScheduleView::new(&schedule))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(ScheduleView::new(&schedule, &state)),
+    )
+        .into_response())
 }
 
 pub async fn list(State(state): State<AppState>) -> Result<Json<ScheduleList>, ApiError> {
     let schedules = blocking(&state, |s| s.service.list()).await?;
     Ok(Json(ScheduleList {
-        schedules: schedules.iter().map(ScheduleView::new).collect(),
+        schedules: schedules
+            .iter()
+            .map(|schedule| ScheduleView::new(schedule, &state))
+            .collect(),
     }))
 }
 
@@ -499,7 +512,7 @@ pub async fn get_one(
     })
     .await?;
     let schedule = found.ok_or_else(|| ApiError::from(ScheduleServiceError::NotFound(id)))?;
-    Ok(Json(ScheduleView::new(&schedule)))
+    Ok(Json(ScheduleView::new(&schedule, &state)))
 }
 
 pub async fn replace(
@@ -521,7 +534,7 @@ pub async fn replace(
     let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.replace(&id, def, now_ms)).await?;
     state.wake();
-    Ok(Json(ScheduleView::new(&schedule)))
+    Ok(Json(ScheduleView::new(&schedule, &state)))
 }
 
 pub async fn delete(
@@ -546,7 +559,7 @@ pub async fn pause(
 ) -> Result<Json<ScheduleView>, ApiError> {
     let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.pause(&id, now_ms)).await?;
-    Ok(Json(ScheduleView::new(&schedule)))
+    Ok(Json(ScheduleView::new(&schedule, &state)))
 }
 
 pub async fn resume(
@@ -556,7 +569,7 @@ pub async fn resume(
     let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.resume(&id, now_ms)).await?;
     state.wake();
-    Ok(Json(ScheduleView::new(&schedule)))
+    Ok(Json(ScheduleView::new(&schedule, &state)))
 }
 
 pub async fn next(

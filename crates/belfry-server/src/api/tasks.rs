@@ -12,7 +12,7 @@ use super::dto::{
     BatchBody, BatchTasks, DeadList, DeadQuery, DueBody, TaskBody, TaskLimits, TaskView,
 };
 use super::error::{ApiError, ErrorCode};
-use super::extract::{parse_json, task_id, JsonBody, JsonBytes, QueuePath, TaskPath};
+use super::extract::{parse_json, task_id, JsonBody, JsonBytes, KeyPath, QueuePath, TaskPath};
 use super::wire::{self, SubmitEntry};
 use super::AppState;
 
@@ -65,7 +65,7 @@ pub async fn submit_batch(
         Err(_) => parse_json::<BatchBody>(&bytes)?
             .tasks
             .into_iter()
-            .map(|raw| serde_json::from_str::<TaskBody>(raw.get()).map_err(ApiError::from))
+            .map(|raw| parse_json::<TaskBody>(raw.get().as_bytes()))
             .collect(),
     };
     service.runtime(&queue)?;
@@ -138,16 +138,55 @@ pub async fn reschedule(
     TaskPath(queue, id): TaskPath,
     JsonBody(body): JsonBody<DueBody>,
 ) -> Result<Json<TaskView>, ApiError> {
-    service.runtime(&queue)?;
-    let due = body
-        .resolve(service.now_ms(), service.config.horizon_ms)?
+    let due = new_due_time(&service, &queue, &body)?;
+    let task = service.reschedule(&queue, id, due).await?;
+    Ok(Json(TaskView::new(&task)))
+}
+
+fn new_due_time(
+    service: &AppState,
+    queue: &QueueName,
+    body: &DueBody,
+) -> Result<belfry_core::UnixMs, ApiError> {
+    service.runtime(queue)?;
+    body.resolve(service.now_ms(), service.config.horizon_ms)?
         .ok_or_else(|| {
             ApiError::new(
                 ErrorCode::InvalidDueTime,
                 "give the new due time as one of delay_ms, run_at or run_at_ms",
             )
-        })?;
-    let task = service.reschedule(&queue, id, due).await?;
+        })
+}
+
+/// `GET /v1/queues/{queue}/keys/{key}`: the task submitted with this idempotency key.
+pub async fn get_by_key(
+    State(service): State<AppState>,
+    KeyPath(queue, key): KeyPath,
+) -> Result<Json<TaskView>, ApiError> {
+    let task = service.task_by_key(&queue, &key).await?;
+    Ok(Json(TaskView::new(&task)))
+}
+
+/// `DELETE /v1/queues/{queue}/keys/{key}`: cancels it.
+pub async fn cancel_by_key(
+    State(service): State<AppState>,
+    KeyPath(queue, key): KeyPath,
+) -> Result<StatusCode, ApiError> {
+    let task = service.task_by_key(&queue, &key).await?;
+    service.cancel(&queue, task.id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PATCH /v1/queues/{queue}/keys/{key}`: moves its due time ("push this order's
+/// close-if-unpaid back by 10 minutes", for a caller that only remembers its own key).
+pub async fn reschedule_by_key(
+    State(service): State<AppState>,
+    KeyPath(queue, key): KeyPath,
+    JsonBody(body): JsonBody<DueBody>,
+) -> Result<Json<TaskView>, ApiError> {
+    let due = new_due_time(&service, &queue, &body)?;
+    let task = service.task_by_key(&queue, &key).await?;
+    let task = service.reschedule(&queue, task.id, due).await?;
     Ok(Json(TaskView::new(&task)))
 }
 

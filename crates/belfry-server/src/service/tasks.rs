@@ -41,6 +41,18 @@ impl Service {
             .ok_or(ServiceError::TaskNotFound(id))
     }
 
+    /// The task submitted with idempotency key `key` (keys are unique for a task's whole
+    /// life in its queue).
+    pub async fn task_by_key(&self, queue: &QueueName, key: &str) -> Result<Task> {
+        self.runtime(queue)?;
+        let name = queue.clone();
+        let now_ms = self.now_ms();
+        let owned = key.to_owned();
+        self.blocking(move |s| Ok(s.get_by_key(&name, &owned, now_ms)?))
+            .await?
+            .ok_or_else(|| ServiceError::KeyNotFound(key.to_owned()))
+    }
+
     pub async fn cancel(&self, queue: &QueueName, id: TaskId) -> Result<()> {
         self.runtime(queue)?;
         let name = queue.clone();

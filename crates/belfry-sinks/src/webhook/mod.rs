@@ -47,26 +47,17 @@ pub const SECRET_BYTES_MAX: usize = 1024;
 /// message, small enough for a dead-letter record and a log line.
 const RESPONSE_DETAIL_BYTES_MAX: usize = 256;
 
-/// Task header names never forwarded: hop-by-hop headers (RFC 9110 §7.6.1), headers the HTTP
-/// client owns (`host`, `content-length`), `content-type` (set from the payload kind) and
-/// `expect`. Any name starting with `belfry-` is also skipped, so a producer cannot forge the
-/// task id, attempt or signature a receiver relies on.
-const SKIPPED_HEADERS: &[&str] = &[
-    "connection",
-    "content-length",
-    "content-type",
-    "expect",
-    "host",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-const RESERVED_HEADER_PREFIX: &str = "belfry-";
+// Task headers belfry sets or owns (`belfry_core::headers::is_reserved`: `Belfry-*`, hop-by-hop
+// and transport headers) are never forwarded: the API refuses them on submit, and a task that
+// came another way still cannot forge the task id, attempt or signature a receiver relies on.
+// The exception is a schedule's shard headers, which belfry itself puts on firing tasks.
+
+fn forwarded(name: &str) -> bool {
+    use belfry_core::schedule::{SHARD_COUNT_HEADER, SHARD_HEADER};
+    !belfry_core::headers::is_reserved(name)
+        || name.eq_ignore_ascii_case(SHARD_HEADER)
+        || name.eq_ignore_ascii_case(SHARD_COUNT_HEADER)
+}
 
 /// Where and how to deliver one queue's tasks.
 #[derive(Clone, PartialEq, Eq)]
@@ -204,12 +195,10 @@ impl WebhookSink {
         // any other path cannot make a request arbitrarily large.
         let mut headers = HeaderMap::with_capacity(task.headers.len().min(HEADERS_MAX) + 7);
         for (name, value) in task.headers.iter().take(HEADERS_MAX) {
-            let lower = name.to_ascii_lowercase();
-            if lower.starts_with(RESERVED_HEADER_PREFIX)
-                || SKIPPED_HEADERS.contains(&lower.as_str())
-            {
+            if !forwarded(name) {
                 continue;
             }
+            let lower = name.to_ascii_lowercase();
             match (
                 HeaderName::from_bytes(lower.as_bytes()),
                 HeaderValue::from_str(value),
@@ -486,7 +475,7 @@ mod tests {
             reqwest::Client::new(),
         )
         .expect("valid config");
-        let mut given: Vec<(String, String)> = SKIPPED_HEADERS
+        let mut given: Vec<(String, String)> = belfry_core::headers::RESERVED_NAMES
             .iter()
             .map(|name| (name.to_uppercase(), "forged".to_owned()))
             .collect();
