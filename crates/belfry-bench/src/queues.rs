@@ -743,7 +743,15 @@ fn targets_table(one: &VariantOutcome, many: &VariantOutcome) -> Table {
             one.delivery_time_ms.unwrap_or(0.0),
         ),
         format!("≤ {RATIO_TARGET}× (and nothing lost)"),
-        verdict(within(time(many), time(one)).or((many.delivery.lost > 0).then_some(false))).into(),
+        if one.delivery.lost > 0 {
+            format!(
+                "no baseline: the single queue did not deliver {} of its tasks",
+                thousands(one.delivery.lost as f64)
+            )
+        } else {
+            verdict(within(time(many), time(one)).or((many.delivery.lost > 0).then_some(false)))
+                .into()
+        },
     ]);
     t.row(vec![
         "server CPU s, delivery".into(),
