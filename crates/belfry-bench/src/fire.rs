@@ -283,7 +283,7 @@ struct LeasedTask<'a> {
 /// An id the consumer sends back as it got it: a string (borrowed from the answer when it has
 /// no escapes) or a number. Read with a visitor rather than as a `serde_json::Value` or an
 /// untagged enum, both of which allocate per task.
-enum Echo<'a> {
+pub(crate) enum Echo<'a> {
     Text(Cow<'a, str>),
     Number(u64),
 }
@@ -327,14 +327,14 @@ impl serde::Serialize for Echo<'_> {
 
 /// One entry of a batch ack (`{"acks": [...]}`).
 #[derive(serde::Serialize)]
-struct AckItem<'a> {
-    id: &'a Echo<'a>,
-    lease_id: &'a Echo<'a>,
+pub(crate) struct AckItem<'a> {
+    pub(crate) id: &'a Echo<'a>,
+    pub(crate) lease_id: &'a Echo<'a>,
 }
 
 #[derive(serde::Serialize)]
-struct AckBatch<'a> {
-    acks: Vec<AckItem<'a>>,
+pub(crate) struct AckBatch<'a> {
+    pub(crate) acks: Vec<AckItem<'a>>,
 }
 
 #[derive(Deserialize)]
@@ -393,6 +393,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
             label: "belfry submit".into(),
             target: server.target.clone(),
             path: format!("/v1/queues/{queue}/tasks:batch"),
+            body_paths: None,
             bodies,
             connections: args.connections,
             answers: Answers::Belfry,

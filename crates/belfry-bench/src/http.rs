@@ -97,11 +97,25 @@ impl HttpConn {
         path: &str,
         body: Bytes,
     ) -> Result<(StatusCode, Bytes), BenchError> {
+        self.request_with_headers(method, path, body, &[]).await
+    }
+
+    /// [`request`](Self::request) with extra headers (name, value).
+    pub async fn request_with_headers(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+        headers: &[(&str, &str)],
+    ) -> Result<(StatusCode, Bytes), BenchError> {
         self.sender.ready().await?;
         let mut builder = Request::builder()
             .method(method)
             .uri(path)
             .header(header::HOST, &self.host);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
         if !body.is_empty() {
             builder = builder.header(header::CONTENT_TYPE, "application/json");
         }

@@ -4,7 +4,9 @@
 //!
 //! Scenarios: `ingest` (submit throughput and latency), `fire` (delivery throughput and
 //! firing lateness, never early, nothing lost), `pending` (disk and memory per pending task,
-//! restart time after `kill -9`). Each prints a table, optionally JSON, and can rewrite its
+//! restart time after `kill -9`), `queues` (many webhook queues due together against one
+//! queue of the same tasks), `cron` (per-second schedules: creation rate, firing lateness and
+//! their cost to an unrelated queue). Each prints a table, optionally JSON, and can rewrite its
 //! own part of BENCHMARKS.md.
 //!
 //! The binary wires it with `Bench { #[command(subcommand)] command: BenchCommand }` and
@@ -12,6 +14,7 @@
 
 use std::path::PathBuf;
 
+pub mod cron;
 pub mod error;
 pub mod fire;
 pub mod http;
@@ -20,6 +23,7 @@ pub mod load;
 pub mod markdown;
 pub mod pending;
 pub mod plot;
+pub mod queues;
 pub mod redis_queue;
 pub mod report;
 pub mod servers;
@@ -58,6 +62,14 @@ pub enum BenchCommand {
     /// Fill N far-future tasks; report disk bytes and RSS per task, then kill -9 and restart
     /// the server and time until /readyz answers.
     Pending(Box<pending::PendingArgs>),
+    /// N webhook queues of M tasks all due together against 1 queue of N×M tasks (same
+    /// run, same receiver); report delivery time, lateness, server CPU and RSS, duplicates,
+    /// lost tasks and refused claims.
+    Queues(Box<queues::QueuesArgs>),
+    /// S schedules firing every second into a pull queue: creation rate beside single-task
+    /// submits, firing lateness, server CPU, and an unrelated queue's lease p99 with and
+    /// without the cron load.
+    Cron(Box<cron::CronArgs>),
 }
 
 /// Which server to drive.
@@ -156,6 +168,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ingest(a) => a.output.clone(),
         BenchCommand::Fire(a) => a.output.clone(),
         BenchCommand::Pending(a) => a.output.clone(),
+        BenchCommand::Queues(a) => a.output.clone(),
+        BenchCommand::Cron(a) => a.output.clone(),
     };
     if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
         return Err(BenchError::invalid(
@@ -174,6 +188,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             BenchCommand::Ingest(args) => ingest::run(*args).await,
             BenchCommand::Fire(args) => fire::run(*args).await,
             BenchCommand::Pending(args) => pending::run(*args).await,
+            BenchCommand::Queues(args) => queues::run(*args).await,
+            BenchCommand::Cron(args) => cron::run(*args).await,
         }
     })?;
     emit(&report, &output)

@@ -88,6 +88,8 @@ pub struct IngestJob {
     pub label: String,
     pub target: Target,
     pub path: String,
+    /// Path of each body when they differ (one queue per body); `path` is used otherwise.
+    pub body_paths: Option<Arc<Vec<String>>>,
     pub bodies: Arc<Bodies>,
     pub connections: usize,
     pub answers: Answers,
@@ -103,9 +105,10 @@ pub async fn run_ingest(job: IngestJob, progress: ProgressBar) -> IngestOutcome 
     let started = Instant::now();
     let mut workers = Vec::with_capacity(job.connections);
     for _ in 0..job.connections {
-        let (target, path, bodies, next, due, progress) = (
+        let (target, path, body_paths, bodies, next, due, progress) = (
             job.target.clone(),
             path.clone(),
+            job.body_paths.clone(),
             job.bodies.clone(),
             next.clone(),
             job.due_at_ms.clone(),
@@ -113,7 +116,11 @@ pub async fn run_ingest(job: IngestJob, progress: ProgressBar) -> IngestOutcome 
         );
         let answers = job.answers;
         workers.push(tokio::spawn(async move {
-            worker(target, path, bodies, next, due, answers, progress).await
+            let paths = BodyPaths {
+                all: path,
+                each: body_paths,
+            };
+            worker(target, paths, bodies, next, due, answers, progress).await
         }));
     }
     let mut tally = Tally::default();
@@ -153,9 +160,24 @@ pub async fn run_ingest(job: IngestJob, progress: ProgressBar) -> IngestOutcome 
     }
 }
 
+/// Where each body goes: one path for all, or one per body.
+struct BodyPaths {
+    all: Arc<str>,
+    each: Option<Arc<Vec<String>>>,
+}
+
+impl BodyPaths {
+    fn of(&self, b: usize) -> &str {
+        self.each
+            .as_ref()
+            .and_then(|each| each.get(b))
+            .map_or(&self.all, |p| p.as_str())
+    }
+}
+
 async fn worker(
     target: Target,
-    path: Arc<str>,
+    paths: BodyPaths,
     bodies: Arc<Bodies>,
     next: Arc<AtomicUsize>,
     due: Option<Arc<Vec<u64>>>,
@@ -191,7 +213,7 @@ async fn worker(
         };
         let sent = Instant::now();
         let result = c
-            .request(Method::POST, &path, bodies.bodies[b].clone())
+            .request(Method::POST, paths.of(b), bodies.bodies[b].clone())
             .await;
         record_clamped(&mut latency, sent.elapsed().as_micros() as u64);
         tally.requests += 1;

@@ -270,6 +270,7 @@ async fn pending_belfry(
                     } else {
                         format!("/v1/queues/{queue}/tasks:batch")
                     },
+                    body_paths: None,
                     bodies,
                     connections: args.connections,
                     answers: Answers::Belfry,

@@ -174,6 +174,11 @@ impl DeliveryTracker {
         self.delivered == self.expected()
     }
 
+    /// Latest receipt of any task so far (unix µs).
+    pub fn last_receipt_us(&self) -> Option<u64> {
+        self.last_receipt_us
+    }
+
     pub fn lateness_histogram(&self) -> &Histogram<u64> {
         &self.lateness_us
     }
