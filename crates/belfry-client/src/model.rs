@@ -42,6 +42,26 @@ pub enum DeliverySpec {
         #[serde(skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },
+    /// XADD to a stream of a `redis` connection the server declares.
+    RedisStream {
+        connection: String,
+        stream: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        maxlen: Option<u64>,
+    },
+    /// JetStream publish to a subject of a `nats` connection the server declares.
+    Nats {
+        connection: String,
+        subject: String,
+    },
+    /// Produce to a topic of a `kafka` connection the server declares; `key` is `"task_id"`,
+    /// `"header:NAME"` or absent.
+    Kafka {
+        connection: String,
+        topic: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]

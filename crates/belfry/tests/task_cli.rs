@@ -453,3 +453,82 @@ fn every_subcommand_has_help_text() {
         "{help}"
     );
 }
+
+/// `belfry queue create NAME --kafka CONNECTION:TOPIC` (and its Redis Streams and NATS
+/// equivalents) make stream queues over the connections the server's config declares; a
+/// connection it does not declare is refused with the field named.
+#[test]
+fn queue_create_with_stream_deliveries() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(
+        &config,
+        r#"
+[connections.bus]
+type = "kafka"
+brokers = ["127.0.0.1:9"]
+
+[connections.cache]
+type = "redis"
+url = "redis://127.0.0.1:9/0"
+
+[connections.events]
+type = "nats"
+url = "nats://127.0.0.1:9"
+"#,
+    )
+    .expect("write config");
+    let config = config.to_string_lossy().into_owned();
+    let server = serve(&["--store", "memory", "--config", &config]);
+    let created = ok(
+        &server,
+        &[
+            "queue",
+            "create",
+            "k",
+            "--kafka",
+            "bus:orders",
+            "--key",
+            "task_id",
+            "--json",
+        ],
+    );
+    let created: serde_json::Value = serde_json::from_str(&created).expect("JSON");
+    assert_eq!(
+        created["delivery"],
+        serde_json::json!({"type": "kafka", "connection": "bus", "topic": "orders", "key": "task_id", "timeout_ms": 10000, "secret_set": false})
+    );
+    // Nothing listens on port 9: reported, not refused.
+    assert!(
+        created["warnings"].to_string().contains("not reachable"),
+        "{created}"
+    );
+    ok(
+        &server,
+        &[
+            "queue",
+            "create",
+            "r",
+            "--redis-stream",
+            "cache:tasks",
+            "--maxlen",
+            "1000",
+        ],
+    );
+    ok(
+        &server,
+        &["queue", "create", "n", "--nats", "events:orders.due"],
+    );
+    let shown = ok(&server, &["queue", "get", "n"]);
+    assert!(shown.contains("nats events:orders.due"), "{shown}");
+    // Undeclared connection, and a value without the colon: one clear line each.
+    let (success, _, stderr) = belfry(&server, &["queue", "create", "x", "--kafka", "nope:t"]);
+    assert!(!success);
+    assert!(
+        stderr.contains("invalid_delivery") && stderr.contains("delivery.connection"),
+        "{stderr}"
+    );
+    let (success, _, stderr) = belfry(&server, &["queue", "create", "x", "--nats", "events"]);
+    assert!(!success);
+    assert!(stderr.contains("CONNECTION:TARGET"), "{stderr}");
+}

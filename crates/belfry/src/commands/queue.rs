@@ -10,7 +10,7 @@ use crate::show::{duration, fields, table};
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
     /// Create a queue, or change the settings given (others keep their values).
-    Create(QueueCreate),
+    Create(Box<QueueCreate>),
     /// Show a queue's settings and its task counts.
     Get { queue: String },
     /// List every queue with its task counts, sorted by name.
@@ -53,12 +53,40 @@ pub struct QueueCreate {
     /// How long one webhook call may take, in ms.
     #[arg(long, requires = "webhook")]
     pub timeout_ms: Option<u64>,
-    /// Make it a pull queue (undoes --webhook).
-    #[arg(long, conflicts_with = "webhook")]
+    /// Deliver to a Redis stream: CONNECTION:STREAM, where CONNECTION is a
+    /// `[connections.NAME]` of type "redis" in the server's config.
+    #[arg(long, value_name = "CONNECTION:STREAM", group = "push")]
+    pub redis_stream: Option<String>,
+    /// Trim the Redis stream to about this many entries on every append.
+    #[arg(long, requires = "redis_stream")]
+    pub maxlen: Option<u64>,
+    /// Deliver to a NATS JetStream subject: CONNECTION:SUBJECT.
+    #[arg(long, value_name = "CONNECTION:SUBJECT", group = "push")]
+    pub nats: Option<String>,
+    /// Deliver to a Kafka topic: CONNECTION:TOPIC.
+    #[arg(long, value_name = "CONNECTION:TOPIC", group = "push")]
+    pub kafka: Option<String>,
+    /// The Kafka record key: "task_id" or "header:NAME" (none when not given).
+    #[arg(long, requires = "kafka")]
+    pub key: Option<String>,
+    /// Make it a pull queue (undoes --webhook and the stream deliveries).
+    #[arg(long, conflicts_with_all = ["webhook", "push"])]
     pub pull: bool,
 }
 
-fn spec(args: QueueCreate) -> QueueSpec {
+/// `CONNECTION:TARGET` split at its first colon.
+fn connection_and(flag: &str, value: &str) -> anyhow::Result<(String, String)> {
+    match value.split_once(':') {
+        Some((connection, target)) if !connection.is_empty() && !target.is_empty() => {
+            Ok((connection.to_owned(), target.to_owned()))
+        }
+        _ => anyhow::bail!(
+            "--{flag} takes CONNECTION:TARGET (a connection declared in the server's config, a colon, then the stream, subject or topic), got {value:?}"
+        ),
+    }
+}
+
+fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
     let retry = (args.max_attempts.is_some()
         || args.backoff_initial_ms.is_some()
         || args.backoff_max_ms.is_some())
@@ -67,23 +95,45 @@ fn spec(args: QueueCreate) -> QueueSpec {
         backoff_initial_ms: args.backoff_initial_ms,
         backoff_max_ms: args.backoff_max_ms,
     });
-    let delivery = match (args.webhook, args.pull) {
-        (Some(url), _) => Some(DeliverySpec::Webhook {
+    let delivery = if let Some(url) = args.webhook {
+        Some(DeliverySpec::Webhook {
             url,
             secret: args.secret,
             timeout_ms: args.timeout_ms,
-        }),
-        (None, true) => Some(DeliverySpec::Pull),
-        (None, false) => None,
+        })
+    } else if let Some(value) = &args.redis_stream {
+        let (connection, stream) = connection_and("redis-stream", value)?;
+        Some(DeliverySpec::RedisStream {
+            connection,
+            stream,
+            maxlen: args.maxlen,
+        })
+    } else if let Some(value) = &args.nats {
+        let (connection, subject) = connection_and("nats", value)?;
+        Some(DeliverySpec::Nats {
+            connection,
+            subject,
+        })
+    } else if let Some(value) = &args.kafka {
+        let (connection, topic) = connection_and("kafka", value)?;
+        Some(DeliverySpec::Kafka {
+            connection,
+            topic,
+            key: args.key.clone(),
+        })
+    } else if args.pull {
+        Some(DeliverySpec::Pull)
+    } else {
+        None
     };
-    QueueSpec {
+    Ok(QueueSpec {
         rate_per_s: args.rate,
         burst: args.burst,
         max_in_flight: args.max_in_flight,
         retry,
         delivery,
         paused: None,
-    }
+    })
 }
 
 fn delivery(q: &Queue) -> String {
@@ -95,6 +145,21 @@ fn delivery(q: &Queue) -> String {
                 .and_then(|u| u.as_str())
                 .unwrap_or("?")
         ),
+        Some(kind @ ("redis_stream" | "nats" | "kafka")) => {
+            let field = |name: &str| {
+                q.delivery
+                    .get(name)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("?")
+                    .to_owned()
+            };
+            let target = match kind {
+                "redis_stream" => field("stream"),
+                "nats" => field("subject"),
+                _ => field("topic"),
+            };
+            format!("{kind} {}:{target}", field("connection"))
+        }
         Some(other) => other.to_owned(),
         None => "pull".to_owned(),
     }
@@ -183,7 +248,7 @@ pub async fn queue(remote: &Remote, command: QueueCommand) -> anyhow::Result<()>
     match command {
         QueueCommand::Create(args) => {
             let name = args.queue.clone();
-            run(remote, Request::put_queue(&name, &spec(args)), show).await
+            run(remote, Request::put_queue(&name, &spec(*args)?), show).await
         }
         QueueCommand::Get { queue } => run(remote, Request::get_queue(&queue), show).await,
         QueueCommand::List => run(remote, Request::list_queues(), describe_list).await,
