@@ -66,10 +66,31 @@ impl HealthCell {
         };
     }
 
+    /// Records the outcome of an `open` (a connection attempt) and answers as `Sink::open`
+    /// does: `Ok` when the target answered, else why not, naming `what` (e.g. "kafka
+    /// connection main").
+    pub(crate) fn record_open(&self, outcome: Outcome, what: &str) -> Result<(), String> {
+        self.record(&outcome);
+        match outcome {
+            Outcome::Delivered => Ok(()),
+            Outcome::Retry { reason, .. } | Outcome::Reject { reason } => {
+                Err(format!("{what} is not reachable yet: {reason}"))
+            }
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, crate::SinkHealth> {
         // Only ever replaced whole: a poisoned lock holds a complete value.
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+}
+
+/// The one outcome of a batch of one (a sink that delivers in batches, asked for one task).
+pub(crate) fn only(mut outcomes: Vec<Outcome>) -> Outcome {
+    outcomes.pop().unwrap_or(Outcome::Retry {
+        after: None,
+        reason: "the sink gave no outcome".to_owned(),
+    })
 }

@@ -477,11 +477,7 @@ impl Sink for KafkaSink {
     ) -> SinkFuture<'a, Outcome> {
         Box::pin(async move {
             let batch = [Attempt { task, attempt }];
-            let mut outcomes = self.deliver_all(&batch, now_ms).await;
-            outcomes.pop().unwrap_or(Outcome::Retry {
-                after: None,
-                reason: "no outcome".to_owned(),
-            })
+            crate::gate::only(self.deliver_all(&batch, now_ms).await)
         })
     }
 
@@ -509,14 +505,8 @@ impl Sink for KafkaSink {
                 Ok(Err(outcome)) => outcome,
                 Err(_) => classify_kafka_failure(KafkaFailure::Timeout, "connecting"),
             };
-            self.health.record(&outcome);
-            match outcome {
-                Outcome::Delivered => Ok(()),
-                Outcome::Retry { reason, .. } | Outcome::Reject { reason } => Err(format!(
-                    "kafka connection {} is not usable yet: {reason}",
-                    self.config.target
-                )),
-            }
+            let what = format!("kafka connection {}", self.config.target);
+            self.health.record_open(outcome, &what)
         })
     }
 

@@ -417,11 +417,7 @@ impl Sink for NatsSink {
     ) -> SinkFuture<'a, Outcome> {
         Box::pin(async move {
             let batch = [Attempt { task, attempt }];
-            let mut outcomes = self.deliver_all(&batch).await;
-            outcomes.pop().unwrap_or(Outcome::Retry {
-                after: None,
-                reason: "no outcome".to_owned(),
-            })
+            crate::gate::only(self.deliver_all(&batch).await)
         })
     }
 
@@ -449,14 +445,8 @@ impl Sink for NatsSink {
                 Ok(Err(outcome)) => outcome,
                 Err(_) => classify_nats_failure(NatsFailure::Timeout, "connecting"),
             };
-            self.health.record(&outcome);
-            match outcome {
-                Outcome::Delivered => Ok(()),
-                Outcome::Retry { reason, .. } | Outcome::Reject { reason } => Err(format!(
-                    "nats connection {} is not reachable yet: {reason}",
-                    self.config.target
-                )),
-            }
+            let what = format!("nats connection {}", self.config.target);
+            self.health.record_open(outcome, &what)
         })
     }
 

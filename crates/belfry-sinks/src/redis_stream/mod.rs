@@ -365,11 +365,7 @@ impl Sink for RedisStreamSink {
     ) -> Pin<Box<dyn Future<Output = Outcome> + Send + 'a>> {
         Box::pin(async move {
             let batch = [Attempt { task, attempt }];
-            let mut outcomes = self.deliver_all(&batch).await;
-            outcomes.pop().unwrap_or(Outcome::Retry {
-                after: None,
-                reason: "no outcome".to_owned(),
-            })
+            crate::gate::only(self.deliver_all(&batch).await)
         })
     }
 
@@ -396,14 +392,8 @@ impl Sink for RedisStreamSink {
                 Ok(Err(ConnectFailure(outcome))) => outcome,
                 Err(_) => classify_transport(TransportFailure::Timeout, "connecting"),
             };
-            self.health.record(&outcome);
-            match outcome {
-                Outcome::Delivered => Ok(()),
-                Outcome::Retry { reason, .. } | Outcome::Reject { reason } => Err(format!(
-                    "redis connection {} ({}) is not reachable yet: {reason}",
-                    self.target, self.url_for_logs
-                )),
-            }
+            let what = format!("redis connection {} ({})", self.target, self.url_for_logs);
+            self.health.record_open(outcome, &what)
         })
     }
 
