@@ -159,7 +159,9 @@ impl ServerBuilder {
             addr: self.config.listen,
             source,
         })?;
-        let mut router = api::router(service.clone()).merge(schedules.routes());
+        let schedule_routes =
+            api::schedules::router(schedules.state(), self.config.request_bytes_max);
+        let mut router = api::router(service.clone()).merge(schedule_routes);
         for extra in self.extra_routes {
             router = router.merge(extra);
         }

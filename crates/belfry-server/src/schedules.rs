@@ -14,7 +14,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use belfry_schedule::{ScheduleService, ScheduleServiceError, TickReport};
 use metrics::counter;
 use tokio::sync::Notify;
@@ -43,7 +42,6 @@ pub struct SchedulesState {
     pub(crate) service: ScheduleService,
     pub(crate) shared: Arc<Shared>,
     pub(crate) payload_bytes_max: usize,
-    request_bytes_max: usize,
     wake: Notify,
     /// Schedules already reported as firing into a missing queue: each is warned about once,
     /// not at every firing. Forgotten when the schedule fires normally again.
@@ -69,7 +67,6 @@ impl Schedules {
             state: Arc::new(SchedulesState {
                 service: ScheduleService::new(shared.store.clone()),
                 payload_bytes_max: shared.config.payload_bytes_max,
-                request_bytes_max: shared.config.request_bytes_max,
                 shared,
                 wake: Notify::new(),
                 warned_missing: Default::default(),
@@ -82,8 +79,9 @@ impl Schedules {
         &self.state.service
     }
 
-    pub(crate) fn routes(&self) -> Router {
-        crate::api::schedules::router(self.state.clone(), self.state.request_bytes_max)
+    /// What the schedule routes serve from (the builder hands it to `api::schedules`).
+    pub(crate) fn state(&self) -> Arc<SchedulesState> {
+        self.state.clone()
     }
 
     /// Runs one tick. The builder calls it before the server dispatches or serves: it replays

@@ -6,6 +6,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
+use crate::commands::Remote;
 use crate::config::{self, FileConfig, LogFormat};
 
 #[derive(Debug, Parser)]
@@ -73,21 +74,6 @@ pub struct ServeArgs {
     /// "engine" (durable, default) or "memory" (for experiments).
     #[arg(long)]
     pub store: Option<String>,
-}
-
-#[derive(Debug, Args)]
-pub struct Remote {
-    /// The server's URL (http://HOST:PORT).
-    #[arg(
-        long,
-        env = "BELFRY_SERVER",
-        default_value = "http://127.0.0.1:7070",
-        global = true
-    )]
-    pub server: String,
-    /// Print the server's JSON answer exactly as received (nothing for an empty answer).
-    #[arg(long, global = true)]
-    pub json: bool,
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {

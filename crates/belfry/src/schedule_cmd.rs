@@ -3,7 +3,7 @@
 use belfry_client::{Forecast, NextFireTimes, Request, Schedule, ScheduleList, ScheduleSpec};
 use clap::{Args, Subcommand};
 
-use crate::cli::Remote;
+use crate::commands::Remote;
 use crate::commands::{self, parse_headers, parse_payload};
 use crate::show::{duration, now_ms, rfc3339, table, time};
 

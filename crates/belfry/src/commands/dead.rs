@@ -4,7 +4,7 @@ use belfry_client::{DeadPage, Request, Task};
 use clap::Subcommand;
 
 use super::run;
-use crate::cli::Remote;
+use crate::commands::Remote;
 use crate::show::{clip, now_ms, table, time};
 
 /// How much of a dead reason a table row shows.

@@ -9,11 +9,25 @@ pub mod task;
 use std::collections::BTreeMap;
 use std::io::Write;
 
+/// Where the client subcommands send their requests, and how they print the answers.
+#[derive(Debug, clap::Args)]
+pub struct Remote {
+    /// The server's URL (http://HOST:PORT).
+    #[arg(
+        long,
+        env = "BELFRY_SERVER",
+        default_value = "http://127.0.0.1:7070",
+        global = true
+    )]
+    pub server: String,
+    /// Print the server's JSON answer exactly as received (nothing for an empty answer).
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
 use anyhow::{anyhow, Context};
 use belfry_client::{Answer, Client, Request};
 use serde::de::DeserializeOwned;
-
-use crate::cli::Remote;
 
 pub(crate) fn client(remote: &Remote) -> anyhow::Result<Client> {
     Ok(Client::new(&remote.server)?)

@@ -4,7 +4,7 @@ use belfry_client::{DeliverySpec, Queue, QueueList, QueueSpec, Request, RetrySpe
 use clap::{Args, Subcommand};
 
 use super::{run, run_empty};
-use crate::cli::Remote;
+use crate::commands::Remote;
 use crate::show::{duration, fields, table};
 
 #[derive(Debug, Subcommand)]

@@ -9,7 +9,7 @@ use belfry_client::{
 use clap::{Args, Subcommand};
 
 use super::{client, parse_headers, parse_ms, parse_payload, print_raw, run, run_empty};
-use crate::cli::Remote;
+use crate::commands::Remote;
 use crate::show::{clip, fields, now_ms, table, time};
 
 /// How much of a payload a table row shows.
