@@ -5,36 +5,8 @@
 
 mod common;
 
-use common::TestServer;
+use common::{documented_routes as documented, TestServer};
 use serde_json::Value;
-
-/// (method, path) of every operation in the document, read from its `paths:` section.
-fn documented() -> Vec<(String, String)> {
-    let text = include_str!("../../../docs/openapi.yaml");
-    let mut operations = Vec::new();
-    let mut in_paths = false;
-    let mut path: Option<String> = None;
-    for line in text.lines() {
-        if line == "paths:" {
-            in_paths = true;
-            continue;
-        }
-        if in_paths && !line.starts_with(' ') && !line.is_empty() {
-            break;
-        }
-        if let Some(p) = line.strip_prefix("  /").and_then(|p| p.strip_suffix(':')) {
-            path = Some(format!("/{p}"));
-        } else if let (Some(p), Some(method)) = (
-            &path,
-            line.strip_prefix("    ").and_then(|l| l.strip_suffix(':')),
-        ) {
-            if ["get", "post", "put", "patch", "delete"].contains(&method) {
-                operations.push((method.to_uppercase(), p.clone()));
-            }
-        }
-    }
-    operations
-}
 
 #[tokio::test]
 async fn every_documented_route_is_served() {
