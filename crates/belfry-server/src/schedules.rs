@@ -34,6 +34,8 @@ pub const SCHEDULE_FIRINGS: &str = "belfry_schedule_firings_total";
 pub const SCHEDULE_TASKS_CREATED: &str = "belfry_schedule_tasks_created_total";
 /// Due fire times dropped by a misfire policy or because the queue was gone.
 pub const SCHEDULE_FIRINGS_DROPPED: &str = "belfry_schedule_firings_dropped_total";
+/// Schedules found with missed fire times (after downtime), handled by their misfire policy.
+pub const SCHEDULE_MISFIRES: &str = "belfry_schedule_misfires_total";
 /// Ticks that failed (a store error); the next tick redoes their work.
 pub const SCHEDULE_TICK_ERRORS: &str = "belfry_schedule_tick_errors_total";
 
@@ -165,6 +167,9 @@ fn publish(state: &SchedulesState, report: &TickReport) {
     }
     if report.firings_dropped > 0 {
         counter!(SCHEDULE_FIRINGS_DROPPED).increment(report.firings_dropped);
+    }
+    if report.schedules_misfired > 0 {
+        counter!(SCHEDULE_MISFIRES).increment(report.schedules_misfired as u64);
     }
     for (schedule, reason) in &report.errors {
         tracing::warn!(%schedule, %reason, "fire schedule");

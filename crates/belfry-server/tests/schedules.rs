@@ -547,6 +547,21 @@ async fn misfire_policies_after_downtime() {
     assert_eq!(t.pending("skip").await, 6);
     assert_eq!(t.pending("once").await, 1);
     assert_eq!(t.pending("all").await, 60);
+    // ... and it is in the metrics, misfires counted (counters are per process: at least).
+    let metrics = t.s.metrics_text().await;
+    let value = |prefix: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(prefix))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert!(value("belfry_schedule_misfires_total") >= 3.0, "{metrics}");
+    assert!(
+        value("belfry_schedule_firings_total{queue=\"all\"}") >= 60.0,
+        "{metrics}"
+    );
 
     let once = t.lease_n("once", 1).await;
     assert_eq!(once[0]["due_at_ms"], T0 + 600_000, "the latest missed time");
