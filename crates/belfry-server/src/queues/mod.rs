@@ -49,6 +49,10 @@ pub type WakeHook = Arc<dyn Fn(&QueueName) + Send + Sync>;
 struct Limits {
     bucket: TokenBucket,
     in_flight: InFlight,
+    /// An admission found no room under the in-flight cap since the last release: the next
+    /// release must wake the queue. Otherwise a release wakes nobody (a finished delivery of
+    /// a queue with room to spare changes nothing a claim would see).
+    held_by_cap: bool,
 }
 
 impl QueueRuntime {
@@ -65,6 +69,7 @@ impl QueueRuntime {
             limits: Mutex::new(Limits {
                 bucket,
                 in_flight: InFlight::default(),
+                held_by_cap: false,
             }),
             pushed: AtomicBool::new(false),
             on_wake,
@@ -135,6 +140,7 @@ impl QueueRuntime {
         if let Some(cap) = Self::in_flight_cap(&config, webhook_default) {
             let room = cap.saturating_sub(limits.in_flight.count(now_ms));
             if room == 0 {
+                limits.held_by_cap = true;
                 let until = limits.in_flight.earliest_until().unwrap_or(now_ms);
                 return Admission {
                     granted: 0,
@@ -172,10 +178,15 @@ impl QueueRuntime {
         }
     }
 
-    /// A lease ended (ack, nack, dead letter): its in-flight slot is free.
+    /// A lease ended (ack, nack, dead letter): its in-flight slot is free. Wakes the queue if
+    /// the cap held a claim back.
     pub fn release(&self, id: TaskId) {
-        let freed = self.limits.lock().in_flight.remove(id);
-        if freed {
+        let wake = {
+            let mut limits = self.limits.lock();
+            let freed = limits.in_flight.remove(id);
+            freed && std::mem::take(&mut limits.held_by_cap)
+        };
+        if wake {
             self.wake();
         }
     }

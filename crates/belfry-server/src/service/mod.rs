@@ -130,24 +130,40 @@ impl Service {
         self.dispatcher.in_flight()
     }
 
-    /// Refreshes per-queue gauges until shutdown.
+    /// Refreshes per-queue gauges until shutdown: every queue's counts in one store call per
+    /// refresh (one call per queue cost ten thousand blocking hand-offs every few seconds
+    /// with ten thousand queues).
     pub async fn refresh_gauges(self: Arc<Self>) {
         let period = std::time::Duration::from_millis(self.config.metrics_refresh_ms);
         loop {
-            for runtime in self.queues.all() {
-                let name = runtime.name.clone();
-                let now_ms = self.now_ms();
-                let counts = self
-                    .shared
-                    .blocking(Caller::Internal, move |s| Ok(s.counts(&name, now_ms)?))
-                    .await;
-                match counts {
-                    Ok(counts) => crate::metrics::queue_counts(runtime.name.as_str(), &counts),
-                    Err(ServiceError::QueueNotFound(_)) => {}
-                    Err(e) => {
-                        tracing::warn!(queue = %runtime.name, error = %e, "refresh queue gauges")
+            let names: Vec<QueueName> = self.queues.all().iter().map(|r| r.name.clone()).collect();
+            let now_ms = self.now_ms();
+            let counted = self
+                .shared
+                .blocking(Caller::Internal, move |s| {
+                    Ok(names
+                        .into_iter()
+                        .map(|name| {
+                            let counts = s.counts(&name, now_ms);
+                            (name, counts)
+                        })
+                        .collect::<Vec<_>>())
+                })
+                .await;
+            match counted {
+                Ok(all) => {
+                    for (name, counts) in all {
+                        match counts {
+                            Ok(counts) => crate::metrics::queue_counts(name.as_str(), &counts),
+                            // Deleted while we counted.
+                            Err(belfry_store::StoreError::QueueNotFound(_)) => {}
+                            Err(e) => {
+                                tracing::warn!(queue = %name, error = %e, "refresh queue gauges")
+                            }
+                        }
                     }
                 }
+                Err(e) => tracing::warn!(error = %e, "refresh queue gauges"),
             }
             if let Some(handle) = crate::metrics::handle() {
                 handle.run_upkeep();
