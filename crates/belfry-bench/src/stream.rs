@@ -51,10 +51,8 @@ const REDIS_READ_COUNT_MAX: usize = 10_000;
 /// Bytes one Kafka fetch returns at most (the broker may send less).
 const KAFKA_FETCH_BYTES_MAX: i32 = 8 * 1024 * 1024;
 
-/// Longest wait of one Kafka fetch when nothing is there. Short, not [`CONSUMER_POLL_MS`]:
-/// Tansu answers a waiting fetch only when its wait ends, not when a record arrives, so a long
-/// wait would add up to that wait to every receipt (measured: p50 36 ms at 100 ms waits).
-const KAFKA_FETCH_WAIT_MS: i32 = 2;
+/// Longest `--kafka-fetch-wait-ms`: a fetch wait beyond it would only hide receipts longer.
+const KAFKA_FETCH_WAIT_MS_MAX: u64 = 1_000;
 
 /// After everything arrived, keep reading this long to catch duplicates.
 const DUPLICATE_WATCH: Duration = Duration::from_millis(500);
@@ -142,6 +140,13 @@ pub struct StreamArgs {
     /// Baseline publish batches in flight at once.
     #[arg(long, default_value_t = 16)]
     pub publish_in_flight: usize,
+    /// Longest wait of one Kafka fetch when nothing is new. Tansu answers a waiting fetch
+    /// only when the wait ends, not when a record arrives, so the wait adds up to itself to
+    /// the measured lateness. With 2 ms waits at 10k due/s, Tansu spent ~0.8 core on fetches
+    /// and the consumer stopped seeing records after about half of them (the server had them
+    /// all acknowledged), so the default trades ≤ 20 ms of lateness for a consumer that works.
+    #[arg(long, default_value_t = 20)]
+    pub kafka_fetch_wait_ms: u64,
     /// Skip the raw publish baseline.
     #[arg(long)]
     pub no_baseline: bool,
@@ -172,6 +177,12 @@ impl StreamArgs {
             return Err(BenchError::invalid(
                 "--publish-in-flight",
                 format!("must be 1..={PUBLISH_IN_FLIGHT_MAX}"),
+            ));
+        }
+        if self.kafka_fetch_wait_ms > KAFKA_FETCH_WAIT_MS_MAX {
+            return Err(BenchError::invalid(
+                "--kafka-fetch-wait-ms",
+                format!("must be at most {KAFKA_FETCH_WAIT_MS_MAX}"),
             ));
         }
         if !self.server.spawn {
@@ -506,6 +517,7 @@ pub async fn consume(
     channel: Channel,
     due: Arc<Vec<u64>>,
     deadline: Instant,
+    kafka_fetch_wait_ms: i32,
     ready: tokio::sync::oneshot::Sender<()>,
 ) -> Consumed {
     let mut consumed = Consumed {
@@ -523,7 +535,15 @@ pub async fn consume(
             consume_nats(&broker_url, &channel, &due, deadline, ready, &mut consumed).await
         }
         SinkKind::Kafka => {
-            consume_kafka(&broker_url, &channel, &due, deadline, ready, &mut consumed).await
+            consume_kafka(
+                &broker_url,
+                &channel,
+                &due,
+                (deadline, kafka_fetch_wait_ms),
+                ready,
+                &mut consumed,
+            )
+            .await
         }
     };
     if let Err(error) = result {
@@ -664,7 +684,7 @@ async fn consume_kafka(
     broker: &str,
     channel: &Channel,
     due: &[u64],
-    deadline: Instant,
+    (deadline, fetch_wait_ms): (Instant, i32),
     ready: tokio::sync::oneshot::Sender<()>,
     consumed: &mut Consumed,
 ) -> anyhow::Result<()> {
@@ -681,7 +701,7 @@ async fn consume_kafka(
     };
     while !stop.now(consumed) {
         let fetched = partition
-            .fetch_records(offset, 1..KAFKA_FETCH_BYTES_MAX, KAFKA_FETCH_WAIT_MS)
+            .fetch_records(offset, 1..KAFKA_FETCH_BYTES_MAX, fetch_wait_ms)
             .await;
         let receipt_us = unix_us();
         match fetched {
@@ -964,6 +984,43 @@ pub struct StreamOutcome {
     pub belfry: PhaseOutcome,
     pub submit: IngestOutcome,
     pub raw: Option<(PhaseOutcome, Published)>,
+    /// The broker's CPU seconds while belfry delivered (same span as the server's).
+    pub broker_cpu_s: Option<f64>,
+    /// The queue's counts at the end of belfry's phase.
+    pub queue_state: String,
+}
+
+fn broker_cpu(broker: &Broker) -> Option<Duration> {
+    broker
+        .pid()
+        .and_then(|pid| crate::sys::cpu_time(&pid.to_string()))
+}
+
+/// The queue's counts as the server reports them (`GET /v1/queues/{queue}`), or the error.
+async fn queue_state(target: &crate::http::Target, queue: &str) -> String {
+    let answer = async {
+        let mut conn = crate::http::HttpConn::connect(target).await?;
+        let (_, body) = conn
+            .request(
+                http::Method::GET,
+                &format!("/v1/queues/{queue}"),
+                Bytes::new(),
+            )
+            .await?;
+        Ok::<_, crate::BenchError>(body)
+    }
+    .await;
+    match answer {
+        Err(e) => format!("not read: {e}"),
+        Ok(body) => match serde_json::from_slice::<serde_json::Value>(&body) {
+            Err(_) => String::from_utf8_lossy(&body).chars().take(200).collect(),
+            Ok(v) => ["pending", "due", "in_flight", "dead", "delivery_health"]
+                .iter()
+                .map(|k| format!("{k} {}", v.get(*k).unwrap_or(&serde_json::Value::Null)))
+                .collect::<Vec<_>>()
+                .join(", "),
+        },
+    }
 }
 
 pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
@@ -1000,6 +1057,7 @@ pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
         belfry_channel.clone(),
         due.clone(),
         deadline,
+        args.kafka_fetch_wait_ms as i32,
         ready_tx,
     ));
     ready_rx.await.context("the consumer did not start")?;
@@ -1025,10 +1083,16 @@ pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
     ))
     .await;
     let meter = CpuMeter::start(server.pid);
+    let broker_cpu_start = broker_cpu(&broker);
     let metered = Instant::now();
     let consumed = consumer.await.context("the consumer panicked")?;
     let cpu = meter.stop();
     let cpu_wall_s = metered.elapsed().as_secs_f64();
+    let broker_cpu_s = broker_cpu(&broker)
+        .zip(broker_cpu_start)
+        .map(|(end, start)| end.saturating_sub(start).as_secs_f64());
+    // What the server still holds explains tasks the consumer never saw.
+    let queue_state = queue_state(&server.target, queue).await;
     server.stop();
     let belfry = PhaseOutcome::from(
         format!("belfry → {}", kind.title()),
@@ -1053,6 +1117,7 @@ pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
             channel.clone(),
             raw_due,
             Instant::now() + Duration::from_secs(args.grace_s.max(1) * 2),
+            args.kafka_fetch_wait_ms as i32,
             ready_tx,
         ));
         ready_rx.await.context("the consumer did not start")?;
@@ -1087,6 +1152,8 @@ pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
         belfry,
         submit,
         raw,
+        broker_cpu_s,
+        queue_state,
     };
     Ok(report(&args, machine, outcome))
 }
@@ -1175,13 +1242,17 @@ fn report(args: &StreamArgs, machine: Machine, outcome: StreamOutcome) -> Report
         s.answered_after_due
     ));
     notes.push(format!(
-        "belfry: from the first due time to the end of the consumer ({:.2} s, including {} ms of watching for duplicates) the server used {} CPU s, the bench (consumer) {:.2}.",
+        "belfry: from the first due time to the end of the consumer ({:.2} s, including {} ms of watching for duplicates) the server used {} CPU s, the broker {}, the bench (consumer) {:.2}; the queue then showed {}.",
         b.cpu_wall_s,
         DUPLICATE_WATCH.as_millis(),
         b.cpu
             .server_cores
             .map_or("?".into(), |c| format!("{:.2}", c * b.cpu_wall_s)),
-        b.cpu.client_cores * b.cpu_wall_s
+        outcome
+            .broker_cpu_s
+            .map_or("?".into(), |c| format!("{c:.2}")),
+        b.cpu.client_cores * b.cpu_wall_s,
+        outcome.queue_state
     ));
     for phase in std::iter::once(b).chain(outcome.raw.as_ref().map(|(p, _)| p)) {
         if phase.read_errors > 0 || phase.unreadable > 0 {
@@ -1282,6 +1353,7 @@ mod tests {
             channel.clone(),
             due,
             Instant::now() + Duration::from_secs(20),
+            2,
             ready_tx,
         ));
         ready_rx.await.expect("consumer ready");
