@@ -6,7 +6,8 @@
 //! firing lateness, never early, nothing lost), `pending` (disk and memory per pending task,
 //! restart time after `kill -9`), `queues` (many webhook queues due together against one
 //! queue of the same tasks), `cron` (per-second schedules: creation rate, firing lateness and
-//! their cost to an unrelated queue). Each prints a table, optionally JSON, and can rewrite its
+//! their cost to an unrelated queue), `stream` (delivery through a Redis Streams, NATS
+//! JetStream or Kafka sink against the broker's raw publish rate). Each prints a table, optionally JSON, and can rewrite its
 //! own part of BENCHMARKS.md.
 //!
 //! The binary wires it with `Bench { #[command(subcommand)] command: BenchCommand }` and
@@ -29,6 +30,7 @@ pub mod report;
 pub mod servers;
 pub mod spawn;
 pub mod stats;
+pub mod stream;
 pub mod sys;
 pub mod workload;
 
@@ -70,6 +72,10 @@ pub enum BenchCommand {
     /// submits, firing lateness, server CPU, and an unrelated queue's lease p99 with and
     /// without the cron load.
     Cron(Box<cron::CronArgs>),
+    /// N tasks through a stream sink (Redis Streams, NATS JetStream, Kafka) to a broker the
+    /// run starts, read back by a real consumer; delivered/s against the broker's raw publish
+    /// rate on the same broker, firing lateness, early, lost and duplicates.
+    Stream(Box<stream::StreamArgs>),
 }
 
 /// Which server to drive.
@@ -170,6 +176,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Pending(a) => a.output.clone(),
         BenchCommand::Queues(a) => a.output.clone(),
         BenchCommand::Cron(a) => a.output.clone(),
+        BenchCommand::Stream(a) => a.output.clone(),
     };
     if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
         return Err(BenchError::invalid(
@@ -190,6 +197,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             BenchCommand::Pending(args) => pending::run(*args).await,
             BenchCommand::Queues(args) => queues::run(*args).await,
             BenchCommand::Cron(args) => cron::run(*args).await,
+            BenchCommand::Stream(args) => stream::run(*args).await,
         }
     })?;
     emit(&report, &output)
