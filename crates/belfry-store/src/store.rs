@@ -57,10 +57,6 @@ pub enum StoreError {
          disk space (or let the queues drain) and retry"
     )]
     DiskFull { free_bytes: u64, reserve_bytes: u64 },
-    /// The data directory cannot be used at start-up: not writable, not a directory, or a
-    /// directory that holds files which are not a belfry store's.
-    #[error("cannot use data directory {dir}: {problem}")]
-    DataDir { dir: String, problem: String },
 }
 
 /// Whether a store can take writes, as `/readyz` reports it. Cheap: no I/O beyond, at most,
