@@ -47,6 +47,32 @@ pub enum StoreError {
     /// Another live store (in this process or another) has the data directory open.
     #[error("data directory {dir} is in use by another belfry process (lock file {lock})")]
     InUse { dir: String, lock: String },
+    /// The data directory's filesystem has less free space than the store keeps in reserve:
+    /// a change that would grow the data was refused before it touched anything. Reads and
+    /// delivery state (claim, ack, nack) go on; the same call succeeds once space is freed
+    /// (or the queues drain and a checkpoint deletes finished files), without a restart.
+    #[error(
+        "the data directory's filesystem has {free_bytes} bytes free, below the reserve of \
+         {reserve_bytes} bytes kept for deliveries and checkpoints: nothing was stored; free \
+         disk space (or let the queues drain) and retry"
+    )]
+    DiskFull { free_bytes: u64, reserve_bytes: u64 },
+}
+
+/// Whether a store can take writes, as `/readyz` reports it. Cheap: no I/O beyond, at most,
+/// one `statvfs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreHealth {
+    Healthy,
+    /// Changes that grow the data are refused with [`StoreError::DiskFull`]; reads and
+    /// delivery state are served.
+    LowDiskSpace {
+        free_bytes: u64,
+        reserve_bytes: u64,
+    },
+    /// The store stopped after a fatal error and answers every call with
+    /// [`StoreError::Poisoned`]: the reason, and what to do, as the log has them.
+    Poisoned(String),
 }
 
 /// The result of putting one task.
@@ -310,4 +336,10 @@ pub trait Store: Send + Sync + 'static {
     /// Makes everything written so far durable (whatever the fsync policy) and waits for
     /// background work to reach a consistent point. Called on shutdown.
     fn flush(&self) -> Result<()>;
+
+    /// Whether the store takes writes (for readiness checks). The default, for stores that
+    /// cannot fail that way, is healthy.
+    fn health(&self) -> StoreHealth {
+        StoreHealth::Healthy
+    }
 }

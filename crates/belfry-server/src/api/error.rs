@@ -44,6 +44,9 @@ pub enum ErrorCode {
     /// Too many requests at once: retry after the `Retry-After` seconds.
     Overloaded,
     StoreUnavailable,
+    /// The data directory's filesystem is below the engine's free-space reserve: changes that
+    /// grow the data are refused; reads and deliveries go on.
+    InsufficientStorage,
     InternalError,
     // Schedules: the codes of `belfry_schedule::ScheduleServiceError::code`.
     InvalidScheduleId,
@@ -81,6 +84,7 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::StoreUnavailable => "store_unavailable",
+            ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::InternalError => "internal_error",
             ErrorCode::InvalidScheduleId => "invalid_schedule_id",
             ErrorCode::InvalidSchedule => "invalid_schedule",
@@ -121,6 +125,9 @@ impl ErrorCode {
             ErrorCode::ShuttingDown | ErrorCode::Overloaded | ErrorCode::StoreUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
+            // 507, not 503 with `Retry-After`: the condition ends when space is freed (by an
+            // operator, or by the queues draining), which no fixed delay predicts.
+            ErrorCode::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
             ErrorCode::InternalError | ErrorCode::ScheduleCorrupt => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
@@ -205,6 +212,9 @@ impl From<ServiceError> for ApiError {
             ServiceError::Store(
                 belfry_store::StoreError::Poisoned(_) | belfry_store::StoreError::Closed,
             ) => ErrorCode::StoreUnavailable,
+            ServiceError::Store(belfry_store::StoreError::DiskFull { .. }) => {
+                ErrorCode::InsufficientStorage
+            }
             ServiceError::Store(_) | ServiceError::Internal(_) => ErrorCode::InternalError,
         };
         ApiError::new(code, e.to_string())
@@ -259,6 +269,7 @@ mod tests {
             ErrorCode::ShuttingDown,
             ErrorCode::Overloaded,
             ErrorCode::StoreUnavailable,
+            ErrorCode::InsufficientStorage,
             ErrorCode::InternalError,
             ErrorCode::InvalidScheduleId,
             ErrorCode::InvalidSchedule,

@@ -4,6 +4,8 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use belfry_store::StoreHealth;
+
 use super::error::{ApiError, ErrorCode};
 use super::AppState;
 
@@ -16,23 +18,45 @@ pub async fn healthz() -> Response {
 }
 
 /// Ready once the store is open and the queues are loaded; `503 shutting_down` from the moment
-/// shutdown begins (through the drain delay, while everything else is still served).
+/// shutdown begins (through the drain delay, while everything else is still served);
+/// `503 store_unavailable`, with the store's reason and what to do, once the store stopped
+/// after a fatal error (a failed fsync). A store short of disk space is still ready (reads and
+/// deliveries are served) and says so in `storage`.
 pub async fn readyz(State(service): State<AppState>) -> Response {
-    if service.is_ready() {
-        (
-            StatusCode::OK,
-            axum::Json(serde_json::json!({"status": "ready"})),
-        )
-            .into_response()
-    } else if service.is_draining() {
-        ApiError::new(
+    if service.is_draining() {
+        return ApiError::new(
             ErrorCode::ShuttingDown,
             "the server is shutting down: finishing work in flight, taking no new work soon",
         )
-        .into_response()
-    } else {
-        ApiError::new(ErrorCode::ShuttingDown, "the server is starting").into_response()
+        .into_response();
     }
+    // `statvfs` and, on a stopped store, its lock: off the async workers.
+    let store = service.store.clone();
+    let health = tokio::task::spawn_blocking(move || store.health())
+        .await
+        .unwrap_or_else(|e| StoreHealth::Poisoned(format!("the health check did not finish: {e}")));
+    if let StoreHealth::Poisoned(reason) = health {
+        return ApiError::new(ErrorCode::StoreUnavailable, reason).into_response();
+    }
+    if !service.is_ready() {
+        return ApiError::new(ErrorCode::ShuttingDown, "the server is starting").into_response();
+    }
+    let body = match health {
+        StoreHealth::LowDiskSpace {
+            free_bytes,
+            reserve_bytes,
+        } => serde_json::json!({
+            "status": "ready",
+            "storage": "low_disk_space",
+            "message": format!(
+                "{free_bytes} bytes free, below the reserve of {reserve_bytes}: submits and \
+                 other changes that grow the data answer 507 insufficient_storage until disk \
+                 space is freed; reads and deliveries go on"
+            ),
+        }),
+        _ => serde_json::json!({"status": "ready"}),
+    };
+    (StatusCode::OK, axum::Json(body)).into_response()
 }
 
 pub async fn metrics() -> Response {

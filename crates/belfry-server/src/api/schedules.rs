@@ -97,6 +97,9 @@ impl From<ScheduleServiceError> for ApiError {
             ScheduleServiceError::Store(
                 belfry_store::StoreError::Poisoned(_) | belfry_store::StoreError::Closed,
             ) => ErrorCode::StoreUnavailable,
+            ScheduleServiceError::Store(belfry_store::StoreError::DiskFull { .. }) => {
+                ErrorCode::InsufficientStorage
+            }
             ScheduleServiceError::Store(belfry_store::StoreError::QueueNotFound(queue)) => {
                 return ApiError::new(
                     ErrorCode::QueueNotFound,

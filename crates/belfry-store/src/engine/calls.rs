@@ -41,10 +41,7 @@ impl Engine {
         let keep = pending.first().map(|p| (p.uid, p.key));
         let ticket = match state.commit(batch, &pending, &self.core.options) {
             Ok(ticket) => ticket,
-            Err(error) => {
-                state.poison(&error);
-                return Err(error);
-            }
+            Err(error) => return Err(state.poison(&error)),
         };
         state.trim_far(keep, &self.core.options);
         let checkpoint_due = self.checkpoint_due(&state);

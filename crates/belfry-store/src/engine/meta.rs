@@ -25,6 +25,11 @@ impl Engine {
             return self.check_open();
         }
         let frame = meta_frame(&changes)?;
+        // Deletes alone only shrink the entries; any put grows them (in the WAL now, in the
+        // checkpoint later) and respects the free-space reserve.
+        if changes.iter().any(|c| c.value.is_some()) {
+            self.core.space.admit(2 * frame.len() as u64)?;
+        }
         let meta = self.core.meta.lock();
         self.commit_meta(meta, &frame, changes)
     }
@@ -82,7 +87,7 @@ impl Engine {
 
     /// `Poisoned` if the engine stopped after a fatal error, without taking the state lock
     /// unless it did.
-    fn check_open(&self) -> Result<()> {
+    pub(super) fn check_open(&self) -> Result<()> {
         let stopped = self.core.poisoned.load(Ordering::Acquire)
             || self.core.wal.failed.load(Ordering::Acquire);
         if stopped {

@@ -47,6 +47,7 @@ pub mod persist;
 mod queue;
 pub mod record;
 mod recovery;
+mod space;
 mod store_impl;
 mod wal;
 
@@ -67,6 +68,7 @@ use self::persist::{BucketMeta, MetaEntries, MetaFile};
 pub use self::queue::EngineStats;
 use self::queue::{Bucket, Queue};
 use self::record::{Record, WalBatch, WalTarget};
+use self::space::FreeSpace;
 use self::wal::{Flusher, Wal};
 use crate::store::{Result, StoreError};
 
@@ -119,6 +121,12 @@ pub struct EngineOptions {
     /// Run checkpoints on a thread of the engine's own. Otherwise the call that finds one
     /// due runs it before returning (its caller waits for the bucket files' fsync).
     pub background_checkpoints: bool,
+    /// Free space kept on the data directory's filesystem for delivery state and checkpoints:
+    /// changes that grow the data (put, reschedule, redrive, queue and metadata puts) are
+    /// refused with `StoreError::DiskFull` once less than this is free, before they touch
+    /// anything. On a filesystem smaller than eight times this, the reserve is an eighth of
+    /// the filesystem. `0` turns the reserve off (a full disk then stops the engine).
+    pub free_space_reserve_bytes: u64,
 }
 
 /// Default WAL bytes between checkpoints: replaying 32 MiB at reopen takes well under 2 s
@@ -133,6 +141,11 @@ const _: () = assert!(LOOKAHEAD_MS_DEFAULT < UNLOAD_DISTANCE_MS_DEFAULT);
 /// redelivers only what was acked in the last few tens of milliseconds, long enough that one
 /// fsync covers thousands of acks at full speed.
 pub const DELIVERY_SYNC_DELAY_DEFAULT: Duration = Duration::from_millis(20);
+/// Default free-space reserve: room for a checkpoint's worth of WAL written by deliveries
+/// alone (acks and leases go on when puts are refused) and its copy into bucket files, so the
+/// checkpoint that frees space by deleting old WAL and finished buckets can still run.
+pub const FREE_SPACE_RESERVE_BYTES_DEFAULT: u64 = 64 * 1024 * 1024;
+const _: () = assert!(FREE_SPACE_RESERVE_BYTES_DEFAULT >= 2 * CHECKPOINT_WAL_BYTES_DEFAULT);
 /// Default cap on tasks of far buckets held loaded: about 150 MB of entries.
 pub const FAR_LOADED_TASKS_MAX_DEFAULT: usize = 1_000_000;
 
@@ -149,6 +162,7 @@ impl Default for EngineOptions {
             sync_delivery: false,
             delivery_sync_delay: DELIVERY_SYNC_DELAY_DEFAULT,
             background_checkpoints: true,
+            free_space_reserve_bytes: FREE_SPACE_RESERVE_BYTES_DEFAULT,
         }
     }
 }
@@ -228,6 +242,8 @@ struct Core {
     /// Whether the engine stopped after a fatal error (`State::poisoned` says why).
     poisoned: Arc<AtomicBool>,
     checkpointing: Mutex<()>,
+    /// The free-space reserve (`EngineOptions::free_space_reserve_bytes`).
+    space: FreeSpace,
 }
 
 // The server shares one engine across threads.
@@ -395,10 +411,44 @@ impl State {
         Ok(())
     }
 
-    fn poison(&mut self, error: &StoreError) {
-        tracing::error!(%error, "storage engine stopped after a fatal error");
-        self.poisoned.get_or_insert_with(|| error.to_string());
+    /// Stops the engine after `error` (logged once, with what to do about it). Returns the
+    /// error the failing call reports: `Poisoned`, with the reason every later call reports
+    /// too, so its caller learns at once that the engine stopped (and why).
+    fn poison(&mut self, error: &StoreError) -> StoreError {
+        let advice = poison_advice(error);
+        if self.poisoned.is_none() {
+            tracing::error!(%error, advice, "storage engine stopped after a fatal error: it acknowledges nothing further");
+        }
+        let reason = self
+            .poisoned
+            .get_or_insert_with(|| format!("{error}. {advice}"))
+            .clone();
         self.poisoned_flag.store(true, Ordering::Release);
+        StoreError::Poisoned(reason)
+    }
+}
+
+/// What an operator should do about the error that stopped the engine: logged with it, and
+/// part of the reason every later call (and `/readyz`) reports.
+pub(super) fn poison_advice(error: &StoreError) -> &'static str {
+    match error {
+        StoreError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+            "The disk filled up past the free-space reserve during a write (raise \
+             free_space_reserve_bytes if bursts outrun it): free disk space, then restart \
+             belfry; belfry recovers every acknowledged change from its write-ahead log at \
+             the next start"
+        }
+        StoreError::Io { context, .. } if context.contains("fsync") => {
+            "An fsync failed: the kernel may have dropped written data it could not store, so \
+             the engine stopped rather than acknowledge anything further (a later fsync could \
+             wrongly succeed). Check the disk and the kernel log (dmesg), then restart belfry; \
+             belfry recovers every acknowledged change from its write-ahead log at the next \
+             start"
+        }
+        _ => {
+            "Restart belfry; belfry recovers every acknowledged change from its write-ahead \
+             log at the next start. If this repeats, the error above names the file"
+        }
     }
 }
 
@@ -426,6 +476,35 @@ impl Engine {
     /// For tests; `std::mem::forget` would keep the lock (and the flusher thread) alive.
     pub fn abandon(mut self) {
         self.abandoned = true;
+    }
+
+    /// Whether the engine takes writes: poisoned (and why), short of free space, or healthy.
+    pub fn health(&self) -> crate::store::StoreHealth {
+        use crate::store::StoreHealth;
+        let stopped = self.core.poisoned.load(Ordering::Acquire)
+            || self.core.wal.failed.load(Ordering::Acquire);
+        if stopped {
+            if let Err(error) = self.lock_state() {
+                return StoreHealth::Poisoned(match error {
+                    StoreError::Poisoned(reason) => reason,
+                    other => other.to_string(),
+                });
+            }
+        }
+        match self.core.space.low() {
+            Some((free_bytes, reserve_bytes)) => StoreHealth::LowDiskSpace {
+                free_bytes,
+                reserve_bytes,
+            },
+            None => StoreHealth::Healthy,
+        }
+    }
+
+    /// Test fault point: the next fsync of the WAL fails with `EIO`, as a failing disk's
+    /// would. The engine must then stop (poison) and acknowledge nothing further.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn fail_next_fsync(&self) {
+        self.core.wal.fail_next_sync.store(true, Ordering::Release);
     }
 
     /// Work counters: how many buckets and records were read so far.
@@ -457,6 +536,7 @@ impl Drop for Engine {
         drop(self.flusher.take());
         if self.abandoned
             || self.core.wal.failed.load(Ordering::Acquire)
+            || self.core.poisoned.load(Ordering::Acquire)
             || !self.core.wal.unsynced()
         {
             return;

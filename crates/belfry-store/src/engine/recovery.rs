@@ -20,6 +20,7 @@ use super::meta;
 use super::persist::{BucketMeta, Checkpoint, MetaEntries, MetaFile};
 use super::queue::{Bucket, EngineStats, Queue};
 use super::record::{self, Record, WalTarget};
+use super::space::FreeSpace;
 use super::wal::{create_wal, old_wal_files, wal_path, Flusher, Wal};
 use super::{
     io, parse_queue_dir, queue_dir, Core, Engine, EngineOptions, FsyncPolicy, State,
@@ -74,6 +75,7 @@ impl Engine {
         };
         let flusher = flush_period.map(|period| Flusher::start(Arc::clone(&wal), period));
         let background = options.background_checkpoints;
+        let space = FreeSpace::new(&dir, options.free_space_reserve_bytes);
         let core = Arc::new(Core {
             dir,
             options,
@@ -82,6 +84,7 @@ impl Engine {
             meta: Mutex::new(entries),
             poisoned,
             checkpointing: Mutex::new(()),
+            space,
         });
         core.checkpoint()?;
         let checkpointer = if background {

@@ -17,11 +17,14 @@ use super::record::{self, PutRecord, Record, WalBatch};
 use super::{io, push, queue_dir, Engine, META_FILE};
 use crate::store::{
     ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Result, Store,
-    StoreError,
+    StoreError, StoreHealth,
 };
 
 impl Store for Engine {
     fn put_queue(&self, queue: &QueueName, config: Bytes) -> Result<bool> {
+        self.core
+            .space
+            .admit(QUEUE_CHANGE_BYTES_HINT + config.len() as u64)?;
         let mut state = self.lock_state()?;
         let mut meta = state.meta.clone();
         let created = match meta.queues.get_mut(queue) {
@@ -85,14 +88,16 @@ impl Store for Engine {
 
     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
         // Sized before taking the lock: the frame is built once, without regrowing.
-        let mut batch = WalBatch::with_capacity(
-            tasks
-                .iter()
-                .map(|t| {
-                    record::put_size_hint(t.payload.len(), &t.headers, t.idempotency_key.as_deref())
-                })
-                .sum(),
-        );
+        let size: usize = tasks
+            .iter()
+            .map(|t| {
+                record::put_size_hint(t.payload.len(), &t.headers, t.idempotency_key.as_deref())
+            })
+            .sum();
+        // Refused before anything changes when it would eat into the free-space reserve. The
+        // records go to the WAL and, later, to their bucket files: twice the bytes.
+        self.core.space.admit(2 * size as u64)?;
+        let mut batch = WalBatch::with_capacity(size);
         let mut state = self.lock_state()?;
         let mut uids = Vec::with_capacity(tasks.len());
         for task in &tasks {
@@ -180,6 +185,8 @@ impl Store for Engine {
         due_at_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<ChangeOutcome> {
+        // Repeatable without end, so it grows the data: it respects the reserve.
+        self.core.space.admit(STATE_CHANGE_BYTES_HINT)?;
         self.change_state(queue, id, now_ms, TaskState::Scheduled, |seq| {
             Record::Reschedule { seq, due_at_ms }
         })
@@ -248,10 +255,7 @@ impl Store for Engine {
         }
         let ticket = match state.commit(batch, &pending, &self.core.options) {
             Ok(ticket) => ticket,
-            Err(error) => {
-                state.poison(&error);
-                return Err(error);
-            }
+            Err(error) => return Err(state.poison(&error)),
         };
         let (q, _) = state.queue(queue)?;
         result.leased = leased_tasks(q, leased, lease_until_ms)?;
@@ -390,6 +394,8 @@ impl Store for Engine {
     }
 
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
+        // A redriven task is delivered (and written) again: it respects the reserve.
+        self.core.space.admit(STATE_CHANGE_BYTES_HINT)?;
         // With `now`, like cancel and reschedule: a lease that has run out is ended first, so
         // the state reported for a task that is not dead is the one `get` would show.
         self.change_state(queue, id, now_ms, TaskState::Dead, |seq| Record::Redrive {
@@ -513,7 +519,17 @@ impl Store for Engine {
     fn flush(&self) -> Result<()> {
         self.core.checkpoint()
     }
+
+    fn health(&self) -> StoreHealth {
+        Engine::health(self)
+    }
 }
+
+/// Bytes a queue change may write, besides its config: the queue's directory and the
+/// rewritten `meta` file (the reserve check only needs the order of magnitude).
+const QUEUE_CHANGE_BYTES_HINT: u64 = 16 * 1024;
+/// Bytes a reschedule or redrive writes: one small record, in the WAL and its bucket file.
+const STATE_CHANGE_BYTES_HINT: u64 = 2 * LEASE_RECORD_BYTES_HINT as u64;
 
 /// A task a claim leased: `(seq, bucket key, lease id, due, attempts, put offset, put
 /// length)`, all its view needs besides its put record.

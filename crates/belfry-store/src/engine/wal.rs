@@ -57,6 +57,9 @@ pub(super) struct Wal {
     /// the dirty pages, so a later successful fsync proves nothing and the engine must stop.
     pub(super) failed: AtomicBool,
     pub(super) failure: Mutex<Option<String>>,
+    /// Test fault point: the next WAL fsync fails with `EIO` (see `Engine::fail_next_fsync`).
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub(super) fail_next_sync: AtomicBool,
 }
 
 impl Wal {
@@ -76,6 +79,8 @@ impl Wal {
             syncs: AtomicU64::new(0),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
+            #[cfg(any(test, feature = "fault-injection"))]
+            fail_next_sync: AtomicBool::new(false),
         }
     }
 
@@ -91,6 +96,13 @@ impl Wal {
         };
         if self.synced.load(Ordering::Acquire) >= end {
             return Ok(());
+        }
+        #[cfg(any(test, feature = "fault-injection"))]
+        if self.fail_next_sync.swap(false, Ordering::AcqRel) {
+            return Err(crate::store::StoreError::Io {
+                context: "fsync the WAL",
+                source: std::io::Error::from_raw_os_error(libc::EIO),
+            });
         }
         // Bytes written before `end` are in this file or in older ones, which were fsync'd
         // when the checkpoint switched away from them.
@@ -137,8 +149,9 @@ impl Flusher {
                 }
                 let mut sync = wal.sync.lock();
                 if let Err(error) = wal.sync_written(&mut sync) {
-                    tracing::error!(%error, "background WAL fsync failed; the engine stops");
-                    *wal.failure.lock() = Some(error.to_string());
+                    let advice = super::poison_advice(&error);
+                    tracing::error!(%error, advice, "background WAL fsync failed; the engine stops");
+                    *wal.failure.lock() = Some(format!("{error}. {advice}"));
                     wal.failed.store(true, Ordering::Release);
                 }
             })
@@ -184,11 +197,12 @@ impl Engine {
             .write_all(&bytes)
             .map_err(io("append to the WAL"))
         {
-            self.core.state.lock().poison(&error);
-            return Err(error);
+            return Err(self.core.state.lock().poison(&error));
         }
         self.core.wal.writes.fetch_add(1, Ordering::Relaxed);
         self.core.wal.written.store(end, Ordering::Release);
+        // Each byte goes to the WAL now and to its bucket file later.
+        self.core.space.wrote(2 * bytes.len() as u64);
         Ok(())
     }
 
@@ -202,11 +216,14 @@ impl Engine {
         if self.core.wal.synced.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
-        let result = self.core.wal.sync_written(&mut sync);
-        if let Err(error) = &result {
-            self.core.state.lock().poison(error);
-        }
-        result
+        // Another call's fsync may have failed since this frame was written: then a later
+        // fsync proves nothing (the kernel may have dropped the pages), so this call must not
+        // be acknowledged either.
+        self.check_open()?;
+        self.core
+            .wal
+            .sync_written(&mut sync)
+            .map_err(|error| self.core.state.lock().poison(&error))
     }
 
     /// Waits until the WAL holds everything up to `ticket` as the fsync policy asks. A
@@ -225,8 +242,7 @@ impl Engine {
                 if let Some(mut sync) = self.core.wal.sync.try_lock() {
                     if sync.last_sync.elapsed() >= every {
                         if let Err(error) = self.core.wal.sync_written(&mut sync) {
-                            self.core.state.lock().poison(&error);
-                            return Err(error);
+                            return Err(self.core.state.lock().poison(&error));
                         }
                     }
                 }
@@ -256,4 +272,96 @@ pub(super) fn old_wal_files(dir: &Path) -> Result<Vec<u64>> {
     }
     numbers.sort_unstable();
     Ok(numbers)
+}
+
+#[cfg(test)]
+mod tests {
+    use belfry_core::{NewTask, QueueName, TaskId, TaskState};
+
+    use crate::store::{Store, StoreError, StoreHealth};
+    use crate::{Engine, EngineOptions};
+
+    const NOW: u64 = 1_767_225_600_000;
+
+    fn put(engine: &Engine, queue: &QueueName, n: u64) -> crate::store::Result<TaskId> {
+        let task = NewTask::new(queue.clone(), NOW + 60_000 + n, format!("{n}"));
+        Ok(engine.put(vec![task])?[0].id())
+    }
+
+    /// Every acknowledged task of `acknowledged` is in the directory after a reopen.
+    fn assert_kept(dir: &std::path::Path, queue: &QueueName, acknowledged: &[TaskId]) {
+        let engine = Engine::open(dir, EngineOptions::default()).expect("the engine reopens");
+        for id in acknowledged {
+            let task = engine.get(queue, *id, NOW).unwrap();
+            assert_eq!(task.map(|t| t.state), Some(TaskState::Scheduled), "{id}");
+        }
+    }
+
+    /// A failed fsync of a put stops the engine: that put fails, every later call answers
+    /// `Poisoned` with a reason that says what to do, and `health` reports it; after a
+    /// restart, every put acknowledged before is there.
+    #[test]
+    fn a_failed_fsync_poisons_the_engine_and_loses_nothing_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = QueueName::new("q").unwrap();
+        let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+        engine.put_queue(&queue, bytes::Bytes::new()).unwrap();
+        let acknowledged: Vec<TaskId> = (0..50).map(|n| put(&engine, &queue, n).unwrap()).collect();
+
+        engine.fail_next_fsync();
+        // The put whose fsync failed learns it stopped the engine, and why.
+        for n in 50..53 {
+            match put(&engine, &queue, n) {
+                Err(StoreError::Poisoned(reason)) => {
+                    assert!(reason.contains("fsync the WAL"), "{reason}");
+                    assert!(reason.contains("restart belfry"), "{reason}");
+                }
+                other => panic!("expected Poisoned, got {other:?}"),
+            }
+        }
+        assert!(matches!(
+            engine.get(&queue, acknowledged[0], NOW),
+            Err(StoreError::Poisoned(_))
+        ));
+        assert!(matches!(
+            engine.claim(&queue, NOW + 120_000, 10, 1_000),
+            Err(StoreError::Poisoned(_))
+        ));
+        assert!(matches!(engine.health(), StoreHealth::Poisoned(r) if r.contains("dmesg")));
+        drop(engine);
+        assert_kept(dir.path(), &queue, &acknowledged);
+    }
+
+    /// The background flusher's fsync (of delivery state written without one) failing stops
+    /// the engine as well: the next call, whatever it is, answers `Poisoned`.
+    #[test]
+    fn a_failed_background_fsync_poisons_the_engine() {
+        let dir = tempfile::tempdir().unwrap();
+        let queue = QueueName::new("q").unwrap();
+        let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+        engine.put_queue(&queue, bytes::Bytes::new()).unwrap();
+        let acknowledged: Vec<TaskId> = (0..10).map(|n| put(&engine, &queue, n).unwrap()).collect();
+        engine.fail_next_fsync();
+        // A claim writes its leases without an fsync; the flusher fsyncs them within 20 ms.
+        let claimed = engine.claim(&queue, NOW + 120_000, 1, 60_000).unwrap();
+        assert_eq!(claimed.leased.len(), 1);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !matches!(engine.health(), StoreHealth::Poisoned(_)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the flusher never failed"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(matches!(
+            engine.counts(&queue, NOW),
+            Err(StoreError::Poisoned(r)) if r.contains("fsync")
+        ));
+        drop(engine);
+        // The claimed task may come back leased (its lease record was written): still there.
+        let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+        for id in &acknowledged {
+            assert!(engine.get(&queue, *id, NOW).unwrap().is_some(), "{id}");
+        }
+    }
 }

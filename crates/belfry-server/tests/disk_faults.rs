@@ -1,0 +1,224 @@
+//! Disk faults through the API, on the embedded engine: a full disk (a small tmpfs this test
+//! mounts, as root; it fails rather than skips when it cannot) answers `507
+//! insufficient_storage` while reads and leases go on, and takes submits again once space is
+//! freed; a failed fsync makes the store answer `503 store_unavailable`, `/readyz` says why,
+//! and every acknowledged task is there after a restart.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+
+use belfry_core::{QueueName, TaskId, TaskState};
+use belfry_store::{Engine, EngineOptions, Store};
+use common::{test_config, TestServer, T0};
+use serde_json::{json, Value};
+
+/// A tmpfs of `size` on a fresh directory, unmounted on drop.
+struct Tmpfs {
+    mount: PathBuf,
+    _parent: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(size: &str) -> Tmpfs {
+        let parent = tempfile::tempdir().expect("a temporary directory");
+        let mount = parent.path().join("mnt");
+        std::fs::create_dir(&mount).expect("create the mount point");
+        let output = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&mount)
+            .output()
+            .expect("run mount(8)");
+        assert!(
+            output.status.success(),
+            "mounting a {size} tmpfs at {} failed: {} (the disk-full tests need root and tmpfs; \
+             they fail rather than skip)",
+            mount.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+        Tmpfs {
+            mount,
+            _parent: parent,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        &self.mount
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let unmounted = Command::new("umount")
+            .arg(&self.mount)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !unmounted {
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        }
+    }
+}
+
+fn small_disk_options() -> EngineOptions {
+    EngineOptions {
+        checkpoint_wal_bytes: 256 * 1024,
+        ..EngineOptions::default()
+    }
+}
+
+/// Every id in `ids` is a scheduled task of `queue` in the engine in `dir` (reopened).
+fn assert_all_kept(dir: &Path, options: EngineOptions, queue: &str, ids: &[String]) {
+    let engine = Engine::open(dir, options).expect("the engine reopens");
+    let queue = QueueName::new(queue).unwrap();
+    let mut missing = 0;
+    for id in ids {
+        let id: TaskId = id.parse().expect("a task id");
+        match engine.get(&queue, id, T0).unwrap() {
+            Some(task) => assert_eq!(task.state, TaskState::Scheduled, "{id}"),
+            None => missing += 1,
+        }
+    }
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {} acknowledged tasks lost",
+        ids.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_answers_507_keeps_serving_and_takes_submits_again_once_space_is_freed() {
+    let disk = Tmpfs::mount("8m");
+    let data = disk.path().join("data");
+    let filler = disk.path().join("other-program.log");
+    std::fs::write(&filler, vec![0x5a; 2 * 1024 * 1024]).unwrap();
+    let engine = Engine::open(&data, small_disk_options()).expect("the engine opens");
+    let server = TestServer::start_with_sinks(test_config(), Arc::new(engine), None, None).await;
+    server.queue("q", json!({})).await;
+
+    // A stream of submits, eight at a time, until the disk is full.
+    let payload = "x".repeat(900);
+    let mut acknowledged = Vec::new();
+    let mut refusal = None;
+    'fill: for round in 0..10_000 {
+        let mut submits = tokio::task::JoinSet::new();
+        for i in 0..8 {
+            let body = json!({"delay_ms": 3_600_000 + round * 8 + i, "payload": payload});
+            let request = server
+                .http
+                .post(format!("{}/v1/queues/q/tasks", server.base))
+                .json(&body);
+            submits.spawn(async move {
+                let response = request.send().await.expect("the server answers");
+                let status = response.status().as_u16();
+                (
+                    status,
+                    response.json::<Value>().await.expect("a JSON answer"),
+                )
+            });
+        }
+        while let Some(answer) = submits.join_next().await {
+            let (status, body) = answer.expect("a submit task panicked");
+            match status {
+                201 => acknowledged.push(body["id"].as_str().unwrap().to_owned()),
+                507 => refusal = Some(body),
+                _ => panic!("a submit answered {status} {body}"),
+            }
+        }
+        if refusal.is_some() {
+            break 'fill;
+        }
+    }
+    let refusal = refusal.expect("the disk never filled");
+    assert_eq!(
+        refusal["error"]["code"], "insufficient_storage",
+        "{refusal}"
+    );
+    assert!(acknowledged.len() > 500, "{} submits", acknowledged.len());
+    // The server is still ready and says why submits are refused.
+    let ready = server.ok("GET", "/readyz", Value::Null, 200).await;
+    assert_eq!(ready["storage"], "low_disk_space", "{ready}");
+    // Reads and leases go on; a task due now is leased and acked inside the reserve.
+    let task = server.task("q", &acknowledged[0]).await;
+    assert_eq!(task["state"], "scheduled");
+    server.advance(3_700_000);
+    let leased = server.lease("q", json!({"max": 5})).await;
+    assert_eq!(leased.len(), 5);
+    for task in &leased {
+        server
+            .ok(
+                "POST",
+                &format!("/v1/queues/q/tasks/{}/ack", task["id"].as_str().unwrap()),
+                json!({"lease_id": task["lease_id"]}),
+                200,
+            )
+            .await;
+    }
+    let acked: Vec<String> = leased
+        .iter()
+        .map(|t| t["id"].as_str().unwrap().to_owned())
+        .collect();
+
+    // Space freed by another program: submits are taken again, without a restart.
+    std::fs::remove_file(&filler).unwrap();
+    let after = server
+        .submit("q", json!({"delay_ms": 7_200_000, "payload": 2}))
+        .await;
+    let ready = server.ok("GET", "/readyz", Value::Null, 200).await;
+    assert_eq!(ready, json!({"status": "ready"}));
+
+    let TestServer { handle, store, .. } = server;
+    handle.stop().await.expect("the server stops");
+    drop(store);
+    let kept: Vec<String> = acknowledged
+        .into_iter()
+        .filter(|id| !acked.contains(id))
+        .chain([after])
+        .collect();
+    assert_all_kept(&data, small_disk_options(), "q", &kept);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_fsync_makes_readyz_report_store_unavailable_and_loses_nothing_acknowledged() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Arc::new(Engine::open(dir.path(), EngineOptions::default()).unwrap());
+    let server = TestServer::start_with_sinks(
+        test_config(),
+        Arc::clone(&engine) as Arc<dyn Store>,
+        None,
+        None,
+    )
+    .await;
+    server.queue("q", json!({})).await;
+    let mut acknowledged = Vec::new();
+    for n in 0..20 {
+        acknowledged.push(
+            server
+                .submit("q", json!({"delay_ms": 60_000 + n, "payload": n}))
+                .await,
+        );
+    }
+
+    engine.fail_next_fsync();
+    for _ in 0..2 {
+        let (status, body) = server
+            .call("POST", "/v1/queues/q/tasks", json!({"payload": "lost?"}))
+            .await;
+        assert_eq!(status, 503, "{body}");
+        assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+    }
+    let (status, ready) = server.call("GET", "/readyz", Value::Null).await;
+    assert_eq!(status, 503, "{ready}");
+    assert_eq!(ready["error"]["code"], "store_unavailable");
+    let message = ready["error"]["message"].as_str().unwrap();
+    assert!(message.contains("fsync"), "{message}");
+    assert!(message.contains("restart belfry"), "{message}");
+
+    let TestServer { handle, store, .. } = server;
+    // Shutdown flushes the store, which is poisoned: the stop may report it.
+    let _ = handle.stop().await;
+    drop((store, engine));
+    assert_all_kept(dir.path(), EngineOptions::default(), "q", &acknowledged);
+}
