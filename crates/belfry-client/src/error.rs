@@ -57,6 +57,7 @@ error_codes! {
     ShuttingDown => "shutting_down",
     Overloaded => "overloaded",
     StoreUnavailable => "store_unavailable",
+    InsufficientStorage => "insufficient_storage",
     InternalError => "internal_error",
     InvalidScheduleId => "invalid_schedule_id",
     InvalidSchedule => "invalid_schedule",
