@@ -6,8 +6,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::Arc;
 
 use belfry_core::{QueueName, TaskId, TaskState};
@@ -15,51 +14,9 @@ use belfry_store::{Engine, EngineOptions, Store};
 use common::{test_config, TestServer, T0};
 use serde_json::{json, Value};
 
-/// A tmpfs of `size` on a fresh directory, unmounted on drop.
-struct Tmpfs {
-    mount: PathBuf,
-    _parent: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let parent = tempfile::tempdir().expect("a temporary directory");
-        let mount = parent.path().join("mnt");
-        std::fs::create_dir(&mount).expect("create the mount point");
-        let output = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&mount)
-            .output()
-            .expect("run mount(8)");
-        assert!(
-            output.status.success(),
-            "mounting a {size} tmpfs at {} failed: {} (the disk-full tests need root and tmpfs; \
-             they fail rather than skip)",
-            mount.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-        Tmpfs {
-            mount,
-            _parent: parent,
-        }
-    }
-
-    fn path(&self) -> &Path {
-        &self.mount
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let unmounted = Command::new("umount")
-            .arg(&self.mount)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !unmounted {
-            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        }
-    }
-}
+#[path = "../../belfry-store/tests/support/tmpfs.rs"]
+mod tmpfs;
+use tmpfs::Tmpfs;
 
 fn small_disk_options() -> EngineOptions {
     EngineOptions {

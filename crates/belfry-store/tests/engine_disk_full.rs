@@ -6,8 +6,7 @@
 //! every acknowledged task is there.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -17,53 +16,9 @@ use belfry_store::{Engine, EngineOptions, Store, StoreError, StoreHealth};
 
 const NOW: u64 = 1_767_225_600_000;
 
-/// A tmpfs of `size` mounted on a fresh directory, unmounted (and the directory removed) on
-/// drop. Fails the test loudly when mounting is not possible.
-struct Tmpfs {
-    mount: PathBuf,
-    _parent: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(size: &str) -> Tmpfs {
-        let parent = tempfile::tempdir().expect("a temporary directory");
-        let mount = parent.path().join("mnt");
-        std::fs::create_dir(&mount).expect("create the mount point");
-        let output = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(&mount)
-            .output()
-            .expect("run mount(8)");
-        assert!(
-            output.status.success(),
-            "mounting a {size} tmpfs at {} failed: {} (the disk-full tests need root and tmpfs; \
-             they fail rather than skip)",
-            mount.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-        Tmpfs {
-            mount,
-            _parent: parent,
-        }
-    }
-
-    fn path(&self) -> &Path {
-        &self.mount
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let unmounted = Command::new("umount")
-            .arg(&self.mount)
-            .status()
-            .is_ok_and(|s| s.success());
-        if !unmounted {
-            // Still busy (a test failed with files open): detach it so it goes once closed.
-            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        }
-    }
-}
+#[path = "support/tmpfs.rs"]
+mod tmpfs;
+use tmpfs::Tmpfs;
 
 /// Writes `bytes` of another program's data to `path`.
 fn fill(path: &Path, bytes: usize) {
