@@ -47,6 +47,15 @@ pub enum StoreError {
     /// Another live store (in this process or another) has the data directory open.
     #[error("data directory {dir} is in use by another belfry process (lock file {lock})")]
     InUse { dir: String, lock: String },
+    /// The data directory holds files that are not belfry's. The engine owns its directory
+    /// outright (it removes files it does not know), so it refuses one that is not empty and
+    /// not already its own, rather than take it over.
+    #[error(
+        "data directory {dir} is not empty and is not a belfry data directory (it holds \
+         {found}): point the data directory at an empty or new directory, or at one belfry \
+         created"
+    )]
+    ForeignDataDir { dir: String, found: String },
     /// The data directory's filesystem has less free space than the store keeps in reserve:
     /// a change that would grow the data was refused before it touched anything. Reads and
     /// delivery state (claim, ack, nack) go on; the same call succeeds once space is freed

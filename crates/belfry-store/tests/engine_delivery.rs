@@ -292,6 +292,65 @@ fn a_data_directory_is_opened_by_one_engine_at_a_time() {
     drop(again);
 }
 
+/// Pointed at someone else's files, the engine refuses before writing anything: it would
+/// otherwise create its files there and remove directories it does not know.
+#[test]
+fn a_foreign_non_empty_directory_is_refused_and_left_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), b"mine").unwrap();
+    std::fs::create_dir(dir.path().join("q-0000000000000001")).unwrap();
+    let before = listing(dir.path());
+    match Engine::open(dir.path(), EngineOptions::default()) {
+        Err(error @ StoreError::ForeignDataDir { .. }) => {
+            let message = error.to_string();
+            assert!(message.contains("notes.txt"), "{message}");
+            assert!(message.contains("not a belfry data directory"), "{message}");
+        }
+        Err(other) => panic!("expected ForeignDataDir, got {other}"),
+        Ok(_) => panic!("the engine took over a foreign directory"),
+    }
+    assert_eq!(
+        listing(dir.path()),
+        before,
+        "the refused directory was changed"
+    );
+}
+
+/// Missing, empty (even with a fresh filesystem's `lost+found`) and belfry's own directories
+/// open; a directory belfry created is recognised again after a restart.
+#[test]
+fn empty_new_and_own_directories_open() {
+    let parent = tempfile::tempdir().unwrap();
+    let missing = parent.path().join("not-yet");
+    drop(Engine::open(&missing, EngineOptions::default()).unwrap());
+    drop(Engine::open(&missing, EngineOptions::default()).unwrap());
+    let mount_root = parent.path().join("volume");
+    std::fs::create_dir_all(mount_root.join("lost+found")).unwrap();
+    drop(Engine::open(&mount_root, EngineOptions::default()).unwrap());
+    assert!(
+        mount_root.join("BELFRY").exists(),
+        "the directory was not marked"
+    );
+    // A directory from before the marker existed (lock file and WAL directory) is adopted.
+    let older = parent.path().join("older");
+    drop(Engine::open(&older, EngineOptions::default()).unwrap());
+    std::fs::remove_file(older.join("BELFRY")).unwrap();
+    drop(Engine::open(&older, EngineOptions::default()).unwrap());
+    assert!(
+        older.join("BELFRY").exists(),
+        "an older directory was not marked"
+    );
+}
+
+fn listing(dir: &std::path::Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
 /// Acks from several threads while puts and checkpoints run, then an abandon (as after
 /// `kill -9`): an ack that returned was written to the OS before returning, so it survives a
 /// crash of the process even though it was never fsync'd on its own.

@@ -146,6 +146,22 @@ fn config_with_an_unknown_key_is_refused_by_name() {
 }
 
 #[test]
+fn serve_refuses_a_data_dir_that_is_not_belfrys_and_leaves_it_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("thesis.tex"), "chapter one").unwrap();
+    let data = dir.path().to_string_lossy().into_owned();
+    let (ok, _, stderr) = belfry(&["serve", "--listen", "127.0.0.1:0", "--data-dir", &data]);
+    assert!(!ok, "serve must refuse a foreign directory");
+    assert!(stderr.contains("not a belfry data directory"), "{stderr}");
+    assert!(stderr.contains("thesis.tex"), "{stderr}");
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["thesis.tex"], "nothing may be written into it");
+}
+#[test]
 fn management_subcommands_talk_to_the_server() {
     let server = serve(&["--store", "memory"]);
     let url = server.url.clone();

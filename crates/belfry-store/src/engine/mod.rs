@@ -32,7 +32,8 @@
 //! The module, by job: this file holds the options, the shared state (`State`, `Core`) and how
 //! a call's records reach memory and the WAL queue (`State::commit`); `wal.rs` the WAL, group
 //! commit and the background flusher; `checkpoint.rs` checkpoints and their thread;
-//! `recovery.rs` opening a directory and replaying the WAL; `calls.rs` the paths store calls
+//! `recovery.rs` opening a directory and replaying the WAL (`owner.rs` refuses a directory
+//! that is not belfry's before anything is written to it); `calls.rs` the paths store calls
 //! share (commit and wait, preload, finding a task or its lease); `meta.rs` small metadata
 //! under its own lock; `store_impl.rs` the `Store` trait. `queue.rs`, `bucket.rs`, `keys.rs`, `record.rs` and `persist.rs` are the in-memory
 //! index, bucket keys, the idempotency-key hash, the record format and the whole-file
@@ -43,6 +44,7 @@ mod calls;
 mod checkpoint;
 mod keys;
 mod meta;
+mod owner;
 pub mod persist;
 mod queue;
 pub mod record;

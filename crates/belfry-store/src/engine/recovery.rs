@@ -17,6 +17,7 @@ use super::bucket::{self, task_id};
 use super::checkpoint::Checkpointer;
 use super::keys::KeyHasher;
 use super::meta;
+use super::owner;
 use super::persist::{BucketMeta, Checkpoint, MetaEntries, MetaFile};
 use super::queue::{Bucket, EngineStats, Queue};
 use super::record::{self, Record, WalTarget};
@@ -44,6 +45,9 @@ impl Engine {
     /// the last checkpoint is replayed (a torn tail is cut off), far buckets are not read.
     pub fn open(dir: impl AsRef<Path>, options: EngineOptions) -> Result<Engine> {
         let dir = dir.as_ref().to_path_buf();
+        owner::check(&dir)?;
+        fs::create_dir_all(&dir).map_err(io("create the data directory"))?;
+        owner::mark(&dir)?;
         fs::create_dir_all(dir.join(WAL_DIR)).map_err(io("create the data directory"))?;
         let lock = lock_dir(&dir)?;
         let (meta, legacy_entries) = MetaFile::read(&dir.join(META_FILE))?;
