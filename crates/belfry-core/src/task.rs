@@ -29,7 +29,7 @@ pub enum LatePolicy {
     /// Deliver it anyway, however late.
     #[default]
     Fire,
-    /// Drop it (it becomes `Done` without delivery).
+    /// Drop it (it becomes `Skipped`, never delivered).
     Skip { after_ms: u64 },
     /// Move it to the dead letters.
     Dead { after_ms: u64 },
@@ -72,8 +72,9 @@ impl NewTask {
 ///
 /// ```text
 ///  Scheduled ──claim──▶ Leased ──ack──▶ Done
-///     ▲  │                │ │
-///     │  └─cancel─▶ Cancelled
+///     ▲  │ │              │ │
+///     │  │ └─cancel─▶ Cancelled
+///     │  └─found too late (late policy skip)─▶ Skipped
 ///     └──nack / lease expiry──┘ └─dead_letter─▶ Dead ──redrive──▶ Scheduled
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,6 +84,8 @@ pub enum TaskState {
     Done,
     Dead,
     Cancelled,
+    /// Finished without delivery: a claim found it later than its late policy allows.
+    Skipped,
 }
 
 impl TaskState {
@@ -93,15 +96,16 @@ impl TaskState {
             TaskState::Done => "done",
             TaskState::Dead => "dead",
             TaskState::Cancelled => "cancelled",
+            TaskState::Skipped => "skipped",
         }
     }
 
-    /// Done, dead and cancelled tasks are finished: no further delivery happens unless a dead
-    /// task is redriven.
+    /// Done, dead, cancelled and skipped tasks are finished: no further delivery happens
+    /// unless a dead task is redriven.
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            TaskState::Done | TaskState::Dead | TaskState::Cancelled
+            TaskState::Done | TaskState::Dead | TaskState::Cancelled | TaskState::Skipped
         )
     }
 }

@@ -1049,7 +1049,7 @@ async fn late_policies_skip_or_dead_letter_after_an_outage(s: TestServer) {
     let leased = s.lease("q", json!({"max": 10})).await;
     assert_eq!(leased.len(), 1);
     assert_eq!(leased[0]["id"], fired.as_str());
-    assert_eq!(s.task("q", &skipped).await["state"], "done");
+    assert_eq!(s.task("q", &skipped).await["state"], "skipped");
     assert_eq!(s.task("q", &dead).await["state"], "dead");
     let (status, body) = s
         .call(
@@ -1085,7 +1085,7 @@ async fn a_queue_late_policy_applies_to_tasks_that_name_none(s: TestServer) {
     assert_eq!(leased.len(), 1);
     assert_eq!(leased[0]["id"], own.as_str());
     assert_eq!(s.task("q", &inherited).await["state"], "dead");
-    assert_eq!(s.task("q", &skipped).await["state"], "done");
+    assert_eq!(s.task("q", &skipped).await["state"], "skipped");
     // The queue's policy survives an update that does not mention it, and can be reset.
     let queue = s.queue("q", json!({"rate_per_s": 5})).await;
     assert_eq!(queue["late_policy"], "dead");

@@ -291,7 +291,7 @@ impl Store for MemoryStore {
             let late_ms = now_ms - due;
             match stored.task.late_policy {
                 LatePolicy::Skip { after_ms } if late_ms > after_ms => {
-                    stored.task.state = TaskState::Done;
+                    stored.task.state = TaskState::Skipped;
                     batch.late_skipped.push(id);
                     continue;
                 }
@@ -450,7 +450,7 @@ impl Store for MemoryStore {
                 }
                 TaskState::Leased => counts.in_flight += 1,
                 TaskState::Dead => counts.dead += 1,
-                TaskState::Done | TaskState::Cancelled => {}
+                TaskState::Done | TaskState::Cancelled | TaskState::Skipped => {}
             }
         }
         Ok(counts)

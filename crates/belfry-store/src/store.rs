@@ -107,7 +107,7 @@ impl PutOutcome {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ClaimBatch {
     pub leased: Vec<LeasedTask>,
-    /// Found later than their `LatePolicy::Skip` allowed: now `Done`, never delivered.
+    /// Found later than their `LatePolicy::Skip` allowed: now `Skipped`, never delivered.
     pub late_skipped: Vec<TaskId>,
     /// Found later than their `LatePolicy::Dead` allowed: now `Dead`.
     pub late_dead: Vec<TaskId>,

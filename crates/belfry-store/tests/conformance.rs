@@ -335,10 +335,23 @@ fn late_policies(h: &mut dyn Harness) {
     assert_eq!(batch.late_dead, [ids[1]]);
     assert_eq!(batch.leased.len(), 1);
     assert_eq!(batch.leased[0].task.id, ids[2]);
+    // Skipped has its own state, so a caller can tell it from a delivered task.
+    let skipped = s.get(&q("a"), ids[0], 201).unwrap().map(|t| t.state);
+    assert_eq!(skipped, Some(TaskState::Skipped));
     h.reopen(false);
     let t = h.store().get(&q("a"), ids[1], 201).unwrap().unwrap();
     assert_eq!(t.state, TaskState::Dead);
     assert!(t.dead_reason.unwrap().contains("late"));
+    // A finished task may be forgotten, but is never remembered as anything else.
+    let skipped = h
+        .store()
+        .get(&q("a"), ids[0], 201)
+        .unwrap()
+        .map(|t| t.state);
+    assert!(
+        matches!(skipped, None | Some(TaskState::Skipped)),
+        "{skipped:?}"
+    );
 }
 
 fn cancel_and_reschedule(h: &mut dyn Harness) {

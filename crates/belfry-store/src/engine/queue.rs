@@ -271,7 +271,7 @@ impl Bucket {
                 TaskState::Scheduled => meta.add_scheduled(entry.due_ms),
                 TaskState::Leased => meta.add_leased(entry.until_ms),
                 TaskState::Dead => meta.dead += 1,
-                TaskState::Done | TaskState::Cancelled => {}
+                TaskState::Done | TaskState::Cancelled | TaskState::Skipped => {}
             }
         }
         meta
@@ -421,7 +421,7 @@ impl Index {
                 self.leases.insert((entry.until_ms, seq, key));
             }
             TaskState::Dead => self.dead_loaded += 1,
-            TaskState::Done | TaskState::Cancelled => {}
+            TaskState::Done | TaskState::Cancelled | TaskState::Skipped => {}
         }
     }
 
@@ -434,7 +434,7 @@ impl Index {
                 self.leases.remove(&(entry.until_ms, seq, key));
             }
             TaskState::Dead => self.dead_loaded -= 1,
-            TaskState::Done | TaskState::Cancelled => {}
+            TaskState::Done | TaskState::Cancelled | TaskState::Skipped => {}
         }
     }
 }
@@ -628,6 +628,7 @@ impl Queue {
                 entry.attempts = *attempts;
             }
             Record::Done { .. } => entry.state = TaskState::Done,
+            Record::Skipped { .. } => entry.state = TaskState::Skipped,
             Record::Nack { due_at_ms, .. } => {
                 entry.state = TaskState::Scheduled;
                 entry.due_ms = *due_at_ms;
@@ -652,7 +653,10 @@ impl Queue {
         }
         self.index.insert(key, seq, entry);
         // A finished task's key may be reused (the Store contract allows forgetting it).
-        if matches!(entry.state, TaskState::Done | TaskState::Cancelled) {
+        if matches!(
+            entry.state,
+            TaskState::Done | TaskState::Cancelled | TaskState::Skipped
+        ) {
             if let Some(hash) = entry.key_hash {
                 self.index.keys.remove(hash, task_id(seq, key));
             }

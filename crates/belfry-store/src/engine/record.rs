@@ -36,6 +36,7 @@ const KIND_DEAD: u8 = 8;
 const KIND_REDRIVE: u8 = 9;
 /// A metadata record (WAL only, see [`encode_meta`]): never in a bucket file.
 const KIND_META: u8 = 10;
+const KIND_SKIPPED: u8 = 11;
 
 /// A new task as stored in its bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,8 +73,12 @@ pub enum Record {
         until_ms: UnixMs,
         attempts: u32,
     },
-    /// Finished: acked, or skipped by its late policy.
+    /// Finished: acked (or, before kind 11 existed, skipped by its late policy).
     Done {
+        seq: u64,
+    },
+    /// Finished without delivery: found later than its late policy allows.
+    Skipped {
         seq: u64,
     },
     /// Scheduled again after a failed attempt.
@@ -107,6 +112,7 @@ impl Record {
             | Record::Reschedule { seq, .. }
             | Record::Lease { seq, .. }
             | Record::Done { seq }
+            | Record::Skipped { seq }
             | Record::Nack { seq, .. }
             | Record::Extend { seq, .. }
             | Record::Dead { seq, .. }
@@ -430,6 +436,10 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
             out.push(KIND_DONE);
             put_u64(out, *seq);
         }
+        Record::Skipped { seq } => {
+            out.push(KIND_SKIPPED);
+            put_u64(out, *seq);
+        }
         Record::Nack { seq, due_at_ms } => {
             out.push(KIND_NACK);
             put_u64(out, *seq);
@@ -711,6 +721,7 @@ fn decode_body(body: &[u8], keep: Keep<'_>) -> Result<Record, DecodeError> {
             attempts: r.u32()?,
         },
         KIND_DONE => Record::Done { seq: r.u64()? },
+        KIND_SKIPPED => Record::Skipped { seq: r.u64()? },
         KIND_NACK => Record::Nack {
             seq: r.u64()?,
             due_at_ms: r.u64()?,
@@ -764,6 +775,7 @@ mod tests {
                 attempts: 7,
             },
             Record::Done { seq: 8 },
+            Record::Skipped { seq: 8 },
             Record::Nack {
                 seq: 9,
                 due_at_ms: 10,

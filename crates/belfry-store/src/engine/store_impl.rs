@@ -229,7 +229,7 @@ impl Store for Engine {
             };
             if let Some(record) = late_record(entry.late_policy, seq, now_ms - due) {
                 let late = match record {
-                    Record::Done { .. } => &mut result.late_skipped,
+                    Record::Skipped { .. } => &mut result.late_skipped,
                     _ => &mut result.late_dead,
                 };
                 late.push(task_id(seq, key));
@@ -598,10 +598,10 @@ fn put_record(seq: u64, task: NewTask) -> PutRecord {
 }
 
 /// What a claim does instead of leasing a task found `late_ms` after its due time, if its
-/// late policy says so: finish it (`Done`, skipped) or dead-letter it.
+/// late policy says so: finish it undelivered (`Skipped`) or dead-letter it.
 fn late_record(policy: LatePolicy, seq: u64, late_ms: u64) -> Option<Record> {
     match policy {
-        LatePolicy::Skip { after_ms } if late_ms > after_ms => Some(Record::Done { seq }),
+        LatePolicy::Skip { after_ms } if late_ms > after_ms => Some(Record::Skipped { seq }),
         LatePolicy::Dead { after_ms } if late_ms > after_ms => Some(Record::Dead {
             seq,
             reason: format!("late by {late_ms} ms (late policy allows {after_ms} ms)"),
