@@ -33,6 +33,9 @@ macro_rules! error_codes {
 
 error_codes! {
     MalformedJson => "malformed_json",
+    MalformedHttp => "malformed_http",
+    HeadersTooLarge => "headers_too_large",
+    UriTooLong => "uri_too_long",
     InvalidRequest => "invalid_request",
     InvalidQueueName => "invalid_queue_name",
     InvalidTaskId => "invalid_task_id",

@@ -152,3 +152,61 @@ async fn readiness_says_shutting_down_while_the_server_still_serves_its_drain_de
     s.handle.wait().await.expect("clean stop");
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+/// Sends `request` on a fresh connection and reads the whole answer (the server closes).
+async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> (String, serde_json::Value) {
+    let mut stream = TcpStream::connect(addr).await.expect("connect");
+    stream.write_all(request).await.expect("send");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server answers and closes")
+        .expect("read");
+    let text = String::from_utf8(answer).expect("utf-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
+    let json = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("body is not JSON ({e}): {head}\n\n{body:?}"));
+    (head.to_owned(), json)
+}
+
+/// Requests hyper cannot parse never reach the router; they still get the standard error
+/// JSON with a stable code, like every other 4xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unparsable_request_gets_the_standard_error_json() {
+    let s = TestServer::start_with(config()).await;
+    s.queue("q", json!({})).await;
+    let addr = s.handle.local_addr();
+    let many_headers: String = (0..200).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let cases: Vec<(Vec<u8>, &str, &str)> = vec![
+        (b"GARBAGE\r\n\r\n".to_vec(), "400", "malformed_http"),
+        (
+            b"GET /healthz HTTP/1.1\r\nbad header line\r\n\r\n".to_vec(),
+            "400",
+            "malformed_http",
+        ),
+        (
+            format!("GET /healthz HTTP/1.1\r\nhost: x\r\n{many_headers}\r\n").into_bytes(),
+            "431",
+            "headers_too_large",
+        ),
+    ];
+    for (request, status, code) in cases {
+        let (head, json) = raw_exchange(addr, &request).await;
+        assert!(
+            head.starts_with(&format!("HTTP/1.1 {status} ")),
+            "{head} for {:?}",
+            String::from_utf8_lossy(&request)
+        );
+        assert!(head.contains("content-type: application/json"), "{head}");
+        assert_eq!(json["error"]["code"], code, "{json}");
+    }
+    // The mechanism is specific: an ordinary 400 from the router keeps its own body.
+    let (head, json) = raw_exchange(
+        addr,
+        b"POST /v1/queues/q/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 1\r\nconnection: close\r\n\r\n{",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
+    assert_eq!(json["error"]["code"], "malformed_json", "{json}");
+    s.handle.stop().await.expect("clean stop");
+}

@@ -12,6 +12,12 @@ use crate::service::ServiceError;
 pub enum ErrorCode {
     /// The body is not JSON.
     MalformedJson,
+    /// The request line or headers are not HTTP/1.1 (answered by the listener, before routing).
+    MalformedHttp,
+    /// The request's headers are larger than the server reads.
+    HeadersTooLarge,
+    /// The request target (path and query) is longer than the server reads.
+    UriTooLong,
     /// The JSON has a wrong type, an unknown or missing field, or a value out of range.
     InvalidRequest,
     InvalidQueueName,
@@ -60,6 +66,9 @@ impl ErrorCode {
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::MalformedJson => "malformed_json",
+            ErrorCode::MalformedHttp => "malformed_http",
+            ErrorCode::HeadersTooLarge => "headers_too_large",
+            ErrorCode::UriTooLong => "uri_too_long",
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::InvalidQueueName => "invalid_queue_name",
             ErrorCode::InvalidTaskId => "invalid_task_id",
@@ -97,6 +106,7 @@ impl ErrorCode {
     pub fn status(self) -> StatusCode {
         match self {
             ErrorCode::MalformedJson
+            | ErrorCode::MalformedHttp
             | ErrorCode::InvalidRequest
             | ErrorCode::InvalidQueueName
             | ErrorCode::InvalidTaskId
@@ -112,6 +122,8 @@ impl ErrorCode {
             | ErrorCode::InvalidScheduleId
             | ErrorCode::InvalidSchedule => StatusCode::BAD_REQUEST,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
             ErrorCode::QueueNotFound
             | ErrorCode::TaskNotFound
             | ErrorCode::RouteNotFound
@@ -147,6 +159,13 @@ impl ApiError {
             code,
             message: message.into(),
         }
+    }
+
+    /// The whole standard error body, `{"error": {"code", "message"}}`, as bytes: for
+    /// answers written below the router (the listener's answer to a malformed request).
+    pub fn to_json_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(&Envelope { error: self.body() })
+            .expect("an error body always serialises")
     }
 
     /// The `{"code", "message"}` object, for batch results that embed errors.

@@ -16,8 +16,13 @@
 //!   is closed: an idle keep-alive connection, or one that connected and sent nothing (the
 //!   header timer would close those too, later, when it is the longer of the two).
 //!
+//! A request hyper cannot parse gets the standard error JSON, not hyper's empty answer
+//! (`parse_error.rs`).
+//!
 //! Shutdown: when `shutdown` is cancelled the listener stops accepting and every connection
 //! finishes the request it is serving (hyper's graceful shutdown), then closes.
+
+mod parse_error;
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -130,6 +135,7 @@ impl Connection {
             inner: tcp,
             activity: activity.clone(),
             epoch: self.epoch,
+            rewrite: None,
         };
         let service = TowerToHyperService::new(InFlight {
             inner: self.router.clone(),
@@ -194,11 +200,50 @@ impl Activity {
     }
 }
 
-/// A socket that notes when bytes move.
+/// A socket that notes when bytes move, and puts the standard error body into hyper's
+/// automatic answer to an unparsable request.
 struct Watched {
     inner: TcpStream,
     activity: Arc<Activity>,
     epoch: Instant,
+    rewrite: Option<parse_error::Rewrite>,
+}
+
+impl Watched {
+    /// Writes the rest of a replaced answer; ready with the count of hyper's bytes it stands
+    /// for once all of it is out.
+    fn poll_rewrite(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        while let Some(rewrite) = self.rewrite.as_mut() {
+            if rewrite.written == rewrite.bytes.len() {
+                let stands_for = rewrite.stands_for;
+                self.rewrite = None;
+                return Poll::Ready(Ok(stands_for));
+            }
+            match Pin::new(&mut self.inner).poll_write(cx, &rewrite.bytes[rewrite.written..]) {
+                Poll::Ready(Ok(0)) => return Poll::Ready(Ok(0)),
+                Poll::Ready(Ok(n)) => {
+                    rewrite.written += n;
+                    self.activity.touch(self.epoch);
+                }
+                other => return other,
+            }
+        }
+        Poll::Ready(Ok(0))
+    }
+
+    /// Starts replacing `data` if it is hyper's automatic answer to an unparsable request.
+    fn intercept(&mut self, data: &[u8]) -> bool {
+        if self.rewrite.is_none() {
+            if let Some(bytes) = parse_error::replacement(data) {
+                self.rewrite = Some(parse_error::Rewrite {
+                    bytes,
+                    written: 0,
+                    stands_for: data.len(),
+                });
+            }
+        }
+        self.rewrite.is_some()
+    }
 }
 
 impl AsyncRead for Watched {
@@ -222,6 +267,9 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.intercept(data) {
+            return self.poll_rewrite(cx);
+        }
         let polled = Pin::new(&mut self.inner).poll_write(cx, data);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch(self.epoch);
@@ -242,6 +290,12 @@ impl AsyncWrite for Watched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        // hyper's automatic answer is a head alone: the first non-empty slice.
+        if let Some(first) = bufs.iter().find(|b| !b.is_empty()) {
+            if self.intercept(first) {
+                return self.poll_rewrite(cx);
+            }
+        }
         let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
         if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
             self.activity.touch(self.epoch);
