@@ -180,7 +180,10 @@ impl World {
     fn check_get(&self, model: Option<Task>, engine: Option<Task>) -> Result<(), TestCaseError> {
         match (model, engine) {
             (Some(m), None) => prop_assert!(
-                matches!(m.state, TaskState::Done | TaskState::Cancelled),
+                matches!(
+                    m.state,
+                    TaskState::Done | TaskState::Cancelled | TaskState::Skipped
+                ),
                 "engine lost a {:?} task",
                 m.state
             ),
@@ -215,7 +218,10 @@ impl World {
                         let m = self.model.get_by_key(&qn(*queue), &key, now).unwrap();
                         let e = self.engine().get_by_key(&qn(*queue), &key, now).unwrap();
                         let finished = m.as_ref().is_some_and(|t| {
-                            matches!(t.state, TaskState::Done | TaskState::Cancelled)
+                            matches!(
+                                t.state,
+                                TaskState::Done | TaskState::Cancelled | TaskState::Skipped
+                            )
                         });
                         self.check_get(m, e)?;
                         if !finished {
@@ -319,7 +325,10 @@ impl World {
                 for ((m, e), mid) in m.into_iter().zip(e).zip(mids) {
                     let model_state = self.model.get(&q, mid, now).unwrap().map(|t| t.state);
                     if e == belfry_store::LeaseOutcome::NotFound
-                        && matches!(model_state, Some(TaskState::Done | TaskState::Cancelled))
+                        && matches!(
+                            model_state,
+                            Some(TaskState::Done | TaskState::Cancelled | TaskState::Skipped)
+                        )
                     {
                         continue;
                     }
@@ -354,7 +363,10 @@ impl World {
                 };
                 let model_state = self.model.get(&q, mid, now).unwrap().map(|t| t.state);
                 if e == belfry_store::LeaseOutcome::NotFound
-                    && matches!(model_state, Some(TaskState::Done | TaskState::Cancelled))
+                    && matches!(
+                        model_state,
+                        Some(TaskState::Done | TaskState::Cancelled | TaskState::Skipped)
+                    )
                 {
                     return Ok(());
                 }
@@ -386,7 +398,10 @@ impl World {
                 // A forgotten finished task is NotFound in the engine.
                 let model_state = self.model.get(&q, mid, now).unwrap().map(|t| t.state);
                 if e == belfry_store::ChangeOutcome::NotFound
-                    && matches!(model_state, Some(TaskState::Done | TaskState::Cancelled))
+                    && matches!(
+                        model_state,
+                        Some(TaskState::Done | TaskState::Cancelled | TaskState::Skipped)
+                    )
                 {
                     return Ok(());
                 }
