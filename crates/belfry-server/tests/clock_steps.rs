@@ -90,3 +90,51 @@ async fn wall_clock_steps_never_deliver_early_nor_lose_a_task() {
     assert_eq!(sink.count(), 2, "a push task was delivered twice");
     s.handle.stop().await.expect("clean stop");
 }
+
+/// A step forward is noticed by the dispatcher itself, without anyone waking the queues: a
+/// task that the step made due goes out within a couple of the dispatcher's clock checks,
+/// well before its queue's own rare recheck would have found it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forward_step_is_noticed_without_a_wake_up() {
+    use belfry_server::dispatch::EMPTY_RECHECK_MS;
+    use std::time::{Duration, Instant};
+
+    let sink = Arc::new(RecordingSink::default());
+    let s = TestServer::start_with_sinks(
+        test_config(),
+        Arc::new(MemoryStore::new()),
+        Some(Arc::new(RecordingSinks(sink.clone()))),
+        None,
+    )
+    .await;
+    s.queue(
+        "push",
+        json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/unused"}}),
+    )
+    .await;
+    let turns = s.handle.service().dispatch_stats().turns;
+    s.submit("push", json!({"payload": 1, "run_at_ms": T0 + HOUR}))
+        .await;
+    // The dispatcher has looked at the queue since the submit: its timer is now set from the
+    // task's due time, an hour of monotonic time away (at most the recheck).
+    eventually("a dispatch turn after the submit", || async {
+        (s.handle.service().dispatch_stats().turns > turns).then_some(())
+    })
+    .await;
+    assert_eq!(sink.count(), 0);
+
+    let stepped = Instant::now();
+    s.clock.set_wall_ms(T0 + HOUR + 1);
+    eventually("the task delivered after the step", || async {
+        (sink.count() == 1).then_some(())
+    })
+    .await;
+    let took = stepped.elapsed();
+    assert!(
+        took < Duration::from_millis(EMPTY_RECHECK_MS / 2),
+        "the step was found by the queue's recheck ({took:?}), not noticed by the dispatcher"
+    );
+    let seen = &sink.seen()[0];
+    assert!(seen.now_ms >= seen.due_at_ms, "{seen:?} delivered early");
+    s.handle.stop().await.expect("clean stop");
+}

@@ -8,7 +8,9 @@
 //! - **Finding due work.** Each push queue has a slot: *idle* (with a timer at its next due
 //!   time, or a recheck), *ready* (in a round-robin line), *claiming*, or *waiting* for
 //!   budget. A wake-up (tasks put, nacked or redriven, a lease released, a resume) makes an
-//!   idle queue ready at once; a timer makes it ready when its next task falls due.
+//!   idle queue ready at once; a timer makes it ready when its next task falls due. An idle
+//!   queue costs nothing until then: timers are not polled, and a wall-clock step, which
+//!   moves due times against them, is noticed once for all queues (`clock_watch.rs`).
 //! - **Fairness.** A queue gets at most [`CLAIM_QUANTUM`] tasks per turn, then goes to the
 //!   back of the line if it has more, so one queue with a million due tasks cannot hold up a
 //!   hundred small ones.
@@ -28,6 +30,7 @@
 //! completion (shutdown waits for them up to its grace period, then their leases expire and
 //! the tasks are delivered again).
 
+mod clock_watch;
 mod delivery;
 mod slots;
 mod writer;
@@ -62,12 +65,14 @@ pub const CLAIMS_IN_FLIGHT_MAX: usize = 4;
 /// its delivery may still succeed (which would deliver the task twice).
 pub const LEASE_MARGIN_MS: u64 = 10_000;
 
-/// A queue with tasks pending is looked at again at least this often even without a wake-up:
-/// a safety net for a wall-clock step, which moves due times relative to the timers.
+/// How long a queue held back by its rate limit or in-flight cap waits at most before it is
+/// looked at again (a pull long-poll rechecks as often).
 pub const IDLE_RECHECK_MS: u64 = 1_000;
 
-/// A queue with nothing pending (or paused) is looked at again this often. Everything that
-/// gives it work wakes it; this only bounds the damage of a wake-up that was never sent.
+/// A queue is looked at again at least this often, whatever its next due time. Everything
+/// that gives it work wakes it, and a wall-clock step wakes every queue; this only bounds the
+/// damage of a wake-up that was never sent. Each recheck is a store call, so it is rare:
+/// with ten thousand queues, a one-second recheck was most of the dispatcher's work.
 pub const EMPTY_RECHECK_MS: u64 = 10_000;
 
 /// Pause after a failed claim before the queue is tried again, so a broken store is not
@@ -255,12 +260,25 @@ impl Dispatcher {
     async fn run(self: Arc<Self>) {
         tracing::debug!("dispatcher started");
         let stopping = self.shared.stopping.clone();
+        let mut clock_watch = clock_watch::ClockWatch::new(&*self.shared.clock);
+        let mut clock_check = Instant::now() + clock_watch::CHECK_EVERY;
         loop {
             let notified = self.notify.notified();
             if stopping.is_cancelled() {
                 break;
             }
-            let next = self.slots.lock().next(Instant::now());
+            let now = Instant::now();
+            if now >= clock_check {
+                clock_check = now + clock_watch::CHECK_EVERY;
+                if let Some(step_ms) = clock_watch.stepped_forward(&*self.shared.clock) {
+                    tracing::info!(
+                        step_ms,
+                        "the wall clock stepped forward; looking at every queue"
+                    );
+                    self.shared.queues.wake_all();
+                }
+            }
+            let next = self.slots.lock().next(now);
             match next {
                 Ok((queue, push)) => {
                     let permit = tokio::select! {
@@ -289,15 +307,10 @@ impl Dispatcher {
                     });
                 }
                 Err(wake_at) => {
-                    let sleep = async {
-                        match wake_at {
-                            Some(at) => tokio::time::sleep_until(at).await,
-                            None => std::future::pending().await,
-                        }
-                    };
+                    let wake_at = wake_at.map_or(clock_check, |at| at.min(clock_check));
                     tokio::select! {
                         _ = notified => {}
-                        _ = sleep => {}
+                        _ = tokio::time::sleep_until(wake_at) => {}
                         _ = stopping.cancelled() => break,
                     }
                 }
@@ -425,7 +438,60 @@ fn next_look(claimed: &crate::claim::Claimed, now_ms: belfry_core::UnixMs) -> Tu
         Some(Some(due)) => TurnEnd::After(Duration::from_millis(
             due.saturating_sub(now_ms)
                 .saturating_add(1)
-                .min(IDLE_RECHECK_MS),
+                .min(EMPTY_RECHECK_MS),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::claim::Claimed;
+
+    fn claimed(granted: usize, next_due_ms: Option<Option<u64>>) -> Claimed {
+        Claimed {
+            leased: Vec::new(),
+            retry_in: None,
+            granted,
+            next_due_ms,
+        }
+    }
+
+    fn after(ms: u64) -> TurnEnd {
+        TurnEnd::After(Duration::from_millis(ms))
+    }
+
+    #[test]
+    fn a_queue_sleeps_until_its_next_due_time_not_a_fixed_poll() {
+        let now = 1_000_000;
+        // Due in 5 s: one look just past it, not five one-second polls.
+        assert_eq!(
+            next_look(&claimed(128, Some(Some(now + 5_000))), now),
+            after(5_001)
+        );
+        // Due in an hour: the rare recheck that bounds a lost wake-up.
+        assert_eq!(
+            next_look(&claimed(128, Some(Some(now + 3_600_000))), now),
+            after(EMPTY_RECHECK_MS)
+        );
+        // Due already (a task nacked meanwhile): just after now.
+        assert_eq!(next_look(&claimed(128, Some(Some(now - 5))), now), after(1));
+        assert_eq!(
+            next_look(&claimed(128, Some(None)), now),
+            after(EMPTY_RECHECK_MS)
+        );
+        // It got all it asked for: more may be due.
+        assert_eq!(next_look(&claimed(128, None), now), TurnEnd::Again);
+    }
+
+    #[test]
+    fn a_queue_held_back_by_its_limits_looks_again_when_they_allow() {
+        let mut limited = claimed(0, None);
+        limited.retry_in = Some(Duration::from_millis(40));
+        assert_eq!(next_look(&limited, 0), after(40));
+        limited.retry_in = Some(Duration::from_secs(30));
+        assert_eq!(next_look(&limited, 0), after(IDLE_RECHECK_MS));
+        // Paused: a resume wakes it.
+        assert_eq!(next_look(&claimed(0, None), 0), after(EMPTY_RECHECK_MS));
     }
 }
