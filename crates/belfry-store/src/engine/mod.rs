@@ -211,6 +211,12 @@ struct State {
     checkpoints: u64,
     /// Until a call passes `now`: the earliest due time submitted, used in its place.
     due_reference_ms: Option<UnixMs>,
+    /// What `trim_far` needs to look again: whether a put has gone into a loaded far bucket
+    /// since it last looked, and the bucket-load count it last looked at. Far buckets grow
+    /// loaded only by a load or such a put, so a call with neither (a claim, an ack) skips
+    /// the scan, which visits every loaded bucket of every queue.
+    far_grew: bool,
+    far_seen_loads: u64,
 }
 
 /// The embedded engine. Cheap to share behind an `Arc`; every method may be called from many
@@ -337,6 +343,11 @@ impl State {
                 self.buffered_bytes -= written;
             }
             if bucket.entries.is_some() {
+                if matches!(p.record, Record::Put(_)) {
+                    let horizon = last_now.saturating_add(options.unload_distance_ms);
+                    let far = bucket_range(p.key).is_none_or(|(start, _)| start > horizon);
+                    self.far_grew |= far;
+                }
                 queue.apply(p.key, &p.record, offset, bytes.len() as u32);
             } else if let Record::Put(put) = &p.record {
                 queue.update_unloaded_meta(p.key, |meta| meta.add_scheduled(put.due_at_ms));
@@ -367,6 +378,13 @@ impl State {
     /// of tasks, except `keep` (the bucket the current call used). A far bucket that holds
     /// something due or expiring soon (a task rescheduled near) stays.
     fn trim_far(&mut self, keep: Option<(u64, u64)>, options: &EngineOptions) {
+        if !self.far_grew && self.far_seen_loads == self.stats.buckets_loaded {
+            return;
+        }
+        // Whatever this pass leaves loaded (`keep`, a far bucket due soon) is at most one
+        // bucket beyond the bound until the next load or far put, which looks again.
+        self.far_grew = false;
+        self.far_seen_loads = self.stats.buckets_loaded;
         let horizon = self.last_now_ms.saturating_add(options.unload_distance_ms);
         let is_far = |key: u64| bucket_range(key).is_none_or(|(start, _)| start > horizon);
         let mut total = 0usize;

@@ -128,6 +128,8 @@ impl State {
             stats: EngineStats::default(),
             checkpoints: 0,
             due_reference_ms: None,
+            far_grew: true,
+            far_seen_loads: 0,
             meta,
             key_hasher: checkpoint
                 .key_secret
