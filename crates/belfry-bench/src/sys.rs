@@ -155,6 +155,56 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// Sockets process `pid` holds open (its descriptors that link to `socket:[...]`), or None
+/// when /proc cannot tell. For a server, this is its accepted connections plus a few
+/// listening and outgoing sockets.
+pub fn socket_count(pid: u32) -> Option<u64> {
+    let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let mut sockets = 0;
+    for entry in entries.flatten() {
+        if std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+        {
+            sockets += 1;
+        }
+    }
+    Some(sockets)
+}
+
+/// The soft limit on open files of process `pid`, from /proc/PID/limits.
+pub fn open_files_limit(pid: &str) -> Option<u64> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Raises this process's soft limit on open files to its hard limit (children started
+/// afterwards inherit it, a spawned server too); returns the new (soft, hard) limits.
+#[allow(unsafe_code)]
+pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` struct, which `limit` is.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct it is given; raising the soft limit up to
+        // the hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit = raised;
+    }
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
 /// Where the numbers came from.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -235,6 +285,19 @@ mod tests {
         assert!(cpu_time("self").is_some());
         let (rss, peak) = rss_bytes(std::process::id()).unwrap();
         assert!(rss > 0 && peak >= rss);
+    }
+
+    #[test]
+    fn open_files_limit_can_be_raised_and_sockets_counted() {
+        let (soft, hard) = raise_open_files_limit().unwrap();
+        assert_eq!(soft, hard);
+        if soft != libc::RLIM_INFINITY {
+            assert_eq!(open_files_limit("self"), Some(soft));
+        }
+        // Other tests of this binary open sockets concurrently: only a lower bound is sure.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(socket_count(std::process::id()).unwrap() >= 1);
+        drop(listener);
     }
 
     #[test]
