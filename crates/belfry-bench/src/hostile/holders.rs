@@ -81,46 +81,62 @@ impl HolderCounters {
 }
 
 /// N hostile connections, held until [`Holders::stop`].
+///
+/// They run on their own thread and single-threaded runtime, not on the bench's: when the
+/// server closes thousands of them at one timeout, their re-opening would otherwise delay the
+/// probes' own tasks, and that delay would be counted as the server's.
 pub struct Holders {
     pub counters: Arc<HolderCounters>,
     stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Holders {
-    /// Starts `count` holders against `addr`; they open their connections
-    /// [`OPENING_CONCURRENCY`] at a time and keep them open.
-    pub fn start(addr: SocketAddr, host: &str, count: usize) -> Holders {
+    /// Starts `count` holders against `addr` on a thread of their own; they open their
+    /// connections [`OPENING_CONCURRENCY`] at a time and keep them open.
+    pub fn start(addr: SocketAddr, host: &str, count: usize) -> std::io::Result<Holders> {
         let counters = Arc::new(HolderCounters::default());
         let (stop, stopped) = watch::channel(false);
-        let opening = Arc::new(Semaphore::new(OPENING_CONCURRENCY));
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let requests: Vec<Arc<[u8]>> = (0..KINDS.len())
             .map(|k| Arc::from(partial_request(k, host)))
             .collect();
-        let tasks = (0..count)
-            .map(|i| {
-                tokio::spawn(hold(
-                    addr,
-                    requests[i % KINDS.len()].clone(),
-                    opening.clone(),
-                    counters.clone(),
-                    stopped.clone(),
-                ))
-            })
-            .collect();
-        Holders {
+        let shared = counters.clone();
+        let thread = std::thread::Builder::new()
+            .name("hostile".into())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let opening = Arc::new(Semaphore::new(OPENING_CONCURRENCY));
+                    let tasks: Vec<JoinHandle<()>> = (0..count)
+                        .map(|i| {
+                            tokio::spawn(hold(
+                                addr,
+                                requests[i % KINDS.len()].clone(),
+                                opening.clone(),
+                                shared.clone(),
+                                stopped.clone(),
+                            ))
+                        })
+                        .collect();
+                    for task in tasks {
+                        let _ = task.await;
+                    }
+                });
+            })?;
+        Ok(Holders {
             counters,
             stop,
-            tasks,
-        }
+            thread,
+        })
     }
 
-    /// Closes every connection and waits for the holders to end.
+    /// Closes every connection and waits for the holders' thread to end.
     pub async fn stop(self) -> HolderTotals {
         let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
+        let thread = self.thread;
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         self.counters.totals()
     }
 }
@@ -212,7 +228,7 @@ mod tests {
                 drop(socket);
             }
         });
-        let holders = Holders::start(addr, "h", 4);
+        let holders = Holders::start(addr, "h", 4).unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while holders.counters.totals().closed_by_server < 20 {
             assert!(tokio::time::Instant::now() < deadline, "no re-opens");

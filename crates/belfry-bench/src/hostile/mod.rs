@@ -217,7 +217,8 @@ async fn run_on(
     let baseline = measure(&plan, kept, pid, None, None).await;
     bar.inc(1);
 
-    let holders = Holders::start(server.target.addr, &server.target.host, args.hostile);
+    let holders = Holders::start(server.target.addr, &server.target.host, args.hostile)
+        .map_err(|e| BenchError::io("start the hostile clients' thread", "-", e))?;
     let opening_started = Instant::now();
     let mut opening_s = None;
     while opening_started.elapsed() < OPENING_DEADLINE {

@@ -160,10 +160,10 @@ fn notes(o: &HostileOutcome) -> Vec<String> {
         }
     ));
     notes.push(format!(
-        "hostile connections: {} of each kind ({}); each is re-opened as soon as the server \
+        "hostile connections: {} of each kind ({}), on a thread of their own; each is re-opened as soon as the server \
          closes it, so the count holds through the measured phase. {}",
         thousands((o.hostile / KINDS.len()) as f64),
-        KINDS.join(", "),
+        KINDS.join("; "),
         match o.opening_s {
             Some(s) => format!(
                 "All {} were open {s:.1} s after the first connect.",
