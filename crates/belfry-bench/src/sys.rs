@@ -205,6 +205,55 @@ pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
     Ok((limit.rlim_cur, limit.rlim_max))
 }
 
+/// The kernel's TCP counters that say a listener could not keep up, machine-wide (every
+/// listener on this machine adds to them), from /proc/net/netstat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TcpCounters {
+    /// Handshakes dropped because a listener's accept queue was full (`ListenOverflows`).
+    pub listen_overflows: u64,
+    /// SYNs sent again because no answer came in time (`TCPSynRetrans`): a client's
+    /// connect that took a second or more.
+    pub syn_retransmits: u64,
+}
+
+impl TcpCounters {
+    /// Now, or None when /proc/net/netstat cannot be read or lacks the counters.
+    pub fn read() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/net/netstat").ok()?)
+    }
+
+    /// From the text of /proc/net/netstat: pairs of lines, a header of names and a line
+    /// of values, each starting with the same `Prefix:`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let lines: Vec<&str> = text.lines().collect();
+        let (mut overflows, mut retransmits) = (None, None);
+        for pair in lines.chunks(2) {
+            let [names, values] = pair else { continue };
+            for (name, value) in names.split_whitespace().zip(values.split_whitespace()) {
+                match name {
+                    "ListenOverflows" => overflows = value.parse().ok(),
+                    "TCPSynRetrans" => retransmits = value.parse().ok(),
+                    _ => {}
+                }
+            }
+        }
+        Some(TcpCounters {
+            listen_overflows: overflows?,
+            syn_retransmits: retransmits?,
+        })
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: TcpCounters) -> TcpCounters {
+        TcpCounters {
+            listen_overflows: self
+                .listen_overflows
+                .saturating_sub(earlier.listen_overflows),
+            syn_retransmits: self.syn_retransmits.saturating_sub(earlier.syn_retransmits),
+        }
+    }
+}
+
 /// Where the numbers came from.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -298,6 +347,38 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         assert!(socket_count(std::process::id()).unwrap() >= 1);
         drop(listener);
+    }
+
+    #[test]
+    fn tcp_counters_are_read_from_netstat_pairs() {
+        let text = "TcpExt: SyncookiesSent ListenOverflows TCPSynRetrans\n\
+                    TcpExt: 3 45 7\n\
+                    IpExt: InNoRoutes\n\
+                    IpExt: 0\n";
+        let now = TcpCounters::parse(text).unwrap();
+        assert_eq!(
+            now,
+            TcpCounters {
+                listen_overflows: 45,
+                syn_retransmits: 7
+            }
+        );
+        let earlier = TcpCounters {
+            listen_overflows: 40,
+            syn_retransmits: 9,
+        };
+        assert_eq!(
+            now.since(earlier),
+            TcpCounters {
+                listen_overflows: 5,
+                syn_retransmits: 0
+            }
+        );
+        assert_eq!(TcpCounters::parse("IpExt: InNoRoutes\nIpExt: 0\n"), None);
+        assert!(
+            TcpCounters::read().is_some(),
+            "this kernel has /proc/net/netstat"
+        );
     }
 
     #[test]

@@ -141,6 +141,10 @@ fn hostile_holds_partial_connections_and_counts_every_probe() {
     );
     assert!(held["samples"].as_u64().unwrap() > 0);
     assert_eq!(data["baseline"]["hostile_open"]["samples"], 0);
+    // The kernel's TCP counters are read around both phases.
+    for phase in ["baseline", "held"] {
+        assert!(data[phase]["tcp"]["listen_overflows"].is_u64(), "{phase}");
+    }
     // Without a server pid, the server's sockets are not counted.
     assert_eq!(data["held"]["server_sockets_extra"], Value::Null);
     // All hostile connections were closed at the end.

@@ -24,7 +24,7 @@ use crate::error::BenchError;
 use crate::http::HttpConn;
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::sys::{open_files_limit, raise_open_files_limit, socket_count, unix_ms, CpuMeter};
-use crate::sys::{CpuUse, Machine};
+use crate::sys::{CpuUse, Machine, TcpCounters};
 use crate::{OutputArgs, ServerArgs};
 
 pub use holders::{HolderTotals, Holders, KINDS};
@@ -142,6 +142,9 @@ pub struct Phase {
     /// The server process's sockets minus those it held before the hostile connections
     /// (spawned server only): the hostile connections it has accepted.
     pub server_sockets_extra: Option<OpenCount>,
+    /// The kernel's listen-queue overflows and SYN retransmits during the phase
+    /// (machine-wide; None when /proc/net/netstat cannot be read).
+    pub tcp: Option<TcpCounters>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -300,10 +303,14 @@ async fn measure(
         })
     };
     let meter = CpuMeter::start(pid);
+    let tcp_before = TcpCounters::read();
     let started = Instant::now();
     let series = probe::run(plan, kept).await;
     let seconds = started.elapsed().as_secs_f64();
     let cpu = meter.stop();
+    let tcp = TcpCounters::read()
+        .zip(tcp_before)
+        .map(|(after, before)| after.since(before));
     done.store(true, Ordering::Relaxed);
     let (client, server) = sampler.await.unwrap_or_default();
     Phase {
@@ -312,5 +319,6 @@ async fn measure(
         cpu,
         hostile_open: OpenCount::of(&client),
         server_sockets_extra: (!server.is_empty()).then(|| OpenCount::of(&server)),
+        tcp,
     }
 }

@@ -58,6 +58,16 @@ fn cores(phase: &Phase) -> String {
     )
 }
 
+fn tcp_text(phase: &Phase) -> String {
+    phase.tcp.map_or("-".into(), |t| {
+        format!(
+            "{} / {}",
+            thousands(t.listen_overflows as f64),
+            thousands(t.syn_retransmits as f64)
+        )
+    })
+}
+
 pub fn build(machine: Machine, o: HostileOutcome) -> Report {
     let mut latency = Table::new(
         format!(
@@ -103,6 +113,8 @@ pub fn build(machine: Machine, o: HostileOutcome) -> Report {
             "failed connects",
             "CPU cores, none held",
             "held",
+            "listen-queue overflows / SYN retransmits, none held",
+            "held",
         ],
     );
     held.row(vec![
@@ -116,6 +128,8 @@ pub fn build(machine: Machine, o: HostileOutcome) -> Report {
         thousands(p.connect_errors as f64),
         cores(&o.baseline),
         cores(&o.held),
+        tcp_text(&o.baseline),
+        tcp_text(&o.held),
     ]);
     Report {
         scenario: "hostile".into(),
@@ -167,7 +181,7 @@ fn notes(o: &HostileOutcome) -> Vec<String> {
         match o.opening_s {
             Some(s) => format!(
                 "All {} were open {s:.1} s after the first connect.",
-                o.hostile
+                thousands(o.hostile as f64)
             ),
             None => format!(
                 "They did not all open within the opening deadline; the phase measured with \
@@ -183,6 +197,12 @@ fn notes(o: &HostileOutcome) -> Vec<String> {
          the ones it accepted.",
         server_cap(o)
     ));
+    notes.push(
+        "listen-queue overflows and SYN retransmits are the kernel's counters over each phase \
+         (machine-wide): a handshake the server's accept queue had no room for is dropped, and \
+         its client connects only when it sends its SYN again, a second or more later."
+            .to_string(),
+    );
     notes.push(format!(
         "open-files limit: {} for the bench (raised to its hard limit), {} for the server \
          (inherited).",
