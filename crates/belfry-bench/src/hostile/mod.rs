@@ -222,15 +222,7 @@ async fn run_on(
 
     let holders = Holders::start(server.target.addr, &server.target.host, args.hostile)
         .map_err(|e| BenchError::io("start the hostile clients' thread", "-", e))?;
-    let opening_started = Instant::now();
-    let mut opening_s = None;
-    while opening_started.elapsed() < OPENING_DEADLINE {
-        if holders.counters.totals().open >= args.hostile as u64 {
-            opening_s = Some(opening_started.elapsed().as_secs_f64());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let opening_s = wait_until_open(&holders, args.hostile as u64).await;
     tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
     bar.inc(1);
 
@@ -268,6 +260,19 @@ async fn run_on(
         },
         server_env: args.server.server_env.clone(),
     })
+}
+
+/// Seconds until `count` hostile connections are open at once, or None if that does not
+/// happen within [`OPENING_DEADLINE`].
+async fn wait_until_open(holders: &Holders, count: u64) -> Option<f64> {
+    let started = Instant::now();
+    while started.elapsed() < OPENING_DEADLINE {
+        if holders.counters.totals().open >= count {
+            return Some(started.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
 }
 
 /// One phase of probe rounds, counting the open hostile connections meanwhile.
