@@ -7,7 +7,8 @@
 //! restart time after `kill -9`), `queues` (many webhook queues due together against one
 //! queue of the same tasks), `cron` (per-second schedules: creation rate, firing lateness and
 //! their cost to an unrelated queue), `stream` (delivery through a Redis Streams, NATS
-//! JetStream or Kafka sink against the broker's raw publish rate). Each prints a table, optionally JSON, and can rewrite its
+//! JetStream or Kafka sink against the broker's raw publish rate), `hostile` (latency with
+//! thousands of partial connections held against none). Each prints a table, optionally JSON, and can rewrite its
 //! own part of BENCHMARKS.md.
 //!
 //! The binary wires it with `Bench { #[command(subcommand)] command: BenchCommand }` and
@@ -18,6 +19,7 @@ use std::path::PathBuf;
 pub mod cron;
 pub mod error;
 pub mod fire;
+pub mod hostile;
 pub mod http;
 pub mod ingest;
 pub mod load;
@@ -76,6 +78,10 @@ pub enum BenchCommand {
     /// run starts, read back by a real consumer; delivered/s against the broker's raw publish
     /// rate on the same broker, firing lateness, early, lost and duplicates.
     Stream(Box<stream::StreamArgs>),
+    /// N partial connections (connect only, request line, unfinished headers, half a body)
+    /// held open against a server with its default limits: `/healthz` and single-task submit
+    /// latency with and without them, on kept-alive and fresh connections.
+    Hostile(Box<hostile::HostileArgs>),
 }
 
 /// Which server to drive.
@@ -177,6 +183,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Queues(a) => a.output.clone(),
         BenchCommand::Cron(a) => a.output.clone(),
         BenchCommand::Stream(a) => a.output.clone(),
+        BenchCommand::Hostile(a) => a.output.clone(),
     };
     if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
         return Err(BenchError::invalid(
@@ -198,6 +205,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             BenchCommand::Queues(args) => queues::run(*args).await,
             BenchCommand::Cron(args) => cron::run(*args).await,
             BenchCommand::Stream(args) => stream::run(*args).await,
+            BenchCommand::Hostile(args) => hostile::run(*args).await,
         }
     })?;
     emit(&report, &output)

@@ -259,6 +259,31 @@ pub async fn ingest(
     })
 }
 
+/// The claim script, loaded once per consumer and run by [`claim`].
+pub fn claim_script() -> redis::Script {
+    redis::Script::new(CLAIM_SCRIPT)
+}
+
+/// One claim: takes up to `max` members due at `now_ms` or earlier (lowest scores first),
+/// removes them and their payloads, and returns the payloads. Removal is the whole
+/// acknowledgement: a claimed task is gone from Redis whether or not its consumer handles it
+/// (at most once, unlike belfry's leases).
+pub async fn claim(
+    conn: &mut MultiplexedConnection,
+    script: &redis::Script,
+    keys: &QueueKeys,
+    now_ms: u64,
+    max: usize,
+) -> Result<Vec<Option<Vec<u8>>>, BenchError> {
+    Ok(script
+        .key(&keys.due)
+        .key(&keys.payloads)
+        .arg(now_ms)
+        .arg(max)
+        .invoke_async(conn)
+        .await?)
+}
+
 /// Consumes the queue with `consumers` pollers until every task arrived or `deadline`,
 /// recording each receipt in `tracker`.
 /// How to consume from the Redis queue.
@@ -287,7 +312,7 @@ pub async fn consume(
         poll_interval,
         deadline,
     } = consume;
-    let script = Arc::new(redis::Script::new(CLAIM_SCRIPT));
+    let script = Arc::new(claim_script());
     let done = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for _ in 0..consumers {
@@ -302,13 +327,7 @@ pub async fn consume(
         workers.push(tokio::spawn(async move {
             while !done.load(Ordering::Relaxed) && Instant::now() < deadline {
                 let now_ms = crate::sys::unix_ms();
-                let claimed: Result<Vec<Option<Vec<u8>>>, _> = script
-                    .key(&keys.due)
-                    .key(&keys.payloads)
-                    .arg(now_ms)
-                    .arg(max)
-                    .invoke_async(&mut conn)
-                    .await;
+                let claimed = claim(&mut conn, &script, &keys, now_ms, max).await;
                 let receipt_us = crate::sys::unix_us();
                 let payloads = match claimed {
                     Ok(p) => p,

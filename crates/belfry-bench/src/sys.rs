@@ -155,6 +155,105 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(listener.local_addr()?.port())
 }
 
+/// Sockets process `pid` holds open (its descriptors that link to `socket:[...]`), or None
+/// when /proc cannot tell. For a server, this is its accepted connections plus a few
+/// listening and outgoing sockets.
+pub fn socket_count(pid: u32) -> Option<u64> {
+    let entries = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?;
+    let mut sockets = 0;
+    for entry in entries.flatten() {
+        if std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+        {
+            sockets += 1;
+        }
+    }
+    Some(sockets)
+}
+
+/// The soft limit on open files of process `pid`, from /proc/PID/limits.
+pub fn open_files_limit(pid: &str) -> Option<u64> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Raises this process's soft limit on open files to its hard limit (children started
+/// afterwards inherit it, a spawned server too); returns the new (soft, hard) limits.
+#[allow(unsafe_code)]
+pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one `rlimit` struct, which `limit` is.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: setrlimit only reads the struct it is given; raising the soft limit up to
+        // the hard one needs no privilege.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        limit = raised;
+    }
+    Ok((limit.rlim_cur, limit.rlim_max))
+}
+
+/// The kernel's TCP counters that say a listener could not keep up, machine-wide (every
+/// listener on this machine adds to them), from /proc/net/netstat.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TcpCounters {
+    /// Handshakes dropped because a listener's accept queue was full (`ListenOverflows`).
+    pub listen_overflows: u64,
+    /// SYNs sent again because no answer came in time (`TCPSynRetrans`): a client's
+    /// connect that took a second or more.
+    pub syn_retransmits: u64,
+}
+
+impl TcpCounters {
+    /// Now, or None when /proc/net/netstat cannot be read or lacks the counters.
+    pub fn read() -> Option<Self> {
+        Self::parse(&std::fs::read_to_string("/proc/net/netstat").ok()?)
+    }
+
+    /// From the text of /proc/net/netstat: pairs of lines, a header of names and a line
+    /// of values, each starting with the same `Prefix:`.
+    pub fn parse(text: &str) -> Option<Self> {
+        let lines: Vec<&str> = text.lines().collect();
+        let (mut overflows, mut retransmits) = (None, None);
+        for pair in lines.chunks(2) {
+            let [names, values] = pair else { continue };
+            for (name, value) in names.split_whitespace().zip(values.split_whitespace()) {
+                match name {
+                    "ListenOverflows" => overflows = value.parse().ok(),
+                    "TCPSynRetrans" => retransmits = value.parse().ok(),
+                    _ => {}
+                }
+            }
+        }
+        Some(TcpCounters {
+            listen_overflows: overflows?,
+            syn_retransmits: retransmits?,
+        })
+    }
+
+    /// What happened between `earlier` and `self`.
+    pub fn since(self, earlier: TcpCounters) -> TcpCounters {
+        TcpCounters {
+            listen_overflows: self
+                .listen_overflows
+                .saturating_sub(earlier.listen_overflows),
+            syn_retransmits: self.syn_retransmits.saturating_sub(earlier.syn_retransmits),
+        }
+    }
+}
+
 /// Where the numbers came from.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -235,6 +334,51 @@ mod tests {
         assert!(cpu_time("self").is_some());
         let (rss, peak) = rss_bytes(std::process::id()).unwrap();
         assert!(rss > 0 && peak >= rss);
+    }
+
+    #[test]
+    fn open_files_limit_can_be_raised_and_sockets_counted() {
+        let (soft, hard) = raise_open_files_limit().unwrap();
+        assert_eq!(soft, hard);
+        if soft != libc::RLIM_INFINITY {
+            assert_eq!(open_files_limit("self"), Some(soft));
+        }
+        // Other tests of this binary open sockets concurrently: only a lower bound is sure.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        assert!(socket_count(std::process::id()).unwrap() >= 1);
+        drop(listener);
+    }
+
+    #[test]
+    fn tcp_counters_are_read_from_netstat_pairs() {
+        let text = "TcpExt: SyncookiesSent ListenOverflows TCPSynRetrans\n\
+                    TcpExt: 3 45 7\n\
+                    IpExt: InNoRoutes\n\
+                    IpExt: 0\n";
+        let now = TcpCounters::parse(text).unwrap();
+        assert_eq!(
+            now,
+            TcpCounters {
+                listen_overflows: 45,
+                syn_retransmits: 7
+            }
+        );
+        let earlier = TcpCounters {
+            listen_overflows: 40,
+            syn_retransmits: 9,
+        };
+        assert_eq!(
+            now.since(earlier),
+            TcpCounters {
+                listen_overflows: 5,
+                syn_retransmits: 0
+            }
+        );
+        assert_eq!(TcpCounters::parse("IpExt: InNoRoutes\nIpExt: 0\n"), None);
+        assert!(
+            TcpCounters::read().is_some(),
+            "this kernel has /proc/net/netstat"
+        );
     }
 
     #[test]
