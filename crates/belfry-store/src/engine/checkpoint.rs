@@ -272,6 +272,7 @@ impl Core {
                 let written = bucket.flush()?;
                 *buffered_bytes -= written;
             }
+            bucket.release_buffer();
         }
         for path in &plan.sync_files {
             match File::open(path) {

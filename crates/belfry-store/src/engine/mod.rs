@@ -426,6 +426,7 @@ impl State {
             for bucket in queue.buckets.values_mut() {
                 let written = bucket.flush()?;
                 self.buffered_bytes -= written;
+                bucket.release_buffer();
             }
         }
         Ok(())

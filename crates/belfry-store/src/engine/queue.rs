@@ -185,6 +185,16 @@ impl Bucket {
         Ok(written)
     }
 
+    /// Gives the write buffer's memory back once it is written. The flushes that cover every
+    /// bucket (the global buffer bound, checkpoints) call this, so that thousands of quiet
+    /// buckets do not each keep the capacity of their busiest moment (10,000 queues kept
+    /// about 16 KiB each); a busy bucket regrows it once and keeps it between its own flushes.
+    pub fn release_buffer(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = Vec::new();
+        }
+    }
+
     /// The bucket's records from file offset `from` on: the rest of the file (read under
     /// the lock, usually little) and the write buffer, decoded.
     fn decode_rest(&self, from: u64) -> Result<Vec<LoadedRecord>> {
