@@ -3,6 +3,7 @@
 pub mod clock;
 pub mod driver;
 pub mod model;
+pub mod outcomes;
 pub mod rng;
 pub mod sink;
 pub mod store;

@@ -13,7 +13,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, TaskState, UnixMs};
+use belfry_core::{LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState, UnixMs};
 use belfry_sinks::Outcome;
 use belfry_store::{ChangeOutcome, ClaimBatch, LeaseOutcome, PutOutcome};
 
@@ -68,21 +68,21 @@ impl State {
 
 /// One time a claim handed the task out.
 #[derive(Debug, Clone)]
-struct Handout {
-    lease: LeaseId,
-    attempt: u32,
+pub(super) struct Handout {
+    pub(super) lease: LeaseId,
+    pub(super) attempt: u32,
     /// The backward clock steps so far: a delivery after another step may see a clock that
     /// reads before the due time the claim saw passed.
-    epoch: u64,
-    delivered: bool,
+    pub(super) epoch: u64,
+    pub(super) delivered: bool,
 }
 
 /// What the sink answered for one lease.
 #[derive(Debug, Clone)]
-struct Answer {
-    outcome: Outcome,
-    at_ms: UnixMs,
-    epoch: u64,
+pub(super) struct Answer {
+    pub(super) outcome: Outcome,
+    pub(super) at_ms: UnixMs,
+    pub(super) epoch: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -94,8 +94,8 @@ pub struct TaskModel {
     pub due: UnixMs,
     pub state: State,
     pub attempts: u32,
-    handouts: Vec<Handout>,
-    answers: HashMap<LeaseId, Answer>,
+    pub(super) handouts: Vec<Handout>,
+    pub(super) answers: HashMap<LeaseId, Answer>,
 }
 
 impl TaskModel {
@@ -145,7 +145,7 @@ pub struct Model {
 }
 
 impl Model {
-    fn violation(&mut self, message: String) {
+    pub(super) fn violation(&mut self, message: String) {
         self.violations.push(message);
     }
 
@@ -267,56 +267,68 @@ impl Model {
         let epoch = self.back_steps.saturating_sub(u64::from(clock_ms < now_ms));
         for leased in &batch.leased {
             let id = leased.task.id;
-            let Some(task) = self.tasks.get_mut(&id) else {
-                self.violations
-                    .push(format!("claim of {queue} handed out unknown task {id}"));
-                continue;
-            };
-            let mut problems = Vec::new();
-            if !claimable.contains(&id) {
-                problems.push(format!(
-                    "not claimable at {now_ms}: {:?}, due {}",
-                    task.state, task.due
-                ));
-            }
-            // The asked due time binds the first hand-out; later ones follow the due time a
-            // retry or redrive set (after a backward clock step, it may be before the first).
-            if task.handouts.is_empty() && task.original_due > now_ms {
-                problems.push(format!("early: asked due {}", task.original_due));
-            }
-            if leased.task.attempts != task.attempts + 1 || leased.task.due_at_ms != task.due {
-                problems.push(format!(
-                    "attempt {} due {} (model: attempt {} due {})",
-                    leased.task.attempts,
-                    leased.task.due_at_ms,
-                    task.attempts + 1,
-                    task.due
-                ));
-            }
-            if leased.lease_until_ms != now_ms.saturating_add(visibility_ms) {
-                problems.push(format!("lease until {}", leased.lease_until_ms));
-            }
-            if matches!(task.state, State::Expired { .. }) {
-                self.stats.expired_reclaims += 1;
-            }
-            task.attempts += 1;
-            task.state = State::Leased {
-                lease: leased.lease_id,
-                until: leased.lease_until_ms,
-                attempt: task.attempts,
-            };
-            task.handouts.push(Handout {
-                lease: leased.lease_id,
-                attempt: task.attempts,
-                epoch,
-                delivered: false,
-            });
-            self.stats.handouts += 1;
+            let problems = self.hand_out(leased, now_ms, visibility_ms, epoch, &claimable);
             for problem in problems {
-                self.violations
-                    .push(format!("claim of {queue} handed out {id}: {problem}"));
+                self.violation(format!("claim of {queue} handed out {id}: {problem}"));
             }
         }
+    }
+
+    /// One task a claim handed out: checked, then leased in the model. Returns what is wrong
+    /// with it.
+    fn hand_out(
+        &mut self,
+        leased: &LeasedTask,
+        now_ms: UnixMs,
+        visibility_ms: u64,
+        epoch: u64,
+        claimable: &[TaskId],
+    ) -> Vec<String> {
+        let id = leased.task.id;
+        let Some(task) = self.tasks.get_mut(&id) else {
+            return vec!["an unknown task".into()];
+        };
+        let mut problems = Vec::new();
+        if !claimable.contains(&id) {
+            problems.push(format!(
+                "not claimable at {now_ms}: {:?}, due {}",
+                task.state, task.due
+            ));
+        }
+        // The asked due time binds the first hand-out; later ones follow the due time a
+        // retry or redrive set (after a backward clock step, it may be before the first).
+        if task.handouts.is_empty() && task.original_due > now_ms {
+            problems.push(format!("early: asked due {}", task.original_due));
+        }
+        if leased.task.attempts != task.attempts + 1 || leased.task.due_at_ms != task.due {
+            problems.push(format!(
+                "attempt {} due {} (model: attempt {} due {})",
+                leased.task.attempts,
+                leased.task.due_at_ms,
+                task.attempts + 1,
+                task.due
+            ));
+        }
+        if leased.lease_until_ms != now_ms.saturating_add(visibility_ms) {
+            problems.push(format!("lease until {}", leased.lease_until_ms));
+        }
+        if matches!(task.state, State::Expired { .. }) {
+            self.stats.expired_reclaims += 1;
+        }
+        task.attempts += 1;
+        task.state = State::Leased {
+            lease: leased.lease_id,
+            until: leased.lease_until_ms,
+            attempt: task.attempts,
+        };
+        task.handouts.push(Handout {
+            lease: leased.lease_id,
+            attempt: task.attempts,
+            epoch,
+            delivered: false,
+        });
+        self.stats.handouts += 1;
+        problems
     }
 
     /// Ack, nack, extend or dead letter: the store's answer must be the model's, and a change
@@ -386,74 +398,6 @@ impl Model {
                 task.state = State::Dead(reason.to_owned());
                 self.stats.dead += 1;
             }
-        }
-    }
-
-    /// Whether the server had a reason for this change of a leased task.
-    fn justify(
-        &self,
-        id: TaskId,
-        lease: LeaseId,
-        attempt: u32,
-        call: LeaseCall<'_>,
-    ) -> Result<(), String> {
-        let task = &self.tasks[&id];
-        let spec = &self.queues[&task.queue];
-        let max = spec.max_attempts;
-        // A re-claim after an expired lease past the last attempt: the claim dead-letters it.
-        if let LeaseCall::Dead { reason } = call {
-            if attempt > max && reason.starts_with("no acknowledgement after") {
-                return Ok(());
-            }
-        }
-        if spec.push_timeout_ms.is_none() {
-            // The consumer decides; the server only chooses retry or dead by the attempts.
-            return match call {
-                LeaseCall::Nack { .. } if attempt >= max => {
-                    Err(format!("retried past max_attempts {max}"))
-                }
-                LeaseCall::Dead { reason }
-                    if attempt < max || !reason.starts_with("gave up after") =>
-                {
-                    Err(format!("dead letter with attempts left: {reason}"))
-                }
-                _ => Ok(()),
-            };
-        }
-        let answer = task.answers.get(&lease);
-        match (call, answer.map(|a| &a.outcome)) {
-            (LeaseCall::Ack, Some(Outcome::Delivered)) => Ok(()),
-            (
-                LeaseCall::Nack { at_ms },
-                Some(Outcome::Retry {
-                    after: Some(after), ..
-                }),
-            ) => {
-                let answer = answer.expect("matched");
-                let earliest = answer.at_ms + after.as_millis() as u64;
-                if attempt >= max {
-                    Err(format!("retried past max_attempts {max}"))
-                } else if answer.epoch == self.back_steps && at_ms < earliest {
-                    Err(format!(
-                        "retry due {at_ms}, before the sink's Retry-After allows ({earliest})"
-                    ))
-                } else {
-                    Ok(())
-                }
-            }
-            (LeaseCall::Dead { reason }, Some(Outcome::Reject { reason: said })) => {
-                if reason == said {
-                    Ok(())
-                } else {
-                    Err(format!("dead reason {reason:?}, the sink said {said:?}"))
-                }
-            }
-            (LeaseCall::Dead { reason }, Some(Outcome::Retry { .. }))
-                if attempt >= max && reason.starts_with("gave up after") =>
-            {
-                Ok(())
-            }
-            (_, answer) => Err(format!("no reason for it: the sink answered {answer:?}")),
         }
     }
 
@@ -531,68 +475,6 @@ impl Model {
         } else {
             task.state = State::Cancelled;
         }
-    }
-
-    /// The sink was called: the call must belong to a hand-out not delivered yet, and (unless
-    /// the clock stepped back since the claim) the clock must have reached the due time.
-    pub fn on_delivery(&mut self, task: &Task, attempt: u32, now_ms: UnixMs) -> Option<QueueSpec> {
-        let epoch = self.back_steps;
-        let Some(model) = self.tasks.get_mut(&task.id) else {
-            self.violation(format!("delivered unknown task {}", task.id));
-            return None;
-        };
-        let spec = self.queues[&model.queue].clone();
-        let mut problems = Vec::new();
-        match model
-            .handouts
-            .iter_mut()
-            .rev()
-            .find(|h| h.attempt == attempt)
-        {
-            None => problems.push(format!("attempt {attempt} was never handed out")),
-            Some(handout) => {
-                if handout.delivered {
-                    problems.push(format!("attempt {attempt} delivered twice"));
-                }
-                handout.delivered = true;
-                if handout.epoch == epoch && now_ms < task.due_at_ms {
-                    problems.push(format!("early: at {now_ms}, due {}", task.due_at_ms));
-                }
-            }
-        }
-        if attempt > spec.max_attempts {
-            problems.push(format!("attempt {attempt} of {}", spec.max_attempts));
-        }
-        self.stats.deliveries += 1;
-        for problem in problems {
-            self.violation(format!("delivery of {}: {problem}", task.id));
-        }
-        Some(spec)
-    }
-
-    /// What the sink answered for a delivery (not called when the server crashed under it).
-    pub fn on_answer(&mut self, id: TaskId, attempt: u32, outcome: &Outcome, now_ms: UnixMs) {
-        let epoch = self.back_steps;
-        let Some(task) = self.tasks.get_mut(&id) else {
-            return;
-        };
-        let Some(lease) = task
-            .handouts
-            .iter()
-            .rev()
-            .find(|h| h.attempt == attempt)
-            .map(|h| h.lease)
-        else {
-            return;
-        };
-        task.answers.insert(
-            lease,
-            Answer {
-                outcome: outcome.clone(),
-                at_ms: now_ms,
-                epoch,
-            },
-        );
     }
 
     /// `Store::next_due_ms`: the dispatcher sleeps until it (at most a second), so it must
