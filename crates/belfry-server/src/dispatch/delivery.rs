@@ -117,10 +117,10 @@ impl DeliveryJob {
                     action.clone(),
                 )
                 .await;
-            answers.push((leased.task.id, action, answer));
+            answers.push((leased.task.id, leased.lease_id, action, answer));
         }
         let mut retried = false;
-        for (id, action, answer) in answers {
+        for (id, lease, action, answer) in answers {
             let result = answer
                 .await
                 .unwrap_or_else(|_| Err("the outcome writer stopped".into()));
@@ -146,7 +146,8 @@ impl DeliveryJob {
                     tracing::error!(%queue, task = %id, %error, "record the delivery outcome; the task will be delivered again when its lease expires");
                 }
             }
-            self.runtime.release(id);
+            // Its slot, not the task's: the task may be in a newer delivery already.
+            self.runtime.release(lease);
         }
         drop(budget);
         self.dispatcher.released();

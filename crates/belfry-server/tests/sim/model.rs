@@ -26,6 +26,10 @@ pub struct QueueSpec {
     pub max_attempts: u32,
     pub backoff_initial_ms: u64,
     pub backoff_max_ms: u64,
+    /// Tasks per second the queue's rate limit lets out (0: no limit).
+    pub rate_per_s: u64,
+    /// Tasks leased at once at most (0: no limit).
+    pub max_in_flight: u32,
 }
 
 /// A task's state as the model knows it.

@@ -2,12 +2,14 @@
 //! virtual delay with an outcome chosen by the seed, the task and the attempt (so the answer
 //! does not depend on the order deliveries happen to run in).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::{QueueName, Task, UnixMs};
 use belfry_server::dispatch::LEASE_MARGIN_MS;
 use belfry_sinks::{Outcome, Sink, SinkError, SinkFactory, SinkFuture, SinkSpec};
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
 use super::model::QueueSpec;
@@ -28,11 +30,45 @@ pub struct SinkFaults {
     pub stall: u64,
 }
 
+/// The dispatcher's budgets (`dispatch.in_flight_max`, `dispatch.per_target_max`).
+#[derive(Debug, Clone, Copy)]
+pub struct Budgets {
+    pub total: usize,
+    pub per_target: usize,
+}
+
+/// Delivery calls in flight in one server generation: in all, per target, per queue.
+#[derive(Default)]
+struct InFlight {
+    total: usize,
+    per_target: HashMap<String, usize>,
+    per_queue: HashMap<QueueName, usize>,
+}
+
 /// The sinks of one server generation: a crash ends their calls in flight.
 pub struct SimSinks {
-    pub shared: Arc<Shared>,
-    pub faults: SinkFaults,
-    pub crashed: CancellationToken,
+    shared: Arc<Shared>,
+    faults: SinkFaults,
+    budgets: Budgets,
+    in_flight: Arc<Mutex<InFlight>>,
+    crashed: CancellationToken,
+}
+
+impl SimSinks {
+    pub fn new(
+        shared: Arc<Shared>,
+        faults: SinkFaults,
+        budgets: Budgets,
+        crashed: CancellationToken,
+    ) -> SimSinks {
+        SimSinks {
+            shared,
+            faults,
+            budgets,
+            in_flight: Arc::default(),
+            crashed,
+        }
+    }
 }
 
 impl SinkFactory for SimSinks {
@@ -40,6 +76,8 @@ impl SinkFactory for SimSinks {
         Ok(Arc::new(SimSink {
             shared: self.shared.clone(),
             faults: self.faults,
+            budgets: self.budgets,
+            in_flight: self.in_flight.clone(),
             crashed: self.crashed.clone(),
             // Queues on one target share the dispatcher's per-target budget.
             target: format!("sim:{}", queue.as_str().split('-').next().unwrap_or("")),
@@ -51,12 +89,80 @@ impl SinkFactory for SimSinks {
 struct SimSink {
     shared: Arc<Shared>,
     faults: SinkFaults,
+    budgets: Budgets,
+    in_flight: Arc<Mutex<InFlight>>,
     crashed: CancellationToken,
     target: String,
     timeout_ms: u64,
 }
 
+/// One delivery call counted in flight until it ends (or its future is dropped).
+struct Call<'a> {
+    sink: &'a SimSink,
+    queue: QueueName,
+}
+
+impl Drop for Call<'_> {
+    fn drop(&mut self) {
+        let mut counts = self.sink.in_flight.lock();
+        counts.total -= 1;
+        *counts
+            .per_target
+            .entry(self.sink.target.clone())
+            .or_default() -= 1;
+        *counts.per_queue.entry(self.queue.clone()).or_default() -= 1;
+    }
+}
+
 impl SimSink {
+    /// Counts a call in flight; the dispatcher's budgets and the queue's `max_in_flight`
+    /// must bound how many run at once.
+    fn start_call(&self, spec: &QueueSpec) -> Call<'_> {
+        let mut counts = self.in_flight.lock();
+        counts.total += 1;
+        let total = counts.total;
+        let target = *counts
+            .per_target
+            .entry(self.target.clone())
+            .and_modify(|n| *n += 1)
+            .or_insert(1);
+        let queue = *counts
+            .per_queue
+            .entry(spec.name.clone())
+            .and_modify(|n| *n += 1)
+            .or_insert(1);
+        drop(counts);
+        let mut problems = Vec::new();
+        if total > self.budgets.total {
+            problems.push(format!(
+                "{total} deliveries in flight, dispatch.in_flight_max is {}",
+                self.budgets.total
+            ));
+        }
+        if target > self.budgets.per_target {
+            problems.push(format!(
+                "{target} calls in flight to {}, dispatch.per_target_max is {}",
+                self.target, self.budgets.per_target
+            ));
+        }
+        if spec.max_in_flight > 0 && queue > spec.max_in_flight as usize {
+            problems.push(format!(
+                "{queue} deliveries in flight from {}, its max_in_flight is {}",
+                spec.name, spec.max_in_flight
+            ));
+        }
+        if !problems.is_empty() {
+            let mut model = self.shared.model.lock();
+            for problem in problems {
+                model.violation(problem);
+            }
+        }
+        Call {
+            sink: self,
+            queue: spec.name.clone(),
+        }
+    }
+
     /// How long the call takes and what it answers.
     fn plan(&self, task: &Task, attempt: u32, spec: &QueueSpec, calm: bool) -> (u64, Outcome) {
         let id = task.id.0;
@@ -128,6 +234,7 @@ impl Sink for SimSink {
                     reason: "unknown task".into(),
                 };
             };
+            let _call = self.start_call(&spec);
             let (delay_ms, outcome) = self.plan(task, attempt, &spec, calm);
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(delay_ms)) => {}

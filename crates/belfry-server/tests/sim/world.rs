@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::clock::SimClock;
 use super::model::{Model, QueueSpec};
 use super::rng::Rng;
-use super::sink::{SimSinks, SinkFaults};
+use super::sink::{Budgets, SimSinks, SinkFaults};
 use super::store::{Shared, SimStore};
 
 /// Wall time the simulation starts at (2026-01-01T00:00:00Z).
@@ -100,7 +100,7 @@ impl World {
         };
         world.start().await;
         for spec in world.queues.clone() {
-            let patch = queue_patch(&spec, &mut world.rng);
+            let patch = queue_patch(&spec);
             world
                 .service()
                 .put_queue(spec.name.clone(), patch)
@@ -129,11 +129,16 @@ impl World {
         });
         let store = SimStore::new(engine, self.shared.clone());
         let crashed = CancellationToken::new();
-        let sinks = Arc::new(SimSinks {
-            shared: self.shared.clone(),
-            faults: self.faults,
-            crashed: crashed.clone(),
-        });
+        let budgets = Budgets {
+            total: self.config.dispatch_in_flight_max,
+            per_target: self.config.dispatch_per_target_max,
+        };
+        let sinks = Arc::new(SimSinks::new(
+            self.shared.clone(),
+            self.faults,
+            budgets,
+            crashed.clone(),
+        ));
         let handle = Server::builder(self.config.clone(), store.clone())
             .clock(Arc::new(self.shared.clock.clone()) as Arc<dyn Clock>)
             .sinks(sinks)
@@ -226,16 +231,23 @@ fn engine_options() -> EngineOptions {
 
 fn queue_spec(rng: &mut Rng, name: &str) -> QueueSpec {
     let backoff_initial_ms = rng.range(20, 1_000);
+    let push_timeout_ms = name.starts_with("push").then(|| rng.range(100, 5_000));
+    let max_attempts = rng.range(1, 5) as u32;
+    let backoff_max_ms = backoff_initial_ms * rng.range(1, 30);
+    // Some queues are limited (rate, in flight), so the dispatcher's waits are exercised.
+    let limited = rng.chance(400);
     QueueSpec {
         name: QueueName::new(name).expect("a valid queue name"),
-        push_timeout_ms: name.starts_with("push").then(|| rng.range(100, 5_000)),
-        max_attempts: rng.range(1, 5) as u32,
+        push_timeout_ms,
+        max_attempts,
         backoff_initial_ms,
-        backoff_max_ms: backoff_initial_ms * rng.range(1, 30),
+        backoff_max_ms,
+        rate_per_s: if limited { rng.range(2, 50) } else { 0 },
+        max_in_flight: if limited { rng.range(1, 8) as u32 } else { 0 },
     }
 }
 
-fn queue_patch(spec: &QueueSpec, rng: &mut Rng) -> QueuePatch {
+fn queue_patch(spec: &QueueSpec) -> QueuePatch {
     let delivery = match spec.push_timeout_ms {
         Some(timeout_ms) => Delivery::Push(SinkSpec::Webhook(WebhookSpec {
             url: format!("http://{}.sim.invalid/hook", spec.name),
@@ -244,15 +256,9 @@ fn queue_patch(spec: &QueueSpec, rng: &mut Rng) -> QueuePatch {
         })),
         None => Delivery::Pull,
     };
-    // Some queues are limited (rate, in flight), so the dispatcher's waits are exercised.
-    let limited = rng.chance(400);
     QueuePatch {
-        rate_per_s: Some(if limited {
-            rng.range(2, 50) as f64
-        } else {
-            0.0
-        }),
-        max_in_flight: Some(if limited { rng.range(1, 8) as u32 } else { 0 }),
+        rate_per_s: Some(spec.rate_per_s as f64),
+        max_in_flight: Some(spec.max_in_flight),
         max_attempts: Some(spec.max_attempts),
         backoff_initial_ms: Some(spec.backoff_initial_ms),
         backoff_max_ms: Some(spec.backoff_max_ms),
