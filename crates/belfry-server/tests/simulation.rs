@@ -96,6 +96,7 @@ fn dispatch_loop_keeps_its_invariants_under_random_schedules() {
         total.dead += stats.dead;
         total.crashes += stats.crashes;
         total.clock_steps += stats.clock_steps;
+        total.changes += stats.changes;
     }
     eprintln!("{} seeds of {steps} steps: {total:?}", seeds.len());
     // The schedule must have exercised what it claims to; a generator that stopped producing
@@ -109,6 +110,6 @@ fn dispatch_loop_keeps_its_invariants_under_random_schedules() {
             total.dead > 0 && total.crashes > 0 && total.clock_steps > 0,
             "{total:?}"
         );
-        assert!(total.expired_reclaims > 0, "{total:?}");
+        assert!(total.expired_reclaims > 0 && total.changes > 0, "{total:?}");
     }
 }

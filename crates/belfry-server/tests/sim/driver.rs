@@ -62,7 +62,8 @@ async fn one_step(world: &mut World) {
                 ));
             }
         }
-        920..=939 => cancel(world).await,
+        920..=929 => cancel(world).await,
+        930..=939 => reschedule(world).await,
         940..=959 => redrive(world).await,
         960..=989 => step_clock(world),
         _ => {
@@ -249,6 +250,24 @@ async fn cancel(world: &mut World) {
         // The store hook has checked the answer against the model's state.
         Ok(()) | Err(ServiceError::NotScheduled { .. } | ServiceError::TaskNotFound(_)) => {}
         Err(e) => fail(world, format!("cancel {id}: {e}")),
+    }
+}
+
+async fn reschedule(world: &mut World) {
+    let Some((id, queue)) = pick_task(world, false) else {
+        return;
+    };
+    let now = world.now_ms();
+    let due = match world.rng.below(3) {
+        0 => now.saturating_sub(world.rng.range(1, 60_000)),
+        1 => now + world.rng.range(1, 3_000),
+        _ => now + world.rng.range(3_000, 300_000),
+    };
+    world.note(format!("reschedule {id} to {due}"));
+    match world.service().reschedule(&queue, id, due).await {
+        // The store hook has checked the answer against the model's state.
+        Ok(_) | Err(ServiceError::NotScheduled { .. } | ServiceError::TaskNotFound(_)) => {}
+        Err(e) => fail(world, format!("reschedule {id}: {e}")),
     }
 }
 

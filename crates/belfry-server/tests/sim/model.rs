@@ -124,6 +124,16 @@ pub struct Stats {
     pub dead: u64,
     pub crashes: u64,
     pub clock_steps: u64,
+    /// Cancels, reschedules and redrives the store carried out.
+    pub changes: u64,
+}
+
+/// A change of a task that holds no lease.
+#[derive(Debug, Clone, Copy)]
+pub enum Change {
+    Cancel,
+    Reschedule { due_at_ms: UnixMs },
+    Redrive,
 }
 
 /// The change a lease call asks for.
@@ -436,13 +446,13 @@ impl Model {
         }
     }
 
-    /// Cancel (`redrive: false`) or redrive.
+    /// Cancel, reschedule or redrive.
     pub fn on_change(
         &mut self,
         queue: &QueueName,
         id: TaskId,
         now_ms: UnixMs,
-        redrive: bool,
+        change: Change,
         outcome: ChangeOutcome,
     ) {
         self.observe(queue, now_ms);
@@ -450,10 +460,9 @@ impl Model {
             return;
         };
         let seen = task.state.clone();
-        let allowed = if redrive {
-            matches!(seen, State::Dead(_))
-        } else {
-            matches!(seen, State::Scheduled | State::Expired { .. })
+        let allowed = match change {
+            Change::Redrive => matches!(seen, State::Dead(_)),
+            _ => matches!(seen, State::Scheduled | State::Expired { .. }),
         };
         let fits = match outcome {
             ChangeOutcome::Ok => allowed,
@@ -463,8 +472,7 @@ impl Model {
         };
         if !fits {
             let message = format!(
-                "{} {id} at {now_ms}: the store answered {outcome:?}, the model holds {seen:?}",
-                if redrive { "redrive" } else { "cancel" }
+                "{change:?} {id} at {now_ms}: the store answered {outcome:?}, the model holds {seen:?}"
             );
             self.violation(message);
             return;
@@ -472,12 +480,22 @@ impl Model {
         if outcome != ChangeOutcome::Ok {
             return;
         }
-        if redrive {
-            task.state = State::Scheduled;
-            task.due = now_ms;
-            task.attempts = 0;
-        } else {
-            task.state = State::Cancelled;
+        self.stats.changes += 1;
+        match change {
+            Change::Redrive => {
+                task.state = State::Scheduled;
+                task.due = now_ms;
+                task.attempts = 0;
+            }
+            Change::Reschedule { due_at_ms } => {
+                task.state = State::Scheduled;
+                task.due = due_at_ms;
+                // Never early now means never before the new due time.
+                if task.handouts.is_empty() {
+                    task.original_due = due_at_ms;
+                }
+            }
+            Change::Cancel => task.state = State::Cancelled,
         }
     }
 

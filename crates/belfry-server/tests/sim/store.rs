@@ -22,7 +22,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::clock::SimClock;
-use super::model::{LeaseCall, Model};
+use super::model::{Change, LeaseCall, Model};
 use super::rng::hash;
 
 /// What every generation's store shares: the model, the clock and the latency plan.
@@ -135,7 +135,7 @@ impl Store for SimStore {
             8,
             id_key(id) ^ now_ms,
             |e| e.cancel(queue, id, now_ms),
-            |m, outcome| m.on_change(queue, id, now_ms, false, *outcome),
+            |m, outcome| m.on_change(queue, id, now_ms, Change::Cancel, *outcome),
         )
     }
     fn reschedule(
@@ -145,9 +145,13 @@ impl Store for SimStore {
         due_at_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<ChangeOutcome> {
-        // The simulation never reschedules; a call would leave the model behind.
-        let _ = (queue, id, due_at_ms, now_ms);
-        Err(StoreError::Invalid("reschedule is not simulated".into()))
+        let change = Change::Reschedule { due_at_ms };
+        self.call(
+            26,
+            id_key(id) ^ now_ms,
+            |e| e.reschedule(queue, id, due_at_ms, now_ms),
+            |m, outcome| m.on_change(queue, id, now_ms, change, *outcome),
+        )
     }
     fn claim(
         &self,
@@ -262,7 +266,7 @@ impl Store for SimStore {
             16,
             id_key(id) ^ now_ms,
             |e| e.redrive(queue, id, now_ms),
-            |m, outcome| m.on_change(queue, id, now_ms, true, *outcome),
+            |m, outcome| m.on_change(queue, id, now_ms, Change::Redrive, *outcome),
         )
     }
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
