@@ -97,6 +97,7 @@ fn dispatch_loop_keeps_its_invariants_under_random_schedules() {
         total.crashes += stats.crashes;
         total.clock_steps += stats.clock_steps;
         total.changes += stats.changes;
+        total.duplicates += stats.duplicates;
     }
     eprintln!("{} seeds of {steps} steps: {total:?}", seeds.len());
     // The schedule must have exercised what it claims to; a generator that stopped producing
@@ -111,5 +112,6 @@ fn dispatch_loop_keeps_its_invariants_under_random_schedules() {
             "{total:?}"
         );
         assert!(total.expired_reclaims > 0 && total.changes > 0, "{total:?}");
+        assert!(total.duplicates > 0, "{total:?}");
     }
 }

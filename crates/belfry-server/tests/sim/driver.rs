@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use belfry_core::{NewTask, TaskId};
+use belfry_core::{NewTask, QueueName, TaskId};
 use belfry_server::service::NackResult;
 use belfry_server::ServiceError;
 
@@ -91,7 +91,9 @@ async fn submit(world: &mut World) {
             70..=94 => now + world.rng.range(2_000, 120_000),
             _ => now + world.rng.range(HOUR_MS, 4 * HOUR_MS),
         };
-        tasks.push(NewTask::new(spec.name.clone(), due, &b"{}"[..]));
+        let mut task = NewTask::new(spec.name.clone(), due, &b"{}"[..]);
+        task.idempotency_key = idempotency_key(world, &spec.name);
+        tasks.push(task);
     }
     world.note(format!(
         "submit {count} to {} due {:?}",
@@ -108,6 +110,29 @@ async fn submit(world: &mut World) {
     if let Err(e) = result {
         fail(world, format!("submit to {} refused: {e}", spec.name));
     }
+}
+
+/// A quarter of the tasks carry an idempotency key: a new one, or half the time one the
+/// queue has seen before.
+fn idempotency_key(world: &mut World, queue: &QueueName) -> Option<String> {
+    if !world.rng.chance(250) {
+        return None;
+    }
+    let known: Vec<String> = world
+        .shared
+        .model
+        .lock()
+        .keys
+        .keys()
+        .filter(|(q, _)| q == queue.as_str())
+        .map(|(_, key)| key.clone())
+        .collect();
+    if world.rng.chance(500) {
+        if let Some(key) = world.rng.pick(&known) {
+            return Some(key.clone());
+        }
+    }
+    Some(format!("key-{}-{}", world.step, world.rng.below(1_000_000)))
 }
 
 async fn lease(world: &mut World) {

@@ -124,6 +124,8 @@ pub struct Stats {
     pub dead: u64,
     pub crashes: u64,
     pub clock_steps: u64,
+    /// Submits answered as duplicates of a task with the same idempotency key.
+    pub duplicates: u64,
     /// Cancels, reschedules and redrives the store carried out.
     pub changes: u64,
 }
@@ -150,6 +152,8 @@ pub struct Model {
     pub queues: HashMap<QueueName, QueueSpec>,
     /// In id order, so iterating is deterministic.
     pub tasks: BTreeMap<TaskId, TaskModel>,
+    /// Idempotency keys, by queue name and key: the task first submitted with each.
+    pub keys: BTreeMap<(String, String), TaskId>,
     pub violations: Vec<String>,
     /// Backward clock steps so far.
     pub back_steps: u64,
@@ -212,32 +216,62 @@ impl Model {
             ));
         }
         for (task, outcome) in tasks.iter().zip(outcomes) {
-            let PutOutcome::Created { id, due_at_ms } = outcome else {
-                self.violation(format!(
-                    "a task without a key came back a duplicate: {outcome:?}"
-                ));
-                continue;
+            let key = task
+                .idempotency_key
+                .as_ref()
+                .map(|k| (task.queue.as_str().to_owned(), k.clone()));
+            let first = key.as_ref().and_then(|k| self.keys.get(k)).copied();
+            let (id, due_at_ms) = match (outcome, first) {
+                (PutOutcome::Duplicate(got), Some(first)) if got.id == first => {
+                    self.stats.duplicates += 1;
+                    continue;
+                }
+                (PutOutcome::Duplicate(got), _) => {
+                    self.violation(format!(
+                        "put with key {key:?}: a duplicate of {}, the model knows {first:?}",
+                        got.id
+                    ));
+                    continue;
+                }
+                (PutOutcome::Created { id, due_at_ms }, _) => (*id, *due_at_ms),
             };
-            if *due_at_ms != task.due_at_ms || self.tasks.contains_key(id) {
-                self.violation(format!(
-                    "put {id}: due {due_at_ms} (asked {}), or the id was used before",
-                    task.due_at_ms
-                ));
+            // A key is known for its task's lifetime; a finished task may be forgotten.
+            if let Some(first) = first {
+                let state = &self.tasks[&first].state;
+                if !matches!(state, State::Done | State::Cancelled) {
+                    self.violation(format!(
+                        "put {id} with the key {key:?} of {first}, which is {state:?}"
+                    ));
+                }
             }
-            self.stats.submitted += 1;
-            self.tasks.insert(
-                *id,
-                TaskModel {
-                    queue: task.queue.clone(),
-                    original_due: task.due_at_ms,
-                    due: task.due_at_ms,
-                    state: State::Scheduled,
-                    attempts: 0,
-                    handouts: Vec::new(),
-                    answers: HashMap::new(),
-                },
-            );
+            if let Some(key) = key {
+                self.keys.insert(key, id);
+            }
+            self.create(task, id, due_at_ms);
         }
+    }
+
+    /// A task the store created.
+    fn create(&mut self, task: &NewTask, id: TaskId, due_at_ms: UnixMs) {
+        if due_at_ms != task.due_at_ms || self.tasks.contains_key(&id) {
+            self.violation(format!(
+                "put {id}: due {due_at_ms} (asked {}), or the id was used before",
+                task.due_at_ms
+            ));
+        }
+        self.stats.submitted += 1;
+        self.tasks.insert(
+            id,
+            TaskModel {
+                queue: task.queue.clone(),
+                original_due: task.due_at_ms,
+                due: task.due_at_ms,
+                state: State::Scheduled,
+                attempts: 0,
+                handouts: Vec::new(),
+                answers: HashMap::new(),
+            },
+        );
     }
 
     /// A claim: it must hand out exactly the claimable tasks it had room for — none early,
