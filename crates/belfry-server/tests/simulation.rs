@@ -1,29 +1,33 @@
 //! A deterministic simulation of the server's dispatch loop.
 //!
 //! Each seed chooses a configuration (budgets, queue policies, fault rates) and a schedule of
-//! a few hundred operations: submits due in the past, now or later, pull leases with acks,
-//! nacks, extensions and forgotten leases, cancels, redrives, time passing, wall-clock steps of
-//! seconds to hours either way, and crashes (the store is abandoned as `kill -9` leaves it and a
-//! new server reopens its directory). Push deliveries go to a simulated sink that answers
-//! after a virtual delay — delivered, retry, reject, timeout, or a stall past the lease — and
-//! store calls get injected latency. A model checks every store call and every delivery as it
-//! happens (`sim/model.rs`): never early against the clock the server was given, leases
-//! exclusive (a task is handed out again only once its lease ran out or was finished), every
-//! ack, retry and dead letter justified by what the sink or consumer said, no claimable task
-//! missed; at the end a drain must bring every accepted task to the final state the model
-//! expects, read through the server and again after a clean reopen.
+//! a few hundred operations: submits due in the past, now or later (some with new or repeated
+//! idempotency keys), pull leases with acks, nacks, extensions and forgotten leases, cancels,
+//! reschedules, redrives, time passing, wall-clock steps of seconds to hours either way, and
+//! crashes (the store is abandoned as `kill -9` leaves it and a new server reopens its
+//! directory). Push deliveries go to a simulated sink that answers after a virtual delay —
+//! delivered, retry, reject, timeout, or a stall past the lease — and store calls get injected
+//! latency. A model checks every store call and every delivery as it happens (`sim/model.rs`,
+//! `sim/outcomes.rs`): never early against the clock the server was given, leases exclusive
+//! (a task is handed out again only once its lease ran out or was finished), every ack, retry
+//! and dead letter justified by what the sink or consumer said, no claimable task missed, sink
+//! calls in flight within the dispatcher's budgets and the queue's limit; at the end a drain
+//! must bring every accepted task to the final state the model expects, read through the
+//! server and again after a clean reopen.
 //!
 //! Time is tokio's paused clock on a current-thread runtime, so timers, sink delays and the
 //! wall clock are virtual and a run takes milliseconds of real time per simulated minute.
-//! What a seed fixes exactly: the configuration, the operation schedule, every sink answer and
+//! What a seed fixes: the configuration, the sequence of operations, every sink answer and
 //! delay (keyed by task and attempt) and every store delay (keyed by call and arguments). What
 //! it does not: store calls run on tokio's blocking pool (real threads, as in production), so
 //! the order in which a store call and the runtime's other tasks interleave can differ
-//! between runs. The invariants hold under any interleaving, so a failing seed replays its
-//! schedule and faults exactly and its interleaving usually.
+//! between runs, and once it does, clock readings (and the due times and store delays derived
+//! from them) drift. The invariants hold under any interleaving; a failing seed replays the
+//! same operations and usually the same failure.
 //!
 //! `BELFRY_SIM_SEED=<n>` runs only seed `n`; `BELFRY_SIM_SEEDS=<count>` runs that many seeds
-//! (default [`SEEDS_DEFAULT`]); `BELFRY_SIM_STEPS=<n>` sets the operations per seed.
+//! (default [`SEEDS_DEFAULT`]); `BELFRY_SIM_STEPS=<n>` sets the operations per seed;
+//! `BELFRY_SIM_TRACE=1` prints every operation.
 
 mod sim;
 
