@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use belfry_core::{LeasedTask, TaskId, UnixMs};
+use belfry_core::{LeaseId, LeasedTask, UnixMs};
 
 use crate::metrics;
 use crate::outcome::{self, Action, AttemptEnd};
@@ -197,9 +197,9 @@ fn settle(
             return Err(e);
         }
     };
-    let leases: Vec<(TaskId, UnixMs)> = leased
+    let leases: Vec<(LeaseId, UnixMs)> = leased
         .iter()
-        .map(|t| (t.task.id, t.lease_until_ms))
+        .map(|t| (t.lease_id, t.lease_until_ms))
         .collect();
     runtime.settle(granted, &leases, in_flight_default);
     record_metrics(runtime.name.as_str(), &leased, skipped, dead, now_ms);

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use belfry_core::LeasedTask;
+use belfry_core::{LeaseId, LeasedTask};
 use belfry_sinks::{Attempt, Outcome};
 use belfry_store::LeaseOutcome;
 use tokio::sync::OwnedSemaphorePermit;
@@ -40,6 +40,10 @@ impl Dispatcher {
             let (Some(task_share), Some(call)) = (tasks.split(batch.len()), calls.split(1)) else {
                 // The claim never leases more than the budget it was given.
                 debug_assert!(false, "claimed more tasks than the budget taken");
+                // Not delivered: their slots go back (their leases expire, they come again).
+                for task in batch.into_iter().chain(leased) {
+                    runtime.release(task.lease_id);
+                }
                 break;
             };
             let budget = Budget {
@@ -57,6 +61,21 @@ impl Dispatcher {
     }
 }
 
+/// A delivery's in-flight slots, by lease (not by task: a task whose lease ran out may be in
+/// a newer delivery already), released when the delivery ends or its task unwinds.
+struct Slots {
+    runtime: Arc<QueueRuntime>,
+    leases: Vec<LeaseId>,
+}
+
+impl Drop for Slots {
+    fn drop(&mut self) {
+        for lease in &self.leases {
+            self.runtime.release(*lease);
+        }
+    }
+}
+
 struct DeliveryJob {
     dispatcher: Arc<Dispatcher>,
     runtime: Arc<QueueRuntime>,
@@ -65,6 +84,11 @@ struct DeliveryJob {
 
 impl DeliveryJob {
     async fn run(self, batch: Vec<LeasedTask>, budget: Budget) {
+        // The queue's in-flight slots are held until this delivery ends, however it ends.
+        let slots = Slots {
+            runtime: self.runtime.clone(),
+            leases: batch.iter().map(|t| t.lease_id).collect(),
+        };
         let shared = self.dispatcher.shared.clone();
         let queue = self.runtime.name.clone();
         let started = Instant::now();
@@ -146,8 +170,8 @@ impl DeliveryJob {
                     tracing::error!(%queue, task = %id, %error, "record the delivery outcome; the task will be delivered again when its lease expires");
                 }
             }
-            self.runtime.release(id);
         }
+        drop(slots);
         drop(budget);
         self.dispatcher.released();
         if retried {

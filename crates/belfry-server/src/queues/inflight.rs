@@ -1,15 +1,22 @@
 //! Which leases of a queue are outstanding, to enforce `max_in_flight`.
 //!
-//! Only leases handed out by this process are tracked: a lease ends on ack, nack, dead-letter
-//! or when its deadline passes (the store then makes the task due again).
+//! Only leases handed out by this process are tracked, by lease (a task whose lease ran out
+//! may be leased again while its old holder still works on it: two slots). A pull lease ends
+//! on ack, nack, dead-letter or when its deadline passes (the store then makes the task due
+//! again). A push delivery's slot is held until its delivery ends ([`HELD`]), whatever the
+//! wall clock says: a clock step forward or a sink outliving its timeout must not let the
+//! dispatcher start more calls to the receiver than the queue's limit.
 
 use std::collections::HashMap;
 
-use belfry_core::{TaskId, UnixMs};
+use belfry_core::{LeaseId, UnixMs};
+
+/// The deadline of a slot that only a release ends (a push delivery's).
+pub const HELD: UnixMs = UnixMs::MAX;
 
 #[derive(Debug, Default)]
 pub struct InFlight {
-    until: HashMap<TaskId, UnixMs>,
+    until: HashMap<LeaseId, UnixMs>,
 }
 
 impl InFlight {
@@ -24,17 +31,18 @@ impl InFlight {
         self.until.len()
     }
 
-    pub fn insert(&mut self, id: TaskId, until_ms: UnixMs) {
-        self.until.insert(id, until_ms);
+    pub fn insert(&mut self, lease: LeaseId, until_ms: UnixMs) {
+        self.until.insert(lease, until_ms);
     }
 
-    pub fn remove(&mut self, id: TaskId) -> bool {
-        self.until.remove(&id).is_some()
+    pub fn remove(&mut self, lease: LeaseId) -> bool {
+        self.until.remove(&lease).is_some()
     }
 
-    /// The earliest lease deadline: when room may free up without an ack.
+    /// The earliest lease deadline: when room may free up without an ack (`None` when only
+    /// releases free slots).
     pub fn earliest_until(&self) -> Option<UnixMs> {
-        self.until.values().min().copied()
+        self.until.values().filter(|&&u| u != HELD).min().copied()
     }
 }
 
@@ -45,13 +53,13 @@ mod tests {
     #[test]
     fn expired_leases_free_room() {
         let mut f = InFlight::default();
-        f.insert(TaskId(1), 100);
-        f.insert(TaskId(2), 200);
+        f.insert(LeaseId(1), 100);
+        f.insert(LeaseId(2), 200);
         assert_eq!(f.count(50), 2);
         assert_eq!(f.earliest_until(), Some(100));
         assert_eq!(f.count(100), 1);
-        assert!(f.remove(TaskId(2)));
-        assert!(!f.remove(TaskId(2)));
+        assert!(f.remove(LeaseId(2)));
+        assert!(!f.remove(LeaseId(2)));
         assert_eq!(f.count(0), 0);
     }
 }

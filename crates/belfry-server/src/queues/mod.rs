@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_core::{QueueName, TaskId, UnixMs};
+use belfry_core::{LeaseId, QueueName, UnixMs};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
@@ -20,7 +20,7 @@ pub use config::{
     Delivery, InvalidQueueConfig, QueueConfig, BURST_MAX, MAX_IN_FLIGHT_MAX, RATE_PER_S_MAX,
     WEBHOOK_TIMEOUT_MS_DEFAULT,
 };
-use inflight::InFlight;
+use inflight::{InFlight, HELD};
 use rate::TokenBucket;
 
 /// How many tasks a queue may hand out now, and if none, when to look again.
@@ -141,7 +141,8 @@ impl QueueRuntime {
             let room = cap.saturating_sub(limits.in_flight.count(now_ms));
             if room == 0 {
                 limits.held_by_cap = true;
-                let until = limits.in_flight.earliest_until().unwrap_or(now_ms);
+                // Slots held by deliveries free up on their release, which wakes the queue.
+                let until = limits.in_flight.earliest_until().unwrap_or(HELD);
                 return Admission {
                     granted: 0,
                     retry_in: Some(Duration::from_millis(until.saturating_sub(now_ms).max(1))),
@@ -163,8 +164,8 @@ impl QueueRuntime {
     }
 
     /// Records what a claim granted by `admit` actually leased: unused tokens go back, leases
-    /// count against the in-flight cap.
-    pub fn settle(&self, granted: usize, leased: &[(TaskId, UnixMs)], webhook_default: u32) {
+    /// count against the in-flight cap (a push queue's until their delivery releases them).
+    pub fn settle(&self, granted: usize, leased: &[(LeaseId, UnixMs)], webhook_default: u32) {
         let config = self.config();
         let mut limits = self.limits.lock();
         let unused = granted.saturating_sub(leased.len());
@@ -172,18 +173,21 @@ impl QueueRuntime {
             .bucket
             .refund(config.rate_per_s, config.effective_burst(), unused);
         if Self::in_flight_cap(&config, webhook_default).is_some() {
-            for (id, until) in leased {
-                limits.in_flight.insert(*id, *until);
+            let push = config.is_push();
+            for (lease, until) in leased {
+                limits
+                    .in_flight
+                    .insert(*lease, if push { HELD } else { *until });
             }
         }
     }
 
     /// A lease ended (ack, nack, dead letter): its in-flight slot is free. Wakes the queue if
     /// the cap held a claim back.
-    pub fn release(&self, id: TaskId) {
+    pub fn release(&self, lease: LeaseId) {
         let wake = {
             let mut limits = self.limits.lock();
-            let freed = limits.in_flight.remove(id);
+            let freed = limits.in_flight.remove(lease);
             freed && std::mem::take(&mut limits.held_by_cap)
         };
         if wake {
@@ -192,10 +196,10 @@ impl QueueRuntime {
     }
 
     /// A lease was extended: keep counting it until the new deadline.
-    pub fn extended(&self, id: TaskId, until_ms: UnixMs) {
+    pub fn extended(&self, lease: LeaseId, until_ms: UnixMs) {
         let mut limits = self.limits.lock();
-        if limits.in_flight.remove(id) {
-            limits.in_flight.insert(id, until_ms);
+        if limits.in_flight.remove(lease) {
+            limits.in_flight.insert(lease, until_ms);
         }
     }
 
@@ -272,12 +276,39 @@ mod tests {
         });
         let a = q.admit(10, Duration::ZERO, 0, 8);
         assert_eq!(a.granted, 2);
-        q.settle(2, &[(TaskId(1), 100), (TaskId(2), 100)], 8);
+        q.settle(2, &[(LeaseId(1), 100), (LeaseId(2), 100)], 8);
         let full = q.admit(10, Duration::ZERO, 50, 8);
         assert_eq!(full.granted, 0);
         assert_eq!(full.retry_in, Some(Duration::from_millis(50)));
-        q.release(TaskId(1));
+        q.release(LeaseId(1));
         assert_eq!(q.admit(10, Duration::ZERO, 50, 8).granted, 1);
+    }
+
+    /// A push delivery keeps its slot past its lease's deadline (a clock step, a sink that
+    /// overran its timeout) until it releases it, and the release of an old lease of a task
+    /// does not free the slot of its new one.
+    #[test]
+    fn push_slots_are_held_until_released() {
+        let q = runtime(QueueConfig {
+            max_in_flight: 2,
+            delivery: Delivery::Push(belfry_sinks::SinkSpec::Webhook(belfry_sinks::WebhookSpec {
+                url: "http://receiver.invalid/hook".into(),
+                secret: None,
+                timeout_ms: 1_000,
+            })),
+            ..QueueConfig::default()
+        });
+        q.settle(2, &[(LeaseId(1), 100), (LeaseId(2), 100)], 8);
+        let full = q.admit(10, Duration::ZERO, 1_000_000, 8);
+        assert_eq!(
+            full.granted, 0,
+            "lease deadlines passed, deliveries still running"
+        );
+        // The task of lease 1 was leased again (lease 3) while lease 1's delivery ran.
+        q.release(LeaseId(2));
+        q.settle(1, &[(LeaseId(3), 2_000_000)], 8);
+        q.release(LeaseId(1));
+        assert_eq!(q.admit(10, Duration::ZERO, 1_000_000, 8).granted, 1);
     }
 
     #[test]
@@ -296,7 +327,7 @@ mod tests {
             ..QueueConfig::default()
         });
         assert_eq!(q.admit(10, Duration::ZERO, 0, 8).granted, 5);
-        q.settle(5, &[(TaskId(1), 10)], 8);
+        q.settle(5, &[(LeaseId(1), 10)], 8);
         assert_eq!(q.admit(10, Duration::ZERO, 0, 8).granted, 4);
     }
 }

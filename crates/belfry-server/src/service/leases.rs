@@ -86,7 +86,7 @@ impl Service {
             .blocking(move |s| Ok(s.ack(&name, id, lease, now_ms)?))
             .await?;
         lease_result(id, outcome)?;
-        runtime.release(id);
+        runtime.release(lease);
         metrics::delivered(queue.as_str(), 1);
         Ok(())
     }
@@ -115,20 +115,16 @@ impl Service {
                         acks.len()
                     )));
                 }
-                Ok(acks
-                    .into_iter()
-                    .map(|(id, _)| id)
-                    .zip(outcomes)
-                    .collect::<Vec<_>>())
+                Ok(acks.into_iter().zip(outcomes).collect::<Vec<_>>())
             })
             .await?;
         let mut done = 0;
         let results = outcomes
             .into_iter()
-            .map(|(id, outcome)| {
+            .map(|((id, lease), outcome)| {
                 let result = lease_result(id, outcome);
                 if result.is_ok() {
-                    runtime.release(id);
+                    runtime.release(lease);
                     done += 1;
                 }
                 result
@@ -176,7 +172,7 @@ impl Service {
             })
             .await?;
         lease_result(id, outcome)?;
-        runtime.release(id);
+        runtime.release(lease);
         match result {
             NackResult::Retry { .. } => {
                 metrics::retried(queue.as_str());
@@ -203,7 +199,7 @@ impl Service {
             .blocking(move |s| Ok(s.extend(&name, id, lease, until, now_ms)?))
             .await?;
         lease_result(id, outcome)?;
-        runtime.extended(id, until);
+        runtime.extended(lease, until);
         Ok(until)
     }
 }
