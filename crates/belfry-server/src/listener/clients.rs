@@ -10,7 +10,9 @@
 //!
 //! Clients are told apart by their source address only: behind a proxy or load balancer every
 //! client has the proxy's address, and the operator raises the cap to `http.connections_max`.
-//! IPv4 clients reaching an IPv6 socket (`::ffff:a.b.c.d`) count as their IPv4 address.
+//! IPv4 clients reaching an IPv6 socket (`::ffff:a.b.c.d`) count as their IPv4 address. An
+//! IPv6 client is counted per address, not per prefix: one host with a /64 has many
+//! addresses, so against IPv6 attackers this cap is weaker than against IPv4 ones.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
