@@ -26,12 +26,16 @@ struct Cli {
 
 const HOSTILE: usize = 200;
 const ROUNDS: usize = 100;
+/// The bench's default `--hostile-source`.
+const HOSTILE_SOURCE: [u8; 4] = [127, 0, 0, 2];
 
 /// The server on its own two-thread runtime, and the largest number of connections it had
 /// open at once while `sampling`.
 struct InProcess {
     addr: SocketAddr,
     open_max: Arc<AtomicUsize>,
+    /// The most connections open at once from the hostile clients' source address.
+    hostile_source_max: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
 }
@@ -48,7 +52,9 @@ fn start_server() -> InProcess {
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let open_max = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let hostile_source_max = Arc::new(AtomicUsize::new(0));
     let (open_max2, stop2) = (open_max.clone(), stop.clone());
+    let hostile_source_max2 = hostile_source_max.clone();
     let thread = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -64,6 +70,11 @@ fn start_server() -> InProcess {
             while !stop2.load(Ordering::Relaxed) {
                 let open = handle.service().connections.open.load(Ordering::Relaxed);
                 open_max2.fetch_max(open, Ordering::Relaxed);
+                let hostile = handle
+                    .service()
+                    .connections
+                    .open_from(HOSTILE_SOURCE.into());
+                hostile_source_max2.fetch_max(hostile, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             handle.stop().await.expect("clean stop");
@@ -73,6 +84,7 @@ fn start_server() -> InProcess {
     InProcess {
         addr,
         open_max,
+        hostile_source_max,
         stop,
         thread,
     }
@@ -128,6 +140,13 @@ fn hostile_holds_partial_connections_and_counts_every_probe() {
     // The server saw the hostile connections all at once (plus the probes' own)...
     let open_max = server.open_max.load(Ordering::Relaxed);
     assert!(open_max >= HOSTILE, "server had at most {open_max} open");
+    // ... from another client address than the probes'.
+    assert_eq!(data["hostile_source"], "127.0.0.2");
+    let from_source = server.hostile_source_max.load(Ordering::Relaxed);
+    assert!(
+        from_source >= HOSTILE * 9 / 10,
+        "at most {from_source} open from the hostile source"
+    );
     // ... closed some during the measured phase (300 ms idle timeout, a 500 ms phase), and
     // the bench opened them again.
     let phase = &data["held_phase_holders"];

@@ -59,6 +59,7 @@ error_codes! {
     NotPullQueue => "not_pull_queue",
     ShuttingDown => "shutting_down",
     Overloaded => "overloaded",
+    TooManyConnections => "too_many_connections",
     StoreUnavailable => "store_unavailable",
     InsufficientStorage => "insufficient_storage",
     InternalError => "internal_error",

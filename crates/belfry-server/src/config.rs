@@ -47,6 +47,27 @@ pub const HTTP_IDLE_TIMEOUT_MS_DEFAULT: u64 = 5_000;
 /// closes. Below a typical descriptor limit with room for data files and outgoing sinks.
 pub const HTTP_CONNECTIONS_MAX_DEFAULT: usize = 10_000;
 
+/// When `http.connections_per_client_max` is not set, one client address may hold this
+/// fraction of `http.connections_max` (a quarter: 2,500 of the default 10,000). Far more than
+/// any one application's connection pool needs, yet one address that opens connections and
+/// holds them (a bug or an attack) leaves three quarters of the cap to everyone else, instead
+/// of filling it and leaving newcomers to wait in the kernel's backlog.
+pub const HTTP_CONNECTIONS_PER_CLIENT_SHARE: usize = 4;
+
+/// The listen backlog asked of the kernel by default: connections whose handshake completed
+/// and that the server has not accepted yet. When it is full, the kernel drops new handshakes
+/// and their clients retry a second or more later. Large enough for bursts of thousands of
+/// re-opened connections; the kernel caps it at `net.core.somaxconn` (4,096 on Linux since
+/// 5.4).
+pub const HTTP_LISTEN_BACKLOG_DEFAULT: u32 = 1_024;
+
+/// Largest listen backlog accepted in the configuration: the kernel's own cap
+/// (`net.core.somaxconn`) is far below it on common systems.
+pub const HTTP_LISTEN_BACKLOG_MAX: u32 = 65_535;
+
+const _: () = assert!(HTTP_CONNECTIONS_MAX_DEFAULT / HTTP_CONNECTIONS_PER_CLIENT_SHARE >= 1);
+const _: () = assert!(HTTP_LISTEN_BACKLOG_DEFAULT <= HTTP_LISTEN_BACKLOG_MAX);
+
 /// Store calls running or queued on the blocking pool at once, by default. Tokio's blocking
 /// queue is unbounded; this bound turns a flood of requests into `503 overloaded` instead of
 /// unbounded memory and latency. Twice the blocking pool's default thread count.
@@ -94,6 +115,11 @@ pub struct ServerConfig {
     pub http_idle_timeout_ms: u64,
     /// Connections served at once.
     pub http_connections_max: usize,
+    /// Connections served at once from one client address; `None`: a quarter of
+    /// `http_connections_max` (see [`ServerConfig::http_connections_per_client_cap`]).
+    pub http_connections_per_client_max: Option<usize>,
+    /// The listen backlog asked of the kernel (which caps it at `net.core.somaxconn`).
+    pub http_listen_backlog: u32,
 }
 
 impl Default for ServerConfig {
@@ -116,6 +142,8 @@ impl Default for ServerConfig {
             http_body_read_timeout_ms: HTTP_BODY_READ_TIMEOUT_MS_DEFAULT,
             http_idle_timeout_ms: HTTP_IDLE_TIMEOUT_MS_DEFAULT,
             http_connections_max: HTTP_CONNECTIONS_MAX_DEFAULT,
+            http_connections_per_client_max: None,
+            http_listen_backlog: HTTP_LISTEN_BACKLOG_DEFAULT,
         }
     }
 }
@@ -130,6 +158,14 @@ pub struct InvalidConfig {
 }
 
 impl ServerConfig {
+    /// Connections one client address may hold at once: the configured value, or by default
+    /// a quarter of `http_connections_max` (at least 1).
+    pub fn http_connections_per_client_cap(&self) -> usize {
+        self.http_connections_per_client_max.unwrap_or_else(|| {
+            (self.http_connections_max / HTTP_CONNECTIONS_PER_CLIENT_SHARE).max(1)
+        })
+    }
+
     /// Checks relations between settings; each message names the key to fix.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
         let fail = |key, problem: String| Err(InvalidConfig { key, problem });
@@ -177,6 +213,26 @@ impl ServerConfig {
         }
         if self.http_connections_max == 0 {
             return fail("http.connections_max", "must be at least 1".into());
+        }
+        if let Some(per_client) = self.http_connections_per_client_max {
+            if per_client == 0 || per_client > self.http_connections_max {
+                return fail(
+                    "http.connections_per_client_max",
+                    format!(
+                        "must be between 1 and http.connections_max ({}), got {per_client}",
+                        self.http_connections_max
+                    ),
+                );
+            }
+        }
+        if self.http_listen_backlog == 0 || self.http_listen_backlog > HTTP_LISTEN_BACKLOG_MAX {
+            return fail(
+                "http.listen_backlog",
+                format!(
+                    "must be between 1 and {HTTP_LISTEN_BACKLOG_MAX}, got {}",
+                    self.http_listen_backlog
+                ),
+            );
         }
         if self.webhook_in_flight_default == 0 {
             return fail("webhooks.in_flight_default", "must be at least 1".into());

@@ -149,11 +149,12 @@ impl ServerBuilder {
             .await
             .map_err(ServerError::Schedules)?;
         service.load_queues().await.map_err(ServerError::Load)?;
-        let listener = tokio::net::TcpListener::bind(self.config.listen)
-            .await
-            .map_err(|source| ServerError::Bind {
-                addr: self.config.listen,
-                source,
+        let listener =
+            bind(self.config.listen, self.config.http_listen_backlog).map_err(|source| {
+                ServerError::Bind {
+                    addr: self.config.listen,
+                    source,
+                }
             })?;
         let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
             addr: self.config.listen,
@@ -257,6 +258,7 @@ async fn serve(
     //    connections, long-polls return empty, the dispatcher and the schedule runner stop.
     let limits = listener::Limits {
         connections_max: service.config.http_connections_max,
+        connections_per_client_max: service.config.http_connections_per_client_cap(),
         header_read_timeout: Duration::from_millis(service.config.http_header_read_timeout_ms),
         idle_timeout: Duration::from_millis(service.config.http_idle_timeout_ms),
     };
@@ -321,4 +323,20 @@ async fn serve(
         .map_err(ServerError::Flush)?;
     tracing::info!("shutdown complete");
     served
+}
+
+/// Listens on `addr` with a backlog of `backlog` handshaken connections not yet accepted (the
+/// kernel caps it at `net.core.somaxconn`). `TcpListener::bind` asks for 128, as the standard
+/// library does, which a burst of re-opened connections overflows.
+fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As `TcpListener::bind` does: a restarted server can bind while old connections of the
+    // previous one are in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }

@@ -93,6 +93,8 @@ async fn at_the_connection_cap_the_listener_waits_then_serves() {
     const CAP: usize = 20;
     let s = TestServer::start_with(belfry_server::ServerConfig {
         http_connections_max: CAP,
+        // All of them come from one address: this test is about the total cap.
+        http_connections_per_client_max: Some(CAP),
         ..config()
     })
     .await;
@@ -208,5 +210,165 @@ async fn an_unparsable_request_gets_the_standard_error_json() {
     .await;
     assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
     assert_eq!(json["error"]["code"], "malformed_json", "{json}");
+    s.handle.stop().await.expect("clean stop");
+}
+
+/// A connection from `source` (any address in 127/8 is loopback on Linux), so one test can
+/// play several clients.
+async fn connect_from(source: [u8; 4], addr: std::net::SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(std::net::SocketAddr::from((source, 0)))
+        .expect("bind the client's source address");
+    socket.connect(addr).await.expect("connect")
+}
+
+/// Reads until the server closes, and splits the answer into its head and JSON body.
+async fn answer_until_closed(stream: &mut TcpStream) -> (String, serde_json::Value) {
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server answers and closes")
+        .expect("read");
+    let text = String::from_utf8(answer).expect("utf-8 answer");
+    let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
+    let json = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("body is not JSON ({e}): {head}\n\n{body:?}"));
+    (head.to_owned(), json)
+}
+
+/// Sends `GET /healthz` on `stream`, keeping it open, and returns the status line.
+async fn healthz_on(stream: &mut TcpStream) -> String {
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    // `/healthz` answers a small body with a content-length: read until the head and the
+    // body are in.
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("an answer")
+            .expect("read");
+        assert!(
+            n > 0,
+            "closed before answering: {:?}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .expect("a content-length");
+            if body.len() >= length {
+                return head.lines().next().unwrap_or_default().to_owned();
+            }
+        }
+    }
+}
+
+/// Long timeouts, so that nothing but the test closes the connections it holds.
+fn per_client_config(per_client: usize) -> belfry_server::ServerConfig {
+    belfry_server::ServerConfig {
+        http_connections_max: 100,
+        http_connections_per_client_max: Some(per_client),
+        http_header_read_timeout_ms: 60_000,
+        http_idle_timeout_ms: 60_000,
+        ..test_config()
+    }
+}
+
+const CLIENT_A: [u8; 4] = [127, 0, 0, 1];
+const CLIENT_B: [u8; 4] = [127, 0, 0, 2];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_over_its_cap_gets_503_while_another_client_is_served() {
+    const PER_CLIENT: usize = 4;
+    let s = TestServer::start_with(per_client_config(PER_CLIENT)).await;
+    let addr = s.handle.local_addr();
+    let stats = &s.handle.service().connections;
+    // Client A holds its cap with connections that send nothing. The listener accepts in
+    // order, so these are counted before the next one is.
+    let mut held = Vec::new();
+    for _ in 0..PER_CLIENT {
+        held.push(connect_from(CLIENT_A, addr).await);
+    }
+    // One more from A is answered at once, without sending anything, and closed.
+    for _ in 0..2 {
+        let mut extra = connect_from(CLIENT_A, addr).await;
+        let (head, json) = answer_until_closed(&mut extra).await;
+        assert!(head.starts_with("HTTP/1.1 503 "), "{head}");
+        assert!(head.contains("content-type: application/json"), "{head}");
+        assert!(head.contains("retry-after: 1"), "{head}");
+        assert!(head.contains("connection: close"), "{head}");
+        assert_eq!(json["error"]["code"], "too_many_connections", "{json}");
+        let message = json["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("http.connections_per_client_max"),
+            "{message}"
+        );
+    }
+    assert_eq!(stats.open_from(CLIENT_A.into()), PER_CLIENT);
+    assert_eq!(
+        stats
+            .refused_per_client
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
+    // Client B is served meanwhile, up to its own cap, on connections it keeps.
+    let mut others = Vec::new();
+    for _ in 0..PER_CLIENT {
+        let mut other = connect_from(CLIENT_B, addr).await;
+        assert_eq!(healthz_on(&mut other).await, "HTTP/1.1 200 OK");
+        others.push(other);
+    }
+    assert_eq!(stats.open_from(CLIENT_B.into()), PER_CLIENT);
+    // A's held connections were not disturbed: each still gets an answer.
+    for stream in &mut held {
+        assert_eq!(healthz_on(stream).await, "HTTP/1.1 200 OK");
+    }
+    s.handle.stop().await.expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_count_goes_down_as_its_connections_close() {
+    const PER_CLIENT: usize = 2;
+    let s = TestServer::start_with(per_client_config(PER_CLIENT)).await;
+    let addr = s.handle.local_addr();
+    let stats = &s.handle.service().connections;
+    let mut held = Vec::new();
+    for _ in 0..PER_CLIENT {
+        let mut stream = connect_from(CLIENT_A, addr).await;
+        assert_eq!(healthz_on(&mut stream).await, "HTTP/1.1 200 OK");
+        held.push(stream);
+    }
+    let (head, _) = answer_until_closed(&mut connect_from(CLIENT_A, addr).await).await;
+    assert!(head.starts_with("HTTP/1.1 503 "), "at the cap: {head}");
+    // The client closes one: the server sees the end of the stream and gives the place back.
+    drop(held.pop());
+    common::eventually(
+        "the closed connection leaves the client's count",
+        || async { (stats.open_from(CLIENT_A.into()) == PER_CLIENT - 1).then_some(()) },
+    )
+    .await;
+    let mut again = connect_from(CLIENT_A, addr).await;
+    assert_eq!(healthz_on(&mut again).await, "HTTP/1.1 200 OK");
+    held.push(again);
+    let (head, _) = answer_until_closed(&mut connect_from(CLIENT_A, addr).await).await;
+    assert!(
+        head.starts_with("HTTP/1.1 503 "),
+        "at the cap again: {head}"
+    );
+    // All closed: the address is forgotten.
+    held.clear();
+    common::eventually("every connection leaves the count", || async {
+        (stats.open_from(CLIENT_A.into()) == 0 && stats.client_addresses() == 0).then_some(())
+    })
+    .await;
     s.handle.stop().await.expect("clean stop");
 }

@@ -177,6 +177,8 @@ pub struct HttpSection {
     pub body_read_timeout: Option<HumanDuration>,
     pub idle_timeout: Option<HumanDuration>,
     pub connections_max: Option<usize>,
+    pub connections_per_client_max: Option<usize>,
+    pub listen_backlog: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -279,6 +281,11 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_HTTP_BODY_READ_TIMEOUT", "http.body_read_timeout"),
     ("BELFRY_HTTP_IDLE_TIMEOUT", "http.idle_timeout"),
     ("BELFRY_HTTP_CONNECTIONS_MAX", "http.connections_max"),
+    (
+        "BELFRY_HTTP_CONNECTIONS_PER_CLIENT_MAX",
+        "http.connections_per_client_max",
+    ),
+    ("BELFRY_HTTP_LISTEN_BACKLOG", "http.listen_backlog"),
     ("BELFRY_DISPATCH_IN_FLIGHT_MAX", "dispatch.in_flight_max"),
     ("BELFRY_DISPATCH_PER_TARGET_MAX", "dispatch.per_target_max"),
     ("BELFRY_FSYNC", "storage.fsync"),
@@ -344,6 +351,14 @@ impl FileConfig {
                 }
                 "http.connections_max" => {
                     self.http.connections_max =
+                        Some(value.parse().map_err(|_| bad("expected a whole number"))?)
+                }
+                "http.connections_per_client_max" => {
+                    self.http.connections_per_client_max =
+                        Some(value.parse().map_err(|_| bad("expected a whole number"))?)
+                }
+                "http.listen_backlog" => {
+                    self.http.listen_backlog =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
                 }
                 "dispatch.in_flight_max" => {
@@ -425,6 +440,12 @@ impl FileConfig {
         }
         if let Some(n) = self.http.connections_max {
             server.http_connections_max = n;
+        }
+        if let Some(n) = self.http.connections_per_client_max {
+            server.http_connections_per_client_max = Some(n);
+        }
+        if let Some(n) = self.http.listen_backlog {
+            server.http_listen_backlog = n;
         }
         if let Some(n) = self.dispatch.in_flight_max {
             server.dispatch_in_flight_max = n;
@@ -605,5 +626,60 @@ brokers = ["127.0.0.1:9092"]
             .resolve(None, None, None)
             .unwrap_err();
         assert!(err.to_string().contains("storage.fsync"), "{err}");
+    }
+
+    #[test]
+    fn connection_guards_default_parse_take_env_and_validate() {
+        let defaults = parse("").unwrap().resolve(None, None, None).unwrap().server;
+        assert_eq!(defaults.http_listen_backlog, 1_024);
+        assert_eq!(defaults.http_connections_per_client_max, None);
+        assert_eq!(
+            defaults.http_connections_per_client_cap(),
+            2_500,
+            "by default a quarter of http.connections_max"
+        );
+        let lowered = parse("[http]\nconnections_max = 100\n")
+            .unwrap()
+            .resolve(None, None, None)
+            .unwrap()
+            .server;
+        assert_eq!(lowered.http_connections_per_client_cap(), 25);
+
+        let text = "[http]\nlisten_backlog = 4096\nconnections_per_client_max = 300\n";
+        let from_file = parse(text).unwrap().resolve(None, None, None).unwrap();
+        assert_eq!(from_file.server.http_listen_backlog, 4_096);
+        assert_eq!(from_file.server.http_connections_per_client_cap(), 300);
+
+        let mut file = parse(text).unwrap();
+        file.apply_env(|var| match var {
+            "BELFRY_HTTP_LISTEN_BACKLOG" => Some("512".into()),
+            "BELFRY_HTTP_CONNECTIONS_PER_CLIENT_MAX" => Some("10000".into()),
+            _ => None,
+        })
+        .unwrap();
+        let from_env = file.resolve(None, None, None).unwrap().server;
+        assert_eq!(from_env.http_listen_backlog, 512);
+        assert_eq!(from_env.http_connections_per_client_cap(), 10_000);
+
+        for (bad, key) in [
+            ("[http]\nlisten_backlog = 0\n", "http.listen_backlog"),
+            ("[http]\nlisten_backlog = 70000\n", "http.listen_backlog"),
+            (
+                "[http]\nconnections_per_client_max = 0\n",
+                "http.connections_per_client_max",
+            ),
+            (
+                "[http]\nconnections_max = 10\nconnections_per_client_max = 11\n",
+                "http.connections_per_client_max",
+            ),
+        ] {
+            let err = parse(bad).unwrap().resolve(None, None, None).unwrap_err();
+            assert!(err.to_string().contains(key), "{bad}: {err}");
+        }
+        let mut file = parse("").unwrap();
+        let err = file
+            .apply_env(|var| (var == "BELFRY_HTTP_LISTEN_BACKLOG").then(|| "lots".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("http.listen_backlog"), "{err}");
     }
 }

@@ -3,14 +3,14 @@
 //! as the run wants them — the server's idle, header and body timeouts keep closing them, as
 //! they should, and an attacker keeps opening new ones.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{watch, Semaphore};
 use tokio::task::JoinHandle;
 
@@ -23,6 +23,9 @@ const CONNECT_RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// How long one connect may take before it counts as failed and is retried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How the server's answer to a connection over its per-client cap starts.
+const REFUSAL: &[u8] = b"HTTP/1.1 503 ";
 
 /// The kinds of partial connection, in the order holders take them (holder `i` is kind
 /// `i % 4`).
@@ -58,6 +61,10 @@ pub struct HolderCounters {
     pub closed_by_server: AtomicU64,
     /// Connects or first writes that failed or timed out.
     pub connect_errors: AtomicU64,
+    /// Connections the server answered `503` (over its per-client cap) before closing.
+    pub refused: AtomicU64,
+    /// Holders that have connected at least once.
+    pub reached: AtomicU64,
 }
 
 /// A snapshot of [`HolderCounters`].
@@ -67,6 +74,8 @@ pub struct HolderTotals {
     pub opened: u64,
     pub closed_by_server: u64,
     pub connect_errors: u64,
+    pub refused: u64,
+    pub reached: u64,
 }
 
 impl HolderCounters {
@@ -76,6 +85,8 @@ impl HolderCounters {
             opened: self.opened.load(Ordering::Relaxed),
             closed_by_server: self.closed_by_server.load(Ordering::Relaxed),
             connect_errors: self.connect_errors.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            reached: self.reached.load(Ordering::Relaxed),
         }
     }
 }
@@ -92,9 +103,15 @@ pub struct Holders {
 }
 
 impl Holders {
-    /// Starts `count` holders against `addr` on a thread of their own; they open their
-    /// connections [`OPENING_CONCURRENCY`] at a time and keep them open.
-    pub fn start(addr: SocketAddr, host: &str, count: usize) -> std::io::Result<Holders> {
+    /// Starts `count` holders against `addr`, connecting from `source` (an address of this
+    /// machine: the attacker is another client than the probes), on a thread of their own;
+    /// they open their connections [`OPENING_CONCURRENCY`] at a time and keep them open.
+    pub fn start(
+        addr: SocketAddr,
+        source: IpAddr,
+        host: &str,
+        count: usize,
+    ) -> std::io::Result<Holders> {
         let counters = Arc::new(HolderCounters::default());
         let (stop, stopped) = watch::channel(false);
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -112,7 +129,7 @@ impl Holders {
                     let tasks: Vec<JoinHandle<()>> = (0..count)
                         .map(|i| {
                             tokio::spawn(hold(
-                                addr,
+                                (addr, source),
                                 requests[i % KINDS.len()].clone(),
                                 opening.clone(),
                                 shared.clone(),
@@ -143,20 +160,21 @@ impl Holders {
 
 /// One holder: connect, send the partial request, wait until the server closes, again.
 async fn hold(
-    addr: SocketAddr,
+    (addr, source): (SocketAddr, IpAddr),
     request: Arc<[u8]>,
     opening: Arc<Semaphore>,
     counters: Arc<HolderCounters>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let mut buffer = [0u8; 512];
+    let mut reached = false;
     while !*stopped.borrow() {
         let stream = {
             let Ok(_permit) = opening.acquire().await else {
                 return;
             };
             tokio::select! {
-                opened = open(addr, &request) => opened,
+                opened = open(addr, source, &request) => opened,
                 _ = stopped.changed() => return,
             }
         };
@@ -168,13 +186,24 @@ async fn hold(
             }
         };
         counters.opened.fetch_add(1, Ordering::Relaxed);
+        if !reached {
+            reached = true;
+            counters.reached.fetch_add(1, Ordering::Relaxed);
+        }
         counters.open.fetch_add(1, Ordering::Relaxed);
-        // Held until the server closes it (a timeout answer, if any, is read and ignored).
+        // Held until the server closes it (a timeout answer, if any, is read and ignored; a
+        // refusal is counted).
+        let mut first = true;
         let closed_by_server = loop {
             tokio::select! {
                 read = stream.read(&mut buffer) => match read {
                     Ok(0) | Err(_) => break true,
-                    Ok(_) => continue,
+                    Ok(n) => {
+                        if first && buffer[..n].starts_with(REFUSAL) {
+                            counters.refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        first = false;
+                    }
                 },
                 _ = stopped.changed() => break false,
             }
@@ -186,10 +215,15 @@ async fn hold(
     }
 }
 
-/// Connects and sends the partial request; None when either fails or times out.
-async fn open(addr: SocketAddr, request: &[u8]) -> Option<TcpStream> {
+/// Connects from `source` and sends the partial request; None when either fails or times out.
+async fn open(addr: SocketAddr, source: IpAddr, request: &[u8]) -> Option<TcpStream> {
     let attempt = async {
-        let mut stream = TcpStream::connect(addr).await.ok()?;
+        let socket = match source {
+            IpAddr::V4(_) => TcpSocket::new_v4().ok()?,
+            IpAddr::V6(_) => TcpSocket::new_v6().ok()?,
+        };
+        socket.bind(SocketAddr::new(source, 0)).ok()?;
+        let mut stream = socket.connect(addr).await.ok()?;
         if !request.is_empty() {
             stream.write_all(request).await.ok()?;
         }
@@ -220,23 +254,38 @@ mod tests {
 
     #[tokio::test]
     async fn holders_reopen_what_the_server_closes() {
-        // A listener that accepts and closes at once: every holder is closed and re-opens.
+        // A listener that refuses at once: every holder is closed and re-opens, and counts the
+        // refusal.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
-            while let Ok((socket, _)) = listener.accept().await {
+            while let Ok((socket, peer)) = listener.accept().await {
+                assert_eq!(
+                    peer.ip(),
+                    IpAddr::from([127, 0, 0, 2]),
+                    "the holders' source"
+                );
+                let _ = socket.try_write(b"HTTP/1.1 503 Service Unavailable\r\n\r\n");
                 drop(socket);
             }
         });
-        let holders = Holders::start(addr, "h", 4).unwrap();
+        let source = IpAddr::from([127, 0, 0, 2]);
+        let holders = Holders::start(addr, source, "h", 4).unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while holders.counters.totals().closed_by_server < 20 {
+        while holders.counters.totals().closed_by_server < 20
+            || holders.counters.totals().refused < 5
+        {
             assert!(tokio::time::Instant::now() < deadline, "no re-opens");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let totals = holders.stop().await;
         assert!(totals.opened >= totals.closed_by_server);
         assert_eq!(totals.open, 0);
+        assert_eq!(totals.reached, 4);
+        assert!(
+            !server.is_finished(),
+            "the listener saw another source address"
+        );
         server.abort();
     }
 }

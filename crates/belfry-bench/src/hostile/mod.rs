@@ -69,6 +69,11 @@ pub struct HostileArgs {
     /// Seconds to wait once the hostile connections are open, before measuring.
     #[arg(long, default_value_t = 1)]
     pub settle_s: u64,
+    /// Source address of the hostile connections: another client than the probes, which
+    /// connect from 127.0.0.1 (the server caps connections per client address). Any
+    /// address in 127/8 is loopback on Linux.
+    #[arg(long, default_value = "127.0.0.2")]
+    pub hostile_source: std::net::IpAddr,
     /// Queue the probe submits to (default: `bench-hostile-<ms>`).
     #[arg(long)]
     pub queue: Option<String>,
@@ -167,6 +172,8 @@ pub struct HostileOutcome {
     pub held_phase_holders: HolderTotals,
     /// `--server-env` as given (to say which connection cap the server had).
     pub server_env: Vec<String>,
+    /// Where the hostile connections came from.
+    pub hostile_source: std::net::IpAddr,
 }
 
 pub async fn run(args: HostileArgs) -> anyhow::Result<crate::report::Report> {
@@ -220,8 +227,23 @@ async fn run_on(
     let baseline = measure(&plan, kept, pid, None, None).await;
     bar.inc(1);
 
-    let holders = Holders::start(server.target.addr, &server.target.host, args.hostile)
-        .map_err(|e| BenchError::io("start the hostile clients' thread", "-", e))?;
+    if args.hostile_source.is_ipv4() != server.target.addr.is_ipv4() {
+        return Err(BenchError::invalid(
+            "--hostile-source",
+            format!(
+                "must be of the server's address family ({})",
+                server.target.addr
+            ),
+        )
+        .into());
+    }
+    let holders = Holders::start(
+        server.target.addr,
+        args.hostile_source,
+        &server.target.host,
+        args.hostile,
+    )
+    .map_err(|e| BenchError::io("start the hostile clients' thread", "-", e))?;
     let opening_s = wait_until_open(&holders, args.hostile as u64).await;
     tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
     bar.inc(1);
@@ -257,17 +279,22 @@ async fn run_on(
             opened: after.opened - before.opened,
             closed_by_server: after.closed_by_server - before.closed_by_server,
             connect_errors: after.connect_errors - before.connect_errors,
+            refused: after.refused - before.refused,
+            reached: after.reached,
         },
         server_env: args.server.server_env.clone(),
+        hostile_source: args.hostile_source,
     })
 }
 
-/// Seconds until `count` hostile connections are open at once, or None if that does not
-/// happen within [`OPENING_DEADLINE`].
+/// Seconds until the `count` hostile connections are open at once — or, when the server
+/// refuses some (its per-client cap), until every holder has connected at least once — or
+/// None if that does not happen within [`OPENING_DEADLINE`].
 async fn wait_until_open(holders: &Holders, count: u64) -> Option<f64> {
     let started = Instant::now();
     while started.elapsed() < OPENING_DEADLINE {
-        if holders.counters.totals().open >= count {
+        let now = holders.counters.totals();
+        if now.open >= count || (now.reached >= count && now.refused > 0) {
             return Some(started.elapsed().as_secs_f64());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -33,6 +33,15 @@ fn server_cap(o: &HostileOutcome) -> String {
         })
 }
 
+/// The per-client connection cap the server ran with, as far as the bench can tell.
+fn per_client_cap(o: &HostileOutcome) -> String {
+    o.server_env
+        .iter()
+        .find_map(|kv| kv.strip_prefix("BELFRY_HTTP_CONNECTIONS_PER_CLIENT_MAX="))
+        .map(|v| format!("{v} (set for this run)"))
+        .unwrap_or_else(|| "a quarter of the connection cap (the default)".to_string())
+}
+
 fn open_text(c: &OpenCount) -> String {
     if c.samples == 0 {
         return "-".into();
@@ -121,6 +130,7 @@ fn held_table(o: &HostileOutcome) -> Table {
             "closed by the server",
             "re-opened",
             "failed connects",
+            "refused (503, per-client cap)",
             "CPU cores, none held",
             "held",
             "listen-queue overflows / SYN retransmits, none held",
@@ -136,6 +146,7 @@ fn held_table(o: &HostileOutcome) -> Table {
         thousands(p.closed_by_server as f64),
         thousands(p.opened as f64),
         thousands(p.connect_errors as f64),
+        thousands(p.refused as f64),
         cores(&o.baseline),
         cores(&o.held),
         tcp_text(&o.baseline),
@@ -153,6 +164,11 @@ fn notes(o: &HostileOutcome) -> Vec<String> {
         thousands((o.hostile / KINDS.len()) as f64),
         KINDS.join("; "),
         match o.opening_s {
+            Some(s) if o.holders.refused > 0 => format!(
+                "All {} had connected {s:.1} s after the first connect; the server answered \
+                 those over its per-client cap 503 and closed them, and they re-opened at once.",
+                thousands(o.hostile as f64)
+            ),
             Some(s) => format!(
                 "All {} were open {s:.1} s after the first connect.",
                 thousands(o.hostile as f64)
@@ -165,11 +181,17 @@ fn notes(o: &HostileOutcome) -> Vec<String> {
         }
     ));
     notes.push(format!(
-        "the server ran with its default timeouts (idle 5 s, headers 10 s, body 30 s) and \
-         connection cap {}: the client's count includes connections the kernel completed \
-         but the server had not accepted (its listen backlog); the server's extra sockets are \
-         the ones it accepted.",
-        server_cap(o)
+        "the server ran with its default timeouts (idle 5 s, headers 10 s, body 30 s), \
+         connection cap {} and per-client cap {}: the client's count includes connections the \
+         kernel completed but the server had not accepted (its listen backlog); the server's \
+         extra sockets are the ones it accepted.",
+        server_cap(o),
+        per_client_cap(o)
+    ));
+    notes.push(format!(
+        "the hostile connections came from {}, the probes from 127.0.0.1: the server tells \
+         clients apart by source address.",
+        o.hostile_source
     ));
     notes.push(
         "listen-queue overflows and SYN retransmits are the kernel's counters over each phase \

@@ -49,6 +49,10 @@ pub enum ErrorCode {
     ShuttingDown,
     /// Too many requests at once: retry after the `Retry-After` seconds.
     Overloaded,
+    /// The client's address holds its most connections at once
+    /// (`http.connections_per_client_max`): answered by the listener, before reading the
+    /// request, then the connection is closed.
+    TooManyConnections,
     StoreUnavailable,
     /// The data directory's filesystem is below the engine's free-space reserve: changes that
     /// grow the data are refused; reads and deliveries go on.
@@ -92,6 +96,7 @@ impl ErrorCode {
             ErrorCode::NotPullQueue => "not_pull_queue",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Overloaded => "overloaded",
+            ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::InternalError => "internal_error",
@@ -134,9 +139,10 @@ impl ErrorCode {
             | ErrorCode::TaskNotDead
             | ErrorCode::NotPullQueue
             | ErrorCode::ScheduleExists => StatusCode::CONFLICT,
-            ErrorCode::ShuttingDown | ErrorCode::Overloaded | ErrorCode::StoreUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            ErrorCode::ShuttingDown
+            | ErrorCode::Overloaded
+            | ErrorCode::TooManyConnections
+            | ErrorCode::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             // 507, not 503 with `Retry-After`: the condition ends when space is freed (by an
             // operator, or by the queues draining), which no fixed delay predicts.
             ErrorCode::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
@@ -195,7 +201,10 @@ impl IntoResponse for ApiError {
         }
         let status = self.code.status();
         let mut response = (status, axum::Json(Envelope { error: self.body() })).into_response();
-        if self.code == ErrorCode::Overloaded {
+        if matches!(
+            self.code,
+            ErrorCode::Overloaded | ErrorCode::TooManyConnections
+        ) {
             // One second: long enough for a burst to drain, short enough to stay responsive.
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
@@ -287,6 +296,7 @@ mod tests {
             ErrorCode::NotPullQueue,
             ErrorCode::ShuttingDown,
             ErrorCode::Overloaded,
+            ErrorCode::TooManyConnections,
             ErrorCode::StoreUnavailable,
             ErrorCode::InsufficientStorage,
             ErrorCode::InternalError,

@@ -7,6 +7,11 @@
 //! - at most `http.connections_max` connections are served at once; at the cap the listener
 //!   stops accepting (the kernel's backlog holds newcomers) until one closes, and an accept
 //!   error such as running out of descriptors pauses accepting briefly instead of spinning;
+//! - at most `http.connections_per_client_max` of them from one client address; a connection
+//!   over it is answered `503 too_many_connections` at once and closed (`clients.rs`);
+//! - the kernel holds up to `http.listen_backlog` handshaken connections not yet accepted
+//!   (bound in `lib.rs`), so a burst of newcomers waits there instead of having its
+//!   handshakes dropped and retried a second later;
 //! - a request's headers must be complete within `http.header_read_timeout` of the moment
 //!   the connection starts waiting for them (it connected, or the previous response went
 //!   out): hyper's header timer, which trickled bytes do not reset;
@@ -22,6 +27,7 @@
 //! Shutdown: when `shutdown` is cancelled the listener stops accepting and every connection
 //! finishes the request it is serving (hyper's graceful shutdown), then closes.
 
+mod clients;
 mod parse_error;
 
 use std::convert::Infallible;
@@ -53,6 +59,7 @@ const IDLE_CHECKS_PER_TIMEOUT: u32 = 4;
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub connections_max: usize,
+    pub connections_per_client_max: usize,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
 }
@@ -63,6 +70,22 @@ pub struct ConnectionStats {
     pub open: AtomicUsize,
     pub accepted: AtomicU64,
     pub closed_idle: AtomicU64,
+    /// Connections refused because their client address held its cap.
+    pub refused_per_client: AtomicU64,
+    /// Connections open from each client address.
+    clients: std::sync::OnceLock<Arc<clients::Clients>>,
+}
+
+impl ConnectionStats {
+    /// Connections open now from `ip` (0 before the listener starts).
+    pub fn open_from(&self, ip: std::net::IpAddr) -> usize {
+        self.clients.get().map_or(0, |c| c.open(ip))
+    }
+
+    /// Client addresses with a connection open now.
+    pub fn client_addresses(&self) -> usize {
+        self.clients.get().map_or(0, |c| c.addresses())
+    }
 }
 
 /// Accepts and serves until `shutdown`, then waits for the connections to finish.
@@ -74,6 +97,11 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(limits.connections_max));
+    let clients = stats
+        .clients
+        .get_or_init(|| clients::Clients::new(limits.connections_per_client_max))
+        .clone();
+    let refusal = clients::refusal(limits.connections_per_client_max);
     let connections = TaskTracker::new();
     let started = Instant::now();
     loop {
@@ -87,7 +115,7 @@ pub async fn serve(
             accepted = listener.accept() => accepted,
             _ = shutdown.cancelled() => break,
         };
-        let (tcp, _peer) = match accepted {
+        let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 tracing::warn!(%error, "accept a connection; pausing before the next accept");
@@ -101,6 +129,12 @@ pub async fn serve(
             tracing::debug!(%error, "set TCP_NODELAY");
         }
         stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let Some(place) = clients.admit(peer.ip()) else {
+            stats.refused_per_client.fetch_add(1, Ordering::Relaxed);
+            refuse(tcp, &refusal);
+            drop(slot);
+            continue;
+        };
         let connection = Connection {
             router: router.clone(),
             limits,
@@ -110,11 +144,23 @@ pub async fn serve(
         };
         connections.spawn(async move {
             connection.serve(tcp).await;
+            drop(place);
             drop(slot);
         });
     }
     connections.close();
     connections.wait().await;
+}
+
+/// Answers a connection over its client's cap and closes it, in the accept loop: no task, no
+/// read. The answer fits the empty send buffer of a new socket, so the write does not wait;
+/// if it cannot be written at once the connection is closed without it.
+fn refuse(tcp: TcpStream, answer: &[u8]) {
+    match tcp.try_write(answer) {
+        Ok(n) if n == answer.len() => {}
+        Ok(_) => tracing::debug!("refuse a connection: the answer was cut short"),
+        Err(error) => tracing::debug!(%error, "refuse a connection: write the answer"),
+    }
 }
 
 struct Connection {
