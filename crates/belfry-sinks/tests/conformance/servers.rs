@@ -440,9 +440,28 @@ impl Receiver {
                 }
             }
         };
-        self.task = Some(tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        }));
+        self.task = Some(tokio::spawn(serve_until_aborted(listener, app)));
+    }
+}
+
+/// Serves `app` on `listener`, each connection in a set this future owns: aborting it closes
+/// the listener and every connection at once. (`axum::serve` spawns connections on their own,
+/// so a kept-alive connection outlived `stop` and a stopped receiver still answered.)
+async fn serve_until_aborted(listener: tokio::net::TcpListener, app: axum::Router) {
+    let mut connections = tokio::task::JoinSet::new();
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of descriptors, say: try again shortly rather than spin.
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        connections.spawn(async move {
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+        while connections.try_join_next().is_some() {}
     }
 }
 
