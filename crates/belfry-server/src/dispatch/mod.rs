@@ -45,10 +45,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::claim::claim_many;
+use crate::claim::claim_once;
 use crate::metrics;
 use crate::queues::QueueRuntime;
-use crate::shared::Shared;
+use crate::shared::{Caller, Shared};
 use slots::{Slots, TurnEnd};
 pub(crate) use writer::OutcomeWriter;
 
@@ -56,11 +56,6 @@ pub(crate) use writer::OutcomeWriter;
 /// quickly while one queue has a huge backlog; large enough that a busy queue's claims are
 /// worth their store call.
 pub const CLAIM_QUANTUM: usize = 128;
-
-/// Ready queues one turn claims for at most, in one store call: when many small queues fall
-/// due together, one blocking-pool hand-off and one admission slot serve them all instead of
-/// one each.
-pub const TURN_QUEUES_MAX: usize = 32;
 
 /// Claims running at once (each is one store call). More overlap hand-offs to the blocking
 /// pool; the store serialises claims anyway, so more would only queue there.
@@ -285,28 +280,30 @@ impl Dispatcher {
             }
             let next = self.slots.lock().next(now);
             match next {
-                Ok(first) => {
+                Ok((queue, push)) => {
                     let permit = tokio::select! {
                         permit = self.claims.clone().acquire_owned() => permit,
                         _ = stopping.cancelled() => break,
                     };
                     let Ok(permit) = permit else { break };
-                    // Whatever else is ready now joins this turn.
-                    let mut ready = vec![first];
-                    {
-                        let mut slots = self.slots.lock();
-                        while ready.len() < TURN_QUEUES_MAX {
-                            match slots.next(Instant::now()) {
-                                Ok(next) => ready.push(next),
-                                Err(_) => break,
-                            }
-                        }
-                    }
                     let me = self.clone();
                     self.tasks.spawn(async move {
-                        let ends = me.turn(ready).await;
+                        let mut end = me.turn(&queue, &push).await;
                         drop(permit);
-                        me.finish_turns(ends);
+                        let mut slots = me.slots.lock();
+                        // Budget released since the failed take found no queue waiting (this
+                        // one was not yet): look again rather than wait for the next release.
+                        // Checked under the lock that `released` takes, so none is missed.
+                        if end == TurnEnd::WaitBudget
+                            && me.budget.available_permits() > 0
+                            && push.target.available_permits() > 0
+                        {
+                            end = TurnEnd::Again;
+                        }
+                        if slots.finish(&queue, end, Instant::now()) {
+                            drop(slots);
+                            me.notify.notify_one();
+                        }
                     });
                 }
                 Err(wake_at) => {
@@ -322,86 +319,50 @@ impl Dispatcher {
         tracing::debug!("dispatcher stopped claiming");
     }
 
-    /// One turn of some ready queues: claim what each one's policy and the budgets allow (in
-    /// one store call), start the deliveries, and say when each queue should be looked at
-    /// again.
-    async fn turn(
-        self: &Arc<Self>,
-        ready: Vec<(QueueName, Arc<Push>)>,
-    ) -> Vec<(QueueName, Arc<Push>, TurnEnd)> {
-        let mut ends = Vec::with_capacity(ready.len());
-        let mut claiming = Vec::with_capacity(ready.len());
-        let mut want = Vec::with_capacity(ready.len());
-        for (queue, push) in ready {
-            let Some(runtime) = self.shared.queues.get(&queue) else {
-                ends.push((queue, push, TurnEnd::Gone));
-                continue;
-            };
-            let Some((tasks, calls)) = self.take_budget(&push) else {
-                ends.push((queue, push, TurnEnd::WaitBudget));
-                continue;
-            };
-            want.push((runtime.clone(), tasks.num_permits(), push.visibility_ms));
-            claiming.push((queue, push, runtime, tasks, calls));
-        }
-        if claiming.is_empty() {
-            return ends;
-        }
+    /// One turn of one queue: claim what its policy and the budgets allow, start the
+    /// deliveries, and say when the queue should be looked at again.
+    async fn turn(self: &Arc<Self>, queue: &QueueName, push: &Arc<Push>) -> TurnEnd {
+        let Some(runtime) = self.shared.queues.get(queue) else {
+            return TurnEnd::Gone;
+        };
+        let Some((tasks, calls)) = self.take_budget(push) else {
+            return TurnEnd::WaitBudget;
+        };
+        let want = tasks.num_permits();
         let looked_at_ms = self.shared.now_ms();
-        let claims = claim_many(&self.shared, &want).await;
+        let claimed = claim_once(
+            &self.shared,
+            &runtime,
+            want,
+            push.visibility_ms,
+            Caller::Internal,
+        )
+        .await;
         self.turns
-            .fetch_add(claiming.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.looked_at_ms
             .fetch_max(looked_at_ms, std::sync::atomic::Ordering::Relaxed);
-        let now_ms = self.shared.now_ms();
-        for ((queue, push, runtime, tasks, calls), claimed) in claiming.into_iter().zip(claims) {
-            let end = match claimed {
-                Ok(claimed) => {
-                    let end = next_look(&claimed, now_ms);
-                    if claimed.leased.is_empty() {
-                        drop((tasks, calls));
-                    } else {
-                        self.start_deliveries(&runtime, &push, claimed.leased, tasks, calls);
-                    }
-                    end
-                }
-                Err(error) => {
-                    self.claim_errors
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    metrics::dispatch_claim_error();
-                    tracing::warn!(%queue, %error, "claim due tasks for push delivery");
-                    drop((tasks, calls));
-                    TurnEnd::After(Duration::from_millis(ERROR_PAUSE_MS))
-                }
-            };
-            ends.push((queue, push, end));
-        }
-        // Budget the claims did not use went back: queues waiting for it may go.
-        self.released();
-        ends
-    }
-
-    /// Puts each queue of a finished turn where its end says, and wakes the loop if one is
-    /// ready again or has the earliest timer.
-    fn finish_turns(&self, ends: Vec<(QueueName, Arc<Push>, TurnEnd)>) {
-        let mut wake = false;
-        let mut slots = self.slots.lock();
-        for (queue, push, mut end) in ends {
-            // Budget released since the failed take found no queue waiting (this one was
-            // not yet): look again rather than wait for the next release. Checked under the
-            // lock that `released` takes, so none is missed.
-            if end == TurnEnd::WaitBudget
-                && self.budget.available_permits() > 0
-                && push.target.available_permits() > 0
-            {
-                end = TurnEnd::Again;
+        let claimed = match claimed {
+            Ok(claimed) => claimed,
+            Err(error) => {
+                self.claim_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::dispatch_claim_error();
+                tracing::warn!(%queue, %error, "claim due tasks for push delivery");
+                drop((tasks, calls));
+                self.released();
+                return TurnEnd::After(Duration::from_millis(ERROR_PAUSE_MS));
             }
-            wake |= slots.finish(&queue, end, Instant::now());
+        };
+        let end = next_look(&claimed, self.shared.now_ms());
+        if claimed.leased.is_empty() {
+            drop((tasks, calls));
+        } else {
+            self.start_deliveries(&runtime, push, claimed.leased, tasks, calls);
         }
-        drop(slots);
-        if wake {
-            self.notify.notify_one();
-        }
+        // Budget the claim did not use went back: queues waiting for it may go.
+        self.released();
+        end
     }
 
     /// Takes up to a quantum of global budget and the target calls to deliver it, or `None`
