@@ -25,8 +25,9 @@ async fn step_to(s: &TestServer, at: u64) {
     .await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn wall_clock_steps_never_deliver_early_nor_lose_a_task() {
+/// A server on a manual clock whose push sink records what it is handed, with one push queue
+/// `push`.
+async fn start_with_push_queue() -> (TestServer, Arc<RecordingSink>) {
     let sink = Arc::new(RecordingSink::default());
     let s = TestServer::start_with_sinks(
         test_config(),
@@ -40,6 +41,12 @@ async fn wall_clock_steps_never_deliver_early_nor_lose_a_task() {
         json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/unused"}}),
     )
     .await;
+    (s, sink)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wall_clock_steps_never_deliver_early_nor_lose_a_task() {
+    let (s, sink) = start_with_push_queue().await;
     s.queue("pull", json!({})).await;
     // Due in ten seconds and in two hours, on both kinds of queue.
     for queue in ["push", "pull"] {
@@ -99,19 +106,7 @@ async fn a_forward_step_is_noticed_without_a_wake_up() {
     use belfry_server::dispatch::EMPTY_RECHECK_MS;
     use std::time::{Duration, Instant};
 
-    let sink = Arc::new(RecordingSink::default());
-    let s = TestServer::start_with_sinks(
-        test_config(),
-        Arc::new(MemoryStore::new()),
-        Some(Arc::new(RecordingSinks(sink.clone()))),
-        None,
-    )
-    .await;
-    s.queue(
-        "push",
-        json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/unused"}}),
-    )
-    .await;
+    let (s, sink) = start_with_push_queue().await;
     let turns = s.handle.service().dispatch_stats().turns;
     s.submit("push", json!({"payload": 1, "run_at_ms": T0 + HOUR}))
         .await;

@@ -159,16 +159,7 @@ async fn readiness_says_shutting_down_while_the_server_still_serves_its_drain_de
 async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> (String, serde_json::Value) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
     stream.write_all(request).await.expect("send");
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer))
-        .await
-        .expect("the server answers and closes")
-        .expect("read");
-    let text = String::from_utf8(answer).expect("utf-8 answer");
-    let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
-    let json = serde_json::from_str(body)
-        .unwrap_or_else(|e| panic!("body is not JSON ({e}): {head}\n\n{body:?}"));
-    (head.to_owned(), json)
+    answer_until_closed(&mut stream).await
 }
 
 /// Requests hyper cannot parse never reach the router; they still get the standard error
