@@ -226,9 +226,9 @@ impl Backend {
         }
     }
 
-    fn stop(&mut self) {
+    async fn stop(&mut self) {
         match self {
-            Backend::Webhook(s) => s.stop(),
+            Backend::Webhook(s) => s.stop().await,
             Backend::Redis(s) => s.stop(),
             Backend::Nats(s) => s.stop(),
             Backend::Kafka(s) => s.stop(),
@@ -555,7 +555,7 @@ async fn down_then_back(kind: Kind) {
         sink.deliver(&task(1, b"{}"), 1, 0).await,
         Outcome::Delivered
     );
-    backend.stop();
+    backend.stop().await;
     let outcome = sink.deliver(&task(2, b"{}"), 1, 0).await;
     expect_retry(&outcome, &format!("{kind:?} while down"));
     // Webhooks keep no health (every request is independent); stream sinks track it.
@@ -735,7 +735,7 @@ async fn open_reports_reachability(kind: Kind) {
         // Opening a webhook checks nothing: a probe request could have side effects.
         return;
     }
-    backend.stop();
+    backend.stop().await;
     let later = backend.sink(Variant::ShortTimeout);
     let error = later.open().await.expect_err("unreachable");
     assert!(error.contains("main"), "{kind:?}: {error}");

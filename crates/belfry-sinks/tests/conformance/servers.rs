@@ -396,9 +396,14 @@ impl Receiver {
         format!("http://127.0.0.1:{}/hook", self.port)
     }
 
-    pub fn stop(&mut self) {
+    /// Stops listening and closes every connection, kept-alive ones included, before it returns:
+    /// a request sent after `stop` can only fail.
+    pub async fn stop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
+            // The connections live inside this task's future, so once it has ended (cancelled)
+            // every socket is closed.
+            let _ = task.await;
         }
     }
 
@@ -444,30 +449,39 @@ impl Receiver {
     }
 }
 
-/// Serves `app` on `listener`, each connection in a set this future owns: aborting it closes
-/// the listener and every connection at once. (`axum::serve` spawns connections on their own,
-/// so a kept-alive connection outlived `stop` and a stopped receiver still answered.)
+/// Serves `app` on `listener`, each connection polled inside this one future: cancelling it
+/// closes the listener and every connection together, and awaiting the cancelled task proves
+/// they are gone. (`axum::serve` spawns each connection as a task of its own, so a kept-alive
+/// connection outlived `stop`; a set of spawned tasks is aborted only asynchronously, so one
+/// could still answer a request sent just after `stop`.)
 async fn serve_until_aborted(listener: tokio::net::TcpListener, app: axum::Router) {
-    let mut connections = tokio::task::JoinSet::new();
+    use futures_util::stream::{FuturesUnordered, StreamExt};
+    let mut connections = FuturesUnordered::new();
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            // Out of descriptors, say: try again shortly rather than spin.
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            continue;
-        };
-        let service = hyper_util::service::TowerToHyperService::new(app.clone());
-        connections.spawn(async move {
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                .await;
-        });
-        while connections.try_join_next().is_some() {}
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else {
+                    // Out of descriptors, say: try again shortly rather than spin.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    continue;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app.clone());
+                connections.push(async move {
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+            Some(()) = connections.next(), if !connections.is_empty() => {}
+        }
     }
 }
 
 impl Drop for Receiver {
     fn drop(&mut self) {
-        self.stop();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
     }
 }
 
