@@ -17,8 +17,8 @@ pub use model::{
 };
 pub use record::{CURSORS_NAMESPACE, SCHEDULES_NAMESPACE};
 pub use service::{
-    firing_key, Result, ScheduleService, ScheduleServiceError, TickReport, FORECAST_FIRINGS_MAX,
-    FORECAST_STEPS_MAX,
+    firing_key, NewSchedule, Result, ScheduleService, ScheduleServiceError, TickReport,
+    FORECAST_FIRINGS_MAX, FORECAST_STEPS_MAX,
 };
 
 // The schedule vocabulary callers need, so they do not have to reach into belfry-core.

@@ -127,6 +127,32 @@ impl TickReport {
 /// rarely share one.
 const WRITE_LOCK_STRIPES: usize = 64;
 
+/// The write-lock stripe of `id`.
+fn stripe(id: &ScheduleId) -> usize {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(id.as_str(), &mut hasher);
+    (std::hash::Hasher::finish(&hasher) % WRITE_LOCK_STRIPES as u64) as usize
+}
+
+/// One schedule to create: its id (`None`: generate one), definition and creation time.
+#[derive(Debug, Clone)]
+pub struct NewSchedule {
+    pub id: Option<ScheduleId>,
+    pub def: ScheduleDef,
+    pub now_ms: UnixMs,
+}
+
+/// The metadata a new schedule writes: its document, and the removal of any cursor a deleted
+/// schedule of the same id left. (That cursor is at most its deletion time, before now, so
+/// max(cursor, not_before) would ignore it, but it goes in the same write.)
+fn creation_changes(schedule: &Schedule) -> [MetaChange; 2] {
+    let bytes = encode_schedule(&StoredSchedule::from_schedule(schedule));
+    [
+        MetaChange::delete(CURSORS_NAMESPACE, schedule.id.as_str()),
+        MetaChange::put(SCHEDULES_NAMESPACE, schedule.id.as_str(), bytes),
+    ]
+}
+
 pub struct ScheduleService {
     store: Arc<dyn Store>,
     /// Serialise read-modify-write sequences of one schedule in this process (create's
@@ -161,35 +187,102 @@ impl ScheduleService {
         def: ScheduleDef,
         now_ms: UnixMs,
     ) -> Result<Schedule> {
+        let mut answers = self.create_many(vec![NewSchedule { id, def, now_ms }]);
+        answers.pop().unwrap_or_else(|| {
+            Err(ScheduleServiceError::InvalidArgument(
+                "create_many gave no answer".into(),
+            ))
+        })
+    }
+
+    /// Creates several schedules with one metadata write (one share of one fsync), each with
+    /// its own answer, in order: one that is invalid, names a missing queue or an id that
+    /// exists (or that an earlier one in `new` takes) fails alone. What a server uses to
+    /// coalesce concurrent creates.
+    pub fn create_many(&self, new: Vec<NewSchedule>) -> Vec<Result<Schedule>> {
+        let mut answers: Vec<Option<Result<Schedule>>> = Vec::with_capacity(new.len());
+        let mut valid = Vec::with_capacity(new.len());
+        for (at, one) in new.into_iter().enumerate() {
+            match self.prepare(one) {
+                Ok(schedule) => {
+                    answers.push(None);
+                    valid.push((at, schedule));
+                }
+                Err(error) => answers.push(Some(Err(error))),
+            }
+        }
+        // Every stripe this batch writes, taken in ascending order (so two batches cannot
+        // deadlock), held from the existence checks to the write.
+        let stripes: std::collections::BTreeSet<usize> =
+            valid.iter().map(|(_, s)| stripe(&s.id)).collect();
+        let _guards: Vec<_> = stripes
+            .iter()
+            .map(|&i| self.write_locks[i].lock())
+            .collect();
+        let mut ids = std::collections::HashSet::with_capacity(valid.len());
+        let mut changes = Vec::with_capacity(2 * valid.len());
+        let mut writing = Vec::with_capacity(valid.len());
+        for (at, schedule) in valid {
+            let taken = match self
+                .store
+                .get_meta(SCHEDULES_NAMESPACE, schedule.id.as_str())
+            {
+                Ok(found) => found.is_some() || !ids.insert(schedule.id.clone()),
+                Err(error) => {
+                    answers[at] = Some(Err(error.into()));
+                    continue;
+                }
+            };
+            if taken {
+                answers[at] = Some(Err(ScheduleServiceError::AlreadyExists(schedule.id)));
+                continue;
+            }
+            changes.extend(creation_changes(&schedule));
+            writing.push((at, schedule));
+        }
+        if !writing.is_empty() {
+            match self.store.write_meta(changes) {
+                Ok(()) => {
+                    for (at, schedule) in writing {
+                        answers[at] = Some(Ok(schedule));
+                    }
+                }
+                // The write is all or none; each create then tries alone for its own answer
+                // (the error, a disk full say, is usually the same for all).
+                Err(_) => {
+                    for (at, schedule) in writing {
+                        let written = self.store.write_meta(creation_changes(&schedule).into());
+                        answers[at] = Some(written.map(|()| schedule).map_err(Into::into));
+                    }
+                }
+            }
+        }
+        answers
+            .into_iter()
+            .map(|answer| {
+                answer.unwrap_or_else(|| {
+                    Err(ScheduleServiceError::InvalidArgument(
+                        "a create was left unanswered".into(),
+                    ))
+                })
+            })
+            .collect()
+    }
+
+    /// Validates one create and builds its schedule (with a generated id if it has none).
+    fn prepare(&self, new: NewSchedule) -> Result<Schedule> {
+        let NewSchedule { id, def, now_ms } = new;
         let spec = def.to_spec(now_ms)?;
         self.check_queue(&def.queue)?;
-        let id = id.unwrap_or_else(ScheduleId::generate);
-        let _guard = self.lock(&id);
-        if self
-            .store
-            .get_meta(SCHEDULES_NAMESPACE, id.as_str())?
-            .is_some()
-        {
-            return Err(ScheduleServiceError::AlreadyExists(id));
-        }
-        let schedule = Schedule {
-            id,
+        Ok(Schedule {
+            id: id.unwrap_or_else(ScheduleId::generate),
             def,
             spec,
             created_at_ms: now_ms,
             updated_at_ms: now_ms,
             not_before_ms: now_ms,
             cursor_ms: now_ms,
-        };
-        // A cursor left by a deleted schedule of the same id is at most its deletion time,
-        // which is before now: max(cursor, not_before) ignores it, but remove it anyway, in
-        // the same write as the document.
-        let bytes = encode_schedule(&StoredSchedule::from_schedule(&schedule));
-        self.store.write_meta(vec![
-            MetaChange::delete(CURSORS_NAMESPACE, schedule.id.as_str()),
-            MetaChange::put(SCHEDULES_NAMESPACE, schedule.id.as_str(), bytes),
-        ])?;
-        Ok(schedule)
+        })
     }
 
     pub fn get(&self, id: &ScheduleId) -> Result<Option<Schedule>> {
@@ -474,10 +567,7 @@ impl ScheduleService {
     }
 
     fn lock(&self, id: &ScheduleId) -> parking_lot::MutexGuard<'_, ()> {
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        std::hash::Hash::hash(id.as_str(), &mut hasher);
-        let stripe = (std::hash::Hasher::finish(&hasher) % WRITE_LOCK_STRIPES as u64) as usize;
-        self.write_locks[stripe].lock()
+        self.write_locks[stripe(id)].lock()
     }
 
     fn require(&self, id: &ScheduleId) -> Result<Schedule> {

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs};
 use belfry_schedule::{
-    firing_key, MisfirePolicy, ScheduleDef, ScheduleId, ScheduleService, ScheduleServiceError,
-    TickReport, CURSORS_NAMESPACE, SCHEDULES_NAMESPACE, SHARD_COUNT_HEADER, SHARD_HEADER,
+    firing_key, MisfirePolicy, NewSchedule, ScheduleDef, ScheduleId, ScheduleService,
+    ScheduleServiceError, TickReport, TriggerDef, CURSORS_NAMESPACE, SCHEDULES_NAMESPACE,
+    SHARD_COUNT_HEADER, SHARD_HEADER,
 };
 use belfry_store::{
     ChangeOutcome, ClaimBatch, LeaseOutcome, MemoryStore, PutOutcome, QueueCounts, Store,
@@ -427,6 +428,75 @@ fn forecast_counts_future_firings_per_step() {
         vec![179, 180, 180 + 5]
     );
     assert!(service.forecast_firings(&queue(), T0, 0, 3).is_err());
+}
+
+/// Creates batched into one call each get their own answer, in order: the valid ones are
+/// stored; an invalid one, one naming a missing queue, one whose id exists, and the second of
+/// two with the same id fail alone.
+#[test]
+fn create_many_answers_each_create_alone() {
+    let (_store, service) = setup();
+    service
+        .create(Some(id("taken")), ScheduleDef::every(queue(), MINUTE), T0)
+        .unwrap();
+    let every = |q: QueueName| ScheduleDef::every(q, MINUTE);
+    let new = |id_: Option<&str>, def: ScheduleDef| NewSchedule {
+        id: id_.map(id),
+        def,
+        now_ms: T0 + SECOND,
+    };
+    let answers = service.create_many(vec![
+        new(Some("a"), every(queue())),
+        new(Some("bad"), ScheduleDef::cron(queue(), "61 * * * *", "UTC")),
+        new(Some("lost"), every(QueueName::new("missing").unwrap())),
+        new(Some("taken"), every(queue())),
+        new(Some("twice"), every(queue())),
+        new(Some("twice"), ScheduleDef::every(queue(), HOUR)),
+        new(None, every(queue())),
+    ]);
+    assert_eq!(answers.len(), 7);
+    assert_eq!(answers[0].as_ref().unwrap().id, id("a"));
+    assert!(
+        matches!(answers[1], Err(ScheduleServiceError::Invalid(_))),
+        "{:?}",
+        answers[1]
+    );
+    assert!(
+        matches!(&answers[2], Err(ScheduleServiceError::QueueNotFound(q)) if q.as_str() == "missing"),
+        "{:?}",
+        answers[2]
+    );
+    assert!(
+        matches!(&answers[3], Err(ScheduleServiceError::AlreadyExists(i)) if *i == id("taken")),
+        "{:?}",
+        answers[3]
+    );
+    assert_eq!(answers[4].as_ref().unwrap().id, id("twice"));
+    assert!(
+        matches!(&answers[5], Err(ScheduleServiceError::AlreadyExists(i)) if *i == id("twice")),
+        "{:?}",
+        answers[5]
+    );
+    let generated = answers[6].as_ref().unwrap().id.clone();
+    // The first "twice" won: its definition (every minute) is the stored one.
+    let twice = service.get(&id("twice")).unwrap().unwrap();
+    assert_eq!(twice.def.trigger, TriggerDef::Every { every_ms: MINUTE });
+    assert_eq!(twice.created_at_ms, T0 + SECOND);
+    let mut stored: Vec<String> = service
+        .list()
+        .unwrap()
+        .into_iter()
+        .map(|s| s.id.to_string())
+        .collect();
+    stored.sort();
+    let mut expected = vec![
+        "a".to_string(),
+        "taken".into(),
+        "twice".into(),
+        generated.to_string(),
+    ];
+    expected.sort();
+    assert_eq!(stored, expected);
 }
 
 // ---- a crash between putting the firing's tasks and persisting the cursor ----

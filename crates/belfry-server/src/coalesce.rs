@@ -1,15 +1,18 @@
-//! Single-task submits, coalesced: while one `Store::put` is running, submits that arrive
-//! wait and then go to the store together in the next call.
+//! Coalesced writes: while one store call is running, requests that arrive wait and then go
+//! to the store together in the next call.
 //!
 //! A durable store fsyncs once per call, and every call is a hand-off to a blocking thread and
-//! back. With one task per HTTP request, those costs (not JSON or HTTP) dominated: coalescing
-//! turns N concurrent submits into one call. A submit alone is not delayed: it finds the
-//! writer idle and goes at once.
+//! back. With one task (or one schedule) per HTTP request, those costs, not JSON or HTTP,
+//! dominated: coalescing turns N concurrent requests into one call. A request alone is not
+//! delayed: it finds the writer idle and goes at once.
 //!
 //! The writer is a dedicated OS thread blocked on the channel, not a runtime task that hands
-//! each batch to `spawn_blocking`: a submit then costs one hand-off to the writer instead of
-//! three (to the writer task, to a blocking thread, back to the task), which is most of a
-//! submit's latency when few connections wait on durable commits.
+//! each batch to `spawn_blocking`: a request then costs one hand-off to the writer instead of
+//! three (to the writer task, to a blocking thread, back to the task), which is most of its
+//! latency when few connections wait on durable commits.
+//!
+//! [`Coalescer`] is the batching; what a batch does is the caller's: [`Submits`] puts tasks,
+//! and the schedule routes create schedules (`crate::schedules`).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
@@ -18,75 +21,88 @@ use belfry_core::NewTask;
 use belfry_store::{PutOutcome, Store, StoreError};
 use tokio::sync::{mpsc, oneshot};
 
-/// Submits waiting for the writer at most; beyond it, submitters wait for room (backpressure,
+/// Requests waiting for the writer at most; beyond it, callers wait for room (backpressure,
 /// not memory growth).
-pub const QUEUED_SUBMITS_MAX: usize = 4_096;
+pub const QUEUED_REQUESTS_MAX: usize = 4_096;
 
 /// Tasks in one coalesced `Store::put` at most: a batch request's worth.
 pub const COALESCED_TASKS_MAX: usize = belfry_core::limits::BATCH_TASKS_MAX;
 
-type Reply = oneshot::Sender<Result<Vec<PutOutcome>, StoreError>>;
+/// A batch at least this large means the server is busy (many requests arrived during one
+/// call): the writer then lets the runtime's threads run before it writes, so that the
+/// requests they are about to send join this call instead of needing their own fsync.
+const BUSY_BATCH: usize = 16;
+const _: () = assert!(BUSY_BATCH < COALESCED_TASKS_MAX);
 
-struct Pending {
-    tasks: Vec<NewTask>,
-    reply: Reply,
+/// One request and where its answer goes. Dropping the reply answers "the writer is gone".
+pub struct Pending<R, A> {
+    pub request: R,
+    pub reply: oneshot::Sender<A>,
 }
 
-/// A batch at least this large means the server is busy (many submits arrived during one
-/// put): the writer then lets the runtime's threads run before it puts, so that the submits
-/// they are about to send join this put instead of needing their own fsync.
-const BUSY_BATCH_TASKS: usize = 16;
-const _: () = assert!(BUSY_BATCH_TASKS < COALESCED_TASKS_MAX);
-
-/// The sending side; the writer thread ends when this is dropped.
-pub struct Coalescer {
-    tx: mpsc::Sender<Pending>,
+/// The sending side of one writer thread; the thread ends when this is dropped.
+pub struct Coalescer<R, A> {
+    tx: mpsc::Sender<Pending<R, A>>,
 }
 
-impl Coalescer {
-    /// Starts the writer thread. It holds the store weakly, so the store closes (and frees
-    /// its directory) as soon as the server lets go of it.
-    pub fn start(store: &Arc<dyn Store>) -> std::io::Result<Self> {
-        let (tx, rx) = mpsc::channel(QUEUED_SUBMITS_MAX);
-        let store = Arc::downgrade(store);
+impl<R: Send + 'static, A: Send + 'static> Coalescer<R, A> {
+    /// Starts the writer thread `name`. A batch holds requests of total `weight` up to
+    /// `max_weight` (one request may exceed it alone); `write` answers every request of a
+    /// batch (or drops its reply). A panicking `write` does not end the thread.
+    pub fn start(
+        name: &str,
+        max_weight: usize,
+        weight: fn(&R) -> usize,
+        write: impl FnMut(Vec<Pending<R, A>>) + Send + 'static,
+    ) -> std::io::Result<Self> {
+        let (tx, rx) = mpsc::channel(QUEUED_REQUESTS_MAX);
         std::thread::Builder::new()
-            .name("belfry-submits".into())
-            .spawn(move || write_loop(store, rx))?;
+            .name(name.into())
+            .spawn(move || write_loop(rx, max_weight, weight, write))?;
         Ok(Coalescer { tx })
     }
 
-    /// Puts `tasks` (one submit's worth), possibly together with other submits.
-    pub async fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>, StoreError> {
+    /// A coalescer without a writer: every call answers `None`. For a part whose writer
+    /// could not start, which reports that error instead.
+    pub fn closed() -> Self {
+        let (tx, _) = mpsc::channel(1);
+        Coalescer { tx }
+    }
+
+    /// Sends `request` to the writer and waits for its answer; `None` if the writer is gone.
+    pub async fn call(&self, request: R) -> Option<A> {
         let (reply, answer) = oneshot::channel();
-        self.tx
-            .send(Pending { tasks, reply })
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
+        self.tx.send(Pending { request, reply }).await.ok()?;
+        answer.await.ok()
     }
 }
 
 /// Runs on the writer thread (outside any runtime, as `blocking_recv` requires) until every
 /// sender is gone.
-fn write_loop(store: Weak<dyn Store>, mut rx: mpsc::Receiver<Pending>) {
+fn write_loop<R, A>(
+    mut rx: mpsc::Receiver<Pending<R, A>>,
+    max_weight: usize,
+    weight: fn(&R) -> usize,
+    mut write: impl FnMut(Vec<Pending<R, A>>),
+) {
     while let Some(first) = rx.blocking_recv() {
-        let mut count = first.tasks.len();
+        let mut total = weight(&first.request);
         let mut batch = vec![first];
         loop {
-            while count < COALESCED_TASKS_MAX {
+            while total < max_weight {
                 match rx.try_recv() {
                     Ok(next) => {
-                        count += next.tasks.len();
+                        total += weight(&next.request);
                         batch.push(next);
                     }
                     Err(_) => break,
                 }
             }
-            // A small batch goes at once: its submitters wait on this fsync's latency. A
-            // large one means the runtime's threads are saturated; giving them the CPU lets
-            // the submits they are parsing join this put (measured without it, at 256
+            // A small batch goes at once: its callers wait on this fsync's latency. A large
+            // one means the runtime's threads are saturated; giving them the CPU lets the
+            // requests they are parsing join this call (measured without it, at 256
             // connections: twice the context switches and a tenth less throughput).
-            if !(BUSY_BATCH_TASKS..COALESCED_TASKS_MAX).contains(&count) {
+            if !(BUSY_BATCH..max_weight).contains(&total) {
                 break;
             }
             std::thread::yield_now();
@@ -94,34 +110,61 @@ fn write_loop(store: Weak<dyn Store>, mut rx: mpsc::Receiver<Pending>) {
                 break;
             }
         }
-        let Some(store) = store.upgrade() else {
-            for pending in batch {
-                let _ = pending.reply.send(Err(StoreError::Closed));
-            }
-            continue;
-        };
-        // A panicking put must not end the thread, or every later submit would fail. Its
-        // submitters' replies are dropped with the batch, so they answer `Closed`.
-        if catch_unwind(AssertUnwindSafe(|| write(&*store, batch))).is_err() {
-            tracing::error!("coalesced put did not finish: it panicked");
+        // A panicking write must not end the thread, or every later request would fail. Its
+        // callers' replies are dropped with the batch, so they hear that the writer is gone.
+        if catch_unwind(AssertUnwindSafe(|| write(batch))).is_err() {
+            tracing::error!("a coalesced write did not finish: it panicked");
         }
     }
 }
 
-fn write(store: &dyn Store, batch: Vec<Pending>) {
+/// Single-task submits, coalesced into shared `Store::put` calls.
+pub struct Submits {
+    writer: Coalescer<Vec<NewTask>, Result<Vec<PutOutcome>, StoreError>>,
+}
+
+impl Submits {
+    /// Starts the writer thread. It holds the store weakly, so the store closes (and frees
+    /// its directory) as soon as the server lets go of it.
+    pub fn start(store: &Arc<dyn Store>) -> std::io::Result<Self> {
+        let store = Arc::downgrade(store);
+        let writer = Coalescer::start(
+            "belfry-submits",
+            COALESCED_TASKS_MAX,
+            Vec::len,
+            move |batch| put_batch(&store, batch),
+        )?;
+        Ok(Submits { writer })
+    }
+
+    /// Puts `tasks` (one submit's worth), possibly together with other submits.
+    pub async fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>, StoreError> {
+        self.writer.call(tasks).await.ok_or(StoreError::Closed)?
+    }
+}
+
+type PendingPut = Pending<Vec<NewTask>, Result<Vec<PutOutcome>, StoreError>>;
+
+fn put_batch(store: &Weak<dyn Store>, batch: Vec<PendingPut>) {
+    let Some(store) = store.upgrade() else {
+        for pending in batch {
+            let _ = pending.reply.send(Err(StoreError::Closed));
+        }
+        return;
+    };
     if batch.len() == 1 {
         let mut batch = batch;
         if let Some(one) = batch.pop() {
-            let _ = one.reply.send(store.put(one.tasks));
+            let _ = one.reply.send(store.put(one.request));
         }
         return;
     }
-    let sizes: Vec<usize> = batch.iter().map(|p| p.tasks.len()).collect();
+    let sizes: Vec<usize> = batch.iter().map(|p| p.request.len()).collect();
     let mut replies = Vec::with_capacity(batch.len());
     let mut tasks = Vec::with_capacity(sizes.iter().sum());
     for pending in batch {
-        tasks.extend(pending.tasks.iter().cloned());
-        replies.push((pending.tasks, pending.reply));
+        tasks.extend(pending.request.iter().cloned());
+        replies.push((pending.request, pending.reply));
     }
     match store.put(tasks) {
         Ok(outcomes) if outcomes.len() == sizes.iter().sum::<usize>() => {
@@ -155,7 +198,7 @@ mod tests {
         let missing = QueueName::new("missing").unwrap();
         let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
         store.put_queue(&present, bytes::Bytes::new()).unwrap();
-        let coalescer = Arc::new(Coalescer::start(&store).unwrap());
+        let coalescer = Arc::new(Submits::start(&store).unwrap());
         let submits: Vec<_> = (0..200u64)
             .map(|i| {
                 let queue = if i % 4 == 3 { &missing } else { &present };

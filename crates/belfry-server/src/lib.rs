@@ -143,7 +143,11 @@ impl ServerBuilder {
                 .map_err(ServerError::Load)?,
         );
         // Exactly-once firings need this tick before anything is dispatched or served.
-        let schedules = Schedules::new(service.shared().clone());
+        let schedules = Schedules::new(service.shared().clone()).map_err(|e| {
+            ServerError::Load(service::ServiceError::Internal(format!(
+                "start the schedule-create writer thread: {e}"
+            )))
+        })?;
         schedules
             .tick_at_startup()
             .await

@@ -7,18 +7,21 @@
 //! tick before the server dispatches anything or serves the API.
 //!
 //! The runner then ticks whenever the earliest fire time comes, at least every
-//! `RUNNER_RECHECK_MS` (schedules written by other nodes are not announced), and at once
-//! when this node creates, replaces or resumes a schedule. Its store calls go through the
-//! server's internal admission (never refused); the routes' through the API admission.
+//! `RUNNER_RECHECK_MS` (schedules written by other nodes are not announced), and early when
+//! this node creates, replaces or resumes a schedule that fires before the planned tick
+//! ([`Plan`]). Its store calls go through the server's internal admission (never refused); the
+//! routes' through the API admission.
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use belfry_schedule::{ScheduleService, ScheduleServiceError, TickReport};
+use belfry_core::UnixMs;
+use belfry_schedule::{NewSchedule, Schedule, ScheduleService, ScheduleServiceError, TickReport};
 use metrics::counter;
 use tokio::sync::Notify;
 
-use crate::shared::{Caller, Shared};
+use crate::coalesce::{Coalescer, Pending};
+use crate::shared::{Caller, ServiceError, Shared};
 
 /// The runner looks at the schedules at least this often even when nothing is due: schedules
 /// created through other nodes, and wall-clock steps, are noticed within this time.
@@ -39,21 +42,112 @@ pub const SCHEDULE_MISFIRES: &str = "belfry_schedule_misfires_total";
 /// Ticks that failed (a store error); the next tick redoes their work.
 pub const SCHEDULE_TICK_ERRORS: &str = "belfry_schedule_tick_errors_total";
 
+/// Schedule creates that go to the store together (one metadata write) at most.
+pub const COALESCED_CREATES_MAX: usize = 512;
+
+type CreateAnswer = Result<Schedule, ScheduleServiceError>;
+
 /// What the schedule routes and the runner share.
 pub struct SchedulesState {
     pub(crate) service: ScheduleService,
+    /// Creates, coalesced: concurrent `POST /v1/schedules` share one metadata write, as
+    /// single-task submits share one put.
+    creates: Coalescer<NewSchedule, CreateAnswer>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) payload_bytes_max: usize,
     wake: Notify,
+    plan: parking_lot::Mutex<Plan>,
     /// Schedules already reported as firing into a missing queue: each is warned about once,
     /// not at every firing. Forgotten when the schedule fires normally again.
     warned_missing: parking_lot::Mutex<std::collections::HashSet<String>>,
 }
 
 impl SchedulesState {
+    /// Creates a schedule, possibly in one store call with other creates. Takes an API
+    /// store-call slot while it waits, so admission still bounds the waiting creates.
+    pub(crate) async fn create(&self, new: NewSchedule) -> Result<CreateAnswer, ServiceError> {
+        let _permit = self.shared.calls.admit(Caller::Api).await?;
+        Ok(self
+            .creates
+            .call(new)
+            .await
+            .unwrap_or(Err(ScheduleServiceError::Store(
+                belfry_store::StoreError::Closed,
+            ))))
+    }
+
     /// Makes the runner tick now (a stored permit if it is busy, so no wake is lost).
     pub(crate) fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Tells the runner that a schedule written through this node next fires at `next_ms`
+    /// (`None`: paused or finished). It ticks early only if that is before its planned tick,
+    /// so creating thousands of schedules that fire with the others costs no extra tick (a
+    /// wake per create once made the runner scan every schedule back to back).
+    pub(crate) fn schedule_written(&self, next_ms: Option<UnixMs>) {
+        let Some(next_ms) = next_ms else {
+            return;
+        };
+        let wake = self.plan.lock().written(next_ms);
+        if wake {
+            self.wake();
+        }
+    }
+}
+
+/// When the runner will tick next, and what was written while it ticked.
+#[derive(Debug)]
+struct Plan {
+    /// A tick is running (between its store reads and the runner's next plan).
+    ticking: bool,
+    /// The earliest next fire time of the schedules written during the running tick.
+    written_during_tick: UnixMs,
+    /// The planned time of the next tick: writes of schedules firing later need no wake.
+    next_tick_ms: UnixMs,
+}
+
+impl Plan {
+    fn new() -> Self {
+        Plan {
+            ticking: false,
+            written_during_tick: UnixMs::MAX,
+            // Until the first plan, every write wakes the runner.
+            next_tick_ms: UnixMs::MAX,
+        }
+    }
+
+    /// A schedule that next fires at `next_ms` was written: whether the runner must wake.
+    fn written(&mut self, next_ms: UnixMs) -> bool {
+        if self.ticking {
+            // The running tick may have read the store before this write: the runner takes
+            // this time into its plan when the tick ends.
+            self.written_during_tick = self.written_during_tick.min(next_ms);
+            false
+        } else if next_ms < self.next_tick_ms {
+            self.next_tick_ms = next_ms;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn begin_tick(&mut self) {
+        self.ticking = true;
+        self.written_during_tick = UnixMs::MAX;
+    }
+
+    /// Ends a tick whose report's next fire time is `next_ms` (`None`: nothing will fire, or
+    /// the tick failed), counting schedules written during the tick: how long to sleep.
+    fn end_tick(&mut self, next_ms: Option<UnixMs>, now_ms: UnixMs) -> u64 {
+        let next_ms = next_ms.unwrap_or(UnixMs::MAX).min(self.written_during_tick);
+        let wait_ms = next_ms
+            .saturating_sub(now_ms)
+            .clamp(RUNNER_TICK_GAP_MS_MIN, RUNNER_RECHECK_MS);
+        self.ticking = false;
+        self.written_during_tick = UnixMs::MAX;
+        self.next_tick_ms = now_ms.saturating_add(wait_ms);
+        wait_ms
     }
 }
 
@@ -64,16 +158,32 @@ pub struct Schedules {
 }
 
 impl Schedules {
-    pub(crate) fn new(shared: Arc<Shared>) -> Self {
-        Schedules {
-            state: Arc::new(SchedulesState {
+    pub(crate) fn new(shared: Arc<Shared>) -> std::io::Result<Self> {
+        let mut started = Ok(());
+        let state = Arc::new_cyclic(|state: &Weak<SchedulesState>| {
+            let state = state.clone();
+            // The writer holds the state weakly: it ends with the server.
+            let creates = Coalescer::start(
+                "belfry-schedule-creates",
+                COALESCED_CREATES_MAX,
+                |_| 1,
+                move |batch| create_batch(&state, batch),
+            );
+            let creates = creates.unwrap_or_else(|error| {
+                started = Err(error);
+                Coalescer::closed()
+            });
+            SchedulesState {
                 service: ScheduleService::new(shared.store.clone()),
+                creates,
                 payload_bytes_max: shared.config.payload_bytes_max,
                 shared,
                 wake: Notify::new(),
+                plan: parking_lot::Mutex::new(Plan::new()),
                 warned_missing: Default::default(),
-            }),
-        }
+            }
+        });
+        started.map(|()| Schedules { state })
     }
 
     /// The schedule service, for embedders and tests.
@@ -114,6 +224,18 @@ impl Schedules {
     }
 }
 
+/// Runs on the create writer's thread: one `create_many` for the batch, each answer to its
+/// caller.
+fn create_batch(state: &Weak<SchedulesState>, batch: Vec<Pending<NewSchedule, CreateAnswer>>) {
+    let Some(state) = state.upgrade() else {
+        return; // The replies drop: the callers hear that the server is gone.
+    };
+    let (new, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|p| (p.request, p.reply)).unzip();
+    for (answer, reply) in state.service.create_many(new).into_iter().zip(replies) {
+        let _ = reply.send(answer);
+    }
+}
+
 struct Runner {
     state: Arc<SchedulesState>,
 }
@@ -123,21 +245,20 @@ impl Runner {
         tracing::debug!("schedule runner started");
         let stop = self.state.shared.stopping.clone();
         while !stop.is_cancelled() {
-            let wait_ms = match tick(&self.state).await {
+            self.begin_tick();
+            let ticked = tick(&self.state).await;
+            let next_ms = match &ticked {
                 Ok(report) => {
-                    publish(&self.state, &report);
-                    let now_ms = self.state.shared.now_ms();
-                    report
-                        .next_tick_ms
-                        .map_or(RUNNER_RECHECK_MS, |next| next.saturating_sub(now_ms))
-                        .clamp(RUNNER_TICK_GAP_MS_MIN, RUNNER_RECHECK_MS)
+                    publish(&self.state, report);
+                    report.next_tick_ms
                 }
                 Err(error) => {
                     counter!(SCHEDULE_TICK_ERRORS).increment(1);
                     tracing::warn!(%error, "fire due schedules; retrying");
-                    RUNNER_RECHECK_MS
+                    None
                 }
             };
+            let wait_ms = self.plan_next(next_ms);
             // Never cancel a tick half-way (it would only be redone, but the shutdown flush
             // should see its writes): the select is on the pause only.
             tokio::select! {
@@ -147,6 +268,15 @@ impl Runner {
             }
         }
         tracing::debug!("schedule runner stopped");
+    }
+
+    fn begin_tick(&self) {
+        self.state.plan.lock().begin_tick();
+    }
+
+    fn plan_next(&self, next_ms: Option<UnixMs>) -> u64 {
+        let now_ms = self.state.shared.now_ms();
+        self.state.plan.lock().end_tick(next_ms, now_ms)
     }
 }
 
@@ -210,4 +340,39 @@ async fn tick(state: &Arc<SchedulesState>) -> Result<TickReport, ScheduleService
             source: std::io::Error::other(e.to_string()),
         }))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Writes of schedules that fire with the others (after the planned tick) wake nothing;
+    /// one that fires earlier wakes the runner once; one written during a tick is not lost.
+    #[test]
+    fn the_runner_wakes_only_for_schedules_that_fire_before_its_plan() {
+        let mut plan = Plan::new();
+        assert!(plan.written(5_000), "before any plan, every write wakes");
+        plan.begin_tick();
+        assert_eq!(plan.end_tick(Some(10_000), 9_400), 600);
+        for _ in 0..1_000 {
+            assert!(
+                !plan.written(10_000),
+                "a schedule firing with the planned tick"
+            );
+        }
+        assert!(!plan.written(11_000));
+        assert!(plan.written(9_700), "fires before the planned tick");
+        assert!(!plan.written(9_800), "the plan already moved to 9,700");
+
+        // Written while a tick runs: no wake, but the next plan counts it.
+        plan.begin_tick();
+        assert!(!plan.written(10_200));
+        assert_eq!(plan.end_tick(Some(11_000), 10_000), 200);
+        // Nothing to fire (or a failed tick): the recheck.
+        plan.begin_tick();
+        assert_eq!(plan.end_tick(None, 10_200), RUNNER_RECHECK_MS);
+        // Already due: the shortest gap, never a spin.
+        plan.begin_tick();
+        assert_eq!(plan.end_tick(Some(10_000), 10_300), RUNNER_TICK_GAP_MS_MIN);
+    }
 }

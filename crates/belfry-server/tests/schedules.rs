@@ -271,6 +271,66 @@ async fn schedule_lifecycle_through_http() {
     t.stop().await;
 }
 
+/// Concurrent creates share store calls (they are coalesced), yet each request gets its own
+/// answer: every id is created once (201) and every other create of it is refused (409), a
+/// create into a missing queue fails alone, and each answer describes its own schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_creates_each_get_their_own_answer() {
+    let t = Arc::new(Scheduled::start().await);
+    t.s.queue("jobs", json!({})).await;
+    let mut creates = tokio::task::JoinSet::new();
+    for i in 0..300u32 {
+        let t = Arc::clone(&t);
+        creates.spawn(async move {
+            // Ids 0..100, each sent three times (i, i + 100, i + 200: their residues mod 7
+            // differ, so at most one of the three names the missing queue).
+            let queue = if i % 7 == 6 { "missing" } else { "jobs" };
+            let body = json!({
+                "id": format!("s-{}", i % 100),
+                "queue": queue,
+                "every_ms": 1_000 + u64::from(i),
+                "payload": {"create": i},
+            });
+            let (status, value) = t.s.call("POST", "/v1/schedules", body).await;
+            (i, status, value)
+        });
+    }
+    let mut created = std::collections::BTreeMap::new();
+    while let Some(joined) = creates.join_next().await {
+        let (i, status, value) = joined.unwrap();
+        match status {
+            201 => {
+                assert_eq!(value["id"], format!("s-{}", i % 100), "{value}");
+                assert_eq!(
+                    value["every_ms"],
+                    1_000 + u64::from(i),
+                    "another create's answer: {value}"
+                );
+                assert!(
+                    created.insert(i % 100, i).is_none(),
+                    "s-{} created twice",
+                    i % 100
+                );
+            }
+            409 => assert_eq!(code(&value), "schedule_exists", "{value}"),
+            404 => {
+                assert_eq!(i % 7, 6, "create {i}: {value}");
+                assert_eq!(code(&value), "queue_not_found", "{value}");
+            }
+            other => panic!("create {i}: {other} {value}"),
+        }
+    }
+    // Every id exists, as its one successful create made it.
+    assert_eq!(created.len(), 100);
+    for (n, i) in created {
+        let stored =
+            t.s.ok("GET", &format!("/v1/schedules/s-{n}"), Value::Null, 200)
+                .await;
+        assert_eq!(stored["every_ms"], 1_000 + u64::from(i), "{stored}");
+        assert_eq!(stored["payload"], json!({"create": i}), "{stored}");
+    }
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_with_stable_codes_and_nothing_is_stored() {
     let t = Scheduled::start().await;

@@ -19,8 +19,8 @@ use base64::Engine as _;
 use belfry_core::schedule::{format_in_zone, format_utc, TimeZone, Trigger, PREVIEW_MAX};
 use belfry_core::{LatePolicy, PayloadKind, Priority, QueueName, UnixMs};
 use belfry_schedule::{
-    FireTime, MisfirePolicy, Schedule, ScheduleDef, ScheduleId, ScheduleServiceError, TriggerDef,
-    FORECAST_STEPS_MAX,
+    FireTime, MisfirePolicy, NewSchedule, Schedule, ScheduleDef, ScheduleId, ScheduleServiceError,
+    TriggerDef, FORECAST_STEPS_MAX,
 };
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -486,8 +486,8 @@ pub async fn create(
     let (id, def) = body.into_def(state.payload_bytes_max)?;
     let id = id.as_deref().map(schedule_id).transpose()?;
     let now_ms = state.shared.now_ms();
-    let schedule = blocking(&state, move |s| s.service.create(id, def, now_ms)).await?;
-    state.wake();
+    let schedule = state.create(NewSchedule { id, def, now_ms }).await??;
+    state.schedule_written(schedule.next_fire_ms());
     Ok((
         StatusCode::CREATED,
         Json(ScheduleView::new(&schedule, &state)),
@@ -536,7 +536,7 @@ pub async fn replace(
     }
     let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.replace(&id, def, now_ms)).await?;
-    state.wake();
+    state.schedule_written(schedule.next_fire_ms());
     Ok(Json(ScheduleView::new(&schedule, &state)))
 }
 
@@ -571,7 +571,7 @@ pub async fn resume(
 ) -> Result<Json<ScheduleView>, ApiError> {
     let now_ms = state.shared.now_ms();
     let schedule = blocking(&state, move |s| s.service.resume(&id, now_ms)).await?;
-    state.wake();
+    state.schedule_written(schedule.next_fire_ms());
     Ok(Json(ScheduleView::new(&schedule, &state)))
 }
 

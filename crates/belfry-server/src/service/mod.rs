@@ -39,7 +39,7 @@ pub struct Service {
     /// Set when shutdown begins (before the drain delay): `/readyz` says `shutting_down`.
     draining: AtomicBool,
     /// Single submits, coalesced into shared store calls.
-    submits: crate::coalesce::Coalescer,
+    submits: crate::coalesce::Submits,
     /// The HTTP listener's connection counts.
     pub connections: Arc<crate::listener::ConnectionStats>,
 }
@@ -59,7 +59,7 @@ impl Service {
         clock: Arc<dyn Clock>,
         sinks: Arc<dyn SinkFactory>,
     ) -> Result<Self> {
-        let submits = crate::coalesce::Coalescer::start(&store)
+        let submits = crate::coalesce::Submits::start(&store)
             .map_err(|e| ServiceError::Internal(format!("start the submit writer thread: {e}")))?;
         let calls = StoreCalls::new(
             config.store_calls_in_flight_max,
