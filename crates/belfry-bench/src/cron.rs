@@ -550,7 +550,42 @@ async fn consume(
 /// (`max: 1, wait_ms: 0`) and ack what it got.
 /// Rounds start `pace` apart, so that under the cron load they sample every part of the
 /// firing second, not only its first moments.
+/// Runs the probe on a thread and runtime of its own: its latency is the server's answer
+/// time, not the wait for a client worker that the cron queue's consumers keep busy
+/// parsing their batches.
 async fn probe(
+    target: &Target,
+    queue: &str,
+    rounds: usize,
+    pace: Duration,
+    bar: indicatif::ProgressBar,
+) -> ProbeOutcome {
+    let (target, queue) = (target.clone(), queue.to_owned());
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let spawned = std::thread::Builder::new()
+        .name("bench-probe".into())
+        .spawn(move || {
+            let outcome = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|runtime| runtime.block_on(probe_rounds(&target, &queue, rounds, pace, bar)));
+            let _ = reply.send(outcome);
+        });
+    let failed = ProbeOutcome {
+        rounds,
+        failed: rounds as u64,
+        ..ProbeOutcome::default()
+    };
+    if spawned.is_err() {
+        return failed;
+    }
+    match answer.await {
+        Ok(Ok(outcome)) => outcome,
+        _ => failed,
+    }
+}
+
+async fn probe_rounds(
     target: &Target,
     queue: &str,
     rounds: usize,
