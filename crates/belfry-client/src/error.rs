@@ -60,6 +60,8 @@ error_codes! {
     ShuttingDown => "shutting_down",
     Overloaded => "overloaded",
     TooManyConnections => "too_many_connections",
+    Unauthorized => "unauthorized",
+    Forbidden => "forbidden",
     StoreUnavailable => "store_unavailable",
     InsufficientStorage => "insufficient_storage",
     InternalError => "internal_error",

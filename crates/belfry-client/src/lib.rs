@@ -82,6 +82,8 @@ impl Answer {
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` on every call, when set.
+    token: Option<String>,
 }
 
 impl Client {
@@ -95,7 +97,18 @@ impl Client {
             .no_proxy()
             .build()
             .map_err(Error::Http)?;
-        Ok(Client { base, http })
+        Ok(Client {
+            base,
+            http,
+            token: None,
+        })
+    }
+
+    /// Sends `token` as `Authorization: Bearer <token>` on every call (servers with
+    /// `[[auth.tokens]]` configured refuse calls without one).
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
     }
 
     pub fn base_url(&self) -> &str {
@@ -112,6 +125,9 @@ impl Client {
                 format!("{}{}", self.base, request.path),
             )
             .timeout(REQUEST_TIMEOUT + request.wait);
+        if let Some(token) = &self.token {
+            builder = builder.bearer_auth(token);
+        }
         if let Some(body) = &request.body {
             builder = builder.json(body);
         }

@@ -12,6 +12,7 @@
 //! requests and push deliveries up to the grace period → `Store::flush` → return.
 
 pub mod api;
+pub mod auth;
 mod claim;
 mod coalesce;
 pub mod config;
@@ -72,6 +73,7 @@ pub struct ServerBuilder {
     sinks: Option<Arc<dyn SinkFactory>>,
     connections: belfry_sinks::Connections,
     extra_routes: Vec<Router>,
+    auth: Arc<auth::Auth>,
 }
 
 /// Entry point for tests and embedders: `Server::builder(config, store).start().await`.
@@ -86,6 +88,7 @@ impl Server {
             sinks: None,
             connections: belfry_sinks::Connections::empty(),
             extra_routes: Vec::new(),
+            auth: Arc::new(auth::Auth::none()),
         }
     }
 }
@@ -109,6 +112,13 @@ impl ServerBuilder {
     /// deliveries name. Used by the standard sinks; ignored when `sinks` replaces them.
     pub fn connections(mut self, connections: belfry_sinks::Connections) -> Self {
         self.connections = connections;
+        self
+    }
+
+    /// The bearer tokens every API call must carry (see [`auth`]); none by default, which
+    /// leaves the API open (the binary refuses that on a non-loopback address).
+    pub fn auth(mut self, auth: auth::Auth) -> Self {
+        self.auth = Arc::new(auth);
         self
     }
 
@@ -173,6 +183,7 @@ impl ServerBuilder {
         let router = api::finish(
             router,
             Duration::from_millis(self.config.http_body_read_timeout_ms),
+            self.auth,
         );
         let shutdown = CancellationToken::new();
         let background = TaskTracker::new();

@@ -38,6 +38,10 @@ pub enum ErrorCode {
     /// A push delivery (other than a webhook) its sink refuses: an unknown connection, a
     /// missing or invalid field.
     InvalidDelivery,
+    /// No bearer token, or one this server does not know (`401`, with `WWW-Authenticate`).
+    Unauthorized,
+    /// A known token without the scope the request needs; the message names it.
+    Forbidden,
     QueueNotFound,
     TaskNotFound,
     RouteNotFound,
@@ -97,6 +101,8 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::TooManyConnections => "too_many_connections",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::InternalError => "internal_error",
@@ -134,6 +140,8 @@ impl ErrorCode {
             | ErrorCode::RouteNotFound
             | ErrorCode::ScheduleNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::LeaseExpired
             | ErrorCode::TaskNotScheduled
             | ErrorCode::TaskNotDead
@@ -209,6 +217,12 @@ impl IntoResponse for ApiError {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
                 axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        if self.code == ErrorCode::Unauthorized {
+            response.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer realm=\"belfry\""),
             );
         }
         response
@@ -297,6 +311,8 @@ mod tests {
             ErrorCode::ShuttingDown,
             ErrorCode::Overloaded,
             ErrorCode::TooManyConnections,
+            ErrorCode::Unauthorized,
+            ErrorCode::Forbidden,
             ErrorCode::StoreUnavailable,
             ErrorCode::InsufficientStorage,
             ErrorCode::InternalError,

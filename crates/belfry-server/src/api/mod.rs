@@ -1,6 +1,7 @@
 //! HTTP API v1. The only module that knows HTTP and JSON: handlers turn requests into DTOs,
 //! DTOs into domain calls on `Service`, and results back into JSON.
 
+pub mod auth;
 mod dto;
 mod error;
 mod extract;
@@ -71,15 +72,21 @@ pub fn router(service: Arc<Service>) -> Router {
 }
 
 /// What every router of the server gets, after merging: our error format for unknown routes
-/// and methods, request latency metrics, and a request body that sends nothing for
-/// `body_read_timeout` failing its request (a slow or stalled client cannot hold a handler).
-pub fn finish(router: Router, body_read_timeout: std::time::Duration) -> Router {
+/// and methods, request latency metrics, a request body that sends nothing for
+/// `body_read_timeout` failing its request (a slow or stalled client cannot hold a handler),
+/// and the bearer-token check (`auth`; it passes everything when no token is configured).
+pub fn finish(
+    router: Router,
+    body_read_timeout: std::time::Duration,
+    auth: Arc<crate::auth::Auth>,
+) -> Router {
     router
         .fallback(ops::route_not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             body_read_timeout,
         ))
+        .layer(auth::AuthLayer::new(auth))
         .layer(TrackLatencyLayer)
 }
 

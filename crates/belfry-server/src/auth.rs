@@ -1,0 +1,440 @@
+//! Bearer tokens and their scopes: who may call what. Pure (no HTTP): `api::auth` maps each
+//! route to the [`Need`] it has and asks [`Auth::check`].
+//!
+//! A token is a random string the operator hands to a client; the server keeps only its
+//! SHA-256 (`sha256:<hex>` in `[[auth.tokens]]`), so neither the config file nor a memory dump
+//! gives a usable token away. Tokens are long random strings, not passwords, so a fast hash
+//! is enough: nothing short is there to brute-force. Lookup is by hash, so a wrong token costs
+//! one hash and one map probe, and no comparison leaks timing about a right one.
+//!
+//! Scopes:
+//! - `admin`: everything;
+//! - `read`: every read (`GET`), including `/metrics`;
+//! - `produce:<queue pattern>`: submit, get, cancel and reschedule tasks of matching queues;
+//! - `consume:<queue pattern>`: lease, ack, nack and extend tasks of matching queues.
+//!
+//! A queue pattern is an exact queue name, or a prefix ending in `*` (`orders*`; `*` alone is
+//! every queue).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+/// Longest bearer token considered (longer ones are refused before hashing).
+pub const TOKEN_LEN_MAX: usize = 256;
+
+/// Random bytes in a token [`generate_token`] makes (256 bits).
+const TOKEN_RANDOM_BYTES: usize = 32;
+
+/// What a token's holder may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    Admin,
+    Read,
+    Produce(QueuePattern),
+    Consume(QueuePattern),
+}
+
+/// An exact queue name or a prefix (written with a trailing `*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueuePattern {
+    Exact(String),
+    Prefix(String),
+}
+
+impl QueuePattern {
+    fn parse(text: &str) -> Result<QueuePattern, String> {
+        let (name, prefix) = match text.strip_suffix('*') {
+            Some(head) => (head, true),
+            None => (text, false),
+        };
+        if name.contains('*') {
+            return Err(format!(
+                "queue pattern {text:?}: `*` may only end the pattern (a prefix)"
+            ));
+        }
+        if !prefix && name.is_empty() {
+            return Err("empty queue pattern: name a queue, a prefix ending in `*`, or `*`".into());
+        }
+        let queue_chars = name.len() <= belfry_core::limits::QUEUE_NAME_LEN_MAX
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+        if !queue_chars {
+            return Err(format!(
+                "queue pattern {text:?}: not a queue name (letters, digits, `-`, `_`, `.`)"
+            ));
+        }
+        Ok(if prefix {
+            QueuePattern::Prefix(name.to_owned())
+        } else {
+            QueuePattern::Exact(name.to_owned())
+        })
+    }
+
+    pub fn matches(&self, queue: &str) -> bool {
+        match self {
+            QueuePattern::Exact(name) => name == queue,
+            QueuePattern::Prefix(prefix) => queue.starts_with(prefix.as_str()),
+        }
+    }
+}
+
+impl Scope {
+    /// Parses `admin`, `read`, `produce:<pattern>` or `consume:<pattern>`.
+    pub fn parse(text: &str) -> Result<Scope, String> {
+        match text.split_once(':') {
+            None if text == "admin" => Ok(Scope::Admin),
+            None if text == "read" => Ok(Scope::Read),
+            Some(("produce", pattern)) => Ok(Scope::Produce(QueuePattern::parse(pattern)?)),
+            Some(("consume", pattern)) => Ok(Scope::Consume(QueuePattern::parse(pattern)?)),
+            _ => Err(format!(
+                "unknown scope {text:?}: expected admin, read, produce:<queue pattern> or \
+                 consume:<queue pattern>"
+            )),
+        }
+    }
+
+    /// Whether this scope allows `need`.
+    fn grants(&self, need: &Need) -> bool {
+        match (self, need) {
+            (_, Need::Public) | (Scope::Admin, _) => true,
+            (_, Need::AnyToken) => true,
+            (Scope::Read, Need::Read) => true,
+            (Scope::Read, Need::Produce { read: true, .. }) => true,
+            (Scope::Produce(pattern), Need::Produce { queue, .. }) => pattern.matches(queue),
+            (Scope::Consume(pattern), Need::Consume { queue }) => pattern.matches(queue),
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for QueuePattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QueuePattern::Exact(name) => f.write_str(name),
+            QueuePattern::Prefix(prefix) => write!(f, "{prefix}*"),
+        }
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Scope::Admin => f.write_str("admin"),
+            Scope::Read => f.write_str("read"),
+            Scope::Produce(pattern) => write!(f, "produce:{pattern}"),
+            Scope::Consume(pattern) => write!(f, "consume:{pattern}"),
+        }
+    }
+}
+
+/// What a request needs, decided from its route alone (`api::auth`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Need {
+    /// No token: `/healthz`, `/readyz`.
+    Public,
+    /// Any valid token: a path no route serves (its 404 is no secret, but it is not public).
+    AnyToken,
+    Read,
+    /// A task route of `queue`; `read` when it only reads (a `GET`, which `read` also allows).
+    Produce {
+        queue: String,
+        read: bool,
+    },
+    Consume {
+        queue: String,
+    },
+    Admin,
+}
+
+impl Need {
+    /// The scope that would allow this, as a 403 names it.
+    pub fn scope_text(&self) -> String {
+        match self {
+            Need::Public | Need::AnyToken => "any".into(),
+            Need::Read => "read".into(),
+            Need::Produce { queue, read: true } => format!("produce:{queue} or read"),
+            Need::Produce { queue, read: false } => format!("produce:{queue}"),
+            Need::Consume { queue } => format!("consume:{queue}"),
+            Need::Admin => "admin".into(),
+        }
+    }
+}
+
+/// A token's SHA-256.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenHash([u8; 32]);
+
+impl TokenHash {
+    pub fn of(token: &str) -> TokenHash {
+        TokenHash(Sha256::digest(token.as_bytes()).into())
+    }
+
+    /// Parses `sha256:<64 hex digits>` (what `belfry token create` prints).
+    pub fn parse(text: &str) -> Result<TokenHash, String> {
+        let hex_digits = text.strip_prefix("sha256:").ok_or_else(|| {
+            format!(
+                "expected sha256:<64 hex digits> (from `belfry token create`), got {:?}",
+                cut(text)
+            )
+        })?;
+        let mut bytes = [0u8; 32];
+        hex::decode_to_slice(hex_digits, &mut bytes)
+            .map_err(|_| format!("expected 64 hex digits after sha256:, got {:?}", cut(text)))?;
+        Ok(TokenHash(bytes))
+    }
+}
+
+impl fmt::Display for TokenHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "sha256:{}", hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for TokenHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenHash(..)")
+    }
+}
+
+fn cut(text: &str) -> String {
+    text.chars().take(24).collect()
+}
+
+/// A new random token: `bfy_` and 64 hex digits.
+pub fn generate_token() -> String {
+    let bytes: [u8; TOKEN_RANDOM_BYTES] = rand::random();
+    format!("bfy_{}", hex::encode(bytes))
+}
+
+/// One configured token: a name (for logs and errors; never the token), its hash, its scopes.
+#[derive(Debug, Clone)]
+pub struct TokenEntry {
+    pub name: String,
+    pub hash: TokenHash,
+    pub scopes: Vec<Scope>,
+}
+
+/// Why a request was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// No token, or one that is not known: 401.
+    Unauthorized(String),
+    /// A known token without the scope: 403, naming the scope needed.
+    Forbidden { token: String, needed: String },
+}
+
+/// The tokens the server accepts. Empty: authentication is off, every request passes.
+#[derive(Debug, Clone, Default)]
+pub struct Auth {
+    tokens: HashMap<TokenHash, Arc<TokenEntry>>,
+}
+
+impl Auth {
+    /// Authentication off.
+    pub fn none() -> Auth {
+        Auth::default()
+    }
+
+    /// These tokens; two entries with the same hash are refused (one token, two meanings).
+    pub fn new(entries: Vec<TokenEntry>) -> Result<Auth, String> {
+        let mut tokens = HashMap::with_capacity(entries.len());
+        for entry in entries {
+            if entry.scopes.is_empty() {
+                return Err(format!("token {:?} has no scopes", entry.name));
+            }
+            let name = entry.name.clone();
+            if let Some(other) = tokens.insert(entry.hash, Arc::new(entry)) {
+                return Err(format!(
+                    "tokens {:?} and {name:?} have the same hash: one token cannot have two names",
+                    other.name
+                ));
+            }
+        }
+        Ok(Auth { tokens })
+    }
+
+    pub fn enabled(&self) -> bool {
+        !self.tokens.is_empty()
+    }
+
+    /// Whether the bearer `token` (the `Authorization` header's, if any) allows `need`.
+    pub fn check(&self, token: Option<&str>, need: &Need) -> Result<(), Denied> {
+        if !self.enabled() || *need == Need::Public {
+            return Ok(());
+        }
+        let Some(token) = token else {
+            return Err(Denied::Unauthorized(
+                "this request needs a token: send `Authorization: Bearer <token>`".into(),
+            ));
+        };
+        let known = (token.len() <= TOKEN_LEN_MAX)
+            .then(|| self.tokens.get(&TokenHash::of(token)))
+            .flatten();
+        let Some(entry) = known else {
+            return Err(Denied::Unauthorized(
+                "the bearer token is not known to this server (revoked, mistyped, or for \
+                 another server)"
+                    .into(),
+            ));
+        };
+        if entry.scopes.iter().any(|scope| scope.grants(need)) {
+            Ok(())
+        } else {
+            Err(Denied::Forbidden {
+                token: entry.name.clone(),
+                needed: need.scope_text(),
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn auth(scopes: &[&str]) -> (Auth, String) {
+        let token = generate_token();
+        let entry = TokenEntry {
+            name: "t".into(),
+            hash: TokenHash::of(&token),
+            scopes: scopes.iter().map(|s| Scope::parse(s).unwrap()).collect(),
+        };
+        (Auth::new(vec![entry]).unwrap(), token)
+    }
+
+    fn produce(queue: &str, read: bool) -> Need {
+        Need::Produce {
+            queue: queue.into(),
+            read,
+        }
+    }
+
+    #[test]
+    fn scopes_parse_and_print_back() {
+        for text in [
+            "admin",
+            "read",
+            "produce:orders",
+            "produce:orders*",
+            "consume:*",
+        ] {
+            assert_eq!(Scope::parse(text).unwrap().to_string(), text);
+        }
+        for bad in [
+            "",
+            "write",
+            "produce",
+            "produce:",
+            "consume:a*b",
+            "produce:bad name",
+            "admin:x",
+        ] {
+            assert!(Scope::parse(bad).is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn each_scope_allows_what_it_names_and_nothing_else() {
+        let (a, token) = auth(&["produce:orders*", "consume:mail"]);
+        let t = Some(token.as_str());
+        assert_eq!(a.check(t, &produce("orders-eu", false)), Ok(()));
+        assert_eq!(a.check(t, &produce("orders", true)), Ok(()));
+        assert_eq!(
+            a.check(
+                t,
+                &Need::Consume {
+                    queue: "mail".into()
+                }
+            ),
+            Ok(())
+        );
+        assert_eq!(a.check(t, &Need::AnyToken), Ok(()));
+        for need in [
+            produce("mail", false),
+            Need::Consume {
+                queue: "orders".into(),
+            },
+            Need::Consume {
+                queue: "mail-2".into(),
+            },
+            Need::Read,
+            Need::Admin,
+        ] {
+            let denied = a.check(t, &need).unwrap_err();
+            assert_eq!(
+                denied,
+                Denied::Forbidden {
+                    token: "t".into(),
+                    needed: need.scope_text()
+                }
+            );
+        }
+        let (read, token) = auth(&["read"]);
+        let t = Some(token.as_str());
+        assert_eq!(read.check(t, &Need::Read), Ok(()));
+        assert_eq!(
+            read.check(t, &produce("any", true)),
+            Ok(()),
+            "a GET of a task"
+        );
+        assert!(read.check(t, &produce("any", false)).is_err(), "a submit");
+        let (admin, token) = auth(&["admin"]);
+        assert_eq!(admin.check(Some(&token), &Need::Admin), Ok(()));
+        assert_eq!(admin.check(Some(&token), &produce("x", false)), Ok(()));
+    }
+
+    #[test]
+    fn missing_and_unknown_tokens_are_unauthorized_and_public_needs_none() {
+        let (a, _) = auth(&["admin"]);
+        assert!(matches!(
+            a.check(None, &Need::Read),
+            Err(Denied::Unauthorized(_))
+        ));
+        assert!(matches!(
+            a.check(Some("bfy_nope"), &Need::Read),
+            Err(Denied::Unauthorized(_))
+        ));
+        let long = "x".repeat(TOKEN_LEN_MAX + 1);
+        assert!(matches!(
+            a.check(Some(&long), &Need::Read),
+            Err(Denied::Unauthorized(_))
+        ));
+        assert_eq!(a.check(None, &Need::Public), Ok(()));
+        assert_eq!(Auth::none().check(None, &Need::Admin), Ok(()), "auth off");
+    }
+
+    #[test]
+    fn hashes_round_trip_and_bad_ones_say_what_is_expected() {
+        let hash = TokenHash::of("secret");
+        assert_eq!(TokenHash::parse(&hash.to_string()).unwrap(), hash);
+        assert!(TokenHash::parse("secret").unwrap_err().contains("sha256:"));
+        assert!(TokenHash::parse("sha256:abc").is_err());
+        assert!(!format!("{hash:?}").contains(&hex::encode(hash.0)));
+        let token = generate_token();
+        assert!(
+            token.starts_with("bfy_") && token.len() == 4 + 64,
+            "{token}"
+        );
+        assert_ne!(token, generate_token());
+    }
+
+    #[test]
+    fn one_token_cannot_have_two_entries() {
+        let hash = TokenHash::of("same");
+        let entry = |name: &str| TokenEntry {
+            name: name.into(),
+            hash,
+            scopes: vec![Scope::Read],
+        };
+        assert!(Auth::new(vec![entry("a"), entry("b")]).is_err());
+        assert!(Auth::new(vec![TokenEntry {
+            scopes: vec![],
+            ..entry("c")
+        }])
+        .is_err());
+    }
+}
