@@ -52,12 +52,23 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::schedule_cmd::ScheduleCommand,
     },
+    /// Make bearer tokens for `[[auth.tokens]]` (offline: nothing is sent to a server).
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
     /// Load-generate against a server (or one it spawns) and compare with same-run baselines.
     /// See BENCHMARKS.md for the commands behind every published number.
     Bench {
         #[command(subcommand)]
         command: belfry_bench::BenchCommand,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a new random token and the `[[auth.tokens]]` lines (with its hash) that accept it.
+    Create(crate::auth_config::TokenCreateArgs),
 }
 
 #[derive(Debug, Args)]
@@ -94,6 +105,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Task { remote, command } => crate::commands::task::task(&remote, command).await,
         Command::Dead { remote, command } => crate::commands::dead::dead(&remote, command).await,
         Command::Schedule { remote, command } => crate::schedule_cmd::run(&remote, command).await,
+        Command::Token {
+            command: TokenCommand::Create(args),
+        } => {
+            print!("{}", crate::auth_config::create_token(&args)?);
+            Ok(())
+        }
         // `main` runs the bench before any runtime exists: it builds its own.
         Command::Bench { .. } => anyhow::bail!("belfry bench must be dispatched by main"),
     }

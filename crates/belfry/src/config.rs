@@ -11,6 +11,7 @@ use belfry_sinks::{ConnectionKind, ConnectionSpec, Connections, TlsOptions};
 use belfry_store::FsyncPolicy;
 use serde::Deserialize;
 
+use crate::auth_config::{AuthSection, ADMIN_TOKEN_ENV};
 use crate::units::{HumanDuration, HumanSize};
 
 #[derive(Debug, Default, Deserialize)]
@@ -38,6 +39,9 @@ pub struct FileConfig {
     /// `[connections.NAME]`: brokers that queues' stream deliveries name.
     #[serde(default)]
     pub connections: BTreeMap<String, ConnectionSection>,
+    /// `[auth]`: bearer tokens.
+    #[serde(default)]
+    pub auth: AuthSection,
 }
 
 /// One `[connections.NAME]` table. Secrets in it are never logged: `Debug` redacts them.
@@ -242,6 +246,8 @@ pub struct Settings {
     /// The `[connections.*]` brokers that stream deliveries name; `serve` hands them to the
     /// server builder.
     pub connections: Connections,
+    /// The bearer tokens (`[auth]`, `BELFRY_ADMIN_TOKEN`); none leaves the API open.
+    pub auth: belfry_server::auth::Auth,
 }
 
 /// Reads the TOML file. Unknown keys are refused with their name.
@@ -302,6 +308,9 @@ impl FileConfig {
     /// (`BELFRY_CONNECTIONS__NAME__KEY`), which are read from the process environment because
     /// their names are open-ended.
     pub fn apply_env(&mut self, lookup: impl Fn(&str) -> Option<String>) -> anyhow::Result<()> {
+        if let Some(token) = lookup(ADMIN_TOKEN_ENV) {
+            self.auth.admin_token = Some(token);
+        }
         self.apply_fixed_env(lookup)?;
         self.apply_connection_env(
             std::env::vars().filter(|(var, _)| var.starts_with(CONNECTION_ENV_PREFIX)),
@@ -494,7 +503,9 @@ impl FileConfig {
             "json" => LogFormat::Json,
             other => bail!("log.format: expected \"text\" or \"json\", got {other:?}"),
         };
+        let auth = self.auth.resolve(server.listen)?;
         Ok(Settings {
+            auth,
             server,
             data_dir: data_dir
                 .or(self.data_dir)

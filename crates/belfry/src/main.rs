@@ -1,6 +1,7 @@
 //! The `belfry` binary: parses the command line, sets up logging and configuration, and hands
 //! over to the server or the API client.
 
+mod auth_config;
 mod cli;
 mod commands;
 mod config;

@@ -28,8 +28,17 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         }
         StoreKind::Memory => Arc::new(MemoryStore::new()),
     };
+    if !settings.auth.enabled() {
+        let listen = settings.server.listen;
+        if listen.ip().is_loopback() {
+            tracing::info!("no bearer token is configured: any process on this machine may call the API at {listen} (see [auth] in config/belfry.example.toml)");
+        } else {
+            tracing::warn!("no bearer token is configured (allow_unauthenticated): anyone who can reach {listen} may call the API");
+        }
+    }
     let handle = Server::builder(settings.server.clone(), store)
         .connections(settings.connections.clone())
+        .auth(settings.auth.clone())
         .start()
         .await
         .context("start the server")?;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 /// Where the client subcommands send their requests, and how they print the answers.
-#[derive(Debug, clap::Args)]
+#[derive(clap::Args)]
 pub struct Remote {
     /// The server's URL (http://HOST:PORT).
     #[arg(
@@ -20,9 +20,23 @@ pub struct Remote {
         global = true
     )]
     pub server: String,
+    /// Bearer token for a server that requires one (`[[auth.tokens]]`).
+    #[arg(long, env = "BELFRY_TOKEN", global = true, hide_env_values = true)]
+    pub token: Option<String>,
     /// Print the server's JSON answer exactly as received (nothing for an empty answer).
     #[arg(long, global = true)]
     pub json: bool,
+}
+
+/// The token never shows in debug output.
+impl std::fmt::Debug for Remote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Remote")
+            .field("server", &self.server)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("json", &self.json)
+            .finish()
+    }
 }
 
 use anyhow::{anyhow, Context};
@@ -30,7 +44,11 @@ use belfry_client::{Answer, Client, Request};
 use serde::de::DeserializeOwned;
 
 pub(crate) fn client(remote: &Remote) -> anyhow::Result<Client> {
-    Ok(Client::new(&remote.server)?)
+    let client = Client::new(&remote.server)?;
+    Ok(match &remote.token {
+        Some(token) => client.with_token(token.trim()),
+        None => client,
+    })
 }
 
 /// Sends `request`; with `--json` prints the answer's body exactly as the server wrote it
@@ -89,6 +107,12 @@ pub fn error_line(error: &anyhow::Error) -> String {
                  Point --server or BELFRY_SERVER at it"
             )
         }
+        Some(belfry_client::Error::Api {
+            code: belfry_client::ErrorCode::Unauthorized,
+            ..
+        }) => format!(
+            "{error:#} (the server requires a token: set BELFRY_TOKEN or pass --token;              `belfry token create` makes one for the server's config)"
+        ),
         _ => format!("{error:#}"),
     }
 }

@@ -26,6 +26,11 @@ impl Drop for Served {
 /// Starts `belfry serve --listen 127.0.0.1:0 ARGS` with a clean environment and waits for its
 /// "listening on" log line.
 pub fn serve(args: &[&str]) -> Served {
+    serve_with_env(args, &[])
+}
+
+/// `serve`, with these environment variables set.
+pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> Served {
     let mut child = Command::new(BIN)
         .arg("serve")
         .args(["--listen", "127.0.0.1:0"])
@@ -34,6 +39,8 @@ pub fn serve(args: &[&str]) -> Served {
         .env_remove("BELFRY_LISTEN")
         .env_remove("BELFRY_DATA_DIR")
         .env_remove("BELFRY_CONFIG")
+        .env_remove("BELFRY_ADMIN_TOKEN")
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()

@@ -1,0 +1,219 @@
+//! The `[auth]` section: bearer tokens (by hash) and their scopes, plus `BELFRY_ADMIN_TOKEN`
+//! for a first start; and `belfry token create`, which makes a token and the lines to add.
+
+use std::net::SocketAddr;
+
+use anyhow::{anyhow, bail};
+use belfry_server::auth::{generate_token, Auth, Scope, TokenEntry, TokenHash};
+use serde::Deserialize;
+
+/// The environment variable holding an admin token (plain, never written anywhere).
+pub const ADMIN_TOKEN_ENV: &str = "BELFRY_ADMIN_TOKEN";
+
+#[derive(Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// `[[auth.tokens]]`.
+    #[serde(default)]
+    pub tokens: Vec<TokenSection>,
+    /// Serve a non-loopback address without any token (an explicit opt-out).
+    pub allow_unauthenticated: Option<bool>,
+    /// From `BELFRY_ADMIN_TOKEN`, not the file.
+    #[serde(skip)]
+    pub admin_token: Option<String>,
+}
+
+impl std::fmt::Debug for AuthSection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthSection")
+            .field("tokens", &self.tokens)
+            .field("allow_unauthenticated", &self.allow_unauthenticated)
+            .field(
+                "admin_token",
+                &self.admin_token.as_ref().map(|_| "<redacted>"),
+            )
+            .finish()
+    }
+}
+
+/// One `[[auth.tokens]]` entry: a hash, never the token.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenSection {
+    pub name: String,
+    pub hash: String,
+    pub scopes: Vec<String>,
+}
+
+impl AuthSection {
+    /// The tokens the server accepts. Refuses a non-loopback `listen` with none unless
+    /// `allow_unauthenticated` says so.
+    pub fn resolve(&self, listen: SocketAddr) -> anyhow::Result<Auth> {
+        let mut entries = Vec::with_capacity(self.tokens.len() + 1);
+        for (at, token) in self.tokens.iter().enumerate() {
+            let key = format!("auth.tokens[{at}] ({:?})", token.name);
+            if token.name.trim().is_empty() {
+                bail!("auth.tokens[{at}].name: required (it names the token in errors)");
+            }
+            let hash = TokenHash::parse(&token.hash).map_err(|e| anyhow!("{key}.hash: {e}"))?;
+            let scopes = token
+                .scopes
+                .iter()
+                .map(|s| Scope::parse(s).map_err(|e| anyhow!("{key}.scopes: {e}")))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            if scopes.is_empty() {
+                bail!("{key}.scopes: give at least one (admin, read, produce:<queues>, consume:<queues>)");
+            }
+            entries.push(TokenEntry {
+                name: token.name.clone(),
+                hash,
+                scopes,
+            });
+        }
+        if let Some(token) = self.admin_token.as_deref().map(str::trim) {
+            if token.len() < 16 {
+                bail!("{ADMIN_TOKEN_ENV}: at least 16 characters (make one with `belfry token create`)");
+            }
+            entries.push(TokenEntry {
+                name: ADMIN_TOKEN_ENV.into(),
+                hash: TokenHash::of(token),
+                scopes: vec![Scope::Admin],
+            });
+        }
+        let auth = Auth::new(entries).map_err(|e| anyhow!("auth.tokens: {e}"))?;
+        if !auth.enabled()
+            && !listen.ip().is_loopback()
+            && !self.allow_unauthenticated.unwrap_or(false)
+        {
+            bail!(
+                "listen: {listen} is reachable from other machines, and no token is configured, \
+                 so anyone who can reach it could create, read and cancel tasks. Add a token \
+                 (`belfry token create --scope admin` prints one and the [[auth.tokens]] lines \
+                 to add, or set {ADMIN_TOKEN_ENV}), or opt out with `allow_unauthenticated = \
+                 true` under [auth]"
+            );
+        }
+        Ok(auth)
+    }
+}
+
+/// `belfry token create`: a new random token, and the config lines that accept it.
+#[derive(Debug, clap::Args)]
+pub struct TokenCreateArgs {
+    /// The token's name (shown in 403 answers and logs; never the token).
+    #[arg(long, default_value = "default")]
+    pub name: String,
+    /// A scope: admin, read, produce:<queue pattern>, consume:<queue pattern> (repeatable).
+    #[arg(long = "scope", required = true)]
+    pub scopes: Vec<String>,
+}
+
+pub fn create_token(args: &TokenCreateArgs) -> anyhow::Result<String> {
+    for scope in &args.scopes {
+        Scope::parse(scope).map_err(|e| anyhow!("--scope: {e}"))?;
+    }
+    if args.name.contains('"') || args.name.contains('\\') {
+        bail!("--name: no quotes or backslashes (it goes into TOML)");
+    }
+    let token = generate_token();
+    let scopes = args
+        .scopes
+        .iter()
+        .map(|s| format!("\"{s}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Ok(format!(
+        "token (shown once; give it to the client as BELFRY_TOKEN or `Authorization: Bearer`):\n\
+         {token}\n\n\
+         add to the server's config file:\n\
+         [[auth.tokens]]\n\
+         name = \"{}\"\n\
+         hash = \"{}\"\n\
+         scopes = [{scopes}]\n",
+        args.name,
+        TokenHash::of(&token)
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(addr: &str) -> SocketAddr {
+        addr.parse().unwrap()
+    }
+
+    #[test]
+    fn an_open_api_on_a_public_address_is_refused_unless_opted_out() {
+        let none = AuthSection::default();
+        assert!(!none.resolve(at("127.0.0.1:7070")).unwrap().enabled());
+        let error = none.resolve(at("0.0.0.0:7070")).unwrap_err().to_string();
+        assert!(error.contains("belfry token create"), "{error}");
+        assert!(error.contains("allow_unauthenticated"), "{error}");
+        let opted_out = AuthSection {
+            allow_unauthenticated: Some(true),
+            ..AuthSection::default()
+        };
+        assert!(!opted_out.resolve(at("0.0.0.0:7070")).unwrap().enabled());
+        let with_env = AuthSection {
+            admin_token: Some("an-admin-token-of-some-length".into()),
+            ..AuthSection::default()
+        };
+        assert!(with_env.resolve(at("0.0.0.0:7070")).unwrap().enabled());
+    }
+
+    #[test]
+    fn created_lines_parse_back_into_a_token_the_server_accepts() {
+        let printed = create_token(&TokenCreateArgs {
+            name: "shop".into(),
+            scopes: vec!["produce:orders*".into(), "read".into()],
+        })
+        .unwrap();
+        let token = printed.lines().nth(1).unwrap();
+        let toml_part = &printed[printed.find("[[auth.tokens]]").unwrap()..];
+        #[derive(Deserialize)]
+        struct File {
+            auth: AuthSection,
+        }
+        let file: File = toml::from_str(&format!("[auth]\n{toml_part}")).unwrap();
+        let auth = file.auth.resolve(at("0.0.0.0:1")).unwrap();
+        let need = belfry_server::auth::Need::Produce {
+            queue: "orders-eu".into(),
+            read: false,
+        };
+        assert_eq!(auth.check(Some(token), &need), Ok(()));
+        assert!(!printed.contains(&format!("hash = \"{token}")));
+    }
+
+    #[test]
+    fn bad_entries_name_the_key() {
+        let section = |hash: &str, scope: &str| AuthSection {
+            tokens: vec![TokenSection {
+                name: "x".into(),
+                hash: hash.into(),
+                scopes: vec![scope.into()],
+            }],
+            ..AuthSection::default()
+        };
+        let good_hash = TokenHash::of("t").to_string();
+        let error = section("plain-token", "admin")
+            .resolve(at("127.0.0.1:1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("auth.tokens[0]") && error.contains("hash"),
+            "{error}"
+        );
+        let error = section(&good_hash, "write")
+            .resolve(at("127.0.0.1:1"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("scopes") && error.contains("write"),
+            "{error}"
+        );
+        assert!(section(&good_hash, "admin")
+            .resolve(at("127.0.0.1:1"))
+            .is_ok());
+    }
+}

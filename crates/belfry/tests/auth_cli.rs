@@ -1,0 +1,95 @@
+//! Tokens through the real binary: `belfry token create` makes a token and its config lines,
+//! `belfry serve` accepts it (or `BELFRY_ADMIN_TOKEN`), the CLI sends `BELFRY_TOKEN`, and a
+//! server reachable from other machines refuses to start without any token.
+
+use std::process::Command;
+
+mod common;
+
+use common::{serve, serve_with_env, Served, BIN};
+
+/// Runs `belfry ARGS --server URL` with `BELFRY_TOKEN` set to `token` (or unset).
+fn belfry(server: &Served, token: Option<&str>, args: &[&str]) -> (bool, String, String) {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .args(["--server", &server.url])
+        .env_remove("BELFRY_SERVER")
+        .env_remove("BELFRY_TOKEN");
+    if let Some(token) = token {
+        command.env("BELFRY_TOKEN", token);
+    }
+    let out = command.output().expect("run belfry");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `belfry token create`: (the token, the config lines).
+fn create_token(scopes: &[&str]) -> (String, String) {
+    let mut args = vec!["token", "create", "--name", "ops"];
+    for scope in scopes {
+        args.extend(["--scope", scope]);
+    }
+    let out = Command::new(BIN).args(&args).output().expect("run belfry");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let token = printed.lines().nth(1).unwrap().trim().to_owned();
+    let lines = printed[printed.find("[[auth.tokens]]").unwrap()..].to_owned();
+    assert!(
+        !lines.contains(&token),
+        "the config lines hold the hash, not the token"
+    );
+    (token, lines)
+}
+
+#[test]
+fn a_configured_token_is_required_and_accepted() {
+    let (token, lines) = create_token(&["admin"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(&config, format!("[auth]\n{lines}")).unwrap();
+    let server = serve(&["--store", "memory", "--config", config.to_str().unwrap()]);
+
+    let (ok, _, stderr) = belfry(&server, None, &["queue", "create", "jobs"]);
+    assert!(!ok, "a call without a token is refused");
+    assert!(stderr.contains("unauthorized"), "{stderr}");
+    let (ok, _, stderr) = belfry(&server, Some("bfy_wrong"), &["queue", "list"]);
+    assert!(!ok && stderr.contains("unauthorized"), "{stderr}");
+    let (ok, _, stderr) = belfry(&server, Some(&token), &["queue", "create", "jobs"]);
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = belfry(&server, Some(&token), &["queue", "list"]);
+    assert!(ok && stdout.contains("jobs"), "{stdout} {stderr}");
+}
+
+#[test]
+fn the_admin_token_from_the_environment_is_accepted() {
+    let admin = "an-admin-token-for-a-first-start";
+    let server = serve_with_env(&["--store", "memory"], &[("BELFRY_ADMIN_TOKEN", admin)]);
+    let (ok, _, stderr) = belfry(&server, None, &["queue", "list"]);
+    assert!(!ok && stderr.contains("unauthorized"), "{stderr}");
+    let (ok, _, stderr) = belfry(&server, Some(admin), &["queue", "list"]);
+    assert!(ok, "{stderr}");
+}
+
+#[test]
+fn a_public_address_without_a_token_refuses_to_start_and_says_how_to_fix_it() {
+    let out = Command::new(BIN)
+        .args(["serve", "--store", "memory", "--listen", "0.0.0.0:0"])
+        .env_remove("BELFRY_ADMIN_TOKEN")
+        .env_remove("BELFRY_CONFIG")
+        .output()
+        .expect("run belfry serve");
+    assert!(!out.status.success(), "it must not start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("belfry token create") && stderr.contains("allow_unauthenticated"),
+        "{stderr}"
+    );
+}
