@@ -19,6 +19,8 @@ pub struct Target {
     pub addr: SocketAddr,
     /// Value of the Host header.
     pub host: String,
+    /// Sent as `Authorization: Bearer` on every request, when set.
+    pub token: Option<String>,
 }
 
 impl Target {
@@ -26,6 +28,7 @@ impl Target {
         Target {
             addr,
             host: addr.to_string(),
+            token: None,
         }
     }
 
@@ -56,6 +59,7 @@ impl Target {
         Ok(Target {
             addr,
             host: host.to_string(),
+            token: None,
         })
     }
 }
@@ -64,6 +68,7 @@ impl Target {
 pub struct HttpConn {
     sender: SendRequest<Full<Bytes>>,
     host: String,
+    authorization: Option<http::HeaderValue>,
 }
 
 impl HttpConn {
@@ -84,9 +89,18 @@ impl HttpConn {
             // failure shows up as an error on the next request, where it is counted.
             let _ = connection.await;
         });
+        let authorization = match &target.token {
+            Some(token) => Some(
+                http::HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                    BenchError::invalid("--token", "not a valid header value".to_string())
+                })?,
+            ),
+            None => None,
+        };
         Ok(HttpConn {
             sender,
             host: target.host.clone(),
+            authorization,
         })
     }
 
@@ -113,6 +127,9 @@ impl HttpConn {
             .method(method)
             .uri(path)
             .header(header::HOST, &self.host);
+        if let Some(authorization) = &self.authorization {
+            builder = builder.header(header::AUTHORIZATION, authorization);
+        }
         for (name, value) in headers {
             builder = builder.header(*name, *value);
         }

@@ -22,6 +22,38 @@ const BATCHED_SHARE_OF_FSYNC_TARGET: f64 = 0.7;
 /// Target from the brief: single-task ingest at least this share of the trivial handler.
 const SINGLE_SHARE_OF_TRIVIAL_TARGET: f64 = 0.7;
 
+/// Target of the console/auth issue: requests carrying a token cost at most this share of
+/// single-task ingest throughput.
+const AUTH_COST_TARGET: f64 = 0.10;
+
+/// The label of the run with a token (`--with-token`).
+const WITH_TOKEN_LABEL: &str = "belfry, bearer token";
+
+/// The server's admin-token variable (`belfry serve`).
+const ADMIN_TOKEN_ENV: &str = "BELFRY_ADMIN_TOKEN";
+
+/// Throughput and server CPU per request with a token against without.
+fn auth_cost_note(without: &IngestOutcome, with: &IngestOutcome) -> String {
+    let cost = 1.0 - with.tasks_per_s / without.tasks_per_s.max(1e-9);
+    let cpu_per_request = |o: &IngestOutcome| {
+        o.cpu
+            .server_cores
+            .map(|cores| cores * o.elapsed_s / (o.requests.max(1) as f64) * 1e6)
+    };
+    let cpu = match (cpu_per_request(without), cpu_per_request(with)) {
+        (Some(a), Some(b)) => format!("; server CPU {b:.1} vs {a:.1} µs per request"),
+        _ => String::new(),
+    };
+    format!(
+        "target: a bearer token costs ≤ {:.0}% of ingest throughput: {} ({} vs {} tasks/s, {:+.1}%{cpu}; two servers, one after the other, in this run).",
+        AUTH_COST_TARGET * 100.0,
+        if cost <= AUTH_COST_TARGET { "met" } else { "missed" },
+        thousands(with.tasks_per_s),
+        thousands(without.tasks_per_s),
+        -cost * 100.0,
+    )
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct IngestArgs {
     /// Tasks to submit.
@@ -45,6 +77,10 @@ pub struct IngestArgs {
     /// Queue to create and submit to (default: a fresh `bench-ingest-<ms>`).
     #[arg(long)]
     pub queue: Option<String>,
+    /// With --spawn: also run the same ingest against a second server that requires a bearer
+    /// token (`BELFRY_ADMIN_TOKEN`), every request carrying it: what authentication costs.
+    #[arg(long)]
+    pub with_token: bool,
     #[command(flatten)]
     pub server: ServerArgs,
     #[command(flatten)]
@@ -73,6 +109,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
     };
 
     let mut belfry = None;
+    let mut with_token = None;
     let mut fsync_dir = args.server.spawn_dir.clone();
     if !args.server.baselines_only {
         let server = ServerUnderTest::connect_or_spawn(&args.server, &[]).await?;
@@ -89,23 +126,51 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
             }
         }
         create_queue(&server.target, &queue, "{}").await?;
+        let job = |label: &str, server: &ServerUnderTest| IngestJob {
+            label: label.into(),
+            target: server.target.clone(),
+            path: path.clone(),
+            body_paths: None,
+            bodies: bodies.clone(),
+            connections: args.connections,
+            answers: Answers::Belfry,
+            due_at_ms: None,
+            server_pid: server.pid,
+        };
         let outcome = run_ingest(
-            IngestJob {
-                label: "belfry".into(),
-                target: server.target.clone(),
-                path: path.clone(),
-                body_paths: None,
-                bodies: bodies.clone(),
-                connections: args.connections,
-                answers: Answers::Belfry,
-                due_at_ms: None,
-                server_pid: server.pid,
-            },
+            job("belfry", &server),
             progress(&args.output, args.tasks, "belfry ingest"),
         )
         .await;
         server.stop();
         belfry = Some(outcome);
+        if args.with_token {
+            // A bench token on loopback: it need not be secret, only as long as a real one.
+            let token = format!("bfy_bench_{:032x}_{:08x}", unix_ms(), std::process::id());
+            let mut server = ServerUnderTest::connect_or_spawn(
+                &args.server,
+                &[(ADMIN_TOKEN_ENV, token.as_str())],
+            )
+            .await?;
+            // It must really require the token, or the comparison measures nothing.
+            let mut bare = crate::http::HttpConn::connect(&server.target).await?;
+            let (status, _) = bare
+                .request(http::Method::GET, "/v1/queues", bytes::Bytes::new())
+                .await?;
+            anyhow::ensure!(
+                status == http::StatusCode::UNAUTHORIZED,
+                "the server started with {ADMIN_TOKEN_ENV} answered {status} to a request without a token, not 401"
+            );
+            server.target.token = Some(token);
+            create_queue(&server.target, &queue, "{}").await?;
+            let outcome = run_ingest(
+                job(WITH_TOKEN_LABEL, &server),
+                progress(&args.output, args.tasks, "belfry ingest, with a token"),
+            )
+            .await;
+            server.stop();
+            with_token = Some(outcome);
+        }
     }
 
     let trivial = if args.baselines.wants(Baseline::Http) {
@@ -153,7 +218,16 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
     };
 
     Ok(build_report(
-        &args, machine, &bodies, belfry, trivial, fsync, redis,
+        &args,
+        machine,
+        &bodies,
+        Measured {
+            belfry,
+            with_token,
+            trivial,
+            fsync,
+            redis,
+        },
     ))
 }
 
@@ -179,15 +253,23 @@ async fn redis_ingest(args: &IngestArgs, due: &[u64]) -> anyhow::Result<IngestOu
     Ok(result?)
 }
 
-fn build_report(
-    args: &IngestArgs,
-    machine: Machine,
-    bodies: &Bodies,
+/// What one run measured (each `None` when not asked for).
+struct Measured {
     belfry: Option<IngestOutcome>,
+    with_token: Option<IngestOutcome>,
     trivial: Option<IngestOutcome>,
     fsync: Option<RawAppend>,
     redis: Option<IngestOutcome>,
-) -> Report {
+}
+
+fn build_report(args: &IngestArgs, machine: Machine, bodies: &Bodies, m: Measured) -> Report {
+    let Measured {
+        belfry,
+        with_token,
+        trivial,
+        fsync,
+        redis,
+    } = m;
     let mode = if args.batch == 1 {
         "one task per request".to_string()
     } else {
@@ -252,8 +334,14 @@ fn build_report(
             notes.push(format!("{}: the server used {server:.2} cores.", o.label));
         }
     };
-    for o in [&belfry, &trivial, &redis].into_iter().flatten() {
+    for o in [&belfry, &with_token, &trivial, &redis]
+        .into_iter()
+        .flatten()
+    {
         row(o, &mut table);
+    }
+    if let (Some(b), Some(t)) = (&belfry, &with_token) {
+        notes.push(auth_cost_note(b, t));
     }
     if let Some(f) = &fsync {
         table.row(vec![

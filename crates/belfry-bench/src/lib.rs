@@ -108,6 +108,9 @@ pub struct ServerArgs {
     /// PID of the server at --url, to report its CPU and RSS (known for --spawn).
     #[arg(long)]
     pub server_pid: Option<u32>,
+    /// Bearer token for a server at --url that requires one.
+    #[arg(long, env = "BELFRY_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
     /// Data dir of the server at --url, to report its disk use (known for --spawn).
     #[arg(long)]
     pub server_data_dir: Option<PathBuf>,

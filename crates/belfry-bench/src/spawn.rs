@@ -242,7 +242,10 @@ impl ServerUnderTest {
             })
         } else {
             Ok(ServerUnderTest {
-                target: Target::parse(&args.url)?,
+                target: Target {
+                    token: args.token.clone(),
+                    ..Target::parse(&args.url)?
+                },
                 pid: args.server_pid,
                 spawned: None,
             })
