@@ -99,8 +99,11 @@ pub enum Error {
     Http(#[from] reqwest::Error),
     #[error("unexpected answer from belfry (HTTP {status}): {detail}")]
     Unexpected { status: u16, detail: String },
-    #[error("invalid server URL {0:?}: give http://HOST:PORT")]
+    #[error("invalid server URL {0:?}: give http://HOST:PORT or https://HOST:PORT")]
     BadUrl(String),
+    /// The CA file given for an `https://` server holds no usable certificate.
+    #[error("CA certificates: {0}")]
+    BadCa(String),
 }
 
 impl Error {

@@ -74,6 +74,7 @@ pub struct ServerBuilder {
     connections: belfry_sinks::Connections,
     extra_routes: Vec<Router>,
     auth: Arc<auth::Auth>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Entry point for tests and embedders: `Server::builder(config, store).start().await`.
@@ -89,6 +90,7 @@ impl Server {
             connections: belfry_sinks::Connections::empty(),
             extra_routes: Vec::new(),
             auth: Arc::new(auth::Auth::none()),
+            tls: None,
         }
     }
 }
@@ -119,6 +121,12 @@ impl ServerBuilder {
     /// leaves the API open (the binary refuses that on a non-loopback address).
     pub fn auth(mut self, auth: auth::Auth) -> Self {
         self.auth = Arc::new(auth);
+        self
+    }
+
+    /// Serve HTTPS with this configuration (see [`listener::tls::load`]) instead of HTTP.
+    pub fn tls(mut self, tls: Arc<rustls::ServerConfig>) -> Self {
+        self.tls = Some(tls);
         self
     }
 
@@ -195,6 +203,7 @@ impl ServerBuilder {
             service.clone(),
             listener,
             router,
+            self.tls,
             shutdown.clone(),
             background,
         ));
@@ -261,6 +270,7 @@ async fn serve(
     service: Arc<Service>,
     listener: tokio::net::TcpListener,
     router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: CancellationToken,
     background: TaskTracker,
 ) -> Result<(), ServerError> {
@@ -285,6 +295,7 @@ async fn serve(
         limits,
         connections,
         http_shutdown.clone(),
+        tls,
     ));
     shutdown.cancelled().await;
     service.set_draining();

@@ -42,6 +42,17 @@ pub struct FileConfig {
     /// `[auth]`: bearer tokens.
     #[serde(default)]
     pub auth: AuthSection,
+    /// `[tls]`: serve HTTPS.
+    #[serde(default)]
+    pub tls: TlsSection,
+}
+
+/// `[tls]`: a PEM certificate chain and its private key; both or neither.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
 }
 
 /// One `[connections.NAME]` table. Secrets in it are never logged: `Debug` redacts them.
@@ -248,6 +259,8 @@ pub struct Settings {
     pub connections: Connections,
     /// The bearer tokens (`[auth]`, `BELFRY_ADMIN_TOKEN`); none leaves the API open.
     pub auth: belfry_server::auth::Auth,
+    /// `[tls]` certificate and key files: serve HTTPS.
+    pub tls: Option<(PathBuf, PathBuf)>,
 }
 
 /// Reads the TOML file. Unknown keys are refused with their name.
@@ -301,6 +314,8 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_METRICS_REFRESH", "metrics.refresh"),
     ("BELFRY_LOG_LEVEL", "log.level"),
     ("BELFRY_LOG_FORMAT", "log.format"),
+    ("BELFRY_TLS_CERT", "tls.cert"),
+    ("BELFRY_TLS_KEY", "tls.key"),
 ];
 
 impl FileConfig {
@@ -391,6 +406,8 @@ impl FileConfig {
                 }
                 "log.level" => self.log.level = Some(value.clone()),
                 "log.format" => self.log.format = Some(value.clone()),
+                "tls.cert" => self.tls.cert = Some(PathBuf::from(&value)),
+                "tls.key" => self.tls.key = Some(PathBuf::from(&value)),
                 other => bail!("internal: no override for {other}"),
             }
         }
@@ -504,8 +521,19 @@ impl FileConfig {
             other => bail!("log.format: expected \"text\" or \"json\", got {other:?}"),
         };
         let auth = self.auth.resolve(server.listen)?;
+        let tls = match (self.tls.cert, self.tls.key) {
+            (Some(cert), Some(key)) => Some((cert, key)),
+            (None, None) => None,
+            (Some(_), None) => {
+                bail!("tls.key: required with tls.cert (the certificate's private key, PEM)")
+            }
+            (None, Some(_)) => {
+                bail!("tls.cert: required with tls.key (the certificate chain, PEM)")
+            }
+        };
         Ok(Settings {
             auth,
+            tls,
             server,
             data_dir: data_dir
                 .or(self.data_dir)

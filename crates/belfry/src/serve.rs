@@ -36,19 +36,28 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
             tracing::warn!("no bearer token is configured (allow_unauthenticated): anyone who can reach {listen} may call the API");
         }
     }
-    let handle = Server::builder(settings.server.clone(), store)
+    let mut builder = Server::builder(settings.server.clone(), store)
         .connections(settings.connections.clone())
-        .auth(settings.auth.clone())
-        .start()
-        .await
-        .context("start the server")?;
+        .auth(settings.auth.clone());
+    if let Some((cert, key)) = &settings.tls {
+        builder = builder.tls(belfry_server::listener::tls::load(cert, key)?);
+    }
+    let scheme = if settings.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let handle = builder.start().await.context("start the server")?;
     let data = match settings.store {
         StoreKind::Engine => format!("data in {}", settings.data_dir.display()),
         StoreKind::Memory => {
             "data in memory only (--store memory): nothing survives a restart".into()
         }
     };
-    tracing::info!("belfry listening on http://{}, {data}", handle.local_addr());
+    tracing::info!(
+        "belfry listening on {scheme}://{}, {data}",
+        handle.local_addr()
+    );
 
     signal.await;
     handle.stop().await.context("shut down")?;

@@ -15,7 +15,8 @@ fn belfry(server: &Served, token: Option<&str>, args: &[&str]) -> (bool, String,
         .args(args)
         .args(["--server", &server.url])
         .env_remove("BELFRY_SERVER")
-        .env_remove("BELFRY_TOKEN");
+        .env_remove("BELFRY_TOKEN")
+        .env_remove("BELFRY_CA_FILE");
     if let Some(token) = token {
         command.env("BELFRY_TOKEN", token);
     }
@@ -92,4 +93,30 @@ fn a_public_address_without_a_token_refuses_to_start_and_says_how_to_fix_it() {
         stderr.contains("belfry token create") && stderr.contains("allow_unauthenticated"),
         "{stderr}"
     );
+}
+
+/// `belfry serve` with `BELFRY_TLS_CERT`/`BELFRY_TLS_KEY` serves HTTPS; the CLI reaches it with
+/// `--ca-file` (the test's self-signed certificate), and not without.
+#[test]
+fn https_with_a_certificate_the_cli_is_told_to_trust() {
+    let made = rcgen::generate_simple_self_signed(vec!["127.0.0.1".into()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    std::fs::write(&cert, made.cert.pem()).unwrap();
+    std::fs::write(&key, made.key_pair.serialize_pem()).unwrap();
+    let server = serve_with_env(
+        &["--store", "memory"],
+        &[
+            ("BELFRY_TLS_CERT", cert.to_str().unwrap()),
+            ("BELFRY_TLS_KEY", key.to_str().unwrap()),
+        ],
+    );
+    assert!(server.url.starts_with("https://"), "{}", server.url);
+    let ca = cert.to_str().unwrap();
+    let (ok, _, stderr) = belfry(&server, None, &["queue", "create", "tls", "--ca-file", ca]);
+    assert!(ok, "{stderr}");
+    let (ok, stdout, stderr) = belfry(&server, None, &["queue", "list", "--ca-file", ca]);
+    assert!(ok && stdout.contains("tls"), "{stdout} {stderr}");
+    let (ok, _, _) = belfry(&server, None, &["queue", "list"]);
+    assert!(!ok, "an untrusted certificate is refused");
 }

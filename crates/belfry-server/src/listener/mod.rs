@@ -21,6 +21,9 @@
 //!   is closed: an idle keep-alive connection, or one that connected and sent nothing (the
 //!   header timer would close those too, later, when it is the longer of the two).
 //!
+//! With a TLS configuration (`tls.cert`, `tls.key`) every connection is HTTPS (`tls.rs`); its
+//! handshake must finish within `http.header_read_timeout`.
+//!
 //! A request hyper cannot parse gets the standard error JSON, not hyper's empty answer
 //! (`parse_error.rs`).
 //!
@@ -29,6 +32,7 @@
 
 mod clients;
 mod parse_error;
+pub mod tls;
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -95,7 +99,9 @@ pub async fn serve(
     limits: Limits,
     stats: Arc<ConnectionStats>,
     shutdown: CancellationToken,
+    tls: Option<Arc<rustls::ServerConfig>>,
 ) {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let slots = Arc::new(Semaphore::new(limits.connections_max));
     let clients = stats
         .clients
@@ -142,8 +148,27 @@ pub async fn serve(
             shutdown: shutdown.clone(),
             epoch: started,
         };
+        let tls = tls.clone();
         connections.spawn(async move {
-            connection.serve(tcp).await;
+            match tls {
+                None => connection.serve(tcp).await,
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(
+                        connection.limits.header_read_timeout,
+                        acceptor.accept(tcp),
+                    );
+                    match handshake.await {
+                        Ok(Ok(stream)) => connection.serve(stream).await,
+                        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                        Err(_) => {
+                            connection.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                            tracing::debug!(
+                                "TLS handshake not finished within the header read timeout"
+                            );
+                        }
+                    }
+                }
+            }
             drop(place);
             drop(slot);
         });
@@ -172,7 +197,7 @@ struct Connection {
 }
 
 impl Connection {
-    async fn serve(self, tcp: TcpStream) {
+    async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, tcp: S) {
         self.stats.open.fetch_add(1, Ordering::Relaxed);
         let activity = Arc::new(Activity::default());
         // Idle from the moment it connects: one that never sends a byte is closed too.
@@ -248,14 +273,14 @@ impl Activity {
 
 /// A socket that notes when bytes move, and puts the standard error body into hyper's
 /// automatic answer to an unparsable request.
-struct Watched {
-    inner: TcpStream,
+struct Watched<S> {
+    inner: S,
     activity: Arc<Activity>,
     epoch: Instant,
     rewrite: Option<parse_error::Rewrite>,
 }
 
-impl Watched {
+impl<S: AsyncRead + AsyncWrite + Unpin> Watched<S> {
     /// Writes the rest of a replaced answer; ready with the count of hyper's bytes it stands
     /// for once all of it is out.
     fn poll_rewrite(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
@@ -292,7 +317,7 @@ impl Watched {
     }
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -307,7 +332,7 @@ impl AsyncRead for Watched {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

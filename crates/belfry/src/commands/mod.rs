@@ -20,6 +20,9 @@ pub struct Remote {
         global = true
     )]
     pub server: String,
+    /// PEM file of the CA (or the self-signed certificate) to trust for an https:// server.
+    #[arg(long, env = "BELFRY_CA_FILE", global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Bearer token for a server that requires one (`[[auth.tokens]]`).
     #[arg(long, env = "BELFRY_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
@@ -33,6 +36,7 @@ impl std::fmt::Debug for Remote {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Remote")
             .field("server", &self.server)
+            .field("ca_file", &self.ca_file)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
             .field("json", &self.json)
             .finish()
@@ -44,7 +48,14 @@ use belfry_client::{Answer, Client, Request};
 use serde::de::DeserializeOwned;
 
 pub(crate) fn client(remote: &Remote) -> anyhow::Result<Client> {
-    let client = Client::new(&remote.server)?;
+    let mut client = Client::new(&remote.server)?;
+    if let Some(path) = &remote.ca_file {
+        let pem =
+            std::fs::read(path).with_context(|| format!("--ca-file: read {}", path.display()))?;
+        client = client
+            .with_ca_pem(&pem)
+            .with_context(|| format!("--ca-file {}", path.display()))?;
+    }
     Ok(match &remote.token {
         Some(token) => client.with_token(token.trim()),
         None => client,

@@ -40,6 +40,8 @@ pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> Served {
         .env_remove("BELFRY_DATA_DIR")
         .env_remove("BELFRY_CONFIG")
         .env_remove("BELFRY_ADMIN_TOKEN")
+        .env_remove("BELFRY_TLS_CERT")
+        .env_remove("BELFRY_TLS_KEY")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
