@@ -62,6 +62,7 @@ error_codes! {
     TooManyConnections => "too_many_connections",
     Unauthorized => "unauthorized",
     Forbidden => "forbidden",
+    RateLimited => "rate_limited",
     StoreUnavailable => "store_unavailable",
     InsufficientStorage => "insufficient_storage",
     InternalError => "internal_error",

@@ -18,9 +18,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
+
+use crate::queues::rate::TokenBucket;
 
 /// Longest bearer token considered (longer ones are refused before hashing).
 pub const TOKEN_LEN_MAX: usize = 256;
@@ -210,12 +213,29 @@ pub fn generate_token() -> String {
     format!("bfy_{}", hex::encode(bytes))
 }
 
-/// One configured token: a name (for logs and errors; never the token), its hash, its scopes.
+/// One configured token: a name (for logs and errors; never the token), its hash, its scopes,
+/// and optionally a request rate limit.
 #[derive(Debug, Clone)]
 pub struct TokenEntry {
     pub name: String,
     pub hash: TokenHash,
     pub scopes: Vec<Scope>,
+    pub rate: Option<TokenRate>,
+}
+
+/// Requests per second a token may make, with bursts of up to `burst` (`429 rate_limited`
+/// past it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenRate {
+    pub per_s: f64,
+    pub burst: u32,
+}
+
+/// A token as the server holds it: the entry and, when it is rate-limited, its bucket.
+#[derive(Debug)]
+struct Held {
+    entry: TokenEntry,
+    bucket: Option<Mutex<TokenBucket>>,
 }
 
 /// Why a request was refused.
@@ -225,12 +245,28 @@ pub enum Denied {
     Unauthorized(String),
     /// A known token without the scope: 403, naming the scope needed.
     Forbidden { token: String, needed: String },
+    /// A known token over its request rate: 429, with when to retry.
+    RateLimited {
+        token: String,
+        retry_after: Duration,
+    },
 }
 
 /// The tokens the server accepts. Empty: authentication is off, every request passes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub struct Auth {
-    tokens: HashMap<TokenHash, Arc<TokenEntry>>,
+    tokens: HashMap<TokenHash, Held>,
+    /// The rate buckets' clock: monotonic time since this instant.
+    epoch: Instant,
+}
+
+impl Default for Auth {
+    fn default() -> Self {
+        Auth {
+            tokens: HashMap::new(),
+            epoch: Instant::now(),
+        }
+    }
 }
 
 impl Auth {
@@ -246,23 +282,47 @@ impl Auth {
             if entry.scopes.is_empty() {
                 return Err(format!("token {:?} has no scopes", entry.name));
             }
+            let bucket = match entry.rate {
+                None => None,
+                Some(rate) if rate.per_s > 0.0 && rate.per_s.is_finite() && rate.burst >= 1 => {
+                    Some(Mutex::new(TokenBucket::new(
+                        f64::from(rate.burst),
+                        Duration::ZERO,
+                    )))
+                }
+                Some(_) => {
+                    return Err(format!(
+                        "token {:?}: rate_per_s must be above 0 and burst at least 1",
+                        entry.name
+                    ))
+                }
+            };
             let name = entry.name.clone();
-            if let Some(other) = tokens.insert(entry.hash, Arc::new(entry)) {
+            if let Some(other) = tokens.insert(entry.hash, Held { entry, bucket }) {
                 return Err(format!(
                     "tokens {:?} and {name:?} have the same hash: one token cannot have two names",
-                    other.name
+                    other.entry.name
                 ));
             }
         }
-        Ok(Auth { tokens })
+        Ok(Auth {
+            tokens,
+            epoch: Instant::now(),
+        })
     }
 
     pub fn enabled(&self) -> bool {
         !self.tokens.is_empty()
     }
 
-    /// Whether the bearer `token` (the `Authorization` header's, if any) allows `need`.
+    /// Whether the bearer `token` (the `Authorization` header's, if any) allows `need` now.
     pub fn check(&self, token: Option<&str>, need: &Need) -> Result<(), Denied> {
+        self.check_at(token, need, self.epoch.elapsed())
+    }
+
+    /// [`check`](Self::check) at monotonic time `now` (since this `Auth` was made): a call
+    /// that passes takes one request from the token's rate bucket, if it has one.
+    pub fn check_at(&self, token: Option<&str>, need: &Need, now: Duration) -> Result<(), Denied> {
         if !self.enabled() || *need == Need::Public {
             return Ok(());
         }
@@ -274,21 +334,31 @@ impl Auth {
         let known = (token.len() <= TOKEN_LEN_MAX)
             .then(|| self.tokens.get(&TokenHash::of(token)))
             .flatten();
-        let Some(entry) = known else {
+        let Some(held) = known else {
             return Err(Denied::Unauthorized(
                 "the bearer token is not known to this server (revoked, mistyped, or for \
                  another server)"
                     .into(),
             ));
         };
-        if entry.scopes.iter().any(|scope| scope.grants(need)) {
-            Ok(())
-        } else {
-            Err(Denied::Forbidden {
+        let entry = &held.entry;
+        if !entry.scopes.iter().any(|scope| scope.grants(need)) {
+            return Err(Denied::Forbidden {
                 token: entry.name.clone(),
                 needed: need.scope_text(),
-            })
+            });
         }
+        if let (Some(bucket), Some(rate)) = (&held.bucket, entry.rate) {
+            let mut bucket = bucket.lock();
+            let burst = f64::from(rate.burst);
+            if bucket.take(rate.per_s, burst, now, 1) == 0 {
+                return Err(Denied::RateLimited {
+                    token: entry.name.clone(),
+                    retry_after: bucket.time_to_token(rate.per_s),
+                });
+            }
+        }
+        Ok(())
     }
 }
 
@@ -302,6 +372,7 @@ mod tests {
             name: "t".into(),
             hash: TokenHash::of(&token),
             scopes: scopes.iter().map(|s| Scope::parse(s).unwrap()).collect(),
+            rate: None,
         };
         (Auth::new(vec![entry]).unwrap(), token)
     }
@@ -422,6 +493,64 @@ mod tests {
         assert_ne!(token, generate_token());
     }
 
+    /// A token over its rate is refused (after its scopes are checked) with when to retry,
+    /// and allowed again once its bucket has refilled; other tokens are not affected.
+    #[test]
+    fn a_rate_limited_token_is_refused_until_its_bucket_refills() {
+        let (limited, free) = (generate_token(), generate_token());
+        let auth = Auth::new(vec![
+            TokenEntry {
+                name: "limited".into(),
+                hash: TokenHash::of(&limited),
+                scopes: vec![Scope::Read],
+                rate: Some(TokenRate {
+                    per_s: 2.0,
+                    burst: 3,
+                }),
+            },
+            TokenEntry {
+                name: "free".into(),
+                hash: TokenHash::of(&free),
+                scopes: vec![Scope::Read],
+                rate: None,
+            },
+        ])
+        .unwrap();
+        let at = |ms| Duration::from_millis(ms);
+        for _ in 0..3 {
+            assert_eq!(auth.check_at(Some(&limited), &Need::Read, at(0)), Ok(()));
+        }
+        assert_eq!(
+            auth.check_at(Some(&limited), &Need::Read, at(100)),
+            Err(Denied::RateLimited {
+                token: "limited".into(),
+                retry_after: at(400)
+            })
+        );
+        for _ in 0..100 {
+            assert_eq!(auth.check_at(Some(&free), &Need::Read, at(100)), Ok(()));
+        }
+        assert_eq!(auth.check_at(Some(&limited), &Need::Read, at(500)), Ok(()));
+        assert!(auth.check_at(Some(&limited), &Need::Read, at(500)).is_err());
+        assert!(
+            matches!(
+                auth.check_at(Some(&limited), &Need::Admin, at(10_000)),
+                Err(Denied::Forbidden { .. })
+            ),
+            "the scope is checked first and takes nothing from the bucket"
+        );
+        let bad = TokenEntry {
+            name: "bad".into(),
+            hash: TokenHash::of("x"),
+            scopes: vec![Scope::Read],
+            rate: Some(TokenRate {
+                per_s: 0.0,
+                burst: 1,
+            }),
+        };
+        assert!(Auth::new(vec![bad]).is_err());
+    }
+
     #[test]
     fn one_token_cannot_have_two_entries() {
         let hash = TokenHash::of("same");
@@ -429,6 +558,7 @@ mod tests {
             name: name.into(),
             hash,
             scopes: vec![Scope::Read],
+            rate: None,
         };
         assert!(Auth::new(vec![entry("a"), entry("b")]).is_err());
         assert!(Auth::new(vec![TokenEntry {

@@ -119,8 +119,8 @@ impl ServerBuilder {
 
     /// The bearer tokens every API call must carry (see [`auth`]); none by default, which
     /// leaves the API open (the binary refuses that on a non-loopback address).
-    pub fn auth(mut self, auth: auth::Auth) -> Self {
-        self.auth = Arc::new(auth);
+    pub fn auth(mut self, auth: impl Into<Arc<auth::Auth>>) -> Self {
+        self.auth = auth.into();
         self
     }
 

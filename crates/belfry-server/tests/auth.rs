@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use belfry_core::{Clock, ManualClock};
 use belfry_server::api::auth::need;
-use belfry_server::auth::{generate_token, Auth, Need, Scope, TokenEntry, TokenHash};
+use belfry_server::auth::{generate_token, Auth, Need, Scope, TokenEntry, TokenHash, TokenRate};
 use belfry_server::Server;
 use belfry_store::MemoryStore;
 use common::{documented_routes, test_config, T0};
@@ -30,6 +30,7 @@ fn entry(name: &str, token: &str, scopes: &[&str]) -> TokenEntry {
         name: name.into(),
         hash: TokenHash::of(token),
         scopes: scopes.iter().map(|s| Scope::parse(s).unwrap()).collect(),
+        rate: None,
     }
 }
 
@@ -224,4 +225,48 @@ fn the_named_routes_need_the_named_scopes() {
         );
         assert_eq!(needs.scope_text(), scope, "{method} {template}");
     }
+}
+
+/// A token over its `rate_per_s` gets `429 rate_limited` with `Retry-After`; another token is
+/// not held back by it.
+#[tokio::test]
+async fn a_token_over_its_rate_is_told_when_to_retry() {
+    let (slow, other) = (generate_token(), generate_token());
+    let auth = Auth::new(vec![
+        TokenEntry {
+            // One request a minute, two at once: the third within the test is refused
+            // however slow the machine.
+            rate: Some(TokenRate {
+                per_s: 1.0 / 60.0,
+                burst: 2,
+            }),
+            ..entry("slow", &slow, &["read"])
+        },
+        entry("other", &other, &["read"]),
+    ])
+    .unwrap();
+    let handle = Server::builder(test_config(), Arc::new(MemoryStore::new()))
+        .auth(auth)
+        .start()
+        .await
+        .expect("server starts");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://{}/v1/queues", handle.local_addr());
+    for _ in 0..2 {
+        let answer = http.get(&url).bearer_auth(&slow).send().await.unwrap();
+        assert_eq!(answer.status(), 200);
+    }
+    let refused = http.get(&url).bearer_auth(&slow).send().await.unwrap();
+    assert_eq!(refused.status(), 429);
+    let retry_after: u64 = refused.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(code(&body), "rate_limited");
+    let answer = http.get(&url).bearer_auth(&other).send().await.unwrap();
+    assert_eq!(answer.status(), 200, "another token is not limited");
+    handle.stop().await.unwrap();
 }

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use anyhow::{anyhow, bail};
-use belfry_server::auth::{generate_token, Auth, Scope, TokenEntry, TokenHash};
+use belfry_server::auth::{generate_token, Auth, Scope, TokenEntry, TokenHash, TokenRate};
 use serde::Deserialize;
 
 /// The environment variable holding an admin token (plain, never written anywhere).
@@ -43,6 +43,10 @@ pub struct TokenSection {
     pub name: String,
     pub hash: String,
     pub scopes: Vec<String>,
+    /// Requests per second this token may make (none: unlimited); `429 rate_limited` past it.
+    pub rate_per_s: Option<f64>,
+    /// Requests it may make at once before the rate applies (default: one second's worth).
+    pub burst: Option<u32>,
 }
 
 impl AuthSection {
@@ -64,10 +68,25 @@ impl AuthSection {
             if scopes.is_empty() {
                 bail!("{key}.scopes: give at least one (admin, read, produce:<queues>, consume:<queues>)");
             }
+            let rate = match (token.rate_per_s, token.burst) {
+                (None, None) => None,
+                (None, Some(_)) => bail!("{key}.burst: set rate_per_s too"),
+                (Some(per_s), burst) => {
+                    if !(per_s > 0.0 && per_s.is_finite()) {
+                        bail!("{key}.rate_per_s: above 0 (leave it out for no limit), got {per_s}");
+                    }
+                    let burst = burst.unwrap_or_else(|| per_s.ceil().max(1.0) as u32);
+                    if burst == 0 {
+                        bail!("{key}.burst: at least 1");
+                    }
+                    Some(TokenRate { per_s, burst })
+                }
+            };
             entries.push(TokenEntry {
                 name: token.name.clone(),
                 hash,
                 scopes,
+                rate,
             });
         }
         if let Some(token) = self.admin_token.as_deref().map(str::trim) {
@@ -78,6 +97,7 @@ impl AuthSection {
                 name: ADMIN_TOKEN_ENV.into(),
                 hash: TokenHash::of(token),
                 scopes: vec![Scope::Admin],
+                rate: None,
             });
         }
         let auth = Auth::new(entries).map_err(|e| anyhow!("auth.tokens: {e}"))?;
@@ -192,6 +212,8 @@ mod tests {
                 name: "x".into(),
                 hash: hash.into(),
                 scopes: vec![scope.into()],
+                rate_per_s: None,
+                burst: None,
             }],
             ..AuthSection::default()
         };

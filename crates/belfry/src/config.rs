@@ -258,7 +258,7 @@ pub struct Settings {
     /// server builder.
     pub connections: Connections,
     /// The bearer tokens (`[auth]`, `BELFRY_ADMIN_TOKEN`); none leaves the API open.
-    pub auth: belfry_server::auth::Auth,
+    pub auth: std::sync::Arc<belfry_server::auth::Auth>,
     /// `[tls]` certificate and key files: serve HTTPS.
     pub tls: Option<(PathBuf, PathBuf)>,
 }
@@ -520,7 +520,7 @@ impl FileConfig {
             "json" => LogFormat::Json,
             other => bail!("log.format: expected \"text\" or \"json\", got {other:?}"),
         };
-        let auth = self.auth.resolve(server.listen)?;
+        let auth = std::sync::Arc::new(self.auth.resolve(server.listen)?);
         let tls = match (self.tls.cert, self.tls.key) {
             (Some(cert), Some(key)) => Some((cert, key)),
             (None, None) => None,

@@ -93,13 +93,31 @@ fn bearer(request: &Request) -> Option<&str> {
 
 fn refusal(denied: Denied) -> Response {
     match denied {
-        Denied::Unauthorized(message) => ApiError::new(ErrorCode::Unauthorized, message),
+        Denied::Unauthorized(message) => {
+            ApiError::new(ErrorCode::Unauthorized, message).into_response()
+        }
         Denied::Forbidden { token, needed } => ApiError::new(
             ErrorCode::Forbidden,
             format!("token {token:?} lacks the scope this request needs: {needed}"),
-        ),
+        )
+        .into_response(),
+        Denied::RateLimited { token, retry_after } => {
+            // Whole seconds, rounded up: a client that waits this long finds a request free.
+            let seconds = retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            let mut response = ApiError::new(
+                ErrorCode::RateLimited,
+                format!(
+                    "token {token:?} is over its request rate (rate_per_s in [[auth.tokens]]); \
+                     retry after {seconds} s"
+                ),
+            )
+            .into_response();
+            if let Ok(value) = header::HeaderValue::from_str(&seconds.to_string()) {
+                response.headers_mut().insert(header::RETRY_AFTER, value);
+            }
+            response
+        }
     }
-    .into_response()
 }
 
 /// Checks every request against `auth` before the route runs. A plain tower layer, like the

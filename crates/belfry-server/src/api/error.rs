@@ -42,6 +42,8 @@ pub enum ErrorCode {
     Unauthorized,
     /// A known token without the scope the request needs; the message names it.
     Forbidden,
+    /// The token made more requests than its `rate_per_s` allows: retry after `Retry-After`.
+    RateLimited,
     QueueNotFound,
     TaskNotFound,
     RouteNotFound,
@@ -103,6 +105,7 @@ impl ErrorCode {
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
+            ErrorCode::RateLimited => "rate_limited",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::InternalError => "internal_error",
@@ -142,6 +145,7 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::LeaseExpired
             | ErrorCode::TaskNotScheduled
             | ErrorCode::TaskNotDead
@@ -313,6 +317,7 @@ mod tests {
             ErrorCode::TooManyConnections,
             ErrorCode::Unauthorized,
             ErrorCode::Forbidden,
+            ErrorCode::RateLimited,
             ErrorCode::StoreUnavailable,
             ErrorCode::InsufficientStorage,
             ErrorCode::InternalError,

@@ -5,7 +5,7 @@
 
 mod config;
 mod inflight;
-mod rate;
+pub(crate) mod rate;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
