@@ -1,4 +1,4 @@
-//! Bearer tokens end to end: every documented route (docs/openapi.yaml, which
+//! Bearer tokens end to end: every documented route (docs/openapi.json, which
 //! `tests/openapi.rs` keeps in step with the server) is tried with no token, an unknown token,
 //! a token of the wrong scope and a token of the right scope, on a real server.
 

@@ -67,6 +67,7 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
+        .route("/v1/openapi.json", get(ops::openapi))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(service)
 }

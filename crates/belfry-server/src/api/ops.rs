@@ -79,3 +79,13 @@ pub async fn method_not_allowed() -> ApiError {
         "this endpoint does not support this HTTP method; see docs/api.md",
     )
 }
+
+/// The API description this server was built with (`docs/openapi.json`, embedded).
+pub const OPENAPI_JSON: &str = include_str!("../../../../docs/openapi.json");
+
+pub async fn openapi() -> impl IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI_JSON,
+    )
+}

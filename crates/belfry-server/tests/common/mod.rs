@@ -336,28 +336,15 @@ async fn receive(
     response
 }
 
-/// (method, path) of every operation in the document, read from its `paths:` section.
+/// (method, path) of every operation in `docs/openapi.json`.
 pub fn documented_routes() -> Vec<(String, String)> {
-    let text = include_str!("../../../../docs/openapi.yaml");
+    let document: Value =
+        serde_json::from_str(include_str!("../../../../docs/openapi.json")).expect("valid JSON");
     let mut operations = Vec::new();
-    let mut in_paths = false;
-    let mut path: Option<String> = None;
-    for line in text.lines() {
-        if line == "paths:" {
-            in_paths = true;
-            continue;
-        }
-        if in_paths && !line.starts_with(' ') && !line.is_empty() {
-            break;
-        }
-        if let Some(p) = line.strip_prefix("  /").and_then(|p| p.strip_suffix(':')) {
-            path = Some(format!("/{p}"));
-        } else if let (Some(p), Some(method)) = (
-            &path,
-            line.strip_prefix("    ").and_then(|l| l.strip_suffix(':')),
-        ) {
-            if ["get", "post", "put", "patch", "delete"].contains(&method) {
-                operations.push((method.to_uppercase(), p.clone()));
+    for (path, item) in document["paths"].as_object().expect("a paths object") {
+        for method in ["get", "post", "put", "patch", "delete"] {
+            if item.get(method).is_some() {
+                operations.push((method.to_uppercase(), path.clone()));
             }
         }
     }
