@@ -120,3 +120,75 @@ fn https_with_a_certificate_the_cli_is_told_to_trust() {
     let (ok, _, _) = belfry(&server, None, &["queue", "list"]);
     assert!(!ok, "an untrusted certificate is refused");
 }
+
+/// Secrets — the admin token, a configured token, a webhook signing secret, a broker
+/// password — appear in no log line (at debug level), no API answer and no metric, after the
+/// server has used each of them.
+#[tokio::test]
+async fn secrets_appear_in_no_log_answer_or_metric() {
+    let admin = "admin-secret-token-7f3a9c1e55";
+    let (configured, lines) = create_token(&["read"]);
+    let webhook_secret = "whsec-d41d8cd98f00b204";
+    let broker_password = "broker-pass-0c2f1e9a";
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[webhooks]\nallow_private_targets = true\n\n\
+             [connections.main]\ntype = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\
+             password = \"{broker_password}\"\n\n[auth]\n{lines}"
+        ),
+    )
+    .unwrap();
+    let server = serve_with_env(
+        &["--store", "memory", "--config", config.to_str().unwrap()],
+        &[("BELFRY_ADMIN_TOKEN", admin), ("RUST_LOG", "debug")],
+    );
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let call = |method: reqwest::Method, path: &str, token: &str, body: Option<String>| {
+        let mut request = http
+            .request(method, format!("{}{path}", server.url))
+            .bearer_auth(token);
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        async move {
+            let answer = request.send().await.expect("reaches the server");
+            (answer.status().as_u16(), answer.text().await.unwrap())
+        }
+    };
+    let mut answers = String::new();
+    let webhook = format!(
+        r#"{{"delivery": {{"type": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "{webhook_secret}"}}}}"#
+    );
+    let stream = r#"{"delivery": {"type": "redis_stream", "connection": "main", "stream": "s"}}"#;
+    for (method, path, token, body) in [
+        ("PUT", "/v1/queues/hooks", admin, Some(webhook)),
+        ("PUT", "/v1/queues/events", admin, Some(stream.to_owned())),
+        ("POST", "/v1/queues/hooks/tasks", admin, Some("{}".into())),
+        ("POST", "/v1/queues/events/tasks", admin, Some("{}".into())),
+        ("GET", "/v1/queues/hooks", &configured, None),
+        ("GET", "/v1/queues", &configured, None),
+        ("PUT", "/v1/queues/nope", &configured, Some("{}".into())),
+        ("GET", "/metrics", admin, None),
+    ] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let (status, text) = call(method, path, token, body).await;
+        assert!(status < 500, "{path}: {status} {text}");
+        answers.push_str(&text);
+    }
+    // Let the deliveries fail and be logged (the webhook target and the broker are down).
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let (_, metrics) = call(reqwest::Method::GET, "/metrics", admin, None).await;
+    answers.push_str(&metrics);
+    let log = server.log.lock().unwrap().clone();
+    assert!(log.contains("hooks"), "the log was captured: {log}");
+    for secret in [admin, configured.as_str(), webhook_secret, broker_password] {
+        assert!(!log.contains(secret), "a secret is in the log: {secret}");
+        assert!(
+            !answers.contains(secret),
+            "a secret is in an answer: {secret}"
+        );
+    }
+}

@@ -14,6 +14,8 @@ pub const START_DEADLINE: Duration = Duration::from_secs(30);
 pub struct Served {
     pub child: Child,
     pub url: String,
+    /// Everything the server has logged so far (stdout).
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Drop for Served {
@@ -49,9 +51,15 @@ pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> Served {
         .expect("spawn belfry serve");
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let kept = log.clone();
     // Read the log until the "listening" line, then keep draining so the pipe never fills.
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(mut kept) = kept.lock() {
+                kept.push_str(&line);
+                kept.push('\n');
+            }
             if let Some(rest) = line.split("listening on ").nth(1) {
                 let url = rest.split(',').next().unwrap_or("").trim().to_owned();
                 let _ = tx.send(url);
@@ -61,5 +69,5 @@ pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> Served {
     let url = rx
         .recv_timeout(START_DEADLINE)
         .expect("belfry serve logs where it listens");
-    Served { child, url }
+    Served { child, url, log }
 }
