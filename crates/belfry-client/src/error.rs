@@ -63,6 +63,8 @@ error_codes! {
     Unauthorized => "unauthorized",
     Forbidden => "forbidden",
     RateLimited => "rate_limited",
+    TokenNotFound => "token_not_found",
+    TokenExists => "token_exists",
     StoreUnavailable => "store_unavailable",
     InsufficientStorage => "insufficient_storage",
     InternalError => "internal_error",

@@ -115,6 +115,23 @@ impl Request {
         Self::new(Method::GET, Self::queue_path(queue, ""))
     }
 
+    /// `POST /v1/tokens`: a new token named `name` with `scopes` (the answer holds it once).
+    pub fn create_token(name: &str, scopes: &[String], rate_per_s: Option<f64>) -> Self {
+        let mut body = serde_json::json!({"name": name, "scopes": scopes});
+        if let Some(rate) = rate_per_s {
+            body["rate_per_s"] = serde_json::json!(rate);
+        }
+        Self::new(Method::POST, "/v1/tokens".to_owned()).with_body(body)
+    }
+
+    pub fn list_tokens() -> Self {
+        Self::new(Method::GET, "/v1/tokens".to_owned())
+    }
+
+    pub fn revoke_token(name: &str) -> Self {
+        Self::new(Method::DELETE, format!("/v1/tokens/{}", segment(name)))
+    }
+
     pub fn list_queues() -> Self {
         Self::new(Method::GET, "/v1/queues".to_owned())
     }

@@ -253,9 +253,13 @@ pub enum Denied {
 }
 
 /// The tokens the server accepts. Empty: authentication is off, every request passes.
+///
+/// Two sets: the operator's (config and environment), fixed for the process's life, and the
+/// ones made through the API (`POST /v1/tokens`), which the server stores and can revoke.
 #[derive(Debug)]
 pub struct Auth {
     tokens: HashMap<TokenHash, Held>,
+    made: parking_lot::RwLock<HashMap<TokenHash, Held>>,
     /// The rate buckets' clock: monotonic time since this instant.
     epoch: Instant,
 }
@@ -264,9 +268,39 @@ impl Default for Auth {
     fn default() -> Self {
         Auth {
             tokens: HashMap::new(),
+            made: Default::default(),
             epoch: Instant::now(),
         }
     }
+}
+
+/// Where a token comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenSource {
+    /// `[[auth.tokens]]` or `BELFRY_ADMIN_TOKEN`: changed only by restarting with another
+    /// config.
+    Config,
+    /// Made by `POST /v1/tokens`; revoked by `DELETE /v1/tokens/{name}`.
+    Api,
+}
+
+fn held(entry: TokenEntry) -> Result<Held, String> {
+    if entry.scopes.is_empty() {
+        return Err(format!("token {:?} has no scopes", entry.name));
+    }
+    let bucket = match entry.rate {
+        None => None,
+        Some(rate) if rate.per_s > 0.0 && rate.per_s.is_finite() && rate.burst >= 1 => Some(
+            Mutex::new(TokenBucket::new(f64::from(rate.burst), Duration::ZERO)),
+        ),
+        Some(_) => {
+            return Err(format!(
+                "token {:?}: rate_per_s must be above 0 and burst at least 1",
+                entry.name
+            ))
+        }
+    };
+    Ok(Held { entry, bucket })
 }
 
 impl Auth {
@@ -277,28 +311,13 @@ impl Auth {
 
     /// These tokens; two entries with the same hash are refused (one token, two meanings).
     pub fn new(entries: Vec<TokenEntry>) -> Result<Auth, String> {
-        let mut tokens = HashMap::with_capacity(entries.len());
+        let mut tokens: HashMap<TokenHash, Held> = HashMap::with_capacity(entries.len());
         for entry in entries {
-            if entry.scopes.is_empty() {
-                return Err(format!("token {:?} has no scopes", entry.name));
-            }
-            let bucket = match entry.rate {
-                None => None,
-                Some(rate) if rate.per_s > 0.0 && rate.per_s.is_finite() && rate.burst >= 1 => {
-                    Some(Mutex::new(TokenBucket::new(
-                        f64::from(rate.burst),
-                        Duration::ZERO,
-                    )))
-                }
-                Some(_) => {
-                    return Err(format!(
-                        "token {:?}: rate_per_s must be above 0 and burst at least 1",
-                        entry.name
-                    ))
-                }
-            };
             let name = entry.name.clone();
-            if let Some(other) = tokens.insert(entry.hash, Held { entry, bucket }) {
+            if tokens.values().any(|h| h.entry.name == name) {
+                return Err(format!("two tokens are named {name:?}: names must differ"));
+            }
+            if let Some(other) = tokens.insert(entry.hash, held(entry)?) {
                 return Err(format!(
                     "tokens {:?} and {name:?} have the same hash: one token cannot have two names",
                     other.entry.name
@@ -307,12 +326,60 @@ impl Auth {
         }
         Ok(Auth {
             tokens,
+            made: Default::default(),
             epoch: Instant::now(),
         })
     }
 
+    /// Adds a token made through the API (or loaded from the store at start). Its name must
+    /// not be taken, by a configured token or a made one.
+    pub fn add_made(&self, entry: TokenEntry) -> Result<(), String> {
+        let mut made = self.made.write();
+        let taken = self
+            .tokens
+            .values()
+            .chain(made.values())
+            .any(|h| h.entry.name == entry.name || h.entry.hash == entry.hash);
+        if taken {
+            return Err(format!("a token named {:?} exists", entry.name));
+        }
+        made.insert(entry.hash, held(entry)?);
+        Ok(())
+    }
+
+    /// Revokes the made token `name`: `Err` names why not (a configured one, or none).
+    pub fn revoke_made(&self, name: &str) -> Result<(), String> {
+        if self.tokens.values().any(|h| h.entry.name == name) {
+            return Err(format!(
+                "token {name:?} comes from the server's config: remove it there and restart"
+            ));
+        }
+        let mut made = self.made.write();
+        let before = made.len();
+        made.retain(|_, h| h.entry.name != name);
+        if made.len() == before {
+            return Err(format!("no token is named {name:?}"));
+        }
+        Ok(())
+    }
+
+    /// Every token's entry (no token is ever kept, only hashes) and where it comes from,
+    /// sorted by name.
+    pub fn list(&self) -> Vec<(TokenEntry, TokenSource)> {
+        let made = self.made.read();
+        let mut all: Vec<_> = self
+            .tokens
+            .values()
+            .map(|h| (h.entry.clone(), TokenSource::Config))
+            .chain(made.values().map(|h| (h.entry.clone(), TokenSource::Api)))
+            .collect();
+        all.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        all
+    }
+
+    /// Whether calls need a token: once any token exists, configured or made.
     pub fn enabled(&self) -> bool {
-        !self.tokens.is_empty()
+        !self.tokens.is_empty() || !self.made.read().is_empty()
     }
 
     /// Whether the bearer `token` (the `Authorization` header's, if any) allows `need` now.
@@ -331,35 +398,48 @@ impl Auth {
                 "this request needs a token: send `Authorization: Bearer <token>`".into(),
             ));
         };
-        let known = (token.len() <= TOKEN_LEN_MAX)
-            .then(|| self.tokens.get(&TokenHash::of(token)))
-            .flatten();
-        let Some(held) = known else {
-            return Err(Denied::Unauthorized(
-                "the bearer token is not known to this server (revoked, mistyped, or for \
-                 another server)"
-                    .into(),
-            ));
-        };
-        let entry = &held.entry;
-        if !entry.scopes.iter().any(|scope| scope.grants(need)) {
-            return Err(Denied::Forbidden {
+        if token.len() > TOKEN_LEN_MAX {
+            return Err(unknown_token());
+        }
+        let hash = TokenHash::of(token);
+        if let Some(held) = self.tokens.get(&hash) {
+            return allow(held, need, now);
+        }
+        match self.made.read().get(&hash) {
+            Some(held) => allow(held, need, now),
+            None => Err(unknown_token()),
+        }
+    }
+}
+
+fn unknown_token() -> Denied {
+    Denied::Unauthorized(
+        "the bearer token is not known to this server (revoked, mistyped, or for another \
+         server)"
+            .into(),
+    )
+}
+
+/// Whether the known token `held` allows `need` at `now` (taking a request from its bucket).
+fn allow(held: &Held, need: &Need, now: Duration) -> Result<(), Denied> {
+    let entry = &held.entry;
+    if !entry.scopes.iter().any(|scope| scope.grants(need)) {
+        return Err(Denied::Forbidden {
+            token: entry.name.clone(),
+            needed: need.scope_text(),
+        });
+    }
+    if let (Some(bucket), Some(rate)) = (&held.bucket, entry.rate) {
+        let mut bucket = bucket.lock();
+        let burst = f64::from(rate.burst);
+        if bucket.take(rate.per_s, burst, now, 1) == 0 {
+            return Err(Denied::RateLimited {
                 token: entry.name.clone(),
-                needed: need.scope_text(),
+                retry_after: bucket.time_to_token(rate.per_s),
             });
         }
-        if let (Some(bucket), Some(rate)) = (&held.bucket, entry.rate) {
-            let mut bucket = bucket.lock();
-            let burst = f64::from(rate.burst);
-            if bucket.take(rate.per_s, burst, now, 1) == 0 {
-                return Err(Denied::RateLimited {
-                    token: entry.name.clone(),
-                    retry_after: bucket.time_to_token(rate.per_s),
-                });
-            }
-        }
-        Ok(())
     }
+    Ok(())
 }
 
 #[cfg(test)]

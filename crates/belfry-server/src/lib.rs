@@ -184,7 +184,18 @@ impl ServerBuilder {
         })?;
         let schedule_routes =
             api::schedules::router(schedules.state(), self.config.request_bytes_max);
-        let mut router = api::router(service.clone()).merge(schedule_routes);
+        let loaded = api::tokens::load(&*service.shared().store, &self.auth)
+            .map_err(|e| ServerError::Load(service::ServiceError::Store(e)))?;
+        if loaded > 0 {
+            tracing::info!(tokens = loaded, "loaded the tokens made through the API");
+        }
+        let token_routes = api::tokens::router(Arc::new(api::tokens::TokensState {
+            auth: self.auth.clone(),
+            shared: service.shared().clone(),
+        }));
+        let mut router = api::router(service.clone())
+            .merge(schedule_routes)
+            .merge(token_routes);
         for extra in self.extra_routes {
             router = router.merge(extra);
         }

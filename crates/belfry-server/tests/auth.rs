@@ -270,3 +270,113 @@ async fn a_token_over_its_rate_is_told_when_to_retry() {
     assert_eq!(answer.status(), 200, "another token is not limited");
     handle.stop().await.unwrap();
 }
+
+/// Tokens made through the API: shown once, usable at once, listed without secrets, kept
+/// across a restart on the same store, and refused as soon as they are revoked. A token
+/// from the config cannot be revoked through the API, and names are unique.
+#[tokio::test]
+async fn tokens_made_through_the_api_work_until_revoked() {
+    let admin = generate_token();
+    let store: Arc<dyn belfry_store::Store> = Arc::new(MemoryStore::new());
+    let start = |store: Arc<dyn belfry_store::Store>, admin: String| async move {
+        Server::builder(test_config(), store)
+            .auth(Auth::new(vec![entry("ops", &admin, &["admin"])]).unwrap())
+            .start()
+            .await
+            .expect("server starts")
+    };
+    let handle = start(store.clone(), admin.clone()).await;
+    let client = Client {
+        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        base: format!("http://{}", handle.local_addr()),
+    };
+    let body = r#"{"name": "shop", "scopes": ["produce:orders*", "read"], "rate_per_s": 100}"#;
+    let (status, made, _) = client
+        .call("POST", "/v1/tokens", Some(&admin), Some(body))
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let shop = made["token"].as_str().unwrap().to_owned();
+    assert_eq!(
+        made["scopes"],
+        serde_json::json!(["produce:orders*", "read"])
+    );
+    let (status, _, _) = client
+        .call("PUT", "/v1/queues/orders", Some(&admin), Some("{}"))
+        .await;
+    assert_eq!(status, 201);
+    let (status, value, _) = client
+        .call("POST", "/v1/queues/orders/tasks", Some(&shop), Some("{}"))
+        .await;
+    assert_eq!(status, 201, "the made token works at once: {value}");
+    let (status, _, _) = client.call("GET", "/v1/tokens", Some(&shop), None).await;
+    assert_eq!(status, 403, "listing tokens needs admin, even to read");
+
+    let (status, list, _) = client.call("GET", "/v1/tokens", Some(&admin), None).await;
+    assert_eq!(status, 200);
+    let text = list.to_string();
+    assert!(!text.contains(&shop) && !text.contains(&admin), "{text}");
+    assert!(!text.contains("sha256:"), "no hash is listed: {text}");
+    let names: Vec<(&str, &str)> = list["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["name"].as_str().unwrap(), t["source"].as_str().unwrap()))
+        .collect();
+    assert_eq!(names, vec![("ops", "config"), ("shop", "api")]);
+
+    let (status, value, _) = client
+        .call("POST", "/v1/tokens", Some(&admin), Some(body))
+        .await;
+    assert_eq!((status, code(&value)), (409, "token_exists"));
+    let (status, value, _) = client
+        .call(
+            "POST",
+            "/v1/tokens",
+            Some(&admin),
+            Some(r#"{"name": "x", "scopes": ["write"]}"#),
+        )
+        .await;
+    assert_eq!((status, code(&value)), (400, "invalid_request"), "{value}");
+    let (status, value, _) = client
+        .call("DELETE", "/v1/tokens/ops", Some(&admin), None)
+        .await;
+    assert_eq!((status, code(&value)), (409, "token_exists"), "{value}");
+
+    // A restart on the same store keeps the made token.
+    handle.stop().await.unwrap();
+    let handle = start(store.clone(), admin.clone()).await;
+    let client = Client {
+        base: format!("http://{}", handle.local_addr()),
+        ..client
+    };
+    let (status, value, _) = client
+        .call("POST", "/v1/queues/orders/tasks", Some(&shop), Some("{}"))
+        .await;
+    assert_eq!(status, 201, "kept across a restart: {value}");
+
+    let (status, _, _) = client
+        .call("DELETE", "/v1/tokens/shop", Some(&admin), None)
+        .await;
+    assert_eq!(status, 204);
+    let (status, value, _) = client
+        .call("POST", "/v1/queues/orders/tasks", Some(&shop), Some("{}"))
+        .await;
+    assert_eq!(
+        (status, code(&value)),
+        (401, "unauthorized"),
+        "revoked at once"
+    );
+    let (status, value, _) = client
+        .call("DELETE", "/v1/tokens/shop", Some(&admin), None)
+        .await;
+    assert_eq!((status, code(&value)), (404, "token_not_found"));
+    handle.stop().await.unwrap();
+    let handle = start(store, admin).await;
+    let client = Client {
+        base: format!("http://{}", handle.local_addr()),
+        ..client
+    };
+    let (status, _, _) = client.call("GET", "/v1/queues", Some(&shop), None).await;
+    assert_eq!(status, 401, "the revoke was stored");
+    handle.stop().await.unwrap();
+}

@@ -91,7 +91,7 @@ impl AuthSection {
         }
         if let Some(token) = self.admin_token.as_deref().map(str::trim) {
             if token.len() < 16 {
-                bail!("{ADMIN_TOKEN_ENV}: at least 16 characters (make one with `belfry token create`)");
+                bail!("{ADMIN_TOKEN_ENV}: at least 16 characters (make one with `belfry token create --offline`)");
             }
             entries.push(TokenEntry {
                 name: ADMIN_TOKEN_ENV.into(),
@@ -108,7 +108,7 @@ impl AuthSection {
             bail!(
                 "listen: {listen} is reachable from other machines, and no token is configured, \
                  so anyone who can reach it could create, read and cancel tasks. Add a token \
-                 (`belfry token create --scope admin` prints one and the [[auth.tokens]] lines \
+                 (`belfry token create --offline --scope admin` prints one and the [[auth.tokens]] lines \
                  to add, or set {ADMIN_TOKEN_ENV}), or opt out with `allow_unauthenticated = \
                  true` under [auth]"
             );
@@ -117,7 +117,8 @@ impl AuthSection {
     }
 }
 
-/// `belfry token create`: a new random token, and the config lines that accept it.
+/// `belfry token create`: a token made by the server (`POST /v1/tokens`), or with
+/// `--offline` a random token and the config lines that accept it.
 #[derive(Debug, clap::Args)]
 pub struct TokenCreateArgs {
     /// The token's name (shown in 403 answers and logs; never the token).
@@ -126,6 +127,77 @@ pub struct TokenCreateArgs {
     /// A scope: admin, read, produce:<queue pattern>, consume:<queue pattern> (repeatable).
     #[arg(long = "scope", required = true)]
     pub scopes: Vec<String>,
+    /// Requests per second the token may make (none: unlimited).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Make the token here and print the `[[auth.tokens]]` lines for the server's config,
+    /// instead of asking a running server (for a server's first token).
+    #[arg(long)]
+    pub offline: bool,
+}
+
+/// Runs `belfry token ...`.
+pub async fn token(
+    remote: &crate::commands::Remote,
+    command: crate::cli::TokenCommand,
+) -> anyhow::Result<()> {
+    use crate::cli::TokenCommand;
+    use belfry_client::Request;
+    match command {
+        TokenCommand::Create(args) if args.offline => {
+            print!("{}", create_token(&args)?);
+            Ok(())
+        }
+        TokenCommand::Create(args) => {
+            for scope in &args.scopes {
+                Scope::parse(scope).map_err(|e| anyhow!("--scope: {e}"))?;
+            }
+            let request = Request::create_token(&args.name, &args.scopes, args.rate);
+            crate::commands::run(remote, request, |made: serde_json::Value| {
+                format!(
+                    "token {} (shown once; give it to the client as BELFRY_TOKEN):\n{}",
+                    made["name"].as_str().unwrap_or(""),
+                    made["token"].as_str().unwrap_or("")
+                )
+            })
+            .await
+        }
+        TokenCommand::List => {
+            crate::commands::run(remote, Request::list_tokens(), |list: serde_json::Value| {
+                let rows: Vec<String> = list["tokens"]
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|t| {
+                        let scopes: Vec<&str> = t["scopes"]
+                            .as_array()
+                            .map(Vec::as_slice)
+                            .unwrap_or_default()
+                            .iter()
+                            .filter_map(|s| s.as_str())
+                            .collect();
+                        format!(
+                            "{:<24} {:<7} {}",
+                            t["name"].as_str().unwrap_or(""),
+                            t["source"].as_str().unwrap_or(""),
+                            scopes.join(" ")
+                        )
+                    })
+                    .collect();
+                if rows.is_empty() {
+                    "no tokens: the API is open".into()
+                } else {
+                    rows.join("\n")
+                }
+            })
+            .await
+        }
+        TokenCommand::Revoke { name } => {
+            let done = format!("revoked {name}");
+            crate::commands::run_empty(remote, Request::revoke_token(&name), done).await
+        }
+    }
 }
 
 pub fn create_token(args: &TokenCreateArgs) -> anyhow::Result<String> {
@@ -136,6 +208,10 @@ pub fn create_token(args: &TokenCreateArgs) -> anyhow::Result<String> {
         bail!("--name: no quotes or backslashes (it goes into TOML)");
     }
     let token = generate_token();
+    let rate = match args.rate {
+        Some(rate) => format!("rate_per_s = {rate}\n"),
+        None => String::new(),
+    };
     let scopes = args
         .scopes
         .iter()
@@ -149,7 +225,7 @@ pub fn create_token(args: &TokenCreateArgs) -> anyhow::Result<String> {
          [[auth.tokens]]\n\
          name = \"{}\"\n\
          hash = \"{}\"\n\
-         scopes = [{scopes}]\n",
+         scopes = [{scopes}]\n{rate}",
         args.name,
         TokenHash::of(&token)
     ))
@@ -187,6 +263,8 @@ mod tests {
         let printed = create_token(&TokenCreateArgs {
             name: "shop".into(),
             scopes: vec!["produce:orders*".into(), "read".into()],
+            rate: None,
+            offline: true,
         })
         .unwrap();
         let token = printed.lines().nth(1).unwrap();

@@ -52,8 +52,10 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::schedule_cmd::ScheduleCommand,
     },
-    /// Make bearer tokens for `[[auth.tokens]]` (offline: nothing is sent to a server).
+    /// Make, list and revoke bearer tokens.
     Token {
+        #[command(flatten)]
+        remote: Remote,
         #[command(subcommand)]
         command: TokenCommand,
     },
@@ -67,8 +69,13 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum TokenCommand {
-    /// Print a new random token and the `[[auth.tokens]]` lines (with its hash) that accept it.
+    /// Make a token on the server (shown once); with --offline, print a new token and the
+    /// `[[auth.tokens]]` lines (with its hash) for the server's config.
     Create(crate::auth_config::TokenCreateArgs),
+    /// List the server's tokens: names, scopes and where they come from (never a token).
+    List,
+    /// Revoke a token made through the API: calls with it get 401 at once.
+    Revoke { name: String },
 }
 
 #[derive(Debug, Args)]
@@ -105,12 +112,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Task { remote, command } => crate::commands::task::task(&remote, command).await,
         Command::Dead { remote, command } => crate::commands::dead::dead(&remote, command).await,
         Command::Schedule { remote, command } => crate::schedule_cmd::run(&remote, command).await,
-        Command::Token {
-            command: TokenCommand::Create(args),
-        } => {
-            print!("{}", crate::auth_config::create_token(&args)?);
-            Ok(())
-        }
+        Command::Token { remote, command } => crate::auth_config::token(&remote, command).await,
         // `main` runs the bench before any runtime exists: it builds its own.
         Command::Bench { .. } => anyhow::bail!("belfry bench must be dispatched by main"),
     }

@@ -30,7 +30,7 @@ fn belfry(server: &Served, token: Option<&str>, args: &[&str]) -> (bool, String,
 
 /// `belfry token create`: (the token, the config lines).
 fn create_token(scopes: &[&str]) -> (String, String) {
-    let mut args = vec!["token", "create", "--name", "ops"];
+    let mut args = vec!["token", "create", "--offline", "--name", "ops"];
     for scope in scopes {
         args.extend(["--scope", scope]);
     }
@@ -191,4 +191,31 @@ async fn secrets_appear_in_no_log_answer_or_metric() {
             "a secret is in an answer: {secret}"
         );
     }
+}
+
+/// `belfry token create|list|revoke` against a running server, with its admin token.
+#[test]
+fn tokens_are_made_listed_and_revoked_from_the_cli() {
+    let admin = "an-admin-token-for-the-token-commands";
+    let server = serve_with_env(&["--store", "memory"], &[("BELFRY_ADMIN_TOKEN", admin)]);
+    let (ok, stdout, stderr) = belfry(
+        &server,
+        Some(admin),
+        &["token", "create", "--name", "dash", "--scope", "read"],
+    );
+    assert!(ok, "{stderr}");
+    let made = stdout.lines().nth(1).unwrap_or("").trim().to_owned();
+    assert!(made.starts_with("bfy_"), "{stdout}");
+    let (ok, stdout, stderr) = belfry(&server, Some(admin), &["token", "list"]);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("dash") && stdout.contains("api") && stdout.contains("read"));
+    assert!(!stdout.contains(&made), "a listing never shows a token");
+    let (ok, _, stderr) = belfry(&server, Some(&made), &["queue", "list"]);
+    assert!(ok, "{stderr}");
+    let (ok, _, stderr) = belfry(&server, Some(&made), &["token", "list"]);
+    assert!(!ok && stderr.contains("forbidden"), "{stderr}");
+    let (ok, stdout, stderr) = belfry(&server, Some(admin), &["token", "revoke", "dash"]);
+    assert!(ok && stdout.contains("revoked dash"), "{stdout} {stderr}");
+    let (ok, _, stderr) = belfry(&server, Some(&made), &["queue", "list"]);
+    assert!(!ok && stderr.contains("unauthorized"), "{stderr}");
 }

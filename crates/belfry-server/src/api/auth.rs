@@ -40,6 +40,9 @@ const CONSUME_ROUTES: &[&str] = &[
 /// Routes anyone may call: a load balancer's health checks carry no token.
 const PUBLIC_ROUTES: &[&str] = &["/healthz", "/readyz"];
 
+/// Routes that need `admin` even to read: who holds which token is not for every reader.
+const ADMIN_ROUTES: &[&str] = &["/v1/tokens", "/v1/tokens/{name}"];
+
 /// What a request to `route` (the matched template, `None` if no route matched) with
 /// `method` needs; `path` is the request's path, for the queue name.
 pub fn need(method: &Method, route: Option<&str>, path: &str) -> Need {
@@ -49,6 +52,9 @@ pub fn need(method: &Method, route: Option<&str>, path: &str) -> Need {
     let reads = *method == Method::GET || *method == Method::HEAD;
     if PUBLIC_ROUTES.contains(&route) {
         return Need::Public;
+    }
+    if ADMIN_ROUTES.contains(&route) {
+        return Need::Admin;
     }
     let queue = || queue_segment(route, path);
     if PRODUCE_ROUTES.contains(&route) {
@@ -248,6 +254,7 @@ mod tests {
                 Need::Admin,
             ),
             (Method::GET, None, "/nowhere", Need::AnyToken),
+            (Method::GET, Some("/v1/tokens"), "/v1/tokens", Need::Admin),
             (
                 Method::POST,
                 Some("/v1/queues/{queue}/tasks"),

@@ -44,6 +44,10 @@ pub enum ErrorCode {
     Forbidden,
     /// The token made more requests than its `rate_per_s` allows: retry after `Retry-After`.
     RateLimited,
+    /// `DELETE /v1/tokens/{name}` of a name no token has.
+    TokenNotFound,
+    /// A token of that name exists (or, on revoke, it comes from the config file).
+    TokenExists,
     QueueNotFound,
     TaskNotFound,
     RouteNotFound,
@@ -106,6 +110,8 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
             ErrorCode::RateLimited => "rate_limited",
+            ErrorCode::TokenNotFound => "token_not_found",
+            ErrorCode::TokenExists => "token_exists",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::InternalError => "internal_error",
@@ -146,6 +152,8 @@ impl ErrorCode {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::TokenNotFound => StatusCode::NOT_FOUND,
+            ErrorCode::TokenExists => StatusCode::CONFLICT,
             ErrorCode::LeaseExpired
             | ErrorCode::TaskNotScheduled
             | ErrorCode::TaskNotDead
@@ -318,6 +326,8 @@ mod tests {
             ErrorCode::Unauthorized,
             ErrorCode::Forbidden,
             ErrorCode::RateLimited,
+            ErrorCode::TokenNotFound,
+            ErrorCode::TokenExists,
             ErrorCode::StoreUnavailable,
             ErrorCode::InsufficientStorage,
             ErrorCode::InternalError,

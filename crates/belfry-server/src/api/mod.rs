@@ -10,6 +10,7 @@ mod ops;
 mod queues;
 pub(crate) mod schedules;
 mod tasks;
+pub mod tokens;
 mod wire;
 
 use std::convert::Infallible;

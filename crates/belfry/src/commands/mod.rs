@@ -122,7 +122,7 @@ pub fn error_line(error: &anyhow::Error) -> String {
             code: belfry_client::ErrorCode::Unauthorized,
             ..
         }) => format!(
-            "{error:#} (the server requires a token: set BELFRY_TOKEN or pass --token;              `belfry token create` makes one for the server's config)"
+            "{error:#} (the server requires a token: set BELFRY_TOKEN or pass --token;              `belfry token create --offline` makes one for the server's config)"
         ),
         _ => format!("{error:#}"),
     }
