@@ -231,6 +231,26 @@ pub struct TokenRate {
     pub burst: u32,
 }
 
+impl TokenRate {
+    /// The limit `rate_per_s` and `burst` (as written in a config or a request) ask for:
+    /// none, or a valid one; the error names the key to fix. `burst` defaults to one second's
+    /// worth of requests.
+    pub fn from_parts(rate_per_s: Option<f64>, burst: Option<u32>) -> Result<Option<Self>, String> {
+        match (rate_per_s, burst) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err("burst: set rate_per_s too".into()),
+            (Some(per_s), _) if !(per_s > 0.0 && per_s.is_finite()) => Err(format!(
+                "rate_per_s: above 0 (leave it out for no limit), got {per_s}"
+            )),
+            (Some(_), Some(0)) => Err("burst: at least 1".into()),
+            (Some(per_s), burst) => Ok(Some(TokenRate {
+                per_s,
+                burst: burst.unwrap_or_else(|| per_s.ceil().max(1.0) as u32),
+            })),
+        }
+    }
+}
+
 /// A token as the server holds it: the entry and, when it is rate-limited, its bucket.
 #[derive(Debug)]
 struct Held {

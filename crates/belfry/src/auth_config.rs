@@ -68,20 +68,8 @@ impl AuthSection {
             if scopes.is_empty() {
                 bail!("{key}.scopes: give at least one (admin, read, produce:<queues>, consume:<queues>)");
             }
-            let rate = match (token.rate_per_s, token.burst) {
-                (None, None) => None,
-                (None, Some(_)) => bail!("{key}.burst: set rate_per_s too"),
-                (Some(per_s), burst) => {
-                    if !(per_s > 0.0 && per_s.is_finite()) {
-                        bail!("{key}.rate_per_s: above 0 (leave it out for no limit), got {per_s}");
-                    }
-                    let burst = burst.unwrap_or_else(|| per_s.ceil().max(1.0) as u32);
-                    if burst == 0 {
-                        bail!("{key}.burst: at least 1");
-                    }
-                    Some(TokenRate { per_s, burst })
-                }
-            };
+            let rate = TokenRate::from_parts(token.rate_per_s, token.burst)
+                .map_err(|e| anyhow!("{key}.{e}"))?;
             entries.push(TokenEntry {
                 name: token.name.clone(),
                 hash,

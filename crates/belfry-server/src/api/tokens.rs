@@ -123,20 +123,7 @@ fn entry_of(body: &CreateBody, hash: TokenHash) -> Result<TokenEntry, ApiError> 
         .iter()
         .map(|s| Scope::parse(s).map_err(|e| invalid(format!("scopes: {e}"))))
         .collect::<Result<Vec<_>, _>>()?;
-    let rate = match (body.rate_per_s, body.burst) {
-        (None, None) => None,
-        (None, Some(_)) => return Err(invalid("burst: set rate_per_s too")),
-        (Some(per_s), burst) => {
-            if !(per_s > 0.0 && per_s.is_finite()) {
-                return Err(invalid("rate_per_s: above 0 (leave it out for no limit)"));
-            }
-            let burst = burst.unwrap_or_else(|| per_s.ceil().max(1.0) as u32);
-            if burst == 0 {
-                return Err(invalid("burst: at least 1"));
-            }
-            Some(TokenRate { per_s, burst })
-        }
-    };
+    let rate = TokenRate::from_parts(body.rate_per_s, body.burst).map_err(invalid)?;
     Ok(TokenEntry {
         name: body.name.clone(),
         hash,
