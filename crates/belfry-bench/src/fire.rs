@@ -31,6 +31,11 @@ use crate::{progress, Baseline, BaselineArgs, OutputArgs, ServerArgs};
 /// behind push back on leasing, as they would for a real consumer.
 const ACK_QUEUE_MAX: usize = 64;
 
+/// The server's defaults the webhook run relies on (`webhooks.in_flight_default`,
+/// `dispatch.per_target_max`), for the report.
+const WEBHOOK_IN_FLIGHT_DEFAULT: u32 = 256;
+const DISPATCH_PER_TARGET_DEFAULT: u32 = 64;
+
 /// Brief targets for lateness (at 100k due/s).
 const LATENESS_P99_US_TARGET: u64 = 10_000;
 const LATENESS_P999_US_TARGET: u64 = 50_000;
@@ -87,6 +92,10 @@ pub struct FireArgs {
     /// pull leasing. (The server must allow loopback webhook targets.)
     #[arg(long)]
     pub webhook: bool,
+    /// Cores of other load: this many processes spin on the CPU for the whole run, as other
+    /// work on the box would. The same for belfry and its baselines.
+    #[arg(long, default_value_t = 0)]
+    pub other_load: usize,
     /// Poll interval of the Redis baseline's consumers when nothing is due.
     #[arg(long, default_value_t = 1)]
     pub redis_poll_ms: u64,
@@ -197,6 +206,8 @@ pub struct FireOutcome {
     pub consume_cpu: CpuUse,
     /// Pull consumers' call statistics (None for webhook and Redis runs).
     pub consumers: Option<ConsumerSummary>,
+    /// Connections the webhook receiver accepted (webhook runs only).
+    pub receiver_connections: Option<u64>,
     #[serde(skip)]
     pub cdf: Vec<(f64, f64)>,
 }
@@ -204,6 +215,8 @@ pub struct FireOutcome {
 pub async fn run(args: FireArgs) -> anyhow::Result<Report> {
     args.validate()?;
     let machine = Machine::describe();
+    // Described before the load starts, so the load average shown is the machine's own.
+    let _busy = crate::sys::BusyLoad::start(args.other_load);
     let mut outcomes = Vec::new();
     if !args.server.baselines_only {
         // A webhook to the built-in receiver on 127.0.0.1 needs the SSRF guard's loopback
@@ -403,10 +416,12 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
         indicatif::ProgressBar::hidden(),
     )
     .await;
+    let mut receiver_connections = None;
     if let Some(receiver) = receiver {
         while Instant::now() < deadline && !tracker.lock().is_ok_and(|t| t.all_delivered()) {
             tokio::time::sleep(WEBHOOK_DONE_POLL).await;
         }
+        receiver_connections = Some(receiver.connections());
         receiver.stop().await;
     }
     for c in consumers {
@@ -422,13 +437,16 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
     let t = tracker
         .lock()
         .map_err(|_| anyhow::anyhow!("tracker lock poisoned"))?;
-    Ok(outcome(
-        label,
-        &t,
-        submit,
-        consume_cpu,
-        (!args.webhook).then(|| stats.summary()),
-    ))
+    Ok(FireOutcome {
+        receiver_connections,
+        ..outcome(
+            label,
+            &t,
+            submit,
+            consume_cpu,
+            (!args.webhook).then(|| stats.summary()),
+        )
+    })
 }
 
 fn outcome(
@@ -447,6 +465,7 @@ fn outcome(
         submit,
         consume_cpu,
         consumers,
+        receiver_connections: None,
         cdf: cdf_points_ms(tracker.lateness_histogram()),
     }
 }
@@ -663,6 +682,12 @@ fn build_report(
         ],
     );
     let mut notes = Vec::new();
+    if args.other_load > 0 {
+        notes.push(format!(
+            "other load: {} process(es) spinning on the CPU for the whole run (--other-load), as other work on the box would; the load average shown is from before they started.",
+            args.other_load
+        ));
+    }
     for o in &outcomes {
         let d = &o.delivery;
         table.row(vec![
@@ -725,6 +750,16 @@ fn build_report(
                 c.ack_calls,
                 c.ack_failures,
                 c.ack_ms_mean
+            ));
+        }
+        if let Some(connections) = o.receiver_connections {
+            notes.push(format!(
+                "{}: the receiver accepted {} connections for {} deliveries (a queue created with nothing but its URL: in-flight cap {}, at most {} per target host by default).",
+                o.label,
+                thousands(connections as f64),
+                thousands(o.delivery.delivered as f64),
+                WEBHOOK_IN_FLIGHT_DEFAULT,
+                DISPATCH_PER_TARGET_DEFAULT
             ));
         }
         let cpu = &o.consume_cpu;

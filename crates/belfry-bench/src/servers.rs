@@ -5,6 +5,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -18,9 +19,14 @@ use tokio::sync::watch;
 
 use crate::error::BenchError;
 
-/// Serves `handler` on `listener` until `stop` turns true.
-async fn serve<H, F>(listener: TcpListener, handler: H, mut stop: watch::Receiver<bool>)
-where
+/// Serves `handler` on `listener` until `stop` turns true, counting accepted connections in
+/// `accepted`.
+async fn serve<H, F>(
+    listener: TcpListener,
+    handler: H,
+    mut stop: watch::Receiver<bool>,
+    accepted_count: Arc<AtomicU64>,
+) where
     H: Fn(Bytes, http::HeaderMap) -> F + Send + Sync + 'static,
     F: Future<Output = (StatusCode, Bytes)> + Send + 'static,
 {
@@ -34,6 +40,7 @@ where
             // Out of file descriptors or a reset during accept: keep serving the others.
             continue;
         };
+        accepted_count.fetch_add(1, Ordering::Relaxed);
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         tokio::spawn(async move {
@@ -98,6 +105,7 @@ impl TrivialServer {
                         listener,
                         |_body, _headers| async { (StatusCode::OK, Bytes::from_static(b"{}")) },
                         stop_rx,
+                        Arc::default(),
                     )
                     .await;
                 });
@@ -140,6 +148,7 @@ pub struct WebhookReceiver {
     pub addr: SocketAddr,
     stop: watch::Sender<bool>,
     task: tokio::task::JoinHandle<()>,
+    accepted: Arc<AtomicU64>,
 }
 
 impl WebhookReceiver {
@@ -155,6 +164,7 @@ impl WebhookReceiver {
             .map_err(|e| BenchError::io("bind webhook receiver", "127.0.0.1:0", e))?;
         let (stop, stop_rx) = watch::channel(false);
         let on_delivery = Arc::new(on_delivery);
+        let accepted = Arc::new(AtomicU64::new(0));
         let task = tokio::spawn(serve(
             listener,
             move |body, headers| {
@@ -163,8 +173,20 @@ impl WebhookReceiver {
                 async { (StatusCode::OK, Bytes::new()) }
             },
             stop_rx,
+            accepted.clone(),
         ));
-        Ok(WebhookReceiver { addr, stop, task })
+        Ok(WebhookReceiver {
+            addr,
+            stop,
+            task,
+            accepted,
+        })
+    }
+
+    /// Connections the receiver has accepted so far: a sender that reuses its connections
+    /// opens few, one that churns opens one per request.
+    pub fn connections(&self) -> u64 {
+        self.accepted.load(Ordering::Relaxed)
     }
 
     pub async fn stop(self) {

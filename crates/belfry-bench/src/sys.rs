@@ -325,6 +325,38 @@ fn command_output(program: &str, args: &[&str]) -> Option<String> {
     (!text.is_empty()).then(|| text.to_string())
 }
 
+/// Processes that keep the CPU busy until dropped: other work on the same machine, so a
+/// benchmark can measure what users see on a box that is not idle. Processes of their own
+/// (a shell loop each), not threads, so the bench's CPU accounting does not count them.
+pub struct BusyLoad {
+    children: Vec<std::process::Child>,
+}
+
+impl BusyLoad {
+    /// Starts `processes` spinning processes (none for 0).
+    pub fn start(processes: usize) -> BusyLoad {
+        let children = (0..processes)
+            .filter_map(|_| {
+                std::process::Command::new("sh")
+                    .args(["-c", "while :; do :; done"])
+                    .stdin(std::process::Stdio::null())
+                    .spawn()
+                    .ok()
+            })
+            .collect();
+        BusyLoad { children }
+    }
+}
+
+impl Drop for BusyLoad {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
