@@ -9,7 +9,7 @@
 //!
 //! Scopes:
 //! - `admin`: everything;
-//! - `read`: every read (`GET`), including `/metrics`;
+//! - `read`: every read (`GET`), including `/metrics`, except the token list (`admin`);
 //! - `produce:<queue pattern>`: submit, get, cancel and reschedule tasks of matching queues;
 //! - `consume:<queue pattern>`: lease, ack, nack and extend tasks of matching queues.
 //!
