@@ -20,10 +20,15 @@ impl Client {
         self.expect(Request::get_queue(queue)).await
     }
 
-    /// Every queue, sorted by name.
+    /// Every queue, sorted by name (following the server's pages).
     pub async fn list_queues(&self) -> Result<Vec<Queue>> {
-        let list: QueueList = self.expect(Request::list_queues()).await?;
-        Ok(list.queues)
+        let mut list: QueueList = self.expect(Request::list_queues()).await?;
+        let mut queues = std::mem::take(&mut list.queues);
+        while let Some(after) = list.next_after.take() {
+            list = self.expect(Request::list_queues_after(&after)).await?;
+            queues.append(&mut list.queues);
+        }
+        Ok(queues)
     }
 
     /// Deletes the queue and every task in it.

@@ -93,6 +93,9 @@ pub struct Retry {
 #[derive(Debug, Clone, Deserialize)]
 pub struct QueueList {
     pub queues: Vec<Queue>,
+    /// The name to pass as `after` for the next page; absent on the last page.
+    #[serde(default)]
+    pub next_after: Option<String>,
 }
 
 /// A task to submit.

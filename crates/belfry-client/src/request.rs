@@ -132,8 +132,14 @@ impl Request {
         Self::new(Method::DELETE, format!("/v1/tokens/{}", segment(name)))
     }
 
+    /// The first page of queues (up to the server's page size, 1,000), sorted by name.
     pub fn list_queues() -> Self {
         Self::new(Method::GET, "/v1/queues".to_owned())
+    }
+
+    /// The page of queues named after `after`.
+    pub fn list_queues_after(after: &str) -> Self {
+        Self::new(Method::GET, format!("/v1/queues?after={}", segment(after)))
     }
 
     pub fn delete_queue(queue: &str) -> Self {

@@ -567,3 +567,39 @@ fn every_documented_code_is_a_typed_variant() {
         ErrorCode::Other("new_code".into())
     );
 }
+
+/// `list_queues` follows the server's pages: 1,001 queues come back whole, in order, though
+/// one answer holds at most 1,000.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_queues_follows_the_pages() {
+    let h = Harness::start().await;
+    let names: Vec<String> = (0..1_001).map(|i| format!("q{i:04}")).collect();
+    let mut creates = tokio::task::JoinSet::new();
+    for chunk in names.chunks(100) {
+        let (client, chunk) = (h.client.clone(), chunk.to_vec());
+        creates.spawn(async move {
+            for name in chunk {
+                client
+                    .put_queue(&name, &QueueSpec::default())
+                    .await
+                    .unwrap();
+            }
+        });
+    }
+    while let Some(done) = creates.join_next().await {
+        done.unwrap();
+    }
+    let first = h.client.send(&Request::list_queues()).await.unwrap();
+    let first: serde_json::Value = first.json().unwrap();
+    assert_eq!(first["queues"].as_array().unwrap().len(), 1_000);
+    assert_eq!(first["next_after"], "q0999");
+    let listed: Vec<String> = h
+        .client
+        .list_queues()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| q.name)
+        .collect();
+    assert_eq!(listed, names);
+}

@@ -1315,3 +1315,51 @@ async fn repeated_submits_are_each_counted() {
     let after = metric_value(&text, route).unwrap_or(0.0);
     assert!(after - before >= 5.0, "{route}: {before} then {after}");
 }
+
+/// `GET /v1/queues` answers in pages: `limit` names at most, `next_after` to continue, every
+/// queue exactly once across the pages; a bad `limit` or parameter is a 400 that says what to
+/// send.
+#[tokio::test]
+async fn queues_are_listed_in_pages() {
+    let s = TestServer::start().await;
+    let names: Vec<String> = (0..7).map(|i| format!("q{i}")).collect();
+    for name in &names {
+        s.ok("PUT", &format!("/v1/queues/{name}"), json!({}), 201)
+            .await;
+    }
+    let mut seen = Vec::new();
+    let mut path = "/v1/queues?limit=3".to_owned();
+    let mut pages = 0;
+    loop {
+        let page = s.ok("GET", &path, Value::Null, 200).await;
+        pages += 1;
+        let queues = page["queues"].as_array().unwrap();
+        assert!(queues.len() <= 3, "{page}");
+        seen.extend(
+            queues
+                .iter()
+                .map(|q| q["name"].as_str().unwrap().to_owned()),
+        );
+        match page["next_after"].as_str() {
+            Some(after) => path = format!("/v1/queues?limit=3&after={after}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, names, "every queue once, in name order");
+    assert_eq!(pages, 3);
+    let all = s.ok("GET", "/v1/queues", Value::Null, 200).await;
+    assert_eq!(all["queues"].as_array().unwrap().len(), 7);
+    assert!(all.get("next_after").is_none(), "{all}");
+    for bad in [
+        "/v1/queues?limit=0",
+        "/v1/queues?limit=1001",
+        "/v1/queues?page=2",
+    ] {
+        let (status, answer) = s.raw("GET", bad, None).await;
+        assert_eq!(
+            (status, code(&answer)),
+            (400, "invalid_request"),
+            "{bad}: {answer}"
+        );
+    }
+}

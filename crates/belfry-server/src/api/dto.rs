@@ -187,6 +187,17 @@ impl QueueView {
 #[derive(Debug, Serialize)]
 pub struct QueueList {
     pub queues: Vec<QueueView>,
+    /// Pass as `after` to read the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
+/// `GET /v1/queues?after=<name>&limit=<n>`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueListQuery {
+    pub after: Option<String>,
+    pub limit: Option<usize>,
 }
 
 // ---- tasks ----

@@ -1,12 +1,12 @@
 //! Queue endpoints.
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 
-use super::dto::{QueueBody, QueueList, QueueView};
-use super::error::ApiError;
+use super::dto::{QueueBody, QueueList, QueueListQuery, QueueView};
+use super::error::{ApiError, ErrorCode};
 use super::extract::{JsonBody, QueuePath};
 use super::AppState;
 
@@ -54,9 +54,41 @@ fn health(service: &AppState, queue: &belfry_core::QueueName) -> Option<String> 
     })
 }
 
-pub async fn list(State(service): State<AppState>) -> Result<Json<QueueList>, ApiError> {
+/// Queues one `GET /v1/queues` answers at most, and by default: each costs a store call for
+/// its counts, so a server with ten thousand queues answers in pages.
+pub const QUEUE_PAGE_MAX: usize = 1_000;
+
+pub async fn list(
+    State(service): State<AppState>,
+    query: Result<Query<QueueListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<QueueList>, ApiError> {
+    let Query(query) = query.map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("bad query string (after=<queue name>&limit=<n>): {e}"),
+        )
+    })?;
+    let limit = query.limit.unwrap_or(QUEUE_PAGE_MAX);
+    if limit == 0 || limit > QUEUE_PAGE_MAX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("limit must be between 1 and {QUEUE_PAGE_MAX}, got {limit}"),
+        ));
+    }
     let mut queues = Vec::new();
-    for runtime in service.queues.all() {
+    let mut more = false;
+    let after = query.after.unwrap_or_default();
+    // Sorted by name: the page is the `limit` names after `after`.
+    for runtime in service
+        .queues
+        .all()
+        .into_iter()
+        .filter(|r| r.name.as_str() > after.as_str())
+    {
+        if queues.len() == limit {
+            more = true;
+            break;
+        }
         let counts = match service.queue_counts(&runtime.name).await {
             Ok(counts) => Some(counts),
             // Deleted while we listed: leave it out.
@@ -65,7 +97,12 @@ pub async fn list(State(service): State<AppState>) -> Result<Json<QueueList>, Ap
         };
         queues.push(QueueView::new(&runtime.name, &runtime.config(), counts));
     }
-    Ok(Json(QueueList { queues }))
+    let next_after = if more {
+        queues.last().map(|q| q.name.clone())
+    } else {
+        None
+    };
+    Ok(Json(QueueList { queues, next_after }))
 }
 
 pub async fn delete(

@@ -13,8 +13,12 @@ pub enum QueueCommand {
     Create(Box<QueueCreate>),
     /// Show a queue's settings and its task counts.
     Get { queue: String },
-    /// List every queue with its task counts, sorted by name.
-    List,
+    /// List queues with their task counts, sorted by name, a page (1,000) at a time.
+    List {
+        /// Start after this queue name (the next page of a long list).
+        #[arg(long)]
+        after: Option<String>,
+    },
     /// Stop delivering the queue's tasks (new tasks are still accepted).
     Pause { queue: String },
     /// Deliver a paused queue's tasks again.
@@ -228,7 +232,7 @@ fn describe_list(list: QueueList) -> String {
             ]
         })
         .collect();
-    table(
+    let table = table(
         &[
             "QUEUE",
             "STATE",
@@ -240,7 +244,11 @@ fn describe_list(list: QueueList) -> String {
             "DELIVERY",
         ],
         &rows,
-    )
+    );
+    match list.next_after {
+        Some(after) => format!("{table}\nmore queues follow: belfry queue list --after {after}"),
+        None => table,
+    }
 }
 
 pub async fn queue(remote: &Remote, command: QueueCommand) -> anyhow::Result<()> {
@@ -251,7 +259,13 @@ pub async fn queue(remote: &Remote, command: QueueCommand) -> anyhow::Result<()>
             run(remote, Request::put_queue(&name, &spec(*args)?), show).await
         }
         QueueCommand::Get { queue } => run(remote, Request::get_queue(&queue), show).await,
-        QueueCommand::List => run(remote, Request::list_queues(), describe_list).await,
+        QueueCommand::List { after } => {
+            let request = match after {
+                Some(after) => Request::list_queues_after(&after),
+                None => Request::list_queues(),
+            };
+            run(remote, request, describe_list).await
+        }
         QueueCommand::Pause { queue } => run(remote, Request::pause_queue(&queue), show).await,
         QueueCommand::Resume { queue } => run(remote, Request::resume_queue(&queue), show).await,
         QueueCommand::Delete { queue } => {
