@@ -171,3 +171,29 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskPath {
         Ok(TaskPath(queue, id))
     }
 }
+
+/// The query of a paged list, or a 400 that shows its expected `form`
+/// (`after=<task id>&limit=<n>`).
+pub fn page_query<T>(
+    query: Result<axum::extract::Query<T>, axum::extract::rejection::QueryRejection>,
+    form: &str,
+) -> Result<T, ApiError> {
+    query.map(|q| q.0).map_err(|e| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("bad query string ({form}): {e}"),
+        )
+    })
+}
+
+/// A page size: `limit`, or `default` when absent; 1 to `max`.
+pub fn page_limit(limit: Option<usize>, default: usize, max: usize) -> Result<usize, ApiError> {
+    let limit = limit.unwrap_or(default);
+    if limit == 0 || limit > max {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("limit must be between 1 and {max}, got {limit}"),
+        ));
+    }
+    Ok(limit)
+}

@@ -6,8 +6,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 
 use super::dto::{QueueBody, QueueList, QueueListQuery, QueueView};
-use super::error::{ApiError, ErrorCode};
-use super::extract::{JsonBody, QueuePath};
+use super::error::ApiError;
+use super::extract::{page_limit, page_query, JsonBody, QueuePath};
 use super::AppState;
 
 pub async fn put(
@@ -62,19 +62,8 @@ pub async fn list(
     State(service): State<AppState>,
     query: Result<Query<QueueListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<QueueList>, ApiError> {
-    let Query(query) = query.map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("bad query string (after=<queue name>&limit=<n>): {e}"),
-        )
-    })?;
-    let limit = query.limit.unwrap_or(QUEUE_PAGE_MAX);
-    if limit == 0 || limit > QUEUE_PAGE_MAX {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("limit must be between 1 and {QUEUE_PAGE_MAX}, got {limit}"),
-        ));
-    }
+    let query = page_query(query, "after=<queue name>&limit=<n>")?;
+    let limit = page_limit(query.limit, QUEUE_PAGE_MAX, QUEUE_PAGE_MAX)?;
     let mut queues = Vec::new();
     let mut more = false;
     let after = query.after.unwrap_or_default();

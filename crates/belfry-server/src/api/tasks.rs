@@ -12,7 +12,9 @@ use super::dto::{
     BatchBody, BatchTasks, DeadList, DeadQuery, DueBody, TaskBody, TaskLimits, TaskView,
 };
 use super::error::{ApiError, ErrorCode};
-use super::extract::{parse_json, task_id, JsonBody, JsonBytes, KeyPath, QueuePath, TaskPath};
+use super::extract::{
+    page_limit, page_query, parse_json, task_id, JsonBody, JsonBytes, KeyPath, QueuePath, TaskPath,
+};
 use super::wire::{self, SubmitEntry};
 use super::AppState;
 
@@ -195,23 +197,13 @@ pub async fn list_dead(
     QueuePath(queue): QueuePath,
     query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<DeadList>, ApiError> {
-    let Query(query) = query.map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("bad query string (after=<task id>&limit=<n>): {e}"),
-        )
-    })?;
+    let query = page_query(query, "after=<task id>&limit=<n>")?;
     let after = query.after.as_deref().map(task_id).transpose()?;
-    let limit = query.limit.unwrap_or(DEAD_PAGE_DEFAULT);
-    if limit == 0 || limit > crate::service::DEAD_PAGE_MAX {
-        return Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!(
-                "limit must be between 1 and {}, got {limit}",
-                crate::service::DEAD_PAGE_MAX
-            ),
-        ));
-    }
+    let limit = page_limit(
+        query.limit,
+        DEAD_PAGE_DEFAULT,
+        crate::service::DEAD_PAGE_MAX,
+    )?;
     let tasks = service.list_dead(&queue, after, limit).await?;
     let next_after = if tasks.len() == limit {
         tasks.last().map(|t| t.id.to_string())
