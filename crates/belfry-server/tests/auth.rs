@@ -380,3 +380,65 @@ async fn tokens_made_through_the_api_work_until_revoked() {
     assert_eq!(status, 401, "the revoke was stored");
     handle.stop().await.unwrap();
 }
+
+/// Bad token requests are 400s that say what to fix, and make no token.
+#[tokio::test]
+async fn bad_token_requests_are_refused_and_make_nothing() {
+    let admin = generate_token();
+    let handle = Server::builder(test_config(), Arc::new(MemoryStore::new()))
+        .auth(Auth::new(vec![entry("ops", &admin, &["admin"])]).unwrap())
+        .start()
+        .await
+        .expect("server starts");
+    let client = Client {
+        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        base: format!("http://{}", handle.local_addr()),
+    };
+    for (body, code_expected, needle) in [
+        (
+            r#"{"name": "a b", "scopes": ["read"]}"#,
+            "invalid_request",
+            "name",
+        ),
+        (
+            r#"{"name": "x", "scopes": []}"#,
+            "invalid_request",
+            "scopes",
+        ),
+        (
+            r#"{"name": "x", "scopes": ["produce:a*b"]}"#,
+            "invalid_request",
+            "scopes",
+        ),
+        (
+            r#"{"name": "x", "scopes": ["read"], "rate_per_s": 0}"#,
+            "invalid_request",
+            "rate_per_s",
+        ),
+        (
+            r#"{"name": "x", "scopes": ["read"], "burst": 5}"#,
+            "invalid_request",
+            "rate_per_s",
+        ),
+        (
+            r#"{"name": "x", "scopes": ["read"], "token": "mine"}"#,
+            "invalid_request",
+            "token",
+        ),
+        (r#"{"name": "x", "scopes": ["read"]"#, "malformed_json", ""),
+    ] {
+        let (status, value, _) = client
+            .call("POST", "/v1/tokens", Some(&admin), Some(body))
+            .await;
+        assert_eq!(
+            (status, code(&value)),
+            (400, code_expected),
+            "{body}: {value}"
+        );
+        let message = value["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{body}: {message}");
+    }
+    let (_, list, _) = client.call("GET", "/v1/tokens", Some(&admin), None).await;
+    assert_eq!(list["tokens"].as_array().unwrap().len(), 1, "{list}");
+    handle.stop().await.unwrap();
+}
