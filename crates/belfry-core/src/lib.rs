@@ -11,6 +11,7 @@ pub mod queue;
 pub mod retry;
 pub mod schedule;
 pub mod task;
+pub mod user;
 
 pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
 pub use id::{ParseTaskIdError, TaskId};
@@ -19,3 +20,4 @@ pub use retry::RetryPolicy;
 pub use task::{
     Header, LatePolicy, LeaseId, LeasedTask, NewTask, PayloadKind, Priority, Task, TaskState,
 };
+pub use user::{InvalidUserId, UserId};

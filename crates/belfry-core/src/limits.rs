@@ -46,3 +46,7 @@ pub const RETRY_ATTEMPTS_MAX: u32 = 1_000;
 const _: () = assert!(LEASE_VISIBILITY_MS_MIN <= LEASE_VISIBILITY_MS_DEFAULT);
 const _: () = assert!(LEASE_VISIBILITY_MS_DEFAULT <= LEASE_VISIBILITY_MS_MAX);
 const _: () = assert!(LEASE_TASKS_MAX <= BATCH_TASKS_MAX);
+
+/// Longest user id of a reminder subscription, in bytes. Ids are opaque; the bound keeps the
+/// per-user index and a fan-out chunk's body predictable.
+pub const USER_ID_LEN_MAX: usize = 128;

@@ -1223,6 +1223,13 @@ impl belfry_store::Store for StallingStore {
         get_meta(namespace: &str, key: &str) -> belfry_store::Result<Option<bytes::Bytes>>;
         delete_meta(namespace: &str, key: &str) -> belfry_store::Result<bool>;
         list_meta(namespace: &str) -> belfry_store::Result<Vec<(String, bytes::Bytes)>>;
+        subscribe(set: u64, users: &[belfry_core::UserId]) -> belfry_store::Result<u64>;
+        unsubscribe(set: u64, users: &[belfry_core::UserId]) -> belfry_store::Result<u64>;
+        is_subscribed(set: u64, user: &belfry_core::UserId) -> belfry_store::Result<bool>;
+        subscriber_count(set: u64) -> belfry_store::Result<u64>;
+        subscribers(set: u64, after: Option<&belfry_core::UserId>, limit: usize) -> belfry_store::Result<Vec<belfry_core::UserId>>;
+        user_sets(user: &belfry_core::UserId, limit: usize) -> belfry_store::Result<Vec<u64>>;
+        drop_set(set: u64) -> belfry_store::Result<u64>;
         flush() -> belfry_store::Result<()>;
     }
 }

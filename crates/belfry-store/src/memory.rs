@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use belfry_core::{
     LatePolicy, LeaseId, LeasedTask, NewTask, Priority, QueueName, Task, TaskId, TaskState, UnixMs,
+    UserId,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -25,6 +26,9 @@ pub struct MemoryStore {
 struct Inner {
     queues: BTreeMap<QueueName, QueueState>,
     meta: BTreeMap<(String, String), Bytes>,
+    /// Subscriptions twice over: by set, and by user.
+    by_set: BTreeSet<(u64, UserId)>,
+    by_user: BTreeSet<(UserId, u64)>,
     next_id: u128,
     next_lease: u64,
 }
@@ -544,6 +548,76 @@ impl Store for MemoryStore {
             .filter(|((ns, _), _)| ns == namespace)
             .map(|((_, key), value)| (key.clone(), value.clone()))
             .collect())
+    }
+
+    fn subscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {
+        let mut inner = self.inner.lock();
+        let mut added = 0;
+        for user in users {
+            if inner.by_set.insert((set, user.clone())) {
+                inner.by_user.insert((user.clone(), set));
+                added += 1;
+            }
+        }
+        Ok(added)
+    }
+
+    fn unsubscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {
+        let mut inner = self.inner.lock();
+        let mut removed = 0;
+        for user in users {
+            if inner.by_set.remove(&(set, user.clone())) {
+                inner.by_user.remove(&(user.clone(), set));
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    fn is_subscribed(&self, set: u64, user: &UserId) -> Result<bool> {
+        Ok(self.inner.lock().by_set.contains(&(set, user.clone())))
+    }
+
+    fn subscriber_count(&self, set: u64) -> Result<u64> {
+        let inner = self.inner.lock();
+        Ok(inner.by_set.iter().filter(|(s, _)| *s == set).count() as u64)
+    }
+
+    fn subscribers(&self, set: u64, after: Option<&UserId>, limit: usize) -> Result<Vec<UserId>> {
+        let inner = self.inner.lock();
+        Ok(inner
+            .by_set
+            .iter()
+            .filter(|(s, user)| *s == set && after.is_none_or(|after| user > after))
+            .take(limit)
+            .map(|(_, user)| user.clone())
+            .collect())
+    }
+
+    fn user_sets(&self, user: &UserId, limit: usize) -> Result<Vec<u64>> {
+        let inner = self.inner.lock();
+        Ok(inner
+            .by_user
+            .iter()
+            .filter(|(u, _)| u == user)
+            .take(limit)
+            .map(|(_, set)| *set)
+            .collect())
+    }
+
+    fn drop_set(&self, set: u64) -> Result<u64> {
+        let mut inner = self.inner.lock();
+        let members: Vec<UserId> = inner
+            .by_set
+            .iter()
+            .filter(|(s, _)| *s == set)
+            .map(|(_, user)| user.clone())
+            .collect();
+        for user in &members {
+            inner.by_set.remove(&(set, user.clone()));
+            inner.by_user.remove(&(user.clone(), set));
+        }
+        Ok(members.len() as u64)
     }
 
     fn flush(&self) -> Result<()> {

@@ -19,7 +19,9 @@
 
 use std::io;
 
-use belfry_core::{LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState, UnixMs};
+use belfry_core::{
+    LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState, UnixMs, UserId,
+};
 use bytes::Bytes;
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -341,6 +343,29 @@ pub trait Store: Send + Sync + 'static {
         }
         Ok(())
     }
+
+    // ---- subscriber sets (reminders) ----
+    //
+    // A set is named by a number its owner chooses (a reminder's uid) and holds user ids.
+    // Stores keep two indexes of the same pairs, by set and by user, and must hold them with
+    // memory bounded whatever their size: sets of millions are read in pages, never whole.
+    // Changes are durable when the call returns, like a put.
+
+    /// Adds `users` to `set`. Returns how many were not members before (a user listed twice
+    /// in one call counts once).
+    fn subscribe(&self, set: u64, users: &[UserId]) -> Result<u64>;
+    /// Removes `users` from `set`. Returns how many were members.
+    fn unsubscribe(&self, set: u64, users: &[UserId]) -> Result<u64>;
+    fn is_subscribed(&self, set: u64, user: &UserId) -> Result<bool>;
+    /// How many members `set` has: exact, and cheap (no scan).
+    fn subscriber_count(&self, set: u64) -> Result<u64>;
+    /// Up to `limit` members of `set` in ascending [`UserId`] order, starting after `after`.
+    fn subscribers(&self, set: u64, after: Option<&UserId>, limit: usize) -> Result<Vec<UserId>>;
+    /// Up to `limit` sets `user` is a member of, ascending.
+    fn user_sets(&self, user: &UserId, limit: usize) -> Result<Vec<u64>>;
+    /// Empties `set` (both indexes). Returns how many members it had. A store may do the
+    /// work later, but from the return on the set reads as empty.
+    fn drop_set(&self, set: u64) -> Result<u64>;
 
     /// Makes everything written so far durable (whatever the fsync policy) and waits for
     /// background work to reach a consistent point. Called on shutdown.

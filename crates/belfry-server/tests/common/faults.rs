@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs};
+use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs, UserId};
 use belfry_sinks::{Outcome, Sink, SinkError, SinkFactory, SinkFuture, SinkSpec};
 use belfry_store::{
     ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Store, StoreError,
@@ -191,6 +191,32 @@ impl Store for FaultyStore {
             });
         }
         self.inner.write_meta(changes)
+    }
+    fn subscribe(&self, set: u64, users: &[UserId]) -> belfry_store::Result<u64> {
+        self.inner.subscribe(set, users)
+    }
+    fn unsubscribe(&self, set: u64, users: &[UserId]) -> belfry_store::Result<u64> {
+        self.inner.unsubscribe(set, users)
+    }
+    fn is_subscribed(&self, set: u64, user: &UserId) -> belfry_store::Result<bool> {
+        self.inner.is_subscribed(set, user)
+    }
+    fn subscriber_count(&self, set: u64) -> belfry_store::Result<u64> {
+        self.inner.subscriber_count(set)
+    }
+    fn subscribers(
+        &self,
+        set: u64,
+        after: Option<&UserId>,
+        limit: usize,
+    ) -> belfry_store::Result<Vec<UserId>> {
+        self.inner.subscribers(set, after, limit)
+    }
+    fn user_sets(&self, user: &UserId, limit: usize) -> belfry_store::Result<Vec<u64>> {
+        self.inner.user_sets(user, limit)
+    }
+    fn drop_set(&self, set: u64) -> belfry_store::Result<u64> {
+        self.inner.drop_set(set)
     }
     fn flush(&self) -> belfry_store::Result<()> {
         self.inner.flush()

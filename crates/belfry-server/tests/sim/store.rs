@@ -13,7 +13,7 @@
 
 use std::sync::Arc;
 
-use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs};
+use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs, UserId};
 use belfry_store::{
     ChangeOutcome, ClaimBatch, Engine, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Result,
     Store, StoreError,
@@ -308,6 +308,27 @@ impl Store for SimStore {
     }
     fn write_meta(&self, changes: Vec<MetaChange>) -> Result<()> {
         self.plain(24, |e| e.write_meta(changes))
+    }
+    fn subscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {
+        self.plain(26, |e| e.subscribe(set, users))
+    }
+    fn unsubscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {
+        self.plain(27, |e| e.unsubscribe(set, users))
+    }
+    fn is_subscribed(&self, set: u64, user: &UserId) -> Result<bool> {
+        self.plain(28, |e| e.is_subscribed(set, user))
+    }
+    fn subscriber_count(&self, set: u64) -> Result<u64> {
+        self.plain(29, |e| e.subscriber_count(set))
+    }
+    fn subscribers(&self, set: u64, after: Option<&UserId>, limit: usize) -> Result<Vec<UserId>> {
+        self.plain(30, |e| e.subscribers(set, after, limit))
+    }
+    fn user_sets(&self, user: &UserId, limit: usize) -> Result<Vec<u64>> {
+        self.plain(31, |e| e.user_sets(user, limit))
+    }
+    fn drop_set(&self, set: u64) -> Result<u64> {
+        self.plain(32, |e| e.drop_set(set))
     }
     fn flush(&self) -> Result<()> {
         self.plain(25, |e| e.flush())

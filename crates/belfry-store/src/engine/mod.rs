@@ -51,6 +51,7 @@ pub mod record;
 mod recovery;
 mod space;
 mod store_impl;
+mod subs;
 mod wal;
 
 use std::fs::File;

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::fs;
 
-use belfry_core::UnixMs;
 use belfry_core::{LatePolicy, LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState};
+use belfry_core::{UnixMs, UserId};
 use bytes::Bytes;
 use rustc_hash::FxHashSet;
 
@@ -516,6 +516,27 @@ impl Store for Engine {
         self.meta_write(changes)
     }
 
+    fn subscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {
+        self.subs_subscribe(set, users)
+    }
+    fn unsubscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {
+        self.subs_unsubscribe(set, users)
+    }
+    fn is_subscribed(&self, set: u64, user: &UserId) -> Result<bool> {
+        self.subs_contains(set, user)
+    }
+    fn subscriber_count(&self, set: u64) -> Result<u64> {
+        self.subs_count(set)
+    }
+    fn subscribers(&self, set: u64, after: Option<&UserId>, limit: usize) -> Result<Vec<UserId>> {
+        self.subs_members(set, after, limit)
+    }
+    fn user_sets(&self, user: &UserId, limit: usize) -> Result<Vec<u64>> {
+        self.subs_of_user(user, limit)
+    }
+    fn drop_set(&self, set: u64) -> Result<u64> {
+        self.subs_drop(set)
+    }
     fn flush(&self) -> Result<()> {
         self.core.checkpoint()
     }
