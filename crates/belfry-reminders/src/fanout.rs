@@ -1,0 +1,347 @@
+//! The fan-out: at a reminder's fire time, its subscribers are cut into chunks and each
+//! chunk becomes one task in the reminder's queue, so it goes through that queue's sink, rate
+//! limit, retries and dead letters like any task.
+//!
+//! **Chunks.** Chunk `k` holds the next `chunk_size` subscribers after the previous chunk's
+//! last one (subscribers in [`UserId`] order). A chunk is made when the fan-out reaches it,
+//! so an unsubscribe that arrives before then is honoured. Its body is
+//! `{"reminder_id","content","users":[…],"chunk","chunks","firing","last"}`: `chunks` is the
+//! plan when the fan-out started (subscribers then, over the chunk size) and `last` marks the
+//! final chunk, which may differ from the plan when users came or went during the fan-out.
+//!
+//! **Pace.** Without `users_per_second`, every chunk is due at the firing. With it, chunk
+//! `k` is due at `firing + users before k / rate`; chunks are made at most [`LEAD_MS`] before
+//! they are due, and the queue delivers each at its due time, never early. The delivered rate
+//! is then the configured one, whatever the chunk size.
+//!
+//! **Crashes.** A step puts a batch of chunks (each with the idempotency key
+//! `reminder:{id}:{firing}:{chunk}`), then writes the fan-out's cursor. After a crash in
+//! between, the next step finds the batch's chunks by key, takes their users as made, and
+//! goes on after them: no chunk is made twice and no subscriber is skipped. The server runs a
+//! step at start-up before it dispatches, so none of those chunks can have finished (and its
+//! key been forgotten) in between.
+
+use std::collections::BTreeMap;
+
+use belfry_core::{NewTask, Priority, UnixMs, UserId};
+use belfry_store::{MetaChange, PutOutcome};
+use bytes::Bytes;
+use serde::Serialize;
+
+use crate::model::{Reminder, Urgency};
+use crate::record::{decode_fanout, encode_fanout, encode_reminder, uid_key, Fanout};
+use crate::record::{FANOUTS_NAMESPACE, REMINDERS_NAMESPACE};
+use crate::service::{ReminderService, Result};
+
+/// How long before its due time a paced chunk is made.
+pub const LEAD_MS: u64 = 1_000;
+
+/// Most chunks one put carries, and most bytes of chunk bodies.
+const CHUNKS_PER_PUT: usize = 16;
+const PUT_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Most chunks one step makes for one reminder, so one huge fan-out cannot hold up the
+/// others; the step says there is more (`again`).
+const CHUNKS_PER_STEP: u32 = 256;
+
+/// The idempotency key of a chunk.
+pub fn chunk_key(id: &str, firing_ms: UnixMs, chunk: u32) -> String {
+    format!("reminder:{id}:{firing_ms}:{chunk}")
+}
+
+/// What one step did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StepReport {
+    pub fanouts_started: u64,
+    pub fanouts_finished: u64,
+    /// Fan-outs still in progress after the step.
+    pub fanouts_running: u64,
+    pub chunks_created: u64,
+    pub users_fanned_out: u64,
+    /// Chunks found already made (a replay after a crash).
+    pub chunks_found: u64,
+    /// Chunks made, by queue (to wake those queues).
+    pub chunks_by_queue: BTreeMap<String, u64>,
+    /// When a step next has work, if ever (a fire time, or a paced chunk's time).
+    pub next_ms: Option<UnixMs>,
+    /// Work is left that is due now: step again at once.
+    pub again: bool,
+    /// Reminders that could not be handled: (id, reason). The others still ran.
+    pub errors: Vec<(String, String)>,
+}
+
+impl StepReport {
+    fn note_next(&mut self, at: UnixMs) {
+        self.next_ms = Some(self.next_ms.map_or(at, |n| n.min(at)));
+    }
+}
+
+#[derive(Serialize)]
+struct ChunkBody<'a> {
+    reminder_id: &'a str,
+    content: &'a serde_json::value::RawValue,
+    users: Vec<&'a str>,
+    chunk: u32,
+    chunks: u32,
+    firing: UnixMs,
+    last: bool,
+}
+
+/// A chunk ready to put.
+struct Made {
+    task: NewTask,
+    users: u64,
+    last_user: UserId,
+    last: bool,
+}
+
+impl ReminderService {
+    /// Starts the fan-outs that are due and advances those in progress.
+    pub fn step(&self, now_ms: UnixMs) -> Result<StepReport> {
+        let mut report = StepReport::default();
+        for reminder in self.all()? {
+            if let Err(e) = self.step_one(reminder.clone(), now_ms, &mut report) {
+                report.errors.push((reminder.id.to_string(), e.to_string()));
+            }
+        }
+        Ok(report)
+    }
+
+    fn step_one(&self, mut r: Reminder, now_ms: UnixMs, report: &mut StepReport) -> Result<()> {
+        let key = uid_key(r.uid);
+        let mut fanout =
+            match self.store.get_meta(FANOUTS_NAMESPACE, &key)? {
+                Some(bytes) => Some(decode_fanout(&bytes).map_err(|e| {
+                    crate::service::ReminderError::Corrupt {
+                        key: key.clone(),
+                        detail: e.0,
+                    }
+                })?),
+                None => None,
+            };
+        if fanout.is_none() {
+            match r.next_fire_ms {
+                Some(at) if at <= now_ms => fanout = self.start(&mut r, at, now_ms, report)?,
+                Some(at) => report.note_next(at),
+                None => {}
+            }
+        }
+        if let Some(fanout) = fanout {
+            self.advance(&r, fanout, now_ms, report)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the firing at `firing_ms`: plans the chunks and moves the reminder to its next
+    /// fire time (a recurring reminder that missed fire times fires once for all of them).
+    fn start(
+        &self,
+        r: &mut Reminder,
+        firing_ms: UnixMs,
+        now_ms: UnixMs,
+        report: &mut StepReport,
+    ) -> Result<Option<Fanout>> {
+        let count = self.store.subscriber_count(r.uid)?;
+        let chunks = count.div_ceil(u64::from(r.def.chunk_size));
+        r.next_fire_ms = r.def.when.next_after(now_ms.max(firing_ms))?;
+        if r.def.when.is_recurring() {
+            if let Some(next) = r.next_fire_ms {
+                report.note_next(next);
+            }
+        } else {
+            r.next_fire_ms = None;
+        }
+        r.firings += 1;
+        let key = uid_key(r.uid);
+        let mut changes = vec![MetaChange::put(
+            REMINDERS_NAMESPACE,
+            &key,
+            encode_reminder(r),
+        )];
+        report.fanouts_started += 1;
+        let fanout = (chunks > 0).then(|| Fanout {
+            firing_ms,
+            chunk: 0,
+            chunks: u32::try_from(chunks).unwrap_or(u32::MAX),
+            after: None,
+            users: 0,
+        });
+        match &fanout {
+            Some(f) => changes.push(MetaChange::put(FANOUTS_NAMESPACE, &key, encode_fanout(f))),
+            None => report.fanouts_finished += 1,
+        }
+        self.store.write_meta(changes)?;
+        Ok(fanout)
+    }
+
+    /// Makes the chunks that are due (or within the lead of it), in batches: put, then the
+    /// cursor.
+    fn advance(
+        &self,
+        r: &Reminder,
+        mut f: Fanout,
+        now_ms: UnixMs,
+        report: &mut StepReport,
+    ) -> Result<()> {
+        let key = uid_key(r.uid);
+        let mut made_this_step = 0;
+        let mut check_existing = true;
+        loop {
+            if made_this_step >= CHUNKS_PER_STEP {
+                report.fanouts_running += 1;
+                report.again = true;
+                return Ok(());
+            }
+            let mut batch: Vec<Made> = Vec::new();
+            let mut bytes = 0;
+            let mut cursor = f.clone();
+            let mut finished = false;
+            while batch.len() < CHUNKS_PER_PUT && bytes < PUT_BYTES_MAX {
+                let due = self.chunk_due(r, &cursor);
+                if due > now_ms + LEAD_MS {
+                    report.note_next(due - LEAD_MS);
+                    break;
+                }
+                if check_existing {
+                    // Only the first batch after a step begins can have been put already.
+                    if let Some(found) = self.made_before(r, &cursor, now_ms)? {
+                        report.chunks_found += 1;
+                        cursor.chunk += 1;
+                        cursor.users += found.users;
+                        cursor.after = Some(found.last_user);
+                        if found.last {
+                            finished = true;
+                            break;
+                        }
+                        continue;
+                    }
+                    check_existing = false;
+                }
+                match self.make_chunk(r, &cursor, due)? {
+                    Some(made) => {
+                        bytes += made.task.payload.len();
+                        cursor.chunk += 1;
+                        cursor.users += made.users;
+                        cursor.after = Some(made.last_user.clone());
+                        let last = made.last;
+                        batch.push(made);
+                        if last {
+                            finished = true;
+                            break;
+                        }
+                    }
+                    None => {
+                        finished = true;
+                        break;
+                    }
+                }
+            }
+            check_existing = false;
+            let progressed = !batch.is_empty() || cursor != f;
+            if !batch.is_empty() {
+                let queue = r.def.queue.as_str().to_owned();
+                let n = batch.len() as u64;
+                let users: u64 = batch.iter().map(|m| m.users).sum();
+                let outcomes = self
+                    .store
+                    .put(batch.into_iter().map(|m| m.task).collect())?;
+                let duplicates = outcomes
+                    .iter()
+                    .filter(|o| matches!(o, PutOutcome::Duplicate(_)))
+                    .count() as u64;
+                report.chunks_found += duplicates;
+                report.chunks_created += n - duplicates;
+                report.users_fanned_out += users;
+                *report.chunks_by_queue.entry(queue).or_default() += n - duplicates;
+                made_this_step += n as u32;
+            }
+            if finished {
+                self.store.delete_meta(FANOUTS_NAMESPACE, &key)?;
+                report.fanouts_finished += 1;
+                return Ok(());
+            }
+            if progressed {
+                self.store
+                    .put_meta(FANOUTS_NAMESPACE, &key, encode_fanout(&cursor))?;
+                f = cursor;
+            } else {
+                report.fanouts_running += 1;
+                return Ok(());
+            }
+        }
+    }
+
+    /// When the chunk at `cursor` is due: the firing, plus the users before it at the pace.
+    fn chunk_due(&self, r: &Reminder, cursor: &Fanout) -> UnixMs {
+        match r.def.users_per_second {
+            Some(rate) => cursor.firing_ms + cursor.users * 1000 / u64::from(rate),
+            None => cursor.firing_ms,
+        }
+    }
+
+    /// The chunk at `cursor`, if an earlier step put it (and the crash lost its cursor).
+    fn made_before(&self, r: &Reminder, cursor: &Fanout, now_ms: UnixMs) -> Result<Option<Made>> {
+        let key = chunk_key(r.id.as_str(), cursor.firing_ms, cursor.chunk);
+        let Some(task) = self.store.get_by_key(&r.def.queue, &key, now_ms)? else {
+            return Ok(None);
+        };
+        #[derive(serde::Deserialize)]
+        struct Users {
+            users: Vec<String>,
+            last: bool,
+        }
+        let Ok(body) = serde_json::from_slice::<Users>(&task.payload) else {
+            return Ok(None);
+        };
+        let Some(last_user) = body.users.last().and_then(|u| UserId::new(u).ok()) else {
+            return Ok(None);
+        };
+        Ok(Some(Made {
+            task: NewTask::new(r.def.queue.clone(), task.due_at_ms, Bytes::new()),
+            users: body.users.len() as u64,
+            last_user,
+            last: body.last,
+        }))
+    }
+
+    /// Reads the chunk's users and builds its task; `None` when no subscriber is left.
+    fn make_chunk(&self, r: &Reminder, cursor: &Fanout, due_ms: UnixMs) -> Result<Option<Made>> {
+        let size = r.def.chunk_size as usize;
+        // One more than the chunk holds: whether anyone follows says if this is the last.
+        let mut users = self
+            .store
+            .subscribers(r.uid, cursor.after.as_ref(), size + 1)?;
+        if users.is_empty() {
+            return Ok(None);
+        }
+        let last = users.len() <= size;
+        users.truncate(size);
+        let content = serde_json::value::RawValue::from_string(
+            String::from_utf8_lossy(&r.def.content).into_owned(),
+        )
+        .map_err(|e| crate::service::ReminderError::InvalidArgument(e.to_string()))?;
+        let body = ChunkBody {
+            reminder_id: r.id.as_str(),
+            content: &content,
+            users: users.iter().map(UserId::as_str).collect(),
+            chunk: cursor.chunk,
+            chunks: cursor.chunks.max(cursor.chunk + 1),
+            firing: cursor.firing_ms,
+            last,
+        };
+        let payload = serde_json::to_vec(&body).expect("a chunk body always serialises");
+        let mut task = NewTask::new(r.def.queue.clone(), due_ms, payload);
+        task.idempotency_key = Some(chunk_key(r.id.as_str(), cursor.firing_ms, cursor.chunk));
+        task.priority = match r.def.urgency {
+            Urgency::Urgent => Priority::High,
+            Urgency::Normal => Priority::Normal,
+        };
+        let last_user = users.pop().expect("users is not empty");
+        Ok(Some(Made {
+            task,
+            users: users.len() as u64 + 1,
+            last_user,
+            last,
+        }))
+    }
+}

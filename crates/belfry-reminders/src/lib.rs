@@ -1,0 +1,23 @@
+//! Belfry's reminders: a reminder is content due at a time (once, or on a cron schedule) for
+//! a set of subscribers. At the time its subscribers are cut into chunks, each one task in
+//! the reminder's queue (`fanout`); any time, a user can ask what is coming up for them
+//! (`feed`). Subscriber sets live in the store (`Store::subscribe` and friends); reminders and
+//! fan-out cursors in its metadata (`record`).
+//!
+//! The HTTP API, the runner that calls [`ReminderService::step`] and the feed's cache live in
+//! the server.
+
+mod fanout;
+pub mod feed;
+mod model;
+mod record;
+mod service;
+
+pub use fanout::{chunk_key, StepReport, LEAD_MS};
+pub use model::{
+    InvalidReminder, InvalidReminderId, Reminder, ReminderDef, ReminderId, Urgency, When,
+    CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CONTENT_BYTES_MAX, REMINDER_ID_LEN_MAX,
+    USERS_PER_SECOND_MAX,
+};
+pub use record::{FANOUTS_NAMESPACE, IDS_NAMESPACE, REMINDERS_NAMESPACE};
+pub use service::{ReminderError, ReminderPatch, ReminderService, Result, LIST_LIMIT_MAX};

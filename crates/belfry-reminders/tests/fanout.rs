@@ -1,0 +1,251 @@
+//! The fan-out and the subscriber API of the reminder service, on the in-memory store, with
+//! time passed in (no clock, no sleeps).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use belfry_core::{QueueName, UserId};
+use belfry_reminders::{
+    ReminderDef, ReminderError, ReminderId, ReminderService, When, FANOUTS_NAMESPACE,
+};
+use belfry_store::{MemoryStore, Store};
+use bytes::Bytes;
+use serde_json::Value;
+
+const VIS: u64 = 60_000;
+
+fn setup() -> (Arc<MemoryStore>, ReminderService) {
+    let store = Arc::new(MemoryStore::new());
+    store.put_queue(&q(), Bytes::from("{}")).unwrap();
+    (store.clone(), ReminderService::new(store))
+}
+
+fn q() -> QueueName {
+    QueueName::new("push").unwrap()
+}
+
+fn ids(range: std::ops::Range<u64>) -> Vec<UserId> {
+    range.map(|i| UserId::new(i.to_string()).unwrap()).collect()
+}
+
+fn def(at: u64, chunk_size: u32, rate: Option<u32>) -> ReminderDef {
+    let mut def = ReminderDef::at(q(), at, Bytes::from(r#"{"title":"kick-off"}"#));
+    def.chunk_size = chunk_size;
+    def.users_per_second = rate;
+    def
+}
+
+/// Claims every task due by `now` and returns their bodies (acked).
+fn take(store: &MemoryStore, now: u64) -> Vec<Value> {
+    let batch = store.claim(&q(), now, 10_000, VIS).unwrap();
+    batch
+        .leased
+        .iter()
+        .map(|t| {
+            store.ack(&q(), t.task.id, t.lease_id, now).unwrap();
+            serde_json::from_slice(&t.task.payload).unwrap()
+        })
+        .collect()
+}
+
+fn users_of(bodies: &[Value]) -> Vec<String> {
+    bodies
+        .iter()
+        .flat_map(|b| {
+            b["users"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|u| u.as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn a_due_reminder_fans_out_in_chunks_once() {
+    let (store, service) = setup();
+    let id = ReminderId::new("match").unwrap();
+    service
+        .create(Some(id.clone()), def(1_000, 3, None), 0)
+        .unwrap();
+    assert_eq!(service.subscribe(&id, &ids(0..10)).unwrap(), 10);
+    assert_eq!(
+        service.subscribe(&id, &ids(5..11)).unwrap(),
+        1,
+        "subscribing twice is once"
+    );
+
+    let early = service.step(999).unwrap();
+    assert_eq!(early.chunks_created, 0);
+    assert_eq!(early.next_ms, Some(1_000));
+    assert!(take(&store, 999).is_empty());
+
+    let report = service.step(1_000).unwrap();
+    assert_eq!((report.fanouts_started, report.fanouts_finished), (1, 1));
+    assert_eq!((report.chunks_created, report.users_fanned_out), (4, 11));
+    let bodies = take(&store, 1_000);
+    assert_eq!(bodies.len(), 4);
+    for (k, body) in bodies.iter().enumerate() {
+        assert_eq!(body["reminder_id"], "match");
+        assert_eq!(body["content"]["title"], "kick-off");
+        assert_eq!(body["chunk"], k as u64);
+        assert_eq!(body["chunks"], 4);
+        assert_eq!(body["firing"], 1_000);
+        assert_eq!(body["last"], k == 3);
+    }
+    let want: Vec<String> = (0..11).map(|i| i.to_string()).collect();
+    assert_eq!(users_of(&bodies), want);
+
+    // A one-shot reminder fires once, and then takes no subscribers.
+    assert_eq!(service.step(5_000).unwrap().chunks_created, 0);
+    assert!(matches!(
+        service.subscribe(&id, &ids(20..21)),
+        Err(ReminderError::AlreadyFired(_))
+    ));
+    assert!(service.get(&id).unwrap().next_fire_ms.is_none());
+}
+
+#[test]
+fn paced_chunks_are_due_at_the_rate_and_unsubscribes_before_them_count() {
+    let (store, service) = setup();
+    let id = ReminderId::new("paced").unwrap();
+    // 100 users, 10 a chunk, 50 users/s: chunk k is due at 1000 + 200k.
+    service
+        .create(Some(id.clone()), def(1_000, 10, Some(50)), 0)
+        .unwrap();
+    service.subscribe(&id, &ids(0..100)).unwrap();
+
+    let first = service.step(1_000).unwrap();
+    assert_eq!(
+        first.chunks_created, 6,
+        "chunks due within the lead: 1000..=2000"
+    );
+    assert_eq!(first.next_ms, Some(2_200 - belfry_reminders::LEAD_MS));
+    let mut bodies = take(&store, 1_000);
+    assert_eq!(bodies.len(), 1, "never early: only chunk 0 is due");
+    // Chunk 8 holds users 80..90; it is not made yet, so this unsubscribe counts.
+    assert_eq!(service.unsubscribe(&id, &ids(85..86)).unwrap(), 1);
+    let mut now = 1_000;
+    while now <= 4_000 {
+        service.step(now).unwrap();
+        for body in take(&store, now) {
+            let k = body["chunk"].as_u64().unwrap();
+            // Delivered at its due time: users before it over the rate.
+            assert_eq!(now, 1_000 + 200 * k, "chunk {k}");
+            bodies.push(body);
+        }
+        now += 100;
+    }
+    let got = users_of(&bodies);
+    assert_eq!(got.len(), 99);
+    assert!(!got.contains(&"85".to_owned()));
+    assert_eq!(bodies.last().unwrap()["last"], true);
+    assert!(
+        store.list_meta(FANOUTS_NAMESPACE).unwrap().is_empty(),
+        "fan-out finished"
+    );
+}
+
+#[test]
+fn a_lost_cursor_write_neither_resends_nor_skips() {
+    let (store, service) = setup();
+    let id = ReminderId::new("crash").unwrap();
+    service
+        .create(Some(id.clone()), def(1_000, 10, Some(100)), 0)
+        .unwrap();
+    service.subscribe(&id, &ids(0..300)).unwrap();
+    service.step(1_000).unwrap();
+    let (key, saved) = store.list_meta(FANOUTS_NAMESPACE).unwrap().remove(0);
+    service.step(1_500).unwrap();
+    // The crash: the chunks of the second step are in the queue, their cursor is not.
+    store.put_meta(FANOUTS_NAMESPACE, &key, saved).unwrap();
+    let replay = service.step(1_500).unwrap();
+    assert!(replay.chunks_found > 0);
+    assert_eq!(replay.chunks_created, 0);
+
+    let mut bodies = Vec::new();
+    for now in (1_000..=5_000).step_by(100) {
+        service.step(now).unwrap();
+        bodies.extend(take(&store, now));
+    }
+    let users = users_of(&bodies);
+    let unique: BTreeSet<&String> = users.iter().collect();
+    assert_eq!(users.len(), 300, "no chunk twice");
+    assert_eq!(unique.len(), 300, "no subscriber skipped");
+}
+
+#[test]
+fn a_cron_reminder_fans_out_at_each_firing_to_its_subscribers_then() {
+    let (store, service) = setup();
+    let id = ReminderId::new("daily").unwrap();
+    let mut d = def(0, 100, None);
+    d.when = When::Cron {
+        expression: "0 20 * * *".into(),
+        timezone: "UTC".into(),
+    };
+    let day = 86_400_000;
+    let eight_pm = 20 * 3_600_000;
+    let r = service.create(Some(id.clone()), d, 0).unwrap();
+    assert_eq!(r.next_fire_ms, Some(eight_pm));
+    service.subscribe(&id, &ids(0..2)).unwrap();
+    service.step(eight_pm).unwrap();
+    assert_eq!(users_of(&take(&store, eight_pm)), vec!["0", "1"]);
+    service.unsubscribe(&id, &ids(0..1)).unwrap();
+    service.subscribe(&id, &ids(7..8)).unwrap();
+    assert_eq!(service.step(day).unwrap().next_ms, Some(day + eight_pm));
+    service.step(day + eight_pm).unwrap();
+    assert_eq!(users_of(&take(&store, day + eight_pm)), vec!["1", "7"]);
+    assert_eq!(service.get(&id).unwrap().firings, 2);
+}
+
+#[test]
+fn deleting_a_reminder_stops_its_fan_out_and_drops_its_subscribers() {
+    let (store, service) = setup();
+    let id = ReminderId::new("gone").unwrap();
+    service
+        .create(Some(id.clone()), def(1_000, 10, Some(10)), 0)
+        .unwrap();
+    service.subscribe(&id, &ids(0..100)).unwrap();
+    service.step(1_000).unwrap();
+    service.delete(&id).unwrap();
+    assert!(matches!(service.get(&id), Err(ReminderError::NotFound(_))));
+    assert_eq!(service.step(100_000).unwrap().chunks_created, 0);
+    assert!(store.list_meta(FANOUTS_NAMESPACE).unwrap().is_empty());
+    // A new reminder with the same id starts with no subscribers.
+    service
+        .create(Some(id.clone()), def(1_000, 10, None), 0)
+        .unwrap();
+    assert_eq!(service.count(&id).unwrap(), 0);
+}
+
+#[test]
+fn bad_definitions_are_refused_with_their_reason() {
+    let (_store, service) = setup();
+    let bad = |d: ReminderDef| service.create(None, d, 0).unwrap_err().code();
+    assert_eq!(bad(def(1, 0, None)), "invalid_reminder");
+    assert_eq!(bad(def(1, 50_001, None)), "invalid_reminder");
+    assert_eq!(bad(def(1, 10, Some(0))), "invalid_reminder");
+    let mut d = def(1, 10, None);
+    d.content = Bytes::from("not json");
+    assert_eq!(bad(d), "invalid_reminder");
+    let mut d = def(1, 10, None);
+    d.when = When::Cron {
+        expression: "61 * * * *".into(),
+        timezone: "UTC".into(),
+    };
+    assert_eq!(bad(d), "invalid_reminder");
+    let mut d = def(1, 10, None);
+    d.queue = QueueName::new("nope").unwrap();
+    assert_eq!(bad(d), "queue_not_found");
+    let id = ReminderId::new("twice").unwrap();
+    service
+        .create(Some(id.clone()), def(1, 10, None), 0)
+        .unwrap();
+    assert_eq!(
+        service
+            .create(Some(id), def(1, 10, None), 0)
+            .unwrap_err()
+            .code(),
+        "reminder_exists"
+    );
+}
