@@ -73,6 +73,15 @@ error_codes! {
     ScheduleNotFound => "schedule_not_found",
     ScheduleExists => "schedule_exists",
     ScheduleCorrupt => "schedule_corrupt",
+    InvalidReminderId => "invalid_reminder_id",
+    InvalidReminder => "invalid_reminder",
+    ReminderNotFound => "reminder_not_found",
+    ReminderExists => "reminder_exists",
+    ReminderFired => "reminder_fired",
+    ReminderCorrupt => "reminder_corrupt",
+    InvalidUserId => "invalid_user_id",
+    UserNotFound => "user_not_found",
+    BodyIncomplete => "body_incomplete",
 }
 
 impl std::fmt::Display for ErrorCode {

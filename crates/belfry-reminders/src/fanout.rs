@@ -53,9 +53,13 @@ pub fn chunk_key(id: &str, firing_ms: UnixMs, chunk: u32) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StepReport {
     pub fanouts_started: u64,
+    /// The uids of the reminders whose firing started (their next fire time moved).
+    pub started: Vec<u64>,
     pub fanouts_finished: u64,
     /// Fan-outs still in progress after the step.
     pub fanouts_running: u64,
+    /// Subscriptions of all reminders, as the step saw them.
+    pub subscribers: u64,
     pub chunks_created: u64,
     pub users_fanned_out: u64,
     /// Chunks found already made (a replay after a crash).
@@ -100,6 +104,7 @@ impl ReminderService {
     pub fn step(&self, now_ms: UnixMs) -> Result<StepReport> {
         let mut report = StepReport::default();
         for reminder in self.all()? {
+            report.subscribers += self.store.subscriber_count(reminder.uid).unwrap_or(0);
             if let Err(e) = self.step_one(reminder.clone(), now_ms, &mut report) {
                 report.errors.push((reminder.id.to_string(), e.to_string()));
             }
@@ -159,6 +164,7 @@ impl ReminderService {
             encode_reminder(r),
         )];
         report.fanouts_started += 1;
+        report.started.push(r.uid);
         let fanout = (chunks > 0).then(|| Fanout {
             firing_ms,
             chunk: 0,

@@ -182,8 +182,8 @@ impl ReminderService {
     }
 
     /// Deletes the reminder, its fan-out in progress (chunks already made stay in the
-    /// queue) and its subscribers.
-    pub fn delete(&self, id: &ReminderId) -> Result<()> {
+    /// queue) and its subscribers. Returns the reminder's uid.
+    pub fn delete(&self, id: &ReminderId) -> Result<u64> {
         let _writing = self.writes.lock();
         let uid = self.uid_of(id)?;
         let key = uid_key(uid);
@@ -193,7 +193,7 @@ impl ReminderService {
             MetaChange::delete(FANOUTS_NAMESPACE, &key),
         ])?;
         self.store.drop_set(uid)?;
-        Ok(())
+        Ok(uid)
     }
 
     /// A page of reminders in id order, of one queue or all, after `after`.
@@ -250,6 +250,11 @@ impl ReminderService {
 
     pub fn count(&self, id: &ReminderId) -> Result<u64> {
         let uid = self.uid_of(id)?;
+        Ok(self.store.subscriber_count(uid)?)
+    }
+
+    /// The subscriber count of the reminder whose set is `uid`.
+    pub fn count_of_uid(&self, uid: u64) -> Result<u64> {
         Ok(self.store.subscriber_count(uid)?)
     }
 

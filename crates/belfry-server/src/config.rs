@@ -78,6 +78,9 @@ pub const STORE_ADMISSION_WAIT_MS_DEFAULT: u64 = 2_000;
 
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < REQUEST_BYTES_MAX_DEFAULT);
 
+/// Largest bulk subscribers body by default: 1 GiB, about 100 million numeric ids as NDJSON.
+pub const SUBSCRIBERS_BODY_BYTES_MAX_DEFAULT: u64 = 1024 * 1024 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Where the HTTP API listens. Port 0 picks a free port (tests).
@@ -86,6 +89,9 @@ pub struct ServerConfig {
     pub payload_bytes_max: usize,
     /// Largest HTTP request body.
     pub request_bytes_max: usize,
+    /// Largest bulk subscribe or unsubscribe body (`limits.subscribers_body_max`): it is
+    /// streamed, never held whole, so this bounds the time one request takes, not memory.
+    pub subscribers_body_bytes_max: u64,
     /// How far in the future a task may be due.
     pub horizon_ms: u64,
     /// How long shutdown waits for in-flight deliveries before flushing and exiting anyway.
@@ -128,6 +134,7 @@ impl Default for ServerConfig {
             listen: SocketAddr::from(([127, 0, 0, 1], 7070)),
             payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
             request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
+            subscribers_body_bytes_max: SUBSCRIBERS_BODY_BYTES_MAX_DEFAULT,
             horizon_ms: HORIZON_MS_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             shutdown_drain_delay_ms: 0,

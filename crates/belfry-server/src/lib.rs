@@ -21,6 +21,7 @@ pub mod listener;
 pub mod metrics;
 pub mod outcome;
 pub mod queues;
+pub mod reminders;
 pub mod schedules;
 pub mod service;
 pub mod shared;
@@ -170,6 +171,12 @@ impl ServerBuilder {
             .tick_at_startup()
             .await
             .map_err(ServerError::Schedules)?;
+        // Likewise: a fan-out step a crash interrupted is replayed before dispatching.
+        let reminders = reminders::Reminders::new(service.shared().clone());
+        reminders
+            .step_at_startup()
+            .await
+            .map_err(ServerError::Load)?;
         service.load_queues().await.map_err(ServerError::Load)?;
         let listener =
             bind(self.config.listen, self.config.http_listen_backlog).map_err(|source| {
@@ -193,8 +200,11 @@ impl ServerBuilder {
             auth: self.auth.clone(),
             shared: service.shared().clone(),
         }));
+        let reminder_routes =
+            api::reminders::router(reminders.state(), self.config.request_bytes_max);
         let mut router = api::router(service.clone())
             .merge(schedule_routes)
+            .merge(reminder_routes)
             .merge(token_routes);
         for extra in self.extra_routes {
             router = router.merge(extra);
@@ -208,6 +218,7 @@ impl ServerBuilder {
         let background = TaskTracker::new();
         service.dispatcher.start();
         background.spawn(schedules.runner());
+        background.spawn(reminders.runner());
         background.spawn(service.clone().refresh_gauges());
         service.set_ready();
         let task = tokio::spawn(serve(
@@ -222,6 +233,7 @@ impl ServerBuilder {
             local_addr,
             service,
             schedules,
+            reminders,
             shutdown,
             task,
         })
@@ -233,6 +245,7 @@ pub struct ServerHandle {
     local_addr: SocketAddr,
     service: Arc<Service>,
     schedules: Schedules,
+    reminders: reminders::Reminders,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
 }
@@ -251,11 +264,16 @@ impl ServerHandle {
         &self.schedules
     }
 
-    /// Wakes every long-poll, the dispatcher and the schedule runner so they look at the
-    /// clock again: tests call this after moving a `ManualClock`.
+    pub fn reminders(&self) -> &reminders::Reminders {
+        &self.reminders
+    }
+
+    /// Wakes every long-poll, the dispatcher, the schedule runner and the reminder runner so
+    /// they look at the clock again: tests call this after moving a `ManualClock`.
     pub fn wake_all(&self) {
         self.service.queues.wake_all();
         self.schedules.wake();
+        self.reminders.wake();
     }
 
     /// Starts the shutdown sequence without waiting for it.

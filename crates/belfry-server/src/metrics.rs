@@ -212,3 +212,9 @@ pub fn queue_counts(queue: &str, counts: &belfry_store::QueueCounts) {
 pub fn dispatch_claim_error() {
     counter!(DISPATCH_CLAIM_ERRORS).increment(1);
 }
+
+/// One feed request, by outcome: `ok`, `not_modified` (a matching `If-None-Match`), or
+/// `degraded` (answered from memory while the store was saturated).
+pub fn feed_request(outcome: &'static str) {
+    metrics::counter!(crate::reminders::FEED_REQUESTS, "outcome" => outcome).increment(1);
+}

@@ -30,7 +30,8 @@ async fn every_documented_route_is_served() {
             .replace("{queue}", "q")
             .replace("{id}", "00000000000000000000000000000000")
             .replace("{key}", "k")
-            .replace("{schedule}", "s");
+            .replace("{schedule}", "s")
+            .replace("{user}", "u");
         let body = (method != "GET" && method != "DELETE").then(|| "{}".to_owned());
         let (status, answer) = s.raw(method, &concrete, body).await;
         let code = match &answer {
@@ -50,6 +51,8 @@ fn declared_routes() -> Vec<(String, String)> {
     let sources = [
         include_str!("../src/api/mod.rs"),
         include_str!("../src/api/schedules.rs"),
+        include_str!("../src/api/reminders.rs"),
+        include_str!("../src/api/tokens.rs"),
     ];
     let mut routes = Vec::new();
     for source in sources {

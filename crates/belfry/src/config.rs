@@ -173,6 +173,7 @@ impl FileConfig {
 pub struct LimitsSection {
     pub payload_max: Option<HumanSize>,
     pub request_max: Option<HumanSize>,
+    pub subscribers_body_max: Option<HumanSize>,
     pub horizon: Option<HumanDuration>,
     pub store_calls_in_flight: Option<usize>,
     pub store_admission_wait: Option<HumanDuration>,
@@ -279,6 +280,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_STORE", "store"),
     ("BELFRY_PAYLOAD_MAX", "limits.payload_max"),
     ("BELFRY_REQUEST_MAX", "limits.request_max"),
+    ("BELFRY_SUBSCRIBERS_BODY_MAX", "limits.subscribers_body_max"),
     ("BELFRY_HORIZON", "limits.horizon"),
     (
         "BELFRY_STORE_CALLS_IN_FLIGHT",
@@ -344,6 +346,9 @@ impl FileConfig {
                 }
                 "limits.request_max" => {
                     self.limits.request_max = Some(HumanSize::Text(value.clone()))
+                }
+                "limits.subscribers_body_max" => {
+                    self.limits.subscribers_body_max = Some(HumanSize::Text(value.clone()))
                 }
                 "limits.horizon" => self.limits.horizon = Some(HumanDuration::Text(value.clone())),
                 "limits.store_calls_in_flight" => {
@@ -439,6 +444,12 @@ impl FileConfig {
         }
         if let Some(size) = &self.limits.request_max {
             server.request_bytes_max = usize_of("limits.request_max", size)?;
+        }
+        if let Some(size) = &self.limits.subscribers_body_max {
+            let bytes = size
+                .to_bytes()
+                .map_err(|e| anyhow!("limits.subscribers_body_max: {e}"))?;
+            server.subscribers_body_bytes_max = bytes;
         }
         if let Some(d) = &self.limits.horizon {
             server.horizon_ms = ms_of("limits.horizon", d)?;

@@ -74,6 +74,20 @@ pub enum ErrorCode {
     ScheduleNotFound,
     ScheduleExists,
     ScheduleCorrupt,
+    // Reminders: the codes of `belfry_reminders::ReminderError::code`, and the user ids.
+    InvalidReminderId,
+    InvalidReminder,
+    ReminderNotFound,
+    ReminderExists,
+    /// Subscribing to a one-shot reminder that has already fired.
+    ReminderFired,
+    ReminderCorrupt,
+    /// A user id that is empty, too long, or has control characters.
+    InvalidUserId,
+    /// The user is not subscribed to the reminder.
+    UserNotFound,
+    /// A streamed body that ended early or broke off; what came before was applied.
+    BodyIncomplete,
 }
 
 impl ErrorCode {
@@ -120,6 +134,15 @@ impl ErrorCode {
             ErrorCode::ScheduleNotFound => "schedule_not_found",
             ErrorCode::ScheduleExists => "schedule_exists",
             ErrorCode::ScheduleCorrupt => "schedule_corrupt",
+            ErrorCode::InvalidReminderId => "invalid_reminder_id",
+            ErrorCode::InvalidReminder => "invalid_reminder",
+            ErrorCode::ReminderNotFound => "reminder_not_found",
+            ErrorCode::ReminderExists => "reminder_exists",
+            ErrorCode::ReminderFired => "reminder_fired",
+            ErrorCode::ReminderCorrupt => "reminder_corrupt",
+            ErrorCode::InvalidUserId => "invalid_user_id",
+            ErrorCode::UserNotFound => "user_not_found",
+            ErrorCode::BodyIncomplete => "body_incomplete",
         }
     }
 
@@ -140,14 +163,20 @@ impl ErrorCode {
             | ErrorCode::WebhookTargetRefused
             | ErrorCode::InvalidDelivery
             | ErrorCode::InvalidScheduleId
-            | ErrorCode::InvalidSchedule => StatusCode::BAD_REQUEST,
+            | ErrorCode::InvalidSchedule
+            | ErrorCode::InvalidReminderId
+            | ErrorCode::InvalidReminder
+            | ErrorCode::InvalidUserId
+            | ErrorCode::BodyIncomplete => StatusCode::BAD_REQUEST,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
             ErrorCode::QueueNotFound
             | ErrorCode::TaskNotFound
             | ErrorCode::RouteNotFound
-            | ErrorCode::ScheduleNotFound => StatusCode::NOT_FOUND,
+            | ErrorCode::ScheduleNotFound
+            | ErrorCode::ReminderNotFound
+            | ErrorCode::UserNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::Forbidden => StatusCode::FORBIDDEN,
@@ -158,7 +187,9 @@ impl ErrorCode {
             | ErrorCode::TaskNotScheduled
             | ErrorCode::TaskNotDead
             | ErrorCode::NotPullQueue
-            | ErrorCode::ScheduleExists => StatusCode::CONFLICT,
+            | ErrorCode::ScheduleExists
+            | ErrorCode::ReminderExists
+            | ErrorCode::ReminderFired => StatusCode::CONFLICT,
             ErrorCode::ShuttingDown
             | ErrorCode::Overloaded
             | ErrorCode::TooManyConnections
@@ -166,7 +197,7 @@ impl ErrorCode {
             // 507, not 503 with `Retry-After`: the condition ends when space is freed (by an
             // operator, or by the queues draining), which no fixed delay predicts.
             ErrorCode::InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
-            ErrorCode::InternalError | ErrorCode::ScheduleCorrupt => {
+            ErrorCode::InternalError | ErrorCode::ScheduleCorrupt | ErrorCode::ReminderCorrupt => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
         }

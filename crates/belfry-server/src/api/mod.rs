@@ -2,12 +2,14 @@
 //! DTOs into domain calls on `Service`, and results back into JSON.
 
 pub mod auth;
+mod bulk;
 mod dto;
 mod error;
 mod extract;
 mod leases;
 mod ops;
 mod queues;
+pub(crate) mod reminders;
 pub(crate) mod schedules;
 mod tasks;
 pub mod tokens;

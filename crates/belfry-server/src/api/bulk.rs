@@ -1,0 +1,352 @@
+//! Bulk subscriber bodies, parsed as they stream in: NDJSON (one id a line: a JSON string, a
+//! number, or bare text) or one JSON array of strings and numbers. Nothing holds the whole
+//! body: the parser keeps at most one id's bytes between chunks.
+//!
+//! Items are numbered from 1: lines for NDJSON, elements for an array. A bad item is reported
+//! by its number and skipped; the others still count.
+
+use belfry_core::limits::USER_ID_LEN_MAX;
+use belfry_core::UserId;
+
+/// Most bytes one item may span before it is refused (an id, its quotes and escapes).
+const ITEM_BYTES_MAX: usize = 8 * USER_ID_LEN_MAX;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Item {
+    User(UserId),
+    Bad { line: u64, message: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// Before the first byte that is not whitespace.
+    Unknown,
+    Lines,
+    Array(ArrayState),
+    /// After the array's `]`.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArrayState {
+    /// After `[` or `,`: a value, or `]` right after `[`.
+    Value,
+    /// Inside a string; `escaped` after a backslash.
+    String { escaped: bool },
+    /// Inside a number or a bare word.
+    Word,
+    /// After a value: `,` or `]`.
+    Separator,
+    /// Skipping a value that is not a string or a number (nested arrays and objects).
+    Skip {
+        depth: u32,
+        in_string: bool,
+        escaped: bool,
+    },
+}
+
+pub struct BulkParser {
+    mode: Mode,
+    item: Vec<u8>,
+    /// The current item's number (1-based).
+    line: u64,
+    /// The current item is over the length limit: its bytes are dropped.
+    overlong: bool,
+    /// Something other than whitespace followed the array.
+    trailing: bool,
+}
+
+impl Default for BulkParser {
+    fn default() -> Self {
+        BulkParser {
+            mode: Mode::Unknown,
+            item: Vec::new(),
+            line: 1,
+            overlong: false,
+            trailing: false,
+        }
+    }
+}
+
+impl BulkParser {
+    /// The number of the item being read (the last one, once the body ended).
+    pub fn line(&self) -> u64 {
+        self.line
+    }
+
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Item>) {
+        for &byte in chunk {
+            match self.mode {
+                Mode::Unknown => {
+                    if byte.is_ascii_whitespace() {
+                        if byte == b'\n' {
+                            self.line += 1;
+                        }
+                        continue;
+                    }
+                    if byte == b'[' {
+                        self.mode = Mode::Array(ArrayState::Value);
+                    } else {
+                        self.mode = Mode::Lines;
+                        self.push_byte(byte);
+                    }
+                }
+                Mode::Lines => {
+                    if byte == b'\n' {
+                        self.end_line(out);
+                    } else {
+                        self.push_byte(byte);
+                    }
+                }
+                Mode::Array(state) => self.array_byte(state, byte, out),
+                Mode::Done => self.trailing |= !byte.is_ascii_whitespace(),
+            }
+        }
+    }
+
+    /// Ends the body. `Err` says why it is incomplete (an array without its `]`, text after
+    /// it); a last NDJSON line without a newline is complete.
+    pub fn finish(&mut self, out: &mut Vec<Item>) -> Result<(), String> {
+        match self.mode {
+            Mode::Unknown => Ok(()),
+            Mode::Lines => {
+                if !self.item.is_empty() || self.overlong {
+                    self.end_line(out);
+                }
+                Ok(())
+            }
+            Mode::Array(_) => Err(format!(
+                "the body ended inside the JSON array, at element {}: it was cut off, or lacks its closing ]",
+                self.line
+            )),
+            Mode::Done if self.trailing => Err("text follows the JSON array's closing ]".into()),
+            Mode::Done => Ok(()),
+        }
+    }
+
+    fn push_byte(&mut self, byte: u8) {
+        if self.item.len() < ITEM_BYTES_MAX {
+            self.item.push(byte);
+        } else {
+            self.overlong = true;
+        }
+    }
+
+    fn end_line(&mut self, out: &mut Vec<Item>) {
+        let raw = std::mem::take(&mut self.item);
+        let text = String::from_utf8_lossy(&raw);
+        let text = text.trim();
+        if self.overlong {
+            out.push(self.bad(format!("longer than {ITEM_BYTES_MAX} bytes")));
+        } else if !text.is_empty() {
+            out.push(self.parse(text, true));
+        }
+        self.overlong = false;
+        self.line += 1;
+    }
+
+    fn end_element(&mut self, out: &mut Vec<Item>) {
+        let raw = std::mem::take(&mut self.item);
+        let item = if self.overlong {
+            self.bad(format!("longer than {ITEM_BYTES_MAX} bytes"))
+        } else {
+            self.parse(String::from_utf8_lossy(&raw).trim(), false)
+        };
+        out.push(item);
+        self.overlong = false;
+    }
+
+    /// An id from a JSON string, a number, or (NDJSON only) bare text.
+    fn parse(&self, text: &str, bare_allowed: bool) -> Item {
+        let id = if text.starts_with('"') {
+            match serde_json::from_str::<String>(text) {
+                Ok(id) => id,
+                Err(e) => return self.bad(format!("not a JSON string: {e}")),
+            }
+        } else if text.bytes().all(|b| b.is_ascii_digit()) || bare_allowed {
+            text.to_owned()
+        } else {
+            return self.bad("expected a user id as a JSON string or a number".into());
+        };
+        match UserId::new(id) {
+            Ok(user) => Item::User(user),
+            Err(e) => self.bad(e.to_string()),
+        }
+    }
+
+    fn bad(&self, message: String) -> Item {
+        Item::Bad {
+            line: self.line,
+            message,
+        }
+    }
+
+    fn array_byte(&mut self, state: ArrayState, byte: u8, out: &mut Vec<Item>) {
+        use ArrayState::*;
+        let next = match state {
+            Value => match byte {
+                b if b.is_ascii_whitespace() => Value,
+                b']' => {
+                    // `[]` is an empty list; `[1,]` has a trailing comma.
+                    if self.line > 1 {
+                        out.push(self.bad("a trailing comma before ]".into()));
+                    }
+                    self.mode = Mode::Done;
+                    return;
+                }
+                b'"' => {
+                    self.push_byte(byte);
+                    String { escaped: false }
+                }
+                b'[' | b'{' => Skip {
+                    depth: 1,
+                    in_string: false,
+                    escaped: false,
+                },
+                _ => {
+                    self.push_byte(byte);
+                    Word
+                }
+            },
+            String { escaped } => {
+                self.push_byte(byte);
+                match byte {
+                    _ if escaped => String { escaped: false },
+                    b'\\' => String { escaped: true },
+                    b'"' => {
+                        self.end_element(out);
+                        Separator
+                    }
+                    _ => String { escaped: false },
+                }
+            }
+            Word => match byte {
+                b',' | b']' => {
+                    self.end_element(out);
+                    return self.separator(byte);
+                }
+                b if b.is_ascii_whitespace() => {
+                    self.end_element(out);
+                    Separator
+                }
+                _ => {
+                    self.push_byte(byte);
+                    Word
+                }
+            },
+            Separator => match byte {
+                b if b.is_ascii_whitespace() => Separator,
+                b',' | b']' => return self.separator(byte),
+                _ => {
+                    // Two values without a comma: refuse this one, read on.
+                    out.push(self.bad("expected , or ] between elements".into()));
+                    self.line += 1;
+                    self.push_byte(byte);
+                    Word
+                }
+            },
+            Skip {
+                depth,
+                in_string,
+                escaped,
+            } => {
+                let (depth, in_string, escaped) = match (in_string, escaped, byte) {
+                    (true, true, _) => (depth, true, false),
+                    (true, false, b'\\') => (depth, true, true),
+                    (true, false, b'"') => (depth, false, false),
+                    (true, false, _) => (depth, true, false),
+                    (false, _, b'"') => (depth, true, false),
+                    (false, _, b'[' | b'{') => (depth + 1, false, false),
+                    (false, _, b']' | b'}') => (depth - 1, false, false),
+                    _ => (depth, false, false),
+                };
+                if depth == 0 {
+                    out.push(self.bad("expected a user id as a JSON string or a number".into()));
+                    Separator
+                } else {
+                    Skip {
+                        depth,
+                        in_string,
+                        escaped,
+                    }
+                }
+            }
+        };
+        self.mode = Mode::Array(next);
+    }
+
+    fn separator(&mut self, byte: u8) {
+        self.line += 1;
+        self.mode = if byte == b']' {
+            self.line -= 1;
+            Mode::Done
+        } else {
+            Mode::Array(ArrayState::Value)
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parses `body` fed in pieces of `step` bytes: users, bad item numbers, and the end.
+    fn run(body: &str, step: usize) -> (Vec<String>, Vec<u64>, Result<(), String>) {
+        let mut parser = BulkParser::default();
+        let mut items = Vec::new();
+        for piece in body.as_bytes().chunks(step.max(1)) {
+            parser.feed(piece, &mut items);
+        }
+        let end = parser.finish(&mut items);
+        let mut users = Vec::new();
+        let mut bad = Vec::new();
+        for item in items {
+            match item {
+                Item::User(u) => users.push(u.to_string()),
+                Item::Bad { line, .. } => bad.push(line),
+            }
+        }
+        (users, bad, end)
+    }
+
+    #[test]
+    fn ndjson_lines_in_any_chunking() {
+        let body = "\"alice\"\n42\nbob smith\n\n\"bad\\x\"\n\"\"\n7";
+        for step in [1, 2, 3, 7, 100] {
+            let (users, bad, end) = run(body, step);
+            assert_eq!(users, vec!["alice", "42", "bob smith", "7"], "step {step}");
+            assert_eq!(bad, vec![5, 6], "step {step}");
+            assert_eq!(end, Ok(()));
+        }
+    }
+
+    #[test]
+    fn json_arrays_in_any_chunking() {
+        let body = r#" [ "a", 12 ,{"x":[1,"]"]}, "b\"c", true, "" , 9 ] "#;
+        for step in [1, 2, 5, 100] {
+            let (users, bad, end) = run(body, step);
+            assert_eq!(users, vec!["a", "12", "b\"c", "9"], "step {step}");
+            assert_eq!(bad, vec![3, 5, 6], "step {step}");
+            assert_eq!(end, Ok(()));
+        }
+        assert_eq!(run("[]", 1).0, Vec::<String>::new());
+        assert_eq!(run("[]", 1).2, Ok(()));
+        assert_eq!(run("[1,]", 1).1, vec![2]);
+    }
+
+    #[test]
+    fn a_cut_array_says_where_it_stopped() {
+        let (users, _, end) = run(r#"["a","b","c"#, 4);
+        assert_eq!(users, vec!["a", "b"]);
+        assert!(end.unwrap_err().contains("element 3"));
+        assert!(run(r#"["a"] x"#, 3).2.is_err());
+    }
+
+    #[test]
+    fn an_overlong_item_is_refused_without_holding_it() {
+        let body = format!("a\n{}\nb\n", "x".repeat(100_000));
+        let (users, bad, _) = run(&body, 4096);
+        assert_eq!(users, vec!["a", "b"]);
+        assert_eq!(bad, vec![2]);
+    }
+}

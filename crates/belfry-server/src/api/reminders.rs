@@ -1,0 +1,836 @@
+//! Reminder endpoints (`/v1/reminders...`) and the user feed (`/v1/users/{user}/reminders`),
+//! over `belfry_reminders::ReminderService` and the server's `RemindersState`.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use belfry_core::schedule::format_utc;
+use belfry_core::{UnixMs, UserId};
+use belfry_reminders::feed::{
+    FEED_LIMIT_DEFAULT, FEED_LIMIT_MAX, FEED_WITHIN_MS_DEFAULT, FEED_WITHIN_MS_MAX,
+};
+use belfry_reminders::{
+    Reminder, ReminderDef, ReminderError, ReminderId, ReminderPatch, Urgency, When,
+    CHUNK_SIZE_DEFAULT, LIST_LIMIT_MAX,
+};
+use bytes::Bytes;
+use futures_util::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use sha2::Digest;
+
+use super::bulk::{BulkParser, Item};
+use super::error::{ApiError, ErrorCode};
+use super::extract::{page_limit, page_query, queue_name, JsonBody};
+use crate::reminders::RemindersState;
+use crate::shared::Caller;
+
+type AppState = Arc<RemindersState>;
+
+/// Ids one store call of a bulk request takes.
+const BULK_BATCH: usize = 10_000;
+/// Bad items a bulk answer lists (all are counted).
+const BULK_ERRORS_LISTED: usize = 100;
+/// Subscribers one page lists at most, and by default.
+const SUBSCRIBERS_PAGE_MAX: usize = 10_000;
+const SUBSCRIBERS_PAGE_DEFAULT: usize = 1_000;
+/// How long an app may use a feed answer before it revalidates (with its `ETag`).
+const FEED_MAX_AGE_S: u64 = 30;
+
+pub fn router(state: AppState, body_limit: usize) -> Router {
+    let bulk = Router::new()
+        .route("/v1/reminders/{id}/subscribers", post(bulk_subscribe))
+        .route(
+            "/v1/reminders/{id}/subscribers:delete",
+            post(bulk_unsubscribe),
+        )
+        // Streamed and bounded by `subscribers_body_bytes_max`, not the request limit.
+        .layer(DefaultBodyLimit::disable());
+    Router::new()
+        .route("/v1/reminders", post(create).get(list))
+        .route(
+            "/v1/reminders/{id}",
+            get(get_one).patch(patch).delete(delete),
+        )
+        .route("/v1/reminders/{id}/subscribers", get(subscribers))
+        .route("/v1/reminders/{id}/subscribers/count", get(count))
+        .route(
+            "/v1/reminders/{id}/subscribers/{user}",
+            put(subscribe_one)
+                .get(is_subscribed)
+                .delete(unsubscribe_one),
+        )
+        .route("/v1/users/{user}/reminders", get(feed))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .merge(bulk)
+        .with_state(state)
+}
+
+// ---- errors ----
+
+impl From<ReminderError> for ApiError {
+    fn from(e: ReminderError) -> Self {
+        let code = match &e {
+            ReminderError::InvalidId(_) => ErrorCode::InvalidReminderId,
+            ReminderError::Invalid(_) => ErrorCode::InvalidReminder,
+            ReminderError::InvalidArgument(_) => ErrorCode::InvalidReminder,
+            ReminderError::QueueNotFound(queue) => {
+                return ApiError::new(
+                    ErrorCode::QueueNotFound,
+                    format!("queue {queue} does not exist; create it with PUT /v1/queues/{queue}"),
+                )
+            }
+            ReminderError::NotFound(_) => ErrorCode::ReminderNotFound,
+            ReminderError::AlreadyExists(_) => ErrorCode::ReminderExists,
+            ReminderError::AlreadyFired(_) => ErrorCode::ReminderFired,
+            ReminderError::Corrupt { .. } => ErrorCode::ReminderCorrupt,
+            ReminderError::Store(store) => {
+                return crate::shared::ServiceError::from(clone_store_error(store)).into()
+            }
+        };
+        ApiError::new(code, e.to_string())
+    }
+}
+
+/// Store errors are not `Clone`; the API needs only their kind and message.
+fn clone_store_error(e: &belfry_store::StoreError) -> belfry_store::StoreError {
+    use belfry_store::StoreError as E;
+    match e {
+        E::Poisoned(m) => E::Poisoned(m.clone()),
+        E::Closed => E::Closed,
+        E::DiskFull {
+            free_bytes,
+            reserve_bytes,
+        } => E::DiskFull {
+            free_bytes: *free_bytes,
+            reserve_bytes: *reserve_bytes,
+        },
+        E::QueueNotFound(q) => E::QueueNotFound(q.clone()),
+        other => E::Invalid(other.to_string()),
+    }
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::new(ErrorCode::InvalidReminder, message)
+}
+
+/// Runs reminder-service calls on the blocking pool through the API admission.
+async fn blocking<T, F>(state: &AppState, f: F) -> Result<T, ApiError>
+where
+    T: Send + 'static,
+    F: FnOnce(&RemindersState) -> Result<T, ReminderError> + Send + 'static,
+{
+    let task_state = state.clone();
+    let call = move |_: &dyn belfry_store::Store| Ok(f(&task_state));
+    let outcome = state.shared.blocking(Caller::Api, call).await?;
+    outcome.map_err(ApiError::from)
+}
+
+// ---- paths ----
+
+pub struct ReminderPath(pub ReminderId);
+
+impl<S: Send + Sync> FromRequestParts<S> for ReminderPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("bad path: {e}")))?;
+        let id = params
+            .iter()
+            .find(|(name, _)| name == "id")
+            .map(|(_, value)| value.as_str())
+            .unwrap_or_default();
+        Ok(ReminderPath(reminder_id(id)?))
+    }
+}
+
+pub struct UserPath(pub UserId);
+
+impl<S: Send + Sync> FromRequestParts<S> for UserPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
+            .await
+            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("bad path: {e}")))?;
+        let user = params
+            .iter()
+            .find(|(name, _)| name == "user")
+            .map(|(_, value)| value.as_str())
+            .unwrap_or_default();
+        Ok(UserPath(user_id(user)?))
+    }
+}
+
+fn reminder_id(text: &str) -> Result<ReminderId, ApiError> {
+    ReminderId::new(text).map_err(|e| ReminderError::from(e).into())
+}
+
+fn user_id(text: &str) -> Result<UserId, ApiError> {
+    UserId::new(text).map_err(|e| ApiError::new(ErrorCode::InvalidUserId, e.to_string()))
+}
+
+// ---- requests ----
+
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PriorityBody {
+    Urgent,
+    Normal,
+}
+
+impl From<PriorityBody> for Urgency {
+    fn from(p: PriorityBody) -> Urgency {
+        match p {
+            PriorityBody::Urgent => Urgency::Urgent,
+            PriorityBody::Normal => Urgency::Normal,
+        }
+    }
+}
+
+/// The time fields, shared by create and patch: exactly one of `run_at`, `run_at_ms`,
+/// `delay_ms` or `cron` (with an optional `timezone`, UTC by default).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeBody {
+    pub run_at: Option<String>,
+    pub run_at_ms: Option<u64>,
+    pub delay_ms: Option<u64>,
+    pub cron: Option<String>,
+    pub timezone: Option<String>,
+}
+
+impl TimeBody {
+    fn is_empty(&self) -> bool {
+        self.run_at.is_none()
+            && self.run_at_ms.is_none()
+            && self.delay_ms.is_none()
+            && self.cron.is_none()
+            && self.timezone.is_none()
+    }
+
+    fn when(self, now_ms: UnixMs) -> Result<When, ApiError> {
+        let given = [
+            self.run_at.is_some(),
+            self.run_at_ms.is_some(),
+            self.delay_ms.is_some(),
+            self.cron.is_some(),
+        ];
+        match given.iter().filter(|g| **g).count() {
+            0 => {
+                return Err(invalid(
+                    "give the time: run_at, run_at_ms, delay_ms, or cron (with timezone)",
+                ))
+            }
+            1 => {}
+            _ => {
+                return Err(invalid(
+                    "give one of run_at, run_at_ms, delay_ms and cron, not several",
+                ))
+            }
+        }
+        if self.timezone.is_some() && self.cron.is_none() {
+            return Err(invalid("timezone applies to cron only"));
+        }
+        if let Some(expression) = self.cron {
+            return Ok(When::Cron {
+                expression,
+                timezone: self.timezone.unwrap_or_else(|| "UTC".into()),
+            });
+        }
+        if let Some(delay) = self.delay_ms {
+            return Ok(When::At(now_ms.saturating_add(delay)));
+        }
+        if let Some(at) = self.run_at_ms {
+            return Ok(When::At(at));
+        }
+        let text = self.run_at.unwrap_or_default();
+        let at: jiff::Timestamp = text.parse().map_err(|e| {
+            invalid(format!(
+                "run_at must be an RFC 3339 time such as 2030-01-01T20:00:00Z, got {:?}: {e}",
+                text.chars().take(64).collect::<String>()
+            ))
+        })?;
+        u64::try_from(at.as_millisecond())
+            .map(When::At)
+            .map_err(|_| invalid("run_at must not be before 1970"))
+    }
+}
+
+/// The body of `POST /v1/reminders`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBody {
+    pub id: Option<String>,
+    pub queue: String,
+    #[serde(flatten)]
+    pub time: TimeBody,
+    pub content: Option<Box<RawValue>>,
+    pub priority: Option<PriorityBody>,
+    pub chunk_size: Option<u32>,
+    pub users_per_second: Option<u32>,
+}
+
+/// The body of `PATCH /v1/reminders/{id}`: what changes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PatchBody {
+    #[serde(flatten)]
+    pub time: TimeBody,
+    pub content: Option<Box<RawValue>>,
+    pub priority: Option<PriorityBody>,
+}
+
+fn content_bytes(content: Option<Box<RawValue>>) -> Option<Bytes> {
+    content.map(|raw| Bytes::from(String::from(Box::<str>::from(raw))))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub queue: Option<String>,
+    pub after: Option<String>,
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscribersQuery {
+    pub after: Option<String>,
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedQuery {
+    pub within_ms: Option<u64>,
+    pub limit: Option<usize>,
+}
+
+// ---- responses ----
+
+#[derive(Debug, Serialize)]
+pub struct ReminderView {
+    pub id: String,
+    pub queue: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run_at_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timezone: Option<String>,
+    /// `null` once a one-shot reminder has fired.
+    pub next_fire_ms: Option<u64>,
+    pub next_fire_at: Option<String>,
+    pub content: Box<RawValue>,
+    pub priority: &'static str,
+    pub chunk_size: u32,
+    pub users_per_second: Option<u32>,
+    pub firings: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subscribers: Option<u64>,
+    pub created_at_ms: u64,
+    pub updated_at_ms: u64,
+}
+
+fn raw(content: &Bytes) -> Box<RawValue> {
+    RawValue::from_string(String::from_utf8_lossy(content).into_owned())
+        .unwrap_or_else(|_| RawValue::from_string("null".into()).expect("null is JSON"))
+}
+
+impl ReminderView {
+    fn of(r: &Reminder, subscribers: Option<u64>) -> ReminderView {
+        let (run_at_ms, cron, timezone) = match &r.def.when {
+            When::At(at) => (Some(*at), None, None),
+            When::Cron {
+                expression,
+                timezone,
+            } => (None, Some(expression.clone()), Some(timezone.clone())),
+        };
+        ReminderView {
+            id: r.id.to_string(),
+            queue: r.def.queue.to_string(),
+            run_at_ms,
+            cron,
+            timezone,
+            next_fire_ms: r.next_fire_ms,
+            next_fire_at: r.next_fire_ms.and_then(format_utc),
+            content: raw(&r.def.content),
+            priority: r.def.urgency.as_str(),
+            chunk_size: r.def.chunk_size,
+            users_per_second: r.def.users_per_second,
+            firings: r.firings,
+            subscribers,
+            created_at_ms: r.created_at_ms,
+            updated_at_ms: r.updated_at_ms,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct ReminderList {
+    pub reminders: Vec<ReminderView>,
+    /// Pass as `after` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct BulkError {
+    line: u64,
+    message: String,
+}
+
+/// The answer of a bulk subscribe or unsubscribe.
+#[derive(Debug, Default, Serialize)]
+struct BulkAnswer {
+    /// Subscribe: ids that were not subscribed before. Unsubscribe: ids that were.
+    changed: u64,
+    /// Subscribe: ids already subscribed (or listed twice). Unsubscribe: ids that were not.
+    unchanged: u64,
+    /// Items that are not user ids (each in `errors`, the first hundred).
+    refused: u64,
+    errors: Vec<BulkError>,
+    /// Whether the whole body was read. If not, `stopped_at_line` is the item where reading
+    /// stopped; everything before it was applied.
+    complete: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stopped_at_line: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<super::error::ErrorBody>,
+}
+
+// ---- handlers ----
+
+async fn create(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<CreateBody>,
+) -> Result<Response, ApiError> {
+    let now_ms = state.shared.now_ms();
+    let id = body.id.as_deref().map(reminder_id).transpose()?;
+    let def = ReminderDef {
+        queue: queue_name(&body.queue)?,
+        when: body.time.when(now_ms)?,
+        content: content_bytes(body.content).unwrap_or_else(|| Bytes::from_static(b"null")),
+        urgency: body.priority.map(Urgency::from).unwrap_or_default(),
+        chunk_size: body.chunk_size.unwrap_or(CHUNK_SIZE_DEFAULT),
+        users_per_second: body.users_per_second,
+    };
+    let reminder = blocking(&state, move |s| s.service.create(id, def, now_ms)).await?;
+    state.wake();
+    let view = ReminderView::of(&reminder, Some(0));
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn get_one(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+) -> Result<Json<ReminderView>, ApiError> {
+    let (reminder, count) = blocking(&state, move |s| {
+        let reminder = s.service.get(&id)?;
+        let count = s.service.count_of_uid(reminder.uid)?;
+        Ok((reminder, count))
+    })
+    .await?;
+    Ok(Json(ReminderView::of(&reminder, Some(count))))
+}
+
+async fn patch(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+    JsonBody(body): JsonBody<PatchBody>,
+) -> Result<Json<ReminderView>, ApiError> {
+    let now_ms = state.shared.now_ms();
+    let when = if body.time.is_empty() {
+        None
+    } else {
+        Some(body.time.when(now_ms)?)
+    };
+    let change = ReminderPatch {
+        content: content_bytes(body.content),
+        when,
+        urgency: body.priority.map(Urgency::from),
+    };
+    let reminder = blocking(&state, move |s| s.service.patch(&id, change, now_ms)).await?;
+    state.forget_reminder(reminder.uid);
+    state.wake();
+    Ok(Json(ReminderView::of(&reminder, None)))
+}
+
+async fn delete(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+) -> Result<StatusCode, ApiError> {
+    let uid = blocking(&state, move |s| s.service.delete(&id)).await?;
+    state.forget_reminder(uid);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<ReminderList>, ApiError> {
+    let q = page_query(query, "queue, after, limit")?;
+    let limit = page_limit(q.limit, LIST_LIMIT_MAX, LIST_LIMIT_MAX)?;
+    let queue = q.queue.as_deref().map(queue_name).transpose()?;
+    let after = q.after.as_deref().map(reminder_id).transpose()?;
+    let page = blocking(&state, move |s| {
+        s.service.list(queue.as_ref(), after.as_ref(), limit)
+    })
+    .await?;
+    let next_after = (page.len() == limit)
+        .then(|| page.last().map(|r| r.id.to_string()))
+        .flatten();
+    Ok(Json(ReminderList {
+        reminders: page.iter().map(|r| ReminderView::of(r, None)).collect(),
+        next_after,
+    }))
+}
+
+async fn subscribe_one(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+    UserPath(user): UserPath,
+) -> Result<Response, ApiError> {
+    let users = vec![user];
+    let (added, users) = blocking(&state, move |s| {
+        let added = s.service.subscribe(&id, &users)?;
+        Ok((added, users))
+    })
+    .await?;
+    state.forget_users(&users);
+    let status = if added == 1 {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(serde_json::json!({ "subscribed": true, "new": added == 1 })),
+    )
+        .into_response())
+}
+
+async fn is_subscribed(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+    UserPath(user): UserPath,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let shown = user.to_string();
+    let member = blocking(&state, move |s| s.service.is_subscribed(&id, &user)).await?;
+    if !member {
+        return Err(not_subscribed(&shown));
+    }
+    Ok(Json(serde_json::json!({ "subscribed": true })))
+}
+
+fn not_subscribed(user: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::UserNotFound,
+        format!("user {user:?} is not subscribed to this reminder"),
+    )
+}
+
+async fn unsubscribe_one(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+    UserPath(user): UserPath,
+) -> Result<StatusCode, ApiError> {
+    let shown = user.to_string();
+    let users = vec![user];
+    let (removed, users) = blocking(&state, move |s| {
+        let removed = s.service.unsubscribe(&id, &users)?;
+        Ok((removed, users))
+    })
+    .await?;
+    state.forget_users(&users);
+    if removed == 0 {
+        return Err(not_subscribed(&shown));
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn count(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let count = blocking(&state, move |s| s.service.count(&id)).await?;
+    Ok(Json(serde_json::json!({ "subscribers": count })))
+}
+
+async fn subscribers(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+    query: Result<Query<SubscribersQuery>, QueryRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let q = page_query(query, "after, limit")?;
+    let limit = page_limit(q.limit, SUBSCRIBERS_PAGE_DEFAULT, SUBSCRIBERS_PAGE_MAX)?;
+    let after = q.after.as_deref().map(user_id).transpose()?;
+    let page = blocking(&state, move |s| {
+        s.service.subscribers(&id, after.as_ref(), limit)
+    })
+    .await?;
+    let next_after = (page.len() == limit)
+        .then(|| page.last().map(|u| u.to_string()))
+        .flatten();
+    let users: Vec<&str> = page.iter().map(UserId::as_str).collect();
+    let mut body = serde_json::json!({ "users": users });
+    if let Some(next) = next_after {
+        body["next_after"] = next.into();
+    }
+    Ok(Json(body))
+}
+
+async fn bulk_subscribe(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    bulk(state, id, headers, body, true).await
+}
+
+async fn bulk_unsubscribe(
+    State(state): State<AppState>,
+    ReminderPath(id): ReminderPath,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    bulk(state, id, headers, body, false).await
+}
+
+/// Streams a bulk body: items are parsed as bytes arrive and applied `BULK_BATCH` at a time,
+/// each batch durable before the next is read. A cut or oversized body stops the reading;
+/// what came before stays applied and the answer says where it stopped.
+async fn bulk(
+    state: AppState,
+    id: ReminderId,
+    headers: HeaderMap,
+    body: Body,
+    subscribe: bool,
+) -> Response {
+    let max = state.shared.config.subscribers_body_bytes_max;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > max) {
+        return too_large(max).into_response();
+    }
+    // The reminder must exist (and take subscribers) before anything is read.
+    let check = id.clone();
+    let checked = blocking(&state, move |s| {
+        let reminder = s.service.get(&check)?;
+        if subscribe && reminder.has_fired_for_good() {
+            return Err(ReminderError::AlreadyFired(check));
+        }
+        Ok(())
+    })
+    .await;
+    if let Err(e) = checked {
+        return e.into_response();
+    }
+    let mut answer = BulkAnswer::default();
+    let mut parser = BulkParser::default();
+    let mut items = Vec::new();
+    let mut batch: Vec<UserId> = Vec::with_capacity(BULK_BATCH);
+    let mut stream = body.into_data_stream();
+    let mut read: u64 = 0;
+    let mut stop: Option<ApiError> = None;
+    loop {
+        let chunk = match stream.next().await {
+            Some(Ok(chunk)) => chunk,
+            Some(Err(e)) => {
+                stop = Some(ApiError::new(
+                    ErrorCode::BodyIncomplete,
+                    format!("the body broke off at line {}: {e}", parser.line()),
+                ));
+                break;
+            }
+            None => {
+                if let Err(message) = parser.finish(&mut items) {
+                    stop = Some(ApiError::new(ErrorCode::BodyIncomplete, message));
+                }
+                break;
+            }
+        };
+        read += chunk.len() as u64;
+        if read > max {
+            stop = Some(too_large(max));
+            break;
+        }
+        parser.feed(&chunk, &mut items);
+        take_items(&mut items, &mut batch, &mut answer);
+        while batch.len() >= BULK_BATCH {
+            let rest = batch.split_off(BULK_BATCH);
+            let full = std::mem::replace(&mut batch, rest);
+            if let Err(e) = apply(&state, &id, full, subscribe, &mut answer).await {
+                stop = Some(e);
+                break;
+            }
+        }
+        if stop.is_some() {
+            break;
+        }
+    }
+    take_items(&mut items, &mut batch, &mut answer);
+    if !batch.is_empty() {
+        if let Err(e) = apply(&state, &id, batch, subscribe, &mut answer).await {
+            stop.get_or_insert(e);
+        }
+    }
+    answer.complete = stop.is_none();
+    let status = match &stop {
+        None => StatusCode::OK,
+        Some(e) => {
+            answer.stopped_at_line = Some(parser.line());
+            e.code.status()
+        }
+    };
+    answer.error = stop.map(|e| e.body());
+    (status, Json(answer)).into_response()
+}
+
+fn take_items(items: &mut Vec<Item>, batch: &mut Vec<UserId>, answer: &mut BulkAnswer) {
+    for item in items.drain(..) {
+        match item {
+            Item::User(user) => batch.push(user),
+            Item::Bad { line, message } => {
+                answer.refused += 1;
+                if answer.errors.len() < BULK_ERRORS_LISTED {
+                    answer.errors.push(BulkError { line, message });
+                }
+            }
+        }
+    }
+}
+
+async fn apply(
+    state: &AppState,
+    id: &ReminderId,
+    batch: Vec<UserId>,
+    subscribe: bool,
+    answer: &mut BulkAnswer,
+) -> Result<(), ApiError> {
+    let id = id.clone();
+    let total = batch.len() as u64;
+    let batch = blocking(state, move |s| {
+        let changed = if subscribe {
+            s.service.subscribe(&id, &batch)?
+        } else {
+            s.service.unsubscribe(&id, &batch)?
+        };
+        s.forget_users(&batch);
+        Ok(changed)
+    })
+    .await?;
+    answer.changed += batch;
+    answer.unchanged += total - batch;
+    Ok(())
+}
+
+fn too_large(max: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::PayloadTooLarge,
+        format!("the body is larger than limits.subscribers_body_max ({max} bytes); split it into several requests"),
+    )
+}
+
+#[derive(Debug, Serialize)]
+struct FeedItem<'a> {
+    id: &'a str,
+    queue: &'a str,
+    due_at_ms: u64,
+    due_at: String,
+    priority: &'static str,
+    content: Box<RawValue>,
+}
+
+#[derive(Debug, Serialize)]
+struct FeedAnswer<'a> {
+    user: &'a str,
+    reminders: Vec<FeedItem<'a>>,
+    /// Answered from memory only (urgent reminders) because the server was overloaded.
+    degraded: bool,
+}
+
+async fn feed(
+    State(state): State<AppState>,
+    UserPath(user): UserPath,
+    headers: HeaderMap,
+    query: Result<Query<FeedQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = page_query(query, "within_ms, limit")?;
+    let limit = page_limit(q.limit, FEED_LIMIT_DEFAULT, FEED_LIMIT_MAX)?;
+    let within_ms = q.within_ms.unwrap_or(FEED_WITHIN_MS_DEFAULT);
+    if within_ms == 0 || within_ms > FEED_WITHIN_MS_MAX {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!(
+                "within_ms must be between 1 and {FEED_WITHIN_MS_MAX} (31 days), got {within_ms}"
+            ),
+        ));
+    }
+    let feed = state.feed(user.clone(), within_ms, limit).await?;
+    crate::metrics::feed_request(if feed.degraded { "degraded" } else { "ok" });
+    let answer = FeedAnswer {
+        user: user.as_str(),
+        reminders: feed
+            .reminders
+            .iter()
+            .filter_map(|r| {
+                let due = r.next_fire_ms?;
+                Some(FeedItem {
+                    id: r.id.as_str(),
+                    queue: r.def.queue.as_str(),
+                    due_at_ms: due,
+                    due_at: format_utc(due).unwrap_or_default(),
+                    priority: r.def.urgency.as_str(),
+                    content: raw(&r.def.content),
+                })
+            })
+            .collect(),
+        degraded: feed.degraded,
+    };
+    let body = serde_json::to_vec(&answer)
+        .map_err(|e| ApiError::new(ErrorCode::InternalError, e.to_string()))?;
+    let digest = sha2::Sha256::digest(&body);
+    let etag = format!("\"{}\"", hex::encode(&digest[..12]));
+    let max_age = if feed.degraded { 5 } else { FEED_MAX_AGE_S };
+    let cache = HeaderValue::from_str(&format!("private, max-age={max_age}")).expect("ascii");
+    let etag_value = HeaderValue::from_str(&etag).expect("hex is ascii");
+    let matches = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| {
+            v.split(',')
+                .any(|t| t.trim().trim_start_matches("W/") == etag)
+        });
+    let mut response = if matches {
+        crate::metrics::feed_request("not_modified");
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        let mut r = Response::new(Body::from(body));
+        r.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    };
+    let h = response.headers_mut();
+    h.insert(header::ETAG, etag_value);
+    h.insert(header::CACHE_CONTROL, cache);
+    if feed.degraded {
+        h.insert("belfry-feed", HeaderValue::from_static("degraded"));
+    }
+    Ok(response)
+}

@@ -1,0 +1,314 @@
+//! Reminders in the server: the runner that fans reminders out at their time, and the feed's
+//! caches. The routes are `api::reminders`; the builder composes both.
+//!
+//! Start-up order matters as for schedules: a fan-out step interrupted by a crash is
+//! replayed by the next step, which finds the chunks already made by their idempotency keys,
+//! but only while those chunks are unfinished. So the builder runs one step before the server
+//! dispatches anything.
+//!
+//! The feed (`GET /v1/users/{user}/reminders`) follows the LINE seed's lessons: it ranks on
+//! the per-user index and compact entries before it reads contents; contents come from a
+//! bounded, short-lived cache ([`REMINDER_CACHE_TTL`]) that a `PATCH` or `DELETE` on this
+//! node, or a firing, invalidates at once; and when the server is overloaded (no store-call
+//! slot within the API's wait) it answers from memory alone, urgent reminders only, says so
+//! (`Belfry-Feed: degraded`) and counts it, instead of timing out.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::{UnixMs, UserId};
+use belfry_reminders::feed::{self, FeedEntry};
+use belfry_reminders::{Reminder, ReminderError, ReminderService, StepReport};
+use metrics::{counter, gauge};
+use moka::sync::Cache;
+use tokio::sync::Notify;
+
+use crate::shared::{Caller, ServiceError, Shared};
+
+/// The runner looks at the reminders at least this often: reminders created through other
+/// nodes, and wall-clock steps, are noticed within this time.
+pub const RUNNER_RECHECK_MS: u64 = 1_000;
+
+/// How long a cached reminder or user index is used before it is read again. Writes on this
+/// node invalidate at once; this bounds how stale another node's write can look.
+pub const REMINDER_CACHE_TTL: Duration = Duration::from_secs(2);
+/// Most reminders, and most users' subscription lists, held in the feed's caches.
+pub const REMINDER_CACHE_MAX: u64 = 100_000;
+pub const USER_CACHE_MAX: u64 = 200_000;
+
+pub const REMINDER_FANOUTS_STARTED: &str = "belfry_reminder_fanouts_started_total";
+pub const REMINDER_FANOUTS_RUNNING: &str = "belfry_reminder_fanouts_running";
+pub const REMINDER_CHUNKS_CREATED: &str = "belfry_reminder_chunks_created_total";
+pub const REMINDER_USERS_FANNED_OUT: &str = "belfry_reminder_users_fanned_out_total";
+pub const REMINDER_STEP_ERRORS: &str = "belfry_reminder_step_errors_total";
+pub const REMINDER_SUBSCRIBERS: &str = "belfry_reminder_subscribers";
+pub const FEED_REQUESTS: &str = "belfry_feed_requests_total";
+pub const FEED_CACHE_HITS: &str = "belfry_feed_cache_hits_total";
+pub const FEED_CACHE_MISSES: &str = "belfry_feed_cache_misses_total";
+
+/// What the reminder routes and the runner share.
+pub struct RemindersState {
+    pub(crate) service: ReminderService,
+    pub(crate) shared: Arc<Shared>,
+    wake: Notify,
+    /// uid → reminder, for the feed.
+    reminders: Cache<u64, Arc<Reminder>>,
+    /// user → the uids of their subscriptions, for the feed.
+    users: Cache<UserId, Arc<Vec<u64>>>,
+}
+
+/// One feed answer.
+pub struct Feed {
+    pub reminders: Vec<Arc<Reminder>>,
+    /// Answered from memory alone (urgent reminders only) because the store was saturated.
+    pub degraded: bool,
+}
+
+impl RemindersState {
+    /// Makes the runner step now (a stored permit if it is busy, so no wake is lost).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Forgets what the feed cached of a reminder (after a change on this node).
+    pub(crate) fn forget_reminder(&self, uid: u64) {
+        self.reminders.invalidate(&uid);
+    }
+
+    /// Forgets the cached subscription lists of `users` (after their subscriptions changed).
+    pub(crate) fn forget_users<'a>(&self, users: impl IntoIterator<Item = &'a UserId>) {
+        for user in users {
+            self.users.invalidate(user);
+        }
+    }
+
+    /// `user`'s reminders due within `within_ms`, urgent first then by due time, at most
+    /// `limit`. The service call runs through the API admission; if that is saturated the
+    /// answer is built from the caches alone.
+    pub(crate) async fn feed(
+        self: &Arc<Self>,
+        user: UserId,
+        within_ms: u64,
+        limit: usize,
+    ) -> Result<Feed, ServiceError> {
+        let now_ms = self.shared.now_ms();
+        let state = self.clone();
+        let for_call = user.clone();
+        let read = self
+            .shared
+            .blocking(Caller::Api, move |_| {
+                state
+                    .feed_from_store(&for_call, now_ms, within_ms, limit)
+                    .map_err(service_error)
+            })
+            .await;
+        match read {
+            Ok(reminders) => Ok(Feed {
+                reminders,
+                degraded: false,
+            }),
+            Err(ServiceError::Overloaded) => Ok(Feed {
+                reminders: self.feed_from_memory(&user, now_ms, within_ms, limit),
+                degraded: true,
+            }),
+            Err(other) => Err(other),
+        }
+    }
+
+    fn feed_from_store(
+        &self,
+        user: &UserId,
+        now_ms: UnixMs,
+        within_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<Arc<Reminder>>, ReminderError> {
+        let uids = match self.users.get(user) {
+            Some(uids) => uids,
+            None => {
+                let uids = Arc::new(self.service.user_reminder_uids(user)?);
+                self.users.insert(user.clone(), uids.clone());
+                uids
+            }
+        };
+        // Compact entries first: what is cached, and one batched read of the rest.
+        let mut known: Vec<Arc<Reminder>> = Vec::with_capacity(uids.len());
+        let mut missing = Vec::new();
+        for &uid in uids.iter() {
+            match self.reminders.get(&uid) {
+                Some(r) => known.push(r),
+                None => missing.push(uid),
+            }
+        }
+        counter!(FEED_CACHE_HITS).increment(known.len() as u64);
+        counter!(FEED_CACHE_MISSES).increment(missing.len() as u64);
+        for reminder in self.service.by_uids(&missing)? {
+            let reminder = Arc::new(reminder);
+            self.reminders.insert(reminder.uid, reminder.clone());
+            known.push(reminder);
+        }
+        Ok(pick(known, now_ms, within_ms, limit, false))
+    }
+
+    fn feed_from_memory(
+        &self,
+        user: &UserId,
+        now_ms: UnixMs,
+        within_ms: u64,
+        limit: usize,
+    ) -> Vec<Arc<Reminder>> {
+        let Some(uids) = self.users.get(user) else {
+            return Vec::new();
+        };
+        let known = uids
+            .iter()
+            .filter_map(|uid| self.reminders.get(uid))
+            .collect();
+        pick(known, now_ms, within_ms, limit, true)
+    }
+}
+
+/// Ranks on compact entries, then keeps the chosen reminders in that order.
+fn pick(
+    reminders: Vec<Arc<Reminder>>,
+    now_ms: UnixMs,
+    within_ms: u64,
+    limit: usize,
+    urgent_only: bool,
+) -> Vec<Arc<Reminder>> {
+    let entries: Vec<FeedEntry> = reminders
+        .iter()
+        .filter_map(|r| FeedEntry::of(r))
+        .filter(|e| e.urgent || !urgent_only)
+        .collect();
+    let chosen = feed::select(entries, now_ms, within_ms, limit);
+    chosen
+        .iter()
+        .filter_map(|e| reminders.iter().find(|r| r.uid == e.uid).cloned())
+        .collect()
+}
+
+pub(crate) fn service_error(e: ReminderError) -> ServiceError {
+    match e {
+        ReminderError::Store(store) => ServiceError::from(store),
+        other => ServiceError::Invalid(other.to_string()),
+    }
+}
+
+/// Reminders in the server: built by the builder, which runs [`Reminders::step_at_startup`]
+/// before dispatching and spawns the runner.
+#[derive(Clone)]
+pub struct Reminders {
+    state: Arc<RemindersState>,
+}
+
+impl Reminders {
+    pub(crate) fn new(shared: Arc<Shared>) -> Self {
+        Reminders {
+            state: Arc::new(RemindersState {
+                service: ReminderService::new(shared.store.clone()),
+                shared,
+                wake: Notify::new(),
+                reminders: Cache::builder()
+                    .max_capacity(REMINDER_CACHE_MAX)
+                    .time_to_live(REMINDER_CACHE_TTL)
+                    .build(),
+                users: Cache::builder()
+                    .max_capacity(USER_CACHE_MAX)
+                    .time_to_live(REMINDER_CACHE_TTL)
+                    .build(),
+            }),
+        }
+    }
+
+    pub(crate) fn state(&self) -> Arc<RemindersState> {
+        self.state.clone()
+    }
+
+    /// The reminder service, for embedders and tests.
+    pub fn service(&self) -> &ReminderService {
+        &self.state.service
+    }
+
+    /// Makes the runner step now: tests call this after moving a `ManualClock`.
+    pub fn wake(&self) {
+        self.state.wake();
+    }
+
+    pub(crate) async fn step_at_startup(&self) -> Result<StepReport, ServiceError> {
+        let report = step(&self.state).await?;
+        if report.chunks_found > 0 {
+            tracing::info!(
+                chunks = report.chunks_found,
+                "reminders: an interrupted fan-out was resumed; its last chunks already existed"
+            );
+        }
+        publish(&self.state, &report);
+        Ok(report)
+    }
+
+    /// The runner; it stops when the server starts shutting down, after its current step.
+    pub(crate) fn runner(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let state = self.state.clone();
+        async move {
+            let stop = state.shared.stopping.clone();
+            while !stop.is_cancelled() {
+                let wait_ms = match step(&state).await {
+                    Ok(report) => {
+                        publish(&state, &report);
+                        if report.again {
+                            continue;
+                        }
+                        let now_ms = state.shared.now_ms();
+                        report.next_ms.map_or(RUNNER_RECHECK_MS, |next| {
+                            next.saturating_sub(now_ms).clamp(1, RUNNER_RECHECK_MS)
+                        })
+                    }
+                    Err(error) => {
+                        counter!(REMINDER_STEP_ERRORS).increment(1);
+                        tracing::warn!(%error, "fan out due reminders; retrying");
+                        RUNNER_RECHECK_MS
+                    }
+                };
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
+                    _ = state.wake.notified() => {}
+                    _ = stop.cancelled() => {}
+                }
+            }
+        }
+    }
+}
+
+async fn step(state: &Arc<RemindersState>) -> Result<StepReport, ServiceError> {
+    let now_ms = state.shared.now_ms();
+    let for_step = state.clone();
+    state
+        .shared
+        .blocking(Caller::Internal, move |_| {
+            for_step.service.step(now_ms).map_err(service_error)
+        })
+        .await
+}
+
+/// Metrics, logs, cache invalidation, and wake-ups for the queues that got chunks.
+fn publish(state: &RemindersState, report: &StepReport) {
+    for uid in &report.started {
+        state.forget_reminder(*uid);
+    }
+    for queue in report.chunks_by_queue.keys() {
+        let runtime = belfry_core::QueueName::new(queue.as_str())
+            .ok()
+            .and_then(|name| state.shared.queues.get(&name));
+        if let Some(runtime) = runtime {
+            runtime.wake();
+        }
+    }
+    counter!(REMINDER_FANOUTS_STARTED).increment(report.fanouts_started);
+    counter!(REMINDER_CHUNKS_CREATED).increment(report.chunks_created);
+    counter!(REMINDER_USERS_FANNED_OUT).increment(report.users_fanned_out);
+    gauge!(REMINDER_FANOUTS_RUNNING).set(report.fanouts_running as f64);
+    gauge!(REMINDER_SUBSCRIBERS).set(report.subscribers as f64);
+    for (reminder, reason) in &report.errors {
+        tracing::warn!(%reminder, %reason, "fan out reminder");
+    }
+}
