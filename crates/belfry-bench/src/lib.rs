@@ -28,6 +28,7 @@ pub mod pending;
 pub mod plot;
 pub mod queues;
 pub mod redis_queue;
+pub mod reminders;
 pub mod report;
 pub mod servers;
 pub mod spawn;
@@ -78,6 +79,11 @@ pub enum BenchCommand {
     /// run starts, read back by a real consumer; delivered/s against the broker's raw publish
     /// rate on the same broker, firing lateness, early, lost and duplicates.
     Stream(Box<stream::StreamArgs>),
+    /// Reminders (issue #13): bulk subscribe against the trivial handler, RSS and disk per
+    /// subscription, restart after kill -9, fan-out to a pull consumer against draining the
+    /// same chunks stored in advance, a paced fan-out's rate against its limit, and feed
+    /// reads against the trivial handler.
+    Reminders(Box<reminders::RemindersArgs>),
     /// N partial connections (connect only, request line, unfinished headers, half a body)
     /// held open against a server with its default limits: `/healthz` and single-task submit
     /// latency with and without them, on kept-alive and fresh connections.
@@ -186,6 +192,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Queues(a) => a.output.clone(),
         BenchCommand::Cron(a) => a.output.clone(),
         BenchCommand::Stream(a) => a.output.clone(),
+        BenchCommand::Reminders(a) => a.output.clone(),
         BenchCommand::Hostile(a) => a.output.clone(),
     };
     if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
@@ -208,6 +215,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             BenchCommand::Queues(args) => queues::run(*args).await,
             BenchCommand::Cron(args) => cron::run(*args).await,
             BenchCommand::Stream(args) => stream::run(*args).await,
+            BenchCommand::Reminders(args) => reminders::run(*args).await,
             BenchCommand::Hostile(args) => hostile::run(*args).await,
         }
     })?;
