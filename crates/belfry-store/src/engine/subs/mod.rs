@@ -25,6 +25,7 @@ pub(crate) mod record;
 mod run;
 mod tree;
 
+use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -141,7 +142,20 @@ impl Subs {
     /// Which of the sorted user keys (`buf`, `ranges`) are members of the set incarnation
     /// whose prefix is `prefix`.
     fn members_of(&self, prefix: &[u8], buf: &[u8], ranges: &[(u32, u32)]) -> Result<Vec<bool>> {
-        let view = self.view();
+        let mut view = self.view();
+        // Memtables holding nothing in the batch's key range are not looked up per key (a
+        // bulk subscribe of fresh ids walks past them).
+        if let (Some(&(fs, fe)), Some(&(ls, le))) = (ranges.first(), ranges.last()) {
+            let mut first = prefix.to_vec();
+            first.extend_from_slice(&buf[fs as usize..fe as usize]);
+            let mut last = prefix.to_vec();
+            last.extend_from_slice(&buf[ls as usize..le as usize]);
+            view.mems.retain(|mem| {
+                mem.range::<[u8], _>((Bound::Included(&first[..]), Bound::Included(&last[..])))
+                    .next()
+                    .is_some()
+            });
+        }
         let mut cache = Vec::new();
         cache.resize_with(self.runs.len(), || None);
         let mut key = prefix.to_vec();
