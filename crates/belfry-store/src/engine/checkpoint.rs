@@ -153,7 +153,7 @@ impl Engine {
                 // The checkpoint that held the guard may have made this one unnecessary.
                 let still = self.core.state.lock().wal_since_checkpoint
                     >= self.core.options.checkpoint_wal_bytes
-                    || self.core.subs.lock().mem_bytes >= self.core.options.subs_memtable_bytes;
+                    || self.core.subs.lock().mem_bytes() >= self.core.options.subs_memtable_bytes;
                 if still {
                     self.core.checkpoint_guarded()?;
                 }

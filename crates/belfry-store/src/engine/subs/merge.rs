@@ -1,43 +1,14 @@
 //! Reading the tree: point lookups, and ordered scans that merge the memtables and the runs
 //! (newest first: for a key held by several, the newest version wins).
 
-use std::collections::btree_map;
-use std::collections::BTreeMap;
-use std::ops::Bound;
-
+use super::memtable::{Memtable, SlabSource};
 use super::run::{Block, Run};
 use crate::store::Result;
-
-/// Key → live (`true`) or tombstone (`false`).
-pub(crate) type Memtable = BTreeMap<Box<[u8]>, bool>;
 
 /// One sorted source of entries, positioned at its current entry.
 pub(crate) trait Source {
     fn peek(&self) -> Option<(&[u8], bool)>;
     fn advance(&mut self) -> Result<()>;
-}
-
-pub(crate) struct MemSource<'a> {
-    iter: btree_map::Range<'a, Box<[u8]>, bool>,
-    head: Option<(&'a [u8], bool)>,
-}
-
-impl<'a> MemSource<'a> {
-    pub(crate) fn new(mem: &'a Memtable, from: &[u8]) -> MemSource<'a> {
-        let mut iter = mem.range::<[u8], _>((Bound::Included(from), Bound::Unbounded));
-        let head = iter.next().map(|(k, v)| (&**k, *v));
-        MemSource { iter, head }
-    }
-}
-
-impl Source for MemSource<'_> {
-    fn peek(&self) -> Option<(&[u8], bool)> {
-        self.head
-    }
-    fn advance(&mut self) -> Result<()> {
-        self.head = self.iter.next().map(|(k, v)| (&**k, *v));
-        Ok(())
-    }
 }
 
 /// A run read block by block from a key on.
@@ -140,7 +111,9 @@ impl<'a> View<'a> {
     pub(crate) fn merge(&self, from: &[u8]) -> Result<Merge<'a>> {
         let mut sources: Vec<Box<dyn Source + 'a>> = Vec::new();
         for mem in &self.mems {
-            sources.push(Box::new(MemSource::new(mem, from)));
+            for slab in &mem.slabs {
+                sources.push(Box::new(SlabSource::new(slab, from)));
+            }
         }
         for run in self.runs {
             sources.push(Box::new(RunCursor::new(run, from)?));
@@ -156,7 +129,7 @@ impl<'a> View<'a> {
         cache: &mut [Option<(usize, Block)>],
     ) -> Result<Option<bool>> {
         for mem in &self.mems {
-            if let Some(&live) = mem.get(key) {
+            if let Some(live) = mem.get(key) {
                 return Ok(Some(live));
             }
         }

@@ -20,12 +20,12 @@
 
 mod bloom;
 pub(crate) mod keys;
+mod memtable;
 mod merge;
 pub(crate) mod record;
 mod run;
 mod tree;
 
-use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -34,7 +34,8 @@ use parking_lot::MutexGuard;
 use rustc_hash::FxHashMap;
 
 use self::keys::{by_user_key, set_prefix, sorted_user_keys, split_by_user, user_prefix};
-use self::merge::{Memtable, View};
+use self::memtable::{Memtable, Slab};
+use self::merge::View;
 use self::record::{Op, SubsRecord, USERS_PER_RECORD_MAX};
 use self::run::Run;
 pub(crate) use self::tree::{open_runs, SubsPlan};
@@ -46,9 +47,6 @@ use crate::store::{Result, StoreError};
 
 /// Directory of the run files, under the data directory.
 pub(crate) const SUBS_DIR: &str = "subs";
-
-/// Memory a memtable entry is counted as besides its key (allocation and tree overhead).
-const ENTRY_OVERHEAD_BYTES: usize = 48;
 
 /// A set with members: its incarnation and how many it has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,7 +60,6 @@ pub(crate) struct SetInfo {
 pub(crate) struct Subs {
     pub(crate) dir: PathBuf,
     mem: Memtable,
-    pub(crate) mem_bytes: usize,
     /// The memtable a checkpoint is writing to a run (still read until it is listed).
     frozen: Option<Arc<Memtable>>,
     /// Newest first.
@@ -76,8 +73,7 @@ impl Subs {
     pub(crate) fn new(dir: PathBuf, runs: Vec<Arc<Run>>, persisted: &SubsPersisted) -> Subs {
         Subs {
             dir,
-            mem: Memtable::new(),
-            mem_bytes: 0,
+            mem: Memtable::default(),
             frozen: None,
             runs,
             sets: persisted
@@ -99,10 +95,9 @@ impl Subs {
         }
     }
 
-    fn insert(&mut self, key: &[u8], live: bool) {
-        if self.mem.insert(key.into(), live).is_none() {
-            self.mem_bytes += key.len() + ENTRY_OVERHEAD_BYTES;
-        }
+    /// Bytes the memtable takes (about).
+    pub(crate) fn mem_bytes(&self) -> usize {
+        self.mem.bytes
     }
 
     /// Applies one record (a call's change, or one replayed from the WAL).
@@ -127,16 +122,25 @@ impl Subs {
                 self.sets.remove(&set);
             }
         }
+        // By-set keys sort before by-user keys: one slab holds both, each part sorted.
+        let mut by_set = Slab::default();
+        let mut by_user = Slab::default();
         let mut key = Vec::with_capacity(keys::KEY_BYTES_MAX);
+        set_prefix(&mut key, set, epoch);
+        let prefix = key.len();
+        for user in &rec.users {
+            key.truncate(prefix);
+            key.extend_from_slice(user);
+            by_set.push_unsorted(&key, live);
+        }
         for user in &rec.users {
             key.clear();
-            set_prefix(&mut key, set, epoch);
-            key.extend_from_slice(user);
-            self.insert(&key, live);
-            key.clear();
             by_user_key(&mut key, user, set, epoch);
-            self.insert(&key, live);
+            by_user.push_unsorted(&key, live);
         }
+        let mut slab = Slab::from_unsorted(by_set);
+        slab.append(Slab::from_unsorted(by_user));
+        self.mem.add(slab);
     }
 
     /// Which of the sorted user keys (`buf`, `ranges`) are members of the set incarnation
@@ -150,11 +154,7 @@ impl Subs {
             first.extend_from_slice(&buf[fs as usize..fe as usize]);
             let mut last = prefix.to_vec();
             last.extend_from_slice(&buf[ls as usize..le as usize]);
-            view.mems.retain(|mem| {
-                mem.range::<[u8], _>((Bound::Included(&first[..]), Bound::Included(&last[..])))
-                    .next()
-                    .is_some()
-            });
+            view.mems.retain(|mem| mem.holds_between(&first, &last));
         }
         let mut cache = Vec::new();
         cache.resize_with(self.runs.len(), || None);
@@ -359,7 +359,7 @@ impl Engine {
             (ticket, self.checkpoint_due(&state))
         };
         subs.apply(rec);
-        let need = need.max(self.memtable_need(subs.mem_bytes));
+        let need = need.max(self.memtable_need(subs.mem_bytes()));
         drop(subs);
         self.finish(ticket, false, need)
     }

@@ -2,14 +2,14 @@
 //! run, merge runs (size-tiered), and the runs a reopen starts from.
 
 use std::fs;
-use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustc_hash::FxHashMap;
 
 use super::keys::{split_by_set, split_by_user, SPACE_BY_SET, SPACE_BY_USER};
-use super::merge::{MemSource, Memtable, Merge, RunCursor, Source};
+use super::memtable::{Memtable, SlabSource};
+use super::merge::{Merge, RunCursor, Source};
 use super::run::{parse_run_name, run_name, Run, RunWriter};
 use super::{Subs, SUBS_DIR};
 use crate::engine::persist::{sync_dir, SubsPersisted};
@@ -37,7 +37,6 @@ impl Subs {
     /// copies the counters.
     pub(crate) fn freeze(&mut self) -> SubsPlan {
         let mem = std::mem::take(&mut self.mem);
-        self.mem_bytes = 0;
         let frozen = (!mem.is_empty()).then(|| Arc::new(mem));
         self.frozen.clone_from(&frozen);
         let mut sets: Vec<(u64, u64, u64)> = self
@@ -70,10 +69,12 @@ impl Core {
                 subs.next_run += 1;
                 (subs.next_run - 1, subs.runs.is_empty())
             };
-            let set_keys = frozen
-                .range::<[u8], _>((Bound::Unbounded, Bound::Excluded(&[SPACE_BY_USER][..])))
-                .count();
-            let sources: Vec<Box<dyn Source + '_>> = vec![Box::new(MemSource::new(&frozen, &[]))];
+            let set_keys = frozen.count_below(&[SPACE_BY_USER]);
+            let sources: Vec<Box<dyn Source + '_>> = frozen
+                .slabs
+                .iter()
+                .map(|s| Box::new(SlabSource::new(s, &[])) as Box<dyn Source + '_>)
+                .collect();
             let run = write_merged(
                 &dir,
                 id,
