@@ -2,7 +2,7 @@
 //! 10,000, fsync'd like every subscribe), then reports ids/s, RSS growth, the data size on
 //! disk and how long a reopen takes.
 //!
-//! `cargo run -p belfry-store --release --example subs_bulk -- [total] [dir] [random]`
+//! `cargo run -p belfry-store --release --example subs_bulk -- [total] [dir or -] [random]`
 //! (default 10,000,000 ids, a temporary directory under the current one, ascending ids;
 //! `random` subscribes ids in a shuffled order instead).
 
@@ -63,7 +63,10 @@ fn main() {
         .and_then(|a| a.parse().ok())
         .unwrap_or(10_000_000);
     let temp = tempfile::tempdir_in(".").unwrap();
-    let dir = args.get(2).map_or(temp.path().to_path_buf(), Into::into);
+    let dir = match args.get(2).map(String::as_str) {
+        None | Some("" | "-") => temp.path().to_path_buf(),
+        Some(dir) => dir.into(),
+    };
     let random = args.get(3).is_some_and(|a| a == "random");
     let engine = Engine::open(&dir, EngineOptions::default()).unwrap();
     let (rss0, _) = rss_kib();
