@@ -877,17 +877,6 @@ scenarios!(
     queue_delete_removes_tasks,
     queues_are_isolated,
     clock_jumps_never_fire_early_nor_lose_tasks,
+    subscriptions_basics,
+    subscriptions_many,
 );
-
-// Subscriber sets: the engine joins these when it stores them (in progress).
-mod memory_subscriptions {
-    use super::*;
-    #[test]
-    fn subscriptions_basics() {
-        super::subscriptions_basics(&mut Memory(MemoryStore::new()));
-    }
-    #[test]
-    fn subscriptions_many() {
-        super::subscriptions_many(&mut Memory(MemoryStore::new()));
-    }
-}

@@ -21,7 +21,7 @@ use crate::store::{Result, StoreError};
 const CHECKPOINT_KEY_CHUNK: usize = 16 * 1024;
 
 /// Whether a call should see to a checkpoint (see `Engine::finish`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(super) enum CheckpointNeed {
     No,
     Due,
@@ -116,6 +116,8 @@ pub(super) struct CheckpointPlan {
     pub(super) key_queues: Vec<u64>,
     /// The metadata entries as of the WAL switch, encoded for the checkpoint.
     pub(super) meta_entries: Vec<u8>,
+    /// The subscription memtable frozen at the WAL switch, and the counters then.
+    pub(super) subs: super::subs::SubsPlan,
 }
 
 impl Engine {
@@ -150,7 +152,8 @@ impl Engine {
                 let _guard = self.core.checkpointing.lock();
                 // The checkpoint that held the guard may have made this one unnecessary.
                 let still = self.core.state.lock().wal_since_checkpoint
-                    >= self.core.options.checkpoint_wal_bytes;
+                    >= self.core.options.checkpoint_wal_bytes
+                    || self.core.subs.lock().mem_bytes() >= self.core.options.subs_memtable_bytes;
                 if still {
                     self.core.checkpoint_guarded()?;
                 }
@@ -192,14 +195,28 @@ impl Core {
     }
 
     pub(super) fn checkpoint_phases(&self) -> Result<()> {
-        let (plan, old_wal) = self.switch_wal()?;
+        let (mut plan, old_wal) = self.switch_wal()?;
         self.write_buckets(&plan)?;
+        self.subs_write_runs(&mut plan.subs)?;
         let mut checkpoint = plan.checkpoint;
         checkpoint.wal_start = old_wal + 1;
-        self.write_checkpoint(&checkpoint, &plan.key_queues, &plan.meta_entries)?;
+        let subs = persist::encode_subs(&plan.subs.persisted);
+        self.write_checkpoint(&checkpoint, &plan.key_queues, &[&plan.meta_entries, &subs])?;
         for n in old_wal_files(&self.dir)? {
             if n <= old_wal {
                 fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
+            }
+        }
+        for path in &plan.subs.obsolete {
+            match fs::remove_file(path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(StoreError::Io {
+                        context: "remove a merged subscription run",
+                        source,
+                    })
+                }
             }
         }
         self.delete_finished(plan.doomed)
@@ -225,6 +242,9 @@ impl Core {
         // old one. Metadata calls wait meanwhile; task calls do not.
         let meta = self.meta.lock();
         let meta_entries = persist::encode_meta_entries(&meta);
+        // Then the subs lock, for the same reason: the frozen memtable holds exactly the
+        // subscription changes of WAL files up to the old one.
+        let mut subs = self.subs.lock();
         let mut sync = self.wal.sync.lock();
         let (mut plan, old_file, old_end) = {
             let mut writer = self.wal.writer.lock();
@@ -237,12 +257,14 @@ impl Core {
             self.wal
                 .written
                 .store(state.wal_appended, Ordering::Release);
-            let plan = self.plan_checkpoint(&mut state)?;
+            let mut plan = self.plan_checkpoint(&mut state)?;
+            plan.subs = subs.freeze();
             let old_file = std::mem::replace(&mut writer.file, Arc::new(next_file));
             writer.number = number;
             state.wal_since_checkpoint = 0;
             (plan, old_file, state.wal_appended)
         };
+        drop(subs);
         drop(meta);
         plan.meta_entries = meta_entries;
         // Still phase A, with only the sync lock held: nobody can fsync the new file (and so
@@ -343,13 +365,13 @@ impl Core {
     /// loads that bucket, which releases it again). A key released before phase A is not
     /// in the index any more, so it cannot be copied.
     ///
-    /// The metadata entries follow the keys: `meta_entries`, copied in phase A under the
-    /// metadata lock, exactly as of the WAL switch.
+    /// The metadata entries and the subscription section follow the keys (`tail`: copied in
+    /// phase A under their locks, exactly as of the WAL switch; the runs as of phase B).
     pub(super) fn write_checkpoint(
         &self,
         checkpoint: &Checkpoint,
         key_queues: &[u64],
-        meta_entries: &[u8],
+        tail: &[&[u8]],
     ) -> Result<()> {
         let mut writer = persist::FramedWriter::create(&self.dir.join(CHECKPOINT_FILE))?;
         writer.write(&checkpoint.encode_head())?;
@@ -377,7 +399,9 @@ impl Core {
             }
         }
         writer.write(&persist::KEY_CHUNKS_END)?;
-        writer.write(meta_entries)?;
+        for piece in tail {
+            writer.write(piece)?;
+        }
         writer.finish()
     }
 

@@ -22,9 +22,11 @@ const FILE_VERSION: u8 = 1;
 /// point when the checkpoint has none).
 const META_VERSION: u8 = 2;
 /// Checkpoint format 2 keeps idempotency keys as keyed hashes (`engine::keys`) and the hash's
-/// secret; format 3 adds the metadata entries after the keys. Formats 1 (full keys) and 2 are
-/// still read.
-const CHECKPOINT_VERSION: u8 = 3;
+/// secret; format 3 adds the metadata entries after the keys; format 4 adds the subscription
+/// tree (runs and per-set counters) after them. Formats 1 (full keys), 2 and 3 are still read.
+const CHECKPOINT_VERSION: u8 = 4;
+/// The first checkpoint format with the metadata entries.
+const CHECKPOINT_VERSION_META: u8 = 3;
 /// The first checkpoint format with keyed hashes of idempotency keys.
 const CHECKPOINT_VERSION_HASHED_KEYS: u8 = 2;
 
@@ -118,6 +120,60 @@ pub struct Checkpoint {
     /// The metadata entries as of `wal_start` (`None` before format 3: they were in the meta
     /// file then).
     pub meta_entries: Option<MetaEntries>,
+    /// The subscription tree as of `wal_start` (`None` before format 4: no subscriptions).
+    pub subs: Option<SubsPersisted>,
+}
+
+/// What a checkpoint records of the subscription tree (`engine::subs`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SubsPersisted {
+    /// The next set incarnation (epoch) to hand out.
+    pub next_epoch: u64,
+    /// The next run file id.
+    pub next_run: u64,
+    /// Run ids, newest first.
+    pub runs: Vec<u64>,
+    /// `(set, epoch, count)` of every set with members, ascending.
+    pub sets: Vec<(u64, u64, u64)>,
+}
+
+/// `[next_epoch u64][next_run u64][runs u64][run id u64]*[sets u64][(set, epoch, count) u64*3]*`:
+/// the subscription section of a format-4 checkpoint.
+pub fn encode_subs(subs: &SubsPersisted) -> Vec<u8> {
+    let mut out = Vec::with_capacity(32 + 8 * subs.runs.len() + 24 * subs.sets.len());
+    put_u64(&mut out, subs.next_epoch);
+    put_u64(&mut out, subs.next_run);
+    put_u64(&mut out, subs.runs.len() as u64);
+    for id in &subs.runs {
+        put_u64(&mut out, *id);
+    }
+    put_u64(&mut out, subs.sets.len() as u64);
+    for &(set, epoch, count) in &subs.sets {
+        for v in [set, epoch, count] {
+            put_u64(&mut out, v);
+        }
+    }
+    out
+}
+
+fn read_subs(r: &mut Reader<'_>) -> std::result::Result<SubsPersisted, &'static str> {
+    let mut field = || r.u64().map_err(|_| "truncated subscription section");
+    let next_epoch = field()?;
+    let next_run = field()?;
+    let runs = field()?;
+    let mut subs = SubsPersisted {
+        next_epoch,
+        next_run,
+        ..SubsPersisted::default()
+    };
+    for _ in 0..runs {
+        subs.runs.push(field()?);
+    }
+    let sets = field()?;
+    for _ in 0..sets {
+        subs.sets.push((field()?, field()?, field()?));
+    }
+    Ok(subs)
 }
 
 fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -343,6 +399,7 @@ impl Checkpoint {
         let versions = [
             FILE_VERSION,
             CHECKPOINT_VERSION_HASHED_KEYS,
+            CHECKPOINT_VERSION_META,
             CHECKPOINT_VERSION,
         ];
         let Some((version, body)) = read_framed_versions(path, CHECKPOINT_MAGIC, &versions)? else {
@@ -403,8 +460,11 @@ impl Checkpoint {
                 checkpoint.legacy_keys.push((uid, key, id));
             }
         }
-        if version >= CHECKPOINT_VERSION {
+        if version >= CHECKPOINT_VERSION_META {
             checkpoint.meta_entries = Some(read_meta_entries(&mut r)?);
+        }
+        if version >= CHECKPOINT_VERSION {
+            checkpoint.subs = Some(read_subs(&mut r)?);
         }
         if !r.bytes.is_empty() {
             return Err("trailing bytes");
@@ -423,6 +483,7 @@ impl Checkpoint {
         writer.write(&KEY_CHUNKS_END)?;
         let entries = self.meta_entries.clone().unwrap_or_default();
         writer.write(&encode_meta_entries(&entries))?;
+        writer.write(&encode_subs(&self.subs.clone().unwrap_or_default()))?;
         writer.finish()
     }
 

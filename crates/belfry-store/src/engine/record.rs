@@ -271,6 +271,15 @@ impl WalBatch {
         encode_meta(&mut self.bytes, changes);
     }
 
+    /// Adds one subscription record (kind 12), written by `encode`, under the target
+    /// `SUBS_TARGET_UID`.
+    pub(crate) fn push_subs(&mut self, encode: impl FnOnce(&mut Vec<u8>)) {
+        self.bytes
+            .extend_from_slice(&super::subs::record::SUBS_TARGET_UID.to_le_bytes());
+        self.bytes.extend_from_slice(&0u64.to_le_bytes());
+        encode(&mut self.bytes);
+    }
+
     pub fn is_empty(&self) -> bool {
         self.bytes.len() == FRAME_HEADER_BYTES
     }
@@ -305,6 +314,8 @@ pub fn decode_wal(bytes: &[u8]) -> Result<(WalEntries<'_>, usize), DecodeError> 
         let inner = reader.bytes;
         let checked = if queue_uid == META_TARGET_UID {
             decode_meta(inner).map(|(_, len)| len)
+        } else if queue_uid == super::subs::record::SUBS_TARGET_UID {
+            super::subs::record::decode(inner).map(|(_, len)| len)
         } else {
             decode_light(inner).map(|(_, len)| len)
         };

@@ -22,6 +22,7 @@ use super::persist::{BucketMeta, Checkpoint, MetaEntries, MetaFile};
 use super::queue::{Bucket, EngineStats, Queue};
 use super::record::{self, Record, WalTarget};
 use super::space::FreeSpace;
+use super::subs::{self, Subs};
 use super::wal::{create_wal, old_wal_files, wal_path, Flusher, Wal};
 use super::{
     io, parse_queue_dir, queue_dir, Core, Engine, EngineOptions, FsyncPolicy, State,
@@ -58,6 +59,9 @@ impl Engine {
             .take()
             .or(legacy_entries)
             .unwrap_or_default();
+        let subs_persisted = checkpoint.subs.take().unwrap_or_default();
+        let runs = subs::open_runs(&dir, &subs_persisted)?;
+        let mut subs = Subs::new(dir.join(subs::SUBS_DIR), runs, &subs_persisted);
         let poisoned = Arc::new(AtomicBool::new(false));
         let mut state = State::from_checkpoint(meta, &checkpoint, Arc::clone(&poisoned));
         restore_queues(&dir, &mut state)?;
@@ -68,6 +72,7 @@ impl Engine {
             checkpoint.wal_start,
             &mut state,
             &mut entries,
+            &mut subs,
             &options,
         )?;
         let number = last_wal.max(checkpoint.wal_start) + 1;
@@ -86,6 +91,7 @@ impl Engine {
             wal,
             state: Mutex::new(state),
             meta: Mutex::new(entries),
+            subs: Mutex::new(subs),
             poisoned,
             checkpointing: Mutex::new(()),
             space,
@@ -293,6 +299,7 @@ pub(super) fn replay(
     start: u64,
     state: &mut State,
     meta: &mut MetaEntries,
+    subs: &mut Subs,
     options: &EngineOptions,
 ) -> Result<u64> {
     let numbers = old_wal_files(dir)?;
@@ -317,6 +324,7 @@ pub(super) fn replay(
         let mut replay = Replay {
             state: &mut *state,
             meta: &mut *meta,
+            subs: &mut *subs,
             options,
             to_load: &mut to_load,
         };
@@ -337,6 +345,7 @@ pub(super) fn replay(
 struct Replay<'a> {
     state: &'a mut State,
     meta: &'a mut MetaEntries,
+    subs: &'a mut Subs,
     options: &'a EngineOptions,
     to_load: &'a mut BTreeSet<(u64, u64)>,
 }
@@ -375,6 +384,8 @@ impl Replay<'_> {
             for (target, inner) in entries {
                 if target.queue_uid == record::META_TARGET_UID {
                     self.meta_record(inner);
+                } else if target.queue_uid == subs::record::SUBS_TARGET_UID {
+                    self.subs_record(inner);
                 } else {
                     self.bucket_record(target, inner)?;
                 }
@@ -392,6 +403,15 @@ impl Replay<'_> {
         };
         self.state.stats.wal_records_replayed += changes.len() as u64;
         meta::apply(self.meta, changes);
+    }
+
+    /// Applies a subscription record: it holds effective changes only, so nothing is read.
+    fn subs_record(&mut self, inner: &[u8]) {
+        let Ok((rec, _)) = subs::record::decode(inner) else {
+            return; // decode_wal checked it; unreachable in practice
+        };
+        self.state.stats.wal_records_replayed += 1;
+        self.subs.apply(&rec);
     }
 
     /// Appends one replayed bucket record to its bucket and counts it (a put), or notes the

@@ -1,0 +1,154 @@
+//! Reading the tree: point lookups, and ordered scans that merge the memtables and the runs
+//! (newest first: for a key held by several, the newest version wins).
+
+use super::memtable::{Memtable, SlabSource};
+use super::run::{Block, Run};
+use crate::store::Result;
+
+/// One sorted source of entries, positioned at its current entry.
+pub(crate) trait Source {
+    fn peek(&self) -> Option<(&[u8], bool)>;
+    fn advance(&mut self) -> Result<()>;
+}
+
+/// A run read block by block from a key on.
+pub(crate) struct RunCursor<'a> {
+    run: &'a Run,
+    block_index: usize,
+    block: Block,
+    pos: usize,
+}
+
+impl<'a> RunCursor<'a> {
+    pub(crate) fn new(run: &'a Run, from: &[u8]) -> Result<RunCursor<'a>> {
+        let mut cursor = RunCursor {
+            run,
+            block_index: 0,
+            block: Block::default(),
+            pos: 0,
+        };
+        if run.block_count() == 0 {
+            return Ok(cursor);
+        }
+        cursor.block_index = run.block_for(from);
+        cursor.block = run.read_block(cursor.block_index)?;
+        cursor.pos = cursor.block.seek(from);
+        cursor.settle()?;
+        Ok(cursor)
+    }
+
+    /// Moves past the end of exhausted blocks.
+    fn settle(&mut self) -> Result<()> {
+        while self.pos >= self.block.len() && self.block_index + 1 < self.run.block_count() {
+            self.block_index += 1;
+            self.block = self.run.read_block(self.block_index)?;
+            self.pos = 0;
+        }
+        Ok(())
+    }
+}
+
+impl Source for RunCursor<'_> {
+    fn peek(&self) -> Option<(&[u8], bool)> {
+        (self.pos < self.block.len()).then(|| self.block.get(self.pos))
+    }
+    fn advance(&mut self) -> Result<()> {
+        self.pos += 1;
+        self.settle()
+    }
+}
+
+/// Sources merged in key order; for equal keys the first source (the newest) wins.
+pub(crate) struct Merge<'a> {
+    sources: Vec<Box<dyn Source + 'a>>,
+}
+
+impl<'a> Merge<'a> {
+    pub(crate) fn new(sources: Vec<Box<dyn Source + 'a>>) -> Merge<'a> {
+        Merge { sources }
+    }
+
+    /// The next key (into `key`) and whether its newest version is live; `None` at the end.
+    pub(crate) fn next(&mut self, key: &mut Vec<u8>) -> Result<Option<bool>> {
+        let mut best: Option<(usize, bool)> = None;
+        for i in 0..self.sources.len() {
+            let Some((k, live)) = self.sources[i].peek() else {
+                continue;
+            };
+            let better = match best {
+                None => true,
+                Some((b, _)) => self.sources[b].peek().is_some_and(|(bk, _)| k < bk),
+            };
+            if better {
+                best = Some((i, live));
+            }
+        }
+        let Some((b, live)) = best else {
+            return Ok(None);
+        };
+        key.clear();
+        if let Some((k, _)) = self.sources[b].peek() {
+            key.extend_from_slice(k);
+        }
+        for source in &mut self.sources {
+            while source.peek().is_some_and(|(k, _)| k == key.as_slice()) {
+                source.advance()?;
+            }
+        }
+        Ok(Some(live))
+    }
+}
+
+/// The memtables (active first, then frozen) and runs (newest first) of the tree, as one
+/// view to read.
+pub(crate) struct View<'a> {
+    pub(crate) mems: Vec<&'a Memtable>,
+    pub(crate) runs: &'a [std::sync::Arc<Run>],
+}
+
+impl<'a> View<'a> {
+    /// Every source, positioned at `from`.
+    pub(crate) fn merge(&self, from: &[u8]) -> Result<Merge<'a>> {
+        let mut sources: Vec<Box<dyn Source + 'a>> = Vec::new();
+        for mem in &self.mems {
+            for slab in &mem.slabs {
+                sources.push(Box::new(SlabSource::new(slab, from)));
+            }
+        }
+        for run in self.runs {
+            sources.push(Box::new(RunCursor::new(run, from)?));
+        }
+        Ok(Merge::new(sources))
+    }
+
+    /// The newest version of a by-set key: `Some(live)`, or `None` if no source holds it.
+    /// `cache` holds one decoded block per run, reused while sorted lookups stay in it.
+    pub(crate) fn get(
+        &self,
+        key: &[u8],
+        cache: &mut [Option<(usize, Block)>],
+    ) -> Result<Option<bool>> {
+        for mem in &self.mems {
+            if let Some(live) = mem.get(key) {
+                return Ok(Some(live));
+            }
+        }
+        for (run, slot) in self.runs.iter().zip(cache.iter_mut()) {
+            if !run.may_hold_set_key(key) {
+                continue;
+            }
+            let index = run.block_for(key);
+            if slot.as_ref().is_none_or(|(i, _)| *i != index) {
+                *slot = Some((index, run.read_block(index)?));
+            }
+            let Some((_, block)) = slot.as_ref() else {
+                continue;
+            };
+            let i = block.seek(key);
+            if i < block.len() && block.get(i).0 == key {
+                return Ok(Some(block.get(i).1));
+            }
+        }
+        Ok(None)
+    }
+}

@@ -1,0 +1,471 @@
+//! Run files: immutable sorted files of subscription entries (`subs/<id>.run`).
+//!
+//! Layout (integers little-endian unless said otherwise):
+//! - data blocks, each one CRC frame (`[len u32][crc32 u32][body]`) of about
+//!   [`BLOCK_BYTES`]: entries `[shared: varint][suffix_len << 1 | live: varint][suffix]`, keys
+//!   prefix-compressed against the previous key of the block (the first one in full);
+//! - the index, one frame: `[blocks: u32]`, per block `[offset: u64][frame len: u32]
+//!   [first key len: u8][first key]`, then `[len: u8][largest by-set key]`;
+//! - the bloom filter over the by-set keys, one frame of u64 words;
+//! - the footer, [`FOOTER_BYTES`]: `magic "BLFYSUBR"`, version u8, index offset u64, index
+//!   len u64, bloom offset u64, bloom len u64, entries u64, crc32 of the footer before it.
+//!
+//! Opening a run reads only its footer, index and bloom filter; blocks are read with `pread`
+//! when needed (the page cache caches them). Damage is `StoreError::Corrupt` naming the file
+//! and the offset, never a panic.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use super::bloom::Bloom;
+use super::keys::{get_varint, put_varint, SPACE_BY_SET};
+use crate::engine::record::{split_frame_limited, write_frame, FRAME_HEADER_BYTES};
+use crate::store::{Result, StoreError};
+
+/// Target size of a data block.
+pub(crate) const BLOCK_BYTES: usize = 4096;
+const MAGIC: &[u8; 8] = b"BLFYSUBR";
+const RUN_VERSION: u8 = 1;
+pub(crate) const FOOTER_BYTES: usize = 8 + 1 + 8 * 5 + 4;
+/// Largest index or bloom frame read at open (a run of a billion keys stays below).
+const META_FRAME_BYTES_MAX: usize = 2 << 30;
+
+pub(crate) fn run_name(id: u64) -> String {
+    format!("{id:016x}.run")
+}
+
+pub(crate) fn parse_run_name(name: &str) -> Option<u64> {
+    let hex = name.strip_suffix(".run")?;
+    (hex.len() == 16)
+        .then(|| u64::from_str_radix(hex, 16).ok())
+        .flatten()
+}
+
+pub(crate) fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        location: format!("{} at offset {offset}", path.display()),
+        detail: detail.into(),
+    }
+}
+
+fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::Io { context, source }
+}
+
+/// Where a block is and the first key it holds (in `Run::index_keys`).
+#[derive(Debug, Clone, Copy)]
+struct BlockRef {
+    offset: u64,
+    len: u32,
+    key_start: u32,
+    key_end: u32,
+}
+
+/// An open run: its file, its index and its bloom filter.
+#[derive(Debug)]
+pub(crate) struct Run {
+    pub(crate) id: u64,
+    pub(crate) path: PathBuf,
+    file: File,
+    index_keys: Vec<u8>,
+    blocks: Vec<BlockRef>,
+    bloom: Bloom,
+    /// The largest by-set key (empty if the run holds none).
+    max_set_key: Vec<u8>,
+    pub(crate) entries: u64,
+    pub(crate) file_bytes: u64,
+}
+
+/// A decoded data block: keys in one buffer, each entry's range and liveness.
+#[derive(Debug, Default)]
+pub(crate) struct Block {
+    keys: Vec<u8>,
+    entries: Vec<(u32, u32, bool)>,
+}
+
+impl Block {
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(crate) fn get(&self, i: usize) -> (&[u8], bool) {
+        let (s, e, live) = self.entries[i];
+        (&self.keys[s as usize..e as usize], live)
+    }
+
+    /// The first entry whose key is `>= key`.
+    pub(crate) fn seek(&self, key: &[u8]) -> usize {
+        self.entries
+            .partition_point(|&(s, e, _)| &self.keys[s as usize..e as usize] < key)
+    }
+
+    fn decode(body: &[u8]) -> std::result::Result<Block, &'static str> {
+        let mut block = Block::default();
+        let mut rest = body;
+        let mut prev: (usize, usize) = (0, 0);
+        while !rest.is_empty() {
+            let (shared, n) = get_varint(rest).ok_or("entry prefix")?;
+            rest = &rest[n..];
+            let (tail, n) = get_varint(rest).ok_or("entry length")?;
+            rest = &rest[n..];
+            let (shared, suffix) = (shared as usize, (tail >> 1) as usize);
+            if shared > prev.1 - prev.0 || suffix > rest.len() {
+                return Err("entry runs past its block");
+            }
+            let start = block.keys.len();
+            block.keys.extend_from_within(prev.0..prev.0 + shared);
+            block.keys.extend_from_slice(&rest[..suffix]);
+            rest = &rest[suffix..];
+            let end = block.keys.len();
+            block
+                .entries
+                .push((start as u32, end as u32, tail & 1 == 1));
+            prev = (start, end);
+        }
+        Ok(block)
+    }
+}
+
+impl Run {
+    pub(crate) fn block_count(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn first_key(&self, i: usize) -> &[u8] {
+        let b = &self.blocks[i];
+        &self.index_keys[b.key_start as usize..b.key_end as usize]
+    }
+
+    /// The block that would hold `key`: the last whose first key is `<= key` (0 if none).
+    pub(crate) fn block_for(&self, key: &[u8]) -> usize {
+        let (mut lo, mut hi) = (0, self.blocks.len());
+        while lo < hi {
+            let mid = (lo + hi) / 2;
+            if self.first_key(mid) <= key {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        lo.saturating_sub(1)
+    }
+
+    /// Whether a by-set key may be in this run (bloom filter and key range).
+    pub(crate) fn may_hold_set_key(&self, key: &[u8]) -> bool {
+        !self.blocks.is_empty()
+            && key <= self.max_set_key.as_slice()
+            && key >= self.first_key(0)
+            && self.bloom.may_contain(key)
+    }
+
+    pub(crate) fn read_block(&self, i: usize) -> Result<Block> {
+        let b = self.blocks[i];
+        let mut buf = vec![0; b.len as usize];
+        self.file
+            .read_exact_at(&mut buf, b.offset)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::UnexpectedEof => {
+                    corrupt(&self.path, b.offset, "block cut short")
+                }
+                _ => StoreError::Io {
+                    context: "read a subscription run",
+                    source: e,
+                },
+            })?;
+        let (body, _) = split_frame_limited(&buf, b.len as usize)
+            .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
+        Block::decode(body).map_err(|d| corrupt(&self.path, b.offset, d))
+    }
+
+    /// Opens a run, reading its footer, index and bloom filter only.
+    pub(crate) fn open(path: &Path, id: u64) -> Result<Run> {
+        let file = File::open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                corrupt(path, 0, "run file listed by the checkpoint is missing")
+            }
+            _ => StoreError::Io {
+                context: "open a subscription run",
+                source: e,
+            },
+        })?;
+        let file_bytes = file
+            .metadata()
+            .map_err(io("stat a subscription run"))?
+            .len();
+        if file_bytes < FOOTER_BYTES as u64 {
+            return Err(corrupt(path, 0, "run file shorter than its footer"));
+        }
+        let footer_at = file_bytes - FOOTER_BYTES as u64;
+        let mut footer = [0u8; FOOTER_BYTES];
+        file.read_exact_at(&mut footer, footer_at)
+            .map_err(io("read a subscription run"))?;
+        let f = Footer::decode(&footer).map_err(|d| corrupt(path, footer_at, d))?;
+        let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
+            if len as usize > META_FRAME_BYTES_MAX || offset + len > footer_at {
+                return Err(corrupt(path, footer_at, "footer points outside the file"));
+            }
+            let mut buf = vec![0; len as usize];
+            file.read_exact_at(&mut buf, offset)
+                .map_err(io("read a subscription run"))?;
+            let (body, _) = split_frame_limited(&buf, META_FRAME_BYTES_MAX)
+                .map_err(|e| corrupt(path, offset, format!("frame: {e}")))?;
+            Ok(body.to_vec())
+        };
+        let index = read(f.index_offset, f.index_len)?;
+        let bloom = read(f.bloom_offset, f.bloom_len)?;
+        let mut run = Run {
+            id,
+            path: path.to_path_buf(),
+            file,
+            index_keys: Vec::new(),
+            blocks: Vec::new(),
+            bloom: decode_bloom(&bloom).ok_or_else(|| corrupt(path, f.bloom_offset, "bloom"))?,
+            max_set_key: Vec::new(),
+            entries: f.entries,
+            file_bytes,
+        };
+        run.decode_index(&index, f.index_offset)
+            .map_err(|d| corrupt(path, f.index_offset, d))?;
+        Ok(run)
+    }
+
+    fn decode_index(&mut self, body: &[u8], limit: u64) -> std::result::Result<(), &'static str> {
+        let mut r = crate::engine::record::Reader { bytes: body };
+        let count = r.u32().map_err(|_| "index count")?;
+        for _ in 0..count {
+            let offset = r.u64().map_err(|_| "index entry")?;
+            let len = r.u32().map_err(|_| "index entry")?;
+            let key_len = r.u8().map_err(|_| "index entry")?;
+            let key = r.take(key_len as usize).map_err(|_| "index key")?;
+            if offset + u64::from(len) > limit || (len as usize) < FRAME_HEADER_BYTES {
+                return Err("index points outside the data blocks");
+            }
+            let key_start = self.index_keys.len() as u32;
+            self.index_keys.extend_from_slice(key);
+            self.blocks.push(BlockRef {
+                offset,
+                len,
+                key_start,
+                key_end: self.index_keys.len() as u32,
+            });
+        }
+        let len = r.u8().map_err(|_| "largest key")?;
+        self.max_set_key = r.take(len as usize).map_err(|_| "largest key")?.to_vec();
+        if !r.bytes.is_empty() {
+            return Err("trailing bytes in the index");
+        }
+        Ok(())
+    }
+}
+
+fn decode_bloom(body: &[u8]) -> Option<Bloom> {
+    if !body.len().is_multiple_of(8) {
+        return None;
+    }
+    let words = body
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect();
+    Bloom::from_words(words)
+}
+
+struct Footer {
+    index_offset: u64,
+    index_len: u64,
+    bloom_offset: u64,
+    bloom_len: u64,
+    entries: u64,
+}
+
+impl Footer {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(FOOTER_BYTES);
+        out.extend_from_slice(MAGIC);
+        out.push(RUN_VERSION);
+        for v in [
+            self.index_offset,
+            self.index_len,
+            self.bloom_offset,
+            self.bloom_len,
+            self.entries,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8; FOOTER_BYTES]) -> std::result::Result<Footer, String> {
+        let (body, crc) = bytes.split_at(FOOTER_BYTES - 4);
+        if crc32fast::hash(body).to_le_bytes() != crc {
+            return Err("footer checksum mismatch".into());
+        }
+        if &body[..8] != MAGIC {
+            return Err("not a subscription run (wrong magic)".into());
+        }
+        if body[8] != RUN_VERSION {
+            return Err(format!("unknown run version {}", body[8]));
+        }
+        let field = |i: usize| {
+            let at = 9 + 8 * i;
+            u64::from_le_bytes(body[at..at + 8].try_into().unwrap_or_default())
+        };
+        Ok(Footer {
+            index_offset: field(0),
+            index_len: field(1),
+            bloom_offset: field(2),
+            bloom_len: field(3),
+            entries: field(4),
+        })
+    }
+}
+
+/// Writes a run from entries added in ascending key order.
+pub(crate) struct RunWriter {
+    id: u64,
+    path: PathBuf,
+    out: BufWriter<File>,
+    offset: u64,
+    block: Vec<u8>,
+    block_first: Vec<u8>,
+    last: Vec<u8>,
+    index: Vec<u8>,
+    blocks: u32,
+    bloom: Bloom,
+    max_set_key: Vec<u8>,
+    entries: u64,
+}
+
+impl RunWriter {
+    /// A writer for run `id` in `dir`, its bloom filter sized for `set_keys` by-set keys.
+    pub(crate) fn create(dir: &Path, id: u64, set_keys: usize) -> Result<RunWriter> {
+        let path = dir.join(run_name(id));
+        let file = File::create(&path).map_err(io("create a subscription run"))?;
+        Ok(RunWriter {
+            id,
+            path,
+            out: BufWriter::with_capacity(256 * 1024, file),
+            offset: 0,
+            block: Vec::with_capacity(BLOCK_BYTES + 256),
+            block_first: Vec::new(),
+            last: Vec::new(),
+            index: Vec::new(),
+            blocks: 0,
+            bloom: Bloom::with_keys(set_keys),
+            max_set_key: Vec::new(),
+            entries: 0,
+        })
+    }
+
+    pub(crate) fn add(&mut self, key: &[u8], live: bool) -> Result<()> {
+        debug_assert!(self.entries == 0 || key > self.last.as_slice());
+        let shared = if self.block.is_empty() {
+            self.block_first.clear();
+            self.block_first.extend_from_slice(key);
+            0
+        } else {
+            key.iter()
+                .zip(&self.last)
+                .take_while(|(a, b)| a == b)
+                .count()
+        };
+        put_varint(&mut self.block, shared as u64);
+        put_varint(
+            &mut self.block,
+            (((key.len() - shared) as u64) << 1) | u64::from(live),
+        );
+        self.block.extend_from_slice(&key[shared..]);
+        self.last.clear();
+        self.last.extend_from_slice(key);
+        if key.first() == Some(&SPACE_BY_SET) {
+            self.bloom.insert(key);
+            self.max_set_key.clear();
+            self.max_set_key.extend_from_slice(key);
+        }
+        self.entries += 1;
+        if self.block.len() >= BLOCK_BYTES {
+            self.end_block()?;
+        }
+        Ok(())
+    }
+
+    fn end_block(&mut self) -> Result<()> {
+        if self.block.is_empty() {
+            return Ok(());
+        }
+        let mut frame = Vec::with_capacity(self.block.len() + FRAME_HEADER_BYTES);
+        write_frame(&mut frame, &self.block);
+        self.out
+            .write_all(&frame)
+            .map_err(io("write a subscription run"))?;
+        self.index.extend_from_slice(&self.offset.to_le_bytes());
+        self.index
+            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
+        self.index.push(self.block_first.len() as u8);
+        self.index.extend_from_slice(&self.block_first);
+        self.offset += frame.len() as u64;
+        self.blocks += 1;
+        self.block.clear();
+        Ok(())
+    }
+
+    fn write_meta_frame(&mut self, body: &[u8]) -> Result<(u64, u64)> {
+        let mut frame = Vec::with_capacity(body.len() + FRAME_HEADER_BYTES);
+        write_frame(&mut frame, body);
+        self.out
+            .write_all(&frame)
+            .map_err(io("write a subscription run"))?;
+        let at = self.offset;
+        self.offset += frame.len() as u64;
+        Ok((at, frame.len() as u64))
+    }
+
+    /// Writes the index, bloom filter and footer, fsyncs the file and opens it as a run.
+    /// The caller fsyncs the directory before listing the run anywhere.
+    pub(crate) fn finish(mut self) -> Result<Run> {
+        self.end_block()?;
+        let mut index = Vec::with_capacity(self.index.len() + 8 + KEY_MAX_HINT);
+        index.extend_from_slice(&self.blocks.to_le_bytes());
+        index.extend_from_slice(&self.index);
+        index.push(self.max_set_key.len() as u8);
+        index.extend_from_slice(&self.max_set_key);
+        let (index_offset, index_len) = self.write_meta_frame(&index)?;
+        let bloom: Vec<u8> = self
+            .bloom
+            .words()
+            .iter()
+            .flat_map(|w| w.to_le_bytes())
+            .collect();
+        let (bloom_offset, bloom_len) = self.write_meta_frame(&bloom)?;
+        let footer = Footer {
+            index_offset,
+            index_len,
+            bloom_offset,
+            bloom_len,
+            entries: self.entries,
+        };
+        self.out
+            .write_all(&footer.encode())
+            .map_err(io("write a subscription run"))?;
+        let file = self.out.into_inner().map_err(|e| StoreError::Io {
+            context: "write a subscription run",
+            source: e.into_error(),
+        })?;
+        file.sync_all().map_err(io("fsync a subscription run"))?;
+        drop(file);
+        Run::open(&self.path, self.id)
+    }
+}
+
+const KEY_MAX_HINT: usize = super::keys::KEY_BYTES_MAX;
+
+impl Run {
+    /// About how many by-set keys the run holds (from its bloom filter's size), to size the
+    /// bloom filter of a merge.
+    pub(crate) fn set_keys_hint(&self) -> usize {
+        self.bloom.words().len() * 64 / super::bloom::BLOOM_BITS_PER_KEY
+    }
+}

@@ -1,0 +1,219 @@
+//! The checkpoint's part of the tree: freeze the memtable at the WAL switch, write it to a
+//! run, merge runs (size-tiered), and the runs a reopen starts from.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustc_hash::FxHashMap;
+
+use super::keys::{split_by_set, split_by_user, SPACE_BY_SET, SPACE_BY_USER};
+use super::memtable::{Memtable, SlabSource};
+use super::merge::{Merge, RunCursor, Source};
+use super::run::{parse_run_name, run_name, Run, RunWriter};
+use super::{Subs, SUBS_DIR};
+use crate::engine::persist::{sync_dir, SubsPersisted};
+use crate::engine::{io, Core};
+use crate::store::{Result, StoreError};
+
+/// More runs than this and the checkpoint merges them all, whatever their sizes.
+const RUNS_MAX: usize = 24;
+
+/// What phase A of a checkpoint took from the tree.
+#[derive(Debug, Default)]
+pub(crate) struct SubsPlan {
+    frozen: Option<Arc<Memtable>>,
+    /// Set → epoch of every set with members as of the WAL switch: an entry of any other
+    /// epoch is dead for good (epochs only grow).
+    epochs: FxHashMap<u64, u64>,
+    /// Counters as of the WAL switch; runs filled in once written.
+    pub(crate) persisted: SubsPersisted,
+    /// Run files merged away: deleted once the checkpoint no longer lists them.
+    pub(crate) obsolete: Vec<PathBuf>,
+}
+
+impl Subs {
+    /// Phase A (under the subs lock, before the WAL switch): freezes the memtable and
+    /// copies the counters.
+    pub(crate) fn freeze(&mut self) -> SubsPlan {
+        let mem = std::mem::take(&mut self.mem);
+        let frozen = (!mem.is_empty()).then(|| Arc::new(mem));
+        self.frozen.clone_from(&frozen);
+        let mut sets: Vec<(u64, u64, u64)> = self
+            .sets
+            .iter()
+            .map(|(&set, info)| (set, info.epoch, info.count))
+            .collect();
+        sets.sort_unstable();
+        SubsPlan {
+            frozen,
+            epochs: self.sets.iter().map(|(&s, i)| (s, i.epoch)).collect(),
+            persisted: SubsPersisted {
+                next_epoch: self.next_epoch,
+                sets,
+                ..SubsPersisted::default()
+            },
+            obsolete: Vec::new(),
+        }
+    }
+}
+
+impl Core {
+    /// Phase B: writes the frozen memtable to a run, merges runs, and notes the runs the
+    /// checkpoint lists. Reads go on meanwhile (the subs lock is taken only to swap).
+    pub(crate) fn subs_write_runs(&self, plan: &mut SubsPlan) -> Result<()> {
+        let dir = self.subs.lock().dir.clone();
+        if let Some(frozen) = plan.frozen.take() {
+            let (id, bottom) = {
+                let mut subs = self.subs.lock();
+                subs.next_run += 1;
+                (subs.next_run - 1, subs.runs.is_empty())
+            };
+            let set_keys = frozen.count_below(&[SPACE_BY_USER]);
+            let sources: Vec<Box<dyn Source + '_>> = frozen
+                .slabs
+                .iter()
+                .map(|s| Box::new(SlabSource::new(s, &[])) as Box<dyn Source + '_>)
+                .collect();
+            let run = write_merged(
+                &dir,
+                id,
+                Merge::new(sources),
+                set_keys,
+                &plan.epochs,
+                bottom,
+            )?;
+            sync_dir(&dir)?;
+            let mut subs = self.subs.lock();
+            if let Some(run) = run {
+                self.space.wrote(run.file_bytes);
+                subs.runs.insert(0, Arc::new(run));
+            }
+            subs.frozen = None;
+        }
+        while self.subs_compact_once(&dir, plan)? {}
+        let subs = self.subs.lock();
+        plan.persisted.runs = subs.runs.iter().map(|r| r.id).collect();
+        plan.persisted.next_run = subs.next_run;
+        Ok(())
+    }
+
+    /// Merges the newest runs if the policy picks some; returns whether it did.
+    fn subs_compact_once(&self, dir: &Path, plan: &mut SubsPlan) -> Result<bool> {
+        let (inputs, bottom, id) = {
+            let mut subs = self.subs.lock();
+            let k = pick(&subs.runs, self.options.subs_compaction_min_runs);
+            if k == 0 {
+                return Ok(false);
+            }
+            subs.next_run += 1;
+            let inputs: Vec<Arc<Run>> = subs.runs[..k].to_vec();
+            (inputs, k == subs.runs.len(), subs.next_run - 1)
+        };
+        let set_keys = inputs.iter().map(|r| r.set_keys_hint()).sum();
+        let mut sources: Vec<Box<dyn Source + '_>> = Vec::with_capacity(inputs.len());
+        for run in &inputs {
+            sources.push(Box::new(RunCursor::new(run, &[])?));
+        }
+        let out = write_merged(dir, id, Merge::new(sources), set_keys, &plan.epochs, bottom)?;
+        sync_dir(dir)?;
+        let mut subs = self.subs.lock();
+        if let Some(run) = &out {
+            self.space.wrote(run.file_bytes);
+        }
+        subs.runs.splice(..inputs.len(), out.map(Arc::new));
+        plan.obsolete.extend(inputs.iter().map(|r| r.path.clone()));
+        Ok(true)
+    }
+}
+
+/// How many of the newest runs to merge (0: none). Size-tiered: the newest runs are merged
+/// once at least `min_runs` of them together outweigh each next older one they take in, so
+/// every entry is rewritten about log2(total / memtable) times; more than [`RUNS_MAX`] runs
+/// are merged whole.
+fn pick(runs: &[Arc<Run>], min_runs: usize) -> usize {
+    let min_runs = min_runs.max(2);
+    if runs.len() > RUNS_MAX {
+        return runs.len();
+    }
+    if runs.len() < min_runs {
+        return 0;
+    }
+    let mut total = runs[0].entries;
+    let mut k = 1;
+    while k < runs.len() && runs[k].entries <= total {
+        total += runs[k].entries;
+        k += 1;
+    }
+    if k >= min_runs {
+        k
+    } else {
+        0
+    }
+}
+
+/// Whether an entry belongs to a set incarnation that still has members.
+fn is_current(key: &[u8], epochs: &FxHashMap<u64, u64>) -> Option<bool> {
+    let (set, epoch) = match *key.first()? {
+        SPACE_BY_SET => split_by_set(key).map(|(s, e, _)| (s, e))?,
+        SPACE_BY_USER => split_by_user(key, 2 + *key.get(1)? as usize)?,
+        _ => return None,
+    };
+    Some(epochs.get(&set) == Some(&epoch))
+}
+
+/// Writes the merged entries to run `id`, leaving out dead sets' entries and, at the bottom
+/// (no older run), tombstones. `None` (and no file) if nothing is left.
+fn write_merged(
+    dir: &Path,
+    id: u64,
+    mut merge: Merge<'_>,
+    set_keys: usize,
+    epochs: &FxHashMap<u64, u64>,
+    bottom: bool,
+) -> Result<Option<Run>> {
+    let mut writer = RunWriter::create(dir, id, set_keys)?;
+    let mut key = Vec::new();
+    let mut written = 0u64;
+    while let Some(live) = merge.next(&mut key)? {
+        let current = is_current(&key, epochs).ok_or_else(|| StoreError::Corrupt {
+            location: format!("subscription runs under {}", dir.display()),
+            detail: format!("malformed key {key:?}"),
+        })?;
+        if !current || (bottom && !live) {
+            continue;
+        }
+        writer.add(&key, live)?;
+        written += 1;
+    }
+    let run = writer.finish()?;
+    if written == 0 {
+        fs::remove_file(&run.path).map_err(io("remove an empty subscription run"))?;
+        return Ok(None);
+    }
+    Ok(Some(run))
+}
+
+/// Opens the runs a checkpoint lists (footers, indexes and bloom filters only) and removes
+/// every other file of the runs directory: runs written by a checkpoint that did not finish,
+/// or merged away by one that did.
+pub(crate) fn open_runs(data_dir: &Path, persisted: &SubsPersisted) -> Result<Vec<Arc<Run>>> {
+    let dir = data_dir.join(SUBS_DIR);
+    fs::create_dir_all(&dir).map_err(io("create the subscriptions directory"))?;
+    let mut runs = Vec::with_capacity(persisted.runs.len());
+    for &id in &persisted.runs {
+        runs.push(Arc::new(Run::open(&dir.join(run_name(id)), id)?));
+    }
+    for entry in fs::read_dir(&dir).map_err(io("list the subscriptions directory"))? {
+        let entry = entry.map_err(io("list the subscriptions directory"))?;
+        let name = entry.file_name();
+        let listed = name
+            .to_str()
+            .and_then(parse_run_name)
+            .is_some_and(|id| persisted.runs.contains(&id));
+        if !listed {
+            fs::remove_file(entry.path()).map_err(io("remove a stale subscription run"))?;
+        }
+    }
+    Ok(runs)
+}
