@@ -1,6 +1,6 @@
 //! Reminders end to end through HTTP: subscribers (one at a time and in bulk), the fan-out
 //! into the queue at the due time (driven by a manual clock), the user feed with its cache
-//! headers, and bad input. One scenario list, run on the in-memory model and on the engine.
+//! headers, and bad input. One scenario list, run on the in-memory model and on the embedded engine.
 
 mod common;
 
@@ -530,6 +530,10 @@ macro_rules! on_both_stores {
         mod memory {
             use super::*;
             $(#[tokio::test] async fn $name() { super::$name(TestServer::start().await).await; })*
+        }
+        mod engine {
+            use super::*;
+            $(#[tokio::test] async fn $name() { super::$name(TestServer::start_engine().await).await; })*
         }
     };
 }
