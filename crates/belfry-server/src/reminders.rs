@@ -29,9 +29,11 @@ use crate::shared::{Caller, ServiceError, Shared};
 /// nodes, and wall-clock steps, are noticed within this time.
 pub const RUNNER_RECHECK_MS: u64 = 1_000;
 
-/// How long a cached reminder or user index is used before it is read again. Writes on this
-/// node invalidate at once; this bounds how stale another node's write can look.
-pub const REMINDER_CACHE_TTL: Duration = Duration::from_secs(2);
+/// How long a cached reminder, and a cached list of a user's subscriptions, are used before
+/// they are read again. Writes through this server invalidate them at once; these bound how
+/// stale a write through another server can look.
+pub const REMINDER_CACHE_TTL: Duration = Duration::from_secs(5);
+pub const USER_CACHE_TTL: Duration = Duration::from_secs(30);
 /// Most reminders, and most users' subscription lists, held in the feed's caches.
 pub const REMINDER_CACHE_MAX: u64 = 100_000;
 pub const USER_CACHE_MAX: u64 = 200_000;
@@ -52,14 +54,33 @@ pub struct RemindersState {
     pub(crate) shared: Arc<Shared>,
     wake: Notify,
     /// uid → reminder, for the feed.
-    reminders: Cache<u64, Arc<Reminder>>,
+    reminders: Cache<u64, Arc<FeedReminder>>,
     /// user → the uids of their subscriptions, for the feed.
     users: Cache<UserId, Arc<Vec<u64>>>,
 }
 
+/// A reminder as the feed holds it: what it ranks on, and a slot for its rendered item and
+/// that item's hash, which the API fills once (the service layer knows no JSON) and every
+/// answer reuses.
+pub struct FeedReminder {
+    pub reminder: Reminder,
+    pub entry: Option<FeedEntry>,
+    pub rendered: std::sync::OnceLock<(Box<str>, u64)>,
+}
+
+impl FeedReminder {
+    fn new(reminder: Reminder) -> Self {
+        FeedReminder {
+            entry: FeedEntry::of(&reminder),
+            reminder,
+            rendered: std::sync::OnceLock::new(),
+        }
+    }
+}
+
 /// One feed answer.
 pub struct Feed {
-    pub reminders: Vec<Arc<Reminder>>,
+    pub reminders: Vec<Arc<FeedReminder>>,
     /// Answered from memory alone (urgent reminders only) because the store was saturated.
     pub degraded: bool,
 }
@@ -83,8 +104,9 @@ impl RemindersState {
     }
 
     /// `user`'s reminders due within `within_ms`, urgent first then by due time, at most
-    /// `limit`. The service call runs through the API admission; if that is saturated the
-    /// answer is built from the caches alone.
+    /// `limit`. When the user's subscriptions and their reminders are all cached the answer
+    /// is built here, without a store call; otherwise the store is read through the API
+    /// admission, and if that is saturated the answer is built from the caches alone.
     pub(crate) async fn feed(
         self: &Arc<Self>,
         user: UserId,
@@ -92,6 +114,12 @@ impl RemindersState {
         limit: usize,
     ) -> Result<Feed, ServiceError> {
         let now_ms = self.shared.now_ms();
+        if let Some(reminders) = self.feed_from_cache(&user, now_ms, within_ms, limit) {
+            return Ok(Feed {
+                reminders,
+                degraded: false,
+            });
+        }
         let state = self.clone();
         let for_call = user.clone();
         let read = self
@@ -115,23 +143,41 @@ impl RemindersState {
         }
     }
 
+    /// The whole answer from the caches, or `None` if anything it needs is not cached.
+    fn feed_from_cache(
+        &self,
+        user: &UserId,
+        now_ms: UnixMs,
+        within_ms: u64,
+        limit: usize,
+    ) -> Option<Vec<Arc<FeedReminder>>> {
+        let uids = self.users.get(user)?;
+        let mut known = Vec::with_capacity(uids.len());
+        for uid in uids.iter() {
+            known.push(self.reminders.get(uid)?);
+        }
+        counter!(FEED_CACHE_HITS).increment(known.len() as u64 + 1);
+        Some(pick(known, now_ms, within_ms, limit, false))
+    }
+
     fn feed_from_store(
         &self,
         user: &UserId,
         now_ms: UnixMs,
         within_ms: u64,
         limit: usize,
-    ) -> Result<Vec<Arc<Reminder>>, ReminderError> {
+    ) -> Result<Vec<Arc<FeedReminder>>, ReminderError> {
         let uids = match self.users.get(user) {
             Some(uids) => uids,
             None => {
+                counter!(FEED_CACHE_MISSES).increment(1);
                 let uids = Arc::new(self.service.user_reminder_uids(user)?);
                 self.users.insert(user.clone(), uids.clone());
                 uids
             }
         };
-        // Compact entries first: what is cached, and one batched read of the rest.
-        let mut known: Vec<Arc<Reminder>> = Vec::with_capacity(uids.len());
+        // What is cached, then one batched read of the rest.
+        let mut known: Vec<Arc<FeedReminder>> = Vec::with_capacity(uids.len());
         let mut missing = Vec::new();
         for &uid in uids.iter() {
             match self.reminders.get(&uid) {
@@ -142,9 +188,9 @@ impl RemindersState {
         counter!(FEED_CACHE_HITS).increment(known.len() as u64);
         counter!(FEED_CACHE_MISSES).increment(missing.len() as u64);
         for reminder in self.service.by_uids(&missing)? {
-            let reminder = Arc::new(reminder);
-            self.reminders.insert(reminder.uid, reminder.clone());
-            known.push(reminder);
+            let cached = Arc::new(FeedReminder::new(reminder));
+            self.reminders.insert(cached.reminder.uid, cached.clone());
+            known.push(cached);
         }
         Ok(pick(known, now_ms, within_ms, limit, false))
     }
@@ -155,7 +201,7 @@ impl RemindersState {
         now_ms: UnixMs,
         within_ms: u64,
         limit: usize,
-    ) -> Vec<Arc<Reminder>> {
+    ) -> Vec<Arc<FeedReminder>> {
         let Some(uids) = self.users.get(user) else {
             return Vec::new();
         };
@@ -169,21 +215,21 @@ impl RemindersState {
 
 /// Ranks on compact entries, then keeps the chosen reminders in that order.
 fn pick(
-    reminders: Vec<Arc<Reminder>>,
+    reminders: Vec<Arc<FeedReminder>>,
     now_ms: UnixMs,
     within_ms: u64,
     limit: usize,
     urgent_only: bool,
-) -> Vec<Arc<Reminder>> {
+) -> Vec<Arc<FeedReminder>> {
     let entries: Vec<FeedEntry> = reminders
         .iter()
-        .filter_map(|r| FeedEntry::of(r))
+        .filter_map(|r| r.entry)
         .filter(|e| e.urgent || !urgent_only)
         .collect();
     let chosen = feed::select(entries, now_ms, within_ms, limit);
     chosen
         .iter()
-        .filter_map(|e| reminders.iter().find(|r| r.uid == e.uid).cloned())
+        .filter_map(|e| reminders.iter().find(|r| r.reminder.uid == e.uid).cloned())
         .collect()
 }
 
@@ -214,7 +260,7 @@ impl Reminders {
                     .build(),
                 users: Cache::builder()
                     .max_capacity(USER_CACHE_MAX)
-                    .time_to_live(REMINDER_CACHE_TTL)
+                    .time_to_live(USER_CACHE_TTL)
                     .build(),
             }),
         }

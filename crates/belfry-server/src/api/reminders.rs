@@ -24,12 +24,11 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
-use sha2::Digest;
 
 use super::bulk::{BulkParser, Item};
 use super::error::{ApiError, ErrorCode};
 use super::extract::{page_limit, page_query, queue_name, JsonBody};
-use crate::reminders::RemindersState;
+use crate::reminders::{Feed, RemindersState};
 use crate::shared::Caller;
 
 type AppState = Arc<RemindersState>;
@@ -755,12 +754,61 @@ struct FeedItem<'a> {
     content: Box<RawValue>,
 }
 
-#[derive(Debug, Serialize)]
-struct FeedAnswer<'a> {
-    user: &'a str,
-    reminders: Vec<FeedItem<'a>>,
-    /// Answered from memory only (urgent reminders) because the server was overloaded.
-    degraded: bool,
+/// A reminder's feed item as JSON, and its hash (for the ETag), once per cached reminder.
+fn render_item(r: &Reminder) -> (Box<str>, u64) {
+    use std::hash::{Hash, Hasher};
+    let text = render_json(r);
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    (text, hasher.finish())
+}
+
+fn render_json(r: &Reminder) -> Box<str> {
+    let due = r.next_fire_ms.unwrap_or_default();
+    let item = FeedItem {
+        id: r.id.as_str(),
+        queue: r.def.queue.as_str(),
+        due_at_ms: due,
+        due_at: format_utc(due).unwrap_or_default(),
+        priority: r.def.urgency.as_str(),
+        content: raw(&r.def.content),
+    };
+    serde_json::to_string(&item)
+        .unwrap_or_else(|_| "null".into())
+        .into_boxed_str()
+}
+
+/// The feed's body: `{"user", "reminders": [items], "degraded"}`, from rendered items.
+fn feed_body(user: &UserId, feed: &Feed) -> String {
+    let user = serde_json::to_string(user.as_str()).unwrap_or_else(|_| "\"\"".into());
+    let mut body = String::with_capacity(64 + feed.reminders.len() * 320);
+    body.push_str("{\"user\":");
+    body.push_str(&user);
+    body.push_str(",\"reminders\":[");
+    for (i, r) in feed.reminders.iter().enumerate() {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&r.rendered.get_or_init(|| render_item(&r.reminder)).0);
+    }
+    body.push_str("],\"degraded\":");
+    body.push_str(if feed.degraded { "true}" } else { "false}" });
+    body
+}
+
+/// The answer's version: the hashes of its items (each computed once per cached reminder),
+/// and whether it is degraded. A matching `If-None-Match` then costs no body.
+fn feed_etag(feed: &Feed) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    feed.degraded.hash(&mut hasher);
+    for r in &feed.reminders {
+        r.rendered
+            .get_or_init(|| render_item(&r.reminder))
+            .1
+            .hash(&mut hasher);
+    }
+    format!("\"{:016x}{:04x}\"", hasher.finish(), feed.reminders.len())
 }
 
 async fn feed(
@@ -782,29 +830,7 @@ async fn feed(
     }
     let feed = state.feed(user.clone(), within_ms, limit).await?;
     crate::metrics::feed_request(if feed.degraded { "degraded" } else { "ok" });
-    let answer = FeedAnswer {
-        user: user.as_str(),
-        reminders: feed
-            .reminders
-            .iter()
-            .filter_map(|r| {
-                let due = r.next_fire_ms?;
-                Some(FeedItem {
-                    id: r.id.as_str(),
-                    queue: r.def.queue.as_str(),
-                    due_at_ms: due,
-                    due_at: format_utc(due).unwrap_or_default(),
-                    priority: r.def.urgency.as_str(),
-                    content: raw(&r.def.content),
-                })
-            })
-            .collect(),
-        degraded: feed.degraded,
-    };
-    let body = serde_json::to_vec(&answer)
-        .map_err(|e| ApiError::new(ErrorCode::InternalError, e.to_string()))?;
-    let digest = sha2::Sha256::digest(&body);
-    let etag = format!("\"{}\"", hex::encode(&digest[..12]));
+    let etag = feed_etag(&feed);
     let max_age = if feed.degraded { 5 } else { FEED_MAX_AGE_S };
     let cache = HeaderValue::from_str(&format!("private, max-age={max_age}")).expect("ascii");
     let etag_value = HeaderValue::from_str(&etag).expect("hex is ascii");
@@ -819,7 +845,7 @@ async fn feed(
         crate::metrics::feed_request("not_modified");
         StatusCode::NOT_MODIFIED.into_response()
     } else {
-        let mut r = Response::new(Body::from(body));
+        let mut r = Response::new(Body::from(feed_body(&user, &feed)));
         r.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
