@@ -99,6 +99,17 @@ pub enum Error {
         code: ErrorCode,
         message: String,
     },
+    /// A bulk (un)subscribe body the server did not read to its end (cut off, broken off,
+    /// too large): `answer` counts what it applied before `answer.stopped_at_line`.
+    #[error("{code}: {message} (HTTP {status}; applied before line {line}: {changed} changed, {unchanged} unchanged, {refused} refused)",
+        line = answer.stopped_at_line.unwrap_or(0), changed = answer.changed,
+        unchanged = answer.unchanged, refused = answer.refused)]
+    BulkIncomplete {
+        status: u16,
+        code: ErrorCode,
+        message: String,
+        answer: Box<crate::BulkAnswer>,
+    },
     /// No connection to the server could be made (nothing listens there, or a wrong host).
     #[error("cannot reach belfry at {url}")]
     Unreachable {
@@ -122,7 +133,7 @@ impl Error {
     /// The API error code, when the server sent one.
     pub fn code(&self) -> Option<&ErrorCode> {
         match self {
-            Error::Api { code, .. } => Some(code),
+            Error::Api { code, .. } | Error::BulkIncomplete { code, .. } => Some(code),
             _ => None,
         }
     }

@@ -27,6 +27,7 @@
 mod calls;
 mod error;
 mod model;
+mod reminders;
 mod request;
 mod schedules;
 
@@ -39,6 +40,10 @@ pub use model::{
     AckItemResult, ApiErrorBody, BatchItem, DeadPage, DeliverySpec, LeaseRequest, Leased,
     LeasedList, NewTask, Queue, QueueList, QueueSpec, Results, Retry, RetrySpec, Submitted, Task,
     TaskState,
+};
+pub use reminders::{
+    BulkAnswer, BulkBody, BulkLineError, Feed, FeedItem, FeedQuery, Priority, Reminder,
+    ReminderList, ReminderPatch, ReminderSpec, SubscriberCount, SubscriberPage,
 };
 pub use request::{DueTime, Nack, Request};
 pub use schedules::{
@@ -133,26 +138,44 @@ impl Client {
     /// Sends one call. A 2xx answer comes back as received; an error answer becomes
     /// `Error::Api` with the server's code and message.
     pub async fn send(&self, request: &Request) -> Result<Answer> {
-        let mut builder = self
-            .http
-            .request(
-                request.method.clone(),
-                format!("{}{}", self.base, request.path),
-            )
-            .timeout(REQUEST_TIMEOUT + request.wait);
-        if let Some(token) = &self.token {
-            builder = builder.bearer_auth(token);
-        }
-        if let Some(body) = &request.body {
-            builder = builder.json(body);
-        }
-        let response = builder.send().await.map_err(|e| self.transport(e))?;
+        let response = self
+            .call(request, None, Some(REQUEST_TIMEOUT + request.wait))
+            .await?;
         let status = response.status().as_u16();
         let body = response.bytes().await?.to_vec();
         if (200..300).contains(&status) {
             return Ok(Answer { status, body });
         }
         Err(api_error(status, &body))
+    }
+
+    /// Sends one call and hands back the response, whatever its status. `body` replaces the
+    /// request's JSON body (a streamed one); `timeout` bounds the whole exchange.
+    pub(crate) async fn call(
+        &self,
+        request: &Request,
+        body: Option<reqwest::Body>,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response> {
+        let mut builder = self.http.request(
+            request.method.clone(),
+            format!("{}{}", self.base, request.path),
+        );
+        if let Some(timeout) = timeout {
+            builder = builder.timeout(timeout);
+        }
+        if let Some(token) = &self.token {
+            builder = builder.bearer_auth(token);
+        }
+        for (name, value) in &request.headers {
+            builder = builder.header(*name, value);
+        }
+        match (body, &request.body) {
+            (Some(body), _) => builder = builder.body(body),
+            (None, Some(json)) => builder = builder.json(json),
+            (None, None) => {}
+        }
+        builder.send().await.map_err(|e| self.transport(e))
     }
 
     fn transport(&self, error: reqwest::Error) -> Error {

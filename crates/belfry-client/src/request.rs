@@ -48,6 +48,8 @@ pub struct Request {
     pub(crate) body: Option<Value>,
     /// A long poll's wait, added to the request timeout.
     pub(crate) wait: Duration,
+    /// Extra request headers, such as `If-None-Match`.
+    pub(crate) headers: Vec<(&'static str, String)>,
 }
 
 /// Percent-encodes one path segment: everything but RFC 3986's unreserved characters, so a
@@ -76,7 +78,13 @@ impl Request {
             path,
             body: None,
             wait: Duration::ZERO,
+            headers: Vec::new(),
         }
+    }
+
+    pub(crate) fn with_header(mut self, name: &'static str, value: &str) -> Self {
+        self.headers.push((name, value.to_owned()));
+        self
     }
 
     pub(crate) fn with_body(mut self, body: Value) -> Self {

@@ -52,6 +52,26 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::schedule_cmd::ScheduleCommand,
     },
+    /// Reminders: content due at a time for a set of subscribers, fanned out in chunks.
+    Reminder {
+        #[command(flatten)]
+        remote: Remote,
+        #[command(subcommand)]
+        command: crate::commands::reminder::ReminderCommand,
+    },
+    /// A user's upcoming reminders: urgent first, then in due order.
+    Feed {
+        #[command(flatten)]
+        remote: Remote,
+        /// The user id.
+        user: String,
+        /// How far ahead: "1h", "1d" (at most 31d) [default: 1d].
+        #[arg(long)]
+        within: Option<String>,
+        /// At most this many reminders, 1 to 1000 [default: 50].
+        #[arg(long)]
+        limit: Option<usize>,
+    },
     /// Make, list and revoke bearer tokens.
     Token {
         #[command(flatten)]
@@ -112,6 +132,15 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Task { remote, command } => crate::commands::task::task(&remote, command).await,
         Command::Dead { remote, command } => crate::commands::dead::dead(&remote, command).await,
         Command::Schedule { remote, command } => crate::schedule_cmd::run(&remote, command).await,
+        Command::Reminder { remote, command } => {
+            crate::commands::reminder::reminder(&remote, command).await
+        }
+        Command::Feed {
+            remote,
+            user,
+            within,
+            limit,
+        } => crate::commands::reminder::feed(&remote, &user, within.as_deref(), limit).await,
         Command::Token { remote, command } => crate::auth_config::token(&remote, command).await,
         // `main` runs the bench before any runtime exists: it builds its own.
         Command::Bench { .. } => anyhow::bail!("belfry bench must be dispatched by main"),

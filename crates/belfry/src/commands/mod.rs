@@ -4,6 +4,7 @@
 
 pub mod dead;
 pub mod queue;
+pub mod reminder;
 pub mod task;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,430 @@
+//! `belfry reminder ...` and `belfry feed USER`: reminders, their subscribers (named on the
+//! command line, or streamed from a file through the bulk endpoint) and a user's feed.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context as TaskContext, Poll};
+
+use anyhow::{anyhow, bail, Context};
+use belfry_client::{
+    BulkAnswer, BulkBody, Feed, FeedQuery, Priority, Reminder, ReminderList, ReminderSpec, Request,
+    SubscriberCount,
+};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use tokio::io::{AsyncRead, ReadBuf};
+
+use super::{client, parse_ms, run, run_empty};
+use crate::commands::Remote;
+use crate::show::{clip, duration, fields, now_ms, table, time};
+
+/// How much of a reminder's content a table row shows.
+const CONTENT_COLUMN_CHARS_MAX: usize = 60;
+
+#[derive(Debug, Subcommand)]
+pub enum ReminderCommand {
+    /// Create a reminder: --queue Q and one of --at TIME, --in DURATION, --cron EXPR.
+    Create(ReminderCreate),
+    /// Show a reminder: its time, next firing, priority, pace and subscriber count.
+    Get { id: String },
+    /// List reminders in id order (every page).
+    List {
+        /// Only the reminders of this queue.
+        #[arg(long)]
+        queue: Option<String>,
+    },
+    /// Delete a reminder and its subscribers (chunks already made stay in their queue).
+    Delete { id: String },
+    /// Subscribe users: USER... on the command line, or --file F (streamed; `-` is stdin).
+    Subscribe(Subscribers),
+    /// Unsubscribe users: USER... on the command line, or --file F (streamed; `-` is stdin).
+    Unsubscribe(Subscribers),
+    /// How many users are subscribed (exact).
+    Count { id: String },
+}
+
+/// When a new reminder fires: exactly one of the three forms.
+#[derive(Debug, Args)]
+#[group(required = true, multiple = false)]
+pub struct ReminderWhen {
+    /// Once, at this RFC 3339 time ("2030-06-01T20:00:00Z"); a past time fires at once.
+    #[arg(long)]
+    pub at: Option<String>,
+    /// Once, this long from now: "30m", "2h", "1d".
+    #[arg(long = "in", id = "in", value_name = "DURATION")]
+    pub after: Option<String>,
+    /// At every fire time of a cron expression: 5 fields, 6 with seconds first, or @daily...
+    #[arg(long)]
+    pub cron: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReminderCreate {
+    /// The reminder's id (1 to 128 of A-Z a-z 0-9 _ . -) [default: generated].
+    pub id: Option<String>,
+    /// The queue the chunks go to; it must exist.
+    #[arg(long)]
+    pub queue: String,
+    #[command(flatten)]
+    pub when: ReminderWhen,
+    /// IANA time zone of --cron [default: UTC].
+    #[arg(long, requires = "cron")]
+    pub timezone: Option<String>,
+    /// The content, a JSON document up to 64 KiB [default: null].
+    #[arg(long)]
+    pub content: Option<String>,
+    /// Lead every feed; chunks are claimed first.
+    #[arg(long)]
+    pub urgent: bool,
+    /// Users per chunk (task), 1 to 50000 [server default: 5000].
+    #[arg(long)]
+    pub chunk_size: Option<u32>,
+    /// Fan-out pace in users per second, 1 to 1000000 [default: as fast as the queue takes].
+    #[arg(long)]
+    pub users_per_second: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct Subscribers {
+    /// The reminder.
+    pub id: String,
+    /// User ids (sent in one bulk call).
+    #[arg(conflicts_with = "file")]
+    pub users: Vec<String>,
+    /// NDJSON, one id a line ("alice", 42 or bare alice), or one JSON array; `-` reads stdin.
+    /// Streamed to the server, never held whole.
+    #[arg(long, short, value_name = "FILE")]
+    pub file: Option<PathBuf>,
+}
+
+fn spec(args: ReminderCreate) -> anyhow::Result<ReminderSpec> {
+    let content = args
+        .content
+        .as_deref()
+        .map(|text| {
+            serde_json::from_str(text).context("--content must be JSON (quote strings: '\"hi\"')")
+        })
+        .transpose()?;
+    Ok(ReminderSpec {
+        id: args.id,
+        queue: args.queue,
+        run_at: args.when.at,
+        delay_ms: parse_ms("in", args.when.after.as_deref())?,
+        cron: args.when.cron,
+        timezone: args.timezone,
+        content,
+        priority: args.urgent.then_some(Priority::Urgent),
+        chunk_size: args.chunk_size,
+        users_per_second: args.users_per_second,
+        ..ReminderSpec::default()
+    })
+}
+
+/// The reminder's fields, one aligned line each.
+fn describe(r: &Reminder) -> String {
+    let now = now_ms();
+    let when = match (&r.cron, r.run_at_ms) {
+        (Some(cron), _) => format!(
+            "cron {cron:?} in {}",
+            r.timezone.as_deref().unwrap_or("UTC")
+        ),
+        (None, Some(at)) => format!("once at {}", crate::show::rfc3339(at)),
+        (None, None) => String::new(),
+    };
+    let next = match r.next_fire_ms {
+        Some(ms) => time(ms, now),
+        None => "none: fired".to_owned(),
+    };
+    let pace = match r.users_per_second {
+        Some(n) => format!("{n} users/s"),
+        None => "as fast as the queue takes".to_owned(),
+    };
+    fields(&[
+        ("reminder", r.id.clone()),
+        ("queue", r.queue.clone()),
+        ("when", when),
+        ("next", next),
+        ("priority", r.priority.as_str().to_owned()),
+        ("chunk size", r.chunk_size.to_string()),
+        ("pace", pace),
+        (
+            "subscribers",
+            r.subscribers.map(|n| n.to_string()).unwrap_or_default(),
+        ),
+        ("firings", r.firings.to_string()),
+        ("content", r.content.to_string()),
+    ])
+}
+
+fn describe_list(reminders: &[Reminder]) -> String {
+    if reminders.is_empty() {
+        return "no reminders; create one with: belfry reminder create --queue QUEUE --in 1h"
+            .to_owned();
+    }
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = reminders
+        .iter()
+        .map(|r| {
+            vec![
+                r.id.clone(),
+                r.queue.clone(),
+                r.next_fire_ms
+                    .map(|ms| time(ms, now))
+                    .unwrap_or_else(|| "fired".to_owned()),
+                r.priority.as_str().to_owned(),
+                clip(&r.content.to_string(), CONTENT_COLUMN_CHARS_MAX),
+            ]
+        })
+        .collect();
+    table(&["ID", "QUEUE", "NEXT", "PRIORITY", "CONTENT"], &rows)
+}
+
+/// The counts of a bulk answer and its first bad lines.
+fn describe_bulk(answer: &BulkAnswer, subscribe: bool) -> String {
+    let (changed, unchanged) = if subscribe {
+        ("new subscriptions", "already subscribed or listed twice")
+    } else {
+        ("removed", "not subscribed or listed twice")
+    };
+    let mut text = fields(&[
+        ("changed", format!("{} ({changed})", answer.changed)),
+        ("unchanged", format!("{} ({unchanged})", answer.unchanged)),
+        ("refused", format!("{} (not user ids)", answer.refused)),
+    ]);
+    for error in &answer.errors {
+        text.push_str(&format!("\nline {}: {}", error.line, error.message));
+    }
+    let listed = answer.errors.len() as u64;
+    if answer.refused > listed {
+        text.push_str(&format!(
+            "\n... and {} more refused (the server lists the first {listed})",
+            answer.refused - listed
+        ));
+    }
+    if !answer.complete {
+        let line = answer
+            .stopped_at_line
+            .map(|l| format!(" at line {l}"))
+            .unwrap_or_default();
+        text.push_str(&format!(
+            "\nincomplete: the server stopped reading{line}; everything before it was applied"
+        ));
+    }
+    text
+}
+
+pub async fn reminder(remote: &Remote, command: ReminderCommand) -> anyhow::Result<()> {
+    let show = |r: Reminder| describe(&r);
+    match command {
+        ReminderCommand::Create(args) => {
+            run(remote, Request::create_reminder(&spec(args)?), show).await
+        }
+        ReminderCommand::Get { id } => run(remote, Request::get_reminder(&id), show).await,
+        ReminderCommand::List { queue } => {
+            let reminders = client(remote)?.list_reminders(queue.as_deref()).await?;
+            if remote.json {
+                // Every page as one answer, in the server's page shape.
+                let all = ReminderList {
+                    reminders,
+                    next_after: None,
+                };
+                println!("{}", serde_json::to_string(&all)?);
+            } else {
+                println!("{}", describe_list(&reminders));
+            }
+            Ok(())
+        }
+        ReminderCommand::Delete { id } => {
+            let done = format!("deleted reminder {id}");
+            run_empty(remote, Request::delete_reminder(&id), done).await
+        }
+        ReminderCommand::Count { id } => {
+            let request = Request::count_subscribers(&id);
+            run(remote, request, |c: SubscriberCount| {
+                format!("{id}: {} subscribers", c.subscribers)
+            })
+            .await
+        }
+        ReminderCommand::Subscribe(args) => bulk(remote, args, true).await,
+        ReminderCommand::Unsubscribe(args) => bulk(remote, args, false).await,
+    }
+}
+
+/// Sends the users of the command line, or streams the file, through the bulk endpoint, and
+/// prints the answer. A body the server did not read to its end fails the command after the
+/// counts are printed (what came before it was applied).
+async fn bulk(remote: &Remote, args: Subscribers, subscribe: bool) -> anyhow::Result<()> {
+    if args.users.is_empty() && args.file.is_none() {
+        bail!("name the users: USER... on the command line, or --file FILE (NDJSON; - for stdin)");
+    }
+    let client = client(remote)?;
+    let (body, bar) = match &args.file {
+        Some(path) => {
+            let (body, bar) = file_body(path).await?;
+            (body, Some(bar))
+        }
+        None => (BulkBody::users(&args.users), None),
+    };
+    let result = if subscribe {
+        client.bulk_subscribe(&args.id, body).await
+    } else {
+        client.bulk_unsubscribe(&args.id, body).await
+    };
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let answer = match &result {
+        Ok(answer) => answer,
+        Err(belfry_client::Error::BulkIncomplete { answer, .. }) => answer.as_ref(),
+        Err(_) => return result.map(|_| ()).map_err(Into::into),
+    };
+    if remote.json {
+        println!("{}", serde_json::to_string(answer)?);
+    } else {
+        println!("{}", describe_bulk(answer, subscribe));
+    }
+    result.map(|_| ()).map_err(Into::into)
+}
+
+/// The file (or stdin for `-`) as a streamed body, counting the bytes read on a progress bar
+/// on stderr, drawn only when stderr is a terminal.
+async fn file_body(path: &Path) -> anyhow::Result<(BulkBody, ProgressBar)> {
+    let (reader, len): (Box<dyn AsyncRead + Send + Unpin>, Option<u64>) = if path == Path::new("-")
+    {
+        (Box::new(tokio::io::stdin()), None)
+    } else {
+        let file = tokio::fs::File::open(path)
+            .await
+            .with_context(|| format!("--file: open {}", path.display()))?;
+        let meta = file
+            .metadata()
+            .await
+            .with_context(|| format!("--file: read {}", path.display()))?;
+        if meta.is_dir() {
+            bail!("--file: {} is a directory", path.display());
+        }
+        let len = meta.is_file().then_some(meta.len());
+        (Box::new(file), len)
+    };
+    let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
+    let style = match len {
+        Some(_) => ProgressStyle::with_template(
+            "{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
+        ),
+        None => ProgressStyle::with_template("{spinner} {bytes} sent ({bytes_per_sec})"),
+    }
+    .map_err(|e| anyhow!("progress bar template: {e}"))?;
+    bar.set_style(style);
+    let counted = Counted {
+        inner: reader,
+        bar: bar.clone(),
+    };
+    Ok((BulkBody::reader(counted), bar))
+}
+
+/// Counts the bytes read from `inner` on a progress bar.
+struct Counted<R> {
+    inner: R,
+    bar: ProgressBar,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &polled {
+            self.bar.inc((buf.filled().len() - before) as u64);
+        }
+        polled
+    }
+}
+
+/// `belfry feed USER`: the user's upcoming reminders.
+pub async fn feed(
+    remote: &Remote,
+    user: &str,
+    within: Option<&str>,
+    limit: Option<usize>,
+) -> anyhow::Result<()> {
+    let query = FeedQuery {
+        within_ms: parse_ms("within", within)?,
+        limit,
+    };
+    // The server's default window, for the message about an empty feed.
+    let window = query.within_ms.unwrap_or(86_400_000);
+    run(remote, Request::feed(user, &query), |feed: Feed| {
+        describe_feed(&feed, window)
+    })
+    .await
+}
+
+fn describe_feed(feed: &Feed, window_ms: u64) -> String {
+    let mut lines = Vec::new();
+    if feed.degraded {
+        lines.push(
+            "degraded: the server is overloaded and answered from memory (cached urgent \
+             reminders only); ask again shortly"
+                .to_owned(),
+        );
+    }
+    if feed.reminders.is_empty() {
+        lines.push(format!(
+            "no reminders for {} in the next {}",
+            feed.user,
+            duration(window_ms)
+        ));
+        return lines.join("\n");
+    }
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = feed
+        .reminders
+        .iter()
+        .map(|r| {
+            vec![
+                time(r.due_at_ms, now),
+                r.priority.as_str().to_owned(),
+                r.id.clone(),
+                r.queue.clone(),
+                clip(&r.content.to_string(), CONTENT_COLUMN_CHARS_MAX),
+            ]
+        })
+        .collect();
+    lines.push(table(
+        &["DUE", "PRIORITY", "REMINDER", "QUEUE", "CONTENT"],
+        &rows,
+    ));
+    lines.join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use belfry_client::BulkLineError;
+
+    #[test]
+    fn bulk_answers_show_counts_bad_lines_and_where_reading_stopped() {
+        let answer = BulkAnswer {
+            changed: 3,
+            unchanged: 2,
+            refused: 2,
+            errors: vec![BulkLineError {
+                line: 4,
+                message: "not a user id".into(),
+            }],
+            complete: false,
+            stopped_at_line: Some(9),
+            error: None,
+        };
+        let text = describe_bulk(&answer, true);
+        assert!(text.contains("changed:   3 (new subscriptions)"), "{text}");
+        assert!(text.contains("unchanged: 2"), "{text}");
+        assert!(text.contains("refused:   2"), "{text}");
+        assert!(text.contains("line 4: not a user id"), "{text}");
+        assert!(text.contains("1 more refused"), "{text}");
+        assert!(text.contains("stopped reading at line 9"), "{text}");
+    }
+}
