@@ -19,5 +19,5 @@ pub use model::{
     CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CONTENT_BYTES_MAX, REMINDER_ID_LEN_MAX,
     USERS_PER_SECOND_MAX,
 };
-pub use record::{FANOUTS_NAMESPACE, IDS_NAMESPACE, REMINDERS_NAMESPACE};
+pub use record::{Fanout, FANOUTS_NAMESPACE, IDS_NAMESPACE, REMINDERS_NAMESPACE};
 pub use service::{ReminderError, ReminderPatch, ReminderService, Result, LIST_LIMIT_MAX};

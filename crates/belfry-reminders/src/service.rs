@@ -253,6 +253,17 @@ impl ReminderService {
         Ok(self.store.subscriber_count(uid)?)
     }
 
+    /// The fan-out in progress of the reminder whose set is `uid`, if any.
+    pub fn fanout_of(&self, uid: u64) -> Result<Option<crate::record::Fanout>> {
+        let key = uid_key(uid);
+        match self.store.get_meta(FANOUTS_NAMESPACE, &key)? {
+            Some(bytes) => crate::record::decode_fanout(&bytes)
+                .map(Some)
+                .map_err(|e| ReminderError::Corrupt { key, detail: e.0 }),
+            None => Ok(None),
+        }
+    }
+
     /// The subscriber count of the reminder whose set is `uid`.
     pub fn count_of_uid(&self, uid: u64) -> Result<u64> {
         Ok(self.store.subscriber_count(uid)?)

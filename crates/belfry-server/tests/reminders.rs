@@ -525,6 +525,32 @@ async fn bulk_many(s: TestServer) {
     }
 }
 
+/// `GET /v1/reminders/{id}` shows a paced fan-out's progress by chunks, and `null` when none
+/// is running.
+async fn fanout_progress(s: TestServer) {
+    pull_queue(&s).await;
+    s.ok(
+        "POST",
+        "/v1/reminders",
+        json!({"id": "slow", "queue": "push", "delay_ms": MINUTE, "chunk_size": 1, "users_per_second": 1}),
+        201,
+    )
+    .await;
+    bulk(&s, "/v1/reminders/slow/subscribers", "1\n2\n3\n4\n5\n").await;
+    let before = s.ok("GET", "/v1/reminders/slow", Value::Null, 200).await;
+    assert_eq!(before["fanout"], Value::Null);
+    s.advance(MINUTE);
+    // One user a second, made a second ahead: chunks 0 and 1 at the fire time.
+    let progress = eventually("the fan-out's first chunks", || async {
+        let r = s.ok("GET", "/v1/reminders/slow", Value::Null, 200).await;
+        (r["fanout"]["chunk"] == 2).then_some(r)
+    })
+    .await;
+    assert_eq!(progress["fanout"]["chunks"], 5);
+    assert_eq!(progress["fanout"]["users"], 2);
+    assert_eq!(progress["fanout"]["firing_ms"], T0 + MINUTE);
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -538,4 +564,4 @@ macro_rules! on_both_stores {
     };
 }
 
-on_both_stores!(lifecycle, feed_order, bad_input, bulk_many);
+on_both_stores!(lifecycle, feed_order, bad_input, bulk_many, fanout_progress);

@@ -337,6 +337,9 @@ pub struct ReminderView {
     pub firings: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscribers: Option<u64>,
+    /// The fan-out in progress (`GET` of one reminder): `null` when none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fanout: Option<Option<FanoutView>>,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
 }
@@ -369,8 +372,32 @@ impl ReminderView {
             users_per_second: r.def.users_per_second,
             firings: r.firings,
             subscribers,
+            fanout: None,
             created_at_ms: r.created_at_ms,
             updated_at_ms: r.updated_at_ms,
+        }
+    }
+}
+
+/// A fan-out in progress: its firing, the chunks made of those planned, and their users.
+#[derive(Debug, Serialize)]
+pub struct FanoutView {
+    pub firing_ms: u64,
+    /// Chunks made so far.
+    pub chunk: u32,
+    /// Chunks planned when it started.
+    pub chunks: u32,
+    /// Users in the chunks made so far.
+    pub users: u64,
+}
+
+impl From<belfry_reminders::Fanout> for FanoutView {
+    fn from(f: belfry_reminders::Fanout) -> Self {
+        FanoutView {
+            firing_ms: f.firing_ms,
+            chunk: f.chunk,
+            chunks: f.chunks,
+            users: f.users,
         }
     }
 }
@@ -434,13 +461,16 @@ async fn get_one(
     State(state): State<AppState>,
     ReminderPath(id): ReminderPath,
 ) -> Result<Json<ReminderView>, ApiError> {
-    let (reminder, count) = blocking(&state, move |s| {
+    let (reminder, count, fanout) = blocking(&state, move |s| {
         let reminder = s.service.get(&id)?;
         let count = s.service.count_of_uid(reminder.uid)?;
-        Ok((reminder, count))
+        let fanout = s.service.fanout_of(reminder.uid)?;
+        Ok((reminder, count, fanout))
     })
     .await?;
-    Ok(Json(ReminderView::of(&reminder, Some(count))))
+    let mut view = ReminderView::of(&reminder, Some(count));
+    view.fanout = Some(fanout.map(FanoutView::from));
+    Ok(Json(view))
 }
 
 async fn patch(
