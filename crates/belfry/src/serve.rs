@@ -38,7 +38,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     }
     let mut builder = Server::builder(settings.server.clone(), store)
         .connections(settings.connections.clone())
-        .auth(settings.auth.clone());
+        .auth(settings.auth.clone())
+        // The web console at /console/: static files that call the API with the operator's token.
+        .merge(belfry_console::router());
     if let Some((cert, key)) = &settings.tls {
         builder = builder.tls(belfry_server::listener::tls::load(cert, key)?);
     }

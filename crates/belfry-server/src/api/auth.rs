@@ -37,8 +37,17 @@ const CONSUME_ROUTES: &[&str] = &[
     "/v1/queues/{queue}/tasks/{id}/extend",
 ];
 
-/// Routes anyone may call: a load balancer's health checks carry no token.
-const PUBLIC_ROUTES: &[&str] = &["/healthz", "/readyz"];
+/// Routes anyone may call: a load balancer's health checks carry no token, and the web
+/// console's page and assets (the `belfry-console` crate, merged by the binary) hold no data:
+/// the console's own API calls carry the operator's token and are checked like any other.
+const PUBLIC_ROUTES: &[&str] = &[
+    "/healthz",
+    "/readyz",
+    "/",
+    "/console",
+    "/console/",
+    "/console/{*path}",
+];
 
 /// Routes that need `admin` even to read: who holds which token is not for every reader.
 const ADMIN_ROUTES: &[&str] = &["/v1/tokens", "/v1/tokens/{name}"];
@@ -219,6 +228,12 @@ mod tests {
         };
         let cases = [
             (Method::GET, Some("/healthz"), "/healthz", Need::Public),
+            (
+                Method::GET,
+                Some("/console/{*path}"),
+                "/console/js/app.js",
+                Need::Public,
+            ),
             (
                 Method::POST,
                 Some("/v1/queues/{queue}/tasks"),
