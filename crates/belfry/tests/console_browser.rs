@@ -1,0 +1,439 @@
+//! The web console in a real browser: Debian's headless Chromium driven over WebDriver
+//! (`chromedriver`) against a real `belfry serve` holding data. Each page is loaded and
+//! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
+//! it), the forecast chart is drawn, and no JavaScript error is logged. A second test checks the
+//! token flow: the page loads without a token, its API calls fail until one is entered.
+//!
+//! Needs `chromium` and `chromium-driver` (scripts/test.sh installs them); without them the
+//! tests fail, saying how to install them. Screenshots go to `<target>/tmp/console-screenshots/`.
+
+mod common;
+#[path = "console_browser/webdriver.rs"]
+mod webdriver;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures_util::FutureExt as _;
+use serde_json::{json, Value};
+
+use common::{serve_with_env, Served};
+use webdriver::{Driver, Session};
+
+/// The whole of one test, browser start included.
+const TEST_DEADLINE: Duration = Duration::from_secs(240);
+const SECRET: &str = "webhook-secret-never-shown";
+const URL_TOKEN: &str = "query-token-never-shown";
+
+/// Records uncaught errors, unhandled rejections and `console.error` calls of every page.
+const RECORDER: &str = "window.__errors = [];
+  window.addEventListener('error', (e) => window.__errors.push('error: ' + e.message));
+  window.addEventListener('unhandledrejection', (e) =>
+    window.__errors.push('rejection: ' + (e.reason && e.reason.message || e.reason)));
+  const original = console.error;
+  console.error = (...args) => { window.__errors.push('console.error: ' + args.join(' ')); \
+    original.apply(console, args); };";
+
+fn screenshots() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
+    std::fs::create_dir_all(&dir).expect("make the screenshot directory");
+    dir
+}
+
+/// Starts a browser, runs `body` with it under the deadline, and always closes the browser.
+async fn with_browser<F, Fut>(body: F)
+where
+    F: FnOnce(Session) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let driver = Driver::start().await;
+    let profile = tempfile::tempdir().unwrap();
+    let session = driver.session(profile.path()).await;
+    let closer = session.clone();
+    session
+        .cdp(
+            "Page.addScriptToEvaluateOnNewDocument",
+            json!({ "source": RECORDER }),
+        )
+        .await;
+    let outcome = tokio::time::timeout(
+        TEST_DEADLINE,
+        std::panic::AssertUnwindSafe(body(session)).catch_unwind(),
+    )
+    .await;
+    closer.quit().await;
+    match outcome {
+        Err(_) => panic!("the browser test took longer than {TEST_DEADLINE:?}"),
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Ok(Ok(())) => {}
+    }
+}
+
+/// Calls the API of `server` (with `token`), returning status and JSON.
+async fn api(
+    server: &Served,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let http = reqwest::Client::new();
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut request = http.request(method, format!("{}{path}", server.url));
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    if let Some(body) = body {
+        request = request.body(body.to_string());
+    }
+    let answer = request.send().await.expect("call the API");
+    let status = answer.status().as_u16();
+    let text = answer.text().await.unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn ok(server: &Served, method: &str, path: &str, body: Value) -> Value {
+    let (status, answer) = api(server, None, method, path, Some(body)).await;
+    assert!(status < 300, "{method} {path}: {status} {answer}");
+    answer
+}
+
+/// What the pages show: queues (one with a delivery measured, one with a dead letter, one
+/// webhook queue with a secret), tasks in the future, a schedule, a reminder with subscribers.
+/// Returns the dead letter's id.
+async fn seed(server: &Served) -> String {
+    ok(
+        server,
+        "PUT",
+        "/v1/queues/mail",
+        json!({"retry": {"max_attempts": 1}}),
+    )
+    .await;
+    ok(
+        server,
+        "PUT",
+        "/v1/queues/orders",
+        json!({"rate_per_s": 50, "max_in_flight": 8}),
+    )
+    .await;
+    ok(server, "PUT", "/v1/queues/push", json!({})).await;
+    let hook = format!("http://127.0.0.1:9/hook?token={URL_TOKEN}");
+    let webhook =
+        json!({"paused": true, "delivery": {"type": "webhook", "url": hook, "secret": SECRET}});
+    ok(server, "PUT", "/v1/queues/hooks", webhook).await;
+
+    // A dead letter: leased once, nacked on its only attempt.
+    let dead = ok(
+        server,
+        "POST",
+        "/v1/queues/mail/tasks",
+        json!({"payload": {"to": "<b>ann</b>@example.com"}}),
+    )
+    .await;
+    let lease = ok(server, "POST", "/v1/queues/mail/lease", json!({"max": 1})).await;
+    let lease_id = lease["tasks"][0]["lease_id"]
+        .as_str()
+        .expect("a lease")
+        .to_owned();
+    let id = dead["id"].as_str().unwrap().to_owned();
+    let nack = json!({"lease_id": lease_id, "reason": "mailbox <full>"});
+    let nacked = ok(
+        server,
+        "POST",
+        &format!("/v1/queues/mail/tasks/{id}/nack"),
+        nack,
+    )
+    .await;
+    assert_eq!(nacked["state"], "dead", "{nacked}");
+
+    deliveries_and_schedules(server).await;
+    id
+}
+
+/// A delivery measured (lateness), tasks due later and a schedule (the forecast), a reminder
+/// with subscribers.
+async fn deliveries_and_schedules(server: &Served) {
+    ok(
+        server,
+        "POST",
+        "/v1/queues/orders/tasks",
+        json!({"payload": 1}),
+    )
+    .await;
+    let lease = ok(server, "POST", "/v1/queues/orders/lease", json!({"max": 1})).await;
+    let task = &lease["tasks"][0];
+    let ack = json!({"lease_id": task["lease_id"]});
+    ok(
+        server,
+        "POST",
+        &format!(
+            "/v1/queues/orders/tasks/{}/ack",
+            task["id"].as_str().unwrap()
+        ),
+        ack,
+    )
+    .await;
+    for minutes in [10, 40, 90, 200] {
+        let body = json!({"payload": {"n": minutes}, "delay_ms": minutes * 60_000, "idempotency_key": format!("order-{minutes}")});
+        ok(server, "POST", "/v1/queues/orders/tasks", body).await;
+    }
+
+    let schedule = json!({"id": "nightly", "queue": "orders", "cron": "*/30 * * * *", "timezone": "Europe/Paris", "payload": {"report": "sales"}});
+    ok(server, "POST", "/v1/schedules", schedule).await;
+    let reminder = json!({"id": "match-42", "queue": "push", "run_at": "2099-06-01T20:00:00Z", "content": {"title": "Kick-off!"}, "chunk_size": 2});
+    ok(server, "POST", "/v1/reminders", reminder).await;
+    let http = reqwest::Client::new();
+    let added = http
+        .post(format!("{}/v1/reminders/match-42/subscribers", server.url))
+        .body("1\n2\n3\n")
+        .send()
+        .await
+        .unwrap();
+    assert!(added.status().is_success(), "{:?}", added.text().await);
+}
+
+/// Fails on any error the pages recorded, and on any error in the browser's log (a failed
+/// load, a script error, a refused CSP).
+async fn assert_no_errors(browser: &Session) {
+    let recorded = browser.js("return window.__errors", vec![]).await;
+    assert_eq!(recorded, json!([]), "the console logged JavaScript errors");
+    let severe: Vec<Value> = browser
+        .browser_log()
+        .await
+        .into_iter()
+        .filter(|e| e["level"] == "SEVERE")
+        .collect();
+    assert!(severe.is_empty(), "the browser logged errors: {severe:#?}");
+}
+
+async fn shoot(browser: &Session, name: &str) {
+    let path = screenshots().join(format!("{name}.png"));
+    browser.screenshot(&path).await;
+    println!("screenshot: {}", path.display());
+}
+
+async fn show(browser: &Session, server: &Served, hash: &str) {
+    browser
+        .goto(&format!("{}/console/{hash}", server.url))
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_works_against_a_real_server() {
+    let server = serve_with_env(
+        &["--store", "memory"],
+        &[("BELFRY_ALLOW_PRIVATE_TARGETS", "true")],
+    );
+    let dead = seed(&server).await;
+    with_browser(|browser| async move {
+        overview(&browser, &server).await;
+        queue_page(&browser, &server).await;
+        dead_letters(&browser, &server, &dead).await;
+        task_lookup(&browser, &server).await;
+        schedules(&browser, &server).await;
+        reminders(&browser, &server).await;
+        assert_no_errors(&browser).await;
+    })
+    .await;
+}
+
+async fn overview(browser: &Session, server: &Served) {
+    // `/` redirects to the console, which lists every queue with its counts.
+    browser.goto(&format!("{}/", server.url)).await;
+    browser.wait("#queues tr[data-queue='mail']").await;
+    assert!(browser.current_url().await.contains("/console/"));
+    let mail = browser.wait_text("tr[data-queue='mail']", "mail").await;
+    assert!(mail.contains("active"), "{mail}");
+    let hooks = browser.wait_text("tr[data-queue='hooks']", "paused").await;
+    assert!(hooks.contains("webhook"), "{hooks}");
+    // The delivered task's lateness (from /metrics), and a rate once two scrapes are in.
+    let lateness = "const cells = document.querySelectorAll(\"tr[data-queue='orders'] td\"); \
+                    return cells.length && cells[8].innerText !== '—' && cells[7].innerText !== '—' \
+                    ? [cells[7].innerText, cells[8].innerText] : null";
+    let measured = browser
+        .wait_js("orders' rate and lateness", lateness, vec![])
+        .await;
+    println!("orders: delivered/s and lateness p50 {measured}");
+    shoot(browser, "1-overview").await;
+}
+
+async fn queue_page(browser: &Session, server: &Served) {
+    show(browser, server, "#/queue/orders").await;
+    browser.wait_text("#state-fields", "0 of 8").await;
+    browser.wait_text("#state-fields", "50 per second").await;
+    browser.wait_text("#lateness", "1 deliveries").await;
+    // The forecast: a uPlot canvas with a size, over a summary of what it counts.
+    browser
+        .wait_text("#forecast", "tasks in the next 6 h")
+        .await;
+    browser.wait("#forecast .uplot canvas").await;
+    let size = browser
+        .js(
+            "const c = document.querySelector('#forecast .uplot canvas'); \
+             return [c.width, c.height, c.getBoundingClientRect().width]",
+            vec![],
+        )
+        .await;
+    let dims: Vec<f64> = size
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert!(
+        dims.iter().all(|d| *d > 0.0),
+        "the forecast canvas has no size: {size}"
+    );
+    shoot(browser, "2-queue").await;
+
+    // A webhook queue: its delivery is shown without the secret or the URL's query.
+    show(browser, server, "#/queue/hooks").await;
+    browser
+        .wait_text("#config-fields", "secret: set (hidden)")
+        .await;
+    let html = browser
+        .js("return document.documentElement.outerHTML", vec![])
+        .await;
+    let html = html.as_str().unwrap();
+    assert!(
+        !html.contains(SECRET) && !html.contains(URL_TOKEN),
+        "a secret is shown"
+    );
+
+    // Pause by a click; the API agrees.
+    show(browser, server, "#/queue/mail").await;
+    browser.click("#pause:not([disabled])").await;
+    browser.wait("#resume:not([disabled])").await;
+    browser.wait_text("#state-fields", "paused").await;
+    let (_, queue) = api(server, None, "GET", "/v1/queues/mail", None).await;
+    assert_eq!(queue["paused"], true, "{queue}");
+    shoot(browser, "3-queue-paused").await;
+}
+
+async fn dead_letters(browser: &Session, server: &Served, id: &str) {
+    show(browser, server, "#/queue/mail/dead").await;
+    let row = format!("tr[data-task='{id}']");
+    // Server text is shown as text: the reason's and the payload's markup is not parsed.
+    browser.wait_text(&row, "mailbox <full>").await;
+    browser.click(&format!("{row} .inspect")).await;
+    browser
+        .wait_text("#inspect", "<b>ann</b>@example.com")
+        .await;
+    let injected = browser
+        .js("return document.querySelector('main b') !== null", vec![])
+        .await;
+    assert_eq!(injected, false, "server text was parsed as HTML");
+    shoot(browser, "4-dead-letters").await;
+    browser.click(&format!("{row} .redrive")).await;
+    browser.wait_text("#dead", "No dead letters.").await;
+    browser.wait_text("#banner", "redriven").await;
+    let (_, task) = api(
+        server,
+        None,
+        "GET",
+        &format!("/v1/queues/mail/tasks/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(task["state"], "scheduled", "{task}");
+}
+
+async fn task_lookup(browser: &Session, server: &Served) {
+    show(browser, server, "#/task").await;
+    browser.fill("#lookup-queue", "orders").await;
+    browser.click("#lookup-by option[value='key']").await;
+    browser.fill("#lookup-value", "order-90").await;
+    browser.click("#lookup-form button[type='submit']").await;
+    let fields = browser.wait_text("#task-fields", "order-90").await;
+    assert!(fields.contains("scheduled"), "{fields}");
+    shoot(browser, "5-task").await;
+}
+
+async fn schedules(browser: &Session, server: &Served) {
+    show(browser, server, "#/schedules").await;
+    let row = "tr[data-schedule='nightly']";
+    browser.wait_text(row, "Europe/Paris").await;
+    browser.click(&format!("{row} button.next")).await;
+    let count = "return document.querySelectorAll('.fire-times li').length === 10";
+    browser.wait_js("ten next fire times", count, vec![]).await;
+    browser.wait_text(".fire-times", "[Europe/Paris]").await;
+    shoot(browser, "6-schedules").await;
+    browser.click(&format!("{row} button.pause")).await;
+    browser.wait(&format!("{row} button.resume")).await;
+    let (_, schedule) = api(server, None, "GET", "/v1/schedules/nightly", None).await;
+    assert_eq!(schedule["paused"], true, "{schedule}");
+}
+
+async fn reminders(browser: &Session, server: &Served) {
+    // A reminder firing now, paced at one user a second in chunks of one: its fan-out runs for
+    // about 20 s, and the page shows its progress.
+    let flash = json!({"id": "flash", "queue": "push", "delay_ms": 1500, "content": {"sale": true},
+                       "chunk_size": 1, "users_per_second": 1});
+    ok(server, "POST", "/v1/reminders", flash).await;
+    let users: String = (1..=20).map(|u| format!("{u}\n")).collect();
+    let added = reqwest::Client::new()
+        .post(format!("{}/v1/reminders/flash/subscribers", server.url))
+        .body(users)
+        .send()
+        .await
+        .unwrap();
+    assert!(added.status().is_success(), "{:?}", added.text().await);
+
+    show(browser, server, "#/reminders").await;
+    let subscribers =
+        "const cells = document.querySelectorAll(\"tr[data-reminder='match-42'] td\"); \
+                       return cells.length > 5 && cells[5].innerText === '3'";
+    browser
+        .wait_js("match-42's 3 subscribers", subscribers, vec![])
+        .await;
+    let progress = browser
+        .wait_text("tr[data-reminder='flash'] .fanout", "of 20")
+        .await;
+    println!("flash fan-out: {progress}");
+    shoot(browser, "7-reminders").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_loads_without_a_token_and_the_api_waits_for_one() {
+    let token = "a-console-admin-token-for-the-browser-test";
+    let server = serve_with_env(&["--store", "memory"], &[("BELFRY_ADMIN_TOKEN", token)]);
+    let (status, _) = api(
+        &server,
+        Some(token),
+        "PUT",
+        "/v1/queues/jobs",
+        Some(json!({})),
+    )
+    .await;
+    assert!(status < 300);
+    with_browser(|browser| async move {
+        browser.goto(&format!("{}/console/", server.url)).await;
+        // The page and its scripts load; the first API call is refused and asks for a token.
+        browser.wait("#login:not([hidden])").await;
+        browser.wait_text("#banner", "401").await;
+        let listed = browser
+            .js("return document.querySelector('#queues') !== null", vec![])
+            .await;
+        assert_eq!(listed, false, "queues shown without a token");
+        shoot(&browser, "0-login").await;
+
+        browser.fill("#token", "not-the-token").await;
+        browser.click("#login-submit").await;
+        browser.wait("#login:not([hidden])").await;
+        browser.wait_text("#banner", "401").await;
+
+        browser.fill("#token", token).await;
+        browser.click("#login-submit").await;
+        browser.wait("#queues tr[data-queue='jobs']").await;
+        browser.wait("#login[hidden]").await;
+        browser.wait("#banner[hidden]").await;
+        // Refused API calls are in the browser's log as failed loads; scripts logged nothing.
+        let recorded = browser.js("return window.__errors", vec![]).await;
+        assert_eq!(recorded, json!([]), "the console logged JavaScript errors");
+    })
+    .await;
+}
