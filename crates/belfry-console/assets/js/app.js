@@ -76,7 +76,10 @@ function context(main, gen, params) {
         try {
           await fn();
         } catch (e) {
-          if (alive()) fail(e);
+          if (!alive()) return;
+          // A refused token stays refused: stop polling until the operator logs in again.
+          if (e instanceof AuthError) stopTimers();
+          fail(e);
         } finally {
           running = false;
         }
@@ -87,10 +90,14 @@ function context(main, gen, params) {
   };
 }
 
-async function render() {
-  generation += 1;
+function stopTimers() {
   timers.forEach(clearInterval);
   timers = [];
+}
+
+async function render() {
+  generation += 1;
+  stopTimers();
   $("banner").hidden = true;
   const raw = location.hash.replace(/^#/, "");
   const [path, query = ""] = raw.split("?");
