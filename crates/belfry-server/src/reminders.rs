@@ -42,6 +42,9 @@ pub const USER_CACHE_MAX: usize = 200_000;
 pub const REMINDER_FANOUTS_STARTED: &str = "belfry_reminder_fanouts_started_total";
 pub const REMINDER_FANOUTS_RUNNING: &str = "belfry_reminder_fanouts_running";
 pub const REMINDER_CHUNKS_CREATED: &str = "belfry_reminder_chunks_created_total";
+/// Chunks the running fan-outs planned and have not made yet (paced fan-outs make them as
+/// they come due). Chunks made and not yet delivered are the queue's own pending tasks.
+pub const REMINDER_CHUNKS_PENDING: &str = "belfry_reminder_chunks_pending";
 pub const REMINDER_USERS_FANNED_OUT: &str = "belfry_reminder_users_fanned_out_total";
 pub const REMINDER_STEP_ERRORS: &str = "belfry_reminder_step_errors_total";
 pub const REMINDER_SUBSCRIBERS: &str = "belfry_reminder_subscribers";
@@ -381,6 +384,7 @@ fn publish(state: &RemindersState, report: &StepReport) {
     counter!(REMINDER_CHUNKS_CREATED).increment(report.chunks_created);
     counter!(REMINDER_USERS_FANNED_OUT).increment(report.users_fanned_out);
     gauge!(REMINDER_FANOUTS_RUNNING).set(report.fanouts_running as f64);
+    gauge!(REMINDER_CHUNKS_PENDING).set(report.chunks_pending as f64);
     gauge!(REMINDER_SUBSCRIBERS).set(report.subscribers as f64);
     for (reminder, reason) in &report.errors {
         tracing::warn!(%reminder, %reason, "fan out reminder");
