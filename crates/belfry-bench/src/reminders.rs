@@ -107,6 +107,11 @@ pub struct RemindersOutcome {
     pub paced_users: u64,
     pub feed: Option<ReadLoad>,
     pub feed_baseline: Option<ReadLoad>,
+    /// The trivial handler answering a feed's bytes (the sample answer) instead of `{}`.
+    pub feed_baseline_same_bytes: Option<ReadLoad>,
+    pub feed_answer_bytes: u64,
+    /// Feed reads while the big fan-out runs (from its due time to its last ack).
+    pub feed_during_fanout: Option<ReadLoad>,
     pub feed_subscriptions: u64,
     pub feed_nonempty: u64,
 }
@@ -195,8 +200,28 @@ async fn measure(
         }
     }
 
-    // 3. Fan-out, and its baseline.
+    // The feed's data, and its reads on a quiet server.
+    let feed_paths = if args.feed_users > 0 {
+        let paths = feed_setup(args, &target, &queue, run, &mut out).await?;
+        feed_measure(args, &target, paths.clone(), &mut out).await?;
+        Some(paths)
+    } else {
+        None
+    };
+
+    // 3. Fan-out (with the feed read meanwhile), and its baseline.
     let due = unix_ms() + 1_000;
+    let during = feed_paths.map(|paths| {
+        let (target, stop) = (target.clone(), Arc::new(AtomicBool::new(false)));
+        let flag = stop.clone();
+        let conns = args.feed_connections;
+        let load = tokio::spawn(async move {
+            // From the due time on.
+            tokio::time::sleep(Duration::from_millis(due.saturating_sub(unix_ms()))).await;
+            read_load(&target, paths, conns, flag).await
+        });
+        (stop, load)
+    });
     call(
         &target,
         Method::PATCH,
@@ -214,6 +239,10 @@ async fn measure(
     )
     .await?;
     bar.finish_and_clear();
+    if let Some((stop, load)) = during {
+        stop.store(true, Ordering::Relaxed);
+        out.feed_during_fanout = load.await.ok();
+    }
     out.fanout_users = drained.users;
     out.fanout_duplicates = drained.duplicates;
     out.fanout_s = drained
@@ -227,10 +256,6 @@ async fn measure(
         out.paced_rate = paced(args, &target, &queue, run).await?;
     }
 
-    // 5. Feed reads.
-    if args.feed_users > 0 {
-        feed_phase(args, &target, &queue, run, &mut out).await?;
-    }
     Ok(out)
 }
 
@@ -506,13 +531,14 @@ fn mix(mut x: u64) -> u64 {
     x ^ (x >> 31)
 }
 
-async fn feed_phase(
+/// Creates the feed's reminders and subscriptions; returns the feed paths of its users.
+async fn feed_setup(
     args: &RemindersArgs,
     target: &Target,
     queue: &str,
     run: u64,
     out: &mut RemindersOutcome,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Arc<Vec<String>>> {
     let reminders = args.feed_reminders.max(1);
     let mut members: Vec<Vec<u64>> = vec![Vec::new(); reminders as usize];
     for user in 0..args.feed_users {
@@ -545,23 +571,51 @@ async fn feed_phase(
         bar.inc(1);
     }
     bar.finish_and_clear();
-    let paths: Arc<Vec<String>> = Arc::new(
+    Ok(Arc::new(
         (0..args.feed_users)
             .map(|u| format!("/v1/users/u{u}/reminders"))
             .collect(),
-    );
-    // One pass to check the answers are real before timing them.
+    ))
+}
+
+/// Feed reads on a quiet server, then the trivial handler under the same load, answering
+/// `{}` and answering a real feed's bytes.
+async fn feed_measure(
+    args: &RemindersArgs,
+    target: &Target,
+    paths: Arc<Vec<String>>,
+    out: &mut RemindersOutcome,
+) -> anyhow::Result<()> {
+    // One read to check the answers are real, and to size the second baseline.
     let sample = call(target, Method::GET, &paths[0], Value::Null).await?;
     out.feed_nonempty = sample["reminders"].as_array().map_or(0, |r| r.len() as u64);
+    let sample_bytes = Bytes::from(sample.to_string());
+    out.feed_answer_bytes = sample_bytes.len() as u64;
     let duration = Duration::from_secs(args.feed_seconds.max(1));
-    out.feed = Some(read_load(target, paths.clone(), args.feed_connections, duration).await);
+    let conns = args.feed_connections;
+    out.feed = Some(read_load(target, paths.clone(), conns, timer(duration)).await);
     if args.baselines.wants(crate::Baseline::Http) {
         let trivial = TrivialServer::start(args.baselines.trivial_threads)?;
         out.feed_baseline =
-            Some(read_load(&trivial.target(), paths, args.feed_connections, duration).await);
+            Some(read_load(&trivial.target(), paths.clone(), conns, timer(duration)).await);
+        trivial.stop();
+        let trivial = TrivialServer::start_answering(args.baselines.trivial_threads, sample_bytes)?;
+        out.feed_baseline_same_bytes =
+            Some(read_load(&trivial.target(), paths, conns, timer(duration)).await);
         trivial.stop();
     }
     Ok(())
+}
+
+/// A stop flag that turns true after `duration`.
+fn timer(duration: Duration) -> Arc<AtomicBool> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(duration).await;
+        flag.store(true, Ordering::Relaxed);
+    });
+    stop
 }
 
 async fn call_raw(target: &Target, path: &str, body: Bytes) -> anyhow::Result<()> {
@@ -570,14 +624,13 @@ async fn call_raw(target: &Target, path: &str, body: Bytes) -> anyhow::Result<()
     Ok(())
 }
 
-/// Closed-loop GETs of random `paths` over `connections` for `duration`.
+/// Closed-loop GETs of random `paths` over `connections` until `stop` turns true.
 async fn read_load(
     target: &Target,
     paths: Arc<Vec<String>>,
     connections: usize,
-    duration: Duration,
+    stop: Arc<AtomicBool>,
 ) -> ReadLoad {
-    let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for c in 0..connections.max(1) {
         let (target, paths, stop) = (target.clone(), paths.clone(), stop.clone());
@@ -603,8 +656,6 @@ async fn read_load(
         }));
     }
     let started = Instant::now();
-    tokio::time::sleep(duration).await;
-    stop.store(true, Ordering::Relaxed);
     let mut total = new_histogram();
     let mut errors = 0;
     for worker in workers {
@@ -734,6 +785,34 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
             base.map_or_else(dash, |b| ratio(feed.requests_per_s, b.requests_per_s)),
             format!("≥ {:.2}×", FEED_RATIO_TARGET),
         ]);
+        if let Some(same) = &o.feed_baseline_same_bytes {
+            table.row(vec![
+                format!(
+                    "feed reads/s against the trivial handler answering the same {} B",
+                    o.feed_answer_bytes
+                ),
+                thousands(feed.requests_per_s),
+                thousands(same.requests_per_s),
+                ratio(feed.requests_per_s, same.requests_per_s),
+                "(context)".into(),
+            ]);
+        }
+        if let Some(during) = &o.feed_during_fanout {
+            table.row(vec![
+                format!(
+                    "feed reads/s and p99.9 while the {} fan-out runs",
+                    thousands(n)
+                ),
+                format!(
+                    "{} / {}",
+                    thousands(during.requests_per_s),
+                    crate::stats::format_us(during.latency.p999_us)
+                ),
+                dash(),
+                ratio(during.requests_per_s, feed.requests_per_s),
+                format!("p99.9 ≤ {}", crate::stats::format_us(FEED_P999_TARGET_US)),
+            ]);
+        }
         table.row(vec![
             "feed p99 / p99.9 latency".into(),
             format!(

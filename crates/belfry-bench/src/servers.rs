@@ -79,6 +79,12 @@ pub struct TrivialServer {
 impl TrivialServer {
     /// Starts on 127.0.0.1 (a free port) with its own `threads`-worker runtime.
     pub fn start(threads: usize) -> Result<Self, BenchError> {
+        Self::start_answering(threads, Bytes::from_static(b"{}"))
+    }
+
+    /// Like [`start`](Self::start), answering `200` with `answer` (to compare a server whose
+    /// answers are larger than `{}` with the HTTP stack sending the same bytes).
+    pub fn start_answering(threads: usize, answer: Bytes) -> Result<Self, BenchError> {
         let std_listener = std::net::TcpListener::bind("127.0.0.1:0")
             .map_err(|e| BenchError::io("bind trivial server", "127.0.0.1:0", e))?;
         let addr = std_listener
@@ -103,7 +109,10 @@ impl TrivialServer {
                     };
                     serve(
                         listener,
-                        |_body, _headers| async { (StatusCode::OK, Bytes::from_static(b"{}")) },
+                        move |_body, _headers| {
+                            let answer = answer.clone();
+                            async move { (StatusCode::OK, answer) }
+                        },
                         stop_rx,
                         Arc::default(),
                     )

@@ -58,6 +58,8 @@ pub struct StepReport {
     pub fanouts_finished: u64,
     /// Fan-outs still in progress after the step.
     pub fanouts_running: u64,
+    /// Chunks the running fan-outs planned and have not made yet.
+    pub chunks_pending: u64,
     /// Subscriptions of all reminders, as the step saw them.
     pub subscribers: u64,
     pub chunks_created: u64,
@@ -195,6 +197,7 @@ impl ReminderService {
         loop {
             if made_this_step >= CHUNKS_PER_STEP {
                 report.fanouts_running += 1;
+                report.chunks_pending += u64::from(f.chunks.saturating_sub(f.chunk));
                 report.again = true;
                 return Ok(());
             }
@@ -272,6 +275,7 @@ impl ReminderService {
                 f = cursor;
             } else {
                 report.fanouts_running += 1;
+                report.chunks_pending += u64::from(f.chunks.saturating_sub(f.chunk));
                 return Ok(());
             }
         }

@@ -20,7 +20,8 @@ use belfry_core::{UnixMs, UserId};
 use belfry_reminders::feed::{self, FeedEntry};
 use belfry_reminders::{Reminder, ReminderError, ReminderService, StepReport};
 use metrics::{counter, gauge};
-use moka::sync::Cache;
+use quick_cache::sync::Cache;
+use std::time::Instant;
 use tokio::sync::Notify;
 
 use crate::shared::{Caller, ServiceError, Shared};
@@ -35,12 +36,15 @@ pub const RUNNER_RECHECK_MS: u64 = 1_000;
 pub const REMINDER_CACHE_TTL: Duration = Duration::from_secs(5);
 pub const USER_CACHE_TTL: Duration = Duration::from_secs(30);
 /// Most reminders, and most users' subscription lists, held in the feed's caches.
-pub const REMINDER_CACHE_MAX: u64 = 100_000;
-pub const USER_CACHE_MAX: u64 = 200_000;
+pub const REMINDER_CACHE_MAX: usize = 100_000;
+pub const USER_CACHE_MAX: usize = 200_000;
 
 pub const REMINDER_FANOUTS_STARTED: &str = "belfry_reminder_fanouts_started_total";
 pub const REMINDER_FANOUTS_RUNNING: &str = "belfry_reminder_fanouts_running";
 pub const REMINDER_CHUNKS_CREATED: &str = "belfry_reminder_chunks_created_total";
+/// Chunks the running fan-outs planned and have not made yet (paced fan-outs make them as
+/// they come due). Chunks made and not yet delivered are the queue's own pending tasks.
+pub const REMINDER_CHUNKS_PENDING: &str = "belfry_reminder_chunks_pending";
 pub const REMINDER_USERS_FANNED_OUT: &str = "belfry_reminder_users_fanned_out_total";
 pub const REMINDER_STEP_ERRORS: &str = "belfry_reminder_step_errors_total";
 pub const REMINDER_SUBSCRIBERS: &str = "belfry_reminder_subscribers";
@@ -53,10 +57,11 @@ pub struct RemindersState {
     pub(crate) service: ReminderService,
     pub(crate) shared: Arc<Shared>,
     wake: Notify,
-    /// uid → reminder, for the feed.
+    /// uid → reminder, for the feed. Entries older than [`REMINDER_CACHE_TTL`] count as
+    /// missing.
     reminders: Cache<u64, Arc<FeedReminder>>,
-    /// user → the uids of their subscriptions, for the feed.
-    users: Cache<UserId, Arc<Vec<u64>>>,
+    /// user → the uids of their subscriptions, for the feed, with when they were read.
+    users: Cache<UserId, Arc<UserSubscriptions>>,
 }
 
 /// A reminder as the feed holds it: what it ranks on, and a slot for its rendered item and
@@ -66,16 +71,24 @@ pub struct FeedReminder {
     pub reminder: Reminder,
     pub entry: Option<FeedEntry>,
     pub rendered: std::sync::OnceLock<(Box<str>, u64)>,
+    read_at: Instant,
 }
 
 impl FeedReminder {
-    fn new(reminder: Reminder) -> Self {
+    fn new(reminder: Reminder, read_at: Instant) -> Self {
         FeedReminder {
             entry: FeedEntry::of(&reminder),
             reminder,
             rendered: std::sync::OnceLock::new(),
+            read_at,
         }
     }
+}
+
+/// A user's subscriptions as the feed caches them.
+struct UserSubscriptions {
+    uids: Vec<u64>,
+    read_at: Instant,
 }
 
 /// One feed answer.
@@ -93,13 +106,30 @@ impl RemindersState {
 
     /// Forgets what the feed cached of a reminder (after a change on this node).
     pub(crate) fn forget_reminder(&self, uid: u64) {
-        self.reminders.invalidate(&uid);
+        self.reminders.remove(&uid);
+    }
+
+    /// The cached reminder, unless it is older than its time to live.
+    fn cached_reminder(&self, uid: u64, now: Instant) -> Option<Arc<FeedReminder>> {
+        self.reminders
+            .get(&uid)
+            .filter(|r| now.duration_since(r.read_at) < REMINDER_CACHE_TTL)
+    }
+
+    /// The user's cached subscriptions, unless older than their time to live.
+    fn cached_user(&self, user: &UserId, now: Instant) -> Option<Arc<UserSubscriptions>> {
+        self.users
+            .get(user)
+            .filter(|u| now.duration_since(u.read_at) < USER_CACHE_TTL)
     }
 
     /// Forgets the cached subscription lists of `users` (after their subscriptions changed).
     pub(crate) fn forget_users<'a>(&self, users: impl IntoIterator<Item = &'a UserId>) {
+        if self.users.is_empty() {
+            return;
+        }
         for user in users {
-            self.users.invalidate(user);
+            self.users.remove(user);
         }
     }
 
@@ -151,10 +181,11 @@ impl RemindersState {
         within_ms: u64,
         limit: usize,
     ) -> Option<Vec<Arc<FeedReminder>>> {
-        let uids = self.users.get(user)?;
-        let mut known = Vec::with_capacity(uids.len());
-        for uid in uids.iter() {
-            known.push(self.reminders.get(uid)?);
+        let now = Instant::now();
+        let user = self.cached_user(user, now)?;
+        let mut known = Vec::with_capacity(user.uids.len());
+        for &uid in &user.uids {
+            known.push(self.cached_reminder(uid, now)?);
         }
         counter!(FEED_CACHE_HITS).increment(known.len() as u64 + 1);
         Some(pick(known, now_ms, within_ms, limit, false))
@@ -167,20 +198,24 @@ impl RemindersState {
         within_ms: u64,
         limit: usize,
     ) -> Result<Vec<Arc<FeedReminder>>, ReminderError> {
-        let uids = match self.users.get(user) {
-            Some(uids) => uids,
+        let now = Instant::now();
+        let subscriptions = match self.cached_user(user, now) {
+            Some(subscriptions) => subscriptions,
             None => {
                 counter!(FEED_CACHE_MISSES).increment(1);
-                let uids = Arc::new(self.service.user_reminder_uids(user)?);
-                self.users.insert(user.clone(), uids.clone());
-                uids
+                let read = Arc::new(UserSubscriptions {
+                    uids: self.service.user_reminder_uids(user)?,
+                    read_at: now,
+                });
+                self.users.insert(user.clone(), read.clone());
+                read
             }
         };
         // What is cached, then one batched read of the rest.
-        let mut known: Vec<Arc<FeedReminder>> = Vec::with_capacity(uids.len());
+        let mut known: Vec<Arc<FeedReminder>> = Vec::with_capacity(subscriptions.uids.len());
         let mut missing = Vec::new();
-        for &uid in uids.iter() {
-            match self.reminders.get(&uid) {
+        for &uid in &subscriptions.uids {
+            match self.cached_reminder(uid, now) {
                 Some(r) => known.push(r),
                 None => missing.push(uid),
             }
@@ -188,7 +223,7 @@ impl RemindersState {
         counter!(FEED_CACHE_HITS).increment(known.len() as u64);
         counter!(FEED_CACHE_MISSES).increment(missing.len() as u64);
         for reminder in self.service.by_uids(&missing)? {
-            let cached = Arc::new(FeedReminder::new(reminder));
+            let cached = Arc::new(FeedReminder::new(reminder, now));
             self.reminders.insert(cached.reminder.uid, cached.clone());
             known.push(cached);
         }
@@ -202,10 +237,12 @@ impl RemindersState {
         within_ms: u64,
         limit: usize,
     ) -> Vec<Arc<FeedReminder>> {
-        let Some(uids) = self.users.get(user) else {
+        // Stale entries are better than none here: the store cannot be asked.
+        let Some(user) = self.users.get(user) else {
             return Vec::new();
         };
-        let known = uids
+        let known = user
+            .uids
             .iter()
             .filter_map(|uid| self.reminders.get(uid))
             .collect();
@@ -254,14 +291,8 @@ impl Reminders {
                 service: ReminderService::new(shared.store.clone()),
                 shared,
                 wake: Notify::new(),
-                reminders: Cache::builder()
-                    .max_capacity(REMINDER_CACHE_MAX)
-                    .time_to_live(REMINDER_CACHE_TTL)
-                    .build(),
-                users: Cache::builder()
-                    .max_capacity(USER_CACHE_MAX)
-                    .time_to_live(USER_CACHE_TTL)
-                    .build(),
+                reminders: Cache::new(REMINDER_CACHE_MAX),
+                users: Cache::new(USER_CACHE_MAX),
             }),
         }
     }
@@ -353,6 +384,7 @@ fn publish(state: &RemindersState, report: &StepReport) {
     counter!(REMINDER_CHUNKS_CREATED).increment(report.chunks_created);
     counter!(REMINDER_USERS_FANNED_OUT).increment(report.users_fanned_out);
     gauge!(REMINDER_FANOUTS_RUNNING).set(report.fanouts_running as f64);
+    gauge!(REMINDER_CHUNKS_PENDING).set(report.chunks_pending as f64);
     gauge!(REMINDER_SUBSCRIBERS).set(report.subscribers as f64);
     for (reminder, reason) in &report.errors {
         tracing::warn!(%reminder, %reason, "fan out reminder");

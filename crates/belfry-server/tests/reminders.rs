@@ -537,6 +537,7 @@ async fn fanout_progress(s: TestServer) {
     )
     .await;
     bulk(&s, "/v1/reminders/slow/subscribers", "1\n2\n3\n4\n5\n").await;
+    s.ok("GET", "/v1/users/1/reminders", Value::Null, 200).await;
     let before = s.ok("GET", "/v1/reminders/slow", Value::Null, 200).await;
     assert_eq!(before["fanout"], Value::Null);
     s.advance(MINUTE);
@@ -549,6 +550,16 @@ async fn fanout_progress(s: TestServer) {
     assert_eq!(progress["fanout"]["chunks"], 5);
     assert_eq!(progress["fanout"]["users"], 2);
     assert_eq!(progress["fanout"]["firing_ms"], T0 + MINUTE);
+    let metrics = s.metrics_text().await;
+    for name in [
+        "belfry_reminder_fanouts_running",
+        "belfry_reminder_chunks_pending",
+        "belfry_reminder_chunks_created_total",
+        "belfry_reminder_subscribers",
+        "belfry_feed_requests_total",
+    ] {
+        assert!(metrics.contains(name), "{name} missing from /metrics");
+    }
 }
 
 macro_rules! on_both_stores {
