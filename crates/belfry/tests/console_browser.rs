@@ -2,7 +2,8 @@
 //! (`chromedriver`) against a real `belfry serve` holding data. Each page is loaded and
 //! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
 //! it), the forecast chart is drawn, and no JavaScript error is logged. A second test checks the
-//! token flow: the page loads without a token, its API calls fail until one is entered.
+//! token flow: the page loads without a token, its API calls fail until one is entered, and a
+//! read-only token's refused pause (403) opens the login form again.
 //!
 //! Needs `chromium` and `chromium-driver` (scripts/test.sh installs them); without them the
 //! tests fail, saying how to install them. Screenshots go to `<target>/tmp/console-screenshots/`.
@@ -410,6 +411,10 @@ async fn the_page_loads_without_a_token_and_the_api_waits_for_one() {
     )
     .await;
     assert!(status < 300);
+    let viewer = json!({"name": "viewer", "scopes": ["read"]});
+    let (status, made) = api(&server, Some(token), "POST", "/v1/tokens", Some(viewer)).await;
+    assert!(status < 300, "{made}");
+    let viewer = made["token"].as_str().expect("the new token").to_owned();
     with_browser(|browser| async move {
         browser.goto(&format!("{}/console/", server.url)).await;
         // The page and its scripts load; the first API call is refused and asks for a token.
@@ -426,11 +431,25 @@ async fn the_page_loads_without_a_token_and_the_api_waits_for_one() {
         browser.wait("#login:not([hidden])").await;
         browser.wait_text("#banner", "401").await;
 
-        browser.fill("#token", token).await;
+        // A read token lists the queues, but pausing one is refused (403) and asks again.
+        browser.fill("#token", &viewer).await;
         browser.click("#login-submit").await;
         browser.wait("#queues tr[data-queue='jobs']").await;
         browser.wait("#login[hidden]").await;
         browser.wait("#banner[hidden]").await;
+        show(&browser, &server, "#/queue/jobs").await;
+        browser.click("#pause:not([disabled])").await;
+        browser.wait_text("#banner", "403").await;
+        browser.wait("#login:not([hidden])").await;
+
+        // The admin token may.
+        browser.fill("#token", token).await;
+        browser.click("#login-submit").await;
+        browser.wait("#login[hidden]").await;
+        browser.click("#pause:not([disabled])").await;
+        browser.wait("#resume:not([disabled])").await;
+        let (_, jobs) = api(&server, Some(token), "GET", "/v1/queues/jobs", None).await;
+        assert_eq!(jobs["paused"], true, "{jobs}");
         // Refused API calls are in the browser's log as failed loads; scripts logged nothing.
         let recorded = browser.js("return window.__errors", vec![]).await;
         assert_eq!(recorded, json!([]), "the console logged JavaScript errors");
