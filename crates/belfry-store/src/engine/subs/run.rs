@@ -6,7 +6,8 @@
 //!   prefix-compressed against the previous key of the block (the first one in full);
 //! - the index, one frame: `[blocks: u32]`, per block `[offset: u64][frame len: u32]
 //!   [first key len: u8][first key]`, then `[len: u8][largest by-set key]`;
-//! - the bloom filter over the by-set keys, one frame of u64 words;
+//! - the blocked bloom filter over the by-set keys (`bloom.rs`), one frame of u64 words, a
+//!   whole number of 512-bit blocks;
 //! - the footer, [`FOOTER_BYTES`]: `magic "BLFYSUBR"`, version u8, index offset u64, index
 //!   len u64, bloom offset u64, bloom len u64, entries u64, crc32 of the footer before it.
 //!
@@ -19,7 +20,7 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::bloom::Bloom;
+use super::bloom::{Bloom, BloomHash};
 use super::keys::{get_varint, put_varint, SPACE_BY_SET};
 use crate::engine::record::{split_frame_limited, write_frame, FRAME_HEADER_BYTES};
 use crate::store::{Result, StoreError};
@@ -27,7 +28,8 @@ use crate::store::{Result, StoreError};
 /// Target size of a data block.
 pub(crate) const BLOCK_BYTES: usize = 4096;
 const MAGIC: &[u8; 8] = b"BLFYSUBR";
-const RUN_VERSION: u8 = 1;
+/// 2: blocked bloom filter (1, a plain one, is no longer read).
+const RUN_VERSION: u8 = 2;
 pub(crate) const FOOTER_BYTES: usize = 8 + 1 + 8 * 5 + 4;
 /// Largest index or bloom frame read at open (a run of a billion keys stays below).
 const META_FRAME_BYTES_MAX: usize = 2 << 30;
@@ -152,12 +154,14 @@ impl Run {
         lo.saturating_sub(1)
     }
 
-    /// Whether a by-set key may be in this run (bloom filter and key range).
-    pub(crate) fn may_hold_set_key(&self, key: &[u8]) -> bool {
-        !self.blocks.is_empty()
-            && key <= self.max_set_key.as_slice()
-            && key >= self.first_key(0)
-            && self.bloom.may_contain(key)
+    /// Whether a by-set key may be in this run's by-set key range.
+    pub(crate) fn in_set_key_range(&self, key: &[u8]) -> bool {
+        !self.blocks.is_empty() && key <= self.max_set_key.as_slice() && key >= self.first_key(0)
+    }
+
+    /// Whether the bloom filter lets a by-set key (of this hash) through.
+    pub(crate) fn bloom_may_hold(&self, hash: &BloomHash) -> bool {
+        self.bloom.may_contain(hash)
     }
 
     pub(crate) fn read_block(&self, i: usize) -> Result<Block> {
