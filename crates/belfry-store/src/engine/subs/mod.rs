@@ -123,11 +123,14 @@ impl Subs {
             }
         }
         // By-set keys sort before by-user keys: one slab holds both, each part sorted.
-        let mut by_set = Slab::default();
-        let mut by_user = Slab::default();
         let mut key = Vec::with_capacity(keys::KEY_BYTES_MAX);
         set_prefix(&mut key, set, epoch);
         let prefix = key.len();
+        let user_bytes: usize = rec.users.iter().map(|u| u.len()).sum();
+        let n = rec.users.len();
+        // Room for both parts in the first, which the second is appended to.
+        let mut by_set = Slab::with_capacity(2 * n, 2 * (user_bytes + n * prefix) + 2 * n);
+        let mut by_user = Slab::with_capacity(n, user_bytes + n * (prefix + 2));
         for user in &rec.users {
             key.truncate(prefix);
             key.extend_from_slice(user);

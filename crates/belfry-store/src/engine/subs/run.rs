@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 
 use super::bloom::{Bloom, BloomHash};
 use super::keys::{get_varint, put_varint, SPACE_BY_SET};
-use crate::engine::record::{split_frame_limited, write_frame, FRAME_HEADER_BYTES};
+use crate::engine::record::{split_frame_limited, write_frame_header, FRAME_HEADER_BYTES};
 use crate::store::{Result, StoreError};
 
 /// Target size of a data block.
@@ -336,11 +336,31 @@ pub(crate) struct RunWriter {
     block: Vec<u8>,
     block_first: Vec<u8>,
     last: Vec<u8>,
-    index: Vec<u8>,
-    blocks: u32,
+    /// The index as the run will hold it (so `finish` opens the run without reading back).
+    index_keys: Vec<u8>,
+    blocks: Vec<BlockRef>,
     bloom: Bloom,
     max_set_key: Vec<u8>,
     entries: u64,
+}
+
+/// How many leading bytes `a` and `b` share (8 at a time).
+fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(a[i..i + 8].try_into().unwrap_or_default());
+        let y = u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        if x != y {
+            return i + ((x ^ y).trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i + a[i..n]
+        .iter()
+        .zip(&b[i..n])
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 impl RunWriter {
@@ -356,8 +376,8 @@ impl RunWriter {
             block: Vec::with_capacity(BLOCK_BYTES + 256),
             block_first: Vec::new(),
             last: Vec::new(),
-            index: Vec::new(),
-            blocks: 0,
+            index_keys: Vec::new(),
+            blocks: Vec::new(),
             bloom: Bloom::with_keys(set_keys),
             max_set_key: Vec::new(),
             entries: 0,
@@ -371,10 +391,7 @@ impl RunWriter {
             self.block_first.extend_from_slice(key);
             0
         } else {
-            key.iter()
-                .zip(&self.last)
-                .take_while(|(a, b)| a == b)
-                .count()
+            shared_prefix(key, &self.last)
         };
         put_varint(&mut self.block, shared as u64);
         put_varint(
@@ -382,12 +399,14 @@ impl RunWriter {
             (((key.len() - shared) as u64) << 1) | u64::from(live),
         );
         self.block.extend_from_slice(&key[shared..]);
-        self.last.clear();
-        self.last.extend_from_slice(key);
+        if key.first() != Some(&SPACE_BY_SET) && self.last.first() == Some(&SPACE_BY_SET) {
+            // By-set keys sort first: the last of them is the largest.
+            self.max_set_key.clone_from(&self.last);
+        }
+        self.last.truncate(shared);
+        self.last.extend_from_slice(&key[shared..]);
         if key.first() == Some(&SPACE_BY_SET) {
             self.bloom.insert(key);
-            self.max_set_key.clear();
-            self.max_set_key.extend_from_slice(key);
         }
         self.entries += 1;
         if self.block.len() >= BLOCK_BYTES {
@@ -400,50 +419,78 @@ impl RunWriter {
         if self.block.is_empty() {
             return Ok(());
         }
-        let mut frame = Vec::with_capacity(self.block.len() + FRAME_HEADER_BYTES);
-        write_frame(&mut frame, &self.block);
-        self.out
-            .write_all(&frame)
-            .map_err(io("write a subscription run"))?;
-        self.index.extend_from_slice(&self.offset.to_le_bytes());
-        self.index
-            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        self.index.push(self.block_first.len() as u8);
-        self.index.extend_from_slice(&self.block_first);
-        self.offset += frame.len() as u64;
-        self.blocks += 1;
+        let mut header = Vec::with_capacity(FRAME_HEADER_BYTES);
+        write_frame_header(&mut header, &self.block);
+        self.write(&header)?;
+        let block = std::mem::take(&mut self.block);
+        let written = self.write(&block);
+        self.block = block;
+        written?;
+        let key_start = self.index_keys.len() as u32;
+        self.index_keys.extend_from_slice(&self.block_first);
+        self.blocks.push(BlockRef {
+            offset: self.offset,
+            len: (FRAME_HEADER_BYTES + self.block.len()) as u32,
+            key_start,
+            key_end: self.index_keys.len() as u32,
+        });
+        self.offset += (FRAME_HEADER_BYTES + self.block.len()) as u64;
         self.block.clear();
         Ok(())
     }
 
-    fn write_meta_frame(&mut self, body: &[u8]) -> Result<(u64, u64)> {
-        let mut frame = Vec::with_capacity(body.len() + FRAME_HEADER_BYTES);
-        write_frame(&mut frame, body);
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
         self.out
-            .write_all(&frame)
-            .map_err(io("write a subscription run"))?;
-        let at = self.offset;
-        self.offset += frame.len() as u64;
-        Ok((at, frame.len() as u64))
+            .write_all(bytes)
+            .map_err(io("write a subscription run"))
     }
 
-    /// Writes the index, bloom filter and footer, fsyncs the file and opens it as a run.
-    /// The caller fsyncs the directory before listing the run anywhere.
+    /// Writes the index, bloom filter and footer, fsyncs the file and opens it as a run
+    /// (keeping the index and bloom filter it built). The caller fsyncs the directory before
+    /// listing the run anywhere.
     pub(crate) fn finish(mut self) -> Result<Run> {
         self.end_block()?;
-        let mut index = Vec::with_capacity(self.index.len() + 8 + KEY_MAX_HINT);
-        index.extend_from_slice(&self.blocks.to_le_bytes());
-        index.extend_from_slice(&self.index);
-        index.push(self.max_set_key.len() as u8);
-        index.extend_from_slice(&self.max_set_key);
-        let (index_offset, index_len) = self.write_meta_frame(&index)?;
-        let bloom: Vec<u8> = self
-            .bloom
-            .words()
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
-        let (bloom_offset, bloom_len) = self.write_meta_frame(&bloom)?;
+        let max_set_key = if self.last.first() == Some(&SPACE_BY_SET) {
+            std::mem::take(&mut self.last)
+        } else {
+            std::mem::take(&mut self.max_set_key)
+        };
+        let mut index = Vec::with_capacity(self.index_keys.len() + 17 * self.blocks.len() + 170);
+        index.extend_from_slice(&(self.blocks.len() as u32).to_le_bytes());
+        for b in &self.blocks {
+            index.extend_from_slice(&b.offset.to_le_bytes());
+            index.extend_from_slice(&b.len.to_le_bytes());
+            index.push((b.key_end - b.key_start) as u8);
+            index.extend_from_slice(&self.index_keys[b.key_start as usize..b.key_end as usize]);
+        }
+        index.push(max_set_key.len() as u8);
+        index.extend_from_slice(&max_set_key);
+        let mut header = Vec::with_capacity(FRAME_HEADER_BYTES);
+        write_frame_header(&mut header, &index);
+        self.write(&header)?;
+        self.write(&index)?;
+        let (index_offset, index_len) = (self.offset, (FRAME_HEADER_BYTES + index.len()) as u64);
+        self.offset += index_len;
+        drop(index);
+        // The bloom filter's frame, streamed (it can be tens of MiB).
+        let words = self.bloom.words();
+        let mut crc = crc32fast::Hasher::new();
+        for w in words {
+            crc.update(&w.to_le_bytes());
+        }
+        let body_len = words.len() * 8;
+        let mut frame = Vec::with_capacity(64 * 1024);
+        frame.extend_from_slice(&(body_len as u32).to_le_bytes());
+        frame.extend_from_slice(&crc.finalize().to_le_bytes());
+        for chunk in words.chunks(8 * 1024) {
+            frame.extend(chunk.iter().flat_map(|w| w.to_le_bytes()));
+            self.out
+                .write_all(&frame)
+                .map_err(io("write a subscription run"))?;
+            frame.clear();
+        }
+        let (bloom_offset, bloom_len) = (self.offset, (FRAME_HEADER_BYTES + body_len) as u64);
+        self.offset += bloom_len;
         let footer = Footer {
             index_offset,
             index_len,
@@ -451,25 +498,96 @@ impl RunWriter {
             bloom_len,
             entries: self.entries,
         };
-        self.out
-            .write_all(&footer.encode())
-            .map_err(io("write a subscription run"))?;
+        self.write(&footer.encode())?;
         let file = self.out.into_inner().map_err(|e| StoreError::Io {
             context: "write a subscription run",
             source: e.into_error(),
         })?;
         file.sync_all().map_err(io("fsync a subscription run"))?;
         drop(file);
-        Run::open(&self.path, self.id)
+        let file = File::open(&self.path).map_err(io("open a subscription run"))?;
+        Ok(Run {
+            id: self.id,
+            path: self.path,
+            file,
+            index_keys: self.index_keys,
+            blocks: self.blocks,
+            bloom: self.bloom,
+            max_set_key,
+            entries: self.entries,
+            file_bytes: self.offset + FOOTER_BYTES as u64,
+        })
     }
 }
-
-const KEY_MAX_HINT: usize = super::keys::KEY_BYTES_MAX;
 
 impl Run {
     /// About how many by-set keys the run holds (from its bloom filter's size), to size the
     /// bloom filter of a merge.
     pub(crate) fn set_keys_hint(&self) -> usize {
         self.bloom.words().len() * 64 / super::bloom::BLOOM_BITS_PER_KEY
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_prefix_counts_common_leading_bytes() {
+        let keys: [&[u8]; 6] = [
+            b"",
+            b"a",
+            b"abcdefgh",
+            b"abcdefghij",
+            b"abcdefgxij",
+            b"abcdefghijklmnopq",
+        ];
+        for a in keys {
+            for b in keys {
+                let want = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+                assert_eq!(shared_prefix(a, b), want, "{a:?} {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_written_run_reads_back_as_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = RunWriter::create(dir.path(), 1, 1_000).unwrap();
+        let mut keys = Vec::new();
+        for i in 0u32..1_000 {
+            let mut key = vec![SPACE_BY_SET];
+            key.extend_from_slice(&i.to_be_bytes());
+            keys.push(key);
+        }
+        for i in 0u32..1_000 {
+            let mut key = vec![1];
+            key.extend_from_slice(&i.to_be_bytes());
+            keys.push(key);
+        }
+        for (n, key) in keys.iter().enumerate() {
+            writer.add(key, n % 3 != 0).unwrap();
+        }
+        let written = writer.finish().unwrap();
+        let reopened = Run::open(&written.path, 1).unwrap();
+        for run in [&written, &reopened] {
+            assert_eq!(run.entries, 2_000);
+            assert_eq!(run.max_set_key, keys[999]);
+            assert_eq!(run.index_keys, written.index_keys);
+            assert_eq!(run.bloom.words(), written.bloom.words());
+            assert_eq!(run.file_bytes, reopened.file_bytes);
+            let mut n = 0;
+            for b in 0..run.block_count() {
+                let block = run.read_block(b).unwrap();
+                for i in 0..block.len() {
+                    assert_eq!(block.get(i), (keys[n].as_slice(), n % 3 != 0));
+                    n += 1;
+                }
+            }
+            assert_eq!(n, 2_000);
+            let hash = BloomHash::of(&keys[5]);
+            assert!(run.in_set_key_range(&keys[5]) && run.bloom_may_hold(&hash));
+            assert!(!run.in_set_key_range(&keys[1_005]));
+        }
     }
 }
