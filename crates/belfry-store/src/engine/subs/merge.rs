@@ -3,7 +3,7 @@
 
 use super::bloom::BloomHash;
 use super::memtable::{Memtable, SlabSource};
-use super::run::{Block, Run};
+use super::run::{Block, BlockScan, Overlap, Run};
 use crate::store::Result;
 
 /// One sorted source of entries, positioned at its current entry.
@@ -166,12 +166,8 @@ impl<'a> View<'a> {
     }
 
     /// The newest version of a by-set key: `Some(live)`, or `None` if no source holds it.
-    /// `cache` holds one decoded block per run, reused while sorted lookups stay in it.
-    pub(crate) fn get(
-        &self,
-        key: &[u8],
-        cache: &mut [Option<(usize, Block)>],
-    ) -> Result<Option<bool>> {
+    /// `scans` holds one block scan per run, which sorted lookups move forward.
+    pub(crate) fn get(&self, key: &[u8], scans: &mut [BlockScan]) -> Result<Option<bool>> {
         for mem in &self.mems {
             if let Some(live) = mem.get(key) {
                 return Ok(Some(live));
@@ -179,22 +175,17 @@ impl<'a> View<'a> {
         }
         // One hash of the key serves every run's bloom filter.
         let mut hash = None;
-        for (run, slot) in self.runs.iter().zip(cache.iter_mut()) {
-            if !run.in_set_key_range(key)
-                || !run.bloom_may_hold(hash.get_or_insert_with(|| BloomHash::of(key)))
-            {
-                continue;
-            }
-            let index = run.block_for(key);
-            if slot.as_ref().is_none_or(|(i, _)| *i != index) {
-                *slot = Some((index, run.read_block(index)?));
-            }
-            let Some((_, block)) = slot.as_ref() else {
-                continue;
+        for (run, scan) in self.runs.iter().zip(scans.iter_mut()) {
+            let in_range = match scan.overlap {
+                Overlap::Outside => false,
+                Overlap::Inside => true,
+                Overlap::PerKey => run.in_set_key_range(key),
             };
-            let i = block.seek(key);
-            if i < block.len() && block.get(i).0 == key {
-                return Ok(Some(block.get(i).1));
+            if !in_range || !run.bloom_may_hold(hash.get_or_insert_with(|| BloomHash::of(key))) {
+                continue;
+            }
+            if let Some(live) = run.lookup_in_block(run.block_for(key), key, scan)? {
+                return Ok(Some(live));
             }
         }
         Ok(None)

@@ -130,7 +130,101 @@ impl Block {
     }
 }
 
+/// One block of a run read for point lookups in ascending key order: its frame is read once
+/// (into a reused buffer) and its entries are decoded one at a time as lookups move forward,
+/// so a batch of sorted keys decodes each block it touches at most once, and a bloom false
+/// positive decodes only the entries before the key.
+#[derive(Debug, Default)]
+pub(crate) struct BlockScan {
+    /// The block read into `frame` (`None`: nothing read yet).
+    block: Option<usize>,
+    frame: Vec<u8>,
+    /// Where the next entry starts in `frame`.
+    pos: usize,
+    /// The key and flag of the entry before `pos` (`key` empty: none decoded yet).
+    key: Vec<u8>,
+    live: bool,
+    /// How the keys looked up relate to the run's by-set key range (set by a batch that
+    /// knows its first and last key).
+    pub(crate) overlap: Overlap,
+}
+
+/// How a batch of lookups relates to a run's by-set key range.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Overlap {
+    /// Unknown: each key is checked.
+    #[default]
+    PerKey,
+    /// Every key is in the range.
+    Inside,
+    /// No key is in the range.
+    Outside,
+}
+
 impl Run {
+    /// The flag of `key` if block `index` holds it; `scan` keeps the block and the position
+    /// between calls.
+    pub(crate) fn lookup_in_block(
+        &self,
+        index: usize,
+        key: &[u8],
+        scan: &mut BlockScan,
+    ) -> Result<Option<bool>> {
+        let b = self.blocks[index];
+        if scan.block != Some(index) {
+            scan.block = None;
+            scan.frame.resize(b.len as usize, 0);
+            self.read_frame(b, &mut scan.frame)?;
+            split_frame_limited(&scan.frame, b.len as usize)
+                .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
+            scan.block = Some(index);
+            scan.pos = FRAME_HEADER_BYTES;
+            scan.key.clear();
+        } else if key < scan.key.as_slice() {
+            // Backwards: start over.
+            scan.pos = FRAME_HEADER_BYTES;
+            scan.key.clear();
+        }
+        // `m`: how many leading bytes the scan's key shares with `key`. An entry sharing
+        // more than `m` bytes with the previous key still sorts below `key`, one sharing fewer
+        // sorts above it: only an entry sharing exactly `m` bytes is compared, from byte `m`.
+        let mut m = shared_prefix(&scan.key, key);
+        loop {
+            if !scan.key.is_empty() {
+                match scan.key.get(m) {
+                    None if m == key.len() => return Ok(Some(scan.live)),
+                    // The scan's key is a proper prefix of `key`: below it.
+                    None => {}
+                    Some(_) if m == key.len() => return Ok(None),
+                    Some(&b) if b > key[m] => return Ok(None),
+                    Some(_) => {}
+                }
+            }
+            let rest = &scan.frame[scan.pos..];
+            if rest.is_empty() {
+                return Ok(None);
+            }
+            let damaged = |d: &str| corrupt(&self.path, b.offset, d.to_string());
+            let (shared, n) = get_varint(rest).ok_or_else(|| damaged("entry prefix"))?;
+            let rest = &rest[n..];
+            let (tail, l) = get_varint(rest).ok_or_else(|| damaged("entry length"))?;
+            let rest = &rest[l..];
+            let (shared, suffix) = (shared as usize, (tail >> 1) as usize);
+            if shared > scan.key.len() || suffix > rest.len() || shared + suffix == 0 {
+                return Err(damaged("entry runs past its block"));
+            }
+            scan.key.truncate(shared);
+            scan.key.extend_from_slice(&rest[..suffix]);
+            scan.live = tail & 1 == 1;
+            scan.pos += n + l + suffix;
+            if shared < m {
+                m = shared;
+            } else if shared == m {
+                m += shared_prefix(&scan.key[m..], &key[m..]);
+            }
+        }
+    }
+
     pub(crate) fn block_count(&self) -> usize {
         self.blocks.len()
     }
@@ -159,16 +253,26 @@ impl Run {
         !self.blocks.is_empty() && key <= self.max_set_key.as_slice() && key >= self.first_key(0)
     }
 
+    /// How the keys `first..=last` relate to this run's by-set key range.
+    pub(crate) fn set_key_overlap(&self, first: &[u8], last: &[u8]) -> Overlap {
+        if self.blocks.is_empty() || last < self.first_key(0) || first > self.max_set_key.as_slice()
+        {
+            Overlap::Outside
+        } else if first >= self.first_key(0) && last <= self.max_set_key.as_slice() {
+            Overlap::Inside
+        } else {
+            Overlap::PerKey
+        }
+    }
+
     /// Whether the bloom filter lets a by-set key (of this hash) through.
     pub(crate) fn bloom_may_hold(&self, hash: &BloomHash) -> bool {
         self.bloom.may_contain(hash)
     }
 
-    pub(crate) fn read_block(&self, i: usize) -> Result<Block> {
-        let b = self.blocks[i];
-        let mut buf = vec![0; b.len as usize];
+    fn read_frame(&self, b: BlockRef, buf: &mut [u8]) -> Result<()> {
         self.file
-            .read_exact_at(&mut buf, b.offset)
+            .read_exact_at(buf, b.offset)
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::UnexpectedEof => {
                     corrupt(&self.path, b.offset, "block cut short")
@@ -177,7 +281,13 @@ impl Run {
                     context: "read a subscription run",
                     source: e,
                 },
-            })?;
+            })
+    }
+
+    pub(crate) fn read_block(&self, i: usize) -> Result<Block> {
+        let b = self.blocks[i];
+        let mut buf = vec![0; b.len as usize];
+        self.read_frame(b, &mut buf)?;
         let (body, _) = split_frame_limited(&buf, b.len as usize)
             .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
         Block::decode(body).map_err(|d| corrupt(&self.path, b.offset, d))
@@ -585,6 +695,25 @@ mod tests {
                 }
             }
             assert_eq!(n, 2_000);
+            // Point lookups: forward (present, and absent between keys), then backwards.
+            let mut scan = BlockScan::default();
+            for (n, key) in keys.iter().enumerate() {
+                let b = run.block_for(key);
+                assert_eq!(
+                    run.lookup_in_block(b, key, &mut scan).unwrap(),
+                    Some(n % 3 != 0)
+                );
+                let mut after = key.clone();
+                after.push(7);
+                let b = run.block_for(&after);
+                assert_eq!(run.lookup_in_block(b, &after, &mut scan).unwrap(), None);
+            }
+            for n in [1_999, 1_000, 3, 0] {
+                let b = run.block_for(&keys[n]);
+                let found = run.lookup_in_block(b, &keys[n], &mut scan).unwrap();
+                assert_eq!(found, Some(n % 3 != 0));
+            }
+            assert_eq!(run.lookup_in_block(0, &[0], &mut scan).unwrap(), None);
             let hash = BloomHash::of(&keys[5]);
             assert!(run.in_set_key_range(&keys[5]) && run.bloom_may_hold(&hash));
             assert!(!run.in_set_key_range(&keys[1_005]));
