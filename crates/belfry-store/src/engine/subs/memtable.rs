@@ -19,6 +19,15 @@ pub(crate) struct Slab {
 }
 
 impl Slab {
+    /// An empty slab with room for `entries` entries of `key_bytes` bytes in all.
+    pub(crate) fn with_capacity(entries: usize, key_bytes: usize) -> Slab {
+        Slab {
+            keys: Vec::with_capacity(key_bytes),
+            ends: Vec::with_capacity(entries),
+            live: Vec::with_capacity(entries),
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.ends.len()
     }
@@ -64,6 +73,9 @@ impl Slab {
 
     /// Appends a slab whose keys all sort after this one's.
     pub(crate) fn append(&mut self, other: Slab) {
+        self.keys.reserve_exact(other.keys.len());
+        self.ends.reserve_exact(other.len());
+        self.live.reserve_exact(other.len());
         let base = self.keys.len() as u32;
         self.keys.extend_from_slice(&other.keys);
         self.ends.extend(other.ends.iter().map(|e| e + base));
@@ -78,7 +90,7 @@ impl Slab {
         }
         let mut order: Vec<usize> = (0..entries.len()).collect();
         order.sort_unstable_by(|&a, &b| entries.get(a).0.cmp(entries.get(b).0));
-        let mut out = Slab::default();
+        let mut out = Slab::with_capacity(entries.len(), entries.keys.len());
         for i in order {
             let (key, live) = entries.get(i);
             out.push(key, live);
@@ -177,7 +189,11 @@ impl Memtable {
             .map(|s| Box::new(SlabSource::new(s, &[])) as Box<dyn Source + '_>)
             .collect();
         let mut merge = Merge::new(sources);
-        let mut out = Slab::default();
+        // Sized for all inputs (the output is at most that): no regrowth, no slack.
+        let mut out = Slab::with_capacity(
+            inputs.iter().map(Slab::len).sum(),
+            inputs.iter().map(|s| s.keys.len()).sum(),
+        );
         let mut key = Vec::new();
         // Slab sources never fail.
         while let Ok(Some(live)) = merge.next(&mut key) {

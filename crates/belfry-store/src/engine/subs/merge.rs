@@ -1,8 +1,9 @@
 //! Reading the tree: point lookups, and ordered scans that merge the memtables and the runs
 //! (newest first: for a key held by several, the newest version wins).
 
+use super::bloom::BloomHash;
 use super::memtable::{Memtable, SlabSource};
-use super::run::{Block, Run};
+use super::run::{Block, BlockScan, Overlap, Run};
 use crate::store::Result;
 
 /// One sorted source of entries, positioned at its current entry.
@@ -59,42 +60,85 @@ impl Source for RunCursor<'_> {
 }
 
 /// Sources merged in key order; for equal keys the first source (the newest) wins.
+///
+/// After a full comparison the source holding the smallest key becomes the *lead* and the
+/// next smallest key of the others the *bound*: the lead's keys below the bound are the next
+/// keys of the merge, each taken with one comparison (runs whose key ranges barely overlap,
+/// like those of ascending ids, merge at the cost of a copy).
 pub(crate) struct Merge<'a> {
     sources: Vec<Box<dyn Source + 'a>>,
+    lead: Option<usize>,
+    /// The smallest key of the sources other than the lead (`None`: they are exhausted).
+    bound: Option<Vec<u8>>,
 }
 
 impl<'a> Merge<'a> {
     pub(crate) fn new(sources: Vec<Box<dyn Source + 'a>>) -> Merge<'a> {
-        Merge { sources }
+        Merge {
+            sources,
+            lead: None,
+            bound: None,
+        }
     }
 
     /// The next key (into `key`) and whether its newest version is live; `None` at the end.
     pub(crate) fn next(&mut self, key: &mut Vec<u8>) -> Result<Option<bool>> {
-        let mut best: Option<(usize, bool)> = None;
-        for i in 0..self.sources.len() {
-            let Some((k, live)) = self.sources[i].peek() else {
+        if let Some(lead) = self.lead {
+            if let Some((k, live)) = self.sources[lead].peek() {
+                if self.bound.as_deref().is_none_or(|b| k < b) {
+                    key.clear();
+                    key.extend_from_slice(k);
+                    self.sources[lead].advance()?;
+                    return Ok(Some(live));
+                }
+            }
+            self.lead = None;
+        }
+        // The smallest key (the first source holding it) and the next smallest of the others.
+        let mut best: Option<(usize, &[u8], bool)> = None;
+        let mut second: Option<&[u8]> = None;
+        for (i, source) in self.sources.iter().enumerate() {
+            let Some((k, live)) = source.peek() else {
                 continue;
             };
-            let better = match best {
-                None => true,
-                Some((b, _)) => self.sources[b].peek().is_some_and(|(bk, _)| k < bk),
-            };
-            if better {
-                best = Some((i, live));
+            match best {
+                Some((_, bk, _)) if k >= bk => {
+                    if second.is_none_or(|s| k < s) {
+                        second = Some(k);
+                    }
+                }
+                _ => {
+                    if let Some((_, bk, _)) = best {
+                        second = Some(bk);
+                    }
+                    best = Some((i, k, live));
+                }
             }
         }
-        let Some((b, live)) = best else {
+        let Some((b, bk, live)) = best else {
             return Ok(None);
         };
         key.clear();
-        if let Some((k, _)) = self.sources[b].peek() {
-            key.extend_from_slice(k);
-        }
-        for source in &mut self.sources {
-            while source.peek().is_some_and(|(k, _)| k == key.as_slice()) {
-                source.advance()?;
+        key.extend_from_slice(bk);
+        if second.is_some_and(|s| s == bk) {
+            // Older versions of the key: skip them.
+            for source in &mut self.sources {
+                while source.peek().is_some_and(|(k, _)| k == key.as_slice()) {
+                    source.advance()?;
+                }
             }
+            return Ok(Some(live));
         }
+        match (second, &mut self.bound) {
+            (None, bound) => *bound = None,
+            (Some(s), Some(bound)) => {
+                bound.clear();
+                bound.extend_from_slice(s);
+            }
+            (Some(s), bound) => *bound = Some(s.to_vec()),
+        }
+        self.lead = Some(b);
+        self.sources[b].advance()?;
         Ok(Some(live))
     }
 }
@@ -122,31 +166,26 @@ impl<'a> View<'a> {
     }
 
     /// The newest version of a by-set key: `Some(live)`, or `None` if no source holds it.
-    /// `cache` holds one decoded block per run, reused while sorted lookups stay in it.
-    pub(crate) fn get(
-        &self,
-        key: &[u8],
-        cache: &mut [Option<(usize, Block)>],
-    ) -> Result<Option<bool>> {
+    /// `scans` holds one block scan per run, which sorted lookups move forward.
+    pub(crate) fn get(&self, key: &[u8], scans: &mut [BlockScan]) -> Result<Option<bool>> {
         for mem in &self.mems {
             if let Some(live) = mem.get(key) {
                 return Ok(Some(live));
             }
         }
-        for (run, slot) in self.runs.iter().zip(cache.iter_mut()) {
-            if !run.may_hold_set_key(key) {
-                continue;
-            }
-            let index = run.block_for(key);
-            if slot.as_ref().is_none_or(|(i, _)| *i != index) {
-                *slot = Some((index, run.read_block(index)?));
-            }
-            let Some((_, block)) = slot.as_ref() else {
-                continue;
+        // One hash of the key serves every run's bloom filter.
+        let mut hash = None;
+        for (run, scan) in self.runs.iter().zip(scans.iter_mut()) {
+            let in_range = match scan.overlap {
+                Overlap::Outside => false,
+                Overlap::Inside => true,
+                Overlap::PerKey => run.in_set_key_range(key),
             };
-            let i = block.seek(key);
-            if i < block.len() && block.get(i).0 == key {
-                return Ok(Some(block.get(i).1));
+            if !in_range || !run.bloom_may_hold(hash.get_or_insert_with(|| BloomHash::of(key))) {
+                continue;
+            }
+            if let Some(live) = run.lookup_in_block(run.block_for(key), key, scan)? {
+                return Ok(Some(live));
             }
         }
         Ok(None)

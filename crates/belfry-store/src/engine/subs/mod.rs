@@ -37,7 +37,7 @@ use self::keys::{by_user_key, set_prefix, sorted_user_keys, split_by_user, user_
 use self::memtable::{Memtable, Slab};
 use self::merge::View;
 use self::record::{Op, SubsRecord, USERS_PER_RECORD_MAX};
-use self::run::Run;
+use self::run::{BlockScan, Run};
 pub(crate) use self::tree::{open_runs, SubsPlan};
 use super::checkpoint::CheckpointNeed;
 use super::record::WalBatch;
@@ -123,11 +123,14 @@ impl Subs {
             }
         }
         // By-set keys sort before by-user keys: one slab holds both, each part sorted.
-        let mut by_set = Slab::default();
-        let mut by_user = Slab::default();
         let mut key = Vec::with_capacity(keys::KEY_BYTES_MAX);
         set_prefix(&mut key, set, epoch);
         let prefix = key.len();
+        let user_bytes: usize = rec.users.iter().map(|u| u.len()).sum();
+        let n = rec.users.len();
+        // Room for both parts in the first, which the second is appended to.
+        let mut by_set = Slab::with_capacity(2 * n, 2 * (user_bytes + n * prefix) + 2 * n);
+        let mut by_user = Slab::with_capacity(n, user_bytes + n * (prefix + 2));
         for user in &rec.users {
             key.truncate(prefix);
             key.extend_from_slice(user);
@@ -147,6 +150,8 @@ impl Subs {
     /// whose prefix is `prefix`.
     fn members_of(&self, prefix: &[u8], buf: &[u8], ranges: &[(u32, u32)]) -> Result<Vec<bool>> {
         let mut view = self.view();
+        let mut cache: Vec<BlockScan> = Vec::new();
+        cache.resize_with(self.runs.len(), Default::default);
         // Memtables holding nothing in the batch's key range are not looked up per key (a
         // bulk subscribe of fresh ids walks past them).
         if let (Some(&(fs, fe)), Some(&(ls, le))) = (ranges.first(), ranges.last()) {
@@ -155,9 +160,11 @@ impl Subs {
             let mut last = prefix.to_vec();
             last.extend_from_slice(&buf[ls as usize..le as usize]);
             view.mems.retain(|mem| mem.holds_between(&first, &last));
+            // Likewise runs, and runs holding the whole range need no check per key.
+            for (run, scan) in self.runs.iter().zip(&mut cache) {
+                scan.overlap = run.set_key_overlap(&first, &last);
+            }
         }
-        let mut cache = Vec::new();
-        cache.resize_with(self.runs.len(), || None);
         let mut key = prefix.to_vec();
         let mut out = Vec::with_capacity(ranges.len());
         for &(s, e) in ranges {
@@ -267,7 +274,7 @@ impl Engine {
         set_prefix(&mut key, set, info.epoch);
         user.encode_into(&mut key);
         let mut cache = Vec::new();
-        cache.resize_with(subs.runs.len(), || None);
+        cache.resize_with(subs.runs.len(), Default::default);
         Ok(subs.view().get(&key, &mut cache)? == Some(true))
     }
 

@@ -6,7 +6,8 @@
 //!   prefix-compressed against the previous key of the block (the first one in full);
 //! - the index, one frame: `[blocks: u32]`, per block `[offset: u64][frame len: u32]
 //!   [first key len: u8][first key]`, then `[len: u8][largest by-set key]`;
-//! - the bloom filter over the by-set keys, one frame of u64 words;
+//! - the blocked bloom filter over the by-set keys (`bloom.rs`), one frame of u64 words, a
+//!   whole number of 512-bit blocks;
 //! - the footer, [`FOOTER_BYTES`]: `magic "BLFYSUBR"`, version u8, index offset u64, index
 //!   len u64, bloom offset u64, bloom len u64, entries u64, crc32 of the footer before it.
 //!
@@ -19,15 +20,16 @@ use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use super::bloom::Bloom;
+use super::bloom::{Bloom, BloomHash};
 use super::keys::{get_varint, put_varint, SPACE_BY_SET};
-use crate::engine::record::{split_frame_limited, write_frame, FRAME_HEADER_BYTES};
+use crate::engine::record::{split_frame_limited, write_frame_header, FRAME_HEADER_BYTES};
 use crate::store::{Result, StoreError};
 
 /// Target size of a data block.
 pub(crate) const BLOCK_BYTES: usize = 4096;
 const MAGIC: &[u8; 8] = b"BLFYSUBR";
-const RUN_VERSION: u8 = 1;
+/// 2: blocked bloom filter (1, a plain one, is no longer read).
+const RUN_VERSION: u8 = 2;
 pub(crate) const FOOTER_BYTES: usize = 8 + 1 + 8 * 5 + 4;
 /// Largest index or bloom frame read at open (a run of a billion keys stays below).
 const META_FRAME_BYTES_MAX: usize = 2 << 30;
@@ -128,7 +130,101 @@ impl Block {
     }
 }
 
+/// One block of a run read for point lookups in ascending key order: its frame is read once
+/// (into a reused buffer) and its entries are decoded one at a time as lookups move forward,
+/// so a batch of sorted keys decodes each block it touches at most once, and a bloom false
+/// positive decodes only the entries before the key.
+#[derive(Debug, Default)]
+pub(crate) struct BlockScan {
+    /// The block read into `frame` (`None`: nothing read yet).
+    block: Option<usize>,
+    frame: Vec<u8>,
+    /// Where the next entry starts in `frame`.
+    pos: usize,
+    /// The key and flag of the entry before `pos` (`key` empty: none decoded yet).
+    key: Vec<u8>,
+    live: bool,
+    /// How the keys looked up relate to the run's by-set key range (set by a batch that
+    /// knows its first and last key).
+    pub(crate) overlap: Overlap,
+}
+
+/// How a batch of lookups relates to a run's by-set key range.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Overlap {
+    /// Unknown: each key is checked.
+    #[default]
+    PerKey,
+    /// Every key is in the range.
+    Inside,
+    /// No key is in the range.
+    Outside,
+}
+
 impl Run {
+    /// The flag of `key` if block `index` holds it; `scan` keeps the block and the position
+    /// between calls.
+    pub(crate) fn lookup_in_block(
+        &self,
+        index: usize,
+        key: &[u8],
+        scan: &mut BlockScan,
+    ) -> Result<Option<bool>> {
+        let b = self.blocks[index];
+        if scan.block != Some(index) {
+            scan.block = None;
+            scan.frame.resize(b.len as usize, 0);
+            self.read_frame(b, &mut scan.frame)?;
+            split_frame_limited(&scan.frame, b.len as usize)
+                .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
+            scan.block = Some(index);
+            scan.pos = FRAME_HEADER_BYTES;
+            scan.key.clear();
+        } else if key < scan.key.as_slice() {
+            // Backwards: start over.
+            scan.pos = FRAME_HEADER_BYTES;
+            scan.key.clear();
+        }
+        // `m`: how many leading bytes the scan's key shares with `key`. An entry sharing
+        // more than `m` bytes with the previous key still sorts below `key`, one sharing fewer
+        // sorts above it: only an entry sharing exactly `m` bytes is compared, from byte `m`.
+        let mut m = shared_prefix(&scan.key, key);
+        loop {
+            if !scan.key.is_empty() {
+                match scan.key.get(m) {
+                    None if m == key.len() => return Ok(Some(scan.live)),
+                    // The scan's key is a proper prefix of `key`: below it.
+                    None => {}
+                    Some(_) if m == key.len() => return Ok(None),
+                    Some(&b) if b > key[m] => return Ok(None),
+                    Some(_) => {}
+                }
+            }
+            let rest = &scan.frame[scan.pos..];
+            if rest.is_empty() {
+                return Ok(None);
+            }
+            let damaged = |d: &str| corrupt(&self.path, b.offset, d.to_string());
+            let (shared, n) = get_varint(rest).ok_or_else(|| damaged("entry prefix"))?;
+            let rest = &rest[n..];
+            let (tail, l) = get_varint(rest).ok_or_else(|| damaged("entry length"))?;
+            let rest = &rest[l..];
+            let (shared, suffix) = (shared as usize, (tail >> 1) as usize);
+            if shared > scan.key.len() || suffix > rest.len() || shared + suffix == 0 {
+                return Err(damaged("entry runs past its block"));
+            }
+            scan.key.truncate(shared);
+            scan.key.extend_from_slice(&rest[..suffix]);
+            scan.live = tail & 1 == 1;
+            scan.pos += n + l + suffix;
+            if shared < m {
+                m = shared;
+            } else if shared == m {
+                m += shared_prefix(&scan.key[m..], &key[m..]);
+            }
+        }
+    }
+
     pub(crate) fn block_count(&self) -> usize {
         self.blocks.len()
     }
@@ -152,19 +248,31 @@ impl Run {
         lo.saturating_sub(1)
     }
 
-    /// Whether a by-set key may be in this run (bloom filter and key range).
-    pub(crate) fn may_hold_set_key(&self, key: &[u8]) -> bool {
-        !self.blocks.is_empty()
-            && key <= self.max_set_key.as_slice()
-            && key >= self.first_key(0)
-            && self.bloom.may_contain(key)
+    /// Whether a by-set key may be in this run's by-set key range.
+    pub(crate) fn in_set_key_range(&self, key: &[u8]) -> bool {
+        !self.blocks.is_empty() && key <= self.max_set_key.as_slice() && key >= self.first_key(0)
     }
 
-    pub(crate) fn read_block(&self, i: usize) -> Result<Block> {
-        let b = self.blocks[i];
-        let mut buf = vec![0; b.len as usize];
+    /// How the keys `first..=last` relate to this run's by-set key range.
+    pub(crate) fn set_key_overlap(&self, first: &[u8], last: &[u8]) -> Overlap {
+        if self.blocks.is_empty() || last < self.first_key(0) || first > self.max_set_key.as_slice()
+        {
+            Overlap::Outside
+        } else if first >= self.first_key(0) && last <= self.max_set_key.as_slice() {
+            Overlap::Inside
+        } else {
+            Overlap::PerKey
+        }
+    }
+
+    /// Whether the bloom filter lets a by-set key (of this hash) through.
+    pub(crate) fn bloom_may_hold(&self, hash: &BloomHash) -> bool {
+        self.bloom.may_contain(hash)
+    }
+
+    fn read_frame(&self, b: BlockRef, buf: &mut [u8]) -> Result<()> {
         self.file
-            .read_exact_at(&mut buf, b.offset)
+            .read_exact_at(buf, b.offset)
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::UnexpectedEof => {
                     corrupt(&self.path, b.offset, "block cut short")
@@ -173,7 +281,13 @@ impl Run {
                     context: "read a subscription run",
                     source: e,
                 },
-            })?;
+            })
+    }
+
+    pub(crate) fn read_block(&self, i: usize) -> Result<Block> {
+        let b = self.blocks[i];
+        let mut buf = vec![0; b.len as usize];
+        self.read_frame(b, &mut buf)?;
         let (body, _) = split_frame_limited(&buf, b.len as usize)
             .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
         Block::decode(body).map_err(|d| corrupt(&self.path, b.offset, d))
@@ -332,11 +446,31 @@ pub(crate) struct RunWriter {
     block: Vec<u8>,
     block_first: Vec<u8>,
     last: Vec<u8>,
-    index: Vec<u8>,
-    blocks: u32,
+    /// The index as the run will hold it (so `finish` opens the run without reading back).
+    index_keys: Vec<u8>,
+    blocks: Vec<BlockRef>,
     bloom: Bloom,
     max_set_key: Vec<u8>,
     entries: u64,
+}
+
+/// How many leading bytes `a` and `b` share (8 at a time).
+fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        let x = u64::from_le_bytes(a[i..i + 8].try_into().unwrap_or_default());
+        let y = u64::from_le_bytes(b[i..i + 8].try_into().unwrap_or_default());
+        if x != y {
+            return i + ((x ^ y).trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i + a[i..n]
+        .iter()
+        .zip(&b[i..n])
+        .take_while(|(x, y)| x == y)
+        .count()
 }
 
 impl RunWriter {
@@ -352,8 +486,8 @@ impl RunWriter {
             block: Vec::with_capacity(BLOCK_BYTES + 256),
             block_first: Vec::new(),
             last: Vec::new(),
-            index: Vec::new(),
-            blocks: 0,
+            index_keys: Vec::new(),
+            blocks: Vec::new(),
             bloom: Bloom::with_keys(set_keys),
             max_set_key: Vec::new(),
             entries: 0,
@@ -367,10 +501,7 @@ impl RunWriter {
             self.block_first.extend_from_slice(key);
             0
         } else {
-            key.iter()
-                .zip(&self.last)
-                .take_while(|(a, b)| a == b)
-                .count()
+            shared_prefix(key, &self.last)
         };
         put_varint(&mut self.block, shared as u64);
         put_varint(
@@ -378,12 +509,14 @@ impl RunWriter {
             (((key.len() - shared) as u64) << 1) | u64::from(live),
         );
         self.block.extend_from_slice(&key[shared..]);
-        self.last.clear();
-        self.last.extend_from_slice(key);
+        if key.first() != Some(&SPACE_BY_SET) && self.last.first() == Some(&SPACE_BY_SET) {
+            // By-set keys sort first: the last of them is the largest.
+            self.max_set_key.clone_from(&self.last);
+        }
+        self.last.truncate(shared);
+        self.last.extend_from_slice(&key[shared..]);
         if key.first() == Some(&SPACE_BY_SET) {
             self.bloom.insert(key);
-            self.max_set_key.clear();
-            self.max_set_key.extend_from_slice(key);
         }
         self.entries += 1;
         if self.block.len() >= BLOCK_BYTES {
@@ -396,50 +529,78 @@ impl RunWriter {
         if self.block.is_empty() {
             return Ok(());
         }
-        let mut frame = Vec::with_capacity(self.block.len() + FRAME_HEADER_BYTES);
-        write_frame(&mut frame, &self.block);
-        self.out
-            .write_all(&frame)
-            .map_err(io("write a subscription run"))?;
-        self.index.extend_from_slice(&self.offset.to_le_bytes());
-        self.index
-            .extend_from_slice(&(frame.len() as u32).to_le_bytes());
-        self.index.push(self.block_first.len() as u8);
-        self.index.extend_from_slice(&self.block_first);
-        self.offset += frame.len() as u64;
-        self.blocks += 1;
+        let mut header = Vec::with_capacity(FRAME_HEADER_BYTES);
+        write_frame_header(&mut header, &self.block);
+        self.write(&header)?;
+        let block = std::mem::take(&mut self.block);
+        let written = self.write(&block);
+        self.block = block;
+        written?;
+        let key_start = self.index_keys.len() as u32;
+        self.index_keys.extend_from_slice(&self.block_first);
+        self.blocks.push(BlockRef {
+            offset: self.offset,
+            len: (FRAME_HEADER_BYTES + self.block.len()) as u32,
+            key_start,
+            key_end: self.index_keys.len() as u32,
+        });
+        self.offset += (FRAME_HEADER_BYTES + self.block.len()) as u64;
         self.block.clear();
         Ok(())
     }
 
-    fn write_meta_frame(&mut self, body: &[u8]) -> Result<(u64, u64)> {
-        let mut frame = Vec::with_capacity(body.len() + FRAME_HEADER_BYTES);
-        write_frame(&mut frame, body);
+    fn write(&mut self, bytes: &[u8]) -> Result<()> {
         self.out
-            .write_all(&frame)
-            .map_err(io("write a subscription run"))?;
-        let at = self.offset;
-        self.offset += frame.len() as u64;
-        Ok((at, frame.len() as u64))
+            .write_all(bytes)
+            .map_err(io("write a subscription run"))
     }
 
-    /// Writes the index, bloom filter and footer, fsyncs the file and opens it as a run.
-    /// The caller fsyncs the directory before listing the run anywhere.
+    /// Writes the index, bloom filter and footer, fsyncs the file and opens it as a run
+    /// (keeping the index and bloom filter it built). The caller fsyncs the directory before
+    /// listing the run anywhere.
     pub(crate) fn finish(mut self) -> Result<Run> {
         self.end_block()?;
-        let mut index = Vec::with_capacity(self.index.len() + 8 + KEY_MAX_HINT);
-        index.extend_from_slice(&self.blocks.to_le_bytes());
-        index.extend_from_slice(&self.index);
-        index.push(self.max_set_key.len() as u8);
-        index.extend_from_slice(&self.max_set_key);
-        let (index_offset, index_len) = self.write_meta_frame(&index)?;
-        let bloom: Vec<u8> = self
-            .bloom
-            .words()
-            .iter()
-            .flat_map(|w| w.to_le_bytes())
-            .collect();
-        let (bloom_offset, bloom_len) = self.write_meta_frame(&bloom)?;
+        let max_set_key = if self.last.first() == Some(&SPACE_BY_SET) {
+            std::mem::take(&mut self.last)
+        } else {
+            std::mem::take(&mut self.max_set_key)
+        };
+        let mut index = Vec::with_capacity(self.index_keys.len() + 17 * self.blocks.len() + 170);
+        index.extend_from_slice(&(self.blocks.len() as u32).to_le_bytes());
+        for b in &self.blocks {
+            index.extend_from_slice(&b.offset.to_le_bytes());
+            index.extend_from_slice(&b.len.to_le_bytes());
+            index.push((b.key_end - b.key_start) as u8);
+            index.extend_from_slice(&self.index_keys[b.key_start as usize..b.key_end as usize]);
+        }
+        index.push(max_set_key.len() as u8);
+        index.extend_from_slice(&max_set_key);
+        let mut header = Vec::with_capacity(FRAME_HEADER_BYTES);
+        write_frame_header(&mut header, &index);
+        self.write(&header)?;
+        self.write(&index)?;
+        let (index_offset, index_len) = (self.offset, (FRAME_HEADER_BYTES + index.len()) as u64);
+        self.offset += index_len;
+        drop(index);
+        // The bloom filter's frame, streamed (it can be tens of MiB).
+        let words = self.bloom.words();
+        let mut crc = crc32fast::Hasher::new();
+        for w in words {
+            crc.update(&w.to_le_bytes());
+        }
+        let body_len = words.len() * 8;
+        let mut frame = Vec::with_capacity(64 * 1024);
+        frame.extend_from_slice(&(body_len as u32).to_le_bytes());
+        frame.extend_from_slice(&crc.finalize().to_le_bytes());
+        for chunk in words.chunks(8 * 1024) {
+            frame.extend(chunk.iter().flat_map(|w| w.to_le_bytes()));
+            self.out
+                .write_all(&frame)
+                .map_err(io("write a subscription run"))?;
+            frame.clear();
+        }
+        let (bloom_offset, bloom_len) = (self.offset, (FRAME_HEADER_BYTES + body_len) as u64);
+        self.offset += bloom_len;
         let footer = Footer {
             index_offset,
             index_len,
@@ -447,25 +608,115 @@ impl RunWriter {
             bloom_len,
             entries: self.entries,
         };
-        self.out
-            .write_all(&footer.encode())
-            .map_err(io("write a subscription run"))?;
+        self.write(&footer.encode())?;
         let file = self.out.into_inner().map_err(|e| StoreError::Io {
             context: "write a subscription run",
             source: e.into_error(),
         })?;
         file.sync_all().map_err(io("fsync a subscription run"))?;
         drop(file);
-        Run::open(&self.path, self.id)
+        let file = File::open(&self.path).map_err(io("open a subscription run"))?;
+        Ok(Run {
+            id: self.id,
+            path: self.path,
+            file,
+            index_keys: self.index_keys,
+            blocks: self.blocks,
+            bloom: self.bloom,
+            max_set_key,
+            entries: self.entries,
+            file_bytes: self.offset + FOOTER_BYTES as u64,
+        })
     }
 }
-
-const KEY_MAX_HINT: usize = super::keys::KEY_BYTES_MAX;
 
 impl Run {
     /// About how many by-set keys the run holds (from its bloom filter's size), to size the
     /// bloom filter of a merge.
     pub(crate) fn set_keys_hint(&self) -> usize {
         self.bloom.words().len() * 64 / super::bloom::BLOOM_BITS_PER_KEY
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_prefix_counts_common_leading_bytes() {
+        let keys: [&[u8]; 6] = [
+            b"",
+            b"a",
+            b"abcdefgh",
+            b"abcdefghij",
+            b"abcdefgxij",
+            b"abcdefghijklmnopq",
+        ];
+        for a in keys {
+            for b in keys {
+                let want = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+                assert_eq!(shared_prefix(a, b), want, "{a:?} {b:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_written_run_reads_back_as_reopened() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = RunWriter::create(dir.path(), 1, 1_000).unwrap();
+        let mut keys = Vec::new();
+        for i in 0u32..1_000 {
+            let mut key = vec![SPACE_BY_SET];
+            key.extend_from_slice(&i.to_be_bytes());
+            keys.push(key);
+        }
+        for i in 0u32..1_000 {
+            let mut key = vec![1];
+            key.extend_from_slice(&i.to_be_bytes());
+            keys.push(key);
+        }
+        for (n, key) in keys.iter().enumerate() {
+            writer.add(key, n % 3 != 0).unwrap();
+        }
+        let written = writer.finish().unwrap();
+        let reopened = Run::open(&written.path, 1).unwrap();
+        for run in [&written, &reopened] {
+            assert_eq!(run.entries, 2_000);
+            assert_eq!(run.max_set_key, keys[999]);
+            assert_eq!(run.index_keys, written.index_keys);
+            assert_eq!(run.bloom.words(), written.bloom.words());
+            assert_eq!(run.file_bytes, reopened.file_bytes);
+            let mut n = 0;
+            for b in 0..run.block_count() {
+                let block = run.read_block(b).unwrap();
+                for i in 0..block.len() {
+                    assert_eq!(block.get(i), (keys[n].as_slice(), n % 3 != 0));
+                    n += 1;
+                }
+            }
+            assert_eq!(n, 2_000);
+            // Point lookups: forward (present, and absent between keys), then backwards.
+            let mut scan = BlockScan::default();
+            for (n, key) in keys.iter().enumerate() {
+                let b = run.block_for(key);
+                assert_eq!(
+                    run.lookup_in_block(b, key, &mut scan).unwrap(),
+                    Some(n % 3 != 0)
+                );
+                let mut after = key.clone();
+                after.push(7);
+                let b = run.block_for(&after);
+                assert_eq!(run.lookup_in_block(b, &after, &mut scan).unwrap(), None);
+            }
+            for n in [1_999, 1_000, 3, 0] {
+                let b = run.block_for(&keys[n]);
+                let found = run.lookup_in_block(b, &keys[n], &mut scan).unwrap();
+                assert_eq!(found, Some(n % 3 != 0));
+            }
+            assert_eq!(run.lookup_in_block(0, &[0], &mut scan).unwrap(), None);
+            let hash = BloomHash::of(&keys[5]);
+            assert!(run.in_set_key_range(&keys[5]) && run.bloom_may_hold(&hash));
+            assert!(!run.in_set_key_range(&keys[1_005]));
+        }
     }
 }
