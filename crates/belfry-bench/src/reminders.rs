@@ -110,8 +110,10 @@ pub struct RemindersOutcome {
     /// The trivial handler answering a feed's bytes (the sample answer) instead of `{}`.
     pub feed_baseline_same_bytes: Option<ReadLoad>,
     pub feed_answer_bytes: u64,
-    /// Feed reads while the big fan-out runs (from its due time to its last ack).
+    /// Feed reads while the big fan-out runs again (from its due time to its last ack).
     pub feed_during_fanout: Option<ReadLoad>,
+    /// That second fan-out's time, under the feed load.
+    pub fanout_under_feed_s: Option<f64>,
     pub feed_subscriptions: u64,
     pub feed_nonempty: u64,
 }
@@ -202,53 +204,32 @@ async fn measure(
 
     // The feed's data, and its reads on a quiet server.
     let feed_paths = if args.feed_users > 0 {
-        let paths = feed_setup(args, &target, &queue, run, &mut out).await?;
+        // A queue of their own, so their chunks never mix with the fan-out's.
+        let feed_queue = format!("bench-rem-feed-{run}");
+        create_queue(&target, &feed_queue, "{}").await?;
+        let paths = feed_setup(args, &target, &feed_queue, run, &mut out).await?;
         feed_measure(args, &target, paths.clone(), &mut out).await?;
         Some(paths)
     } else {
         None
     };
 
-    // 3. Fan-out (with the feed read meanwhile), and its baseline.
-    let due = unix_ms() + 1_000;
-    let during = feed_paths.map(|paths| {
-        let (target, stop) = (target.clone(), Arc::new(AtomicBool::new(false)));
-        let flag = stop.clone();
-        let conns = args.feed_connections;
-        let load = tokio::spawn(async move {
-            // From the due time on.
-            tokio::time::sleep(Duration::from_millis(due.saturating_sub(unix_ms()))).await;
-            read_load(&target, paths, conns, flag).await
-        });
-        (stop, load)
-    });
-    call(
-        &target,
-        Method::PATCH,
-        &format!("/v1/reminders/{big}"),
-        json!({"run_at_ms": due}),
-    )
-    .await?;
-    let bar = progress(&args.output, args.subscribers, "fan-out");
-    let drained = drain_users(
-        &target,
-        &queue,
-        args.subscribers,
-        &bar,
-        Duration::from_secs(600),
-    )
-    .await?;
-    bar.finish_and_clear();
-    if let Some((stop, load)) = during {
-        stop.store(true, Ordering::Relaxed);
-        out.feed_during_fanout = load.await.ok();
-    }
+    // 3. Fan-out on a quiet server, and its baseline.
+    let (drained, due) = fan_out(args, &target, &queue, &big, None).await?;
     out.fanout_users = drained.users;
     out.fanout_duplicates = drained.duplicates;
     out.fanout_s = drained
         .last_ack_ms
         .map(|t| t.saturating_sub(due) as f64 / 1_000.0);
     out.fanout_baseline_s = Some(baseline_drain(args, &target, run).await?);
+    // The same reminder fired again while feeds are read, from its due time to its last ack.
+    if let Some(paths) = feed_paths {
+        let (drained, due) = fan_out(args, &target, &queue, &big, Some(paths)).await?;
+        out.fanout_under_feed_s = drained
+            .last_ack_ms
+            .map(|t| t.saturating_sub(due) as f64 / 1_000.0);
+        out.feed_during_fanout = drained.feed;
+    }
 
     // 4. Paced fan-out.
     if args.paced_users > 0 {
@@ -257,6 +238,51 @@ async fn measure(
     }
 
     Ok(out)
+}
+
+/// Fires reminder `id` a second from now and drains its chunks; with `feed`, reads feeds
+/// from the due time until the last chunk is acked. Returns what was drained and the due time.
+async fn fan_out(
+    args: &RemindersArgs,
+    target: &Target,
+    queue: &str,
+    id: &str,
+    feed: Option<Arc<Vec<String>>>,
+) -> anyhow::Result<(Drained, u64)> {
+    let due = unix_ms() + 1_000;
+    let during = feed.map(|paths| {
+        let (target, stop) = (target.clone(), Arc::new(AtomicBool::new(false)));
+        let flag = stop.clone();
+        let conns = args.feed_connections;
+        let load = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(due.saturating_sub(unix_ms()))).await;
+            read_load(&target, paths, conns, flag).await
+        });
+        (stop, load)
+    });
+    // A PATCH of the time fires a one-shot reminder again.
+    call(
+        target,
+        Method::PATCH,
+        &format!("/v1/reminders/{id}"),
+        json!({"run_at_ms": due}),
+    )
+    .await?;
+    let bar = progress(&args.output, args.subscribers, "fan-out");
+    let mut drained = drain_users(
+        target,
+        queue,
+        args.subscribers,
+        &bar,
+        Duration::from_secs(600),
+    )
+    .await?;
+    bar.finish_and_clear();
+    if let Some((stop, load)) = during {
+        stop.store(true, Ordering::Relaxed);
+        drained.feed = load.await.ok();
+    }
+    Ok((drained, due))
 }
 
 async fn create_reminder(
@@ -361,6 +387,8 @@ struct Drained {
     last_ack_ms: Option<u64>,
     /// (receipt ms, users) of each chunk, in receipt order.
     chunks: Vec<(u64, u64)>,
+    /// Feed reads made meanwhile, if any.
+    feed: Option<ReadLoad>,
 }
 
 /// Leases and acks chunks until `expected` users arrived (or `deadline` passed); users are
@@ -379,6 +407,7 @@ async fn drain_users(
         duplicates: 0,
         last_ack_ms: None,
         chunks: Vec::new(),
+        feed: None,
     };
     let lease = format!("/v1/queues/{queue}/lease");
     let ack = format!("/v1/queues/{queue}/ack");
@@ -551,8 +580,9 @@ async fn feed_setup(
     let bar = progress(&args.output, reminders, "feed reminders");
     for (r, users) in members.iter_mut().enumerate() {
         let id = format!("feed-{run}-{r}");
-        // Due over the next day; one in ten urgent.
-        let at = now + 60_000 + mix(r as u64) % 86_000_000;
+        // Due over the day after the first hour (none fires during the run); one in ten
+        // urgent.
+        let at = now + 3_600_000 + mix(r as u64) % 82_000_000;
         let mut body = json!({"id": id, "queue": queue, "run_at_ms": at, "content": {"title": format!("event {r}"), "body": "x".repeat(200)}});
         if r % 10 == 0 {
             body["priority"] = "urgent".into();
@@ -798,6 +828,16 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
             ]);
         }
         if let Some(during) = &o.feed_during_fanout {
+            table.row(vec![
+                format!("the {} fan-out again, while feeds are read", thousands(n)),
+                opt(o.fanout_under_feed_s, &|s| format!("{s:.2} s")),
+                opt(o.fanout_s, &|s| format!("{s:.2} s quiet")),
+                match (o.fanout_under_feed_s, o.fanout_s) {
+                    (Some(a), Some(b)) => ratio(a, b),
+                    _ => dash(),
+                },
+                "(context)".into(),
+            ]);
             table.row(vec![
                 format!(
                     "feed reads/s and p99.9 while the {} fan-out runs",
