@@ -1,6 +1,7 @@
 //! Bearer tokens end to end: every documented route (docs/openapi.json, which
 //! `tests/openapi.rs` keeps in step with the server) is tried with no token, an unknown token,
-//! a token of the wrong scope and a token of the right scope, on a real server.
+//! a token of the wrong scope and a token of the right scope, on a real server; the console's
+//! routes are tried as public.
 
 mod common;
 
@@ -105,6 +106,7 @@ async fn every_route_needs_its_scope() {
     let handle = Server::builder(test_config(), Arc::new(MemoryStore::new()))
         .clock(Arc::new(clock) as Arc<dyn Clock>)
         .auth(auth)
+        .merge(belfry_console::router())
         .start()
         .await
         .expect("server starts");
@@ -186,6 +188,25 @@ async fn every_route_needs_its_scope() {
             checked_scopes.contains(scope),
             "no documented route needed {scope}: {checked_scopes:?}"
         );
+    }
+    // The console's page and assets (merged as `belfry serve` merges them) are public: they
+    // load with no token and with a wrong one; the console's own API calls are the routes above.
+    for path in [
+        "/",
+        "/console",
+        "/console/",
+        "/console/js/app.js",
+        "/console/console.css",
+    ] {
+        for token in [None, Some("bfy_not_a_token_of_this_server")] {
+            let (status, value, _) = client.call("GET", path, token, None).await;
+            assert!(
+                status < 400,
+                "GET {path} with {token:?} is public: {status} {value}"
+            );
+        }
+        let (status, _, _) = client.call("DELETE", path, Some(&tokens.read), None).await;
+        assert!(status >= 400, "DELETE {path} is not served");
     }
     // A path no route serves needs a token, then answers 404.
     let (status, _, _) = client.call("GET", "/v2/nothing", None, None).await;
