@@ -76,7 +76,8 @@ pub fn router(state: AppState, body_limit: usize) -> Router {
 
 impl From<ReminderError> for ApiError {
     fn from(e: ReminderError) -> Self {
-        let code = match &e {
+        let message = e.to_string();
+        let code = match e {
             ReminderError::InvalidId(_) => ErrorCode::InvalidReminderId,
             ReminderError::Invalid(_) => ErrorCode::InvalidReminder,
             ReminderError::InvalidArgument(_) => ErrorCode::InvalidReminder,
@@ -90,29 +91,10 @@ impl From<ReminderError> for ApiError {
             ReminderError::AlreadyExists(_) => ErrorCode::ReminderExists,
             ReminderError::AlreadyFired(_) => ErrorCode::ReminderFired,
             ReminderError::Corrupt { .. } => ErrorCode::ReminderCorrupt,
-            ReminderError::Store(store) => {
-                return crate::shared::ServiceError::from(clone_store_error(store)).into()
-            }
+            // A store failure maps as it does for every other route (507, 503, 500, ...).
+            ReminderError::Store(store) => return crate::shared::ServiceError::from(store).into(),
         };
-        ApiError::new(code, e.to_string())
-    }
-}
-
-/// Store errors are not `Clone`; the API needs only their kind and message.
-fn clone_store_error(e: &belfry_store::StoreError) -> belfry_store::StoreError {
-    use belfry_store::StoreError as E;
-    match e {
-        E::Poisoned(m) => E::Poisoned(m.clone()),
-        E::Closed => E::Closed,
-        E::DiskFull {
-            free_bytes,
-            reserve_bytes,
-        } => E::DiskFull {
-            free_bytes: *free_bytes,
-            reserve_bytes: *reserve_bytes,
-        },
-        E::QueueNotFound(q) => E::QueueNotFound(q.clone()),
-        other => E::Invalid(other.to_string()),
+        ApiError::new(code, message)
     }
 }
 
