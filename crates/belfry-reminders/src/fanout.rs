@@ -21,7 +21,7 @@
 //! step at start-up before it dispatches, so none of those chunks can have finished (and its
 //! key been forgotten) in between.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use belfry_core::{NewTask, Priority, UnixMs, UserId};
 use belfry_store::{MetaChange, PutOutcome};
@@ -102,25 +102,46 @@ struct Made {
 }
 
 impl ReminderService {
-    /// Starts the fan-outs that are due and advances those in progress.
+    /// Starts the fan-outs that are due and advances those in progress. The reminders and the
+    /// fan-outs in progress are read with one listing each; a reminder that cannot be read or
+    /// handled is reported and the others still run.
     pub fn step(&self, now_ms: UnixMs) -> Result<StepReport> {
         let mut report = StepReport::default();
-        for reminder in self.all()? {
+        let mut fanouts: HashMap<String, Bytes> = self
+            .store
+            .list_meta(FANOUTS_NAMESPACE)?
+            .into_iter()
+            .collect();
+        for (key, bytes) in self.store.list_meta(REMINDERS_NAMESPACE)? {
+            let reminder = match crate::service::decode(&key, &bytes) {
+                Ok(reminder) => reminder,
+                Err(e) => {
+                    report.errors.push((key, e.to_string()));
+                    continue;
+                }
+            };
             report.subscribers += self.store.subscriber_count(reminder.uid).unwrap_or(0);
-            if let Err(e) = self.step_one(reminder.clone(), now_ms, &mut report) {
-                report.errors.push((reminder.id.to_string(), e.to_string()));
+            let id = reminder.id.to_string();
+            let fanout = fanouts.remove(&key);
+            if let Err(e) = self.step_one(reminder, fanout, now_ms, &mut report) {
+                report.errors.push((id, e.to_string()));
             }
         }
         Ok(report)
     }
 
-    fn step_one(&self, mut r: Reminder, now_ms: UnixMs, report: &mut StepReport) -> Result<()> {
-        let key = uid_key(r.uid);
+    fn step_one(
+        &self,
+        mut r: Reminder,
+        stored: Option<Bytes>,
+        now_ms: UnixMs,
+        report: &mut StepReport,
+    ) -> Result<()> {
         let mut fanout =
-            match self.store.get_meta(FANOUTS_NAMESPACE, &key)? {
+            match stored {
                 Some(bytes) => Some(decode_fanout(&bytes).map_err(|e| {
                     crate::service::ReminderError::Corrupt {
-                        key: key.clone(),
+                        key: uid_key(r.uid),
                         detail: e.0,
                     }
                 })?),
