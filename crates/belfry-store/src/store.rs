@@ -46,6 +46,12 @@ pub enum StoreError {
     Closed,
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A networked store could not be reached in time, or answered that it cannot serve
+    /// now (a failover, a paused or loading server). Transient: the same call may succeed
+    /// later. A change that failed this way may or may not have taken effect, so retrying
+    /// is safe for calls that are idempotent (puts with an idempotency key, acks, reads).
+    #[error("the store is unavailable for now ({detail}); retry shortly")]
+    Unavailable { detail: String },
     /// Another live store (in this process or another) has the data directory open.
     #[error("data directory {dir} is in use by another belfry process (lock file {lock})")]
     InUse { dir: String, lock: String },
@@ -68,6 +74,13 @@ pub enum StoreError {
          disk space (or let the queues drain) and retry"
     )]
     DiskFull { free_bytes: u64, reserve_bytes: u64 },
+}
+
+impl StoreError {
+    /// Whether the same call may succeed if retried later, unchanged.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, StoreError::Unavailable { .. })
+    }
 }
 
 /// Whether a store can take writes, as `/readyz` reports it. Cheap: no I/O beyond, at most,

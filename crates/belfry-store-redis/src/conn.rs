@@ -1,0 +1,231 @@
+//! Connections: a small pool of blocking connections to one Redis or to a cluster, the
+//! mapping of Redis errors onto the store's errors, and script calls that survive a node
+//! that has not seen a script yet.
+//!
+//! Blocking, because the `Store` contract is synchronous: the server already runs store calls
+//! on its blocking pool, and a pool of plain connections keeps one call one round trip with
+//! no runtime inside the store. Each pooled connection is used by one call at a time.
+
+use std::time::Duration;
+
+use belfry_store::StoreError;
+use parking_lot::Mutex;
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::{ConnectionLike, ErrorKind, RedisError, Value};
+
+use crate::scripts::Lua;
+use crate::target::RedisTarget;
+
+pub(crate) type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// How long a connection attempt and a command may take before the call fails as
+/// unavailable (a paused or partitioned Redis must not hang API calls).
+#[derive(Debug, Clone, Copy)]
+pub struct Timeouts {
+    pub connect: Duration,
+    pub command: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(2),
+            command: Duration::from_secs(5),
+        }
+    }
+}
+
+enum Client {
+    Single(redis::Client),
+    Cluster(ClusterClient),
+}
+
+pub(crate) enum Conn {
+    Single(redis::Connection),
+    Cluster(Box<ClusterConnection>),
+}
+
+impl Conn {
+    pub(crate) fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Conn::Single(c) => c,
+            Conn::Cluster(c) => &mut **c,
+        }
+    }
+}
+
+pub(crate) struct Pool {
+    client: Client,
+    timeouts: Timeouts,
+    idle: Mutex<Vec<Conn>>,
+    idle_max: usize,
+}
+
+impl Pool {
+    pub(crate) fn open(target: &RedisTarget, timeouts: Timeouts, idle_max: usize) -> Result<Pool> {
+        let client = match target {
+            RedisTarget::Single(url) => Client::Single(
+                redis::Client::open(url.as_str())
+                    .map_err(|e| StoreError::Invalid(format!("redis URL {target}: {e}")))?,
+            ),
+            RedisTarget::Cluster(nodes) => Client::Cluster(
+                ClusterClient::builder(nodes.clone())
+                    .connection_timeout(timeouts.connect)
+                    .response_timeout(timeouts.command)
+                    .retries(2)
+                    .build()
+                    .map_err(|e| StoreError::Invalid(format!("redis cluster {target}: {e}")))?,
+            ),
+        };
+        Ok(Pool {
+            client,
+            timeouts,
+            idle: Mutex::new(Vec::new()),
+            idle_max,
+        })
+    }
+
+    fn connect(&self) -> Result<Conn> {
+        match &self.client {
+            Client::Single(client) => {
+                let con = client
+                    .get_connection_with_timeout(self.timeouts.connect)
+                    .map_err(|e| map_error(e, "connect to redis"))?;
+                con.set_read_timeout(Some(self.timeouts.command))
+                    .and_then(|()| con.set_write_timeout(Some(self.timeouts.command)))
+                    .map_err(|e| map_error(e, "connect to redis"))?;
+                Ok(Conn::Single(con))
+            }
+            Client::Cluster(client) => {
+                Ok(Conn::Cluster(Box::new(client.get_connection().map_err(
+                    |e| map_error(e, "connect to the redis cluster"),
+                )?)))
+            }
+        }
+    }
+
+    /// Runs `f` on a pooled connection. A connection whose call failed with a connection-level
+    /// error is dropped rather than returned, so the next call reconnects.
+    pub(crate) fn with<T>(
+        &self,
+        context: &'static str,
+        f: impl FnOnce(&mut Conn) -> redis::RedisResult<T>,
+    ) -> Result<T> {
+        let mut conn = match self.idle.lock().pop() {
+            Some(conn) => conn,
+            None => self.connect()?,
+        };
+        match f(&mut conn) {
+            Ok(value) => {
+                let mut idle = self.idle.lock();
+                if idle.len() < self.idle_max {
+                    idle.push(conn);
+                }
+                Ok(value)
+            }
+            Err(e) => {
+                let keep = !(e.is_io_error()
+                    || e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_connection_refusal());
+                if keep && conn.as_dyn().is_open() {
+                    let mut idle = self.idle.lock();
+                    if idle.len() < self.idle_max {
+                        idle.push(conn);
+                    }
+                }
+                Err(map_error(e, context))
+            }
+        }
+    }
+
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.client, Client::Cluster(_))
+    }
+}
+
+/// Transient failures (the network, a timeout, a failover, a loading or busy server) become
+/// [`StoreError::Unavailable`]; anything else is a reply belfry did not expect.
+pub(crate) fn map_error(e: RedisError, context: &'static str) -> StoreError {
+    let transient = e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.kind(),
+            ErrorKind::BusyLoadingError
+                | ErrorKind::TryAgain
+                | ErrorKind::ClusterDown
+                | ErrorKind::MasterDown
+                | ErrorKind::ReadOnly
+                | ErrorKind::Moved
+                | ErrorKind::Ask
+        )
+        || e.code() == Some("BUSY");
+    if transient {
+        StoreError::Unavailable {
+            detail: format!("{context}: {e}"),
+        }
+    } else {
+        StoreError::Corrupt {
+            location: format!("redis reply ({context})"),
+            detail: e.to_string(),
+        }
+    }
+}
+
+/// A reply of an unexpected shape: a typed error naming what was expected.
+pub(crate) fn unexpected(context: &str, value: &Value) -> StoreError {
+    let mut shown = format!("{value:?}");
+    shown.truncate(200);
+    StoreError::Corrupt {
+        location: format!("redis reply ({context})"),
+        detail: format!("unexpected reply {shown}"),
+    }
+}
+
+/// Runs a script by its SHA, sending the source once when the node answering does not have
+/// it yet (a new node, a restarted one, or a promoted replica). `EVAL` caches the script on
+/// the node it reaches, which in a cluster is the node of the script's first key.
+pub(crate) fn run_script(
+    con: &mut dyn ConnectionLike,
+    script: &Lua,
+    keys: &[Vec<u8>],
+    args: &[Vec<u8>],
+) -> redis::RedisResult<Value> {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&script.sha).arg(keys.len()).arg(keys).arg(args);
+    match cmd.query::<Value>(con) {
+        Err(e) if e.kind() == ErrorKind::NoScriptError => {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg(script.source).arg(keys.len()).arg(keys).arg(args);
+            cmd.query(con)
+        }
+        other => other,
+    }
+}
+
+/// Runs `cmds` as one pipeline: in a cluster, grouped by node (each command may name its own
+/// slot; the pipeline is not atomic).
+pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisResult<Vec<Value>> {
+    if cmds.is_empty() {
+        return Ok(Vec::new());
+    }
+    match conn {
+        Conn::Single(c) => {
+            let mut pipe = redis::pipe();
+            for cmd in cmds {
+                pipe.add_command(cmd);
+            }
+            pipe.query(c)
+        }
+        Conn::Cluster(c) => {
+            let mut pipe = redis::cluster::cluster_pipe();
+            for cmd in cmds {
+                pipe.add_command(cmd);
+            }
+            pipe.query(&mut **c)
+        }
+    }
+}

@@ -1,0 +1,37 @@
+-- Ends or changes leases. ARGV: now, retain_ms, op, then per task: seq, lease id, value.
+-- op: 'ack' | 'nack' (value: retry at) | 'extend' (value: new deadline) | 'dead' (value:
+-- reason). Replies per task 0 ok, 1 not found, 2 lease expired; then the earliest instant
+-- a claim here could return something (-1: none).
+local now, retain, op = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local out = {}
+for i = 4, #ARGV, 3 do
+  local seq, lease, value = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2]
+  local code, rec, h = take_lease(seq, lease, now)
+  if code == 0 then
+    if op == 'ack' then
+      finish(seq, rec, h, DONE, now)
+    elseif op == 'nack' then
+      h[2] = SCHEDULED
+      h[6] = tonumber(value)
+      h[7] = 0
+      redis.call('HSET', KEYS[4], seq, pack(rec, h))
+      redis.call('ZADD', ready_key(h), h[6], seq)
+    elseif op == 'extend' then
+      h[7] = tonumber(value)
+      redis.call('HSET', KEYS[4], seq, pack(rec, h))
+      redis.call('ZADD', KEYS[3], h[7], seq)
+    elseif op == 'dead' then
+      h[2] = DEAD
+      h[7] = 0
+      redis.call('HSET', KEYS[4], seq, pack(rec, h))
+      redis.call('ZADD', KEYS[6], 0, seq)
+      redis.call('HSET', KEYS[7], seq, value)
+    else
+      return redis.error_reply('belfry: unknown lease op ' .. op)
+    end
+  end
+  out[#out + 1] = code
+end
+forget_old(now, retain)
+out[#out + 1] = earliest()
+return out

@@ -1,0 +1,18 @@
+-- The queue registry. KEYS: 1 registry (HASH: name -> 8-byte uid + config), 2 uid counter.
+-- ARGV: 'put' name config -> 1 created, 0 replaced | 'delete' name -> uid or 0.
+local op, name = ARGV[1], ARGV[2]
+local old = redis.call('HGET', KEYS[1], name)
+if op == 'put' then
+  if old then
+    redis.call('HSET', KEYS[1], name, string.sub(old, 1, 8) .. ARGV[3])
+    return 0
+  end
+  local uid = redis.call('INCR', KEYS[2])
+  redis.call('HSET', KEYS[1], name, struct.pack('>I8', uid) .. ARGV[3])
+  return 1
+elseif op == 'delete' then
+  if not old then return 0 end
+  redis.call('HDEL', KEYS[1], name)
+  return struct.unpack('>I8', old)
+end
+return redis.error_reply('belfry: unknown queue op ' .. tostring(op))

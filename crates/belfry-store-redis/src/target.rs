@@ -1,0 +1,162 @@
+//! Where the store lives: `--store redis://host:port` (one Redis) or
+//! `--store redis-cluster://host:port,host:port,…` (a cluster, any of its nodes as seeds).
+
+use std::fmt;
+
+/// A parsed `--store` URL of the Redis kinds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisTarget {
+    /// One Redis server: the URL as the `redis` crate takes it (`redis://[user:pass@]host:port[/db]`).
+    Single(String),
+    /// A Redis Cluster: seed nodes as `redis://host:port` URLs.
+    Cluster(Vec<String>),
+}
+
+/// Why a `--store` URL is not one belfry can use, in words that say what to write instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--store {url:?}: {reason}")]
+pub struct TargetError {
+    pub url: String,
+    pub reason: String,
+}
+
+impl RedisTarget {
+    /// Whether `url` names a Redis store at all (so the caller can try other kinds first).
+    pub fn is_redis_url(url: &str) -> bool {
+        url.starts_with("redis://")
+            || url.starts_with("rediss://")
+            || url.starts_with("redis-cluster://")
+    }
+
+    pub fn parse(url: &str) -> Result<RedisTarget, TargetError> {
+        let fail = |reason: &str| TargetError {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        if let Some(rest) = url.strip_prefix("redis-cluster://") {
+            let mut nodes = Vec::new();
+            for node in rest.split(',') {
+                let node = node.trim();
+                if node.is_empty() {
+                    return Err(fail(
+                        "an empty node in the list; write redis-cluster://host:port,host:port",
+                    ));
+                }
+                check_host_port(node).map_err(|reason| fail(&reason))?;
+                nodes.push(format!("redis://{node}"));
+            }
+            return Ok(RedisTarget::Cluster(nodes));
+        }
+        let Some(rest) = url
+            .strip_prefix("redis://")
+            .or_else(|| url.strip_prefix("rediss://"))
+        else {
+            return Err(fail(
+                "expected redis://host:port for one Redis or redis-cluster://host:port,host:port for a cluster",
+            ));
+        };
+        let authority = rest.split('/').next().unwrap_or_default();
+        let host_port = authority.rsplit('@').next().unwrap_or_default();
+        if host_port.contains(',') {
+            return Err(fail(
+                "several nodes after redis://; a cluster is written redis-cluster://host:port,host:port",
+            ));
+        }
+        check_host_port(host_port).map_err(|reason| fail(&reason))?;
+        redis::parse_redis_url(url).ok_or_else(|| fail("not a URL the Redis client can parse"))?;
+        Ok(RedisTarget::Single(url.to_owned()))
+    }
+
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, RedisTarget::Cluster(_))
+    }
+}
+
+fn check_host_port(node: &str) -> Result<(), String> {
+    let Some((host, port)) = node.rsplit_once(':') else {
+        return Err(format!(
+            "{node:?} has no port; write host:port, such as 127.0.0.1:6379"
+        ));
+    };
+    if host.is_empty() {
+        return Err(format!(
+            "{node:?} has no host; write host:port, such as 127.0.0.1:6379"
+        ));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!(
+            "{node:?}: the port must be a number from 1 to 65535"
+        )),
+    }
+}
+
+impl fmt::Display for RedisTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RedisTarget::Single(url) => f.write_str(&redact(url)),
+            RedisTarget::Cluster(nodes) => {
+                let nodes: Vec<&str> = nodes
+                    .iter()
+                    .map(|n| n.strip_prefix("redis://").unwrap_or(n))
+                    .collect();
+                write!(f, "redis-cluster://{}", nodes.join(","))
+            }
+        }
+    }
+}
+
+/// The URL without its password, for logs.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}***{}", &url[..scheme_end + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_single_and_cluster() {
+        assert_eq!(
+            RedisTarget::parse("redis://127.0.0.1:6379").unwrap(),
+            RedisTarget::Single("redis://127.0.0.1:6379".into())
+        );
+        assert_eq!(
+            RedisTarget::parse("redis-cluster://127.0.0.1:7001, 127.0.0.1:7002").unwrap(),
+            RedisTarget::Cluster(vec![
+                "redis://127.0.0.1:7001".into(),
+                "redis://127.0.0.1:7002".into()
+            ])
+        );
+    }
+
+    #[test]
+    fn malformed_urls_say_what_to_write() {
+        for (url, says) in [
+            ("redis://", "no port"),
+            ("redis://localhost", "no port"),
+            ("redis://:6379", "no host"),
+            ("redis://h:0", "1 to 65535"),
+            ("redis://h:99999", "1 to 65535"),
+            ("redis://a:1,b:2", "redis-cluster://"),
+            ("redis-cluster://", "empty node"),
+            ("redis-cluster://a:1,,b:2", "empty node"),
+            ("redis-cluster://a", "no port"),
+            ("http://a:1", "expected redis://"),
+        ] {
+            let error = RedisTarget::parse(url).unwrap_err().to_string();
+            assert!(error.contains(says), "{url}: {error}");
+        }
+    }
+
+    #[test]
+    fn display_hides_the_password() {
+        let target = RedisTarget::parse("redis://user:secret@127.0.0.1:6379").unwrap();
+        assert_eq!(target.to_string(), "redis://***@127.0.0.1:6379");
+    }
+}
