@@ -187,6 +187,30 @@ pub struct QueueCounts {
     pub dead: u64,
 }
 
+/// A change that another node (or this one) made to a store that several belfry nodes share.
+/// Single-process stores send none. Events are hints, delivered at most once: a node reacts
+/// by looking again, and after [`StoreEvent::Resync`] it looks at everything.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreEvent {
+    /// Tasks of the queue may be due earlier than this node knows (a put, nack, redrive or
+    /// reschedule somewhere): its dispatcher and long-polls should look again.
+    Wake(QueueName),
+    /// The queue was created, changed or deleted: re-read its configuration.
+    QueueChanged(QueueName),
+    /// Metadata in this namespace changed (schedules, reminders): re-read what depends on it.
+    MetaChanged(String),
+    /// Events may have been missed (a reconnect, or the periodic sweep that catches lost
+    /// wake-ups): re-read everything and look at every queue.
+    Resync,
+    /// The part of the store this node owns changed (shards taken over or handed off): look
+    /// at every queue and every singleton job again.
+    OwnershipChanged,
+}
+
+/// Where a store sends its [`StoreEvent`]s: called on the store's own thread, so it must
+/// return quickly (hand the event to a channel or a `Notify`).
+pub type EventSink = std::sync::Arc<dyn Fn(StoreEvent) + Send + Sync>;
+
 /// A storage backend.
 ///
 /// Semantics every implementation must share (checked by the conformance tests):
@@ -379,6 +403,45 @@ pub trait Store: Send + Sync + 'static {
     /// Empties `set` (both indexes). Returns how many members it had. A store may do the
     /// work later, but from the return on the set reads as empty.
     fn drop_set(&self, set: u64) -> Result<u64>;
+
+    // ---- several nodes on one shared store ----
+    //
+    // A networked store may be shared by several belfry nodes. These calls let a node hear
+    // what the others changed and split the work among them. Single-process stores keep the
+    // defaults: no events, and this node owns everything.
+
+    /// Starts sending [`StoreEvent`]s to `sink`. Called once, when the server starts.
+    fn subscribe_events(&self, sink: EventSink) -> Result<()> {
+        let _ = sink;
+        Ok(())
+    }
+
+    /// Like [`Store::claim`], but only from the part of the queue this node owns: what the
+    /// push dispatcher calls, so that each due task is dispatched by one node, and a node
+    /// that lost its shards (fencing) claims nothing there. Pull leases call `claim`, which
+    /// may take any due task: their exclusivity is the lease itself.
+    fn claim_owned(
+        &self,
+        queue: &QueueName,
+        now_ms: UnixMs,
+        max: usize,
+        visibility_ms: u64,
+    ) -> Result<ClaimBatch> {
+        self.claim(queue, now_ms, max, visibility_ms)
+    }
+
+    /// Like [`Store::next_due_ms`], over the part of the queue this node owns.
+    fn next_due_owned_ms(&self, queue: &QueueName) -> Result<Option<UnixMs>> {
+        self.next_due_ms(queue)
+    }
+
+    /// Whether this node should do the one-at-a-time work named `key` now (a schedule's
+    /// firings, a reminder's fan-out). With several nodes, one live node owns each key, give
+    /// or take a takeover, whose overlap the work's idempotency keys absorb.
+    fn owns(&self, key: &str) -> bool {
+        let _ = key;
+        true
+    }
 
     /// Makes everything written so far durable (whatever the fsync policy) and waits for
     /// background work to reach a consistent point. Called on shutdown.
