@@ -138,10 +138,6 @@ impl Pool {
             }
         }
     }
-
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.client, Client::Cluster(_))
-    }
 }
 
 /// Transient failures (the network, a timeout, a failover, a loading or busy server) become

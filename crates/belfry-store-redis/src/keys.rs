@@ -69,8 +69,9 @@ impl Keys {
         format!("{{{}/m}}:{namespace}", self.ns)
     }
 
-    pub(crate) fn meta_prefix(&self) -> String {
-        format!("{{{}/m}}:", self.ns)
+    /// The pub/sub channel of the namespace's [`belfry_store::StoreEvent`]s.
+    pub(crate) fn events(&self) -> String {
+        format!("belfry:{}:events", self.ns)
     }
 
     pub(crate) fn set(&self, set: u64) -> String {

@@ -21,6 +21,7 @@
 //! `StoreError::Corrupt`, never a panic.
 
 mod conn;
+mod events;
 mod keys;
 mod record;
 mod scripts;

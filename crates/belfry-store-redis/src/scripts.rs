@@ -36,4 +36,5 @@ task_script!(CHANGE, "lua/change.lua");
 task_script!(READ, "lua/read.lua");
 
 pub(crate) static QUEUE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/queue.lua")));
+pub(crate) static HINT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/hint.lua")));
 pub(crate) static META: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/meta.lua")));

@@ -33,6 +33,9 @@ pub struct RedisOptions {
     pub finished_retention_ms: u64,
     /// Connections kept open between calls.
     pub pool_idle_max: usize,
+    /// How often a node looks at every queue again even without events (the sweep that
+    /// catches a wake-up lost with a pub/sub message).
+    pub resync_every: std::time::Duration,
 }
 
 impl Default for RedisOptions {
@@ -43,6 +46,7 @@ impl Default for RedisOptions {
             timeouts: Timeouts::default(),
             finished_retention_ms: 3_600_000,
             pool_idle_max: 64,
+            resync_every: std::time::Duration::from_secs(5),
         }
     }
 }
@@ -55,6 +59,9 @@ pub struct RedisStore {
     /// Rotates the partition of tasks without an idempotency key, and the partition a claim
     /// starts at.
     rotate: AtomicU32,
+    timeouts: Timeouts,
+    resync_every: std::time::Duration,
+    listener: parking_lot::Mutex<Option<crate::events::Listener>>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -101,6 +108,9 @@ impl RedisStore {
             target: target.clone(),
             retention_ms: options.finished_retention_ms,
             rotate: AtomicU32::new(rand_seed()),
+            timeouts: options.timeouts,
+            resync_every: options.resync_every,
+            listener: parking_lot::Mutex::new(None),
         };
         let settings = store.keys.settings();
         let partitions: Option<u16> = store.pool.with("read the store's settings", |c| {
@@ -184,24 +194,32 @@ impl RedisStore {
         run_script(c.as_dyn(), lua, keys, args).map_err(|e| map_error(e, what))
     }
 
-    fn hint_lower(&self, c: &mut Conn, uid: u64, p: u16, at: i64) -> Result<()> {
+    fn hint_lower(&self, c: &mut Conn, queue: &QueueName, uid: u64, p: u16, at: i64) -> Result<()> {
         if at < 0 {
             return Ok(());
         }
-        redis::cmd("ZADD")
-            .arg(self.keys.hint(uid))
-            .arg("LT")
-            .arg(at)
-            .arg(p)
-            .query::<i64>(c.as_dyn())
-            .map_err(|e| map_error(e, "update a queue's hint"))?;
+        let keys = [self.keys.hint(uid).into_bytes()];
+        let args = [
+            at.to_string().into_bytes(),
+            p.to_string().into_bytes(),
+            self.keys.events().into_bytes(),
+            crate::events::wake_message(queue),
+        ];
+        self.script(c, &scripts::HINT, &keys, &args, "update a queue's hint")?;
         Ok(())
     }
 
     /// Sets partition `p`'s hint to `earliest` after a claim, then looks at the partition
     /// again and lowers it if a put landed meanwhile (its own hint update may have come
     /// before ours), so a wake-up is never lost to the race.
-    fn hint_settle(&self, c: &mut Conn, uid: u64, part: &Part, earliest: i64) -> Result<()> {
+    fn hint_settle(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        part: &Part,
+        earliest: i64,
+    ) -> Result<()> {
         let hint = self.keys.hint(uid);
         let set = if earliest < 0 {
             redis::cmd("ZREM")
@@ -218,7 +236,7 @@ impl RedisStore {
         set.map_err(|e| map_error(e, "update a queue's hint"))?;
         let again = self.earliest(c, part)?;
         if again >= 0 && (earliest < 0 || again < earliest) {
-            self.hint_lower(c, uid, part.p, again)?;
+            self.hint_lower(c, queue, uid, part.p, again)?;
         }
         Ok(())
     }
@@ -284,7 +302,7 @@ impl RedisStore {
                 .push(task_id(uid, part.p, as_seq(seq).ok_or_else(bad)?));
         }
         let earliest = as_i64(earliest).ok_or_else(bad)?;
-        self.hint_settle(c, uid, part, earliest)
+        self.hint_settle(c, queue, uid, part, earliest)
     }
 
     fn lease_op(
@@ -330,7 +348,7 @@ impl RedisStore {
                 }
                 if op != "ack" {
                     let earliest = as_i64(&codes[members.len()]).ok_or_else(bad)?;
-                    this.hint_lower(c, uid, p, earliest)?;
+                    this.hint_lower(c, queue, uid, p, earliest)?;
                 }
             }
             Ok(outcomes)
@@ -372,10 +390,25 @@ impl RedisStore {
                 _ => return Err(bad()),
             };
             if outcome == ChangeOutcome::Ok {
-                this.hint_lower(c, uid, p, as_i64(earliest).ok_or_else(bad)?)?;
+                this.hint_lower(c, queue, uid, p, as_i64(earliest).ok_or_else(bad)?)?;
             }
             Ok(outcome)
         })
+    }
+
+    /// Tells every node (this one too) about a change; a lost message is caught by the
+    /// periodic resync, so a failure here fails nothing.
+    fn publish(&self, message: Vec<u8>) {
+        let channel = self.keys.events();
+        let sent = self.pool.with("publish a store event", |c| {
+            redis::cmd("PUBLISH")
+                .arg(&channel)
+                .arg(message)
+                .query::<i64>(c.as_dyn())
+        });
+        if let Err(error) = sent {
+            tracing::debug!(%error, "store event not published; the next resync catches up");
+        }
     }
 
     fn read(&self, c: &mut Conn, part: &Part, args: &[Vec<u8>]) -> Result<Value> {
@@ -592,6 +625,7 @@ impl Store for RedisStore {
         let v = self.pool.with("create a queue", |c| {
             run_script(c.as_dyn(), &scripts::QUEUE, &keys, &args)
         })?;
+        self.publish(crate::events::queue_message(queue));
         Ok(as_i64(&v) == Some(1))
     }
 
@@ -640,6 +674,7 @@ impl Store for RedisStore {
             return Ok(false);
         }
         let uid = uid as u64;
+        self.publish(crate::events::queue_message(queue));
         // The queue is gone from the registry: nothing finds these keys any more; remove them.
         let mut cmds = Vec::with_capacity(self.keys.partitions as usize + 1);
         for p in 0..self.keys.partitions {
@@ -725,7 +760,7 @@ impl Store for RedisStore {
                         });
                     }
                     let first = as_i64(&items[members.len()]).ok_or_else(bad)?;
-                    this.hint_lower(c, uid, p, first)?;
+                    this.hint_lower(c, &queue, uid, p, first)?;
                 }
                 Ok(())
             })?;
@@ -1028,7 +1063,7 @@ impl Store for RedisStore {
                 if truth == at {
                     return Ok(Some(at.max(0) as u64));
                 }
-                this.hint_settle(c, uid, &part, truth)?;
+                this.hint_settle(c, queue, uid, &part, truth)?;
             }
             Ok(this.hint_first(c, uid)?.map(|(_, at)| at.max(0) as u64))
         })
@@ -1051,6 +1086,9 @@ impl Store for RedisStore {
         let n: i64 = self.pool.with("delete metadata", |c| {
             redis::cmd("HDEL").arg(&hash).arg(key).query(c.as_dyn())
         })?;
+        if n > 0 {
+            self.publish(crate::events::meta_message(namespace));
+        }
         Ok(n > 0)
     }
 
@@ -1071,7 +1109,11 @@ impl Store for RedisStore {
         }
         let mut keys: Vec<Vec<u8>> = Vec::new();
         let mut args: Vec<Vec<u8>> = Vec::with_capacity(changes.len() * 4);
+        let mut namespaces: Vec<String> = Vec::new();
         for change in changes {
+            if !namespaces.contains(&change.namespace) {
+                namespaces.push(change.namespace.clone());
+            }
             let key = self.keys.meta(&change.namespace).into_bytes();
             let index = match keys.iter().position(|k| *k == key) {
                 Some(i) => i,
@@ -1096,6 +1138,9 @@ impl Store for RedisStore {
         self.pool.with("write metadata", |c| {
             run_script(c.as_dyn(), &scripts::META, &keys, &args)
         })?;
+        for namespace in namespaces {
+            self.publish(crate::events::meta_message(&namespace));
+        }
         Ok(())
     }
 
@@ -1125,6 +1170,22 @@ impl Store for RedisStore {
 
     fn drop_set(&self, set: u64) -> Result<u64> {
         crate::subs::drop_set(&self.pool, &self.keys, set)
+    }
+
+    fn subscribe_events(&self, sink: belfry_store::EventSink) -> Result<()> {
+        let listener = crate::events::listen(
+            &self.target,
+            self.keys.events(),
+            sink,
+            self.resync_every,
+            self.timeouts,
+        )
+        .map_err(|source| StoreError::Io {
+            context: "start the store-event thread",
+            source,
+        })?;
+        *self.listener.lock() = Some(listener);
+        Ok(())
     }
 
     fn flush(&self) -> Result<()> {

@@ -1,0 +1,154 @@
+//! Store events between nodes: changes are announced with `PUBLISH` on the namespace's
+//! channel (a Redis Cluster broadcasts it to every node), and each node listens on a thread
+//! of its own, reconnecting to the next seed when its connection fails.
+//!
+//! Pub/sub is at most once: a message sent while a node was reconnecting is gone. So a node
+//! that (re)connects hears [`StoreEvent::Resync`] first, and hears it again every
+//! `resync_every` anyway: the fallback sweep that catches any wake-up that was missed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use belfry_core::QueueName;
+use belfry_store::{EventSink, StoreEvent};
+
+use crate::conn::Timeouts;
+use crate::target::RedisTarget;
+
+pub(crate) fn wake_message(queue: &QueueName) -> Vec<u8> {
+    format!("w {queue}").into_bytes()
+}
+
+pub(crate) fn queue_message(queue: &QueueName) -> Vec<u8> {
+    format!("q {queue}").into_bytes()
+}
+
+pub(crate) fn meta_message(namespace: &str) -> Vec<u8> {
+    format!("m {namespace}").into_bytes()
+}
+
+fn parse(message: &[u8]) -> Option<StoreEvent> {
+    let text = std::str::from_utf8(message).ok()?;
+    let (kind, rest) = text.split_once(' ')?;
+    match kind {
+        "w" => QueueName::new(rest).ok().map(StoreEvent::Wake),
+        "q" => QueueName::new(rest).ok().map(StoreEvent::QueueChanged),
+        "m" => Some(StoreEvent::MetaChanged(rest.to_owned())),
+        _ => None,
+    }
+}
+
+/// The listening thread; it stops (within a read timeout) once this is dropped.
+pub(crate) struct Listener {
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+pub(crate) fn listen(
+    target: &RedisTarget,
+    channel: String,
+    sink: EventSink,
+    resync_every: Duration,
+    timeouts: Timeouts,
+) -> std::io::Result<Listener> {
+    let seeds = match target {
+        RedisTarget::Single(url) => vec![url.clone()],
+        RedisTarget::Cluster(nodes) => nodes.clone(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = stop.clone();
+    std::thread::Builder::new()
+        .name("belfry-redis-events".into())
+        .spawn(move || run(&seeds, &channel, &*sink, resync_every, timeouts, &stopping))?;
+    Ok(Listener { stop })
+}
+
+fn run(
+    seeds: &[String],
+    channel: &str,
+    sink: &(dyn Fn(StoreEvent) + Send + Sync),
+    resync_every: Duration,
+    timeouts: Timeouts,
+    stop: &AtomicBool,
+) {
+    let mut next_seed = 0;
+    let mut last_warning: Option<Instant> = None;
+    while !stop.load(Ordering::Acquire) {
+        let seed = &seeds[next_seed % seeds.len()];
+        next_seed += 1;
+        let outcome = listen_on(seed, channel, sink, resync_every, timeouts, stop);
+        if let Err(error) = outcome {
+            if last_warning.is_none_or(|at| at.elapsed() > Duration::from_secs(30)) {
+                tracing::warn!(%error, "store events: listening failed; reconnecting");
+                last_warning = Some(Instant::now());
+            }
+            // A short pause before the next seed, so a Redis that is down is not hammered.
+            let until = Instant::now() + Duration::from_millis(250);
+            while Instant::now() < until && !stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+fn listen_on(
+    seed: &str,
+    channel: &str,
+    sink: &(dyn Fn(StoreEvent) + Send + Sync),
+    resync_every: Duration,
+    timeouts: Timeouts,
+    stop: &AtomicBool,
+) -> redis::RedisResult<()> {
+    let client = redis::Client::open(seed)?;
+    let mut con = client.get_connection_with_timeout(timeouts.connect)?;
+    let mut pubsub = con.as_pubsub();
+    pubsub.subscribe(channel)?;
+    pubsub.set_read_timeout(Some(Duration::from_millis(500)))?;
+    // Whatever was published while this node was not listening is lost: look at everything.
+    sink(StoreEvent::Resync);
+    let mut last_resync = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        match pubsub.get_message() {
+            Ok(message) => {
+                if let Some(event) = parse(message.get_payload_bytes()) {
+                    sink(event);
+                }
+            }
+            Err(e) if e.is_timeout() => {}
+            Err(e) => return Err(e),
+        }
+        if last_resync.elapsed() >= resync_every {
+            sink(StoreEvent::Resync);
+            last_resync = Instant::now();
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_junk_is_ignored() {
+        let q = QueueName::new("orders.eu-1").unwrap();
+        assert_eq!(parse(&wake_message(&q)), Some(StoreEvent::Wake(q.clone())));
+        assert_eq!(
+            parse(&queue_message(&q)),
+            Some(StoreEvent::QueueChanged(q.clone()))
+        );
+        assert_eq!(
+            parse(&meta_message("schedules")),
+            Some(StoreEvent::MetaChanged("schedules".into()))
+        );
+        for junk in [&b""[..], b"w", b"x q", b"w bad name!", b"\xff\xfe"] {
+            assert_eq!(parse(junk), None);
+        }
+    }
+}
