@@ -65,6 +65,10 @@ impl Keys {
         format!("{{{}/h{uid}}}", self.ns)
     }
 
+    pub(crate) fn rate(&self, uid: u64) -> String {
+        format!("{{{}/r{uid}}}", self.ns)
+    }
+
     pub(crate) fn meta(&self, namespace: &str) -> String {
         format!("{{{}/m}}:{namespace}", self.ns)
     }

@@ -37,4 +37,5 @@ task_script!(READ, "lua/read.lua");
 
 pub(crate) static QUEUE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/queue.lua")));
 pub(crate) static HINT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/hint.lua")));
+pub(crate) static RATE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/rate.lua")));
 pub(crate) static META: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/meta.lua")));

@@ -396,6 +396,32 @@ impl RedisStore {
         })
     }
 
+    fn rate_op(
+        &self,
+        queue: &QueueName,
+        op: &str,
+        count: u64,
+        rate_per_s: f64,
+        burst: f64,
+    ) -> Result<u64> {
+        if rate_per_s <= 0.0 {
+            return Ok(count);
+        }
+        self.with_queue(queue, |this, c, uid| {
+            let keys = [this.keys.rate(uid).into_bytes()];
+            let args = [
+                op.as_bytes().to_vec(),
+                count.to_string().into_bytes(),
+                rate_per_s.to_string().into_bytes(),
+                burst.max(1.0).to_string().into_bytes(),
+            ];
+            let v = this.script(c, &scripts::RATE, &keys, &args, "take rate tokens")?;
+            as_i64(&v)
+                .map(|n| n.max(0) as u64)
+                .ok_or_else(|| unexpected("rate", &v))
+        })
+    }
+
     /// Tells every node (this one too) about a change; a lost message is caught by the
     /// periodic resync, so a failure here fails nothing.
     fn publish(&self, message: Vec<u8>) {
@@ -676,15 +702,17 @@ impl Store for RedisStore {
         let uid = uid as u64;
         self.publish(crate::events::queue_message(queue));
         // The queue is gone from the registry: nothing finds these keys any more; remove them.
-        let mut cmds = Vec::with_capacity(self.keys.partitions as usize + 1);
+        let mut cmds = Vec::with_capacity(self.keys.partitions as usize + 2);
         for p in 0..self.keys.partitions {
             let mut cmd = redis::cmd("UNLINK");
             cmd.arg(self.keys.task_keys(p, uid));
             cmds.push(cmd);
         }
-        let mut hint = redis::cmd("UNLINK");
-        hint.arg(self.keys.hint(uid));
-        cmds.push(hint);
+        for key in [self.keys.hint(uid), self.keys.rate(uid)] {
+            let mut cmd = redis::cmd("UNLINK");
+            cmd.arg(key);
+            cmds.push(cmd);
+        }
         self.pool
             .with("delete a queue's tasks", |c| pipeline(c, cmds))?;
         Ok(true)
@@ -1170,6 +1198,30 @@ impl Store for RedisStore {
 
     fn drop_set(&self, set: u64) -> Result<u64> {
         crate::subs::drop_set(&self.pool, &self.keys, set)
+    }
+
+    fn take_rate_tokens(
+        &self,
+        queue: &QueueName,
+        want: u64,
+        rate_per_s: f64,
+        burst: f64,
+    ) -> Result<Option<u64>> {
+        self.rate_op(queue, "take", want, rate_per_s, burst)
+            .map(Some)
+    }
+
+    fn return_rate_tokens(
+        &self,
+        queue: &QueueName,
+        count: u64,
+        rate_per_s: f64,
+        burst: f64,
+    ) -> Result<()> {
+        if count > 0 {
+            self.rate_op(queue, "return", count, rate_per_s, burst)?;
+        }
+        Ok(())
     }
 
     fn subscribe_events(&self, sink: belfry_store::EventSink) -> Result<()> {

@@ -435,6 +435,33 @@ pub trait Store: Send + Sync + 'static {
         self.next_due_ms(queue)
     }
 
+    /// Takes up to `want` tokens from `queue`'s rate limit (`rate_per_s` tokens a second, at
+    /// most `burst` saved), shared by every node on this store; `None` when the store keeps no
+    /// shared limit, and each node's own bucket applies. Tokens taken but not used go back
+    /// with [`Store::return_rate_tokens`].
+    fn take_rate_tokens(
+        &self,
+        queue: &QueueName,
+        want: u64,
+        rate_per_s: f64,
+        burst: f64,
+    ) -> Result<Option<u64>> {
+        let _ = (queue, want, rate_per_s, burst);
+        Ok(None)
+    }
+
+    /// Gives back tokens [`Store::take_rate_tokens`] granted that a claim did not use.
+    fn return_rate_tokens(
+        &self,
+        queue: &QueueName,
+        count: u64,
+        rate_per_s: f64,
+        burst: f64,
+    ) -> Result<()> {
+        let _ = (queue, count, rate_per_s, burst);
+        Ok(())
+    }
+
     /// Whether this node should do the one-at-a-time work named `key` now (a schedule's
     /// firings, a reminder's fan-out). With several nodes, one live node owns each key, give
     /// or take a takeover, whose overlap the work's idempotency keys absorb.
