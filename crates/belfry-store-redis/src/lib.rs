@@ -6,7 +6,7 @@
 //! partition and sequence (`keys.rs`). Per queue and partition there are two due-time sorted
 //! sets of 8-byte sequences (high and normal priority), one of leases by deadline, a hash of
 //! records (header + payload, `record.rs`), idempotency keys, dead letters and recently
-//! finished tasks (kept an hour without payload, so reads and idempotency keys still see
+//! finished tasks (kept a minute without payload, so reads and idempotency keys still see
 //! them). A per-queue *hint* sorted set says, for each partition, the earliest instant a claim
 //! there could return work, so a claim visits only partitions with due work.
 //!

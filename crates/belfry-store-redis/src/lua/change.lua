@@ -28,5 +28,5 @@ elseif op == 'redrive' then
 else
   return redis.error_reply('belfry: unknown change op ' .. op)
 end
-forget_old(now, retain)
+forget_old(now, retain, 65)
 return {0, 0, earliest()}

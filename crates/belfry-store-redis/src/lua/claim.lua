@@ -9,11 +9,15 @@ end
 expire(now, 1000)
 local leased, skipped, dead = {}, {}, {}
 local left = max
+-- Late tasks skipped or dead-lettered do not count against `max`; this bounds one call's
+-- work all the same, so a huge late backlog cannot hold Redis for long.
+local budget = max + 1000
 for _, zkey in ipairs({KEYS[1], KEYS[2]}) do
-  while left > 0 do
+  while left > 0 and budget > 0 do
     local seqs = redis.call('ZRANGEBYSCORE', zkey, '-inf', now, 'LIMIT', 0, left)
     if #seqs == 0 then break end
     for _, seq in ipairs(seqs) do
+      budget = budget - 1
       redis.call('ZREM', zkey, seq)
       local rec = redis.call('HGET', KEYS[4], seq)
       if rec then
@@ -46,5 +50,5 @@ for _, zkey in ipairs({KEYS[1], KEYS[2]}) do
     end
   end
 end
-forget_old(now, retain)
+forget_old(now, retain, max + 64)
 return {leased, skipped, dead, earliest()}

@@ -32,6 +32,6 @@ for i = 4, #ARGV, 3 do
   end
   out[#out + 1] = code
 end
-forget_old(now, retain)
+forget_old(now, retain, (#ARGV - 3) / 3 + 64)
 out[#out + 1] = earliest()
 return out

@@ -66,8 +66,10 @@ local function finish(seq, rec, h, state, now)
   redis.call('ZADD', KEYS[8], now, seq)
 end
 
-local function forget_old(now, retain_ms)
-  local old = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - retain_ms, 'LIMIT', 0, 64)
+-- Forgets up to `max` tasks finished more than the retention ago: each call forgets at least
+-- as many as it may finish, so finished records never pile up.
+local function forget_old(now, retain_ms, max)
+  local old = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - retain_ms, 'LIMIT', 0, max)
   for _, seq in ipairs(old) do
     local rec = redis.call('HGET', KEYS[4], seq)
     if rec then

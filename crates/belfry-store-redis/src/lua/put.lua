@@ -33,6 +33,6 @@ for i = 0, n - 1 do
     if first < 0 or due < first then first = due end
   end
 end
-forget_old(now, retain)
+forget_old(now, retain, 64)
 out[#out + 1] = first
 return out
