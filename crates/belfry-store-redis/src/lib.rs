@@ -22,6 +22,7 @@
 
 mod conn;
 mod keys;
+pub mod ownership;
 mod record;
 mod scripts;
 mod store;
@@ -31,6 +32,7 @@ mod target;
 pub mod testing;
 
 pub use conn::Timeouts;
+pub use ownership::{Ownership, OwnershipOptions, OwnershipStats};
 pub use store::{RedisOptions, RedisStore};
 pub use target::{RedisTarget, TargetError};
 
