@@ -19,47 +19,116 @@ use crate::scripts::CLAIM;
 const PARTITIONS: u16 = 256;
 const NAMESPACE: &str = "own";
 
-/// A redis-server on a free loopback port, without persistence, killed on drop.
+/// redis-server processes on free loopback ports, without persistence, killed on drop:
+/// one plain server, or the masters of a cluster (with `target()` naming them all).
 struct LocalRedis {
-    child: Child,
-    url: String,
+    children: Vec<Child>,
+    ports: Vec<u16>,
+    cluster: bool,
+    _dir: tempfile::TempDir,
 }
 
-impl LocalRedis {
-    fn start() -> LocalRedis {
+/// A loopback port free now, whose cluster bus port (+10000) is free too.
+fn free_port() -> u16 {
+    loop {
         let port = TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free loopback port")
             .port();
-        let child = Command::new("redis-server")
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
+        if port < 55_000 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+}
+
+impl LocalRedis {
+    fn start() -> LocalRedis {
+        LocalRedis::spawn(1, false)
+    }
+
+    /// A cluster of `masters` masters and no replicas, every slot assigned.
+    fn start_cluster(masters: usize) -> LocalRedis {
+        let redis = LocalRedis::spawn(masters, true);
+        let nodes: Vec<String> = redis
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server on PATH (scripts/test.sh installs it)");
-        let url = format!("redis://127.0.0.1:{port}");
-        let redis = LocalRedis { child, url };
-        let client = redis::Client::open(redis.url.as_str()).expect("a redis URL");
-        let started = Instant::now();
-        loop {
-            let pong = client
-                .get_connection()
-                .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c));
-            if pong.is_ok() {
-                return redis;
+            .status()
+            .expect("redis-cli on PATH (it comes with redis-server)");
+        assert!(created.success(), "redis-cli --cluster create failed");
+        let ready = wait_for(Duration::from_secs(20), || {
+            redis.ports.iter().all(|port| {
+                let info: Option<String> = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+                    .and_then(|c| c.get_connection())
+                    .and_then(|mut c| redis::cmd("CLUSTER").arg("INFO").query(&mut c))
+                    .ok();
+                info.is_some_and(|i| i.contains("cluster_state:ok"))
+            })
+        });
+        assert!(
+            ready.is_some(),
+            "the cluster did not reach cluster_state:ok"
+        );
+        redis
+    }
+
+    fn spawn(count: usize, cluster: bool) -> LocalRedis {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let mut redis = LocalRedis {
+            children: Vec::new(),
+            ports: Vec::new(),
+            cluster,
+            _dir: dir,
+        };
+        for _ in 0..count {
+            let port = free_port();
+            let mut cmd = Command::new("redis-server");
+            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .current_dir(redis._dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            if cluster {
+                let conf = format!("nodes-{port}.conf");
+                cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", &conf]);
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server did not answer on {}",
-                redis.url
-            );
-            std::thread::sleep(Duration::from_millis(20));
+            let child = cmd
+                .spawn()
+                .expect("redis-server on PATH (scripts/test.sh installs it)");
+            redis.children.push(child);
+            redis.ports.push(port);
         }
+        for port in redis.ports.clone() {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a URL");
+            let up = wait_for(Duration::from_secs(10), || {
+                client
+                    .get_connection()
+                    .and_then(|mut c| redis::cmd("PING").query::<String>(&mut c))
+                    .is_ok()
+            });
+            assert!(up.is_some(), "redis-server did not answer on port {port}");
+        }
+        redis
     }
 
     fn target(&self) -> RedisTarget {
-        RedisTarget::Single(self.url.clone())
+        let urls: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect();
+        if self.cluster {
+            RedisTarget::Cluster(urls)
+        } else {
+            RedisTarget::Single(urls[0].clone())
+        }
     }
 
     fn pool(&self) -> Pool {
@@ -69,8 +138,10 @@ impl LocalRedis {
 
 impl Drop for LocalRedis {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
@@ -319,4 +390,29 @@ fn redis_going_away_makes_leases_unusable_by_their_deadline() {
     assert!(gone.elapsed() < Duration::from_secs(5));
     eprintln!("leases unusable {took:?} after Redis went away");
     a.stop();
+}
+
+#[test]
+fn three_nodes_share_a_three_master_cluster_and_survive_a_kill() {
+    let redis = LocalRedis::start_cluster(3);
+    let (a, b, c) = (
+        node(&redis, "node-a"),
+        node(&redis, "node-b"),
+        node(&redis, "node-c"),
+    );
+    let took = wait_for(Duration::from_secs(5), || split_exactly(&[&a, &b, &c]))
+        .expect("three nodes split the partitions on a cluster within 5 s");
+    assert_redis_agrees(&redis, &[&a, &b, &c]);
+    let (p, fence) = c.owned().into_iter().next().expect("c owns something");
+    let pool = redis.pool();
+    assert!(claim_accepts(&pool, p, &fence));
+    c.abandon();
+    let moved = wait_for(Duration::from_secs(5), || split_exactly(&[&a, &b]))
+        .expect("a killed node's partitions move within 5 s on a cluster");
+    eprintln!("cluster: split in {took:?}, takeover after an abandoned node {moved:?}");
+    assert_redis_agrees(&redis, &[&a, &b]);
+    assert!(
+        !claim_accepts(&pool, p, &fence),
+        "the killed node's fence is refused"
+    );
 }
