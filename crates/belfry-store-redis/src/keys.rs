@@ -5,6 +5,7 @@
 //! | `{ns/p}:uid:h` … `:s` | one queue's tasks in partition `p` (see `lua/prelude.lua`) |
 //! | `{ns/p}:own` | the partition's owner lease: `node/token`, with an expiry |
 //! | `{ns/p}:fence` | the partition's fencing-token counter |
+//! | `{ns/q}:nodes` | live nodes: node id -> heartbeat expiry, ms of Redis `TIME` (`ownership.rs`) |
 //! | `{ns/q}:queues`, `{ns/q}:uid`, `{ns/q}:cfg` | queue registry, queue uid counter, settings |
 //! | `{ns/h<uid>}` | a queue's hint: partition -> earliest instant a claim there returns work |
 //! | `{ns/m}:<namespace>` | small metadata, one hash per namespace |

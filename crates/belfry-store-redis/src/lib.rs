@@ -23,6 +23,7 @@
 mod conn;
 mod events;
 mod keys;
+pub mod ownership;
 mod record;
 mod scripts;
 mod store;
@@ -32,6 +33,7 @@ mod target;
 pub mod testing;
 
 pub use conn::Timeouts;
+pub use ownership::{Ownership, OwnershipOptions, OwnershipStats};
 pub use store::{RedisOptions, RedisStore};
 pub use target::{RedisTarget, TargetError};
 
