@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{ConnectionLike, ErrorKind, RedisError, Value};
 
+use crate::reply::{as_array, as_i64};
 use crate::scripts::Lua;
 use crate::target::RedisTarget;
 
@@ -221,7 +222,77 @@ pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisRe
             for cmd in cmds {
                 pipe.add_command(cmd);
             }
-            pipe.query(&mut **c)
+            pipe.query(c)
         }
     }
+}
+
+/// Checks, on a seed node, that the cluster serves every slot, so a misconfigured cluster
+/// fails at start-up with the slots it lacks instead of failing calls later.
+pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Result<()> {
+    let mut last_error = None;
+    for node in nodes {
+        let attempt = (|| -> redis::RedisResult<Vec<Value>> {
+            let client = redis::Client::open(node.as_str())?;
+            let mut con = client.get_connection_with_timeout(timeouts.connect)?;
+            con.set_read_timeout(Some(timeouts.command))?;
+            redis::cmd("CLUSTER").arg("SLOTS").query(&mut con)
+        })();
+        match attempt {
+            Ok(ranges) => {
+                let mut covered = vec![false; 16384];
+                for range in &ranges {
+                    let Some(items) = as_array(range) else {
+                        continue;
+                    };
+                    let (Some(lo), Some(hi)) = (
+                        items.first().and_then(as_i64),
+                        items.get(1).and_then(as_i64),
+                    ) else {
+                        continue;
+                    };
+                    for slot in lo.max(0)..=hi.min(16383) {
+                        covered[slot as usize] = true;
+                    }
+                }
+                let missing = missing_ranges(&covered);
+                if missing.is_empty() {
+                    return Ok(());
+                }
+                return Err(StoreError::Invalid(format!(
+                    "the redis cluster at {node} does not serve slots {missing}: every one of the 16384 \
+                     slots needs a master (see `redis-cli --cluster check {}`)",
+                    node.trim_start_matches("redis://")
+                )));
+            }
+            Err(e) => last_error = Some(format!("{node}: {e}")),
+        }
+    }
+    Err(StoreError::Unavailable {
+        detail: format!(
+            "no seed node of the redis cluster answered CLUSTER SLOTS ({})",
+            last_error.unwrap_or_default()
+        ),
+    })
+}
+
+fn missing_ranges(covered: &[bool]) -> String {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < covered.len() {
+        if covered[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < covered.len() && !covered[i] {
+            i += 1;
+        }
+        out.push(if i - 1 == start {
+            start.to_string()
+        } else {
+            format!("{start}-{}", i - 1)
+        });
+    }
+    out.join(",")
 }

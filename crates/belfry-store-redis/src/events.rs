@@ -14,6 +14,7 @@ use belfry_core::QueueName;
 use belfry_store::{EventSink, StoreEvent};
 
 use crate::conn::Timeouts;
+use crate::ownership::Ownership;
 use crate::target::RedisTarget;
 
 pub(crate) fn wake_message(queue: &QueueName) -> Vec<u8> {
@@ -56,17 +57,37 @@ pub(crate) fn listen(
     sink: EventSink,
     resync_every: Duration,
     timeouts: Timeouts,
+    ownership: Option<Arc<Ownership>>,
 ) -> std::io::Result<Listener> {
     let seeds = match target {
         RedisTarget::Single(url) => vec![url.clone()],
         RedisTarget::Cluster(nodes) => nodes.clone(),
     };
     let stop = Arc::new(AtomicBool::new(false));
+    if let Some(own) = ownership {
+        let (sink, stopping) = (sink.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("belfry-redis-owned".into())
+            .spawn(move || watch_ownership(&own, &*sink, &stopping))?;
+    }
     let stopping = stop.clone();
     std::thread::Builder::new()
         .name("belfry-redis-events".into())
         .spawn(move || run(&seeds, &channel, &*sink, resync_every, timeouts, &stopping))?;
     Ok(Listener { stop })
+}
+
+/// Says [`StoreEvent::OwnershipChanged`] whenever this node's shards change, so the server
+/// looks at every queue and singleton job at once instead of at its next recheck.
+fn watch_ownership(own: &Ownership, sink: &(dyn Fn(StoreEvent) + Send + Sync), stop: &AtomicBool) {
+    let mut seen = own.generation();
+    while !stop.load(Ordering::Acquire) {
+        let now = own.wait_changed(seen, Duration::from_millis(500));
+        if now != seen {
+            seen = now;
+            sink(StoreEvent::OwnershipChanged);
+        }
+    }
 }
 
 fn run(

@@ -20,15 +20,18 @@
 //! answers 503 with `Retry-After`); an unexpected reply or a damaged record is
 //! `StoreError::Corrupt`, never a panic.
 
+mod claim;
 mod conn;
 mod events;
 mod keys;
 pub mod ownership;
 mod record;
+mod reply;
 mod scripts;
 mod store;
 mod subs;
 mod target;
+mod tasks;
 #[cfg(feature = "testing")]
 pub mod testing;
 

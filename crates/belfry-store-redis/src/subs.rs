@@ -13,7 +13,7 @@ use redis::Value;
 
 use crate::conn::{pipeline, unexpected, Pool, Result};
 use crate::keys::Keys;
-use crate::store::as_i64;
+use crate::reply::as_i64;
 
 /// Members per pipeline: bounds the size of one request and of one reply.
 const CHUNK: usize = 10_000;

@@ -1,0 +1,283 @@
+//! Claiming: which partitions a claim visits (the queue's hint says which have due work;
+//! a dispatch claim keeps only those this node owns, and passes each one's fencing token),
+//! and the hint kept true as claims and puts move a partition's earliest work.
+
+use belfry_core::{LeaseId, LeasedTask, QueueName, UnixMs};
+use belfry_store::ClaimBatch;
+
+use crate::conn::{map_error, unexpected, Conn, Result};
+use crate::keys::task_id;
+use crate::reply::{as_array, as_bytes, as_i64, as_seq, decode, to_task};
+use crate::scripts;
+use crate::store::{Part, RedisStore};
+
+/// One claim's time and size.
+#[derive(Clone, Copy)]
+pub(crate) struct Want {
+    pub now_ms: UnixMs,
+    pub max: usize,
+    pub visibility_ms: u64,
+}
+
+/// What a claim in one partition found.
+enum PartClaim {
+    Done,
+    /// The fence no longer holds: another node took the partition over.
+    Fenced,
+}
+
+impl RedisStore {
+    pub(crate) fn hint_lower(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        p: u16,
+        at: i64,
+    ) -> Result<()> {
+        if at < 0 {
+            return Ok(());
+        }
+        let keys = [self.keys.hint(uid).into_bytes()];
+        let args = [
+            at.to_string().into_bytes(),
+            p.to_string().into_bytes(),
+            self.keys.events().into_bytes(),
+            crate::events::wake_message(queue),
+        ];
+        self.script(c, &scripts::HINT, &keys, &args, "update a queue's hint")?;
+        Ok(())
+    }
+
+    /// Sets partition `p`'s hint to `earliest` after a claim, then looks at the partition
+    /// again and lowers it if a put landed meanwhile (its own hint update may have come
+    /// before ours), so a wake-up is never lost to the race.
+    fn hint_settle(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        part: &Part,
+        earliest: i64,
+    ) -> Result<()> {
+        let hint = self.keys.hint(uid);
+        let set = if earliest < 0 {
+            redis::cmd("ZREM")
+                .arg(&hint)
+                .arg(part.p)
+                .query::<i64>(c.as_dyn())
+        } else {
+            redis::cmd("ZADD")
+                .arg(&hint)
+                .arg(earliest)
+                .arg(part.p)
+                .query::<i64>(c.as_dyn())
+        };
+        set.map_err(|e| map_error(e, "update a queue's hint"))?;
+        let again = self.earliest(c, part)?;
+        if again >= 0 && (earliest < 0 || again < earliest) {
+            self.hint_lower(c, queue, uid, part.p, again)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn earliest(&self, c: &mut Conn, part: &Part) -> Result<i64> {
+        let v = self.script(
+            c,
+            &scripts::READ,
+            &part.keys,
+            &[b"earliest".to_vec()],
+            "read a partition",
+        )?;
+        as_i64(&v).ok_or_else(|| unexpected("earliest", &v))
+    }
+
+    fn hint_first(&self, c: &mut Conn, uid: u64) -> Result<Option<(u16, i64)>> {
+        let v: Vec<(u16, f64)> = redis::cmd("ZRANGE")
+            .arg(self.keys.hint(uid))
+            .arg(0)
+            .arg(0)
+            .arg("WITHSCORES")
+            .query(c.as_dyn())
+            .map_err(|e| map_error(e, "read a queue's hint"))?;
+        Ok(v.first().map(|&(p, at)| (p, at as i64)))
+    }
+
+    /// Claims due tasks of `queue`: in every partition with due work, or (`owned_only`) in
+    /// those whose lease this node holds, each claim fenced by the lease's token.
+    pub(crate) fn claim_in(
+        &self,
+        queue: &QueueName,
+        want: Want,
+        owned_only: bool,
+    ) -> Result<ClaimBatch> {
+        let mut batch = ClaimBatch::default();
+        let ownership = if owned_only {
+            self.ownership.as_deref()
+        } else {
+            None
+        };
+        self.with_queue(queue, |this, c, uid| {
+            if want.max == 0 {
+                return Ok(());
+            }
+            let due: Vec<u16> = redis::cmd("ZRANGE")
+                .arg(this.keys.hint(uid))
+                .arg("-inf")
+                .arg(want.now_ms)
+                .arg("BYSCORE")
+                .query(c.as_dyn())
+                .map_err(|e| map_error(e, "read a queue's hint"))?;
+            let candidates: Vec<(u16, Option<String>)> = due
+                .into_iter()
+                .filter_map(|p| match ownership {
+                    None => Some((p, None)),
+                    Some(own) => own.fence_of(p).map(|fence| (p, Some(fence))),
+                })
+                .collect();
+            if candidates.is_empty() {
+                return Ok(());
+            }
+            // Start at a rotating place, so no partition is always last.
+            let start = this.next_rotation() % candidates.len();
+            for k in 0..candidates.len() {
+                let left = want.max.saturating_sub(batch.leased.len());
+                if left == 0 {
+                    break;
+                }
+                let (p, fence) = &candidates[(start + k) % candidates.len()];
+                let part = this.part(*p, uid);
+                let want = Want { max: left, ..want };
+                if let PartClaim::Fenced =
+                    this.claim_part(c, queue, uid, &part, fence.as_deref(), want, &mut batch)?
+                {
+                    tracing::debug!(%queue, partition = p, "claim refused: the partition has a new owner");
+                }
+            }
+            Ok(())
+        })?;
+        // Claim order across partitions: high priority first, then due time, then id.
+        batch
+            .leased
+            .sort_by_key(|t| (t.task.priority, t.task.due_at_ms, t.task.id));
+        Ok(batch)
+    }
+
+    #[allow(clippy::too_many_arguments)] // one partition's claim: the queue, where, and what
+    fn claim_part(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        part: &Part,
+        fence: Option<&str>,
+        want: Want,
+        batch: &mut ClaimBatch,
+    ) -> Result<PartClaim> {
+        let args = [
+            want.now_ms.to_string().into_bytes(),
+            want.max.to_string().into_bytes(),
+            want.visibility_ms.to_string().into_bytes(),
+            self.retention_ms.to_string().into_bytes(),
+            fence.unwrap_or_default().as_bytes().to_vec(),
+        ];
+        let mut keys = part.keys.clone();
+        if fence.is_some() {
+            keys.push(self.keys.owner(part.p).into_bytes());
+        }
+        let v = self.script(c, &scripts::CLAIM, &keys, &args, "claim due tasks")?;
+        let bad = || unexpected("claim", &v);
+        let items = as_array(&v).ok_or_else(bad)?;
+        if let [refused] = items {
+            return match as_i64(refused) {
+                Some(-1) => Ok(PartClaim::Fenced),
+                _ => Err(bad()),
+            };
+        }
+        let [leased, skipped, dead, earliest] = items else {
+            return Err(bad());
+        };
+        for pair in as_array(leased).ok_or_else(bad)?.chunks(2) {
+            let [seq, rec] = pair else { return Err(bad()) };
+            let seq = as_seq(seq).ok_or_else(bad)?;
+            let record = decode(as_bytes(rec).ok_or_else(bad)?)?;
+            let lease_until_ms = record.lease_until_ms;
+            let lease_id = LeaseId(record.lease_id);
+            let task = to_task(
+                record,
+                task_id(uid, part.p, seq),
+                queue,
+                None,
+                want.now_ms,
+                true,
+            );
+            batch.leased.push(LeasedTask {
+                task,
+                lease_id,
+                lease_until_ms,
+            });
+        }
+        for seq in as_array(skipped).ok_or_else(bad)? {
+            batch
+                .late_skipped
+                .push(task_id(uid, part.p, as_seq(seq).ok_or_else(bad)?));
+        }
+        for seq in as_array(dead).ok_or_else(bad)? {
+            batch
+                .late_dead
+                .push(task_id(uid, part.p, as_seq(seq).ok_or_else(bad)?));
+        }
+        let earliest = as_i64(earliest).ok_or_else(bad)?;
+        self.hint_settle(c, queue, uid, part, earliest)?;
+        Ok(PartClaim::Done)
+    }
+
+    /// The earliest instant a claim could return something: over every partition, or
+    /// (`owned_only`) over those this node owns.
+    pub(crate) fn next_due_in(
+        &self,
+        queue: &QueueName,
+        owned_only: bool,
+    ) -> Result<Option<UnixMs>> {
+        let ownership = if owned_only {
+            self.ownership.as_deref()
+        } else {
+            None
+        };
+        self.with_queue(queue, |this, c, uid| {
+            // The hint may be early (work taken by a call that does not settle it): check the
+            // first partition's truth and settle until the first entry is true.
+            for _ in 0..16 {
+                let first = match ownership {
+                    None => this.hint_first(c, uid)?,
+                    Some(own) => this
+                        .hint_all(c, uid)?
+                        .into_iter()
+                        .find(|(p, _)| own.is_owned(*p)),
+                };
+                let Some((p, at)) = first else {
+                    return Ok(None);
+                };
+                let part = this.part(p, uid);
+                let truth = this.earliest(c, &part)?;
+                if truth == at {
+                    return Ok(Some(at.max(0) as u64));
+                }
+                this.hint_settle(c, queue, uid, &part, truth)?;
+            }
+            Ok(this.hint_first(c, uid)?.map(|(_, at)| at.max(0) as u64))
+        })
+    }
+
+    /// The whole hint, earliest first (at most one entry per partition).
+    fn hint_all(&self, c: &mut Conn, uid: u64) -> Result<Vec<(u16, i64)>> {
+        let v: Vec<(u16, f64)> = redis::cmd("ZRANGE")
+            .arg(self.keys.hint(uid))
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query(c.as_dyn())
+            .map_err(|e| map_error(e, "read a queue's hint"))?;
+        Ok(v.into_iter().map(|(p, at)| (p, at as i64)).collect())
+    }
+}

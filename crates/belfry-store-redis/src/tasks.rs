@@ -1,0 +1,327 @@
+//! Task calls other than claims: puts, lease changes (ack, nack, extend, dead letter),
+//! changes (cancel, reschedule, redrive) and reads, each one script per partition.
+
+use std::collections::HashMap;
+
+use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs};
+use belfry_store::{ChangeOutcome, LeaseOutcome, PutOutcome, QueueCounts, StoreError};
+use redis::Value;
+
+use crate::conn::{unexpected, Conn, Result};
+use crate::keys::{split_id, task_id};
+use crate::record;
+use crate::reply::{as_array, as_bytes, as_i64, as_seq, corrupt, decode, to_task};
+use crate::scripts;
+use crate::store::{Part, RedisStore};
+
+impl RedisStore {
+    pub(crate) fn lease_op(
+        &self,
+        queue: &QueueName,
+        items: &[(TaskId, LeaseId, Vec<u8>)],
+        op: &str,
+        now_ms: UnixMs,
+    ) -> Result<Vec<LeaseOutcome>> {
+        self.with_queue(queue, |this, c, uid| {
+            let mut outcomes = vec![LeaseOutcome::NotFound; items.len()];
+            let mut by_part: HashMap<u16, Vec<(usize, [u8; 8])>> = HashMap::new();
+            for (i, (id, _, _)) in items.iter().enumerate() {
+                if let Some((p, seq)) = split_id(*id, uid, this.keys.partitions) {
+                    by_part.entry(p).or_default().push((i, seq));
+                }
+            }
+            for (p, members) in by_part {
+                let part = this.part(p, uid);
+                let mut args = vec![
+                    now_ms.to_string().into_bytes(),
+                    this.retention_ms.to_string().into_bytes(),
+                    op.as_bytes().to_vec(),
+                ];
+                for (i, seq) in &members {
+                    args.push(seq.to_vec());
+                    args.push(items[*i].1 .0.to_string().into_bytes());
+                    args.push(items[*i].2.clone());
+                }
+                let v = this.script(c, &scripts::LEASE, &part.keys, &args, "change a lease")?;
+                let bad = || unexpected("lease", &v);
+                let codes = as_array(&v).ok_or_else(bad)?;
+                if codes.len() != members.len() + 1 {
+                    return Err(bad());
+                }
+                for ((i, _), code) in members.iter().zip(codes) {
+                    outcomes[*i] = match as_i64(code) {
+                        Some(0) => LeaseOutcome::Ok,
+                        Some(1) => LeaseOutcome::NotFound,
+                        Some(2) => LeaseOutcome::LeaseExpired,
+                        _ => return Err(bad()),
+                    };
+                }
+                if op != "ack" {
+                    let earliest = as_i64(&codes[members.len()]).ok_or_else(bad)?;
+                    this.hint_lower(c, queue, uid, p, earliest)?;
+                }
+            }
+            Ok(outcomes)
+        })
+    }
+
+    pub(crate) fn change(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        op: &str,
+        value: u64,
+        now_ms: UnixMs,
+    ) -> Result<ChangeOutcome> {
+        self.with_queue(queue, |this, c, uid| {
+            let Some((p, seq)) = split_id(id, uid, this.keys.partitions) else {
+                return Ok(ChangeOutcome::NotFound);
+            };
+            let part = this.part(p, uid);
+            let args = [
+                now_ms.to_string().into_bytes(),
+                this.retention_ms.to_string().into_bytes(),
+                op.as_bytes().to_vec(),
+                seq.to_vec(),
+                value.to_string().into_bytes(),
+            ];
+            let v = this.script(c, &scripts::CHANGE, &part.keys, &args, "change a task")?;
+            let bad = || unexpected("change", &v);
+            let items = as_array(&v).ok_or_else(bad)?;
+            let [code, state, earliest] = items else {
+                return Err(bad());
+            };
+            let outcome = match as_i64(code) {
+                Some(0) => ChangeOutcome::Ok,
+                Some(1) => ChangeOutcome::NotFound,
+                Some(3) => ChangeOutcome::WrongState(
+                    as_i64(state).and_then(record::state_of).ok_or_else(bad)?,
+                ),
+                _ => return Err(bad()),
+            };
+            if outcome == ChangeOutcome::Ok {
+                this.hint_lower(c, queue, uid, p, as_i64(earliest).ok_or_else(bad)?)?;
+            }
+            Ok(outcome)
+        })
+    }
+
+    pub(crate) fn read(&self, c: &mut Conn, part: &Part, args: &[Vec<u8>]) -> Result<Value> {
+        self.script(c, &scripts::READ, &part.keys, args, "read tasks")
+    }
+
+    pub(crate) fn read_task(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        p: u16,
+        v: &[Value],
+        now_ms: UnixMs,
+    ) -> Result<Task> {
+        let bad = || corrupt("redis reply (read a task)", "unexpected shape".into());
+        let [seq, rec, reason] = v else {
+            return Err(bad());
+        };
+        let _ = c;
+        let seq = as_seq(seq).ok_or_else(bad)?;
+        let record = decode(as_bytes(rec).ok_or_else(bad)?)?;
+        let reason = as_bytes(reason)
+            .filter(|r| !r.is_empty())
+            .map(|r| String::from_utf8_lossy(r).into_owned());
+        Ok(to_task(
+            record,
+            task_id(uid, p, seq),
+            queue,
+            reason,
+            now_ms,
+            false,
+        ))
+    }
+
+    pub(crate) fn put_tasks(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
+        let mut outcomes: Vec<Option<PutOutcome>> = vec![None; tasks.len()];
+        // Group by queue, then partition, keeping input order within each group.
+        let mut by_queue: Vec<(QueueName, Vec<usize>)> = Vec::new();
+        for (i, task) in tasks.iter().enumerate() {
+            match by_queue.iter_mut().find(|(q, _)| *q == task.queue) {
+                Some((_, list)) => list.push(i),
+                None => by_queue.push((task.queue.clone(), vec![i])),
+            }
+        }
+        for (queue, indexes) in by_queue {
+            let rotating = (self.next_rotation() % usize::from(self.keys.partitions)) as u16;
+            self.with_queue(&queue, |this, c, uid| {
+                let mut by_part: Vec<(u16, Vec<usize>)> = Vec::new();
+                for &i in &indexes {
+                    let p = match &tasks[i].idempotency_key {
+                        Some(key) => crate::partition_of(key.as_bytes(), this.keys.partitions),
+                        None => rotating,
+                    };
+                    match by_part.iter_mut().find(|(q, _)| *q == p) {
+                        Some((_, list)) => list.push(i),
+                        None => by_part.push((p, vec![i])),
+                    }
+                }
+                for (p, members) in by_part {
+                    let part = this.part(p, uid);
+                    let mut args = vec![
+                        b"0".to_vec(),
+                        b"0".to_vec(),
+                        members.len().to_string().into_bytes(),
+                    ];
+                    for &i in &members {
+                        let task = &tasks[i];
+                        args.push(task.due_at_ms.to_string().into_bytes());
+                        args.push(match task.priority {
+                            belfry_core::Priority::High => b"0".to_vec(),
+                            belfry_core::Priority::Normal => b"1".to_vec(),
+                        });
+                        args.push(
+                            task.idempotency_key
+                                .clone()
+                                .unwrap_or_default()
+                                .into_bytes(),
+                        );
+                        args.push(record::encode(task));
+                    }
+                    let v = this.script(c, &scripts::PUT, &part.keys, &args, "store tasks")?;
+                    let bad = || unexpected("put", &v);
+                    let items = as_array(&v).ok_or_else(bad)?;
+                    if items.len() != members.len() + 1 {
+                        return Err(bad());
+                    }
+                    for (&i, item) in members.iter().zip(items) {
+                        let fields = as_array(item).ok_or_else(bad)?;
+                        outcomes[i] = Some(match fields {
+                            [created, seq] if as_i64(created) == Some(1) => PutOutcome::Created {
+                                id: task_id(uid, p, as_seq(seq).ok_or_else(bad)?),
+                                due_at_ms: tasks[i].due_at_ms,
+                            },
+                            [_, seq, rec, reason] => {
+                                let v = [seq.clone(), rec.clone(), reason.clone()];
+                                PutOutcome::Duplicate(Box::new(
+                                    this.read_task(c, &queue, uid, p, &v, 0)?,
+                                ))
+                            }
+                            _ => return Err(bad()),
+                        });
+                    }
+                    let first = as_i64(&items[members.len()]).ok_or_else(bad)?;
+                    this.hint_lower(c, &queue, uid, p, first)?;
+                }
+                Ok(())
+            })?;
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.expect("every task has an outcome"))
+            .collect())
+    }
+
+    pub(crate) fn list_dead_tasks(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<Task>> {
+        self.with_queue(queue, |this, c, uid| {
+            let mut out = Vec::new();
+            let (first_p, mut after_seq) = match after {
+                None => (0, None),
+                Some(id) if (id.0 >> 96) as u64 > uid => return Ok(out),
+                Some(id) if ((id.0 >> 96) as u64) < uid => (0, None),
+                Some(id) => {
+                    let p = ((id.0 >> 64) & 0xffff) as u16;
+                    let seq = (id.0 as u64).to_be_bytes();
+                    if (id.0 >> 80) & 0xffff != 0 {
+                        // Past every id of this queue's partitions with zero unused bits.
+                        return Ok(out);
+                    }
+                    (p, Some(seq))
+                }
+            };
+            for p in first_p..this.keys.partitions {
+                if out.len() >= limit {
+                    break;
+                }
+                let part = this.part(p, uid);
+                let args = [
+                    b"dead".to_vec(),
+                    after_seq.take().map(|s| s.to_vec()).unwrap_or_default(),
+                    (limit - out.len()).to_string().into_bytes(),
+                ];
+                let v = this.read(c, &part, &args)?;
+                let items = as_array(&v).ok_or_else(|| unexpected("list dead", &v))?;
+                for triple in items.chunks(3) {
+                    out.push(this.read_task(c, queue, uid, p, triple, 0)?);
+                }
+            }
+            Ok(out)
+        })
+    }
+
+    pub(crate) fn count_tasks(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
+        self.with_queue(queue, |this, c, uid| {
+            let mut counts = QueueCounts::default();
+            for p in 0..this.keys.partitions {
+                let part = this.part(p, uid);
+                let v = this.read(
+                    c,
+                    &part,
+                    &[b"counts".to_vec(), now_ms.to_string().into_bytes()],
+                )?;
+                let items = as_array(&v).ok_or_else(|| unexpected("counts", &v))?;
+                let n: Vec<u64> = items
+                    .iter()
+                    .filter_map(as_i64)
+                    .map(|n| n.max(0) as u64)
+                    .collect();
+                let [pending, due, in_flight, dead] = n[..] else {
+                    return Err(unexpected("counts", &v));
+                };
+                counts.pending += pending;
+                counts.due += due;
+                counts.in_flight += in_flight;
+                counts.dead += dead;
+            }
+            Ok(counts)
+        })
+    }
+
+    pub(crate) fn forecast_tasks(
+        &self,
+        queue: &QueueName,
+        from_ms: UnixMs,
+        step_ms: u64,
+        steps: usize,
+    ) -> Result<Vec<u64>> {
+        if step_ms == 0 {
+            return Err(StoreError::Invalid("forecast step must be positive".into()));
+        }
+        self.with_queue(queue, |this, c, uid| {
+            let mut out = vec![0u64; steps];
+            if steps == 0 {
+                return Ok(out);
+            }
+            for p in 0..this.keys.partitions {
+                let part = this.part(p, uid);
+                let args = [
+                    b"forecast".to_vec(),
+                    from_ms.to_string().into_bytes(),
+                    step_ms.to_string().into_bytes(),
+                    steps.to_string().into_bytes(),
+                ];
+                let v = this.read(c, &part, &args)?;
+                let items = as_array(&v).ok_or_else(|| unexpected("forecast", &v))?;
+                if items.len() != steps {
+                    return Err(unexpected("forecast", &v));
+                }
+                for (slot, n) in out.iter_mut().zip(items) {
+                    *slot += as_i64(n).unwrap_or(0).max(0) as u64;
+                }
+            }
+            Ok(out)
+        })
+    }
+}
