@@ -126,6 +126,9 @@ pub struct ServerConfig {
     pub http_connections_per_client_max: Option<usize>,
     /// The listen backlog asked of the kernel (which caps it at `net.core.somaxconn`).
     pub http_listen_backlog: u32,
+    /// This process's name among the nodes sharing one store (`--node-id`): unique by
+    /// default ([`default_node_id`]). Shard leases on a shared store are taken in its name.
+    pub node_id: String,
 }
 
 impl Default for ServerConfig {
@@ -151,7 +154,55 @@ impl Default for ServerConfig {
             http_connections_max: HTTP_CONNECTIONS_MAX_DEFAULT,
             http_connections_per_client_max: None,
             http_listen_backlog: HTTP_LISTEN_BACKLOG_DEFAULT,
+            node_id: default_node_id(),
         }
+    }
+}
+
+/// Longest node id: it is stored with every shard lease, and logged.
+pub const NODE_ID_BYTES_MAX: usize = 128;
+
+/// A node id no other live process has: the host name, the process id and 4 random bytes
+/// (so a restarted process with a recycled pid, or a container whose pid is always 1, still
+/// differs from its predecessor, whose leases may not have expired yet).
+pub fn default_node_id() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| sanitize_host(h.trim()))
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "belfry".to_owned());
+    let salt: u32 = rand::random();
+    format!("{host}-{}-{salt:08x}", std::process::id())
+}
+
+/// The host name with anything a node id may not hold replaced by `_`, cut to leave room for
+/// the pid and salt.
+fn sanitize_host(host: &str) -> String {
+    host.chars()
+        .take(NODE_ID_BYTES_MAX - 32)
+        .map(|c| if node_id_char(c) { c } else { '_' })
+        .collect()
+}
+
+fn node_id_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')
+}
+
+/// Why `id` cannot name a node, if it cannot: 1 to [`NODE_ID_BYTES_MAX`] of
+/// `A-Z a-z 0-9 - _ . :`.
+pub fn check_node_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > NODE_ID_BYTES_MAX {
+        return Err(format!(
+            "must be 1 to {NODE_ID_BYTES_MAX} characters, got {}",
+            id.len()
+        ));
+    }
+    match id.chars().find(|&c| !node_id_char(c)) {
+        Some(bad) => Err(format!(
+            "{bad:?} is not allowed; use letters, digits, '-', '_', '.' and ':'"
+        )),
+        None => Ok(()),
     }
 }
 
@@ -243,6 +294,9 @@ impl ServerConfig {
         }
         if self.webhook_in_flight_default == 0 {
             return fail("webhooks.in_flight_default", "must be at least 1".into());
+        }
+        if let Err(problem) = check_node_id(&self.node_id) {
+            return fail("node_id", problem);
         }
         Ok(())
     }

@@ -109,9 +109,14 @@ pub struct ServeArgs {
     /// Directory of the embedded store [default: ./data].
     #[arg(long, env = "BELFRY_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
-    /// "engine" (durable, default) or "memory" (for experiments).
+    /// "engine" (durable, default), "memory" (for experiments), "redis://host:port" (one
+    /// Redis) or "redis-cluster://host:port,host:port,..." (a cluster). Env BELFRY_STORE.
     #[arg(long)]
     pub store: Option<String>,
+    /// This node's name among the nodes sharing a store [default: host-pid-random].
+    /// Env BELFRY_NODE_ID.
+    #[arg(long)]
+    pub node_id: Option<String>,
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
@@ -122,6 +127,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 None => FileConfig::default(),
             };
             file.apply_env(|var| std::env::var(var).ok())?;
+            // Flags win over the environment and the file.
+            if let Some(id) = args.node_id {
+                file.node_id = Some(id);
+            }
             let settings = file
                 .resolve(args.listen, args.data_dir, args.store)
                 .context("configuration")?;

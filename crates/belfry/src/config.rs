@@ -12,6 +12,8 @@ use belfry_store::FsyncPolicy;
 use serde::Deserialize;
 
 use crate::auth_config::{AuthSection, ADMIN_TOKEN_ENV};
+pub use crate::store_config::StoreKind;
+use crate::store_config::{RedisSection, REDIS_ENV_OVERRIDES};
 use crate::units::{HumanDuration, HumanSize};
 
 #[derive(Debug, Default, Deserialize)]
@@ -20,6 +22,11 @@ pub struct FileConfig {
     pub listen: Option<String>,
     pub data_dir: Option<PathBuf>,
     pub store: Option<String>,
+    /// This node's name among those sharing a store (`--node-id`); unique by default.
+    pub node_id: Option<String>,
+    /// `[redis]`: the `redis://` and `redis-cluster://` stores.
+    #[serde(default)]
+    pub redis: RedisSection,
     #[serde(default)]
     pub limits: LimitsSection,
     #[serde(default)]
@@ -231,15 +238,6 @@ pub struct LogSection {
     pub format: Option<String>,
 }
 
-/// Which store `serve` runs on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StoreKind {
-    /// The embedded, durable engine under the data directory.
-    Engine,
-    /// Nothing durable: for quick experiments.
-    Memory,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -252,6 +250,8 @@ pub struct Settings {
     pub server: ServerConfig,
     pub data_dir: PathBuf,
     pub store: StoreKind,
+    /// `[redis]`, for the Redis kinds of `store`.
+    pub redis: belfry_store_redis::RedisOptions,
     pub fsync: FsyncPolicy,
     pub log_level: String,
     pub log_format: LogFormat,
@@ -278,6 +278,7 @@ pub fn parse(text: &str) -> anyhow::Result<FileConfig> {
 /// Environment variables that override file keys (flags override both).
 pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_STORE", "store"),
+    ("BELFRY_NODE_ID", "node_id"),
     ("BELFRY_PAYLOAD_MAX", "limits.payload_max"),
     ("BELFRY_REQUEST_MAX", "limits.request_max"),
     ("BELFRY_SUBSCRIBERS_BODY_MAX", "limits.subscribers_body_max"),
@@ -328,6 +329,11 @@ impl FileConfig {
         if let Some(token) = lookup(ADMIN_TOKEN_ENV) {
             self.auth.admin_token = Some(token);
         }
+        for (var, key) in REDIS_ENV_OVERRIDES {
+            if let Some(value) = lookup(var) {
+                self.redis.apply_env(var, key, value.trim())?;
+            }
+        }
         self.apply_fixed_env(lookup)?;
         self.apply_connection_env(
             std::env::vars().filter(|(var, _)| var.starts_with(CONNECTION_ENV_PREFIX)),
@@ -341,6 +347,7 @@ impl FileConfig {
             let bad = |what: &str| anyhow!("{var} (overrides {key}): {what}, got {value:?}");
             match *key {
                 "store" => self.store = Some(value.clone()),
+                "node_id" => self.node_id = Some(value.clone()),
                 "limits.payload_max" => {
                     self.limits.payload_max = Some(HumanSize::Text(value.clone()))
                 }
@@ -499,12 +506,12 @@ impl FileConfig {
         if let Some(d) = &self.metrics.refresh {
             server.metrics_refresh_ms = ms_of("metrics.refresh", d)?;
         }
+        if let Some(id) = self.node_id {
+            server.node_id = id;
+        }
         server.validate()?;
-        let store = match store.or(self.store).as_deref().unwrap_or("engine") {
-            "engine" => StoreKind::Engine,
-            "memory" => StoreKind::Memory,
-            other => bail!("store: expected \"engine\" or \"memory\", got {other:?}"),
-        };
+        let store = StoreKind::parse(store.or(self.store).as_deref().unwrap_or("engine"))?;
+        let redis = self.redis.resolve()?;
         let fsync = match self.storage.fsync.as_deref().unwrap_or("always") {
             "always" => FsyncPolicy::Always,
             "never" => FsyncPolicy::Never,
@@ -550,6 +557,7 @@ impl FileConfig {
                 .or(self.data_dir)
                 .unwrap_or_else(|| PathBuf::from("./data")),
             store,
+            redis,
             fsync,
             log_level: self.log.level.unwrap_or_else(|| "info".into()),
             log_format,
@@ -731,5 +739,44 @@ brokers = ["127.0.0.1:9092"]
             .apply_env(|var| (var == "BELFRY_HTTP_LISTEN_BACKLOG").then(|| "lots".into()))
             .unwrap_err();
         assert!(err.to_string().contains("http.listen_backlog"), "{err}");
+    }
+
+    #[test]
+    fn node_id_defaults_unique_and_takes_file_env_and_flag() {
+        let first = parse("").unwrap().resolve(None, None, None).unwrap();
+        let second = parse("").unwrap().resolve(None, None, None).unwrap();
+        let (a, b) = (&first.server.node_id, &second.server.node_id);
+        assert_ne!(a, b, "two defaults in one process differ");
+        assert!(
+            a.contains(&format!("-{}-", std::process::id())),
+            "the default names the process: {a}"
+        );
+        assert!(belfry_server::config::check_node_id(a).is_ok(), "{a}");
+
+        let mut file = parse("node_id = \"from-file\"\n").unwrap();
+        assert_eq!(
+            parse("node_id = \"from-file\"\n")
+                .unwrap()
+                .resolve(None, None, None)
+                .unwrap()
+                .server
+                .node_id,
+            "from-file"
+        );
+        file.apply_env(|var| (var == "BELFRY_NODE_ID").then(|| "from-env".into()))
+            .unwrap();
+        assert_eq!(file.node_id.as_deref(), Some("from-env"));
+        // The flag is applied by the command line over the environment, as `cli` does.
+        file.node_id = Some("node-7".into());
+        assert_eq!(
+            file.resolve(None, None, None).unwrap().server.node_id,
+            "node-7"
+        );
+
+        for bad in ["", "has space", "tab\there", &"x".repeat(129)] {
+            let text = format!("node_id = {bad:?}\n");
+            let err = parse(&text).unwrap().resolve(None, None, None).unwrap_err();
+            assert!(err.to_string().contains("node_id"), "{bad:?}: {err}");
+        }
     }
 }

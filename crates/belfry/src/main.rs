@@ -8,6 +8,7 @@ mod config;
 mod schedule_cmd;
 mod serve;
 mod show;
+mod store_config;
 mod units;
 
 use clap::Parser;

@@ -5,29 +5,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use belfry_server::Server;
 use belfry_store::{Engine, EngineOptions, MemoryStore, Store};
+use belfry_store_redis::RedisStore;
 
 use crate::config::{Settings, StoreKind};
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let signal = shutdown_signal()?;
-    let store: Arc<dyn Store> = match settings.store {
-        StoreKind::Engine => {
-            let dir = settings.data_dir.clone();
-            let options = EngineOptions {
-                fsync: settings.fsync,
-                ..EngineOptions::default()
-            };
-            // Opening replays the log: blocking work, off the async workers.
-            let engine = tokio::task::spawn_blocking(move || Engine::open(&dir, options))
-                .await
-                .context("open the storage engine")?
-                .with_context(|| {
-                    format!("open the storage engine in {}", settings.data_dir.display())
-                })?;
-            Arc::new(engine)
-        }
-        StoreKind::Memory => Arc::new(MemoryStore::new()),
-    };
+    tracing::info!(node_id = %settings.server.node_id, "belfry starting");
+    let store = open_store(&settings).await?;
     if !settings.auth.enabled() {
         let listen = settings.server.listen;
         if listen.ip().is_loopback() {
@@ -50,11 +35,15 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         "http"
     };
     let handle = builder.start().await.context("start the server")?;
-    let data = match settings.store {
+    let data = match &settings.store {
         StoreKind::Engine => format!("data in {}", settings.data_dir.display()),
         StoreKind::Memory => {
             "data in memory only (--store memory): nothing survives a restart".into()
         }
+        StoreKind::Redis(target) => format!(
+            "data in {target} (namespace {:?}), node id {}",
+            settings.redis.namespace, settings.server.node_id
+        ),
     };
     tracing::info!(
         "belfry listening on {scheme}://{}, {data}",
@@ -64,6 +53,40 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     signal.await;
     handle.stop().await.context("shut down")?;
     Ok(())
+}
+
+/// Opens the configured store. Opening blocks (the engine replays its log; Redis connects and
+/// checks the cluster's slots, bounded by `redis.connect_timeout`), so it runs off the async
+/// workers.
+async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
+    let store: Arc<dyn Store> = match &settings.store {
+        StoreKind::Engine => {
+            let dir = settings.data_dir.clone();
+            let options = EngineOptions {
+                fsync: settings.fsync,
+                ..EngineOptions::default()
+            };
+            let engine = tokio::task::spawn_blocking(move || Engine::open(&dir, options))
+                .await
+                .context("open the storage engine")?
+                .with_context(|| {
+                    format!("open the storage engine in {}", settings.data_dir.display())
+                })?;
+            Arc::new(engine)
+        }
+        StoreKind::Memory => Arc::new(MemoryStore::new()),
+        StoreKind::Redis(target) => {
+            let (target, options) = (target.clone(), settings.redis.clone());
+            // The target's Display hides any password.
+            let named = target.to_string();
+            let store = tokio::task::spawn_blocking(move || RedisStore::connect(&target, options))
+                .await
+                .with_context(|| format!("connect to the Redis store at {named}"))?
+                .with_context(|| format!("connect to the Redis store at {named}"))?;
+            Arc::new(store)
+        }
+    };
+    Ok(store)
 }
 
 /// Registers SIGTERM and SIGINT handlers now (before the server announces itself, so an early

@@ -204,18 +204,41 @@ impl ErrorCode {
     }
 }
 
+/// `Retry-After` of a transient refusal, in seconds: long enough for a burst to drain or a
+/// Redis failover to finish its first attempt, short enough to stay responsive.
+pub const RETRY_AFTER_S: u32 = 1;
+
 #[derive(Debug, Clone)]
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
+    /// Seconds for the `Retry-After` header: set when the same request may succeed later.
+    pub retry_after_s: Option<u32>,
 }
 
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let retry_after_s = match code {
+            ErrorCode::Overloaded | ErrorCode::TooManyConnections => Some(RETRY_AFTER_S),
+            _ => None,
+        };
         ApiError {
             code,
             message: message.into(),
+            retry_after_s,
         }
+    }
+
+    /// The same error, answered with `Retry-After: seconds`.
+    pub fn retry_after(mut self, seconds: u32) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
+    }
+
+    /// The answer to a store error that may pass (a Redis timeout or failover):
+    /// `503 store_unavailable` with `Retry-After`, never a 500.
+    pub fn transient_store(error: &belfry_store::StoreError) -> Self {
+        ApiError::new(ErrorCode::StoreUnavailable, error.to_string()).retry_after(RETRY_AFTER_S)
     }
 
     /// The whole standard error body, `{"error": {"code", "message"}}`, as bytes: for
@@ -248,18 +271,20 @@ struct Envelope {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.code.status().is_server_error() {
-            tracing::error!(code = self.code.as_str(), message = %self.message, "request failed");
+            if self.retry_after_s.is_some() {
+                // Passing conditions (overload, a store that does not answer for now): the
+                // client is told to retry; not an error of this server.
+                tracing::warn!(code = self.code.as_str(), message = %self.message, "request refused for now");
+            } else {
+                tracing::error!(code = self.code.as_str(), message = %self.message, "request failed");
+            }
         }
         let status = self.code.status();
         let mut response = (status, axum::Json(Envelope { error: self.body() })).into_response();
-        if matches!(
-            self.code,
-            ErrorCode::Overloaded | ErrorCode::TooManyConnections
-        ) {
-            // One second: long enough for a burst to drain, short enough to stay responsive.
+        if let Some(seconds) = self.retry_after_s {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
-                axum::http::HeaderValue::from_static("1"),
+                axum::http::HeaderValue::from(seconds),
             );
         }
         if self.code == ErrorCode::Unauthorized {
@@ -294,6 +319,9 @@ impl From<ServiceError> for ApiError {
             ServiceError::ShuttingDown => ErrorCode::ShuttingDown,
             ServiceError::Overloaded => ErrorCode::Overloaded,
             ServiceError::Invalid(_) => ErrorCode::InvalidRequest,
+            ServiceError::Store(store) if store.is_transient() => {
+                return ApiError::transient_store(store)
+            }
             ServiceError::Store(
                 belfry_store::StoreError::Poisoned(_) | belfry_store::StoreError::Closed,
             ) => ErrorCode::StoreUnavailable,

@@ -94,6 +94,9 @@ impl From<ScheduleServiceError> for ApiError {
             ScheduleServiceError::NotFound(_) => ErrorCode::ScheduleNotFound,
             ScheduleServiceError::AlreadyExists(_) => ErrorCode::ScheduleExists,
             ScheduleServiceError::Corrupt { .. } => ErrorCode::ScheduleCorrupt,
+            ScheduleServiceError::Store(store) if store.is_transient() => {
+                return ApiError::transient_store(store)
+            }
             ScheduleServiceError::Store(
                 belfry_store::StoreError::Poisoned(_) | belfry_store::StoreError::Closed,
             ) => ErrorCode::StoreUnavailable,

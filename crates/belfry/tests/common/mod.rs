@@ -16,6 +16,9 @@ pub struct Served {
     pub url: String,
     /// Everything the server has logged so far (stdout).
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
+    /// Everything it wrote to stderr so far (a panic's message lands here); also echoed to
+    /// the test's own stderr.
+    pub errors: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Drop for Served {
@@ -44,11 +47,25 @@ pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> Served {
         .env_remove("BELFRY_ADMIN_TOKEN")
         .env_remove("BELFRY_TLS_CERT")
         .env_remove("BELFRY_TLS_KEY")
+        .env_remove("BELFRY_STORE")
+        .env_remove("BELFRY_NODE_ID")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn belfry serve");
+    let errors = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let stderr = child.stderr.take().expect("piped stderr");
+    let kept_errors = errors.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("{line}");
+            if let Ok(mut kept) = kept_errors.lock() {
+                kept.push_str(&line);
+                kept.push('\n');
+            }
+        }
+    });
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = std::sync::mpsc::channel();
     let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
@@ -69,5 +86,10 @@ pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> Served {
     let url = rx
         .recv_timeout(START_DEADLINE)
         .expect("belfry serve logs where it listens");
-    Served { child, url, log }
+    Served {
+        child,
+        url,
+        log,
+        errors,
+    }
 }

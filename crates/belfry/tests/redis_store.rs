@@ -1,0 +1,334 @@
+//! The real `belfry` binary on a Redis store: bad `--store` URLs and unreachable or
+//! incomplete Redis fail fast with a clear error, and a Redis that stops answering turns
+//! into `503 store_unavailable` with `Retry-After` (not a 500, not a hang), then recovers.
+//!
+//! Each test starts its own `redis-server` on a free loopback port and stops it by PID.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+
+use common::{serve_with_env, BIN};
+
+/// How long a failing start may take: a cold debug binary, plus the 2 s connect timeout.
+const FAIL_FAST: Duration = Duration::from_secs(10);
+
+/// A free loopback port (bound, read, released).
+fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
+    listener.local_addr().expect("probe address").port()
+}
+
+/// A `redis-server` this test started; stopped (and continued first, if paused) on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+    paused: bool,
+    _dir: tempfile::TempDir,
+}
+
+impl Redis {
+    fn start(extra: &[&str]) -> Redis {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let port = free_port();
+        let child = Command::new("redis-server")
+            .args(["--bind", "127.0.0.1", "--port", &port.to_string()])
+            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
+            .arg("--dir")
+            .arg(dir.path())
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("start redis-server ({e}): install it (apt-get install redis-server; scripts/test.sh does)")
+            });
+        let redis = Redis {
+            child,
+            port,
+            paused: false,
+            _dir: dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !redis.pings() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not answer PING"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        redis
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn pings(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        let mut answer = [0u8; 5];
+        stream.write_all(b"PING\r\n").is_ok()
+            && stream.read_exact(&mut answer).is_ok()
+            && &answer == b"+PONG"
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {}", self.child.id());
+    }
+
+    /// SIGSTOP: Redis keeps its sockets and answers nothing. Returns once /proc says stopped.
+    fn pause(&mut self) {
+        self.signal("STOP");
+        self.paused = true;
+        let stat = format!("/proc/{}/stat", self.child.id());
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let state = std::fs::read_to_string(&stat).unwrap_or_default();
+            if state
+                .rsplit_once(") ")
+                .is_some_and(|(_, rest)| rest.starts_with('T'))
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("redis-server {} did not stop", self.child.id());
+    }
+
+    fn resume(&mut self) {
+        self.signal("CONT");
+        self.paused = false;
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        if self.paused {
+            self.signal("CONT");
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `belfry serve --listen 127.0.0.1:0 ARGS` expecting it to exit by itself within
+/// [`FAIL_FAST`]: returns (exited successfully, stderr, how long it took). Killed (and the
+/// test failed) if it is still running then.
+fn serve_expecting_exit(args: &[&str], env: &[(&str, &str)]) -> (bool, String, Duration) {
+    let started = Instant::now();
+    let mut child = Command::new(BIN)
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0"])
+        .args(args)
+        .env_remove("BELFRY_CONFIG")
+        .env_remove("BELFRY_STORE")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn belfry serve");
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for belfry") {
+            break status;
+        }
+        if started.elapsed() > FAIL_FAST {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("belfry serve {args:?} still ran after {FAIL_FAST:?}: it must fail fast");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = started.elapsed();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    (status.success(), stderr, took)
+}
+
+#[test]
+fn a_malformed_store_url_is_refused_with_what_is_wrong() {
+    for (url, says) in [
+        ("redis://bad", "no port"),
+        (
+            "redis-cluster://127.0.0.1:7000,,127.0.0.1:7001",
+            "empty node",
+        ),
+        ("redis://127.0.0.1:6379,127.0.0.1:6380", "redis-cluster://"),
+    ] {
+        let (ok, stderr, _) = serve_expecting_exit(&["--store", url], &[]);
+        assert!(!ok, "{url}: exit status must say failure");
+        assert!(
+            stderr.contains(url) && stderr.contains(says),
+            "{url}: the error names the URL and says {says:?}: {stderr}"
+        );
+    }
+    // The same check applies to the environment's value.
+    let (ok, stderr, _) = serve_expecting_exit(&[], &[("BELFRY_STORE", "redis://bad")]);
+    assert!(!ok && stderr.contains("no port"), "{stderr}");
+}
+
+#[test]
+fn an_unreachable_redis_fails_the_start_naming_the_url_without_its_password() {
+    let port = free_port();
+    let url = format!("redis://user:swordfish@127.0.0.1:{port}/0");
+    let (ok, stderr, took) = serve_expecting_exit(&["--store", &url], &[]);
+    assert!(!ok, "exit status must say failure: {stderr}");
+    assert!(
+        stderr.contains(&format!("127.0.0.1:{port}")) && stderr.contains("Redis"),
+        "the error names the store: {stderr}"
+    );
+    assert!(
+        !stderr.contains("swordfish"),
+        "the password is redacted: {stderr}"
+    );
+    eprintln!("refused connection: exited after {took:?}");
+}
+
+#[test]
+fn a_redis_that_accepts_but_never_answers_fails_the_start_within_its_timeouts() {
+    // The kernel completes the handshake (backlog) but nothing ever reads or answers.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("address").port();
+    let url = format!("redis://127.0.0.1:{port}");
+    let (ok, stderr, took) = serve_expecting_exit(
+        &["--store", &url],
+        &[
+            ("BELFRY_REDIS_CONNECT_TIMEOUT", "500ms"),
+            ("BELFRY_REDIS_COMMAND_TIMEOUT", "500ms"),
+        ],
+    );
+    assert!(!ok, "exit status must say failure: {stderr}");
+    assert!(stderr.contains(&url), "the error names the URL: {stderr}");
+    eprintln!("silent Redis: exited after {took:?}");
+    drop(silent);
+}
+
+#[test]
+fn a_cluster_missing_slots_fails_the_start_and_says_which() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let nodes_file = dir.path().join("nodes.conf");
+    let nodes_file = nodes_file.to_string_lossy().into_owned();
+    // A cluster-mode node with no slots assigned: the cluster serves none of the 16384.
+    let redis = Redis::start(&[
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        &nodes_file,
+    ]);
+    let url = format!("redis-cluster://127.0.0.1:{}", redis.port);
+    let (ok, stderr, _) = serve_expecting_exit(&["--store", &url], &[]);
+    assert!(!ok, "exit status must say failure: {stderr}");
+    assert!(
+        stderr.contains(&url) && stderr.contains("does not serve slots 0-16383"),
+        "the error names the cluster and the missing slots: {stderr}"
+    );
+}
+
+async fn submit(http: &reqwest::Client, base: &str) -> reqwest::Response {
+    http.post(format!("{base}/v1/queues/jobs/tasks"))
+        .json(&serde_json::json!({"payload": {"n": 1}, "delay_ms": 60_000}))
+        .send()
+        .await
+        .expect("the server answers")
+}
+
+#[tokio::test]
+async fn a_paused_redis_gives_503_with_retry_after_then_the_server_recovers() {
+    let mut redis = Redis::start(&[]);
+    let server = serve_with_env(
+        &["--store", &redis.url(), "--node-id", "node-503"],
+        &[
+            ("BELFRY_REDIS_COMMAND_TIMEOUT", "300ms"),
+            ("BELFRY_REDIS_NAMESPACE", "wire503"),
+            ("BELFRY_REDIS_PARTITIONS", "8"),
+        ],
+    );
+    let log = server.log.lock().unwrap().clone();
+    assert!(log.contains("node-503"), "the node id is logged: {log}");
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let base = server.url.clone();
+    let created = http
+        .put(format!("{base}/v1/queues/jobs"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+    let before = submit(&http, &base).await;
+    assert_eq!(before.status(), 201);
+    let before: serde_json::Value = before.json().await.unwrap();
+    let kept_id = before["id"].as_str().expect("task id").to_owned();
+
+    redis.pause();
+    let started = Instant::now();
+    let refused = submit(&http, &base).await;
+    let took = started.elapsed();
+    assert_eq!(refused.status(), 503, "a paused Redis is a 503");
+    assert_eq!(
+        refused
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
+    eprintln!("503 after {took:?} with a 300 ms command timeout");
+    assert!(
+        took < Duration::from_millis(1_500),
+        "the refusal comes within the command timeout's order, took {took:?}"
+    );
+    // The server itself still answers meanwhile.
+    let health = http.get(format!("{base}/healthz")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+
+    redis.resume();
+    let resumed = Instant::now();
+    loop {
+        let answer = submit(&http, &base).await;
+        if answer.status() == 201 {
+            break;
+        }
+        assert_eq!(answer.status(), 503, "only 503 while recovering");
+        assert!(
+            resumed.elapsed() < Duration::from_secs(5),
+            "submits succeed again within 5 s of Redis answering"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("recovered {:?} after resume", resumed.elapsed());
+    let kept = http
+        .get(format!("{base}/v1/queues/jobs/tasks/{kept_id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(kept.status(), 200, "the task put before the pause is kept");
+
+    let mut server = server;
+    assert!(
+        server.child.try_wait().unwrap().is_none(),
+        "the server is still running"
+    );
+    let errors = server.errors.lock().unwrap().clone();
+    assert!(!errors.contains("panicked"), "no panic: {errors}");
+}
