@@ -76,7 +76,9 @@ async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
         }
         StoreKind::Memory => Arc::new(MemoryStore::new()),
         StoreKind::Redis(target) => {
-            let (target, options) = (target.clone(), settings.redis.clone());
+            let (target, mut options) = (target.clone(), settings.redis.clone());
+            // Every node on the store takes part in shard ownership under its node id.
+            options.node_id = Some(settings.server.node_id.clone());
             // The target's Display hides any password.
             let named = target.to_string();
             let store = tokio::task::spawn_blocking(move || RedisStore::connect(&target, options))
