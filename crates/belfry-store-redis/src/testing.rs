@@ -30,7 +30,8 @@ const INSTALL_HINT: &str = "install it with `apt-get install redis-server` (Debi
 /// One `redis-server` (not a cluster) with append-only persistence and no RDB snapshots.
 pub struct RedisServer {
     node: Node,
-    _dir: tempfile::TempDir,
+    appendfsync: String,
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -46,7 +47,11 @@ impl RedisServer {
         let port = free_ports(1, false)[0];
         let node = Node::spawn(dir.path(), None, port, appendfsync, false);
         node.wait_ping(STARTUP_DEADLINE);
-        RedisServer { node, _dir: dir }
+        RedisServer {
+            node,
+            appendfsync: appendfsync.to_owned(),
+            dir,
+        }
     }
 
     /// `redis://127.0.0.1:PORT`.
@@ -81,6 +86,20 @@ impl RedisServer {
     /// a few seconds). Idempotent.
     pub fn stop(&mut self) {
         self.node.stop();
+    }
+
+    /// SIGKILL, as a crash: the AOF keeps what its fsync policy wrote. Idempotent.
+    pub fn kill(&mut self) {
+        self.node.kill();
+    }
+
+    /// Starts the server again on the same port and directory (it reloads its AOF), after
+    /// stopping it if it still runs, and waits until it answers PING.
+    pub fn restart(&mut self) {
+        self.node.stop();
+        let port = self.node.port;
+        self.node = Node::spawn(self.dir.path(), None, port, &self.appendfsync, false);
+        self.node.wait_ping(STARTUP_DEADLINE);
     }
 }
 

@@ -13,6 +13,33 @@ fn ping(url: &str) -> redis::RedisResult<String> {
     redis::cmd("PING").query(&mut con)
 }
 
+/// One SET on a fresh connection.
+fn set(url: &str, key: &str, value: &str) {
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .exec(&mut con)
+        .unwrap();
+}
+
+fn get(url: &str, key: &str) -> Option<String> {
+    let mut con = redis::Client::open(url).unwrap().get_connection().unwrap();
+    redis::cmd("GET").arg(key).query(&mut con).unwrap()
+}
+
+#[test]
+fn server_keeps_fsynced_writes_across_a_kill() {
+    let mut server = RedisServer::start_with("always");
+    set(&server.url(), "k", "v");
+    let old = server.pid();
+    server.kill();
+    assert!(ping(&server.url()).is_err(), "a killed server answered");
+    server.restart();
+    assert_ne!(server.pid(), old);
+    assert_eq!(get(&server.url(), "k").as_deref(), Some("v"));
+}
+
 #[test]
 fn server_pause_resume_stop() {
     let mut server = RedisServer::start();
