@@ -311,6 +311,13 @@ impl Reminders {
         self.state.wake();
     }
 
+    /// Empties the feed's caches: reminders or subscriptions changed on another node that
+    /// shares the store (see `crate::follow`), and the next feed reads them again.
+    pub(crate) fn forget_cached(&self) {
+        self.state.reminders.clear();
+        self.state.users.clear();
+    }
+
     pub(crate) async fn step_at_startup(&self) -> Result<StepReport, ServiceError> {
         let report = step(&self.state).await?;
         if report.chunks_found > 0 {
