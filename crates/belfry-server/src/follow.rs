@@ -12,7 +12,8 @@
 //! - `MetaChanged(namespace)`: schedules → the schedule runner looks again (it caches only
 //!   parses keyed by the bytes, so it reads the change at its next tick); reminders → the
 //!   feed's caches are emptied and the reminder runner looks again;
-//! - `Resync` and `OwnershipChanged`: re-reads every queue, wakes every queue (the dispatcher
+//!   tokens made through the API → re-read, so a token made on one node works on all;
+//! - `Resync` and `OwnershipChanged`: re-reads every queue and the tokens, wakes every queue (the dispatcher
 //!   claims only what this node owns, so after a takeover it finds the new shards' tasks),
 //!   empties the reminder caches and wakes both runners, which fire only the schedules and
 //!   run only the fan-outs this node owns.
@@ -107,8 +108,18 @@ impl Inbox {
         let mut pending = self.pending.lock();
         pending.resync |= failed.resync;
         pending.queues.extend(failed.queues);
+        pending.namespaces.extend(failed.namespaces);
     }
 }
+
+/// Re-reads the tokens made through the API; returns how many are held. The builder makes
+/// it (over `api::tokens::follow`), so the follower does not import the API.
+pub(crate) type FollowTokens = Arc<
+    dyn Fn() -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = crate::shared::Result<usize>> + Send>,
+        > + Send
+        + Sync,
+>;
 
 /// The follower: what it acts on.
 pub(crate) struct Follower {
@@ -116,6 +127,8 @@ pub(crate) struct Follower {
     pub service: Arc<Service>,
     pub schedules: Schedules,
     pub reminders: Reminders,
+    /// The metadata namespace of the tokens made through the API, and how to re-read them.
+    pub tokens: (&'static str, FollowTokens),
 }
 
 impl Follower {
@@ -152,6 +165,9 @@ impl Follower {
                 tracing::warn!(%error, "re-read every queue after a resync or an ownership change; retrying");
                 failed.resync = true;
             }
+            if !self.follow_tokens().await {
+                failed.resync = true;
+            }
             self.service.queues.wake_all();
             self.schedules.wake();
             self.reminders.forget_cached();
@@ -185,7 +201,22 @@ impl Follower {
             self.reminders.forget_cached();
             self.reminders.wake();
         }
+        let tokens = self.tokens.0;
+        if pending.namespaces.contains(tokens) && !self.follow_tokens().await {
+            failed.namespaces.insert(tokens.to_owned());
+        }
         failed
+    }
+
+    /// Re-reads the tokens; false (reported) if the store could not be read.
+    async fn follow_tokens(&self) -> bool {
+        match (self.tokens.1)().await {
+            Ok(_) => true,
+            Err(error) => {
+                tracing::warn!(%error, "re-read the tokens made through the API; retrying");
+                false
+            }
+        }
     }
 }
 

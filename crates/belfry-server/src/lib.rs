@@ -206,10 +206,16 @@ impl ServerBuilder {
         if loaded > 0 {
             tracing::info!(tokens = loaded, "loaded the tokens made through the API");
         }
-        let token_routes = api::tokens::router(Arc::new(api::tokens::TokensState {
+        let tokens = Arc::new(api::tokens::TokensState {
             auth: self.auth.clone(),
             shared: service.shared().clone(),
-        }));
+            writes: Default::default(),
+        });
+        let token_routes = api::tokens::router(tokens.clone());
+        let follow_tokens: follow::FollowTokens = Arc::new(move || {
+            let tokens = tokens.clone();
+            Box::pin(async move { api::tokens::follow(&tokens).await })
+        });
         let reminder_routes =
             api::reminders::router(reminders.state(), self.config.request_bytes_max);
         let mut router = api::router(service.clone())
@@ -235,6 +241,7 @@ impl ServerBuilder {
                 service: service.clone(),
                 schedules: schedules.clone(),
                 reminders: reminders.clone(),
+                tokens: (api::tokens::TOKENS_NAMESPACE, follow_tokens),
             }
             .run(),
         );

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::{Clock, LeaseId, ManualClock, NewTask, QueueName, Task, TaskId, UnixMs, UserId};
+use belfry_server::auth::{Auth, Scope, TokenEntry, TokenHash};
 use belfry_server::Server;
 use belfry_store::{
     ChangeOutcome, ClaimBatch, EventSink, LeaseOutcome, MemoryStore, MetaChange, PutOutcome,
@@ -257,10 +258,15 @@ struct Nodes {
 
 impl Nodes {
     async fn start() -> Nodes {
+        Self::start_with(None).await
+    }
+
+    /// With auth on: each node holds the configured `admin` token (`None`: auth off).
+    async fn start_with(admin: Option<&str>) -> Nodes {
         let shared = Shared::new();
         let clock = ManualClock::new(T0);
-        let a = Self::node(&shared, &clock, 0).await;
-        let b = Self::node(&shared, &clock, 1).await;
+        let a = Self::node(&shared, &clock, 0, admin).await;
+        let b = Self::node(&shared, &clock, 1, admin).await;
         Nodes {
             shared,
             clock,
@@ -273,18 +279,26 @@ impl Nodes {
         shared: &Arc<Shared>,
         clock: &ManualClock,
         node: usize,
+        admin: Option<&str>,
     ) -> (TestServer, Arc<RecordingSink>) {
         let store: Arc<dyn Store> = Arc::new(NodeStore {
             node,
             shared: shared.clone(),
         });
         let sink = Arc::new(RecordingSink::default());
-        let handle = Server::builder(test_config(), store.clone())
+        let mut builder = Server::builder(test_config(), store.clone())
             .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
-            .sinks(Arc::new(RecordingSinks(sink.clone())))
-            .start()
-            .await
-            .expect("node starts");
+            .sinks(Arc::new(RecordingSinks(sink.clone())));
+        if let Some(admin) = admin {
+            let entry = TokenEntry {
+                name: "admin".into(),
+                hash: TokenHash::of(admin),
+                scopes: vec![Scope::parse("admin").unwrap()],
+                rate: None,
+            };
+            builder = builder.auth(Auth::new(vec![entry]).unwrap());
+        }
+        let handle = builder.start().await.expect("node starts");
         (TestServer::from_handle(handle, clock.clone(), store), sink)
     }
 
@@ -484,5 +498,56 @@ async fn a_schedule_fires_once_per_firing_across_nodes_and_follows_its_owner() {
     );
     assert_eq!(created(owner), 3);
     let _ = (a, b);
+    nodes.stop().await;
+}
+
+/// The status of `GET /v1/queues` on `s` with `token`.
+async fn list_with(s: &TestServer, token: &str) -> u16 {
+    s.http
+        .get(format!("{}/v1/queues", s.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_made_on_one_node_works_on_the_other_until_revoked_there() {
+    let admin = "admin-token-for-both-nodes";
+    let nodes = Nodes::start_with(Some(admin)).await;
+    let [a, b] = &nodes.servers;
+    let made: Value = a
+        .http
+        .post(format!("{}/v1/tokens", a.base))
+        .bearer_auth(admin)
+        .json(&json!({"name": "reader", "scopes": ["read"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reader = made["token"].as_str().expect("the token, once").to_owned();
+    assert_eq!(list_with(a, &reader).await, 200);
+    eventually("B accepts the token made on A", || async {
+        (list_with(b, &reader).await == 200).then_some(())
+    })
+    .await;
+    let revoked = b
+        .http
+        .delete(format!("{}/v1/tokens/reader", b.base))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(revoked, 204);
+    assert_eq!(list_with(b, &reader).await, 401);
+    eventually("A refuses the token revoked on B", || async {
+        (list_with(a, &reader).await == 401).then_some(())
+    })
+    .await;
     nodes.stop().await;
 }
