@@ -1,7 +1,8 @@
 //! Two belfry nodes on one shared store behave as one service: a queue made or removed on
 //! one is served or forgotten by the other, a task put on one is delivered once, by the node
-//! that owns it, promptly, and a schedule fires once per firing across both, through an
-//! ownership change.
+//! that owns it, promptly, a schedule fires once per firing across both, through an
+//! ownership change, a reminder fans out once, a change on one node empties the other's feed
+//! caches, and a token made on one node works on the other until revoked there.
 //!
 //! The shared store is one `MemoryStore` behind a wrapper per node ([`NodeStore`]) that does
 //! what a networked store does for its nodes: it announces every change to every node's
@@ -44,6 +45,8 @@ struct Shared {
     split: Mutex<Split>,
     /// Schedule firing tasks each node created (not duplicates).
     firings_created: [AtomicUsize; 2],
+    /// Reminder chunks each node created (not duplicates).
+    chunks_created: [AtomicUsize; 2],
 }
 
 impl Shared {
@@ -53,6 +56,7 @@ impl Shared {
             sinks: Mutex::new(Vec::new()),
             split: Mutex::new(Split::Parity),
             firings_created: Default::default(),
+            chunks_created: Default::default(),
         })
     }
 
@@ -136,21 +140,20 @@ impl Store for NodeStore {
     }
     fn put(&self, tasks: Vec<NewTask>) -> R<Vec<PutOutcome>> {
         let queues: Vec<QueueName> = tasks.iter().map(|t| t.queue.clone()).collect();
-        let firing: Vec<bool> = tasks
+        let keys: Vec<String> = tasks
             .iter()
-            .map(|t| {
-                t.idempotency_key
-                    .as_deref()
-                    .is_some_and(|k| k.starts_with("schedule:"))
-            })
+            .map(|t| t.idempotency_key.clone().unwrap_or_default())
             .collect();
         let outcomes = self.inner().put(tasks)?;
-        let created = outcomes
-            .iter()
-            .zip(&firing)
-            .filter(|(o, firing)| **firing && matches!(o, PutOutcome::Created { .. }))
-            .count();
-        self.shared.firings_created[self.node].fetch_add(created, Ordering::SeqCst);
+        for (outcome, key) in outcomes.iter().zip(&keys) {
+            if matches!(outcome, PutOutcome::Created { .. }) {
+                if key.starts_with("schedule:") {
+                    self.shared.firings_created[self.node].fetch_add(1, Ordering::SeqCst);
+                } else if key.starts_with("reminder:") {
+                    self.shared.chunks_created[self.node].fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
         let mut woken: Vec<&QueueName> = queues.iter().collect();
         woken.dedup();
         for queue in woken {
@@ -549,5 +552,89 @@ async fn a_token_made_on_one_node_works_on_the_other_until_revoked_there() {
         (list_with(a, &reader).await == 401).then_some(())
     })
     .await;
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reminder_fans_out_once_on_its_owner_and_a_delete_elsewhere_leaves_every_feed() {
+    const MINUTE: u64 = 60_000;
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    a.queue("chunks", json!({})).await;
+    eventually("B serves the queue", || async {
+        (queue_status(b, "chunks").await == 200).then_some(())
+    })
+    .await;
+    let owner = owner_by_hash("reminder:kickoff");
+    a.ok(
+        "POST",
+        "/v1/reminders",
+        json!({"id": "kickoff", "queue": "chunks", "delay_ms": MINUTE,
+               "content": {"title": "Kick-off"}, "chunk_size": 2}),
+        201,
+    )
+    .await;
+    for user in ["u1", "u2", "u3", "u4"] {
+        let (status, _) = b
+            .call(
+                "PUT",
+                &format!("/v1/reminders/kickoff/subscribers/{user}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(status, 201);
+    }
+    nodes.advance(MINUTE);
+    let chunks = |node: usize| nodes.shared.chunks_created[node].load(Ordering::SeqCst);
+    eventually("the fan-out's two chunks", || async {
+        (chunks(0) + chunks(1) >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        (chunks(owner), chunks(1 - owner)),
+        (2, 0),
+        "the owner made both chunks, the other node none"
+    );
+    let fired = b.ok("GET", "/v1/reminders/kickoff", Value::Null, 200).await;
+    assert_eq!(fired["firings"], 1);
+
+    // A second reminder, in both feeds' caches, deleted on B: gone from A's feed at once,
+    // not after the cache's time to live.
+    a.ok(
+        "POST",
+        "/v1/reminders",
+        json!({"id": "later", "queue": "chunks", "delay_ms": MINUTE, "content": {}}),
+        201,
+    )
+    .await;
+    b.call("PUT", "/v1/reminders/later/subscribers/u1", Value::Null)
+        .await;
+    let feed_len = |s: &'static str| {
+        let server = if s == "a" { a } else { b };
+        async move {
+            let feed = server
+                .ok("GET", "/v1/users/u1/reminders", Value::Null, 200)
+                .await;
+            feed["reminders"].as_array().map_or(0, Vec::len)
+        }
+    };
+    eventually("A's feed lists the reminder", || async {
+        (feed_len("a").await == 1).then_some(())
+    })
+    .await;
+    // Read twice: the second answer comes from A's caches.
+    assert_eq!(feed_len("a").await, 1);
+    let started = tokio::time::Instant::now();
+    b.ok("DELETE", "/v1/reminders/later", Value::Null, 204)
+        .await;
+    eventually("A's feed drops the reminder deleted on B", || async {
+        (feed_len("a").await == 0).then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < belfry_server::reminders::REMINDER_CACHE_TTL / 2,
+        "dropped after {took:?}: the cache's time to live, not the event"
+    );
     nodes.stop().await;
 }
