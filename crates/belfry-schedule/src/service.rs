@@ -515,9 +515,10 @@ impl ScheduleService {
     }
 
     /// The earliest instant at which `tick` would create a firing, or `None` if no active
-    /// schedule will ever fire again. It may be in the past (a tick is due now). Schedules
-    /// created by other nodes are not announced, so a runner should also wake up
-    /// periodically (e.g. every second).
+    /// schedule will ever fire again. It may be in the past (a tick is due now). Not every
+    /// store announces schedules created by other nodes (`Store::subscribe_events`), and an
+    /// announcement may be missed, so a runner should also wake up periodically (e.g. every
+    /// second).
     pub fn next_tick_ms(&self) -> Result<Option<UnixMs>> {
         let mut earliest: Option<UnixMs> = None;
         // An unreadable schedule cannot fire; tick reports it.
