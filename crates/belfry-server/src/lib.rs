@@ -212,10 +212,6 @@ impl ServerBuilder {
             writes: Default::default(),
         });
         let token_routes = api::tokens::router(tokens.clone());
-        let follow_tokens: follow::FollowTokens = Arc::new(move || {
-            let tokens = tokens.clone();
-            Box::pin(async move { api::tokens::follow(&tokens).await })
-        });
         let reminder_routes =
             api::reminders::router(reminders.state(), self.config.request_bytes_max);
         let mut router = api::router(service.clone())
@@ -235,16 +231,7 @@ impl ServerBuilder {
         service.dispatcher.start();
         background.spawn(schedules.runner());
         background.spawn(reminders.runner());
-        background.spawn(
-            follow::Follower {
-                inbox,
-                service: service.clone(),
-                schedules: schedules.clone(),
-                reminders: reminders.clone(),
-                tokens: (api::tokens::TOKENS_NAMESPACE, follow_tokens),
-            }
-            .run(),
-        );
+        background.spawn(follower(inbox, &service, &schedules, &reminders, tokens).run());
         background.spawn(service.clone().refresh_gauges());
         service.set_ready();
         let task = tokio::spawn(serve(
@@ -318,6 +305,28 @@ impl ServerHandle {
     pub async fn stop(self) -> Result<(), ServerError> {
         self.shutdown();
         self.wait().await
+    }
+}
+
+/// The task that keeps this node in step with the others on a shared store (see `follow`),
+/// over the parts it acts on.
+fn follower(
+    inbox: Arc<follow::Inbox>,
+    service: &Arc<Service>,
+    schedules: &Schedules,
+    reminders: &reminders::Reminders,
+    tokens: Arc<api::tokens::TokensState>,
+) -> follow::Follower {
+    let follow_tokens: follow::FollowTokens = Arc::new(move || {
+        let tokens = tokens.clone();
+        Box::pin(async move { api::tokens::follow(&tokens).await })
+    });
+    follow::Follower {
+        inbox,
+        service: service.clone(),
+        schedules: schedules.clone(),
+        reminders: reminders.clone(),
+        tokens: (api::tokens::TOKENS_NAMESPACE, follow_tokens),
     }
 }
 
