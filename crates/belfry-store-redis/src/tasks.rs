@@ -104,6 +104,9 @@ impl RedisStore {
                 _ => return Err(bad()),
             };
             if outcome == ChangeOutcome::Ok {
+                this.replicate(c, &part.keys[0])?;
+            }
+            if outcome == ChangeOutcome::Ok {
                 this.hint_lower(c, queue, uid, p, as_i64(earliest).ok_or_else(bad)?)?;
             }
             Ok(outcome)
@@ -190,6 +193,7 @@ impl RedisStore {
                         args.push(record::encode(task));
                     }
                     let v = this.script(c, &scripts::PUT, &part.keys, &args, "store tasks")?;
+                    this.replicate(c, &part.keys[0])?;
                     let bad = || unexpected("put", &v);
                     let items = as_array(&v).ok_or_else(bad)?;
                     if items.len() != members.len() + 1 {
