@@ -234,7 +234,7 @@ impl RedisStore {
         }
     }
 
-    fn uid(&self, c: &mut Conn, queue: &QueueName) -> Result<u64> {
+    pub(crate) fn uid(&self, c: &mut Conn, queue: &QueueName) -> Result<u64> {
         let [registry, _] = self.keys.registry();
         let raw: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(&registry)

@@ -156,6 +156,18 @@ impl RedisStore {
                 None => by_queue.push((task.queue.clone(), vec![i])),
             }
         }
+        // Every queue is checked before anything is written, so a missing queue fails the
+        // call with nothing stored (one queue is checked by the write itself).
+        if by_queue.len() > 1 {
+            let mut checked = Ok(());
+            self.pool.with("check queues", |c| {
+                checked = by_queue
+                    .iter()
+                    .try_for_each(|(queue, _)| self.uid(c, queue).map(drop));
+                Ok(())
+            })?;
+            checked?;
+        }
         for (queue, indexes) in by_queue {
             let rotating = (self.next_rotation() % usize::from(self.keys.partitions)) as u16;
             self.with_queue(&queue, |this, c, uid| {
