@@ -280,4 +280,50 @@ impl RedisStore {
             .map_err(|e| map_error(e, "read a queue's hint"))?;
         Ok(v.into_iter().map(|(p, at)| (p, at as i64)).collect())
     }
+
+    /// The fallback sweep: for every queue, every partition this node owns (all of them
+    /// without ownership) has its earliest work written into the queue's hint again, so work
+    /// whose hint update a crash lost (between a put's script and its hint) is found. At most
+    /// once per [`SWEEP_EVERY`]; it costs one script call per queue and partition.
+    pub(crate) fn sweep_hints(&self) -> Result<()> {
+        {
+            let mut last = self.last_sweep.lock();
+            if last.is_some_and(|at| at.elapsed() < SWEEP_EVERY) {
+                return Ok(());
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let [registry, _] = self.keys.registry();
+        let queues: Vec<(String, Vec<u8>)> = self.pool.with("list queues", |c| {
+            redis::cmd("HGETALL").arg(&registry).query(c.as_dyn())
+        })?;
+        let ownership = self.ownership.as_deref();
+        let mut out = Ok(());
+        self.pool.with("sweep the hints", |c| {
+            out = (|| {
+                for (name, raw) in &queues {
+                    let (Ok(queue), Some(uid)) = (
+                        QueueName::new(name),
+                        raw.get(..8).and_then(crate::keys::seq_of),
+                    ) else {
+                        continue;
+                    };
+                    for p in 0..self.keys.partitions {
+                        if ownership.is_some_and(|own| !own.is_owned(p)) {
+                            continue;
+                        }
+                        let part = self.part(p, uid);
+                        let earliest = self.earliest(c, &part)?;
+                        self.hint_lower(c, &queue, uid, p, earliest)?;
+                    }
+                }
+                Ok(())
+            })();
+            Ok(())
+        })?;
+        out
+    }
 }
+
+/// How often the fallback sweep runs at most (resyncs come more often; see `resync_every`).
+pub(crate) const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(30);

@@ -82,6 +82,8 @@ pub struct RedisStore {
     pub(crate) ownership: Option<Arc<Ownership>>,
     /// Replicas to wait for after a durable change, and for how long.
     replica_acks: Option<(u32, std::time::Duration)>,
+    /// When the fallback sweep last ran.
+    pub(crate) last_sweep: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 impl Drop for RedisStore {
@@ -143,6 +145,7 @@ impl RedisStore {
             ownership: None,
             replica_acks: (options.replica_acks > 0)
                 .then_some((options.replica_acks, options.replica_ack_timeout)),
+            last_sweep: parking_lot::Mutex::new(None),
         };
         let settings = store.keys.settings();
         let partitions: Option<u16> = store.pool.with("read the store's settings", |c| {
@@ -367,6 +370,10 @@ impl Store for RedisStore {
 
     fn next_due_owned_ms(&self, queue: &QueueName) -> Result<Option<UnixMs>> {
         self.next_due_in(queue, true)
+    }
+
+    fn sweep(&self) -> Result<()> {
+        self.sweep_hints()
     }
 
     fn owns(&self, key: &str) -> bool {
