@@ -4,6 +4,7 @@
 
 use belfry_core::{LeasedTask, QueueName, UnixMs};
 use belfry_store::ClaimBatch;
+use redis::Value;
 
 use crate::conn::{map_error, unexpected, Conn, Result};
 use crate::keys::task_id;
@@ -140,6 +141,14 @@ impl RedisStore {
             }
             // Start at a rotating place, so no partition is always last.
             let start = this.next_rotation() % candidates.len();
+            if candidates.len() > 1 {
+                let rotated: Vec<(u16, Option<String>)> = (0..candidates.len())
+                    .map(|k| candidates[(start + k) % candidates.len()].clone())
+                    .collect();
+                if this.claim_across(c, queue, uid, &rotated, want, &mut batch)? {
+                    return Ok(());
+                }
+            }
             for k in 0..candidates.len() {
                 let left = want.max.saturating_sub(batch.leased.len());
                 if left == 0 {
@@ -186,11 +195,29 @@ impl RedisStore {
             keys.push(self.keys.owner(part.p).into_bytes());
         }
         let v = self.script(c, &scripts::CLAIM, &keys, &args, "claim due tasks")?;
-        let bad = || unexpected("claim", &v);
-        let items = as_array(&v).ok_or_else(bad)?;
+        match self.take_claimed(&v, queue, uid, part.p, want.now_ms, batch)? {
+            None => return Ok(PartClaim::Fenced),
+            Some(earliest) => self.hint_settle(c, queue, uid, part, earliest)?,
+        }
+        Ok(PartClaim::Done)
+    }
+
+    /// Reads one claim script's reply into `batch`: the partition's earliest work after it,
+    /// or `None` when the fence no longer held (another node owns the partition now).
+    pub(crate) fn take_claimed(
+        &self,
+        v: &Value,
+        queue: &QueueName,
+        uid: u64,
+        p: u16,
+        now_ms: UnixMs,
+        batch: &mut ClaimBatch,
+    ) -> Result<Option<i64>> {
+        let bad = || unexpected("claim", v);
+        let items = as_array(v).ok_or_else(bad)?;
         if let [refused] = items {
             return match as_i64(refused) {
-                Some(-1) => Ok(PartClaim::Fenced),
+                Some(-1) => Ok(None),
                 _ => Err(bad()),
             };
         }
@@ -198,19 +225,14 @@ impl RedisStore {
             return Err(bad());
         };
         for pair in as_array(leased).ok_or_else(bad)?.chunks(2) {
-            let [seq, rec] = pair else { return Err(bad()) };
+            let [seq, rec] = pair else {
+                return Err(bad());
+            };
             let seq = as_seq(seq).ok_or_else(bad)?;
             let record = decode(as_bytes(rec).ok_or_else(bad)?)?;
             let lease_until_ms = record.lease_until_ms;
-            let lease_id = crate::keys::lease_id(part.p, record.lease_id);
-            let task = to_task(
-                record,
-                task_id(uid, part.p, seq),
-                queue,
-                None,
-                want.now_ms,
-                true,
-            );
+            let lease_id = crate::keys::lease_id(p, record.lease_id);
+            let task = to_task(record, task_id(uid, p, seq), queue, None, now_ms, true);
             batch.leased.push(LeasedTask {
                 task,
                 lease_id,
@@ -220,16 +242,14 @@ impl RedisStore {
         for seq in as_array(skipped).ok_or_else(bad)? {
             batch
                 .late_skipped
-                .push(task_id(uid, part.p, as_seq(seq).ok_or_else(bad)?));
+                .push(task_id(uid, p, as_seq(seq).ok_or_else(bad)?));
         }
         for seq in as_array(dead).ok_or_else(bad)? {
             batch
                 .late_dead
-                .push(task_id(uid, part.p, as_seq(seq).ok_or_else(bad)?));
+                .push(task_id(uid, p, as_seq(seq).ok_or_else(bad)?));
         }
-        let earliest = as_i64(earliest).ok_or_else(bad)?;
-        self.hint_settle(c, queue, uid, part, earliest)?;
-        Ok(PartClaim::Done)
+        Ok(Some(as_i64(earliest).ok_or_else(bad)?))
     }
 
     /// The earliest instant a claim could return something: over every partition, or

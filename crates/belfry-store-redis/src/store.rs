@@ -168,6 +168,11 @@ impl RedisStore {
                 options.partitions
             )));
         }
+        // Pipelines run scripts by SHA only: every master gets them now.
+        let loaded = store
+            .pool
+            .with("load the scripts", |c| Ok(store.load_scripts(c)));
+        loaded??;
         let mut store = store;
         if let Some(node_id) = &options.node_id {
             store.ownership = Some(Ownership::start(
