@@ -12,6 +12,9 @@ use crate::reply::{as_array, as_bytes, as_i64, as_seq, decode, to_task};
 use crate::scripts;
 use crate::store::{Part, RedisStore};
 
+/// Partitions a pipelined claim looks at first; each further window is four times larger.
+const FIRST_WINDOW: usize = 4;
+
 /// One claim's time and size.
 #[derive(Clone, Copy)]
 pub(crate) struct Want {
@@ -145,7 +148,24 @@ impl RedisStore {
                 let rotated: Vec<(u16, Option<String>)> = (0..candidates.len())
                     .map(|k| candidates[(start + k) % candidates.len()].clone())
                     .collect();
-                if this.claim_across(c, queue, uid, &rotated, want, &mut batch)? {
+                // Windows of growing size: a claim that the first partitions fill costs a
+                // few calls, one spread thin over many partitions a few round trips more.
+                let mut from = 0;
+                let mut window = FIRST_WINDOW;
+                while from < rotated.len() {
+                    let left = want.max.saturating_sub(batch.leased.len());
+                    if left == 0 {
+                        return Ok(());
+                    }
+                    let to = (from + window).min(rotated.len());
+                    let want = Want { max: left, ..want };
+                    if !this.claim_across(c, queue, uid, &rotated[from..to], want, &mut batch)? {
+                        break; // a node lacked the scripts: one at a time, this once
+                    }
+                    from = to;
+                    window *= 4;
+                }
+                if from >= rotated.len() {
                     return Ok(());
                 }
             }
