@@ -27,6 +27,7 @@ pub mod markdown;
 pub mod pending;
 pub mod plot;
 pub mod queues;
+pub mod redis_cluster;
 pub mod redis_queue;
 pub mod reminders;
 pub mod report;
@@ -88,6 +89,11 @@ pub enum BenchCommand {
     /// held open against a server with its default limits: `/healthz` and single-task submit
     /// latency with and without them, on kept-alive and fresh connections.
     Hostile(Box<hostile::HostileArgs>),
+    /// Redis Cluster (issue #14): batched ingest and burst drain through 1, 2 and 3 belfry
+    /// nodes on a 3-master cluster against belfry's Redis store driven in-process, firing
+    /// lateness across 3 nodes, takeover after kill -9 of one node, and Redis memory per
+    /// pending task.
+    Redis(Box<redis_cluster::RedisArgs>),
 }
 
 /// Which server to drive.
@@ -194,6 +200,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Stream(a) => a.output.clone(),
         BenchCommand::Reminders(a) => a.output.clone(),
         BenchCommand::Hostile(a) => a.output.clone(),
+        BenchCommand::Redis(a) => a.output.clone(),
     };
     if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
         return Err(BenchError::invalid(
@@ -217,6 +224,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             BenchCommand::Stream(args) => stream::run(*args).await,
             BenchCommand::Reminders(args) => reminders::run(*args).await,
             BenchCommand::Hostile(args) => hostile::run(*args).await,
+            BenchCommand::Redis(args) => redis_cluster::run(*args).await,
         }
     })?;
     emit(&report, &output)
