@@ -20,6 +20,9 @@
 //! goes on after them: no chunk is made twice and no subscriber is skipped. The server runs a
 //! step at start-up before it dispatches, so none of those chunks can have finished (and its
 //! key been forgotten) in between.
+//!
+//! **Several nodes.** A step runs only the reminders whose [`owner_key`] this node owns
+//! (`Store::owns`); the others' owners run them.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -43,6 +46,13 @@ const PUT_BYTES_MAX: usize = 8 * 1024 * 1024;
 /// Most chunks one step makes for one reminder, so one huge fan-out cannot hold up the
 /// others; the step says there is more (`again`).
 const CHUNKS_PER_STEP: u32 = 256;
+
+/// The key by which nodes sharing a store split the reminders (`Store::owns`): the node that
+/// owns it runs the reminder's fan-out steps. Across a takeover both may run one step; the
+/// chunks' idempotency keys ([`chunk_key`]) make each chunk once.
+pub fn owner_key(id: &str) -> String {
+    format!("reminder:{id}")
+}
 
 /// The idempotency key of a chunk.
 pub fn chunk_key(id: &str, firing_ms: UnixMs, chunk: u32) -> String {
@@ -121,6 +131,10 @@ impl ReminderService {
                 }
             };
             report.subscribers += self.store.subscriber_count(reminder.uid).unwrap_or(0);
+            // With several nodes on one store, one of them fans each reminder out.
+            if !self.store.owns(&owner_key(reminder.id.as_str())) {
+                continue;
+            }
             let id = reminder.id.to_string();
             let fanout = fanouts.remove(&key);
             if let Err(e) = self.step_one(reminder, fanout, now_ms, &mut report) {

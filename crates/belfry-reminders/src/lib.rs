@@ -13,7 +13,7 @@ mod model;
 mod record;
 mod service;
 
-pub use fanout::{chunk_key, StepReport, LEAD_MS};
+pub use fanout::{chunk_key, owner_key, StepReport, LEAD_MS};
 pub use model::{
     InvalidReminder, InvalidReminderId, Reminder, ReminderDef, ReminderId, Urgency, When,
     CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CONTENT_BYTES_MAX, REMINDER_ID_LEN_MAX,

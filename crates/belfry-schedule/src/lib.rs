@@ -17,7 +17,7 @@ pub use model::{
 };
 pub use record::{CURSORS_NAMESPACE, SCHEDULES_NAMESPACE};
 pub use service::{
-    firing_key, NewSchedule, Result, ScheduleService, ScheduleServiceError, TickReport,
+    firing_key, owner_key, NewSchedule, Result, ScheduleService, ScheduleServiceError, TickReport,
     FORECAST_FIRINGS_MAX, FORECAST_STEPS_MAX,
 };
 

@@ -17,6 +17,9 @@
 //! `Store::write_meta`, one small record per cursor. Ten thousand per-second schedules are
 //! then about ten puts and one metadata write a second, not twenty thousand durable writes.
 //!
+//! Several nodes: a tick fires only the schedules whose [`owner_key`] this node owns
+//! (`Store::owns`); the others' owners fire them.
+//!
 //! Concurrency: the tick takes no lock. A cursor is its own record, and a schedule's
 //! effective cursor is never below its `not_before_ms`, so a tick racing a replace or a resume
 //! cannot fire the old definition's past; a tick racing a pause may fire that schedule once
@@ -397,6 +400,10 @@ impl ScheduleService {
                     continue;
                 }
             };
+            // With several nodes on one store, one of them fires each schedule.
+            if !self.store.owns(&owner_key(&entry.parsed.stored.id)) {
+                continue;
+            }
             let Some(next) = entry.next_fire_ms() else {
                 continue;
             };
@@ -508,9 +515,10 @@ impl ScheduleService {
     }
 
     /// The earliest instant at which `tick` would create a firing, or `None` if no active
-    /// schedule will ever fire again. It may be in the past (a tick is due now). Schedules
-    /// created by other nodes are not announced, so a runner should also wake up
-    /// periodically (e.g. every second).
+    /// schedule will ever fire again. It may be in the past (a tick is due now). Not every
+    /// store announces schedules created by other nodes (`Store::subscribe_events`), and an
+    /// announcement may be missed, so a runner should also wake up periodically (e.g. every
+    /// second).
     pub fn next_tick_ms(&self) -> Result<Option<UnixMs>> {
         let mut earliest: Option<UnixMs> = None;
         // An unreadable schedule cannot fire; tick reports it.
@@ -737,6 +745,13 @@ fn firing_task(schedule: &Schedule, fire_ms: UnixMs, shard: usize) -> NewTask {
         idempotency_key: Some(firing_key(&schedule.id, fire_ms, shard)),
         late_policy: def.late_policy,
     }
+}
+
+/// The key by which nodes sharing a store split the schedules (`Store::owns`): the node that
+/// owns it fires the schedule. Across a takeover both may fire one firing; its tasks'
+/// idempotency keys ([`firing_key`]) make that one firing.
+pub fn owner_key(id: &ScheduleId) -> String {
+    format!("schedule:{id}")
 }
 
 /// The idempotency key of one shard of one firing.

@@ -367,6 +367,42 @@ impl Auth {
         Ok(())
     }
 
+    /// Makes the made tokens exactly `entries`, as read from a store that several nodes share
+    /// (tokens made and revoked on the others). A token already held, unchanged, keeps its
+    /// rate bucket; one that clashes with a configured token is skipped and reported.
+    /// Returns how many made tokens are held.
+    pub fn follow_made(&self, entries: Vec<TokenEntry>) -> usize {
+        let mut made = self.made.write();
+        let mut next: HashMap<TokenHash, Held> = HashMap::with_capacity(entries.len());
+        for entry in entries {
+            let clash = self
+                .tokens
+                .values()
+                .chain(next.values())
+                .any(|h| h.entry.name == entry.name || h.entry.hash == entry.hash);
+            if clash {
+                tracing::warn!(name = %entry.name, "a stored API token clashes with another token; it will not be accepted");
+                continue;
+            }
+            let kept = made.remove(&entry.hash).filter(|h| {
+                h.entry.name == entry.name
+                    && h.entry.scopes == entry.scopes
+                    && h.entry.rate == entry.rate
+            });
+            let name = entry.name.clone();
+            match kept.map_or_else(|| held(entry), Ok) {
+                Ok(h) => {
+                    next.insert(h.entry.hash, h);
+                }
+                Err(reason) => {
+                    tracing::warn!(%name, %reason, "a stored API token could not be loaded; it will not be accepted")
+                }
+            }
+        }
+        *made = next;
+        made.len()
+    }
+
     /// Revokes the made token `name`: `Err` names why not (a configured one, or none).
     pub fn revoke_made(&self, name: &str) -> Result<(), String> {
         if self.tokens.values().any(|h| h.entry.name == name) {

@@ -27,6 +27,18 @@ pub struct Claimed {
     pub next_due_ms: Option<Option<UnixMs>>,
 }
 
+/// Who claims, which decides which part of the queue the claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimFor {
+    /// A pull lease: any due task (the lease itself is the exclusivity), through
+    /// `Store::claim` and `Store::next_due_ms`.
+    Lease,
+    /// The push dispatcher: only the part of the queue this node owns, through
+    /// `Store::claim_owned` and `Store::next_due_owned_ms`, so that with several nodes on
+    /// one store each due task is dispatched by one node.
+    Push,
+}
+
 /// Claims up to `max` due tasks of `runtime`'s queue, leased for `visibility_ms`.
 pub async fn claim_once(
     shared: &Shared,
@@ -34,6 +46,7 @@ pub async fn claim_once(
     max: usize,
     visibility_ms: u64,
     caller: Caller,
+    claim_for: ClaimFor,
 ) -> Result<Claimed> {
     let now_ms = shared.now_ms();
     let in_flight_default = shared.config.webhook_in_flight_default;
@@ -49,7 +62,10 @@ pub async fn claim_once(
     let retry = runtime.config().retry;
     let claimed = shared
         .blocking(caller, move |s| {
-            let batch = s.claim(&name, now_ms, granted, visibility_ms)?;
+            let batch = match claim_for {
+                ClaimFor::Lease => s.claim(&name, now_ms, granted, visibility_ms)?,
+                ClaimFor::Push => s.claim_owned(&name, now_ms, granted, visibility_ms)?,
+            };
             let mut leased = Vec::with_capacity(batch.leased.len());
             let mut exhausted = 0;
             for task in batch.leased {
@@ -69,7 +85,10 @@ pub async fn claim_once(
                 }
             }
             let next_due_ms = if leased.len() + exhausted < granted {
-                Some(s.next_due_ms(&name)?)
+                Some(match claim_for {
+                    ClaimFor::Lease => s.next_due_ms(&name)?,
+                    ClaimFor::Push => s.next_due_owned_ms(&name)?,
+                })
             } else {
                 None
             };

@@ -5,7 +5,8 @@
 //! job) → `shared` (store, clock, queues, store-call admission) → `belfry_store::Store` (run on
 //! the blocking pool). `claim` is the one path tasks leave the store by; `outcome` the one
 //! decision of what becomes of an attempt; `dispatch` delivers every push queue through its
-//! sink; `schedules` turns firings into tasks. `ServerBuilder` composes all of them.
+//! sink; `schedules` turns firings into tasks; `follow` keeps a node in step with the others
+//! on a shared store. `ServerBuilder` composes all of them.
 //!
 //! Shutdown happens in a fixed order: stop accepting connections and stop claiming (long-polls
 //! return empty, the dispatcher and the schedule runner stop) → wait for in-flight HTTP
@@ -17,6 +18,7 @@ mod claim;
 mod coalesce;
 pub mod config;
 pub mod dispatch;
+mod follow;
 pub mod listener;
 pub mod metrics;
 pub mod outcome;
@@ -161,6 +163,14 @@ impl ServerBuilder {
             Service::new(self.config.clone(), self.store, self.clock, sinks)
                 .map_err(ServerError::Load)?,
         );
+        // Before anything is read from the store: a change another node makes while this one
+        // starts waits in the inbox, and is followed once the runners and queues are up.
+        let inbox = Arc::new(follow::Inbox::default());
+        service
+            .shared()
+            .store
+            .subscribe_events(inbox.sink())
+            .map_err(|e| ServerError::Load(service::ServiceError::Store(e)))?;
         // Exactly-once firings need this tick before anything is dispatched or served.
         let schedules = Schedules::new(service.shared().clone()).map_err(|e| {
             ServerError::Load(service::ServiceError::Internal(format!(
@@ -196,10 +206,12 @@ impl ServerBuilder {
         if loaded > 0 {
             tracing::info!(tokens = loaded, "loaded the tokens made through the API");
         }
-        let token_routes = api::tokens::router(Arc::new(api::tokens::TokensState {
+        let tokens = Arc::new(api::tokens::TokensState {
             auth: self.auth.clone(),
             shared: service.shared().clone(),
-        }));
+            writes: Default::default(),
+        });
+        let token_routes = api::tokens::router(tokens.clone());
         let reminder_routes =
             api::reminders::router(reminders.state(), self.config.request_bytes_max);
         let mut router = api::router(service.clone())
@@ -219,6 +231,7 @@ impl ServerBuilder {
         service.dispatcher.start();
         background.spawn(schedules.runner());
         background.spawn(reminders.runner());
+        background.spawn(follower(inbox, &service, &schedules, &reminders, tokens).run());
         background.spawn(service.clone().refresh_gauges());
         service.set_ready();
         let task = tokio::spawn(serve(
@@ -292,6 +305,28 @@ impl ServerHandle {
     pub async fn stop(self) -> Result<(), ServerError> {
         self.shutdown();
         self.wait().await
+    }
+}
+
+/// The task that keeps this node in step with the others on a shared store (see `follow`),
+/// over the parts it acts on.
+fn follower(
+    inbox: Arc<follow::Inbox>,
+    service: &Arc<Service>,
+    schedules: &Schedules,
+    reminders: &reminders::Reminders,
+    tokens: Arc<api::tokens::TokensState>,
+) -> follow::Follower {
+    let follow_tokens: follow::FollowTokens = Arc::new(move || {
+        let tokens = tokens.clone();
+        Box::pin(async move { api::tokens::follow(&tokens).await })
+    });
+    follow::Follower {
+        inbox,
+        service: service.clone(),
+        schedules: schedules.clone(),
+        reminders: reminders.clone(),
+        tokens: (api::tokens::TOKENS_NAMESPACE, follow_tokens),
     }
 }
 

@@ -9,7 +9,8 @@
 //! The feed (`GET /v1/users/{user}/reminders`) follows the LINE seed's lessons: it ranks on
 //! the per-user index and compact entries before it reads contents; contents come from a
 //! bounded, short-lived cache ([`REMINDER_CACHE_TTL`]) that a `PATCH` or `DELETE` on this
-//! node, or a firing, invalidates at once; and when the server is overloaded (no store-call
+//! node, a firing, or a change another node announces through the shared store, invalidates
+//! at once; and when the server is overloaded (no store-call
 //! slot within the API's wait) it answers from memory alone, urgent reminders only, says so
 //! (`Belfry-Feed: degraded`) and counts it, instead of timing out.
 
@@ -31,8 +32,9 @@ use crate::shared::{Caller, ServiceError, Shared};
 pub const RUNNER_RECHECK_MS: u64 = 1_000;
 
 /// How long a cached reminder, and a cached list of a user's subscriptions, are used before
-/// they are read again. Writes through this server invalidate them at once; these bound how
-/// stale a write through another server can look.
+/// they are read again. Writes through this server invalidate them at once, and so do writes
+/// through another server when the shared store announces them (`crate::follow`); these bound
+/// how stale a write through another server can look when it does not.
 pub const REMINDER_CACHE_TTL: Duration = Duration::from_secs(5);
 pub const USER_CACHE_TTL: Duration = Duration::from_secs(30);
 /// Most reminders, and most users' subscription lists, held in the feed's caches.
@@ -309,6 +311,13 @@ impl Reminders {
     /// Makes the runner step now: tests call this after moving a `ManualClock`.
     pub fn wake(&self) {
         self.state.wake();
+    }
+
+    /// Empties the feed's caches: reminders or subscriptions changed on another node that
+    /// shares the store (see `crate::follow`), and the next feed reads them again.
+    pub(crate) fn forget_cached(&self) {
+        self.state.reminders.clear();
+        self.state.users.clear();
     }
 
     pub(crate) async fn step_at_startup(&self) -> Result<StepReport, ServiceError> {

@@ -7,7 +7,9 @@
 //! tick before the server dispatches anything or serves the API.
 //!
 //! The runner then ticks whenever the earliest fire time comes, at least every
-//! `RUNNER_RECHECK_MS` (schedules written by other nodes are not announced), and early when
+//! `RUNNER_RECHECK_MS` (a store shared by several nodes announces their writes and ownership
+//! changes, which wake the runner through `crate::follow`; the recheck bounds a missed
+//! announcement), and fires only the schedules this node owns (`Store::owns`), and early when
 //! this node creates, replaces or resumes a schedule that fires before the planned tick
 //! ([`Plan`]). Its store calls go through the server's internal admission (never refused); the
 //! routes' through the API admission.

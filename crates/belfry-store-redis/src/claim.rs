@@ -2,7 +2,7 @@
 //! a dispatch claim keeps only those this node owns, and passes each one's fencing token),
 //! and the hint kept true as claims and puts move a partition's earliest work.
 
-use belfry_core::{LeaseId, LeasedTask, QueueName, UnixMs};
+use belfry_core::{LeasedTask, QueueName, UnixMs};
 use belfry_store::ClaimBatch;
 
 use crate::conn::{map_error, unexpected, Conn, Result};
@@ -202,7 +202,7 @@ impl RedisStore {
             let seq = as_seq(seq).ok_or_else(bad)?;
             let record = decode(as_bytes(rec).ok_or_else(bad)?)?;
             let lease_until_ms = record.lease_until_ms;
-            let lease_id = LeaseId(record.lease_id);
+            let lease_id = crate::keys::lease_id(part.p, record.lease_id);
             let task = to_task(
                 record,
                 task_id(uid, part.p, seq),

@@ -12,7 +12,7 @@
 //! | `{ns/s<set>}` | a subscriber set's members (ZSET, score 0, by encoded user id) |
 //! | `{ns/u<p>}:<user>` | a user's sets (ZSET, score 0, by 8-byte set number) |
 
-use belfry_core::{TaskId, UserId};
+use belfry_core::{LeaseId, TaskId, UserId};
 
 /// Task keys of one queue in one partition, in the order the task scripts take them.
 pub(crate) const TASK_KEY_SUFFIXES: [&str; 9] = ["h", "n", "l", "t", "k", "x", "r", "f", "s"];
@@ -113,3 +113,22 @@ pub(crate) fn split_id(id: TaskId, uid: u64, partitions: u16) -> Option<(u16, [u
 pub(crate) fn seq_of(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(bytes.try_into().ok()?))
 }
+
+/// A lease id as callers see it: the partition in the top 16 bits, the partition's counter
+/// (which the scripts compare) below, so lease ids differ across partitions as they do
+/// across tasks of one partition.
+pub(crate) fn lease_id(p: u16, counter: u64) -> LeaseId {
+    LeaseId((u64::from(p) << 48) | (counter & LEASE_COUNTER_MASK))
+}
+
+/// The counter a script compares for a lease id given for a task in partition `p`; 0 (which
+/// no lease has) when the id names another partition, so the lease reads as expired.
+pub(crate) fn lease_counter(lease: LeaseId, p: u16) -> u64 {
+    if lease.0 >> 48 == u64::from(p) {
+        lease.0 & LEASE_COUNTER_MASK
+    } else {
+        0
+    }
+}
+
+const LEASE_COUNTER_MASK: u64 = (1 << 48) - 1;

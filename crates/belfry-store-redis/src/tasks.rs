@@ -39,7 +39,11 @@ impl RedisStore {
                 ];
                 for (i, seq) in &members {
                     args.push(seq.to_vec());
-                    args.push(items[*i].1 .0.to_string().into_bytes());
+                    args.push(
+                        crate::keys::lease_counter(items[*i].1, p)
+                            .to_string()
+                            .into_bytes(),
+                    );
                     args.push(items[*i].2.clone());
                 }
                 let v = this.script(c, &scripts::LEASE, &part.keys, &args, "change a lease")?;

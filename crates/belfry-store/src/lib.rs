@@ -2,6 +2,8 @@
 //! engine, and [`MemoryStore`], the simple reference implementation the engine is tested
 //! against.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod engine;
 pub mod memory;
 mod store;

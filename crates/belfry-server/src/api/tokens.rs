@@ -3,7 +3,8 @@
 //! one made here. All need `admin`.
 //!
 //! A made token is kept in the store's metadata (namespace [`TOKENS_NAMESPACE`], by name) as
-//! its SHA-256 with its scopes, so it survives a restart; the builder loads them at start.
+//! its SHA-256 with its scopes, so it survives a restart; the builder loads them at start, and
+//! a node follows the tokens other nodes on a shared store make and revoke ([`follow`]).
 
 use std::sync::Arc;
 
@@ -31,6 +32,9 @@ pub const TOKEN_NAME_LEN_MAX: usize = 64;
 pub struct TokensState {
     pub(crate) auth: Arc<Auth>,
     pub(crate) shared: Arc<Shared>,
+    /// Serialises this node's token writes with `follow`, so following the store never
+    /// drops a token whose create is between memory and store.
+    pub(crate) writes: tokio::sync::Mutex<()>,
 }
 
 type AppState = Arc<TokensState>;
@@ -149,6 +153,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let token = generate_token();
     let entry = entry_of(&body, TokenHash::of(&token))?;
+    let _writes = state.writes.lock().await;
     let now_ms = state.shared.now_ms();
     let stored = Stored {
         hash: entry.hash.to_string(),
@@ -204,6 +209,7 @@ pub async fn revoke(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    let _writes = state.writes.lock().await;
     match state.auth.list().iter().find(|(e, _)| e.name == name) {
         None => {
             return Err(ApiError::new(
@@ -242,6 +248,32 @@ pub fn load(
     auth: &Auth,
 ) -> Result<usize, belfry_store::StoreError> {
     let mut loaded = 0;
+    for entry in stored(store)? {
+        let name = entry.name.clone();
+        match auth.add_made(entry) {
+            Ok(()) => loaded += 1,
+            Err(reason) => {
+                tracing::warn!(%name, %reason, "a stored API token could not be loaded; it will not be accepted")
+            }
+        }
+    }
+    Ok(loaded)
+}
+
+/// Makes this node's made tokens those of the store: tokens made or revoked on another node
+/// that shares it (see `crate::follow`). Returns how many are held.
+pub async fn follow(state: &TokensState) -> Result<usize, crate::ServiceError> {
+    let _writes = state.writes.lock().await;
+    let entries = state
+        .shared
+        .blocking(Caller::Internal, |store| Ok(stored(store)?))
+        .await?;
+    Ok(state.auth.follow_made(entries))
+}
+
+/// The stored tokens; an unreadable record is skipped and logged.
+fn stored(store: &dyn belfry_store::Store) -> Result<Vec<TokenEntry>, belfry_store::StoreError> {
+    let mut entries = Vec::new();
     for (name, bytes) in store.list_meta(TOKENS_NAMESPACE)? {
         let entry = serde_json::from_slice::<Stored>(&bytes)
             .map_err(|e| e.to_string())
@@ -254,14 +286,13 @@ pub fn load(
                 };
                 let hash = TokenHash::parse(&stored.hash)?;
                 entry_of(&body, hash).map_err(|e| e.message)
-            })
-            .and_then(|entry| auth.add_made(entry));
+            });
         match entry {
-            Ok(()) => loaded += 1,
+            Ok(entry) => entries.push(entry),
             Err(reason) => {
                 tracing::warn!(%name, %reason, "a stored API token could not be loaded; it will not be accepted")
             }
         }
     }
-    Ok(loaded)
+    Ok(entries)
 }

@@ -45,7 +45,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::task::TaskTracker;
 
-use crate::claim::claim_once;
+use crate::claim::{claim_once, ClaimFor};
 use crate::metrics;
 use crate::queues::QueueRuntime;
 use crate::shared::{Caller, Shared};
@@ -336,6 +336,7 @@ impl Dispatcher {
             want,
             push.visibility_ms,
             Caller::Internal,
+            ClaimFor::Push,
         )
         .await;
         self.turns

@@ -7,7 +7,7 @@ use belfry_core::{LeaseId, LeasedTask, QueueName, TaskId, UnixMs};
 use belfry_store::LeaseOutcome;
 
 use super::{Result, Service, ServiceError};
-use crate::claim::claim_once;
+use crate::claim::{claim_once, ClaimFor};
 use crate::dispatch::IDLE_RECHECK_MS;
 use crate::metrics;
 use crate::outcome::{self, Action, AttemptEnd, RetryHint};
@@ -43,7 +43,15 @@ impl Service {
             if self.stopping.is_cancelled() {
                 return Ok(Vec::new());
             }
-            let claimed = claim_once(self, &runtime, max, visibility_ms, Caller::Api).await?;
+            let claimed = claim_once(
+                self,
+                &runtime,
+                max,
+                visibility_ms,
+                Caller::Api,
+                ClaimFor::Lease,
+            )
+            .await?;
             if !claimed.leased.is_empty() {
                 return Ok(claimed.leased);
             }

@@ -8,6 +8,7 @@ use belfry_store::QueueCounts;
 
 use super::{Result, Service, ServiceError};
 use crate::queues::{Delivery, QueueConfig, QueueRuntime};
+use crate::shared::Caller;
 
 /// A change to a queue's configuration: `None` keeps the current value (or the default, for a
 /// new queue).
@@ -49,19 +50,8 @@ impl Service {
     pub async fn load_queues(&self) -> Result<()> {
         let stored = self.blocking(|s| Ok(s.list_queues()?)).await?;
         for (name, bytes) in stored {
-            let config = QueueConfig::decode(&bytes).map_err(|e| {
-                ServiceError::Internal(format!(
-                    "decode the stored configuration of queue {name}: {e}"
-                ))
-            })?;
-            let runtime = Arc::new(self.queues.runtime(name, config, self.clock.monotonic()));
-            self.queues.insert(runtime.clone());
-            // A stored sink the current configuration refuses (say, private targets are no
-            // longer allowed) must not stop the server: the queue keeps its tasks, undelivered,
-            // until it is reconfigured.
-            if let Err(e) = self.dispatcher.attach(&runtime) {
-                tracing::error!(queue = %runtime.name, error = %e, "start push delivery; the queue will not deliver until it is reconfigured");
-            }
+            let config = decode(&name, &bytes)?;
+            self.follow_config(name, config);
         }
         Ok(())
     }
@@ -74,7 +64,7 @@ impl Service {
         queue: QueueName,
         patch: QueuePatch,
     ) -> Result<(QueueConfig, bool, Option<String>)> {
-        let _admin = self.admin.lock().await;
+        let admin = self.admin.lock().await;
         let existing = self.queues.get(&queue);
         let base = existing
             .as_ref()
@@ -93,25 +83,9 @@ impl Service {
         let name = queue.clone();
         self.blocking(move |s| Ok(s.put_queue(&name, encoded)?))
             .await?;
-        let created = existing.is_none();
-        let runtime = match existing {
-            Some(runtime) => {
-                runtime.set_config(config.clone());
-                runtime
-            }
-            None => {
-                let runtime = Arc::new(self.queues.runtime(
-                    queue,
-                    config.clone(),
-                    self.clock.monotonic(),
-                ));
-                self.queues.insert(runtime.clone());
-                runtime
-            }
-        };
-        // The sink is rebuilt on every change so it never delivers with an old URL or secret;
-        // deliveries already started finish with the sink they began with.
-        let sink = match self.dispatcher.attach(&runtime) {
+        let (_, created, attached) = self.apply_config(queue, config.clone());
+        drop(admin);
+        let sink = match attached {
             Ok(sink) => sink,
             Err(e) => {
                 return Err(match config.sink() {
@@ -125,6 +99,100 @@ impl Service {
             None => None,
         };
         Ok((config, created, unreachable))
+    }
+
+    /// Makes this node's runtime of `queue` follow `config`: creates it (and says so) or
+    /// updates it, then attaches it to the dispatcher. The sink is rebuilt on every change so
+    /// it never delivers with an old URL or secret; deliveries already started finish with
+    /// the sink they began with. The one path by which a configuration takes effect: a local
+    /// `PUT`, the start-up load, and a change another node made (see `crate::follow`).
+    fn apply_config(&self, queue: QueueName, config: QueueConfig) -> Applied {
+        let existing = self.queues.get(&queue);
+        let created = existing.is_none();
+        let runtime = match existing {
+            Some(runtime) => {
+                runtime.set_config(config);
+                runtime
+            }
+            None => {
+                let runtime = Arc::new(self.queues.runtime(queue, config, self.clock.monotonic()));
+                self.queues.insert(runtime.clone());
+                runtime
+            }
+        };
+        let attached = self.dispatcher.attach(&runtime);
+        (runtime, created, attached)
+    }
+
+    /// `apply_config` for a configuration this node did not write (the start-up load, another
+    /// node's change). A stored sink the current configuration refuses (say, private targets
+    /// are no longer allowed) must not stop the server: the queue keeps its tasks,
+    /// undelivered, until it is reconfigured. An unchanged configuration changes nothing (its
+    /// sink is not rebuilt).
+    fn follow_config(&self, queue: QueueName, config: QueueConfig) {
+        if let Some(runtime) = self.queues.get(&queue) {
+            if *runtime.config() == config {
+                return;
+            }
+        }
+        let (runtime, _, attached) = self.apply_config(queue, config);
+        if let Err(e) = attached {
+            tracing::error!(queue = %runtime.name, error = %e, "start push delivery; the queue will not deliver until it is reconfigured");
+        }
+    }
+
+    /// Stops this node serving `queue` (deleted here or on another node): no more push
+    /// deliveries, and its long-polls wake to find it gone.
+    fn forget_queue(&self, queue: &QueueName) -> Option<Arc<QueueRuntime>> {
+        self.dispatcher.detach(queue);
+        let runtime = self.queues.remove(queue);
+        if let Some(runtime) = &runtime {
+            runtime.wake();
+        }
+        runtime
+    }
+
+    /// Re-reads one queue's configuration from the store and follows it: created, changed or
+    /// deleted on another node that shares the store.
+    pub(crate) async fn sync_queue(&self, queue: QueueName) -> Result<()> {
+        let _admin = self.admin.lock().await;
+        let name = queue.clone();
+        let stored = self
+            .shared
+            .blocking(Caller::Internal, move |s| Ok(s.get_queue(&name)?))
+            .await?;
+        match stored {
+            Some(bytes) => self.follow_config(queue.clone(), decode(&queue, &bytes)?),
+            None => drop(self.forget_queue(&queue)),
+        }
+        Ok(())
+    }
+
+    /// Re-reads every queue's configuration from the store and follows it: queues created
+    /// and changed elsewhere are served here, queues deleted elsewhere are forgotten. A
+    /// configuration that cannot be decoded is reported and skipped, not fatal.
+    pub(crate) async fn sync_all_queues(&self) -> Result<()> {
+        let _admin = self.admin.lock().await;
+        let stored = self
+            .shared
+            .blocking(Caller::Internal, |s| Ok(s.list_queues()?))
+            .await?;
+        let mut listed = std::collections::HashSet::with_capacity(stored.len());
+        for (name, bytes) in stored {
+            listed.insert(name.clone());
+            match decode(&name, &bytes) {
+                Ok(config) => self.follow_config(name, config),
+                Err(e) => {
+                    tracing::error!(queue = %name, error = %e, "follow a queue's stored configuration")
+                }
+            }
+        }
+        for runtime in self.queues.all() {
+            if !listed.contains(&runtime.name) {
+                self.forget_queue(&runtime.name);
+            }
+        }
+        Ok(())
     }
 
     pub async fn set_paused(&self, queue: QueueName, paused: bool) -> Result<QueueConfig> {
@@ -150,14 +218,26 @@ impl Service {
 
     pub async fn delete_queue(&self, queue: QueueName) -> Result<bool> {
         let _admin = self.admin.lock().await;
-        self.dispatcher.detach(&queue);
-        let runtime: Option<Arc<QueueRuntime>> = self.queues.remove(&queue);
-        if let Some(runtime) = &runtime {
-            runtime.wake();
-        }
+        let runtime = self.forget_queue(&queue);
         let existed = self.blocking(move |s| Ok(s.delete_queue(&queue)?)).await?;
         Ok(existed || runtime.is_some())
     }
+}
+
+/// What `apply_config` did: the runtime, whether it was created, and the new sink (`None`
+/// for a pull queue) or why it could not be built.
+type Applied = (
+    Arc<QueueRuntime>,
+    bool,
+    std::result::Result<Option<Arc<dyn belfry_sinks::Sink>>, belfry_sinks::SinkError>,
+);
+
+fn decode(name: &QueueName, bytes: &[u8]) -> Result<QueueConfig> {
+    QueueConfig::decode(bytes).map_err(|e| {
+        ServiceError::Internal(format!(
+            "decode the stored configuration of queue {name}: {e}"
+        ))
+    })
 }
 
 /// How long creating or changing a push queue waits to learn whether its target answers.

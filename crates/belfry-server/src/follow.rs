@@ -1,0 +1,255 @@
+//! Following the other nodes on a shared store: several belfry nodes over one networked store
+//! behave as one service because each hears what the others changed and looks again.
+//!
+//! The store announces changes as [`StoreEvent`]s through the sink the builder subscribes at
+//! start ([`Store::subscribe_events`](belfry_store::Store::subscribe_events)). The sink runs on
+//! the store's own thread, so it only records the event in an [`Inbox`], coalescing repeats
+//! (a thousand wakes of one queue are one wake), and pokes the follower task, which:
+//!
+//! - `Wake(queue)`: wakes the queue (its long-polls and the dispatcher);
+//! - `QueueChanged(queue)`: re-reads the queue's configuration and follows it through the
+//!   same path as a local `PUT` or `DELETE` (`Service::sync_queue`);
+//! - `MetaChanged(namespace)`: schedules → the schedule runner looks again (it caches only
+//!   parses keyed by the bytes, so it reads the change at its next tick); reminders → the
+//!   feed's caches are emptied and the reminder runner looks again;
+//!   tokens made through the API → re-read, so a token made on one node works on all;
+//! - `Resync` and `OwnershipChanged`: re-reads every queue and the tokens, wakes every queue (the dispatcher
+//!   claims only what this node owns, so after a takeover it finds the new shards' tasks),
+//!   empties the reminder caches and wakes both runners, which fire only the schedules and
+//!   run only the fan-outs this node owns.
+//!
+//! Events are hints: a failed re-read is kept and retried after a pause, never dropped.
+//! Single-process stores send no events; then this task only waits.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::QueueName;
+use belfry_store::{EventSink, StoreEvent};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::reminders::Reminders;
+use crate::schedules::Schedules;
+use crate::service::Service;
+
+/// Distinct queues waiting in the inbox at most; past it the inbox turns into one `Resync`
+/// (which covers every queue), so a flood of events cannot grow memory without bound.
+pub const INBOX_QUEUES_MAX: usize = 100_000;
+
+/// Pause after a failed re-read before the follower tries again.
+const RETRY_PAUSE_MS: u64 = 500;
+
+/// Events received and not yet handled, coalesced.
+#[derive(Debug, Default)]
+struct Pending {
+    wakes: HashSet<QueueName>,
+    queues: HashSet<QueueName>,
+    namespaces: HashSet<String>,
+    resync: bool,
+}
+
+impl Pending {
+    fn add(&mut self, event: StoreEvent) {
+        match event {
+            StoreEvent::Wake(queue) => {
+                self.wakes.insert(queue);
+            }
+            StoreEvent::QueueChanged(queue) => {
+                self.queues.insert(queue);
+            }
+            StoreEvent::MetaChanged(namespace) => {
+                self.namespaces.insert(namespace);
+            }
+            StoreEvent::Resync | StoreEvent::OwnershipChanged => self.resync = true,
+        }
+        if self.wakes.len() + self.queues.len() > INBOX_QUEUES_MAX {
+            *self = Pending {
+                resync: true,
+                ..Pending::default()
+            };
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        !self.resync
+            && self.wakes.is_empty()
+            && self.queues.is_empty()
+            && self.namespaces.is_empty()
+    }
+}
+
+/// Where the store's events wait for the follower task.
+#[derive(Debug, Default)]
+pub(crate) struct Inbox {
+    pending: Mutex<Pending>,
+    notify: Notify,
+}
+
+impl Inbox {
+    /// The sink to subscribe: it takes a short lock and never blocks on the follower.
+    pub(crate) fn sink(self: &Arc<Self>) -> EventSink {
+        let inbox = self.clone();
+        Arc::new(move |event| inbox.put(event))
+    }
+
+    fn put(&self, event: StoreEvent) {
+        self.pending.lock().add(event);
+        self.notify.notify_one();
+    }
+
+    fn take(&self) -> Pending {
+        std::mem::take(&mut *self.pending.lock())
+    }
+
+    /// Puts back what could not be handled, to be retried.
+    fn keep(&self, failed: Pending) {
+        let mut pending = self.pending.lock();
+        pending.resync |= failed.resync;
+        pending.queues.extend(failed.queues);
+        pending.namespaces.extend(failed.namespaces);
+    }
+}
+
+/// Re-reads the tokens made through the API; returns how many are held. The builder makes
+/// it (over `api::tokens::follow`), so the follower does not import the API.
+pub(crate) type FollowTokens = Arc<
+    dyn Fn() -> std::pin::Pin<
+            Box<dyn std::future::Future<Output = crate::shared::Result<usize>> + Send>,
+        > + Send
+        + Sync,
+>;
+
+/// The follower: what it acts on.
+pub(crate) struct Follower {
+    pub inbox: Arc<Inbox>,
+    pub service: Arc<Service>,
+    pub schedules: Schedules,
+    pub reminders: Reminders,
+    /// The metadata namespace of the tokens made through the API, and how to re-read them.
+    pub tokens: (&'static str, FollowTokens),
+}
+
+impl Follower {
+    /// Handles events until the server stops.
+    pub(crate) async fn run(self) {
+        let stop = self.service.stopping.clone();
+        loop {
+            tokio::select! {
+                _ = self.inbox.notify.notified() => {}
+                _ = stop.cancelled() => return,
+            }
+            let pending = self.inbox.take();
+            if pending.is_empty() {
+                continue;
+            }
+            let failed = self.handle(pending).await;
+            if !failed.is_empty() {
+                self.inbox.keep(failed);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(RETRY_PAUSE_MS)) => {}
+                    _ = stop.cancelled() => return,
+                }
+                // Look again even if no new event comes.
+                self.inbox.notify.notify_one();
+            }
+        }
+    }
+
+    /// Handles a batch of events; returns what failed (to retry).
+    async fn handle(&self, pending: Pending) -> Pending {
+        let mut failed = Pending::default();
+        if pending.resync {
+            if let Err(error) = self.service.sync_all_queues().await {
+                tracing::warn!(%error, "re-read every queue after a resync or an ownership change; retrying");
+                failed.resync = true;
+            }
+            if !self.follow_tokens().await {
+                failed.resync = true;
+            }
+            self.service.queues.wake_all();
+            self.schedules.wake();
+            self.reminders.forget_cached();
+            self.reminders.wake();
+            return failed;
+        }
+        for queue in pending.queues {
+            if let Err(error) = self.service.sync_queue(queue.clone()).await {
+                tracing::warn!(%queue, %error, "re-read a queue another node changed; retrying");
+                failed.queues.insert(queue);
+            }
+        }
+        for queue in &pending.wakes {
+            if let Some(runtime) = self.service.queues.get(queue) {
+                runtime.wake();
+            }
+        }
+        let mut schedules = false;
+        let mut reminders = false;
+        for namespace in &pending.namespaces {
+            schedules |= namespace == belfry_schedule::SCHEDULES_NAMESPACE
+                || namespace == belfry_schedule::CURSORS_NAMESPACE;
+            reminders |= namespace == belfry_reminders::REMINDERS_NAMESPACE
+                || namespace == belfry_reminders::IDS_NAMESPACE
+                || namespace == belfry_reminders::FANOUTS_NAMESPACE;
+        }
+        if schedules {
+            self.schedules.wake();
+        }
+        if reminders {
+            self.reminders.forget_cached();
+            self.reminders.wake();
+        }
+        let tokens = self.tokens.0;
+        if pending.namespaces.contains(tokens) && !self.follow_tokens().await {
+            failed.namespaces.insert(tokens.to_owned());
+        }
+        failed
+    }
+
+    /// Re-reads the tokens; false (reported) if the store could not be read.
+    async fn follow_tokens(&self) -> bool {
+        match (self.tokens.1)().await {
+            Ok(_) => true,
+            Err(error) => {
+                tracing::warn!(%error, "re-read the tokens made through the API; retrying");
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(name: &str) -> QueueName {
+        QueueName::new(name).unwrap()
+    }
+
+    #[test]
+    fn repeated_events_coalesce_and_a_flood_becomes_one_resync() {
+        let mut pending = Pending::default();
+        assert!(pending.is_empty());
+        for _ in 0..1_000 {
+            pending.add(StoreEvent::Wake(queue("a")));
+            pending.add(StoreEvent::MetaChanged("schedules".into()));
+        }
+        assert_eq!(pending.wakes.len(), 1);
+        assert_eq!(pending.namespaces.len(), 1);
+        assert!(!pending.resync);
+        pending.add(StoreEvent::OwnershipChanged);
+        assert!(pending.resync);
+
+        let mut pending = Pending::default();
+        for i in 0..=INBOX_QUEUES_MAX {
+            pending.add(StoreEvent::QueueChanged(queue(&format!("q{i}"))));
+        }
+        assert!(
+            pending.resync,
+            "too many distinct queues: one resync instead"
+        );
+        assert!(pending.queues.is_empty() && pending.wakes.is_empty());
+    }
+}

@@ -1,0 +1,640 @@
+//! Two belfry nodes on one shared store behave as one service: a queue made or removed on
+//! one is served or forgotten by the other, a task put on one is delivered once, by the node
+//! that owns it, promptly, a schedule fires once per firing across both, through an
+//! ownership change, a reminder fans out once, a change on one node empties the other's feed
+//! caches, and a token made on one node works on the other until revoked there.
+//!
+//! The shared store is one `MemoryStore` behind a wrapper per node ([`NodeStore`]) that does
+//! what a networked store does for its nodes: it announces every change to every node's
+//! event sink (an in-test bus), and splits ownership between the nodes (by a stable hash of
+//! the queue name or the work's key, or all to one node after the other "dies"). Both servers
+//! run in this process on loopback, on one manual clock.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_core::{Clock, LeaseId, ManualClock, NewTask, QueueName, Task, TaskId, UnixMs, UserId};
+use belfry_server::auth::{Auth, Scope, TokenEntry, TokenHash};
+use belfry_server::Server;
+use belfry_store::{
+    ChangeOutcome, ClaimBatch, EventSink, LeaseOutcome, MemoryStore, MetaChange, PutOutcome,
+    QueueCounts, Store, StoreEvent,
+};
+use bytes::Bytes;
+use common::faults::{RecordingSink, RecordingSinks};
+use common::{eventually, test_config, TestServer, T0};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+/// Which node owns what.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Split {
+    /// Node `hash(name) % 2` owns the queue or key.
+    Parity,
+    /// This node owns everything (the other one died).
+    Only(usize),
+}
+
+/// What the nodes share: the store's contents, the event bus, the split.
+struct Shared {
+    inner: MemoryStore,
+    sinks: Mutex<Vec<EventSink>>,
+    split: Mutex<Split>,
+    /// Schedule firing tasks each node created (not duplicates).
+    firings_created: [AtomicUsize; 2],
+    /// Reminder chunks each node created (not duplicates).
+    chunks_created: [AtomicUsize; 2],
+}
+
+impl Shared {
+    fn new() -> Arc<Self> {
+        Arc::new(Shared {
+            inner: MemoryStore::new(),
+            sinks: Mutex::new(Vec::new()),
+            split: Mutex::new(Split::Parity),
+            firings_created: Default::default(),
+            chunks_created: Default::default(),
+        })
+    }
+
+    /// Every node hears every change, its own included, as from a networked store.
+    fn emit(&self, event: StoreEvent) {
+        let sinks = self.sinks.lock().clone();
+        for sink in sinks {
+            sink(event.clone());
+        }
+    }
+
+    fn owner(&self, name: &str) -> usize {
+        match *self.split.lock() {
+            Split::Parity => owner_by_hash(name),
+            Split::Only(node) => node,
+        }
+    }
+
+    /// Moves ownership and tells every node, as a store does after a takeover.
+    fn set_split(&self, split: Split) {
+        *self.split.lock() = split;
+        self.emit(StoreEvent::OwnershipChanged);
+    }
+}
+
+/// A stable hash (FNV-1a), so the test knows in advance which node owns a name.
+fn owner_by_hash(name: &str) -> usize {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (hash % 2) as usize
+}
+
+/// A queue name (with `prefix`) that `node` owns under the parity split.
+fn owned_by(node: usize, prefix: &str) -> String {
+    (0..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|name| owner_by_hash(name) == node)
+        .expect("some name hashes to each node")
+}
+
+/// One node's view of the shared store.
+struct NodeStore {
+    node: usize,
+    shared: Arc<Shared>,
+}
+
+impl NodeStore {
+    fn inner(&self) -> &MemoryStore {
+        &self.shared.inner
+    }
+
+    fn woke(&self, queue: &QueueName) {
+        self.shared.emit(StoreEvent::Wake(queue.clone()));
+    }
+
+    fn meta_changed(&self, namespace: &str) {
+        self.shared
+            .emit(StoreEvent::MetaChanged(namespace.to_owned()));
+    }
+}
+
+macro_rules! delegate {
+    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+        $(fn $name(&self, $($arg: $ty),*) -> $ret { self.inner().$name($($arg),*) })*
+    };
+}
+
+type R<T> = belfry_store::Result<T>;
+
+impl Store for NodeStore {
+    fn put_queue(&self, queue: &QueueName, config: Bytes) -> R<bool> {
+        let created = self.inner().put_queue(queue, config)?;
+        self.shared.emit(StoreEvent::QueueChanged(queue.clone()));
+        Ok(created)
+    }
+    fn delete_queue(&self, queue: &QueueName) -> R<bool> {
+        let existed = self.inner().delete_queue(queue)?;
+        self.shared.emit(StoreEvent::QueueChanged(queue.clone()));
+        Ok(existed)
+    }
+    fn put(&self, tasks: Vec<NewTask>) -> R<Vec<PutOutcome>> {
+        let queues: Vec<QueueName> = tasks.iter().map(|t| t.queue.clone()).collect();
+        let keys: Vec<String> = tasks
+            .iter()
+            .map(|t| t.idempotency_key.clone().unwrap_or_default())
+            .collect();
+        let outcomes = self.inner().put(tasks)?;
+        for (outcome, key) in outcomes.iter().zip(&keys) {
+            if matches!(outcome, PutOutcome::Created { .. }) {
+                if key.starts_with("schedule:") {
+                    self.shared.firings_created[self.node].fetch_add(1, Ordering::SeqCst);
+                } else if key.starts_with("reminder:") {
+                    self.shared.chunks_created[self.node].fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        }
+        let mut woken: Vec<&QueueName> = queues.iter().collect();
+        woken.dedup();
+        for queue in woken {
+            self.woke(queue);
+        }
+        Ok(outcomes)
+    }
+    fn reschedule(&self, q: &QueueName, id: TaskId, due: UnixMs, now: UnixMs) -> R<ChangeOutcome> {
+        let outcome = self.inner().reschedule(q, id, due, now)?;
+        self.woke(q);
+        Ok(outcome)
+    }
+    fn nack(
+        &self,
+        q: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        at: UnixMs,
+        now: UnixMs,
+    ) -> R<LeaseOutcome> {
+        let outcome = self.inner().nack(q, id, lease, at, now)?;
+        self.woke(q);
+        Ok(outcome)
+    }
+    fn redrive(&self, q: &QueueName, id: TaskId, now: UnixMs) -> R<ChangeOutcome> {
+        let outcome = self.inner().redrive(q, id, now)?;
+        self.woke(q);
+        Ok(outcome)
+    }
+    fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> R<()> {
+        self.inner().put_meta(namespace, key, value)?;
+        self.meta_changed(namespace);
+        Ok(())
+    }
+    fn delete_meta(&self, namespace: &str, key: &str) -> R<bool> {
+        let existed = self.inner().delete_meta(namespace, key)?;
+        self.meta_changed(namespace);
+        Ok(existed)
+    }
+    fn write_meta(&self, changes: Vec<MetaChange>) -> R<()> {
+        let mut namespaces: Vec<String> = changes.iter().map(|c| c.namespace.clone()).collect();
+        self.inner().write_meta(changes)?;
+        namespaces.sort();
+        namespaces.dedup();
+        for namespace in namespaces {
+            self.meta_changed(&namespace);
+        }
+        Ok(())
+    }
+    fn subscribe_events(&self, sink: EventSink) -> R<()> {
+        self.shared.sinks.lock().push(sink);
+        Ok(())
+    }
+    fn claim_owned(&self, q: &QueueName, now: UnixMs, max: usize, vis: u64) -> R<ClaimBatch> {
+        if self.shared.owner(q.as_str()) != self.node {
+            return Ok(ClaimBatch::default());
+        }
+        self.inner().claim(q, now, max, vis)
+    }
+    fn next_due_owned_ms(&self, q: &QueueName) -> R<Option<UnixMs>> {
+        if self.shared.owner(q.as_str()) != self.node {
+            return Ok(None);
+        }
+        self.inner().next_due_ms(q)
+    }
+    fn owns(&self, key: &str) -> bool {
+        self.shared.owner(key) == self.node
+    }
+    delegate! {
+        get_queue(queue: &QueueName) -> R<Option<Bytes>>;
+        list_queues() -> R<Vec<(QueueName, Bytes)>>;
+        get(queue: &QueueName, id: TaskId, now_ms: u64) -> R<Option<Task>>;
+        get_by_key(queue: &QueueName, key: &str, now_ms: u64) -> R<Option<Task>>;
+        cancel(queue: &QueueName, id: TaskId, now_ms: u64) -> R<ChangeOutcome>;
+        claim(queue: &QueueName, now_ms: u64, max: usize, visibility_ms: u64) -> R<ClaimBatch>;
+        ack(queue: &QueueName, id: TaskId, lease: LeaseId, now_ms: u64) -> R<LeaseOutcome>;
+        ack_many(queue: &QueueName, acks: &[(TaskId, LeaseId)], now_ms: u64) -> R<Vec<LeaseOutcome>>;
+        extend(queue: &QueueName, id: TaskId, lease: LeaseId, lease_until_ms: u64, now_ms: u64) -> R<LeaseOutcome>;
+        dead_letter(queue: &QueueName, id: TaskId, lease: LeaseId, reason: &str, now_ms: u64) -> R<LeaseOutcome>;
+        list_dead(queue: &QueueName, after: Option<TaskId>, limit: usize) -> R<Vec<Task>>;
+        counts(queue: &QueueName, now_ms: u64) -> R<QueueCounts>;
+        forecast(queue: &QueueName, from_ms: u64, step_ms: u64, steps: usize) -> R<Vec<u64>>;
+        next_due_ms(queue: &QueueName) -> R<Option<u64>>;
+        get_meta(namespace: &str, key: &str) -> R<Option<Bytes>>;
+        list_meta(namespace: &str) -> R<Vec<(String, Bytes)>>;
+        subscribe(set: u64, users: &[UserId]) -> R<u64>;
+        unsubscribe(set: u64, users: &[UserId]) -> R<u64>;
+        is_subscribed(set: u64, user: &UserId) -> R<bool>;
+        subscriber_count(set: u64) -> R<u64>;
+        subscribers(set: u64, after: Option<&UserId>, limit: usize) -> R<Vec<UserId>>;
+        user_sets(user: &UserId, limit: usize) -> R<Vec<u64>>;
+        drop_set(set: u64) -> R<u64>;
+        flush() -> R<()>;
+    }
+}
+
+/// Two servers on one shared store and one manual clock, each delivering push queues into
+/// its own recording sink.
+struct Nodes {
+    shared: Arc<Shared>,
+    clock: ManualClock,
+    servers: [TestServer; 2],
+    sinks: [Arc<RecordingSink>; 2],
+}
+
+impl Nodes {
+    async fn start() -> Nodes {
+        Self::start_with(None).await
+    }
+
+    /// With auth on: each node holds the configured `admin` token (`None`: auth off).
+    async fn start_with(admin: Option<&str>) -> Nodes {
+        let shared = Shared::new();
+        let clock = ManualClock::new(T0);
+        let a = Self::node(&shared, &clock, 0, admin).await;
+        let b = Self::node(&shared, &clock, 1, admin).await;
+        Nodes {
+            shared,
+            clock,
+            servers: [a.0, b.0],
+            sinks: [a.1, b.1],
+        }
+    }
+
+    async fn node(
+        shared: &Arc<Shared>,
+        clock: &ManualClock,
+        node: usize,
+        admin: Option<&str>,
+    ) -> (TestServer, Arc<RecordingSink>) {
+        let store: Arc<dyn Store> = Arc::new(NodeStore {
+            node,
+            shared: shared.clone(),
+        });
+        let sink = Arc::new(RecordingSink::default());
+        let mut builder = Server::builder(test_config(), store.clone())
+            .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
+            .sinks(Arc::new(RecordingSinks(sink.clone())));
+        if let Some(admin) = admin {
+            let entry = TokenEntry {
+                name: "admin".into(),
+                hash: TokenHash::of(admin),
+                scopes: vec![Scope::parse("admin").unwrap()],
+                rate: None,
+            };
+            builder = builder.auth(Auth::new(vec![entry]).unwrap());
+        }
+        let handle = builder.start().await.expect("node starts");
+        (TestServer::from_handle(handle, clock.clone(), store), sink)
+    }
+
+    /// Moves the shared clock and wakes both nodes' loops.
+    fn advance(&self, ms: u64) {
+        self.clock.advance(Duration::from_millis(ms));
+        for s in &self.servers {
+            s.handle.wake_all();
+        }
+    }
+
+    fn delivered(&self) -> [usize; 2] {
+        [self.sinks[0].count(), self.sinks[1].count()]
+    }
+
+    async fn stop(self) {
+        for s in self.servers {
+            s.handle.stop().await.expect("clean stop");
+        }
+    }
+}
+
+fn push_queue() -> Value {
+    // The recording factory ignores the spec; a webhook spec makes it a push queue.
+    json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/unused"}})
+}
+
+async fn queue_status(s: &TestServer, queue: &str) -> u16 {
+    s.call("GET", &format!("/v1/queues/{queue}"), Value::Null)
+        .await
+        .0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_made_on_one_node_is_served_by_the_other_and_each_task_delivered_once() {
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    // Owned by B, made on A: B must hear of it to deliver it at all.
+    let queue = owned_by(1, "made-on-a");
+    a.queue(&queue, push_queue()).await;
+    eventually("B serves the queue made on A", || async {
+        (queue_status(b, &queue).await == 200).then_some(())
+    })
+    .await;
+    let id = b.submit(&queue, json!({"payload": {"n": 1}})).await;
+    eventually("the task is delivered", || async {
+        (nodes.delivered()[1] == 1).then_some(())
+    })
+    .await;
+    let seen = nodes.sinks[1].seen();
+    assert_eq!(seen[0].task.to_string(), id);
+    assert_eq!(seen[0].queue, queue);
+    // Acked through B's outcome writer: done in the shared store.
+    eventually("the delivery is acked", || async {
+        let task = a.task(&queue, &id).await;
+        (task["state"] == "done").then_some(())
+    })
+    .await;
+    assert_eq!(
+        nodes.delivered(),
+        [0, 1],
+        "delivered by its owner only, once"
+    );
+
+    // A change on B (a pause) reaches A's copy of the configuration.
+    b.ok(
+        "POST",
+        &format!("/v1/queues/{queue}/pause"),
+        Value::Null,
+        200,
+    )
+    .await;
+    eventually("A sees the pause made on B", || async {
+        let (_, got) = a
+            .call("GET", &format!("/v1/queues/{queue}"), Value::Null)
+            .await;
+        (got["paused"] == true).then_some(())
+    })
+    .await;
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_deleted_on_one_node_disappears_from_the_other() {
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    a.queue("gone", json!({})).await;
+    eventually("B serves the queue", || async {
+        (queue_status(b, "gone").await == 200).then_some(())
+    })
+    .await;
+    // A long-poll on A waits on the queue B is about to delete.
+    let poll = {
+        let http = a.http.clone();
+        let url = format!("{}/v1/queues/gone/lease", a.base);
+        tokio::spawn(async move {
+            let answer = http
+                .post(url)
+                .json(&json!({"max": 1, "wait_ms": 15_000}))
+                .send()
+                .await
+                .unwrap();
+            let status = answer.status().as_u16();
+            let body: Value = answer.json().await.unwrap_or(Value::Null);
+            (status, body)
+        })
+    };
+    b.ok("DELETE", "/v1/queues/gone", Value::Null, 204).await;
+    eventually("A forgets the queue deleted on B", || async {
+        (queue_status(a, "gone").await == 404).then_some(())
+    })
+    .await;
+    let (status, body) = poll.await.unwrap();
+    assert_eq!(
+        status, 404,
+        "the long-poll ends with queue_not_found: {body}"
+    );
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_from_the_other_node_makes_the_owner_deliver_at_once() {
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    let queue = owned_by(0, "woken");
+    a.queue(&queue, push_queue()).await;
+    eventually("B serves the queue", || async {
+        (queue_status(b, &queue).await == 200).then_some(())
+    })
+    .await;
+    // A's dispatcher has looked at the empty queue and set its next look at the 10 s
+    // recheck: only the event can make it look sooner.
+    eventually("A's dispatcher looked at the queue", || async {
+        (a.handle.service().dispatch_stats().turns > 0).then_some(())
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    b.submit(&queue, json!({"payload": {"n": 1}})).await;
+    eventually("A delivers the task put on B", || async {
+        (nodes.delivered()[0] == 1).then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(belfry_server::dispatch::EMPTY_RECHECK_MS / 2),
+        "delivered after {took:?}: the recheck, not the wake"
+    );
+    assert_eq!(nodes.delivered(), [1, 0], "B does not own the queue");
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_fires_once_per_firing_across_nodes_and_follows_its_owner() {
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    a.queue("ticks", json!({})).await;
+    // Made on A; fired by whichever node owns it.
+    let id = "every-second";
+    let owner = owner_by_hash(&format!("schedule:{id}"));
+    a.ok(
+        "POST",
+        "/v1/schedules",
+        json!({"id": id, "queue": "ticks", "every_ms": 1000}),
+        201,
+    )
+    .await;
+    let pending = |n: u64| {
+        let store = &nodes.shared.inner;
+        let clock = nodes.clock.clone();
+        async move {
+            let counts = store
+                .counts(&QueueName::new("ticks").unwrap(), clock.wall_ms())
+                .unwrap();
+            (counts.pending >= n).then_some(counts.pending)
+        }
+    };
+    for firing in 1..=3u64 {
+        nodes.advance(1_000);
+        let got = eventually("the firing's task", || pending(firing)).await;
+        assert_eq!(got, firing, "one task per firing, across both nodes");
+    }
+    let created = |node: usize| nodes.shared.firings_created[node].load(Ordering::SeqCst);
+    assert_eq!(created(owner), 3, "the owner fired every firing");
+    assert_eq!(created(1 - owner), 0, "the other node fired none");
+
+    // The owner "dies": the other node takes the schedule over and fires what follows.
+    nodes.shared.set_split(Split::Only(1 - owner));
+    for firing in 4..=5u64 {
+        nodes.advance(1_000);
+        let got = eventually("the firing's task after the takeover", || pending(firing)).await;
+        assert_eq!(got, firing, "one task per firing, across the takeover");
+    }
+    assert_eq!(
+        created(1 - owner),
+        2,
+        "the new owner fired after the takeover"
+    );
+    assert_eq!(created(owner), 3);
+    let _ = (a, b);
+    nodes.stop().await;
+}
+
+/// The status of `GET /v1/queues` on `s` with `token`.
+async fn list_with(s: &TestServer, token: &str) -> u16 {
+    s.http
+        .get(format!("{}/v1/queues", s.base))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_made_on_one_node_works_on_the_other_until_revoked_there() {
+    let admin = "admin-token-for-both-nodes";
+    let nodes = Nodes::start_with(Some(admin)).await;
+    let [a, b] = &nodes.servers;
+    let made: Value = a
+        .http
+        .post(format!("{}/v1/tokens", a.base))
+        .bearer_auth(admin)
+        .json(&json!({"name": "reader", "scopes": ["read"]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let reader = made["token"].as_str().expect("the token, once").to_owned();
+    assert_eq!(list_with(a, &reader).await, 200);
+    eventually("B accepts the token made on A", || async {
+        (list_with(b, &reader).await == 200).then_some(())
+    })
+    .await;
+    let revoked = b
+        .http
+        .delete(format!("{}/v1/tokens/reader", b.base))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(revoked, 204);
+    assert_eq!(list_with(b, &reader).await, 401);
+    eventually("A refuses the token revoked on B", || async {
+        (list_with(a, &reader).await == 401).then_some(())
+    })
+    .await;
+    nodes.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reminder_fans_out_once_on_its_owner_and_a_delete_elsewhere_leaves_every_feed() {
+    const MINUTE: u64 = 60_000;
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    a.queue("chunks", json!({})).await;
+    eventually("B serves the queue", || async {
+        (queue_status(b, "chunks").await == 200).then_some(())
+    })
+    .await;
+    let owner = owner_by_hash("reminder:kickoff");
+    a.ok(
+        "POST",
+        "/v1/reminders",
+        json!({"id": "kickoff", "queue": "chunks", "delay_ms": MINUTE,
+               "content": {"title": "Kick-off"}, "chunk_size": 2}),
+        201,
+    )
+    .await;
+    for user in ["u1", "u2", "u3", "u4"] {
+        let (status, _) = b
+            .call(
+                "PUT",
+                &format!("/v1/reminders/kickoff/subscribers/{user}"),
+                Value::Null,
+            )
+            .await;
+        assert_eq!(status, 201);
+    }
+    nodes.advance(MINUTE);
+    let chunks = |node: usize| nodes.shared.chunks_created[node].load(Ordering::SeqCst);
+    eventually("the fan-out's two chunks", || async {
+        (chunks(0) + chunks(1) >= 2).then_some(())
+    })
+    .await;
+    assert_eq!(
+        (chunks(owner), chunks(1 - owner)),
+        (2, 0),
+        "the owner made both chunks, the other node none"
+    );
+    let fired = b.ok("GET", "/v1/reminders/kickoff", Value::Null, 200).await;
+    assert_eq!(fired["firings"], 1);
+
+    // A second reminder, in both feeds' caches, deleted on B: gone from A's feed at once,
+    // not after the cache's time to live.
+    a.ok(
+        "POST",
+        "/v1/reminders",
+        json!({"id": "later", "queue": "chunks", "delay_ms": MINUTE, "content": {}}),
+        201,
+    )
+    .await;
+    b.call("PUT", "/v1/reminders/later/subscribers/u1", Value::Null)
+        .await;
+    let feed_len = |s: &'static str| {
+        let server = if s == "a" { a } else { b };
+        async move {
+            let feed = server
+                .ok("GET", "/v1/users/u1/reminders", Value::Null, 200)
+                .await;
+            feed["reminders"].as_array().map_or(0, Vec::len)
+        }
+    };
+    eventually("A's feed lists the reminder", || async {
+        (feed_len("a").await == 1).then_some(())
+    })
+    .await;
+    // Read twice: the second answer comes from A's caches.
+    assert_eq!(feed_len("a").await, 1);
+    let started = tokio::time::Instant::now();
+    b.ok("DELETE", "/v1/reminders/later", Value::Null, 204)
+        .await;
+    eventually("A's feed drops the reminder deleted on B", || async {
+        (feed_len("a").await == 0).then_some(())
+    })
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < belfry_server::reminders::REMINDER_CACHE_TTL / 2,
+        "dropped after {took:?}: the cache's time to live, not the event"
+    );
+    nodes.stop().await;
+}

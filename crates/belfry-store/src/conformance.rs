@@ -1,0 +1,891 @@
+//! One set of scenarios every [`Store`] runs: the in-memory reference, the embedded engine
+//! and the Redis backends. A backend's test binary implements [`Harness`] (how to reach its
+//! store and how to restart it) and runs each of [`scenarios`] as its own test (the
+//! [`conformance_tests!`](crate::conformance_tests) macro writes them). Most scenarios
+//! restart the store halfway, so durability is checked by the same expectations.
+//!
+//! Behind the `conformance` feature: test code, never in a release build.
+
+use std::collections::BTreeSet;
+
+use belfry_core::{
+    LatePolicy, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState, UserId,
+};
+use bytes::Bytes;
+
+use crate::{ChangeOutcome, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Store, StoreError};
+
+/// A store under test, and a way to restart it.
+pub trait Harness {
+    fn store(&self) -> &dyn Store;
+    /// Restarts the store (a no-op for stores without durability). `clean` asks for a flush
+    /// first; otherwise the engine recovers from its WAL.
+    fn reopen(&mut self, clean: bool);
+    /// Restarts the store as a crash of the process would (`Engine::abandon`: no flush, no
+    /// final fsync, write buffers dropped); a no-op for stores without durability.
+    fn crash(&mut self);
+}
+
+fn q(name: &str) -> QueueName {
+    QueueName::new(name).unwrap()
+}
+
+fn task(queue: &str, due: u64, payload: &str) -> NewTask {
+    NewTask::new(q(queue), due, Bytes::from(payload.to_owned()))
+}
+
+fn created(outcome: &PutOutcome) -> TaskId {
+    match outcome {
+        PutOutcome::Created { id, .. } => *id,
+        PutOutcome::Duplicate(t) => panic!("unexpected duplicate of {:?}", t.id),
+    }
+}
+
+fn put1(h: &dyn Harness, t: NewTask) -> TaskId {
+    created(&h.store().put(vec![t]).unwrap()[0])
+}
+
+fn payloads(h: &dyn Harness, queue: &str, now: u64, max: usize) -> Vec<String> {
+    h.store()
+        .claim(&q(queue), now, max, 100_000_000)
+        .unwrap()
+        .leased
+        .into_iter()
+        .map(|l| String::from_utf8(l.task.payload.to_vec()).unwrap())
+        .collect()
+}
+
+pub fn queues_and_meta(h: &mut dyn Harness) {
+    let s = h.store();
+    assert!(s.put_queue(&q("a"), Bytes::from_static(b"cfg1")).unwrap());
+    assert!(!s.put_queue(&q("a"), Bytes::from_static(b"cfg2")).unwrap());
+    assert!(s.put_queue(&q("b"), Bytes::new()).unwrap());
+    assert!(matches!(
+        s.put(vec![task("missing", 1, "x")]),
+        Err(StoreError::QueueNotFound(_))
+    ));
+    assert!(matches!(
+        s.claim(&q("missing"), 1, 1, 1),
+        Err(StoreError::QueueNotFound(_))
+    ));
+    s.put_meta("sched", "k1", Bytes::from_static(b"v1"))
+        .unwrap();
+    s.put_meta("sched", "k2", Bytes::from_static(b"v2"))
+        .unwrap();
+    s.put_meta("other", "k1", Bytes::from_static(b"o")).unwrap();
+    assert!(s.delete_meta("sched", "k2").unwrap());
+    assert!(!s.delete_meta("sched", "k2").unwrap());
+    h.reopen(false);
+    let s = h.store();
+    assert_eq!(
+        s.get_queue(&q("a")).unwrap(),
+        Some(Bytes::from_static(b"cfg2"))
+    );
+    let names: Vec<String> = s
+        .list_queues()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    assert_eq!(names, ["a", "b"]);
+    assert_eq!(
+        s.get_meta("sched", "k1").unwrap(),
+        Some(Bytes::from_static(b"v1"))
+    );
+    assert_eq!(s.get_meta("sched", "k2").unwrap(), None);
+    assert_eq!(
+        s.list_meta("sched").unwrap(),
+        vec![("k1".to_owned(), Bytes::from_static(b"v1"))]
+    );
+    assert!(s.delete_queue(&q("a")).unwrap());
+    assert!(!s.delete_queue(&q("a")).unwrap());
+    assert_eq!(s.get_queue(&q("a")).unwrap(), None);
+}
+
+pub fn put_get_round_trip(h: &mut dyn Harness) {
+    h.store().put_queue(&q("a"), Bytes::new()).unwrap();
+    let mut t = task("a", 5_000, "{\"n\":1}");
+    t.headers = vec![("h".into(), "v".into())];
+    t.priority = Priority::High;
+    t.payload_kind = PayloadKind::Binary;
+    t.late_policy = LatePolicy::Skip { after_ms: 9 };
+    t.idempotency_key = Some("key".into());
+    let id = put1(h, t.clone());
+    h.reopen(false);
+    let got = h.store().get(&q("a"), id, 1_000).unwrap().unwrap();
+    assert_eq!(got.id, id);
+    assert_eq!(got.payload, t.payload);
+    assert_eq!(got.headers, t.headers);
+    assert_eq!(got.priority, Priority::High);
+    assert_eq!(got.payload_kind, PayloadKind::Binary);
+    assert_eq!(got.late_policy, t.late_policy);
+    assert_eq!(got.idempotency_key.as_deref(), Some("key"));
+    assert_eq!(got.state, TaskState::Scheduled);
+    assert_eq!(got.attempts, 0);
+    assert_eq!(got.due_at_ms, 5_000);
+    let by_key = h.store().get_by_key(&q("a"), "key", 1_000).unwrap();
+    assert_eq!(by_key.map(|t| t.id), Some(id));
+    assert!(h
+        .store()
+        .get(&q("a"), TaskId(id.0 ^ (1 << 100)), 1_000)
+        .unwrap()
+        .is_none());
+    assert!(h.store().get_by_key(&q("a"), "nope", 1).unwrap().is_none());
+}
+
+pub fn claim_order(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    s.put(vec![
+        task("a", 3_000, "n3"),
+        task("a", 1_000, "n1a"),
+        task("a", 1_000, "n1b"),
+        task("a", 2_000, "n2"),
+        task("a", 9_000, "late"),
+    ])
+    .unwrap();
+    let mut high = task("a", 2_500, "h25");
+    high.priority = Priority::High;
+    s.put(vec![high]).unwrap();
+    h.reopen(false);
+    // Never early.
+    assert!(payloads(h, "a", 999, 10).is_empty());
+    assert_eq!(payloads(h, "a", 1_500, 1), ["n1a"]);
+    h.reopen(true);
+    assert_eq!(payloads(h, "a", 3_000, 10), ["h25", "n1b", "n2", "n3"]);
+    assert!(payloads(h, "a", 8_999, 10).is_empty());
+    assert_eq!(payloads(h, "a", 100_000, 10), ["late"]);
+}
+
+pub fn lease_lifecycle(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let id = put1(h, task("a", 1_000, "x"));
+    let batch = h.store().claim(&q("a"), 1_000, 10, 500).unwrap();
+    assert_eq!(batch.leased.len(), 1);
+    let first = batch.leased[0].clone();
+    assert_eq!(first.task.id, id);
+    assert_eq!(first.task.attempts, 1);
+    assert_eq!(first.task.state, TaskState::Leased);
+    assert_eq!(first.lease_until_ms, 1_500);
+    h.reopen(false);
+    let s = h.store();
+    assert_eq!(s.next_due_ms(&q("a")).unwrap(), Some(1_500));
+    assert_eq!(
+        s.counts(&q("a"), 1_200).unwrap(),
+        QueueCounts {
+            pending: 0,
+            due: 0,
+            in_flight: 1,
+            dead: 0
+        }
+    );
+    // Extend moves the deadline.
+    assert_eq!(
+        s.extend(&q("a"), id, first.lease_id, 2_000, 1_400).unwrap(),
+        LeaseOutcome::Ok
+    );
+    assert!(s.claim(&q("a"), 1_900, 10, 500).unwrap().leased.is_empty());
+    // The lease expires: the task is due again, the old lease refused.
+    let again = s.claim(&q("a"), 2_000, 10, 500).unwrap();
+    assert_eq!(again.leased.len(), 1);
+    let second = again.leased[0].clone();
+    assert_eq!(second.task.attempts, 2);
+    assert_ne!(second.lease_id, first.lease_id);
+    assert_eq!(
+        s.ack(&q("a"), id, first.lease_id, 2_001).unwrap(),
+        LeaseOutcome::LeaseExpired
+    );
+    // Nack schedules a retry.
+    assert_eq!(
+        s.nack(&q("a"), id, second.lease_id, 5_000, 2_100).unwrap(),
+        LeaseOutcome::Ok
+    );
+    h.reopen(false);
+    let s = h.store();
+    let t = s.get(&q("a"), id, 2_200).unwrap().unwrap();
+    assert_eq!(
+        (t.state, t.due_at_ms, t.attempts),
+        (TaskState::Scheduled, 5_000, 2)
+    );
+    assert!(s.claim(&q("a"), 4_999, 10, 500).unwrap().leased.is_empty());
+    let third = s.claim(&q("a"), 5_000, 10, 500).unwrap().leased[0].clone();
+    assert_eq!(
+        s.ack(&q("a"), id, third.lease_id, 5_001).unwrap(),
+        LeaseOutcome::Ok
+    );
+    assert_eq!(
+        s.ack(&q("a"), id, third.lease_id, 5_002).unwrap(),
+        LeaseOutcome::LeaseExpired
+    );
+    assert_eq!(
+        s.ack(&q("a"), TaskId(12345), third.lease_id, 5_002)
+            .unwrap(),
+        LeaseOutcome::NotFound
+    );
+    // Done tasks may be forgotten; if still known they are done.
+    if let Some(t) = s.get(&q("a"), id, 5_003).unwrap() {
+        assert_eq!(t.state, TaskState::Done);
+    }
+    assert_eq!(s.next_due_ms(&q("a")).unwrap(), None);
+}
+
+pub fn dead_letters(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let ids: Vec<TaskId> = s
+        .put(vec![
+            task("a", 10, "d1"),
+            task("a", 10, "d2"),
+            task("a", 10, "d3"),
+        ])
+        .unwrap()
+        .iter()
+        .map(created)
+        .collect();
+    let batch = s.claim(&q("a"), 10, 10, 1_000).unwrap();
+    for leased in &batch.leased {
+        assert_eq!(
+            s.dead_letter(&q("a"), leased.task.id, leased.lease_id, "boom", 20)
+                .unwrap(),
+            LeaseOutcome::Ok
+        );
+    }
+    h.reopen(false);
+    let s = h.store();
+    let dead = s.list_dead(&q("a"), None, 10).unwrap();
+    assert_eq!(dead.iter().map(|t| t.id).collect::<Vec<_>>(), ids);
+    assert!(dead
+        .iter()
+        .all(|t| t.state == TaskState::Dead && t.dead_reason.as_deref() == Some("boom")));
+    let page = s.list_dead(&q("a"), Some(ids[0]), 1).unwrap();
+    assert_eq!(page.iter().map(|t| t.id).collect::<Vec<_>>(), [ids[1]]);
+    assert_eq!(s.counts(&q("a"), 30).unwrap().dead, 3);
+    assert_eq!(s.redrive(&q("a"), ids[1], 40).unwrap(), ChangeOutcome::Ok);
+    assert_eq!(
+        s.redrive(&q("a"), ids[1], 40).unwrap(),
+        ChangeOutcome::WrongState(TaskState::Scheduled)
+    );
+    h.reopen(true);
+    let s = h.store();
+    let t = s.get(&q("a"), ids[1], 41).unwrap().unwrap();
+    assert_eq!(
+        (t.state, t.attempts, t.due_at_ms, t.dead_reason),
+        (TaskState::Scheduled, 0, 40, None)
+    );
+    assert_eq!(s.list_dead(&q("a"), None, 10).unwrap().len(), 2);
+    assert_eq!(payloads(h, "a", 41, 10), ["d2"]);
+}
+
+pub fn late_policies(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let mut skip = task("a", 100, "skip");
+    skip.late_policy = LatePolicy::Skip { after_ms: 50 };
+    let mut dead = task("a", 100, "dead");
+    dead.late_policy = LatePolicy::Dead { after_ms: 50 };
+    let mut fine = task("a", 100, "fine");
+    fine.late_policy = LatePolicy::Skip { after_ms: 500 };
+    let ids: Vec<TaskId> = s
+        .put(vec![skip, dead, fine])
+        .unwrap()
+        .iter()
+        .map(created)
+        .collect();
+    let batch = s.claim(&q("a"), 200, 10, 1_000).unwrap();
+    assert_eq!(batch.late_skipped, [ids[0]]);
+    assert_eq!(batch.late_dead, [ids[1]]);
+    assert_eq!(batch.leased.len(), 1);
+    assert_eq!(batch.leased[0].task.id, ids[2]);
+    // Skipped has its own state, so a caller can tell it from a delivered task.
+    let skipped = s.get(&q("a"), ids[0], 201).unwrap().map(|t| t.state);
+    assert_eq!(skipped, Some(TaskState::Skipped));
+    h.reopen(false);
+    let t = h.store().get(&q("a"), ids[1], 201).unwrap().unwrap();
+    assert_eq!(t.state, TaskState::Dead);
+    assert!(t.dead_reason.unwrap().contains("late"));
+    // A finished task may be forgotten, but is never remembered as anything else.
+    let skipped = h
+        .store()
+        .get(&q("a"), ids[0], 201)
+        .unwrap()
+        .map(|t| t.state);
+    assert!(
+        matches!(skipped, None | Some(TaskState::Skipped)),
+        "{skipped:?}"
+    );
+}
+
+pub fn cancel_and_reschedule(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let far = 400 * 24 * 3_600_000;
+    let ids: Vec<TaskId> = s
+        .put(vec![
+            task("a", 1_000, "c"),
+            task("a", 2_000, "r"),
+            task("a", far, "far"),
+        ])
+        .unwrap()
+        .iter()
+        .map(created)
+        .collect();
+    assert_eq!(s.cancel(&q("a"), ids[0], 10).unwrap(), ChangeOutcome::Ok);
+    assert_eq!(
+        s.cancel(&q("a"), ids[0], 10).unwrap(),
+        ChangeOutcome::WrongState(TaskState::Cancelled)
+    );
+    assert_eq!(
+        s.cancel(&q("a"), TaskId(ids[0].0 + (1 << 80)), 10).unwrap(),
+        ChangeOutcome::NotFound
+    );
+    assert_eq!(
+        s.reschedule(&q("a"), ids[1], 500, 10).unwrap(),
+        ChangeOutcome::Ok
+    );
+    // A far task brought near, and a near one sent far.
+    assert_eq!(
+        s.reschedule(&q("a"), ids[2], 700, 10).unwrap(),
+        ChangeOutcome::Ok
+    );
+    h.reopen(false);
+    assert_eq!(h.store().next_due_ms(&q("a")).unwrap(), Some(500));
+    assert_eq!(payloads(h, "a", 600, 10), ["r"]);
+    h.reopen(true);
+    assert_eq!(payloads(h, "a", 3_000, 10), ["far"]);
+    let s = h.store();
+    assert_eq!(
+        s.reschedule(&q("a"), ids[2], 9_000, 3_001).unwrap(),
+        ChangeOutcome::WrongState(TaskState::Leased)
+    );
+}
+
+pub fn idempotency(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    s.put_queue(&q("b"), Bytes::new()).unwrap();
+    let keyed = |queue: &str, payload: &str| {
+        let mut t = task(queue, 1_000, payload);
+        t.idempotency_key = Some("k".into());
+        t
+    };
+    let out = s
+        .put(vec![
+            keyed("a", "first"),
+            keyed("a", "second"),
+            keyed("b", "other"),
+        ])
+        .unwrap();
+    let first = created(&out[0]);
+    match &out[1] {
+        PutOutcome::Duplicate(t) => {
+            assert_eq!(t.id, first);
+            assert_eq!(&t.payload[..], b"first");
+        }
+        other => panic!("{other:?}"),
+    }
+    created(&out[2]);
+    h.reopen(false);
+    let out = h.store().put(vec![keyed("a", "third")]).unwrap();
+    assert_eq!(out[0].id(), first);
+    assert!(matches!(out[0], PutOutcome::Duplicate(_)));
+    h.reopen(true);
+    let out = h.store().put(vec![keyed("a", "fourth")]).unwrap();
+    assert_eq!(out[0].id(), first);
+    assert_eq!(payloads(h, "a", 1_000, 10), ["first"]);
+}
+
+pub fn counts_forecast_next_due(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    s.put_queue(&q("empty"), Bytes::new()).unwrap();
+    assert_eq!(s.next_due_ms(&q("empty")).unwrap(), None);
+    let hour = 3_600_000;
+    let mut tasks = Vec::new();
+    for i in 0..10u64 {
+        tasks.push(task("a", 1_000 + i * 1_000, "near"));
+    }
+    for i in 0..5u64 {
+        tasks.push(task("a", 30 * 24 * hour + i * hour, "far"));
+    }
+    s.put(tasks).unwrap();
+    h.reopen(false);
+    let s = h.store();
+    assert_eq!(
+        s.counts(&q("a"), 5_000).unwrap(),
+        QueueCounts {
+            pending: 15,
+            due: 5,
+            in_flight: 0,
+            dead: 0
+        }
+    );
+    assert_eq!(s.next_due_ms(&q("a")).unwrap(), Some(1_000));
+    assert_eq!(s.forecast(&q("a"), 0, 5_000, 3).unwrap(), vec![4, 5, 1]);
+    assert_eq!(
+        s.forecast(&q("a"), 30 * 24 * hour, 2 * hour, 3).unwrap(),
+        vec![2, 2, 1]
+    );
+    assert!(matches!(
+        s.forecast(&q("a"), 0, 0, 3),
+        Err(StoreError::Invalid(_))
+    ));
+    h.reopen(true);
+    let s = h.store();
+    s.claim(&q("a"), 10_000, 100, 1_000).unwrap();
+    assert_eq!(s.next_due_ms(&q("a")).unwrap(), Some(11_000));
+    assert_eq!(
+        s.counts(&q("a"), 10_000).unwrap(),
+        QueueCounts {
+            pending: 5,
+            due: 0,
+            in_flight: 10,
+            dead: 0
+        }
+    );
+    // Once the leases expire the earliest far task is next... after the re-deliveries.
+    assert_eq!(s.counts(&q("a"), 11_000).unwrap().due, 10);
+}
+
+pub fn queue_delete_removes_tasks(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    s.put(vec![task("a", 10, "x"), task("a", 10_000_000_000, "y")])
+        .unwrap();
+    assert!(s.delete_queue(&q("a")).unwrap());
+    h.reopen(false);
+    let s = h.store();
+    assert!(s.put_queue(&q("a"), Bytes::new()).unwrap());
+    assert_eq!(s.counts(&q("a"), 20).unwrap(), QueueCounts::default());
+    assert!(payloads(h, "a", 20_000_000_000, 10).is_empty());
+}
+
+pub fn queues_are_isolated(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("busy"), Bytes::new()).unwrap();
+    s.put_queue(&q("quiet"), Bytes::new()).unwrap();
+    let backlog: Vec<NewTask> = (0..500).map(|i| task("busy", i, "b")).collect();
+    s.put(backlog).unwrap();
+    put1(h, task("quiet", 100, "q"));
+    assert_eq!(payloads(h, "quiet", 1_000, 10), ["q"]);
+    assert_eq!(h.store().counts(&q("busy"), 1_000).unwrap().due, 500);
+}
+
+pub fn clock_jumps_never_fire_early_nor_lose_tasks(h: &mut dyn Harness) {
+    let s = h.store();
+    s.put_queue(&q("a"), Bytes::new()).unwrap();
+    let day = 24 * 3_600_000;
+    s.put(vec![
+        task("a", 10 * day, "t1"),
+        task("a", 10 * day + 1, "t2"),
+    ])
+    .unwrap();
+    // The clock jumps far ahead (buckets load, leases are taken)...
+    let batch = s.claim(&q("a"), 10 * day, 1, 1_000).unwrap();
+    assert_eq!(batch.leased.len(), 1);
+    h.reopen(false);
+    // ...then back by days: nothing is due, nothing is lost.
+    let s = h.store();
+    assert!(s.claim(&q("a"), day, 10, 1_000).unwrap().leased.is_empty());
+    let counts = s.counts(&q("a"), day).unwrap();
+    assert_eq!((counts.pending, counts.due, counts.in_flight), (1, 0, 1));
+    h.reopen(true);
+    // Forward again: the other task, then the first once its lease has expired.
+    assert_eq!(payloads(h, "a", 10 * day + 1, 10), ["t2"]);
+    assert_eq!(payloads(h, "a", 10 * day + 1_000, 10), ["t1"]);
+}
+
+/// A batch ack answers each pair as `ack` would, called for each in order: valid, stale
+/// lease, unknown id, and a task named twice (done after its first ack) in one batch.
+pub fn ack_many_matches_sequential_acks(h: &mut dyn Harness) {
+    const NOW: u64 = 1_000;
+    let mut answers = Vec::new();
+    let mut tasks = Vec::new();
+    for (name, batched) in [("seq", false), ("many", true)] {
+        let s = h.store();
+        s.put_queue(&q(name), Bytes::new()).unwrap();
+        let ids: Vec<TaskId> = (0..4)
+            .map(|i| put1(h, task(name, NOW, &format!("t{i}"))))
+            .collect();
+        let s = h.store();
+        let mut leased = s.claim(&q(name), NOW, 10, 100_000).unwrap().leased;
+        // In put order (ids need not grow with it: a partitioned store numbers each
+        // partition on its own).
+        leased.sort_by_key(|l| ids.iter().position(|id| *id == l.task.id));
+        assert_eq!(leased.len(), 4);
+        let lease = |i: usize| leased[i].lease_id;
+        assert_eq!(leased.iter().map(|l| l.task.id).collect::<Vec<_>>(), ids);
+        let acks = [
+            (ids[0], lease(0)),
+            (ids[1], lease(2)), // another task's lease: stale for this one
+            (TaskId(12345), lease(0)),
+            (ids[0], lease(0)), // again: done by the first
+            (ids[2], lease(2)),
+        ];
+        let outcomes = if batched {
+            s.ack_many(&q(name), &acks, NOW + 1).unwrap()
+        } else {
+            acks.iter()
+                .map(|&(id, l)| s.ack(&q(name), id, l, NOW + 1).unwrap())
+                .collect()
+        };
+        answers.push(outcomes);
+        tasks.push(ids);
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert_eq!(
+        answers[1],
+        [
+            LeaseOutcome::Ok,
+            LeaseOutcome::LeaseExpired,
+            LeaseOutcome::NotFound,
+            LeaseOutcome::LeaseExpired,
+            LeaseOutcome::Ok,
+        ]
+    );
+    assert!(h
+        .store()
+        .ack_many(&q("many"), &[], NOW + 1)
+        .unwrap()
+        .is_empty());
+    let check = |h: &dyn Harness| {
+        for (name, ids) in [("seq", &tasks[0]), ("many", &tasks[1])] {
+            for (i, id) in ids.iter().enumerate() {
+                let state = h
+                    .store()
+                    .get(&q(name), *id, NOW + 2)
+                    .unwrap()
+                    .map(|t| t.state);
+                if i == 0 || i == 2 {
+                    // Done tasks may be forgotten; if still known they are done.
+                    assert!(matches!(state, None | Some(TaskState::Done)), "{name} {i}");
+                } else {
+                    assert_eq!(state, Some(TaskState::Leased), "{name} {i}");
+                }
+            }
+        }
+    };
+    check(h);
+    // A crash of the process keeps the batch's acks, all of them (one WAL frame, written).
+    h.crash();
+    check(h);
+    h.reopen(false);
+    check(h);
+}
+
+fn b(text: &str) -> Bytes {
+    Bytes::from(text.to_owned())
+}
+
+fn sched(h: &dyn Harness) -> Vec<(String, Bytes)> {
+    h.store().list_meta("sched").unwrap()
+}
+
+/// `write_meta` applies its changes in order (a put then a delete of one key leaves no key; a
+/// later put wins), and what it wrote survives clean and unclean restarts, before and after a
+/// checkpoint.
+pub fn write_meta_in_order_and_durable(h: &mut dyn Harness) {
+    h.store().write_meta(Vec::new()).unwrap();
+    h.store()
+        .write_meta(vec![
+            MetaChange::put("sched", "a", b("1")),
+            MetaChange::put("sched", "b", b("2")),
+            MetaChange::delete("sched", "a"),
+            MetaChange::put("sched", "c", b("3")),
+            MetaChange::put("sched", "b", b("22")),
+            MetaChange::put("other", "a", b("o")),
+            MetaChange::delete("sched", "never-there"),
+        ])
+        .unwrap();
+    let expected = vec![("b".to_owned(), b("22")), ("c".to_owned(), b("3"))];
+    assert_eq!(sched(h), expected);
+    h.crash();
+    assert_eq!(sched(h), expected);
+    h.reopen(false);
+    assert_eq!(sched(h), expected);
+    assert_eq!(h.store().get_meta("other", "a").unwrap(), Some(b("o")));
+    // After a checkpoint (clean reopen), changes on top of it, then a crash.
+    h.reopen(true);
+    h.store()
+        .write_meta(vec![
+            MetaChange::delete("sched", "b"),
+            MetaChange::put("sched", "d", b("4")),
+        ])
+        .unwrap();
+    h.store().put_meta("sched", "c", b("33")).unwrap();
+    assert!(h.store().delete_meta("other", "a").unwrap());
+    h.crash();
+    assert_eq!(
+        sched(h),
+        vec![("c".to_owned(), b("33")), ("d".to_owned(), b("4"))]
+    );
+    assert_eq!(h.store().list_meta("other").unwrap(), Vec::new());
+    h.reopen(true);
+    assert_eq!(
+        sched(h),
+        vec![("c".to_owned(), b("33")), ("d".to_owned(), b("4"))]
+    );
+}
+
+/// No reader ever sees part of a `write_meta`: a writer moves two cursors together, a reader
+/// checks they always agree. The writer goes on until the reader has looked many times while
+/// it was writing, so a store that applies the changes one call at a time fails.
+pub fn write_meta_is_seen_whole(h: &mut dyn Harness) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    const READS_MIN: u64 = 5_000;
+    const WRITES_MAX: u64 = 1_000_000;
+    let pair = |n: u64| {
+        vec![
+            MetaChange::put("sched", "left", Bytes::from(n.to_string())),
+            MetaChange::put("sched", "right", Bytes::from(n.to_string())),
+        ]
+    };
+    h.store().write_meta(pair(0)).unwrap();
+    let store = h.store();
+    let done = AtomicBool::new(false);
+    let reads = AtomicU64::new(0);
+    let last = std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut n = 0;
+            while n < 50 || (reads.load(Ordering::Relaxed) < READS_MIN && n < WRITES_MAX) {
+                n += 1;
+                store.write_meta(pair(n)).unwrap();
+            }
+            done.store(true, Ordering::Release);
+            n
+        });
+        while !done.load(Ordering::Acquire) {
+            let seen = store.list_meta("sched").unwrap();
+            assert_eq!(seen.len(), 2);
+            assert_eq!(seen[0].1, seen[1].1, "saw half of a write_meta: {seen:?}");
+            reads.fetch_add(1, Ordering::Relaxed);
+        }
+        writer.join().unwrap()
+    });
+    h.crash();
+    let last = Bytes::from(last.to_string());
+    assert_eq!(
+        sched(h),
+        vec![
+            ("left".to_owned(), last.clone()),
+            ("right".to_owned(), last)
+        ]
+    );
+}
+
+fn users(ids: &[&str]) -> Vec<UserId> {
+    ids.iter().map(|id| UserId::new(id).unwrap()).collect()
+}
+
+/// Every member of `set`, read in pages of `page`.
+fn all_members(h: &dyn Harness, set: u64, page: usize) -> Vec<UserId> {
+    let mut out: Vec<UserId> = Vec::new();
+    loop {
+        let got = h.store().subscribers(set, out.last(), page).unwrap();
+        assert!(got.len() <= page);
+        let done = got.len() < page;
+        out.extend(got);
+        if done {
+            return out;
+        }
+    }
+}
+
+pub fn subscriptions_basics(h: &mut dyn Harness) {
+    let s = h.store();
+    assert_eq!(
+        s.subscribe(7, &users(&["3", "1", "alice", "2", "1"]))
+            .unwrap(),
+        4
+    );
+    assert_eq!(s.subscribe(7, &users(&["3", "4"])).unwrap(), 1);
+    assert_eq!(s.subscribe(8, &users(&["1", "zoe"])).unwrap(), 2);
+    assert_eq!(s.subscriber_count(7).unwrap(), 5);
+    assert_eq!(s.subscriber_count(9).unwrap(), 0);
+    assert!(s.is_subscribed(7, &users(&["alice"])[0]).unwrap());
+    assert!(!s.is_subscribed(8, &users(&["alice"])[0]).unwrap());
+    // Numbers first, by value; then other ids.
+    assert_eq!(all_members(h, 7, 2), users(&["1", "2", "3", "4", "alice"]));
+    let after = UserId::new("2").unwrap();
+    assert_eq!(
+        h.store().subscribers(7, Some(&after), 2).unwrap(),
+        users(&["3", "4"])
+    );
+    assert_eq!(
+        h.store().user_sets(&UserId::new("1").unwrap(), 10).unwrap(),
+        vec![7, 8]
+    );
+    assert_eq!(
+        h.store().user_sets(&UserId::new("1").unwrap(), 1).unwrap(),
+        vec![7]
+    );
+
+    assert_eq!(
+        h.store().unsubscribe(7, &users(&["2", "99", "2"])).unwrap(),
+        1
+    );
+    h.reopen(false);
+    assert_eq!(h.store().subscriber_count(7).unwrap(), 4);
+    assert_eq!(all_members(h, 7, 3), users(&["1", "3", "4", "alice"]));
+    assert!(h
+        .store()
+        .user_sets(&UserId::new("2").unwrap(), 10)
+        .unwrap()
+        .is_empty());
+    h.crash();
+    assert_eq!(h.store().subscriber_count(8).unwrap(), 2);
+    assert_eq!(
+        h.store()
+            .user_sets(&UserId::new("zoe").unwrap(), 10)
+            .unwrap(),
+        vec![8]
+    );
+
+    assert_eq!(h.store().drop_set(7).unwrap(), 4);
+    assert_eq!(h.store().subscriber_count(7).unwrap(), 0);
+    assert!(all_members(h, 7, 10).is_empty());
+    assert_eq!(
+        h.store().user_sets(&UserId::new("1").unwrap(), 10).unwrap(),
+        vec![8]
+    );
+    h.crash();
+    assert_eq!(h.store().subscriber_count(7).unwrap(), 0);
+    assert_eq!(h.store().subscribe(7, &users(&["1"])).unwrap(), 1);
+    assert_eq!(
+        h.store().user_sets(&UserId::new("1").unwrap(), 10).unwrap(),
+        vec![7, 8]
+    );
+    assert_eq!(h.store().subscriber_count(8).unwrap(), 2);
+}
+
+/// Thousands of members over two sets, with unsubscribes, across clean and unclean restarts:
+/// counts, pages and the per-user index agree with a plain set.
+pub fn subscriptions_many(h: &mut dyn Harness) {
+    let mut expect: [BTreeSet<UserId>; 2] = Default::default();
+    let id = |i: u64| {
+        let text = if i.is_multiple_of(5) {
+            format!("u-{i}")
+        } else {
+            i.to_string()
+        };
+        UserId::new(text).unwrap()
+    };
+    for round in 0..20u64 {
+        for (set, want) in expect.iter_mut().enumerate() {
+            let batch: Vec<UserId> = (0..1_000)
+                .map(|i| id((i * 7 + round * 13) % 12_000))
+                .collect();
+            let fresh = batch.iter().filter(|u| want.insert((*u).clone())).count() as u64;
+            assert_eq!(h.store().subscribe(set as u64, &batch).unwrap(), fresh);
+        }
+        if round % 3 == 2 {
+            let gone: Vec<UserId> = (0..400).map(|i| id(i * 29 % 12_000)).collect();
+            for (set, want) in expect.iter_mut().enumerate() {
+                let removed = gone.iter().filter(|u| want.remove(*u)).count() as u64;
+                assert_eq!(h.store().unsubscribe(set as u64, &gone).unwrap(), removed);
+            }
+        }
+        match round {
+            7 => h.reopen(true),
+            13 => h.crash(),
+            _ => {}
+        }
+    }
+    for (set, want) in expect.iter().enumerate() {
+        assert_eq!(
+            h.store().subscriber_count(set as u64).unwrap(),
+            want.len() as u64
+        );
+        let got = all_members(h, set as u64, 777);
+        assert_eq!(got, want.iter().cloned().collect::<Vec<_>>());
+    }
+    for i in [0, 1, 5, 29, 11_999] {
+        let user = id(i);
+        let want: Vec<u64> = (0..2)
+            .filter(|&s| expect[s as usize].contains(&user))
+            .collect();
+        assert_eq!(h.store().user_sets(&user, 10).unwrap(), want, "{user}");
+    }
+}
+
+/// One scenario: it runs against the store of the harness it is given, and panics on a
+/// divergence from the contract.
+pub type Scenario = fn(&mut dyn Harness);
+
+/// Every scenario by name, for a harness that runs them itself (and for the check that a
+/// backend's test binary runs them all).
+pub fn scenarios() -> Vec<(&'static str, Scenario)> {
+    macro_rules! named {
+        ($($name:ident),* $(,)?) => { vec![$((stringify!($name), $name as Scenario)),*] };
+    }
+    named!(
+        queues_and_meta,
+        write_meta_in_order_and_durable,
+        write_meta_is_seen_whole,
+        ack_many_matches_sequential_acks,
+        put_get_round_trip,
+        claim_order,
+        lease_lifecycle,
+        dead_letters,
+        late_policies,
+        cancel_and_reschedule,
+        idempotency,
+        counts_forecast_next_due,
+        queue_delete_removes_tasks,
+        queues_are_isolated,
+        clock_jumps_never_fire_early_nor_lose_tasks,
+        subscriptions_basics,
+        subscriptions_many,
+    )
+}
+
+/// Writes one `#[test]` per scenario, each `fn NAME() { run(NAME) }` where `run` is a path to
+/// a `fn(fn(&mut dyn Harness))` that builds a fresh harness and calls the scenario with it,
+/// plus a test that the list is complete. Use it inside a module per backend:
+///
+/// ```ignore
+/// mod memory {
+///     belfry_store::conformance_tests!(super::run_on_memory);
+/// }
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($run:path) => {
+        $crate::conformance_tests!(@tests $run;
+        queues_and_meta,
+        write_meta_in_order_and_durable,
+        write_meta_is_seen_whole,
+        ack_many_matches_sequential_acks,
+        put_get_round_trip,
+        claim_order,
+        lease_lifecycle,
+        dead_letters,
+        late_policies,
+        cancel_and_reschedule,
+        idempotency,
+        counts_forecast_next_due,
+        queue_delete_removes_tasks,
+        queues_are_isolated,
+        clock_jumps_never_fire_early_nor_lose_tasks,
+        subscriptions_basics,
+        subscriptions_many,
+        );
+    };
+    (@tests $run:path; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $run($crate::conformance::$name);
+            }
+        )*
+        #[test]
+        fn every_scenario_is_run() {
+            let run: Vec<&str> = vec![$(stringify!($name)),*];
+            let all: Vec<&str> = $crate::conformance::scenarios()
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect();
+            assert_eq!(run, all);
+        }
+    };
+}
