@@ -8,7 +8,8 @@
 //! queue of the same tasks), `cron` (per-second schedules: creation rate, firing lateness and
 //! their cost to an unrelated queue), `stream` (delivery through a Redis Streams, NATS
 //! JetStream or Kafka sink against the broker's raw publish rate), `hostile` (latency with
-//! thousands of partial connections held against none). Each prints a table, optionally JSON, and can rewrite its
+//! thousands of partial connections held against none), `redis` (belfry nodes on a Redis
+//! Cluster against the Redis store driven in-process). Each prints a table, optionally JSON, and can rewrite its
 //! own part of BENCHMARKS.md.
 //!
 //! The binary wires it with `Bench { #[command(subcommand)] command: BenchCommand }` and
