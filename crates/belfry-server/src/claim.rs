@@ -59,12 +59,25 @@ pub async fn claim_once(
     }
     let granted = admission.granted;
     let name = runtime.name.clone();
-    let retry = runtime.config().retry;
+    let config = runtime.config();
+    let retry = config.retry;
+    let rate = (config.rate_per_s > 0.0).then(|| (config.rate_per_s, config.effective_burst()));
     let claimed = shared
         .blocking(caller, move |s| {
+            // With several nodes on one store, the queue's rate is theirs together: the
+            // store's shared bucket grants what this node's own bucket allowed, or less.
+            let allowed = match rate {
+                Some((per_s, burst)) => s
+                    .take_rate_tokens(&name, granted as u64, per_s, burst)?
+                    .map_or(granted, |n| (n as usize).min(granted)),
+                None => granted,
+            };
+            if allowed == 0 {
+                return Ok(None);
+            }
             let batch = match claim_for {
-                ClaimFor::Lease => s.claim(&name, now_ms, granted, visibility_ms)?,
-                ClaimFor::Push => s.claim_owned(&name, now_ms, granted, visibility_ms)?,
+                ClaimFor::Lease => s.claim(&name, now_ms, allowed, visibility_ms)?,
+                ClaimFor::Push => s.claim_owned(&name, now_ms, allowed, visibility_ms)?,
             };
             let mut leased = Vec::with_capacity(batch.leased.len());
             let mut exhausted = 0;
@@ -84,7 +97,10 @@ pub async fn claim_once(
                     }
                 }
             }
-            let next_due_ms = if leased.len() + exhausted < granted {
+            if let Some((per_s, burst)) = rate {
+                give_back_tokens(s, &name, allowed - leased.len().min(allowed), per_s, burst);
+            }
+            let next_due_ms = if leased.len() + exhausted < allowed {
                 Some(match claim_for {
                     ClaimFor::Lease => s.next_due_ms(&name)?,
                     ClaimFor::Push => s.next_due_owned_ms(&name)?,
@@ -93,11 +109,20 @@ pub async fn claim_once(
                 None
             };
             let finished = (batch.late_skipped.len(), batch.late_dead.len() + exhausted);
-            Ok((leased, finished, next_due_ms))
+            Ok(Some((leased, finished, next_due_ms)))
         })
         .await;
     let (leased, (skipped, dead), next_due_ms) = match claimed {
-        Ok(claimed) => claimed,
+        Ok(Some(claimed)) => claimed,
+        Ok(None) => {
+            // The shared bucket is empty: other nodes took this second's tokens.
+            runtime.settle(granted, &[], in_flight_default);
+            let per_s = rate.map_or(1.0, |(per_s, _)| per_s);
+            return Ok(Claimed {
+                retry_in: Some(Duration::from_secs_f64(1.0 / per_s).max(Duration::from_millis(1))),
+                ..Claimed::default()
+            });
+        }
         Err(e) => {
             runtime.settle(granted, &[], in_flight_default);
             return Err(e);
@@ -115,6 +140,24 @@ pub async fn claim_once(
         granted,
         next_due_ms,
     })
+}
+
+/// Returns tokens of the shared bucket a claim did not use. A failure only leaves the bucket
+/// emptier for a moment (it refills at the queue's rate), so it does not fail the claim,
+/// whose tasks are already leased.
+fn give_back_tokens(
+    s: &dyn belfry_store::Store,
+    queue: &belfry_core::QueueName,
+    unused: usize,
+    per_s: f64,
+    burst: f64,
+) {
+    if unused == 0 {
+        return;
+    }
+    if let Err(error) = s.return_rate_tokens(queue, unused as u64, per_s, burst) {
+        tracing::debug!(%queue, %error, "return unused rate tokens");
+    }
 }
 
 fn record_metrics(queue: &str, leased: &[LeasedTask], skipped: usize, dead: usize, now_ms: UnixMs) {

@@ -173,8 +173,20 @@ fn put_batch(store: &Weak<dyn Store>, batch: Vec<PendingPut>) {
                 let _ = reply.send(Ok(outcomes.by_ref().take(size).collect()));
             }
         }
-        // A put is all or none: when the combined one failed (say, one submit's queue was
-        // deleted meanwhile), each submit is tried on its own so it gets its own answer.
+        // A store that could not be reached may have stored part of the combined put (a
+        // networked store is atomic per slot, not per call): trying each submit again could
+        // store some twice, so each gets the error, which says a retry (with idempotency
+        // keys) is safe.
+        Err(StoreError::Unavailable { detail }) => {
+            for (_, reply) in replies {
+                let _ = reply.send(Err(StoreError::Unavailable {
+                    detail: detail.clone(),
+                }));
+            }
+        }
+        // Otherwise a put is all or none: when the combined one failed (say, one submit's
+        // queue was deleted meanwhile), each submit is tried on its own so it gets its own
+        // answer.
         _ => {
             for (tasks, reply) in replies {
                 let _ = reply.send(store.put(tasks));

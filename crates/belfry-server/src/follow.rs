@@ -161,6 +161,15 @@ impl Follower {
     async fn handle(&self, pending: Pending) -> Pending {
         let mut failed = Pending::default();
         if pending.resync {
+            // The store's fallback sweep first, so the wake-ups below find what it repaired.
+            let swept = self
+                .service
+                .shared()
+                .blocking(crate::shared::Caller::Internal, |s| Ok(s.sweep()?))
+                .await;
+            if let Err(error) = swept {
+                tracing::warn!(%error, "the store's fallback sweep failed; the next resync tries again");
+            }
             if let Err(error) = self.service.sync_all_queues().await {
                 tracing::warn!(%error, "re-read every queue after a resync or an ownership change; retrying");
                 failed.resync = true;

@@ -4,6 +4,7 @@
 
 use belfry_core::{LeasedTask, QueueName, UnixMs};
 use belfry_store::ClaimBatch;
+use redis::Value;
 
 use crate::conn::{map_error, unexpected, Conn, Result};
 use crate::keys::task_id;
@@ -140,6 +141,14 @@ impl RedisStore {
             }
             // Start at a rotating place, so no partition is always last.
             let start = this.next_rotation() % candidates.len();
+            if candidates.len() > 1 {
+                let rotated: Vec<(u16, Option<String>)> = (0..candidates.len())
+                    .map(|k| candidates[(start + k) % candidates.len()].clone())
+                    .collect();
+                if this.claim_across(c, queue, uid, &rotated, want, &mut batch)? {
+                    return Ok(());
+                }
+            }
             for k in 0..candidates.len() {
                 let left = want.max.saturating_sub(batch.leased.len());
                 if left == 0 {
@@ -186,11 +195,29 @@ impl RedisStore {
             keys.push(self.keys.owner(part.p).into_bytes());
         }
         let v = self.script(c, &scripts::CLAIM, &keys, &args, "claim due tasks")?;
-        let bad = || unexpected("claim", &v);
-        let items = as_array(&v).ok_or_else(bad)?;
+        match self.take_claimed(&v, queue, uid, part.p, want.now_ms, batch)? {
+            None => return Ok(PartClaim::Fenced),
+            Some(earliest) => self.hint_settle(c, queue, uid, part, earliest)?,
+        }
+        Ok(PartClaim::Done)
+    }
+
+    /// Reads one claim script's reply into `batch`: the partition's earliest work after it,
+    /// or `None` when the fence no longer held (another node owns the partition now).
+    pub(crate) fn take_claimed(
+        &self,
+        v: &Value,
+        queue: &QueueName,
+        uid: u64,
+        p: u16,
+        now_ms: UnixMs,
+        batch: &mut ClaimBatch,
+    ) -> Result<Option<i64>> {
+        let bad = || unexpected("claim", v);
+        let items = as_array(v).ok_or_else(bad)?;
         if let [refused] = items {
             return match as_i64(refused) {
-                Some(-1) => Ok(PartClaim::Fenced),
+                Some(-1) => Ok(None),
                 _ => Err(bad()),
             };
         }
@@ -198,19 +225,14 @@ impl RedisStore {
             return Err(bad());
         };
         for pair in as_array(leased).ok_or_else(bad)?.chunks(2) {
-            let [seq, rec] = pair else { return Err(bad()) };
+            let [seq, rec] = pair else {
+                return Err(bad());
+            };
             let seq = as_seq(seq).ok_or_else(bad)?;
             let record = decode(as_bytes(rec).ok_or_else(bad)?)?;
             let lease_until_ms = record.lease_until_ms;
-            let lease_id = crate::keys::lease_id(part.p, record.lease_id);
-            let task = to_task(
-                record,
-                task_id(uid, part.p, seq),
-                queue,
-                None,
-                want.now_ms,
-                true,
-            );
+            let lease_id = crate::keys::lease_id(p, record.lease_id);
+            let task = to_task(record, task_id(uid, p, seq), queue, None, now_ms, true);
             batch.leased.push(LeasedTask {
                 task,
                 lease_id,
@@ -220,16 +242,14 @@ impl RedisStore {
         for seq in as_array(skipped).ok_or_else(bad)? {
             batch
                 .late_skipped
-                .push(task_id(uid, part.p, as_seq(seq).ok_or_else(bad)?));
+                .push(task_id(uid, p, as_seq(seq).ok_or_else(bad)?));
         }
         for seq in as_array(dead).ok_or_else(bad)? {
             batch
                 .late_dead
-                .push(task_id(uid, part.p, as_seq(seq).ok_or_else(bad)?));
+                .push(task_id(uid, p, as_seq(seq).ok_or_else(bad)?));
         }
-        let earliest = as_i64(earliest).ok_or_else(bad)?;
-        self.hint_settle(c, queue, uid, part, earliest)?;
-        Ok(PartClaim::Done)
+        Ok(Some(as_i64(earliest).ok_or_else(bad)?))
     }
 
     /// The earliest instant a claim could return something: over every partition, or
@@ -280,4 +300,50 @@ impl RedisStore {
             .map_err(|e| map_error(e, "read a queue's hint"))?;
         Ok(v.into_iter().map(|(p, at)| (p, at as i64)).collect())
     }
+
+    /// The fallback sweep: for every queue, every partition this node owns (all of them
+    /// without ownership) has its earliest work written into the queue's hint again, so work
+    /// whose hint update a crash lost (between a put's script and its hint) is found. At most
+    /// once per [`SWEEP_EVERY`]; it costs one script call per queue and partition.
+    pub(crate) fn sweep_hints(&self) -> Result<()> {
+        {
+            let mut last = self.last_sweep.lock();
+            if last.is_some_and(|at| at.elapsed() < SWEEP_EVERY) {
+                return Ok(());
+            }
+            *last = Some(std::time::Instant::now());
+        }
+        let [registry, _] = self.keys.registry();
+        let queues: Vec<(String, Vec<u8>)> = self.pool.with("list queues", |c| {
+            redis::cmd("HGETALL").arg(&registry).query(c.as_dyn())
+        })?;
+        let ownership = self.ownership.as_deref();
+        let mut out = Ok(());
+        self.pool.with("sweep the hints", |c| {
+            out = (|| {
+                for (name, raw) in &queues {
+                    let (Ok(queue), Some(uid)) = (
+                        QueueName::new(name),
+                        raw.get(..8).and_then(crate::keys::seq_of),
+                    ) else {
+                        continue;
+                    };
+                    for p in 0..self.keys.partitions {
+                        if ownership.is_some_and(|own| !own.is_owned(p)) {
+                            continue;
+                        }
+                        let part = self.part(p, uid);
+                        let earliest = self.earliest(c, &part)?;
+                        self.hint_lower(c, &queue, uid, p, earliest)?;
+                    }
+                }
+                Ok(())
+            })();
+            Ok(())
+        })?;
+        out
+    }
 }
+
+/// How often the fallback sweep runs at most (resyncs come more often; see `resync_every`).
+pub(crate) const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_secs(30);

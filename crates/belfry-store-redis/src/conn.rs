@@ -203,6 +203,38 @@ pub(crate) fn run_script(
     }
 }
 
+/// Waits until `replicas` replicas hold every write this connection made on the node that
+/// serves `key` (Redis `WAIT`), and says how many did within `timeout`.
+pub(crate) fn wait_replicas(
+    conn: &mut Conn,
+    key: &[u8],
+    replicas: u32,
+    timeout: Duration,
+) -> redis::RedisResult<i64> {
+    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(replicas).arg(timeout.as_millis() as u64);
+    match conn {
+        Conn::Single(c) => cmd.query(c),
+        Conn::Cluster(c) => {
+            let route = Route::new(key_slot(key), SlotAddr::Master);
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+            redis::from_redis_value(&c.route_command(&cmd, routing)?)
+        }
+    }
+}
+
+/// The cluster slot of `key`: CRC16 of its hash tag (the part between the first `{` and the
+/// next `}`, when not empty) or of the whole key, modulo 16384.
+pub(crate) fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
+}
+
 /// Runs `cmds` as one pipeline: in a cluster, grouped by node (each command may name its own
 /// slot; the pipeline is not atomic).
 pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisResult<Vec<Value>> {
@@ -295,4 +327,17 @@ fn missing_ranges(covered: &[bool]) -> String {
         });
     }
     out.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_slot;
+
+    #[test]
+    fn key_slots_match_redis_cluster() {
+        // Values from `CLUSTER KEYSLOT` on a Redis 7 cluster.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"123456789"), 0x31c3);
+    }
 }

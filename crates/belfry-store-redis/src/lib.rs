@@ -21,6 +21,7 @@
 //! `StoreError::Corrupt`, never a panic.
 
 mod claim;
+mod claim_many;
 mod conn;
 mod events;
 mod keys;

@@ -39,3 +39,10 @@ pub(crate) static QUEUE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!(
 pub(crate) static HINT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/hint.lua")));
 pub(crate) static RATE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/rate.lua")));
 pub(crate) static META: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/meta.lua")));
+
+/// Every script, to load them all on a node that lacks them.
+pub(crate) fn all() -> [&'static Lua; 9] {
+    [
+        &PUT, &CLAIM, &LEASE, &CHANGE, &READ, &QUEUE, &HINT, &RATE, &META,
+    ]
+}

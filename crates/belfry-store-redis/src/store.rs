@@ -10,7 +10,7 @@ use bytes::Bytes;
 use redis::Value;
 
 use crate::claim::Want;
-use crate::conn::check_cluster_slots;
+use crate::conn::{check_cluster_slots, wait_replicas};
 use crate::conn::{map_error, pipeline, run_script, unexpected, Conn, Pool, Result, Timeouts};
 use crate::keys::{seq_of, split_id, Keys};
 use crate::ownership::{Ownership, OwnershipOptions};
@@ -43,6 +43,12 @@ pub struct RedisOptions {
     /// it behaves as the only node.
     pub node_id: Option<String>,
     pub ownership: OwnershipOptions,
+    /// Replicas that must hold a durable change (a put, cancel, reschedule, redrive, queue or
+    /// metadata change) before it is acknowledged (Redis `WAIT`); 0 acknowledges once the
+    /// master applied it. With 1 and `appendfsync always`, a master's failover loses nothing
+    /// acknowledged. A change not replicated in `replica_ack_timeout` fails as unavailable.
+    pub replica_acks: u32,
+    pub replica_ack_timeout: std::time::Duration,
 }
 
 impl Default for RedisOptions {
@@ -56,6 +62,8 @@ impl Default for RedisOptions {
             resync_every: std::time::Duration::from_secs(5),
             node_id: None,
             ownership: OwnershipOptions::default(),
+            replica_acks: 0,
+            replica_ack_timeout: std::time::Duration::from_secs(1),
         }
     }
 }
@@ -72,6 +80,10 @@ pub struct RedisStore {
     resync_every: std::time::Duration,
     listener: parking_lot::Mutex<Option<crate::events::Listener>>,
     pub(crate) ownership: Option<Arc<Ownership>>,
+    /// Replicas to wait for after a durable change, and for how long.
+    replica_acks: Option<(u32, std::time::Duration)>,
+    /// When the fallback sweep last ran.
+    pub(crate) last_sweep: parking_lot::Mutex<Option<std::time::Instant>>,
 }
 
 impl Drop for RedisStore {
@@ -131,6 +143,9 @@ impl RedisStore {
             resync_every: options.resync_every,
             listener: parking_lot::Mutex::new(None),
             ownership: None,
+            replica_acks: (options.replica_acks > 0)
+                .then_some((options.replica_acks, options.replica_ack_timeout)),
+            last_sweep: parking_lot::Mutex::new(None),
         };
         let settings = store.keys.settings();
         let partitions: Option<u16> = store.pool.with("read the store's settings", |c| {
@@ -153,6 +168,11 @@ impl RedisStore {
                 options.partitions
             )));
         }
+        // Pipelines run scripts by SHA only: every master gets them now.
+        let loaded = store
+            .pool
+            .with("load the scripts", |c| Ok(store.load_scripts(c)));
+        loaded??;
         let mut store = store;
         if let Some(node_id) = &options.node_id {
             store.ownership = Some(Ownership::start(
@@ -169,6 +189,38 @@ impl RedisStore {
     /// This node's shard ownership, when it has a node id.
     pub fn ownership(&self) -> Option<&Arc<Ownership>> {
         self.ownership.as_ref()
+    }
+
+    /// Waits until the configured replicas hold this connection's writes on the node of
+    /// `key` (nothing when no replica acknowledgement is asked for).
+    pub(crate) fn replicate(&self, c: &mut Conn, key: &[u8]) -> Result<()> {
+        let acks = self
+            .replica_wait(c, key)
+            .map_err(|e| map_error(e, "wait for replicas"))?;
+        self.check_replicas(acks)
+    }
+
+    /// `WAIT` for the configured replicas, inside a pooled call: how many acknowledged.
+    fn replica_wait(&self, c: &mut Conn, key: &[u8]) -> redis::RedisResult<Option<i64>> {
+        match self.replica_acks {
+            None => Ok(None),
+            Some((want, timeout)) => wait_replicas(c, key, want, timeout).map(Some),
+        }
+    }
+
+    fn check_replicas(&self, got: Option<i64>) -> Result<()> {
+        let (Some(got), Some((want, timeout))) = (got, self.replica_acks) else {
+            return Ok(());
+        };
+        if got < i64::from(want) {
+            return Err(StoreError::Unavailable {
+                detail: format!(
+                    "the change reached {got} of {want} replicas within {timeout:?}, so a \
+                     failover now could lose it; retrying it (with its idempotency key) is safe"
+                ),
+            });
+        }
+        Ok(())
     }
 
     pub(crate) fn next_rotation(&self) -> usize {
@@ -190,7 +242,7 @@ impl RedisStore {
         }
     }
 
-    fn uid(&self, c: &mut Conn, queue: &QueueName) -> Result<u64> {
+    pub(crate) fn uid(&self, c: &mut Conn, queue: &QueueName) -> Result<u64> {
         let [registry, _] = self.keys.registry();
         let raw: Option<Vec<u8>> = redis::cmd("HGET")
             .arg(&registry)
@@ -325,6 +377,10 @@ impl Store for RedisStore {
         self.next_due_in(queue, true)
     }
 
+    fn sweep(&self) -> Result<()> {
+        self.sweep_hints()
+    }
+
     fn owns(&self, key: &str) -> bool {
         match &self.ownership {
             None => true,
@@ -367,9 +423,11 @@ impl Store for RedisStore {
             queue.as_str().as_bytes().to_vec(),
             config.to_vec(),
         ];
-        let v = self.pool.with("create a queue", |c| {
-            run_script(c.as_dyn(), &scripts::QUEUE, &keys, &args)
+        let (v, acks) = self.pool.with("create a queue", |c| {
+            let v = run_script(c.as_dyn(), &scripts::QUEUE, &keys, &args)?;
+            Ok((v, self.replica_wait(c, &keys[0])?))
         })?;
+        self.check_replicas(acks)?;
         self.publish(crate::events::queue_message(queue));
         Ok(as_i64(&v) == Some(1))
     }
@@ -411,9 +469,11 @@ impl Store for RedisStore {
             .map(|k| k.clone().into_bytes())
             .collect();
         let args = [b"delete".to_vec(), queue.as_str().as_bytes().to_vec()];
-        let v = self.pool.with("delete a queue", |c| {
-            run_script(c.as_dyn(), &scripts::QUEUE, &keys, &args)
+        let (v, acks) = self.pool.with("delete a queue", |c| {
+            let v = run_script(c.as_dyn(), &scripts::QUEUE, &keys, &args)?;
+            Ok((v, self.replica_wait(c, &keys[0])?))
         })?;
+        self.check_replicas(acks)?;
         let uid = as_i64(&v).ok_or_else(|| unexpected("delete queue", &v))?;
         if uid == 0 {
             return Ok(false);
@@ -572,9 +632,11 @@ impl Store for RedisStore {
 
     fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool> {
         let hash = self.keys.meta(namespace);
-        let n: i64 = self.pool.with("delete metadata", |c| {
-            redis::cmd("HDEL").arg(&hash).arg(key).query(c.as_dyn())
+        let (n, acks): (i64, _) = self.pool.with("delete metadata", |c| {
+            let n = redis::cmd("HDEL").arg(&hash).arg(key).query(c.as_dyn())?;
+            Ok((n, self.replica_wait(c, hash.as_bytes())?))
         })?;
+        self.check_replicas(acks)?;
         if n > 0 {
             self.publish(crate::events::meta_message(namespace));
         }
@@ -624,9 +686,11 @@ impl Store for RedisStore {
                 }
             }
         }
-        self.pool.with("write metadata", |c| {
-            run_script(c.as_dyn(), &scripts::META, &keys, &args)
+        let acks = self.pool.with("write metadata", |c| {
+            run_script(c.as_dyn(), &scripts::META, &keys, &args)?;
+            self.replica_wait(c, &keys[0])
         })?;
+        self.check_replicas(acks)?;
         for namespace in namespaces {
             self.publish(crate::events::meta_message(&namespace));
         }

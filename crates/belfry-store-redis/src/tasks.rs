@@ -7,12 +7,16 @@ use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs};
 use belfry_store::{ChangeOutcome, LeaseOutcome, PutOutcome, QueueCounts, StoreError};
 use redis::Value;
 
-use crate::conn::{unexpected, Conn, Result};
+use crate::claim_many::evalsha;
+use crate::conn::{map_error, pipeline, unexpected, Conn, Result};
 use crate::keys::{split_id, task_id};
 use crate::record;
 use crate::reply::{as_array, as_bytes, as_i64, as_seq, corrupt, decode, to_task};
 use crate::scripts;
 use crate::store::{Part, RedisStore};
+
+/// The tasks of one partition in a lease call: their index in the call, and their sequence.
+type Members = Vec<(usize, [u8; 8])>;
 
 impl RedisStore {
     pub(crate) fn lease_op(
@@ -24,31 +28,72 @@ impl RedisStore {
     ) -> Result<Vec<LeaseOutcome>> {
         self.with_queue(queue, |this, c, uid| {
             let mut outcomes = vec![LeaseOutcome::NotFound; items.len()];
-            let mut by_part: HashMap<u16, Vec<(usize, [u8; 8])>> = HashMap::new();
+            let mut by_part: HashMap<u16, Members> = HashMap::new();
             for (i, (id, _, _)) in items.iter().enumerate() {
                 if let Some((p, seq)) = split_id(*id, uid, this.keys.partitions) {
                     by_part.entry(p).or_default().push((i, seq));
                 }
             }
-            for (p, members) in by_part {
-                let part = this.part(p, uid);
-                let mut args = vec![
-                    now_ms.to_string().into_bytes(),
-                    this.retention_ms.to_string().into_bytes(),
-                    op.as_bytes().to_vec(),
-                ];
-                for (i, seq) in &members {
-                    args.push(seq.to_vec());
-                    args.push(
-                        crate::keys::lease_counter(items[*i].1, p)
-                            .to_string()
-                            .into_bytes(),
-                    );
-                    args.push(items[*i].2.clone());
+            let by_part: Vec<(u16, Members)> = by_part.into_iter().collect();
+            let calls: Vec<(Part, Vec<Vec<u8>>)> = by_part
+                .iter()
+                .map(|(p, members)| {
+                    let mut args = vec![
+                        now_ms.to_string().into_bytes(),
+                        this.retention_ms.to_string().into_bytes(),
+                        op.as_bytes().to_vec(),
+                    ];
+                    for (i, seq) in members {
+                        args.push(seq.to_vec());
+                        args.push(
+                            crate::keys::lease_counter(items[*i].1, *p)
+                                .to_string()
+                                .into_bytes(),
+                        );
+                        args.push(items[*i].2.clone());
+                    }
+                    (this.part(*p, uid), args)
+                })
+                .collect();
+            // Several partitions: one pipeline (the scripts are loaded at connect; a node
+            // that lost them answers NOSCRIPT, and then they go one at a time, reloaded).
+            let replies = match calls.len() {
+                0 => Vec::new(),
+                1 => vec![this.script(
+                    c,
+                    &scripts::LEASE,
+                    &calls[0].0.keys,
+                    &calls[0].1,
+                    "change a lease",
+                )?],
+                _ => {
+                    let cmds = calls
+                        .iter()
+                        .map(|(part, args)| evalsha(&scripts::LEASE, &part.keys, args))
+                        .collect();
+                    match pipeline(c, cmds) {
+                        Ok(replies) => replies,
+                        Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                            this.load_scripts(c)?;
+                            let mut replies = Vec::with_capacity(calls.len());
+                            for (part, args) in &calls {
+                                replies.push(this.script(
+                                    c,
+                                    &scripts::LEASE,
+                                    &part.keys,
+                                    args,
+                                    "change a lease",
+                                )?);
+                            }
+                            replies
+                        }
+                        Err(e) => return Err(map_error(e, "change leases")),
+                    }
                 }
-                let v = this.script(c, &scripts::LEASE, &part.keys, &args, "change a lease")?;
-                let bad = || unexpected("lease", &v);
-                let codes = as_array(&v).ok_or_else(bad)?;
+            };
+            for (((p, members), v), _) in by_part.iter().zip(&replies).zip(&calls) {
+                let bad = || unexpected("lease", v);
+                let codes = as_array(v).ok_or_else(bad)?;
                 if codes.len() != members.len() + 1 {
                     return Err(bad());
                 }
@@ -62,7 +107,7 @@ impl RedisStore {
                 }
                 if op != "ack" {
                     let earliest = as_i64(&codes[members.len()]).ok_or_else(bad)?;
-                    this.hint_lower(c, queue, uid, p, earliest)?;
+                    this.hint_lower(c, queue, uid, *p, earliest)?;
                 }
             }
             Ok(outcomes)
@@ -103,6 +148,9 @@ impl RedisStore {
                 ),
                 _ => return Err(bad()),
             };
+            if outcome == ChangeOutcome::Ok {
+                this.replicate(c, &part.keys[0])?;
+            }
             if outcome == ChangeOutcome::Ok {
                 this.hint_lower(c, queue, uid, p, as_i64(earliest).ok_or_else(bad)?)?;
             }
@@ -153,6 +201,18 @@ impl RedisStore {
                 None => by_queue.push((task.queue.clone(), vec![i])),
             }
         }
+        // Every queue is checked before anything is written, so a missing queue fails the
+        // call with nothing stored (one queue is checked by the write itself).
+        if by_queue.len() > 1 {
+            let mut checked = Ok(());
+            self.pool.with("check queues", |c| {
+                checked = by_queue
+                    .iter()
+                    .try_for_each(|(queue, _)| self.uid(c, queue).map(drop));
+                Ok(())
+            })?;
+            checked?;
+        }
         for (queue, indexes) in by_queue {
             let rotating = (self.next_rotation() % usize::from(self.keys.partitions)) as u16;
             self.with_queue(&queue, |this, c, uid| {
@@ -190,6 +250,7 @@ impl RedisStore {
                         args.push(record::encode(task));
                     }
                     let v = this.script(c, &scripts::PUT, &part.keys, &args, "store tasks")?;
+                    this.replicate(c, &part.keys[0])?;
                     let bad = || unexpected("put", &v);
                     let items = as_array(&v).ok_or_else(bad)?;
                     if items.len() != members.len() + 1 {
@@ -268,13 +329,8 @@ impl RedisStore {
     pub(crate) fn count_tasks(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
         self.with_queue(queue, |this, c, uid| {
             let mut counts = QueueCounts::default();
-            for p in 0..this.keys.partitions {
-                let part = this.part(p, uid);
-                let v = this.read(
-                    c,
-                    &part,
-                    &[b"counts".to_vec(), now_ms.to_string().into_bytes()],
-                )?;
+            let args = [b"counts".to_vec(), now_ms.to_string().into_bytes()];
+            for v in this.read_every_partition(c, uid, &args)? {
                 let items = as_array(&v).ok_or_else(|| unexpected("counts", &v))?;
                 let n: Vec<u64> = items
                     .iter()
@@ -308,15 +364,13 @@ impl RedisStore {
             if steps == 0 {
                 return Ok(out);
             }
-            for p in 0..this.keys.partitions {
-                let part = this.part(p, uid);
-                let args = [
-                    b"forecast".to_vec(),
-                    from_ms.to_string().into_bytes(),
-                    step_ms.to_string().into_bytes(),
-                    steps.to_string().into_bytes(),
-                ];
-                let v = this.read(c, &part, &args)?;
+            let args = [
+                b"forecast".to_vec(),
+                from_ms.to_string().into_bytes(),
+                step_ms.to_string().into_bytes(),
+                steps.to_string().into_bytes(),
+            ];
+            for v in this.read_every_partition(c, uid, &args)? {
                 let items = as_array(&v).ok_or_else(|| unexpected("forecast", &v))?;
                 if items.len() != steps {
                     return Err(unexpected("forecast", &v));
@@ -327,5 +381,22 @@ impl RedisStore {
             }
             Ok(out)
         })
+    }
+
+    /// The read script with `args` on every partition of a queue, in one pipeline (once more,
+    /// after loading the scripts, if a node lacked them).
+    fn read_every_partition(&self, c: &mut Conn, uid: u64, args: &[Vec<u8>]) -> Result<Vec<Value>> {
+        let cmds = || {
+            (0..self.keys.partitions)
+                .map(|p| evalsha(&scripts::READ, &self.part(p, uid).keys, args))
+                .collect::<Vec<_>>()
+        };
+        match pipeline(c, cmds()) {
+            Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                self.load_scripts(c)?;
+                pipeline(c, cmds()).map_err(|e| map_error(e, "read every partition"))
+            }
+            other => other.map_err(|e| map_error(e, "read every partition")),
+        }
     }
 }

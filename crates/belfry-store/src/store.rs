@@ -430,6 +430,14 @@ pub trait Store: Send + Sync + 'static {
         self.claim(queue, now_ms, max, visibility_ms)
     }
 
+    /// Repairs what a crash of some node may have left behind in a shared store's indexes
+    /// (a wake-up index not updated after a write): the fallback sweep, called on each
+    /// [`StoreEvent::Resync`]. A store decides how often it really sweeps; the default has
+    /// nothing to repair.
+    fn sweep(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Like [`Store::next_due_ms`], over the part of the queue this node owns.
     fn next_due_owned_ms(&self, queue: &QueueName) -> Result<Option<UnixMs>> {
         self.next_due_ms(queue)

@@ -19,6 +19,8 @@ pub struct RedisSection {
     pub partitions: Option<u16>,
     pub command_timeout: Option<HumanDuration>,
     pub connect_timeout: Option<HumanDuration>,
+    /// Replicas that must hold a durable change before it is acknowledged (Redis `WAIT`).
+    pub replica_acks: Option<u32>,
 }
 
 /// `[redis]` environment overrides, as `config::ENV_OVERRIDES` lists them.
@@ -27,6 +29,7 @@ pub const REDIS_ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_REDIS_PARTITIONS", "redis.partitions"),
     ("BELFRY_REDIS_COMMAND_TIMEOUT", "redis.command_timeout"),
     ("BELFRY_REDIS_CONNECT_TIMEOUT", "redis.connect_timeout"),
+    ("BELFRY_REDIS_REPLICA_ACKS", "redis.replica_acks"),
 ];
 
 impl RedisSection {
@@ -44,6 +47,11 @@ impl RedisSection {
             }
             "redis.connect_timeout" => {
                 self.connect_timeout = Some(HumanDuration::Text(value.to_owned()))
+            }
+            "redis.replica_acks" => {
+                self.replica_acks = Some(value.parse().map_err(|_| {
+                    anyhow!("{var} (overrides {key}): expected a whole number of replicas, got {value:?}")
+                })?)
             }
             other => bail!("internal: no override for {other}"),
         }
@@ -92,6 +100,7 @@ impl RedisSection {
             namespace,
             partitions,
             timeouts,
+            replica_acks: self.replica_acks.unwrap_or(defaults.replica_acks),
             ..defaults
         })
     }

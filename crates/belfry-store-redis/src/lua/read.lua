@@ -4,6 +4,7 @@
 --   'dead' after seq ('' first), limit -> {seq, record, reason, ...}
 --   'counts' now                   -> {pending, due, leased-until-after-now, dead}
 --   'forecast' from, step, steps   -> counts per step
+--   'due' now                      -> {tasks a claim could take now, earliest instant}
 --   'earliest'                     -> earliest instant (-1: none)
 local op = ARGV[1]
 if op == 'get' then
@@ -55,6 +56,13 @@ elseif op == 'forecast' then
     out[#out + 1] = redis.call('ZCOUNT', KEYS[1], lo, hi) + redis.call('ZCOUNT', KEYS[2], lo, hi)
   end
   return out
+elseif op == 'due' then
+  -- How many tasks a claim now could take (scheduled and due, or leases ended), and the
+  -- earliest instant a claim could return something.
+  local now = tonumber(ARGV[2])
+  local due = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[2], '-inf', now)
+    + redis.call('ZCOUNT', KEYS[3], '-inf', now)
+  return {due, earliest()}
 elseif op == 'earliest' then
   return earliest()
 end

@@ -1,0 +1,184 @@
+//! A claim across many partitions in a few round trips instead of several per partition.
+//!
+//! With 256 partitions a queue's due work is spread over dozens of them, and claiming them one
+//! after another (script, hint update, re-read) made firing lateness grow with the number of
+//! partitions. Here every step is one pipeline (in a cluster, one round trip per master):
+//!
+//! 1. how many tasks each candidate partition has due, and its earliest work;
+//! 2. the claim's size shared out over them in rotation order, and one claim script each;
+//! 3. the hint of every partition visited set to what its script (or step 1) found, then each
+//!    looked at again, and lowered where a put landed meanwhile (the race `hint_settle`
+//!    describes).
+//!
+//! Scripts run by `EVALSHA` only: a node that does not have them (new, restarted, promoted)
+//! answers `NOSCRIPT` in step 1, which changes nothing; the scripts are then loaded on every
+//! master and the caller claims one partition at a time this once.
+
+use belfry_core::QueueName;
+use belfry_store::ClaimBatch;
+use redis::{ErrorKind, Value};
+
+use crate::claim::Want;
+use crate::conn::{map_error, pipeline, unexpected, Conn, Result};
+use crate::reply::{as_array, as_i64};
+use crate::scripts::{self, Lua};
+use crate::store::{Part, RedisStore};
+
+/// An `EVALSHA` of `lua`, for a pipeline.
+pub(crate) fn evalsha(lua: &Lua, keys: &[Vec<u8>], args: &[Vec<u8>]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&lua.sha).arg(keys.len()).arg(keys).arg(args);
+    cmd
+}
+
+impl RedisStore {
+    /// Claims across `candidates` (partition, fence) in rotation order. `Ok(false)`: a node
+    /// lacked the scripts and nothing changed; the caller claims one partition at a time.
+    pub(crate) fn claim_across(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        candidates: &[(u16, Option<String>)],
+        want: Want,
+        batch: &mut ClaimBatch,
+    ) -> Result<bool> {
+        let parts: Vec<Part> = candidates.iter().map(|(p, _)| self.part(*p, uid)).collect();
+        let now = want.now_ms.to_string().into_bytes();
+        let counts = parts
+            .iter()
+            .map(|part| evalsha(&scripts::READ, &part.keys, &[b"due".to_vec(), now.clone()]))
+            .collect();
+        let counts = match pipeline(c, counts) {
+            Ok(replies) => replies,
+            Err(e) if e.kind() == ErrorKind::NoScriptError => {
+                self.load_scripts(c)?;
+                return Ok(false);
+            }
+            Err(e) => return Err(map_error(e, "count due tasks")),
+        };
+        // Partition index → its earliest work after this claim, for the hint.
+        let mut settle: Vec<(usize, i64)> = Vec::with_capacity(parts.len());
+        let mut claims: Vec<(usize, usize)> = Vec::new();
+        let mut left = want.max;
+        for (i, reply) in counts.iter().enumerate() {
+            let bad = || unexpected("count due", reply);
+            let [due, earliest] = as_array(reply).ok_or_else(bad)? else {
+                return Err(bad());
+            };
+            let due = as_i64(due).ok_or_else(bad)?.max(0) as usize;
+            if due == 0 {
+                // A stale hint (the work went another way): set it right.
+                settle.push((i, as_i64(earliest).ok_or_else(bad)?));
+            } else if left > 0 {
+                let take = due.min(left);
+                claims.push((i, take));
+                left -= take;
+            }
+        }
+        let cmds = claims
+            .iter()
+            .map(|&(i, take)| {
+                let fence = candidates[i].1.as_deref();
+                let mut keys = parts[i].keys.clone();
+                if fence.is_some() {
+                    keys.push(self.keys.owner(parts[i].p).into_bytes());
+                }
+                let args = [
+                    now.clone(),
+                    take.to_string().into_bytes(),
+                    want.visibility_ms.to_string().into_bytes(),
+                    self.retention_ms.to_string().into_bytes(),
+                    fence.unwrap_or_default().as_bytes().to_vec(),
+                ];
+                evalsha(&scripts::CLAIM, &keys, &args)
+            })
+            .collect();
+        let replies = pipeline(c, cmds).map_err(|e| map_error(e, "claim due tasks"))?;
+        for (&(i, _), reply) in claims.iter().zip(&replies) {
+            if let Some(earliest) =
+                self.take_claimed(reply, queue, uid, parts[i].p, want.now_ms, batch)?
+            {
+                settle.push((i, earliest));
+            }
+        }
+        self.settle_hints(c, queue, uid, &parts, &settle)?;
+        Ok(true)
+    }
+
+    /// Step 3: every visited partition's hint set, looked at again, and lowered where needed.
+    fn settle_hints(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        parts: &[Part],
+        settle: &[(usize, i64)],
+    ) -> Result<()> {
+        if settle.is_empty() {
+            return Ok(());
+        }
+        let hint = self.keys.hint(uid);
+        let mut set = if settle.iter().any(|&(_, at)| at < 0) {
+            let mut zrem = redis::cmd("ZREM");
+            zrem.arg(&hint);
+            Some(zrem)
+        } else {
+            None
+        };
+        let mut zadd = redis::cmd("ZADD");
+        zadd.arg(&hint);
+        let mut adds = 0;
+        for &(i, at) in settle {
+            match (&mut set, at < 0) {
+                (Some(zrem), true) => {
+                    zrem.arg(parts[i].p);
+                }
+                _ => {
+                    zadd.arg(at).arg(parts[i].p);
+                    adds += 1;
+                }
+            }
+        }
+        let mut cmds: Vec<redis::Cmd> = set.into_iter().collect();
+        if adds > 0 {
+            cmds.push(zadd);
+        }
+        pipeline(c, cmds).map_err(|e| map_error(e, "update a queue's hint"))?;
+        let again = settle
+            .iter()
+            .map(|&(i, _)| evalsha(&scripts::READ, &parts[i].keys, &[b"earliest".to_vec()]))
+            .collect();
+        let again = pipeline(c, again).map_err(|e| map_error(e, "read a partition"))?;
+        for (&(i, set_to), now) in settle.iter().zip(&again) {
+            let now = as_i64(now).ok_or_else(|| unexpected("earliest", now))?;
+            if now >= 0 && (set_to < 0 || now < set_to) {
+                self.hint_lower(c, queue, uid, parts[i].p, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads every script on every master, so pipelined `EVALSHA`s find them.
+    pub(crate) fn load_scripts(&self, c: &mut Conn) -> Result<()> {
+        for lua in scripts::all() {
+            let mut cmd = redis::cmd("SCRIPT");
+            cmd.arg("LOAD").arg(lua.source);
+            let loaded: redis::RedisResult<Value> = match c {
+                Conn::Single(con) => cmd.query(con),
+                Conn::Cluster(con) => {
+                    use redis::cluster_routing::{
+                        MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo,
+                    };
+                    let routing = RoutingInfo::MultiNode((
+                        MultipleNodeRoutingInfo::AllMasters,
+                        Some(ResponsePolicy::AllSucceeded),
+                    ));
+                    con.route_command(&cmd, routing)
+                }
+            };
+            loaded.map_err(|e| map_error(e, "load the scripts"))?;
+        }
+        Ok(())
+    }
+}

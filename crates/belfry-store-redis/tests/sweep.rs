@@ -1,0 +1,45 @@
+//! The fallback sweep: work whose wake-up index (the queue's hint) a crash lost between a
+//! put's script and its hint update is found again by the next sweep, not stranded.
+
+use belfry_core::{NewTask, QueueName};
+use belfry_store::Store;
+use belfry_store_redis::testing::RedisServer;
+use belfry_store_redis::{RedisOptions, RedisStore};
+use bytes::Bytes;
+
+#[test]
+fn a_lost_hint_is_rebuilt_by_the_sweep() {
+    let server = RedisServer::start();
+    let options = RedisOptions {
+        namespace: "sweep".into(),
+        partitions: 8,
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&server.target(), options).unwrap();
+    let queue = QueueName::new("q").unwrap();
+    store.put_queue(&queue, Bytes::new()).unwrap();
+    let tasks = (0..5)
+        .map(|i| NewTask::new(queue.clone(), 1_000 + i, "{}"))
+        .collect();
+    store.put(tasks).unwrap();
+    // The crash: the hint never heard of these tasks.
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let hints: Vec<String> = redis::cmd("KEYS").arg("{sweep/h*").query(&mut con).unwrap();
+    assert_eq!(hints.len(), 1, "{hints:?}");
+    redis::cmd("DEL").arg(&hints[0]).exec(&mut con).unwrap();
+    assert!(store
+        .claim(&queue, 2_000, 10, 1_000)
+        .unwrap()
+        .leased
+        .is_empty());
+    assert_eq!(store.next_due_ms(&queue).unwrap(), None);
+    store.sweep().unwrap();
+    assert_eq!(store.next_due_ms(&queue).unwrap(), Some(1_000));
+    assert_eq!(
+        store.claim(&queue, 2_000, 10, 1_000).unwrap().leased.len(),
+        5
+    );
+}
