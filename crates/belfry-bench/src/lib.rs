@@ -8,7 +8,8 @@
 //! queue of the same tasks), `cron` (per-second schedules: creation rate, firing lateness and
 //! their cost to an unrelated queue), `stream` (delivery through a Redis Streams, NATS
 //! JetStream or Kafka sink against the broker's raw publish rate), `hostile` (latency with
-//! thousands of partial connections held against none). Each prints a table, optionally JSON, and can rewrite its
+//! thousands of partial connections held against none), `redis` (belfry nodes on a Redis
+//! Cluster against the Redis store driven in-process). Each prints a table, optionally JSON, and can rewrite its
 //! own part of BENCHMARKS.md.
 //!
 //! The binary wires it with `Bench { #[command(subcommand)] command: BenchCommand }` and
@@ -27,6 +28,7 @@ pub mod markdown;
 pub mod pending;
 pub mod plot;
 pub mod queues;
+pub mod redis_cluster;
 pub mod redis_queue;
 pub mod reminders;
 pub mod report;
@@ -88,6 +90,11 @@ pub enum BenchCommand {
     /// held open against a server with its default limits: `/healthz` and single-task submit
     /// latency with and without them, on kept-alive and fresh connections.
     Hostile(Box<hostile::HostileArgs>),
+    /// Redis Cluster (issue #14): batched ingest and burst drain through 1, 2 and 3 belfry
+    /// nodes on a 3-master cluster against belfry's Redis store driven in-process, firing
+    /// lateness across 3 nodes, takeover after kill -9 of one node, and Redis memory per
+    /// pending task.
+    Redis(Box<redis_cluster::RedisArgs>),
 }
 
 /// Which server to drive.
@@ -194,6 +201,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Stream(a) => a.output.clone(),
         BenchCommand::Reminders(a) => a.output.clone(),
         BenchCommand::Hostile(a) => a.output.clone(),
+        BenchCommand::Redis(a) => a.output.clone(),
     };
     if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
         return Err(BenchError::invalid(
@@ -217,6 +225,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             BenchCommand::Stream(args) => stream::run(*args).await,
             BenchCommand::Reminders(args) => reminders::run(*args).await,
             BenchCommand::Hostile(args) => hostile::run(*args).await,
+            BenchCommand::Redis(args) => redis_cluster::run(*args).await,
         }
     })?;
     emit(&report, &output)

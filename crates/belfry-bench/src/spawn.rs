@@ -145,7 +145,8 @@ impl SpawnedServer {
         Ok(started.elapsed())
     }
 
-    fn kill9(&mut self) {
+    /// SIGKILL our own child (by its handle), leaving it down.
+    pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             // Child::kill sends SIGKILL on Unix: exactly `kill -9`, to exactly our child.
             let _ = child.kill();
