@@ -30,27 +30,8 @@ running_pid() {
     echo "$pid"
 }
 
-install_if_missing() {
-    command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1 && return 0
-    say "installing redis-server from apt"
-    sudo_cmd=""
-    [ "$(id -u)" = 0 ] || sudo_cmd=sudo
-    # Keep apt's maintainer scripts from starting a system-wide redis service.
-    policy_made=0
-    if [ ! -e /usr/sbin/policy-rc.d ]; then
-        printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee /usr/sbin/policy-rc.d >/dev/null
-        $sudo_cmd chmod 755 /usr/sbin/policy-rc.d
-        policy_made=1
-    fi
-    status=0
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get -q update >/dev/null || status=$?
-    if [ "$status" = 0 ]; then
-        DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get -q -y install --no-install-recommends \
-            redis-server redis-tools >/dev/null || status=$?
-    fi
-    [ "$policy_made" = 0 ] || $sudo_cmd rm -f /usr/sbin/policy-rc.d
-    [ "$status" = 0 ] || fail "apt-get install redis-server failed"
-}
+# Shared with redis-cluster.sh: install_if_missing.
+. "$(dirname "$0")/redis-install.sh"
 
 ping_ok() { redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; }
 
