@@ -377,6 +377,19 @@ impl Store for RedisStore {
         self.next_due_in(queue, true)
     }
 
+    fn health(&self) -> belfry_store::StoreHealth {
+        let ping = self.pool.with("check that redis answers", |c| {
+            redis::cmd("PING").query::<String>(c.as_dyn())
+        });
+        match ping {
+            Ok(_) => belfry_store::StoreHealth::Healthy,
+            Err(StoreError::Unavailable { detail }) => {
+                belfry_store::StoreHealth::Unavailable(detail)
+            }
+            Err(other) => belfry_store::StoreHealth::Unavailable(other.to_string()),
+        }
+    }
+
     fn sweep(&self) -> Result<()> {
         self.sweep_hints()
     }

@@ -97,6 +97,9 @@ pub enum StoreHealth {
     /// The store stopped after a fatal error and answers every call with
     /// [`StoreError::Poisoned`]: the reason, and what to do, as the log has them.
     Poisoned(String),
+    /// A networked store cannot be reached just now (calls fail with
+    /// [`StoreError::Unavailable`]); it recovers by itself once the network or the server does.
+    Unavailable(String),
 }
 
 /// The result of putting one task.
@@ -483,7 +486,8 @@ pub trait Store: Send + Sync + 'static {
     fn flush(&self) -> Result<()>;
 
     /// Whether the store takes writes (for readiness checks). The default, for stores that
-    /// cannot fail that way, is healthy.
+    /// cannot fail that way, is healthy. A networked store may make one round trip (bounded by
+    /// its command timeout).
     fn health(&self) -> StoreHealth {
         StoreHealth::Healthy
     }

@@ -298,9 +298,14 @@ async fn a_paused_redis_gives_503_with_retry_after_then_the_server_recovers() {
         took < Duration::from_millis(1_500),
         "the refusal comes within the command timeout's order, took {took:?}"
     );
-    // The server itself still answers meanwhile.
+    // The server itself still answers meanwhile, but is not ready: a load balancer takes it
+    // out of rotation until Redis answers again.
     let health = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200);
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 503, "not ready while Redis is paused");
+    let body: serde_json::Value = ready.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
 
     redis.resume();
     let resumed = Instant::now();
@@ -317,6 +322,8 @@ async fn a_paused_redis_gives_503_with_retry_after_then_the_server_recovers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eprintln!("recovered {:?} after resume", resumed.elapsed());
+    let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200, "ready again once Redis answers");
     let kept = http
         .get(format!("{base}/v1/queues/jobs/tasks/{kept_id}"))
         .send()

@@ -20,7 +20,7 @@ pub async fn healthz() -> Response {
 /// Ready once the store is open and the queues are loaded; `503 shutting_down` from the moment
 /// shutdown begins (through the drain delay, while everything else is still served);
 /// `503 store_unavailable`, with the store's reason and what to do, once the store stopped
-/// after a fatal error (a failed fsync). A store short of disk space is still ready (reads and
+/// after a fatal error (a failed fsync), or while a networked store cannot be reached. A store short of disk space is still ready (reads and
 /// deliveries are served) and says so in `storage`.
 pub async fn readyz(State(service): State<AppState>) -> Response {
     if service.is_draining() {
@@ -35,8 +35,19 @@ pub async fn readyz(State(service): State<AppState>) -> Response {
     let health = tokio::task::spawn_blocking(move || store.health())
         .await
         .unwrap_or_else(|e| StoreHealth::Poisoned(format!("the health check did not finish: {e}")));
-    if let StoreHealth::Poisoned(reason) = health {
-        return ApiError::new(ErrorCode::StoreUnavailable, reason).into_response();
+    match health {
+        StoreHealth::Poisoned(reason) => {
+            return ApiError::new(ErrorCode::StoreUnavailable, reason).into_response();
+        }
+        // A node that cannot reach a shared store is taken out of rotation until it can.
+        StoreHealth::Unavailable(reason) => {
+            return ApiError::new(
+                ErrorCode::StoreUnavailable,
+                format!("the store cannot be reached just now ({reason}); this node is ready again once it can"),
+            )
+            .into_response();
+        }
+        _ => {}
     }
     if !service.is_ready() {
         return ApiError::new(ErrorCode::ShuttingDown, "the server is starting").into_response();
