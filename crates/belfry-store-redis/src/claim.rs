@@ -348,14 +348,49 @@ impl RedisStore {
                     ) else {
                         continue;
                     };
-                    for p in 0..self.keys.partitions {
-                        if ownership.is_some_and(|own| !own.is_owned(p)) {
-                            continue;
+                    let owned: Vec<u16> = (0..self.keys.partitions)
+                        .filter(|&p| ownership.is_none_or(|own| own.is_owned(p)))
+                        .collect();
+                    // One pipeline reads every owned partition's earliest work, one more
+                    // lowers the hint where it is later (and wakes the nodes if so).
+                    let reads = owned
+                        .iter()
+                        .map(|&p| {
+                            crate::claim_many::evalsha(
+                                &scripts::READ,
+                                &self.part(p, uid).keys,
+                                &[b"earliest".to_vec()],
+                            )
+                        })
+                        .collect();
+                    let earliest = match crate::conn::pipeline(c, reads) {
+                        Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                            self.load_scripts(c)?;
+                            return Ok(());
                         }
-                        let part = self.part(p, uid);
-                        let earliest = self.earliest(c, &part)?;
-                        self.hint_lower(c, &queue, uid, p, earliest)?;
-                    }
+                        other => other.map_err(|e| map_error(e, "sweep the hints"))?,
+                    };
+                    let hint = self.keys.hint(uid).into_bytes();
+                    let lowers = owned
+                        .iter()
+                        .zip(&earliest)
+                        .filter_map(|(&p, at)| {
+                            let at = as_i64(at).filter(|&at| at >= 0)?;
+                            let args = [
+                                at.to_string().into_bytes(),
+                                p.to_string().into_bytes(),
+                                self.keys.events().into_bytes(),
+                                crate::events::wake_message(&queue),
+                            ];
+                            Some(crate::claim_many::evalsha(
+                                &scripts::HINT,
+                                std::slice::from_ref(&hint),
+                                &args,
+                            ))
+                        })
+                        .collect();
+                    crate::conn::pipeline(c, lowers)
+                        .map_err(|e| map_error(e, "sweep the hints"))?;
                 }
                 Ok(())
             })();
