@@ -22,25 +22,15 @@ fn set_bytes(set: u64) -> [u8; 8] {
     set.to_be_bytes()
 }
 
-fn dedup(users: &[UserId]) -> Vec<Vec<u8>> {
-    let mut encoded: Vec<Vec<u8>> = users.iter().map(UserId::encode).collect();
-    encoded.sort();
-    encoded.dedup();
-    encoded
-}
-
 fn change(pool: &Pool, keys: &Keys, set: u64, users: &[UserId], add: bool) -> Result<u64> {
     let set_key = keys.set(set);
     let mut changed = 0u64;
-    let unique = dedup(users);
-    let by_user: Vec<(Vec<u8>, Vec<u8>)> = {
-        let mut map: Vec<(Vec<u8>, Vec<u8>)> =
-            users.iter().map(|u| (u.encode(), keys.user(u))).collect();
-        map.sort();
-        map.dedup();
-        map
-    };
-    for (chunk, index) in unique.chunks(CHUNK).zip(by_user.chunks(CHUNK)) {
+    // Each user once, in id order: (encoded id, the user's index key).
+    let mut unique: Vec<(Vec<u8>, Vec<u8>)> =
+        users.iter().map(|u| (u.encode(), keys.user(u))).collect();
+    unique.sort();
+    unique.dedup();
+    for chunk in unique.chunks(CHUNK) {
         let mut cmds = Vec::with_capacity(chunk.len() + 1);
         let mut members = if add {
             let mut c = redis::cmd("ZADD");
@@ -51,7 +41,7 @@ fn change(pool: &Pool, keys: &Keys, set: u64, users: &[UserId], add: bool) -> Re
             c.arg(&set_key);
             c
         };
-        for user in chunk {
+        for (user, _) in chunk {
             if add {
                 members.arg(0);
             }
@@ -61,13 +51,13 @@ fn change(pool: &Pool, keys: &Keys, set: u64, users: &[UserId], add: bool) -> Re
         // A subscribe writes the set first, then the index; an unsubscribe the index is left
         // to `user_sets` to clean when the set no longer has the user.
         if add {
-            for (_, user_key) in index {
+            for (_, user_key) in chunk {
                 let mut c = redis::cmd("ZADD");
                 c.arg(user_key.as_slice()).arg(0).arg(&set_bytes(set)[..]);
                 cmds.push(c);
             }
         } else {
-            for (_, user_key) in index {
+            for (_, user_key) in chunk {
                 let mut c = redis::cmd("ZREM");
                 c.arg(user_key.as_slice()).arg(&set_bytes(set)[..]);
                 cmds.push(c);
