@@ -20,6 +20,7 @@ pub mod config;
 pub mod dispatch;
 mod follow;
 pub mod listener;
+mod log_every;
 pub mod metrics;
 pub mod outcome;
 pub mod queues;

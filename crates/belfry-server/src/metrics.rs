@@ -25,10 +25,12 @@ pub const TASKS_DEAD: &str = "belfry_tasks_dead";
 /// Delivery start minus due time, in seconds.
 pub const FIRING_LATENESS: &str = "belfry_firing_lateness_seconds";
 pub const HTTP_REQUEST_DURATION: &str = "belfry_http_request_duration_seconds";
-/// One delivery call to a sink (a webhook request, a stream publish), by queue, sink type and
-/// outcome (`delivered`, `retry`, `reject`): its count is deliveries by outcome class.
 /// The dispatcher's claims that failed (store errors); never API admission refusals.
 pub const DISPATCH_CLAIM_ERRORS: &str = "belfry_dispatch_claim_errors_total";
+/// Delivery outcomes (ack, retry, dead letter) the store did not take (store errors).
+pub const OUTCOME_WRITE_ERRORS: &str = "belfry_outcome_write_errors_total";
+/// One delivery call to a sink (a webhook request, a stream publish), by queue, sink type and
+/// outcome (`delivered`, `retry`, `reject`): its count is deliveries by outcome class.
 pub const SINK_DURATION: &str = "belfry_sink_duration_seconds";
 
 /// Lateness buckets: from 1 ms (the precision we promise) to minutes (after an outage).
@@ -211,6 +213,12 @@ pub fn queue_counts(queue: &str, counts: &belfry_store::QueueCounts) {
 
 pub fn dispatch_claim_error() {
     counter!(DISPATCH_CLAIM_ERRORS).increment(1);
+}
+
+/// A delivery's outcome (ack, retry, dead letter) that could not be written: the task comes
+/// again when its lease expires.
+pub fn outcome_write_error() {
+    counter!(OUTCOME_WRITE_ERRORS).increment(1);
 }
 
 /// One feed request, by outcome: `ok`, `not_modified` (a matching `If-None-Match`), or

@@ -3,7 +3,7 @@
 //! writer. The budget the claim took is held until then, and given back when this ends.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use belfry_core::{LeaseId, LeasedTask};
 use belfry_sinks::{Attempt, Outcome};
@@ -11,9 +11,13 @@ use belfry_store::LeaseOutcome;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{Dispatcher, Push};
+use crate::log_every::LogEvery;
 use crate::metrics;
 use crate::outcome::{decide, Action, AttemptEnd};
 use crate::queues::QueueRuntime;
+
+/// Outcome writes fail task by task while the store is unreachable: one line per period.
+static OUTCOME_WRITE_ERRORS: LogEvery = LogEvery::new(Duration::from_secs(10));
 
 /// Budget a delivery holds (only to give it back when it ends): its tasks' share of the
 /// global cap and one call to its target.
@@ -167,7 +171,10 @@ impl DeliveryJob {
                     tracing::warn!(%queue, task = %id, "lease ended during delivery; the task will be delivered again");
                 }
                 Err(error) => {
-                    tracing::error!(%queue, task = %id, %error, "record the delivery outcome; the task will be delivered again when its lease expires");
+                    metrics::outcome_write_error();
+                    if let Some(held_back) = OUTCOME_WRITE_ERRORS.check(Instant::now()) {
+                        tracing::error!(%queue, task = %id, %error, held_back, "record the delivery outcome; the task will be delivered again when its lease expires (`held_back`: failures not logged since the last line)");
+                    }
                 }
             }
         }

@@ -79,6 +79,10 @@ pub const EMPTY_RECHECK_MS: u64 = 10_000;
 /// hammered.
 const ERROR_PAUSE_MS: u64 = 500;
 
+/// Every queue's claims fail together while the store is unreachable: one line per period.
+static CLAIM_ERRORS: crate::log_every::LogEvery =
+    crate::log_every::LogEvery::new(Duration::from_secs(10));
+
 /// How a push queue is delivered: its sink and what the dispatcher derives from it.
 pub(crate) struct Push {
     pub sink: Arc<dyn Sink>,
@@ -349,7 +353,9 @@ impl Dispatcher {
                 self.claim_errors
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 metrics::dispatch_claim_error();
-                tracing::warn!(%queue, %error, "claim due tasks for push delivery");
+                if let Some(held_back) = CLAIM_ERRORS.check(std::time::Instant::now()) {
+                    tracing::warn!(%queue, %error, held_back, "claim due tasks for push delivery (`held_back`: failed claims of any queue not logged since the last line)");
+                }
                 drop((tasks, calls));
                 self.released();
                 return TurnEnd::After(Duration::from_millis(ERROR_PAUSE_MS));
