@@ -395,8 +395,9 @@ async fn a_paused_cluster_master_gives_503_for_its_partitions_then_the_server_re
             ("BELFRY_REDIS_PARTITIONS", "32"),
         ],
     );
+    // Past the cluster's node timeout a call can take many command timeouts (see below).
     let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
+        .timeout(Duration::from_secs(60))
         .build()
         .unwrap();
     let base = server.url.clone();
@@ -481,13 +482,20 @@ async fn a_paused_cluster_master_gives_503_for_its_partitions_then_the_server_re
     let body: serde_json::Value = ready.json().await.unwrap();
     assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
     // Past the cluster's node timeout (2 s) the others mark the master failed and, with no
-    // replica to promote, the cluster refuses every slot: still 503s, never a 500.
+    // replica to promote, the cluster refuses every slot: still 503s, never a 500. Not
+    // bounded by the command timeout then: the cluster client reconnects to the paused node
+    // (each attempt waits out the connection timeout) on its retries and slot refreshes, and
+    // the submit writer is one thread, so one slow call holds the submits behind it (seen:
+    // 9 to 24 s with a 300 ms command timeout). Reported, not asserted.
+    let mut slowest_down = Duration::ZERO;
     while paused.elapsed() < Duration::from_secs(4) {
-        let (status, _, code, id, _) = submit_timed(&http, &base).await;
+        let (status, _, code, id, took) = submit_timed(&http, &base).await;
         assert!(matches!(status, 201 | 503), "{status} {code}");
+        slowest_down = slowest_down.max(took);
         acknowledged.extend(id);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    eprintln!("past cluster-node-timeout: the slowest answer took {slowest_down:?}");
 
     cluster.resume(master.port);
     let resumed = Instant::now();
