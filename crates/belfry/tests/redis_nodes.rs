@@ -451,7 +451,13 @@ async fn a_node_paused_past_its_leases_does_not_claim_with_its_old_fences() {
     let (hook_url, seen) = receiver().await;
     let a = node(&cluster, "napper");
     let b = node(&cluster, "waker");
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    // No kept-alive connections: the woken node's server closes those that idled through
+    // the pause as it wakes, racing a request sent on one (connection reset).
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
     // A 10 s webhook timeout (a 20 s task lease): a delivery the pause catches in flight is
     // still leased when its node wakes, so it is acked, not delivered again.
     let queue = json!({"delivery": {"type": "webhook", "url": hook_url, "timeout_ms": 10_000}});
