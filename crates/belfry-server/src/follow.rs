@@ -9,6 +9,9 @@
 //! - `Wake(queue)`: wakes the queue (its long-polls and the dispatcher);
 //! - `QueueChanged(queue)`: re-reads the queue's configuration and follows it through the
 //!   same path as a local `PUT` or `DELETE` (`Service::sync_queue`);
+//! - `SubscriptionsChanged(users)`: the feed forgets the cached subscription lists of those
+//!   users (of every user when the event names none: a bulk change or a dropped set), so a
+//!   subscribe on one node shows in another node's feed at once, not after the cache's TTL;
 //! - `MetaChanged(namespace)`: schedules → the schedule runner looks again (it caches only
 //!   parses keyed by the bytes, so it reads the change at its next tick); reminders → the
 //!   feed's caches are emptied and the reminder runner looks again;
@@ -25,7 +28,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_core::QueueName;
+use belfry_core::{QueueName, UserId};
 use belfry_store::{EventSink, StoreEvent};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -38,6 +41,9 @@ use crate::service::Service;
 /// (which covers every queue), so a flood of events cannot grow memory without bound.
 pub const INBOX_QUEUES_MAX: usize = 100_000;
 
+/// Distinct users waiting in the inbox at most; past it they become "every user".
+pub const INBOX_USERS_MAX: usize = 100_000;
+
 /// Pause after a failed re-read before the follower tries again.
 const RETRY_PAUSE_MS: u64 = 500;
 
@@ -47,6 +53,10 @@ struct Pending {
     wakes: HashSet<QueueName>,
     queues: HashSet<QueueName>,
     namespaces: HashSet<String>,
+    /// Users whose cached subscription lists are to be forgotten.
+    users: HashSet<UserId>,
+    /// Every user's cached subscription list is to be forgotten.
+    all_users: bool,
     resync: bool,
 }
 
@@ -63,6 +73,17 @@ impl Pending {
                 self.namespaces.insert(namespace);
             }
             StoreEvent::Resync | StoreEvent::OwnershipChanged => self.resync = true,
+            StoreEvent::SubscriptionsChanged(Some(users)) if !self.all_users => {
+                self.users.extend(users);
+                if self.users.len() > INBOX_USERS_MAX {
+                    self.users = HashSet::new();
+                    self.all_users = true;
+                }
+            }
+            StoreEvent::SubscriptionsChanged(_) => {
+                self.users = HashSet::new();
+                self.all_users = true;
+            }
         }
         if self.wakes.len() + self.queues.len() > INBOX_QUEUES_MAX {
             *self = Pending {
@@ -77,6 +98,8 @@ impl Pending {
             && self.wakes.is_empty()
             && self.queues.is_empty()
             && self.namespaces.is_empty()
+            && self.users.is_empty()
+            && !self.all_users
     }
 }
 
@@ -194,6 +217,11 @@ impl Follower {
                 runtime.wake();
             }
         }
+        if pending.all_users {
+            self.reminders.forget_subscriptions(None);
+        } else if !pending.users.is_empty() {
+            self.reminders.forget_subscriptions(Some(&pending.users));
+        }
         let mut schedules = false;
         let mut reminders = false;
         for namespace in &pending.namespaces {
@@ -259,6 +287,32 @@ mod tests {
             pending.resync,
             "too many distinct queues: one resync instead"
         );
+
+        let mut pending = Pending::default();
+        let user = |u: &str| UserId::new(u).unwrap();
+        pending.add(StoreEvent::SubscriptionsChanged(Some(vec![user("ann")])));
+        pending.add(StoreEvent::SubscriptionsChanged(Some(vec![
+            user("ann"),
+            user("bob"),
+        ])));
+        assert!(!pending.is_empty());
+        assert_eq!(pending.users.len(), 2);
+        assert!(!pending.all_users);
+        pending.add(StoreEvent::SubscriptionsChanged(None));
+        assert!(pending.all_users && pending.users.is_empty());
+        pending.add(StoreEvent::SubscriptionsChanged(Some(vec![user("cy")])));
+        assert!(pending.users.is_empty(), "every user covers any one");
+
+        let mut pending = Pending::default();
+        for i in 0..=INBOX_USERS_MAX / 1_000 {
+            let users = (0..1_000).map(|j| user(&format!("u{i}-{j}"))).collect();
+            pending.add(StoreEvent::SubscriptionsChanged(Some(users)));
+        }
+        assert!(
+            pending.all_users,
+            "too many distinct users: every user instead"
+        );
+        assert!(pending.users.is_empty());
         assert!(pending.queues.is_empty() && pending.wakes.is_empty());
     }
 }

@@ -313,6 +313,15 @@ impl Reminders {
         self.state.wake();
     }
 
+    /// Forgets the cached subscription lists of `users`, or of every user (`None`): their
+    /// subscriptions changed on a node that shares the store (see `crate::follow`).
+    pub(crate) fn forget_subscriptions(&self, users: Option<&std::collections::HashSet<UserId>>) {
+        match users {
+            Some(users) => self.state.forget_users(users),
+            None => self.state.users.clear(),
+        }
+    }
+
     /// Empties the feed's caches: reminders or subscriptions changed on another node that
     /// shares the store (see `crate::follow`), and the next feed reads them again.
     pub(crate) fn forget_cached(&self) {

@@ -113,6 +113,13 @@ impl NodeStore {
         self.shared.emit(StoreEvent::Wake(queue.clone()));
     }
 
+    fn subscriptions_changed(&self, changed: u64, users: &[UserId]) {
+        if changed > 0 {
+            self.shared
+                .emit(StoreEvent::SubscriptionsChanged(Some(users.to_vec())));
+        }
+    }
+
     fn meta_changed(&self, namespace: &str) {
         self.shared
             .emit(StoreEvent::MetaChanged(namespace.to_owned()));
@@ -203,6 +210,24 @@ impl Store for NodeStore {
         }
         Ok(())
     }
+    // Subscriber changes are announced as the Redis store announces them.
+    fn subscribe(&self, set: u64, users: &[UserId]) -> R<u64> {
+        let changed = self.inner().subscribe(set, users)?;
+        self.subscriptions_changed(changed, users);
+        Ok(changed)
+    }
+    fn unsubscribe(&self, set: u64, users: &[UserId]) -> R<u64> {
+        let changed = self.inner().unsubscribe(set, users)?;
+        self.subscriptions_changed(changed, users);
+        Ok(changed)
+    }
+    fn drop_set(&self, set: u64) -> R<u64> {
+        let dropped = self.inner().drop_set(set)?;
+        if dropped > 0 {
+            self.shared.emit(StoreEvent::SubscriptionsChanged(None));
+        }
+        Ok(dropped)
+    }
     fn subscribe_events(&self, sink: EventSink) -> R<()> {
         self.shared.sinks.lock().push(sink);
         Ok(())
@@ -239,13 +264,10 @@ impl Store for NodeStore {
         next_due_ms(queue: &QueueName) -> R<Option<u64>>;
         get_meta(namespace: &str, key: &str) -> R<Option<Bytes>>;
         list_meta(namespace: &str) -> R<Vec<(String, Bytes)>>;
-        subscribe(set: u64, users: &[UserId]) -> R<u64>;
-        unsubscribe(set: u64, users: &[UserId]) -> R<u64>;
         is_subscribed(set: u64, user: &UserId) -> R<bool>;
         subscriber_count(set: u64) -> R<u64>;
         subscribers(set: u64, after: Option<&UserId>, limit: usize) -> R<Vec<UserId>>;
         user_sets(user: &UserId, limit: usize) -> R<Vec<u64>>;
-        drop_set(set: u64) -> R<u64>;
         flush() -> R<()>;
     }
 }
@@ -636,5 +658,88 @@ async fn a_reminder_fans_out_once_on_its_owner_and_a_delete_elsewhere_leaves_eve
         took < belfry_server::reminders::REMINDER_CACHE_TTL / 2,
         "dropped after {took:?}: the cache's time to live, not the event"
     );
+    nodes.stop().await;
+}
+
+/// A user's feed read on B (its subscription list now cached there), then a subscribe and an
+/// unsubscribe through A: B's feed follows each at once, told by the store's subscriptions
+/// event, not after the user cache's time to live (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_on_one_node_shows_in_the_other_nodes_feed_at_once() {
+    const MINUTE: u64 = 60_000;
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    a.queue("notes", json!({})).await;
+    for id in ["standup", "retro"] {
+        a.ok(
+            "POST",
+            "/v1/reminders",
+            json!({"id": id, "queue": "notes", "delay_ms": MINUTE, "content": {"title": id}}),
+            201,
+        )
+        .await;
+    }
+    a.ok(
+        "PUT",
+        "/v1/reminders/standup/subscribers/u9",
+        Value::Null,
+        201,
+    )
+    .await;
+    let b_feed = || async {
+        let feed = b
+            .ok("GET", "/v1/users/u9/reminders", Value::Null, 200)
+            .await;
+        let mut ids: Vec<String> = feed["reminders"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .filter_map(|r| r["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    };
+    eventually("B's feed lists the first subscription", || async {
+        (b_feed().await == ["standup"]).then_some(())
+    })
+    .await;
+    // Read again: now from B's caches.
+    assert_eq!(b_feed().await, ["standup"]);
+
+    let started = tokio::time::Instant::now();
+    a.ok(
+        "PUT",
+        "/v1/reminders/retro/subscribers/u9",
+        Value::Null,
+        201,
+    )
+    .await;
+    eventually("B's feed lists the subscription made on A", || async {
+        (b_feed().await == ["retro", "standup"]).then_some(())
+    })
+    .await;
+    let subscribed = started.elapsed();
+    let started = tokio::time::Instant::now();
+    a.ok(
+        "DELETE",
+        "/v1/reminders/standup/subscribers/u9",
+        Value::Null,
+        204,
+    )
+    .await;
+    eventually("B's feed drops the subscription ended on A", || async {
+        (b_feed().await == ["retro"]).then_some(())
+    })
+    .await;
+    let unsubscribed = started.elapsed();
+    eprintln!("B's feed followed a subscribe on A after {subscribed:?}, an unsubscribe after {unsubscribed:?}");
+    for took in [subscribed, unsubscribed] {
+        assert!(
+            took < belfry_server::reminders::USER_CACHE_TTL / 10,
+            "followed after {took:?}: the cache's time to live, not the event"
+        );
+    }
     nodes.stop().await;
 }

@@ -237,7 +237,10 @@ impl RedisStore {
         let items = as_array(v).ok_or_else(bad)?;
         if let [refused] = items {
             return match as_i64(refused) {
-                Some(-1) => Ok(None),
+                Some(-1) => {
+                    crate::ownership::fence_refused_by_redis();
+                    Ok(None)
+                }
                 _ => Err(bad()),
             };
         }

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use belfry_core::QueueName;
+use belfry_core::{QueueName, UserId};
 use belfry_store::{EventSink, StoreEvent};
 
 use crate::conn::Timeouts;
@@ -29,8 +29,48 @@ pub(crate) fn meta_message(namespace: &str) -> Vec<u8> {
     format!("m {namespace}").into_bytes()
 }
 
+/// Users one subscriptions message names at most; a change of more users says "every user"
+/// instead, so a bulk subscribe of a million users is one small message, not a million (each
+/// node then reads the subscription lists it had cached again, once, as they are asked for).
+pub(crate) const USERS_PER_EVENT_MAX: usize = 256;
+
+/// `u` and the users, one per line (a user id holds no control character), or `U` for every
+/// user when there are more than [`USERS_PER_EVENT_MAX`]. `None`: nobody to name.
+pub(crate) fn users_message(users: &[UserId]) -> Option<Vec<u8>> {
+    let mut named: Vec<&str> = users.iter().map(UserId::as_str).collect();
+    named.sort_unstable();
+    named.dedup();
+    if named.is_empty() {
+        return None;
+    }
+    if named.len() > USERS_PER_EVENT_MAX {
+        return Some(every_user_message());
+    }
+    let mut message = b"u".to_vec();
+    for user in named {
+        message.push(b'\n');
+        message.extend_from_slice(user.as_bytes());
+    }
+    Some(message)
+}
+
+/// Every user's subscriptions may have changed (a set dropped: its members are gone).
+pub(crate) fn every_user_message() -> Vec<u8> {
+    b"U".to_vec()
+}
+
 fn parse(message: &[u8]) -> Option<StoreEvent> {
     let text = std::str::from_utf8(message).ok()?;
+    if text == "U" {
+        return Some(StoreEvent::SubscriptionsChanged(None));
+    }
+    if let Some(users) = text.strip_prefix("u\n") {
+        let users: Vec<UserId> = users
+            .split('\n')
+            .filter_map(|u| UserId::new(u).ok())
+            .collect();
+        return (!users.is_empty()).then_some(StoreEvent::SubscriptionsChanged(Some(users)));
+    }
     let (kind, rest) = text.split_once(' ')?;
     match kind {
         "w" => QueueName::new(rest).ok().map(StoreEvent::Wake),
@@ -168,7 +208,39 @@ mod tests {
             parse(&meta_message("schedules")),
             Some(StoreEvent::MetaChanged("schedules".into()))
         );
-        for junk in [&b""[..], b"w", b"x q", b"w bad name!", b"\xff\xfe"] {
+        let users: Vec<UserId> = ["ann", "bob smith", "ann", "7"]
+            .iter()
+            .map(|u| UserId::new(u).unwrap())
+            .collect();
+        let message = users_message(&users).expect("users to name");
+        let mut named = users[..2].to_vec();
+        named.push(users[3].clone());
+        named.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        assert_eq!(
+            parse(&message),
+            Some(StoreEvent::SubscriptionsChanged(Some(named))),
+            "each user once"
+        );
+        assert_eq!(users_message(&[]), None);
+        let many: Vec<UserId> = (0..=USERS_PER_EVENT_MAX)
+            .map(|i| UserId::new(format!("user-{i}")).unwrap())
+            .collect();
+        let bulk = users_message(&many).expect("users to name");
+        assert_eq!(
+            bulk,
+            every_user_message(),
+            "a bulk change is one small message"
+        );
+        assert_eq!(parse(&bulk), Some(StoreEvent::SubscriptionsChanged(None)));
+        for junk in [
+            &b""[..],
+            b"w",
+            b"x q",
+            b"w bad name!",
+            b"\xff\xfe",
+            b"u",
+            b"u\n",
+        ] {
             assert_eq!(parse(junk), None);
         }
     }

@@ -24,6 +24,12 @@
 //! by SIGSTOP, or starved). A claim also passes the fence string to `claim.lua`, which refuses
 //! it unless `GET own` still equals it: a node that wakes from a long pause holding a fence it
 //! read before cannot claim with it once another node has taken the partition.
+//!
+//! **Metrics** (through the process-wide `metrics` recorder, so `/metrics` shows them):
+//! [`LEASES_OWNED`] and [`NODES_LIVE`] after every tick, [`TAKEOVERS`], [`LEASES_LOST`] by
+//! `reason` (`lapsed`: past the local deadline before a renew landed, as after a pause;
+//! `taken`: Redis refused the renew), and [`FENCE_REFUSED`] by `at` (`node`: a claim found its
+//! lease past the local deadline; `redis`: the claim script found another owner).
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -87,6 +93,22 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 ";
+
+/// Gauge: partitions this node holds a valid lease on.
+pub const LEASES_OWNED: &str = "belfry_shard_leases_owned";
+/// Gauge: live nodes in the last heartbeat reply, this one included.
+pub const NODES_LIVE: &str = "belfry_shard_nodes_live";
+/// Counter: leases this node took.
+pub const TAKEOVERS: &str = "belfry_shard_takeovers_total";
+/// Counter: leases lost without a release, by `reason` (`lapsed` or `taken`).
+pub const LEASES_LOST: &str = "belfry_shard_leases_lost_total";
+/// Counter: claims in a partition refused for a stale fence, by `at` (`node` or `redis`).
+pub const FENCE_REFUSED: &str = "belfry_fence_refused_total";
+
+/// Counts a claim the claim script refused because the partition has another owner now.
+pub(crate) fn fence_refused_by_redis() {
+    metrics::counter!(FENCE_REFUSED, "at" => "redis").increment(1);
+}
 
 /// How often a Redis failure is logged at most; the ones in between are counted.
 const ERROR_LOG_EVERY: Duration = Duration::from_secs(10);
@@ -161,6 +183,12 @@ pub struct OwnershipStats {
     pub releases: u64,
     /// Leases lost without a release: refused on renew, or past their local deadline.
     pub losses: u64,
+    /// Of `losses`, those past their local deadline before a renew landed (a paused or
+    /// starved process, or Redis out of reach): the fence was dropped on this side.
+    pub lapsed: u64,
+    /// Claims that found their partition's lease in the table but past its local deadline,
+    /// and so did not claim there.
+    pub refused_at_node: u64,
     /// Bumped on every change of the owned set.
     pub generation: u64,
 }
@@ -205,6 +233,8 @@ struct Shared {
     takeovers: AtomicU64,
     releases: AtomicU64,
     losses: AtomicU64,
+    lapsed: AtomicU64,
+    refused_at_node: AtomicU64,
     errors: Mutex<ErrorLog>,
 }
 
@@ -258,6 +288,8 @@ impl Ownership {
             takeovers: AtomicU64::new(0),
             releases: AtomicU64::new(0),
             losses: AtomicU64::new(0),
+            lapsed: AtomicU64::new(0),
+            refused_at_node: AtomicU64::new(0),
             errors: Mutex::new(ErrorLog {
                 last: None,
                 suppressed: 0,
@@ -280,17 +312,34 @@ impl Ownership {
     }
 
     /// The fence to pass to a claim in partition `p`, while this node's lease on it is valid.
+    /// A lease still in the table but past its local deadline (the thread has not run since:
+    /// a paused or starved process) answers `None`, counted as a refused fence.
     pub fn fence_of(&self, p: u16) -> Option<String> {
-        let now = Instant::now();
-        let leases = self.shared.leases.read();
-        match leases.get(usize::from(p)) {
-            Some(Some(lease)) if now < lease.deadline => Some(lease.fence.clone()),
-            _ => None,
+        match self.lease_of(p) {
+            Ok(fence) => Some(fence),
+            Err(lapsed) => {
+                if lapsed {
+                    self.shared.refused_at_node.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!(FENCE_REFUSED, "at" => "node").increment(1);
+                }
+                None
+            }
         }
     }
 
     pub fn is_owned(&self, p: u16) -> bool {
-        self.fence_of(p).is_some()
+        self.lease_of(p).is_ok()
+    }
+
+    /// The valid lease's fence, or whether a lease past its local deadline is in the table.
+    fn lease_of(&self, p: u16) -> Result<String, bool> {
+        let now = Instant::now();
+        let leases = self.shared.leases.read();
+        match leases.get(usize::from(p)) {
+            Some(Some(lease)) if now < lease.deadline => Ok(lease.fence.clone()),
+            Some(Some(_)) => Err(true),
+            _ => Err(false),
+        }
     }
 
     /// The partitions with a valid lease, and their fences, in partition order.
@@ -338,6 +387,8 @@ impl Ownership {
             takeovers: s.takeovers.load(Ordering::Relaxed),
             releases: s.releases.load(Ordering::Relaxed),
             losses: s.losses.load(Ordering::Relaxed),
+            lapsed: s.lapsed.load(Ordering::Relaxed),
+            refused_at_node: s.refused_at_node.load(Ordering::Relaxed),
             generation: self.generation(),
         }
     }
@@ -431,6 +482,7 @@ impl Shared {
                     self.options.retry_every
                 }
             };
+            self.record_gauges();
         }
     }
 
@@ -555,6 +607,7 @@ impl Shared {
                         *slot = None;
                         changed = true;
                         self.losses.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!(LEASES_LOST, "reason" => "taken").increment(1);
                         pending = true;
                     }
                 }
@@ -563,6 +616,7 @@ impl Shared {
                         self.releases.fetch_add(1, Ordering::Relaxed);
                     } else {
                         self.losses.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!(LEASES_LOST, "reason" => "taken").increment(1);
                     }
                 }
                 Step::Take => match redis::from_redis_value::<(i64, String)>(reply) {
@@ -570,6 +624,7 @@ impl Shared {
                         *slot = Some(Lease { fence, deadline });
                         changed = true;
                         self.takeovers.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!(TAKEOVERS).increment(1);
                     }
                     Ok(_) => pending = true,
                     Err(_) => return Err(unexpected("take a shard lease", reply)),
@@ -663,11 +718,25 @@ impl Shared {
         if dropped > 0 {
             if lost {
                 self.losses.fetch_add(dropped, Ordering::Relaxed);
+                self.lapsed.fetch_add(dropped, Ordering::Relaxed);
+                metrics::counter!(LEASES_LOST, "reason" => "lapsed").increment(dropped);
                 tracing::warn!(node = %self.node, leases = dropped,
                     "shard leases passed their deadline without a renew; no longer claiming there");
             }
             self.bump();
         }
+    }
+
+    fn record_gauges(&self) {
+        let now = Instant::now();
+        let owned = self
+            .leases
+            .read()
+            .iter()
+            .filter(|l| l.as_ref().is_some_and(|l| now < l.deadline))
+            .count();
+        metrics::gauge!(LEASES_OWNED).set(owned as f64);
+        metrics::gauge!(NODES_LIVE).set(self.live_nodes.load(Ordering::Relaxed) as f64);
     }
 
     fn bump(&self) {

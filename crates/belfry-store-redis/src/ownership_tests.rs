@@ -367,7 +367,12 @@ fn a_paused_node_cannot_claim_with_its_old_fence() {
         a.fence_of(p).is_some_and(|f| token(&f) > token(&new))
     })
     .expect("a owns p again once it rejoins, with a newer fence");
-    assert!(a.stats().losses > 0);
+    let stats = a.stats();
+    assert!(stats.losses > 0);
+    // Frozen, its thread never dropped the lease: claims found it past its deadline and
+    // refused it themselves; woken, the thread dropped it as lapsed.
+    assert!(stats.refused_at_node > 0, "{stats:?}");
+    assert!(stats.lapsed > 0, "{stats:?}");
     assert!(!claim_accepts(&pool, p, &old));
     assert!(!claim_accepts(&pool, p, &new), "b's fence is stale in turn");
     wait_for(Duration::from_secs(3), || split_exactly(&[&a, &b])).expect("split again");

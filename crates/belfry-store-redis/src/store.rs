@@ -311,6 +311,17 @@ impl RedisStore {
         })
     }
 
+    /// Tells every node that these users' subscriptions changed, when any did: one message
+    /// for the whole call, naming the users or, for a bulk change, saying "every user".
+    fn subscriptions_changed(&self, changed: u64, users: &[UserId]) {
+        if changed == 0 {
+            return;
+        }
+        if let Some(message) = crate::events::users_message(users) {
+            self.publish(message);
+        }
+    }
+
     /// Tells every node (this one too) about a change; a lost message is caught by the
     /// periodic resync, so a failure here fails nothing.
     fn publish(&self, message: Vec<u8>) {
@@ -711,11 +722,15 @@ impl Store for RedisStore {
     }
 
     fn subscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {
-        crate::subs::subscribe(&self.pool, &self.keys, set, users)
+        let changed = crate::subs::subscribe(&self.pool, &self.keys, set, users)?;
+        self.subscriptions_changed(changed, users);
+        Ok(changed)
     }
 
     fn unsubscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {
-        crate::subs::unsubscribe(&self.pool, &self.keys, set, users)
+        let changed = crate::subs::unsubscribe(&self.pool, &self.keys, set, users)?;
+        self.subscriptions_changed(changed, users);
+        Ok(changed)
     }
 
     fn is_subscribed(&self, set: u64, user: &UserId) -> Result<bool> {
@@ -735,7 +750,12 @@ impl Store for RedisStore {
     }
 
     fn drop_set(&self, set: u64) -> Result<u64> {
-        crate::subs::drop_set(&self.pool, &self.keys, set)
+        let dropped = crate::subs::drop_set(&self.pool, &self.keys, set)?;
+        if dropped > 0 {
+            // Its members are not listed: every node forgets every cached list.
+            self.publish(crate::events::every_user_message());
+        }
+        Ok(dropped)
     }
 
     fn take_rate_tokens(

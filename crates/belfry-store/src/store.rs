@@ -208,6 +208,10 @@ pub enum StoreEvent {
     /// The part of the store this node owns changed (shards taken over or handed off): look
     /// at every queue and every singleton job again.
     OwnershipChanged,
+    /// These users' subscriptions changed (a subscribe or an unsubscribe): forget what is
+    /// cached of their subscription lists. `None`: too many users to name (a bulk change, a
+    /// dropped set): forget every cached list.
+    SubscriptionsChanged(Option<Vec<belfry_core::UserId>>),
 }
 
 /// Where a store sends its [`StoreEvent`]s: called on the store's own thread, so it must

@@ -274,3 +274,295 @@ async fn three_nodes_share_one_rate_limit() {
         "delivered {rate:.0}/s with a limit of {LIMIT}/s"
     );
 }
+
+/// How long the paused node sleeps: well past its leases' 3 s, so the other node takes its
+/// shards and delivers what falls due meanwhile.
+const PAUSE: Duration = Duration::from_secs(6);
+
+/// Sends `signal` to `pid` and waits until `/proc` shows it stopped (`T`) or running again.
+fn signal_and_wait(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+    let want_stopped = signal == "STOP";
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        // The state follows the parenthesised command name.
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        if state.is_some_and(|s| (s == 'T') == want_stopped) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pid} after SIGSTOP/SIGCONT: state {state:?}"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// The sum of the samples of `name` on `base`'s `/metrics` whose labels contain `labels`.
+async fn metric(http: &reqwest::Client, base: &str, name: &str, labels: &str) -> f64 {
+    let text = http
+        .get(format!("{base}/metrics"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .expect("GET /metrics")
+        .text()
+        .await
+        .expect("read /metrics");
+    text.lines()
+        .filter(|line| {
+            line.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with([' ', '{']) && rest.contains(labels))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Submits batches of 20 tasks due `delay_ms` after each submit, every 50 ms for `run`, round
+/// robin over `urls`; records every acknowledged task's due time.
+async fn produce(
+    http: &reqwest::Client,
+    urls: &[&str],
+    run: Duration,
+    delay_ms: u64,
+    acknowledged: &mut HashMap<String, u64>,
+) {
+    let started = Instant::now();
+    let mut turn = 0;
+    while started.elapsed() < run {
+        let tasks: Vec<Value> = (0..20)
+            .map(|i| json!({"payload": {"i": i}, "delay_ms": delay_ms}))
+            .collect();
+        let url = format!("{}/v1/queues/napping/tasks:batch", urls[turn % urls.len()]);
+        turn += 1;
+        let (status, answer) = post(http, &url, json!({"tasks": tasks}))
+            .await
+            .expect("a live node answers");
+        assert_eq!(status, 200, "{answer}");
+        for result in answer["results"].as_array().expect("results") {
+            let id = result["id"].as_str().expect("id").to_owned();
+            acknowledged.insert(id, result["due_at_ms"].as_u64().expect("due_at_ms"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Pauses node `a` (SIGSTOP) for [`PAUSE`] while submitting through `b`: tasks due in the
+/// pause, and some due right at the wake-up and just after it. Returns when it was stopped
+/// (wall clock) and when it woke.
+async fn sleep_past_leases(
+    http: &reqwest::Client,
+    a: &Served,
+    b: &str,
+    acknowledged: &mut HashMap<String, u64>,
+) -> (u64, Instant) {
+    signal_and_wait(a.child.id(), "STOP");
+    let stopped_at = now_ms();
+    // Through the awake node only: tasks in the sleeper's shards fall due while it sleeps.
+    produce(
+        http,
+        &[b],
+        PAUSE - Duration::from_secs(1),
+        300,
+        acknowledged,
+    )
+    .await;
+    let cont_at_planned = stopped_at + PAUSE.as_millis() as u64;
+    for after_wake_ms in [0, 100, 300, 600] {
+        let delay_ms = (cont_at_planned + after_wake_ms).saturating_sub(now_ms());
+        produce(http, &[b], Duration::from_millis(1), delay_ms, acknowledged).await;
+    }
+    let left = cont_at_planned.saturating_sub(now_ms());
+    tokio::time::sleep(Duration::from_millis(left)).await;
+    signal_and_wait(a.child.id(), "CONT");
+    (stopped_at, Instant::now())
+}
+
+/// Waits (up to 30 s) until every acknowledged task was delivered, then a moment more, so
+/// that a late second delivery would show.
+async fn wait_delivered(seen: &Seen, acknowledged: &HashMap<String, u64>) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let missing = {
+            let seen = seen.lock().unwrap();
+            acknowledged
+                .keys()
+                .filter(|id| !seen.contains_key(*id))
+                .count()
+        };
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of {} acknowledged tasks never delivered",
+            acknowledged.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Deliveries before their due time, second deliveries, and how late the first delivery of
+/// a task due in (`from`, `to`) came at worst.
+fn tally(
+    seen: &Seen,
+    acknowledged: &HashMap<String, u64>,
+    from: u64,
+    to: u64,
+) -> (usize, usize, u64) {
+    let (mut early, mut duplicates, mut worst) = (0, 0, 0u64);
+    let seen = seen.lock().unwrap();
+    for (id, due) in acknowledged {
+        let deliveries = &seen[id];
+        duplicates += deliveries.len() - 1;
+        early += deliveries.iter().filter(|&&(_, at)| at < *due).count();
+        if *due > from && *due < to {
+            let first = deliveries.iter().map(|&(_, at)| at).min().unwrap();
+            worst = worst.max(first.saturating_sub(*due));
+        }
+    }
+    (early, duplicates, worst)
+}
+
+/// The issue's GC-like pause: a whole `belfry serve` process stopped (SIGSTOP) for longer
+/// than its shard leases live. The other node takes its shards and delivers what falls due
+/// meanwhile; woken (SIGCONT), the paused node finds its fences past their local deadline and
+/// drops them before it can claim with them (its `lapsed` lease count shows it; a claim that
+/// raced the drop is refused, counted by `belfry_fence_refused_total`), then gets its share
+/// back under new fencing tokens. Every task is delivered, none early, none twice.
+///
+/// Were the local deadline gone, the woken node would keep its old leases until a renew was
+/// refused: `lapsed` would stay 0 and this test fails. (That Redis refuses a claim with a
+/// stale fence is shown in-process, where the pause can be placed between reading the fence
+/// and claiming: `ownership_tests::a_paused_node_cannot_claim_with_its_old_fence`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_paused_past_its_leases_does_not_claim_with_its_old_fences() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3, 0);
+    let (hook_url, seen) = receiver().await;
+    let a = node(&cluster, "napper");
+    let b = node(&cluster, "waker");
+    // No kept-alive connections: the woken node's server closes those that idled through
+    // the pause as it wakes, racing a request sent on one (connection reset).
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    // A 10 s webhook timeout (a 20 s task lease): a delivery the pause catches in flight is
+    // still leased when its node wakes, so it is acked, not delivered again.
+    let queue = json!({"delivery": {"type": "webhook", "url": hook_url, "timeout_ms": 10_000}});
+    let created = http
+        .put(format!("{}/v1/queues/napping", b.url))
+        .json(&queue)
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success(), "{created:?}");
+    let owned = "belfry_shard_leases_owned";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while metric(&http, &a.url, owned, "").await == 0.0
+        || metric(&http, &b.url, owned, "").await == 0.0
+        || metric(&http, &a.url, "belfry_shard_nodes_live", "").await != 2.0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the two nodes never split the shards"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let lapsed = |base: String| {
+        let http = http.clone();
+        async move {
+            metric(
+                &http,
+                &base,
+                "belfry_shard_leases_lost_total",
+                "reason=\"lapsed\"",
+            )
+            .await
+        }
+    };
+    // Under load a renew may land late now and then; only what the pause does counts.
+    let a_lapsed_before = lapsed(a.url.clone()).await;
+    let a_held = metric(&http, &a.url, owned, "").await;
+    let a_took_before = metric(&http, &a.url, "belfry_shard_takeovers_total", "").await;
+    let b_took_before = metric(&http, &b.url, "belfry_shard_takeovers_total", "").await;
+
+    let mut acknowledged = HashMap::new();
+    let both = [a.url.as_str(), b.url.as_str()];
+    produce(&http, &both, Duration::from_secs(1), 300, &mut acknowledged).await;
+
+    let (stopped_at, woke) = sleep_past_leases(&http, &a, &b.url, &mut acknowledged).await;
+    let woke_at = now_ms();
+
+    // The woken node dropped its old fences on its own; then it gets its share back.
+    let mut dropped_after = None;
+    let mut back_after = None;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dropped_after.is_none() || back_after.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the woken node: dropped its old leases after {dropped_after:?}, \
+             owns a share again after {back_after:?}"
+        );
+        if dropped_after.is_none() && lapsed(a.url.clone()).await >= a_lapsed_before + a_held {
+            dropped_after = Some(woke.elapsed());
+        }
+        if back_after.is_none()
+            && metric(&http, &a.url, "belfry_shard_takeovers_total", "").await > a_took_before
+        {
+            back_after = Some(woke.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    produce(&http, &both, Duration::from_secs(2), 300, &mut acknowledged).await;
+
+    wait_delivered(&seen, &acknowledged).await;
+    let (early, duplicates, worst_in_pause) = tally(&seen, &acknowledged, stopped_at, woke_at);
+    let refused_node = metric(&http, &a.url, "belfry_fence_refused_total", "at=\"node\"").await;
+    let refused_redis = metric(&http, &a.url, "belfry_fence_refused_total", "at=\"redis\"").await;
+    let b_took = metric(&http, &b.url, "belfry_shard_takeovers_total", "").await - b_took_before;
+    let (a_held, b_took) = (a_held as u64, b_took as u64);
+    let a_lapsed = (lapsed(a.url.clone()).await - a_lapsed_before) as u64;
+    eprintln!(
+        "paused node: {} tasks, all delivered, {early} early, {duplicates} duplicates; \
+         asleep {} ms holding {a_held} leases, the other node took {b_took}; tasks due in the \
+         pause at most {worst_in_pause} ms late; woken, it dropped {a_lapsed} lapsed leases \
+         within {dropped_after:?} and owned a share again after {back_after:?}; claims refused \
+         for a stale fence: {} on the node, {} by Redis",
+        acknowledged.len(),
+        woke_at - stopped_at,
+        refused_node as u64,
+        refused_redis as u64,
+    );
+    assert_eq!(early, 0, "deliveries before the due time");
+    assert_eq!(duplicates, 0, "a task delivered twice");
+    assert!(b_took >= a_held, "the awake node took the sleeper's shards");
+    assert!(
+        a_lapsed >= a_held,
+        "the sleeper dropped every lease it held as lapsed"
+    );
+    assert!(
+        worst_in_pause <= 5_000,
+        "tasks due in the pause waited {worst_in_pause} ms for the takeover (target 5 s)"
+    );
+    let log = a.log.lock().unwrap().clone();
+    assert!(
+        log.contains("shard leases passed their deadline"),
+        "the sleeper logs that it stopped claiming: {log}"
+    );
+    for served in [&a, &b] {
+        let errors = served.errors.lock().unwrap().clone();
+        assert!(!errors.contains("panicked"), "no panic: {errors}");
+    }
+}
