@@ -16,6 +16,7 @@
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use belfry_core::NewTask;
 use belfry_store::{PutOutcome, Store, StoreError};
@@ -69,11 +70,42 @@ impl<R: Send + 'static, A: Send + 'static> Coalescer<R, A> {
         Coalescer { tx }
     }
 
-    /// Sends `request` to the writer and waits for its answer; `None` if the writer is gone.
-    pub async fn call(&self, request: R) -> Option<A> {
+    /// Sends `request` to the writer and waits for its answer, at most `deadline`.
+    ///
+    /// Past the deadline the request is abandoned: if the writer has not taken it yet it never
+    /// will (a batch leaves out requests whose caller is gone), so it is not written; if the
+    /// writer is already writing it, that write completes without anyone to tell.
+    pub async fn call(&self, request: R, deadline: Duration) -> Result<A, CallFailed> {
         let (reply, answer) = oneshot::channel();
-        self.tx.send(Pending { request, reply }).await.ok()?;
-        answer.await.ok()
+        let sent_and_answered = async {
+            self.tx
+                .send(Pending { request, reply })
+                .await
+                .map_err(|_| CallFailed::WriterGone)?;
+            answer.await.map_err(|_| CallFailed::WriterGone)
+        };
+        tokio::time::timeout(deadline, sent_and_answered)
+            .await
+            .unwrap_or(Err(CallFailed::DeadlinePassed(deadline)))
+    }
+}
+
+/// Why a [`Coalescer::call`] has no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallFailed {
+    /// The writer thread is gone (the server is stopping, or it never started).
+    WriterGone,
+    /// The writer did not answer in time (the store is stalled).
+    DeadlinePassed(Duration),
+}
+
+impl CallFailed {
+    /// The store error a caller reports for it.
+    pub fn into_store_error(self) -> StoreError {
+        match self {
+            CallFailed::WriterGone => StoreError::Closed,
+            CallFailed::DeadlinePassed(deadline) => crate::shared::deadline_passed(deadline),
+        }
     }
 }
 
@@ -110,6 +142,13 @@ fn write_loop<R, A>(
                 break;
             }
         }
+        // Requests whose caller stopped waiting (its deadline passed while an earlier, stalled
+        // write held the thread; or its client went away) are never written: no one was told
+        // they were, and no one will be.
+        batch.retain(|pending| !pending.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
         // A panicking write must not end the thread, or every later request would fail. Its
         // callers' replies are dropped with the batch, so they hear that the writer is gone.
         if catch_unwind(AssertUnwindSafe(|| write(batch))).is_err() {
@@ -137,9 +176,17 @@ impl Submits {
         Ok(Submits { writer })
     }
 
-    /// Puts `tasks` (one submit's worth), possibly together with other submits.
-    pub async fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>, StoreError> {
-        self.writer.call(tasks).await.ok_or(StoreError::Closed)?
+    /// Puts `tasks` (one submit's worth), possibly together with other submits, waiting at
+    /// most `deadline` (then `Unavailable`).
+    pub async fn put(
+        &self,
+        tasks: Vec<NewTask>,
+        deadline: Duration,
+    ) -> Result<Vec<PutOutcome>, StoreError> {
+        self.writer
+            .call(tasks, deadline)
+            .await
+            .map_err(CallFailed::into_store_error)?
     }
 }
 
@@ -216,7 +263,9 @@ mod tests {
                 let queue = if i % 4 == 3 { &missing } else { &present };
                 let task = NewTask::new(queue.clone(), 1_000 + i, format!("{i}"));
                 let coalescer = Arc::clone(&coalescer);
-                tokio::spawn(async move { (i, coalescer.put(vec![task]).await) })
+                tokio::spawn(async move {
+                    (i, coalescer.put(vec![task], Duration::from_secs(60)).await)
+                })
             })
             .collect();
         let mut ids = std::collections::HashSet::new();
@@ -239,5 +288,55 @@ mod tests {
         }
         assert_eq!(ids.len(), 150);
         assert_eq!(store.counts(&present, 0).unwrap().pending, 150);
+    }
+
+    /// While a write stalls, callers behind it get `DeadlinePassed` at their deadline, and
+    /// their requests are never written once the writer moves on: nobody was told they were.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_past_their_deadline_are_answered_and_their_requests_never_written() {
+        let written = Arc::new(std::sync::Mutex::new(Vec::<Vec<u32>>::new()));
+        let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<()>();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let coalescer = {
+            let written = Arc::clone(&written);
+            let mut first = Some((started_tx, released));
+            Coalescer::start(
+                "test-writer",
+                100,
+                |_| 1,
+                move |batch: Vec<Pending<u32, u32>>| {
+                    written
+                        .lock()
+                        .unwrap()
+                        .push(batch.iter().map(|p| p.request).collect());
+                    if let Some((started_tx, released)) = first.take() {
+                        started_tx.send(()).unwrap();
+                        released.recv().unwrap();
+                    }
+                    for pending in batch {
+                        let _ = pending.reply.send(pending.request * 10);
+                    }
+                },
+            )
+            .unwrap()
+        };
+        let coalescer = Arc::new(coalescer);
+        let stalled = {
+            let coalescer = Arc::clone(&coalescer);
+            tokio::spawn(async move { coalescer.call(1, Duration::from_secs(60)).await })
+        };
+        started.recv().await.unwrap();
+        let short = Duration::from_millis(50);
+        let (two, three) = tokio::join!(coalescer.call(2, short), coalescer.call(3, short));
+        assert_eq!(two, Err(CallFailed::DeadlinePassed(short)));
+        assert_eq!(three, Err(CallFailed::DeadlinePassed(short)));
+        release.send(()).unwrap();
+        assert_eq!(stalled.await.unwrap(), Ok(10));
+        assert_eq!(coalescer.call(4, Duration::from_secs(60)).await, Ok(40));
+        assert_eq!(*written.lock().unwrap(), vec![vec![1], vec![4]]);
+        assert!(matches!(
+            CallFailed::DeadlinePassed(short).into_store_error(),
+            StoreError::Unavailable { .. }
+        ));
     }
 }

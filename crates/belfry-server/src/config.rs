@@ -76,6 +76,10 @@ pub const STORE_CALLS_IN_FLIGHT_MAX_DEFAULT: usize = 1_024;
 /// How long a request waits for a store-call slot, by default, before it is refused.
 pub const STORE_ADMISSION_WAIT_MS_DEFAULT: u64 = 2_000;
 
+/// How long a request waits for its store call's answer, by default, before `503
+/// store_unavailable`: far beyond a healthy call (milliseconds), short of a client's patience.
+pub const STORE_CALL_TIMEOUT_MS_DEFAULT: u64 = 5_000;
+
 const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < REQUEST_BYTES_MAX_DEFAULT);
 
 /// Largest bulk subscribers body by default: 1 GiB, about 100 million numeric ids as NDJSON.
@@ -109,6 +113,8 @@ pub struct ServerConfig {
     pub store_calls_in_flight_max: usize,
     /// How long a request waits for a store-call slot before `503 overloaded`.
     pub store_admission_wait_ms: u64,
+    /// How long a request waits for its store call's answer before `503 store_unavailable`.
+    pub store_call_timeout_ms: u64,
     /// Tasks in push deliveries at once, all queues together.
     pub dispatch_in_flight_max: usize,
     /// Delivery calls in flight to one target (webhook host or broker connection).
@@ -146,6 +152,7 @@ impl Default for ServerConfig {
             webhook_in_flight_default: WEBHOOK_IN_FLIGHT_DEFAULT,
             store_calls_in_flight_max: STORE_CALLS_IN_FLIGHT_MAX_DEFAULT,
             store_admission_wait_ms: STORE_ADMISSION_WAIT_MS_DEFAULT,
+            store_call_timeout_ms: STORE_CALL_TIMEOUT_MS_DEFAULT,
             dispatch_in_flight_max: DISPATCH_IN_FLIGHT_MAX_DEFAULT,
             dispatch_per_target_max: DISPATCH_PER_TARGET_MAX_DEFAULT,
             http_header_read_timeout_ms: HTTP_HEADER_READ_TIMEOUT_MS_DEFAULT,

@@ -71,11 +71,9 @@ impl SchedulesState {
         let _permit = self.shared.calls.admit(Caller::Api).await?;
         Ok(self
             .creates
-            .call(new)
+            .call(new, self.shared.calls.api_deadline())
             .await
-            .unwrap_or(Err(ScheduleServiceError::Store(
-                belfry_store::StoreError::Closed,
-            ))))
+            .unwrap_or_else(|failed| Err(ScheduleServiceError::Store(failed.into_store_error()))))
     }
 
     /// Makes the runner tick now (a stored permit if it is busy, so no wake is lost).

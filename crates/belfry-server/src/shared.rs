@@ -9,13 +9,19 @@
 //! - The server's own work (dispatch claims, delivery outcomes, schedule ticks, gauges) takes
 //!   a slot from a separate, smaller pool and waits for it: it is never refused, and API
 //!   clients can never crowd it out.
+//!
+//! An API call also has a deadline, `store_call_timeout_ms`: a store that does not answer
+//! within it (a Redis master that stopped answering, a disk that stalls) gets the request a
+//! `503 store_unavailable`, not a hang. The call itself cannot be taken back: it runs on,
+//! keeping its slot until it ends, so the slots still bound what is outstanding, and the
+//! answer says that a retry (with an idempotency key) is the safe way on.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::{Clock, QueueName, UnixMs};
 use belfry_store::{Store, StoreError};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
@@ -87,41 +93,62 @@ pub enum Caller {
     Internal,
 }
 
-/// The two admissions for store calls.
+/// The two admissions for store calls, and the API calls' deadline.
 pub struct StoreCalls {
-    api: Semaphore,
+    api: Arc<Semaphore>,
     api_wait: Duration,
-    internal: Semaphore,
+    api_deadline: Duration,
+    internal: Arc<Semaphore>,
 }
 
 impl StoreCalls {
-    pub fn new(api_max: usize, api_wait: Duration) -> Self {
+    pub fn new(api_max: usize, api_wait: Duration, api_deadline: Duration) -> Self {
         StoreCalls {
-            api: Semaphore::new(api_max),
+            api: Arc::new(Semaphore::new(api_max)),
             api_wait,
-            internal: Semaphore::new(INTERNAL_STORE_CALLS_MAX),
+            api_deadline,
+            internal: Arc::new(Semaphore::new(INTERNAL_STORE_CALLS_MAX)),
         }
     }
 
-    pub async fn admit(&self, caller: Caller) -> Result<SemaphorePermit<'_>> {
+    /// A slot for one store call of `caller`, held until the permit is dropped (owned, so it
+    /// can go with a call that outlives the request that made it).
+    pub async fn admit(&self, caller: Caller) -> Result<OwnedSemaphorePermit> {
         match caller {
             Caller::Internal => self
                 .internal
-                .acquire()
+                .clone()
+                .acquire_owned()
                 .await
                 .map_err(|_| ServiceError::ShuttingDown),
             Caller::Api => {
                 // A free slot is taken at once, without arming a timer.
-                if let Ok(permit) = self.api.try_acquire() {
+                if let Ok(permit) = self.api.clone().try_acquire_owned() {
                     return Ok(permit);
                 }
-                match tokio::time::timeout(self.api_wait, self.api.acquire()).await {
+                match tokio::time::timeout(self.api_wait, self.api.clone().acquire_owned()).await {
                     Ok(Ok(permit)) => Ok(permit),
                     Ok(Err(_closed)) => Err(ServiceError::ShuttingDown),
                     Err(_elapsed) => Err(ServiceError::Overloaded),
                 }
             }
         }
+    }
+
+    /// How long an API request waits for its store call (`store_call_timeout_ms`).
+    pub fn api_deadline(&self) -> Duration {
+        self.api_deadline
+    }
+}
+
+/// The error of an API store call past its deadline: transient (`503 store_unavailable`).
+pub fn deadline_passed(deadline: Duration) -> StoreError {
+    StoreError::Unavailable {
+        detail: format!(
+            "the store did not answer within {} ms (limits.store_call_timeout); the call may \
+             still complete, so retry with an idempotency key",
+            deadline.as_millis()
+        ),
     }
 }
 
@@ -142,16 +169,30 @@ impl Shared {
     }
 
     /// Runs a store call on the blocking pool, after `caller`'s admission.
+    /// An API call waits at most `store_call_timeout_ms` for it (then `Unavailable`); the
+    /// server's own calls wait for their answer.
     pub async fn blocking<T, F>(&self, caller: Caller, f: F) -> Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
     {
-        let _permit = self.calls.admit(caller).await?;
+        let permit = self.calls.admit(caller).await?;
         let store = self.store.clone();
-        tokio::task::spawn_blocking(move || f(&*store))
-            .await
-            .map_err(|e| ServiceError::Internal(format!("store call did not finish: {e}")))?
+        let call = tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            f(&*store)
+        });
+        let joined = match caller {
+            Caller::Internal => call.await,
+            Caller::Api => {
+                let deadline = self.calls.api_deadline();
+                match tokio::time::timeout(deadline, call).await {
+                    Ok(joined) => joined,
+                    Err(_elapsed) => return Err(deadline_passed(deadline).into()),
+                }
+            }
+        };
+        joined.map_err(|e| ServiceError::Internal(format!("store call did not finish: {e}")))?
     }
 
     pub fn runtime(&self, queue: &QueueName) -> Result<Arc<QueueRuntime>> {

@@ -184,6 +184,7 @@ pub struct LimitsSection {
     pub horizon: Option<HumanDuration>,
     pub store_calls_in_flight: Option<usize>,
     pub store_admission_wait: Option<HumanDuration>,
+    pub store_call_timeout: Option<HumanDuration>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -288,6 +289,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
         "limits.store_calls_in_flight",
     ),
     ("BELFRY_STORE_ADMISSION_WAIT", "limits.store_admission_wait"),
+    ("BELFRY_STORE_CALL_TIMEOUT", "limits.store_call_timeout"),
     (
         "BELFRY_ALLOW_PRIVATE_TARGETS",
         "webhooks.allow_private_targets",
@@ -364,6 +366,9 @@ impl FileConfig {
                 }
                 "limits.store_admission_wait" => {
                     self.limits.store_admission_wait = Some(HumanDuration::Text(value.clone()))
+                }
+                "limits.store_call_timeout" => {
+                    self.limits.store_call_timeout = Some(HumanDuration::Text(value.clone()))
                 }
                 "webhooks.allow_private_targets" => {
                     self.webhooks.allow_private_targets = Some(match value.as_str() {
@@ -466,6 +471,16 @@ impl FileConfig {
         }
         if let Some(d) = &self.limits.store_admission_wait {
             server.store_admission_wait_ms = ms_of("limits.store_admission_wait", d)?;
+        }
+        if let Some(d) = &self.limits.store_call_timeout {
+            let ms = ms_of("limits.store_call_timeout", d)?;
+            if ms == 0 {
+                bail!(
+                    "limits.store_call_timeout: must be more than 0 (a request waits this long \
+                     for the store's answer before 503 store_unavailable)"
+                );
+            }
+            server.store_call_timeout_ms = ms;
         }
         if let Some(allow) = self.webhooks.allow_private_targets {
             server.allow_private_targets = allow;

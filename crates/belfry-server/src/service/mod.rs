@@ -64,6 +64,7 @@ impl Service {
         let calls = StoreCalls::new(
             config.store_calls_in_flight_max,
             std::time::Duration::from_millis(config.store_admission_wait_ms),
+            std::time::Duration::from_millis(config.store_call_timeout_ms),
         );
         let dispatcher = Dispatcher::new(sinks, move |on_wake| Shared {
             store,

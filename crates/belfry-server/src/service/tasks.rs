@@ -17,7 +17,7 @@ impl Service {
             // One task per request: share the store call with concurrent submits. Each waiting
             // submit holds a store-call slot, so admission still bounds the queue.
             let _permit = self.calls.admit(Caller::Api).await?;
-            self.submits.put(tasks).await?
+            self.submits.put(tasks, self.calls.api_deadline()).await?
         } else {
             self.blocking(move |s| Ok(s.put(tasks)?)).await?
         };
