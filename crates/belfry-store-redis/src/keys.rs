@@ -8,6 +8,7 @@
 //! | `{ns/q}:nodes` | live nodes: node id -> heartbeat expiry, ms of Redis `TIME` (`ownership.rs`) |
 //! | `{ns/q}:queues`, `{ns/q}:uid`, `{ns/q}:cfg` | queue registry, queue uid counter, settings |
 //! | `{ns/h<uid>}` | a queue's hint: partition -> earliest instant a claim there returns work |
+//! | `{ns/i<uid>}`, `{ns/i<uid>}:w` | a queue's in-flight leases by deadline, and its "a claim found no room" flag (`inflight.rs`) |
 //! | `{ns/m}:<namespace>` | small metadata, one hash per namespace |
 //! | `{ns/s<set>}` | a subscriber set's members (ZSET, score 0, by encoded user id) |
 //! | `{ns/u<p>}:<user>` | a user's sets (ZSET, score 0, by 8-byte set number) |
@@ -68,6 +69,13 @@ impl Keys {
 
     pub(crate) fn rate(&self, uid: u64) -> String {
         format!("{{{}/r{uid}}}", self.ns)
+    }
+
+    /// The queue's shared in-flight leases, and the flag that a claim found no room.
+    pub(crate) fn in_flight(&self, uid: u64) -> [String; 2] {
+        let set = format!("{{{}/i{uid}}}", self.ns);
+        let starved = format!("{set}:w");
+        [set, starved]
     }
 
     pub(crate) fn meta(&self, namespace: &str) -> String {

@@ -500,7 +500,8 @@ impl Store for RedisStore {
             cmd.arg(self.keys.task_keys(p, uid));
             cmds.push(cmd);
         }
-        for key in [self.keys.hint(uid), self.keys.rate(uid)] {
+        let [room, starved] = self.keys.in_flight(uid);
+        for key in [self.keys.hint(uid), self.keys.rate(uid), room, starved] {
             let mut cmd = redis::cmd("UNLINK");
             cmd.arg(key);
             cmds.push(cmd);
@@ -760,6 +761,28 @@ impl Store for RedisStore {
             self.rate_op(queue, "return", count, rate_per_s, burst)?;
         }
         Ok(())
+    }
+
+    fn reserve_in_flight(
+        &self,
+        queue: &QueueName,
+        want: u64,
+        cap: u64,
+        now_ms: UnixMs,
+        until_ms: UnixMs,
+    ) -> Result<Option<belfry_store::InFlightRoom>> {
+        self.reserve_room(queue, want, cap, now_ms, until_ms)
+            .map(Some)
+    }
+
+    fn settle_in_flight(
+        &self,
+        queue: &QueueName,
+        room: &belfry_store::InFlightRoom,
+        leases: &[(LeaseId, UnixMs)],
+        now_ms: UnixMs,
+    ) -> Result<()> {
+        self.settle_room(queue, room, leases, now_ms)
     }
 
     fn subscribe_events(&self, sink: belfry_store::EventSink) -> Result<()> {
