@@ -2,8 +2,9 @@
 //! store, for pull leases and push dispatch alike.
 //!
 //! A claim takes what the queue's rate limit and in-flight cap allow (this node's own, and on
-//! a store several nodes share, the store's shared ones too), leases that many due tasks, and sends a task whose previous lease expired on its last attempt to the dead
-//! letters (through [`crate::outcome::decide`]) instead of handing it out again.
+//! a store several nodes share, the store's shared ones too), leases that many due tasks, and
+//! sends a task whose previous lease expired on its last attempt to the dead letters (through
+//! [`crate::outcome::decide`]) instead of handing it out again.
 
 use std::time::Duration;
 
