@@ -1,8 +1,8 @@
 //! A queue's in-flight cap held across every node on the store (`lua/inflight.lua`).
 //!
 //! One sorted set per queue, in its own slot, holds the queue's leases by deadline. A claim
-//! reserves room first (placeholder members, so two nodes never grant the same room), claims,
-//! then settles: the placeholders give way to the leases it took. Ending a lease (ack, nack,
+//! reserves room first (one member that holds its places, so two nodes never grant the same
+//! room), claims, then settles: the reservation gives way to the leases it took. Ending a lease (ack, nack,
 //! dead letter) removes it in the same pipeline as the lease scripts, an extension moves its
 //! deadline, and a lease nobody ends is pruned once its deadline passes, as its task is due
 //! again then. A queue without a cap has no set, and the release is one cheap script call

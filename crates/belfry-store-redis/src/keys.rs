@@ -8,7 +8,7 @@
 //! | `{ns/q}:nodes` | live nodes: node id -> heartbeat expiry, ms of Redis `TIME` (`ownership.rs`) |
 //! | `{ns/q}:queues`, `{ns/q}:uid`, `{ns/q}:cfg` | queue registry, queue uid counter, settings |
 //! | `{ns/h<uid>}` | a queue's hint: partition -> earliest instant a claim there returns work |
-//! | `{ns/i<uid>}`, `{ns/i<uid>}:w` | a queue's in-flight leases by deadline, and its "a claim found no room" flag (`inflight.rs`) |
+//! | `{ns/i<uid>}`, `:w`, `:n` | a queue's in-flight leases and reservations by deadline, its "a claim found no room" flag, the places reservations hold (`lua/inflight.lua`) |
 //! | `{ns/m}:<namespace>` | small metadata, one hash per namespace |
 //! | `{ns/s<set>}` | a subscriber set's members (ZSET, score 0, by encoded user id) |
 //! | `{ns/u<p>}:<user>` | a user's sets (ZSET, score 0, by 8-byte set number) |
@@ -71,11 +71,13 @@ impl Keys {
         format!("{{{}/r{uid}}}", self.ns)
     }
 
-    /// The queue's shared in-flight leases, and the flag that a claim found no room.
-    pub(crate) fn in_flight(&self, uid: u64) -> [String; 2] {
+    /// The queue's shared in-flight leases and reservations, the flag that a claim found no
+    /// room, and the places reservations hold beyond their one member (`lua/inflight.lua`).
+    pub(crate) fn in_flight(&self, uid: u64) -> [String; 3] {
         let set = format!("{{{}/i{uid}}}", self.ns);
         let starved = format!("{set}:w");
-        [set, starved]
+        let extra = format!("{set}:n");
+        [set, starved, extra]
     }
 
     pub(crate) fn meta(&self, namespace: &str) -> String {

@@ -500,8 +500,14 @@ impl Store for RedisStore {
             cmd.arg(self.keys.task_keys(p, uid));
             cmds.push(cmd);
         }
-        let [room, starved] = self.keys.in_flight(uid);
-        for key in [self.keys.hint(uid), self.keys.rate(uid), room, starved] {
+        let [room, starved, extra] = self.keys.in_flight(uid);
+        for key in [
+            self.keys.hint(uid),
+            self.keys.rate(uid),
+            room,
+            starved,
+            extra,
+        ] {
             let mut cmd = redis::cmd("UNLINK");
             cmd.arg(key);
             cmds.push(cmd);

@@ -7,7 +7,9 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local now, n = tonumber(ARGV[2]), 0
 if ARGV[1] == 'release' then
-  for i = 5, #ARGV do n = n + redis.call('ZREM', KEYS[1], ARGV[i]) end
+  for i = 5, #ARGV, 1000 do
+    n = n + redis.call('ZREM', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+  end
   if n > 0 and redis.call('DEL', KEYS[2]) > 0 then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 elseif ARGV[1] == 'extend' then
   for i = 3, #ARGV - 1, 2 do
