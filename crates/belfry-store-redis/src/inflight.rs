@@ -28,6 +28,11 @@ static NEXT_TOKEN: LazyLock<AtomicU64> = LazyLock::new(|| {
     AtomicU64::new(h.finish())
 });
 
+/// A new reservation token (or waiter name).
+pub(crate) fn next_token() -> u64 {
+    NEXT_TOKEN.fetch_add(1, Ordering::Relaxed)
+}
+
 impl RedisStore {
     pub(crate) fn reserve_room(
         &self,
@@ -37,7 +42,7 @@ impl RedisStore {
         now_ms: UnixMs,
         until_ms: UnixMs,
     ) -> Result<InFlightRoom> {
-        let token = NEXT_TOKEN.fetch_add(1, Ordering::Relaxed);
+        let token = next_token();
         self.with_queue(queue, |this, c, uid| {
             let keys = this.room_keys(uid);
             let args = [
@@ -47,6 +52,7 @@ impl RedisStore {
                 want.to_string().into_bytes(),
                 cap.to_string().into_bytes(),
                 until_ms.to_string().into_bytes(),
+                this.waiter.to_string().into_bytes(),
             ];
             let v = this.script(
                 c,

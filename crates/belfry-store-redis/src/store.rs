@@ -84,6 +84,8 @@ pub struct RedisStore {
     replica_acks: Option<(u32, std::time::Duration)>,
     /// When the fallback sweep last ran.
     pub(crate) last_sweep: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Names this handle among those waiting for in-flight room (`inflight.rs`).
+    pub(crate) waiter: u64,
 }
 
 impl Drop for RedisStore {
@@ -146,6 +148,7 @@ impl RedisStore {
             replica_acks: (options.replica_acks > 0)
                 .then_some((options.replica_acks, options.replica_ack_timeout)),
             last_sweep: parking_lot::Mutex::new(None),
+            waiter: crate::inflight::next_token(),
         };
         let settings = store.keys.settings();
         let partitions: Option<u16> = store.pool.with("read the store's settings", |c| {

@@ -196,3 +196,21 @@ fn concurrent_nodes_never_hold_more_than_the_cap() {
         "the two nodes never overlapped ({most}): the test shows nothing"
     );
 }
+
+/// The node that frees room asks again first (its delivery just ended); a node that found no
+/// room gets the next place all the same, rather than waiting until the first runs dry.
+#[test]
+fn a_node_that_found_no_room_gets_the_next_place() {
+    let (a, b, q) = two_nodes(10);
+    let held = claim(&a, &q, 5, NOW);
+    assert_eq!(held.len(), 5);
+    assert_eq!(reserve(&b, &q, 3, NOW).granted, 0, "b now waits");
+    let t = &held[0];
+    a.ack_many(&q, &[(t.task.id, t.lease_id)], NOW + 1).unwrap();
+    assert_eq!(reserve(&a, &q, 3, NOW + 2).granted, 0, "the place is b's");
+    let room = reserve(&b, &q, 3, NOW + 3);
+    assert_eq!(room.granted, 1);
+    b.settle_in_flight(&q, &room, &[], NOW + 3).unwrap();
+    // b no longer waits: the freed place goes to whoever asks.
+    assert_eq!(reserve(&a, &q, 3, NOW + 4).granted, 1);
+}

@@ -1,16 +1,20 @@
 -- A queue's in-flight cap shared by every node. KEYS[1]: a sorted set of the queue's leases
 -- (member: lease id; score: its deadline, in ms of the callers' clocks, as task leases are)
--- and of claims' reservations (member '~token:n', holding n places); KEYS[2]: a flag that a
--- claim found no room since the last release; KEYS[3]: the places reservations hold beyond
--- their one member each, so that held = members + KEYS[3]. Members whose deadline passed are
--- pruned before counting: a lease nobody ends (its node crashed) frees its room when its
--- task is due again, a reservation nobody settles at its deadline.
+-- and of claims' reservations (member '~token:n', holding n places); KEYS[2]: the callers
+-- waiting for room (see 'reserve'); KEYS[3]: the places reservations hold beyond their one
+-- member each, so that held = members + KEYS[3]. Members whose deadline passed are pruned
+-- before counting: a lease nobody ends (its node crashed) frees its room when its task is due
+-- again, a reservation nobody settles at its deadline.
 -- ARGV[1] op, ARGV[2] now, then per op:
---   'reserve' token want cap until: grants min(want, cap - held), held until `until`;
---     replies {granted, earliest deadline held or -1}.
+--   'reserve' token want cap until who: grants min(want, cap - held), held until `until`;
+--     replies {granted, earliest deadline held or -1}. A caller (`who`) granted nothing
+--     waits in KEYS[2] (who -> now + WAIT_MS) until a reservation of its grants something;
+--     callers that do not wait leave one place per waiter, so the node that frees room
+--     (and asks again first) does not keep it from the others.
 --   'settle' token n, then lease/until pairs: the reservation of n replaced by the leases.
 -- `inflight_end.lua` ends and moves the leases' room as lease calls end and extend them.
 local op, now = ARGV[1], tonumber(ARGV[2])
+local WAIT_MS = 1000
 local set, starved, extra = KEYS[1], KEYS[2], KEYS[3]
 
 -- A member longer than `zset-max-listpack-value` (64 bytes), scored +inf: it keeps the set a
@@ -44,7 +48,7 @@ local function beyond(member)
 end
 
 if op == 'reserve' then
-  local token, want, cap, untl = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6]
+  local token, want, cap, untl, who = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ARGV[6], ARGV[7]
   local gone = 0
   for _, member in ipairs(redis.call('ZRANGEBYSCORE', set, '-inf', now)) do
     gone = gone + beyond(member)
@@ -53,13 +57,20 @@ if op == 'reserve' then
   redis.call('ZREMRANGEBYSCORE', set, '-inf', now)
   redis.call('ZADD', set, 'NX', '+inf', SENTINEL)
   local held = redis.call('ZCARD', set) - 1 + math.max(0, tonumber(redis.call('GET', extra) or '0'))
-  local granted = math.max(0, math.min(want, cap - held))
+  redis.call('ZREMRANGEBYSCORE', starved, '-inf', now)
+  local waiting = redis.call('ZSCORE', starved, who)
+  local room = cap - held
+  if not waiting then
+    room = room - redis.call('ZCARD', starved)
+  end
+  local granted = math.max(0, math.min(want, room))
   if granted > 0 then
     redis.call('ZADD', set, untl, '~' .. token .. ':' .. granted)
     redis.call('INCRBY', extra, granted - 1)
-  end
-  if granted < want then
-    redis.call('SET', starved, '1', 'PX', 60000)
+    if waiting then redis.call('ZREM', starved, who) end
+  elseif want > 0 then
+    redis.call('ZADD', starved, now + WAIT_MS, who)
+    redis.call('PEXPIRE', starved, WAIT_MS * 10)
   end
   keep()
   local first = redis.call('ZRANGE', set, 0, 0, 'WITHSCORES')
