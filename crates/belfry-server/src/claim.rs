@@ -1,13 +1,15 @@
 //! Claiming due tasks of one queue under its policy: the one path by which tasks leave the
 //! store, for pull leases and push dispatch alike.
 //!
-//! A claim takes what the queue's rate limit and in-flight cap allow, leases that many due
-//! tasks, and sends a task whose previous lease expired on its last attempt to the dead
-//! letters (through [`crate::outcome::decide`]) instead of handing it out again.
+//! A claim takes what the queue's rate limit and in-flight cap allow (this node's own, and on
+//! a store several nodes share, the store's shared ones too), leases that many due tasks, and
+//! sends a task whose previous lease expired on its last attempt to the dead letters (through
+//! [`crate::outcome::decide`]) instead of handing it out again.
 
 use std::time::Duration;
 
-use belfry_core::{LeaseId, LeasedTask, UnixMs};
+use belfry_core::{LeaseId, LeasedTask, QueueName, RetryPolicy, UnixMs};
+use belfry_store::Store;
 
 use crate::metrics;
 use crate::outcome::{self, Action, AttemptEnd};
@@ -58,68 +60,26 @@ pub async fn claim_once(
         });
     }
     let granted = admission.granted;
-    let name = runtime.name.clone();
     let config = runtime.config();
-    let retry = config.retry;
-    let rate = (config.rate_per_s > 0.0).then(|| (config.rate_per_s, config.effective_burst()));
-    let claimed = shared
-        .blocking(caller, move |s| {
-            // With several nodes on one store, the queue's rate is theirs together: the
-            // store's shared bucket grants what this node's own bucket allowed, or less.
-            let allowed = match rate {
-                Some((per_s, burst)) => s
-                    .take_rate_tokens(&name, granted as u64, per_s, burst)?
-                    .map_or(granted, |n| (n as usize).min(granted)),
-                None => granted,
-            };
-            if allowed == 0 {
-                return Ok(None);
-            }
-            let batch = match claim_for {
-                ClaimFor::Lease => s.claim(&name, now_ms, allowed, visibility_ms)?,
-                ClaimFor::Push => s.claim_owned(&name, now_ms, allowed, visibility_ms)?,
-            };
-            let mut leased = Vec::with_capacity(batch.leased.len());
-            let mut exhausted = 0;
-            for task in batch.leased {
-                let action = outcome::decide(
-                    &AttemptEnd::LeaseExpired,
-                    task.task.attempts,
-                    &retry,
-                    now_ms,
-                    0.0,
-                );
-                match action {
-                    Action::Proceed => leased.push(task),
-                    other => {
-                        outcome::apply(s, &name, task.task.id, task.lease_id, &other, now_ms)?;
-                        exhausted += 1;
-                    }
-                }
-            }
-            if let Some((per_s, burst)) = rate {
-                give_back_tokens(s, &name, allowed - leased.len().min(allowed), per_s, burst);
-            }
-            let next_due_ms = if leased.len() + exhausted < allowed {
-                Some(match claim_for {
-                    ClaimFor::Lease => s.next_due_ms(&name)?,
-                    ClaimFor::Push => s.next_due_owned_ms(&name)?,
-                })
-            } else {
-                None
-            };
-            let finished = (batch.late_skipped.len(), batch.late_dead.len() + exhausted);
-            Ok(Some((leased, finished, next_due_ms)))
-        })
-        .await;
+    let plan = Plan {
+        name: runtime.name.clone(),
+        granted,
+        now_ms,
+        visibility_ms,
+        claim_for,
+        retry: config.retry,
+        rate: (config.rate_per_s > 0.0).then(|| (config.rate_per_s, config.effective_burst())),
+        cap: QueueRuntime::in_flight_cap(&config, in_flight_default),
+    };
+    let claimed = shared.blocking(caller, move |s| plan.run(s)).await;
     let (leased, (skipped, dead), next_due_ms) = match claimed {
-        Ok(Some(claimed)) => claimed,
-        Ok(None) => {
-            // The shared bucket is empty: other nodes took this second's tokens.
+        Ok(StoreClaim::Claimed(claimed)) => claimed,
+        Ok(StoreClaim::Limited(retry_in)) => {
+            // The shared limits are spent: other nodes took this second's tokens, or hold
+            // the queue's in-flight room.
             runtime.settle(granted, &[], in_flight_default);
-            let per_s = rate.map_or(1.0, |(per_s, _)| per_s);
             return Ok(Claimed {
-                retry_in: Some(Duration::from_secs_f64(1.0 / per_s).max(Duration::from_millis(1))),
+                retry_in: Some(retry_in),
                 ..Claimed::default()
             });
         }
@@ -142,16 +102,145 @@ pub async fn claim_once(
     })
 }
 
+/// How often a claim held back by another node's share of the in-flight cap looks again at
+/// most. A release that frees room after such a claim wakes every node (through the store's
+/// events); this only bounds the wait when that wake-up is lost.
+pub const SHARED_CAP_RECHECK: Duration = Duration::from_millis(100);
+
+/// One claim's store side, run on a blocking thread.
+struct Plan {
+    name: QueueName,
+    /// What this node's own limits granted.
+    granted: usize,
+    now_ms: UnixMs,
+    visibility_ms: u64,
+    claim_for: ClaimFor,
+    retry: RetryPolicy,
+    /// The queue's rate and burst, when it has a rate limit.
+    rate: Option<(f64, f64)>,
+    /// The queue's in-flight cap, when it has one.
+    cap: Option<usize>,
+}
+
+/// Leased tasks, how many the claim finished as (skipped, dead), and the next due instant.
+type Taken = (Vec<LeasedTask>, (usize, usize), Option<Option<UnixMs>>);
+
+enum StoreClaim {
+    Claimed(Taken),
+    /// A limit shared with other nodes granted nothing: look again after this long.
+    Limited(Duration),
+}
+
+impl Plan {
+    fn run(self, s: &dyn Store) -> Result<StoreClaim> {
+        let name = &self.name;
+        // With several nodes on one store, the queue's rate and in-flight cap are theirs
+        // together: the store's shared count grants what this node's own allowed, or less.
+        let took = match self.rate {
+            Some((per_s, burst)) => s
+                .take_rate_tokens(name, self.granted as u64, per_s, burst)?
+                .map_or(self.granted, |n| (n as usize).min(self.granted)),
+            None => self.granted,
+        };
+        if took == 0 {
+            let per_s = self.rate.map_or(1.0, |(per_s, _)| per_s);
+            let wait = Duration::from_secs_f64(1.0 / per_s).max(Duration::from_millis(1));
+            return Ok(StoreClaim::Limited(wait));
+        }
+        let until_ms = self.now_ms.saturating_add(self.visibility_ms);
+        let room = match self.cap {
+            Some(cap) => s.reserve_in_flight(name, took as u64, cap as u64, self.now_ms, until_ms),
+            None => Ok(None),
+        };
+        let room = match room {
+            Ok(room) => room,
+            Err(e) => {
+                self.give_back_tokens(s, took);
+                return Err(e.into());
+            }
+        };
+        let allowed = room
+            .as_ref()
+            .map_or(took, |r| (r.granted as usize).min(took));
+        if allowed == 0 {
+            self.give_back_tokens(s, took);
+            let free_at = room.and_then(|r| r.earliest_until_ms);
+            let wait = free_at.map_or(SHARED_CAP_RECHECK, |at| {
+                Duration::from_millis(at.saturating_sub(self.now_ms))
+            });
+            return Ok(StoreClaim::Limited(
+                wait.clamp(Duration::from_millis(1), SHARED_CAP_RECHECK),
+            ));
+        }
+        let taken = self.claim(s, allowed);
+        if let Some(room) = &room {
+            // The leases taken replace the reservation. If this fails, the reservation holds
+            // its room until the leases' deadline, as the leases would have.
+            let leases: Vec<(LeaseId, UnixMs)> = match &taken {
+                Ok((leased, _, _)) => leased
+                    .iter()
+                    .map(|t| (t.lease_id, t.lease_until_ms))
+                    .collect(),
+                Err(_) => Vec::new(),
+            };
+            if let Err(error) = s.settle_in_flight(name, room, &leases, self.now_ms) {
+                tracing::debug!(queue = %name, %error, "settle shared in-flight room");
+            }
+        }
+        let used = taken.as_ref().map_or(0, |(leased, _, _)| leased.len());
+        self.give_back_tokens(s, took - used.min(took));
+        taken.map(StoreClaim::Claimed)
+    }
+
+    /// Leases up to `allowed` tasks; a task whose previous lease expired on its last attempt
+    /// goes to the dead letters instead.
+    fn claim(&self, s: &dyn Store, allowed: usize) -> Result<Taken> {
+        let (name, now_ms) = (&self.name, self.now_ms);
+        let batch = match self.claim_for {
+            ClaimFor::Lease => s.claim(name, now_ms, allowed, self.visibility_ms)?,
+            ClaimFor::Push => s.claim_owned(name, now_ms, allowed, self.visibility_ms)?,
+        };
+        let mut leased = Vec::with_capacity(batch.leased.len());
+        let mut exhausted = 0;
+        for task in batch.leased {
+            let action = outcome::decide(
+                &AttemptEnd::LeaseExpired,
+                task.task.attempts,
+                &self.retry,
+                now_ms,
+                0.0,
+            );
+            match action {
+                Action::Proceed => leased.push(task),
+                other => {
+                    outcome::apply(s, name, task.task.id, task.lease_id, &other, now_ms)?;
+                    exhausted += 1;
+                }
+            }
+        }
+        let next_due_ms = if leased.len() + exhausted < allowed {
+            Some(match self.claim_for {
+                ClaimFor::Lease => s.next_due_ms(name)?,
+                ClaimFor::Push => s.next_due_owned_ms(name)?,
+            })
+        } else {
+            None
+        };
+        let finished = (batch.late_skipped.len(), batch.late_dead.len() + exhausted);
+        Ok((leased, finished, next_due_ms))
+    }
+
+    fn give_back_tokens(&self, s: &dyn Store, unused: usize) {
+        if let Some((per_s, burst)) = self.rate {
+            give_back_tokens(s, &self.name, unused, per_s, burst);
+        }
+    }
+}
+
 /// Returns tokens of the shared bucket a claim did not use. A failure only leaves the bucket
 /// emptier for a moment (it refills at the queue's rate), so it does not fail the claim,
 /// whose tasks are already leased.
-fn give_back_tokens(
-    s: &dyn belfry_store::Store,
-    queue: &belfry_core::QueueName,
-    unused: usize,
-    per_s: f64,
-    burst: f64,
-) {
+fn give_back_tokens(s: &dyn Store, queue: &QueueName, unused: usize, per_s: f64, burst: f64) {
     if unused == 0 {
         return;
     }

@@ -8,6 +8,7 @@
 //! | `{ns/q}:nodes` | live nodes: node id -> heartbeat expiry, ms of Redis `TIME` (`ownership.rs`) |
 //! | `{ns/q}:queues`, `{ns/q}:uid`, `{ns/q}:cfg` | queue registry, queue uid counter, settings |
 //! | `{ns/h<uid>}` | a queue's hint: partition -> earliest instant a claim there returns work |
+//! | `{ns/i<uid>}`, `:w`, `:n` | a queue's in-flight leases and reservations by deadline, the callers waiting for room, the places reservations hold (`lua/inflight.lua`) |
 //! | `{ns/m}:<namespace>` | small metadata, one hash per namespace |
 //! | `{ns/s<set>}` | a subscriber set's members (ZSET, score 0, by encoded user id) |
 //! | `{ns/u<p>}:<user>` | a user's sets (ZSET, score 0, by 8-byte set number) |
@@ -68,6 +69,15 @@ impl Keys {
 
     pub(crate) fn rate(&self, uid: u64) -> String {
         format!("{{{}/r{uid}}}", self.ns)
+    }
+
+    /// The queue's shared in-flight leases and reservations, the callers waiting for room, and
+    /// the places reservations hold beyond their one member (`lua/inflight.lua`).
+    pub(crate) fn in_flight(&self, uid: u64) -> [String; 3] {
+        let set = format!("{{{}/i{uid}}}", self.ns);
+        let starved = format!("{set}:w");
+        let extra = format!("{set}:n");
+        [set, starved, extra]
     }
 
     pub(crate) fn meta(&self, namespace: &str) -> String {

@@ -24,6 +24,7 @@ mod claim;
 mod claim_many;
 mod conn;
 mod events;
+mod inflight;
 mod keys;
 pub mod ownership;
 mod record;

@@ -38,11 +38,15 @@ task_script!(READ, "lua/read.lua");
 pub(crate) static QUEUE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/queue.lua")));
 pub(crate) static HINT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/hint.lua")));
 pub(crate) static RATE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/rate.lua")));
+pub(crate) static INFLIGHT: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/inflight.lua")));
+/// Sent whole (`EVAL`) in lease pipelines: never `NOSCRIPT` (see the script).
+pub(crate) const INFLIGHT_END: &str = include_str!("lua/inflight_end.lua");
 pub(crate) static META: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/meta.lua")));
 
 /// Every script, to load them all on a node that lacks them.
-pub(crate) fn all() -> [&'static Lua; 9] {
+pub(crate) fn all() -> [&'static Lua; 10] {
     [
-        &PUT, &CLAIM, &LEASE, &CHANGE, &READ, &QUEUE, &HINT, &RATE, &META,
+        &PUT, &CLAIM, &LEASE, &CHANGE, &READ, &QUEUE, &HINT, &RATE, &META, &INFLIGHT,
     ]
 }

@@ -84,6 +84,8 @@ pub struct RedisStore {
     replica_acks: Option<(u32, std::time::Duration)>,
     /// When the fallback sweep last ran.
     pub(crate) last_sweep: parking_lot::Mutex<Option<std::time::Instant>>,
+    /// Names this handle among those waiting for in-flight room (`inflight.rs`).
+    pub(crate) waiter: u64,
 }
 
 impl Drop for RedisStore {
@@ -146,6 +148,7 @@ impl RedisStore {
             replica_acks: (options.replica_acks > 0)
                 .then_some((options.replica_acks, options.replica_ack_timeout)),
             last_sweep: parking_lot::Mutex::new(None),
+            waiter: crate::inflight::next_token(),
         };
         let settings = store.keys.settings();
         let partitions: Option<u16> = store.pool.with("read the store's settings", |c| {
@@ -511,7 +514,14 @@ impl Store for RedisStore {
             cmd.arg(self.keys.task_keys(p, uid));
             cmds.push(cmd);
         }
-        for key in [self.keys.hint(uid), self.keys.rate(uid)] {
+        let [room, starved, extra] = self.keys.in_flight(uid);
+        for key in [
+            self.keys.hint(uid),
+            self.keys.rate(uid),
+            room,
+            starved,
+            extra,
+        ] {
             let mut cmd = redis::cmd("UNLINK");
             cmd.arg(key);
             cmds.push(cmd);
@@ -780,6 +790,28 @@ impl Store for RedisStore {
             self.rate_op(queue, "return", count, rate_per_s, burst)?;
         }
         Ok(())
+    }
+
+    fn reserve_in_flight(
+        &self,
+        queue: &QueueName,
+        want: u64,
+        cap: u64,
+        now_ms: UnixMs,
+        until_ms: UnixMs,
+    ) -> Result<Option<belfry_store::InFlightRoom>> {
+        self.reserve_room(queue, want, cap, now_ms, until_ms)
+            .map(Some)
+    }
+
+    fn settle_in_flight(
+        &self,
+        queue: &QueueName,
+        room: &belfry_store::InFlightRoom,
+        leases: &[(LeaseId, UnixMs)],
+        now_ms: UnixMs,
+    ) -> Result<()> {
+        self.settle_room(queue, room, leases, now_ms)
     }
 
     fn subscribe_events(&self, sink: belfry_store::EventSink) -> Result<()> {

@@ -55,25 +55,32 @@ impl RedisStore {
                     (this.part(*p, uid), args)
                 })
                 .collect();
+            // The leases' shared in-flight room goes in the same pipeline (`inflight.rs`).
+            let room = this.room_cmd(queue, uid, op, items, now_ms);
             // Several partitions: one pipeline (the scripts are loaded at connect; a node
             // that lost them answers NOSCRIPT, and then they go one at a time, reloaded).
-            let replies = match calls.len() {
-                0 => Vec::new(),
-                1 => vec![this.script(
+            let replies = match (calls.len(), room) {
+                (0, _) => Vec::new(),
+                (1, None) => vec![this.script(
                     c,
                     &scripts::LEASE,
                     &calls[0].0.keys,
                     &calls[0].1,
                     "change a lease",
                 )?],
-                _ => {
-                    let cmds = calls
+                (_, room) => {
+                    let cmds: Vec<redis::Cmd> = calls
                         .iter()
                         .map(|(part, args)| evalsha(&scripts::LEASE, &part.keys, args))
+                        .chain(room)
                         .collect();
                     match pipeline(c, cmds) {
-                        Ok(replies) => replies,
+                        Ok(mut replies) => {
+                            replies.truncate(calls.len());
+                            replies
+                        }
                         Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                            // The room's call is sent whole: it ran with the pipeline.
                             this.load_scripts(c)?;
                             let mut replies = Vec::with_capacity(calls.len());
                             for (part, args) in &calls {

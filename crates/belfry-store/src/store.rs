@@ -190,6 +190,19 @@ pub struct QueueCounts {
     pub dead: u64,
 }
 
+/// Room granted under a queue's in-flight cap that every node on a store shares (see
+/// [`Store::reserve_in_flight`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlightRoom {
+    /// How many leases the claim may take: at most what it asked for.
+    pub granted: u64,
+    /// Names the reservation for [`Store::settle_in_flight`].
+    pub token: u64,
+    /// The earliest deadline among the leases that hold the cap (`None` when none does): when
+    /// nothing was granted, room frees up then at the latest.
+    pub earliest_until_ms: Option<UnixMs>,
+}
+
 /// A change that another node (or this one) made to a store that several belfry nodes share.
 /// Single-process stores send none. Events are hints, delivered at most once: a node reacts
 /// by looking again, and after [`StoreEvent::Resync`] it looks at everything.
@@ -474,6 +487,42 @@ pub trait Store: Send + Sync + 'static {
         burst: f64,
     ) -> Result<()> {
         let _ = (queue, count, rate_per_s, burst);
+        Ok(())
+    }
+
+    /// Reserves room for up to `want` leases of `queue` under its in-flight cap `cap`, shared
+    /// by every node on this store: the room granted is `min(want, cap - held)`, where `held`
+    /// counts the queue's leases (and other claims' reservations) whose deadline is after
+    /// `now_ms`. The reservation holds its room until `until_ms` (the deadline the claim's
+    /// leases get), or until [`Store::settle_in_flight`] replaces it with the leases taken.
+    /// A store that keeps this count ends a lease's room itself when `ack`, `ack_many`,
+    /// `nack` or `dead_letter` end the lease, moves it with `extend`, and lets it go when the
+    /// deadline passes (the task is then due again).
+    ///
+    /// `None` when the store keeps no shared count: a single process's own count is exact.
+    fn reserve_in_flight(
+        &self,
+        queue: &QueueName,
+        want: u64,
+        cap: u64,
+        now_ms: UnixMs,
+        until_ms: UnixMs,
+    ) -> Result<Option<InFlightRoom>> {
+        let _ = (queue, want, cap, now_ms, until_ms);
+        Ok(None)
+    }
+
+    /// Replaces the reservation `room` with the leases the claim took (each held until its
+    /// deadline); room it did not use is free again. Called once per reservation, also with
+    /// no leases when the claim failed.
+    fn settle_in_flight(
+        &self,
+        queue: &QueueName,
+        room: &InFlightRoom,
+        leases: &[(LeaseId, UnixMs)],
+        now_ms: UnixMs,
+    ) -> Result<()> {
+        let _ = (queue, room, leases, now_ms);
         Ok(())
     }
 

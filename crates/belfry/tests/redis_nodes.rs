@@ -566,3 +566,118 @@ async fn a_node_paused_past_its_leases_does_not_claim_with_its_old_fences() {
         assert!(!errors.contains("panicked"), "no panic: {errors}");
     }
 }
+
+/// A receiver that holds each request `SLOW` and records how many it held at once at most.
+#[derive(Default)]
+struct Slow {
+    now: std::sync::atomic::AtomicUsize,
+    most: std::sync::atomic::AtomicUsize,
+    seen: Mutex<HashMap<String, usize>>,
+}
+
+const SLOW: Duration = Duration::from_millis(200);
+
+async fn slow_hook(State(slow): State<Arc<Slow>>, headers: HeaderMap) -> StatusCode {
+    use std::sync::atomic::Ordering::SeqCst;
+    let at_once = slow.now.fetch_add(1, SeqCst) + 1;
+    slow.most.fetch_max(at_once, SeqCst);
+    tokio::time::sleep(SLOW).await;
+    slow.now.fetch_sub(1, SeqCst);
+    let id = headers
+        .get("belfry-task-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    *slow.seen.lock().unwrap().entry(id).or_default() += 1;
+    StatusCode::OK
+}
+
+/// `belfry_tasks_delivered_total` of `queue` on one node (0 before its first delivery).
+async fn delivered_by(http: &reqwest::Client, node: &str, queue: &str) -> u64 {
+    let text = http
+        .get(format!("{node}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = format!("belfry_tasks_delivered_total{{queue=\"{queue}\"}} ");
+    text.lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .map_or(0, |n| n.trim().parse::<f64>().unwrap_or(0.0) as u64)
+}
+
+/// One push queue with `max_in_flight` 4 and a receiver that holds each call 200 ms, delivered
+/// by three nodes: the receiver never has more than 4 calls at once (with the cap counted per
+/// node it could have had 12: each node delivers a share of the tasks), and every task arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_share_one_in_flight_cap() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    const CAP: usize = 4;
+    const TASKS: usize = 90;
+    let cluster = RedisCluster::start(3, 0);
+    let slow = Arc::new(Slow::default());
+    let app = axum::Router::new()
+        .route("/hook", axum::routing::post(slow_hook))
+        .with_state(slow.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let nodes: Vec<Served> = ["c0", "c1", "c2"]
+        .iter()
+        .map(|id| node(&cluster, id))
+        .collect();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    // Paused while the backlog is put, so every node starts from a full queue.
+    let queue = json!({"delivery": {"type": "webhook", "url": hook_url, "timeout_ms": 2_000},
+                       "max_in_flight": CAP, "paused": true});
+    let created = http
+        .put(format!("{}/v1/queues/capped", nodes[0].url))
+        .json(&queue)
+        .send()
+        .await
+        .unwrap();
+    assert!(created.status().is_success(), "{created:?}");
+    // Idempotency keys spread the tasks over the partitions, so every node owns some (a
+    // batch without keys lands in one partition).
+    let tasks: Vec<Value> = (0..TASKS)
+        .map(|i| json!({"payload": {"i": i}, "idempotency_key": format!("cap-{i}")}))
+        .collect();
+    // Through the node that made the queue: another may not have heard of it yet.
+    let url = format!("{}/v1/queues/capped/tasks:batch", nodes[0].url);
+    let (status, _) = post(&http, &url, json!({"tasks": tasks})).await.unwrap();
+    assert_eq!(status, 200);
+    let started = Instant::now();
+    let resumed = http
+        .post(format!("{}/v1/queues/capped/resume", nodes[0].url))
+        .send()
+        .await
+        .unwrap();
+    assert!(resumed.status().is_success(), "{resumed:?}");
+    let deadline = started + Duration::from_secs(20);
+    while slow.seen.lock().unwrap().len() < TASKS {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {TASKS} tasks delivered in 20 s",
+            slow.seen.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = started.elapsed();
+    let most = slow.most.load(std::sync::atomic::Ordering::SeqCst);
+    let mut per_node = Vec::new();
+    for node in &nodes {
+        per_node.push(delivered_by(&http, &node.url, "capped").await);
+    }
+    eprintln!(
+        "shared in-flight cap: at most {most} calls at once across 3 nodes (cap {CAP}); \
+         {TASKS} tasks in {took:?}; delivered per node {per_node:?}"
+    );
+    assert!(most <= CAP, "{most} calls at once with a cap of {CAP}");
+    assert_eq!(most, CAP, "the test never filled the cap");
+    assert!(
+        per_node.iter().all(|&n| n > 0),
+        "a node delivered nothing ({per_node:?}): per-node caps would have held fewer calls"
+    );
+}

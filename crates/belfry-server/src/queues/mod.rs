@@ -110,7 +110,7 @@ impl QueueRuntime {
     }
 
     /// The in-flight cap: `max_in_flight`, or for push queues the server default.
-    fn in_flight_cap(config: &QueueConfig, webhook_default: u32) -> Option<usize> {
+    pub(crate) fn in_flight_cap(config: &QueueConfig, webhook_default: u32) -> Option<usize> {
         match (config.max_in_flight, config.is_push()) {
             (0, false) => None,
             (0, true) => Some(webhook_default as usize),
