@@ -38,7 +38,7 @@ pub mod testing;
 
 pub use conn::Timeouts;
 pub use ownership::{Ownership, OwnershipOptions, OwnershipStats};
-pub use store::{RedisOptions, RedisStore};
+pub use store::{RedisOptions, RedisStore, FAR_AFTER_MS_MIN};
 pub use target::{RedisTarget, TargetError};
 
 /// The partition of a byte string (an idempotency key, an encoded user id): stable across
