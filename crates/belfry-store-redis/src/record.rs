@@ -5,13 +5,14 @@
 //! ```text
 //! 0 version u8 | 1 state u8 | 2 flags u8 | 3 attempts u32 | 7 due ms u64
 //! [state leased: 15 lease deadline ms u64 | 23 lease id u64]
+//! [state bucketed (6, scheduled in a far-future bucket): 15 bucket's first minute u32]
 //! [flags & EXTRAS: extras len u32 | extras] | payload
 //! extras: [late kind != fire: late after ms u64] | key len u16, key
 //!         | header count u16, (name len u16, name, value len u32, value)*
 //! flags: bit 0 normal priority, bit 1 binary payload, bits 2-3 late kind, bit 4 EXTRAS
 //! ```
 //! A task without idempotency key, headers or late policy costs 15 bytes beyond its payload
-//! while it waits. Finished records are cut after the extras (the payload dropped). Times and
+//! in a ready set, 19 in a far-future bucket. Finished records are cut after the extras (the payload dropped). Times and
 //! lease ids stay below 2^53 (Lua numbers are doubles).
 
 use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, TaskState, UnixMs};
@@ -23,6 +24,8 @@ const HDR_LEN: usize = 15;
 const NORMAL: u8 = 1;
 const BINARY: u8 = 2;
 const EXTRAS: u8 = 16;
+/// The state code of a scheduled task waiting in a far-future bucket.
+const BUCKETED: u8 = 6;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
@@ -158,7 +161,8 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, String> {
     if version != VERSION {
         return Err(format!("record version {version}, expected {VERSION}"));
     }
-    let state = state_of(r.u8()? as i64).ok_or("unknown state")?;
+    let code = r.u8()?;
+    let state = state_of(code as i64).ok_or("unknown state")?;
     let flags = r.u8()?;
     if flags >> 5 != 0 {
         return Err(format!("unknown record flags {flags:#04x}"));
@@ -170,6 +174,9 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, String> {
     } else {
         (0, 0)
     };
+    if code == BUCKETED {
+        r.u32()?; // the bucket it waits in: the scripts' business
+    }
     let late_kind = (flags >> 2) & 3;
     let mut late_after = 0;
     let mut key = String::new();

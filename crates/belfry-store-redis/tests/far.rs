@@ -66,6 +66,20 @@ fn claim(store: &RedisStore, now: u64) -> Vec<TaskId> {
     ids
 }
 
+/// Claims at `now` and acks what it took at once, so no lease comes back later.
+fn claim_ack(store: &RedisStore, now: u64) -> Vec<TaskId> {
+    let batch = store.claim(&q(), now, 100, 60_000).unwrap();
+    let acks: Vec<(TaskId, belfry_core::LeaseId)> = batch
+        .leased
+        .iter()
+        .map(|t| (t.task.id, t.lease_id))
+        .collect();
+    store.ack_many(&q(), &acks, now).unwrap();
+    let mut ids: Vec<TaskId> = acks.into_iter().map(|(id, _)| id).collect();
+    ids.sort();
+    ids
+}
+
 #[test]
 fn a_far_task_waits_in_a_bucket_and_fires_on_time_never_early() {
     let server = RedisServer::start();
@@ -108,6 +122,38 @@ fn a_far_task_waits_in_a_bucket_and_fires_on_time_never_early() {
     assert!(keys(&mut con, "far1", "*:b:*").is_empty());
     let counts = store.counts(&q(), due + 59_000).unwrap();
     assert_eq!((counts.pending, counts.in_flight), (0, 3));
+}
+
+#[test]
+fn later_tasks_share_wider_buckets_and_still_fire_on_time() {
+    let server = RedisServer::start();
+    let store = store(&server, "far7", Some(BASE));
+    let mut con = redis(&server);
+    let hour = 60 * MINUTE;
+    // Due in 3 h (10-minute buckets) and in 2 days (hour-wide buckets).
+    let soon = BASE + 3 * hour + 7 * MINUTE + 5;
+    let later = BASE + 48 * hour + 31 * MINUTE;
+    let ids = put(
+        &store,
+        &[soon, soon + 2 * MINUTE, later, later + 10 * MINUTE],
+    );
+    assert_eq!(keys(&mut con, "far7", "*:b:*").len(), 2);
+    let ten = soon / (10 * MINUTE) * (10 * MINUTE);
+    assert_eq!(store.next_due_ms(&q()).unwrap(), Some(ten - LEAD));
+    let by_hour = store.forecast(&q(), BASE, hour, 50).unwrap();
+    assert_eq!(by_hour.iter().sum::<u64>(), 4);
+    assert_eq!(by_hour[((later - BASE) / hour) as usize], 2);
+    assert!(claim_ack(&store, ten - LEAD).is_empty());
+    assert_eq!(store.next_due_ms(&q()).unwrap(), Some(soon));
+    assert!(claim_ack(&store, soon - 1).is_empty(), "never early");
+    assert_eq!(claim_ack(&store, soon + 2 * MINUTE), ids[..2].to_vec());
+    let whole = later / hour * hour;
+    assert_eq!(store.next_due_ms(&q()).unwrap(), Some(whole - LEAD));
+    assert!(claim_ack(&store, whole - LEAD).is_empty());
+    assert!(claim_ack(&store, later - 1).is_empty(), "never early");
+    assert_eq!(claim_ack(&store, later), vec![ids[2]]);
+    assert_eq!(claim_ack(&store, later + 10 * MINUTE), vec![ids[3]]);
+    assert!(keys(&mut con, "far7", "*:b:*").is_empty());
 }
 
 #[test]
@@ -250,9 +296,10 @@ fn used_memory(con: &mut redis::Connection) -> u64 {
         .unwrap()
 }
 
-/// Bytes of Redis memory per task, beyond a 200-byte payload, for `n` tasks due a day ahead
-/// put with `far_after_ms`.
-fn bytes_per_task(server: &RedisServer, far_after_ms: u64, n: usize) -> f64 {
+/// Bytes of Redis memory per task, beyond a 200-byte payload, for `n` tasks due from a day
+/// ahead on, `apart_ms` from one another, put with `far_after_ms` in batches of 1,000 (each
+/// batch in one of 256 partitions).
+fn bytes_per_task(server: &RedisServer, far_after_ms: u64, n: usize, apart_ms: u64) -> f64 {
     let mut con = redis(server);
     redis::cmd("FLUSHALL").exec(&mut con).unwrap();
     let options = RedisOptions {
@@ -271,7 +318,10 @@ fn bytes_per_task(server: &RedisServer, far_after_ms: u64, n: usize) -> f64 {
     let before = used_memory(&mut con);
     for chunk in 0..n / 1_000 {
         let tasks = (0..1_000)
-            .map(|i| NewTask::new(q(), due + (chunk * 1_000 + i) as u64, payload.clone()))
+            .map(|i| {
+                let at = due + (chunk * 1_000 + i) as u64 * apart_ms;
+                NewTask::new(q(), at, payload.clone())
+            })
             .collect();
         store.put(tasks).unwrap();
     }
@@ -287,17 +337,30 @@ fn bytes_per_task(server: &RedisServer, far_after_ms: u64, n: usize) -> f64 {
 }
 
 /// The target of issue #14: a pending task due far ahead costs at most 100 bytes of Redis
-/// memory beyond its payload (used_memory, default Redis settings).
+/// memory beyond its payload (used_memory, default Redis settings), whether many tasks share
+/// a minute or they are spread thin over days.
 #[test]
 fn a_far_task_costs_at_most_100_bytes_beyond_its_payload() {
     let server = RedisServer::start();
     let n = 200_000;
-    let ready = bytes_per_task(&server, 0, n);
-    let far = bytes_per_task(&server, 120_000, n);
-    eprintln!("bytes per pending task beyond a 200-byte payload ({n} tasks): ready sets {ready:.1}, far-future buckets {far:.1}");
-    assert!(far <= 100.0, "{far:.1} bytes per task beyond the payload");
+    let ready = bytes_per_task(&server, 0, n, 1);
+    let dense = bytes_per_task(&server, 120_000, n, 1);
+    // One task every 1.3 s over three days: a partition gets one every 5 minutes.
+    let sparse = bytes_per_task(&server, 120_000, n, 1_300);
+    eprintln!(
+        "bytes per pending task beyond a 200-byte payload ({n} tasks): ready sets {ready:.1}, \
+         far-future buckets {dense:.1} (due within 200 s), {sparse:.1} (spread over 3 days)"
+    );
     assert!(
-        far < ready - 50.0,
-        "buckets {far:.1} vs ready sets {ready:.1}"
+        dense <= 100.0,
+        "{dense:.1} bytes per task beyond the payload"
+    );
+    assert!(
+        sparse <= 100.0,
+        "{sparse:.1} bytes per task beyond the payload (sparse)"
+    );
+    assert!(
+        dense < ready - 50.0,
+        "buckets {dense:.1} vs ready sets {ready:.1}"
     );
 }

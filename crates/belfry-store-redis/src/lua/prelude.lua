@@ -15,35 +15,45 @@
 -- (late after, idempotency key, headers) when flags say so, then the payload. Finished
 -- records drop the payload. `record.rs` has the layout.
 --
--- Far-future tasks: a task put or rescheduled due `far_after` ms or more ahead waits in
--- the bucket of its due minute (state BUCKETED), not in a ready set, which costs ~90 bytes
--- less per task. A claim first promotes every bucket whose first ms is at most LEAD_MS
--- ahead: each task there still BUCKETED in this bucket becomes SCHEDULED in its ready set.
--- A cancelled or rescheduled bucketed task leaves its list entry behind; promotion skips it
--- (the record is the truth), and a bucket none counts any more is dropped at once.
+-- Far-future tasks: a task put or rescheduled due `far_after` ms or more ahead waits in a
+-- bucket (state BUCKETED, the bucket's number after the header), not in a ready set, which
+-- costs ~90 bytes less per task. A bucket is named by its first minute and holds tasks due
+-- from then on: a minute wide for tasks due within the hour, 10 minutes within the day, an
+-- hour beyond, so sparse far tasks still share buckets. A claim first promotes every bucket
+-- whose first ms is at most LEAD_MS ahead: each task there still BUCKETED in this bucket
+-- becomes SCHEDULED in its ready set. A cancelled or rescheduled bucketed task leaves its
+-- list entry behind; promotion skips it (the record is the truth), and a bucket none counts
+-- any more is dropped at once.
 local HDR = '>BBBI4I8'
 local HDR_LEN = 15
 local LEASE = '>I8I8'
 local SCHEDULED, LEASED, DONE, DEAD, CANCELLED, SKIPPED, BUCKETED = 0, 1, 2, 3, 4, 5, 6
 local EXTRAS = 16
-local BUCKET_MS = 60000
+local MINUTE_MS = 60000
 local LEAD_MS = 10000
 
--- h: state, flags, attempts, due, lease_until, lease_id, len (header and lease bytes).
+-- h: state, flags, attempts, due, lease_until, lease_id, bucket, len (header and tail bytes).
 local function unpack_hdr(rec)
   local _, state, flags, attempts, due = struct.unpack(HDR, rec)
   local h = {state = state, flags = flags, attempts = attempts, due = due,
-    lease_until = 0, lease_id = 0, len = HDR_LEN}
+    lease_until = 0, lease_id = 0, bucket = -1, len = HDR_LEN}
   if state == LEASED then
     h.lease_until, h.lease_id = struct.unpack(LEASE, rec, HDR_LEN + 1)
     h.len = HDR_LEN + 16
+  elseif state == BUCKETED then
+    h.bucket = struct.unpack('>I4', rec, HDR_LEN + 1)
+    h.len = HDR_LEN + 4
   end
   return h
 end
 
 local function header(h)
   local out = struct.pack(HDR, 2, h.state, h.flags, h.attempts, h.due)
-  if h.state == LEASED then out = out .. struct.pack(LEASE, h.lease_until, h.lease_id) end
+  if h.state == LEASED then
+    out = out .. struct.pack(LEASE, h.lease_until, h.lease_id)
+  elseif h.state == BUCKETED then
+    out = out .. struct.pack('>I4', h.bucket)
+  end
   return out
 end
 
@@ -81,8 +91,11 @@ local function ready_key(h)
   return KEYS[2]
 end
 
-local function bucket_of(due)
-  return math.floor(due / BUCKET_MS)
+-- The bucket (its first minute) of a task due at `due`, placed at `now`.
+local function bucket_of(due, now)
+  local width = 60
+  if due - now >= 86400000 then width = 3600 elseif due - now >= 3600000 then width = 600 end
+  return math.floor(due / (width * 1000)) * width / 60
 end
 
 local function bucket_list(b)
@@ -106,9 +119,10 @@ end
 local function place(seq, h, now, far_after)
   if far_after > 0 and h.due >= now + far_after then
     h.state = BUCKETED
-    local b = bucket_of(h.due)
+    local b = bucket_of(h.due, now)
+    h.bucket = b
     redis.call('RPUSH', bucket_list(b), string.format('%d', struct.unpack('>I8', seq)))
-    redis.call('ZADD', KEYS[10], b * BUCKET_MS, string.format('%d', b))
+    redis.call('ZADD', KEYS[10], b * MINUTE_MS, string.format('%d', b))
     bucket_count(b, 1)
   else
     h.state = SCHEDULED
@@ -119,7 +133,7 @@ end
 -- Takes a scheduled (or bucketed) task out of where it waits.
 local function unplace(seq, h)
   if h.state == BUCKETED then
-    bucket_count(bucket_of(h.due), -1)
+    bucket_count(h.bucket, -1)
   else
     redis.call('ZREM', ready_key(h), seq)
   end
@@ -142,7 +156,7 @@ local function promote(now, budget)
         local rec = redis.call('HGET', KEYS[4], seq)
         if rec then
           local h = unpack_hdr(rec)
-          if h.state == BUCKETED and bucket_of(h.due) == b then
+          if h.state == BUCKETED and h.bucket == b then
             h.state = SCHEDULED
             redis.call('HSET', KEYS[4], seq, pack(rec, h))
             redis.call('ZADD', ready_key(h), h.due, seq)

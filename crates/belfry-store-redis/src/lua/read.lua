@@ -17,7 +17,7 @@ local function bucketed_dues(b)
       local rec = redis.call('HGET', KEYS[4], struct.pack('>I8', tonumber(entry)))
       if rec then
         local h = unpack_hdr(rec)
-        if h.state == BUCKETED and bucket_of(h.due) == b then out[#out + 1] = h.due end
+        if h.state == BUCKETED and h.bucket == b then out[#out + 1] = h.due end
       end
     end
   end
@@ -87,10 +87,14 @@ elseif op == 'forecast' then
   -- Buckets: one inside a step counts whole; one across a step's edge is read task by task.
   local to = from + steps * step
   local function bin(at) return math.floor((at - from) / step) + 1 end
-  local buckets = redis.call('ZRANGEBYSCORE', KEYS[10], from - BUCKET_MS + 1, '(' .. string.format('%d', to), 'WITHSCORES')
+  -- Bucket `b` holds tasks due from its first minute on, within an hour if `b` is a whole
+  -- hour, within 10 minutes if a multiple of 10, else within the minute (see `bucket_of`).
+  local buckets = redis.call('ZRANGEBYSCORE', KEYS[10], from - 3600000 + 1, '(' .. string.format('%d', to), 'WITHSCORES')
   for i = 1, #buckets, 2 do
     local b, lo = tonumber(buckets[i]), tonumber(buckets[i + 1])
-    local hi = lo + BUCKET_MS - 1
+    local span = 1
+    if b % 60 == 0 then span = 60 elseif b % 10 == 0 then span = 10 end
+    local hi = lo + span * MINUTE_MS - 1
     if lo >= from and hi < to and bin(lo) == bin(hi) then
       out[bin(lo)] = out[bin(lo)] + tonumber(redis.call('HGET', KEYS[11], buckets[i]) or '0')
     else
