@@ -49,18 +49,19 @@ pub struct RedisOptions {
     /// acknowledged. A change not replicated in `replica_ack_timeout` fails as unavailable.
     pub replica_acks: u32,
     pub replica_ack_timeout: std::time::Duration,
-    /// A task put or rescheduled due this far ahead or more waits in a far-future bucket of
-    /// its due minute (a few bytes per task) rather than in a ready sorted set (~100 bytes);
-    /// the partition's claims move each bucket into the ready sets 10 s before its minute
-    /// starts. 0 keeps every task in the ready sets. At least 70 s (a minute and the lead).
+    /// A task put or rescheduled due this far ahead or more waits in a far-future bucket (a
+    /// few bytes per task) rather than in a ready sorted set (~100 bytes); the partition's
+    /// claims move each bucket into the ready sets shortly before it starts
+    /// (`lua/prelude.lua`). 0 keeps every task in the ready sets; otherwise at least
+    /// [`FAR_AFTER_MS_MIN`].
     pub far_after_ms: u64,
     /// Tests only: the instant puts measure `far_after_ms` from, instead of this node's
     /// clock (the conformance scenarios run at instants near 0).
     pub placement_now_ms: Option<UnixMs>,
 }
 
-/// The smallest `far_after_ms` (other than 0): a bucket's minute and the promotion lead, so a
-/// new bucket is never already due for promotion when a task lands in it.
+/// The smallest `far_after_ms` (other than 0): a minute-wide bucket's minute and its 10 s
+/// promotion lead, so a bucket is never already due for promotion when a task lands in it.
 pub const FAR_AFTER_MS_MIN: u64 = 70_000;
 
 impl Default for RedisOptions {

@@ -1,5 +1,6 @@
-//! Far-future tasks: a task due `far_after_ms` or more ahead waits in the bucket of its due
-//! minute and is moved into the ready sets by a claim 10 s before that minute starts. These
+//! Far-future tasks: a task due `far_after_ms` or more ahead waits in a bucket and is moved
+//! into the ready sets by a claim shortly before the bucket starts (10 s for a minute-wide
+//! bucket). These
 //! tests watch the buckets themselves (their keys in Redis) as well as what callers see, and
 //! measure what a waiting task costs in Redis memory.
 
@@ -9,8 +10,9 @@ use belfry_store_redis::testing::RedisServer;
 use belfry_store_redis::{RedisOptions, RedisStore};
 use bytes::Bytes;
 
-/// A minute's first ms, as the buckets count minutes.
-const BASE: u64 = 28_333_334 * 60_000;
+/// A minute's first ms (minute 1 mod 10: the buckets used below are a minute wide and
+/// promoted 10 s ahead, as minutes not a multiple of 10 are).
+const BASE: u64 = 28_333_331 * 60_000;
 const MINUTE: u64 = 60_000;
 const LEAD: u64 = 10_000;
 
@@ -130,8 +132,9 @@ fn later_tasks_share_wider_buckets_and_still_fire_on_time() {
     let store = store(&server, "far7", Some(BASE));
     let mut con = redis(&server);
     let hour = 60 * MINUTE;
-    // Due in 3 h (10-minute buckets) and in 2 days (hour-wide buckets).
-    let soon = BASE + 3 * hour + 7 * MINUTE + 5;
+    // Due in 3 h (10-minute buckets, promoted a minute ahead) and in 2 days (hour-wide
+    // buckets, promoted 5 minutes ahead).
+    let soon = BASE + 3 * hour + MINUTE + 5;
     let later = BASE + 48 * hour + 31 * MINUTE;
     let ids = put(
         &store,
@@ -139,17 +142,20 @@ fn later_tasks_share_wider_buckets_and_still_fire_on_time() {
     );
     assert_eq!(keys(&mut con, "far7", "*:b:*").len(), 2);
     let ten = soon / (10 * MINUTE) * (10 * MINUTE);
-    assert_eq!(store.next_due_ms(&q()).unwrap(), Some(ten - LEAD));
+    assert_eq!(store.next_due_ms(&q()).unwrap(), Some(ten - MINUTE));
     let by_hour = store.forecast(&q(), BASE, hour, 50).unwrap();
     assert_eq!(by_hour.iter().sum::<u64>(), 4);
     assert_eq!(by_hour[((later - BASE) / hour) as usize], 2);
-    assert!(claim_ack(&store, ten - LEAD).is_empty());
+    assert!(claim_ack(&store, ten - MINUTE - 1).is_empty());
+    assert_eq!(keys(&mut con, "far7", "*:b:*").len(), 2);
+    assert!(claim_ack(&store, ten - MINUTE).is_empty());
+    assert_eq!(keys(&mut con, "far7", "*:b:*").len(), 1);
     assert_eq!(store.next_due_ms(&q()).unwrap(), Some(soon));
     assert!(claim_ack(&store, soon - 1).is_empty(), "never early");
     assert_eq!(claim_ack(&store, soon + 2 * MINUTE), ids[..2].to_vec());
     let whole = later / hour * hour;
-    assert_eq!(store.next_due_ms(&q()).unwrap(), Some(whole - LEAD));
-    assert!(claim_ack(&store, whole - LEAD).is_empty());
+    assert_eq!(store.next_due_ms(&q()).unwrap(), Some(whole - 5 * MINUTE));
+    assert!(claim_ack(&store, whole - 5 * MINUTE).is_empty());
     assert!(claim_ack(&store, later - 1).is_empty(), "never early");
     assert_eq!(claim_ack(&store, later), vec![ids[2]]);
     assert_eq!(claim_ack(&store, later + 10 * MINUTE), vec![ids[3]]);

@@ -6,7 +6,7 @@ local now, max, vis, retain = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARG
 if ARGV[5] ~= '' and redis.call('GET', KEYS[12]) ~= ARGV[5] then
   return {-1}
 end
-promote(now, 5000)
+promote(now, 2000)
 expire(now, 1000)
 local leased, skipped, dead = {}, {}, {}
 local left = max

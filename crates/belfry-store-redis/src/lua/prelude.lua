@@ -8,7 +8,7 @@
 --   7 r: dead reasons (HASH: sequence -> text)
 --   8 f: finished tasks (ZSET: finish ms -> sequence), forgotten after the retention
 --   9 s: the partition's counter (sequences and lease ids)
---  10 b: far-future buckets (ZSET: bucket number -> its first ms); bucket `n`'s sequences
+--  10 b: far-future buckets (ZSET: bucket number -> when to promote it, ms); bucket `n`'s sequences
 --        (as decimal numbers, a few bytes each) are the LIST `KEYS[10] .. ':' .. n`
 --  11 c: bucketed tasks (HASH: bucket number -> how many, 'all' -> how many in all)
 -- A record: a fixed header (layout below, big-endian), a leased task's lease, the extras
@@ -20,8 +20,9 @@
 -- costs ~90 bytes less per task. A bucket is named by its first minute and holds tasks due
 -- from then on: a minute wide for tasks due within the hour, 10 minutes within the day, an
 -- hour beyond, so sparse far tasks still share buckets. A claim first promotes every bucket
--- whose first ms is at most LEAD_MS ahead: each task there still BUCKETED in this bucket
--- becomes SCHEDULED in its ready set. A cancelled or rescheduled bucketed task leaves its
+-- whose promotion instant has come (its first ms less a lead: 10 s, 1 min, 5 min as it is
+-- 1, 10, 60 minutes wide): each task there still BUCKETED in this bucket becomes SCHEDULED
+-- in its ready set. A cancelled or rescheduled bucketed task leaves its
 -- list entry behind; promotion skips it (the record is the truth), and a bucket none counts
 -- any more is dropped at once.
 local HDR = '>BBBI4I8'
@@ -30,7 +31,22 @@ local LEASE = '>I8I8'
 local SCHEDULED, LEASED, DONE, DEAD, CANCELLED, SKIPPED, BUCKETED = 0, 1, 2, 3, 4, 5, 6
 local EXTRAS = 16
 local MINUTE_MS = 60000
-local LEAD_MS = 10000
+
+-- How many minutes bucket `b` may span: a bucket is named by its first minute, and one named
+-- by a whole hour may hold hour-wide tasks (see `bucket_of`).
+local function bucket_span(b)
+  if b % 60 == 0 then return 60 elseif b % 10 == 0 then return 10 end
+  return 1
+end
+
+-- When bucket `b` is promoted: ahead of its first ms by 10 s, 1 min or 5 min as it spans 1,
+-- 10 or 60 minutes, so a wide bucket's many tasks move well before the first is due.
+local function promote_at(b)
+  local lead = 10000
+  local span = bucket_span(b)
+  if span == 60 then lead = 300000 elseif span == 10 then lead = 60000 end
+  return math.max(b * MINUTE_MS - lead, 0)
+end
 
 -- h: state, flags, attempts, due, lease_until, lease_id, bucket, len (header and tail bytes).
 local function unpack_hdr(rec)
@@ -122,7 +138,7 @@ local function place(seq, h, now, far_after)
     local b = bucket_of(h.due, now)
     h.bucket = b
     redis.call('RPUSH', bucket_list(b), string.format('%d', struct.unpack('>I8', seq)))
-    redis.call('ZADD', KEYS[10], b * MINUTE_MS, string.format('%d', b))
+    redis.call('ZADD', KEYS[10], promote_at(b), string.format('%d', b))
     bucket_count(b, 1)
   else
     h.state = SCHEDULED
@@ -139,12 +155,12 @@ local function unplace(seq, h)
   end
 end
 
--- Promotes buckets whose first ms is at most LEAD_MS after `now`, earliest first, reading at
+-- Promotes buckets whose promotion instant is `now` or earlier, earliest first, reading at
 -- most `budget` list entries.
 local function promote(now, budget)
   while budget > 0 do
     local first = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')
-    if not first[1] or tonumber(first[2]) - LEAD_MS > now then return end
+    if not first[1] or tonumber(first[2]) > now then return end
     local b = tonumber(first[1])
     local list = bucket_list(b)
     local entries = redis.call('LPOP', list, budget)
@@ -230,7 +246,6 @@ local function earliest()
     local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
     if first[2] then
       local at = tonumber(first[2])
-      if key == KEYS[10] then at = math.max(at - LEAD_MS, 0) end
       if best < 0 or at < best then best = at end
     end
   end

@@ -31,7 +31,7 @@ for i = 0, n - 1 do
     if key ~= '' then redis.call('HSET', KEYS[5], key, seq) end
     out[#out + 1] = {1, seq}
     local at = due
-    if h.state == BUCKETED then at = math.max(h.bucket * MINUTE_MS - LEAD_MS, 0) end
+    if h.state == BUCKETED then at = promote_at(h.bucket) end
     if first < 0 or at < first then first = at end
   end
 end

@@ -87,16 +87,18 @@ elseif op == 'forecast' then
   -- Buckets: one inside a step counts whole; one across a step's edge is read task by task.
   local to = from + steps * step
   local function bin(at) return math.floor((at - from) / step) + 1 end
-  -- Bucket `b` holds tasks due from its first minute on, within an hour if `b` is a whole
-  -- hour, within 10 minutes if a multiple of 10, else within the minute (see `bucket_of`).
-  local buckets = redis.call('ZRANGEBYSCORE', KEYS[10], from - 3600000 + 1, '(' .. string.format('%d', to), 'WITHSCORES')
-  for i = 1, #buckets, 2 do
-    local b, lo = tonumber(buckets[i]), tonumber(buckets[i + 1])
-    local span = 1
-    if b % 60 == 0 then span = 60 elseif b % 10 == 0 then span = 10 end
-    local hi = lo + span * MINUTE_MS - 1
-    if lo >= from and hi < to and bin(lo) == bin(hi) then
-      out[bin(lo)] = out[bin(lo)] + tonumber(redis.call('HGET', KEYS[11], buckets[i]) or '0')
+  -- Bucket `b` holds tasks due from its first minute on, within `bucket_span(b)` minutes; it
+  -- is indexed by its promotion instant, at most 5 minutes before that.
+  local first = string.format('%d', from - 3600000 - 300000)
+  local buckets = redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. first, '(' .. string.format('%d', to))
+  for _, member in ipairs(buckets) do
+    local b = tonumber(member)
+    local lo = b * MINUTE_MS
+    local hi = lo + bucket_span(b) * MINUTE_MS - 1
+    if hi < from or lo >= to then
+      -- outside the forecast
+    elseif lo >= from and hi < to and bin(lo) == bin(hi) then
+      out[bin(lo)] = out[bin(lo)] + tonumber(redis.call('HGET', KEYS[11], member) or '0')
     else
       for _, due in ipairs(bucketed_dues(b)) do
         if due >= from and due < to then out[bin(due)] = out[bin(due)] + 1 end
@@ -111,7 +113,7 @@ elseif op == 'due' then
   local now = tonumber(ARGV[2])
   local due = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[2], '-inf', now)
     + redis.call('ZCOUNT', KEYS[3], '-inf', now)
-  for _, b in ipairs(redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', now + LEAD_MS)) do
+  for _, b in ipairs(redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', now)) do
     due = due + tonumber(redis.call('HGET', KEYS[11], b) or '0')
   end
   return {due, earliest()}
