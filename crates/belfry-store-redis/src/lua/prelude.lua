@@ -130,16 +130,22 @@ local function bucket_count(b, by)
   end
 end
 
+-- Adds `entries` (sequences as decimal numbers) to bucket `b`.
+local function bucket_add(b, entries)
+  for i = 1, #entries, 500 do
+    redis.call('RPUSH', bucket_list(b), unpack(entries, i, math.min(i + 499, #entries)))
+  end
+  redis.call('ZADD', KEYS[10], promote_at(b), string.format('%d', b))
+  bucket_count(b, #entries)
+end
+
 -- Puts a scheduled task where it waits: its bucket when due `far_after` ms or more after
 -- `now` (far_after 0: never), else its ready set. Sets h.state; the caller writes the record.
 local function place(seq, h, now, far_after)
   if far_after > 0 and h.due >= now + far_after then
     h.state = BUCKETED
-    local b = bucket_of(h.due, now)
-    h.bucket = b
-    redis.call('RPUSH', bucket_list(b), string.format('%d', struct.unpack('>I8', seq)))
-    redis.call('ZADD', KEYS[10], promote_at(b), string.format('%d', b))
-    bucket_count(b, 1)
+    h.bucket = bucket_of(h.due, now)
+    bucket_add(h.bucket, {string.format('%d', struct.unpack('>I8', seq))})
   else
     h.state = SCHEDULED
     redis.call('ZADD', ready_key(h), h.due, seq)

@@ -5,11 +5,13 @@
 -- do for the tasks created (or -1).
 local now, retain = tonumber(ARGV[1]), tonumber(ARGV[2])
 local place_now, far_after = tonumber(ARGV[3]), tonumber(ARGV[4])
-local n = tonumber(ARGV[5])
+local count = tonumber(ARGV[5])
 local out = {}
 local first = -1
-for i = 0, n - 1 do
+local far = {}
+for i = 0, count - 1 do
   local due = tonumber(ARGV[6 + i * 4])
+  local prio = tonumber(ARGV[7 + i * 4])
   local key = ARGV[8 + i * 4]
   local rec = ARGV[9 + i * 4]
   local dup = nil
@@ -23,18 +25,35 @@ for i = 0, n - 1 do
   if dup then
     out[#out + 1] = dup
   else
-    local seq = struct.pack('>I8', redis.call('INCR', KEYS[9]))
-    local h = unpack_hdr(rec)
-    h.due = due
-    place(seq, h, place_now, far_after)
-    redis.call('HSET', KEYS[4], seq, pack(rec, h))
+    local n = redis.call('INCR', KEYS[9])
+    local seq = struct.pack('>I8', n)
+    local at = due
+    if far_after > 0 and due >= place_now + far_after then
+      -- A far task: bucketed (see `place`), its bucket written once per call below.
+      local h = unpack_hdr(rec)
+      h.state = BUCKETED
+      h.bucket = bucket_of(due, place_now)
+      rec = pack(rec, h)
+      local entries = far[h.bucket]
+      if not entries then
+        entries = {}
+        far[h.bucket] = entries
+      end
+      entries[#entries + 1] = string.format('%d', n)
+      at = promote_at(h.bucket)
+    elseif prio == 0 then
+      -- The record as given: scheduled, in its ready set.
+      redis.call('ZADD', KEYS[1], due, seq)
+    else
+      redis.call('ZADD', KEYS[2], due, seq)
+    end
+    redis.call('HSET', KEYS[4], seq, rec)
     if key ~= '' then redis.call('HSET', KEYS[5], key, seq) end
     out[#out + 1] = {1, seq}
-    local at = due
-    if h.state == BUCKETED then at = promote_at(h.bucket) end
     if first < 0 or at < first then first = at end
   end
 end
+for b, entries in pairs(far) do bucket_add(b, entries) end
 forget_old(now, retain, 64)
 out[#out + 1] = first
 return out
