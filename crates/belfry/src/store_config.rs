@@ -213,6 +213,23 @@ mod tests {
     }
 
     #[test]
+    fn far_after_is_off_or_at_least_the_minimum() {
+        let far_after = |table: &str| {
+            parse(&format!("store = \"redis://127.0.0.1:6379\"\n{table}"))
+                .and_then(|f| f.resolve(None, None, None))
+                .map(|s| s.redis.far_after_ms)
+        };
+        assert_eq!(far_after("").unwrap(), 120_000);
+        assert_eq!(far_after("[redis]\nfar_after = \"0\"\n").unwrap(), 0);
+        assert_eq!(
+            far_after("[redis]\nfar_after = \"10m\"\n").unwrap(),
+            600_000
+        );
+        let err = far_after("[redis]\nfar_after = \"30s\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("at least 70 s"), "{err:#}");
+    }
+
+    #[test]
     fn redis_table_defaults_keys_and_env_overrides() {
         let settings = parse("store = \"redis://127.0.0.1:6379\"\n")
             .unwrap()
