@@ -176,6 +176,34 @@ fn lagging_promotion_still_counts_due_tasks_and_claims_them_at_once() {
 }
 
 #[test]
+fn a_big_bucket_is_promoted_over_several_claims_each_task_once() {
+    let server = RedisServer::start();
+    let store = store(&server, "far8", Some(BASE));
+    let mut con = redis(&server);
+    let due = BASE + 9 * MINUTE;
+    // One put call: one partition, one bucket of 4,500 tasks (a claim promotes 2,000).
+    let ids = put(&store, &vec![due; 4_500]);
+    let mut seen = std::collections::BTreeSet::new();
+    let mut calls = 0;
+    loop {
+        let batch = store.claim(&q(), due, 10_000, 600_000).unwrap();
+        if batch.leased.is_empty() {
+            break;
+        }
+        calls += 1;
+        for t in &batch.leased {
+            assert!(seen.insert(t.task.id), "{:?} leased twice", t.task.id);
+        }
+        let counts = store.counts(&q(), due).unwrap();
+        assert_eq!(counts.pending + counts.in_flight, 4_500);
+        assert_eq!(counts.in_flight, seen.len() as u64);
+    }
+    assert!(calls >= 3, "{calls} claims");
+    assert_eq!(seen.len(), ids.len());
+    assert!(keys(&mut con, "far8", "*:b:*").is_empty());
+}
+
+#[test]
 fn cancel_and_reschedule_of_bucketed_tasks() {
     let server = RedisServer::start();
     let store = store(&server, "far3", Some(BASE));
