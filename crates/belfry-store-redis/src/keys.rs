@@ -2,7 +2,8 @@
 //!
 //! | key | what |
 //! |---|---|
-//! | `{ns/p}:uid:h` … `:s` | one queue's tasks in partition `p` (see `lua/prelude.lua`) |
+//! | `{ns/p}:uid:h` … `:c` | one queue's tasks in partition `p` (see `lua/prelude.lua`) |
+//! | `{ns/p}:uid:b:<minute>` | the far-future bucket of one due minute: a LIST of sequences |
 //! | `{ns/p}:own` | the partition's owner lease: `node/token`, with an expiry |
 //! | `{ns/p}:fence` | the partition's fencing-token counter |
 //! | `{ns/q}:nodes` | live nodes: node id -> heartbeat expiry, ms of Redis `TIME` (`ownership.rs`) |
@@ -16,7 +17,8 @@
 use belfry_core::{LeaseId, TaskId, UserId};
 
 /// Task keys of one queue in one partition, in the order the task scripts take them.
-pub(crate) const TASK_KEY_SUFFIXES: [&str; 9] = ["h", "n", "l", "t", "k", "x", "r", "f", "s"];
+pub(crate) const TASK_KEY_SUFFIXES: [&str; 11] =
+    ["h", "n", "l", "t", "k", "x", "r", "f", "s", "b", "c"];
 
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
@@ -41,6 +43,16 @@ impl Keys {
         TASK_KEY_SUFFIXES
             .iter()
             .map(|s| format!("{tag}:{uid}:{s}").into_bytes())
+            .collect()
+    }
+
+    /// The far-future bucket lists of partition `p` named by `buckets` (the members of the
+    /// bucket index `{ns/p}:uid:b`).
+    pub(crate) fn bucket_lists(&self, p: u16, uid: u64, buckets: &[String]) -> Vec<Vec<u8>> {
+        let tag = self.tag(p);
+        buckets
+            .iter()
+            .map(|b| format!("{tag}:{uid}:b:{b}").into_bytes())
             .collect()
     }
 

@@ -7,8 +7,11 @@
 //! sets of 8-byte sequences (high and normal priority), one of leases by deadline, a hash of
 //! records (header + payload, `record.rs`), idempotency keys, dead letters and recently
 //! finished tasks (kept a minute without payload, so reads and idempotency keys still see
-//! them). A per-queue *hint* sorted set says, for each partition, the earliest instant a claim
-//! there could return work, so a claim visits only partitions with due work.
+//! them). Tasks due far ahead (`RedisOptions::far_after_ms`) wait instead in far-future
+//! bucket lists of a few bytes per task, which claims promote into the sorted sets shortly
+//! before they are due (`lua/prelude.lua`). A per-queue *hint* sorted set says, for each partition, the earliest instant a claim
+//! there could return work (or has a bucket to promote), so a claim visits only partitions
+//! with due work.
 //!
 //! **Atomicity is per slot, not per call.** A `put` of tasks that land in several partitions
 //! is one script per partition: a crash (or a failover) between them may keep some and not
@@ -39,7 +42,7 @@ pub mod testing;
 
 pub use conn::Timeouts;
 pub use ownership::{Ownership, OwnershipOptions, OwnershipStats};
-pub use store::{RedisOptions, RedisStore};
+pub use store::{RedisOptions, RedisStore, FAR_AFTER_MS_MIN};
 pub use target::{RedisTarget, TargetError};
 
 /// The partition of a byte string (an idempotency key, an encoded user id): stable across

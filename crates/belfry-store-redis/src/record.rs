@@ -1,20 +1,31 @@
-//! A task's record in Redis: a fixed header the Lua scripts read and rewrite (state,
-//! attempts, due time, lease), then the parts only Rust reads. Layout (big-endian):
+//! A task's record in Redis: a small fixed header the Lua scripts read and rewrite (state,
+//! flags, attempts, due time; a leased task's lease after it), then the parts only Rust reads.
+//! Layout (big-endian):
 //!
 //! ```text
-//! 0 version u8 | 1 state u8 | 2 priority u8 | 3 payload kind u8 | 4 attempts u32
-//! 8 due ms u64 | 16 lease deadline ms u64 | 24 lease id u64 | 32 late kind u8
-//! 33 late after ms u64 | 41 payload offset u32 | 45 key len u16, key
-//! | header count u16, (name len u16, name, value len u32, value)* | payload
+//! 0 version u8 | 1 state u8 | 2 flags u8 | 3 attempts u32 | 7 due ms u64
+//! [state leased: 15 lease deadline ms u64 | 23 lease id u64]
+//! [state bucketed (6, scheduled in a far-future bucket): 15 bucket's first minute u32]
+//! [flags & EXTRAS: extras len u32 | extras] | payload
+//! extras: [late kind != fire: late after ms u64] | key len u16, key
+//!         | header count u16, (name len u16, name, value len u32, value)*
+//! flags: bit 0 normal priority, bit 1 binary payload, bits 2-3 late kind, bit 4 EXTRAS
 //! ```
-//! Finished records are cut at the payload offset. Times and lease ids stay below 2^53 (Lua
-//! numbers are doubles).
+//! A task without idempotency key, headers or late policy costs 15 bytes beyond its payload
+//! in a ready set, 19 in a far-future bucket. Finished records are cut after the extras (the payload dropped). Times and
+//! lease ids stay below 2^53 (Lua numbers are doubles).
 
 use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, TaskState, UnixMs};
 use bytes::Bytes;
 
-const VERSION: u8 = 1;
-pub(crate) const HDR_LEN: usize = 45;
+const VERSION: u8 = 2;
+/// The fixed header's length (a leased task's lease follows it).
+const HDR_LEN: usize = 15;
+const NORMAL: u8 = 1;
+const BINARY: u8 = 2;
+const EXTRAS: u8 = 16;
+/// The state code of a scheduled task waiting in a far-future bucket.
+const BUCKETED: u8 = 6;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Record {
@@ -42,9 +53,11 @@ pub(crate) fn state_code(state: TaskState) -> u8 {
     }
 }
 
+/// A state code as callers see it: 6 is a scheduled task waiting in a far-future bucket
+/// (`lua/prelude.lua`), which is scheduled like any other.
 pub(crate) fn state_of(code: i64) -> Option<TaskState> {
     Some(match code {
-        0 => TaskState::Scheduled,
+        0 | 6 => TaskState::Scheduled,
         1 => TaskState::Leased,
         2 => TaskState::Done,
         3 => TaskState::Dead,
@@ -54,47 +67,53 @@ pub(crate) fn state_of(code: i64) -> Option<TaskState> {
     })
 }
 
-pub(crate) fn encode(task: &NewTask) -> Vec<u8> {
-    let key = task.idempotency_key.as_deref().unwrap_or("");
-    let headers_len: usize = task
-        .headers
-        .iter()
-        .map(|(n, v)| 6 + n.len() + v.len())
-        .sum();
-    let mut out = Vec::with_capacity(HDR_LEN + 4 + key.len() + headers_len + task.payload.len());
-    out.push(VERSION);
-    out.push(state_code(TaskState::Scheduled));
-    out.push(match task.priority {
-        Priority::High => 0,
-        Priority::Normal => 1,
-    });
-    out.push(match task.payload_kind {
-        PayloadKind::Json => 0,
-        PayloadKind::Binary => 1,
-    });
-    out.extend_from_slice(&0u32.to_be_bytes());
-    out.extend_from_slice(&task.due_at_ms.to_be_bytes());
-    out.extend_from_slice(&0u64.to_be_bytes());
-    out.extend_from_slice(&0u64.to_be_bytes());
-    let (late_kind, late_after) = match task.late_policy {
-        LatePolicy::Fire => (0u8, 0u64),
+fn late_parts(policy: LatePolicy) -> (u8, u64) {
+    match policy {
+        LatePolicy::Fire => (0, 0),
         LatePolicy::Skip { after_ms } => (1, after_ms),
         LatePolicy::Dead { after_ms } => (2, after_ms),
-    };
-    out.push(late_kind);
-    out.extend_from_slice(&late_after.to_be_bytes());
-    out.extend_from_slice(&0u32.to_be_bytes()); // the payload offset, set below
-    out.extend_from_slice(&(key.len() as u16).to_be_bytes());
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(&(task.headers.len() as u16).to_be_bytes());
-    for (name, value) in &task.headers {
-        out.extend_from_slice(&(name.len() as u16).to_be_bytes());
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(&(value.len() as u32).to_be_bytes());
-        out.extend_from_slice(value.as_bytes());
     }
-    let payload_off = out.len() as u32;
-    out[41..45].copy_from_slice(&payload_off.to_be_bytes());
+}
+
+/// A new task's record: scheduled, no attempts yet, no lease.
+pub(crate) fn encode(task: &NewTask) -> Vec<u8> {
+    let (late_kind, late_after) = late_parts(task.late_policy);
+    let mut extras = Vec::new();
+    let key = task.idempotency_key.as_deref().unwrap_or("");
+    if late_kind != 0 || !key.is_empty() || !task.headers.is_empty() {
+        if late_kind != 0 {
+            extras.extend_from_slice(&late_after.to_be_bytes());
+        }
+        extras.extend_from_slice(&(key.len() as u16).to_be_bytes());
+        extras.extend_from_slice(key.as_bytes());
+        extras.extend_from_slice(&(task.headers.len() as u16).to_be_bytes());
+        for (name, value) in &task.headers {
+            extras.extend_from_slice(&(name.len() as u16).to_be_bytes());
+            extras.extend_from_slice(name.as_bytes());
+            extras.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            extras.extend_from_slice(value.as_bytes());
+        }
+    }
+    let mut flags = late_kind << 2;
+    if task.priority == Priority::Normal {
+        flags |= NORMAL;
+    }
+    if task.payload_kind == PayloadKind::Binary {
+        flags |= BINARY;
+    }
+    if !extras.is_empty() {
+        flags |= EXTRAS;
+    }
+    let mut out = Vec::with_capacity(HDR_LEN + 4 + extras.len() + task.payload.len());
+    out.push(VERSION);
+    out.push(state_code(TaskState::Scheduled));
+    out.push(flags);
+    out.extend_from_slice(&0u32.to_be_bytes());
+    out.extend_from_slice(&task.due_at_ms.to_be_bytes());
+    if !extras.is_empty() {
+        out.extend_from_slice(&(extras.len() as u32).to_be_bytes());
+        out.extend_from_slice(&extras);
+    }
     out.extend_from_slice(&task.payload);
     out
 }
@@ -142,23 +161,47 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, String> {
     if version != VERSION {
         return Err(format!("record version {version}, expected {VERSION}"));
     }
-    let state = state_of(r.u8()? as i64).ok_or("unknown state")?;
-    let priority = match r.u8()? {
-        0 => Priority::High,
-        1 => Priority::Normal,
-        other => return Err(format!("unknown priority {other}")),
-    };
-    let payload_kind = match r.u8()? {
-        0 => PayloadKind::Json,
-        1 => PayloadKind::Binary,
-        other => return Err(format!("unknown payload kind {other}")),
-    };
+    let code = r.u8()?;
+    let state = state_of(code as i64).ok_or("unknown state")?;
+    let flags = r.u8()?;
+    if flags >> 5 != 0 {
+        return Err(format!("unknown record flags {flags:#04x}"));
+    }
     let attempts = r.u32()?;
     let due_at_ms = r.u64()?;
-    let lease_until_ms = r.u64()?;
-    let lease_id = r.u64()?;
-    let late_kind = r.u8()?;
-    let late_after = r.u64()?;
+    let (lease_until_ms, lease_id) = if state == TaskState::Leased {
+        (r.u64()?, r.u64()?)
+    } else {
+        (0, 0)
+    };
+    if code == BUCKETED {
+        r.u32()?; // the bucket it waits in: the scripts' business
+    }
+    let late_kind = (flags >> 2) & 3;
+    let mut late_after = 0;
+    let mut key = String::new();
+    let mut headers = Vec::new();
+    if flags & EXTRAS != 0 {
+        let len = r.u32()? as usize;
+        let end = r.at.checked_add(len).filter(|&e| e <= bytes.len());
+        let end = end.ok_or_else(|| format!("extras of {len} bytes past the record's end"))?;
+        if late_kind != 0 {
+            late_after = r.u64()?;
+        }
+        let key_len = r.u16()? as usize;
+        key = r.text(key_len)?;
+        let count = r.u16()?;
+        headers.reserve(count as usize);
+        for _ in 0..count {
+            let n = r.u16()? as usize;
+            let name = r.text(n)?;
+            let n = r.u32()? as usize;
+            headers.push((name, r.text(n)?));
+        }
+        if r.at != end {
+            return Err(format!("extras end at {end} but their fields at {}", r.at));
+        }
+    }
     let late_policy = match late_kind {
         0 => LatePolicy::Fire,
         1 => LatePolicy::Skip {
@@ -169,34 +212,18 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, String> {
         },
         other => return Err(format!("unknown late policy {other}")),
     };
-    let payload_off = r.u32()? as usize;
-    let key_len = r.u16()? as usize;
-    let key = r.text(key_len)?;
-    let count = r.u16()?;
-    let mut headers = Vec::with_capacity(count as usize);
-    for _ in 0..count {
-        let n = r.u16()? as usize;
-        let name = r.text(n)?;
-        let n = r.u32()? as usize;
-        headers.push((name, r.text(n)?));
-    }
-    if r.at != payload_off.min(bytes.len()) && r.at != payload_off {
-        return Err(format!(
-            "payload offset {payload_off} but the headers end at {}",
-            r.at
-        ));
-    }
-    let payload = if payload_off <= bytes.len() {
-        bytes.slice(payload_off..)
-    } else {
-        return Err(format!(
-            "payload offset {payload_off} past the record's end"
-        ));
-    };
     Ok(Record {
         state,
-        priority,
-        payload_kind,
+        priority: if flags & NORMAL != 0 {
+            Priority::Normal
+        } else {
+            Priority::High
+        },
+        payload_kind: if flags & BINARY != 0 {
+            PayloadKind::Binary
+        } else {
+            PayloadKind::Json
+        },
         attempts,
         due_at_ms,
         lease_until_ms,
@@ -204,7 +231,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, String> {
         late_policy,
         idempotency_key: (!key.is_empty()).then_some(key),
         headers,
-        payload,
+        payload: bytes.slice(r.at..),
     })
 }
 
@@ -235,5 +262,37 @@ mod tests {
         let mut bad = bytes.to_vec();
         bad[1] = 9;
         assert!(decode(&Bytes::from(bad)).is_err());
+    }
+
+    #[test]
+    fn a_plain_task_costs_fifteen_bytes_and_a_lease_reads_back() {
+        let task = NewTask::new(
+            QueueName::new("q").unwrap(),
+            1_700_000_000_123,
+            vec![7u8; 200],
+        );
+        let bytes = encode(&task);
+        assert_eq!(bytes.len(), HDR_LEN + 200);
+        // The scripts lease it: state 1, then the deadline and lease id after the header.
+        let mut leased = bytes.clone();
+        leased[1] = 1;
+        leased[3..7].copy_from_slice(&3u32.to_be_bytes());
+        let mut tail = 1_700_000_030_000u64.to_be_bytes().to_vec();
+        tail.extend_from_slice(&42u64.to_be_bytes());
+        leased.splice(HDR_LEN..HDR_LEN, tail);
+        let record = decode(&Bytes::from(leased)).unwrap();
+        assert_eq!(record.state, TaskState::Leased);
+        assert_eq!(
+            (record.attempts, record.lease_until_ms, record.lease_id),
+            (3, 1_700_000_030_000, 42)
+        );
+        assert_eq!(&record.payload[..], &[7u8; 200][..]);
+        // A bucketed task (code 6) reads as scheduled.
+        let mut bucketed = bytes;
+        bucketed[1] = 6;
+        assert_eq!(
+            decode(&Bytes::from(bucketed)).unwrap().state,
+            TaskState::Scheduled
+        );
     }
 }

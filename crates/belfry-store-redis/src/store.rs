@@ -49,7 +49,20 @@ pub struct RedisOptions {
     /// acknowledged. A change not replicated in `replica_ack_timeout` fails as unavailable.
     pub replica_acks: u32,
     pub replica_ack_timeout: std::time::Duration,
+    /// A task put or rescheduled due this far ahead or more waits in a far-future bucket (a
+    /// few bytes per task) rather than in a ready sorted set (~100 bytes); the partition's
+    /// claims move each bucket into the ready sets shortly before it starts
+    /// (`lua/prelude.lua`). 0 keeps every task in the ready sets; otherwise at least
+    /// [`FAR_AFTER_MS_MIN`].
+    pub far_after_ms: u64,
+    /// Tests only: the instant puts measure `far_after_ms` from, instead of this node's
+    /// clock (the conformance scenarios run at instants near 0).
+    pub placement_now_ms: Option<UnixMs>,
 }
+
+/// The smallest `far_after_ms` (other than 0): a minute-wide bucket's minute and its 10 s
+/// promotion lead, so a bucket is never already due for promotion when a task lands in it.
+pub const FAR_AFTER_MS_MIN: u64 = 70_000;
 
 impl Default for RedisOptions {
     fn default() -> Self {
@@ -64,6 +77,8 @@ impl Default for RedisOptions {
             ownership: OwnershipOptions::default(),
             replica_acks: 0,
             replica_ack_timeout: std::time::Duration::from_secs(1),
+            far_after_ms: 120_000,
+            placement_now_ms: None,
         }
     }
 }
@@ -73,6 +88,9 @@ pub struct RedisStore {
     pub(crate) keys: Keys,
     target: RedisTarget,
     pub(crate) retention_ms: u64,
+    /// `RedisOptions::far_after_ms` and `placement_now_ms`.
+    pub(crate) far_after_ms: u64,
+    pub(crate) placement_now_ms: Option<UnixMs>,
     /// Rotates the partition of tasks without an idempotency key, and the partition a claim
     /// starts at.
     rotate: AtomicU32,
@@ -130,6 +148,12 @@ impl RedisStore {
         if options.partitions == 0 {
             return Err(StoreError::Invalid("partitions must be at least 1".into()));
         }
+        if options.far_after_ms != 0 && options.far_after_ms < FAR_AFTER_MS_MIN {
+            return Err(StoreError::Invalid(format!(
+                "far_after_ms {}: use 0 (no far-future buckets) or at least {FAR_AFTER_MS_MIN}",
+                options.far_after_ms
+            )));
+        }
         if let RedisTarget::Cluster(nodes) = target {
             check_cluster_slots(nodes, options.timeouts)?;
         }
@@ -140,6 +164,8 @@ impl RedisStore {
             keys,
             target: target.clone(),
             retention_ms: options.finished_retention_ms,
+            far_after_ms: options.far_after_ms,
+            placement_now_ms: options.placement_now_ms,
             rotate: AtomicU32::new(rand_seed()),
             timeouts: options.timeouts,
             resync_every: options.resync_every,
@@ -508,10 +534,24 @@ impl Store for RedisStore {
         let uid = uid as u64;
         self.publish(crate::events::queue_message(queue));
         // The queue is gone from the registry: nothing finds these keys any more; remove them.
+        // Each partition's far-future bucket lists are named in its bucket index (key 10).
+        let reads = (0..self.keys.partitions)
+            .map(|p| {
+                let mut cmd = redis::cmd("ZRANGE");
+                cmd.arg(&self.part(p, uid).keys[9]).arg(0).arg(-1);
+                cmd
+            })
+            .collect();
+        let buckets = self
+            .pool
+            .with("read a queue's buckets", |c| pipeline(c, reads))?;
         let mut cmds = Vec::with_capacity(self.keys.partitions as usize + 2);
-        for p in 0..self.keys.partitions {
+        for (p, listed) in (0..self.keys.partitions).zip(&buckets) {
+            let listed: Vec<String> =
+                redis::from_redis_value(listed).map_err(|_| unexpected("bucket index", listed))?;
             let mut cmd = redis::cmd("UNLINK");
             cmd.arg(self.keys.task_keys(p, uid));
+            cmd.arg(self.keys.bucket_lists(p, uid, &listed));
             cmds.push(cmd);
         }
         let [room, starved, extra] = self.keys.in_flight(uid);

@@ -140,6 +140,7 @@ impl RedisStore {
                 op.as_bytes().to_vec(),
                 seq.to_vec(),
                 value.to_string().into_bytes(),
+                this.far_after_ms.to_string().into_bytes(),
             ];
             let v = this.script(c, &scripts::CHANGE, &part.keys, &args, "change a task")?;
             let bad = || unexpected("change", &v);
@@ -220,6 +221,7 @@ impl RedisStore {
             })?;
             checked?;
         }
+        let place_now = self.placement_now_ms.unwrap_or_else(wall_clock_ms);
         for (queue, indexes) in by_queue {
             let rotating = (self.next_rotation() % usize::from(self.keys.partitions)) as u16;
             self.with_queue(&queue, |this, c, uid| {
@@ -236,9 +238,13 @@ impl RedisStore {
                 }
                 for (p, members) in by_part {
                     let part = this.part(p, uid);
+                    // Finished tasks are forgotten by claims and changes, whose clock is the
+                    // caller's; a put only places its tasks, by this node's clock.
                     let mut args = vec![
                         b"0".to_vec(),
                         b"0".to_vec(),
+                        place_now.to_string().into_bytes(),
+                        this.far_after_ms.to_string().into_bytes(),
                         members.len().to_string().into_bytes(),
                     ];
                     for &i in &members {
@@ -406,4 +412,11 @@ impl RedisStore {
             other => other.map_err(|e| map_error(e, "read every partition")),
         }
     }
+}
+
+/// This node's clock, in ms since the Unix epoch (0 if it reads before the epoch).
+fn wall_clock_ms() -> UnixMs {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as UnixMs)
 }

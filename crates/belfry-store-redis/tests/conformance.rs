@@ -34,6 +34,9 @@ impl Redis {
         let options = RedisOptions {
             namespace: format!("conf{}", NEXT.fetch_add(1, Ordering::Relaxed)),
             partitions,
+            // Puts place by the scenarios' clock (instants near 0), so every task due past
+            // `far_after_ms` goes through a far-future bucket.
+            placement_now_ms: Some(0),
             ..RedisOptions::default()
         };
         let store = Some(connect(&target, &options));

@@ -21,6 +21,8 @@ pub struct RedisSection {
     pub connect_timeout: Option<HumanDuration>,
     /// Replicas that must hold a durable change before it is acknowledged (Redis `WAIT`).
     pub replica_acks: Option<u32>,
+    /// Tasks due this far ahead or more wait in far-future buckets; 0 keeps none there.
+    pub far_after: Option<HumanDuration>,
 }
 
 /// `[redis]` environment overrides, as `config::ENV_OVERRIDES` lists them.
@@ -30,6 +32,7 @@ pub const REDIS_ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_REDIS_COMMAND_TIMEOUT", "redis.command_timeout"),
     ("BELFRY_REDIS_CONNECT_TIMEOUT", "redis.connect_timeout"),
     ("BELFRY_REDIS_REPLICA_ACKS", "redis.replica_acks"),
+    ("BELFRY_REDIS_FAR_AFTER", "redis.far_after"),
 ];
 
 impl RedisSection {
@@ -53,6 +56,7 @@ impl RedisSection {
                     anyhow!("{var} (overrides {key}): expected a whole number of replicas, got {value:?}")
                 })?)
             }
+            "redis.far_after" => self.far_after = Some(HumanDuration::Text(value.to_owned())),
             other => bail!("internal: no override for {other}"),
         }
         Ok(())
@@ -96,10 +100,22 @@ impl RedisSection {
         if partitions == 0 {
             bail!("redis.partitions: must be at least 1");
         }
+        let far_after_ms = match &self.far_after {
+            None => defaults.far_after_ms,
+            Some(value) => match value.to_ms() {
+                Ok(ms) if ms == 0 || ms >= belfry_store_redis::FAR_AFTER_MS_MIN => ms,
+                Ok(_) => bail!(
+                    "redis.far_after: use \"0\" (no far-future buckets) or at least {} s",
+                    belfry_store_redis::FAR_AFTER_MS_MIN / 1_000
+                ),
+                Err(e) => bail!("redis.far_after: {e}"),
+            },
+        };
         Ok(RedisOptions {
             namespace,
             partitions,
             timeouts,
+            far_after_ms,
             replica_acks: self.replica_acks.unwrap_or(defaults.replica_acks),
             ..defaults
         })
@@ -194,6 +210,23 @@ mod tests {
         let shown = format!("{kind:?}");
         assert!(!shown.contains("swordfish"), "{shown}");
         assert!(shown.contains("127.0.0.1:6379"), "{shown}");
+    }
+
+    #[test]
+    fn far_after_is_off_or_at_least_the_minimum() {
+        let far_after = |table: &str| {
+            parse(&format!("store = \"redis://127.0.0.1:6379\"\n{table}"))
+                .and_then(|f| f.resolve(None, None, None))
+                .map(|s| s.redis.far_after_ms)
+        };
+        assert_eq!(far_after("").unwrap(), 120_000);
+        assert_eq!(far_after("[redis]\nfar_after = \"0\"\n").unwrap(), 0);
+        assert_eq!(
+            far_after("[redis]\nfar_after = \"10m\"\n").unwrap(),
+            600_000
+        );
+        let err = far_after("[redis]\nfar_after = \"30s\"\n").unwrap_err();
+        assert!(format!("{err:#}").contains("at least 70 s"), "{err:#}");
     }
 
     #[test]

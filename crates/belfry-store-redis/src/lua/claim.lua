@@ -1,11 +1,12 @@
--- KEYS 1-9 as the prelude says, 10: the partition's owner lease (when fenced).
+-- KEYS 1-11 as the prelude says, 12: the partition's owner lease (when fenced).
 -- ARGV: now, max, visibility_ms, retain_ms, fence ('' for none).
 -- Replies {leased {seq, record, ...}, skipped {seq...}, dead {seq...}, earliest} or {-1}
 -- when the fence no longer holds.
 local now, max, vis, retain = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-if ARGV[5] ~= '' and redis.call('GET', KEYS[10]) ~= ARGV[5] then
+if ARGV[5] ~= '' and redis.call('GET', KEYS[12]) ~= ARGV[5] then
   return {-1}
 end
+promote(now, 2000)
 expire(now, 1000)
 local leased, skipped, dead = {}, {}, {}
 local left = max
@@ -22,26 +23,26 @@ for _, zkey in ipairs({KEYS[1], KEYS[2]}) do
       local rec = redis.call('HGET', KEYS[4], seq)
       if rec then
         local h = unpack_hdr(rec)
-        local late = now - h[6]
-        if h[9] == 1 and late > h[10] then
+        local late, kind, allowed = now - h.due, late_kind(h), late_after(rec, h)
+        if kind == 1 and late > allowed then
           finish(seq, rec, h, SKIPPED, now)
           skipped[#skipped + 1] = seq
-        elseif h[9] == 2 and late > h[10] then
-          h[2] = DEAD
+        elseif kind == 2 and late > allowed then
+          h.state = DEAD
           redis.call('HSET', KEYS[4], seq, pack(rec, h))
           redis.call('ZADD', KEYS[6], 0, seq)
           redis.call('HSET', KEYS[7], seq,
             'late by ' .. string.format('%d', late) .. ' ms (late policy allows '
-            .. string.format('%d', h[10]) .. ' ms)')
+            .. string.format('%d', allowed) .. ' ms)')
           dead[#dead + 1] = seq
         else
-          h[2] = LEASED
-          h[5] = h[5] + 1
-          h[7] = now + vis
-          h[8] = redis.call('INCR', KEYS[9])
+          h.state = LEASED
+          h.attempts = h.attempts + 1
+          h.lease_until = now + vis
+          h.lease_id = redis.call('INCR', KEYS[9])
           local new = pack(rec, h)
           redis.call('HSET', KEYS[4], seq, new)
-          redis.call('ZADD', KEYS[3], h[7], seq)
+          redis.call('ZADD', KEYS[3], h.lease_until, seq)
           leased[#leased + 1] = seq
           leased[#leased + 1] = new
           left = left - 1

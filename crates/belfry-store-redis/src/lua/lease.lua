@@ -11,18 +11,16 @@ for i = 4, #ARGV, 3 do
     if op == 'ack' then
       finish(seq, rec, h, DONE, now)
     elseif op == 'nack' then
-      h[2] = SCHEDULED
-      h[6] = tonumber(value)
-      h[7] = 0
+      h.state = SCHEDULED
+      h.due = tonumber(value)
       redis.call('HSET', KEYS[4], seq, pack(rec, h))
-      redis.call('ZADD', ready_key(h), h[6], seq)
+      redis.call('ZADD', ready_key(h), h.due, seq)
     elseif op == 'extend' then
-      h[7] = tonumber(value)
+      h.lease_until = tonumber(value)
       redis.call('HSET', KEYS[4], seq, pack(rec, h))
-      redis.call('ZADD', KEYS[3], h[7], seq)
+      redis.call('ZADD', KEYS[3], h.lease_until, seq)
     elseif op == 'dead' then
-      h[2] = DEAD
-      h[7] = 0
+      h.state = DEAD
       redis.call('HSET', KEYS[4], seq, pack(rec, h))
       redis.call('ZADD', KEYS[6], 0, seq)
       redis.call('HSET', KEYS[7], seq, value)

@@ -7,6 +7,33 @@
 --   'due' now                      -> {tasks a claim could take now, earliest instant}
 --   'earliest'                     -> earliest instant (-1: none)
 local op = ARGV[1]
+
+-- The due times of the tasks waiting in bucket `b` (each once; stale entries skipped).
+local function bucketed_dues(b)
+  local out, seen = {}, {}
+  for _, entry in ipairs(redis.call('LRANGE', bucket_list(b), 0, -1)) do
+    if not seen[entry] then
+      seen[entry] = true
+      local rec = redis.call('HGET', KEYS[4], struct.pack('>I8', tonumber(entry)))
+      if rec then
+        local h = unpack_hdr(rec)
+        if h.state == BUCKETED and h.bucket == b then out[#out + 1] = h.due end
+      end
+    end
+  end
+  return out
+end
+
+-- Bucketed tasks due by `now` (only when promotion lags: buckets are promoted ahead).
+local function bucketed_due(now)
+  local n = 0
+  for _, b in ipairs(redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', now)) do
+    for _, due in ipairs(bucketed_dues(tonumber(b))) do
+      if due <= now then n = n + 1 end
+    end
+  end
+  return n
+end
 if op == 'get' then
   local rec = redis.call('HGET', KEYS[4], ARGV[2])
   if not rec then return {} end
@@ -34,7 +61,9 @@ elseif op == 'dead' then
 elseif op == 'counts' then
   local now = tonumber(ARGV[2])
   local pending = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+    + tonumber(redis.call('HGET', KEYS[11], 'all') or '0')
   local due = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[2], '-inf', now)
+    + bucketed_due(now)
   -- A lease that has ended is a scheduled, due task again (at its original due time).
   local ended = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
   for _, seq in ipairs(ended) do
@@ -42,7 +71,7 @@ elseif op == 'counts' then
     if rec then
       local h = unpack_hdr(rec)
       pending = pending + 1
-      if h[6] <= now then due = due + 1 end
+      if h.due <= now then due = due + 1 end
     end
   end
   local leased = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
@@ -55,13 +84,38 @@ elseif op == 'forecast' then
     local hi = '(' .. string.format('%d', lo + step)
     out[#out + 1] = redis.call('ZCOUNT', KEYS[1], lo, hi) + redis.call('ZCOUNT', KEYS[2], lo, hi)
   end
+  -- Buckets: one inside a step counts whole; one across a step's edge is read task by task.
+  local to = from + steps * step
+  local function bin(at) return math.floor((at - from) / step) + 1 end
+  -- Bucket `b` holds tasks due from its first minute on, within `bucket_span(b)` minutes; it
+  -- is indexed by its promotion instant, at most 5 minutes before that.
+  local first = string.format('%d', from - 3600000 - 300000)
+  local buckets = redis.call('ZRANGEBYSCORE', KEYS[10], '(' .. first, '(' .. string.format('%d', to))
+  for _, member in ipairs(buckets) do
+    local b = tonumber(member)
+    local lo = b * MINUTE_MS
+    local hi = lo + bucket_span(b) * MINUTE_MS - 1
+    if hi < from or lo >= to then
+      -- outside the forecast
+    elseif lo >= from and hi < to and bin(lo) == bin(hi) then
+      out[bin(lo)] = out[bin(lo)] + tonumber(redis.call('HGET', KEYS[11], member) or '0')
+    else
+      for _, due in ipairs(bucketed_dues(b)) do
+        if due >= from and due < to then out[bin(due)] = out[bin(due)] + 1 end
+      end
+    end
+  end
   return out
 elseif op == 'due' then
   -- How many tasks a claim now could take (scheduled and due, or leases ended), and the
   -- earliest instant a claim could return something.
+  -- Buckets to promote count as their tasks: the claim there promotes them first.
   local now = tonumber(ARGV[2])
   local due = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[2], '-inf', now)
     + redis.call('ZCOUNT', KEYS[3], '-inf', now)
+  for _, b in ipairs(redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', now)) do
+    due = due + tonumber(redis.call('HGET', KEYS[11], b) or '0')
+  end
   return {due, earliest()}
 elseif op == 'earliest' then
   return earliest()
