@@ -156,25 +156,7 @@ async fn a_killed_nodes_shards_move_and_nothing_is_lost_or_early() {
     let killed_at_ms = killed_at_ms.unwrap();
 
     // Everything acknowledged arrives (the killed node's leases expire, its shards move).
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let missing = {
-            let seen = seen.lock().unwrap();
-            acknowledged
-                .keys()
-                .filter(|id| !seen.contains_key(*id))
-                .count()
-        };
-        if missing == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{missing} of {} acknowledged tasks never delivered",
-            acknowledged.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    all_delivered_within(&seen, &acknowledged, Duration::from_secs(60)).await;
     let seen = seen.lock().unwrap();
     let mut early = 0;
     let mut duplicates = 0;
@@ -389,7 +371,13 @@ async fn sleep_past_leases(
 /// Waits (up to 30 s) until every acknowledged task was delivered, then a moment more, so
 /// that a late second delivery would show.
 async fn wait_delivered(seen: &Seen, acknowledged: &HashMap<String, u64>) {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    all_delivered_within(seen, acknowledged, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Polls until every acknowledged task was delivered; fails the test after `within`.
+async fn all_delivered_within(seen: &Seen, acknowledged: &HashMap<String, u64>, within: Duration) {
+    let deadline = Instant::now() + within;
     loop {
         let missing = {
             let seen = seen.lock().unwrap();
@@ -408,7 +396,6 @@ async fn wait_delivered(seen: &Seen, acknowledged: &HashMap<String, u64>) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
 }
 
 /// Deliveries before their due time, second deliveries, and how late the first delivery of
@@ -444,6 +431,9 @@ fn tally(
 /// refused: `lapsed` would stay 0 and this test fails. (That Redis refuses a claim with a
 /// stale fence is shown in-process, where the pause can be placed between reading the fence
 /// and claiming: `ownership_tests::a_paused_node_cannot_claim_with_its_old_fence`.)
+///
+/// Long (about 115 lines) on purpose: one scenario in the order it happens (start, pause,
+/// submit, wake, check), whose steps share the nodes, the receiver and the task list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_paused_past_its_leases_does_not_claim_with_its_old_fences() {
     let _turn = ONE_AT_A_TIME.lock().await;

@@ -383,6 +383,9 @@ fn keys_on(port: u16, pattern: &str) -> Vec<String> {
 /// `cluster-node-timeout` later, when every submit is a 503), `/readyz` answers 503 (its PING
 /// goes to every master), nothing is a 500 and nothing panics. Resumed, the cluster and the
 /// server recover, and every acknowledged task is there.
+///
+/// Long on purpose: one scenario in the order it happens (pause, the two phases of the
+/// cluster's view, resume), whose steps share the cluster, the server and the task list.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_cluster_master_gives_503_for_its_partitions_then_the_server_recovers() {
     let cluster = belfry_store_redis::testing::RedisCluster::start(3, 0);
