@@ -1290,6 +1290,82 @@ async fn a_flood_of_requests_is_refused_as_overloaded_not_queued() {
     s.submit("q", json!({"payload": 3})).await;
 }
 
+/// A store call that does not answer within `store_call_timeout_ms` gets its request a `503
+/// store_unavailable` with `Retry-After`, on both paths (a batch on the blocking pool, a single
+/// submit through the coalescing writer). A single submit queued behind the stalled write is
+/// answered at its own deadline and never written: once the store answers again, the next
+/// submit is stored right after the stalled ones, with nothing in between.
+#[tokio::test]
+async fn a_stalled_store_call_is_a_503_at_its_deadline_and_a_queued_submit_is_not_written() {
+    use belfry_store::Store as _;
+    use std::sync::atomic::Ordering::SeqCst;
+    use std::sync::Arc;
+    let q = belfry_core::QueueName::new("q").unwrap();
+    let store = Arc::new(StallingStore {
+        inner: belfry_store::MemoryStore::new(),
+        entered: Default::default(),
+        release: std::sync::Mutex::new(false),
+        released: std::sync::Condvar::new(),
+    });
+    let config = belfry_server::ServerConfig {
+        store_call_timeout_ms: 300,
+        ..common::test_config()
+    };
+    let clock = belfry_core::ManualClock::new(T0);
+    let handle = belfry_server::Server::builder(config, store.clone())
+        .clock(Arc::new(clock.clone()))
+        .start()
+        .await
+        .unwrap();
+    let s = TestServer::from_handle(handle, clock, store.clone());
+    s.queue("q", json!({})).await;
+    let post = |path: &'static str, body: Value| {
+        let http = s.http.clone();
+        let url = format!("{}{path}", s.base);
+        async move { http.post(url).json(&body).send().await.unwrap() }
+    };
+    let expect_deadline = |response: reqwest::Response| async move {
+        assert_eq!(response.status(), 503);
+        assert_eq!(response.headers()["retry-after"], "1");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(code(&body), "store_unavailable", "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("store_call_timeout")),
+            "the message names the setting: {body}"
+        );
+    };
+    let batch = json!({"tasks": [{"payload": 1}, {"payload": 2}]});
+    expect_deadline(post("/v1/queues/q/tasks:batch", batch).await).await;
+    // The writer thread stalls on the first single submit; the second waits behind it.
+    let first = tokio::spawn(post("/v1/queues/q/tasks", json!({"payload": 3})));
+    common::eventually("the single submit is inside the store", || async {
+        (store.entered.load(SeqCst) == 2).then_some(())
+    })
+    .await;
+    expect_deadline(post("/v1/queues/q/tasks", json!({"payload": 4})).await).await;
+    expect_deadline(first.await.unwrap()).await;
+    store.release();
+    // The stalled calls complete (a 503 past the deadline does not take a call back).
+    common::eventually("the stalled puts finish", || async {
+        let pending = store.inner.counts(&q, T0).unwrap().pending;
+        (pending == 3).then_some(())
+    })
+    .await;
+    s.submit("q", json!({"payload": 5})).await;
+    let pending = store.inner.counts(&q, T0).unwrap().pending;
+    assert_eq!(
+        pending, 4,
+        "the submit queued behind the stall was never written"
+    );
+    assert_eq!(
+        store.entered.load(SeqCst),
+        3,
+        "three puts reached the store"
+    );
+}
+
 /// The value of the sample `series` (name and labels exactly as rendered) in a Prometheus text
 /// page, if present.
 fn metric_value(text: &str, series: &str) -> Option<f64> {
