@@ -1234,8 +1234,10 @@ impl belfry_store::Store for StallingStore {
     }
 }
 
-#[tokio::test]
-async fn a_flood_of_requests_is_refused_as_overloaded_not_queued() {
+/// A server with `config` on a [`StallingStore`] (puts wait until released), and queue `q`.
+async fn stalling_server(
+    config: belfry_server::ServerConfig,
+) -> (TestServer, std::sync::Arc<StallingStore>) {
     use std::sync::Arc;
     let store = Arc::new(StallingStore {
         inner: belfry_store::MemoryStore::new(),
@@ -1243,11 +1245,6 @@ async fn a_flood_of_requests_is_refused_as_overloaded_not_queued() {
         release: std::sync::Mutex::new(false),
         released: std::sync::Condvar::new(),
     });
-    let config = belfry_server::ServerConfig {
-        store_calls_in_flight_max: 1,
-        store_admission_wait_ms: 0,
-        ..common::test_config()
-    };
     let clock = belfry_core::ManualClock::new(T0);
     let handle = belfry_server::Server::builder(config, store.clone())
         .clock(Arc::new(clock.clone()))
@@ -1256,6 +1253,17 @@ async fn a_flood_of_requests_is_refused_as_overloaded_not_queued() {
         .unwrap();
     let s = TestServer::from_handle(handle, clock, store.clone());
     s.queue("q", json!({})).await;
+    (s, store)
+}
+
+#[tokio::test]
+async fn a_flood_of_requests_is_refused_as_overloaded_not_queued() {
+    let (s, store) = stalling_server(belfry_server::ServerConfig {
+        store_calls_in_flight_max: 1,
+        store_admission_wait_ms: 0,
+        ..common::test_config()
+    })
+    .await;
     // The first submit takes the only slot and stalls in the store.
     let first = {
         let http = s.http.clone();
@@ -1299,26 +1307,12 @@ async fn a_flood_of_requests_is_refused_as_overloaded_not_queued() {
 async fn a_stalled_store_call_is_a_503_at_its_deadline_and_a_queued_submit_is_not_written() {
     use belfry_store::Store as _;
     use std::sync::atomic::Ordering::SeqCst;
-    use std::sync::Arc;
     let q = belfry_core::QueueName::new("q").unwrap();
-    let store = Arc::new(StallingStore {
-        inner: belfry_store::MemoryStore::new(),
-        entered: Default::default(),
-        release: std::sync::Mutex::new(false),
-        released: std::sync::Condvar::new(),
-    });
-    let config = belfry_server::ServerConfig {
+    let (s, store) = stalling_server(belfry_server::ServerConfig {
         store_call_timeout_ms: 300,
         ..common::test_config()
-    };
-    let clock = belfry_core::ManualClock::new(T0);
-    let handle = belfry_server::Server::builder(config, store.clone())
-        .clock(Arc::new(clock.clone()))
-        .start()
-        .await
-        .unwrap();
-    let s = TestServer::from_handle(handle, clock, store.clone());
-    s.queue("q", json!({})).await;
+    })
+    .await;
     let post = |path: &'static str, body: Value| {
         let http = s.http.clone();
         let url = format!("{}{path}", s.base);
