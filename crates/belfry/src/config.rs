@@ -702,6 +702,26 @@ brokers = ["127.0.0.1:9092"]
     }
 
     #[test]
+    fn store_call_timeout_defaults_parses_takes_env_and_refuses_zero_or_junk() {
+        let resolve = |text: &str| parse(text).unwrap().resolve(None, None, None);
+        assert_eq!(resolve("").unwrap().server.store_call_timeout_ms, 5_000);
+        let set = resolve("[limits]\nstore_call_timeout = \"750ms\"\n").unwrap();
+        assert_eq!(set.server.store_call_timeout_ms, 750);
+        let mut file = parse("").unwrap();
+        file.apply_env(|var| (var == "BELFRY_STORE_CALL_TIMEOUT").then(|| "2s".into()))
+            .unwrap();
+        let from_env = file.resolve(None, None, None).unwrap();
+        assert_eq!(from_env.server.store_call_timeout_ms, 2_000);
+        for bad in ["0s", "soon"] {
+            let err = resolve(&format!("[limits]\nstore_call_timeout = \"{bad}\"\n")).unwrap_err();
+            assert!(
+                err.to_string().contains("limits.store_call_timeout"),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn connection_guards_default_parse_take_env_and_validate() {
         let defaults = parse("").unwrap().resolve(None, None, None).unwrap().server;
         assert_eq!(defaults.http_listen_backlog, 1_024);
