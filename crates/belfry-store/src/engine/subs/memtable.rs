@@ -56,6 +56,31 @@ impl Slab {
         (i < self.len() && self.get(i).0 == key).then(|| self.get(i).1)
     }
 
+    /// Calls `f` with each entry whose key starts with `prefix`, in key order, stopping after
+    /// `cap`: returns whether it saw them all.
+    pub(crate) fn scan_prefix(
+        &self,
+        prefix: &[u8],
+        cap: usize,
+        mut f: impl FnMut(&[u8], bool),
+    ) -> bool {
+        let mut i = self.seek(prefix);
+        let mut taken = 0;
+        while i < self.len() {
+            let (key, live) = self.get(i);
+            if !key.starts_with(prefix) {
+                return true;
+            }
+            if taken == cap {
+                return false;
+            }
+            f(key, live);
+            taken += 1;
+            i += 1;
+        }
+        true
+    }
+
     /// Appends an entry; keys must come in ascending order.
     pub(crate) fn push(&mut self, key: &[u8], live: bool) {
         debug_assert!(self.len() == 0 || self.get(self.len() - 1).0 < key);

@@ -16,9 +16,11 @@
 //!
 //! Locks: `Core::subs` guards all of it; a call holds it from its membership check to
 //! applying its change (so counts are exact), taking the state lock only to queue its WAL
-//! frame. Order: metadata, subs, sync, write, state.
+//! frame. Order: metadata, subs, sync, write, state. The feed's read of a user's sets
+//! (`by_user.rs`) reads the runs outside the lock.
 
 mod bloom;
+mod by_user;
 pub(crate) mod keys;
 mod memtable;
 mod merge;
@@ -33,7 +35,7 @@ use belfry_core::UserId;
 use parking_lot::MutexGuard;
 use rustc_hash::FxHashMap;
 
-use self::keys::{by_user_key, set_prefix, sorted_user_keys, split_by_user, user_prefix};
+use self::keys::{by_user_key, set_prefix, sorted_user_keys};
 use self::memtable::{Memtable, Slab};
 use self::merge::View;
 use self::record::{Op, SubsRecord, USERS_PER_RECORD_MAX};
@@ -311,34 +313,6 @@ impl Engine {
             }
             if live && (after.is_none() || key != from) {
                 out.push(decode_user(&key[prefix.len()..], "a by-set key")?);
-            }
-        }
-        Ok(out)
-    }
-
-    pub(super) fn subs_of_user(&self, user: &UserId, limit: usize) -> Result<Vec<u64>> {
-        let subs = self.lock_subs()?;
-        let mut prefix = Vec::new();
-        user_prefix(&mut prefix, &user.encode());
-        let mut merge = subs.view().merge(&prefix)?;
-        let mut out = Vec::new();
-        let mut key = Vec::new();
-        while out.len() < limit {
-            let Some(live) = merge.next(&mut key)? else {
-                break;
-            };
-            if !key.starts_with(&prefix) {
-                break;
-            }
-            let Some((set, epoch)) = split_by_user(&key, prefix.len()) else {
-                return Err(StoreError::Corrupt {
-                    location: "subscription tree".into(),
-                    detail: format!("malformed by-user key {key:?}"),
-                });
-            };
-            let current = subs.sets.get(&set).is_some_and(|i| i.epoch == epoch);
-            if live && current {
-                out.push(set);
             }
         }
         Ok(out)

@@ -105,28 +105,51 @@ impl Block {
 
     fn decode(body: &[u8]) -> std::result::Result<Block, &'static str> {
         let mut block = Block::default();
-        let mut rest = body;
-        let mut prev: (usize, usize) = (0, 0);
-        while !rest.is_empty() {
-            let (shared, n) = get_varint(rest).ok_or("entry prefix")?;
-            rest = &rest[n..];
-            let (tail, n) = get_varint(rest).ok_or("entry length")?;
-            rest = &rest[n..];
-            let (shared, suffix) = (shared as usize, (tail >> 1) as usize);
-            if shared > prev.1 - prev.0 || suffix > rest.len() {
-                return Err("entry runs past its block");
-            }
+        let mut entries = Entries::new(body);
+        let mut key = Vec::new();
+        while let Some(live) = entries.next(&mut key)? {
             let start = block.keys.len();
-            block.keys.extend_from_within(prev.0..prev.0 + shared);
-            block.keys.extend_from_slice(&rest[..suffix]);
-            rest = &rest[suffix..];
-            let end = block.keys.len();
+            block.keys.extend_from_slice(&key);
             block
                 .entries
-                .push((start as u32, end as u32, tail & 1 == 1));
-            prev = (start, end);
+                .push((start as u32, block.keys.len() as u32, live));
         }
         Ok(block)
+    }
+}
+
+/// A block body's entries, decoded one at a time into a key buffer the caller keeps (each
+/// entry's key is the previous one's first `shared` bytes and its own suffix).
+pub(crate) struct Entries<'a> {
+    rest: &'a [u8],
+}
+
+impl<'a> Entries<'a> {
+    pub(crate) fn new(body: &'a [u8]) -> Entries<'a> {
+        Entries { rest: body }
+    }
+
+    /// The next entry: its key in `key` (which must hold the previous entry's key, empty
+    /// at the start of the block) and whether it is live; `None` at the end of the block.
+    pub(crate) fn next(
+        &mut self,
+        key: &mut Vec<u8>,
+    ) -> std::result::Result<Option<bool>, &'static str> {
+        if self.rest.is_empty() {
+            return Ok(None);
+        }
+        let (shared, n) = get_varint(self.rest).ok_or("entry prefix")?;
+        let rest = &self.rest[n..];
+        let (tail, n) = get_varint(rest).ok_or("entry length")?;
+        let rest = &rest[n..];
+        let (shared, suffix) = (shared as usize, (tail >> 1) as usize);
+        if shared > key.len() || suffix > rest.len() || shared + suffix == 0 {
+            return Err("entry runs past its block");
+        }
+        key.truncate(shared);
+        key.extend_from_slice(&rest[..suffix]);
+        self.rest = &rest[suffix..];
+        Ok(Some(tail & 1 == 1))
     }
 }
 
@@ -291,6 +314,55 @@ impl Run {
         let (body, _) = split_frame_limited(&buf, b.len as usize)
             .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
         Block::decode(body).map_err(|d| corrupt(&self.path, b.offset, d))
+    }
+
+    /// Calls `f` with each entry whose key starts with `prefix`, in key order, reading the
+    /// blocks that hold them into `frame` (a buffer the caller reuses) and decoding no
+    /// entry past the last match. Stops after `cap` entries: returns whether it saw them all.
+    pub(crate) fn scan_prefix(
+        &self,
+        prefix: &[u8],
+        frame: &mut Vec<u8>,
+        cap: usize,
+        mut f: impl FnMut(&[u8], bool),
+    ) -> Result<bool> {
+        if self.blocks.is_empty() {
+            return Ok(true);
+        }
+        let mut key = Vec::with_capacity(prefix.len() + 16);
+        let mut taken = 0;
+        // The last block whose first key is `<= prefix`, then the blocks after it while
+        // they start inside the prefix.
+        let mut index = self.block_for(prefix);
+        loop {
+            let b = self.blocks[index];
+            frame.resize(b.len as usize, 0);
+            self.read_frame(b, frame)?;
+            let (body, _) = split_frame_limited(frame, b.len as usize)
+                .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
+            let mut entries = Entries::new(body);
+            key.clear();
+            while let Some(live) = entries
+                .next(&mut key)
+                .map_err(|d| corrupt(&self.path, b.offset, d))?
+            {
+                if key.as_slice() < prefix {
+                    continue;
+                }
+                if !key.starts_with(prefix) {
+                    return Ok(true);
+                }
+                if taken == cap {
+                    return Ok(false);
+                }
+                f(&key, live);
+                taken += 1;
+            }
+            index += 1;
+            if index == self.blocks.len() || !self.first_key(index).starts_with(prefix) {
+                return Ok(true);
+            }
+        }
     }
 
     /// Opens a run, reading its footer, index and bloom filter only.
