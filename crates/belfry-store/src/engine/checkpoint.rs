@@ -67,9 +67,17 @@ impl Checkpointer {
                     }
                     flags.requested = false;
                 }
-                let _guard = core.checkpointing.lock();
-                // A failure poisons the engine (logged there; every later call reports it).
-                let _ = core.checkpoint_guarded();
+                {
+                    let _guard = core.checkpointing.lock();
+                    // A failure poisons the engine (logged there; every later call reports
+                    // it).
+                    let _ = core.checkpoint_guarded();
+                }
+                // Merges run after the checkpoint, without its guard; the next checkpoint
+                // lists what they made, so ask for it.
+                if let Ok(true) = core.subs_compact() {
+                    theirs.0.lock().requested = true;
+                }
             });
         match spawned {
             Ok(handle) => Some(Checkpointer {
@@ -144,18 +152,31 @@ impl Engine {
             (CheckpointNeed::No, _) => {}
             (CheckpointNeed::Due, Some(checkpointer)) => checkpointer.request(),
             (CheckpointNeed::Due, None) => {
-                if let Some(_guard) = self.core.checkpointing.try_lock() {
+                let Some(guard) = self.core.checkpointing.try_lock() else {
+                    return Ok(());
+                };
+                self.core.checkpoint_guarded()?;
+                drop(guard);
+                self.core.compact_then_list()?;
+            }
+            (CheckpointNeed::Overdue, checkpointer) => {
+                {
+                    let _guard = self.core.checkpointing.lock();
+                    // The checkpoint that held the guard may have made this one unnecessary.
+                    let still = self.core.state.lock().wal_since_checkpoint
+                        >= self.core.options.checkpoint_wal_bytes
+                        || self.core.subs.lock().mem_bytes()
+                            >= self.core.options.subs_memtable_bytes;
+                    if !still {
+                        return Ok(());
+                    }
                     self.core.checkpoint_guarded()?;
                 }
-            }
-            (CheckpointNeed::Overdue, _) => {
-                let _guard = self.core.checkpointing.lock();
-                // The checkpoint that held the guard may have made this one unnecessary.
-                let still = self.core.state.lock().wal_since_checkpoint
-                    >= self.core.options.checkpoint_wal_bytes
-                    || self.core.subs.lock().mem_bytes() >= self.core.options.subs_memtable_bytes;
-                if still {
-                    self.core.checkpoint_guarded()?;
+                // The runs this checkpoint wrote may be due to merge: the thread does that
+                // after a checkpoint of its own, or this caller does without one.
+                match checkpointer {
+                    Some(checkpointer) => checkpointer.request(),
+                    None => self.core.compact_then_list()?,
                 }
             }
         }
@@ -183,6 +204,21 @@ impl Core {
     pub(super) fn checkpoint(&self) -> Result<()> {
         let _guard = self.checkpointing.lock();
         self.checkpoint_guarded()
+    }
+
+    /// A checkpoint, then the merges of subscription runs it made due, listed by one more
+    /// checkpoint (which also deletes the merged runs): what `Store::flush` waits for.
+    pub(super) fn checkpoint_and_compact(&self) -> Result<()> {
+        self.checkpoint()?;
+        self.compact_then_list()
+    }
+
+    /// Merges runs the policy picks, then, if it merged any, a checkpoint that lists them.
+    fn compact_then_list(&self) -> Result<()> {
+        if self.subs_compact()? {
+            self.checkpoint()?;
+        }
+        Ok(())
     }
 
     pub(super) fn checkpoint_guarded(&self) -> Result<()> {

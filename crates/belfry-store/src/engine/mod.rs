@@ -272,6 +272,12 @@ struct Core {
     /// Whether the engine stopped after a fatal error (`State::poisoned` says why).
     poisoned: Arc<AtomicBool>,
     checkpointing: Mutex<()>,
+    /// Held while subscription runs merge (`subs/tree.rs`), which happens after a
+    /// checkpoint, not inside it: writers waiting for a checkpoint never wait for a merge.
+    compacting: Mutex<()>,
+    /// Tests hold it to keep merges waiting just before they write.
+    #[cfg(test)]
+    merge_gate: Mutex<()>,
     /// The free-space reserve (`EngineOptions::free_space_reserve_bytes`).
     space: FreeSpace,
 }

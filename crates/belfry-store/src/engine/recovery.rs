@@ -94,6 +94,9 @@ impl Engine {
             subs: Mutex::new(subs),
             poisoned,
             checkpointing: Mutex::new(()),
+            compacting: Mutex::new(()),
+            #[cfg(test)]
+            merge_gate: Mutex::new(()),
             space,
         });
         core.checkpoint()?;

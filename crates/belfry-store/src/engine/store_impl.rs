@@ -538,7 +538,7 @@ impl Store for Engine {
         self.subs_drop(set)
     }
     fn flush(&self) -> Result<()> {
-        self.core.checkpoint()
+        self.core.checkpoint_and_compact()
     }
 
     fn health(&self) -> StoreHealth {

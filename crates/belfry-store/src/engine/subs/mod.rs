@@ -8,8 +8,8 @@
 //!   (`run.rs`); a memtable past `EngineOptions::subs_memtable_bytes` asks for a checkpoint.
 //!   The checkpoint lists the runs, the per-set counters and the epoch counter, so open reads
 //!   only run footers, indexes and bloom filters, then replays the WAL since.
-//! - Checkpoints also merge runs (size-tiered, `tree.rs`), dropping tombstones at the bottom
-//!   and entries of dropped sets.
+//! - After a checkpoint, runs are merged (size-tiered, `tree.rs`), dropping tombstones at the
+//!   bottom and entries of dropped sets; the next checkpoint lists the merged run.
 //! - Each set with members has an epoch (its incarnation) and an exact member count in
 //!   memory. `drop_set` forgets the set: its entries stay on disk under the old epoch, are
 //!   never read again, and compaction removes them; a later subscribe starts a new epoch.
@@ -66,6 +66,9 @@ pub(crate) struct Subs {
     frozen: Option<Arc<Memtable>>,
     /// Newest first.
     runs: Vec<Arc<Run>>,
+    /// Run files a merge replaced: deleted by the next checkpoint, which lists the merged
+    /// run instead (until then the last checkpoint lists these).
+    retired: Vec<PathBuf>,
     sets: FxHashMap<u64, SetInfo>,
     next_epoch: u64,
     next_run: u64,
@@ -78,6 +81,7 @@ impl Subs {
             mem: Memtable::default(),
             frozen: None,
             runs,
+            retired: Vec::new(),
             sets: persisted
                 .sets
                 .iter()

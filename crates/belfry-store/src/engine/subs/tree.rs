@@ -1,5 +1,5 @@
-//! The checkpoint's part of the tree: freeze the memtable at the WAL switch, write it to a
-//! run, merge runs (size-tiered), and the runs a reopen starts from.
+//! The checkpoint's part of the tree: freeze the memtable at the WAL switch and write it to a
+//! run; after the checkpoint, merge runs (size-tiered); and the runs a reopen starts from.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,8 @@ pub(crate) struct SubsPlan {
     epochs: FxHashMap<u64, u64>,
     /// Counters as of the WAL switch; runs filled in once written.
     pub(crate) persisted: SubsPersisted,
-    /// Run files merged away: deleted once the checkpoint no longer lists them.
+    /// Run files merged away: deleted once this checkpoint, which no longer lists them, is
+    /// written.
     pub(crate) obsolete: Vec<PathBuf>,
 }
 
@@ -59,8 +60,8 @@ impl Subs {
 }
 
 impl Core {
-    /// Phase B: writes the frozen memtable to a run, merges runs, and notes the runs the
-    /// checkpoint lists. Reads go on meanwhile (the subs lock is taken only to swap).
+    /// Phase B: writes the frozen memtable to a run and notes the runs the checkpoint lists.
+    /// Reads go on meanwhile (the subs lock is taken only to swap).
     pub(crate) fn subs_write_runs(&self, plan: &mut SubsPlan) -> Result<()> {
         let dir = self.subs.lock().dir.clone();
         if let Some(frozen) = plan.frozen.take() {
@@ -91,16 +92,36 @@ impl Core {
             }
             subs.frozen = None;
         }
-        while self.subs_compact_once(&dir, plan)? {}
-        let subs = self.subs.lock();
+        // The runs as of now, merged ones included, and the files merges replaced (which
+        // this checkpoint no longer lists, so it deletes them once written).
+        let mut subs = self.subs.lock();
         plan.persisted.runs = subs.runs.iter().map(|r| r.id).collect();
         plan.persisted.next_run = subs.next_run;
+        plan.obsolete = std::mem::take(&mut subs.retired);
         Ok(())
     }
 
+    /// Merges runs while the policy picks some; returns whether it merged any. Runs after a
+    /// checkpoint, holding `compacting` but not the checkpoint guard: a merge of large runs
+    /// takes seconds, and writers that outran the checkpoint thread wait for a checkpoint,
+    /// never for a merge. Reads go on meanwhile (the subs lock is taken only to pick and to
+    /// swap). A failure stops the engine, as a checkpoint's does.
+    pub(crate) fn subs_compact(&self) -> Result<bool> {
+        let _guard = self.compacting.lock();
+        let dir = self.subs.lock().dir.clone();
+        let mut merged = false;
+        loop {
+            match self.subs_compact_once(&dir) {
+                Ok(true) => merged = true,
+                Ok(false) => return Ok(merged),
+                Err(error) => return Err(self.state.lock().poison(&error)),
+            }
+        }
+    }
+
     /// Merges the newest runs if the policy picks some; returns whether it did.
-    fn subs_compact_once(&self, dir: &Path, plan: &mut SubsPlan) -> Result<bool> {
-        let (inputs, bottom, id) = {
+    fn subs_compact_once(&self, dir: &Path) -> Result<bool> {
+        let (inputs, bottom, id, epochs) = {
             let mut subs = self.subs.lock();
             let k = pick(&subs.runs, self.options.subs_compaction_min_runs);
             if k == 0 {
@@ -108,21 +129,37 @@ impl Core {
             }
             subs.next_run += 1;
             let inputs: Vec<Arc<Run>> = subs.runs[..k].to_vec();
-            (inputs, k == subs.runs.len(), subs.next_run - 1)
+            // Entries of any other epoch are dead for good (epochs only grow), and entries
+            // of sets made later are in newer runs than these.
+            let epochs: FxHashMap<u64, u64> =
+                subs.sets.iter().map(|(&s, i)| (s, i.epoch)).collect();
+            (inputs, k == subs.runs.len(), subs.next_run - 1, epochs)
         };
+        #[cfg(test)]
+        drop(self.merge_gate.lock());
         let set_keys = inputs.iter().map(|r| r.set_keys_hint()).sum();
         let mut sources: Vec<Box<dyn Source + '_>> = Vec::with_capacity(inputs.len());
         for run in &inputs {
             sources.push(Box::new(RunCursor::new(run, &[])?));
         }
-        let out = write_merged(dir, id, Merge::new(sources), set_keys, &plan.epochs, bottom)?;
+        let out = write_merged(dir, id, Merge::new(sources), set_keys, &epochs, bottom)?;
         sync_dir(dir)?;
         let mut subs = self.subs.lock();
         if let Some(run) = &out {
             self.space.wrote(run.file_bytes);
         }
-        subs.runs.splice(..inputs.len(), out.map(Arc::new));
-        plan.obsolete.extend(inputs.iter().map(|r| r.path.clone()));
+        // Checkpoints only add runs in front and merges run one at a time, so the inputs
+        // are still next to each other (and still the oldest if they were).
+        let at = subs
+            .runs
+            .iter()
+            .position(|r| Arc::ptr_eq(r, &inputs[0]))
+            .ok_or_else(|| StoreError::Corrupt {
+                location: format!("subscription runs under {}", dir.display()),
+                detail: "a run being merged left the tree".into(),
+            })?;
+        subs.runs.splice(at..at + inputs.len(), out.map(Arc::new));
+        subs.retired.extend(inputs.iter().map(|r| r.path.clone()));
         Ok(true)
     }
 }
@@ -216,4 +253,81 @@ pub(crate) fn open_runs(data_dir: &Path, persisted: &SubsPersisted) -> Result<Ve
         }
     }
     Ok(runs)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    use belfry_core::UserId;
+
+    use crate::engine::{Engine, EngineOptions};
+    use crate::store::Store;
+
+    fn users(batch: usize) -> Vec<UserId> {
+        (0..50)
+            .map(|i| UserId::new(format!("user-{batch}-{i}")).unwrap())
+            .collect()
+    }
+
+    /// Run merges take seconds on large runs. They run after a checkpoint without its
+    /// guard, so writers that outran the checkpoint thread (and run a checkpoint themselves)
+    /// go on while a merge is held.
+    #[test]
+    fn writers_go_on_while_a_merge_is_held() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = EngineOptions {
+            subs_memtable_bytes: 2_048,
+            subs_compaction_min_runs: 2,
+            background_checkpoints: true,
+            ..EngineOptions::default()
+        };
+        let engine = Engine::open(dir.path(), options).unwrap();
+        let mut gate = Some(engine.core.merge_gate.lock());
+        let held = std::thread::scope(|scope| {
+            let (done, finished) = mpsc::channel();
+            let engine = &engine;
+            scope.spawn(move || {
+                for batch in 0..200 {
+                    engine.subscribe(batch % 3, &users(batch as usize)).unwrap();
+                }
+                let _ = done.send(());
+            });
+            let held = finished.recv_timeout(Duration::from_secs(30));
+            if held.is_err() {
+                // Let the writers finish so that the failure is reported.
+                gate = None;
+            }
+            held
+        });
+        assert!(held.is_ok(), "writers waited for the held merge");
+        // A merge was due and is waiting at the gate (it holds `compacting` meanwhile).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while engine.core.compacting.try_lock().is_some() {
+            assert!(Instant::now() < deadline, "no merge was held");
+            std::thread::yield_now();
+        }
+        let runs_held = engine.core.subs.lock().runs.len();
+        drop(gate);
+        engine.flush().unwrap();
+        let runs_after = engine.core.subs.lock().runs.len();
+        assert!(
+            runs_after < runs_held,
+            "{runs_after} runs after the merges, {runs_held} before"
+        );
+        for batch in 0..200u64 {
+            let user = &users(batch as usize)[7];
+            assert_eq!(engine.user_sets(user, 10).unwrap(), vec![batch % 3]);
+        }
+        assert_eq!(engine.subscriber_count(0).unwrap(), 67 * 50);
+        // Only the runs the last checkpoint lists are on disk.
+        // Merged runs are deleted by the checkpoint after the merge; the checkpoint thread
+        // may be running that one, and a second flush waits for it.
+        engine.flush().unwrap();
+        let files = std::fs::read_dir(dir.path().join(super::SUBS_DIR))
+            .unwrap()
+            .count();
+        assert_eq!(files, runs_after);
+    }
 }
