@@ -16,10 +16,13 @@
 //!   parses keyed by the bytes, so it reads the change at its next tick); reminders → the
 //!   feed's caches are emptied and the reminder runner looks again;
 //!   tokens made through the API → re-read, so a token made on one node works on all;
-//! - `Resync` and `OwnershipChanged`: re-reads every queue and the tokens, wakes every queue (the dispatcher
-//!   claims only what this node owns, so after a takeover it finds the new shards' tasks),
-//!   empties the reminder caches and wakes both runners, which fire only the schedules and
-//!   run only the fan-outs this node owns.
+//! - `Resync`, `Recheck` and `OwnershipChanged`: re-reads every queue and the tokens, wakes
+//!   every queue (the dispatcher claims only what this node owns, so after a takeover it finds
+//!   the new shards' tasks) and wakes both runners, which fire only the schedules and run only
+//!   the fan-outs this node owns. Only `Resync` (events were missed: the stream reconnected, or
+//!   the inbox overflowed) also empties the feed's caches; the periodic `Recheck` keeps them,
+//!   since every change that reaches them is announced and what a lost announcement leaves
+//!   stale is bounded by the caches' own time to live.
 //!
 //! Events are hints: a failed re-read is kept and retried after a pause, never dropped.
 //! Single-process stores send no events; then this task only waits.
@@ -57,7 +60,10 @@ struct Pending {
     users: HashSet<UserId>,
     /// Every user's cached subscription list is to be forgotten.
     all_users: bool,
+    /// Look at everything again.
     resync: bool,
+    /// Events may have been missed: what was cached on the strength of events goes too.
+    missed: bool,
 }
 
 impl Pending {
@@ -72,7 +78,11 @@ impl Pending {
             StoreEvent::MetaChanged(namespace) => {
                 self.namespaces.insert(namespace);
             }
-            StoreEvent::Resync | StoreEvent::OwnershipChanged => self.resync = true,
+            StoreEvent::Resync => {
+                self.resync = true;
+                self.missed = true;
+            }
+            StoreEvent::Recheck | StoreEvent::OwnershipChanged => self.resync = true,
             StoreEvent::SubscriptionsChanged(Some(users)) if !self.all_users => {
                 self.users.extend(users);
                 if self.users.len() > INBOX_USERS_MAX {
@@ -86,8 +96,10 @@ impl Pending {
             }
         }
         if self.wakes.len() + self.queues.len() > INBOX_QUEUES_MAX {
+            // The events dropped here are missed ones.
             *self = Pending {
                 resync: true,
+                missed: true,
                 ..Pending::default()
             };
         }
@@ -181,7 +193,7 @@ impl Follower {
     }
 
     /// Handles a batch of events; returns what failed (to retry).
-    async fn handle(&self, pending: Pending) -> Pending {
+    async fn handle(&self, mut pending: Pending) -> Pending {
         let mut failed = Pending::default();
         if pending.resync {
             // The store's fallback sweep first, so the wake-ups below find what it repaired.
@@ -202,9 +214,15 @@ impl Follower {
             }
             self.service.queues.wake_all();
             self.schedules.wake();
-            self.reminders.forget_cached();
             self.reminders.wake();
-            return failed;
+            if pending.missed {
+                self.reminders.forget_cached();
+                return failed;
+            }
+            // Every queue was re-read and woken; the events that came with the recheck that
+            // say more (users, namespaces) are handled below.
+            pending.queues.clear();
+            pending.wakes.clear();
         }
         for queue in pending.queues {
             if let Err(error) = self.service.sync_queue(queue.clone()).await {
@@ -278,14 +296,21 @@ mod tests {
         assert!(!pending.resync);
         pending.add(StoreEvent::OwnershipChanged);
         assert!(pending.resync);
+        pending.add(StoreEvent::Recheck);
+        assert!(
+            pending.resync && !pending.missed,
+            "a recheck misses nothing"
+        );
+        pending.add(StoreEvent::Resync);
+        assert!(pending.missed, "a resync says events were missed");
 
         let mut pending = Pending::default();
         for i in 0..=INBOX_QUEUES_MAX {
             pending.add(StoreEvent::QueueChanged(queue(&format!("q{i}"))));
         }
         assert!(
-            pending.resync,
-            "too many distinct queues: one resync instead"
+            pending.resync && pending.missed,
+            "too many distinct queues: one resync instead, the rest missed"
         );
 
         let mut pending = Pending::default();

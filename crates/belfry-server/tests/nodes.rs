@@ -2,7 +2,8 @@
 //! one is served or forgotten by the other, a task put on one is delivered once, by the node
 //! that owns it, promptly, a schedule fires once per firing across both, through an
 //! ownership change, a reminder fans out once, a change on one node empties the other's feed
-//! caches, and a token made on one node works on the other until revoked there.
+//! caches (a periodic recheck keeps them, a resync empties them), and a token made on one node
+//! works on the other until revoked there.
 //!
 //! The shared store is one `MemoryStore` behind a wrapper per node ([`NodeStore`]) that does
 //! what a networked store does for its nodes: it announces every change to every node's
@@ -47,6 +48,10 @@ struct Shared {
     firings_created: [AtomicUsize; 2],
     /// Reminder chunks each node created (not duplicates).
     chunks_created: [AtomicUsize; 2],
+    /// Fallback sweeps each node ran: one per resync or recheck its follower handled.
+    sweeps: [AtomicUsize; 2],
+    /// Reads of a user's subscription list by each node: what a feed cache miss costs.
+    user_set_reads: [AtomicUsize; 2],
 }
 
 impl Shared {
@@ -57,6 +62,8 @@ impl Shared {
             split: Mutex::new(Split::Parity),
             firings_created: Default::default(),
             chunks_created: Default::default(),
+            sweeps: Default::default(),
+            user_set_reads: Default::default(),
         })
     }
 
@@ -228,6 +235,14 @@ impl Store for NodeStore {
         }
         Ok(dropped)
     }
+    fn user_sets(&self, user: &UserId, limit: usize) -> R<Vec<u64>> {
+        self.shared.user_set_reads[self.node].fetch_add(1, Ordering::SeqCst);
+        self.inner().user_sets(user, limit)
+    }
+    fn sweep(&self) -> R<()> {
+        self.shared.sweeps[self.node].fetch_add(1, Ordering::SeqCst);
+        self.inner().sweep()
+    }
     fn subscribe_events(&self, sink: EventSink) -> R<()> {
         self.shared.sinks.lock().push(sink);
         Ok(())
@@ -267,7 +282,6 @@ impl Store for NodeStore {
         is_subscribed(set: u64, user: &UserId) -> R<bool>;
         subscriber_count(set: u64) -> R<u64>;
         subscribers(set: u64, after: Option<&UserId>, limit: usize) -> R<Vec<UserId>>;
-        user_sets(user: &UserId, limit: usize) -> R<Vec<u64>>;
         flush() -> R<()>;
     }
 }
@@ -332,6 +346,20 @@ impl Nodes {
         self.clock.advance(Duration::from_millis(ms));
         for s in &self.servers {
             s.handle.wake_all();
+        }
+    }
+
+    /// Announces `event` as the store would, and returns once `node` has handled it whole:
+    /// its follower handles one batch at a time, so a second recheck, seen to start (its
+    /// sweep), means the batch with `event` ended.
+    async fn handled(&self, node: usize, event: StoreEvent) {
+        for event in [event, StoreEvent::Recheck] {
+            let before = self.shared.sweeps[node].load(Ordering::SeqCst);
+            self.shared.emit(event);
+            eventually("the follower takes the event", || async {
+                (self.shared.sweeps[node].load(Ordering::SeqCst) > before).then_some(())
+            })
+            .await;
         }
     }
 
@@ -741,5 +769,75 @@ async fn a_subscribe_on_one_node_shows_in_the_other_nodes_feed_at_once() {
             "followed after {took:?}: the cache's time to live, not the event"
         );
     }
+    nodes.stop().await;
+}
+
+/// The periodic recheck (nothing known lost) keeps B's feed caches: a feed read twice across
+/// it is served from them the second time, without a store read, and a subscribe through A
+/// still reaches B's feed at once. A resync (events were missed) empties them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recheck_keeps_the_feed_caches_and_a_resync_empties_them() {
+    const MINUTE: u64 = 60_000;
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    a.queue("notes", json!({})).await;
+    for id in ["standup", "retro"] {
+        a.ok(
+            "POST",
+            "/v1/reminders",
+            json!({"id": id, "queue": "notes", "delay_ms": MINUTE, "content": {"title": id}}),
+            201,
+        )
+        .await;
+    }
+    a.ok(
+        "PUT",
+        "/v1/reminders/standup/subscribers/u7",
+        Value::Null,
+        201,
+    )
+    .await;
+    let b_feed = || async {
+        let feed = b
+            .ok("GET", "/v1/users/u7/reminders", Value::Null, 200)
+            .await;
+        let mut ids: Vec<String> = feed["reminders"]
+            .as_array()
+            .map(|r| {
+                r.iter()
+                    .filter_map(|r| r["id"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    };
+    let reads = || nodes.shared.user_set_reads[1].load(Ordering::SeqCst);
+    eventually("B's feed lists the subscription", || async {
+        (b_feed().await == ["standup"]).then_some(())
+    })
+    .await;
+
+    nodes.handled(1, StoreEvent::Recheck).await;
+    let before = reads();
+    assert_eq!(b_feed().await, ["standup"]);
+    assert_eq!(reads(), before, "read from B's caches across a recheck");
+
+    a.ok(
+        "PUT",
+        "/v1/reminders/retro/subscribers/u7",
+        Value::Null,
+        201,
+    )
+    .await;
+    eventually("B's feed lists the subscription made on A", || async {
+        (b_feed().await == ["retro", "standup"]).then_some(())
+    })
+    .await;
+
+    nodes.handled(1, StoreEvent::Resync).await;
+    let before = reads();
+    assert_eq!(b_feed().await, ["retro", "standup"]);
+    assert_eq!(reads(), before + 1, "a resync empties B's caches");
     nodes.stop().await;
 }

@@ -374,7 +374,7 @@ impl RedisStore {
                         other => other.map_err(|e| map_error(e, "sweep the hints"))?,
                     };
                     let hint = self.keys.hint(uid).into_bytes();
-                    let lowers = owned
+                    let lowers: Vec<redis::Cmd> = owned
                         .iter()
                         .zip(&earliest)
                         .filter_map(|(&p, at)| {
@@ -392,8 +392,16 @@ impl RedisStore {
                             ))
                         })
                         .collect();
-                    crate::conn::pipeline(c, lowers)
-                        .map_err(|e| map_error(e, "sweep the hints"))?;
+                    // Lowering a hint twice is lowering it once: after a NOSCRIPT (a node
+                    // lost the scripts since the reads), all of them go again.
+                    match crate::conn::pipeline(c, lowers.clone()) {
+                        Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                            self.load_scripts(c)?;
+                            crate::conn::pipeline(c, lowers)
+                        }
+                        other => other,
+                    }
+                    .map_err(|e| map_error(e, "sweep the hints"))?;
                 }
                 Ok(())
             })();

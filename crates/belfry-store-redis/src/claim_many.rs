@@ -12,7 +12,9 @@
 //!
 //! Scripts run by `EVALSHA` only: a node that does not have them (new, restarted, promoted)
 //! answers `NOSCRIPT` in step 1, which changes nothing; the scripts are then loaded on every
-//! master and the caller claims one partition at a time this once.
+//! master and the caller claims one partition at a time this once. Steps 2 and 3 read each
+//! reply on its own (`each.rs`): a node that lost the scripts after step 1 answers `NOSCRIPT`
+//! for its own calls only, and only those run again, so no claimed task is dropped.
 
 use belfry_core::QueueName;
 use belfry_store::ClaimBatch;
@@ -20,6 +22,7 @@ use redis::{ErrorKind, Value};
 
 use crate::claim::Want;
 use crate::conn::{map_error, pipeline, unexpected, Conn, Result};
+use crate::each::{pipeline_each, ScriptCall};
 use crate::reply::{as_array, as_i64};
 use crate::scripts::{self, Lua};
 use crate::store::{Part, RedisStore};
@@ -30,6 +33,9 @@ pub(crate) fn evalsha(lua: &Lua, keys: &[Vec<u8>], args: &[Vec<u8>]) -> redis::C
     cmd.arg(&lua.sha).arg(keys.len()).arg(keys).arg(args);
     cmd
 }
+
+/// A claim call's keys and arguments.
+type OwnedCall = (Vec<Vec<u8>>, Vec<Vec<u8>>);
 
 impl RedisStore {
     /// Claims across `candidates` (partition, fence) in rotation order. `Ok(false)`: a node
@@ -76,7 +82,7 @@ impl RedisStore {
                 left -= take;
             }
         }
-        let cmds = claims
+        let calls: Vec<OwnedCall> = claims
             .iter()
             .map(|&(i, take)| {
                 let fence = candidates[i].1.as_deref();
@@ -84,17 +90,28 @@ impl RedisStore {
                 if fence.is_some() {
                     keys.push(self.keys.owner(parts[i].p).into_bytes());
                 }
-                let args = [
+                let args = vec![
                     now.clone(),
                     take.to_string().into_bytes(),
                     want.visibility_ms.to_string().into_bytes(),
                     self.retention_ms.to_string().into_bytes(),
                     fence.unwrap_or_default().as_bytes().to_vec(),
                 ];
-                evalsha(&scripts::CLAIM, &keys, &args)
+                (keys, args)
             })
             .collect();
-        let replies = pipeline(c, cmds).map_err(|e| map_error(e, "claim due tasks"))?;
+        let cmds: Vec<redis::Cmd> = calls
+            .iter()
+            .map(|(keys, args)| evalsha(&scripts::CLAIM, keys, args))
+            .collect();
+        // Each reply on its own: a node that lost the scripts since step 1 answers NOSCRIPT
+        // for its claims only, which then run again; the others' tasks are leased already.
+        let replies = pipeline_each(c, &cmds).map_err(|e| map_error(e, "claim due tasks"))?;
+        let each: Vec<ScriptCall<'_>> = calls
+            .iter()
+            .map(|(keys, args)| (keys.as_slice(), args.as_slice()))
+            .collect();
+        let replies = self.rerun_missing(c, &scripts::CLAIM, replies, &each, "claim due tasks")?;
         for (&(i, _), reply) in claims.iter().zip(&replies) {
             if let Some(earliest) =
                 self.take_claimed(reply, queue, uid, parts[i].p, want.now_ms, batch)?
@@ -145,11 +162,17 @@ impl RedisStore {
             cmds.push(zadd);
         }
         pipeline(c, cmds).map_err(|e| map_error(e, "update a queue's hint"))?;
-        let again = settle
+        let earliest = [b"earliest".to_vec()];
+        let each: Vec<ScriptCall<'_>> = settle
             .iter()
-            .map(|&(i, _)| evalsha(&scripts::READ, &parts[i].keys, &[b"earliest".to_vec()]))
+            .map(|&(i, _)| (parts[i].keys.as_slice(), &earliest[..]))
             .collect();
-        let again = pipeline(c, again).map_err(|e| map_error(e, "read a partition"))?;
+        let again: Vec<redis::Cmd> = each
+            .iter()
+            .map(|(keys, args)| evalsha(&scripts::READ, keys, args))
+            .collect();
+        let again = pipeline_each(c, &again).map_err(|e| map_error(e, "read a partition"))?;
+        let again = self.rerun_missing(c, &scripts::READ, again, &each, "read a partition")?;
         for (&(i, set_to), now) in settle.iter().zip(&again) {
             let now = as_i64(now).ok_or_else(|| unexpected("earliest", now))?;
             if now >= 0 && (set_to < 0 || now < set_to) {
@@ -174,7 +197,7 @@ impl RedisStore {
                         MultipleNodeRoutingInfo::AllMasters,
                         Some(ResponsePolicy::AllSucceeded),
                     ));
-                    con.route_command(&cmd, routing)
+                    con.con.route_command(&cmd, routing)
                 }
             };
             loaded.map_err(|e| map_error(e, "load the scripts"))?;

@@ -10,9 +10,10 @@ use std::time::Duration;
 
 use belfry_store::StoreError;
 use parking_lot::Mutex;
-use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::cluster::ClusterClient;
 use redis::{ConnectionLike, ErrorKind, RedisError, Value};
 
+use crate::each::ClusterConn;
 use crate::reply::{as_array, as_i64};
 use crate::scripts::Lua;
 use crate::target::RedisTarget;
@@ -43,14 +44,14 @@ enum Client {
 
 pub(crate) enum Conn {
     Single(redis::Connection),
-    Cluster(Box<ClusterConnection>),
+    Cluster(Box<ClusterConn>),
 }
 
 impl Conn {
     pub(crate) fn as_dyn(&mut self) -> &mut dyn ConnectionLike {
         match self {
             Conn::Single(c) => c,
-            Conn::Cluster(c) => &mut **c,
+            Conn::Cluster(c) => &mut c.con,
         }
     }
 }
@@ -98,9 +99,13 @@ impl Pool {
                 Ok(Conn::Single(con))
             }
             Client::Cluster(client) => {
-                Ok(Conn::Cluster(Box::new(client.get_connection().map_err(
-                    |e| map_error(e, "connect to the redis cluster"),
-                )?)))
+                let con = client
+                    .get_connection()
+                    .map_err(|e| map_error(e, "connect to the redis cluster"))?;
+                Ok(Conn::Cluster(Box::new(ClusterConn::new(
+                    con,
+                    self.timeouts,
+                ))))
             }
         }
     }
@@ -219,7 +224,7 @@ pub(crate) fn wait_replicas(
         Conn::Cluster(c) => {
             let route = Route::new(key_slot(key), SlotAddr::Master);
             let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
-            redis::from_redis_value(&c.route_command(&cmd, routing)?)
+            redis::from_redis_value(&c.con.route_command(&cmd, routing)?)
         }
     }
 }
@@ -254,7 +259,7 @@ pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisRe
             for cmd in cmds {
                 pipe.add_command(cmd);
             }
-            pipe.query(c)
+            pipe.query(&mut c.con)
         }
     }
 }

@@ -3,8 +3,9 @@
 //! of its own, reconnecting to the next seed when its connection fails.
 //!
 //! Pub/sub is at most once: a message sent while a node was reconnecting is gone. So a node
-//! that (re)connects hears [`StoreEvent::Resync`] first, and hears it again every
-//! `resync_every` anyway: the fallback sweep that catches any wake-up that was missed.
+//! that (re)connects hears [`StoreEvent::Resync`] first (events were missed: caches go), and
+//! [`StoreEvent::Recheck`] every `resync_every` while connected: the fallback sweep that
+//! catches a wake-up whose `PUBLISH` failed, with nothing known lost, so caches stay.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -185,7 +186,7 @@ fn listen_on(
             Err(e) => return Err(e),
         }
         if last_resync.elapsed() >= resync_every {
-            sink(StoreEvent::Resync);
+            sink(StoreEvent::Recheck);
             last_resync = Instant::now();
         }
     }

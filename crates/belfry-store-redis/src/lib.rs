@@ -26,6 +26,7 @@
 mod claim;
 mod claim_many;
 mod conn;
+mod each;
 mod events;
 mod inflight;
 mod keys;

@@ -9,6 +9,7 @@ use redis::Value;
 
 use crate::claim_many::evalsha;
 use crate::conn::{map_error, pipeline, unexpected, Conn, Result};
+use crate::each::{pipeline_each, ScriptCall};
 use crate::keys::{split_id, task_id};
 use crate::record;
 use crate::reply::{as_array, as_bytes, as_i64, as_seq, corrupt, decode, to_task};
@@ -57,8 +58,8 @@ impl RedisStore {
                 .collect();
             // The leases' shared in-flight room goes in the same pipeline (`inflight.rs`).
             let room = this.room_cmd(queue, uid, op, items, now_ms);
-            // Several partitions: one pipeline (the scripts are loaded at connect; a node
-            // that lost them answers NOSCRIPT, and then they go one at a time, reloaded).
+            // Several partitions: one pipeline, each reply read on its own (`each.rs`), so a
+            // node that lost the scripts costs a second run of its calls only.
             let replies = match (calls.len(), room) {
                 (0, _) => Vec::new(),
                 (1, None) => vec![this.script(
@@ -69,33 +70,26 @@ impl RedisStore {
                     "change a lease",
                 )?],
                 (_, room) => {
+                    let with_room = room.is_some();
                     let cmds: Vec<redis::Cmd> = calls
                         .iter()
                         .map(|(part, args)| evalsha(&scripts::LEASE, &part.keys, args))
                         .chain(room)
                         .collect();
-                    match pipeline(c, cmds) {
-                        Ok(mut replies) => {
-                            replies.truncate(calls.len());
-                            replies
+                    let mut replies =
+                        pipeline_each(c, &cmds).map_err(|e| map_error(e, "change leases"))?;
+                    if with_room {
+                        if let Some(Err(error)) = replies.pop() {
+                            // The leases changed all the same; their room comes back at their
+                            // deadlines, as for a lease that nobody ends.
+                            tracing::warn!(%error, %queue, "release in-flight room");
                         }
-                        Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
-                            // The room's call is sent whole: it ran with the pipeline.
-                            this.load_scripts(c)?;
-                            let mut replies = Vec::with_capacity(calls.len());
-                            for (part, args) in &calls {
-                                replies.push(this.script(
-                                    c,
-                                    &scripts::LEASE,
-                                    &part.keys,
-                                    args,
-                                    "change a lease",
-                                )?);
-                            }
-                            replies
-                        }
-                        Err(e) => return Err(map_error(e, "change leases")),
                     }
+                    let each: Vec<ScriptCall<'_>> = calls
+                        .iter()
+                        .map(|(part, args)| (part.keys.as_slice(), args.as_slice()))
+                        .collect();
+                    this.rerun_missing(c, &scripts::LEASE, replies, &each, "change a lease")?
                 }
             };
             for (((p, members), v), _) in by_part.iter().zip(&replies).zip(&calls) {

@@ -1,6 +1,7 @@
 //! Store events through a real Redis: a subscriber change on one store (node) reaches another
 //! store on the same namespace as one `SubscriptionsChanged` event per call, naming its users,
-//! or "every user" for a bulk change or a dropped set.
+//! or "every user" for a bulk change or a dropped set; the periodic look at everything is a
+//! `Recheck`, and a `Resync` comes only when the listener (re)connects.
 
 use std::sync::mpsc;
 use std::sync::Arc;
@@ -77,4 +78,58 @@ fn subscriber_changes_reach_the_other_node_as_one_event_per_call() {
         None,
         "a dropped set: every user"
     );
+}
+
+/// The next event other than a wake or a subscriptions change, within 5 s.
+fn next_sweep(events: &mpsc::Receiver<StoreEvent>) -> StoreEvent {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok(event @ (StoreEvent::Resync | StoreEvent::Recheck)) => return event,
+            Ok(_) => {}
+            Err(e) => panic!("no resync or recheck within 5 s: {e}"),
+        }
+    }
+}
+
+/// While the listener stays connected, the periodic look at everything is a `Recheck`
+/// (nothing missed, caches stay); a `Resync` (events missed) comes only when it connects,
+/// first or again after its connection was cut.
+#[test]
+fn a_recheck_while_connected_and_a_resync_after_a_reconnect() {
+    let server = RedisServer::start();
+    let options = RedisOptions {
+        namespace: "events".into(),
+        partitions: 8,
+        resync_every: Duration::from_millis(50),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&server.target(), options).expect("connect");
+    let (tx, events) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    store
+        .subscribe_events(Arc::new(move |event| {
+            let _ = tx.lock().unwrap().send(event);
+        }))
+        .unwrap();
+    assert_eq!(next_sweep(&events), StoreEvent::Resync, "on connecting");
+    for _ in 0..3 {
+        assert_eq!(next_sweep(&events), StoreEvent::Recheck, "while connected");
+    }
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(killed, 1, "the listener's connection");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while next_sweep(&events) != StoreEvent::Resync {
+        assert!(Instant::now() < deadline, "no resync after the reconnect");
+    }
 }

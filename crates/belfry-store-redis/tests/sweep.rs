@@ -43,3 +43,40 @@ fn a_lost_hint_is_rebuilt_by_the_sweep() {
         5
     );
 }
+
+/// A Redis that lost the hint script (flushed, then given the read script alone, so the
+/// sweep's reads pass and its hint updates meet NOSCRIPT): the sweep loads the scripts and
+/// updates the hints all the same, instead of failing as a corrupt reply.
+#[test]
+fn the_sweep_survives_a_redis_that_lost_the_hint_script() {
+    let server = RedisServer::start();
+    let options = RedisOptions {
+        namespace: "sweep".into(),
+        partitions: 8,
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&server.target(), options).unwrap();
+    let queue = QueueName::new("q").unwrap();
+    store.put_queue(&queue, Bytes::new()).unwrap();
+    store
+        .put(vec![NewTask::new(queue.clone(), 1_000, "{}")])
+        .unwrap();
+    let mut con = redis::Client::open(server.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let hints: Vec<String> = redis::cmd("KEYS").arg("{sweep/h*").query(&mut con).unwrap();
+    redis::cmd("DEL").arg(&hints[0]).exec(&mut con).unwrap();
+    redis::cmd("SCRIPT").arg("FLUSH").exec(&mut con).unwrap();
+    let read = concat!(
+        include_str!("../src/lua/prelude.lua"),
+        include_str!("../src/lua/read.lua")
+    );
+    let _: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(read)
+        .query(&mut con)
+        .unwrap();
+    store.sweep().unwrap();
+    assert_eq!(store.next_due_ms(&queue).unwrap(), Some(1_000));
+}

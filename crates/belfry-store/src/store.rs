@@ -215,9 +215,13 @@ pub enum StoreEvent {
     QueueChanged(QueueName),
     /// Metadata in this namespace changed (schedules, reminders): re-read what depends on it.
     MetaChanged(String),
-    /// Events may have been missed (a reconnect, or the periodic sweep that catches lost
-    /// wake-ups): re-read everything and look at every queue.
+    /// Events may have been missed (the store's event stream was connected again): re-read
+    /// everything, look at every queue, and forget what was cached on the strength of events.
     Resync,
+    /// The periodic look at everything, with no event known to be missed: re-read every
+    /// queue and look at each (this catches a wake-up whose announcement failed), but what is
+    /// cached stays, bounded by its own time to live.
+    Recheck,
     /// The part of the store this node owns changed (shards taken over or handed off): look
     /// at every queue and every singleton job again.
     OwnershipChanged,
@@ -452,7 +456,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// Repairs what a crash of some node may have left behind in a shared store's indexes
     /// (a wake-up index not updated after a write): the fallback sweep, called on each
-    /// [`StoreEvent::Resync`]. A store decides how often it really sweeps; the default has
+    /// [`StoreEvent::Resync`] and [`StoreEvent::Recheck`]. A store decides how often it really sweeps; the default has
     /// nothing to repair.
     fn sweep(&self) -> Result<()> {
         Ok(())
