@@ -107,7 +107,7 @@ impl Block {
         let mut block = Block::default();
         let mut entries = Entries::new(body);
         let mut key = Vec::new();
-        while let Some(live) = entries.next(&mut key)? {
+        while let Some((live, _)) = entries.next(&mut key)? {
             let start = block.keys.len();
             block.keys.extend_from_slice(&key);
             block
@@ -130,11 +130,12 @@ impl<'a> Entries<'a> {
     }
 
     /// The next entry: its key in `key` (which must hold the previous entry's key, empty
-    /// at the start of the block) and whether it is live; `None` at the end of the block.
+    /// at the start of the block), whether it is live, and how many leading bytes it shares
+    /// with the previous key; `None` at the end of the block.
     pub(crate) fn next(
         &mut self,
         key: &mut Vec<u8>,
-    ) -> std::result::Result<Option<bool>, &'static str> {
+    ) -> std::result::Result<Option<(bool, usize)>, &'static str> {
         if self.rest.is_empty() {
             return Ok(None);
         }
@@ -149,7 +150,7 @@ impl<'a> Entries<'a> {
         key.truncate(shared);
         key.extend_from_slice(&rest[..suffix]);
         self.rest = &rest[suffix..];
-        Ok(Some(tail & 1 == 1))
+        Ok(Some((tail & 1 == 1, shared)))
     }
 }
 
@@ -342,15 +343,22 @@ impl Run {
                 .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
             let mut entries = Entries::new(body);
             key.clear();
-            while let Some(live) = entries
+            // `m`: how many leading bytes the current key shares with `prefix`. An entry that
+            // shares more than `m` bytes with the previous key (which sorted below `prefix`)
+            // still sorts below it; only the others are compared, from where they differ.
+            let mut m = 0;
+            while let Some((live, shared)) = entries
                 .next(&mut key)
                 .map_err(|d| corrupt(&self.path, b.offset, d))?
             {
-                if key.as_slice() < prefix {
-                    continue;
+                if shared <= m {
+                    m = shared + shared_prefix(&key[shared..], &prefix[shared.min(prefix.len())..]);
                 }
-                if !key.starts_with(prefix) {
-                    return Ok(true);
+                if m < prefix.len() {
+                    if m == key.len() || key[m] < prefix[m] {
+                        continue; // below the prefix
+                    }
+                    return Ok(true); // past it
                 }
                 if taken == cap {
                     return Ok(false);
@@ -728,6 +736,63 @@ mod tests {
             for b in keys {
                 let want = a.iter().zip(b).take_while(|(x, y)| x == y).count();
                 assert_eq!(shared_prefix(a, b), want, "{a:?} {b:?}");
+            }
+        }
+    }
+
+    /// Prefix scans against a filter of every key: users of 1 to 900 entries (some spanning
+    /// blocks), prefixes that are other users' prefixes' prefixes, absent users, the caps.
+    #[test]
+    fn a_prefix_scan_finds_exactly_the_keys_under_the_prefix() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        for user in 0u32..400 {
+            // "u1", "u10", "u100"...: one user's name is a prefix of others'.
+            let name = format!("u{user}");
+            for set in 0..(1 + user % 7 + if user % 50 == 0 { 900 } else { 0 }) {
+                let mut key = vec![1, name.len() as u8];
+                key.extend_from_slice(name.as_bytes());
+                key.extend_from_slice(&(u64::from(set) * 7_919).to_be_bytes());
+                keys.push(key);
+            }
+        }
+        keys.sort();
+        let mut writer = RunWriter::create(dir.path(), 1, 0).unwrap();
+        for (n, key) in keys.iter().enumerate() {
+            writer.add(key, n % 5 != 0).unwrap();
+        }
+        let run = writer.finish().unwrap();
+        assert!(run.block_count() > 4, "{} blocks", run.block_count());
+        let mut frame = Vec::new();
+        let mut prefixes: Vec<Vec<u8>> = (0u32..420)
+            .map(|user| {
+                let name = format!("u{user}");
+                let mut prefix = vec![1, name.len() as u8];
+                prefix.extend_from_slice(name.as_bytes());
+                prefix
+            })
+            .collect();
+        prefixes.extend([vec![1], vec![0], vec![1, 2, b'u'], vec![2]]);
+        for prefix in &prefixes {
+            let want: Vec<(Vec<u8>, bool)> = keys
+                .iter()
+                .enumerate()
+                .filter(|(_, k)| k.starts_with(prefix))
+                .map(|(n, k)| (k.clone(), n % 5 != 0))
+                .collect();
+            let mut got = Vec::new();
+            let whole = run
+                .scan_prefix(prefix, &mut frame, usize::MAX, |k, live| {
+                    got.push((k.to_vec(), live))
+                })
+                .unwrap();
+            assert!(whole);
+            assert_eq!(got, want, "prefix {prefix:?}");
+            if want.len() > 3 {
+                let mut got = 0;
+                let whole = run.scan_prefix(prefix, &mut frame, 3, |_, _| got += 1);
+                assert!(!whole.unwrap());
+                assert_eq!(got, 3);
             }
         }
     }
