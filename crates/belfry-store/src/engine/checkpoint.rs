@@ -55,30 +55,7 @@ impl Checkpointer {
         let theirs = Arc::clone(&signal);
         let spawned = thread::Builder::new()
             .name("belfry-checkpoint".into())
-            .spawn(move || loop {
-                {
-                    let (flags, wake) = &*theirs;
-                    let mut flags = flags.lock();
-                    while !flags.requested && !flags.stopped {
-                        wake.wait(&mut flags);
-                    }
-                    if flags.stopped {
-                        return;
-                    }
-                    flags.requested = false;
-                }
-                {
-                    let _guard = core.checkpointing.lock();
-                    // A failure poisons the engine (logged there; every later call reports
-                    // it).
-                    let _ = core.checkpoint_guarded();
-                }
-                // Merges run after the checkpoint, without its guard; the next checkpoint
-                // lists what they made, so ask for it.
-                if let Ok(true) = core.subs_compact() {
-                    theirs.0.lock().requested = true;
-                }
-            });
+            .spawn(move || checkpoint_thread(&core, &theirs));
         match spawned {
             Ok(handle) => Some(Checkpointer {
                 signal,
@@ -106,6 +83,53 @@ impl Drop for Checkpointer {
         wake.notify_one();
         if let Some(handle) = self.handle.take() {
             let _ = handle.join();
+        }
+    }
+}
+
+/// The checkpoint thread: a checkpoint when asked (then the merges it made due), and, every
+/// `subs_settle_after`, a look at whether the subscription tree has been quiet since the last
+/// look, merging its runs into one if so. What merges make is listed by the next checkpoint,
+/// so they ask for one.
+fn checkpoint_thread(core: &Core, signal: &(Mutex<CheckpointSignal>, Condvar)) {
+    let (flags, wake) = signal;
+    let settle = core.options.subs_settle_after;
+    let mut last_look = Instant::now();
+    // The tree's change count at the last look (none yet).
+    let mut changes_seen = u64::MAX;
+    loop {
+        let requested = {
+            let mut flags = flags.lock();
+            if !flags.requested && !flags.stopped {
+                match settle {
+                    Some(quiet) => {
+                        let left = quiet.saturating_sub(last_look.elapsed());
+                        wake.wait_for(&mut flags, left);
+                    }
+                    None => wake.wait(&mut flags),
+                }
+            }
+            if flags.stopped {
+                return;
+            }
+            std::mem::take(&mut flags.requested)
+        };
+        if requested {
+            {
+                let _guard = core.checkpointing.lock();
+                // A failure poisons the engine (logged there; every later call reports it).
+                let _ = core.checkpoint_guarded();
+            }
+            // Merges run after the checkpoint, without its guard.
+            if let Ok(true) = core.subs_compact() {
+                flags.lock().requested = true;
+            }
+        }
+        if settle.is_some_and(|quiet| last_look.elapsed() >= quiet) {
+            last_look = Instant::now();
+            if let Ok(true) = core.subs_settle(&mut changes_seen) {
+                flags.lock().requested = true;
+            }
         }
     }
 }

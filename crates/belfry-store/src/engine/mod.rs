@@ -140,6 +140,10 @@ pub struct EngineOptions {
     /// Checkpoints merge the newest subscription runs once at least this many of them
     /// together outweigh each older run they take in (size-tiered: see `subs/tree.rs`).
     pub subs_compaction_min_runs: usize,
+    /// Once the subscription tree has seen no change for this long, the checkpoint thread
+    /// merges all its runs into one, so that a user's sets (the feed's read) are one block
+    /// read instead of one per run. `None`: never (size-tiered merges only).
+    pub subs_settle_after: Option<Duration>,
 }
 
 /// Default WAL bytes between checkpoints: replaying 32 MiB at reopen takes well under 2 s
@@ -165,6 +169,10 @@ const _: () = assert!(FREE_SPACE_RESERVE_BYTES_DEFAULT >= 2 * CHECKPOINT_WAL_BYT
 pub const SUBS_MEMTABLE_BYTES_DEFAULT: usize = 4 * 1024 * 1024;
 /// Default number of subscription runs merged at once.
 pub const SUBS_COMPACTION_MIN_RUNS_DEFAULT: usize = 4;
+/// Default quiet time before the subscription runs are merged into one: long enough that a
+/// bulk load in progress is not merged run by run, short enough that reads after it soon
+/// look at one run.
+pub const SUBS_SETTLE_AFTER_DEFAULT: Duration = Duration::from_secs(10);
 /// Default cap on tasks of far buckets held loaded: about 150 MB of entries.
 pub const FAR_LOADED_TASKS_MAX_DEFAULT: usize = 1_000_000;
 
@@ -184,6 +192,7 @@ impl Default for EngineOptions {
             free_space_reserve_bytes: FREE_SPACE_RESERVE_BYTES_DEFAULT,
             subs_memtable_bytes: SUBS_MEMTABLE_BYTES_DEFAULT,
             subs_compaction_min_runs: SUBS_COMPACTION_MIN_RUNS_DEFAULT,
+            subs_settle_after: Some(SUBS_SETTLE_AFTER_DEFAULT),
         }
     }
 }

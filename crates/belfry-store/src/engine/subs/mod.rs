@@ -72,6 +72,8 @@ pub(crate) struct Subs {
     sets: FxHashMap<u64, SetInfo>,
     next_epoch: u64,
     next_run: u64,
+    /// Records applied since open: the checkpoint thread's idle check reads it.
+    pub(crate) changes: u64,
 }
 
 impl Subs {
@@ -89,6 +91,7 @@ impl Subs {
                 .collect(),
             next_epoch: persisted.next_epoch.max(1),
             next_run: persisted.next_run,
+            changes: 0,
         }
     }
 
@@ -109,6 +112,7 @@ impl Subs {
     /// Applies one record (a call's change, or one replayed from the WAL).
     pub(crate) fn apply(&mut self, rec: &SubsRecord<'_>) {
         let SubsRecord { op, set, epoch, .. } = *rec;
+        self.changes += 1;
         if op == Op::Drop {
             self.sets.remove(&set);
             return;

@@ -111,7 +111,7 @@ impl Core {
         let dir = self.subs.lock().dir.clone();
         let mut merged = false;
         loop {
-            match self.subs_compact_once(&dir) {
+            match self.subs_compact_once(&dir, false) {
                 Ok(true) => merged = true,
                 Ok(false) => return Ok(merged),
                 Err(error) => return Err(self.state.lock().poison(&error)),
@@ -119,11 +119,31 @@ impl Core {
         }
     }
 
-    /// Merges the newest runs if the policy picks some; returns whether it did.
-    fn subs_compact_once(&self, dir: &Path) -> Result<bool> {
+    /// Merges the runs into one or two ([`settle_pick`]) if the tree saw no change since
+    /// the last look (`changes_seen`, updated here); returns whether it merged any.
+    pub(crate) fn subs_settle(&self, changes_seen: &mut u64) -> Result<bool> {
+        let _guard = self.compacting.lock();
+        let (dir, changes) = {
+            let subs = self.subs.lock();
+            (subs.dir.clone(), subs.changes)
+        };
+        let idle = changes == std::mem::replace(changes_seen, changes);
+        if !idle {
+            return Ok(false);
+        }
+        self.subs_compact_once(&dir, true)
+            .map_err(|error| self.state.lock().poison(&error))
+    }
+
+    /// Merges the newest runs if the policy picks some (`settle`: the settle policy); returns
+    /// whether it did.
+    fn subs_compact_once(&self, dir: &Path, settle: bool) -> Result<bool> {
         let (inputs, bottom, id, epochs) = {
             let mut subs = self.subs.lock();
-            let k = pick(&subs.runs, self.options.subs_compaction_min_runs);
+            let k = match settle {
+                true => settle_pick(&subs.runs),
+                false => pick(&subs.runs, self.options.subs_compaction_min_runs),
+            };
             if k == 0 {
                 return Ok(false);
             }
@@ -184,6 +204,28 @@ fn pick(runs: &[Arc<Run>], min_runs: usize) -> usize {
     }
     if k >= min_runs {
         k
+    } else {
+        0
+    }
+}
+
+/// How many of the newest runs a quiet tree merges (0: none): all of them once the newer
+/// runs hold a quarter of the oldest's entries, else all but the oldest, so that a tree
+/// settles to one or two runs and a small change after a large load rewrites the small runs,
+/// not the load.
+fn settle_pick(runs: &[Arc<Run>]) -> usize {
+    settle_count(&runs.iter().map(|r| r.entries).collect::<Vec<_>>())
+}
+
+fn settle_count(entries: &[u64]) -> usize {
+    let Some((&oldest, newer)) = entries.split_last() else {
+        return 0;
+    };
+    let newer_total: u64 = newer.iter().sum();
+    if !newer.is_empty() && newer_total.saturating_mul(4) >= oldest {
+        entries.len()
+    } else if newer.len() >= 2 {
+        newer.len()
     } else {
         0
     }
@@ -265,6 +307,19 @@ mod tests {
     use crate::engine::{Engine, EngineOptions};
     use crate::store::Store;
 
+    #[test]
+    fn a_quiet_tree_settles_to_one_or_two_runs() {
+        use super::settle_count;
+        assert_eq!(settle_count(&[]), 0);
+        assert_eq!(settle_count(&[100]), 0);
+        // Newer runs with a quarter of the oldest's entries or more: all merge.
+        assert_eq!(settle_count(&[10, 15, 100]), 3);
+        assert_eq!(settle_count(&[30, 100]), 2);
+        // Less: the newer ones merge among themselves, the oldest stays.
+        assert_eq!(settle_count(&[1, 2, 3, 100]), 3);
+        assert_eq!(settle_count(&[5, 100]), 0);
+    }
+
     fn users(batch: usize) -> Vec<UserId> {
         (0..50)
             .map(|i| UserId::new(format!("user-{batch}-{i}")).unwrap())
@@ -329,5 +384,45 @@ mod tests {
             .unwrap()
             .count();
         assert_eq!(files, runs_after);
+    }
+
+    /// A tree that stops changing is merged into one run by the checkpoint thread, which
+    /// the next checkpoint lists; one that keeps changing is left to size-tiered merges.
+    #[test]
+    fn a_quiet_tree_is_merged_into_one_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = EngineOptions {
+            subs_memtable_bytes: 2_048,
+            // No size-tiered merge below 24 runs: what merges here is the settle.
+            subs_compaction_min_runs: 1_000,
+            background_checkpoints: true,
+            subs_settle_after: Some(Duration::from_millis(50)),
+            ..EngineOptions::default()
+        };
+        let engine = Engine::open(dir.path(), options).unwrap();
+        for batch in 0..6 {
+            engine.subscribe(batch % 2, &users(batch as usize)).unwrap();
+            engine.flush().unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while engine.core.subs.lock().runs.len() > 1 {
+            assert!(Instant::now() < deadline, "the runs were not merged");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        for batch in 0..6u64 {
+            let user = &users(batch as usize)[3];
+            assert_eq!(engine.user_sets(user, 10).unwrap(), vec![batch % 2]);
+        }
+        assert_eq!(engine.subscriber_count(1).unwrap(), 3 * 50);
+        // The checkpoint after the merge lists it and deletes the rest (a flush waits for
+        // one in progress).
+        engine.flush().unwrap();
+        let files = std::fs::read_dir(dir.path().join(super::SUBS_DIR))
+            .unwrap()
+            .count();
+        assert_eq!(files, 1);
+        drop(engine);
+        let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
+        assert_eq!(engine.subscriber_count(0).unwrap(), 3 * 50);
     }
 }
