@@ -116,6 +116,10 @@ pub struct RemindersOutcome {
     pub fanout_under_feed_s: Option<f64>,
     pub feed_subscriptions: u64,
     pub feed_nonempty: u64,
+    /// Seconds waited after the feed's load for the store to settle its subscription runs,
+    /// and how many run files it had when the reads began (`None`: data directory unknown).
+    pub feed_settle_s: f64,
+    pub feed_runs: Option<usize>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -208,6 +212,8 @@ async fn measure(
         let feed_queue = format!("bench-rem-feed-{run}");
         create_queue(&target, &feed_queue, "{}").await?;
         let paths = feed_setup(args, &target, &feed_queue, run, &mut out).await?;
+        let data_dir = server.data_dir(args.server.server_data_dir.as_deref());
+        settle(&args.output, data_dir.as_deref(), &mut out).await;
         feed_measure(args, &target, paths.clone(), &mut out).await?;
         Some(paths)
     } else {
@@ -608,6 +614,45 @@ async fn feed_setup(
     ))
 }
 
+/// Most run files of a settled subscription tree, and how long to wait for it.
+const SETTLED_RUNS: usize = 2;
+const SETTLE_WAIT_MAX: Duration = Duration::from_secs(180);
+
+/// Waits until the embedded store has merged the feed's subscription runs (it does once they
+/// have been quiet for `subs_settle_after`, 10 s): feeds are read in a steady state, not
+/// while the load's runs are still being merged. Counts the `subs/*.run` files of the data
+/// directory; without one (a server not spawned, nor `--server-data-dir`) it does not wait.
+async fn settle(
+    output: &OutputArgs,
+    data_dir: Option<&std::path::Path>,
+    out: &mut RemindersOutcome,
+) {
+    let Some(dir) = data_dir.map(|d| d.join("subs")) else {
+        return;
+    };
+    let runs = || {
+        std::fs::read_dir(&dir).map_or(0, |entries| {
+            entries
+                .filter_map(|e| e.ok())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "run"))
+                .count()
+        })
+    };
+    let bar = progress(
+        output,
+        SETTLE_WAIT_MAX.as_secs(),
+        "store settling (merging runs)",
+    );
+    let started = Instant::now();
+    while runs() > SETTLED_RUNS && started.elapsed() < SETTLE_WAIT_MAX {
+        bar.set_position(started.elapsed().as_secs());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bar.finish_and_clear();
+    out.feed_settle_s = started.elapsed().as_secs_f64();
+    out.feed_runs = Some(runs());
+}
+
 /// Feed reads on a quiet server, then the trivial handler under the same load, answering
 /// `{}` and answering a real feed's bytes.
 async fn feed_measure(
@@ -886,6 +931,12 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
             "a sample feed answer held {} reminders",
             o.feed_nonempty
         ));
+        if let Some(runs) = o.feed_runs {
+            notes.push(format!(
+                "feeds were read once the store held {runs} subscription run files ({:.0} s after the load)",
+                o.feed_settle_s
+            ));
+        }
     }
     Report {
         scenario: "reminders".into(),
