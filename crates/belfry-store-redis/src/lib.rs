@@ -35,6 +35,7 @@ mod reply;
 mod scripts;
 mod store;
 mod subs;
+mod subs_page;
 mod target;
 mod tasks;
 #[cfg(feature = "testing")]
@@ -42,7 +43,9 @@ pub mod testing;
 
 pub use conn::Timeouts;
 pub use ownership::{Ownership, OwnershipOptions, OwnershipStats};
-pub use store::{RedisOptions, RedisStore, FAR_AFTER_MS_MIN};
+pub use store::{
+    RedisOptions, RedisStore, FAR_AFTER_MS_MIN, SUBSCRIBER_SHARDS_CLUSTER, SUBSCRIBER_SHARDS_MAX,
+};
 pub use target::{RedisTarget, TargetError};
 
 /// The partition of a byte string (an idempotency key, an encoded user id): stable across
