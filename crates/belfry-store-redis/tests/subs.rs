@@ -1,9 +1,10 @@
 //! Sharded subscriber sets on real Redis: a big set on a 3-master cluster has members on
 //! every master (counted on each master itself), pages through every member exactly once in
-//! order, counts, unsubscribes and drops across its shards; and a namespace keeps the shard
-//! count it was made with.
+//! order, counts, unsubscribes and drops across its shards; a reminder fans out to every
+//! member once, in order; and a namespace keeps the shard count it was made with.
 
 use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use belfry_core::UserId;
 use belfry_store::{Store, StoreError};
@@ -11,6 +12,11 @@ use belfry_store_redis::testing::{RedisCluster, RedisServer};
 use belfry_store_redis::{RedisOptions, RedisStore, SUBSCRIBER_SHARDS_CLUSTER};
 
 const SET: u64 = 77;
+
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0))
+}
 
 /// Numeric and textual ids mixed, as subscriber lists are.
 fn users(n: usize) -> Vec<UserId> {
@@ -60,7 +66,7 @@ fn page_all(store: &RedisStore, limit: usize) -> Vec<UserId> {
 
 #[test]
 fn a_big_set_spreads_over_every_master_and_pages_in_order() {
-    let cluster = RedisCluster::start(3, 0);
+    let cluster = cluster();
     let namespace = "bigset";
     let options = RedisOptions {
         namespace: namespace.into(),
@@ -73,7 +79,7 @@ fn a_big_set_spreads_over_every_master_and_pages_in_order() {
     // Again, and listed twice: nothing new.
     assert_eq!(store.subscribe(SET, &all[..100]).unwrap(), 0);
 
-    let spread = members_per_master(&cluster, namespace);
+    let spread = members_per_master(cluster, namespace);
     assert_eq!(spread.len(), 3, "{spread:?}");
     let total: u64 = spread.values().map(|(m, _)| m).sum();
     let keys: usize = spread.values().map(|(_, k)| k).sum();
@@ -153,9 +159,68 @@ fn a_big_set_spreads_over_every_master_and_pages_in_order() {
     assert_eq!(store.drop_set(SET).unwrap(), staying.len() as u64);
     assert_eq!(store.subscriber_count(SET).unwrap(), 0);
     assert!(store.subscribers(SET, None, 10).unwrap().is_empty());
-    let gone = members_per_master(&cluster, namespace);
+    let gone = members_per_master(cluster, namespace);
     assert!(gone.values().all(|(m, k)| *m == 0 && *k == 0), "{gone:?}");
     assert!(store.user_sets(&want[1], 10).unwrap().is_empty());
+}
+
+#[test]
+fn a_reminder_fans_out_to_every_member_of_a_sharded_set_once_in_order() {
+    use belfry_core::QueueName;
+    use belfry_reminders::{ReminderDef, ReminderId, ReminderService};
+
+    let options = RedisOptions {
+        namespace: "fanout".into(),
+        ..RedisOptions::default()
+    };
+    let store = Arc::new(RedisStore::connect(&cluster().target(), options).expect("connect"));
+    let queue = QueueName::new("push").unwrap();
+    store.put_queue(&queue, bytes::Bytes::from("{}")).unwrap();
+    let service = ReminderService::new(store.clone());
+    let id = ReminderId::new("kickoff").unwrap();
+    let mut def = ReminderDef::at(queue.clone(), 1_000, bytes::Bytes::from("{}"));
+    def.chunk_size = 2_000;
+    service.create(Some(id.clone()), def, 0).unwrap();
+    let all = users(9_001);
+    for call in all.chunks(1_000) {
+        service.subscribe(&id, call).unwrap();
+    }
+
+    let mut chunks = 0;
+    for _ in 0..20 {
+        let report = service.step(1_000).unwrap();
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        chunks += report.chunks_created;
+        if report.fanouts_running == 0 && report.fanouts_finished > 0 {
+            break;
+        }
+    }
+    assert_eq!(chunks, 5, "9,001 users in chunks of 2,000");
+    // Every chunk's task, in chunk order.
+    let mut bodies = Vec::new();
+    loop {
+        let batch = store.claim(&queue, 1_000, 100, 60_000).unwrap();
+        if batch.leased.is_empty() {
+            break;
+        }
+        for t in &batch.leased {
+            let body: serde_json::Value = serde_json::from_slice(&t.task.payload).unwrap();
+            bodies.push(body);
+        }
+    }
+    bodies.sort_by_key(|b| b["chunk"].as_u64());
+    assert_eq!(bodies.len(), 5);
+    let fanned: Vec<UserId> = bodies
+        .iter()
+        .flat_map(|b| b["users"].as_array().unwrap().clone())
+        .map(|u| UserId::new(u.as_str().unwrap()).unwrap())
+        .collect();
+    let mut want = all;
+    want.sort();
+    assert!(
+        fanned == want,
+        "the fan-out's users differ from the sorted members"
+    );
 }
 
 #[test]
