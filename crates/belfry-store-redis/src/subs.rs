@@ -177,11 +177,18 @@ fn read_shards(
     if replies.len() != reads.len() {
         return Err(unexpected("read a subscriber set", &Value::Array(replies)));
     }
+    // Owned: the members move out of the reply rather than being copied.
     replies
-        .iter()
-        .map(|reply| {
-            redis::from_redis_value::<Vec<Vec<u8>>>(reply)
-                .map_err(|_| unexpected("read a subscriber set", reply))
+        .into_iter()
+        .map(|reply| match reply {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|item| match item {
+                    Value::BulkString(member) => Ok(member),
+                    other => Err(unexpected("read a subscriber set", &other)),
+                })
+                .collect(),
+            other => Err(unexpected("read a subscriber set", &other)),
         })
         .collect()
 }
