@@ -11,6 +11,8 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+use belfry_store::StoreError;
+
 use crate::conn::Result;
 
 /// One read of a shard: at most `count` members after `after` (exclusive; `None` reads
@@ -64,6 +66,12 @@ pub(crate) fn page(
             })
             .collect();
         let replies = read(&reads)?;
+        if replies.len() != reads.len() {
+            return Err(StoreError::Corrupt {
+                location: "redis subscriber set".into(),
+                detail: format!("{} replies to {} reads", replies.len(), reads.len()),
+            });
+        }
         for (r, members) in reads.iter().zip(replies) {
             let s = &mut state[r.shard];
             s.exhausted = members.len() < r.count;
@@ -81,26 +89,32 @@ pub(crate) fn page(
         if known.len() >= limit || frontier.is_none() {
             return Ok(take(&mut state, &known));
         }
-        // Too few known: the page ends at or before the `limit`-th member read so far (when
-        // that many were read), so a shard whose last member is past it has nothing more
-        // the page needs.
-        let all = merge(&state, None, limit);
-        let end = (all.len() == limit).then(|| {
-            let (k, i) = all[limit - 1];
-            state[k].got[i].as_slice()
-        });
-        wanted = state
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| !s.exhausted)
-            .filter(|(_, s)| end.is_none_or(|end| s.got.last().is_none_or(|l| l.as_slice() < end)))
-            .map(|(k, _)| k)
-            .collect();
+        wanted = still_wanted(&state, limit);
         if wanted.is_empty() {
             // Unreachable by the argument above; never loop without reading.
             return Ok(take(&mut state, &known));
         }
     }
+}
+
+/// The shards to read on from when too few members are known: the page ends at or before
+/// the `limit`-th member read so far (when that many were read), so a shard whose last member
+/// is past it has nothing more the page needs. Never empty while members are missing: were
+/// every open shard's last member past that end, the frontier would be too, and the page
+/// known.
+fn still_wanted(state: &[Shard], limit: usize) -> Vec<usize> {
+    let all = merge(state, None, limit);
+    let end = (all.len() == limit).then(|| {
+        let (k, i) = all[limit - 1];
+        state[k].got[i].as_slice()
+    });
+    state
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| !s.exhausted)
+        .filter(|(_, s)| end.is_none_or(|end| s.got.last().is_none_or(|l| l.as_slice() < end)))
+        .map(|(k, _)| k)
+        .collect()
 }
 
 /// The first read per shard: the mean share of a page plus three standard deviations (of the
