@@ -52,8 +52,9 @@ fn change(pool: &Pool, keys: &Keys, set: u64, users: &[UserId], add: bool) -> Re
         let mut cmds: Vec<redis::Cmd> = by_shard.into_iter().flatten().collect();
         let member_cmds = cmds.len();
         cmds.reserve(chunk.len());
-        // A subscribe writes the set first, then the index; after an unsubscribe, an index
-        // entry a crash left behind is cleaned by `user_sets`.
+        // The set's shards come first (a node applies its commands in order), but masters
+        // apply theirs independently: a crash may leave either half, which the module docs
+        // say how to repair.
         for (_, user_key) in chunk {
             let mut c = redis::cmd(if add { "ZADD" } else { "ZREM" });
             c.arg(user_key.as_slice());
@@ -64,15 +65,7 @@ fn change(pool: &Pool, keys: &Keys, set: u64, users: &[UserId], add: bool) -> Re
             cmds.push(c);
         }
         let replies = pool.with("change a subscriber set", |c| pipeline(c, cmds))?;
-        let counts = replies.get(..member_cmds).unwrap_or_default();
-        if counts.len() < member_cmds {
-            return Err(unexpected("subscribe", &Value::Array(replies)));
-        }
-        for reply in counts {
-            changed += as_i64(reply)
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| unexpected("subscribe", reply))? as u64;
-        }
+        changed += sum_counts(&replies, member_cmds, "change a subscriber set")?;
     }
     Ok(changed)
 }
