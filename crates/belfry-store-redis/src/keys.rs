@@ -250,6 +250,26 @@ mod tests {
     }
 
     #[test]
+    fn sixteen_shards_put_four_to_six_on_each_of_three_masters() {
+        // The slot runs `redis-cli --cluster create` gives three masters.
+        let masters = [0..5461, 5461..10923, 10923..16384];
+        let mut keys = Keys::new("prod", 256);
+        keys.set_subscriber_shards(16);
+        for set in 0..2_000u64 {
+            let mut per_master = [0; 3];
+            for key in keys.set_shards(set) {
+                let slot = key_slot(key.as_bytes());
+                let m = masters.iter().position(|r| r.contains(&slot)).unwrap();
+                per_master[m] += 1;
+            }
+            assert!(
+                per_master.iter().all(|n| (4..=6).contains(n)),
+                "set {set}: {per_master:?}"
+            );
+        }
+    }
+
+    #[test]
     fn users_spread_evenly_and_stably_over_shards() {
         let mut per_shard = [0usize; 16];
         for i in 0..16_000u32 {

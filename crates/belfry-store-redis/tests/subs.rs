@@ -85,12 +85,13 @@ fn a_big_set_spreads_over_every_master_and_pages_in_order() {
     let keys: usize = spread.values().map(|(_, k)| k).sum();
     assert_eq!(total, n as u64, "{spread:?}");
     assert_eq!(keys, usize::from(SUBSCRIBER_SHARDS_CLUSTER), "{spread:?}");
-    // Each shard owns a sixteenth of the slots, and each master a third of them, so each
-    // master holds 5 or 6 shards: 31% to 38% of the members, give or take the hash.
+    // Each shard sits in its own sixteenth of the slots and each master serves a third of
+    // them, so each master holds 4 to 6 shards: 25% to 38% of the members, give or take
+    // the hash (a shard holds 1,250 ± 35).
     for (port, (members, _)) in &spread {
         let share = *members as f64 / n as f64;
         assert!(
-            (0.28..0.41).contains(&share),
+            (0.22..0.41).contains(&share),
             "master {port} holds {members} of {n}: {spread:?}"
         );
     }
