@@ -11,7 +11,7 @@
 //! | `{ns/h<uid>}` | a queue's hint: partition -> earliest instant a claim there returns work |
 //! | `{ns/i<uid>}`, `:w`, `:n` | a queue's in-flight leases and reservations by deadline, the callers waiting for room, the places reservations hold (`lua/inflight.lua`) |
 //! | `{ns/m}:<namespace>` | small metadata, one hash per namespace |
-//! | `{ns/s<set>}` | a subscriber set's members (ZSET, score 0, by encoded user id) |
+//! | `{ns/s<set>/<k>.<n>}` | shard `k` of a subscriber set: its members whose encoded id hashes to `k` (ZSET, score 0, by encoded user id); `n` places the shard's slot (`Keys::set_shard`) |
 //! | `{ns/u<p>}:<user>` | a user's sets (ZSET, score 0, by 8-byte set number) |
 
 use belfry_core::{LeaseId, TaskId, UserId};
@@ -24,14 +24,23 @@ pub(crate) const TASK_KEY_SUFFIXES: [&str; 11] =
 pub(crate) struct Keys {
     ns: String,
     pub(crate) partitions: u16,
+    /// Shards per subscriber set (`subs.rs`).
+    pub(crate) subscriber_shards: u16,
 }
 
 impl Keys {
+    /// Keys of a store of `partitions` partitions, with unsharded subscriber sets until
+    /// [`Keys::set_subscriber_shards`].
     pub(crate) fn new(ns: &str, partitions: u16) -> Keys {
         Keys {
             ns: ns.to_owned(),
             partitions,
+            subscriber_shards: 1,
         }
+    }
+
+    pub(crate) fn set_subscriber_shards(&mut self, shards: u16) {
+        self.subscriber_shards = shards.max(1);
     }
 
     pub(crate) fn tag(&self, p: u16) -> String {
@@ -101,8 +110,41 @@ impl Keys {
         format!("belfry:{}:events", self.ns)
     }
 
-    pub(crate) fn set(&self, set: u64) -> String {
-        format!("{{{}/s{set}}}", self.ns)
+    /// Shard `k` of subscriber set `set`: `{ns/s<set>/<k>.<n>}`, with `n` the smallest number
+    /// that puts the key in the `k`-th of `subscriber_shards` equal ranges of the 16384 slots
+    /// (0 if none of the first few thousand does). A cluster made by `redis-cli --cluster
+    /// create` gives each master one run of slots, so the shards of every set spread evenly
+    /// over the masters rather than by chance (with 16 shards over 3 masters, chance alone puts
+    /// 7 or more on one master three times in four).
+    pub(crate) fn set_shard(&self, set: u64, k: u16) -> String {
+        let shards = u32::from(self.subscriber_shards);
+        let k32 = u32::from(k);
+        let slots = k32 * 16384 / shards..(k32 + 1) * 16384 / shards;
+        let base = format!("{}/s{set}/{k}.", self.ns);
+        // The tag's CRC (its slot) is the base's, carried on over the digits of `n`.
+        let mut prefix = crc16::State::<crc16::XMODEM>::new();
+        prefix.update(base.as_bytes());
+        let mut digits = [0u8; 10];
+        let n = (0..64 * shards)
+            .find(|n| {
+                let mut crc = prefix;
+                crc.update(decimal(*n, &mut digits));
+                slots.contains(&u32::from(crc.get() % 16384))
+            })
+            .unwrap_or(0);
+        format!("{{{base}{n}}}")
+    }
+
+    /// Every shard of subscriber set `set`, shard 0 first.
+    pub(crate) fn set_shards(&self, set: u64) -> Vec<String> {
+        (0..self.subscriber_shards)
+            .map(|k| self.set_shard(set, k))
+            .collect()
+    }
+
+    /// The shard of `set` that holds the user encoded as `user`.
+    pub(crate) fn member_shard(&self, set: u64, user: &[u8]) -> String {
+        self.set_shard(set, shard_of(user, self.subscriber_shards))
     }
 
     pub(crate) fn user(&self, user: &UserId) -> Vec<u8> {
@@ -112,6 +154,29 @@ impl Keys {
         key.extend_from_slice(&encoded);
         key
     }
+}
+
+/// `n` in decimal, written at the end of `buf`.
+fn decimal(mut n: u32, buf: &mut [u8; 10]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// The subscriber-set shard of an encoded user id: stable across processes and versions,
+/// since members are placed by it, and independent of the user's partition
+/// ([`crate::partition_of`]), which hashes with other keys.
+pub(crate) fn shard_of(user: &[u8], shards: u16) -> u16 {
+    use std::hash::Hasher;
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x7375_6273, 0x7368_6172_6473);
+    h.write(user);
+    (h.finish() % u64::from(shards.max(1))) as u16
 }
 
 /// A task id: the queue's uid (32 bits), 16 unused bits (zero), the partition (16 bits) and
@@ -154,3 +219,78 @@ pub(crate) fn lease_counter(lease: LeaseId, p: u16) -> u64 {
 }
 
 const LEASE_COUNTER_MASK: u64 = (1 << 48) - 1;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::key_slot;
+
+    #[test]
+    fn each_subscriber_shard_lands_in_its_run_of_slots() {
+        for shards in [1u16, 3, 16, 64] {
+            let mut keys = Keys::new("belfry", 256);
+            keys.set_subscriber_shards(shards);
+            for set in [0u64, 7, 123_456_789, u64::MAX] {
+                let all = keys.set_shards(set);
+                assert_eq!(all.len(), usize::from(shards));
+                for (k, key) in all.iter().enumerate() {
+                    let slot = usize::from(key_slot(key.as_bytes()));
+                    let lo = k * 16384 / usize::from(shards);
+                    let hi = (k + 1) * 16384 / usize::from(shards);
+                    assert!(
+                        (lo..hi).contains(&slot),
+                        "{key}: slot {slot} not in {lo}..{hi}"
+                    );
+                    assert!(key.starts_with(&format!("{{belfry/s{set}/{k}.")), "{key}");
+                    // The same name every time: members are placed by it.
+                    assert_eq!(keys.set_shard(set, k as u16), *key);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sixteen_shards_put_four_to_six_on_each_of_three_masters() {
+        // The slot runs `redis-cli --cluster create` gives three masters.
+        let masters = [0..5461, 5461..10923, 10923..16384];
+        let mut keys = Keys::new("prod", 256);
+        keys.set_subscriber_shards(16);
+        for set in 0..2_000u64 {
+            let mut per_master = [0; 3];
+            for key in keys.set_shards(set) {
+                let slot = key_slot(key.as_bytes());
+                let m = masters.iter().position(|r| r.contains(&slot)).unwrap();
+                per_master[m] += 1;
+            }
+            assert!(
+                per_master.iter().all(|n| (4..=6).contains(n)),
+                "set {set}: {per_master:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn users_spread_evenly_and_stably_over_shards() {
+        let mut per_shard = [0usize; 16];
+        for i in 0..16_000u32 {
+            let user = UserId::new(format!("user-{i}")).unwrap().encode();
+            let k = shard_of(&user, 16);
+            assert_eq!(shard_of(&user, 16), k);
+            assert_eq!(shard_of(&user, 1), 0);
+            per_shard[usize::from(k)] += 1;
+        }
+        // 1,000 expected per shard; a binomial's standard deviation is about 31.
+        assert!(
+            per_shard.iter().all(|n| (850..1150).contains(n)),
+            "{per_shard:?}"
+        );
+        // Pinned: a change to the hash would strand every member of every existing store.
+        let pinned: Vec<u16> = ["1", "alice", "user-42"]
+            .iter()
+            .map(|u| shard_of(&UserId::new(*u).unwrap().encode(), 16))
+            .collect();
+        assert_eq!(pinned, PINNED);
+    }
+
+    const PINNED: [u16; 3] = [4, 4, 12];
+}

@@ -11,7 +11,8 @@
 //! bucket lists of a few bytes per task, which claims promote into the sorted sets shortly
 //! before they are due (`lua/prelude.lua`). A per-queue *hint* sorted set says, for each partition, the earliest instant a claim
 //! there could return work (or has a bucket to promote), so a claim visits only partitions
-//! with due work.
+//! with due work. A reminder's subscriber set is cut into `subscriber_shards` sorted sets by a
+//! hash of the user id, each in its own slot, so a big set spreads over the masters (`subs.rs`).
 //!
 //! **Atomicity is per slot, not per call.** A `put` of tasks that land in several partitions
 //! is one script per partition: a crash (or a failover) between them may keep some and not
@@ -36,6 +37,7 @@ mod reply;
 mod scripts;
 mod store;
 mod subs;
+mod subs_page;
 mod target;
 mod tasks;
 #[cfg(feature = "testing")]
@@ -43,7 +45,9 @@ pub mod testing;
 
 pub use conn::Timeouts;
 pub use ownership::{Ownership, OwnershipOptions, OwnershipStats};
-pub use store::{RedisOptions, RedisStore, FAR_AFTER_MS_MIN};
+pub use store::{
+    RedisOptions, RedisStore, FAR_AFTER_MS_MIN, SUBSCRIBER_SHARDS_CLUSTER, SUBSCRIBER_SHARDS_MAX,
+};
 pub use target::{RedisTarget, TargetError};
 
 /// The partition of a byte string (an idempotency key, an encoded user id): stable across

@@ -28,6 +28,12 @@ pub struct RedisOptions {
     /// Partitions per queue: the unit of placement and of shard ownership. Fixed when the
     /// namespace is first used; a store opened with another number is refused.
     pub partitions: u16,
+    /// Shards per reminder subscriber set, 1 to [`SUBSCRIBER_SHARDS_MAX`]: each shard is a
+    /// sorted set in its own slot, so a big set spreads over the cluster's masters. `None`
+    /// takes [`SUBSCRIBER_SHARDS_CLUSTER`] on a cluster and 1 on one Redis. Fixed when the
+    /// namespace is first used: a store given another number is refused; one given none
+    /// takes the namespace's.
+    pub subscriber_shards: Option<u16>,
     pub timeouts: Timeouts,
     /// How long a finished task (done, cancelled, skipped) stays readable, and its
     /// idempotency key taken, after it finishes. Its payload is dropped at once. Each
@@ -60,6 +66,13 @@ pub struct RedisOptions {
     pub placement_now_ms: Option<UnixMs>,
 }
 
+/// Subscriber-set shards on a cluster unless configured: enough to spread a set evenly over
+/// up to 16 masters (each shard owns a 1/16 run of the slots, `keys.rs`), few enough that a
+/// page or a count of a small set stays one pipeline of 16 short commands.
+pub const SUBSCRIBER_SHARDS_CLUSTER: u16 = 16;
+/// The most subscriber-set shards: every page of a set reads from each shard.
+pub const SUBSCRIBER_SHARDS_MAX: u16 = 64;
+
 /// The smallest `far_after_ms` (other than 0): a minute-wide bucket's minute and its 10 s
 /// promotion lead, so a bucket is never already due for promotion when a task lands in it.
 pub const FAR_AFTER_MS_MIN: u64 = 70_000;
@@ -69,6 +82,7 @@ impl Default for RedisOptions {
         RedisOptions {
             namespace: "belfry".into(),
             partitions: 256,
+            subscriber_shards: None,
             timeouts: Timeouts::default(),
             finished_retention_ms: 60_000,
             pool_idle_max: 64,
@@ -148,6 +162,14 @@ impl RedisStore {
         if options.partitions == 0 {
             return Err(StoreError::Invalid("partitions must be at least 1".into()));
         }
+        if options
+            .subscriber_shards
+            .is_some_and(|k| !(1..=SUBSCRIBER_SHARDS_MAX).contains(&k))
+        {
+            return Err(StoreError::Invalid(format!(
+                "subscriber_shards must be from 1 to {SUBSCRIBER_SHARDS_MAX}"
+            )));
+        }
         if options.far_after_ms != 0 && options.far_after_ms < FAR_AFTER_MS_MIN {
             return Err(StoreError::Invalid(format!(
                 "far_after_ms {}: use 0 (no far-future buckets) or at least {FAR_AFTER_MS_MIN}",
@@ -159,7 +181,7 @@ impl RedisStore {
         }
         let pool = Pool::open(target, options.timeouts, options.pool_idle_max)?;
         let keys = Keys::new(&options.namespace, options.partitions);
-        let store = RedisStore {
+        let mut store = RedisStore {
             pool,
             keys,
             target: target.clone(),
@@ -176,33 +198,13 @@ impl RedisStore {
             last_sweep: parking_lot::Mutex::new(None),
             waiter: crate::inflight::next_token(),
         };
-        let settings = store.keys.settings();
-        let partitions: Option<u16> = store.pool.with("read the store's settings", |c| {
-            redis::cmd("HSETNX")
-                .arg(&settings)
-                .arg("partitions")
-                .arg(options.partitions)
-                .query::<i64>(c.as_dyn())?;
-            redis::cmd("HGET")
-                .arg(&settings)
-                .arg("partitions")
-                .query(c.as_dyn())
-        })?;
-        if partitions != Some(options.partitions) {
-            return Err(StoreError::Invalid(format!(
-                "namespace {:?} in {target} was made with {} partitions, not {}: start with \
-                 the same partition count (or another namespace)",
-                options.namespace,
-                partitions.map_or("an unknown number of".to_owned(), |p| p.to_string()),
-                options.partitions
-            )));
-        }
+        let shards = store.check_layout(&options)?;
+        store.keys.set_subscriber_shards(shards);
         // Pipelines run scripts by SHA only: every master gets them now.
         let loaded = store
             .pool
             .with("load the scripts", |c| Ok(store.load_scripts(c)));
         loaded??;
-        let mut store = store;
         if let Some(node_id) = &options.node_id {
             store.ownership = Some(Ownership::start(
                 target,
@@ -213,6 +215,61 @@ impl RedisStore {
             )?);
         }
         Ok(store)
+    }
+
+    /// Records the namespace's layout at first use and checks it since: the partition count
+    /// must match; the subscriber-set shard count must match when given. Returns the shard
+    /// count.
+    fn check_layout(&self, options: &RedisOptions) -> Result<u16> {
+        let settings = self.keys.settings();
+        let shards_default = match self.target {
+            RedisTarget::Cluster(_) => SUBSCRIBER_SHARDS_CLUSTER,
+            RedisTarget::Single(_) => 1,
+        };
+        let shards_wanted = options.subscriber_shards.unwrap_or(shards_default);
+        let (partitions, shards): (Option<u16>, Option<String>) =
+            self.pool.with("read the store's settings", |c| {
+                for (field, value) in [
+                    ("partitions", options.partitions),
+                    ("subscriber_shards", shards_wanted),
+                ] {
+                    redis::cmd("HSETNX")
+                        .arg(&settings)
+                        .arg(field)
+                        .arg(value)
+                        .query::<i64>(c.as_dyn())?;
+                }
+                redis::cmd("HMGET")
+                    .arg(&settings)
+                    .arg("partitions")
+                    .arg("subscriber_shards")
+                    .query(c.as_dyn())
+            })?;
+        let namespace = &options.namespace;
+        let target = &self.target;
+        if partitions != Some(options.partitions) {
+            return Err(StoreError::Invalid(format!(
+                "namespace {namespace:?} in {target} was made with {} partitions, not {}: start \
+                 with the same partition count (or another namespace)",
+                partitions.map_or("an unknown number of".to_owned(), |p| p.to_string()),
+                options.partitions
+            )));
+        }
+        let stored = shards
+            .as_deref()
+            .and_then(|s| s.parse::<u16>().ok())
+            .filter(|n| (1..=SUBSCRIBER_SHARDS_MAX).contains(n))
+            .ok_or_else(|| StoreError::Corrupt {
+                location: format!("redis settings {settings}"),
+                detail: format!("subscriber_shards is {shards:?}, not a number from 1 to {SUBSCRIBER_SHARDS_MAX}"),
+            })?;
+        match options.subscriber_shards {
+            Some(wanted) if wanted != stored => Err(StoreError::Invalid(format!(
+                "namespace {namespace:?} in {target} was made with {stored} subscriber-set \
+                 shards, not {wanted}: start with the same number (or another namespace)"
+            ))),
+            _ => Ok(stored),
+        }
     }
 
     /// This node's shard ownership, when it has a node id.

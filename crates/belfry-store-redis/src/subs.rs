@@ -1,10 +1,14 @@
-//! Subscriber sets: a set's members in one sorted set (`{ns/s<set>}`, score 0, members the
-//! encoded user ids, which sort as `UserId`s do, so pages are `ZRANGE … BYLEX`), and each
-//! user's sets in a small sorted set of their own (`{ns/u<p>}:<user>`, members 8-byte set
-//! numbers). The two are written by one pipeline but in different slots: a crash between may
-//! leave a user's index naming a set they are not in (or no longer in after `drop_set`), so
-//! `user_sets` checks each set it returns against the set itself and removes stale entries.
-//! The reverse (a member missing from its user's index) can follow a crash mid-subscribe;
+//! Subscriber sets. A set's members are cut into `subscriber_shards` shards by a stable hash
+//! of the encoded user id (`keys::shard_of`); each shard is a sorted set with a hash tag of
+//! its own (`Keys::set_shard`: score 0, members the encoded user ids, which sort as `UserId`s
+//! do), so a set of millions spreads its memory and its reads over the cluster's masters. A
+//! page of members merges per-shard `ZRANGE … BYLEX` pages (`subs_page.rs`); a count sums the
+//! shards' `ZCARD`s. Each user's sets sit in a small sorted set of their own
+//! (`{ns/u<p>}:<user>`, members 8-byte set numbers). A user's shard and index entry are
+//! written by one pipeline but in different slots: a crash between may leave a user's index
+//! naming a set they are not in (or no longer in after `drop_set`), so `user_sets` checks
+//! each set it returns against the set's shard of that user and removes stale entries. The
+//! reverse (a member missing from its user's index) can follow a crash mid-subscribe;
 //! subscribing again repairs it.
 
 use belfry_core::UserId;
@@ -12,7 +16,7 @@ use belfry_store::StoreError;
 use redis::Value;
 
 use crate::conn::{pipeline, unexpected, Pool, Result};
-use crate::keys::Keys;
+use crate::keys::{shard_of, Keys};
 use crate::reply::as_i64;
 
 /// Members per pipeline: bounds the size of one request and of one reply.
@@ -23,7 +27,7 @@ fn set_bytes(set: u64) -> [u8; 8] {
 }
 
 fn change(pool: &Pool, keys: &Keys, set: u64, users: &[UserId], add: bool) -> Result<u64> {
-    let set_key = keys.set(set);
+    let shards = keys.set_shards(set);
     let mut changed = 0u64;
     // Each user once, in id order: (encoded id, the user's index key).
     let mut unique: Vec<(Vec<u8>, Vec<u8>)> =
@@ -31,42 +35,37 @@ fn change(pool: &Pool, keys: &Keys, set: u64, users: &[UserId], add: bool) -> Re
     unique.sort();
     unique.dedup();
     for chunk in unique.chunks(CHUNK) {
-        let mut cmds = Vec::with_capacity(chunk.len() + 1);
-        let mut members = if add {
-            let mut c = redis::cmd("ZADD");
-            c.arg(&set_key);
-            c
-        } else {
-            let mut c = redis::cmd("ZREM");
-            c.arg(&set_key);
-            c
-        };
+        // One ZADD or ZREM per shard the chunk touches, then one per user's index.
+        let mut by_shard: Vec<Option<redis::Cmd>> = shards.iter().map(|_| None).collect();
         for (user, _) in chunk {
+            let k = usize::from(shard_of(user, keys.subscriber_shards));
+            let c = by_shard[k].get_or_insert_with(|| {
+                let mut c = redis::cmd(if add { "ZADD" } else { "ZREM" });
+                c.arg(&shards[k]);
+                c
+            });
             if add {
-                members.arg(0);
+                c.arg(0);
             }
-            members.arg(user.as_slice());
+            c.arg(user.as_slice());
         }
-        cmds.push(members);
-        // A subscribe writes the set first, then the index; an unsubscribe the index is left
-        // to `user_sets` to clean when the set no longer has the user.
-        if add {
-            for (_, user_key) in chunk {
-                let mut c = redis::cmd("ZADD");
-                c.arg(user_key.as_slice()).arg(0).arg(&set_bytes(set)[..]);
-                cmds.push(c);
+        let mut cmds: Vec<redis::Cmd> = by_shard.into_iter().flatten().collect();
+        let member_cmds = cmds.len();
+        cmds.reserve(chunk.len());
+        // The set's shards come first (a node applies its commands in order), but masters
+        // apply theirs independently: a crash may leave either half, which the module docs
+        // say how to repair.
+        for (_, user_key) in chunk {
+            let mut c = redis::cmd(if add { "ZADD" } else { "ZREM" });
+            c.arg(user_key.as_slice());
+            if add {
+                c.arg(0);
             }
-        } else {
-            for (_, user_key) in chunk {
-                let mut c = redis::cmd("ZREM");
-                c.arg(user_key.as_slice()).arg(&set_bytes(set)[..]);
-                cmds.push(c);
-            }
+            c.arg(&set_bytes(set)[..]);
+            cmds.push(c);
         }
         let replies = pool.with("change a subscriber set", |c| pipeline(c, cmds))?;
-        let first = replies.first().and_then(as_i64);
-        changed +=
-            first.ok_or_else(|| unexpected("subscribe", &Value::Array(replies.clone())))? as u64;
+        changed += sum_counts(&replies, member_cmds, "change a subscriber set")?;
     }
     Ok(changed)
 }
@@ -80,22 +79,41 @@ pub(crate) fn unsubscribe(pool: &Pool, keys: &Keys, set: u64, users: &[UserId]) 
 }
 
 pub(crate) fn is_subscribed(pool: &Pool, keys: &Keys, set: u64, user: &UserId) -> Result<bool> {
-    let key = keys.set(set);
+    let member = user.encode();
+    let key = keys.member_shard(set, &member);
     let score: Option<f64> = pool.with("read a subscriber set", |c| {
-        redis::cmd("ZSCORE")
-            .arg(&key)
-            .arg(user.encode())
-            .query(c.as_dyn())
+        redis::cmd("ZSCORE").arg(&key).arg(member).query(c.as_dyn())
     })?;
     Ok(score.is_some())
 }
 
+/// Sums the first `n` replies (counts) of `replies`.
+fn sum_counts(replies: &[Value], n: usize, context: &str) -> Result<u64> {
+    let counts = replies.get(..n).unwrap_or_default();
+    if counts.len() < n {
+        return Err(unexpected(context, &Value::Array(replies.to_vec())));
+    }
+    counts.iter().try_fold(0u64, |sum, reply| {
+        as_i64(reply)
+            .filter(|n| *n >= 0)
+            .map(|n| sum + n as u64)
+            .ok_or_else(|| unexpected(context, reply))
+    })
+}
+
 pub(crate) fn count(pool: &Pool, keys: &Keys, set: u64) -> Result<u64> {
-    let key = keys.set(set);
-    let n: u64 = pool.with("count a subscriber set", |c| {
-        redis::cmd("ZCARD").arg(&key).query(c.as_dyn())
-    })?;
-    Ok(n)
+    let cmds: Vec<redis::Cmd> = keys
+        .set_shards(set)
+        .iter()
+        .map(|key| {
+            let mut c = redis::cmd("ZCARD");
+            c.arg(key);
+            c
+        })
+        .collect();
+    let n = cmds.len();
+    let replies = pool.with("count a subscriber set", |c| pipeline(c, cmds))?;
+    sum_counts(&replies, n, "count a subscriber set")
 }
 
 pub(crate) fn members(
@@ -108,32 +126,62 @@ pub(crate) fn members(
     if limit == 0 {
         return Ok(Vec::new());
     }
-    let key = keys.set(set);
-    let from = match after {
-        Some(user) => {
-            let mut from = b"(".to_vec();
-            from.extend_from_slice(&user.encode());
-            from
-        }
-        None => b"-".to_vec(),
-    };
-    let raw: Vec<Vec<u8>> = pool.with("read a subscriber set", |c| {
-        redis::cmd("ZRANGE")
-            .arg(&key)
-            .arg(from.as_slice())
-            .arg("+")
-            .arg("BYLEX")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query(c.as_dyn())
+    let shards = keys.set_shards(set);
+    let after = after.map(UserId::encode);
+    let raw = crate::subs_page::page(shards.len(), after.as_deref(), limit, |reads| {
+        read_shards(pool, &shards, reads)
     })?;
     raw.iter()
         .map(|m| {
             UserId::decode(m).ok_or_else(|| StoreError::Corrupt {
-                location: format!("redis subscriber set {key}"),
+                location: format!("redis subscriber set {set}"),
                 detail: "a member that is not an encoded user id".into(),
             })
+        })
+        .collect()
+}
+
+/// One round of a page's reads: one `ZRANGE … BYLEX LIMIT` per read, in one pipeline (which
+/// a cluster sends to each master at once).
+fn read_shards(
+    pool: &Pool,
+    shards: &[String],
+    reads: &[crate::subs_page::Read],
+) -> Result<Vec<Vec<Vec<u8>>>> {
+    let cmds: Vec<redis::Cmd> = reads
+        .iter()
+        .map(|r| {
+            let from = match &r.after {
+                Some(after) => [&b"("[..], after].concat(),
+                None => b"-".to_vec(),
+            };
+            let mut c = redis::cmd("ZRANGE");
+            c.arg(&shards[r.shard])
+                .arg(from)
+                .arg("+")
+                .arg("BYLEX")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(r.count.min(i64::MAX as usize));
+            c
+        })
+        .collect();
+    let replies = pool.with("read a subscriber set", |c| pipeline(c, cmds))?;
+    if replies.len() != reads.len() {
+        return Err(unexpected("read a subscriber set", &Value::Array(replies)));
+    }
+    // Owned: the members move out of the reply rather than being copied.
+    replies
+        .into_iter()
+        .map(|reply| match reply {
+            Value::Array(items) => items
+                .into_iter()
+                .map(|item| match item {
+                    Value::BulkString(member) => Ok(member),
+                    other => Err(unexpected("read a subscriber set", &other)),
+                })
+                .collect(),
+            other => Err(unexpected("read a subscriber set", &other)),
         })
         .collect()
 }
@@ -174,7 +222,8 @@ pub(crate) fn user_sets(pool: &Pool, keys: &Keys, user: &UserId, limit: usize) -
             .iter()
             .map(|&set| {
                 let mut c = redis::cmd("ZSCORE");
-                c.arg(keys.set(set)).arg(member.as_slice());
+                c.arg(keys.member_shard(set, &member))
+                    .arg(member.as_slice());
                 c
             })
             .collect();
@@ -207,16 +256,19 @@ pub(crate) fn user_sets(pool: &Pool, keys: &Keys, user: &UserId, limit: usize) -
 }
 
 pub(crate) fn drop_set(pool: &Pool, keys: &Keys, set: u64) -> Result<u64> {
-    let key = keys.set(set);
-    let mut card = redis::cmd("ZCARD");
-    card.arg(&key);
-    let mut unlink = redis::cmd("UNLINK");
-    unlink.arg(&key);
-    // Both commands name one key, so one node answers them in order.
-    let replies = pool.with("drop a subscriber set", |c| pipeline(c, vec![card, unlink]))?;
-    replies
-        .first()
-        .and_then(as_i64)
-        .map(|n| n as u64)
-        .ok_or_else(|| unexpected("drop set", &Value::Array(replies.clone())))
+    let shards = keys.set_shards(set);
+    let mut cmds = Vec::with_capacity(2 * shards.len());
+    for key in &shards {
+        let mut c = redis::cmd("ZCARD");
+        c.arg(key);
+        cmds.push(c);
+    }
+    for key in &shards {
+        let mut c = redis::cmd("UNLINK");
+        c.arg(key);
+        cmds.push(c);
+    }
+    // A shard's ZCARD and UNLINK name one key, so one node answers them in that order.
+    let replies = pool.with("drop a subscriber set", |c| pipeline(c, cmds))?;
+    sum_counts(&replies, shards.len(), "drop set")
 }

@@ -29,11 +29,12 @@ struct Redis {
 }
 
 impl Redis {
-    fn new(target: RedisTarget, partitions: u16) -> Redis {
+    fn new(target: RedisTarget, partitions: u16, subscriber_shards: Option<u16>) -> Redis {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let options = RedisOptions {
             namespace: format!("conf{}", NEXT.fetch_add(1, Ordering::Relaxed)),
             partitions,
+            subscriber_shards,
             // Puts place by the scenarios' clock (instants near 0), so every task due past
             // `far_after_ms` goes through a far-future bucket.
             placement_now_ms: Some(0),
@@ -73,24 +74,27 @@ impl Harness for Redis {
     }
 }
 
+/// One Redis's defaults: 256 partitions, unsharded subscriber sets.
 fn on_single(scenario: fn(&mut dyn Harness)) {
-    scenario(&mut Redis::new(server().target(), 256));
+    scenario(&mut Redis::new(server().target(), 256, None));
 }
 
-fn on_single_16_partitions(scenario: fn(&mut dyn Harness)) {
-    scenario(&mut Redis::new(server().target(), 16));
+/// Few partitions, and subscriber sets cut in 16 shards as on a cluster.
+fn on_single_16_partitions_16_set_shards(scenario: fn(&mut dyn Harness)) {
+    scenario(&mut Redis::new(server().target(), 16, Some(16)));
 }
 
+/// A cluster's defaults: 256 partitions, 16 shards per subscriber set.
 fn on_cluster(scenario: fn(&mut dyn Harness)) {
-    scenario(&mut Redis::new(cluster().target(), 256));
+    scenario(&mut Redis::new(cluster().target(), 256, None));
 }
 
 mod single {
     belfry_store::conformance_tests!(super::on_single);
 }
 
-mod single_16_partitions {
-    belfry_store::conformance_tests!(super::on_single_16_partitions);
+mod single_16_partitions_16_set_shards {
+    belfry_store::conformance_tests!(super::on_single_16_partitions_16_set_shards);
 }
 
 mod cluster {

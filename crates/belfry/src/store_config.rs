@@ -17,6 +17,9 @@ pub struct RedisSection {
     pub namespace: Option<String>,
     /// Partitions per queue; fixed when the namespace is first used.
     pub partitions: Option<u16>,
+    /// Shards per reminder subscriber set; by default 16 on a cluster, 1 on one Redis.
+    /// Fixed when the namespace is first used.
+    pub subscriber_shards: Option<u16>,
     pub command_timeout: Option<HumanDuration>,
     pub connect_timeout: Option<HumanDuration>,
     /// Replicas that must hold a durable change before it is acknowledged (Redis `WAIT`).
@@ -29,6 +32,7 @@ pub struct RedisSection {
 pub const REDIS_ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_REDIS_NAMESPACE", "redis.namespace"),
     ("BELFRY_REDIS_PARTITIONS", "redis.partitions"),
+    ("BELFRY_REDIS_SUBSCRIBER_SHARDS", "redis.subscriber_shards"),
     ("BELFRY_REDIS_COMMAND_TIMEOUT", "redis.command_timeout"),
     ("BELFRY_REDIS_CONNECT_TIMEOUT", "redis.connect_timeout"),
     ("BELFRY_REDIS_REPLICA_ACKS", "redis.replica_acks"),
@@ -43,6 +47,12 @@ impl RedisSection {
             "redis.partitions" => {
                 self.partitions = Some(value.parse().map_err(|_| {
                     anyhow!("{var} (overrides {key}): expected a whole number from 1 to 65535, got {value:?}")
+                })?)
+            }
+            "redis.subscriber_shards" => {
+                let max = belfry_store_redis::SUBSCRIBER_SHARDS_MAX;
+                self.subscriber_shards = Some(value.parse().map_err(|_| {
+                    anyhow!("{var} (overrides {key}): expected a whole number from 1 to {max}, got {value:?}")
                 })?)
             }
             "redis.command_timeout" => {
@@ -100,6 +110,12 @@ impl RedisSection {
         if partitions == 0 {
             bail!("redis.partitions: must be at least 1");
         }
+        if let Some(k) = self.subscriber_shards {
+            let max = belfry_store_redis::SUBSCRIBER_SHARDS_MAX;
+            if !(1..=max).contains(&k) {
+                bail!("redis.subscriber_shards: use 1 to {max}, got {k}");
+            }
+        }
         let far_after_ms = match &self.far_after {
             None => defaults.far_after_ms,
             Some(value) => match value.to_ms() {
@@ -114,6 +130,7 @@ impl RedisSection {
         Ok(RedisOptions {
             namespace,
             partitions,
+            subscriber_shards: self.subscriber_shards,
             timeouts,
             far_after_ms,
             replica_acks: self.replica_acks.unwrap_or(defaults.replica_acks),
@@ -238,14 +255,17 @@ mod tests {
         assert!(matches!(settings.store, StoreKind::Redis(_)));
         assert_eq!(settings.redis.namespace, "belfry");
         assert_eq!(settings.redis.partitions, 256);
+        // Unset: the store picks by target (16 on a cluster, 1 on one Redis).
+        assert_eq!(settings.redis.subscriber_shards, None);
         assert_eq!(settings.redis.timeouts.command, Duration::from_secs(5));
         assert_eq!(settings.redis.timeouts.connect, Duration::from_secs(2));
 
-        let text = "[redis]\nnamespace = \"prod\"\npartitions = 64\n\
+        let text = "[redis]\nnamespace = \"prod\"\npartitions = 64\nsubscriber_shards = 32\n\
                     command_timeout = \"750ms\"\nconnect_timeout = 3000\n";
         let from_file = parse(text).unwrap().resolve(None, None, None).unwrap();
         assert_eq!(from_file.redis.namespace, "prod");
         assert_eq!(from_file.redis.partitions, 64);
+        assert_eq!(from_file.redis.subscriber_shards, Some(32));
         assert_eq!(from_file.redis.timeouts.command, Duration::from_millis(750));
         assert_eq!(from_file.redis.timeouts.connect, Duration::from_secs(3));
 
@@ -254,6 +274,7 @@ mod tests {
             "BELFRY_STORE" => Some("redis-cluster://127.0.0.1:7000".into()),
             "BELFRY_REDIS_NAMESPACE" => Some("staging".into()),
             "BELFRY_REDIS_PARTITIONS" => Some("16".into()),
+            "BELFRY_REDIS_SUBSCRIBER_SHARDS" => Some("4".into()),
             "BELFRY_REDIS_COMMAND_TIMEOUT" => Some("300ms".into()),
             "BELFRY_REDIS_CONNECT_TIMEOUT" => Some("1s".into()),
             _ => None,
@@ -263,6 +284,7 @@ mod tests {
         assert!(matches!(&from_env.store, StoreKind::Redis(t) if t.is_cluster()));
         assert_eq!(from_env.redis.namespace, "staging");
         assert_eq!(from_env.redis.partitions, 16);
+        assert_eq!(from_env.redis.subscriber_shards, Some(4));
         assert_eq!(from_env.redis.timeouts.command, Duration::from_millis(300));
         assert_eq!(from_env.redis.timeouts.connect, Duration::from_secs(1));
     }
@@ -273,6 +295,14 @@ mod tests {
             ("[redis]\nnamespace = \"a b\"\n", "redis.namespace"),
             ("[redis]\nnamespace = \"\"\n", "redis.namespace"),
             ("[redis]\npartitions = 0\n", "redis.partitions"),
+            (
+                "[redis]\nsubscriber_shards = 0\n",
+                "redis.subscriber_shards",
+            ),
+            (
+                "[redis]\nsubscriber_shards = 65\n",
+                "redis.subscriber_shards",
+            ),
             (
                 "[redis]\ncommand_timeout = \"0s\"\n",
                 "redis.command_timeout",
@@ -295,5 +325,10 @@ mod tests {
             .apply_env(|var| (var == "BELFRY_REDIS_PARTITIONS").then(|| "many".into()))
             .unwrap_err();
         assert!(err.to_string().contains("redis.partitions"), "{err}");
+        let mut file = parse("").unwrap();
+        let err = file
+            .apply_env(|var| (var == "BELFRY_REDIS_SUBSCRIBER_SHARDS").then(|| "-1".into()))
+            .unwrap_err();
+        assert!(err.to_string().contains("redis.subscriber_shards"), "{err}");
     }
 }
