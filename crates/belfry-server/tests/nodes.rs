@@ -694,41 +694,10 @@ async fn a_reminder_fans_out_once_on_its_owner_and_a_delete_elsewhere_leaves_eve
 /// event, not after the user cache's time to live (30 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscribe_on_one_node_shows_in_the_other_nodes_feed_at_once() {
-    const MINUTE: u64 = 60_000;
     let nodes = Nodes::start().await;
     let [a, b] = &nodes.servers;
-    a.queue("notes", json!({})).await;
-    for id in ["standup", "retro"] {
-        a.ok(
-            "POST",
-            "/v1/reminders",
-            json!({"id": id, "queue": "notes", "delay_ms": MINUTE, "content": {"title": id}}),
-            201,
-        )
-        .await;
-    }
-    a.ok(
-        "PUT",
-        "/v1/reminders/standup/subscribers/u9",
-        Value::Null,
-        201,
-    )
-    .await;
-    let b_feed = || async {
-        let feed = b
-            .ok("GET", "/v1/users/u9/reminders", Value::Null, 200)
-            .await;
-        let mut ids: Vec<String> = feed["reminders"]
-            .as_array()
-            .map(|r| {
-                r.iter()
-                    .filter_map(|r| r["id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        ids.sort();
-        ids
-    };
+    standup_and_retro(a, "u9").await;
+    let b_feed = || feed_ids(b, "u9");
     eventually("B's feed lists the first subscription", || async {
         (b_feed().await == ["standup"]).then_some(())
     })
@@ -777,41 +746,10 @@ async fn a_subscribe_on_one_node_shows_in_the_other_nodes_feed_at_once() {
 /// still reaches B's feed at once. A resync (events were missed) empties them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recheck_keeps_the_feed_caches_and_a_resync_empties_them() {
-    const MINUTE: u64 = 60_000;
     let nodes = Nodes::start().await;
     let [a, b] = &nodes.servers;
-    a.queue("notes", json!({})).await;
-    for id in ["standup", "retro"] {
-        a.ok(
-            "POST",
-            "/v1/reminders",
-            json!({"id": id, "queue": "notes", "delay_ms": MINUTE, "content": {"title": id}}),
-            201,
-        )
-        .await;
-    }
-    a.ok(
-        "PUT",
-        "/v1/reminders/standup/subscribers/u7",
-        Value::Null,
-        201,
-    )
-    .await;
-    let b_feed = || async {
-        let feed = b
-            .ok("GET", "/v1/users/u7/reminders", Value::Null, 200)
-            .await;
-        let mut ids: Vec<String> = feed["reminders"]
-            .as_array()
-            .map(|r| {
-                r.iter()
-                    .filter_map(|r| r["id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        ids.sort();
-        ids
-    };
+    standup_and_retro(a, "u7").await;
+    let b_feed = || feed_ids(b, "u7");
     let reads = || nodes.shared.user_set_reads[1].load(Ordering::SeqCst);
     eventually("B's feed lists the subscription", || async {
         (b_feed().await == ["standup"]).then_some(())
@@ -840,4 +778,48 @@ async fn a_recheck_keeps_the_feed_caches_and_a_resync_empties_them() {
     assert_eq!(b_feed().await, ["retro", "standup"]);
     assert_eq!(reads(), before + 1, "a resync empties B's caches");
     nodes.stop().await;
+}
+
+/// On `a`: queue "notes", reminders "standup" and "retro" due in a minute, and `user`
+/// subscribed to "standup".
+async fn standup_and_retro(a: &TestServer, user: &str) {
+    a.queue("notes", json!({})).await;
+    for id in ["standup", "retro"] {
+        a.ok(
+            "POST",
+            "/v1/reminders",
+            json!({"id": id, "queue": "notes", "delay_ms": 60_000, "content": {"title": id}}),
+            201,
+        )
+        .await;
+    }
+    a.ok(
+        "PUT",
+        &format!("/v1/reminders/standup/subscribers/{user}"),
+        Value::Null,
+        201,
+    )
+    .await;
+}
+
+/// The ids of `user`'s feed on `node`, sorted.
+async fn feed_ids(node: &TestServer, user: &str) -> Vec<String> {
+    let feed = node
+        .ok(
+            "GET",
+            &format!("/v1/users/{user}/reminders"),
+            Value::Null,
+            200,
+        )
+        .await;
+    let mut ids: Vec<String> = feed["reminders"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .filter_map(|r| r["id"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort();
+    ids
 }

@@ -371,19 +371,31 @@ mod tests {
             runs_after < runs_held,
             "{runs_after} runs after the merges, {runs_held} before"
         );
-        for batch in 0..200u64 {
-            let user = &users(batch as usize)[7];
-            assert_eq!(engine.user_sets(user, 10).unwrap(), vec![batch % 3]);
-        }
-        assert_eq!(engine.subscriber_count(0).unwrap(), 67 * 50);
-        // Only the runs the last checkpoint lists are on disk.
-        // Merged runs are deleted by the checkpoint after the merge; the checkpoint thread
-        // may be running that one, and a second flush waits for it.
+        assert_batches(&engine, 200, 3);
+        // Only the runs the last checkpoint lists are on disk. Merged runs are deleted by the
+        // checkpoint after the merge; the checkpoint thread may be running that one, and a
+        // second flush waits for it.
         engine.flush().unwrap();
-        let files = std::fs::read_dir(dir.path().join(super::SUBS_DIR))
+        assert_eq!(run_files(dir.path()), runs_after);
+    }
+
+    /// Batch `b` of `batches` went to set `b % sets`: each batch's users are in their set
+    /// alone, and every set holds its batches' users.
+    fn assert_batches(engine: &Engine, batches: u64, sets: u64) {
+        for batch in 0..batches {
+            let user = &users(batch as usize)[7];
+            assert_eq!(engine.user_sets(user, 10).unwrap(), vec![batch % sets]);
+        }
+        for set in 0..sets {
+            let in_set = (0..batches).filter(|b| b % sets == set).count() as u64;
+            assert_eq!(engine.subscriber_count(set).unwrap(), in_set * 50);
+        }
+    }
+
+    fn run_files(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join(super::SUBS_DIR))
             .unwrap()
-            .count();
-        assert_eq!(files, runs_after);
+            .count()
     }
 
     /// A tree that stops changing is merged into one run by the checkpoint thread, which
@@ -409,18 +421,11 @@ mod tests {
             assert!(Instant::now() < deadline, "the runs were not merged");
             std::thread::sleep(Duration::from_millis(10));
         }
-        for batch in 0..6u64 {
-            let user = &users(batch as usize)[3];
-            assert_eq!(engine.user_sets(user, 10).unwrap(), vec![batch % 2]);
-        }
-        assert_eq!(engine.subscriber_count(1).unwrap(), 3 * 50);
+        assert_batches(&engine, 6, 2);
         // The checkpoint after the merge lists it and deletes the rest (a flush waits for
         // one in progress).
         engine.flush().unwrap();
-        let files = std::fs::read_dir(dir.path().join(super::SUBS_DIR))
-            .unwrap()
-            .count();
-        assert_eq!(files, 1);
+        assert_eq!(run_files(dir.path()), 1);
         drop(engine);
         let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
         assert_eq!(engine.subscriber_count(0).unwrap(), 3 * 50);
