@@ -79,7 +79,7 @@ impl Subs {
         let mut rank = 0u32;
         for mem in std::iter::once(&self.mem).chain(self.frozen.as_deref()) {
             for slab in &mem.slabs {
-                if !slab.scan_prefix(prefix, cap, |key, live| found.push(key, live, rank)) {
+                if !slab.scan_prefix(prefix, prefix, cap, |key, live| found.push(key, live, rank)) {
                     return None;
                 }
                 rank += 1;

@@ -56,15 +56,16 @@ impl Slab {
         (i < self.len() && self.get(i).0 == key).then(|| self.get(i).1)
     }
 
-    /// Calls `f` with each entry whose key starts with `prefix`, in key order, stopping after
-    /// `cap`: returns whether it saw them all.
+    /// Calls `f` with each entry from `from` on whose key starts with `prefix` (which `from`
+    /// starts with), in key order, stopping after `cap`: returns whether it saw them all.
     pub(crate) fn scan_prefix(
         &self,
+        from: &[u8],
         prefix: &[u8],
         cap: usize,
         mut f: impl FnMut(&[u8], bool),
     ) -> bool {
-        let mut i = self.seek(prefix);
+        let mut i = self.seek(from);
         let mut taken = 0;
         while i < self.len() {
             let (key, live) = self.get(i);

@@ -17,13 +17,14 @@
 //! Locks: `Core::subs` guards all of it; a call holds it from its membership check to
 //! applying its change (so counts are exact), taking the state lock only to queue its WAL
 //! frame. Order: metadata, subs, sync, write, state. The feed's read of a user's sets
-//! (`by_user.rs`) reads the runs outside the lock.
+//! (`by_user.rs`) and fan-out's pages of a set (`pages.rs`) read the runs outside the lock.
 
 mod bloom;
 mod by_user;
 pub(crate) mod keys;
 mod memtable;
 mod merge;
+mod pages;
 pub(crate) mod record;
 mod run;
 mod tree;
@@ -291,39 +292,6 @@ impl Engine {
     pub(super) fn subs_count(&self, set: u64) -> Result<u64> {
         let subs = self.lock_subs()?;
         Ok(subs.sets.get(&set).map_or(0, |info| info.count))
-    }
-
-    pub(super) fn subs_members(
-        &self,
-        set: u64,
-        after: Option<&UserId>,
-        limit: usize,
-    ) -> Result<Vec<UserId>> {
-        let subs = self.lock_subs()?;
-        let Some(info) = subs.sets.get(&set).copied() else {
-            return Ok(Vec::new());
-        };
-        let mut prefix = Vec::new();
-        set_prefix(&mut prefix, set, info.epoch);
-        let mut from = prefix.clone();
-        if let Some(after) = after {
-            after.encode_into(&mut from);
-        }
-        let mut merge = subs.view().merge(&from)?;
-        let mut out = Vec::new();
-        let mut key = Vec::new();
-        while out.len() < limit {
-            let Some(live) = merge.next(&mut key)? else {
-                break;
-            };
-            if !key.starts_with(&prefix) {
-                break;
-            }
-            if live && (after.is_none() || key != from) {
-                out.push(decode_user(&key[prefix.len()..], "a by-set key")?);
-            }
-        }
-        Ok(out)
     }
 
     fn lock_subs(&self) -> Result<MutexGuard<'_, Subs>> {
