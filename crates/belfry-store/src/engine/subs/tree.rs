@@ -113,7 +113,12 @@ impl Core {
         loop {
             match self.subs_compact_once(&dir, false) {
                 Ok(true) => merged = true,
-                Ok(false) => return Ok(merged),
+                Ok(false) => {
+                    if merged {
+                        release_free_memory();
+                    }
+                    return Ok(merged);
+                }
                 Err(error) => return Err(self.state.lock().poison(&error)),
             }
         }
@@ -131,8 +136,13 @@ impl Core {
         if !idle {
             return Ok(false);
         }
-        self.subs_compact_once(&dir, true)
-            .map_err(|error| self.state.lock().poison(&error))
+        let merged = self
+            .subs_compact_once(&dir, true)
+            .map_err(|error| self.state.lock().poison(&error))?;
+        if merged {
+            release_free_memory();
+        }
+        Ok(merged)
     }
 
     /// Merges the newest runs if the policy picks some (`settle`: the settle policy); returns
@@ -206,6 +216,21 @@ fn pick(runs: &[Arc<Run>], min_runs: usize) -> usize {
         k
     } else {
         0
+    }
+}
+
+/// Hands the allocator's free memory back to the system after merges. A merge holds its
+/// output's bloom filter and index (megabytes per million subscriptions) beside its inputs'
+/// until it swaps them, and glibc keeps what they freed in its arenas: 10M subscriptions
+/// measured 47-73 MiB of RSS growth from run to run, depending on which merges had run.
+/// Merges are seconds apart at most, so the trim's cost (milliseconds) does not count.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    #[allow(unsafe_code)]
+    // SAFETY: malloc_trim only returns free memory of glibc's heaps to the system; it takes
+    // the allocator's own locks and touches no memory in use.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
