@@ -10,14 +10,7 @@ use bytes::Bytes;
 #[test]
 fn a_lost_hint_is_rebuilt_by_the_sweep() {
     let server = RedisServer::start();
-    let options = RedisOptions {
-        namespace: "sweep".into(),
-        partitions: 8,
-        ..RedisOptions::default()
-    };
-    let store = RedisStore::connect(&server.target(), options).unwrap();
-    let queue = QueueName::new("q").unwrap();
-    store.put_queue(&queue, Bytes::new()).unwrap();
+    let (store, queue) = store_with_queue(&server);
     let tasks = (0..5)
         .map(|i| NewTask::new(queue.clone(), 1_000 + i, "{}"))
         .collect();
@@ -50,14 +43,7 @@ fn a_lost_hint_is_rebuilt_by_the_sweep() {
 #[test]
 fn the_sweep_survives_a_redis_that_lost_the_hint_script() {
     let server = RedisServer::start();
-    let options = RedisOptions {
-        namespace: "sweep".into(),
-        partitions: 8,
-        ..RedisOptions::default()
-    };
-    let store = RedisStore::connect(&server.target(), options).unwrap();
-    let queue = QueueName::new("q").unwrap();
-    store.put_queue(&queue, Bytes::new()).unwrap();
+    let (store, queue) = store_with_queue(&server);
     store
         .put(vec![NewTask::new(queue.clone(), 1_000, "{}")])
         .unwrap();
@@ -79,4 +65,17 @@ fn the_sweep_survives_a_redis_that_lost_the_hint_script() {
         .unwrap();
     store.sweep().unwrap();
     assert_eq!(store.next_due_ms(&queue).unwrap(), Some(1_000));
+}
+
+/// A store on `server` (8 partitions) holding queue "q".
+fn store_with_queue(server: &RedisServer) -> (RedisStore, QueueName) {
+    let options = RedisOptions {
+        namespace: "sweep".into(),
+        partitions: 8,
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&server.target(), options).unwrap();
+    let queue = QueueName::new("q").unwrap();
+    store.put_queue(&queue, Bytes::new()).unwrap();
+    (store, queue)
 }
