@@ -39,16 +39,34 @@ impl FeedEntry {
 /// The entries due from `now_ms` to `now_ms + within_ms`, urgent first, then in due order,
 /// at most `limit`: urgent reminders always make the cut.
 pub fn select(
-    mut entries: Vec<FeedEntry>,
+    entries: Vec<FeedEntry>,
     now_ms: UnixMs,
     within_ms: u64,
     limit: usize,
 ) -> Vec<FeedEntry> {
+    select_by(entries, |e| *e, now_ms, within_ms, limit)
+}
+
+/// [`select`] over items that carry their entry (`entry` reads it), kept whole: the caller
+/// gets the chosen items themselves, with no second lookup per item.
+pub fn select_by<T>(
+    mut items: Vec<T>,
+    entry: impl Fn(&T) -> FeedEntry,
+    now_ms: UnixMs,
+    within_ms: u64,
+    limit: usize,
+) -> Vec<T> {
     let end = now_ms.saturating_add(within_ms);
-    entries.retain(|e| e.next_fire_ms >= now_ms && e.next_fire_ms <= end);
-    entries.sort_by_key(|e| (!e.urgent, e.next_fire_ms, e.uid));
-    entries.truncate(limit);
-    entries
+    items.retain(|item| {
+        let e = entry(item);
+        e.next_fire_ms >= now_ms && e.next_fire_ms <= end
+    });
+    items.sort_by_key(|item| {
+        let e = entry(item);
+        (!e.urgent, e.next_fire_ms, e.uid)
+    });
+    items.truncate(limit);
+    items
 }
 
 impl ReminderService {

@@ -252,7 +252,8 @@ impl RemindersState {
     }
 }
 
-/// Ranks on compact entries, then keeps the chosen reminders in that order.
+/// Ranks on compact entries, keeping each chosen reminder with its entry (a user may have
+/// thousands: no lookup per chosen one).
 fn pick(
     reminders: Vec<Arc<FeedReminder>>,
     now_ms: UnixMs,
@@ -260,15 +261,14 @@ fn pick(
     limit: usize,
     urgent_only: bool,
 ) -> Vec<Arc<FeedReminder>> {
-    let entries: Vec<FeedEntry> = reminders
-        .iter()
-        .filter_map(|r| r.entry)
-        .filter(|e| e.urgent || !urgent_only)
+    let candidates: Vec<(FeedEntry, Arc<FeedReminder>)> = reminders
+        .into_iter()
+        .filter_map(|r| Some((r.entry?, r)))
+        .filter(|(e, _)| e.urgent || !urgent_only)
         .collect();
-    let chosen = feed::select(entries, now_ms, within_ms, limit);
-    chosen
-        .iter()
-        .filter_map(|e| reminders.iter().find(|r| r.reminder.uid == e.uid).cloned())
+    feed::select_by(candidates, |(e, _)| *e, now_ms, within_ms, limit)
+        .into_iter()
+        .map(|(_, r)| r)
         .collect()
 }
 
