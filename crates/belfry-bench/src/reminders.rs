@@ -195,14 +195,12 @@ async fn measure(
     // Merges of the subscribe's runs may be running at that moment (their output's bloom
     // filter and index are then in memory beside the inputs'); once more when they are done.
     let data_dir = server.data_dir(args.server.server_data_dir.as_deref());
-    let mut settled = RemindersOutcome::default();
-    settle(&args.output, data_dir.as_deref(), &mut settled).await;
-    if settled.feed_runs.is_some() {
+    if settle(&args.output, data_dir.as_deref()).await.is_some() {
         out.rss_settled_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
     }
-    out.disk_bytes = server
-        .data_dir(args.server.server_data_dir.as_deref())
-        .and_then(|dir| dir_bytes(&dir).ok())
+    out.disk_bytes = data_dir
+        .as_deref()
+        .and_then(|dir| dir_bytes(dir).ok())
         .map(|(length, _)| length);
     out.count_after_subscribe = count(&target, &big).await;
 
@@ -222,8 +220,10 @@ async fn measure(
         let feed_queue = format!("bench-rem-feed-{run}");
         create_queue(&target, &feed_queue, "{}").await?;
         let paths = feed_setup(args, &target, &feed_queue, run, &mut out).await?;
-        let data_dir = server.data_dir(args.server.server_data_dir.as_deref());
-        settle(&args.output, data_dir.as_deref(), &mut out).await;
+        if let Some((runs, waited)) = settle(&args.output, data_dir.as_deref()).await {
+            out.feed_runs = Some(runs);
+            out.feed_settle_s = waited.as_secs_f64();
+        }
         feed_measure(args, &target, paths.clone(), &mut out).await?;
         Some(paths)
     } else {
@@ -631,15 +631,13 @@ const SETTLE_WAIT_MAX: Duration = Duration::from_secs(180);
 /// Waits until the embedded store has merged the feed's subscription runs (it does once they
 /// have been quiet for `subs_settle_after`, 10 s): feeds are read in a steady state, not
 /// while the load's runs are still being merged. Counts the `subs/*.run` files of the data
-/// directory; without one (a server not spawned, nor `--server-data-dir`) it does not wait.
+/// directory; without one (a server not spawned, nor `--server-data-dir`) it does not wait
+/// and answers `None`. Answers the run files left and how long it waited.
 async fn settle(
     output: &OutputArgs,
     data_dir: Option<&std::path::Path>,
-    out: &mut RemindersOutcome,
-) {
-    let Some(dir) = data_dir.map(|d| d.join("subs")) else {
-        return;
-    };
+) -> Option<(usize, Duration)> {
+    let dir = data_dir?.join("subs");
     let runs = || {
         std::fs::read_dir(&dir).map_or(0, |entries| {
             entries
@@ -659,8 +657,7 @@ async fn settle(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     bar.finish_and_clear();
-    out.feed_settle_s = started.elapsed().as_secs_f64();
-    out.feed_runs = Some(runs());
+    Some((runs(), started.elapsed()))
 }
 
 /// Feed reads on a quiet server, then the trivial handler under the same load, answering
