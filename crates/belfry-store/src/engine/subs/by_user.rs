@@ -77,13 +77,11 @@ impl Subs {
         found: &mut Gathered,
     ) -> Option<(Vec<Arc<Run>>, u32)> {
         let mut rank = 0u32;
-        for mem in std::iter::once(&self.mem).chain(self.frozen.as_deref()) {
-            for slab in &mem.slabs {
-                if !slab.scan_prefix(prefix, prefix, cap, |key, live| found.push(key, live, rank)) {
-                    return None;
-                }
-                rank += 1;
+        for slab in self.slabs() {
+            if !slab.scan_prefix(prefix, prefix, cap, |key, live| found.push(key, live, rank)) {
+                return None;
             }
+            rank += 1;
         }
         Some((self.runs.clone(), rank))
     }

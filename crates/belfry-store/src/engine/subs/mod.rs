@@ -105,6 +105,14 @@ impl Subs {
         }
     }
 
+    /// Every memtable slab, newest first: the active memtable's, then the frozen one's
+    /// (still read until its run is listed).
+    fn slabs(&self) -> impl Iterator<Item = &Slab> {
+        std::iter::once(&self.mem)
+            .chain(self.frozen.as_deref())
+            .flat_map(|mem| &mem.slabs)
+    }
+
     /// Bytes the memtable takes (about).
     pub(crate) fn mem_bytes(&self) -> usize {
         self.mem.bytes

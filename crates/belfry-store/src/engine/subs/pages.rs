@@ -98,18 +98,16 @@ impl Engine {
             let mut slabs = Vec::new();
             // The smallest last key copied from a slab that held more.
             let mut bound: Option<Vec<u8>> = None;
-            for mem in std::iter::once(&subs.mem).chain(subs.frozen.as_deref()) {
-                for slab in &mem.slabs {
-                    let mut copy = Slab::with_capacity(0, 0);
-                    let whole = slab.scan_prefix(&from, &prefix, cap, |k, live| copy.push(k, live));
-                    if !whole && copy.len() > 0 {
-                        let last = copy.get(copy.len() - 1).0;
-                        if bound.as_deref().is_none_or(|b| last < b) {
-                            bound = Some(last.to_vec());
-                        }
+            for slab in subs.slabs() {
+                let mut copy = Slab::with_capacity(0, 0);
+                let whole = slab.scan_prefix(&from, &prefix, cap, |k, live| copy.push(k, live));
+                if !whole && copy.len() > 0 {
+                    let last = copy.get(copy.len() - 1).0;
+                    if bound.as_deref().is_none_or(|b| last < b) {
+                        bound = Some(last.to_vec());
                     }
-                    slabs.push(copy);
                 }
+                slabs.push(copy);
             }
             (prefix, from, slabs, bound, subs.runs.clone())
         };
