@@ -240,6 +240,15 @@ pub(crate) fn key_slot(key: &[u8]) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged.unwrap_or(key)) % 16384
 }
 
+/// One Redis's pipeline of `cmds`, in order.
+pub(crate) fn pipe_of(cmds: impl IntoIterator<Item = redis::Cmd>) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    for cmd in cmds {
+        pipe.add_command(cmd);
+    }
+    pipe
+}
+
 /// Runs `cmds` as one pipeline: in a cluster, grouped by node (each command may name its own
 /// slot; the pipeline is not atomic).
 pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisResult<Vec<Value>> {
@@ -247,13 +256,7 @@ pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisRe
         return Ok(Vec::new());
     }
     match conn {
-        Conn::Single(c) => {
-            let mut pipe = redis::pipe();
-            for cmd in cmds {
-                pipe.add_command(cmd);
-            }
-            pipe.query(c)
-        }
+        Conn::Single(c) => pipe_of(cmds).query(c),
         Conn::Cluster(c) => {
             let mut pipe = redis::cluster::cluster_pipe();
             for cmd in cmds {

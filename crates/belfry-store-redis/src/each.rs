@@ -22,7 +22,7 @@ use redis::cluster::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{ConnectionLike, ErrorKind, RedisResult, Value};
 
-use crate::conn::{key_slot, map_error, Conn, Result, Timeouts};
+use crate::conn::{key_slot, map_error, pipe_of, Conn, Result, Timeouts};
 use crate::reply::{as_array, as_bytes, as_i64};
 use crate::scripts::Lua;
 
@@ -69,10 +69,7 @@ pub(crate) fn pipeline_each(
     }
     match conn {
         Conn::Single(c) => {
-            let mut pipe = redis::pipe();
-            for cmd in cmds {
-                pipe.add_command(cmd.clone());
-            }
+            let pipe = pipe_of(cmds.iter().cloned());
             let replies = c.req_packed_commands(&pipe.get_packed_pipeline(), 0, cmds.len())?;
             Ok(replies.into_iter().map(one).collect())
         }
@@ -146,10 +143,7 @@ impl Masters {
         replies: &mut [Option<RedisResult<Value>>],
     ) -> RedisResult<()> {
         for (addr, members) in groups {
-            let mut pipe = redis::pipe();
-            for &i in members {
-                pipe.add_command(cmds[i].clone());
-            }
+            let pipe = pipe_of(members.iter().map(|&i| cmds[i].clone()));
             self.connection(addr)?
                 .send_packed_command(&pipe.get_packed_pipeline())?;
         }
