@@ -657,6 +657,50 @@ async fn batch_in_due_order(kind: Kind) {
     assert_eq!(ids, expected, "{kind:?}: not in due order");
 }
 
+/// Batches a dispatcher has in flight at once on one sink: more records together than a
+/// client keeps unacknowledged (NATS: [`belfry_sinks::nats::ACKS_IN_FLIGHT_MAX`]). Every
+/// one is delivered, none waits for a timeout.
+async fn many_batches_at_once(kind: Kind) {
+    const BATCHES: usize = 32;
+    let backend = Backend::start(kind).await;
+    let sink = backend.sink(Variant::Normal);
+    let batch_max = sink.batch_max().max(1);
+    let total = BATCHES * batch_max;
+    let tasks: Arc<Vec<Task>> = Arc::new((0..total as u128).map(|n| task(n, b"{}")).collect());
+    let started = Instant::now();
+    let calls: Vec<_> = (0..BATCHES)
+        .map(|b| {
+            let (sink, tasks) = (Arc::clone(&sink), Arc::clone(&tasks));
+            tokio::spawn(async move {
+                let attempts: Vec<Attempt<'_>> = tasks[b * batch_max..(b + 1) * batch_max]
+                    .iter()
+                    .map(|task| Attempt { task, attempt: 1 })
+                    .collect();
+                sink.deliver_batch(&attempts, 0).await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::with_capacity(total);
+    for call in calls {
+        outcomes.extend(call.await.expect("delivery task"));
+    }
+    let took = started.elapsed();
+    let failed: Vec<&Outcome> = outcomes
+        .iter()
+        .filter(|o| **o != Outcome::Delivered)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{kind:?}: {} of {total} not delivered after {took:?}, first: {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let received = wait_received(&backend, total).await;
+    let ids: std::collections::HashSet<&str> =
+        received.iter().map(|r| r.task_id.as_str()).collect();
+    assert_eq!(ids.len(), total, "{kind:?}: distinct tasks received");
+}
+
 /// `close` waits for deliveries in flight; afterwards the sink answers retry.
 async fn close_with_deliveries_in_flight(kind: Kind) {
     let backend = Backend::start(kind).await;
@@ -755,6 +799,8 @@ macro_rules! conformance {
             async fn timeout() { super::timeout($kind).await }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn batch_in_due_order() { super::batch_in_due_order($kind).await }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn many_batches_at_once() { super::many_batches_at_once($kind).await }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn close_with_deliveries_in_flight() {
                 super::close_with_deliveries_in_flight($kind).await
