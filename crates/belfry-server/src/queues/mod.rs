@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::{LeaseId, QueueName, UnixMs};
+use belfry_sinks::SinkSpec;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;
 
@@ -109,9 +110,16 @@ impl QueueRuntime {
         self.wake.notified()
     }
 
-    /// The in-flight cap: `max_in_flight`, or for push queues the server default.
+    /// The in-flight cap: `max_in_flight`, or for webhook queues the server default.
+    ///
+    /// The default bounds the connections a slow receiver ties up, one per delivery. A stream
+    /// sink's deliveries share one connection and carry a batch each; held to 256 tasks, a
+    /// queue had two batches of 128 in flight and waited on their round trips (a Kafka burst
+    /// ran at 0.32× of the broker's raw publish rate). Stream queues are bounded by the
+    /// dispatcher's budgets instead (`dispatch.in_flight_max`, `dispatch.per_target_max`).
     pub(crate) fn in_flight_cap(config: &QueueConfig, webhook_default: u32) -> Option<usize> {
-        match (config.max_in_flight, config.is_push()) {
+        let webhook = matches!(config.sink(), Some(SinkSpec::Webhook(_)));
+        match (config.max_in_flight, webhook) {
             (0, false) => None,
             (0, true) => Some(webhook_default as usize),
             (cap, _) => Some(cap as usize),
@@ -309,6 +317,31 @@ mod tests {
         q.settle(1, &[(LeaseId(3), 2_000_000)], 8);
         q.release(LeaseId(1));
         assert_eq!(q.admit(10, Duration::ZERO, 1_000_000, 8).granted, 1);
+    }
+
+    /// The server's default cap holds webhook queues (one connection per delivery), not
+    /// stream queues (batches over one connection); a cap a queue sets holds either.
+    #[test]
+    fn the_default_cap_is_for_webhooks_only() {
+        let webhook = Delivery::Push(belfry_sinks::SinkSpec::Webhook(
+            belfry_sinks::WebhookSpec::new("http://receiver.invalid/hook"),
+        ));
+        let stream = Delivery::Push(belfry_sinks::SinkSpec::RedisStream(
+            belfry_sinks::RedisStreamSpec::new("main", "due"),
+        ));
+        let granted = |delivery: &Delivery, max_in_flight: u32| {
+            let q = runtime(QueueConfig {
+                max_in_flight,
+                delivery: delivery.clone(),
+                ..QueueConfig::default()
+            });
+            q.admit(1_000, Duration::ZERO, 0, 8).granted
+        };
+        assert_eq!(granted(&webhook, 0), 8, "the webhook default");
+        assert_eq!(granted(&stream, 0), 1_000, "no default for a stream");
+        assert_eq!(granted(&Delivery::Pull, 0), 1_000, "none for pull");
+        assert_eq!(granted(&webhook, 300), 300, "the queue's own cap");
+        assert_eq!(granted(&stream, 300), 300, "the queue's own cap");
     }
 
     #[test]
