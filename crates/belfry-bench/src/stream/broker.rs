@@ -233,6 +233,14 @@ impl Drop for Broker {
     }
 }
 
+/// TCP_NODELAY on this process's connections to the broker, as the Kafka sink sets it on its
+/// own (see `belfry_sinks::kafka::nodelay`): the consumer's and the raw publisher's requests
+/// are not held back by Nagle's algorithm either. Call once the partition client exists.
+pub(super) async fn kafka_nodelay(broker: &str) {
+    let peers = belfry_sinks::kafka::nodelay::broker_addrs(&[broker.to_string()]).await;
+    belfry_sinks::kafka::nodelay::set_on_connections_to(&peers);
+}
+
 pub(super) async fn kafka_client(broker: &str) -> anyhow::Result<rskafka::client::Client> {
     Ok(
         rskafka::client::ClientBuilder::new(vec![broker.to_string()])

@@ -265,6 +265,7 @@ async fn consume_kafka(
     let partition = client
         .partition_client(channel.name.clone(), 0, UnknownTopicHandling::Retry)
         .await?;
+    super::broker::kafka_nodelay(broker).await;
     let _ = ready.send(());
     let mut offset = 0i64;
     let mut stop = Stop {

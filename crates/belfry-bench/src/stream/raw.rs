@@ -148,6 +148,7 @@ pub(super) async fn publish_raw(
                     .partition_client(channel.name.clone(), 0, UnknownTopicHandling::Retry)
                     .await?,
             );
+            super::broker::kafka_nodelay(&url).await;
             started = Instant::now();
             futures_util::stream::iter(batches.into_iter().map(|range| {
                 let (partition, messages) = (partition.clone(), messages.clone());

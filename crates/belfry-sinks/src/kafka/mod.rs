@@ -31,6 +31,8 @@ use rskafka::client::{Client, ClientBuilder, Credentials, SaslConfig};
 use rskafka::record::Record;
 use rskafka::BackoffConfig;
 
+pub mod nodelay;
+
 use crate::gate::{Gate, HealthCell};
 use crate::metadata;
 use crate::retry::{classify_kafka_failure, KafkaFailure};
@@ -288,6 +290,10 @@ impl KafkaSink {
                 .map_err(|e| kafka_outcome(&e))?;
             partitions.push(partition);
         }
+        // The partition clients hold their leaders' connections by now.
+        let peers = nodelay::broker_addrs(&config.brokers).await;
+        let set = nodelay::set_on_connections_to(&peers);
+        tracing::debug!(target = %config.target, set, "TCP_NODELAY on broker connections");
         Ok(Link {
             partitions: Arc::new(partitions),
         })
