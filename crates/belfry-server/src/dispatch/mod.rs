@@ -54,8 +54,11 @@ pub(crate) use writer::OutcomeWriter;
 
 /// Tasks one queue may claim per turn. Small enough that a hundred queues each get a turn
 /// quickly while one queue has a huge backlog; large enough that a busy queue's claims are
-/// worth their store call.
-pub const CLAIM_QUANTUM: usize = 128;
+/// worth their store call, and that a stream queue's turn fills one publish of its sink's
+/// largest batch (256 for Redis Streams, NATS and Kafka). At 128, a Kafka burst went out in
+/// produce requests of 128 records, and the broker's cost per request held it to 0.51× of
+/// its raw publish rate (0.60–0.70× at 256).
+pub const CLAIM_QUANTUM: usize = 256;
 
 /// Claims running at once (each is one store call). More overlap hand-offs to the blocking
 /// pool; the store serialises claims anyway, so more would only queue there.
