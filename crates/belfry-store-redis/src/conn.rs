@@ -61,6 +61,8 @@ pub(crate) struct Pool {
     timeouts: Timeouts,
     idle: Mutex<Vec<Conn>>,
     idle_max: usize,
+    /// A cluster's `user:password`, for the connections to the masters it discovers.
+    credentials: Option<String>,
 }
 
 impl Pool {
@@ -81,6 +83,7 @@ impl Pool {
         };
         Ok(Pool {
             client,
+            credentials: target.credentials().map(str::to_owned),
             timeouts,
             idle: Mutex::new(Vec::new()),
             idle_max,
@@ -105,6 +108,7 @@ impl Pool {
                 Ok(Conn::Cluster(Box::new(ClusterConn::new(
                     con,
                     self.timeouts,
+                    self.credentials.as_deref(),
                 ))))
             }
         }
@@ -272,6 +276,11 @@ pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisRe
 pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Result<()> {
     let mut last_error = None;
     for node in nodes {
+        // What messages may show: the address, never the password.
+        let shown = crate::target::redact(node);
+        let shown = shown
+            .trim_start_matches("redis://")
+            .trim_start_matches("***@");
         let attempt = (|| -> redis::RedisResult<Vec<Value>> {
             let client = redis::Client::open(node.as_str())?;
             let mut con = client.get_connection_with_timeout(timeouts.connect)?;
@@ -300,12 +309,11 @@ pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Resul
                     return Ok(());
                 }
                 return Err(StoreError::Invalid(format!(
-                    "the redis cluster at {node} does not serve slots {missing}: every one of the 16384 \
-                     slots needs a master (see `redis-cli --cluster check {}`)",
-                    node.trim_start_matches("redis://")
+                    "the redis cluster at {shown} does not serve slots {missing}: every one of the 16384 \
+                     slots needs a master (see `redis-cli --cluster check {shown}`)"
                 )));
             }
-            Err(e) => last_error = Some(format!("{node}: {e}")),
+            Err(e) => last_error = Some(format!("{shown}: {e}")),
         }
     }
     Err(StoreError::Unavailable {

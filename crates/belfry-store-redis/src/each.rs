@@ -36,13 +36,19 @@ pub(crate) struct ClusterConn {
 }
 
 impl ClusterConn {
-    pub(crate) fn new(con: ClusterConnection, timeouts: Timeouts) -> ClusterConn {
+    /// `credentials`: the cluster's `user:password`, for the connections to its masters.
+    pub(crate) fn new(
+        con: ClusterConnection,
+        timeouts: Timeouts,
+        credentials: Option<&str>,
+    ) -> ClusterConn {
         ClusterConn {
             con,
             masters: Masters {
                 slots: Vec::new(),
                 conns: HashMap::new(),
                 timeouts,
+                auth: credentials.map(|c| format!("{c}@")).unwrap_or_default(),
             },
         }
     }
@@ -55,6 +61,8 @@ struct Masters {
     slots: Vec<(u16, u16, String)>,
     conns: HashMap<String, redis::Connection>,
     timeouts: Timeouts,
+    /// `user:password@`, or empty: what the seeds carried, so the masters let us in too.
+    auth: String,
 }
 
 /// Runs `cmds` as one pipeline and answers each command's reply on its own: a command Redis
@@ -158,7 +166,7 @@ impl Masters {
 
     fn connection(&mut self, addr: &str) -> RedisResult<&mut redis::Connection> {
         if !self.conns.contains_key(addr) {
-            let client = redis::Client::open(format!("redis://{addr}"))?;
+            let client = redis::Client::open(format!("redis://{}{addr}", self.auth))?;
             let con = client.get_connection_with_timeout(self.timeouts.connect)?;
             con.set_read_timeout(Some(self.timeouts.command))?;
             con.set_write_timeout(Some(self.timeouts.command))?;

@@ -1,5 +1,6 @@
 //! Where the store lives: `--store redis://host:port` (one Redis) or
-//! `--store redis-cluster://host:port,host:port,…` (a cluster, any of its nodes as seeds).
+//! `--store redis-cluster://host:port,host:port,…` (a cluster, any of its nodes as seeds;
+//! `redis-cluster://user:password@host:port,…` when its nodes require a password).
 
 use std::fmt;
 
@@ -34,6 +35,12 @@ impl RedisTarget {
             reason: reason.to_owned(),
         };
         if let Some(rest) = url.strip_prefix("redis-cluster://") {
+            // Credentials, if any, come once, before the first node, and hold for every node
+            // (the client requires the same on all of them).
+            let (auth, rest) = match rest.split_once('@') {
+                Some((auth, nodes)) if !auth.contains(',') => (format!("{auth}@"), nodes),
+                _ => (String::new(), rest),
+            };
             let mut nodes = Vec::new();
             for node in rest.split(',') {
                 let node = node.trim();
@@ -42,8 +49,16 @@ impl RedisTarget {
                         "an empty node in the list; write redis-cluster://host:port,host:port",
                     ));
                 }
+                if node.contains('@') {
+                    return Err(fail(
+                        "credentials go once, before the first node: redis-cluster://user:password@host:port,host:port",
+                    ));
+                }
                 check_host_port(node).map_err(|reason| fail(&reason))?;
-                nodes.push(format!("redis://{node}"));
+                let node_url = format!("redis://{auth}{node}");
+                redis::parse_redis_url(&node_url)
+                    .ok_or_else(|| fail("not a URL the Redis client can parse"))?;
+                nodes.push(node_url);
             }
             return Ok(RedisTarget::Cluster(nodes));
         }
@@ -69,6 +84,16 @@ impl RedisTarget {
 
     pub fn is_cluster(&self) -> bool {
         matches!(self, RedisTarget::Cluster(_))
+    }
+
+    /// A cluster's `user:password` (or `:password`), which every node takes: the store's own
+    /// connections to the masters it discovers need them as much as the seeds do.
+    pub(crate) fn credentials(&self) -> Option<&str> {
+        let RedisTarget::Cluster(nodes) = self else {
+            return None;
+        };
+        let rest = nodes.first()?.strip_prefix("redis://")?;
+        rest.rsplit_once('@').map(|(auth, _)| auth)
     }
 }
 
@@ -96,18 +121,24 @@ impl fmt::Display for RedisTarget {
         match self {
             RedisTarget::Single(url) => f.write_str(&redact(url)),
             RedisTarget::Cluster(nodes) => {
+                let auth = if self.credentials().is_some() {
+                    "***@"
+                } else {
+                    ""
+                };
                 let nodes: Vec<&str> = nodes
                     .iter()
                     .map(|n| n.strip_prefix("redis://").unwrap_or(n))
+                    .map(|n| n.rsplit('@').next().unwrap_or(n))
                     .collect();
-                write!(f, "redis-cluster://{}", nodes.join(","))
+                write!(f, "redis-cluster://{auth}{}", nodes.join(","))
             }
         }
     }
 }
 
 /// The URL without its password, for logs.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme_end), Some(at)) if at > scheme_end => {
             format!("{}***{}", &url[..scheme_end + 3], &url[at..])
@@ -158,5 +189,32 @@ mod tests {
     fn display_hides_the_password() {
         let target = RedisTarget::parse("redis://user:secret@127.0.0.1:6379").unwrap();
         assert_eq!(target.to_string(), "redis://***@127.0.0.1:6379");
+        let cluster =
+            RedisTarget::parse("redis-cluster://:secret@10.0.0.1:7001,10.0.0.2:7002").unwrap();
+        assert_eq!(
+            cluster.to_string(),
+            "redis-cluster://***@10.0.0.1:7001,10.0.0.2:7002"
+        );
+    }
+
+    /// Credentials written once before the first node hold for every node.
+    #[test]
+    fn cluster_credentials_hold_for_every_node() {
+        let target =
+            RedisTarget::parse("redis-cluster://app:s3cret@10.0.0.1:7001,10.0.0.2:7002").unwrap();
+        assert_eq!(
+            target,
+            RedisTarget::Cluster(vec![
+                "redis://app:s3cret@10.0.0.1:7001".into(),
+                "redis://app:s3cret@10.0.0.2:7002".into()
+            ])
+        );
+        assert_eq!(target.credentials(), Some("app:s3cret"));
+        let plain = RedisTarget::parse("redis-cluster://10.0.0.1:7001").unwrap();
+        assert_eq!(plain.credentials(), None);
+        let error = RedisTarget::parse("redis-cluster://10.0.0.1:7001,app:pw@10.0.0.2:7002")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("before the first node"), "{error}");
     }
 }

@@ -45,7 +45,7 @@ impl RedisServer {
         require_binaries(false);
         let dir = temp_dir("belfry-redis-");
         let port = free_ports(1, false)[0];
-        let node = Node::spawn(dir.path(), None, port, appendfsync, false);
+        let node = Node::spawn(dir.path(), None, port, appendfsync, (false, None));
         node.wait_ping(STARTUP_DEADLINE);
         RedisServer {
             node,
@@ -98,7 +98,13 @@ impl RedisServer {
     pub fn restart(&mut self) {
         self.node.stop();
         let port = self.node.port;
-        self.node = Node::spawn(self.dir.path(), None, port, &self.appendfsync, false);
+        self.node = Node::spawn(
+            self.dir.path(),
+            None,
+            port,
+            &self.appendfsync,
+            (false, None),
+        );
         self.node.wait_ping(STARTUP_DEADLINE);
     }
 }
@@ -123,6 +129,8 @@ pub struct ClusterNode {
 pub struct RedisCluster {
     nodes: Mutex<Vec<Node>>,
     masters: Vec<u16>,
+    /// Every node's `requirepass` (and `masterauth`), when started with one.
+    password: Option<String>,
     _dir: tempfile::TempDir,
 }
 
@@ -137,6 +145,25 @@ impl RedisCluster {
         replicas_per_master: usize,
         appendfsync: &str,
     ) -> RedisCluster {
+        RedisCluster::start_inner(masters, replicas_per_master, appendfsync, None)
+    }
+
+    /// A cluster whose nodes require `password` (`requirepass`, and `masterauth` so replicas
+    /// can follow their masters); [`RedisCluster::target`] and [`RedisCluster::url`] carry it.
+    pub fn start_with_password(
+        masters: usize,
+        replicas_per_master: usize,
+        password: &str,
+    ) -> RedisCluster {
+        RedisCluster::start_inner(masters, replicas_per_master, "everysec", Some(password))
+    }
+
+    fn start_inner(
+        masters: usize,
+        replicas_per_master: usize,
+        appendfsync: &str,
+        password: Option<&str>,
+    ) -> RedisCluster {
         assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
         require_binaries(true);
         let dir = temp_dir("belfry-redis-cluster-");
@@ -147,16 +174,23 @@ impl RedisCluster {
                 let node_dir = dir.path().join(port.to_string());
                 std::fs::create_dir(&node_dir)
                     .unwrap_or_else(|e| panic!("create {}: {e}", node_dir.display()));
-                Node::spawn(&node_dir, Some(dir.path()), port, appendfsync, true)
+                Node::spawn(
+                    &node_dir,
+                    Some(dir.path()),
+                    port,
+                    appendfsync,
+                    (true, password),
+                )
             })
             .collect();
         for node in &nodes {
             node.wait_ping(STARTUP_DEADLINE);
         }
-        create_cluster(&ports, replicas_per_master);
+        create_cluster(&ports, replicas_per_master, password);
         let mut cluster = RedisCluster {
             nodes: Mutex::new(nodes),
             masters: Vec::new(),
+            password: password.map(str::to_owned),
             _dir: dir,
         };
         if let Err(why) = cluster.wait_healthy(STARTUP_DEADLINE) {
@@ -178,9 +212,17 @@ impl RedisCluster {
         RedisTarget::Cluster(
             self.masters
                 .iter()
-                .map(|p| format!("redis://127.0.0.1:{p}"))
+                .map(|p| format!("redis://{}127.0.0.1:{p}", self.auth()))
                 .collect(),
         )
+    }
+
+    /// `:password@` when the nodes require one, else nothing.
+    fn auth(&self) -> String {
+        self.password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default()
     }
 
     /// `redis-cluster://127.0.0.1:P1,127.0.0.1:P2,…` (the masters as formed).
@@ -190,7 +232,7 @@ impl RedisCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        format!("redis-cluster://{}", nodes.join(","))
+        format!("redis-cluster://{}{}", self.auth(), nodes.join(","))
     }
 
     /// Every node still running (not killed), with its role as a live node reports it now.
@@ -326,6 +368,7 @@ struct Node {
     child: Option<Child>,
     watchdog: Option<Child>,
     is_paused: AtomicBool,
+    password: Option<String>,
 }
 
 impl Node {
@@ -336,7 +379,7 @@ impl Node {
         parent: Option<&Path>,
         port: u16,
         appendfsync: &str,
-        cluster: bool,
+        (cluster, password): (bool, Option<&str>),
     ) -> Node {
         assert!(
             matches!(appendfsync, "always" | "everysec" | "no"),
@@ -353,6 +396,9 @@ impl Node {
                 "cluster-enabled yes\ncluster-config-file nodes.conf\n\
                  cluster-node-timeout {CLUSTER_NODE_TIMEOUT_MS}\n"
             ));
+        }
+        if let Some(password) = password {
+            conf.push_str(&format!("requirepass {password}\nmasterauth {password}\n"));
         }
         let conf_path = dir.join("redis.conf");
         std::fs::write(&conf_path, conf)
@@ -371,6 +417,7 @@ impl Node {
             child: Some(child),
             watchdog: Some(spawn_watchdog(pid, dir, parent)),
             is_paused: AtomicBool::new(false),
+            password: password.map(str::to_owned),
         }
     }
 
@@ -383,7 +430,12 @@ impl Node {
     }
 
     fn client(&self) -> redis::Client {
-        redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
+        let auth = self
+            .password
+            .as_ref()
+            .map(|p| format!(":{p}@"))
+            .unwrap_or_default();
+        redis::Client::open(format!("redis://{auth}127.0.0.1:{}", self.port))
             .expect("a loopback URL parses")
     }
 
@@ -605,8 +657,11 @@ fn free_ports(count: usize, bus: bool) -> Vec<u16> {
 }
 
 /// Forms the cluster: the first `ports.len() / (1 + replicas)` nodes become masters.
-fn create_cluster(ports: &[u16], replicas: usize) {
+fn create_cluster(ports: &[u16], replicas: usize, password: Option<&str>) {
     let mut cmd = Command::new("redis-cli");
+    if let Some(password) = password {
+        cmd.arg("-a").arg(password).arg("--no-auth-warning");
+    }
     cmd.arg("--cluster").arg("create");
     for port in ports {
         cmd.arg(format!("127.0.0.1:{port}"));
