@@ -51,19 +51,28 @@ pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String>
 /// The system's trusted roots followed by `extra`, as one PEM text. The Redis client trusts
 /// either its built-in choice of roots or exactly the PEM it is given; this lets a
 /// connection's CA file add to the system's roots as documented. System roots that rustls
-/// cannot use are left out (as the client itself would refuse the whole store over them).
+/// cannot use are left out (the client would refuse the whole store over one of them). The
+/// system's roots are read once per process: every queue on such a connection shares them.
 #[cfg(feature = "redis-streams")]
 pub(crate) fn system_roots_and(extra: &[CertificateDer<'static>]) -> Vec<u8> {
-    let system = rustls_native_certs::load_native_certs();
-    for error in &system.errors {
-        tracing::debug!(%error, "a system root certificate store could not be read");
-    }
-    let mut pem = Vec::new();
-    let mut store = RootCertStore::empty();
-    for cert in system.certs.iter().chain(extra) {
-        if store.add(cert.clone()).is_ok() {
-            push_pem(&mut pem, cert);
+    static SYSTEM_PEM: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let system = SYSTEM_PEM.get_or_init(|| {
+        let system = rustls_native_certs::load_native_certs();
+        for error in &system.errors {
+            tracing::debug!(%error, "a system root certificate store could not be read");
         }
+        let mut pem = Vec::new();
+        let mut store = RootCertStore::empty();
+        for cert in &system.certs {
+            if store.add(cert.clone()).is_ok() {
+                push_pem(&mut pem, cert);
+            }
+        }
+        pem
+    });
+    let mut pem = system.clone();
+    for cert in extra {
+        push_pem(&mut pem, cert);
     }
     pem
 }
