@@ -205,14 +205,14 @@ impl ConnectionSpec {
         }
         if let Some(ca_file) = &self.tls.ca_file {
             if !self.uses_tls() {
+                let or_url = match self.kind {
+                    ConnectionKind::Redis => " (or use a rediss:// URL)",
+                    ConnectionKind::Nats => " (or use tls:// URLs)",
+                    ConnectionKind::Kafka => "",
+                };
                 return Err(format!(
-                    "{}: set tls.enabled = true (or use a {} URL) to use a CA file",
+                    "{}: set tls.enabled = true{or_url} to use a CA file",
                     key("tls.ca_file"),
-                    if self.kind == ConnectionKind::Redis {
-                        "rediss://"
-                    } else {
-                        "tls://"
-                    }
                 ));
             }
             crate::trust::read_ca_file(ca_file)
