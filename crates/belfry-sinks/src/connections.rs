@@ -65,7 +65,8 @@ pub struct TlsOptions {
 #[derive(Clone, PartialEq, Eq)]
 pub struct ConnectionSpec {
     pub kind: ConnectionKind,
-    /// `redis://host:port/db` or `nats://host:port` (several NATS servers separated by commas).
+    /// `redis://host:port/db` (`rediss://` for TLS) or `nats://host:port` (`tls://` for TLS;
+    /// several NATS servers separated by commas).
     /// Unused for Kafka.
     pub url: Option<String>,
     /// Kafka bootstrap brokers, `host:port` each. Unused for Redis and NATS.
@@ -156,7 +157,7 @@ impl ConnectionSpec {
                     ));
                 }
                 let schemes: &[&str] = match self.kind {
-                    ConnectionKind::Redis => &["redis://"],
+                    ConnectionKind::Redis => &["redis://", "rediss://"],
                     _ => &["nats://", "tls://"],
                 };
                 for part in url.split(',') {
@@ -168,12 +169,6 @@ impl ConnectionSpec {
                             self.endpoint()
                         ));
                     }
-                }
-                if self.kind == ConnectionKind::Redis && self.tls.enabled {
-                    return Err(format!(
-                        "{}: TLS to Redis is not supported by this build; reach Redis over a private network or a TLS tunnel",
-                        key("tls")
-                    ));
                 }
             }
             ConnectionKind::Kafka => {
@@ -208,13 +203,37 @@ impl ConnectionSpec {
                 }
             }
         }
-        if self.tls.ca_file.is_some() && !self.tls.enabled && self.kind == ConnectionKind::Nats {
-            return Err(format!(
-                "{}: set tls.enabled = true to use a CA file",
-                key("tls.ca_file")
-            ));
+        if let Some(ca_file) = &self.tls.ca_file {
+            if !self.uses_tls() {
+                let or_url = match self.kind {
+                    ConnectionKind::Redis => " (or use a rediss:// URL)",
+                    ConnectionKind::Nats => " (or use tls:// URLs)",
+                    ConnectionKind::Kafka => "",
+                };
+                return Err(format!(
+                    "{}: set tls.enabled = true{or_url} to use a CA file",
+                    key("tls.ca_file"),
+                ));
+            }
+            crate::trust::read_ca_file(ca_file)
+                .map_err(|error| format!("{}: {error}", key("tls.ca_file")))?;
         }
         Ok(())
+    }
+
+    /// Whether the connection is made over TLS: `tls.enabled`, or a `rediss://` (Redis) or
+    /// `tls://` (NATS) URL.
+    pub fn uses_tls(&self) -> bool {
+        let scheme = match self.kind {
+            ConnectionKind::Redis => "rediss://",
+            ConnectionKind::Nats => "tls://",
+            ConnectionKind::Kafka => return self.tls.enabled,
+        };
+        self.tls.enabled
+            || self
+                .url
+                .as_deref()
+                .is_some_and(|url| url.split(',').any(|part| part.trim().starts_with(scheme)))
     }
 
     /// Where the connection goes, as it may be logged: hosts and ports, never credentials.
@@ -380,6 +399,28 @@ mod tests {
         let mut token_on_redis = ConnectionSpec::url(Redis, "redis://x");
         token_on_redis.token = Some("t".into());
         check("r", token_on_redis, Some("connections.r.token"));
+        check(
+            "r",
+            ConnectionSpec::url(Redis, "rediss://redis.example.com:6380/0"),
+            None,
+        );
+        let mut ca_without_tls = ConnectionSpec::url(Redis, "redis://x");
+        ca_without_tls.tls.ca_file = Some("/nonexistent/ca.pem".into());
+        check("r", ca_without_tls.clone(), Some("set tls.enabled = true"));
+        ca_without_tls.tls.enabled = true;
+        check(
+            "r",
+            ca_without_tls.clone(),
+            Some("connections.r.tls.ca_file: cannot read"),
+        );
+        ca_without_tls.kind = Nats;
+        ca_without_tls.url = Some("tls://x:4222".into());
+        ca_without_tls.tls.enabled = false;
+        check(
+            "n",
+            ca_without_tls,
+            Some("connections.n.tls.ca_file: cannot read"),
+        );
         let mut kafka_password_only = ConnectionSpec::kafka(["h:1"]);
         kafka_password_only.password = Some("p".into());
         check("k", kafka_password_only, Some("connections.k.password"));

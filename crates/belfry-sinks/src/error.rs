@@ -52,6 +52,9 @@ pub enum SinkError {
     )]
     InvalidRedisUrl { reason: String },
 
+    #[error("TLS settings are not usable: {reason}")]
+    InvalidTls { reason: String },
+
     #[error("redis stream key must be 1 to {max} bytes long, got {len} bytes (it may contain {{queue}}, replaced by the queue name)")]
     InvalidStreamKey { len: usize, max: usize },
 

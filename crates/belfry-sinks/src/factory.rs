@@ -333,6 +333,8 @@ impl StandardSinks {
             timeout: spec_timeout(spec.timeout_ms),
             username: connection.username.clone(),
             password: connection.password.clone(),
+            tls: connection.tls.enabled,
+            tls_ca_file: connection.tls.ca_file.clone(),
             target: Some(spec.connection.clone()),
         };
         // The operator declared this broker in the server config, so the target policy (which

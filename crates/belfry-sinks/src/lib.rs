@@ -36,6 +36,7 @@ pub mod nats;
 pub mod redis_stream;
 pub mod retry;
 pub mod testing;
+pub mod trust;
 pub mod webhook;
 
 pub use connections::{ConnectionKind, ConnectionSpec, Connections, TlsOptions};

@@ -135,6 +135,8 @@ fn sink(server: &RedisServer, stream: &str, max_len: Option<u64>) -> RedisStream
             timeout: Duration::from_secs(5),
             username: None,
             password: None,
+            tls: false,
+            tls_ca_file: None,
             target: None,
         },
         TargetPolicy::ALLOW_PRIVATE,

@@ -688,6 +688,39 @@ brokers = ["127.0.0.1:9092"]
     }
 
     #[test]
+    fn connection_tls_maps_and_a_bad_ca_file_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        let text = format!(
+            "[connections.main]\ntype = \"redis\"\nurl = \"rediss://redis.internal:6380/0\"\n\
+             [connections.main.tls]\nca_file = \"{}\"\n\
+             [connections.flag]\ntype = \"redis\"\nurl = \"redis://redis.internal:6379/0\"\n\
+             [connections.flag.tls]\nenabled = true\n",
+            ca.display()
+        );
+        let settings = parse(&text).unwrap().resolve(None, None, None).unwrap();
+        let main = settings.connections.get("main").unwrap();
+        assert_eq!(main.tls.ca_file.as_deref(), Some(ca.as_path()));
+        assert!(main.uses_tls() && !main.tls.enabled);
+        assert!(settings.connections.get("flag").unwrap().tls.enabled);
+
+        std::fs::write(&ca, "not a certificate\n").unwrap();
+        let err = parse(&text)
+            .unwrap()
+            .resolve(None, None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("connections.main.tls.ca_file") && err.contains("holds no certificate"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_key() {
         let err = parse("[limits]\npayload_max = \"1 parsec\"\n")
             .unwrap()

@@ -13,9 +13,13 @@
 //! grow without bound. Which Redis errors are retried lives in [`crate::retry`]. The target is
 //! guarded like a webhook's: the host is checked when configured and every address is checked
 //! again each time the sink (re)connects.
+//!
+//! TLS: a `rediss://` URL or [`RedisStreamConfig::tls`] connects over TLS (rustls), checking
+//! the server's certificate against the system's roots plus any [`RedisStreamConfig::tls_ca_file`].
 
 use std::fmt;
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -54,7 +58,8 @@ pub const BATCH_MAX: usize = 256;
 /// Where and how to append one queue's tasks.
 #[derive(Clone, PartialEq, Eq)]
 pub struct RedisStreamConfig {
-    /// `redis://[user:password@]host[:port][/db]`, or `unix:///path/to/redis.sock`.
+    /// `redis://[user:password@]host[:port][/db]` (`rediss://` for TLS), or
+    /// `unix:///path/to/redis.sock`.
     pub url: String,
     /// The stream key; `{queue}` is replaced by the queue name.
     pub stream: String,
@@ -66,6 +71,10 @@ pub struct RedisStreamConfig {
     /// ACL user and password, applied over any in the URL (from the connection's config).
     pub username: Option<String>,
     pub password: Option<String>,
+    /// Connect over TLS even when the URL says `redis://`.
+    pub tls: bool,
+    /// A PEM file of CA certificates trusted in addition to the system's roots (TLS only).
+    pub tls_ca_file: Option<PathBuf>,
     /// The name reported by [`Sink::target`] (the connection's name); the redacted URL when
     /// `None`.
     pub target: Option<String>,
@@ -80,6 +89,8 @@ impl RedisStreamConfig {
             timeout: TIMEOUT_DEFAULT,
             username: None,
             password: None,
+            tls: false,
+            tls_ca_file: None,
             target: None,
         }
     }
@@ -95,6 +106,8 @@ impl fmt::Debug for RedisStreamConfig {
             .field("timeout", &self.timeout)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("tls", &self.tls)
+            .field("tls_ca_file", &self.tls_ca_file)
             .finish()
     }
 }
@@ -110,6 +123,8 @@ fn redact(url: &str) -> String {
 pub struct RedisStreamSink {
     /// Holds the password, if any: never printed.
     info: ConnectionInfo,
+    /// Over TLS with a CA file: the PEM of every root to trust (the system's and the file's).
+    tls_roots: Option<Vec<u8>>,
     url_for_logs: String,
     target: String,
     policy: TargetPolicy,
@@ -177,10 +192,12 @@ impl RedisStreamSink {
         if config.password.is_some() {
             info.redis.password = config.password.clone();
         }
+        let tls_roots = tls_setup(&mut info, &config)?;
         let url_for_logs = redact(&config.url);
         check_address(&info.addr, &policy)?;
         Ok(RedisStreamSink {
             info,
+            tls_roots,
             target: config.target.unwrap_or_else(|| url_for_logs.clone()),
             url_for_logs,
             policy,
@@ -229,18 +246,31 @@ impl RedisStreamSink {
     async fn connect(&self) -> Result<MultiplexedConnection, ConnectFailure> {
         let mut info = self.info.clone();
         // Resolve here and connect to a checked address, so a name that now resolves to a
-        // forbidden address (DNS rebinding) is refused at connect time too.
-        if let ConnectionAddr::Tcp(host, port) = &info.addr {
+        // forbidden address (DNS rebinding) is refused at connect time too. Over TLS the name
+        // stays (the certificate is checked against it); the addresses are still checked.
+        if let ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } =
+            &info.addr
+        {
             if !self.policy.allow_private && host_ip(host).is_none() {
                 let addrs = resolve_allowed(host, &self.policy)
                     .await
                     .map_err(|error| ConnectFailure(connect_error_outcome(&error)))?;
-                if let Some(addr) = addrs.first() {
+                if let (Some(addr), ConnectionAddr::Tcp(..)) = (addrs.first(), &info.addr) {
                     info.addr = ConnectionAddr::Tcp(addr.ip().to_string(), *port);
                 }
             }
         }
-        let client = redis::Client::open(info).map_err(|error| {
+        let client = match &self.tls_roots {
+            Some(roots) => redis::Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(roots.clone()),
+                },
+            ),
+            None => redis::Client::open(info),
+        };
+        let client = client.map_err(|error| {
             ConnectFailure(classify_transport(
                 TransportFailure::InvalidRequest,
                 &error.to_string(),
@@ -410,6 +440,49 @@ impl Sink for RedisStreamSink {
     }
 }
 
+/// Turns `info` into a TLS address when `config.tls` asks for it, and reads the CA file: the
+/// PEM of the roots to trust when there is one.
+fn tls_setup(
+    info: &mut ConnectionInfo,
+    config: &RedisStreamConfig,
+) -> Result<Option<Vec<u8>>, SinkError> {
+    let invalid = |reason: &str| SinkError::InvalidTls {
+        reason: reason.to_owned(),
+    };
+    if config.tls {
+        info.addr = match &info.addr {
+            ConnectionAddr::Tcp(host, port) => ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: false,
+                tls_params: None,
+            },
+            ConnectionAddr::Unix(_) => {
+                return Err(invalid(
+                    "TLS does not apply to a Unix socket; use a rediss:// URL",
+                ))
+            }
+            tls @ ConnectionAddr::TcpTls { .. } => tls.clone(),
+        };
+    }
+    match &info.addr {
+        ConnectionAddr::TcpTls { insecure: true, .. } => Err(invalid(
+            "the URL's #insecure turns off the server certificate's host name check; belfry always checks it (trust a private CA with tls.ca_file instead)",
+        )),
+        ConnectionAddr::TcpTls { .. } => match &config.tls_ca_file {
+            Some(path) => {
+                let certs = crate::trust::read_ca_file(path).map_err(|reason| invalid(&reason))?;
+                Ok(Some(crate::trust::system_roots_and(&certs)))
+            }
+            None => Ok(None),
+        },
+        _ if config.tls_ca_file.is_some() => Err(invalid(
+            "a CA file needs TLS: use a rediss:// URL or set tls.enabled = true",
+        )),
+        _ => Ok(None),
+    }
+}
+
 /// Static check of a Redis address under `policy`: IP literals and `localhost` names are
 /// judged now; other names when connecting. A Unix socket is local by definition.
 fn check_address(addr: &ConnectionAddr, policy: &TargetPolicy) -> Result<(), SinkError> {
@@ -517,6 +590,41 @@ mod tests {
             RedisStreamConfig::new("redis://example.com", ""),
             public,
             Some("stream key must be 1 to 512"),
+        );
+        check(
+            RedisStreamConfig::new("rediss://redis.example.com:6380/0", "s"),
+            public,
+            None,
+        );
+        check(
+            RedisStreamConfig::new("rediss://redis.example.com/#insecure", "s"),
+            public,
+            Some("always checks it"),
+        );
+        check(
+            RedisStreamConfig {
+                tls: true,
+                ..RedisStreamConfig::new("unix:///run/redis.sock", "s")
+            },
+            private,
+            Some("Unix socket"),
+        );
+        check(
+            RedisStreamConfig {
+                tls_ca_file: Some("/nonexistent/ca.pem".into()),
+                ..base.clone()
+            },
+            public,
+            Some("a CA file needs TLS"),
+        );
+        check(
+            RedisStreamConfig {
+                tls: true,
+                tls_ca_file: Some("/nonexistent/ca.pem".into()),
+                ..base.clone()
+            },
+            public,
+            Some("cannot read /nonexistent/ca.pem"),
         );
         check(
             RedisStreamConfig {
