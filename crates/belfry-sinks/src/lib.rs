@@ -38,7 +38,9 @@ pub mod retry;
 pub mod testing;
 pub mod webhook;
 
-pub use connections::{ConnectionKind, ConnectionSpec, Connections, TlsOptions};
+pub use connections::{
+    ConnectionKind, ConnectionSpec, Connections, KafkaSaslMechanism, TlsOptions,
+};
 pub use error::SinkError;
 pub use factory::{
     KafkaSpec, NatsSpec, RedisStreamSpec, SinkFactory, SinkSpec, StandardSinks, WebhookSpec,

@@ -73,6 +73,8 @@ pub struct ConnectionSection {
     pub username: Option<String>,
     pub password: Option<String>,
     pub token: Option<String>,
+    /// Kafka only: `PLAIN` (default), `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub sasl_mechanism: Option<String>,
     #[serde(default)]
     pub tls: ConnectionTlsSection,
 }
@@ -94,6 +96,7 @@ impl std::fmt::Debug for ConnectionSection {
             .field("username", &self.username)
             .field("password", &redacted(self.password.is_some()))
             .field("token", &redacted(self.token.is_some()))
+            .field("sasl_mechanism", &self.sasl_mechanism)
             .field("tls", &self.tls)
             .finish()
     }
@@ -101,7 +104,7 @@ impl std::fmt::Debug for ConnectionSection {
 
 /// Prefix of the environment overrides of a connection's keys:
 /// `BELFRY_CONNECTIONS__<NAME>__<KEY>` with KEY one of URL, BROKERS (comma-separated),
-/// USERNAME, PASSWORD, TOKEN. NAME is matched case-insensitively against the file's names (a
+/// USERNAME, PASSWORD, TOKEN, SASL_MECHANISM. NAME is matched case-insensitively against the file's names (a
 /// name the file lacks declares a new connection, lower-cased; it then needs a TYPE too).
 pub const CONNECTION_ENV_PREFIX: &str = "BELFRY_CONNECTIONS__";
 
@@ -135,8 +138,9 @@ impl FileConfig {
                 "USERNAME" => entry.username = Some(value),
                 "PASSWORD" => entry.password = Some(value),
                 "TOKEN" => entry.token = Some(value),
+                "SASL_MECHANISM" => entry.sasl_mechanism = Some(value),
                 other => bail!(
-                    "{var}: unknown connection key {other:?}; expected TYPE, URL, BROKERS, USERNAME, PASSWORD or TOKEN"
+                    "{var}: unknown connection key {other:?}; expected TYPE, URL, BROKERS, USERNAME, PASSWORD, TOKEN or SASL_MECHANISM"
                 ),
             }
         }
@@ -162,6 +166,7 @@ impl FileConfig {
                 username: section.username.clone(),
                 password: section.password.clone(),
                 token: section.token.clone(),
+                sasl_mechanism: section.sasl_mechanism.clone(),
                 tls: TlsOptions {
                     enabled: section.tls.enabled.unwrap_or(false),
                     ca_file: section.tls.ca_file.clone(),
