@@ -693,6 +693,44 @@ brokers = ["127.0.0.1:9092"]
     }
 
     #[test]
+    fn kafka_connections_take_sasl_and_tls_keys() {
+        let text = r#"
+[connections.log]
+type = "kafka"
+brokers = ["127.0.0.1:9093"]
+username = "belfry"
+password = "swordfish"
+sasl_mechanism = "SCRAM-SHA-256"
+"#;
+        let mut file = parse(text).unwrap();
+        file.apply_connection_env([(
+            "BELFRY_CONNECTIONS__LOG__SASL_MECHANISM".to_owned(),
+            "SCRAM-SHA-512".to_owned(),
+        )])
+        .unwrap();
+        let settings = file.resolve(None, None, None).unwrap();
+        let log = settings.connections.get("log").unwrap();
+        assert_eq!(log.sasl_mechanism.as_deref(), Some("SCRAM-SHA-512"));
+        assert!(!format!("{settings:?}").contains("swordfish"));
+
+        let check = |text: &str, needle: &str| {
+            let err = parse(text).unwrap().resolve(None, None, None).unwrap_err();
+            assert!(err.to_string().contains(needle), "{text}: {err}");
+        };
+        let kafka = "[connections.log]\ntype = \"kafka\"\nbrokers = [\"h:1\"]\n";
+        check(
+            &format!("{kafka}username = \"u\"\npassword = \"p\"\nsasl_mechanism = \"MD5\"\n"),
+            "connections.log.sasl_mechanism",
+        );
+        check(
+            &format!(
+                "{kafka}[connections.log.tls]\nenabled = true\nca_file = \"/no/such/ca.pem\"\n"
+            ),
+            "connections.log.tls.ca_file: cannot read",
+        );
+    }
+
+    #[test]
     fn bad_values_name_the_key() {
         let err = parse("[limits]\npayload_max = \"1 parsec\"\n")
             .unwrap()
