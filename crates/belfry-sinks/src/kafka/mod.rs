@@ -180,6 +180,13 @@ impl fmt::Debug for KafkaConfig {
     }
 }
 
+/// The client's own retry deadline: shorter than the delivery's limit, so that when the
+/// client gives up (it retries a refused login until its deadline) its last error, such as
+/// the refusal, decides the outcome instead of the delivery's bare timeout.
+fn client_deadline(timeout: Duration) -> Duration {
+    timeout.mul_f64(0.8)
+}
+
 /// A connected client and one producer per partition of the topic.
 #[derive(Clone)]
 struct Link {
@@ -267,7 +274,7 @@ impl KafkaSink {
                 init_backoff: CLIENT_BACKOFF_MIN,
                 max_backoff: CLIENT_BACKOFF_MAX,
                 base: 2.0,
-                deadline: Some(config.timeout),
+                deadline: Some(client_deadline(config.timeout)),
             });
         if let (Some(user), Some(password)) = (&config.username, &config.password) {
             let credentials = Credentials::new(user.clone(), password.clone());

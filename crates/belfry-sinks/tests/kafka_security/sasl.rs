@@ -6,8 +6,8 @@
 //! - its users live in its storage, and the only storage usable here (memory) starts empty;
 //!   `tansu user create` sends its request without logging in, which a broker with
 //!   `--authentication` refuses (`NotAuthenticated`). So no user can be made, and a login
-//!   that succeeds cannot be tested against it: the tests cover the refusals, which are
-//!   the outcomes the sink has to classify.
+//!   that succeeds cannot be tested against it: the tests cover the refusals (a SCRAM login
+//!   of an unknown user), which are the outcomes the sink has to classify.
 
 use super::*;
 
@@ -31,17 +31,18 @@ async fn deliver_once(connection: ConnectionSpec) -> Outcome {
 }
 
 #[tokio::test]
-async fn scram_logins_tansu_cannot_verify_are_never_delivered() {
+async fn a_scram_login_the_broker_refuses_is_a_rejection() {
     let tansu = Tansu::start(None, true).await;
     for mechanism in ["SCRAM-SHA-256", "SCRAM-SHA-512"] {
         let connection = sasl_connection(&tansu.broker(), Some(mechanism), "nobody", "pw");
-        // Tansu answers an unknown SCRAM user with no SASL error code (the exchange never
-        // completes), so the sink sees no refusal to dead-letter: it retries, as for any
-        // broker that does not answer. A broker that answers `SaslAuthenticationFailed` is a
-        // rejection (see `is_login_refusal` in the sink).
+        // Tansu ends the SCRAM exchange with "unknown user": a refusal, so a dead letter
+        // (before the delivery's limit: the client's own deadline is shorter).
         match deliver_once(connection).await {
-            Outcome::Retry { reason, .. } => assert!(!reason.is_empty(), "{mechanism}"),
-            other => panic!("{mechanism}: expected a retry, got {other:?}"),
+            Outcome::Reject { reason } => assert!(
+                reason.contains("authentication refused") && reason.contains("unknown user"),
+                "{mechanism}: {reason}"
+            ),
+            other => panic!("{mechanism}: expected a rejection, got {other:?}"),
         }
     }
 }
