@@ -71,12 +71,40 @@ pub struct ConnectionSpec {
     pub url: Option<String>,
     /// Kafka bootstrap brokers, `host:port` each. Unused for Redis and NATS.
     pub brokers: Vec<String>,
-    /// Username and password (Redis ACL user, NATS user, Kafka SASL/PLAIN).
+    /// Username and password (Redis ACL user, NATS user, Kafka SASL by `sasl_mechanism`).
     pub username: Option<String>,
     pub password: Option<String>,
     /// A NATS token (instead of a username and password).
     pub token: Option<String>,
+    /// Kafka SASL mechanism for the username and password: `PLAIN` (the default),
+    /// `SCRAM-SHA-256` or `SCRAM-SHA-512` (see [`KafkaSaslMechanism`]).
+    pub sasl_mechanism: Option<String>,
     pub tls: TlsOptions,
+}
+
+/// How a Kafka connection proves its username and password (SASL).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KafkaSaslMechanism {
+    /// The password travels as is (use with TLS).
+    #[default]
+    Plain,
+    ScramSha256,
+    ScramSha512,
+}
+
+impl KafkaSaslMechanism {
+    /// The names the config's `sasl_mechanism` takes.
+    pub const NAMES: [&'static str; 3] = ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+
+    /// Parses the config's `sasl_mechanism` (Kafka's names for the mechanisms).
+    pub fn parse(text: &str) -> Option<KafkaSaslMechanism> {
+        match text {
+            "PLAIN" => Some(KafkaSaslMechanism::Plain),
+            "SCRAM-SHA-256" => Some(KafkaSaslMechanism::ScramSha256),
+            "SCRAM-SHA-512" => Some(KafkaSaslMechanism::ScramSha512),
+            _ => None,
+        }
+    }
 }
 
 impl ConnectionSpec {
@@ -89,6 +117,7 @@ impl ConnectionSpec {
             username: None,
             password: None,
             token: None,
+            sasl_mechanism: None,
             tls: TlsOptions::default(),
         }
     }
@@ -102,6 +131,7 @@ impl ConnectionSpec {
             username: None,
             password: None,
             token: None,
+            sasl_mechanism: None,
             tls: TlsOptions::default(),
         }
     }
@@ -195,12 +225,7 @@ impl ConnectionSpec {
                         ));
                     }
                 }
-                if self.tls.enabled || self.tls.ca_file.is_some() {
-                    return Err(format!(
-                        "{}: TLS to Kafka is not supported by this build yet",
-                        key("tls")
-                    ));
-                }
+                self.validate_kafka_security(&key)?;
             }
         }
         if let Some(ca_file) = &self.tls.ca_file {
@@ -218,6 +243,12 @@ impl ConnectionSpec {
             crate::trust::read_ca_file(ca_file)
                 .map_err(|error| format!("{}: {error}", key("tls.ca_file")))?;
         }
+        if self.sasl_mechanism.is_some() && self.kind != ConnectionKind::Kafka {
+            return Err(format!(
+                "{}: only kafka connections take a SASL mechanism",
+                key("sasl_mechanism")
+            ));
+        }
         Ok(())
     }
 
@@ -234,6 +265,53 @@ impl ConnectionSpec {
                 .url
                 .as_deref()
                 .is_some_and(|url| url.split(',').any(|part| part.trim().starts_with(scheme)))
+    }
+
+    /// The Kafka entry's SASL and TLS keys. The CA file is read here, so a missing or broken
+    /// file stops the server at start instead of failing every delivery.
+    fn validate_kafka_security(&self, key: &dyn Fn(&str) -> String) -> Result<(), String> {
+        if self.username.is_some() && self.password.is_none() {
+            return Err(format!(
+                "{}: required with a username (Kafka SASL)",
+                key("password")
+            ));
+        }
+        if let Some(mechanism) = &self.sasl_mechanism {
+            if KafkaSaslMechanism::parse(mechanism).is_none() {
+                return Err(format!(
+                    "{}: expected one of {}, got {mechanism:?}",
+                    key("sasl_mechanism"),
+                    KafkaSaslMechanism::NAMES.join(", ")
+                ));
+            }
+            if self.username.is_none() {
+                return Err(format!(
+                    "{}: needs a username and password",
+                    key("sasl_mechanism")
+                ));
+            }
+        }
+        // A CA file without tls.enabled is refused for every kind in `validate`.
+        if self.tls.enabled {
+            #[cfg(feature = "kafka")]
+            crate::kafka::tls::client_config(self.tls.ca_file.as_deref())
+                .map_err(|error| format!("{}: {error}", key("tls.ca_file")))?;
+            #[cfg(not(feature = "kafka"))]
+            return Err(format!(
+                "{}: this build has no Kafka sink (feature \"kafka\")",
+                key("tls")
+            ));
+        }
+        Ok(())
+    }
+
+    /// The Kafka SASL mechanism (PLAIN when the entry names none or an unknown one; the
+    /// latter never passes [`ConnectionSpec::validate`]).
+    pub fn kafka_sasl_mechanism(&self) -> KafkaSaslMechanism {
+        self.sasl_mechanism
+            .as_deref()
+            .and_then(KafkaSaslMechanism::parse)
+            .unwrap_or_default()
     }
 
     /// Where the connection goes, as it may be logged: hosts and ports, never credentials.
@@ -290,6 +368,7 @@ impl fmt::Debug for ConnectionSpec {
             .field("username", &self.username)
             .field("password", &redacted(self.password.is_some()))
             .field("token", &redacted(self.token.is_some()))
+            .field("sasl_mechanism", &self.sasl_mechanism)
             .field("tls", &self.tls)
             .finish()
     }

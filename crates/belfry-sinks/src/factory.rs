@@ -406,10 +406,24 @@ impl StandardSinks {
                 field: "key",
                 reason,
             })?;
+        // Validated with the connection at start; read again here, so a CA file changed since
+        // is an error for this queue, never a panic.
+        let tls = if connection.tls.enabled {
+            let config = crate::kafka::tls::client_config(connection.tls.ca_file.as_deref())
+                .map_err(|reason| SinkError::InvalidDelivery {
+                    field: "connection",
+                    reason: format!("tls.ca_file: {reason}"),
+                })?;
+            Some(config)
+        } else {
+            None
+        };
         let config = KafkaConfig {
             brokers: connection.brokers.clone(),
             username: connection.username.clone(),
             password: connection.password.clone(),
+            sasl_mechanism: connection.kafka_sasl_mechanism(),
+            tls,
             topic: spec.topic.clone(),
             key,
             timeout: spec_timeout(spec.timeout_ms),

@@ -39,7 +39,9 @@ pub mod testing;
 pub mod trust;
 pub mod webhook;
 
-pub use connections::{ConnectionKind, ConnectionSpec, Connections, TlsOptions};
+pub use connections::{
+    ConnectionKind, ConnectionSpec, Connections, KafkaSaslMechanism, TlsOptions,
+};
 pub use error::SinkError;
 pub use factory::{
     KafkaSpec, NatsSpec, RedisStreamSpec, SinkFactory, SinkSpec, StandardSinks, WebhookSpec,

@@ -48,30 +48,33 @@ pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String>
     Ok(certs)
 }
 
-/// The system's trusted roots followed by `extra`, as one PEM text. The Redis client trusts
-/// either its built-in choice of roots or exactly the PEM it is given; this lets a
-/// connection's CA file add to the system's roots as documented. System roots that rustls
-/// cannot use are left out (the client would refuse the whole store over one of them). The
-/// system's roots are read once per process: every queue on such a connection shares them.
-#[cfg(feature = "redis-streams")]
-pub(crate) fn system_roots_and(extra: &[CertificateDer<'static>]) -> Vec<u8> {
-    static SYSTEM_PEM: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    let system = SYSTEM_PEM.get_or_init(|| {
+/// The system's trusted roots that rustls can use, read once per process: every queue on a
+/// TLS connection shares them. Roots rustls refuses are left out (a client would refuse the
+/// whole store over one of them).
+#[cfg(any(feature = "redis-streams", feature = "kafka"))]
+pub(crate) fn system_roots() -> &'static [CertificateDer<'static>] {
+    static SYSTEM: std::sync::OnceLock<Vec<CertificateDer<'static>>> = std::sync::OnceLock::new();
+    SYSTEM.get_or_init(|| {
         let system = rustls_native_certs::load_native_certs();
         for error in &system.errors {
             tracing::debug!(%error, "a system root certificate store could not be read");
         }
-        let mut pem = Vec::new();
         let mut store = RootCertStore::empty();
-        for cert in &system.certs {
-            if store.add(cert.clone()).is_ok() {
-                push_pem(&mut pem, cert);
-            }
-        }
-        pem
-    });
-    let mut pem = system.clone();
-    for cert in extra {
+        system
+            .certs
+            .into_iter()
+            .filter(|cert| store.add(cert.clone()).is_ok())
+            .collect()
+    })
+}
+
+/// The system's trusted roots followed by `extra`, as one PEM text. The Redis client trusts
+/// either its built-in choice of roots or exactly the PEM it is given; this lets a
+/// connection's CA file add to the system's roots as documented.
+#[cfg(feature = "redis-streams")]
+pub(crate) fn system_roots_and(extra: &[CertificateDer<'static>]) -> Vec<u8> {
+    let mut pem = Vec::new();
+    for cert in system_roots().iter().chain(extra) {
         push_pem(&mut pem, cert);
     }
     pem

@@ -73,6 +73,8 @@ pub struct ConnectionSection {
     pub username: Option<String>,
     pub password: Option<String>,
     pub token: Option<String>,
+    /// Kafka only: `PLAIN` (default), `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub sasl_mechanism: Option<String>,
     #[serde(default)]
     pub tls: ConnectionTlsSection,
 }
@@ -94,6 +96,7 @@ impl std::fmt::Debug for ConnectionSection {
             .field("username", &self.username)
             .field("password", &redacted(self.password.is_some()))
             .field("token", &redacted(self.token.is_some()))
+            .field("sasl_mechanism", &self.sasl_mechanism)
             .field("tls", &self.tls)
             .finish()
     }
@@ -101,7 +104,7 @@ impl std::fmt::Debug for ConnectionSection {
 
 /// Prefix of the environment overrides of a connection's keys:
 /// `BELFRY_CONNECTIONS__<NAME>__<KEY>` with KEY one of URL, BROKERS (comma-separated),
-/// USERNAME, PASSWORD, TOKEN. NAME is matched case-insensitively against the file's names (a
+/// USERNAME, PASSWORD, TOKEN, SASL_MECHANISM. NAME is matched case-insensitively against the file's names (a
 /// name the file lacks declares a new connection, lower-cased; it then needs a TYPE too).
 pub const CONNECTION_ENV_PREFIX: &str = "BELFRY_CONNECTIONS__";
 
@@ -135,8 +138,9 @@ impl FileConfig {
                 "USERNAME" => entry.username = Some(value),
                 "PASSWORD" => entry.password = Some(value),
                 "TOKEN" => entry.token = Some(value),
+                "SASL_MECHANISM" => entry.sasl_mechanism = Some(value),
                 other => bail!(
-                    "{var}: unknown connection key {other:?}; expected TYPE, URL, BROKERS, USERNAME, PASSWORD or TOKEN"
+                    "{var}: unknown connection key {other:?}; expected TYPE, URL, BROKERS, USERNAME, PASSWORD, TOKEN or SASL_MECHANISM"
                 ),
             }
         }
@@ -162,6 +166,7 @@ impl FileConfig {
                 username: section.username.clone(),
                 password: section.password.clone(),
                 token: section.token.clone(),
+                sasl_mechanism: section.sasl_mechanism.clone(),
                 tls: TlsOptions {
                     enabled: section.tls.enabled.unwrap_or(false),
                     ca_file: section.tls.ca_file.clone(),
@@ -717,6 +722,44 @@ brokers = ["127.0.0.1:9092"]
         assert!(
             err.contains("connections.main.tls.ca_file") && err.contains("holds no certificate"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn kafka_connections_take_sasl_and_tls_keys() {
+        let text = r#"
+[connections.log]
+type = "kafka"
+brokers = ["127.0.0.1:9093"]
+username = "belfry"
+password = "swordfish"
+sasl_mechanism = "SCRAM-SHA-256"
+"#;
+        let mut file = parse(text).unwrap();
+        file.apply_connection_env([(
+            "BELFRY_CONNECTIONS__LOG__SASL_MECHANISM".to_owned(),
+            "SCRAM-SHA-512".to_owned(),
+        )])
+        .unwrap();
+        let settings = file.resolve(None, None, None).unwrap();
+        let log = settings.connections.get("log").unwrap();
+        assert_eq!(log.sasl_mechanism.as_deref(), Some("SCRAM-SHA-512"));
+        assert!(!format!("{settings:?}").contains("swordfish"));
+
+        let check = |text: &str, needle: &str| {
+            let err = parse(text).unwrap().resolve(None, None, None).unwrap_err();
+            assert!(err.to_string().contains(needle), "{text}: {err}");
+        };
+        let kafka = "[connections.log]\ntype = \"kafka\"\nbrokers = [\"h:1\"]\n";
+        check(
+            &format!("{kafka}username = \"u\"\npassword = \"p\"\nsasl_mechanism = \"MD5\"\n"),
+            "connections.log.sasl_mechanism",
+        );
+        check(
+            &format!(
+                "{kafka}[connections.log.tls]\nenabled = true\nca_file = \"/no/such/ca.pem\"\n"
+            ),
+            "connections.log.tls.ca_file: cannot read",
         );
     }
 

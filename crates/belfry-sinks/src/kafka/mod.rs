@@ -32,7 +32,9 @@ use rskafka::record::Record;
 use rskafka::BackoffConfig;
 
 pub mod nodelay;
+pub mod tls;
 
+use crate::connections::KafkaSaslMechanism;
 use crate::gate::{Gate, HealthCell};
 use crate::metadata;
 use crate::retry::{classify_kafka_failure, KafkaFailure};
@@ -132,9 +134,12 @@ pub fn validate_topic(topic: &str) -> Result<(), String> {
 pub struct KafkaConfig {
     /// Bootstrap brokers, `host:port`.
     pub brokers: Vec<String>,
-    /// SASL/PLAIN credentials.
+    /// SASL credentials, proved with `sasl_mechanism`.
     pub username: Option<String>,
     pub password: Option<String>,
+    pub sasl_mechanism: KafkaSaslMechanism,
+    /// TLS to every broker (see [`tls::client_config`]); `None` is plain TCP.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
     pub topic: String,
     pub key: KafkaKey,
     pub timeout: Duration,
@@ -149,6 +154,8 @@ impl KafkaConfig {
             brokers,
             username: None,
             password: None,
+            sasl_mechanism: KafkaSaslMechanism::Plain,
+            tls: None,
             topic: topic.into(),
             key: KafkaKey::None,
             timeout: TIMEOUT_DEFAULT,
@@ -163,12 +170,21 @@ impl fmt::Debug for KafkaConfig {
             .field("brokers", &self.brokers)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("sasl_mechanism", &self.sasl_mechanism)
+            .field("tls", &self.tls.is_some())
             .field("topic", &self.topic)
             .field("key", &self.key)
             .field("timeout", &self.timeout)
             .field("target", &self.target)
             .finish()
     }
+}
+
+/// The client's own retry deadline: shorter than the delivery's limit, so that when the
+/// client gives up (it retries a refused login until its deadline) its last error, such as
+/// the refusal, decides the outcome instead of the delivery's bare timeout.
+fn client_deadline(timeout: Duration) -> Duration {
+    timeout.mul_f64(0.8)
 }
 
 /// A connected client and one producer per partition of the topic.
@@ -258,13 +274,18 @@ impl KafkaSink {
                 init_backoff: CLIENT_BACKOFF_MIN,
                 max_backoff: CLIENT_BACKOFF_MAX,
                 base: 2.0,
-                deadline: Some(config.timeout),
+                deadline: Some(client_deadline(config.timeout)),
             });
         if let (Some(user), Some(password)) = (&config.username, &config.password) {
-            builder = builder.sasl_config(SaslConfig::Plain(Credentials::new(
-                user.clone(),
-                password.clone(),
-            )));
+            let credentials = Credentials::new(user.clone(), password.clone());
+            builder = builder.sasl_config(match config.sasl_mechanism {
+                KafkaSaslMechanism::Plain => SaslConfig::Plain(credentials),
+                KafkaSaslMechanism::ScramSha256 => SaslConfig::ScramSha256(credentials),
+                KafkaSaslMechanism::ScramSha512 => SaslConfig::ScramSha512(credentials),
+            });
+        }
+        if let Some(tls) = &config.tls {
+            builder = builder.tls_config(Arc::clone(tls));
         }
         let client: Client = builder.build().await.map_err(|e| kafka_outcome(&e))?;
         let topics = client.list_topics().await.map_err(|e| kafka_outcome(&e))?;
@@ -429,9 +450,28 @@ fn kafka_outcome(error: &KafkaError) -> Outcome {
         KafkaError::Connection(rskafka::ConnectionError::SaslFailed(_)) => {
             classify_kafka_failure(KafkaFailure::Authentication, &detail)
         }
+        // rskafka retries a failed login until the deadline and then reports the last error
+        // only as text inside its retry error.
+        KafkaError::Connection(_) if is_login_refusal(&detail) => {
+            classify_kafka_failure(KafkaFailure::Authentication, &detail)
+        }
         // Connection refused or reset, a response that does not parse, retries exhausted.
         _ => classify_kafka_failure(KafkaFailure::Connection, &detail),
     }
+}
+
+/// Whether rskafka's error text (0.6) says the broker refused the login: it answered the SASL
+/// exchange with an error code, the SCRAM exchange failed, or the mechanism is not offered.
+/// A connection lost during the exchange (`Sasl handshake failed: Request error: ...`) is not
+/// a refusal: it is retried like any lost connection.
+fn is_login_refusal(detail: &str) -> bool {
+    const REFUSALS: [&str; 4] = [
+        "Sasl handshake failed: API error",
+        "Sasl handshake failed: Sasl session error",
+        "Sasl handshake failed: unsupported sasl mechanism",
+        "Sasl handshake failed: Invalid sasl mechanism",
+    ];
+    REFUSALS.iter().any(|refusal| detail.contains(refusal))
 }
 
 /// Kafka's default partitioner for a keyed record: murmur2 of the key, sign bit cleared,
@@ -534,6 +574,24 @@ impl Sink for KafkaSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn login_refusals_are_told_from_lost_connections() {
+        let retry = "all retries failed: Retry exceeded deadline. Source: ";
+        for refused in [
+            "Sasl handshake failed: API error: SaslAuthenticationFailed",
+            "Sasl handshake failed: Sasl session error: authentication failed",
+            "Sasl handshake failed: unsupported sasl mechanism",
+        ] {
+            assert!(is_login_refusal(&format!("{retry}{refused}")), "{refused}");
+        }
+        for lost in [
+            "Sasl handshake failed: Request error: Connection is poisoned: early eof",
+            "Connection is poisoned: Cannot read framed message: early eof",
+        ] {
+            assert!(!is_login_refusal(&format!("{retry}{lost}")), "{lost}");
+        }
+    }
 
     #[test]
     fn murmur2_matches_kafka() {
