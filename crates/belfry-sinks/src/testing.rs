@@ -172,6 +172,28 @@ impl Sink for ScriptedSink {
     }
 }
 
+/// A free loopback port (bound, read, released; the server a test starts binds it right
+/// after). For the tests that start real brokers on loopback.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
+    listener.local_addr().expect("probe address").port()
+}
+
+/// Panics with an install hint unless `program --version` runs: a missing server binary
+/// fails a test loudly, never skips it.
+pub fn require_program(program: &str, hint: &str) {
+    let runs = std::process::Command::new(program)
+        .arg("--version")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success());
+    assert!(
+        runs,
+        "{program} is not installed or does not run: {hint} (scripts/test.sh installs it)"
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 //! tests fail and say how to install it (`scripts/test.sh` does).
 #![cfg(all(feature = "redis-streams", feature = "nats"))]
 
-use std::net::TcpListener;
+use belfry_sinks::testing::{free_port, require_program};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -64,24 +64,6 @@ impl Pki {
     }
 }
 
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
-    listener.local_addr().expect("probe address").port()
-}
-
-fn require(program: &str, hint: &str) {
-    let runs = Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        runs,
-        "{program} is not installed or does not run: {hint} (scripts/test.sh installs it)"
-    );
-}
-
 /// A server this test started; killed by its PID (through `Child`) on drop.
 struct Server {
     child: Child,
@@ -122,7 +104,7 @@ where
 
 /// A redis-server that speaks TLS only (no plain port) and asks no client certificate.
 async fn start_redis(pki: &Pki) -> Server {
-    require("redis-server", "apt-get install redis-server");
+    require_program("redis-server", "apt-get install redis-server");
     let port = free_port();
     let dir = tempfile::tempdir().expect("temp dir");
     let child = spawn(
@@ -180,7 +162,7 @@ async fn redis_client(
 
 /// A nats-server with JetStream that speaks TLS only.
 async fn start_nats(pki: &Pki) -> Server {
-    require("nats-server", "apt-get install nats-server");
+    require_program("nats-server", "apt-get install nats-server");
     let port = free_port();
     let dir = tempfile::tempdir().expect("temp dir");
     let child = spawn(

@@ -2,7 +2,9 @@
 //! and stopped by the PID of the child it spawned (on drop too). A missing server binary is a
 //! test failure that says how to install it, never a silent skip.
 
-use std::net::{SocketAddr, TcpListener};
+pub use belfry_sinks::testing::free_port;
+use belfry_sinks::testing::require_program;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, AtomicU64, Ordering};
@@ -11,26 +13,6 @@ use std::time::{Duration, Instant};
 
 /// How long a freshly started server may take to answer.
 pub const STARTUP_DEADLINE: Duration = Duration::from_secs(30);
-
-/// A free loopback port (bound, read, released; the server binds it right after).
-pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
-    listener.local_addr().expect("probe address").port()
-}
-
-/// Panics with an install hint unless `program` runs.
-fn require(program: &str, hint: &str) {
-    let runs = Command::new(program)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        runs,
-        "{program} is not installed or does not run: {hint} (scripts/test.sh installs it)"
-    );
-}
 
 /// A child process this test started. Killed by its PID on drop.
 pub struct Process {
@@ -124,7 +106,7 @@ pub struct RedisServer {
 
 impl RedisServer {
     pub async fn start() -> RedisServer {
-        require("redis-server", "apt-get install redis-server");
+        require_program("redis-server", "apt-get install redis-server");
         let mut server = RedisServer {
             port: free_port(),
             dir: tempfile::tempdir().expect("temp dir"),
@@ -189,7 +171,7 @@ pub struct NatsServer {
 
 impl NatsServer {
     pub async fn start() -> NatsServer {
-        require("nats-server", "apt-get install nats-server");
+        require_program("nats-server", "apt-get install nats-server");
         let mut server = NatsServer {
             port: free_port(),
             store: tempfile::tempdir().expect("temp dir"),

@@ -12,7 +12,7 @@
 //! A missing `tansu` fails these tests with an install hint, as in the conformance suite.
 #![cfg(feature = "kafka")]
 
-use std::net::TcpListener;
+use belfry_sinks::testing::free_port;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -52,11 +52,6 @@ fn tansu_bin() -> PathBuf {
          TANSU_BIN to the path it prints (scripts/test.sh does both); looked for {bin:?}"
     );
     bin
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
-    listener.local_addr().expect("probe address").port()
 }
 
 /// A Tansu process this test started; killed by its PID on drop.
