@@ -2,7 +2,8 @@
 //! (with JetStream) each serving a certificate from a throwaway CA made here. A delivery
 //! through a connection that trusts the CA (`tls.ca_file`) arrives; one through a connection
 //! that does not is a retry that says why, never a panic. When a server binary is missing the
-//! tests fail and say how to install it (`scripts/test.sh` does).
+//! tests fail and say how to install it (`scripts/test.sh` does). A nats-server that also
+//! requires a user and password checks the connection's credentials.
 #![cfg(all(feature = "redis-streams", feature = "nats"))]
 
 use belfry_sinks::testing::{free_port, require_program};
@@ -160,8 +161,11 @@ async fn redis_client(
     .await
 }
 
-/// A nats-server with JetStream that speaks TLS only.
-async fn start_nats(pki: &Pki) -> Server {
+/// Credentials a test's nats-server requires (`--user`, `--pass`).
+type Login = Option<(&'static str, &'static str)>;
+
+/// A nats-server with JetStream that speaks TLS only (and requires `login`, when given).
+async fn start_nats(pki: &Pki, login: Login) -> Server {
     require_program("nats-server", "apt-get install nats-server");
     let port = free_port();
     let dir = tempfile::tempdir().expect("temp dir");
@@ -174,7 +178,10 @@ async fn start_nats(pki: &Pki) -> Server {
             .arg("--tlscert")
             .arg(pki.cert())
             .arg("--tlskey")
-            .arg(pki.key()),
+            .arg(pki.key())
+            .args(login.map_or(Vec::new(), |(user, pass)| {
+                vec!["--user", user, "--pass", pass]
+            })),
     );
     let server = Server {
         child,
@@ -185,7 +192,7 @@ async fn start_nats(pki: &Pki) -> Server {
     wait_until("nats-server (TLS)", || {
         let ca = ca.clone();
         async move {
-            let Ok(client) = nats_client(port, &ca).await else {
+            let Ok(client) = nats_client(port, &ca, login).await else {
                 return false;
             };
             // Ready once JetStream answers, not only the client port.
@@ -199,8 +206,18 @@ async fn start_nats(pki: &Pki) -> Server {
     server
 }
 
-async fn nats_client(port: u16, ca: &Path) -> Result<async_nats::Client, async_nats::ConnectError> {
-    async_nats::ConnectOptions::new()
+async fn nats_client(
+    port: u16,
+    ca: &Path,
+    login: Login,
+) -> Result<async_nats::Client, async_nats::ConnectError> {
+    let options = match login {
+        Some((user, pass)) => {
+            async_nats::ConnectOptions::with_user_and_password(user.to_owned(), pass.to_owned())
+        }
+        None => async_nats::ConnectOptions::new(),
+    };
+    options
         .require_tls(true)
         .add_root_certificates(ca.to_path_buf())
         .connect(format!("tls://127.0.0.1:{port}"))
@@ -364,9 +381,11 @@ async fn a_bad_ca_file_is_a_config_error() {
 #[tokio::test]
 async fn nats_over_tls_delivers_with_the_ca_and_retries_without_it() {
     let pki = Pki::new();
-    let server = start_nats(&pki).await;
+    let server = start_nats(&pki, None).await;
     let port = server.port;
-    let client = nats_client(port, &pki.ca()).await.expect("test client");
+    let client = nats_client(port, &pki.ca(), None)
+        .await
+        .expect("test client");
     let jetstream = async_nats::jetstream::new(client);
     let mut stream = jetstream
         .create_stream(async_nats::jetstream::stream::Config {
@@ -409,5 +428,60 @@ async fn nats_over_tls_delivers_with_the_ca_and_retries_without_it() {
     );
     let reason = retry_reason(untrusted.deliver(&task(2), 1, 0).await);
     assert!(reason.to_lowercase().contains("certificate"), "{reason}");
+    assert_eq!(stream.info().await.expect("stream info").state.messages, 1);
+}
+
+/// A server that requires a user and password: the connection's credentials let the sink in,
+/// and a wrong password is a permanent refusal (a dead letter with the reason), not a retry
+/// loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_credentials_let_the_sink_in_and_a_wrong_password_is_refused() {
+    const LOGIN: Login = Some(("belfry", "s3cret-nats"));
+    let pki = Pki::new();
+    let server = start_nats(&pki, LOGIN).await;
+    let port = server.port;
+    let client = nats_client(port, &pki.ca(), LOGIN)
+        .await
+        .expect("test client");
+    let jetstream = async_nats::jetstream::new(client);
+    let mut stream = jetstream
+        .create_stream(async_nats::jetstream::stream::Config {
+            name: "AUTH".to_owned(),
+            subjects: vec!["auth.>".to_owned()],
+            storage: async_nats::jetstream::stream::StorageType::Memory,
+            ..Default::default()
+        })
+        .await
+        .expect("create the JetStream stream");
+    let url = format!("nats://127.0.0.1:{port}");
+    let with = |password: &str| {
+        let mut spec = connection(ConnectionKind::Nats, url.clone(), true, Some(pki.ca()));
+        spec.username = Some("belfry".to_owned());
+        spec.password = Some(password.to_owned());
+        spec
+    };
+    let connections = Connections::empty()
+        .with("right", with("s3cret-nats"))
+        .with("wrong", with("not-it"));
+    let right = build(
+        connections.clone(),
+        SinkSpec::Nats(NatsSpec::new("right", "auth.orders")),
+    );
+    assert_eq!(right.deliver(&task(1), 1, 0).await, Outcome::Delivered);
+    assert_eq!(stream.info().await.expect("stream info").state.messages, 1);
+    let wrong = build(
+        connections,
+        SinkSpec::Nats(NatsSpec::new("wrong", "auth.orders")),
+    );
+    match wrong.deliver(&task(2), 1, 0).await {
+        Outcome::Reject { reason } => {
+            assert!(reason.to_lowercase().contains("author"), "{reason}");
+            assert!(
+                !reason.contains("not-it"),
+                "the password is not echoed: {reason}"
+            );
+        }
+        other => panic!("a wrong password: expected a rejection, got {other:?}"),
+    }
     assert_eq!(stream.info().await.expect("stream info").state.messages, 1);
 }
