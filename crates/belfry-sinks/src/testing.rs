@@ -182,16 +182,74 @@ pub fn free_port() -> u16 {
 /// Panics with an install hint unless `program --version` runs: a missing server binary
 /// fails a test loudly, never skips it.
 pub fn require_program(program: &str, hint: &str) {
-    let runs = std::process::Command::new(program)
+    assert!(
+        version_runs(program.as_ref()),
+        "{program} is not installed or does not run: {hint} (scripts/test.sh installs it)"
+    );
+}
+
+/// A leased JSON task with no headers, as a dispatcher hands a sink its first attempt: what
+/// the broker tests deliver.
+pub fn leased_task(id: TaskId, queue: &str, due_at_ms: UnixMs, payload: bytes::Bytes) -> Task {
+    Task {
+        id,
+        queue: QueueName::new(queue).expect("a valid test queue name"),
+        due_at_ms,
+        payload,
+        payload_kind: belfry_core::PayloadKind::Json,
+        headers: Vec::new(),
+        priority: Default::default(),
+        idempotency_key: None,
+        late_policy: Default::default(),
+        state: belfry_core::TaskState::Leased,
+        attempts: 1,
+        lease_until_ms: None,
+        dead_reason: None,
+    }
+}
+
+/// How long a broker a test started may take to answer.
+pub const SERVER_STARTUP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Polls `ready` every 25 ms until it says yes; panics naming `what` after
+/// [`SERVER_STARTUP_DEADLINE`].
+pub async fn wait_until<F, Fut>(what: &str, mut ready: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + SERVER_STARTUP_DEADLINE;
+    while !ready().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} did not answer within {SERVER_STARTUP_DEADLINE:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+/// The Kafka-protocol broker binary: `$TANSU_BIN`, else `tansu` on the PATH. Panics with the
+/// install hint when it does not run.
+pub fn tansu_bin() -> std::path::PathBuf {
+    let bin = std::env::var_os("TANSU_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("tansu"));
+    assert!(
+        version_runs(bin.as_os_str()),
+        "the Kafka-protocol broker (tansu) is not installed: run `scripts/kafka.sh install` and set \
+         TANSU_BIN to the path it prints (scripts/test.sh does both); looked for {bin:?}"
+    );
+    bin
+}
+
+/// Whether `program --version` runs and succeeds.
+fn version_runs(program: &std::ffi::OsStr) -> bool {
+    std::process::Command::new(program)
         .arg("--version")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        runs,
-        "{program} is not installed or does not run: {hint} (scripts/test.sh installs it)"
-    );
+        .is_ok_and(|status| status.success())
 }
 
 #[cfg(test)]

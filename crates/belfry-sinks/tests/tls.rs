@@ -6,21 +6,18 @@
 //! requires a user and password checks the connection's credentials.
 #![cfg(all(feature = "redis-streams", feature = "nats"))]
 
-use belfry_sinks::testing::{free_port, require_program};
+use belfry_sinks::testing::{free_port, leased_task, require_program, wait_until};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use belfry_core::{PayloadKind, QueueName, Task, TaskId, TaskState};
+use belfry_core::{QueueName, Task, TaskId};
 use belfry_sinks::{
     ConnectionKind, ConnectionSpec, Connections, NatsSpec, Outcome, RedisStreamSpec, Sink,
     SinkFactory, SinkSpec, StandardSinks, TargetPolicy,
 };
 use bytes::Bytes;
 
-/// How long a freshly started server may take to answer.
-const STARTUP_DEADLINE: Duration = Duration::from_secs(20);
 const QUEUE: &str = "orders";
 
 /// A CA and a server certificate it signed for 127.0.0.1 and localhost, as PEM files.
@@ -86,21 +83,6 @@ fn spawn(command: &mut Command) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .unwrap_or_else(|error| panic!("start {command:?}: {error}"))
-}
-
-async fn wait_until<F, Fut>(what: &str, mut ready: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + STARTUP_DEADLINE;
-    while !ready().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not answer within {STARTUP_DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 /// A redis-server that speaks TLS only (no plain port) and asks no client certificate.
@@ -225,21 +207,12 @@ async fn nats_client(
 }
 
 fn task(n: u128) -> Task {
-    Task {
-        id: TaskId(0x7150_0000_0000_0000_0000_0000_0000_0000 + n),
-        queue: QueueName::new(QUEUE).expect("valid queue name"),
-        due_at_ms: 1_700_000_000_000,
-        payload: Bytes::from_static(b"{\"over\":\"tls\"}"),
-        payload_kind: PayloadKind::Json,
-        headers: Vec::new(),
-        idempotency_key: None,
-        priority: Default::default(),
-        late_policy: Default::default(),
-        state: TaskState::Leased,
-        attempts: 1,
-        lease_until_ms: None,
-        dead_reason: None,
-    }
+    leased_task(
+        TaskId(0x7150_0000_0000_0000_0000_0000_0000_0000 + n),
+        QUEUE,
+        1_700_000_000_000,
+        Bytes::from_static(b"{\"over\":\"tls\"}"),
+    )
 }
 
 /// A sink built the way the server builds one: from a declared connection named `name`.

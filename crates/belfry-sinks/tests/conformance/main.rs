@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use belfry_core::{PayloadKind, QueueName, Task, TaskId, TaskState};
+use belfry_core::{QueueName, Task, TaskId};
 use belfry_sinks::{
     Attempt, ConnectionKind, ConnectionSpec, Connections, KafkaSpec, NatsSpec, Outcome,
     RedisStreamSpec, Sink, SinkFactory, SinkSpec, StandardSinks, TargetPolicy, WebhookSpec,
@@ -475,21 +475,12 @@ fn task(n: u128, payload: &'static [u8]) -> Task {
 }
 
 fn task_with_payload(n: u128, payload: Vec<u8>) -> Task {
-    Task {
-        id: TaskId(0xbe1f_0000_0000_0000_0000_0000_0000_0000 + n),
-        queue: QueueName::new(QUEUE).expect("valid queue name"),
-        due_at_ms: 1_700_000_000_000 + n as u64,
-        payload: Bytes::from(payload),
-        payload_kind: PayloadKind::Json,
-        headers: Vec::new(),
-        priority: Default::default(),
-        idempotency_key: None,
-        late_policy: Default::default(),
-        state: TaskState::Leased,
-        attempts: 1,
-        lease_until_ms: None,
-        dead_reason: None,
-    }
+    belfry_sinks::testing::leased_task(
+        TaskId(0xbe1f_0000_0000_0000_0000_0000_0000_0000 + n),
+        QUEUE,
+        1_700_000_000_000 + n as u64,
+        Bytes::from(payload),
+    )
 }
 
 async fn wait_received(backend: &Backend, count: usize) -> Vec<Received> {

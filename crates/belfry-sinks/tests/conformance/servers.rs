@@ -3,7 +3,7 @@
 //! test failure that says how to install it, never a silent skip.
 
 pub use belfry_sinks::testing::free_port;
-use belfry_sinks::testing::require_program;
+use belfry_sinks::testing::{require_program, tansu_bin, wait_until};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -78,21 +78,6 @@ impl Drop for Process {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-async fn wait_until<F, Fut>(what: &str, mut ready: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + STARTUP_DEADLINE;
-    while !ready().await {
-        assert!(
-            Instant::now() < deadline,
-            "{what} did not answer within {STARTUP_DEADLINE:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
@@ -233,25 +218,6 @@ impl NatsServer {
 }
 
 // ---- Tansu (Kafka protocol) ----
-
-/// The broker binary: `$TANSU_BIN`, else `tansu` on the PATH.
-fn tansu_bin() -> PathBuf {
-    let bin = std::env::var_os("TANSU_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("tansu"));
-    let runs = Command::new(&bin)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        runs,
-        "the Kafka-protocol broker (tansu) is not installed: run `scripts/kafka.sh install` and set \
-         TANSU_BIN to the path it prints (scripts/test.sh does both); looked for {bin:?}"
-    );
-    bin
-}
 
 pub struct KafkaServer {
     pub port: u16,

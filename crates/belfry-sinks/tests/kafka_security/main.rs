@@ -12,13 +12,13 @@
 //! A missing `tansu` fails these tests with an install hint, as in the conformance suite.
 #![cfg(feature = "kafka")]
 
-use belfry_sinks::testing::free_port;
+use belfry_sinks::testing::{free_port, leased_task, tansu_bin};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use belfry_core::{PayloadKind, QueueName, Task, TaskId, TaskState};
+use belfry_core::{QueueName, Task, TaskId};
 use belfry_sinks::{
     ConnectionSpec, Connections, KafkaSpec, Outcome, Sink, SinkFactory, SinkSpec, StandardSinks,
     TargetPolicy, TlsOptions,
@@ -35,24 +35,6 @@ const STARTUP_DEADLINE: Duration = Duration::from_secs(30);
 const TIMEOUT_MS: u64 = 3_000;
 
 // ---- the broker ----
-
-fn tansu_bin() -> PathBuf {
-    let bin = std::env::var_os("TANSU_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("tansu"));
-    let runs = Command::new(&bin)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|status| status.success());
-    assert!(
-        runs,
-        "the Kafka-protocol broker (tansu) is not installed: run `scripts/kafka.sh install` and set \
-         TANSU_BIN to the path it prints (scripts/test.sh does both); looked for {bin:?}"
-    );
-    bin
-}
 
 /// A Tansu process this test started; killed by its PID on drop.
 struct Tansu {
@@ -157,21 +139,12 @@ fn sink(connection: ConnectionSpec) -> Arc<dyn Sink> {
 }
 
 fn task(n: u128, payload: &'static [u8]) -> Task {
-    Task {
-        id: TaskId(0x5ec0_0000_0000_0000_0000_0000_0000_0000 + n),
-        queue: QueueName::new(QUEUE).expect("valid queue name"),
-        due_at_ms: 1_700_000_000_000,
-        payload: Bytes::from_static(payload),
-        payload_kind: PayloadKind::Json,
-        headers: Vec::new(),
-        priority: Default::default(),
-        idempotency_key: None,
-        late_policy: Default::default(),
-        state: TaskState::Leased,
-        attempts: 1,
-        lease_until_ms: None,
-        dead_reason: None,
-    }
+    leased_task(
+        TaskId(0x5ec0_0000_0000_0000_0000_0000_0000_0000 + n),
+        QUEUE,
+        1_700_000_000_000,
+        Bytes::from_static(payload),
+    )
 }
 
 mod sasl;
