@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use belfry_core::{LeaseId, QueueName, Task, TaskId, TaskState, UnixMs};
 
 use super::bucket::split_id;
+use super::points::Prior;
 use super::queue::{self, EngineStats, Queue};
 use super::record::{Record, WalBatch};
 use super::{push, Engine, Pending, State};
@@ -99,17 +100,19 @@ impl Engine {
         make: impl FnOnce(u64) -> Record,
     ) -> Result<ChangeOutcome> {
         let mut state = self.lock_state()?;
-        let Some((uid, key, seq, current)) =
-            self.change_target(&mut state, queue, id, Some(now_ms))?
-        else {
+        let Some(target) = self.change_target(&mut state, queue, id, Some(now_ms))? else {
             return Ok(ChangeOutcome::NotFound);
         };
-        if current != required {
-            return Ok(ChangeOutcome::WrongState(current));
+        if target.state != required {
+            return Ok(ChangeOutcome::WrongState(target.state));
         }
         let mut batch = WalBatch::new();
         let mut pending = Vec::new();
-        push(&mut batch, &mut pending, uid, key, make(seq));
+        let record = make(target.seq);
+        push(&mut batch, &mut pending, target.uid, target.key, record);
+        if let Some(last) = pending.last_mut() {
+            last.prior = target.prior;
+        }
         self.commit(state, batch, pending, false)?;
         Ok(ChangeOutcome::Ok)
     }
@@ -150,28 +153,65 @@ impl Engine {
         Ok(lease_in_force(q, stats, id, lease)?.map(|(key, seq)| (uid, key, seq)))
     }
 
-    /// Finds a task for cancel or reschedule (or redrive), returning its entry's state.
+    /// Finds a task for cancel or reschedule (or redrive), with its state: through its
+    /// bucket's point index if the bucket is unloaded (then with what the change needs to
+    /// apply without loading it), else from its loaded entry.
     pub(super) fn change_target(
         &self,
         state: &mut State,
         queue: &QueueName,
         id: TaskId,
         now_ms: Option<UnixMs>,
-    ) -> Result<Option<(u64, u64, u64, TaskState)>> {
+    ) -> Result<Option<ChangeTarget>> {
         let (q, stats) = match now_ms {
             Some(now) => state.queue_at(queue, now, self.core.options.lookahead_ms)?,
             None => state.queue(queue)?,
         };
         let uid = q.uid;
         let (seq, key) = split_id(id);
+        if q.can_point(key) {
+            let Some(found) = q.point(seq, key)? else {
+                return Ok(None);
+            };
+            let prior = q.prior(&found);
+            // Changing the task at the bucket's earliest or latest due time would leave its
+            // counts inexact (which task is next is unknown without the others): that rare
+            // change loads the bucket instead.
+            if !q.holds_due_bound(key, prior.touch) {
+                return Ok(Some(ChangeTarget {
+                    uid,
+                    key,
+                    seq,
+                    state: prior.touch.state,
+                    prior: Some(prior),
+                }));
+            }
+        }
         let found = q.entry(seq, key, stats)?.map(|e| e.state);
-        Ok(found.map(|s| (uid, key, seq, s)))
+        Ok(found.map(|state| ChangeTarget {
+            uid,
+            key,
+            seq,
+            state,
+            prior: None,
+        }))
     }
+}
+
+/// A task found for a change by [`Engine::change_target`].
+pub(super) struct ChangeTarget {
+    pub uid: u64,
+    pub key: u64,
+    pub seq: u64,
+    pub state: TaskState,
+    /// Set when the task was found through its unloaded bucket's point index.
+    pub prior: Option<Prior>,
 }
 
 /// The live task of `q` whose idempotency key is `key`, if any: the key index names the
 /// tasks whose key has the same hash, and each candidate's put record says whether its key is
-/// this one (far candidates' buckets are loaded; `trim_far` bounds what stays loaded).
+/// this one (read through the point index of an unloaded bucket; other far candidates'
+/// buckets are loaded, and `trim_far` bounds what stays loaded).
 pub(super) fn live_task_with_key(
     q: &mut Queue,
     stats: &mut EngineStats,
@@ -181,10 +221,14 @@ pub(super) fn live_task_with_key(
     let candidates: Vec<TaskId> = q.index.keys.candidates(hash).collect();
     for id in candidates {
         let (seq, bucket) = split_id(id);
-        if q.entry(seq, bucket, stats)?.is_none() {
-            continue;
-        }
-        if let Some(task) = q.view(seq, bucket)? {
+        let found = if q.can_point(bucket) {
+            q.point_task(seq, bucket)?
+        } else if q.entry(seq, bucket, stats)?.is_some() {
+            q.view(seq, bucket)?
+        } else {
+            None
+        };
+        if let Some(task) = found {
             if task.idempotency_key.as_deref() == Some(key) {
                 return Ok(Some(task));
             }

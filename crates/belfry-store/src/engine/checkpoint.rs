@@ -150,6 +150,8 @@ pub(super) struct CheckpointPlan {
     pub(super) meta_entries: Vec<u8>,
     /// The subscription memtable frozen at the WAL switch, and the counters then.
     pub(super) subs: super::subs::SubsPlan,
+    /// The point indexes of the unloaded buckets, as of the WAL switch.
+    pub(super) points: persist::PointsSection,
 }
 
 impl Engine {
@@ -261,7 +263,9 @@ impl Core {
         let mut checkpoint = plan.checkpoint;
         checkpoint.wal_start = old_wal + 1;
         let subs = persist::encode_subs(&plan.subs.persisted);
-        self.write_checkpoint(&checkpoint, &plan.key_queues, &[&plan.meta_entries, &subs])?;
+        let points = std::mem::take(&mut plan.points).finish();
+        let tail: [&[u8]; 3] = [&plan.meta_entries, &subs, &points];
+        self.write_checkpoint(&checkpoint, &plan.key_queues, &tail)?;
         for n in old_wal_files(&self.dir)? {
             if n <= old_wal {
                 fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
@@ -498,6 +502,10 @@ impl Core {
                     any_dirty = true;
                 }
                 bucket.dirty = false;
+                // A loaded bucket's index is rebuilt when a restart loads it again.
+                if bucket.entries.is_none() && bucket.points.is_complete() {
+                    plan.points.add(queue.uid, key, &bucket.points);
+                }
                 plan.checkpoint.buckets.push(CheckpointBucket {
                     queue_uid: queue.uid,
                     key,

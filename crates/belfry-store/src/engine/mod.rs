@@ -37,7 +37,8 @@
 //! `recovery.rs` opening a directory and replaying the WAL (`owner.rs` refuses a directory
 //! that is not belfry's before anything is written to it); `calls.rs` the paths store calls
 //! share (commit and wait, preload, finding a task or its lease); `meta.rs` small metadata
-//! under its own lock; `subs/` subscriber sets (a small LSM tree) under theirs; `store_impl.rs` the `Store` trait. `queue.rs`, `bucket.rs`, `keys.rs`, `record.rs` and `persist.rs` are the in-memory
+//! under its own lock; `subs/` subscriber sets (a small LSM tree) under theirs; `points.rs`
+//! finds one task of an unloaded bucket (get, cancel, reschedule) without loading it; `store_impl.rs` the `Store` trait. `queue.rs`, `bucket.rs`, `keys.rs`, `record.rs` and `persist.rs` are the in-memory
 //! index, bucket keys, the idempotency-key hash, the record format and the whole-file
 //! documents.
 
@@ -48,6 +49,7 @@ mod keys;
 mod meta;
 mod owner;
 pub mod persist;
+pub mod points;
 mod queue;
 pub mod record;
 mod recovery;
@@ -303,6 +305,9 @@ struct Pending {
     key: u64,
     record: Record,
     range: std::ops::Range<usize>,
+    /// For a change found through an unloaded bucket's point index: the task as it was, so
+    /// that the change applies without loading the bucket.
+    prior: Option<points::Prior>,
 }
 
 impl State {
@@ -387,11 +392,14 @@ impl State {
                 }
                 queue.apply(p.key, &p.record, offset, bytes.len() as u32);
             } else if let Record::Put(put) = &p.record {
+                bucket.points.note_put(put.seq, offset);
                 queue.update_unloaded_meta(p.key, |meta| meta.add_scheduled(put.due_at_ms));
                 if let Some(k) = &put.idempotency_key {
                     let hash = queue.hasher.hash(k);
                     queue.index.keys.insert(hash, task_id(put.seq, p.key));
                 }
+            } else if let Some(prior) = p.prior {
+                queue.apply_unloaded(p.key, &p.record, prior);
             } else {
                 debug_assert!(false, "state change on an unloaded bucket");
             }
@@ -524,6 +532,7 @@ fn push(batch: &mut WalBatch, pending: &mut Vec<Pending>, uid: u64, key: u64, re
         key,
         record,
         range,
+        prior: None,
     });
 }
 

@@ -3,7 +3,7 @@
 //! temporary file, fsync'd and renamed, so a reader sees the old or the new version, never a
 //! mix.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io::{ErrorKind, Write};
 use std::path::Path;
@@ -11,6 +11,7 @@ use std::path::Path;
 use belfry_core::{QueueName, TaskId, UnixMs};
 use bytes::Bytes;
 
+use super::points::PointIndex;
 use super::record::{put_str, put_u64, split_frame_limited, Reader};
 use crate::store::{Result, StoreError};
 
@@ -23,8 +24,12 @@ const FILE_VERSION: u8 = 1;
 const META_VERSION: u8 = 2;
 /// Checkpoint format 2 keeps idempotency keys as keyed hashes (`engine::keys`) and the hash's
 /// secret; format 3 adds the metadata entries after the keys; format 4 adds the subscription
-/// tree (runs and per-set counters) after them. Formats 1 (full keys), 2 and 3 are still read.
-const CHECKPOINT_VERSION: u8 = 4;
+/// tree (runs and per-set counters) after them; format 5 adds the point indexes of unloaded
+/// buckets (`engine::points`) after that. Formats 1 (full keys) to 4 are still read (their
+/// buckets have no point index until loaded).
+const CHECKPOINT_VERSION: u8 = 5;
+/// The first checkpoint format with the subscription section.
+const CHECKPOINT_VERSION_SUBS: u8 = 4;
 /// The first checkpoint format with the metadata entries.
 const CHECKPOINT_VERSION_META: u8 = 3;
 /// The first checkpoint format with keyed hashes of idempotency keys.
@@ -122,6 +127,9 @@ pub struct Checkpoint {
     pub meta_entries: Option<MetaEntries>,
     /// The subscription tree as of `wal_start` (`None` before format 4: no subscriptions).
     pub subs: Option<SubsPersisted>,
+    /// Point indexes of buckets unloaded at the checkpoint: (queue uid, bucket key, index).
+    /// A bucket not listed has none until it is loaded (format 4 and older list none).
+    pub points: Vec<(u64, u64, PointIndex)>,
 }
 
 /// What a checkpoint records of the subscription tree (`engine::subs`).
@@ -174,6 +182,54 @@ fn read_subs(r: &mut Reader<'_>) -> std::result::Result<SubsPersisted, &'static 
         subs.sets.push((field()?, field()?, field()?));
     }
     Ok(subs)
+}
+
+/// The point-index section of a format-5 checkpoint: a count, then per bucket its queue
+/// uid, bucket key and index ([`PointIndex::encode`]).
+#[derive(Debug, Default)]
+pub struct PointsSection {
+    count: u64,
+    body: Vec<u8>,
+}
+
+impl PointsSection {
+    pub fn add(&mut self, uid: u64, key: u64, index: &PointIndex) {
+        self.count += 1;
+        put_u64(&mut self.body, uid);
+        put_u64(&mut self.body, key);
+        index.encode(&mut self.body);
+    }
+
+    pub fn finish(self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.body.len());
+        put_u64(&mut out, self.count);
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+fn read_points(
+    r: &mut Reader<'_>,
+    buckets: &[CheckpointBucket],
+) -> std::result::Result<Vec<(u64, u64, PointIndex)>, &'static str> {
+    let lengths: HashMap<(u64, u64), u64> = buckets
+        .iter()
+        .map(|b| ((b.queue_uid, b.key), b.file_len))
+        .collect();
+    let count = r.u64().map_err(|_| "truncated point indexes")?;
+    if count > buckets.len() as u64 {
+        return Err("more point indexes than buckets");
+    }
+    let mut points = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let uid = r.u64().map_err(|_| "truncated point indexes")?;
+        let key = r.u64().map_err(|_| "truncated point indexes")?;
+        let file_len = *lengths
+            .get(&(uid, key))
+            .ok_or("a point index for a bucket the checkpoint does not list")?;
+        points.push((uid, key, PointIndex::decode(r, file_len)?));
+    }
+    Ok(points)
 }
 
 fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
@@ -400,6 +456,7 @@ impl Checkpoint {
             FILE_VERSION,
             CHECKPOINT_VERSION_HASHED_KEYS,
             CHECKPOINT_VERSION_META,
+            CHECKPOINT_VERSION_SUBS,
             CHECKPOINT_VERSION,
         ];
         let Some((version, body)) = read_framed_versions(path, CHECKPOINT_MAGIC, &versions)? else {
@@ -463,8 +520,11 @@ impl Checkpoint {
         if version >= CHECKPOINT_VERSION_META {
             checkpoint.meta_entries = Some(read_meta_entries(&mut r)?);
         }
-        if version >= CHECKPOINT_VERSION {
+        if version >= CHECKPOINT_VERSION_SUBS {
             checkpoint.subs = Some(read_subs(&mut r)?);
+        }
+        if version >= CHECKPOINT_VERSION {
+            checkpoint.points = read_points(&mut r, &checkpoint.buckets)?;
         }
         if !r.bytes.is_empty() {
             return Err("trailing bytes");
@@ -484,6 +544,11 @@ impl Checkpoint {
         let entries = self.meta_entries.clone().unwrap_or_default();
         writer.write(&encode_meta_entries(&entries))?;
         writer.write(&encode_subs(&self.subs.clone().unwrap_or_default()))?;
+        let mut points = PointsSection::default();
+        for (uid, key, index) in &self.points {
+            points.add(*uid, *key, index);
+        }
+        writer.write(&points.finish())?;
         writer.finish()
     }
 

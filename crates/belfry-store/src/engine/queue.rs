@@ -18,6 +18,7 @@ use belfry_core::{LatePolicy, Priority, QueueName, Task, TaskState, UnixMs};
 use super::bucket::{file_name, task_id};
 use super::keys::{KeyHasher, KeyIndex};
 use super::persist::BucketMeta;
+use super::points::{PointIndex, Touch};
 use super::record::{self, Record};
 use crate::store::{Result, StoreError};
 
@@ -38,6 +39,9 @@ pub(crate) struct Entry {
     /// task finishes.
     pub key_hash: Option<u64>,
     pub dead_reason: Option<Box<str>>,
+    /// Whether a record after the put changed the task (see `engine::points`: an unloaded
+    /// bucket remembers only these).
+    pub changed: bool,
 }
 
 /// The entries of a loaded bucket, by sequence number: sorted sequence numbers in one array
@@ -129,6 +133,8 @@ pub(crate) struct Bucket {
     /// unloaded or checkpointed.
     pub meta: BucketMeta,
     pub entries: Option<Entries>,
+    /// Finds one task's records without loading the bucket (`engine::points`).
+    pub points: PointIndex,
     /// Open for reads and appends while the bucket is loaded (see [`Bucket::flush`]).
     file: Option<File>,
 }
@@ -142,6 +148,13 @@ impl Bucket {
             dirty: false,
             meta,
             entries: loaded.then(Entries::default),
+            // A new file is indexed from its first record on; an existing one only once read
+            // (a restart restores the index the checkpoint kept, if any).
+            points: if flushed_len == 0 {
+                PointIndex::empty()
+            } else {
+                PointIndex::unknown()
+            },
             file: None,
         }
     }
@@ -183,6 +196,13 @@ impl Bucket {
             self.buf.clear();
         }
         Ok(written)
+    }
+
+    /// Closes the file if the bucket is unloaded (its reads are rare; see `flush`).
+    pub fn release_file(&mut self) {
+        if self.entries.is_none() {
+            self.file = None;
+        }
     }
 
     /// Gives the write buffer's memory back once it is written. The flushes that cover every
@@ -251,7 +271,7 @@ impl Bucket {
     }
 
     /// Bytes `start..end` of the bucket: from the write buffer if `in_buf`, else the file.
-    fn read_span(&mut self, start: u64, end: u64, in_buf: bool) -> Result<bytes::Bytes> {
+    pub(super) fn read_span(&mut self, start: u64, end: u64, in_buf: bool) -> Result<bytes::Bytes> {
         if in_buf {
             let from = (start - self.flushed_len) as usize;
             let to = (end - self.flushed_len) as usize;
@@ -325,7 +345,7 @@ pub(crate) struct Decoded {
     len: u64,
 }
 
-fn corrupt_at(path: &Path, offset: u64, detail: String) -> StoreError {
+pub(super) fn corrupt_at(path: &Path, offset: u64, detail: String) -> StoreError {
     StoreError::Corrupt {
         location: format!("{} at offset {offset}", path.display()),
         detail,
@@ -553,6 +573,8 @@ impl Queue {
         records.extend(bucket.decode_rest(from)?);
         let wake = bucket.meta.wake_ms();
         bucket.entries = Some(Entries::default());
+        // Rebuilt from the records below (puts are noted as they are applied).
+        bucket.points.reset();
         if let Some(wake) = wake {
             self.wake.remove(&(wake, key));
         }
@@ -573,8 +595,17 @@ impl Queue {
         let Some(entries) = bucket.entries.take() else {
             return;
         };
+        let tasks = entries.len();
         for (seq, entry) in &entries {
             self.index.remove(key, *seq, entry);
+            if entry.changed {
+                let touch = Touch {
+                    due_ms: entry.due_ms,
+                    attempts: entry.attempts,
+                    state: entry.state,
+                };
+                bucket.points.touch(*seq, touch, tasks);
+            }
         }
         bucket.meta = meta;
         bucket.file = None;
@@ -586,7 +617,11 @@ impl Queue {
     /// Applies a record to a loaded bucket and the index. Records for tasks the bucket does
     /// not hold are ignored: they can follow a replay into a bucket deleted meanwhile.
     pub fn apply(&mut self, key: u64, record: &Record, offset: u64, len: u32) {
-        let Some(entries) = self.buckets.get_mut(&key).and_then(|b| b.entries.as_mut()) else {
+        let Some(bucket) = self.buckets.get_mut(&key) else {
+            debug_assert!(false, "apply to an unknown bucket");
+            return;
+        };
+        let Some(entries) = bucket.entries.as_mut() else {
             debug_assert!(false, "apply to an unloaded bucket");
             return;
         };
@@ -595,6 +630,7 @@ impl Queue {
             if entries.contains_key(&seq) {
                 return;
             }
+            bucket.points.note_put(seq, offset);
             let entry = Entry {
                 due_ms: put.due_at_ms,
                 until_ms: 0,
@@ -607,6 +643,7 @@ impl Queue {
                 late_policy: put.late_policy,
                 key_hash: put.idempotency_key.as_deref().map(|k| self.hasher.hash(k)),
                 dead_reason: None,
+                changed: false,
             };
             self.index.insert(key, seq, &entry);
             if let Some(hash) = entry.key_hash {
@@ -619,6 +656,7 @@ impl Queue {
             return;
         };
         self.index.remove(key, seq, entry);
+        entry.changed = true;
         match record {
             Record::Put(_) => {}
             Record::Cancel { .. } => entry.state = TaskState::Cancelled,

@@ -19,6 +19,7 @@ use super::keys::KeyHasher;
 use super::meta;
 use super::owner;
 use super::persist::{BucketMeta, Checkpoint, MetaEntries, MetaFile};
+use super::points::PointIndex;
 use super::queue::{Bucket, EngineStats, Queue};
 use super::record::{self, Record, WalTarget};
 use super::space::FreeSpace;
@@ -66,6 +67,7 @@ impl Engine {
         let mut state = State::from_checkpoint(meta, &checkpoint, Arc::clone(&poisoned));
         restore_queues(&dir, &mut state)?;
         restore_buckets(&checkpoint, &mut state)?;
+        restore_points(std::mem::take(&mut checkpoint.points), &mut state);
         restore_keys(&checkpoint, &mut state);
         let last_wal = replay(
             &dir,
@@ -197,6 +199,20 @@ fn restore_buckets(checkpoint: &Checkpoint, state: &mut State) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The point indexes the checkpoint kept for its unloaded buckets (the others have none until
+/// they are loaded).
+fn restore_points(points: Vec<(u64, u64, PointIndex)>, state: &mut State) {
+    for (uid, key, index) in points {
+        let bucket = state
+            .queues
+            .get_mut(&uid)
+            .and_then(|q| q.buckets.get_mut(&key));
+        if let Some(bucket) = bucket {
+            bucket.points = index;
+        }
+    }
 }
 
 /// Cuts a bucket file back to the length the checkpoint recorded; a shorter file lost bytes
@@ -438,7 +454,7 @@ impl Replay<'_> {
             let path = dir.join(bucket::file_name(target.bucket));
             Bucket::new(path, 0, BucketMeta::default(), false)
         });
-        bucket.append(inner);
+        let offset = bucket.append(inner);
         state.buffered_bytes += inner.len();
         if bucket.buf.len() >= self.options.bucket_buffer_bytes {
             let written = bucket.flush()?;
@@ -446,6 +462,7 @@ impl Replay<'_> {
         }
         match &record {
             Record::Put(put) => {
+                bucket.points.note_put(put.seq, offset);
                 queue.update_unloaded_meta(target.bucket, |m| m.add_scheduled(put.due_at_ms));
                 if let Some(k) = &put.idempotency_key {
                     let hash = queue.hasher.hash(k);

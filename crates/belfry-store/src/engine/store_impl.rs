@@ -154,7 +154,9 @@ impl Store for Engine {
         let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let uid = q.uid;
         let (seq, key) = split_id(id);
-        let task = if q.entry(seq, key, stats)?.is_some() {
+        let task = if q.can_point(key) {
+            q.point_task(seq, key)?
+        } else if q.entry(seq, key, stats)?.is_some() {
             q.view(seq, key)?
         } else {
             None
