@@ -241,6 +241,34 @@ fn changing_the_task_at_a_due_bound_loads_the_bucket_and_keeps_next_due_exact() 
 }
 
 #[test]
+fn tasks_sharing_the_earliest_due_time_are_cancelled_without_a_load_until_the_last() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    let ids = fill(&engine);
+    let first = FAR - 1_000;
+    let mut shared = Vec::new();
+    for outcome in engine
+        .put((0..5).map(|i| NewTask::new(queue(), first, payload(i))).collect())
+        .unwrap()
+    {
+        let PutOutcome::Created { id, .. } = outcome else {
+            panic!("{outcome:?}")
+        };
+        shared.push(id);
+    }
+    let before = loads(&engine);
+    for id in &shared[..4] {
+        assert_eq!(engine.cancel(&queue(), *id, NOW).unwrap(), ChangeOutcome::Ok);
+        assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(first));
+    }
+    assert_eq!(loads(&engine), before, "four of five at the bound: no load");
+    assert_eq!(engine.cancel(&queue(), shared[4], NOW).unwrap(), ChangeOutcome::Ok);
+    assert_eq!(loads(&engine), before + 1, "the last one at the bound reads the bucket");
+    assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR));
+    assert_eq!(engine.get(&queue(), ids[0], NOW).unwrap().unwrap().due_at_ms, FAR);
+}
+
+#[test]
 fn a_far_task_moved_near_is_claimed_on_time_and_not_before() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path());

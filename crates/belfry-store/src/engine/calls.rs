@@ -174,8 +174,8 @@ impl Engine {
                 return Ok(None);
             };
             let prior = q.prior(&found);
-            // Changing the task at the bucket's earliest or latest due time would leave its
-            // counts inexact (which task is next is unknown without the others): that rare
+            // Changing the last task at the bucket's earliest or latest due time would leave
+            // its counts inexact (which task is next is unknown without the others): that rare
             // change loads the bucket instead.
             if !q.holds_due_bound(key, prior.touch) {
                 return Ok(Some(ChangeTarget {

@@ -61,6 +61,11 @@ pub struct BucketMeta {
     /// Earliest lease deadline (meaningless when none leased).
     pub min_until_ms: UnixMs,
     pub dead: u64,
+    /// Scheduled tasks due at exactly `min_due_ms` and `max_due_ms`. Never more than there
+    /// are (0 when unknown: a bucket from a checkpoint of format 4 or older), so a change
+    /// through the point index that could move a bound knows whether it may (`points.rs`).
+    pub min_due_count: u64,
+    pub max_due_count: u64,
 }
 
 impl BucketMeta {
@@ -76,13 +81,35 @@ impl BucketMeta {
 
     pub fn add_scheduled(&mut self, due_ms: UnixMs) {
         if self.scheduled == 0 {
-            self.min_due_ms = due_ms;
-            self.max_due_ms = due_ms;
+            (self.min_due_ms, self.min_due_count) = (due_ms, 1);
+            (self.max_due_ms, self.max_due_count) = (due_ms, 1);
         } else {
-            self.min_due_ms = self.min_due_ms.min(due_ms);
-            self.max_due_ms = self.max_due_ms.max(due_ms);
+            let (below, above) = (due_ms < self.min_due_ms, due_ms > self.max_due_ms);
+            bound_add(&mut self.min_due_ms, &mut self.min_due_count, due_ms, below);
+            bound_add(&mut self.max_due_ms, &mut self.max_due_count, due_ms, above);
         }
         self.scheduled += 1;
+    }
+
+    /// Removes a scheduled task due at `due_ms` that is not the last one at a bound (see
+    /// [`BucketMeta::is_last_at_bound`]): the bounds stay exact.
+    pub fn remove_scheduled(&mut self, due_ms: UnixMs) {
+        debug_assert!(self.scheduled > 0 && !self.is_last_at_bound(due_ms));
+        self.scheduled = self.scheduled.saturating_sub(1);
+        if due_ms == self.min_due_ms {
+            self.min_due_count = self.min_due_count.saturating_sub(1);
+        }
+        if due_ms == self.max_due_ms {
+            self.max_due_count = self.max_due_count.saturating_sub(1);
+        }
+    }
+
+    /// Whether removing a scheduled task due at `due_ms` could leave a bound wrong: it is at
+    /// a bound that no other task is known to share. (The last task of all is one: the bucket
+    /// then empties, which the loaded path handles.)
+    pub fn is_last_at_bound(&self, due_ms: UnixMs) -> bool {
+        (due_ms == self.min_due_ms && self.min_due_count <= 1)
+            || (due_ms == self.max_due_ms && self.max_due_count <= 1)
     }
 
     pub fn add_leased(&mut self, until_ms: UnixMs) {
@@ -182,6 +209,18 @@ fn read_subs(r: &mut Reader<'_>) -> std::result::Result<SubsPersisted, &'static 
         subs.sets.push((field()?, field()?, field()?));
     }
     Ok(subs)
+}
+
+/// Moves a bound to `due` (count 1) if `beyond` it, or counts one more task at it.
+fn bound_add(bound: &mut UnixMs, count: &mut u64, due: UnixMs, beyond: bool) {
+    if beyond {
+        (*bound, *count) = (due, 1);
+    } else if due == *bound {
+        // Unknown (0) stays unknown: one more than an unknown number is not 1.
+        if *count > 0 {
+            *count += 1;
+        }
+    }
 }
 
 /// The point-index section of a format-5 checkpoint: a count, then per bucket its queue
@@ -490,8 +529,15 @@ impl Checkpoint {
                     leased: u64_field(&mut r)?,
                     min_until_ms: u64_field(&mut r)?,
                     dead: u64_field(&mut r)?,
+                    min_due_count: 0,
+                    max_due_count: 0,
                 },
             });
+            if version >= CHECKPOINT_VERSION {
+                let meta = &mut checkpoint.buckets.last_mut().expect("just pushed").meta;
+                meta.min_due_count = u64_field(&mut r)?;
+                meta.max_due_count = u64_field(&mut r)?;
+            }
         }
         if version >= CHECKPOINT_VERSION_HASHED_KEYS {
             checkpoint.key_secret = Some((u64_field(&mut r)?, u64_field(&mut r)?));
@@ -580,6 +626,8 @@ impl Checkpoint {
                 m.leased,
                 m.min_until_ms,
                 m.dead,
+                m.min_due_count,
+                m.max_due_count,
             ] {
                 put_u64(&mut out, v);
             }

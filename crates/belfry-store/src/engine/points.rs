@@ -415,15 +415,14 @@ impl Queue {
         self.task(seq, key, found.put, facts).map(Some)
     }
 
-    /// Whether `touch`, a task of unloaded bucket `key`, is scheduled at the bucket's
-    /// earliest or latest due time, which its counts keep exact.
+    /// Whether `touch`, a task of unloaded bucket `key`, is the last one known scheduled at
+    /// the bucket's earliest or latest due time, which its counts keep exact: changing it
+    /// needs the other tasks, so the bucket is loaded for it.
     pub fn holds_due_bound(&self, key: u64, touch: Touch) -> bool {
         let Some(bucket) = self.buckets.get(&key) else {
             return false;
         };
-        let meta = &bucket.meta;
-        touch.state == TaskState::Scheduled
-            && (touch.due_ms == meta.min_due_ms || touch.due_ms == meta.max_due_ms)
+        touch.state == TaskState::Scheduled && bucket.meta.is_last_at_bound(touch.due_ms)
     }
 
     /// What a change of task `seq` found through the point index needs to know of it.
@@ -441,9 +440,8 @@ impl Queue {
     /// Applies a cancel or a reschedule of a scheduled task to an unloaded bucket whose index
     /// found it: its recorded change, the bucket's counts (and wake time), and the release of
     /// a cancelled task's idempotency key. Any other record is not expected here. The task
-    /// was not at the bucket's earliest or latest due time ([`Queue::holds_due_bound`]), so
-    /// the counts stay exact: a cancel leaves both bounds, and a reschedule can only widen
-    /// them.
+    /// was not the last at the bucket's earliest or latest due time
+    /// ([`Queue::holds_due_bound`]), so the counts stay exact.
     pub fn apply_unloaded(&mut self, key: u64, record: &Record, prior: Prior) {
         let Some(bucket) = self.buckets.get_mut(&key) else {
             return;
@@ -457,7 +455,7 @@ impl Queue {
                     ..prior.touch
                 };
                 bucket.points.touch(seq, touch, tasks);
-                self.update_unloaded_meta(key, |m| m.scheduled = m.scheduled.saturating_sub(1));
+                self.update_unloaded_meta(key, |m| m.remove_scheduled(prior.touch.due_ms));
                 if let Some(hash) = prior.key_hash {
                     self.index.keys.remove(hash, task_id(seq, key));
                 }
@@ -468,10 +466,10 @@ impl Queue {
                     ..prior.touch
                 };
                 bucket.points.touch(seq, touch, tasks);
-                // The bounds widen; the earliest due time may move the bucket's wake-up.
+                // The earliest due time may move the bucket's wake-up.
                 self.update_unloaded_meta(key, |m| {
-                    m.min_due_ms = m.min_due_ms.min(due_at_ms);
-                    m.max_due_ms = m.max_due_ms.max(due_at_ms);
+                    m.remove_scheduled(prior.touch.due_ms);
+                    m.add_scheduled(due_at_ms);
                 });
             }
             _ => debug_assert!(false, "only cancels and reschedules go through the index"),
