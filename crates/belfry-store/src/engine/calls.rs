@@ -221,14 +221,7 @@ pub(super) fn live_task_with_key(
     let candidates: Vec<TaskId> = q.index.keys.candidates(hash).collect();
     for id in candidates {
         let (seq, bucket) = split_id(id);
-        let found = if q.can_point(bucket) {
-            q.point_task(seq, bucket)?
-        } else if q.entry(seq, bucket, stats)?.is_some() {
-            q.view(seq, bucket)?
-        } else {
-            None
-        };
-        if let Some(task) = found {
+        if let Some(task) = q.find_task(seq, bucket, stats)? {
             if task.idempotency_key.as_deref() == Some(key) {
                 return Ok(Some(task));
             }

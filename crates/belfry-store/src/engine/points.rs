@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use belfry_core::{Task, TaskState, UnixMs};
 
 use super::bucket::task_id;
-use super::queue::{corrupt_at, Bucket, Queue, TaskFacts};
+use super::queue::{corrupt_at, Bucket, EngineStats, Queue, TaskFacts};
 use super::record::{self, put_u64, DecodeError, PutRecord, Reader, Record};
 use crate::store::Result;
 
@@ -423,6 +423,23 @@ impl Queue {
             return false;
         };
         touch.state == TaskState::Scheduled && bucket.meta.is_last_at_bound(touch.due_ms)
+    }
+
+    /// The whole task `seq` of bucket `key`: through the point index if the bucket is
+    /// unloaded and indexed, else from its entry (loading the bucket if needed).
+    pub fn find_task(
+        &mut self,
+        seq: u64,
+        key: u64,
+        stats: &mut EngineStats,
+    ) -> Result<Option<Task>> {
+        if self.can_point(key) {
+            self.point_task(seq, key)
+        } else if self.entry(seq, key, stats)?.is_some() {
+            self.view(seq, key)
+        } else {
+            Ok(None)
+        }
     }
 
     /// What a change of task `seq` found through the point index needs to know of it.

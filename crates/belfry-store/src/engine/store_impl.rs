@@ -154,13 +154,7 @@ impl Store for Engine {
         let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let uid = q.uid;
         let (seq, key) = split_id(id);
-        let task = if q.can_point(key) {
-            q.point_task(seq, key)?
-        } else if q.entry(seq, key, stats)?.is_some() {
-            q.view(seq, key)?
-        } else {
-            None
-        };
+        let task = q.find_task(seq, key, stats)?;
         state.trim_far(Some((uid, key)), &self.core.options);
         Ok(task)
     }
