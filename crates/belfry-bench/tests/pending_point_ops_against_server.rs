@@ -109,6 +109,7 @@ fn point_ops_touch_distinct_filled_tasks_and_the_server_agrees() {
     assert!(report.notes.iter().any(|n| n.contains("not first touches")));
     let phases = ops["phases"].as_array().unwrap();
     let expected = [
+        ("first_get", 1),
         ("get", POINT_OPS),
         ("cancel", POINT_OPS),
         ("reschedule", 100),

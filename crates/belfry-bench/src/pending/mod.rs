@@ -98,7 +98,8 @@ pub struct PendingArgs {
     pub no_restart: bool,
     /// After the fill and the restart, get, cancel (each on N distinct random filled tasks)
     /// and reschedule (N/10 more) single tasks by id, and report each phase's latency, rate,
-    /// errors and server RSS. 0: off. Needs --tasks ≥ 2.1 × N.
+    /// errors and server RSS; one lone get first, certainly a first touch. 0: off. Needs
+    /// --tasks ≥ 2.1 × N + 1.
     #[arg(long, default_value_t = 0)]
     pub point_ops: u64,
     /// Connections of the --point-ops phases.
