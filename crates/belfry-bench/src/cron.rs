@@ -224,6 +224,7 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
             answers: Answers::Belfry,
             due_at_ms: None,
             server_pid: server.pid,
+            keep_ids: None,
         },
         progress(&args.output, args.schedules, "single-task submit"),
     )
@@ -265,6 +266,7 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
             answers: Answers::Belfry,
             due_at_ms: None,
             server_pid: server.pid,
+            keep_ids: None,
         },
         progress(&args.output, args.schedules, "schedule create"),
     )

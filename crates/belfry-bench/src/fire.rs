@@ -412,6 +412,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
             answers: Answers::Belfry,
             due_at_ms: Some(due.clone()),
             server_pid: server.pid,
+            keep_ids: None,
         },
         indicatif::ProgressBar::hidden(),
     )

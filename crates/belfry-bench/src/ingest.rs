@@ -136,6 +136,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
             answers: Answers::Belfry,
             due_at_ms: None,
             server_pid: server.pid,
+            keep_ids: None,
         };
         let outcome = run_ingest(
             job("belfry", &server),
@@ -186,6 +187,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
                 answers: Answers::AnySuccess,
                 due_at_ms: None,
                 server_pid: None,
+                keep_ids: None,
             },
             progress(&args.output, args.tasks, "trivial handler"),
         )

@@ -32,6 +32,7 @@ pub mod redis_cluster;
 pub mod redis_queue;
 pub mod reminders;
 pub mod report;
+pub mod reservoir;
 pub mod servers;
 pub mod spawn;
 pub mod stats;

@@ -2,9 +2,10 @@
 //! connection, take prebuilt request bodies from one counter and send them in sequence.
 //! Also the raw fsync'd append baseline, which writes the same bodies to a file.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
@@ -14,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::BenchError;
 use crate::http::{HttpConn, Target};
+use crate::reservoir::Reservoir;
 use crate::stats::{new_histogram, record_clamped, Percentiles};
 use crate::sys::{CpuMeter, CpuUse};
 use crate::workload::Bodies;
@@ -54,15 +56,39 @@ pub struct IngestOutcome {
     pub answered_after_due: u64,
 }
 
+/// A sample of the ids of accepted tasks, shared by the workers of a submit phase.
+pub type IdSample = Arc<Mutex<Reservoir<String>>>;
+
 #[derive(Deserialize)]
-struct BatchResponse {
-    results: Vec<BatchItem>,
+struct BatchResponse<'a> {
+    #[serde(borrow)]
+    results: Vec<BatchItem<'a>>,
 }
 
 #[derive(Deserialize)]
-struct BatchItem {
+struct BatchItem<'a> {
     #[serde(default)]
     error: Option<serde::de::IgnoredAny>,
+    /// Borrowed from the response (ids need no unescaping), so reading it costs no
+    /// allocation when the phase keeps no ids.
+    #[serde(default, borrow)]
+    id: Option<Cow<'a, str>>,
+}
+
+/// The id of a single-task submit's answer.
+#[derive(Deserialize)]
+struct SingleAnswer<'a> {
+    #[serde(borrow)]
+    id: Cow<'a, str>,
+}
+
+/// Offers the ids of the accepted tasks of one answer to `sample`.
+fn keep_ids<'a>(sample: &IdSample, ids: impl Iterator<Item = &'a str>) {
+    // A poisoned lock only means another worker panicked; its sample is still a sample.
+    let mut sample = sample.lock().unwrap_or_else(|p| p.into_inner());
+    for id in ids {
+        sample.offer_with(|| id.to_string());
+    }
 }
 
 #[derive(Default)]
@@ -96,6 +122,8 @@ pub struct IngestJob {
     /// Due times by task index, to count tasks answered after they were due.
     pub due_at_ms: Option<Arc<Vec<u64>>>,
     pub server_pid: Option<u32>,
+    /// Where to keep a sample of the accepted tasks' ids (belfry answers only).
+    pub keep_ids: Option<IdSample>,
 }
 
 pub async fn run_ingest(job: IngestJob, progress: ProgressBar) -> IngestOutcome {
@@ -114,13 +142,16 @@ pub async fn run_ingest(job: IngestJob, progress: ProgressBar) -> IngestOutcome 
             job.due_at_ms.clone(),
             progress.clone(),
         );
-        let answers = job.answers;
+        let judge = Judge {
+            answers: job.answers,
+            keep_ids: job.keep_ids.clone(),
+        };
         workers.push(tokio::spawn(async move {
             let paths = BodyPaths {
                 all: path,
                 each: body_paths,
             };
-            worker(target, paths, bodies, next, due, answers, progress).await
+            worker(target, paths, bodies, next, due, judge, progress).await
         }));
     }
     let mut tally = Tally::default();
@@ -160,6 +191,43 @@ pub async fn run_ingest(job: IngestJob, progress: ProgressBar) -> IngestOutcome 
     }
 }
 
+/// How a worker reads answers: which API, and where accepted ids go.
+struct Judge {
+    answers: Answers,
+    keep_ids: Option<IdSample>,
+}
+
+impl Judge {
+    /// Tasks of a 2xx answer `body` to a request of `tasks` tasks that were rejected, or
+    /// the text of what was wrong with the answer (then all of them were).
+    fn rejected(&self, body: &[u8], tasks: u64, single: bool) -> Result<u64, String> {
+        match self.answers {
+            Answers::AnySuccess => Ok(0),
+            Answers::Belfry if single => {
+                if let Some(sample) = &self.keep_ids {
+                    match serde_json::from_slice::<SingleAnswer>(body) {
+                        Ok(answer) => keep_ids(sample, std::iter::once(answer.id.as_ref())),
+                        Err(e) => return Err(format!("submit answer has no \"id\": {e}")),
+                    }
+                }
+                Ok(0)
+            }
+            Answers::Belfry => {
+                let r = serde_json::from_slice::<BatchResponse>(body)
+                    .map_err(|e| format!("batch answer is not {{\"results\": [...]}}: {e}"))?;
+                let errors = r.results.iter().filter(|i| i.error.is_some()).count() as u64;
+                if let Some(sample) = &self.keep_ids {
+                    let accepted = r.results.iter().filter(|i| i.error.is_none());
+                    keep_ids(sample, accepted.filter_map(|i| i.id.as_deref()));
+                }
+                // Missing results count as rejected: the server must answer one result
+                // per task.
+                Ok(errors + tasks.saturating_sub(r.results.len() as u64))
+            }
+        }
+    }
+}
+
 /// Where each body goes: one path for all, or one per body.
 struct BodyPaths {
     all: Arc<str>,
@@ -181,7 +249,7 @@ async fn worker(
     bodies: Arc<Bodies>,
     next: Arc<AtomicUsize>,
     due: Option<Arc<Vec<u64>>>,
-    answers: Answers,
+    judge: Judge,
     progress: ProgressBar,
 ) -> (Tally, Histogram<u64>) {
     let mut tally = Tally::default();
@@ -219,22 +287,12 @@ async fn worker(
         tally.requests += 1;
         match result {
             Ok((status, body)) if status.is_success() => {
-                let rejected = match answers {
-                    Answers::AnySuccess => 0,
-                    Answers::Belfry if bodies.batch == 1 => 0,
-                    Answers::Belfry => match serde_json::from_slice::<BatchResponse>(&body) {
-                        Ok(r) => {
-                            let errors =
-                                r.results.iter().filter(|i| i.error.is_some()).count() as u64;
-                            // Missing results count as rejected: the server must answer
-                            // one result per task.
-                            errors + tasks.saturating_sub(r.results.len() as u64)
-                        }
-                        Err(e) => {
-                            tally.error(format!("batch answer is not {{\"results\": [...]}}: {e}"));
-                            tasks
-                        }
-                    },
+                let rejected = match judge.rejected(&body, tasks, bodies.batch == 1) {
+                    Ok(rejected) => rejected,
+                    Err(e) => {
+                        tally.error(e);
+                        tasks
+                    }
                 };
                 if rejected > 0 {
                     tally.error(format!(
@@ -333,6 +391,51 @@ pub fn raw_append(
 mod tests {
     use super::*;
     use crate::workload::due_times;
+
+    fn judge(keep: bool) -> (Judge, IdSample) {
+        let sample: IdSample = Arc::new(Mutex::new(Reservoir::new(10, 1)));
+        let judge = Judge {
+            answers: Answers::Belfry,
+            keep_ids: keep.then(|| sample.clone()),
+        };
+        (judge, sample)
+    }
+
+    fn kept(sample: &IdSample) -> Vec<String> {
+        let r = std::mem::replace(&mut *sample.lock().unwrap(), Reservoir::new(0, 0));
+        let mut ids = r.into_shuffled();
+        ids.sort();
+        ids
+    }
+
+    #[test]
+    fn accepted_ids_of_batch_answers_are_kept_and_rejected_ones_not() {
+        let (j, sample) = judge(true);
+        let body = br#"{"results":[{"id":"a1","queue":"q","due_at_ms":5,"state":"scheduled"},
+            {"error":{"code":"invalid_due_time","message":"x"}},
+            {"id":"a3","state":"scheduled","duplicate":true}]}"#;
+        assert_eq!(j.rejected(body, 3, false), Ok(1));
+        // A missing result is rejected too.
+        assert_eq!(j.rejected(br#"{"results":[{"id":"b1"}]}"#, 2, false), Ok(1));
+        assert_eq!(kept(&sample), ["a1", "a3", "b1"]);
+        assert!(j.rejected(b"[]", 2, false).is_err());
+    }
+
+    #[test]
+    fn single_answers_give_their_id_only_when_asked() {
+        let (j, sample) = judge(true);
+        assert_eq!(
+            j.rejected(br#"{"id":"s1","state":"scheduled"}"#, 1, true),
+            Ok(0)
+        );
+        assert!(j.rejected(b"{}", 1, true).is_err());
+        assert_eq!(kept(&sample), ["s1"]);
+        // Without a sample, single answers are not read at all.
+        let (j, sample) = judge(false);
+        assert_eq!(j.rejected(b"{}", 1, true), Ok(0));
+        assert_eq!(j.rejected(br#"{"results":[{"id":"x"}]}"#, 1, false), Ok(0));
+        assert!(kept(&sample).is_empty());
+    }
 
     #[test]
     fn raw_append_writes_every_body_and_cleans_up() {

@@ -361,6 +361,7 @@ async fn run_shape_on(
             answers: Answers::Belfry,
             due_at_ms: Some(plan.due.clone()),
             server_pid: server.pid,
+            keep_ids: None,
         },
         indicatif::ProgressBar::hidden(),
     )

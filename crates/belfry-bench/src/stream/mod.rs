@@ -359,6 +359,7 @@ pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
             answers: Answers::Belfry,
             due_at_ms: Some(due.clone()),
             server_pid: server.pid,
+            keep_ids: None,
         },
         indicatif::ProgressBar::hidden(),
     )

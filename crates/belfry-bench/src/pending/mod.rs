@@ -4,6 +4,9 @@
 //! every acknowledged task is still pending. Redis holds the same tasks as the baseline
 //! (memory per pending task in RAM).
 //!
+//! With `--point-ops N`, the bench then gets, cancels and reschedules single filled tasks by
+//! id on the restarted server ([`point_ops`]): first touches of far buckets.
+//!
 //! The server's RSS is sampled throughout the fill, so the report can tell memory that
 //! grows with the pending count (the slope over the second half of the fill, which the brief
 //! bounds) from memory that a server needs once it is busy (the step at the start).
@@ -18,13 +21,16 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::http::{HttpConn, Target};
-use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
+use crate::load::{run_ingest, Answers, IdSample, IngestJob, IngestOutcome};
 use crate::redis_queue::{self, QueueKeys, RedisServer};
 use crate::report::{thousands, Report, Table};
+use crate::reservoir::Reservoir;
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::sys::{dir_bytes, rss_bytes, unix_ms, Machine};
 use crate::workload::{due_times, validate, Bodies};
 use crate::{progress, Baseline, BaselineArgs, OutputArgs, ServerArgs};
+
+pub mod point_ops;
 
 /// Brief target: disk use at most this multiple of the raw task bytes.
 const DISK_RATIO_TARGET: f64 = 1.5;
@@ -78,7 +84,9 @@ pub struct PendingArgs {
     #[arg(long, default_value_t = 365)]
     pub due_in_days: u64,
     /// Due times are spread evenly over this many days (the engine's buckets widen with
-    /// distance: 1 day far away is one or two buckets, 730 days a few hundred).
+    /// distance: 1 day far away is one or two buckets, 730 days a few hundred). 0 gives every
+    /// task the same due time: all of them in one far bucket (with --point-ops, the first
+    /// touches of one bucket of --tasks tasks).
     #[arg(long, default_value_t = 1)]
     pub spread_days: u64,
     /// Give every task an idempotency key (`pending-<run>-<index>`): a store that keeps live
@@ -88,6 +96,15 @@ pub struct PendingArgs {
     /// Skip the kill -9 and restart (always skipped without --spawn).
     #[arg(long)]
     pub no_restart: bool,
+    /// After the fill and the restart, get, cancel (each on N distinct random filled tasks)
+    /// and reschedule (N/10 more) single tasks by id, and report each phase's latency, rate,
+    /// errors and server RSS; one lone get first, certainly a first touch. 0: off. Needs
+    /// --tasks ≥ 2.1 × N + 1.
+    #[arg(long, default_value_t = 0)]
+    pub point_ops: u64,
+    /// Connections of the --point-ops phases.
+    #[arg(long, default_value_t = 4)]
+    pub point_connections: usize,
     /// Queue to create and fill (default: a fresh `bench-pending-<ms>`).
     #[arg(long)]
     pub queue: Option<String>,
@@ -113,6 +130,8 @@ pub struct PendingOutcome {
     pub rss_after_restart_bytes: Option<u64>,
     /// Server RSS during the fill, by tasks answered so far (the last one after the fill).
     pub rss_samples: Vec<RssSample>,
+    /// Gets, cancels and reschedules by id after the restart (`--point-ops`).
+    pub point_ops: Option<point_ops::PointOpsOutcome>,
 }
 
 /// The server's RSS when `tasks` tasks of the fill had been answered.
@@ -131,10 +150,8 @@ pub struct RedisPendingOutcome {
 
 pub async fn run(args: PendingArgs) -> anyhow::Result<Report> {
     validate(args.tasks, args.batch, args.connections, args.payload_bytes)?;
+    point_ops::validate(args.point_ops, args.point_connections, args.tasks)?;
     let machine = Machine::describe();
-    if args.spread_days == 0 {
-        return Err(crate::BenchError::invalid("--spread-days", "must be at least 1").into());
-    }
     let plan = FillPlan {
         start_ms: unix_ms() + args.due_in_days.saturating_mul(86_400_000),
         window_ms: args.spread_days.saturating_mul(86_400_000),
@@ -236,6 +253,11 @@ async fn pending_belfry(
         ..Default::default()
     };
     create_queue(&server.target, &queue, "{}").await?;
+    // Filled ids to pick the point ops from: a bounded uniform sample, not every id.
+    let id_sample: Option<IdSample> = (args.point_ops > 0).then(|| {
+        let capacity = point_ops::sample_capacity(args.point_ops);
+        Arc::new(Mutex::new(Reservoir::new(capacity, unix_ms())))
+    });
     // The bar of the chunk being submitted; each starts where the last one ended, so its
     // position counts the tasks answered over the whole fill.
     let answered = Arc::new(Mutex::new(ProgressBar::hidden()));
@@ -276,6 +298,7 @@ async fn pending_belfry(
                     answers: Answers::Belfry,
                     due_at_ms: None,
                     server_pid: server.pid,
+                    keep_ids: id_sample.clone(),
                 },
                 bar,
             )
@@ -308,17 +331,46 @@ async fn pending_belfry(
             out.disk_allocated_bytes = Some(allocated);
         }
     }
-    if args.no_restart {
-        return Ok(out);
-    }
-    if let Some(spawned) = server.spawned.as_mut() {
+    if let Some(spawned) = server.spawned.as_mut().filter(|_| !args.no_restart) {
         let ready = spawned.kill9_and_restart().await?;
         out.restart_ready_ms = Some(ready.as_secs_f64() * 1_000.0);
         server.pid = spawned.pid();
         out.pending_after_restart = pending_count(&server.target, &queue).await;
         out.rss_after_restart_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
     }
+    if let Some(sample) = id_sample {
+        let after_restart = out.restart_ready_ms.is_some();
+        out.point_ops =
+            Some(run_point_ops(args, server, &queue, plan, &sample, after_restart).await);
+    }
     Ok(out)
+}
+
+/// The `--point-ops` phases on the ids the fill sampled.
+async fn run_point_ops(
+    args: &PendingArgs,
+    server: &ServerUnderTest,
+    queue: &str,
+    fill: &FillPlan,
+    sample: &IdSample,
+    after_restart: bool,
+) -> point_ops::PointOpsOutcome {
+    // The fill's workers are done; take the sample out from under its lock.
+    let ids = std::mem::replace(
+        &mut *sample.lock().unwrap_or_else(|p| p.into_inner()),
+        Reservoir::new(0, 0),
+    );
+    let plan = point_ops::PointOpsPlan {
+        target: &server.target,
+        queue,
+        pid: server.pid,
+        connections: args.point_connections,
+        point_ops: args.point_ops,
+        // Past the fill's window, so the task moves to another far bucket.
+        reschedule_to_ms: fill.start_ms + fill.window_ms + point_ops::RESCHEDULE_PAST_WINDOW_MS,
+        after_restart,
+    };
+    point_ops::run(plan, ids.into_shuffled()).await
 }
 
 /// Samples the RSS of process `pid` every [`RSS_SAMPLE_INTERVAL`] against the tasks the
@@ -492,6 +544,15 @@ fn build_report(
         rate(&r.submit),
         dash(),
     ]);
+    if let Some(p) = b.point_ops.as_ref() {
+        table.row(vec![
+            "cancels/s by id (--point-ops, beside fill tasks/s)".into(),
+            p.phase(point_ops::PointOp::Cancel)
+                .map_or_else(dash, |c| thousands(c.ops_per_s)),
+            dash(),
+            dash(),
+        ]);
+    }
     table.row(vec![
         "pending reported by the server".into(),
         b.pending_reported
@@ -656,11 +717,18 @@ fn build_report(
     {
         notes.push("no server RSS: pass --spawn, or --server-pid for a server at --url.".into());
     }
+    let mut tables = vec![table];
+    if let Some(p) = &b.point_ops {
+        let pending = b.submit.as_ref().map_or(args.tasks, |s| s.accepted);
+        tables.push(point_ops::table(p, pending));
+        let fill_rate = b.submit.as_ref().map(|s| s.tasks_per_s);
+        notes.extend(point_ops::notes(p, pending, fill_rate));
+    }
     Report {
         scenario: "pending".into(),
         command: crate::command_line(),
         machine,
-        tables: vec![table],
+        tables,
         notes,
         picture: None,
         data: json!({
@@ -669,6 +737,8 @@ fn build_report(
             "due_in_days": args.due_in_days,
             "spread_days": args.spread_days,
             "idempotency_keys": args.idempotency_keys,
+            "point_ops": args.point_ops,
+            "point_connections": args.point_connections,
             "raw_bytes_per_task": raw_per_task,
             "rss_growth_per_task_bytes": growth,
             "belfry": belfry,
