@@ -14,7 +14,9 @@
 //!   bucket file.
 //! - **touched**: the state of every task that changed after its put while the bucket was
 //!   unloaded, or that had changed when the bucket was unloaded. A task not in it is as its
-//!   put record says: scheduled at the put's due time, never attempted.
+//!   put record says: scheduled at the put's due time, never attempted. The common change, a
+//!   cancel of a task as it was put, is kept apart as a compressed bitmap of seqs (a few
+//!   bytes per cancel, where a full entry takes about 30).
 //!
 //! The index is *complete* when both hold for the whole file; only then is it used. A bucket
 //! unloaded with a leased or dead-lettered task, or with more changed tasks than
@@ -28,6 +30,7 @@
 use std::collections::HashMap;
 
 use belfry_core::{Task, TaskState, UnixMs};
+use roaring::RoaringTreemap;
 
 use super::bucket::task_id;
 use super::queue::{corrupt_at, Bucket, EngineStats, Queue, TaskFacts};
@@ -71,8 +74,10 @@ pub struct PointIndex {
     samples: Vec<(u64, u64)>,
     /// The largest seq put in the bucket (0 when none).
     max_put_seq: u64,
-    /// States of changed tasks, while the bucket is unloaded.
+    /// States of changed tasks, while the bucket is unloaded...
     touched: HashMap<u64, Touch>,
+    /// ...but tasks cancelled as they were put (due and attempts as in the put) only here.
+    cancelled: RoaringTreemap,
     /// Whether samples and `touched` describe the whole file.
     complete: bool,
 }
@@ -84,6 +89,7 @@ impl PointIndex {
             samples: Vec::new(),
             max_put_seq: 0,
             touched: HashMap::new(),
+            cancelled: RoaringTreemap::new(),
             complete: true,
         }
     }
@@ -131,21 +137,43 @@ impl PointIndex {
         if !self.complete {
             return;
         }
-        if !Touch::can_hold(touch.state) || self.touched.len() >= touched_max(tasks) {
+        if !Touch::can_hold(touch.state) || self.is_full(tasks) {
             self.give_up();
             return;
         }
         self.touched.insert(seq, touch);
     }
 
+    /// Records the cancel of a task of an unloaded bucket that was as its put said.
+    pub fn cancel_as_put(&mut self, seq: u64, tasks: usize) {
+        if !self.complete {
+            return;
+        }
+        if self.is_full(tasks) {
+            self.give_up();
+            return;
+        }
+        self.cancelled.insert(seq);
+    }
+
+    fn is_full(&self, tasks: usize) -> bool {
+        self.touched.len() as u64 + self.cancelled.len() >= touched_max(tasks) as u64
+    }
+
     /// The recorded change of `seq`, if any.
-    pub fn touched(&self, seq: u64) -> Option<Touch> {
-        self.touched.get(&seq).copied()
+    pub fn touched(&self, seq: u64) -> Option<Touched> {
+        if let Some(touch) = self.touched.get(&seq) {
+            return Some(Touched::Full(*touch));
+        }
+        self.cancelled
+            .contains(seq)
+            .then_some(Touched::CancelledAsPut)
     }
 
     /// Marks the index incomplete and frees it: point operations load the bucket.
     fn give_up(&mut self) {
         self.touched = HashMap::new();
+        self.cancelled = RoaringTreemap::new();
         self.samples = Vec::new();
         self.complete = false;
     }
@@ -178,6 +206,10 @@ impl PointIndex {
             put_u64(out, touch.due_ms);
             out.extend_from_slice(&touch.attempts.to_le_bytes());
             out.push(state_code(touch.state));
+        }
+        put_u64(out, self.cancelled.len());
+        for seq in &self.cancelled {
+            put_u64(out, seq);
         }
     }
 
@@ -230,6 +262,19 @@ impl PointIndex {
                     state,
                 },
             );
+        }
+        let cancelled = field(r)?;
+        if cancelled > (r.bytes.len() / 8) as u64 {
+            return Err("point index cancel count past the end");
+        }
+        let mut last = None;
+        for _ in 0..cancelled {
+            let seq = field(r)?;
+            if last.is_some_and(|l| seq <= l) || seq > max_put_seq {
+                return Err("point index cancels out of order or past the last put");
+            }
+            last = Some(seq);
+            index.cancelled.insert(seq);
         }
         Ok(index)
     }
@@ -297,21 +342,34 @@ pub fn scan(bytes: &[u8], seq: u64) -> Result<Scan, (usize, DecodeError)> {
     })
 }
 
+/// A recorded change of a task (see [`PointIndex::touched`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Touched {
+    Full(Touch),
+    /// Cancelled as it was put: due and attempts are the put's.
+    CancelledAsPut,
+}
+
 /// A task found through the point index: its put record and its state.
 pub struct PointFound {
     pub put: PutRecord,
     pub put_offset: u64,
-    pub touch: Option<Touch>,
+    pub touched: Option<Touched>,
 }
 
 impl PointFound {
     /// The task's state, due time and attempts: its recorded change, or its put's.
     pub fn now(&self) -> Touch {
-        self.touch.unwrap_or(Touch {
+        let as_put = |state| Touch {
             due_ms: self.put.due_at_ms,
             attempts: 0,
-            state: TaskState::Scheduled,
-        })
+            state,
+        };
+        match self.touched {
+            Some(Touched::Full(touch)) => touch,
+            Some(Touched::CancelledAsPut) => as_put(TaskState::Cancelled),
+            None => as_put(TaskState::Scheduled),
+        }
     }
 }
 
@@ -319,6 +377,8 @@ impl PointFound {
 #[derive(Debug, Clone, Copy)]
 pub struct Prior {
     pub touch: Touch,
+    /// Whether the task was as its put said (no change recorded).
+    pub as_put: bool,
     /// The hash of the task's idempotency key, released when the change finishes the task.
     pub key_hash: Option<u64>,
 }
@@ -391,11 +451,11 @@ impl Queue {
         let Some((put_offset, put)) = found? else {
             return Ok(None);
         };
-        let touch = bucket.points.touched(seq);
+        let touched = bucket.points.touched(seq);
         Ok(Some(PointFound {
             put,
             put_offset,
-            touch,
+            touched,
         }))
     }
 
@@ -446,6 +506,7 @@ impl Queue {
     pub fn prior(&self, found: &PointFound) -> Prior {
         Prior {
             touch: found.now(),
+            as_put: found.touched.is_none(),
             key_hash: found
                 .put
                 .idempotency_key
@@ -467,11 +528,15 @@ impl Queue {
         let seq = record.seq();
         match *record {
             Record::Cancel { .. } => {
-                let touch = Touch {
-                    state: TaskState::Cancelled,
-                    ..prior.touch
-                };
-                bucket.points.touch(seq, touch, tasks);
+                if prior.as_put {
+                    bucket.points.cancel_as_put(seq, tasks);
+                } else {
+                    let touch = Touch {
+                        state: TaskState::Cancelled,
+                        ..prior.touch
+                    };
+                    bucket.points.touch(seq, touch, tasks);
+                }
                 self.update_unloaded_meta(key, |m| m.remove_scheduled(prior.touch.due_ms));
                 if let Some(hash) = prior.key_hash {
                     self.index.keys.remove(hash, task_id(seq, key));
@@ -537,14 +602,24 @@ mod tests {
         };
         let mut index = PointIndex::empty();
         index.touch(1, touch(TaskState::Cancelled), 10);
-        assert_eq!(index.touched(1), Some(touch(TaskState::Cancelled)));
+        assert_eq!(
+            index.touched(1),
+            Some(Touched::Full(touch(TaskState::Cancelled)))
+        );
+        index.cancel_as_put(3, 10);
+        assert_eq!(index.touched(3), Some(Touched::CancelledAsPut));
         index.touch(2, touch(TaskState::Dead), 10);
         assert!(!index.is_complete());
         assert_eq!(index.touched(1), None, "an incomplete index holds nothing");
+        assert_eq!(index.touched(3), None);
 
         let mut index = PointIndex::empty();
         for seq in 0..touched_max(100) as u64 {
-            index.touch(seq, touch(TaskState::Cancelled), 100);
+            if seq % 2 == 0 {
+                index.touch(seq, touch(TaskState::Cancelled), 100);
+            } else {
+                index.cancel_as_put(seq, 100);
+            }
         }
         assert!(index.is_complete());
         index.touch(u64::MAX, touch(TaskState::Cancelled), 100);
@@ -565,12 +640,16 @@ mod tests {
             };
             index.touch(seq, touch, 100);
         }
+        for seq in [4, 50, 99] {
+            index.cancel_as_put(seq, 100);
+        }
         let mut bytes = Vec::new();
         index.encode(&mut bytes);
         let back = PointIndex::decode(&mut Reader { bytes: &bytes }, 100_000).unwrap();
         assert_eq!(back.samples, index.samples);
         assert_eq!(back.max_put_seq, 100);
         assert_eq!(back.touched, index.touched);
+        assert_eq!(back.cancelled, index.cancelled);
         assert!(back.is_complete());
         // A sample past the end of the file is damage.
         assert!(PointIndex::decode(&mut Reader { bytes: &bytes }, 1000).is_err());
@@ -578,8 +657,16 @@ mod tests {
         let cut = &bytes[..bytes.len() - 3];
         assert!(PointIndex::decode(&mut Reader { bytes: cut }, 100_000).is_err());
         // And an unknown state code.
+        // The last change's state byte comes right before the cancels (count and 3 seqs).
         let mut bad = bytes.clone();
-        *bad.last_mut().unwrap() = 9;
+        let state_at = bad.len() - 8 * 4 - 1;
+        assert!(matches!(bad[state_at], 0 | 4));
+        bad[state_at] = 9;
+        assert!(PointIndex::decode(&mut Reader { bytes: &bad }, 100_000).is_err());
+        // And cancels out of order.
+        let mut bad = bytes.clone();
+        let last = bad.len() - 8;
+        bad[last..].copy_from_slice(&4u64.to_le_bytes());
         assert!(PointIndex::decode(&mut Reader { bytes: &bad }, 100_000).is_err());
     }
 }
