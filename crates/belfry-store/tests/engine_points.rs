@@ -192,15 +192,19 @@ fn the_index_survives_checkpoints_clean_restarts_and_crashes() {
         assert_eq!(loads(&engine), 0, "{:?}", engine.stats());
         assert!(engine.stats().wal_records_replayed > 0);
         check_all(&engine, &ids);
-        // A loaded bucket keeps its index as well: load it (a change of the task at the
-        // bucket's earliest due time), change more, and checkpoint (which unloads it).
+        // A bucket loaded and unloaded again (a forecast across its tasks does both) keeps
+        // its changes in the index it rebuilds.
         let last_first = engine.cancel(&queue(), ids[0], NOW).unwrap();
         assert_eq!(last_first, ChangeOutcome::Ok);
-        assert_eq!(loads(&engine), 1);
         assert_eq!(
-            engine.cancel(&queue(), ids[0], NOW).unwrap(),
-            ChangeOutcome::WrongState(TaskState::Cancelled)
+            engine.forecast(&queue(), FAR, 1, 4).unwrap(),
+            vec![0, 0, 1, 1]
         );
+        assert_eq!(loads(&engine), 1);
+        check_all_but_first(&engine, &ids);
+        assert_eq!(loads(&engine), 1);
+        let again = engine.cancel(&queue(), ids[0], NOW).unwrap();
+        assert_eq!(again, ChangeOutcome::WrongState(TaskState::Cancelled));
         engine.flush().unwrap();
         let restored = engine.reschedule(&queue(), ids[0], FAR, NOW).unwrap();
         assert_eq!(restored, ChangeOutcome::WrongState(TaskState::Cancelled));
@@ -215,40 +219,51 @@ fn the_index_survives_checkpoints_clean_restarts_and_crashes() {
 }
 
 #[test]
-fn changing_the_task_at_a_due_bound_loads_the_bucket_and_keeps_next_due_exact() {
+fn changing_the_task_at_a_due_bound_keeps_next_due_and_forecasts_exact_without_a_load() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path());
     let ids = fill(&engine);
     assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR));
     let before = loads(&engine);
+    // The earliest task: the next one is found by reading the bucket, not loading it.
     assert_eq!(
         engine.cancel(&queue(), ids[0], NOW).unwrap(),
         ChangeOutcome::Ok
     );
-    assert_eq!(
-        loads(&engine),
-        before + 1,
-        "the earliest task's cancel reads the bucket"
-    );
-    engine.flush().unwrap(); // unloaded again, with its index
     assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR + 1));
-    // Moving the (new) earliest task later also loads; moving another one earlier than it
-    // does not, and makes it the earliest.
+    // The latest one moved later, then the (new) earliest moved later: bounds follow.
+    let last = TASKS - 1;
+    let later = engine
+        .reschedule(&queue(), ids[last], FAR + 9_000, NOW)
+        .unwrap();
+    assert_eq!(later, ChangeOutcome::Ok);
     let later = engine
         .reschedule(&queue(), ids[1], FAR + 5_000, NOW)
         .unwrap();
     assert_eq!(later, ChangeOutcome::Ok);
-    engine.flush().unwrap();
     assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR + 2));
-    let before = loads(&engine);
+    // Another one moved earlier than all: it becomes the earliest.
     let earlier = engine.reschedule(&queue(), ids[100], FAR - 7, NOW).unwrap();
     assert_eq!(earlier, ChangeOutcome::Ok);
-    assert_eq!(loads(&engine), before);
     assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR - 7));
+    assert_eq!(loads(&engine), before, "{:?}", engine.stats());
+    // A forecast bin holding the bucket's whole span counts it from its exact bounds.
+    let bins = engine.forecast(&queue(), FAR - 10, 10_000, 1).unwrap();
+    assert_eq!(bins, vec![TASKS as u64 - 1]);
+    assert_eq!(loads(&engine), before);
+    // The bounds and their counts survive a restart (checkpoint format 5).
+    engine.flush().unwrap();
+    drop(engine);
+    let engine = open(dir.path());
+    assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR - 7));
+    let earliest = engine.cancel(&queue(), ids[100], NOW).unwrap();
+    assert_eq!(earliest, ChangeOutcome::Ok);
+    assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR + 2));
+    assert_eq!(loads(&engine), 0, "{:?}", engine.stats());
 }
 
 #[test]
-fn tasks_sharing_the_earliest_due_time_are_cancelled_without_a_load_until_the_last() {
+fn tasks_sharing_the_earliest_due_time_are_cancelled_without_a_load() {
     let dir = tempfile::tempdir().unwrap();
     let engine = open(dir.path());
     let ids = fill(&engine);
@@ -275,17 +290,16 @@ fn tasks_sharing_the_earliest_due_time_are_cancelled_without_a_load_until_the_la
         );
         assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(first));
     }
-    assert_eq!(loads(&engine), before, "four of five at the bound: no load");
     assert_eq!(
         engine.cancel(&queue(), shared[4], NOW).unwrap(),
         ChangeOutcome::Ok
     );
+    assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR));
     assert_eq!(
         loads(&engine),
-        before + 1,
-        "the last one at the bound reads the bucket"
+        before,
+        "the bounds were read, not the tasks kept"
     );
-    assert_eq!(engine.next_due_ms(&queue()).unwrap(), Some(FAR));
     assert_eq!(
         engine
             .get(&queue(), ids[0], NOW)
@@ -336,4 +350,25 @@ fn a_fully_cancelled_far_bucket_is_deleted_at_the_next_checkpoint() {
     engine.flush().unwrap();
     assert_eq!(engine.stats().buckets_total, 0, "{:?}", engine.stats());
     assert_eq!(engine.get(&queue(), ids[0], NOW).unwrap(), None);
+}
+
+#[test]
+fn a_sweep_in_due_order_scans_a_few_times_then_loads_the_bucket_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    let ids = fill(&engine);
+    let before = loads(&engine);
+    // Each cancel takes the earliest task: the first few read the bucket for the next bound,
+    // then it is loaded once and the rest of the sweep needs nothing more.
+    for (i, id) in ids.iter().enumerate().take(20) {
+        assert_eq!(
+            engine.cancel(&queue(), *id, NOW).unwrap(),
+            ChangeOutcome::Ok
+        );
+        assert_eq!(
+            engine.next_due_ms(&queue()).unwrap(),
+            Some(FAR + i as u64 + 1)
+        );
+    }
+    assert_eq!(loads(&engine), before + 1, "{:?}", engine.stats());
 }

@@ -109,9 +109,22 @@ impl Engine {
         let mut batch = WalBatch::new();
         let mut pending = Vec::new();
         let record = make(target.seq);
+        let mut prior = target.prior;
+        if let Some(prior) = prior.as_mut() {
+            // Changing the last task at the bucket's earliest or latest due time: which task
+            // is next is only known by reading the others (see `change_target`).
+            let (q, _) = state.queue(queue)?;
+            if q.holds_due_bound(target.key, prior.touch) {
+                let add = match record {
+                    Record::Reschedule { due_at_ms, .. } => Some(due_at_ms),
+                    _ => None,
+                };
+                prior.bounds = Some(q.scan_bounds(target.key, target.seq, add)?);
+            }
+        }
         push(&mut batch, &mut pending, target.uid, target.key, record);
         if let Some(last) = pending.last_mut() {
-            last.prior = target.prior;
+            last.prior = prior;
         }
         self.commit(state, batch, pending, false)?;
         Ok(ChangeOutcome::Ok)
@@ -174,10 +187,12 @@ impl Engine {
                 return Ok(None);
             };
             let prior = q.prior(&found);
-            // Changing the last task at the bucket's earliest or latest due time would leave
-            // its counts inexact (which task is next is unknown without the others): that rare
-            // change loads the bucket instead.
-            if !q.holds_due_bound(key, prior.touch) {
+            // Changing the last task at the bucket's earliest or latest due time needs the
+            // other tasks' due times: read once without keeping them (`scan_bounds`), a few
+            // times at most; past that (a sweep through a bucket in due order) the bucket is
+            // loaded, so the next such changes are cheap.
+            let at_bound = q.holds_due_bound(key, prior.touch);
+            if !at_bound || q.may_scan_bounds(key) {
                 return Ok(Some(ChangeTarget {
                     uid,
                     key,

@@ -104,6 +104,15 @@ impl BucketMeta {
         }
     }
 
+    /// Takes the scheduled count and due bounds a scan of the bucket found.
+    pub fn set_bounds(&mut self, bounds: &super::points::Bounds) {
+        self.scheduled = bounds.scheduled;
+        self.min_due_ms = bounds.min_due_ms;
+        self.min_due_count = bounds.min_due_count;
+        self.max_due_ms = bounds.max_due_ms;
+        self.max_due_count = bounds.max_due_count;
+    }
+
     /// Whether removing a scheduled task due at `due_ms` could leave a bound wrong: it is at
     /// a bound that no other task is known to share. (The last task of all is one: the bucket
     /// then empties, which the loaded path handles.)

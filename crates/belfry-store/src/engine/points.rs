@@ -44,6 +44,14 @@ pub const SAMPLE_EVERY_BYTES: u64 = 32 * 1024;
 /// Bytes read at a time while scanning for a put record.
 pub const SCAN_CHUNK_BYTES: u64 = 64 * 1024;
 
+/// Scans for due bounds an unloaded bucket gets before a change at a bound loads it instead:
+/// random changes hit a bound rarely, but a sweep through a bucket in due order hits it every
+/// time, and a load makes the rest of such a sweep cheap.
+pub const BOUND_SCANS_MAX: u32 = 4;
+
+/// Bytes read at a time while a whole bucket file is scanned for its due bounds.
+pub const BOUNDS_CHUNK_BYTES: u64 = 1024 * 1024;
+
 /// What an unloaded bucket knows of a task that changed after its put.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Touch {
@@ -80,6 +88,8 @@ pub struct PointIndex {
     cancelled: RoaringTreemap,
     /// Whether samples and `touched` describe the whole file.
     complete: bool,
+    /// Scans for due bounds since the bucket was last loaded (see [`BOUND_SCANS_MAX`]).
+    bound_scans: u32,
 }
 
 impl PointIndex {
@@ -91,6 +101,7 @@ impl PointIndex {
             touched: HashMap::new(),
             cancelled: RoaringTreemap::new(),
             complete: true,
+            bound_scans: 0,
         }
     }
 
@@ -301,45 +312,65 @@ fn state_from_code(code: u8) -> Option<TaskState> {
     }
 }
 
-/// What scanning a stretch of bucket bytes for the put of one task found.
-pub enum Scan {
-    /// The put record: its offset within the bytes and its length.
-    Found { at: usize, len: usize },
-    /// A put of a later task came first: the bucket does not hold the task.
-    Absent,
-    /// The bytes ended first; scanning goes on at this offset (a frame may straddle it: it
+/// Where walking whole frames of a stretch of bucket bytes stopped.
+pub enum Walk {
+    /// The visitor stopped at the frame at `at`, `len` bytes long.
+    Stopped { at: usize, len: usize },
+    /// The bytes ended first; walking goes on at `consumed` (a frame may straddle it: it
     /// needs at least `needed` bytes from there).
     More { consumed: usize, needed: usize },
 }
 
-/// Scans whole frames of `bytes` for the put record of `seq` (see [`Scan`]).
-pub fn scan(bytes: &[u8], seq: u64) -> Result<Scan, (usize, DecodeError)> {
+/// Decodes the whole frames of `bytes` (without payloads) until `stop` says so.
+pub fn walk(
+    bytes: &[u8],
+    stop: &mut impl FnMut(&Record) -> bool,
+) -> std::result::Result<Walk, (usize, DecodeError)> {
     let mut at = 0;
     while at < bytes.len() {
         let (record, len) = match record::decode_light(&bytes[at..]) {
             Ok(decoded) => decoded,
             Err(DecodeError::Truncated { needed, .. }) => {
-                return Ok(Scan::More {
+                return Ok(Walk::More {
                     consumed: at,
                     needed,
                 })
             }
             Err(error) => return Err((at, error)),
         };
-        if let Record::Put(put) = &record {
-            if put.seq == seq {
-                return Ok(Scan::Found { at, len });
-            }
-            if put.seq > seq {
-                return Ok(Scan::Absent);
-            }
+        if stop(&record) {
+            return Ok(Walk::Stopped { at, len });
         }
         at += len;
     }
-    Ok(Scan::More {
+    Ok(Walk::More {
         consumed: at,
         needed: 0,
     })
+}
+
+/// The due-time bounds of a bucket's scheduled tasks, and how many tasks sit at each.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Bounds {
+    pub min_due_ms: UnixMs,
+    pub min_due_count: u64,
+    pub max_due_ms: UnixMs,
+    pub max_due_count: u64,
+    pub scheduled: u64,
+}
+
+impl Bounds {
+    fn add(&mut self, due: UnixMs) {
+        if self.scheduled == 0 || due < self.min_due_ms {
+            (self.min_due_ms, self.min_due_count) = (due, 0);
+        }
+        if self.scheduled == 0 || due > self.max_due_ms {
+            (self.max_due_ms, self.max_due_count) = (due, 0);
+        }
+        self.min_due_count += u64::from(due == self.min_due_ms);
+        self.max_due_count += u64::from(due == self.max_due_ms);
+        self.scheduled += 1;
+    }
 }
 
 /// A recorded change of a task (see [`PointIndex::touched`]).
@@ -379,6 +410,9 @@ pub struct Prior {
     pub touch: Touch,
     /// Whether the task was as its put said (no change recorded).
     pub as_put: bool,
+    /// The bucket's due bounds after the change, when it moves a bound no other task is
+    /// known to share ([`Queue::holds_due_bound`]; found by [`Bucket::scan_bounds`]).
+    pub bounds: Option<Bounds>,
     /// The hash of the task's idempotency key, released when the change finishes the task.
     pub key_hash: Option<u64>,
 }
@@ -388,10 +422,68 @@ impl Bucket {
     /// it (see the module docs). `None` if the bucket has no put of `seq`. Only meaningful
     /// while the index is complete.
     pub fn find_put(&mut self, seq: u64) -> Result<Option<(u64, PutRecord)>> {
-        let Some(mut at) = self.points.scan_start(seq) else {
+        let Some(start) = self.points.scan_start(seq) else {
             return Ok(None);
         };
-        let mut want = SCAN_CHUNK_BYTES;
+        let mut hit = false;
+        let mut stop = |record: &Record| match record {
+            Record::Put(put) if put.seq >= seq => {
+                hit = put.seq == seq;
+                true
+            }
+            _ => false,
+        };
+        let Some((offset, frame)) = self.walk_from(start, SCAN_CHUNK_BYTES, &mut stop)? else {
+            return Ok(None);
+        };
+        if !hit {
+            return Ok(None); // a later task's put came first
+        }
+        let put = record::decode_put_shared(&frame)
+            .map_err(|e| corrupt_at(&self.path, offset, e.to_string()))?;
+        Ok(Some((offset, put)))
+    }
+
+    /// The due bounds of the scheduled tasks of this unloaded bucket if task `skip` were not
+    /// scheduled and a task due at `add` were: one pass over the file, `chunk` bytes at a
+    /// time, reading each put's due time and the index's changes. Nothing per task is kept,
+    /// so memory stays flat whatever the bucket's size.
+    pub fn scan_bounds(&mut self, skip: u64, add: Option<UnixMs>) -> Result<Bounds> {
+        self.points.bound_scans += 1;
+        let points = std::mem::replace(&mut self.points, PointIndex::unknown());
+        let mut bounds = Bounds::default();
+        let mut visit = |record: &Record| {
+            if let Record::Put(put) = record {
+                let due = match points.touched(put.seq) {
+                    _ if put.seq == skip => None,
+                    None => Some(put.due_at_ms),
+                    Some(Touched::Full(t)) => (t.state == TaskState::Scheduled).then_some(t.due_ms),
+                    Some(Touched::CancelledAsPut) => None,
+                };
+                if let Some(due) = due {
+                    bounds.add(due);
+                }
+            }
+            false
+        };
+        let walked = self.walk_from(0, BOUNDS_CHUNK_BYTES, &mut visit);
+        self.points = points;
+        walked?;
+        if let Some(due) = add {
+            bounds.add(due);
+        }
+        Ok(bounds)
+    }
+
+    /// Walks the bucket's frames from offset `start`, `chunk` bytes at a time, until `stop`
+    /// says so: the offset and bytes of that frame, or `None` at the end.
+    fn walk_from(
+        &mut self,
+        mut at: u64,
+        chunk: u64,
+        stop: &mut impl FnMut(&Record) -> bool,
+    ) -> Result<Option<(u64, bytes::Bytes)>> {
+        let mut want = chunk;
         loop {
             // The write buffer holds whole frames, so the file part ends on a frame boundary.
             let in_buf = at >= self.flushed_len;
@@ -401,17 +493,13 @@ impl Bucket {
             }
             let end = limit.min(at.saturating_add(want));
             let bytes = self.read_span(at, end, in_buf)?;
-            let found = scan(&bytes, seq)
+            let walked = walk(&bytes, stop)
                 .map_err(|(off, e)| corrupt_at(&self.path, at + off as u64, e.to_string()))?;
-            match found {
-                Scan::Found { at: off, len } => {
-                    let frame = bytes.slice(off..off + len);
-                    let put = record::decode_put_shared(&frame)
-                        .map_err(|e| corrupt_at(&self.path, at + off as u64, e.to_string()))?;
-                    return Ok(Some((at + off as u64, put)));
+            match walked {
+                Walk::Stopped { at: off, len } => {
+                    return Ok(Some((at + off as u64, bytes.slice(off..off + len))));
                 }
-                Scan::Absent => return Ok(None),
-                Scan::More {
+                Walk::More {
                     consumed: 0,
                     needed,
                 } => {
@@ -422,9 +510,9 @@ impl Bucket {
                     // One frame longer than a chunk: read it whole.
                     want = want.max(needed as u64);
                 }
-                Scan::More { consumed, .. } => {
+                Walk::More { consumed, .. } => {
                     at += consumed as u64;
-                    want = SCAN_CHUNK_BYTES;
+                    want = chunk;
                 }
             }
         }
@@ -477,7 +565,7 @@ impl Queue {
 
     /// Whether `touch`, a task of unloaded bucket `key`, is the last one known scheduled at
     /// the bucket's earliest or latest due time, which its counts keep exact: changing it
-    /// needs the other tasks, so the bucket is loaded for it.
+    /// needs the other tasks' due times ([`Bucket::scan_bounds`]).
     pub fn holds_due_bound(&self, key: u64, touch: Touch) -> bool {
         let Some(bucket) = self.buckets.get(&key) else {
             return false;
@@ -502,11 +590,28 @@ impl Queue {
         }
     }
 
+    /// Whether a change at a due bound of unloaded bucket `key` may scan for the new bounds
+    /// rather than load the bucket ([`BOUND_SCANS_MAX`]).
+    pub fn may_scan_bounds(&self, key: u64) -> bool {
+        self.buckets
+            .get(&key)
+            .is_some_and(|b| b.points.bound_scans < BOUND_SCANS_MAX)
+    }
+
+    /// [`Bucket::scan_bounds`] of bucket `key`.
+    pub fn scan_bounds(&mut self, key: u64, skip: u64, add: Option<UnixMs>) -> Result<Bounds> {
+        match self.buckets.get_mut(&key) {
+            Some(bucket) => bucket.scan_bounds(skip, add),
+            None => Ok(Bounds::default()),
+        }
+    }
+
     /// What a change of task `seq` found through the point index needs to know of it.
     pub fn prior(&self, found: &PointFound) -> Prior {
         Prior {
             touch: found.now(),
             as_put: found.touched.is_none(),
+            bounds: None,
             key_hash: found
                 .put
                 .idempotency_key
@@ -517,9 +622,9 @@ impl Queue {
 
     /// Applies a cancel or a reschedule of a scheduled task to an unloaded bucket whose index
     /// found it: its recorded change, the bucket's counts (and wake time), and the release of
-    /// a cancelled task's idempotency key. Any other record is not expected here. The task
-    /// was not the last at the bucket's earliest or latest due time
-    /// ([`Queue::holds_due_bound`]), so the counts stay exact.
+    /// a cancelled task's idempotency key. Any other record is not expected here. The counts
+    /// stay exact: a task that is the last at the bucket's earliest or latest due time comes
+    /// with the bucket's new bounds (`prior.bounds`).
     pub fn apply_unloaded(&mut self, key: u64, record: &Record, prior: Prior) {
         let Some(bucket) = self.buckets.get_mut(&key) else {
             return;
@@ -537,7 +642,10 @@ impl Queue {
                     };
                     bucket.points.touch(seq, touch, tasks);
                 }
-                self.update_unloaded_meta(key, |m| m.remove_scheduled(prior.touch.due_ms));
+                self.update_unloaded_meta(key, |m| match prior.bounds {
+                    Some(bounds) => m.set_bounds(&bounds),
+                    None => m.remove_scheduled(prior.touch.due_ms),
+                });
                 if let Some(hash) = prior.key_hash {
                     self.index.keys.remove(hash, task_id(seq, key));
                 }
@@ -549,9 +657,12 @@ impl Queue {
                 };
                 bucket.points.touch(seq, touch, tasks);
                 // The earliest due time may move the bucket's wake-up.
-                self.update_unloaded_meta(key, |m| {
-                    m.remove_scheduled(prior.touch.due_ms);
-                    m.add_scheduled(due_at_ms);
+                self.update_unloaded_meta(key, |m| match prior.bounds {
+                    Some(bounds) => m.set_bounds(&bounds),
+                    None => {
+                        m.remove_scheduled(prior.touch.due_ms);
+                        m.add_scheduled(due_at_ms);
+                    }
                 });
             }
             _ => debug_assert!(false, "only cancels and reschedules go through the index"),
