@@ -68,11 +68,12 @@ impl Touch {
     }
 }
 
-/// Changed tasks an unloaded bucket of `tasks` tasks keeps in its index at most; beyond,
-/// the index is given up and point operations load the bucket (memory stays bounded by the
-/// unchanged tasks being free). One in eight, and never fewer than 4,096.
+/// Full change entries (about 30 bytes each) an unloaded bucket of `tasks` tasks keeps in its
+/// index at most; beyond, the index is given up and point operations load the bucket (about
+/// 100 bytes a task), which then costs less. Half the tasks, and never fewer than 4,096.
+/// Cancels of tasks as they were put do not count: they are bits in a bitmap.
 pub fn touched_max(tasks: usize) -> usize {
-    (tasks / 8).max(4_096)
+    (tasks / 2).max(4_096)
 }
 
 /// One bucket's point index (see the module docs).
@@ -156,19 +157,19 @@ impl PointIndex {
     }
 
     /// Records the cancel of a task of an unloaded bucket that was as its put said.
-    pub fn cancel_as_put(&mut self, seq: u64, tasks: usize) {
-        if !self.complete {
-            return;
+    pub fn cancel_as_put(&mut self, seq: u64) {
+        if self.complete {
+            self.cancelled.insert(seq);
         }
-        if self.is_full(tasks) {
-            self.give_up();
-            return;
-        }
-        self.cancelled.insert(seq);
     }
 
     fn is_full(&self, tasks: usize) -> bool {
-        self.touched.len() as u64 + self.cancelled.len() >= touched_max(tasks) as u64
+        self.touched.len() >= touched_max(tasks)
+    }
+
+    /// Tasks with a recorded change.
+    pub fn changed_len(&self) -> usize {
+        self.touched.len() + self.cancelled.len() as usize
     }
 
     /// The recorded change of `seq`, if any.
@@ -629,12 +630,13 @@ impl Queue {
         let Some(bucket) = self.buckets.get_mut(&key) else {
             return;
         };
-        let tasks = bucket.meta.scheduled as usize;
+        // The bucket's tasks: scheduled ones and those that changed (finished ones included).
+        let tasks = bucket.meta.scheduled as usize + bucket.points.changed_len();
         let seq = record.seq();
         match *record {
             Record::Cancel { .. } => {
                 if prior.as_put {
-                    bucket.points.cancel_as_put(seq, tasks);
+                    bucket.points.cancel_as_put(seq);
                 } else {
                     let touch = Touch {
                         state: TaskState::Cancelled,
@@ -717,7 +719,7 @@ mod tests {
             index.touched(1),
             Some(Touched::Full(touch(TaskState::Cancelled)))
         );
-        index.cancel_as_put(3, 10);
+        index.cancel_as_put(3);
         assert_eq!(index.touched(3), Some(Touched::CancelledAsPut));
         index.touch(2, touch(TaskState::Dead), 10);
         assert!(!index.is_complete());
@@ -725,12 +727,12 @@ mod tests {
         assert_eq!(index.touched(3), None);
 
         let mut index = PointIndex::empty();
+        // Cancels as put are bits: any number of them is kept.
+        for seq in 1_000_000..1_100_000 {
+            index.cancel_as_put(seq);
+        }
         for seq in 0..touched_max(100) as u64 {
-            if seq % 2 == 0 {
-                index.touch(seq, touch(TaskState::Cancelled), 100);
-            } else {
-                index.cancel_as_put(seq, 100);
-            }
+            index.touch(seq, touch(TaskState::Cancelled), 100);
         }
         assert!(index.is_complete());
         index.touch(u64::MAX, touch(TaskState::Cancelled), 100);
@@ -752,7 +754,7 @@ mod tests {
             index.touch(seq, touch, 100);
         }
         for seq in [4, 50, 99] {
-            index.cancel_as_put(seq, 100);
+            index.cancel_as_put(seq);
         }
         let mut bytes = Vec::new();
         index.encode(&mut bytes);
