@@ -280,9 +280,12 @@ fn three_nodes_split_then_a_graceful_stop_hands_over_at_once() {
     let split = [a.owned().len(), b.owned().len(), c.owned().len()];
     eprintln!("split of {PARTITIONS} partitions over 3 nodes: {split:?} in {took:?}");
     assert!(split.iter().all(|n| (55..=115).contains(n)), "{split:?}");
-    for n in [&a, &b, &c] {
-        assert_eq!(n.stats().live_nodes, 3);
-    }
+    // The live-node count is each node's view as of its own last round, which can come
+    // after the split is already exact (a CI run saw one node still at 1): wait for it.
+    wait_for(Duration::from_secs(5), || {
+        [&a, &b, &c].iter().all(|n| n.stats().live_nodes == 3)
+    })
+    .expect("every node counts three live nodes within 5 s");
 
     let (before, released_before) = (c.generation(), c.stats().releases);
     c.stop();
