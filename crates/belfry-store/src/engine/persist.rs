@@ -104,8 +104,9 @@ impl BucketMeta {
         }
     }
 
-    /// Takes the scheduled count and due bounds a scan of the bucket found.
-    pub fn set_bounds(&mut self, bounds: &super::points::Bounds) {
+    /// Takes the scheduled count and due bounds a scan of the bucket found (its leases and
+    /// dead letters are not scanned: an indexed unloaded bucket has none).
+    pub fn set_bounds(&mut self, bounds: &BucketMeta) {
         self.scheduled = bounds.scheduled;
         self.min_due_ms = bounds.min_due_ms;
         self.min_due_count = bounds.min_due_count;

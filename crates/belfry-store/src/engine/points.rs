@@ -33,6 +33,7 @@ use belfry_core::{Task, TaskState, UnixMs};
 use roaring::RoaringTreemap;
 
 use super::bucket::task_id;
+use super::persist::BucketMeta;
 use super::queue::{corrupt_at, Bucket, EngineStats, Queue, TaskFacts};
 use super::record::{self, put_u64, DecodeError, PutRecord, Reader, Record};
 use crate::store::Result;
@@ -350,30 +351,6 @@ pub fn walk(
     })
 }
 
-/// The due-time bounds of a bucket's scheduled tasks, and how many tasks sit at each.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Bounds {
-    pub min_due_ms: UnixMs,
-    pub min_due_count: u64,
-    pub max_due_ms: UnixMs,
-    pub max_due_count: u64,
-    pub scheduled: u64,
-}
-
-impl Bounds {
-    fn add(&mut self, due: UnixMs) {
-        if self.scheduled == 0 || due < self.min_due_ms {
-            (self.min_due_ms, self.min_due_count) = (due, 0);
-        }
-        if self.scheduled == 0 || due > self.max_due_ms {
-            (self.max_due_ms, self.max_due_count) = (due, 0);
-        }
-        self.min_due_count += u64::from(due == self.min_due_ms);
-        self.max_due_count += u64::from(due == self.max_due_ms);
-        self.scheduled += 1;
-    }
-}
-
 /// A recorded change of a task (see [`PointIndex::touched`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Touched {
@@ -413,7 +390,7 @@ pub struct Prior {
     pub as_put: bool,
     /// The bucket's due bounds after the change, when it moves a bound no other task is
     /// known to share ([`Queue::holds_due_bound`]; found by [`Bucket::scan_bounds`]).
-    pub bounds: Option<Bounds>,
+    pub bounds: Option<BucketMeta>,
     /// The hash of the task's idempotency key, released when the change finishes the task.
     pub key_hash: Option<u64>,
 }
@@ -449,10 +426,10 @@ impl Bucket {
     /// scheduled and a task due at `add` were: one pass over the file, `chunk` bytes at a
     /// time, reading each put's due time and the index's changes. Nothing per task is kept,
     /// so memory stays flat whatever the bucket's size.
-    pub fn scan_bounds(&mut self, skip: u64, add: Option<UnixMs>) -> Result<Bounds> {
+    pub fn scan_bounds(&mut self, skip: u64, add: Option<UnixMs>) -> Result<BucketMeta> {
         self.points.bound_scans += 1;
         let points = std::mem::replace(&mut self.points, PointIndex::unknown());
-        let mut bounds = Bounds::default();
+        let mut bounds = BucketMeta::default();
         let mut visit = |record: &Record| {
             if let Record::Put(put) = record {
                 let due = match points.touched(put.seq) {
@@ -462,7 +439,7 @@ impl Bucket {
                     Some(Touched::CancelledAsPut) => None,
                 };
                 if let Some(due) = due {
-                    bounds.add(due);
+                    bounds.add_scheduled(due);
                 }
             }
             false
@@ -471,7 +448,7 @@ impl Bucket {
         self.points = points;
         walked?;
         if let Some(due) = add {
-            bounds.add(due);
+            bounds.add_scheduled(due);
         }
         Ok(bounds)
     }
@@ -600,10 +577,10 @@ impl Queue {
     }
 
     /// [`Bucket::scan_bounds`] of bucket `key`.
-    pub fn scan_bounds(&mut self, key: u64, skip: u64, add: Option<UnixMs>) -> Result<Bounds> {
+    pub fn scan_bounds(&mut self, key: u64, skip: u64, add: Option<UnixMs>) -> Result<BucketMeta> {
         match self.buckets.get_mut(&key) {
             Some(bucket) => bucket.scan_bounds(skip, add),
-            None => Ok(Bounds::default()),
+            None => Ok(BucketMeta::default()),
         }
     }
 
