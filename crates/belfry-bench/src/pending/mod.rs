@@ -39,9 +39,25 @@ const RESTART_TARGET: Duration = Duration::from_secs(2);
 /// Brief target: RSS for 100M pending tasks.
 const RSS_BYTES_TARGET_AT_100M: u64 = 512 * 1024 * 1024;
 
-/// Raw bytes of one task beyond its payload: the due time (8 bytes). Ids, queue names and
-/// framing are the store's overhead, which is what the disk ratio is meant to expose.
+/// Raw bytes of one task beyond its payload: the due time (8 bytes), and its idempotency key
+/// when it has one ([`mean_key_bytes`]). Ids, queue names and framing are the store's
+/// overhead, which is what the disk ratio is meant to expose.
 const RAW_TASK_OVERHEAD_BYTES: u64 = 8;
+
+/// The mean length of the keys `pending-{run}-{index}` of `tasks` tasks, `run` being a
+/// 13-digit Unix time in ms: the key is the caller's data, so it counts as raw task bytes.
+fn mean_key_bytes(tasks: u64) -> u64 {
+    let digits: u64 = (0..20u32)
+        .map(|d| {
+            // Indices with d + 1 digits among 0..tasks.
+            let low = if d == 0 { 0 } else { 10u64.pow(d) };
+            let high = 10u64.saturating_pow(d + 1).min(tasks);
+            high.saturating_sub(low) * u64::from(d + 1)
+        })
+        .sum();
+    let prefix = "pending-".len() as u64 + 13 + 1;
+    prefix + digits.div_ceil(tasks.max(1))
+}
 
 /// Pause after the fill before measuring disk and memory, so background flushes that
 /// follow an acknowledged write are counted.
@@ -518,13 +534,23 @@ fn build_report(
     redis: Option<RedisPendingOutcome>,
 ) -> Report {
     let n = args.tasks as f64;
-    let raw_per_task = args.payload_bytes as u64 + RAW_TASK_OVERHEAD_BYTES;
+    let key_bytes = if args.idempotency_keys {
+        mean_key_bytes(args.tasks)
+    } else {
+        0
+    };
+    let raw_per_task = args.payload_bytes as u64 + RAW_TASK_OVERHEAD_BYTES + key_bytes;
     let dash = || "-".to_string();
     let mut table = Table::new(
         format!(
-            "pending: {} far-future tasks of {} B (raw {} B/task)",
+            "pending: {} far-future tasks of {} B{} (raw {} B/task)",
             thousands(n),
             args.payload_bytes,
+            if key_bytes > 0 {
+                format!(" with a {key_bytes} B idempotency key")
+            } else {
+                String::new()
+            },
             raw_per_task
         ),
         &[
@@ -750,6 +776,15 @@ fn build_report(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mean_key_length_counts_each_index_digits() {
+        // "pending-" + 13 digits + "-" = 22 bytes, then 0..10 have one digit each.
+        assert_eq!(mean_key_bytes(10), 23);
+        // 0..100: 10 of one digit, 90 of two: 190 / 100, rounded up.
+        assert_eq!(mean_key_bytes(100), 24);
+        assert_eq!(mean_key_bytes(3_000_000), 22 + 7);
+    }
 
     #[test]
     fn pending_is_found_wherever_the_queue_object_puts_it() {

@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use belfry_core::{LeaseId, QueueName, Task, TaskId, TaskState, UnixMs};
 
 use super::bucket::split_id;
+use super::keys::runs::KeyRuns;
 use super::points::Prior;
 use super::queue::{self, EngineStats, Queue};
 use super::record::{Record, WalBatch};
@@ -223,26 +224,45 @@ pub(super) struct ChangeTarget {
     pub prior: Option<Prior>,
 }
 
-/// The live task of `q` whose idempotency key is `key`, if any: the key index names the
-/// tasks whose key has the same hash, and each candidate's put record says whether its key is
-/// this one (read through the point index of an unloaded bucket; other far candidates'
-/// buckets are loaded, and `trim_far` bounds what stays loaded).
+/// The live task of `q` whose idempotency key is `key`, if any: the memtable and the runs
+/// name the tasks whose key has the same hash, and each candidate's put record says whether
+/// its key is this one and the task whether it still holds it (read through the point index
+/// of an unloaded bucket; other far candidates' buckets are loaded, and `trim_far` bounds
+/// what stays loaded). Runs keep the entries of finished tasks, so a candidate may be gone.
 pub(super) fn live_task_with_key(
     q: &mut Queue,
     stats: &mut EngineStats,
+    runs: &KeyRuns,
     key: &str,
 ) -> Result<Option<Task>> {
     let hash = q.hasher.hash(key);
-    let candidates: Vec<TaskId> = q.index.keys.candidates(hash).collect();
+    let mut candidates: Vec<TaskId> = Vec::new();
+    q.index.keys.candidates(hash, &mut candidates);
+    runs.candidates(q.uid, hash, &mut candidates)?;
+    candidates.sort_unstable();
+    candidates.dedup();
     for id in candidates {
         let (seq, bucket) = split_id(id);
+        if !q.buckets.contains_key(&bucket) {
+            continue; // deleted once all its tasks finished
+        }
         if let Some(task) = q.find_task(seq, bucket, stats)? {
-            if task.idempotency_key.as_deref() == Some(key) {
+            if task.idempotency_key.as_deref() == Some(key) && holds_key(task.state) {
                 return Ok(Some(task));
             }
         }
     }
     Ok(None)
+}
+
+/// Whether a task in `state` still holds its idempotency key: finished tasks release it (the
+/// `Store` contract lets their key be reused); dead-lettered ones keep it, since they may be
+/// redriven.
+fn holds_key(state: TaskState) -> bool {
+    !matches!(
+        state,
+        TaskState::Done | TaskState::Cancelled | TaskState::Skipped
+    )
 }
 
 /// Whether `lease` is the lease in force on task `id` of `q` (whose buckets near now are

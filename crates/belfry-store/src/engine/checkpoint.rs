@@ -12,6 +12,9 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex};
 
+use super::keys::runs;
+use super::keys::Frozen;
+use super::lsm::release_free_memory;
 use super::persist::{self, Checkpoint, CheckpointBucket};
 use super::wal::{create_wal, old_wal_files, wal_path};
 use super::{io, Core, Engine, State, CHECKPOINT_FILE};
@@ -124,6 +127,9 @@ fn checkpoint_thread(core: &Core, signal: &(Mutex<CheckpointSignal>, Condvar)) {
             if let Ok(true) = core.subs_compact() {
                 flags.lock().requested = true;
             }
+            if let Ok(true) = core.keys_compact() {
+                flags.lock().requested = true;
+            }
         }
         if settle.is_some_and(|quiet| last_look.elapsed() >= quiet) {
             last_look = Instant::now();
@@ -152,6 +158,12 @@ pub(super) struct CheckpointPlan {
     pub(super) subs: super::subs::SubsPlan,
     /// The point indexes of the unloaded buckets, as of the WAL switch.
     pub(super) points: persist::PointsSection,
+    /// The key memtables frozen at the WAL switch `(queue uid, pairs)`, ascending uid:
+    /// written to one run in phase B.
+    pub(super) keys_frozen: Vec<(u64, Arc<Frozen>)>,
+    /// The key runs as of phase B, and the files merges replaced (deleted in phase C).
+    pub(super) key_runs: persist::KeyRunsPersisted,
+    pub(super) key_runs_obsolete: Vec<PathBuf>,
 }
 
 impl Engine {
@@ -241,10 +253,76 @@ impl Core {
 
     /// Merges runs the policy picks, then, if it merged any, a checkpoint that lists them.
     fn compact_then_list(&self) -> Result<()> {
-        if self.subs_compact()? {
+        let subs = self.subs_compact()?;
+        if self.keys_compact()? || subs {
             self.checkpoint()?;
         }
         Ok(())
+    }
+
+    /// Phase B for the idempotency keys: writes the frozen memtables to one run, puts it in
+    /// front of the others (reads move from the frozen pairs to it at once), and notes the
+    /// runs the checkpoint lists and the merged-away files it deletes.
+    fn keys_write_run(&self, plan: &mut CheckpointPlan) -> Result<()> {
+        let frozen = std::mem::take(&mut plan.keys_frozen);
+        if !frozen.is_empty() {
+            let (dir, id) = {
+                let mut state = self.state.lock();
+                state.key_runs.next_run += 1;
+                (state.key_runs.dir.clone(), state.key_runs.next_run - 1)
+            };
+            let run = runs::write_frozen(&dir, id, &frozen)?;
+            persist::sync_dir(&dir)?;
+            let mut state = self.state.lock();
+            if let Some(run) = run {
+                self.space.wrote(run.file_bytes);
+                state.key_runs.runs.insert(0, Arc::new(run));
+            }
+            for (uid, _) in &frozen {
+                if let Some(queue) = state.queues.get_mut(uid) {
+                    queue.index.keys.thaw();
+                }
+            }
+        }
+        let mut state = self.state.lock();
+        plan.key_runs = state.key_runs.persisted();
+        plan.key_runs_obsolete = std::mem::take(&mut state.key_runs.retired);
+        Ok(())
+    }
+
+    /// Merges key runs while the size-tiered policy picks some, leaving out the entries of
+    /// deleted buckets and queues; returns whether it merged any. Like `subs_compact`: after
+    /// a checkpoint, holding `compacting`, the state lock only to pick and to swap.
+    pub(super) fn keys_compact(&self) -> Result<bool> {
+        let _guard = self.compacting.lock();
+        let mut merged = false;
+        loop {
+            let (plan, dir) = {
+                let mut state = self.state.lock();
+                state.check()?;
+                let State {
+                    queues, key_runs, ..
+                } = &mut *state;
+                let buckets = queues
+                    .values()
+                    .flat_map(|q| q.buckets.keys().map(move |&key| (q.uid, key)));
+                match key_runs.plan_merge(self.options.key_compaction_min_runs, buckets) {
+                    Some(plan) => (plan, key_runs.dir.clone()),
+                    None => break,
+                }
+            };
+            let out = runs::merge(&dir, &plan).map_err(|e| self.state.lock().poison(&e))?;
+            let mut state = self.state.lock();
+            if let Some(run) = &out {
+                self.space.wrote(run.file_bytes);
+            }
+            state.key_runs.install(&plan, out)?;
+            merged = true;
+        }
+        if merged {
+            release_free_memory();
+        }
+        Ok(merged)
     }
 
     pub(super) fn checkpoint_guarded(&self) -> Result<()> {
@@ -260,24 +338,26 @@ impl Core {
         let (mut plan, old_wal) = self.switch_wal()?;
         self.write_buckets(&plan)?;
         self.subs_write_runs(&mut plan.subs)?;
+        self.keys_write_run(&mut plan)?;
         let mut checkpoint = plan.checkpoint;
         checkpoint.wal_start = old_wal + 1;
         let subs = persist::encode_subs(&plan.subs.persisted);
         let points = std::mem::take(&mut plan.points).finish();
-        let tail: [&[u8]; 3] = [&plan.meta_entries, &subs, &points];
+        let key_runs = persist::encode_key_runs(&plan.key_runs);
+        let tail: [&[u8]; 4] = [&plan.meta_entries, &subs, &points, &key_runs];
         self.write_checkpoint(&checkpoint, &plan.key_queues, &tail)?;
         for n in old_wal_files(&self.dir)? {
             if n <= old_wal {
                 fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
             }
         }
-        for path in &plan.subs.obsolete {
+        for path in plan.subs.obsolete.iter().chain(&plan.key_runs_obsolete) {
             match fs::remove_file(path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(source) => {
                     return Err(StoreError::Io {
-                        context: "remove a merged subscription run",
+                        context: "remove a merged run file",
                         source,
                     })
                 }
@@ -517,9 +597,14 @@ impl Core {
             if any_dirty {
                 plan.sync_dirs.push(queue.dir.clone());
             }
-            // Keys are copied in phase C, a chunk at a time (see there).
+            // The keys put since the last checkpoint go to a run in phase B; those put from
+            // now on are copied in phase C, a chunk at a time (see there).
+            if let Some(frozen) = queue.index.keys.freeze() {
+                plan.keys_frozen.push((queue.uid, frozen));
+            }
             plan.key_queues.push(queue.uid);
         }
+        plan.keys_frozen.sort_unstable_by_key(|(uid, _)| *uid);
         plan.checkpoint.next_seq = state.next_seq;
         plan.checkpoint.next_lease = state.next_lease;
         plan.checkpoint.last_now_ms = state.last_now_ms;

@@ -46,6 +46,7 @@ pub mod bucket;
 mod calls;
 mod checkpoint;
 mod keys;
+mod lsm;
 mod meta;
 mod owner;
 pub mod persist;
@@ -70,6 +71,7 @@ use rustc_hash::FxHashMap;
 
 use self::bucket::{bucket_range, task_id};
 use self::checkpoint::Checkpointer;
+use self::keys::runs::KeyRuns;
 use self::keys::KeyHasher;
 use self::persist::{BucketMeta, MetaEntries, MetaFile};
 pub use self::queue::EngineStats;
@@ -142,6 +144,8 @@ pub struct EngineOptions {
     /// Checkpoints merge the newest subscription runs once at least this many of them
     /// together outweigh each older run they take in (size-tiered: see `subs/tree.rs`).
     pub subs_compaction_min_runs: usize,
+    /// Likewise for the idempotency-key runs (`keys/runs.rs`).
+    pub key_compaction_min_runs: usize,
     /// Once the subscription tree has seen no change for this long, the checkpoint thread
     /// merges all its runs into one, so that a user's sets (the feed's read) are one block
     /// read instead of one per run. `None`: never (size-tiered merges only).
@@ -194,6 +198,7 @@ impl Default for EngineOptions {
             free_space_reserve_bytes: FREE_SPACE_RESERVE_BYTES_DEFAULT,
             subs_memtable_bytes: SUBS_MEMTABLE_BYTES_DEFAULT,
             subs_compaction_min_runs: SUBS_COMPACTION_MIN_RUNS_DEFAULT,
+            key_compaction_min_runs: SUBS_COMPACTION_MIN_RUNS_DEFAULT,
             subs_settle_after: Some(SUBS_SETTLE_AFTER_DEFAULT),
         }
     }
@@ -222,6 +227,8 @@ struct State {
     meta: MetaFile,
     /// The idempotency-key hash (its secret is kept in the checkpoint).
     key_hasher: KeyHasher,
+    /// The idempotency keys on disk, of all queues (each queue's memtable is in its index).
+    key_runs: KeyRuns,
     queues: FxHashMap<u64, Queue>,
     next_seq: u64,
     next_lease: u64,
@@ -341,12 +348,26 @@ impl State {
     }
 
     fn queue(&mut self, name: &QueueName) -> Result<(&mut Queue, &mut EngineStats)> {
+        let (queue, stats, _) = self.queue_with_keys(name)?;
+        Ok((queue, stats))
+    }
+
+    /// [`State::queue`], and the key runs (to look a key up).
+    fn queue_with_keys(
+        &mut self,
+        name: &QueueName,
+    ) -> Result<(&mut Queue, &mut EngineStats, &KeyRuns)> {
         let uid = self.uid(name)?;
-        let State { queues, stats, .. } = self;
+        let State {
+            queues,
+            stats,
+            key_runs,
+            ..
+        } = self;
         let queue = queues
             .get_mut(&uid)
             .ok_or_else(|| StoreError::QueueNotFound(name.clone()))?;
-        Ok((queue, stats))
+        Ok((queue, stats, key_runs))
     }
 
     /// Appends a call's records: to the bucket buffers and the WAL queue, then applies them
@@ -583,6 +604,8 @@ impl Engine {
         stats.checkpoints = state.checkpoints;
         stats.buckets_in_memory = 0;
         stats.buckets_total = 0;
+        stats.key_runs = state.key_runs.runs.len() as u64;
+        stats.key_run_entries = state.key_runs.entries();
         for queue in state.queues.values() {
             stats.buckets_total += queue.buckets.len() as u64;
             stats.buckets_in_memory += queue

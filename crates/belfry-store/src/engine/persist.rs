@@ -25,9 +25,12 @@ const META_VERSION: u8 = 2;
 /// Checkpoint format 2 keeps idempotency keys as keyed hashes (`engine::keys`) and the hash's
 /// secret; format 3 adds the metadata entries after the keys; format 4 adds the subscription
 /// tree (runs and per-set counters) after them; format 5 adds the point indexes of unloaded
-/// buckets (`engine::points`) after that. Formats 1 (full keys) to 4 are still read (their
-/// buckets have no point index until loaded).
-const CHECKPOINT_VERSION: u8 = 5;
+/// buckets (`engine::points`) after that; format 6 adds the list of idempotency-key runs
+/// (`engine::keys::runs`) at the end. Formats 1 (full keys) to 5 are still read (before 5
+/// their buckets have no point index until loaded; before 6 every key is in the key section).
+const CHECKPOINT_VERSION: u8 = 6;
+/// The first checkpoint format with the point indexes.
+const CHECKPOINT_VERSION_POINTS: u8 = 5;
 /// The first checkpoint format with the subscription section.
 const CHECKPOINT_VERSION_SUBS: u8 = 4;
 /// The first checkpoint format with the metadata entries.
@@ -167,6 +170,45 @@ pub struct Checkpoint {
     /// Point indexes of buckets unloaded at the checkpoint: (queue uid, bucket key, index).
     /// A bucket not listed has none until it is loaded (format 4 and older list none).
     pub points: Vec<(u64, u64, PointIndex)>,
+    /// The idempotency-key runs (`None` before format 6: the key section held every key).
+    pub key_runs: Option<KeyRunsPersisted>,
+}
+
+/// What a checkpoint records of the idempotency-key runs (`engine::keys::runs`).
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct KeyRunsPersisted {
+    /// The next run file id.
+    pub next_run: u64,
+    /// Run ids, newest first.
+    pub runs: Vec<u64>,
+}
+
+/// `[next_run u64][runs u64][run id u64]*`: the key-run section of a format-6 checkpoint.
+pub fn encode_key_runs(key_runs: &KeyRunsPersisted) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16 + 8 * key_runs.runs.len());
+    put_u64(&mut out, key_runs.next_run);
+    put_u64(&mut out, key_runs.runs.len() as u64);
+    for id in &key_runs.runs {
+        put_u64(&mut out, *id);
+    }
+    out
+}
+
+fn read_key_runs(r: &mut Reader<'_>) -> std::result::Result<KeyRunsPersisted, &'static str> {
+    let mut field = || r.u64().map_err(|_| "truncated key-run section");
+    let next_run = field()?;
+    let runs = field()?;
+    if runs > 1 << 20 {
+        return Err("implausible key-run count");
+    }
+    let mut out = KeyRunsPersisted {
+        next_run,
+        runs: Vec::with_capacity(runs as usize),
+    };
+    for _ in 0..runs {
+        out.runs.push(field()?);
+    }
+    Ok(out)
 }
 
 /// What a checkpoint records of the subscription tree (`engine::subs`).
@@ -506,6 +548,7 @@ impl Checkpoint {
             CHECKPOINT_VERSION_HASHED_KEYS,
             CHECKPOINT_VERSION_META,
             CHECKPOINT_VERSION_SUBS,
+            CHECKPOINT_VERSION_POINTS,
             CHECKPOINT_VERSION,
         ];
         let Some((version, body)) = read_framed_versions(path, CHECKPOINT_MAGIC, &versions)? else {
@@ -543,7 +586,7 @@ impl Checkpoint {
                     max_due_count: 0,
                 },
             });
-            if version >= CHECKPOINT_VERSION {
+            if version >= CHECKPOINT_VERSION_POINTS {
                 let meta = &mut checkpoint.buckets.last_mut().expect("just pushed").meta;
                 meta.min_due_count = u64_field(&mut r)?;
                 meta.max_due_count = u64_field(&mut r)?;
@@ -579,8 +622,11 @@ impl Checkpoint {
         if version >= CHECKPOINT_VERSION_SUBS {
             checkpoint.subs = Some(read_subs(&mut r)?);
         }
-        if version >= CHECKPOINT_VERSION {
+        if version >= CHECKPOINT_VERSION_POINTS {
             checkpoint.points = read_points(&mut r, &checkpoint.buckets)?;
+        }
+        if version >= CHECKPOINT_VERSION {
+            checkpoint.key_runs = Some(read_key_runs(&mut r)?);
         }
         if !r.bytes.is_empty() {
             return Err("trailing bytes");
@@ -605,6 +651,7 @@ impl Checkpoint {
             points.add(*uid, *key, index);
         }
         writer.write(&points.finish())?;
+        writer.write(&encode_key_runs(&self.key_runs.clone().unwrap_or_default()))?;
         writer.finish()
     }
 

@@ -499,6 +499,9 @@ pub struct EngineStats {
     /// Buckets currently loaded, and known in all.
     pub buckets_in_memory: u64,
     pub buckets_total: u64,
+    /// Idempotency-key runs on disk, and the entries they hold (stale ones included).
+    pub key_runs: u64,
+    pub key_run_entries: u64,
 }
 
 impl Queue {

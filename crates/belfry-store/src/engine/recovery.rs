@@ -16,6 +16,7 @@ use rustc_hash::FxHashMap;
 
 use super::bucket::{self, task_id};
 use super::checkpoint::Checkpointer;
+use super::keys::runs::KeyRuns;
 use super::keys::KeyHasher;
 use super::meta;
 use super::owner;
@@ -65,7 +66,8 @@ impl Engine {
         let runs = subs::open_runs(&dir, &subs_persisted)?;
         let mut subs = Subs::new(dir.join(subs::SUBS_DIR), runs, &subs_persisted);
         let poisoned = Arc::new(AtomicBool::new(false));
-        let mut state = State::from_checkpoint(meta, &checkpoint, Arc::clone(&poisoned));
+        let key_runs = KeyRuns::open(&dir, &checkpoint.key_runs.take().unwrap_or_default())?;
+        let mut state = State::from_checkpoint(meta, &checkpoint, key_runs, Arc::clone(&poisoned));
         restore_queues(&dir, &mut state)?;
         restore_buckets(&checkpoint, &mut state)?;
         restore_points(std::mem::take(&mut checkpoint.points), &mut state);
@@ -124,9 +126,11 @@ impl State {
     fn from_checkpoint(
         meta: MetaFile,
         checkpoint: &Checkpoint,
+        key_runs: KeyRuns,
         poisoned_flag: Arc<AtomicBool>,
     ) -> State {
         State {
+            key_runs,
             queues: FxHashMap::default(),
             next_seq: checkpoint.next_seq.max(1),
             next_lease: checkpoint.next_lease.max(1),
@@ -264,7 +268,9 @@ fn cut_to_checkpoint(path: &Path, file_len: u64) -> Result<()> {
     Ok(())
 }
 
-/// The live idempotency keys the checkpoint holds (format 1: in full, hashed now).
+/// The idempotency keys the checkpoint's key section holds (format 1: in full, hashed now):
+/// since format 6, those put after its WAL switch; before, all of them. The next checkpoint
+/// writes them to a run.
 fn restore_keys(checkpoint: &Checkpoint, state: &mut State) {
     for &(uid, hash, id) in &checkpoint.keys {
         if let Some(queue) = state.queues.get_mut(&uid) {

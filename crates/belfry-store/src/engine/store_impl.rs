@@ -124,8 +124,8 @@ impl Store for Engine {
                     outcomes.push(PutOutcome::Duplicate(Box::new(first.clone())));
                     continue;
                 }
-                let (q, stats) = state.queue(&task.queue)?;
-                if let Some(found) = live_task_with_key(q, stats, k)? {
+                let (q, stats, runs) = state.queue_with_keys(&task.queue)?;
+                if let Some(found) = live_task_with_key(q, stats, runs, k)? {
                     outcomes.push(PutOutcome::Duplicate(Box::new(found)));
                     continue;
                 }
@@ -162,8 +162,9 @@ impl Store for Engine {
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>> {
         self.preload(queue, now_ms)?;
         let mut state = self.lock_state()?;
-        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
-        let found = live_task_with_key(q, stats, key)?;
+        state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+        let (q, stats, runs) = state.queue_with_keys(queue)?;
+        let found = live_task_with_key(q, stats, runs, key)?;
         state.trim_far(None, &self.core.options);
         Ok(found)
     }

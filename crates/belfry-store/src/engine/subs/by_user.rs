@@ -16,8 +16,8 @@ use std::sync::Arc;
 use belfry_core::UserId;
 
 use super::keys::{split_by_user, user_prefix};
-use super::run::Run;
 use super::Subs;
+use crate::engine::lsm::run::Run;
 use crate::engine::Engine;
 use crate::store::{Result, StoreError};
 

@@ -10,31 +10,13 @@
 
 use belfry_core::UserId;
 
+pub(crate) use crate::engine::lsm::{get_varint, put_varint};
+
 pub(crate) const SPACE_BY_SET: u8 = 0;
 pub(crate) const SPACE_BY_USER: u8 = 1;
 
 /// Longest key: by user, `1 + 1 + 129 + 8 + 10`.
 pub(crate) const KEY_BYTES_MAX: usize = 160;
-
-pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        out.push((value as u8) | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
-}
-
-/// A varint from the front of `bytes`: the value and its length.
-pub(crate) fn get_varint(bytes: &[u8]) -> Option<(u64, usize)> {
-    let mut value = 0u64;
-    for (i, &b) in bytes.iter().enumerate().take(10) {
-        value |= u64::from(b & 0x7f) << (7 * i);
-        if b & 0x80 == 0 {
-            return Some((value, i + 1));
-        }
-    }
-    None
-}
 
 /// `[0][set][epoch]`: the prefix of a set incarnation's members.
 pub(crate) fn set_prefix(out: &mut Vec<u8>, set: u64, epoch: u64) {

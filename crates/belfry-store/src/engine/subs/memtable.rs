@@ -2,7 +2,7 @@
 //! Slabs are merged size-tiered as they accumulate, so a lookup visits a few slabs and a
 //! bulk call costs a sort and a copy, not a tree insert and an allocation per key.
 
-use super::merge::{Merge, Source};
+use crate::engine::lsm::merge::{Merge, Source};
 use crate::store::Result;
 
 /// Memory an entry takes besides its key (its end offset and flag).

@@ -19,15 +19,13 @@
 //! frame. Order: metadata, subs, sync, write, state. The feed's read of a user's sets
 //! (`by_user.rs`) and fan-out's pages of a set (`pages.rs`) read the runs outside the lock.
 
-mod bloom;
 mod by_user;
 pub(crate) mod keys;
 mod memtable;
-mod merge;
 mod pages;
 pub(crate) mod record;
-mod run;
 mod tree;
+mod view;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -38,13 +36,13 @@ use rustc_hash::FxHashMap;
 
 use self::keys::{by_user_key, set_prefix, sorted_user_keys};
 use self::memtable::{Memtable, Slab};
-use self::merge::View;
 use self::record::{Op, SubsRecord, USERS_PER_RECORD_MAX};
-use self::run::{BlockScan, Run};
 pub(crate) use self::tree::{open_runs, SubsPlan};
+use self::view::View;
 use super::checkpoint::CheckpointNeed;
 use super::record::WalBatch;
 use super::Engine;
+use crate::engine::lsm::run::{BlockScan, Run};
 pub use crate::engine::persist::SubsPersisted;
 use crate::store::{Result, StoreError};
 
@@ -181,7 +179,7 @@ impl Subs {
             view.mems.retain(|mem| mem.holds_between(&first, &last));
             // Likewise runs, and runs holding the whole range need no check per key.
             for (run, scan) in self.runs.iter().zip(&mut cache) {
-                scan.overlap = run.set_key_overlap(&first, &last);
+                scan.overlap = run.filtered_overlap(&first, &last);
             }
         }
         let mut key = prefix.to_vec();

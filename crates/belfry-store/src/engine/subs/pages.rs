@@ -10,8 +10,8 @@ use belfry_core::UserId;
 
 use super::keys::set_prefix;
 use super::memtable::{Slab, SlabSource};
-use super::merge::{Merge, RunCursor, Source};
 use super::{decode_user, Subs};
+use crate::engine::lsm::merge::{Merge, RunCursor, Source};
 use crate::engine::Engine;
 use crate::store::Result;
 

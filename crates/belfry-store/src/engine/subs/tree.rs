@@ -9,15 +9,13 @@ use rustc_hash::FxHashMap;
 
 use super::keys::{split_by_set, split_by_user, SPACE_BY_SET, SPACE_BY_USER};
 use super::memtable::{Memtable, SlabSource};
-use super::merge::{Merge, RunCursor, Source};
-use super::run::{parse_run_name, run_name, Run, RunWriter};
 use super::{Subs, SUBS_DIR};
+use crate::engine::lsm::merge::{Merge, RunCursor, Source};
+use crate::engine::lsm::run::{Run, RunKind, RunWriter};
+use crate::engine::lsm::{open_listed_runs, pick, release_free_memory};
 use crate::engine::persist::{sync_dir, SubsPersisted};
 use crate::engine::{io, Core};
 use crate::store::{Result, StoreError};
-
-/// More runs than this and the checkpoint merges them all, whatever their sizes.
-const RUNS_MAX: usize = 24;
 
 /// What phase A of a checkpoint took from the tree.
 #[derive(Debug, Default)]
@@ -167,7 +165,7 @@ impl Core {
         };
         #[cfg(test)]
         drop(self.merge_gate.lock());
-        let set_keys = inputs.iter().map(|r| r.set_keys_hint()).sum();
+        let set_keys = inputs.iter().map(|r| r.filtered_keys_hint()).sum();
         let mut sources: Vec<Box<dyn Source + '_>> = Vec::with_capacity(inputs.len());
         for run in &inputs {
             sources.push(Box::new(RunCursor::new(run, &[])?));
@@ -191,46 +189,6 @@ impl Core {
         subs.runs.splice(at..at + inputs.len(), out.map(Arc::new));
         subs.retired.extend(inputs.iter().map(|r| r.path.clone()));
         Ok(true)
-    }
-}
-
-/// How many of the newest runs to merge (0: none). Size-tiered: the newest runs are merged
-/// once at least `min_runs` of them together outweigh each next older one they take in, so
-/// every entry is rewritten about log2(total / memtable) times; more than [`RUNS_MAX`] runs
-/// are merged whole.
-fn pick(runs: &[Arc<Run>], min_runs: usize) -> usize {
-    let min_runs = min_runs.max(2);
-    if runs.len() > RUNS_MAX {
-        return runs.len();
-    }
-    if runs.len() < min_runs {
-        return 0;
-    }
-    let mut total = runs[0].entries;
-    let mut k = 1;
-    while k < runs.len() && runs[k].entries <= total {
-        total += runs[k].entries;
-        k += 1;
-    }
-    if k >= min_runs {
-        k
-    } else {
-        0
-    }
-}
-
-/// Hands the allocator's free memory back to the system after merges. A merge holds its
-/// output's bloom filter and index (megabytes per million subscriptions) beside its inputs'
-/// until it swaps them, and glibc keeps what they freed in its arenas: 10M subscriptions
-/// measured 47-73 MiB of RSS growth from run to run, depending on which merges had run.
-/// Merges are seconds apart at most, so the trim's cost (milliseconds) does not count.
-fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    #[allow(unsafe_code)]
-    // SAFETY: malloc_trim only returns free memory of glibc's heaps to the system; it takes
-    // the allocator's own locks and touches no memory in use.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 
@@ -276,7 +234,7 @@ fn write_merged(
     epochs: &FxHashMap<u64, u64>,
     bottom: bool,
 ) -> Result<Option<Run>> {
-    let mut writer = RunWriter::create(dir, id, set_keys)?;
+    let mut writer = RunWriter::create(dir, id, RunKind::Subs, set_keys)?;
     let mut key = Vec::new();
     let mut written = 0u64;
     while let Some(live) = merge.next(&mut key)? {
@@ -298,28 +256,10 @@ fn write_merged(
     Ok(Some(run))
 }
 
-/// Opens the runs a checkpoint lists (footers, indexes and bloom filters only) and removes
-/// every other file of the runs directory: runs written by a checkpoint that did not finish,
-/// or merged away by one that did.
+/// Opens the runs a checkpoint lists and removes the other files of the runs directory
+/// ([`open_listed_runs`]).
 pub(crate) fn open_runs(data_dir: &Path, persisted: &SubsPersisted) -> Result<Vec<Arc<Run>>> {
-    let dir = data_dir.join(SUBS_DIR);
-    fs::create_dir_all(&dir).map_err(io("create the subscriptions directory"))?;
-    let mut runs = Vec::with_capacity(persisted.runs.len());
-    for &id in &persisted.runs {
-        runs.push(Arc::new(Run::open(&dir.join(run_name(id)), id)?));
-    }
-    for entry in fs::read_dir(&dir).map_err(io("list the subscriptions directory"))? {
-        let entry = entry.map_err(io("list the subscriptions directory"))?;
-        let name = entry.file_name();
-        let listed = name
-            .to_str()
-            .and_then(parse_run_name)
-            .is_some_and(|id| persisted.runs.contains(&id));
-        if !listed {
-            fs::remove_file(entry.path()).map_err(io("remove a stale subscription run"))?;
-        }
-    }
-    Ok(runs)
+    open_listed_runs(&data_dir.join(SUBS_DIR), RunKind::Subs, &persisted.runs)
 }
 
 #[cfg(test)]

@@ -1,15 +1,18 @@
-//! Run files: immutable sorted files of subscription entries (`subs/<id>.run`).
+//! Run files: immutable sorted files of byte-string keys, each with a live/tombstone flag.
+//! The subscription tree keeps its entries in them (`subs/<id>.run`, [`RunKind::Subs`]) and
+//! the idempotency-key index its keys (`keys/<id>.run`, [`RunKind::Keys`]).
 //!
 //! Layout (integers little-endian unless said otherwise):
 //! - data blocks, each one CRC frame (`[len u32][crc32 u32][body]`) of about
 //!   [`BLOCK_BYTES`]: entries `[shared: varint][suffix_len << 1 | live: varint][suffix]`, keys
 //!   prefix-compressed against the previous key of the block (the first one in full);
 //! - the index, one frame: `[blocks: u32]`, per block `[offset: u64][frame len: u32]
-//!   [first key len: u8][first key]`, then `[len: u8][largest by-set key]`;
-//! - the blocked bloom filter over the by-set keys (`bloom.rs`), one frame of u64 words, a
-//!   whole number of 512-bit blocks;
-//! - the footer, [`FOOTER_BYTES`]: `magic "BLFYSUBR"`, version u8, index offset u64, index
-//!   len u64, bloom offset u64, bloom len u64, entries u64, crc32 of the footer before it.
+//!   [first key len: u8][first key]`, then `[len: u8][largest filtered key]`;
+//! - the blocked bloom filter (`bloom.rs`) over the filtered part of each key
+//!   ([`RunKind::filtered`]), one frame of u64 words, a whole number of 512-bit blocks;
+//! - the footer, [`FOOTER_BYTES`]: magic (`"BLFYSUBR"` or `"BLFYKEYR"`, by kind), version
+//!   u8, index offset u64, index len u64, bloom offset u64, bloom len u64, entries u64, crc32
+//!   of the footer before it.
 //!
 //! Opening a run reads only its footer, index and bloom filter; blocks are read with `pread`
 //! when needed (the page cache caches them). Damage is `StoreError::Corrupt` naming the file
@@ -21,13 +24,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use super::bloom::{Bloom, BloomHash};
-use super::keys::{get_varint, put_varint, SPACE_BY_SET};
+use super::{get_varint, put_varint};
 use crate::engine::record::{split_frame_limited, write_frame_header, FRAME_HEADER_BYTES};
+use crate::engine::subs::keys::SPACE_BY_SET;
 use crate::store::{Result, StoreError};
 
 /// Target size of a data block.
 pub(crate) const BLOCK_BYTES: usize = 4096;
-const MAGIC: &[u8; 8] = b"BLFYSUBR";
 /// 2: blocked bloom filter (1, a plain one, is no longer read).
 const RUN_VERSION: u8 = 2;
 pub(crate) const FOOTER_BYTES: usize = 8 + 1 + 8 * 5 + 4;
@@ -43,6 +46,36 @@ pub(crate) fn parse_run_name(name: &str) -> Option<u64> {
     (hex.len() == 16)
         .then(|| u64::from_str_radix(hex, 16).ok())
         .flatten()
+}
+
+/// What a run file holds, which decides its magic and which keys its bloom filter covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunKind {
+    /// Subscription entries: by-set keys (which sort first) are filtered whole.
+    Subs,
+    /// Idempotency keys: every key's first [`KEYS_FILTERED_BYTES`] (queue and key hash).
+    Keys,
+}
+
+/// The filtered prefix of an idempotency-key run's keys (`engine::keys::runs`).
+pub(crate) const KEYS_FILTERED_BYTES: usize = 16;
+
+impl RunKind {
+    fn magic(self) -> &'static [u8; 8] {
+        match self {
+            RunKind::Subs => b"BLFYSUBR",
+            RunKind::Keys => b"BLFYKEYR",
+        }
+    }
+
+    /// The part of `key` the bloom filter holds (`None`: the key is not filtered). Filtered
+    /// keys sort before the others, so they are the run's first keys.
+    pub(crate) fn filtered(self, key: &[u8]) -> Option<&[u8]> {
+        match self {
+            RunKind::Subs => (key.first() == Some(&SPACE_BY_SET)).then_some(key),
+            RunKind::Keys => key.get(..KEYS_FILTERED_BYTES),
+        }
+    }
 }
 
 pub(crate) fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> StoreError {
@@ -74,8 +107,8 @@ pub(crate) struct Run {
     index_keys: Vec<u8>,
     blocks: Vec<BlockRef>,
     bloom: Bloom,
-    /// The largest by-set key (empty if the run holds none).
-    max_set_key: Vec<u8>,
+    /// The largest filtered key (empty if the run holds none).
+    max_filtered: Vec<u8>,
     pub(crate) entries: u64,
     pub(crate) file_bytes: u64,
 }
@@ -272,24 +305,26 @@ impl Run {
         lo.saturating_sub(1)
     }
 
-    /// Whether a by-set key may be in this run's by-set key range.
-    pub(crate) fn in_set_key_range(&self, key: &[u8]) -> bool {
-        !self.blocks.is_empty() && key <= self.max_set_key.as_slice() && key >= self.first_key(0)
+    /// Whether a filtered key may be in this run's range of filtered keys.
+    pub(crate) fn in_filtered_range(&self, key: &[u8]) -> bool {
+        !self.blocks.is_empty() && key <= self.max_filtered.as_slice() && key >= self.first_key(0)
     }
 
-    /// How the keys `first..=last` relate to this run's by-set key range.
-    pub(crate) fn set_key_overlap(&self, first: &[u8], last: &[u8]) -> Overlap {
-        if self.blocks.is_empty() || last < self.first_key(0) || first > self.max_set_key.as_slice()
+    /// How the filtered keys `first..=last` relate to this run's range of them.
+    pub(crate) fn filtered_overlap(&self, first: &[u8], last: &[u8]) -> Overlap {
+        if self.blocks.is_empty()
+            || last < self.first_key(0)
+            || first > self.max_filtered.as_slice()
         {
             Overlap::Outside
-        } else if first >= self.first_key(0) && last <= self.max_set_key.as_slice() {
+        } else if first >= self.first_key(0) && last <= self.max_filtered.as_slice() {
             Overlap::Inside
         } else {
             Overlap::PerKey
         }
     }
 
-    /// Whether the bloom filter lets a by-set key (of this hash) through.
+    /// Whether the bloom filter lets a filtered key (of this hash) through.
     pub(crate) fn bloom_may_hold(&self, hash: &BloomHash) -> bool {
         self.bloom.may_contain(hash)
     }
@@ -302,7 +337,7 @@ impl Run {
                     corrupt(&self.path, b.offset, "block cut short")
                 }
                 _ => StoreError::Io {
-                    context: "read a subscription run",
+                    context: "read a run file",
                     source: e,
                 },
             })
@@ -373,36 +408,33 @@ impl Run {
         }
     }
 
-    /// Opens a run, reading its footer, index and bloom filter only.
-    pub(crate) fn open(path: &Path, id: u64) -> Result<Run> {
+    /// Opens a run of `kind`, reading its footer, index and bloom filter only.
+    pub(crate) fn open(path: &Path, id: u64, kind: RunKind) -> Result<Run> {
         let file = File::open(path).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => {
                 corrupt(path, 0, "run file listed by the checkpoint is missing")
             }
             _ => StoreError::Io {
-                context: "open a subscription run",
+                context: "open a run file",
                 source: e,
             },
         })?;
-        let file_bytes = file
-            .metadata()
-            .map_err(io("stat a subscription run"))?
-            .len();
+        let file_bytes = file.metadata().map_err(io("stat a run file"))?.len();
         if file_bytes < FOOTER_BYTES as u64 {
             return Err(corrupt(path, 0, "run file shorter than its footer"));
         }
         let footer_at = file_bytes - FOOTER_BYTES as u64;
         let mut footer = [0u8; FOOTER_BYTES];
         file.read_exact_at(&mut footer, footer_at)
-            .map_err(io("read a subscription run"))?;
-        let f = Footer::decode(&footer).map_err(|d| corrupt(path, footer_at, d))?;
+            .map_err(io("read a run file"))?;
+        let f = Footer::decode(&footer, kind).map_err(|d| corrupt(path, footer_at, d))?;
         let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
             if len as usize > META_FRAME_BYTES_MAX || offset + len > footer_at {
                 return Err(corrupt(path, footer_at, "footer points outside the file"));
             }
             let mut buf = vec![0; len as usize];
             file.read_exact_at(&mut buf, offset)
-                .map_err(io("read a subscription run"))?;
+                .map_err(io("read a run file"))?;
             let (body, _) = split_frame_limited(&buf, META_FRAME_BYTES_MAX)
                 .map_err(|e| corrupt(path, offset, format!("frame: {e}")))?;
             Ok(body.to_vec())
@@ -416,7 +448,7 @@ impl Run {
             index_keys: Vec::new(),
             blocks: Vec::new(),
             bloom: decode_bloom(&bloom).ok_or_else(|| corrupt(path, f.bloom_offset, "bloom"))?,
-            max_set_key: Vec::new(),
+            max_filtered: Vec::new(),
             entries: f.entries,
             file_bytes,
         };
@@ -446,7 +478,7 @@ impl Run {
             });
         }
         let len = r.u8().map_err(|_| "largest key")?;
-        self.max_set_key = r.take(len as usize).map_err(|_| "largest key")?.to_vec();
+        self.max_filtered = r.take(len as usize).map_err(|_| "largest key")?.to_vec();
         if !r.bytes.is_empty() {
             return Err("trailing bytes in the index");
         }
@@ -466,6 +498,7 @@ fn decode_bloom(body: &[u8]) -> Option<Bloom> {
 }
 
 struct Footer {
+    kind: RunKind,
     index_offset: u64,
     index_len: u64,
     bloom_offset: u64,
@@ -476,7 +509,7 @@ struct Footer {
 impl Footer {
     fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(FOOTER_BYTES);
-        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(self.kind.magic());
         out.push(RUN_VERSION);
         for v in [
             self.index_offset,
@@ -492,13 +525,13 @@ impl Footer {
         out
     }
 
-    fn decode(bytes: &[u8; FOOTER_BYTES]) -> std::result::Result<Footer, String> {
+    fn decode(bytes: &[u8; FOOTER_BYTES], kind: RunKind) -> std::result::Result<Footer, String> {
         let (body, crc) = bytes.split_at(FOOTER_BYTES - 4);
         if crc32fast::hash(body).to_le_bytes() != crc {
             return Err("footer checksum mismatch".into());
         }
-        if &body[..8] != MAGIC {
-            return Err("not a subscription run (wrong magic)".into());
+        if &body[..8] != kind.magic() {
+            return Err(format!("not a {kind:?} run file (wrong magic)"));
         }
         if body[8] != RUN_VERSION {
             return Err(format!("unknown run version {}", body[8]));
@@ -508,6 +541,7 @@ impl Footer {
             u64::from_le_bytes(body[at..at + 8].try_into().unwrap_or_default())
         };
         Ok(Footer {
+            kind,
             index_offset: field(0),
             index_len: field(1),
             bloom_offset: field(2),
@@ -519,6 +553,7 @@ impl Footer {
 
 /// Writes a run from entries added in ascending key order.
 pub(crate) struct RunWriter {
+    kind: RunKind,
     id: u64,
     path: PathBuf,
     out: BufWriter<File>,
@@ -530,7 +565,7 @@ pub(crate) struct RunWriter {
     index_keys: Vec<u8>,
     blocks: Vec<BlockRef>,
     bloom: Bloom,
-    max_set_key: Vec<u8>,
+    max_filtered: Vec<u8>,
     entries: u64,
 }
 
@@ -554,11 +589,18 @@ fn shared_prefix(a: &[u8], b: &[u8]) -> usize {
 }
 
 impl RunWriter {
-    /// A writer for run `id` in `dir`, its bloom filter sized for `set_keys` by-set keys.
-    pub(crate) fn create(dir: &Path, id: u64, set_keys: usize) -> Result<RunWriter> {
+    /// A writer for run `id` of `kind` in `dir`, its bloom filter sized for
+    /// `filtered_keys` filtered keys.
+    pub(crate) fn create(
+        dir: &Path,
+        id: u64,
+        kind: RunKind,
+        filtered_keys: usize,
+    ) -> Result<RunWriter> {
         let path = dir.join(run_name(id));
-        let file = File::create(&path).map_err(io("create a subscription run"))?;
+        let file = File::create(&path).map_err(io("create a run file"))?;
         Ok(RunWriter {
+            kind,
             id,
             path,
             out: BufWriter::with_capacity(256 * 1024, file),
@@ -568,8 +610,8 @@ impl RunWriter {
             last: Vec::new(),
             index_keys: Vec::new(),
             blocks: Vec::new(),
-            bloom: Bloom::with_keys(set_keys),
-            max_set_key: Vec::new(),
+            bloom: Bloom::with_keys(filtered_keys),
+            max_filtered: Vec::new(),
             entries: 0,
         })
     }
@@ -589,14 +631,12 @@ impl RunWriter {
             (((key.len() - shared) as u64) << 1) | u64::from(live),
         );
         self.block.extend_from_slice(&key[shared..]);
-        if key.first() != Some(&SPACE_BY_SET) && self.last.first() == Some(&SPACE_BY_SET) {
-            // By-set keys sort first: the last of them is the largest.
-            self.max_set_key.clone_from(&self.last);
-        }
         self.last.truncate(shared);
         self.last.extend_from_slice(&key[shared..]);
-        if key.first() == Some(&SPACE_BY_SET) {
-            self.bloom.insert(key);
+        if let Some(filtered) = self.kind.filtered(key) {
+            self.bloom.insert(filtered);
+            // Filtered keys sort first: the last of them is the largest.
+            self.max_filtered.clone_from(&self.last);
         }
         self.entries += 1;
         if self.block.len() >= BLOCK_BYTES {
@@ -630,9 +670,7 @@ impl RunWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out
-            .write_all(bytes)
-            .map_err(io("write a subscription run"))
+        self.out.write_all(bytes).map_err(io("write a run file"))
     }
 
     /// Writes the index, bloom filter and footer, fsyncs the file and opens it as a run
@@ -640,11 +678,7 @@ impl RunWriter {
     /// listing the run anywhere.
     pub(crate) fn finish(mut self) -> Result<Run> {
         self.end_block()?;
-        let max_set_key = if self.last.first() == Some(&SPACE_BY_SET) {
-            std::mem::take(&mut self.last)
-        } else {
-            std::mem::take(&mut self.max_set_key)
-        };
+        let max_filtered = std::mem::take(&mut self.max_filtered);
         let mut index = Vec::with_capacity(self.index_keys.len() + 17 * self.blocks.len() + 170);
         index.extend_from_slice(&(self.blocks.len() as u32).to_le_bytes());
         for b in &self.blocks {
@@ -653,8 +687,8 @@ impl RunWriter {
             index.push((b.key_end - b.key_start) as u8);
             index.extend_from_slice(&self.index_keys[b.key_start as usize..b.key_end as usize]);
         }
-        index.push(max_set_key.len() as u8);
-        index.extend_from_slice(&max_set_key);
+        index.push(max_filtered.len() as u8);
+        index.extend_from_slice(&max_filtered);
         let mut header = Vec::with_capacity(FRAME_HEADER_BYTES);
         write_frame_header(&mut header, &index);
         self.write(&header)?;
@@ -674,14 +708,13 @@ impl RunWriter {
         frame.extend_from_slice(&crc.finalize().to_le_bytes());
         for chunk in words.chunks(8 * 1024) {
             frame.extend(chunk.iter().flat_map(|w| w.to_le_bytes()));
-            self.out
-                .write_all(&frame)
-                .map_err(io("write a subscription run"))?;
+            self.out.write_all(&frame).map_err(io("write a run file"))?;
             frame.clear();
         }
         let (bloom_offset, bloom_len) = (self.offset, (FRAME_HEADER_BYTES + body_len) as u64);
         self.offset += bloom_len;
         let footer = Footer {
+            kind: self.kind,
             index_offset,
             index_len,
             bloom_offset,
@@ -690,12 +723,12 @@ impl RunWriter {
         };
         self.write(&footer.encode())?;
         let file = self.out.into_inner().map_err(|e| StoreError::Io {
-            context: "write a subscription run",
+            context: "write a run file",
             source: e.into_error(),
         })?;
-        file.sync_all().map_err(io("fsync a subscription run"))?;
+        file.sync_all().map_err(io("fsync a run file"))?;
         drop(file);
-        let file = File::open(&self.path).map_err(io("open a subscription run"))?;
+        let file = File::open(&self.path).map_err(io("open a run file"))?;
         Ok(Run {
             id: self.id,
             path: self.path,
@@ -703,7 +736,7 @@ impl RunWriter {
             index_keys: self.index_keys,
             blocks: self.blocks,
             bloom: self.bloom,
-            max_set_key,
+            max_filtered,
             entries: self.entries,
             file_bytes: self.offset + FOOTER_BYTES as u64,
         })
@@ -711,9 +744,9 @@ impl RunWriter {
 }
 
 impl Run {
-    /// About how many by-set keys the run holds (from its bloom filter's size), to size the
+    /// About how many filtered keys the run holds (from its bloom filter's size), to size the
     /// bloom filter of a merge.
-    pub(crate) fn set_keys_hint(&self) -> usize {
+    pub(crate) fn filtered_keys_hint(&self) -> usize {
         self.bloom.words().len() * 64 / super::bloom::BLOOM_BITS_PER_KEY
     }
 }
@@ -757,7 +790,7 @@ mod tests {
             }
         }
         keys.sort();
-        let mut writer = RunWriter::create(dir.path(), 1, 0).unwrap();
+        let mut writer = RunWriter::create(dir.path(), 1, RunKind::Subs, 0).unwrap();
         for (n, key) in keys.iter().enumerate() {
             writer.add(key, n % 5 != 0).unwrap();
         }
@@ -800,7 +833,7 @@ mod tests {
     #[test]
     fn a_written_run_reads_back_as_reopened() {
         let dir = tempfile::tempdir().unwrap();
-        let mut writer = RunWriter::create(dir.path(), 1, 1_000).unwrap();
+        let mut writer = RunWriter::create(dir.path(), 1, RunKind::Subs, 1_000).unwrap();
         let mut keys = Vec::new();
         for i in 0u32..1_000 {
             let mut key = vec![SPACE_BY_SET];
@@ -816,10 +849,10 @@ mod tests {
             writer.add(key, n % 3 != 0).unwrap();
         }
         let written = writer.finish().unwrap();
-        let reopened = Run::open(&written.path, 1).unwrap();
+        let reopened = Run::open(&written.path, 1, RunKind::Subs).unwrap();
         for run in [&written, &reopened] {
             assert_eq!(run.entries, 2_000);
-            assert_eq!(run.max_set_key, keys[999]);
+            assert_eq!(run.max_filtered, keys[999]);
             assert_eq!(run.index_keys, written.index_keys);
             assert_eq!(run.bloom.words(), written.bloom.words());
             assert_eq!(run.file_bytes, reopened.file_bytes);
@@ -852,8 +885,8 @@ mod tests {
             }
             assert_eq!(run.lookup_in_block(0, &[0], &mut scan).unwrap(), None);
             let hash = BloomHash::of(&keys[5]);
-            assert!(run.in_set_key_range(&keys[5]) && run.bloom_may_hold(&hash));
-            assert!(!run.in_set_key_range(&keys[1_005]));
+            assert!(run.in_filtered_range(&keys[5]) && run.bloom_may_hold(&hash));
+            assert!(!run.in_filtered_range(&keys[1_005]));
         }
     }
 }

@@ -1,4 +1,6 @@
-//! The index of live idempotency keys.
+//! The index of live idempotency keys: per queue, a memtable of the keys put since the last
+//! checkpoint (this file), and for all queues the runs on disk (`runs.rs`) that checkpoints
+//! write the memtables into.
 //!
 //! Keys can be long (up to the API's limit) and a queue may hold many millions of keyed
 //! tasks, so memory holds a 64-bit keyed hash of each key, not the key: one `(hash, task id)`
@@ -10,8 +12,11 @@
 //! created and kept in the checkpoint: clients cannot choose keys that collide on purpose, and
 //! the hashes in a checkpoint stay valid across restarts and Rust versions.
 
+pub(crate) mod runs;
+
 use std::collections::BTreeSet;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 
 use belfry_core::TaskId;
 use siphasher::sip::SipHasher13;
@@ -41,12 +46,35 @@ impl KeyHasher {
     }
 }
 
-/// Live keys of one queue: `(hash, task id)` pairs. Two keys with the same hash are both
-/// kept; lookups return every task under a hash. The id is stored as two `u64` halves: a
-/// `u128` would align each element to 16 bytes (32 with the hash instead of 24).
+/// The memtable of one queue's keys: `(hash, task id)` pairs put since the last checkpoint.
+/// Two keys with the same hash are both kept; lookups return every task under a hash. The id
+/// is stored as two `u64` halves (seq, bucket): a `u128` would align each element to 16
+/// bytes (32 with the hash instead of 24).
 #[derive(Debug, Default)]
 pub(crate) struct KeyIndex {
     pairs: BTreeSet<(u64, u64, u64)>,
+    /// The pairs a checkpoint froze and is writing to a run: still read until the run is in
+    /// place.
+    frozen: Option<Arc<Frozen>>,
+}
+
+/// A frozen memtable.
+#[derive(Debug, Default)]
+pub(crate) struct Frozen {
+    pairs: BTreeSet<(u64, u64, u64)>,
+}
+
+impl Frozen {
+    pub fn len(&self) -> usize {
+        self.pairs.len()
+    }
+
+    /// `(hash, id)` in the memtable's order: hash, then seq, then bucket.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, TaskId)> + '_ {
+        self.pairs
+            .iter()
+            .map(|&(hash, high, low)| (hash, whole(high, low)))
+    }
 }
 
 fn halves(id: TaskId) -> (u64, u64) {
@@ -68,11 +96,35 @@ impl KeyIndex {
         self.pairs.remove(&(hash, high, low));
     }
 
-    /// The tasks whose key has this hash: the key asked for is at most one of them.
-    pub fn candidates(&self, hash: u64) -> impl Iterator<Item = TaskId> + '_ {
-        self.pairs
-            .range((hash, 0, 0)..=(hash, u64::MAX, u64::MAX))
-            .map(|&(_, high, low)| whole(high, low))
+    /// Adds to `out` the memtable's tasks whose key has this hash (the frozen pairs too).
+    pub fn candidates(&self, hash: u64, out: &mut Vec<TaskId>) {
+        let range = (hash, 0, 0)..=(hash, u64::MAX, u64::MAX);
+        let frozen = self.frozen.as_deref().map(|f| &f.pairs);
+        for pairs in std::iter::once(&self.pairs).chain(frozen) {
+            out.extend(
+                pairs
+                    .range(range.clone())
+                    .map(|&(_, high, low)| whole(high, low)),
+            );
+        }
+    }
+
+    /// Phase A of a checkpoint: moves the pairs out, to be written to a run (`None` if there
+    /// are none). They stay readable until [`KeyIndex::thaw`].
+    pub fn freeze(&mut self) -> Option<Arc<Frozen>> {
+        if self.pairs.is_empty() {
+            return None;
+        }
+        let frozen = Arc::new(Frozen {
+            pairs: std::mem::take(&mut self.pairs),
+        });
+        self.frozen = Some(Arc::clone(&frozen));
+        Some(frozen)
+    }
+
+    /// The run holding the frozen pairs is in place: stop reading them here.
+    pub fn thaw(&mut self) {
+        self.frozen = None;
     }
 
     /// Up to `max` pairs in order, starting after `after` (from the first if `None`): lets a
@@ -118,17 +170,36 @@ mod tests {
         index.insert(8, TaskId(3));
         index.insert(6, TaskId(4));
         index.insert(7, TaskId(u128::MAX));
-        let mut under_7: Vec<_> = index.candidates(7).collect();
+        let mut under_7 = Vec::new();
+        index.candidates(7, &mut under_7);
         under_7.sort();
         assert_eq!(under_7, vec![TaskId(1), TaskId(2), TaskId(u128::MAX)]);
         index.remove(7, TaskId(1));
         index.remove(7, TaskId(u128::MAX));
-        assert_eq!(index.candidates(7).collect::<Vec<_>>(), vec![TaskId(2)]);
+        let under = |index: &KeyIndex, hash| {
+            let mut out = Vec::new();
+            index.candidates(hash, &mut out);
+            out
+        };
+        assert_eq!(under(&index, 7), vec![TaskId(2)]);
         // Removing a pair that is not there (another task's id) changes nothing.
         index.remove(8, TaskId(99));
-        assert_eq!(index.candidates(8).collect::<Vec<_>>(), vec![TaskId(3)]);
+        assert_eq!(under(&index, 8), vec![TaskId(3)]);
         assert_eq!(index.len(), 3);
-        assert_eq!(index.candidates(u64::MAX).count(), 0);
+        assert!(under(&index, u64::MAX).is_empty());
+        // Frozen pairs are still candidates; a removal does not reach them, and pairs put
+        // after the freeze join them.
+        let frozen = index.freeze().unwrap();
+        assert_eq!(frozen.len(), 3);
+        assert_eq!(index.len(), 0);
+        index.remove(7, TaskId(2));
+        index.insert(7, TaskId(9));
+        let mut under_7 = under(&index, 7);
+        under_7.sort();
+        assert_eq!(under_7, vec![TaskId(2), TaskId(9)]);
+        index.thaw();
+        assert_eq!(under(&index, 7), vec![TaskId(9)]);
+        assert!(index.freeze().is_some() && KeyIndex::default().freeze().is_none());
     }
 
     /// SipHash-1-3 of the bytes of "belfry" under the all-zero key (checked against an
