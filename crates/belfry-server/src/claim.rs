@@ -75,7 +75,8 @@ pub async fn claim_once(
         // p99 across 3 nodes).
         cap: (config.max_in_flight > 0).then_some(config.max_in_flight as usize),
     };
-    let claimed = shared.blocking(caller, move |s| plan.run(s)).await;
+    let quick = shared.store.claim_is_quick(&runtime.name, now_ms);
+    let claimed = shared.delivery(caller, quick, move |s| plan.run(s)).await;
     let (leased, (skipped, dead), next_due_ms) = match claimed {
         Ok(StoreClaim::Claimed(claimed)) => claimed,
         Ok(StoreClaim::Limited(retry_in)) => {

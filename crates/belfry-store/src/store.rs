@@ -542,6 +542,21 @@ pub trait Store: Send + Sync + 'static {
     /// background work to reach a consistent point. Called on shutdown.
     fn flush(&self) -> Result<()>;
 
+    /// Whether `claim`, `ack`, `ack_many` and `extend` return without waiting for a disk
+    /// fsync or the network, so that a server may call them on its async workers instead of
+    /// handing each call to a thread pool (two thread wake-ups a call). The default: no.
+    fn delivery_is_quick(&self) -> bool {
+        false
+    }
+
+    /// Whether a `claim` of `queue` at `now_ms` would be quick in the same sense: it would
+    /// also read no file (the embedded engine reads a bucket whose tasks come near before it
+    /// claims from it). The default: no.
+    fn claim_is_quick(&self, queue: &QueueName, now_ms: UnixMs) -> bool {
+        let _ = (queue, now_ms);
+        false
+    }
+
     /// Whether the store takes writes (for readiness checks). The default, for stores that
     /// cannot fail that way, is healthy. A networked store may make one round trip (bounded by
     /// its command timeout).

@@ -431,3 +431,41 @@ fn acks_that_returned_survive_a_process_crash_amid_checkpoints() {
     );
     assert!(rest.iter().all(|id| put.contains(id)));
 }
+
+/// `claim_is_quick` (the server then claims on its async worker) holds only while the claim
+/// would read no bucket file: false while an unloaded bucket has tasks within the lookahead,
+/// true once a claim has loaded it, and never with `sync_delivery`.
+#[test]
+fn a_claim_is_quick_only_when_no_bucket_must_be_read_first() {
+    const DAY_MS: u64 = 24 * 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let engine = Engine::open(dir.path(), options(false)).unwrap();
+    engine.put_queue(&queue(), Bytes::new()).unwrap();
+    engine.counts(&queue(), NOW).unwrap();
+    assert!(engine.delivery_is_quick());
+    assert!(engine.claim_is_quick(&queue(), NOW), "an empty queue");
+    // Due in a week: a far bucket, unloaded at the checkpoint.
+    let due = NOW + 7 * DAY_MS;
+    let tasks = (0..100)
+        .map(|i| NewTask::new(queue(), due + i, "{}"))
+        .collect();
+    engine.put(tasks).unwrap();
+    engine.flush().unwrap();
+    assert!(engine.claim_is_quick(&queue(), NOW), "nothing near");
+    let near = due - 60_000;
+    assert!(
+        !engine.claim_is_quick(&queue(), near),
+        "the bucket must load first"
+    );
+    let loads = engine.stats().buckets_loaded;
+    let batch = engine
+        .claim(&queue(), due + 100, 1_000, VISIBILITY_MS)
+        .unwrap();
+    assert_eq!(batch.leased.len(), 100);
+    assert_eq!(engine.stats().buckets_loaded, loads + 1);
+    assert!(engine.claim_is_quick(&queue(), due + 100), "loaded now");
+    assert!(!engine.claim_is_quick(&QueueName::new("nope").unwrap(), NOW));
+    drop(engine);
+    let engine = Engine::open(dir.path(), options(true)).unwrap();
+    assert!(!engine.delivery_is_quick() && !engine.claim_is_quick(&queue(), NOW));
+}

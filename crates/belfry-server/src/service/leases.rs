@@ -91,7 +91,7 @@ impl Service {
         let name = queue.clone();
         let now_ms = self.now_ms();
         let outcome = self
-            .blocking(move |s| Ok(s.ack(&name, id, lease, now_ms)?))
+            .delivery(move |s| Ok(s.ack(&name, id, lease, now_ms)?))
             .await?;
         lease_result(id, outcome)?;
         runtime.release(lease);
@@ -114,7 +114,7 @@ impl Service {
         // 256), so the batch stays one call.
         let name = queue.clone();
         let outcomes = self
-            .blocking(move |s| {
+            .delivery(move |s| {
                 let outcomes = s.ack_many(&name, &acks, now_ms)?;
                 if outcomes.len() != acks.len() {
                     return Err(ServiceError::Internal(format!(
@@ -204,7 +204,7 @@ impl Service {
         let now_ms = self.now_ms();
         let until = now_ms.saturating_add(visibility_ms);
         let outcome = self
-            .blocking(move |s| Ok(s.extend(&name, id, lease, until, now_ms)?))
+            .delivery(move |s| Ok(s.extend(&name, id, lease, until, now_ms)?))
             .await?;
         lease_result(id, outcome)?;
         runtime.extended(lease, until);

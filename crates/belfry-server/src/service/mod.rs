@@ -117,6 +117,16 @@ impl Service {
         self.shared.blocking(Caller::Api, f).await
     }
 
+    /// Runs an ack or extend of an API request ([`Shared::delivery`]).
+    pub async fn delivery<T, F>(&self, f: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Store) -> Result<T> + Send + 'static,
+    {
+        let quick = self.shared.store.delivery_is_quick();
+        self.shared.delivery(Caller::Api, quick, f).await
+    }
+
     pub fn runtime(&self, queue: &QueueName) -> Result<Arc<QueueRuntime>> {
         self.shared.runtime(queue)
     }

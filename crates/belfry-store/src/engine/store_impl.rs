@@ -538,6 +538,28 @@ impl Store for Engine {
         self.core.checkpoint_and_compact()
     }
 
+    /// Delivery records are written to the OS and fsync'd later in groups, unless
+    /// `sync_delivery` makes each call wait for its fsync.
+    fn delivery_is_quick(&self) -> bool {
+        !self.core.options.sync_delivery
+    }
+
+    /// Also no bucket to load first: none of the queue's unloaded buckets has anything due or
+    /// expiring within the lookahead (a claim a moment later may still find one that just
+    /// came near: near buckets are minute-wide, so that load is small).
+    fn claim_is_quick(&self, queue: &QueueName, now_ms: UnixMs) -> bool {
+        if self.core.options.sync_delivery {
+            return false;
+        }
+        let horizon = now_ms.saturating_add(self.core.options.lookahead_ms);
+        let Ok(mut state) = self.lock_state() else {
+            return false;
+        };
+        state
+            .queue(queue)
+            .is_ok_and(|(q, _)| q.woken(horizon).is_empty())
+    }
+
     fn health(&self) -> StoreHealth {
         Engine::health(self)
     }
