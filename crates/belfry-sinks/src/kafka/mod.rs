@@ -57,9 +57,11 @@ pub const BATCH_MAX: usize = 256;
 /// reads as one) is cut off instead of making us allocate it.
 pub const RESPONSE_BYTES_MAX: usize = 16 * 1024 * 1024;
 /// First wait between the client's own retries inside one produce (leader moves, metadata
-/// refresh); the deadline is the produce's timeout.
+/// refresh); their budget is a share of the produce's timeout (see `client_deadline`).
 const CLIENT_BACKOFF_MIN: Duration = Duration::from_millis(20);
 const CLIENT_BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// The share of the delivery's limit the client may spend sleeping between its own retries.
+const CLIENT_BUDGET_SHARE: f64 = 0.25;
 
 /// Where a record's key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -180,11 +182,17 @@ impl fmt::Debug for KafkaConfig {
     }
 }
 
-/// The client's own retry deadline: shorter than the delivery's limit, so that when the
-/// client gives up (it retries a refused login until its deadline) its last error, such as
-/// the refusal, decides the outcome instead of the delivery's bare timeout.
+/// The client's own retry budget: well inside the delivery's limit, so that when the client
+/// gives up (it retries a refused login until its budget is spent) its last error, such as the
+/// refusal, decides the outcome instead of the delivery's bare timeout.
+///
+/// rskafka (0.6) counts only the sleeps between attempts against this budget, not the
+/// attempts themselves: each refused login is a fresh connection and SASL exchange, about
+/// 20 of them fit in a budget of 8 s, and on a loaded machine they took the rest of a 10 s
+/// limit. A quarter of the limit leaves three quarters for the attempts, and a refused login
+/// becomes a dead letter in about that quarter instead of most of the limit.
 fn client_deadline(timeout: Duration) -> Duration {
-    timeout.mul_f64(0.8)
+    timeout.mul_f64(CLIENT_BUDGET_SHARE)
 }
 
 /// A connected client and one producer per partition of the topic.
