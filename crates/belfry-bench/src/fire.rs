@@ -14,6 +14,7 @@ use http::Method;
 use serde::Deserialize;
 use serde_json::json;
 
+use crate::error::BenchError;
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
 use crate::plot::{lateness_cdf_svg, Series};
@@ -506,17 +507,8 @@ async fn pull_consumer(
             loop {
                 let next = ack_rx.lock().await.recv().await;
                 let Some(body) = next else { break };
-                if conn.is_none() {
-                    conn = HttpConn::connect(&target).await.ok();
-                }
                 let sent = Instant::now();
-                let ok = match conn.as_mut() {
-                    Some(c) => c
-                        .expect_success(Method::POST, &ack_path, body)
-                        .await
-                        .is_ok(),
-                    None => false,
-                };
+                let ok = send_ack(&target, &mut conn, &ack_path, body).await;
                 stats.ack_calls.fetch_add(1, Ordering::Relaxed);
                 stats
                     .ack_us_total
@@ -606,6 +598,29 @@ async fn pull_consumer(
     for acker in ackers {
         let _ = acker.await;
     }
+}
+
+/// Sends one batch ack on `conn`, as a real client's pool would: a connection the server
+/// closed while it sat idle (its keep-alive timeout is shorter than a long `--lead-s`) is
+/// replaced before the send, and one that fails in transport is replaced and the ack sent
+/// once more (acking twice is harmless: the second answers per task that it is done).
+/// Without this, every ack connection's first batch was lost after a lead over 5 s, and
+/// those tasks came back when their leases expired.
+async fn send_ack(target: &Target, conn: &mut Option<HttpConn>, path: &str, body: Bytes) -> bool {
+    for _ in 0..2 {
+        if conn.as_ref().is_none_or(HttpConn::is_closed) {
+            *conn = HttpConn::connect(target).await.ok();
+        }
+        let Some(c) = conn.as_mut() else {
+            return false;
+        };
+        match c.expect_success(Method::POST, path, body.clone()).await {
+            Ok(_) => return true,
+            Err(BenchError::Status { .. }) => return false,
+            Err(_) => *conn = None,
+        }
+    }
+    false
 }
 
 async fn fire_redis(args: &FireArgs) -> anyhow::Result<FireOutcome> {

@@ -104,6 +104,12 @@ impl HttpConn {
         })
     }
 
+    /// Whether the connection has ended (the server closed it, say after its idle timeout):
+    /// a request on it would fail without reaching the server.
+    pub fn is_closed(&self) -> bool {
+        self.sender.is_closed()
+    }
+
     /// Sends one request and reads the whole response body.
     pub async fn request(
         &mut self,

@@ -1,0 +1,144 @@
+//! `belfry bench fire` against a real belfry server (the server crate in this process, on its
+//! own runtime, with the in-memory store) whose keep-alive timeout is shorter than the run's
+//! lead: every ack connection the bench opened at the start has been closed by the server when
+//! the first batch is acked. The bench must replace such a connection instead of losing the
+//! batch (which would leave those tasks leased until their visibility timeout). Its counts are
+//! checked against the server's own. No timing assertions.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use belfry_bench::http::{HttpConn, Target};
+use belfry_bench::BenchCommand;
+use belfry_server::{Server, ServerConfig};
+use belfry_store::MemoryStore;
+use clap::Parser;
+use http::Method;
+use serde_json::Value;
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    command: BenchCommand,
+}
+
+const TASKS: u64 = 400;
+const QUEUE: &str = "fire-idle-acks";
+/// The server's keep-alive timeout; the run's lead (1 s) is several times longer.
+const IDLE_TIMEOUT_MS: u64 = 200;
+
+fn fire_args(url: &str) -> belfry_bench::fire::FireArgs {
+    let tasks = TASKS.to_string();
+    let cli = Cli::try_parse_from([
+        "bench",
+        "fire",
+        "--url",
+        url,
+        "--queue",
+        QUEUE,
+        "--tasks",
+        &tasks,
+        "--window-s",
+        "0",
+        "--lead-s",
+        "1",
+        "--batch",
+        "100",
+        "--connections",
+        "2",
+        "--consumers",
+        "2",
+        "--ack-connections",
+        "3",
+        "--lease-max",
+        "50",
+        "--wait-ms",
+        "100",
+        "--visibility-ms",
+        "60000",
+        "--grace-s",
+        "20",
+        "--baseline",
+        "none",
+        "--no-progress",
+    ])
+    .unwrap();
+    let BenchCommand::Fire(args) = cli.command else {
+        panic!("not fire")
+    };
+    *args
+}
+
+/// The server on its own two-thread runtime until `stop` is set.
+fn start_server(stop: Arc<AtomicBool>) -> (SocketAddr, std::thread::JoinHandle<()>) {
+    let config = ServerConfig {
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        http_idle_timeout_ms: IDLE_TIMEOUT_MS,
+        ..ServerConfig::default()
+    };
+    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+    let thread = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async move {
+            let handle = Server::builder(config, Arc::new(MemoryStore::new()))
+                .start()
+                .await
+                .expect("server starts");
+            addr_tx.send(handle.local_addr()).unwrap();
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            handle.stop().await.expect("clean stop");
+        });
+    });
+    (addr_rx.recv().expect("server address"), thread)
+}
+
+async fn queue_on_server(addr: SocketAddr) -> Value {
+    let mut conn = HttpConn::connect(&Target::from_addr(addr)).await.unwrap();
+    let body = conn
+        .expect_success(
+            Method::GET,
+            &format!("/v1/queues/{QUEUE}"),
+            bytes::Bytes::new(),
+        )
+        .await
+        .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+#[test]
+fn acks_on_connections_the_server_closed_while_idle_are_not_lost() {
+    let stop = Arc::new(AtomicBool::new(false));
+    let (addr, server) = start_server(stop.clone());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let url = format!("http://{addr}");
+    let report = runtime
+        .block_on(belfry_bench::fire::run(fire_args(&url)))
+        .unwrap();
+    let o = &report.data["outcomes"][0];
+    assert_eq!(o["delivery"]["delivered"], TASKS, "{o}");
+    assert_eq!(o["delivery"]["duplicates"], 0, "{o}");
+    let consumers = &o["consumers"];
+    assert_eq!(consumers["ack_failures"], 0, "{consumers}");
+    // The mechanism ran: batch acks were sent (each lease of up to 50 gets one).
+    let ack_calls = consumers["ack_calls"].as_u64().unwrap();
+    assert!(ack_calls >= TASKS / 50, "{consumers}");
+    // The server agrees: nothing is still leased (an ack lost with its connection would
+    // leave its tasks in flight for the visibility timeout) and nothing is left.
+    let queue = runtime.block_on(queue_on_server(addr));
+    assert_eq!(queue["in_flight"], 0, "{queue}");
+    assert_eq!(queue["pending"], 0, "{queue}");
+    stop.store(true, Ordering::Relaxed);
+    server.join().unwrap();
+}
