@@ -467,6 +467,9 @@ impl Core {
     /// nothing since phase A.
     fn delete_finished(&self, doomed: Vec<(u64, u64, u64)>) -> Result<()> {
         let mut state = self.state.lock();
+        // The deleted buckets' memory (a drained bucket can hold a million entries) is freed
+        // after the lock is released.
+        let mut removed = Vec::new();
         state.checkpoints += 1;
         for (uid, key, len) in doomed {
             let Some(queue) = state.queues.get_mut(&uid) else {
@@ -481,10 +484,11 @@ impl Core {
                 // restart rebuilds it from the WAL alone (its old tasks were all finished).
                 continue;
             }
-            queue.unload(key);
-            if let Some(bucket) = queue.buckets.remove(&key) {
+            if let Some(bucket) = queue.take_finished(key) {
                 state.buffered_bytes = state.buffered_bytes.saturating_sub(bucket.buf.len());
-                match fs::remove_file(&bucket.path) {
+                let path = bucket.path.clone();
+                removed.push(bucket);
+                match fs::remove_file(&path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
                     Err(source) => {
@@ -496,6 +500,8 @@ impl Core {
                 }
             }
         }
+        drop(state);
+        drop(removed);
         Ok(())
     }
 
