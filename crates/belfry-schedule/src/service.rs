@@ -390,6 +390,16 @@ impl ScheduleService {
     /// cursors. A schedule that fails (unreadable) is reported and skipped; a storage error
     /// ends the tick (nothing is lost: the next tick redoes the unfinished schedules).
     pub fn tick(&self, now_ms: UnixMs) -> Result<TickReport> {
+        self.tick_until(now_ms, now_ms)
+    }
+
+    /// [`ScheduleService::tick`] that also creates the firings due up to `until_ms` (at or
+    /// after `now_ms`): their tasks are due at their fire times, so they are delivered no
+    /// earlier, but they are stored before then instead of from that moment on. Misfires
+    /// are judged against `now_ms`. The report's `next_tick_ms` is the next fire time after
+    /// `until_ms`.
+    pub fn tick_until(&self, now_ms: UnixMs, until_ms: UnixMs) -> Result<TickReport> {
+        let until_ms = until_ms.max(now_ms);
         let mut report = TickReport::default();
         let mut firings = Firings::default();
         for (key, entry) in self.scan()? {
@@ -407,12 +417,12 @@ impl ScheduleService {
             let Some(next) = entry.next_fire_ms() else {
                 continue;
             };
-            if next > now_ms {
+            if next > until_ms {
                 report.note_next(next);
                 continue;
             }
             let (stored, spec) = (&entry.parsed.stored, &entry.parsed.spec);
-            let due = spec.due(entry.cursor_ms, now_ms);
+            let due = spec.due_until(entry.cursor_ms, now_ms, until_ms);
             if due.cursor_ms == entry.cursor_ms {
                 continue;
             }

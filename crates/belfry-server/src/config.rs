@@ -132,6 +132,9 @@ pub struct ServerConfig {
     pub http_connections_per_client_max: Option<usize>,
     /// The listen backlog asked of the kernel (which caps it at `net.core.somaxconn`).
     pub http_listen_backlog: u32,
+    /// How long before its fire time a schedule firing's tasks are stored (`schedules.lead`,
+    /// see [`crate::schedules::SCHEDULE_LEAD_MS_DEFAULT`]); 0 stores them at the fire time.
+    pub schedule_lead_ms: u64,
     /// This process's name among the nodes sharing one store (`--node-id`): unique by
     /// default ([`default_node_id`]). Shard leases on a shared store are taken in its name.
     pub node_id: String,
@@ -161,10 +164,14 @@ impl Default for ServerConfig {
             http_connections_max: HTTP_CONNECTIONS_MAX_DEFAULT,
             http_connections_per_client_max: None,
             http_listen_backlog: HTTP_LISTEN_BACKLOG_DEFAULT,
+            schedule_lead_ms: crate::schedules::SCHEDULE_LEAD_MS_DEFAULT,
             node_id: default_node_id(),
         }
     }
 }
+
+/// Longest `schedules.lead`: a minute, the misfire threshold.
+pub const SCHEDULE_LEAD_MS_MAX: u64 = 60_000;
 
 /// Longest node id: it is stored with every shard lease, and logged.
 pub const NODE_ID_BYTES_MAX: usize = 128;
@@ -278,6 +285,16 @@ impl ServerConfig {
         }
         if self.http_connections_max == 0 {
             return fail("http.connections_max", "must be at least 1".into());
+        }
+        if self.schedule_lead_ms > SCHEDULE_LEAD_MS_MAX {
+            return fail(
+                "schedules.lead",
+                format!(
+                    "must be at most {SCHEDULE_LEAD_MS_MAX} ms (a schedule change that close to a \
+                     firing would not stop it), got {} ms",
+                    self.schedule_lead_ms
+                ),
+            );
         }
         if let Some(per_client) = self.http_connections_per_client_max {
             if per_client == 0 || per_client > self.http_connections_max {

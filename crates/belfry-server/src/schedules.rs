@@ -44,6 +44,14 @@ pub const SCHEDULE_MISFIRES: &str = "belfry_schedule_misfires_total";
 /// Ticks that failed (a store error); the next tick redoes their work.
 pub const SCHEDULE_TICK_ERRORS: &str = "belfry_schedule_tick_errors_total";
 
+/// How long before its fire time a firing's tasks are stored, by default (the config key
+/// `schedules.lead`). A tick's work (scanning the schedules, storing their firings, writing
+/// their cursors: about 100 ms for 10,000 per-second schedules on a 2-core machine) then
+/// happens before the fire time instead of after it, and the tasks, due at the fire time,
+/// are delivered from that moment, never earlier. The price: a schedule paused, changed or
+/// deleted less than this before a firing does not stop that firing.
+pub const SCHEDULE_LEAD_MS_DEFAULT: u64 = 500;
+
 /// Schedule creates that go to the store together (one metadata write) at most.
 pub const COALESCED_CREATES_MAX: usize = 512;
 
@@ -96,9 +104,12 @@ impl SchedulesState {
     }
 }
 
-/// When the runner will tick next, and what was written while it ticked.
+/// When the runner will tick next, and what was written while it ticked. Times given to it
+/// are fire times; it ticks `lead_ms` before them.
 #[derive(Debug)]
 struct Plan {
+    /// How long before a fire time its tick runs (see [`SCHEDULE_LEAD_MS_DEFAULT`]).
+    lead_ms: u64,
     /// A tick is running (between its store reads and the runner's next plan).
     ticking: bool,
     /// The earliest next fire time of the schedules written during the running tick.
@@ -108,8 +119,9 @@ struct Plan {
 }
 
 impl Plan {
-    fn new() -> Self {
+    fn new(lead_ms: u64) -> Self {
         Plan {
+            lead_ms,
             ticking: false,
             written_during_tick: UnixMs::MAX,
             // Until the first plan, every write wakes the runner.
@@ -119,6 +131,7 @@ impl Plan {
 
     /// A schedule that next fires at `next_ms` was written: whether the runner must wake.
     fn written(&mut self, next_ms: UnixMs) -> bool {
+        let next_ms = next_ms.saturating_sub(self.lead_ms);
         if self.ticking {
             // The running tick may have read the store before this write: the runner takes
             // this time into its plan when the tick ends.
@@ -140,7 +153,10 @@ impl Plan {
     /// Ends a tick whose report's next fire time is `next_ms` (`None`: nothing will fire, or
     /// the tick failed), counting schedules written during the tick: how long to sleep.
     fn end_tick(&mut self, next_ms: Option<UnixMs>, now_ms: UnixMs) -> u64 {
-        let next_ms = next_ms.unwrap_or(UnixMs::MAX).min(self.written_during_tick);
+        let next_ms = next_ms
+            .unwrap_or(UnixMs::MAX)
+            .saturating_sub(self.lead_ms)
+            .min(self.written_during_tick);
         let wait_ms = next_ms
             .saturating_sub(now_ms)
             .clamp(RUNNER_TICK_GAP_MS_MIN, RUNNER_RECHECK_MS);
@@ -177,9 +193,9 @@ impl Schedules {
                 service: ScheduleService::new(shared.store.clone()),
                 creates,
                 payload_bytes_max: shared.config.payload_bytes_max,
+                plan: parking_lot::Mutex::new(Plan::new(shared.config.schedule_lead_ms)),
                 shared,
                 wake: Notify::new(),
-                plan: parking_lot::Mutex::new(Plan::new()),
                 warned_missing: Default::default(),
             }
         });
@@ -329,10 +345,13 @@ fn publish(state: &SchedulesState, report: &TickReport) {
 /// the internal admission.
 async fn tick(state: &Arc<SchedulesState>) -> Result<TickReport, ScheduleServiceError> {
     let now_ms = state.shared.now_ms();
+    let until_ms = now_ms.saturating_add(state.shared.config.schedule_lead_ms);
     let for_tick = state.clone();
     let ticked = state
         .shared
-        .blocking(Caller::Internal, move |_| Ok(for_tick.service.tick(now_ms)))
+        .blocking(Caller::Internal, move |_| {
+            Ok(for_tick.service.tick_until(now_ms, until_ms))
+        })
         .await;
     ticked.unwrap_or_else(|e| {
         Err(ScheduleServiceError::Store(belfry_store::StoreError::Io {
@@ -350,7 +369,7 @@ mod tests {
     /// one that fires earlier wakes the runner once; one written during a tick is not lost.
     #[test]
     fn the_runner_wakes_only_for_schedules_that_fire_before_its_plan() {
-        let mut plan = Plan::new();
+        let mut plan = Plan::new(0);
         assert!(plan.written(5_000), "before any plan, every write wakes");
         plan.begin_tick();
         assert_eq!(plan.end_tick(Some(10_000), 9_400), 600);
@@ -374,5 +393,22 @@ mod tests {
         // Already due: the shortest gap, never a spin.
         plan.begin_tick();
         assert_eq!(plan.end_tick(Some(10_000), 10_300), RUNNER_TICK_GAP_MS_MIN);
+    }
+
+    /// With a lead, the runner ticks that long before a fire time, and a write wakes it only
+    /// if its tick would be due before the planned one.
+    #[test]
+    fn with_a_lead_the_runner_ticks_that_long_before_the_fire_time() {
+        let mut plan = Plan::new(500);
+        plan.begin_tick();
+        assert_eq!(plan.end_tick(Some(10_000), 9_000), 500, "ticks at 9,500");
+        assert!(!plan.written(10_000), "its tick is the planned one");
+        assert!(plan.written(9_900), "its tick (9,400) is earlier");
+        plan.begin_tick();
+        assert_eq!(
+            plan.end_tick(Some(10_000), 9_800),
+            RUNNER_TICK_GAP_MS_MIN,
+            "inside the lead: at once"
+        );
     }
 }

@@ -569,6 +569,41 @@ async fn cron_firings_become_tasks_due_at_their_fire_times() {
     t.stop().await;
 }
 
+/// The runner stores a firing `schedules.lead` (500 ms by default) before its fire time, so
+/// its work is done when the time comes; the task is due at the fire time and is not leased
+/// a moment earlier.
+#[tokio::test]
+async fn a_firing_is_stored_ahead_by_the_lead_and_leased_only_at_its_time() {
+    assert_eq!(test_config().schedule_lead_ms, 500, "the default lead");
+    let t = Scheduled::start().await;
+    t.s.queue("ahead", json!({})).await;
+    t.create(json!({"id": "minutely", "queue": "ahead", "cron": "* * * * *"}))
+        .await;
+    let fire = T0 + MINUTE;
+
+    // 400 ms before the fire time: inside the lead, so the tick stores the firing now.
+    t.advance(MINUTE - 400);
+    let pending = eventually("the firing stored ahead of its time", || async {
+        let n = t.pending("ahead").await;
+        (n > 0).then_some(n)
+    })
+    .await;
+    assert_eq!(pending, 1);
+    // Never early: nothing to lease until the clock reaches the fire time.
+    assert!(t.s.lease("ahead", json!({"max": 10})).await.is_empty());
+    // The schedule's cursor moved past the stored firing.
+    let schedule =
+        t.s.ok("GET", "/v1/schedules/minutely", Value::Null, 200)
+            .await;
+    assert_eq!(schedule["next_fire_at_ms"], fire + MINUTE);
+
+    t.advance(400);
+    let leased = t.lease_n("ahead", 1).await;
+    assert_eq!(leased[0]["due_at_ms"], fire);
+    assert_eq!(t.pending("ahead").await, 0, "one firing, not two");
+    t.stop().await;
+}
+
 #[tokio::test]
 async fn sharded_firings_create_one_task_per_shard() {
     let t = Scheduled::start().await;

@@ -35,6 +35,9 @@ pub struct FileConfig {
     pub http: HttpSection,
     #[serde(default)]
     pub dispatch: DispatchSection,
+    /// `[schedules]`: the schedule runner.
+    #[serde(default)]
+    pub schedules: SchedulesSection,
     #[serde(default)]
     pub storage: StorageSection,
     #[serde(default)]
@@ -219,6 +222,13 @@ pub struct DispatchSection {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+pub struct SchedulesSection {
+    /// How long before its fire time a firing's tasks are stored.
+    pub lead: Option<HumanDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StorageSection {
     pub fsync: Option<String>,
     pub fsync_interval: Option<HumanDuration>,
@@ -317,6 +327,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_HTTP_LISTEN_BACKLOG", "http.listen_backlog"),
     ("BELFRY_DISPATCH_IN_FLIGHT_MAX", "dispatch.in_flight_max"),
     ("BELFRY_DISPATCH_PER_TARGET_MAX", "dispatch.per_target_max"),
+    ("BELFRY_SCHEDULES_LEAD", "schedules.lead"),
     ("BELFRY_FSYNC", "storage.fsync"),
     ("BELFRY_FSYNC_INTERVAL", "storage.fsync_interval"),
     ("BELFRY_SHUTDOWN_GRACE", "shutdown.grace"),
@@ -395,6 +406,7 @@ impl FileConfig {
                 "http.idle_timeout" => {
                     self.http.idle_timeout = Some(HumanDuration::Text(value.clone()))
                 }
+                "schedules.lead" => self.schedules.lead = Some(HumanDuration::Text(value.clone())),
                 "http.connections_max" => {
                     self.http.connections_max =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
@@ -516,6 +528,9 @@ impl FileConfig {
         }
         if let Some(n) = self.dispatch.per_target_max {
             server.dispatch_per_target_max = n;
+        }
+        if let Some(d) = &self.schedules.lead {
+            server.schedule_lead_ms = ms_of("schedules.lead", d)?;
         }
         if let Some(d) = &self.shutdown.grace {
             server.shutdown_grace_ms = ms_of("shutdown.grace", d)?;
@@ -794,6 +809,30 @@ sasl_mechanism = "SCRAM-SHA-256"
                 err.to_string().contains("limits.store_call_timeout"),
                 "{bad}: {err}"
             );
+        }
+    }
+
+    #[test]
+    fn schedules_lead_defaults_parses_takes_env_and_refuses_over_a_minute() {
+        let resolve = |text: &str| parse(text).unwrap().resolve(None, None, None);
+        assert_eq!(resolve("").unwrap().server.schedule_lead_ms, 500);
+        let set = resolve("[schedules]\nlead = \"2s\"\n").unwrap();
+        assert_eq!(set.server.schedule_lead_ms, 2_000);
+        let off = resolve("[schedules]\nlead = \"0ms\"\n").unwrap();
+        assert_eq!(off.server.schedule_lead_ms, 0);
+        let mut file = parse("").unwrap();
+        file.apply_env(|var| (var == "BELFRY_SCHEDULES_LEAD").then(|| "250ms".into()))
+            .unwrap();
+        assert_eq!(
+            file.resolve(None, None, None)
+                .unwrap()
+                .server
+                .schedule_lead_ms,
+            250
+        );
+        for bad in ["2m", "soon"] {
+            let err = resolve(&format!("[schedules]\nlead = \"{bad}\"\n")).unwrap_err();
+            assert!(err.to_string().contains("schedules.lead"), "{bad}: {err}");
         }
     }
 

@@ -76,17 +76,25 @@ pub struct Due {
 impl ScheduleSpec {
     /// Which firings are due at `now_ms`, given that everything up to `cursor_ms` was handled.
     pub fn due(&self, cursor_ms: UnixMs, now_ms: UnixMs) -> Due {
+        self.due_until(cursor_ms, now_ms, now_ms)
+    }
+
+    /// [`ScheduleSpec::due`] for a tick at `now_ms` that also takes the fire times up to
+    /// `until_ms` (at or after `now_ms`), so that their tasks are stored before they are due.
+    /// Whether a fire time was missed is still judged against `now_ms`.
+    pub fn due_until(&self, cursor_ms: UnixMs, now_ms: UnixMs, until_ms: UnixMs) -> Due {
+        let until_ms = until_ms.max(now_ms);
         let nothing = Due {
             cursor_ms,
             ..Due::default()
         };
         let first = match self.next_after(cursor_ms) {
-            Some(first) if first <= now_ms => first,
+            Some(first) if first <= until_ms => first,
             _ => return nothing,
         };
         let threshold = now_ms.saturating_sub(MISFIRE_THRESHOLD_MS);
         let misfired = first < threshold;
-        let (recent, total) = self.latest_due(cursor_ms, now_ms, CATCH_UP_MAX);
+        let (recent, total) = self.latest_due(cursor_ms, until_ms, CATCH_UP_MAX);
         let Some(&latest) = recent.last() else {
             return nothing;
         };

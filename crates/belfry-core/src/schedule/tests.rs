@@ -555,6 +555,41 @@ fn skip_after_downtime_fires_nothing_when_everything_is_old() {
 }
 
 #[test]
+fn due_until_takes_fire_times_ahead_and_judges_misfires_at_now() {
+    let daily = ScheduleSpec::new(
+        Trigger::cron("0 9 * * *", "Europe/Berlin").unwrap(),
+        None,
+        None,
+        1,
+        MisfirePolicy::Skip,
+    )
+    .unwrap();
+    let nine = ms("2026-06-04T09:00:00+02:00[Europe/Berlin]");
+    let cursor = nine - 86_400_000;
+    // Half a second before nine, looking a second ahead: nine fires, not late.
+    let ahead = daily.due_until(cursor, nine - 500, nine + 500);
+    assert_eq!(ahead.fire_times, vec![nine]);
+    assert_eq!(ahead.cursor_ms, nine);
+    assert!(!ahead.misfired);
+    // Looking ahead less than the gap: nothing yet, as `due` at the same now.
+    let short = daily.due_until(cursor, nine - 500, nine - 1);
+    assert!(short.fire_times.is_empty());
+    assert_eq!(short.cursor_ms, cursor);
+    assert_eq!(short, daily.due(cursor, nine - 500));
+    // An until before now counts as now.
+    assert_eq!(
+        daily.due_until(cursor, nine, nine - 10_000),
+        daily.due(cursor, nine)
+    );
+    // Two days down: yesterday's nine is missed at now, whatever the look-ahead; Skip
+    // drops it and fires today's, which is ahead of now.
+    let down = daily.due_until(cursor - 86_400_000, nine - 500, nine + 500);
+    assert!(down.misfired);
+    assert_eq!(down.fire_times, vec![nine]);
+    assert_eq!(down.dropped, 1);
+}
+
+#[test]
 fn a_year_of_per_second_downtime_is_cheap_to_decide() {
     let every_second = ScheduleSpec::new(
         Trigger::cron("* * * * * *", "UTC").unwrap(),
