@@ -6,9 +6,7 @@
 //! checked against the server's own. No timing assertions.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use belfry_bench::http::{HttpConn, Target};
 use belfry_bench::BenchCommand;
@@ -71,35 +69,6 @@ fn fire_args(url: &str) -> belfry_bench::fire::FireArgs {
     *args
 }
 
-/// The server on its own two-thread runtime until `stop` is set.
-fn start_server(stop: Arc<AtomicBool>) -> (SocketAddr, std::thread::JoinHandle<()>) {
-    let config = ServerConfig {
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        http_idle_timeout_ms: IDLE_TIMEOUT_MS,
-        ..ServerConfig::default()
-    };
-    let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let thread = std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        runtime.block_on(async move {
-            let handle = Server::builder(config, Arc::new(MemoryStore::new()))
-                .start()
-                .await
-                .expect("server starts");
-            addr_tx.send(handle.local_addr()).unwrap();
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            handle.stop().await.expect("clean stop");
-        });
-    });
-    (addr_rx.recv().expect("server address"), thread)
-}
-
 async fn queue_on_server(addr: SocketAddr) -> Value {
     let mut conn = HttpConn::connect(&Target::from_addr(addr)).await.unwrap();
     let body = conn
@@ -115,16 +84,27 @@ async fn queue_on_server(addr: SocketAddr) -> Value {
 
 #[test]
 fn acks_on_connections_the_server_closed_while_idle_are_not_lost() {
-    let stop = Arc::new(AtomicBool::new(false));
-    let (addr, server) = start_server(stop.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    let url = format!("http://{addr}");
+    let handle = runtime.block_on(async {
+        let config = ServerConfig {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            http_idle_timeout_ms: IDLE_TIMEOUT_MS,
+            ..ServerConfig::default()
+        };
+        Server::builder(config, Arc::new(MemoryStore::new()))
+            .start()
+            .await
+            .expect("server starts")
+    });
+    let addr = handle.local_addr();
     let report = runtime
-        .block_on(belfry_bench::fire::run(fire_args(&url)))
+        .block_on(belfry_bench::fire::run(fire_args(&format!(
+            "http://{addr}"
+        ))))
         .unwrap();
     let o = &report.data["outcomes"][0];
     assert_eq!(o["delivery"]["delivered"], TASKS, "{o}");
@@ -139,6 +119,5 @@ fn acks_on_connections_the_server_closed_while_idle_are_not_lost() {
     let queue = runtime.block_on(queue_on_server(addr));
     assert_eq!(queue["in_flight"], 0, "{queue}");
     assert_eq!(queue["pending"], 0, "{queue}");
-    stop.store(true, Ordering::Relaxed);
-    server.join().unwrap();
+    runtime.block_on(handle.stop()).expect("clean stop");
 }
