@@ -5,16 +5,11 @@
 //! batch (which would leave those tasks leased until their visibility timeout). Its counts are
 //! checked against the server's own. No timing assertions.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+mod common;
 
-use belfry_bench::http::{HttpConn, Target};
 use belfry_bench::BenchCommand;
-use belfry_server::{Server, ServerConfig};
-use belfry_store::MemoryStore;
+use belfry_server::ServerConfig;
 use clap::Parser;
-use http::Method;
-use serde_json::Value;
 
 #[derive(Parser)]
 struct Cli {
@@ -69,37 +64,14 @@ fn fire_args(url: &str) -> belfry_bench::fire::FireArgs {
     *args
 }
 
-async fn queue_on_server(addr: SocketAddr) -> Value {
-    let mut conn = HttpConn::connect(&Target::from_addr(addr)).await.unwrap();
-    let body = conn
-        .expect_success(
-            Method::GET,
-            &format!("/v1/queues/{QUEUE}"),
-            bytes::Bytes::new(),
-        )
-        .await
-        .unwrap();
-    serde_json::from_slice(&body).unwrap()
-}
-
 #[test]
 fn acks_on_connections_the_server_closed_while_idle_are_not_lost() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime.block_on(async {
-        let config = ServerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            http_idle_timeout_ms: IDLE_TIMEOUT_MS,
-            ..ServerConfig::default()
-        };
-        Server::builder(config, Arc::new(MemoryStore::new()))
-            .start()
-            .await
-            .expect("server starts")
-    });
+    let runtime = common::runtime();
+    let config = ServerConfig {
+        http_idle_timeout_ms: IDLE_TIMEOUT_MS,
+        ..ServerConfig::default()
+    };
+    let handle = common::start_server(&runtime, config);
     let addr = handle.local_addr();
     let report = runtime
         .block_on(belfry_bench::fire::run(fire_args(&format!(
@@ -116,7 +88,7 @@ fn acks_on_connections_the_server_closed_while_idle_are_not_lost() {
     assert!(ack_calls >= TASKS / 50, "{consumers}");
     // The server agrees: nothing is still leased (an ack lost with its connection would
     // leave its tasks in flight for the visibility timeout) and nothing is left.
-    let queue = runtime.block_on(queue_on_server(addr));
+    let queue = runtime.block_on(common::queue_on_server(addr, QUEUE));
     assert_eq!(queue["in_flight"], 0, "{queue}");
     assert_eq!(queue["pending"], 0, "{queue}");
     runtime.block_on(handle.stop()).expect("clean stop");

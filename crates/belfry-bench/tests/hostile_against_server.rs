@@ -5,17 +5,17 @@
 //! it held, the probe requests it made (every submit is a pending task), none failed. No
 //! timing assertions.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_bench::http::{HttpConn, Target};
 use belfry_bench::BenchCommand;
 use belfry_server::{Server, ServerConfig};
 use belfry_store::MemoryStore;
 use clap::Parser;
-use http::Method;
 use serde_json::Value;
 
 #[derive(Parser)]
@@ -117,11 +117,7 @@ fn hostile_holds_partial_connections_and_counts_every_probe() {
     let BenchCommand::Hostile(args) = cli.command else {
         panic!("not hostile")
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = common::runtime();
     let report = runtime
         .block_on(belfry_bench::hostile::run(*args))
         .expect("the scenario runs");
@@ -170,20 +166,7 @@ fn hostile_holds_partial_connections_and_counts_every_probe() {
     assert_eq!(data["holders"]["open"], 0);
 
     // Every submit (kept-alive and fresh, both phases) is a pending task on the server.
-    let pending = runtime.block_on(async {
-        let mut conn = HttpConn::connect(&Target::from_addr(server.addr))
-            .await
-            .unwrap();
-        let body = conn
-            .expect_success(
-                Method::GET,
-                &format!("/v1/queues/{queue}"),
-                bytes::Bytes::new(),
-            )
-            .await
-            .unwrap();
-        serde_json::from_slice::<Value>(&body).unwrap()["pending"].clone()
-    });
+    let pending = runtime.block_on(common::queue_on_server(server.addr, queue))["pending"].clone();
     assert_eq!(pending, (4 * ROUNDS) as u64);
 
     let markdown = report.render_markdown("hostile", None);

@@ -4,16 +4,11 @@
 //! phases on the same task, shows up as a wrong pending count, an error (a reschedule of a
 //! cancelled task answers 409) or a read-back mismatch. No timing assertions.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+mod common;
 
-use belfry_bench::http::{HttpConn, Target};
 use belfry_bench::BenchCommand;
-use belfry_server::{Server, ServerConfig};
-use belfry_store::MemoryStore;
+use belfry_server::ServerConfig;
 use clap::Parser;
-use http::Method;
-use serde_json::Value;
 
 #[derive(Parser)]
 struct Cli {
@@ -54,36 +49,10 @@ fn pending_args(url: &str, queue: &str, point_ops: u64) -> belfry_bench::pending
     *args
 }
 
-async fn pending_on_server(addr: SocketAddr, queue: &str) -> Value {
-    let mut conn = HttpConn::connect(&Target::from_addr(addr)).await.unwrap();
-    let body = conn
-        .expect_success(
-            Method::GET,
-            &format!("/v1/queues/{queue}"),
-            bytes::Bytes::new(),
-        )
-        .await
-        .unwrap();
-    serde_json::from_slice::<Value>(&body).unwrap()["pending"].clone()
-}
-
 #[test]
 fn point_ops_touch_distinct_filled_tasks_and_the_server_agrees() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let handle = runtime.block_on(async {
-        let config = ServerConfig {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            ..ServerConfig::default()
-        };
-        Server::builder(config, Arc::new(MemoryStore::new()))
-            .start()
-            .await
-            .expect("server starts")
-    });
+    let runtime = common::runtime();
+    let handle = common::start_server(&runtime, ServerConfig::default());
     let addr = handle.local_addr();
     let url = format!("http://{addr}");
     let queue = "point-ops";
@@ -128,7 +97,7 @@ fn point_ops_touch_distinct_filled_tasks_and_the_server_agrees() {
 
     // The server holds every filled task but the cancelled ones (a reschedule keeps its
     // task pending).
-    let pending = runtime.block_on(pending_on_server(addr, queue));
+    let pending = runtime.block_on(common::queue_on_server(addr, queue))["pending"].clone();
     assert_eq!(pending, TASKS - POINT_OPS);
 
     // The tables carry the phases beside the fill.

@@ -532,16 +532,20 @@ fn misfire_policies() {
     }
 }
 
-#[test]
-fn skip_after_downtime_fires_nothing_when_everything_is_old() {
-    let daily = ScheduleSpec::new(
+fn daily_at_nine_in_berlin(misfire: MisfirePolicy) -> ScheduleSpec {
+    ScheduleSpec::new(
         Trigger::cron("0 9 * * *", "Europe/Berlin").unwrap(),
         None,
         None,
         1,
-        MisfirePolicy::Skip,
+        misfire,
     )
-    .unwrap();
+    .unwrap()
+}
+
+#[test]
+fn skip_after_downtime_fires_nothing_when_everything_is_old() {
+    let daily = daily_at_nine_in_berlin(MisfirePolicy::Skip);
     let cursor = ms("2026-06-01T09:00:00+02:00[Europe/Berlin]");
     let now = ms("2026-06-04T12:00:00+02:00[Europe/Berlin]");
     let due = daily.due(cursor, now);
@@ -556,14 +560,7 @@ fn skip_after_downtime_fires_nothing_when_everything_is_old() {
 
 #[test]
 fn due_until_takes_fire_times_ahead_and_judges_misfires_at_now() {
-    let daily = ScheduleSpec::new(
-        Trigger::cron("0 9 * * *", "Europe/Berlin").unwrap(),
-        None,
-        None,
-        1,
-        MisfirePolicy::Skip,
-    )
-    .unwrap();
+    let daily = daily_at_nine_in_berlin(MisfirePolicy::Skip);
     let nine = ms("2026-06-04T09:00:00+02:00[Europe/Berlin]");
     let cursor = nine - 86_400_000;
     // Half a second before nine, looking a second ahead: nine fires, not late.
