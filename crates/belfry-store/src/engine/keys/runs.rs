@@ -26,11 +26,10 @@ use belfry_core::TaskId;
 use rustc_hash::FxHashSet;
 
 use crate::engine::bucket::{split_id, task_id};
-use crate::engine::io;
 use crate::engine::lsm::bloom::BloomHash;
 use crate::engine::lsm::merge::{Merge, RunCursor, Source};
 use crate::engine::lsm::run::{Run, RunKind, RunWriter, KEYS_FILTERED_BYTES};
-use crate::engine::lsm::{open_listed_runs, pick};
+use crate::engine::lsm::{self, open_listed_runs, pick};
 use crate::engine::persist::{sync_dir, KeyRunsPersisted};
 use crate::store::{Result, StoreError};
 
@@ -242,28 +241,22 @@ pub(crate) fn merge(dir: &Path, plan: &MergePlan) -> Result<Option<Run>> {
     for run in &plan.inputs {
         sources.push(Box::new(RunCursor::new(run, &[])?));
     }
-    let mut merged = Merge::new(sources);
-    let mut writer = RunWriter::create(dir, plan.id, RunKind::Keys, filtered)?;
-    let mut entry = Vec::with_capacity(ENTRY_BYTES_MAX);
-    let mut written = 0u64;
-    while merged.next(&mut entry)?.is_some() {
-        let (uid, _, id) = decode_entry(&entry).ok_or_else(|| StoreError::Corrupt {
-            location: dir.display().to_string(),
-            detail: format!("malformed idempotency-key entry {entry:?}"),
-        })?;
-        if !plan.live.contains(&(uid, split_id(id).1)) {
-            continue;
-        }
-        writer.add(&entry, true)?;
-        written += 1;
-    }
-    let run = writer.finish()?;
-    if written == 0 {
-        std::fs::remove_file(&run.path).map_err(io("remove an empty key run"))?;
-        return Ok(None);
-    }
+    let out = lsm::write_merged(
+        dir,
+        plan.id,
+        RunKind::Keys,
+        filtered,
+        Merge::new(sources),
+        |entry, _| {
+            let (uid, _, id) = decode_entry(entry).ok_or_else(|| StoreError::Corrupt {
+                location: dir.display().to_string(),
+                detail: format!("malformed idempotency-key entry {entry:?}"),
+            })?;
+            Ok(plan.live.contains(&(uid, split_id(id).1)).then_some(true))
+        },
+    )?;
     sync_dir(dir)?;
-    Ok(Some(run))
+    Ok(out)
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use self::run::{parse_run_name, run_name, Run, RunKind};
+use self::merge::Merge;
+use self::run::{parse_run_name, run_name, Run, RunKind, RunWriter};
 use crate::engine::io;
 use crate::store::Result;
 
@@ -104,4 +105,33 @@ pub(crate) fn open_listed_runs(dir: &Path, kind: RunKind, listed: &[u64]) -> Res
         }
     }
     Ok(runs)
+}
+
+/// Writes a merge's entries to the new run `id` of `kind` in `dir`, through `keep`: for each
+/// entry and its liveness it answers the liveness to write, or `None` to drop the entry.
+/// `filtered_hint` sizes the run's bloom filter. A run left with no entry is removed
+/// (`None`). The caller syncs `dir`.
+pub(crate) fn write_merged(
+    dir: &Path,
+    id: u64,
+    kind: RunKind,
+    filtered_hint: usize,
+    mut merged: Merge<'_>,
+    mut keep: impl FnMut(&[u8], bool) -> Result<Option<bool>>,
+) -> Result<Option<Run>> {
+    let mut writer = RunWriter::create(dir, id, kind, filtered_hint)?;
+    let mut entry = Vec::new();
+    let mut written = 0u64;
+    while let Some(live) = merged.next(&mut entry)? {
+        if let Some(live) = keep(&entry, live)? {
+            writer.add(&entry, live)?;
+            written += 1;
+        }
+    }
+    let run = writer.finish()?;
+    if written == 0 {
+        fs::remove_file(&run.path).map_err(io("remove an empty run file"))?;
+        return Ok(None);
+    }
+    Ok(Some(run))
 }

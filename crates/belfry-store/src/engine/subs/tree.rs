@@ -1,7 +1,6 @@
 //! The checkpoint's part of the tree: freeze the memtable at the WAL switch and write it to a
 //! run; after the checkpoint, merge runs (size-tiered); and the runs a reopen starts from.
 
-use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -11,10 +10,10 @@ use super::keys::{split_by_set, split_by_user, SPACE_BY_SET, SPACE_BY_USER};
 use super::memtable::{Memtable, SlabSource};
 use super::{Subs, SUBS_DIR};
 use crate::engine::lsm::merge::{Merge, RunCursor, Source};
-use crate::engine::lsm::run::{Run, RunKind, RunWriter};
-use crate::engine::lsm::{open_listed_runs, pick, release_free_memory};
+use crate::engine::lsm::run::{Run, RunKind};
+use crate::engine::lsm::{self, open_listed_runs, pick, release_free_memory};
 use crate::engine::persist::{sync_dir, SubsPersisted};
-use crate::engine::{io, Core};
+use crate::engine::Core;
 use crate::store::{Result, StoreError};
 
 /// What phase A of a checkpoint took from the tree.
@@ -229,31 +228,20 @@ fn is_current(key: &[u8], epochs: &FxHashMap<u64, u64>) -> Option<bool> {
 fn write_merged(
     dir: &Path,
     id: u64,
-    mut merge: Merge<'_>,
+    merge: Merge<'_>,
     set_keys: usize,
     epochs: &FxHashMap<u64, u64>,
     bottom: bool,
 ) -> Result<Option<Run>> {
-    let mut writer = RunWriter::create(dir, id, RunKind::Subs, set_keys)?;
-    let mut key = Vec::new();
-    let mut written = 0u64;
-    while let Some(live) = merge.next(&mut key)? {
-        let current = is_current(&key, epochs).ok_or_else(|| StoreError::Corrupt {
+    lsm::write_merged(dir, id, RunKind::Subs, set_keys, merge, |key, live| {
+        let current = is_current(key, epochs).ok_or_else(|| StoreError::Corrupt {
             location: format!("subscription runs under {}", dir.display()),
             detail: format!("malformed key {key:?}"),
         })?;
-        if !current || (bottom && !live) {
-            continue;
-        }
-        writer.add(&key, live)?;
-        written += 1;
-    }
-    let run = writer.finish()?;
-    if written == 0 {
-        fs::remove_file(&run.path).map_err(io("remove an empty subscription run"))?;
-        return Ok(None);
-    }
-    Ok(Some(run))
+        // An old epoch's entry is dead for good; a removal has nothing left to hide in the
+        // bottom run.
+        Ok((current && (live || !bottom)).then_some(live))
+    })
 }
 
 /// Opens the runs a checkpoint lists and removes the other files of the runs directory
