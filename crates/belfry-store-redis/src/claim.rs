@@ -23,6 +23,21 @@ pub(crate) struct Want {
     pub visibility_ms: u64,
 }
 
+/// A partition a claim may visit: due by the queue's hint, owned by this node (the fence,
+/// when ownership is on), and the hint's version of it before the claim.
+pub(crate) struct Candidate {
+    pub p: u16,
+    pub fence: Option<String>,
+    pub version: Vec<u8>,
+}
+
+/// What a claim learned of a partition's earliest work (-1: none), for its hint entry.
+pub(crate) struct Settle {
+    pub p: u16,
+    pub version: Vec<u8>,
+    pub earliest: i64,
+}
+
 /// What a claim in one partition found.
 enum PartClaim {
     Done,
@@ -42,7 +57,7 @@ impl RedisStore {
         if at < 0 {
             return Ok(());
         }
-        let keys = [self.keys.hint(uid).into_bytes()];
+        let keys = self.keys.hint_keys(uid);
         let args = [
             at.to_string().into_bytes(),
             p.to_string().into_bytes(),
@@ -125,18 +140,15 @@ impl RedisStore {
             if want.max == 0 {
                 return Ok(());
             }
-            let due: Vec<u16> = redis::cmd("ZRANGE")
-                .arg(this.keys.hint(uid))
-                .arg("-inf")
-                .arg(want.now_ms)
-                .arg("BYSCORE")
-                .query(c.as_dyn())
-                .map_err(|e| map_error(e, "read a queue's hint"))?;
-            let candidates: Vec<(u16, Option<String>)> = due
+            let candidates: Vec<Candidate> = this
+                .hint_due(c, uid, want.now_ms)?
                 .into_iter()
-                .filter_map(|p| match ownership {
-                    None => Some((p, None)),
-                    Some(own) => own.fence_of(p).map(|fence| (p, Some(fence))),
+                .filter_map(|(p, version)| {
+                    let fence = match ownership {
+                        None => None,
+                        Some(own) => Some(own.fence_of(p)?),
+                    };
+                    Some(Candidate { p, fence, version })
                 })
                 .collect();
             if candidates.is_empty() {
@@ -144,43 +156,37 @@ impl RedisStore {
             }
             // Start at a rotating place, so no partition is always last.
             let start = this.next_rotation() % candidates.len();
-            if candidates.len() > 1 {
-                let rotated: Vec<(u16, Option<String>)> = (0..candidates.len())
-                    .map(|k| candidates[(start + k) % candidates.len()].clone())
-                    .collect();
-                // Windows of growing size: a claim that the first partitions fill costs a
-                // few calls, one spread thin over many partitions a few round trips more.
-                let mut from = 0;
-                let mut window = FIRST_WINDOW;
-                while from < rotated.len() {
-                    let left = want.max.saturating_sub(batch.leased.len());
-                    if left == 0 {
-                        return Ok(());
-                    }
-                    let to = (from + window).min(rotated.len());
-                    let want = Want { max: left, ..want };
-                    if !this.claim_across(c, queue, uid, &rotated[from..to], want, &mut batch)? {
-                        break; // a node lacked the scripts: one at a time, this once
-                    }
-                    from = to;
-                    window *= 4;
+            let rotated: Vec<&Candidate> = (0..candidates.len())
+                .map(|k| &candidates[(start + k) % candidates.len()])
+                .collect();
+            if rotated.len() > 1 {
+                let mut settle = Vec::new();
+                let pipelined =
+                    this.claim_windows(c, queue, uid, &rotated, want, &mut batch, &mut settle);
+                // Whatever the windows did is settled, even when one failed part-way.
+                let settled = this.settle_hints(c, uid, &settle);
+                if pipelined? {
+                    return settled;
                 }
-                if from >= rotated.len() {
-                    return Ok(());
-                }
+                settled?;
             }
-            for k in 0..candidates.len() {
+            for cand in rotated {
                 let left = want.max.saturating_sub(batch.leased.len());
                 if left == 0 {
                     break;
                 }
-                let (p, fence) = &candidates[(start + k) % candidates.len()];
-                let part = this.part(*p, uid);
+                let part = this.part(cand.p, uid);
                 let want = Want { max: left, ..want };
-                if let PartClaim::Fenced =
-                    this.claim_part(c, queue, uid, &part, fence.as_deref(), want, &mut batch)?
-                {
-                    tracing::debug!(%queue, partition = p, "claim refused: the partition has a new owner");
+                if let PartClaim::Fenced = this.claim_part(
+                    c,
+                    queue,
+                    uid,
+                    &part,
+                    cand.fence.as_deref(),
+                    want,
+                    &mut batch,
+                )? {
+                    tracing::debug!(%queue, partition = cand.p, "claim refused: the partition has a new owner");
                 }
             }
             Ok(())
@@ -190,6 +196,83 @@ impl RedisStore {
             .leased
             .sort_by_key(|t| (t.task.priority, t.task.due_at_ms, t.task.id));
         Ok(batch)
+    }
+
+    /// Claims across `rotated` in windows of growing size: a claim that the first partitions
+    /// fill costs a few calls, one spread thin over many partitions a few round trips more.
+    /// `Ok(false)`: a node lacked the scripts; the caller claims one partition at a time.
+    #[allow(clippy::too_many_arguments)] // one claim: the queue, where, what, and its results
+    fn claim_windows(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        rotated: &[&Candidate],
+        want: Want,
+        batch: &mut ClaimBatch,
+        settle: &mut Vec<Settle>,
+    ) -> Result<bool> {
+        let mut from = 0;
+        let mut window = FIRST_WINDOW;
+        while from < rotated.len() {
+            let left = want.max.saturating_sub(batch.leased.len());
+            if left == 0 {
+                break;
+            }
+            let to = (from + window).min(rotated.len());
+            let want = Want { max: left, ..want };
+            if !self.claim_across(c, queue, uid, &rotated[from..to], want, batch, settle)? {
+                return Ok(false);
+            }
+            from = to;
+            window *= 4;
+        }
+        Ok(true)
+    }
+
+    /// The partitions whose hint entry is due by `now`, each with its version (see
+    /// `lua/hint_claim.lua`).
+    fn hint_due(&self, c: &mut Conn, uid: u64, now: UnixMs) -> Result<Vec<(u16, Vec<u8>)>> {
+        let keys = self.keys.hint_keys(uid);
+        let args = [b"due".to_vec(), now.to_string().into_bytes()];
+        let v = self.script(c, &scripts::HINT_CLAIM, &keys, &args, "read a queue's hint")?;
+        let bad = || unexpected("hint due", &v);
+        let items = as_array(&v).ok_or_else(bad)?;
+        items
+            .chunks(2)
+            .map(|pair| match pair {
+                [p, version] => {
+                    let p = as_i64(p).and_then(|p| u16::try_from(p).ok());
+                    let version = as_bytes(version).map(<[u8]>::to_vec);
+                    p.zip(version).ok_or_else(bad)
+                }
+                _ => Err(bad()),
+            })
+            .collect()
+    }
+
+    /// Sets the hint entry of every partition a claim visited to what it found, where no
+    /// lowering came between (see `lua/hint_claim.lua`): one call, whatever the count.
+    fn settle_hints(&self, c: &mut Conn, uid: u64, settle: &[Settle]) -> Result<()> {
+        if settle.is_empty() {
+            return Ok(());
+        }
+        let keys = self.keys.hint_keys(uid);
+        let mut args = Vec::with_capacity(1 + settle.len() * 3);
+        args.push(b"settle".to_vec());
+        for s in settle {
+            args.push(s.p.to_string().into_bytes());
+            args.push(s.version.clone());
+            args.push(s.earliest.to_string().into_bytes());
+        }
+        self.script(
+            c,
+            &scripts::HINT_CLAIM,
+            &keys,
+            &args,
+            "update a queue's hint",
+        )?;
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)] // one partition's claim: the queue, where, and what
@@ -373,7 +456,7 @@ impl RedisStore {
                         }
                         other => other.map_err(|e| map_error(e, "sweep the hints"))?,
                     };
-                    let hint = self.keys.hint(uid).into_bytes();
+                    let hint = self.keys.hint_keys(uid);
                     let lowers: Vec<redis::Cmd> = owned
                         .iter()
                         .zip(&earliest)
@@ -385,11 +468,7 @@ impl RedisStore {
                                 self.keys.events().into_bytes(),
                                 crate::events::wake_message(&queue),
                             ];
-                            Some(crate::claim_many::evalsha(
-                                &scripts::HINT,
-                                std::slice::from_ref(&hint),
-                                &args,
-                            ))
+                            Some(crate::claim_many::evalsha(&scripts::HINT, &hint, &args))
                         })
                         .collect();
                     // Lowering a hint twice is lowering it once: after a NOSCRIPT (a node

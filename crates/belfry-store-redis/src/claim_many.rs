@@ -4,15 +4,15 @@
 //! after another (script, hint update, re-read) made firing lateness grow with the number of
 //! partitions. Here every step is one pipeline (in a cluster, one round trip per master):
 //!
-//! 1. how many tasks each candidate partition has due, and its earliest work;
+//! 1. how many tasks each candidate partition has due (and, where none, its earliest work);
 //! 2. the claim's size shared out over them in rotation order, and one claim script each;
-//! 3. the hint of every partition visited set to what its script (or step 1) found, then each
-//!    looked at again, and lowered where a put landed meanwhile (the race `hint_settle`
-//!    describes).
+//! 3. (`claim.rs`, once for all windows) the hint entry of every partition visited set to
+//!    what its script (or step 1) found, unless a lowering came in between: the versions
+//!    `lua/hint_claim.lua` describes, read with the hint before step 1.
 //!
 //! Scripts run by `EVALSHA` only: a node that does not have them (new, restarted, promoted)
 //! answers `NOSCRIPT` in step 1, which changes nothing; the scripts are then loaded on every
-//! master and the caller claims one partition at a time this once. Steps 2 and 3 read each
+//! master and the caller claims one partition at a time this once. Step 2 reads each
 //! reply on its own (`each.rs`): a node that lost the scripts after step 1 answers `NOSCRIPT`
 //! for its own calls only, and only those run again, so no claimed task is dropped.
 
@@ -20,7 +20,7 @@ use belfry_core::QueueName;
 use belfry_store::ClaimBatch;
 use redis::{ErrorKind, Value};
 
-use crate::claim::Want;
+use crate::claim::{Candidate, Settle, Want};
 use crate::conn::{map_error, pipeline, unexpected, Conn, Result};
 use crate::each::{pipeline_each, ScriptCall};
 use crate::reply::{as_array, as_i64};
@@ -38,18 +38,29 @@ pub(crate) fn evalsha(lua: &Lua, keys: &[Vec<u8>], args: &[Vec<u8>]) -> redis::C
 type OwnedCall = (Vec<Vec<u8>>, Vec<Vec<u8>>);
 
 impl RedisStore {
-    /// Claims across `candidates` (partition, fence) in rotation order. `Ok(false)`: a node
-    /// lacked the scripts and nothing changed; the caller claims one partition at a time.
+    /// Claims across `candidates` in rotation order, and adds what each visited partition's
+    /// hint entry should become to `settle`. `Ok(false)`: a node lacked the scripts and
+    /// nothing changed; the caller claims one partition at a time.
+    #[allow(clippy::too_many_arguments)] // one window's claim: the queue, where, what, and its results
     pub(crate) fn claim_across(
         &self,
         c: &mut Conn,
         queue: &QueueName,
         uid: u64,
-        candidates: &[(u16, Option<String>)],
+        candidates: &[&Candidate],
         want: Want,
         batch: &mut ClaimBatch,
+        settle: &mut Vec<Settle>,
     ) -> Result<bool> {
-        let parts: Vec<Part> = candidates.iter().map(|(p, _)| self.part(*p, uid)).collect();
+        let parts: Vec<Part> = candidates
+            .iter()
+            .map(|cand| self.part(cand.p, uid))
+            .collect();
+        let settle_to = |i: usize, earliest: i64| Settle {
+            p: candidates[i].p,
+            version: candidates[i].version.clone(),
+            earliest,
+        };
         let now = want.now_ms.to_string().into_bytes();
         let counts = parts
             .iter()
@@ -63,8 +74,6 @@ impl RedisStore {
             }
             Err(e) => return Err(map_error(e, "count due tasks")),
         };
-        // Partition index → its earliest work after this claim, for the hint.
-        let mut settle: Vec<(usize, i64)> = Vec::with_capacity(parts.len());
         let mut claims: Vec<(usize, usize)> = Vec::new();
         let mut left = want.max;
         for (i, reply) in counts.iter().enumerate() {
@@ -75,7 +84,7 @@ impl RedisStore {
             let due = as_i64(due).ok_or_else(bad)?.max(0) as usize;
             if due == 0 {
                 // A stale hint (the work went another way): set it right.
-                settle.push((i, as_i64(earliest).ok_or_else(bad)?));
+                settle.push(settle_to(i, as_i64(earliest).ok_or_else(bad)?));
             } else if left > 0 {
                 let take = due.min(left);
                 claims.push((i, take));
@@ -85,7 +94,7 @@ impl RedisStore {
         let calls: Vec<OwnedCall> = claims
             .iter()
             .map(|&(i, take)| {
-                let fence = candidates[i].1.as_deref();
+                let fence = candidates[i].fence.as_deref();
                 let mut keys = parts[i].keys.clone();
                 if fence.is_some() {
                     keys.push(self.keys.owner(parts[i].p).into_bytes());
@@ -116,70 +125,10 @@ impl RedisStore {
             if let Some(earliest) =
                 self.take_claimed(reply, queue, uid, parts[i].p, want.now_ms, batch)?
             {
-                settle.push((i, earliest));
+                settle.push(settle_to(i, earliest));
             }
         }
-        self.settle_hints(c, queue, uid, &parts, &settle)?;
         Ok(true)
-    }
-
-    /// Step 3: every visited partition's hint set, looked at again, and lowered where needed.
-    fn settle_hints(
-        &self,
-        c: &mut Conn,
-        queue: &QueueName,
-        uid: u64,
-        parts: &[Part],
-        settle: &[(usize, i64)],
-    ) -> Result<()> {
-        if settle.is_empty() {
-            return Ok(());
-        }
-        let hint = self.keys.hint(uid);
-        let mut set = if settle.iter().any(|&(_, at)| at < 0) {
-            let mut zrem = redis::cmd("ZREM");
-            zrem.arg(&hint);
-            Some(zrem)
-        } else {
-            None
-        };
-        let mut zadd = redis::cmd("ZADD");
-        zadd.arg(&hint);
-        let mut adds = 0;
-        for &(i, at) in settle {
-            match (&mut set, at < 0) {
-                (Some(zrem), true) => {
-                    zrem.arg(parts[i].p);
-                }
-                _ => {
-                    zadd.arg(at).arg(parts[i].p);
-                    adds += 1;
-                }
-            }
-        }
-        let mut cmds: Vec<redis::Cmd> = set.into_iter().collect();
-        if adds > 0 {
-            cmds.push(zadd);
-        }
-        pipeline(c, cmds).map_err(|e| map_error(e, "update a queue's hint"))?;
-        let earliest = [b"earliest".to_vec()];
-        let each: Vec<ScriptCall<'_>> = settle
-            .iter()
-            .map(|&(i, _)| (parts[i].keys.as_slice(), &earliest[..]))
-            .collect();
-        let again: Vec<redis::Cmd> = each
-            .iter()
-            .map(|(keys, args)| evalsha(&scripts::READ, keys, args))
-            .collect();
-        let again = pipeline_each(c, &again).map_err(|e| map_error(e, "read a partition"))?;
-        let again = self.rerun_missing(c, &scripts::READ, again, &each, "read a partition")?;
-        for (&(i, set_to), now) in settle.iter().zip(&again) {
-            let now = as_i64(now).ok_or_else(|| unexpected("earliest", now))?;
-            if now >= 0 && (set_to < 0 || now < set_to) {
-                self.hint_lower(c, queue, uid, parts[i].p, now)?;
-            }
-        }
-        Ok(())
     }
 
     /// Loads every script on every master, so pipelined `EVALSHA`s find them.

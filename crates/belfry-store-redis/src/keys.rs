@@ -88,6 +88,14 @@ impl Keys {
         format!("{{{}/h{uid}}}", self.ns)
     }
 
+    /// The hint and, in its slot, how many times each partition's entry was lowered (or a
+    /// lowering tried): `lua/hint.lua` counts, `lua/hint_claim.lua` compares.
+    pub(crate) fn hint_keys(&self, uid: u64) -> [Vec<u8>; 2] {
+        let hint = self.hint(uid);
+        let versions = format!("{hint}:v");
+        [hint.into_bytes(), versions.into_bytes()]
+    }
+
     pub(crate) fn rate(&self, uid: u64) -> String {
         format!("{{{}/r{uid}}}", self.ns)
     }

@@ -37,6 +37,8 @@ task_script!(READ, "lua/read.lua");
 
 pub(crate) static QUEUE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/queue.lua")));
 pub(crate) static HINT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/hint.lua")));
+pub(crate) static HINT_CLAIM: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(include_str!("lua/hint_claim.lua")));
 pub(crate) static RATE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/rate.lua")));
 pub(crate) static INFLIGHT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(include_str!("lua/inflight.lua")));
@@ -45,8 +47,18 @@ pub(crate) const INFLIGHT_END: &str = include_str!("lua/inflight_end.lua");
 pub(crate) static META: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("lua/meta.lua")));
 
 /// Every script, to load them all on a node that lacks them.
-pub(crate) fn all() -> [&'static Lua; 10] {
+pub(crate) fn all() -> [&'static Lua; 11] {
     [
-        &PUT, &CLAIM, &LEASE, &CHANGE, &READ, &QUEUE, &HINT, &RATE, &META, &INFLIGHT,
+        &PUT,
+        &CLAIM,
+        &LEASE,
+        &CHANGE,
+        &READ,
+        &QUEUE,
+        &HINT,
+        &HINT_CLAIM,
+        &RATE,
+        &META,
+        &INFLIGHT,
     ]
 }

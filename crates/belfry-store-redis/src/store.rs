@@ -612,12 +612,14 @@ impl Store for RedisStore {
             cmds.push(cmd);
         }
         let [room, starved, extra] = self.keys.in_flight(uid);
+        let [hint, versions] = self.keys.hint_keys(uid);
         for key in [
-            self.keys.hint(uid),
-            self.keys.rate(uid),
-            room,
-            starved,
-            extra,
+            hint,
+            versions,
+            self.keys.rate(uid).into_bytes(),
+            room.into_bytes(),
+            starved.into_bytes(),
+            extra.into_bytes(),
         ] {
             let mut cmd = redis::cmd("UNLINK");
             cmd.arg(key);

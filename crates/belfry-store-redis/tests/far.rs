@@ -299,7 +299,8 @@ fn a_lost_hint_of_a_bucket_is_rebuilt_by_the_sweep() {
     let bucket = BASE + 7 * MINUTE;
     let ids = put(&store, &[bucket + 100]);
     // The crash between the put's script and its hint update.
-    let hints = keys(&mut con, "far5", "h*");
+    // The hint itself, not its versions (`{ns/h<uid>}:v`).
+    let hints = keys(&mut con, "far5", "h*}");
     assert_eq!(hints.len(), 1, "{hints:?}");
     redis::cmd("DEL").arg(&hints[0]).exec(&mut con).unwrap();
     assert_eq!(store.next_due_ms(&q()).unwrap(), None);

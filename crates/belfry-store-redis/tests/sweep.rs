@@ -20,7 +20,11 @@ fn a_lost_hint_is_rebuilt_by_the_sweep() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let hints: Vec<String> = redis::cmd("KEYS").arg("{sweep/h*").query(&mut con).unwrap();
+    // The hint itself (`{ns/h<uid>}`), not its versions (`{ns/h<uid>}:v`).
+    let hints: Vec<String> = redis::cmd("KEYS")
+        .arg("{sweep/h*}")
+        .query(&mut con)
+        .unwrap();
     assert_eq!(hints.len(), 1, "{hints:?}");
     redis::cmd("DEL").arg(&hints[0]).exec(&mut con).unwrap();
     assert!(store
@@ -51,7 +55,10 @@ fn the_sweep_survives_a_redis_that_lost_the_hint_script() {
         .unwrap()
         .get_connection()
         .unwrap();
-    let hints: Vec<String> = redis::cmd("KEYS").arg("{sweep/h*").query(&mut con).unwrap();
+    let hints: Vec<String> = redis::cmd("KEYS")
+        .arg("{sweep/h*}")
+        .query(&mut con)
+        .unwrap();
     redis::cmd("DEL").arg(&hints[0]).exec(&mut con).unwrap();
     redis::cmd("SCRIPT").arg("FLUSH").exec(&mut con).unwrap();
     let read = concat!(

@@ -1,7 +1,7 @@
 -- Ends or changes leases. ARGV: now, retain_ms, op, then per task: seq, lease id, value.
 -- op: 'ack' | 'nack' (value: retry at) | 'extend' (value: new deadline) | 'dead' (value:
 -- reason). Replies per task 0 ok, 1 not found, 2 lease expired; then the earliest instant
--- a claim here could return something (-1: none).
+-- a claim here could return something (-1: none; always -1 for 'ack').
 local now, retain, op = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local out = {}
 for i = 4, #ARGV, 3 do
@@ -31,5 +31,10 @@ for i = 4, #ARGV, 3 do
   out[#out + 1] = code
 end
 forget_old(now, retain, (#ARGV - 3) / 3 + 64)
-out[#out + 1] = earliest()
+-- An ack only ever makes work later, so its callers do not need the earliest instant.
+if op == 'ack' then
+  out[#out + 1] = -1
+else
+  out[#out + 1] = earliest()
+end
 return out

@@ -162,11 +162,13 @@ local function unplace(seq, h)
 end
 
 -- Promotes buckets whose promotion instant is `now` or earlier, earliest first, reading at
--- most `budget` list entries.
+-- most `budget` list entries. Returns the next bucket's promotion instant (-1: no bucket
+-- left), or nil when the budget ran out first (unknown).
 local function promote(now, budget)
   while budget > 0 do
     local first = redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')
-    if not first[1] or tonumber(first[2]) > now then return end
+    if not first[1] then return -1 end
+    if tonumber(first[2]) > now then return tonumber(first[2]) end
     local b = tonumber(first[1])
     local list = bucket_list(b)
     local entries = redis.call('LPOP', list, budget)
@@ -198,6 +200,7 @@ local function promote(now, budget)
       bucket_count(b, -moved)
     end
   end
+  return nil
 end
 
 -- Ends the lease of every leased task whose deadline has come (at most `max`): scheduled
@@ -228,19 +231,36 @@ local function finish(seq, rec, h, state, now)
 end
 
 -- Forgets up to `max` tasks finished more than the retention ago: each call forgets at least
--- as many as it may finish, so finished records never pile up.
+-- as many as it may finish, so finished records never pile up. A few calls per 500 tasks
+-- (a `redis.call` costs microseconds; a call per task was most of a small claim's time).
 local function forget_old(now, retain_ms, max)
   local old = redis.call('ZRANGEBYSCORE', KEYS[8], '-inf', now - retain_ms, 'LIMIT', 0, max)
-  for _, seq in ipairs(old) do
-    local rec = redis.call('HGET', KEYS[4], seq)
-    if rec then
-      local key = idem_key(rec, unpack_hdr(rec))
-      if key and redis.call('HGET', KEYS[5], key) == seq then
-        redis.call('HDEL', KEYS[5], key)
+  for i = 1, #old, 500 do
+    local seqs = {unpack(old, i, math.min(i + 499, #old))}
+    local recs = redis.call('HMGET', KEYS[4], unpack(seqs))
+    local gone, keys, owners = {}, {}, {}
+    for j, seq in ipairs(seqs) do
+      local rec = recs[j]
+      if rec then
+        gone[#gone + 1] = seq
+        local key = idem_key(rec, unpack_hdr(rec))
+        if key then
+          keys[#keys + 1] = key
+          owners[#owners + 1] = seq
+        end
       end
-      redis.call('HDEL', KEYS[4], seq)
     end
-    redis.call('ZREM', KEYS[8], seq)
+    if #keys > 0 then
+      -- A key is forgotten only while it still names this task (a later put may own it).
+      local now_owned = redis.call('HMGET', KEYS[5], unpack(keys))
+      local drop = {}
+      for j, key in ipairs(keys) do
+        if now_owned[j] == owners[j] then drop[#drop + 1] = key end
+      end
+      if #drop > 0 then redis.call('HDEL', KEYS[5], unpack(drop)) end
+    end
+    if #gone > 0 then redis.call('HDEL', KEYS[4], unpack(gone)) end
+    redis.call('ZREM', KEYS[8], unpack(seqs))
   end
 end
 

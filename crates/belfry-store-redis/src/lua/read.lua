@@ -4,7 +4,8 @@
 --   'dead' after seq ('' first), limit -> {seq, record, reason, ...}
 --   'counts' now                   -> {pending, due, leased-until-after-now, dead}
 --   'forecast' from, step, steps   -> counts per step
---   'due' now                      -> {tasks a claim could take now, earliest instant}
+--   'due' now                      -> {tasks a claim could take now, earliest instant (when
+--                                      none is due; else -1)}
 --   'earliest'                     -> earliest instant (-1: none)
 local op = ARGV[1]
 
@@ -116,6 +117,8 @@ elseif op == 'due' then
   for _, b in ipairs(redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', now)) do
     due = due + tonumber(redis.call('HGET', KEYS[11], b) or '0')
   end
+  -- The earliest instant matters only where nothing is due (the caller settles a stale hint).
+  if due > 0 then return {due, -1} end
   return {due, earliest()}
 elseif op == 'earliest' then
   return earliest()
