@@ -11,7 +11,8 @@
 //! bucket lists of a few bytes per task, which claims promote into the sorted sets shortly
 //! before they are due (`lua/prelude.lua`). A per-queue *hint* sorted set says, for each partition, the earliest instant a claim
 //! there could return work (or has a bucket to promote), so a claim visits only partitions
-//! with due work. A reminder's subscriber set is cut into `subscriber_shards` sorted sets by a
+//! with due work; a claim sets the entries it visited only where no put lowered them since it
+//! read the hint (`lua/hint_claim.lua`). A reminder's subscriber set is cut into `subscriber_shards` sorted sets by a
 //! hash of the user id, each in its own slot, so a big set spreads over the masters (`subs.rs`).
 //!
 //! **Atomicity is per slot, not per call.** A `put` of tasks that land in several partitions
