@@ -68,9 +68,10 @@ impl RedisStore {
         Ok(())
     }
 
-    /// Sets partition `p`'s hint to `earliest` after a claim, then looks at the partition
-    /// again and lowers it if a put landed meanwhile (its own hint update may have come
-    /// before ours), so a wake-up is never lost to the race.
+    /// Sets partition `p`'s hint to `earliest` (the truth [`Self::next_due_in`] just read),
+    /// then looks at the partition again and lowers it if a put landed meanwhile (its own
+    /// hint update may have come before ours), so a wake-up is never lost to the race.
+    /// Claims settle through the hint's versions instead (`settle_hints`).
     fn hint_settle(
         &self,
         c: &mut Conn,
@@ -159,43 +160,49 @@ impl RedisStore {
             let rotated: Vec<&Candidate> = (0..candidates.len())
                 .map(|k| &candidates[(start + k) % candidates.len()])
                 .collect();
-            if rotated.len() > 1 {
-                let mut settle = Vec::new();
-                let pipelined =
-                    this.claim_windows(c, queue, uid, &rotated, want, &mut batch, &mut settle);
-                // Whatever the windows did is settled, even when one failed part-way.
-                let settled = this.settle_hints(c, uid, &settle);
-                if pipelined? {
-                    return settled;
-                }
-                settled?;
-            }
-            for cand in rotated {
-                let left = want.max.saturating_sub(batch.leased.len());
-                if left == 0 {
-                    break;
-                }
-                let part = this.part(cand.p, uid);
-                let want = Want { max: left, ..want };
-                if let PartClaim::Fenced = this.claim_part(
-                    c,
-                    queue,
-                    uid,
-                    &part,
-                    cand.fence.as_deref(),
-                    want,
-                    &mut batch,
-                )? {
-                    tracing::debug!(%queue, partition = cand.p, "claim refused: the partition has a new owner");
-                }
-            }
-            Ok(())
+            let mut settle = Vec::new();
+            let claimed =
+                this.claim_candidates(c, queue, uid, &rotated, want, &mut batch, &mut settle);
+            // Whatever the claim did is settled, even when it failed part-way.
+            let settled = this.settle_hints(c, uid, &settle);
+            claimed?;
+            settled
         })?;
         // Claim order across partitions: high priority first, then due time, then id.
         batch
             .leased
             .sort_by_key(|t| (t.task.priority, t.task.due_at_ms, t.task.id));
         Ok(batch)
+    }
+
+    /// Claims across `rotated`: pipelined in windows, or one partition at a time when there
+    /// is only one or a node lacked the scripts. What each visited partition's hint entry
+    /// should become goes to `settle`.
+    #[allow(clippy::too_many_arguments)] // one claim: the queue, where, what, and its results
+    fn claim_candidates(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        rotated: &[&Candidate],
+        want: Want,
+        batch: &mut ClaimBatch,
+        settle: &mut Vec<Settle>,
+    ) -> Result<()> {
+        if rotated.len() > 1 && self.claim_windows(c, queue, uid, rotated, want, batch, settle)? {
+            return Ok(());
+        }
+        for cand in rotated {
+            let left = want.max.saturating_sub(batch.leased.len());
+            if left == 0 {
+                break;
+            }
+            let want = Want { max: left, ..want };
+            if let PartClaim::Fenced = self.claim_part(c, queue, uid, cand, want, batch, settle)? {
+                tracing::debug!(%queue, partition = cand.p, "claim refused: the partition has a new owner");
+            }
+        }
+        Ok(())
     }
 
     /// Claims across `rotated` in windows of growing size: a claim that the first partitions
@@ -275,17 +282,18 @@ impl RedisStore {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)] // one partition's claim: the queue, where, and what
+    #[allow(clippy::too_many_arguments)] // one partition's claim: the queue, where, what, and its results
     fn claim_part(
         &self,
         c: &mut Conn,
         queue: &QueueName,
         uid: u64,
-        part: &Part,
-        fence: Option<&str>,
+        cand: &Candidate,
         want: Want,
         batch: &mut ClaimBatch,
+        settle: &mut Vec<Settle>,
     ) -> Result<PartClaim> {
+        let fence = cand.fence.as_deref();
         let args = [
             want.now_ms.to_string().into_bytes(),
             want.max.to_string().into_bytes(),
@@ -293,16 +301,22 @@ impl RedisStore {
             self.retention_ms.to_string().into_bytes(),
             fence.unwrap_or_default().as_bytes().to_vec(),
         ];
-        let mut keys = part.keys.clone();
+        let mut keys = self.part(cand.p, uid).keys;
         if fence.is_some() {
-            keys.push(self.keys.owner(part.p).into_bytes());
+            keys.push(self.keys.owner(cand.p).into_bytes());
         }
         let v = self.script(c, &scripts::CLAIM, &keys, &args, "claim due tasks")?;
-        match self.take_claimed(&v, queue, uid, part.p, want.now_ms, batch)? {
-            None => return Ok(PartClaim::Fenced),
-            Some(earliest) => self.hint_settle(c, queue, uid, part, earliest)?,
+        match self.take_claimed(&v, queue, uid, cand.p, want.now_ms, batch)? {
+            None => Ok(PartClaim::Fenced),
+            Some(earliest) => {
+                settle.push(Settle {
+                    p: cand.p,
+                    version: cand.version.clone(),
+                    earliest,
+                });
+                Ok(PartClaim::Done)
+            }
         }
-        Ok(PartClaim::Done)
     }
 
     /// Reads one claim script's reply into `batch`: the partition's earliest work after it,
