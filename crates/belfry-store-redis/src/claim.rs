@@ -175,9 +175,11 @@ impl RedisStore {
         Ok(batch)
     }
 
-    /// Claims across `rotated`: pipelined in windows, or one partition at a time when there
-    /// is only one or a node lacked the scripts. What each visited partition's hint entry
-    /// should become goes to `settle`.
+    /// Claims across `rotated`, and adds what each visited partition's hint entry should
+    /// become to `settle`. Pipelined in windows of growing size (a claim that the first
+    /// partitions fill costs a few calls, one spread thin over many partitions a few round
+    /// trips more); one partition at a time when there is only one, or when a node lacked the
+    /// scripts (this once).
     #[allow(clippy::too_many_arguments)] // one claim: the queue, where, what, and its results
     fn claim_candidates(
         &self,
@@ -189,52 +191,38 @@ impl RedisStore {
         batch: &mut ClaimBatch,
         settle: &mut Vec<Settle>,
     ) -> Result<()> {
-        if rotated.len() > 1 && self.claim_windows(c, queue, uid, rotated, want, batch, settle)? {
-            return Ok(());
+        let left = |batch: &ClaimBatch| want.max.saturating_sub(batch.leased.len());
+        if rotated.len() > 1 {
+            let (mut from, mut window) = (0, FIRST_WINDOW);
+            while from < rotated.len() && left(batch) > 0 {
+                let to = (from + window).min(rotated.len());
+                let want = Want {
+                    max: left(batch),
+                    ..want
+                };
+                if !self.claim_across(c, queue, uid, &rotated[from..to], want, batch, settle)? {
+                    break;
+                }
+                from = to;
+                window *= 4;
+            }
+            if from >= rotated.len() || left(batch) == 0 {
+                return Ok(());
+            }
         }
         for cand in rotated {
-            let left = want.max.saturating_sub(batch.leased.len());
-            if left == 0 {
+            if left(batch) == 0 {
                 break;
             }
-            let want = Want { max: left, ..want };
+            let want = Want {
+                max: left(batch),
+                ..want
+            };
             if let PartClaim::Fenced = self.claim_part(c, queue, uid, cand, want, batch, settle)? {
                 tracing::debug!(%queue, partition = cand.p, "claim refused: the partition has a new owner");
             }
         }
         Ok(())
-    }
-
-    /// Claims across `rotated` in windows of growing size: a claim that the first partitions
-    /// fill costs a few calls, one spread thin over many partitions a few round trips more.
-    /// `Ok(false)`: a node lacked the scripts; the caller claims one partition at a time.
-    #[allow(clippy::too_many_arguments)] // one claim: the queue, where, what, and its results
-    fn claim_windows(
-        &self,
-        c: &mut Conn,
-        queue: &QueueName,
-        uid: u64,
-        rotated: &[&Candidate],
-        want: Want,
-        batch: &mut ClaimBatch,
-        settle: &mut Vec<Settle>,
-    ) -> Result<bool> {
-        let mut from = 0;
-        let mut window = FIRST_WINDOW;
-        while from < rotated.len() {
-            let left = want.max.saturating_sub(batch.leased.len());
-            if left == 0 {
-                break;
-            }
-            let to = (from + window).min(rotated.len());
-            let want = Want { max: left, ..want };
-            if !self.claim_across(c, queue, uid, &rotated[from..to], want, batch, settle)? {
-                return Ok(false);
-            }
-            from = to;
-            window *= 4;
-        }
-        Ok(true)
     }
 
     /// The partitions whose hint entry is due by `now`, each with its version (see
