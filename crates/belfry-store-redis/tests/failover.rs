@@ -41,7 +41,7 @@ fn put_through_a_failover(fsync: &str, replica_acks: u32) -> Outcome {
     let cluster = RedisCluster::start_with_fsync(3, 1, fsync);
     let store = RedisStore::connect(&cluster.target(), options(replica_acks)).unwrap();
     let queue = QueueName::new("orders").unwrap();
-    store.put_queue(&queue, Bytes::new()).unwrap();
+    create_queue(&store, &queue);
     let victim = cluster
         .nodes()
         .into_iter()
@@ -102,6 +102,23 @@ fn put_through_a_failover(fsync: &str, replica_acks: u32) -> Outcome {
         lost,
         killed_at: killed_at.expect("the kill happened"),
         retried_batches,
+    }
+}
+
+/// Creates `queue`, again while the store says it is unavailable (as its error says, that is
+/// safe): a fresh replica may not acknowledge within the 500 ms the options allow until it has
+/// caught up, and on a loaded machine that can outlast the cluster's start (seen in CI).
+fn create_queue(store: &RedisStore, queue: &QueueName) {
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match store.put_queue(queue, Bytes::new()) {
+            Ok(_) => return,
+            Err(StoreError::Unavailable { detail }) if Instant::now() < deadline => {
+                eprintln!("creating the queue again: {detail}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(other) => panic!("create the queue: {other}"),
+        }
     }
 }
 
