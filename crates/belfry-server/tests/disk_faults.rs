@@ -94,9 +94,36 @@ async fn a_full_disk_answers_507_keeps_serving_and_takes_submits_again_once_spac
         "{refusal}"
     );
     assert!(acknowledged.len() > 500, "{} submits", acknowledged.len());
-    // The server is still ready and says why submits are refused.
-    let ready = server.ok("GET", "/readyz", Value::Null, 200).await;
-    assert_eq!(ready["storage"], "low_disk_space", "{ready}");
+    // The server is still ready and says why submits are refused. The engine's checkpoint
+    // thread may delete old WAL files at any moment and so free some space: a submit is then
+    // taken again, and `/readyz` rightly stops reporting low space. So submit one at a time
+    // until a refusal is not followed by such a release, then ask `/readyz`.
+    let mut reported = None;
+    for n in 0..200 {
+        let body = json!({"delay_ms": 3_600_000 + n, "payload": payload});
+        let response = server
+            .http
+            .post(format!("{}/v1/queues/q/tasks", server.base))
+            .json(&body)
+            .send()
+            .await
+            .expect("the server answers");
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.expect("a JSON answer");
+        match status {
+            201 => acknowledged.push(body["id"].as_str().unwrap().to_owned()),
+            507 => {
+                let ready = server.ok("GET", "/readyz", Value::Null, 200).await;
+                if ready["storage"] == "low_disk_space" {
+                    reported = Some(ready);
+                    break;
+                }
+            }
+            _ => panic!("a submit answered {status} {body}"),
+        }
+    }
+    let ready = reported.expect("/readyz never reported low disk space right after a 507");
+    assert_eq!(ready["status"], "ready", "{ready}");
     // Reads and leases go on; a task due now is leased and acked inside the reserve.
     let task = server.task("q", &acknowledged[0]).await;
     assert_eq!(task["state"], "scheduled");
