@@ -282,8 +282,28 @@ pub fn late_policy_view(policy: LatePolicy) -> (&'static str, Option<u64>) {
 /// Refuses a JSON payload nested deeper than `PAYLOAD_NESTING_MAX`. The payload is kept as
 /// the producer's text (never parsed into a tree), so this one scan is the only bound; it is
 /// iterative, so no depth can exhaust the stack.
+///
+/// Depth never exceeds the number of `[` and `{` in the text (strings included), and that
+/// count takes one vectorised pass, so a payload with no more of them than the limit (nearly
+/// every real one) is let through without the byte-by-byte walk, which cost a quarter of the
+/// server's CPU in batched ingest of 200-byte payloads.
 pub fn check_nesting(json: &str) -> Result<(), ApiError> {
     use belfry_core::limits::PAYLOAD_NESTING_MAX;
+    // Counted in byte lanes, 64 bytes at a time (a lane cannot overflow), which the compiler
+    // turns into wide compares: a `usize` sum per byte is not.
+    let openers = json
+        .as_bytes()
+        .chunks(64)
+        .map(|chunk| {
+            let lanes = chunk
+                .iter()
+                .fold(0u8, |n, &b| n + u8::from(b == b'[' || b == b'{'));
+            usize::from(lanes)
+        })
+        .sum::<usize>();
+    if openers <= PAYLOAD_NESTING_MAX {
+        return Ok(());
+    }
     let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
     for byte in json.bytes() {
         if in_string {
@@ -854,6 +874,26 @@ pub struct DeadList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nesting_is_bounded_by_depth_not_by_the_count_of_brackets() {
+        use belfry_core::limits::PAYLOAD_NESTING_MAX as MAX;
+        let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+        // Few brackets: the counting pass decides.
+        assert!(check_nesting(&nested(MAX)).is_ok());
+        assert!(check_nesting(r#"{"a": [1, {"b": "[{"}]}"#).is_ok());
+        // Many brackets: the walk decides, by depth.
+        let siblings = format!("[{}1]", "[],".repeat(3 * MAX));
+        assert!(check_nesting(&siblings).is_ok());
+        let in_strings = format!(
+            r#"{{"s": "{}", "t": "\"{}"}}"#,
+            "[".repeat(MAX),
+            "{".repeat(MAX)
+        );
+        assert!(check_nesting(&in_strings).is_ok());
+        assert!(check_nesting(&nested(MAX + 1)).is_err());
+        assert!(check_nesting(&format!("{}{}", "[],".repeat(MAX), nested(MAX + 1))).is_err());
+    }
 
     fn due(json: &str) -> Result<Option<UnixMs>, ErrorCode> {
         let body: DueBody = serde_json::from_str(json).unwrap();
