@@ -100,16 +100,8 @@ async fn a_full_disk_answers_507_keeps_serving_and_takes_submits_again_once_spac
     // until a refusal is not followed by such a release, then ask `/readyz`.
     let mut reported = None;
     for n in 0..200 {
-        let body = json!({"delay_ms": 3_600_000 + n, "payload": payload});
-        let response = server
-            .http
-            .post(format!("{}/v1/queues/q/tasks", server.base))
-            .json(&body)
-            .send()
-            .await
-            .expect("the server answers");
-        let status = response.status().as_u16();
-        let body: Value = response.json().await.expect("a JSON answer");
+        let task = json!({"delay_ms": 3_600_000 + n, "payload": payload});
+        let (status, body) = server.call("POST", "/v1/queues/q/tasks", task).await;
         match status {
             201 => acknowledged.push(body["id"].as_str().unwrap().to_owned()),
             507 => {
