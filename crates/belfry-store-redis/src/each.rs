@@ -286,10 +286,7 @@ mod tests {
     #[test]
     fn one_redis_answers_each_command_of_a_pipeline() {
         let server = RedisServer::start();
-        let mut con = redis::Client::open(server.url())
-            .unwrap()
-            .get_connection()
-            .unwrap();
+        let mut con = server.connection();
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg("return redis.call('INCR', KEYS[1])")

@@ -59,6 +59,13 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.node.port)
     }
 
+    /// A plain connection to this server, for tests that read or seed its keys directly.
+    pub fn connection(&self) -> redis::Connection {
+        redis::Client::open(self.url())
+            .and_then(|client| client.get_connection())
+            .expect("a connection to the test redis-server")
+    }
+
     pub fn target(&self) -> RedisTarget {
         RedisTarget::Single(self.url())
     }

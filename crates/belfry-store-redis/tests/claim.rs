@@ -98,10 +98,7 @@ fn entry(con: &mut redis::Connection, p: u16) -> Option<i64> {
 #[test]
 fn a_lowering_between_a_claims_read_and_its_settle_is_kept() {
     let server = RedisServer::start();
-    let mut con = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = server.connection();
     lower(&mut con, 3, 100);
     lower(&mut con, 5, 120);
     lower(&mut con, 7, 9_000);

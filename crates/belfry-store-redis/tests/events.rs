@@ -117,10 +117,7 @@ fn a_recheck_while_connected_and_a_resync_after_a_reconnect() {
     for _ in 0..3 {
         assert_eq!(next_sweep(&events), StoreEvent::Recheck, "while connected");
     }
-    let mut con = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = server.connection();
     let killed: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")

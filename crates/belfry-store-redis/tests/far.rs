@@ -45,10 +45,7 @@ fn put(store: &RedisStore, dues: &[u64]) -> Vec<TaskId> {
 }
 
 fn redis(server: &RedisServer) -> redis::Connection {
-    redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap()
+    server.connection()
 }
 
 /// Keys of namespace `ns` matching `pattern` (after the namespace's tag opening).

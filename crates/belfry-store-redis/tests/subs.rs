@@ -249,9 +249,7 @@ fn a_namespace_keeps_its_subscriber_shard_count() {
     let mut want = all.clone();
     want.sort();
     assert_eq!(second.subscribers(SET, None, 1_000).unwrap(), want);
-    let mut con = redis::Client::open(server.url())
-        .and_then(|c| c.get_connection())
-        .unwrap();
+    let mut con = server.connection();
     let keys: Vec<String> = redis::cmd("KEYS")
         .arg(format!("{{layout/s{SET}/*"))
         .query(&mut con)

@@ -16,10 +16,7 @@ fn a_lost_hint_is_rebuilt_by_the_sweep() {
         .collect();
     store.put(tasks).unwrap();
     // The crash: the hint never heard of these tasks.
-    let mut con = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = server.connection();
     // The hint itself (`{ns/h<uid>}`), not its versions (`{ns/h<uid>}:v`).
     let hints: Vec<String> = redis::cmd("KEYS")
         .arg("{sweep/h*}")
@@ -51,10 +48,7 @@ fn the_sweep_survives_a_redis_that_lost_the_hint_script() {
     store
         .put(vec![NewTask::new(queue.clone(), 1_000, "{}")])
         .unwrap();
-    let mut con = redis::Client::open(server.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
+    let mut con = server.connection();
     let hints: Vec<String> = redis::cmd("KEYS")
         .arg("{sweep/h*}")
         .query(&mut con)
