@@ -40,6 +40,11 @@ fn populate(dir: &Path, flush: bool) -> HashMap<TaskId, Bytes> {
     expected
 }
 
+/// Where the log ends in a WAL file: the file may go on with zeros prepared ahead.
+fn log_len(wal: &Path) -> u64 {
+    belfry_store::engine::record::wal_log_len(&fs::read(wal).unwrap()) as u64
+}
+
 fn files(dir: &Path, suffix: &str) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -85,7 +90,7 @@ fn torn_wal_tail_loses_only_the_last_call() {
     let expected = populate(dir.path(), false);
     let wal = files(dir.path(), ".wal");
     let last = wal.last().unwrap();
-    let len = fs::metadata(last).unwrap().len();
+    let len = log_len(last);
     // Cut into the middle of the last call's frame.
     let file = fs::OpenOptions::new().write(true).open(last).unwrap();
     file.set_len(len - 100).unwrap();
@@ -124,7 +129,7 @@ fn torn_batch_ack_is_lost_whole() {
     // one frame per ack would have lost only the last.
     let wal = files(template.path(), ".wal");
     let last = wal.last().unwrap();
-    let len = fs::metadata(last).unwrap().len();
+    let len = log_len(last);
     let file = fs::OpenOptions::new().write(true).open(last).unwrap();
     file.set_len(len - 4).unwrap();
     drop(file);
@@ -146,7 +151,7 @@ fn damaged_wal_bytes_are_refused_or_cut_never_misread() {
         .strip_prefix(template.path())
         .unwrap()
         .to_path_buf();
-    let len = fs::metadata(template.path().join(&last)).unwrap().len() as usize;
+    let len = log_len(&template.path().join(&last)) as usize;
     for position in (0..len).step_by(len / 23 + 1) {
         let dir = tempfile::tempdir().unwrap();
         copy_dir(template.path(), dir.path());

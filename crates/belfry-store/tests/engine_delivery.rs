@@ -38,6 +38,11 @@ fn newest_wal(dir: &Path) -> PathBuf {
     files.pop().expect("a WAL file")
 }
 
+/// Where the log ends in a WAL file: the file may go on with zeros prepared ahead.
+fn log_len(wal: &Path) -> u64 {
+    belfry_store::engine::record::wal_log_len(&fs::read(wal).unwrap()) as u64
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     fs::create_dir_all(to).unwrap();
     for entry in fs::read_dir(from).unwrap() {
@@ -188,14 +193,14 @@ fn an_ack_lost_in_a_crash_leaves_the_task_due_again_never_lost_or_half() {
             .unwrap()[0]
             .id();
         // The put returned: everything up to here is fsync'd.
-        let durable_len = fs::metadata(newest_wal(&data)).unwrap().len();
+        let durable_len = log_len(&newest_wal(&data));
         let batch = engine.claim(&q, NOW, 10, VISIBILITY_MS).unwrap();
         let leased = &batch.leased[0];
         assert_eq!(
             engine.ack(&q, id, leased.lease_id, NOW).unwrap(),
             LeaseOutcome::Ok
         );
-        let full_len = fs::metadata(newest_wal(&data)).unwrap().len();
+        let full_len = log_len(&newest_wal(&data));
         // As after `kill -9`: no checkpoint, the lease and ack are only in the WAL.
         engine.abandon();
         (id, durable_len, full_len)
@@ -204,33 +209,46 @@ fn an_ack_lost_in_a_crash_leaves_the_task_due_again_never_lost_or_half() {
         full_len > durable_len,
         "lease and ack were written to the WAL"
     );
-    // A machine crash keeps the fsync'd prefix and any part of what follows: try every cut.
-    let mut seen = Vec::new();
-    for cut in durable_len..=full_len {
-        let copy = dir.path().join(format!("cut-{cut}"));
-        copy_dir(&data, &copy);
-        let wal = newest_wal(&copy);
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&wal)
-            .unwrap()
-            .set_len(cut)
-            .unwrap();
-        let found = inspect(&copy, id);
-        if found == Found::Done {
-            assert_eq!(cut, full_len, "done without the whole ack record");
+    // A machine crash keeps the fsync'd prefix and any part of what follows: try every cut,
+    // both as a file that ends there and as one that goes on with zeros (a write cut short
+    // inside space prepared ahead).
+    let whole = fs::read(newest_wal(&data)).unwrap();
+    for zeros_after in [false, true] {
+        let mut seen = Vec::new();
+        for cut in durable_len..=full_len {
+            let copy = dir.path().join(format!("cut-{cut}"));
+            copy_dir(&data, &copy);
+            let file = fs::OpenOptions::new()
+                .write(true)
+                .open(newest_wal(&copy))
+                .unwrap();
+            file.set_len(cut).unwrap();
+            if zeros_after {
+                file.set_len(full_len + 64 * 1024).unwrap();
+            }
+            drop(file);
+            let found = inspect(&copy, id);
+            if found == Found::Done {
+                // Zeros in place of the ack record's last bytes are those bytes when they
+                // were zeros: the record is then whole.
+                let lost = &whole[cut as usize..full_len as usize];
+                assert!(
+                    cut == full_len || (zeros_after && lost.iter().all(|b| *b == 0)),
+                    "done without the whole ack record (cut at {cut} of {full_len})"
+                );
+            }
+            if seen.last() != Some(&found) {
+                seen.push(found);
+            }
+            fs::remove_dir_all(&copy).unwrap();
         }
-        if seen.last() != Some(&found) {
-            seen.push(found);
-        }
-        fs::remove_dir_all(&copy).unwrap();
+        // As the cut moves forward the task goes through every stage, in order, and only those.
+        assert_eq!(
+            seen,
+            vec![Found::Due, Found::DueAfterLease, Found::Done],
+            "stages seen as the cut moves forward (zeros after it: {zeros_after})"
+        );
     }
-    // As the cut moves forward the task goes through every stage, in order, and only those.
-    assert_eq!(
-        seen,
-        vec![Found::Due, Found::DueAfterLease, Found::Done],
-        "stages seen as the cut moves forward"
-    );
 }
 
 #[test]
@@ -253,7 +271,7 @@ fn a_put_after_an_ack_makes_the_ack_durable_and_replays_in_order() {
         let new = engine.put(vec![keyed("new")]).unwrap()[0].id();
         assert_ne!(old, new, "the key was released by the ack");
         let wal = newest_wal(dir.path());
-        let len = fs::metadata(&wal).unwrap().len();
+        let len = log_len(&wal);
         drop(engine);
         // Lose anything after the put's fsync (nothing should be there).
         fs::OpenOptions::new()

@@ -3,7 +3,7 @@
 //! thread (`Checkpointer`) or, when writers outrun it, on a caller's.
 
 use std::fs::{self, File};
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -395,16 +395,13 @@ impl Core {
             let mut state = self.state.lock();
             state.check()?;
             let pending = std::mem::take(&mut state.wal_pending);
-            (&*writer.file)
-                .write_all(&pending)
-                .map_err(io("append to the WAL"))?;
+            writer.append(&pending).map_err(io("append to the WAL"))?;
             self.wal
                 .written
                 .store(state.wal_appended, Ordering::Release);
             let mut plan = self.plan_checkpoint(&mut state)?;
             plan.subs = subs.freeze();
-            let old_file = std::mem::replace(&mut writer.file, Arc::new(next_file));
-            writer.number = number;
+            let old_file = writer.switch(next_file, number);
             state.wal_since_checkpoint = 0;
             (plan, old_file, state.wal_appended)
         };

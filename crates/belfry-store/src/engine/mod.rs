@@ -33,7 +33,8 @@
 //!
 //! The module, by job: this file holds the options, the shared state (`State`, `Core`) and how
 //! a call's records reach memory and the WAL queue (`State::commit`); `wal.rs` the WAL, group
-//! commit and the background flusher; `checkpoint.rs` checkpoints and their thread;
+//! commit and the background flusher; `prefill.rs` the zeros kept ahead of the WAL's end so
+//! that small commits' fsyncs write no file metadata; `checkpoint.rs` checkpoints and their thread;
 //! `recovery.rs` opening a directory and replaying the WAL (`owner.rs` refuses a directory
 //! that is not belfry's before anything is written to it); `calls.rs` the paths store calls
 //! share (commit and wait, preload, finding a task or its lease); `meta.rs` small metadata
@@ -51,6 +52,7 @@ mod meta;
 mod owner;
 pub mod persist;
 pub mod points;
+mod prefill;
 mod queue;
 pub mod record;
 mod recovery;
@@ -150,6 +152,9 @@ pub struct EngineOptions {
     /// merges all its runs into one, so that a user's sets (the feed's read) are one block
     /// read instead of one per run. `None`: never (size-tiered merges only).
     pub subs_settle_after: Option<Duration>,
+    /// Under `FsyncPolicy::Always`, keep durable zeros just beyond the WAL's end while commits
+    /// are small, so that their fsyncs write only data (`prefill.rs`). On by default.
+    pub wal_prefill: bool,
 }
 
 /// Default WAL bytes between checkpoints: replaying 32 MiB at reopen takes well under 2 s
@@ -200,6 +205,7 @@ impl Default for EngineOptions {
             subs_compaction_min_runs: SUBS_COMPACTION_MIN_RUNS_DEFAULT,
             key_compaction_min_runs: SUBS_COMPACTION_MIN_RUNS_DEFAULT,
             subs_settle_after: Some(SUBS_SETTLE_AFTER_DEFAULT),
+            wal_prefill: true,
         }
     }
 }
@@ -263,6 +269,8 @@ pub struct Engine {
     core: Arc<Core>,
     /// Stopped (joined) when the engine drops, before the final fsync in `Drop`.
     flusher: Option<Flusher>,
+    /// Stopped first when the engine drops: it writes to the WAL file.
+    prefiller: Option<prefill::Prefiller>,
     /// Runs checkpoints off the callers' threads (`EngineOptions::background_checkpoints`);
     /// stopped before the flusher.
     checkpointer: Option<Checkpointer>,
@@ -434,6 +442,11 @@ impl State {
     /// Queues a WAL frame for the next write; returns the WAL position the caller must wait
     /// for. Frames reach the WAL in the order they are queued.
     fn enqueue(&mut self, frame: &[u8]) -> u64 {
+        // Recovery reads a zero frame header as the end of a file's log (`prefill.rs`).
+        debug_assert!(
+            frame.len() > record::FRAME_HEADER_BYTES,
+            "an empty WAL frame"
+        );
         self.wal_pending.extend_from_slice(frame);
         self.wal_appended += frame.len() as u64;
         self.wal_since_checkpoint += frame.len() as u64;
@@ -601,6 +614,7 @@ impl Engine {
         let mut stats = state.stats;
         stats.wal_writes = self.core.wal.writes.load(Ordering::Relaxed);
         stats.wal_syncs = self.core.wal.syncs.load(Ordering::Relaxed);
+        stats.wal_bytes = self.core.wal.written.load(Ordering::Acquire);
         stats.checkpoints = state.checkpoints;
         stats.buckets_in_memory = 0;
         stats.buckets_total = 0;
@@ -622,6 +636,7 @@ impl Drop for Engine {
     /// A clean close makes delivery state written without fsync durable (best effort: an
     /// error here only means those tasks may be delivered again after a machine crash).
     fn drop(&mut self) {
+        drop(self.prefiller.take());
         drop(self.checkpointer.take());
         drop(self.flusher.take());
         if self.abandoned

@@ -515,6 +515,9 @@ pub struct EngineStats {
     /// Group-commit WAL writes and fsyncs so far (each may cover many calls).
     pub wal_writes: u64,
     pub wal_syncs: u64,
+    /// Bytes of frames written to the WAL since open (WAL files may be longer: they can hold
+    /// zeros prepared ahead, see `EngineOptions::wal_prefill`).
+    pub wal_bytes: u64,
     /// Checkpoints run since open (including the one at open).
     pub checkpoints: u64,
     /// Buckets currently loaded, and known in all.

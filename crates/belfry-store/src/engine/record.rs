@@ -172,6 +172,22 @@ pub fn split_frame_limited(bytes: &[u8], max: usize) -> Result<(&[u8], usize), D
     Ok((body, total))
 }
 
+/// Where the log ends in one WAL file's `bytes`: after the last whole frame before a frame
+/// header of zeros (space prepared ahead, never written) or the end of the file. Frames are
+/// not checked; for tools and tests that cut or damage a log where it ends.
+pub fn wal_log_len(bytes: &[u8]) -> usize {
+    let mut end = 0;
+    while let Some(header) = bytes.get(end..end + FRAME_HEADER_BYTES) {
+        let declared = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        let next = end + FRAME_HEADER_BYTES + declared;
+        if declared == 0 || next > bytes.len() {
+            break;
+        }
+        end = next;
+    }
+    end
+}
+
 /// Appends `body` to `out` as one frame.
 pub fn write_frame(out: &mut Vec<u8>, body: &[u8]) {
     write_frame_header(out, body);

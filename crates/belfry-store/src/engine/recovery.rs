@@ -22,6 +22,7 @@ use super::meta;
 use super::owner;
 use super::persist::{BucketMeta, Checkpoint, MetaEntries, MetaFile};
 use super::points::PointIndex;
+use super::prefill::Prefiller;
 use super::queue::{Bucket, EngineStats, Queue};
 use super::record::{self, Record, WalTarget};
 use super::space::FreeSpace;
@@ -105,6 +106,8 @@ impl Engine {
             space,
         });
         core.checkpoint()?;
+        let prefill = core.options.wal_prefill && matches!(core.options.fsync, FsyncPolicy::Always);
+        let prefiller = prefill.then(|| Prefiller::start(Arc::clone(&core)));
         let checkpointer = if background {
             Checkpointer::start(Arc::clone(&core))
         } else {
@@ -113,6 +116,7 @@ impl Engine {
         Ok(Engine {
             core,
             flusher,
+            prefiller,
             checkpointer,
             _lock: lock,
             abandoned: false,
@@ -320,8 +324,9 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File> {
 
 /// Whether a bad frame at the end of the log (the last non-empty WAL file) is a torn write
 /// (cut it) rather than damage to acknowledged data (refuse to open): it runs past the end of
-/// the file, or it is the last frame, or everything after its start is zeros (space
-/// allocated, never written).
+/// the file, or only zeros follow the end its header declares (it is the file's last frame,
+/// or space prepared ahead follows it, or a write cut short inside its header left a shorter
+/// declared length with zeros after it).
 pub(super) fn is_torn_tail(rest: &[u8], error: &record::DecodeError) -> bool {
     if matches!(error, record::DecodeError::Truncated { .. }) {
         return true;
@@ -331,9 +336,31 @@ pub(super) fn is_torn_tail(rest: &[u8], error: &record::DecodeError) -> bool {
     }
     if rest.len() >= record::FRAME_HEADER_BYTES {
         let declared = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        return record::FRAME_HEADER_BYTES.saturating_add(declared) == rest.len();
+        let end = record::FRAME_HEADER_BYTES.saturating_add(declared);
+        return rest
+            .get(end..)
+            .is_some_and(|after| after.iter().all(|b| *b == 0));
     }
     false
+}
+
+/// Whether `rest` starts with a frame header of zeros (or is shorter than one and all
+/// zeros): no frame is written there. A written frame's header never is: its body holds at
+/// least one record, so its length is not zero.
+fn starts_with_zero_header(rest: &[u8]) -> bool {
+    rest.iter()
+        .take(record::FRAME_HEADER_BYTES)
+        .all(|b| *b == 0)
+}
+
+/// Whether the WAL file at `path` holds any frame (or part of one): its first bytes are not
+/// zeros. A file created ahead of use, or holding only prepared zeros, does not.
+fn holds_frames(path: &Path) -> Result<bool> {
+    let mut head = [0u8; record::FRAME_HEADER_BYTES];
+    let file = File::open(path).map_err(io("read a WAL file"))?;
+    let read =
+        std::os::unix::fs::FileExt::read_at(&file, &mut head, 0).map_err(io("read a WAL file"))?;
+    Ok(!starts_with_zero_header(&head[..read]))
 }
 
 /// Replays WAL files numbered `start` and later into the bucket files. Returns the highest
@@ -355,15 +382,16 @@ pub(super) fn replay(
         if number < start {
             fs::remove_file(&path).map_err(io("remove an old WAL file"))?;
         } else {
-            let len = fs::metadata(&path).map_err(io("stat a WAL file"))?.len();
-            live.push((path, len));
+            let written = holds_frames(&path)?;
+            live.push((path, written));
         }
     }
     // The log ends where its last non-empty file ends. Empty files after it were created
     // ahead of use (by a checkpoint that had not switched to them yet, or by an open) and
     // never written: a frame torn at the end of that file is the log's torn tail, even if
-    // it is not the last file (see `docs/storage-format.md`, "Recovery").
-    let tail = live.iter().rposition(|(_, len)| *len > 0);
+    // it is not the last file (see `docs/storage-format.md`, "Recovery"). A file that holds
+    // only zeros (space prepared ahead, `prefill.rs`) is empty too.
+    let tail = live.iter().rposition(|(_, written)| *written);
     for (i, (path, _)) in live.iter().enumerate() {
         let mut replay = Replay {
             state: &mut *state,
@@ -402,6 +430,20 @@ impl Replay<'_> {
         let bytes = fs::read(path).map_err(io("read a WAL file"))?;
         let mut offset = 0;
         while offset < bytes.len() {
+            if starts_with_zero_header(&bytes[offset..]) {
+                // Space prepared ahead and never written: the log ends here in this file.
+                // Anything written after it is damage (frames are written in order, with no
+                // gap), so it is refused rather than skipped.
+                return match bytes[offset..].iter().position(|b| *b != 0) {
+                    None => Ok(()),
+                    Some(at) => Err(StoreError::Corrupt {
+                        location: format!("{} at offset {}", path.display(), offset + at),
+                        detail: format!(
+                            "bytes written after the end of the log (zeros from offset {offset})"
+                        ),
+                    }),
+                };
+            }
             let (entries, len) = match record::decode_wal(&bytes[offset..]) {
                 Ok(decoded) => decoded,
                 Err(error) if is_tail && is_torn_tail(&bytes[offset..], &error) => {
@@ -510,14 +552,15 @@ impl Replay<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::io::Write;
-
     use belfry_core::{NewTask, QueueName};
     use bytes::Bytes;
 
     use super::*;
+    use std::path::PathBuf;
+
     use crate::engine::checkpoint::fault;
     use crate::engine::record::{PutRecord, WalBatch};
+    use crate::engine::wal::parse_wal_name;
     use crate::store::{PutOutcome, Store};
 
     const NOW: u64 = 1_700_000_000_000;
@@ -557,9 +600,12 @@ mod tests {
         batch.finish()
     }
 
+    /// Writes `bytes` where the log ends in the WAL file at `path`, as the writer would: the
+    /// file may go on with zeros prepared ahead.
     fn append(path: &Path, bytes: &[u8]) {
-        let mut file = OpenOptions::new().append(true).open(path).unwrap();
-        file.write_all(bytes).unwrap();
+        let end = record::wal_log_len(&fs::read(path).unwrap());
+        let file = OpenOptions::new().write(true).open(path).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&file, bytes, end as u64).unwrap();
     }
 
     /// Acknowledged puts and a cursor, then the engine is left as a crash leaves it while the
@@ -619,9 +665,160 @@ mod tests {
         match Engine::open(dir.path(), options()) {
             Err(StoreError::Corrupt { location, detail }) => {
                 assert!(location.contains(".wal at offset"), "{location}");
-                assert!(detail.contains("truncated"), "{detail}");
+                // Truncated when the file ends in the torn frame; a checksum mismatch when
+                // zeros prepared ahead follow it.
+                assert!(
+                    detail.contains("truncated") || detail.contains("checksum"),
+                    "{detail}"
+                );
             }
             other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    /// `count` acknowledged puts, one call each, then the engine is left as `kill -9` leaves
+    /// it. No prefill thread, so the test decides where zeros are. Returns the tail WAL file
+    /// and the ids.
+    fn acknowledged_puts(dir: &Path, count: u64) -> (PathBuf, Vec<belfry_core::TaskId>) {
+        let options = EngineOptions {
+            wal_prefill: false,
+            ..options()
+        };
+        let engine = Engine::open(dir, options).unwrap();
+        engine.put_queue(&queue(), Bytes::new()).unwrap();
+        let ids = (0..count)
+            .map(|i| {
+                let task = NewTask::new(queue(), NOW + i, Bytes::from(format!("task-{i}")));
+                engine.put(vec![task]).unwrap()[0].id()
+            })
+            .collect();
+        engine.abandon();
+        let last = old_wal_files(dir).unwrap().pop().unwrap();
+        (wal_path(dir, last), ids)
+    }
+
+    fn pending(dir: &Path) -> Result<u64> {
+        let engine = Engine::open(dir, options())?;
+        Ok(engine.counts(&queue(), NOW).unwrap().pending)
+    }
+
+    fn extend_with_zeros(path: &Path, bytes: u64) {
+        let file = OpenOptions::new().write(true).open(path).unwrap();
+        file.set_len(file.metadata().unwrap().len() + bytes)
+            .unwrap();
+    }
+
+    #[test]
+    fn zeros_prepared_after_the_log_end_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tail, ids) = acknowledged_puts(dir.path(), 20);
+        extend_with_zeros(&tail, 1 << 20);
+        assert_eq!(pending(dir.path()).unwrap(), ids.len() as u64);
+    }
+
+    #[test]
+    fn a_frame_torn_inside_prepared_zeros_is_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tail, ids) = acknowledged_puts(dir.path(), 20);
+        extend_with_zeros(&tail, 1 << 20);
+        // A write cut short: the first part of a frame, then the zeros it never overwrote.
+        // So is one cut inside its header (a shorter length declared, then zeros).
+        for torn in [&put_frame(0)[..1_800], &put_frame(0)[..2]] {
+            let copy = tempfile::tempdir().unwrap();
+            copy_tree(dir.path(), copy.path());
+            append(&wal_path(copy.path(), wal_number(&tail)), torn);
+            assert_eq!(
+                pending(copy.path()).unwrap(),
+                ids.len() as u64,
+                "{}",
+                torn.len()
+            );
+        }
+    }
+
+    #[test]
+    fn bytes_after_the_zeros_that_end_the_log_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (tail, _) = acknowledged_puts(dir.path(), 20);
+        extend_with_zeros(&tail, 64 * 1024);
+        let mut file = OpenOptions::new().append(true).open(&tail).unwrap();
+        std::io::Write::write_all(&mut file, &put_frame(0)).unwrap();
+        match pending(dir.path()) {
+            Err(StoreError::Corrupt { location, detail }) => {
+                assert!(location.contains(".wal at offset"), "{location}");
+                assert!(detail.contains("after the end of the log"), "{detail}");
+            }
+            other => panic!("expected Corrupt, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_file_whose_log_ends_in_zeros_before_a_later_file_replays_whole() {
+        // Switched away from with zeros prepared but unused: the next file holds the rest.
+        let dir = tempfile::tempdir().unwrap();
+        let (tail, ids) = acknowledged_puts(dir.path(), 20);
+        extend_with_zeros(&tail, 64 * 1024);
+        let next = wal_path(dir.path(), wal_number(&tail) + 1);
+        fs::write(&next, put_frame(0)).unwrap();
+        extend_with_zeros(&next, 64 * 1024);
+        assert_eq!(pending(dir.path()).unwrap(), ids.len() as u64 + 50);
+    }
+
+    /// With the prefill thread on, small commits get zeros prepared ahead of the log (the
+    /// file grows past it), and a crash then loses nothing acknowledged.
+    #[test]
+    fn small_commits_get_space_prepared_ahead_and_lose_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Engine::open(dir.path(), options()).unwrap();
+        engine.put_queue(&queue(), Bytes::new()).unwrap();
+        let tail = wal_path(
+            dir.path(),
+            old_wal_files(dir.path()).unwrap().pop().unwrap(),
+        );
+        let mut ids = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let i = ids.len() as u64;
+            let task = NewTask::new(queue(), NOW + i, Bytes::from(format!("task-{i}")));
+            ids.push(engine.put(vec![task]).unwrap()[0].id());
+            let log = record::wal_log_len(&fs::read(&tail).unwrap()) as u64;
+            if fs::metadata(&tail).unwrap().len() > log {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no zeros prepared after {i} puts"
+            );
+        }
+        // More puts land in the prepared space.
+        for i in 0..100 {
+            let task = NewTask::new(queue(), NOW, Bytes::from(format!("more-{i}")));
+            ids.push(engine.put(vec![task]).unwrap()[0].id());
+        }
+        engine.abandon();
+        let engine = Engine::open(dir.path(), options()).unwrap();
+        for id in &ids {
+            assert!(
+                engine.get(&queue(), *id, NOW).unwrap().is_some(),
+                "{id} lost"
+            );
+        }
+    }
+
+    fn wal_number(path: &Path) -> u64 {
+        parse_wal_name(path.file_name().unwrap().to_str().unwrap()).unwrap()
+    }
+
+    fn copy_tree(from: &Path, to: &Path) {
+        for entry in fs::read_dir(from).unwrap() {
+            let entry = entry.unwrap();
+            let target = to.join(entry.file_name());
+            if entry.path().is_dir() {
+                fs::create_dir_all(&target).unwrap();
+                copy_tree(&entry.path(), &target);
+            } else {
+                fs::copy(entry.path(), target).unwrap();
+            }
         }
     }
 }

@@ -101,6 +101,23 @@ impl FreeSpace {
         Ok(())
     }
 
+    /// Whether `incoming` bytes that no change asked for (zeros prepared ahead in the WAL)
+    /// may be written: free space stays above twice the reserve after them, so they stop
+    /// well before the reserve that admitted changes and checkpoints rely on. Records no
+    /// refusal (health is about changes). Counts them as written when it says yes.
+    pub(super) fn room_for_extra(&self, incoming: u64) -> bool {
+        let room = match self.current(incoming) {
+            None => true,
+            Some((free_bytes, reserve_bytes)) => {
+                free_bytes.saturating_sub(incoming) >= reserve_bytes.saturating_mul(2)
+            }
+        };
+        if room {
+            self.wrote(incoming);
+        }
+        room
+    }
+
     /// `(free, reserve)` when free space is below the reserve, or too close to it for the
     /// change refused last, for health reports.
     pub(super) fn low(&self) -> Option<(u64, u64)> {

@@ -3,7 +3,7 @@
 //! long written bytes stay unsynced.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,12 +26,62 @@ pub(super) fn parse_wal_name(name: &str) -> Option<u64> {
         .flatten()
 }
 
-/// The current WAL file. Guarded by `Wal::writer`.
+/// The current WAL file, where the log ends in it, and how far ahead of that end it holds
+/// zeros (see `prefill.rs`). Guarded by `Wal::writer`, which the prefiller also takes for
+/// each piece it writes, so frames and zeros never overlap.
 #[derive(Debug)]
 pub(super) struct WalWriter {
     /// Shared so that an fsync can run without holding the write lock.
     pub(super) file: Arc<File>,
     pub(super) number: u64,
+    /// Where the next frame goes in `file`: the bytes written to it so far.
+    pub(super) pos: u64,
+    /// `file` holds frames or zeros up to here (`>= pos`): writes below it overwrite space
+    /// that is already allocated, whose fsync need not touch the file's metadata.
+    pub(super) zeroed: u64,
+    /// The prefiller is asked for more zeros once a write leaves fewer than
+    /// `prefill::LOW_WATER` of them, and `pos` has reached this (it sets it further on when
+    /// it declines, so a writer it turned down does not ask at every write).
+    pub(super) ask_from: u64,
+    /// Set by a writer, cleared by the prefiller when it takes the request.
+    pub(super) prefill_asked: bool,
+    /// Set when the engine closes: the prefiller stops.
+    pub(super) closing: bool,
+}
+
+impl WalWriter {
+    fn new(file: File, number: u64) -> WalWriter {
+        WalWriter {
+            file: Arc::new(file),
+            number,
+            pos: 0,
+            zeroed: 0,
+            ask_from: 0,
+            prefill_asked: false,
+            closing: false,
+        }
+    }
+
+    /// Writes `bytes` where the log ends in the current file. Returns whether the prefiller
+    /// should be woken (more zeros wanted ahead).
+    pub(super) fn append(&mut self, bytes: &[u8]) -> std::io::Result<bool> {
+        self.file.write_all_at(bytes, self.pos)?;
+        self.pos += bytes.len() as u64;
+        self.zeroed = self.zeroed.max(self.pos);
+        let wanted = !self.prefill_asked
+            && self.pos >= self.ask_from
+            && self.zeroed - self.pos < super::prefill::LOW_WATER;
+        self.prefill_asked |= wanted;
+        Ok(wanted)
+    }
+
+    /// Makes `file` (new, empty) the current WAL file; returns the previous one.
+    pub(super) fn switch(&mut self, file: File, number: u64) -> Arc<File> {
+        let closing = self.closing;
+        let old = std::mem::replace(self, WalWriter::new(file, number));
+        self.closing = closing;
+        old.file
+    }
 }
 
 /// Guarded by `Wal::sync`, which serialises fsyncs and WAL file switches.
@@ -46,6 +96,8 @@ pub(super) struct SyncState {
 pub(super) struct Wal {
     pub(super) sync: Mutex<SyncState>,
     pub(super) writer: Mutex<WalWriter>,
+    /// Wakes the prefiller (used with `writer`).
+    pub(super) prefill_wake: Condvar,
     /// WAL bytes handed to the OS (they survive a crash of the process).
     pub(super) written: AtomicU64,
     /// WAL bytes fsync'd (they survive a crash of the machine).
@@ -63,16 +115,14 @@ pub(super) struct Wal {
 }
 
 impl Wal {
-    /// A WAL that appends to `file`, WAL file number `number`, nothing written yet.
+    /// A WAL that writes to `file` (new, empty), WAL file number `number`.
     pub(super) fn new(file: File, number: u64) -> Wal {
         Wal {
             sync: Mutex::new(SyncState {
                 last_sync: Instant::now(),
             }),
-            writer: Mutex::new(WalWriter {
-                file: Arc::new(file),
-                number,
-            }),
+            writer: Mutex::new(WalWriter::new(file, number)),
+            prefill_wake: Condvar::new(),
             written: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             writes: AtomicU64::new(0),
@@ -184,7 +234,7 @@ impl Engine {
         if self.core.wal.written.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
-        let writer = self.core.wal.writer.lock();
+        let mut writer = self.core.wal.writer.lock();
         if self.core.wal.written.load(Ordering::Acquire) >= ticket {
             return Ok(());
         }
@@ -193,12 +243,13 @@ impl Engine {
             state.check()?;
             (std::mem::take(&mut state.wal_pending), state.wal_appended)
         };
-        if let Err(error) = (&*writer.file)
-            .write_all(&bytes)
-            .map_err(io("append to the WAL"))
-        {
-            return Err(self.core.state.lock().poison(&error));
-        }
+        match writer.append(&bytes).map_err(io("append to the WAL")) {
+            Ok(true) => {
+                self.core.wal.prefill_wake.notify_one();
+            }
+            Ok(false) => {}
+            Err(error) => return Err(self.core.state.lock().poison(&error)),
+        };
         self.core.wal.writes.fetch_add(1, Ordering::Relaxed);
         self.core.wal.written.store(end, Ordering::Release);
         // Each byte goes to the WAL now and to its bucket file later.
@@ -252,10 +303,16 @@ impl Engine {
     }
 }
 
+/// Creates WAL file `number`, empty. Frames are written by position (`WalWriter::append`),
+/// not in append mode: the file may hold zeros beyond the log's end.
 pub(super) fn create_wal(dir: &Path, number: u64) -> Result<File> {
+    // It exists already only if a checkpoint created it and stopped before switching to it:
+    // then it is empty. Not truncated: were that ever wrong, recovery would refuse the bytes
+    // left after the new frames rather than lose them silently.
     let file = OpenOptions::new()
         .create(true)
-        .append(true)
+        .truncate(false)
+        .write(true)
         .open(wal_path(dir, number))
         .map_err(io("create a WAL file"))?;
     persist::sync_dir(&dir.join(WAL_DIR))?;
