@@ -718,21 +718,14 @@ mod tests {
 
     #[test]
     fn a_frame_torn_inside_prepared_zeros_is_cut() {
-        let dir = tempfile::tempdir().unwrap();
-        let (tail, ids) = acknowledged_puts(dir.path(), 20);
-        extend_with_zeros(&tail, 1 << 20);
         // A write cut short: the first part of a frame, then the zeros it never overwrote.
         // So is one cut inside its header (a shorter length declared, then zeros).
-        for torn in [&put_frame(0)[..1_800], &put_frame(0)[..2]] {
-            let copy = tempfile::tempdir().unwrap();
-            copy_tree(dir.path(), copy.path());
-            append(&wal_path(copy.path(), wal_number(&tail)), torn);
-            assert_eq!(
-                pending(copy.path()).unwrap(),
-                ids.len() as u64,
-                "{}",
-                torn.len()
-            );
+        for torn_len in [1_800, 2] {
+            let dir = tempfile::tempdir().unwrap();
+            let (tail, ids) = acknowledged_puts(dir.path(), 20);
+            extend_with_zeros(&tail, 1 << 20);
+            append(&tail, &put_frame(0)[..torn_len]);
+            assert_eq!(pending(dir.path()).unwrap(), ids.len() as u64, "{torn_len}");
         }
     }
 
@@ -807,18 +800,5 @@ mod tests {
 
     fn wal_number(path: &Path) -> u64 {
         parse_wal_name(path.file_name().unwrap().to_str().unwrap()).unwrap()
-    }
-
-    fn copy_tree(from: &Path, to: &Path) {
-        for entry in fs::read_dir(from).unwrap() {
-            let entry = entry.unwrap();
-            let target = to.join(entry.file_name());
-            if entry.path().is_dir() {
-                fs::create_dir_all(&target).unwrap();
-                copy_tree(&entry.path(), &target);
-            } else {
-                fs::copy(entry.path(), target).unwrap();
-            }
-        }
     }
 }
