@@ -442,7 +442,7 @@ impl State {
     /// Queues a WAL frame for the next write; returns the WAL position the caller must wait
     /// for. Frames reach the WAL in the order they are queued.
     fn enqueue(&mut self, frame: &[u8]) -> u64 {
-        // Recovery reads a zero frame header as the end of a file's log (`prefill.rs`).
+        // Recovery reads a zero frame header as the end of a file's log (`record::is_log_end`).
         debug_assert!(
             frame.len() > record::FRAME_HEADER_BYTES,
             "an empty WAL frame"

@@ -122,15 +122,11 @@ fn run(core: &Core) {
         if wal.failed.load(Ordering::Acquire) {
             continue;
         }
-        if let Err(error) = file.sync_data() {
-            let error = crate::store::StoreError::Io {
+        if let Err(source) = file.sync_data() {
+            wal.stop_after_background_fsync(&crate::store::StoreError::Io {
                 context: "fsync zeros prepared in the WAL",
-                source: error,
-            };
-            let advice = super::poison_advice(&error);
-            tracing::error!(%error, advice, "WAL prefill fsync failed; the engine stops");
-            *wal.failure.lock() = Some(format!("{error}. {advice}"));
-            wal.failed.store(true, Ordering::Release);
+                source,
+            });
         }
     }
 }

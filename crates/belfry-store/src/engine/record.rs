@@ -172,15 +172,26 @@ pub fn split_frame_limited(bytes: &[u8], max: usize) -> Result<(&[u8], usize), D
     Ok((body, total))
 }
 
-/// Where the log ends in one WAL file's `bytes`: after the last whole frame before a frame
-/// header of zeros (space prepared ahead, never written) or the end of the file. Frames are
-/// not checked; for tools and tests that cut or damage a log where it ends.
+/// Whether a WAL file's log ends where `rest` starts: it starts with a frame header of zeros
+/// (or is shorter than one and all zeros), space prepared ahead and never written. A written
+/// frame's header never is: its body holds at least one record, so its length is not zero.
+pub fn is_log_end(rest: &[u8]) -> bool {
+    rest.iter().take(FRAME_HEADER_BYTES).all(|b| *b == 0)
+}
+
+/// Where the log ends in one WAL file's `bytes`: after the last whole frame before
+/// [`is_log_end`] or the end of the file. Frames are not checked; for tools and tests that
+/// cut or damage a log where it ends.
 pub fn wal_log_len(bytes: &[u8]) -> usize {
     let mut end = 0;
-    while let Some(header) = bytes.get(end..end + FRAME_HEADER_BYTES) {
+    while !is_log_end(&bytes[end..]) {
+        let header = &bytes[end..];
+        if header.len() < FRAME_HEADER_BYTES {
+            break;
+        }
         let declared = u32::from_le_bytes([header[0], header[1], header[2], header[3]]) as usize;
         let next = end + FRAME_HEADER_BYTES + declared;
-        if declared == 0 || next > bytes.len() {
+        if next > bytes.len() {
             break;
         }
         end = next;

@@ -344,15 +344,6 @@ pub(super) fn is_torn_tail(rest: &[u8], error: &record::DecodeError) -> bool {
     false
 }
 
-/// Whether `rest` starts with a frame header of zeros (or is shorter than one and all
-/// zeros): no frame is written there. A written frame's header never is: its body holds at
-/// least one record, so its length is not zero.
-fn starts_with_zero_header(rest: &[u8]) -> bool {
-    rest.iter()
-        .take(record::FRAME_HEADER_BYTES)
-        .all(|b| *b == 0)
-}
-
 /// Whether the WAL file at `path` holds any frame (or part of one): its first bytes are not
 /// zeros. A file created ahead of use, or holding only prepared zeros, does not.
 fn holds_frames(path: &Path) -> Result<bool> {
@@ -360,7 +351,7 @@ fn holds_frames(path: &Path) -> Result<bool> {
     let file = File::open(path).map_err(io("read a WAL file"))?;
     let read =
         std::os::unix::fs::FileExt::read_at(&file, &mut head, 0).map_err(io("read a WAL file"))?;
-    Ok(!starts_with_zero_header(&head[..read]))
+    Ok(!record::is_log_end(&head[..read]))
 }
 
 /// Replays WAL files numbered `start` and later into the bucket files. Returns the highest
@@ -430,7 +421,7 @@ impl Replay<'_> {
         let bytes = fs::read(path).map_err(io("read a WAL file"))?;
         let mut offset = 0;
         while offset < bytes.len() {
-            if starts_with_zero_header(&bytes[offset..]) {
+            if record::is_log_end(&bytes[offset..]) {
                 // Space prepared ahead and never written: the log ends here in this file.
                 // Anything written after it is damage (frames are written in order, with no
                 // gap), so it is refused rather than skipped.

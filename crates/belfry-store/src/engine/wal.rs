@@ -163,6 +163,16 @@ impl Wal {
         Ok(())
     }
 
+    /// A background thread's fsync of the WAL file failed (the flusher's, the prefiller's):
+    /// the kernel may have dropped written pages, so the engine stops and every later call
+    /// answers why.
+    pub(super) fn stop_after_background_fsync(&self, error: &crate::store::StoreError) {
+        let advice = super::poison_advice(error);
+        tracing::error!(%error, advice, "background WAL fsync failed; the engine stops");
+        *self.failure.lock() = Some(format!("{error}. {advice}"));
+        self.failed.store(true, Ordering::Release);
+    }
+
     pub(super) fn unsynced(&self) -> bool {
         self.synced.load(Ordering::Acquire) < self.written.load(Ordering::Acquire)
     }
@@ -199,10 +209,7 @@ impl Flusher {
                 }
                 let mut sync = wal.sync.lock();
                 if let Err(error) = wal.sync_written(&mut sync) {
-                    let advice = super::poison_advice(&error);
-                    tracing::error!(%error, advice, "background WAL fsync failed; the engine stops");
-                    *wal.failure.lock() = Some(format!("{error}. {advice}"));
-                    wal.failed.store(true, Ordering::Release);
+                    wal.stop_after_background_fsync(&error);
                 }
             })
             .ok();
