@@ -200,8 +200,7 @@ impl ServerBuilder {
             addr: self.config.listen,
             source,
         })?;
-        let schedule_routes =
-            api::schedules::router(schedules.state(), self.config.request_bytes_max);
+        let schedule_routes = api::schedules::router(schedules.state());
         let loaded = api::tokens::load(&*service.shared().store, &self.auth)
             .map_err(|e| ServerError::Load(service::ServiceError::Store(e)))?;
         if loaded > 0 {
@@ -213,8 +212,7 @@ impl ServerBuilder {
             writes: Default::default(),
         });
         let token_routes = api::tokens::router(tokens.clone());
-        let reminder_routes =
-            api::reminders::router(reminders.state(), self.config.request_bytes_max);
+        let reminder_routes = api::reminders::router(reminders.state());
         let mut router = api::router(service.clone())
             .merge(schedule_routes)
             .merge(reminder_routes)
@@ -224,6 +222,7 @@ impl ServerBuilder {
         }
         let router = api::finish(
             router,
+            self.config.request_bytes_max,
             Duration::from_millis(self.config.http_body_read_timeout_ms),
             self.auth,
         );

@@ -37,7 +37,6 @@ type AppState = Arc<Service>;
 
 /// The v1 API and the operational endpoints. Merge more routes onto it with `Router::merge`.
 pub fn router(service: Arc<Service>) -> Router {
-    let body_limit = service.config.request_bytes_max;
     Router::new()
         .route("/v1/queues", get(queues::list))
         .route(
@@ -71,27 +70,37 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))
         .route("/v1/openapi.json", get(ops::openapi))
-        .layer(DefaultBodyLimit::max(body_limit))
         .with_state(service)
 }
 
 /// What every router of the server gets, after merging: our error format for unknown routes
-/// and methods, request latency metrics, a request body that sends nothing for
-/// `body_read_timeout` failing its request (a slow or stalled client cannot hold a handler),
-/// and the bearer-token check (`auth`; it passes everything when no token is configured).
+/// and methods, request latency metrics, the bearer-token check (`auth`; it passes everything
+/// when no token is configured), a request body that sends nothing for `body_read_timeout`
+/// failing its request (a slow or stalled client cannot hold a handler), and `body_limit`
+/// for bodies read whole (a route that streams its body lifts it with its own
+/// `DefaultBodyLimit::disable()`, which runs after this one).
+///
+/// All of it is one layer stack applied once. Each `Router::layer` call boxes every route
+/// again, and each request then clones every boxed level's service and boxes its future:
+/// four such calls cost a single-task submit 15 of its 54 allocations and 11% of its
+/// instructions (callgrind, 10,000 submits).
 pub fn finish(
     router: Router,
+    body_limit: usize,
     body_read_timeout: std::time::Duration,
     auth: Arc<crate::auth::Auth>,
 ) -> Router {
-    router
-        .fallback(ops::route_not_found)
-        .method_not_allowed_fallback(ops::method_not_allowed)
+    let edge = tower::ServiceBuilder::new()
+        .layer(TrackLatencyLayer)
+        .layer(auth::AuthLayer::new(auth))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             body_read_timeout,
         ))
-        .layer(auth::AuthLayer::new(auth))
-        .layer(TrackLatencyLayer)
+        .layer(DefaultBodyLimit::max(body_limit));
+    router
+        .fallback(ops::route_not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(edge)
 }
 
 /// Records every request's latency. Written as a plain tower layer rather than with

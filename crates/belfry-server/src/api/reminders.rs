@@ -43,7 +43,8 @@ const SUBSCRIBERS_PAGE_DEFAULT: usize = 1_000;
 /// How long an app may use a feed answer before it revalidates (with its `ETag`).
 const FEED_MAX_AGE_S: u64 = 30;
 
-pub fn router(state: AppState, body_limit: usize) -> Router {
+/// Bodies read whole are bounded by the server's request limit (`api::finish`).
+pub fn router(state: AppState) -> Router {
     let bulk = Router::new()
         .route("/v1/reminders/{id}/subscribers", post(bulk_subscribe))
         .route(
@@ -67,7 +68,6 @@ pub fn router(state: AppState, body_limit: usize) -> Router {
                 .delete(unsubscribe_one),
         )
         .route("/v1/users/{user}/reminders", get(feed))
-        .layer(DefaultBodyLimit::max(body_limit))
         .merge(bulk)
         .with_state(state)
 }

@@ -59,8 +59,9 @@ const _: () = assert!(FORECAST_STEPS_API_MAX <= FORECAST_STEPS_MAX);
 
 const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
-/// The schedule routes, served beside API v1 (merge them with `ServerBuilder::merge`).
-pub fn router(state: AppState, body_limit: usize) -> Router {
+/// The schedule routes, served beside API v1 (merge them with `ServerBuilder::merge`). Their
+/// bodies are bounded by the server's request limit (`api::finish`).
+pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/schedules", post(create).get(list))
         .route(
@@ -71,7 +72,6 @@ pub fn router(state: AppState, body_limit: usize) -> Router {
         .route("/v1/schedules/{id}/resume", post(resume))
         .route("/v1/schedules/{id}/next", get(next))
         .route("/v1/queues/{queue}/forecast", get(forecast))
-        .layer(axum::extract::DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
 
