@@ -418,16 +418,8 @@ async fn a_body_over_the_request_limit_is_refused_by_every_router() {
         }
         ids.push_str(&format!("user-{i}\n"));
     }
-    let response = s
-        .http
-        .post(format!("{}/v1/reminders/r/subscribers", s.base))
-        .body(ids)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        response.status().as_u16(),
-        200,
-        "bulk subscribe over request_max"
-    );
+    let (status, answer) = s
+        .raw("POST", "/v1/reminders/r/subscribers", Some(ids))
+        .await;
+    assert_eq!(status, 200, "bulk subscribe over request_max: {answer}");
 }
