@@ -13,7 +13,15 @@
 //! at once; and when the server is overloaded (no store-call
 //! slot within the API's wait) it answers from memory alone, urgent reminders only, says so
 //! (`Belfry-Feed: degraded`) and counts it, instead of timing out.
+//!
+//! A feed the caches cannot answer reads the store on the request's own worker when the
+//! store says such reads are quick (`Store::reads_are_quick`: the embedded engine), not
+//! through tokio's blocking pool: the two thread wake-ups of that hand-off cost the server
+//! more CPU than the read itself. When reads turn slow on average (the disk, not the page
+//! cache, or a long-held lock: [`INLINE_READ_SLOW`]) they go to the pool until they are fast
+//! again.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +48,13 @@ pub const USER_CACHE_TTL: Duration = Duration::from_secs(30);
 /// Most reminders, and most users' subscription lists, held in the feed's caches.
 pub const REMINDER_CACHE_MAX: usize = 100_000;
 pub const USER_CACHE_MAX: usize = 200_000;
+/// Feed store reads that take this long on average stall the other requests of their worker:
+/// they go to the blocking pool until the average is under it again. Reads from the page
+/// cache take tens of microseconds.
+pub const INLINE_READ_SLOW: Duration = Duration::from_millis(1);
+/// One read counts at most this much in the average (a stall of seconds would otherwise keep
+/// reads off the workers long after it).
+const INLINE_READ_SAMPLE_MAX_US: u64 = 50_000;
 
 pub const REMINDER_FANOUTS_STARTED: &str = "belfry_reminder_fanouts_started_total";
 pub const REMINDER_FANOUTS_RUNNING: &str = "belfry_reminder_fanouts_running";
@@ -53,6 +68,8 @@ pub const REMINDER_SUBSCRIBERS: &str = "belfry_reminder_subscribers";
 pub const FEED_REQUESTS: &str = "belfry_feed_requests_total";
 pub const FEED_CACHE_HITS: &str = "belfry_feed_cache_hits_total";
 pub const FEED_CACHE_MISSES: &str = "belfry_feed_cache_misses_total";
+/// Times the feed's store reads became slow on average and moved off the workers.
+pub const FEED_INLINE_READS_PAUSED: &str = "belfry_feed_inline_reads_paused_total";
 
 /// What the reminder routes and the runner share.
 pub struct RemindersState {
@@ -64,6 +81,45 @@ pub struct RemindersState {
     reminders: Cache<u64, Arc<FeedReminder>>,
     /// user → the uids of their subscriptions, for the feed, with when they were read.
     users: Cache<UserId, Arc<UserSubscriptions>>,
+    /// Whether the feed reads the store on its worker now.
+    inline_reads: InlineReads,
+}
+
+/// Whether a store read runs on the caller's worker: only if the store says its reads are
+/// quick, and while the reads' moving average (over about the last 16, wherever they ran)
+/// stays under [`INLINE_READ_SLOW`]. One cold read does not move it much; a page cache that
+/// no longer holds the files does, and reads then go to the pool until they are fast again.
+struct InlineReads {
+    quick_store: bool,
+    average_us: AtomicU64,
+}
+
+impl InlineReads {
+    fn new(quick_store: bool) -> Self {
+        InlineReads {
+            quick_store,
+            average_us: AtomicU64::new(0),
+        }
+    }
+
+    fn allowed(&self) -> bool {
+        self.quick_store && self.average_us.load(Ordering::Relaxed) < slow_us()
+    }
+
+    /// Adds a read's duration to the average. Returns whether that made reads slow (they
+    /// were not before). Concurrent updates may lose one another's samples: an average of
+    /// the others is as good.
+    fn took(&self, read: Duration) -> bool {
+        let sample = (read.as_micros() as u64).min(INLINE_READ_SAMPLE_MAX_US);
+        let before = self.average_us.load(Ordering::Relaxed);
+        let after = before - before / 16 + sample / 16;
+        self.average_us.store(after, Ordering::Relaxed);
+        before < slow_us() && after >= slow_us()
+    }
+}
+
+fn slow_us() -> u64 {
+    INLINE_READ_SLOW.as_micros() as u64
 }
 
 /// A reminder as the feed holds it: what it ranks on, and a slot for its rendered item and
@@ -152,16 +208,7 @@ impl RemindersState {
                 degraded: false,
             });
         }
-        let state = self.clone();
-        let for_call = user.clone();
-        let read = self
-            .shared
-            .blocking(Caller::Api, move |_| {
-                state
-                    .feed_from_store(&for_call, now_ms, within_ms, limit)
-                    .map_err(service_error)
-            })
-            .await;
+        let read = self.read_store(&user, now_ms, within_ms, limit).await;
         match read {
             Ok(reminders) => Ok(Feed {
                 reminders,
@@ -173,6 +220,45 @@ impl RemindersState {
             }),
             Err(other) => Err(other),
         }
+    }
+
+    /// [`Self::feed_from_store`] after an API store-call slot (so a saturated store answers
+    /// `Overloaded` here, and the feed degrades): on this worker if reads are quick now,
+    /// else on the blocking pool.
+    async fn read_store(
+        self: &Arc<Self>,
+        user: &UserId,
+        now_ms: UnixMs,
+        within_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<Arc<FeedReminder>>, ServiceError> {
+        if self.inline_reads.allowed() {
+            let _permit = self.shared.calls.admit(Caller::Api).await?;
+            return self.timed_read(user, now_ms, within_ms, limit);
+        }
+        let state = self.clone();
+        let user = user.clone();
+        self.shared
+            .blocking(Caller::Api, move |_| {
+                state.timed_read(&user, now_ms, within_ms, limit)
+            })
+            .await
+    }
+
+    /// [`Self::feed_from_store`], its duration added to the reads' average.
+    fn timed_read(
+        &self,
+        user: &UserId,
+        now_ms: UnixMs,
+        within_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<Arc<FeedReminder>>, ServiceError> {
+        let started = Instant::now();
+        let read = self.feed_from_store(user, now_ms, within_ms, limit);
+        if self.inline_reads.took(started.elapsed()) {
+            counter!(FEED_INLINE_READS_PAUSED).increment(1);
+        }
+        read.map_err(service_error)
     }
 
     /// The whole answer from the caches, or `None` if anything it needs is not cached.
@@ -291,10 +377,11 @@ impl Reminders {
         Reminders {
             state: Arc::new(RemindersState {
                 service: ReminderService::new(shared.store.clone()),
-                shared,
                 wake: Notify::new(),
                 reminders: Cache::new(REMINDER_CACHE_MAX),
                 users: Cache::new(USER_CACHE_MAX),
+                inline_reads: InlineReads::new(shared.store.reads_are_quick()),
+                shared,
             }),
         }
     }
@@ -406,5 +493,71 @@ fn publish(state: &RemindersState, report: &StepReport) {
     gauge!(REMINDER_SUBSCRIBERS).set(report.subscribers as f64);
     for (reminder, reason) in &report.errors {
         tracing::warn!(%reminder, %reason, "fan out reminder");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FAST: Duration = Duration::from_micros(40);
+
+    #[test]
+    fn reads_of_a_store_that_is_not_quick_never_run_on_the_worker() {
+        let reads = InlineReads::new(false);
+        for _ in 0..100 {
+            reads.took(FAST);
+        }
+        assert!(!reads.allowed());
+    }
+
+    #[test]
+    fn one_cold_read_keeps_reads_on_the_worker() {
+        let reads = InlineReads::new(true);
+        assert!(reads.allowed());
+        for _ in 0..50 {
+            reads.took(FAST);
+        }
+        assert!(!reads.took(Duration::from_millis(10)));
+        assert!(reads.allowed());
+    }
+
+    /// Slow reads (a page cache that lost the files) move reads to the pool, once; they come
+    /// back when reads are fast again, which reads on the pool show too.
+    #[test]
+    fn slow_reads_move_reads_off_the_worker_until_they_are_fast_again() {
+        let reads = InlineReads::new(true);
+        let slow = Duration::from_millis(3);
+        let switched: usize = (0..40).map(|_| usize::from(reads.took(slow))).sum();
+        assert_eq!(switched, 1, "the switch is counted once");
+        assert!(!reads.allowed());
+        let mut fast_reads = 0;
+        while !reads.allowed() {
+            reads.took(FAST);
+            fast_reads += 1;
+            assert!(
+                fast_reads < 100,
+                "fast reads did not bring the average down"
+            );
+        }
+        assert!(
+            fast_reads > 1,
+            "one fast read does not undo a run of slow ones"
+        );
+    }
+
+    /// A stall of seconds counts as at most 50 ms, so that reads return to the workers
+    /// after a few dozen fast ones rather than thousands.
+    #[test]
+    fn a_long_stall_counts_as_a_bounded_sample() {
+        let reads = InlineReads::new(true);
+        reads.took(Duration::from_secs(30));
+        assert!(!reads.allowed());
+        let mut fast_reads = 0;
+        while !reads.allowed() {
+            reads.took(FAST);
+            fast_reads += 1;
+        }
+        assert!(fast_reads < 40, "{fast_reads} fast reads to recover");
     }
 }

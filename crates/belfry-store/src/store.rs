@@ -557,6 +557,14 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether `user_sets` and `get_meta` return without a network round trip or an fsync:
+    /// they read memory, and files the OS most likely holds in its page cache. A server may
+    /// then call them on its async workers (the feed does, while such reads stay fast). The
+    /// default: no.
+    fn reads_are_quick(&self) -> bool {
+        false
+    }
+
     /// Whether the store takes writes (for readiness checks). The default, for stores that
     /// cannot fail that way, is healthy. A networked store may make one round trip (bounded by
     /// its command timeout).

@@ -560,6 +560,12 @@ impl Store for Engine {
             .is_ok_and(|(q, _)| q.woken(horizon).is_empty())
     }
 
+    /// Metadata is in memory; a user's sets are one block read from each subscription run
+    /// (a handful once merged), from files a recent read or write has most likely cached.
+    fn reads_are_quick(&self) -> bool {
+        true
+    }
+
     fn health(&self) -> StoreHealth {
         Engine::health(self)
     }
