@@ -109,6 +109,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
     };
 
     let mut belfry = None;
+    let mut belfry_written = None;
     let mut with_token = None;
     let mut fsync_dir = args.server.spawn_dir.clone();
     if !args.server.baselines_only {
@@ -138,11 +139,17 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
             server_pid: server.pid,
             keep_ids: None,
         };
+        let written_before = server.pid.and_then(crate::sys::storage_write_bytes);
         let outcome = run_ingest(
             job("belfry", &server),
             progress(&args.output, args.tasks, "belfry ingest"),
         )
         .await;
+        belfry_written = server
+            .pid
+            .and_then(crate::sys::storage_write_bytes)
+            .zip(written_before)
+            .map(|(after, before)| after.saturating_sub(before));
         server.stop();
         belfry = Some(outcome);
         if args.with_token {
@@ -225,6 +232,7 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
         &bodies,
         Measured {
             belfry,
+            belfry_written,
             with_token,
             trivial,
             fsync,
@@ -258,6 +266,8 @@ async fn redis_ingest(args: &IngestArgs, due: &[u64]) -> anyhow::Result<IngestOu
 /// What one run measured (each `None` when not asked for).
 struct Measured {
     belfry: Option<IngestOutcome>,
+    /// Bytes the server wrote to storage during its run (known for a server with a pid).
+    belfry_written: Option<u64>,
     with_token: Option<IngestOutcome>,
     trivial: Option<IngestOutcome>,
     fsync: Option<RawAppend>,
@@ -267,6 +277,7 @@ struct Measured {
 fn build_report(args: &IngestArgs, machine: Machine, bodies: &Bodies, m: Measured) -> Report {
     let Measured {
         belfry,
+        belfry_written,
         with_token,
         trivial,
         fsync,
@@ -370,6 +381,9 @@ fn build_report(args: &IngestArgs, machine: Machine, bodies: &Bodies, m: Measure
             }
         ));
     }
+    if let (Some(written), Some(b)) = (belfry_written, &belfry) {
+        notes.push(written_note(written, b.accepted, bodies, fsync.as_ref()));
+    }
     if let Some(b) = &belfry {
         if args.batch > 1 {
             let met = b.tasks_per_s >= BATCHED_TASKS_PER_S_TARGET;
@@ -430,9 +444,32 @@ fn build_report(args: &IngestArgs, machine: Machine, bodies: &Bodies, m: Measure
             "payload_bytes": args.payload_bytes,
             "request_bytes_total": bodies.total_bytes(),
             "belfry": belfry,
+            "belfry_storage_write_bytes": belfry_written,
             "trivial_http": trivial,
             "raw_fsync_append": fsync,
             "redis": redis,
         }),
     }
+}
+
+/// What the server wrote to storage per task (its WAL, and the task files the tasks also go
+/// to), beside the request bytes and what the raw append wrote: on a disk that is the limit,
+/// the ratio of the two bounds belfry's share of the raw rate.
+fn written_note(written: u64, tasks: u64, bodies: &Bodies, raw: Option<&RawAppend>) -> String {
+    let per_task = |bytes: u64, tasks: u64| bytes as f64 / tasks.max(1) as f64;
+    let belfry = per_task(written, tasks);
+    let request = per_task(bodies.total_bytes(), bodies.tasks);
+    let mut note = format!(
+        "belfry: the server wrote {belfry:.0} B per task to storage during its run, {:.2}× the request bytes ({request:.0} B per task)",
+        belfry / request.max(1e-9)
+    );
+    if let Some(raw) = raw {
+        let raw = per_task(raw.bytes, raw.tasks);
+        note.push_str(&format!(
+            "; the raw append writes {raw:.0} B per task, so a disk-bound belfry reaches at most {:.0}% of its rate",
+            100.0 * raw / belfry.max(1e-9)
+        ));
+    }
+    note.push('.');
+    note
 }

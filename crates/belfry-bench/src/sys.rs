@@ -127,6 +127,18 @@ impl CpuMeter {
     }
 }
 
+/// Bytes process `pid` has caused to be written to storage so far: `write_bytes` of
+/// /proc/PID/io, counted when its writes dirty the page cache (whenever the disk then gets
+/// them), so a phase's difference is what the phase wrote. None when /proc cannot tell.
+pub fn storage_write_bytes(pid: u32) -> Option<u64> {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).ok()?;
+    io.lines()
+        .find_map(|line| line.strip_prefix("write_bytes:"))?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// Bytes on disk under `dir`: (sum of file lengths, sum of allocated blocks). Allocated
 /// space is what the disk really holds (preallocated or sparse files differ from length).
 pub fn dir_bytes(dir: &Path) -> std::io::Result<(u64, u64)> {
@@ -366,6 +378,7 @@ mod tests {
         assert!(cpu_time("self").is_some());
         let (rss, peak) = rss_bytes(std::process::id()).unwrap();
         assert!(rss > 0 && peak >= rss);
+        assert!(storage_write_bytes(std::process::id()).is_some());
     }
 
     #[test]
