@@ -208,7 +208,16 @@ impl RemindersState {
                 degraded: false,
             });
         }
-        let read = self.read_store(&user, now_ms, within_ms, limit).await;
+        // After an API store-call slot (a saturated store answers `Overloaded`, and the feed
+        // degrades), on this worker while reads are quick, else on the blocking pool.
+        let state = self.clone();
+        let for_call = user.clone();
+        let read = self
+            .shared
+            .delivery(Caller::Api, self.inline_reads.allowed(), move |_| {
+                state.timed_read(&for_call, now_ms, within_ms, limit)
+            })
+            .await;
         match read {
             Ok(reminders) => Ok(Feed {
                 reminders,
@@ -220,29 +229,6 @@ impl RemindersState {
             }),
             Err(other) => Err(other),
         }
-    }
-
-    /// [`Self::feed_from_store`] after an API store-call slot (so a saturated store answers
-    /// `Overloaded` here, and the feed degrades): on this worker if reads are quick now,
-    /// else on the blocking pool.
-    async fn read_store(
-        self: &Arc<Self>,
-        user: &UserId,
-        now_ms: UnixMs,
-        within_ms: u64,
-        limit: usize,
-    ) -> Result<Vec<Arc<FeedReminder>>, ServiceError> {
-        if self.inline_reads.allowed() {
-            let _permit = self.shared.calls.admit(Caller::Api).await?;
-            return self.timed_read(user, now_ms, within_ms, limit);
-        }
-        let state = self.clone();
-        let user = user.clone();
-        self.shared
-            .blocking(Caller::Api, move |_| {
-                state.timed_read(&user, now_ms, within_ms, limit)
-            })
-            .await
     }
 
     /// [`Self::feed_from_store`], its duration added to the reads' average.

@@ -195,9 +195,10 @@ impl Shared {
         joined.map_err(|e| ServiceError::Internal(format!("store call did not finish: {e}")))?
     }
 
-    /// Runs a delivery call (claim, ack, extend) after `caller`'s admission: on this task's
-    /// worker when `quick` (the store said the call waits for no fsync, network or file
-    /// read: `Store::delivery_is_quick`, `Store::claim_is_quick`), else on the blocking
+    /// Runs a delivery call (claim, ack, extend), or the feed's read, after `caller`'s
+    /// admission: on this task's worker when `quick` (the store said the call waits for no
+    /// fsync, network or file read: `Store::delivery_is_quick`, `Store::claim_is_quick`; or
+    /// for the feed, `Store::reads_are_quick` and fast reads lately), else on the blocking
     /// pool like [`Shared::blocking`]. A hand-off to the pool and back wakes two threads,
     /// which at 20k due/s cost the server more CPU than the calls themselves.
     pub async fn delivery<T, F>(&self, caller: Caller, quick: bool, f: F) -> Result<T>
