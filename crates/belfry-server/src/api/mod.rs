@@ -2,6 +2,7 @@
 //! DTOs into domain calls on `Service`, and results back into JSON.
 
 pub mod auth;
+mod body_timeout;
 mod bulk;
 mod dto;
 mod error;
@@ -93,9 +94,7 @@ pub fn finish(
     let edge = tower::ServiceBuilder::new()
         .layer(TrackLatencyLayer)
         .layer(auth::AuthLayer::new(auth))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            body_read_timeout,
-        ))
+        .layer(body_timeout::BodyTimeoutLayer::new(body_read_timeout))
         .layer(DefaultBodyLimit::max(body_limit));
     router
         .fallback(ops::route_not_found)
