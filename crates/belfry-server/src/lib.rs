@@ -183,7 +183,11 @@ impl ServerBuilder {
             .await
             .map_err(ServerError::Schedules)?;
         // Likewise: a fan-out step a crash interrupted is replayed before dispatching.
-        let reminders = reminders::Reminders::new(service.shared().clone());
+        let reminders = reminders::Reminders::new(service.shared().clone()).map_err(|e| {
+            ServerError::Load(service::ServiceError::Internal(format!(
+                "start the fan-out thread: {e}"
+            )))
+        })?;
         reminders
             .step_at_startup()
             .await
