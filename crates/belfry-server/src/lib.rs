@@ -21,6 +21,7 @@ pub mod dispatch;
 mod follow;
 pub mod listener;
 mod log_every;
+mod low_priority;
 pub mod metrics;
 pub mod outcome;
 pub mod queues;

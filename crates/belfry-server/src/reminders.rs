@@ -37,6 +37,7 @@ use quick_cache::sync::Cache;
 use std::time::Instant;
 use tokio::sync::Notify;
 
+use crate::low_priority::LowPriorityThread;
 use crate::shared::{Caller, ServiceError, Shared};
 
 /// The runner looks at the reminders at least this often: reminders created through other
@@ -96,68 +97,7 @@ pub struct RemindersState {
     /// Whether the feed reads the store on its worker now.
     inline_reads: InlineReads,
     /// Where the fan-out's steps run.
-    steps: StepThread,
-}
-
-/// A thread that runs calls one at a time at [`FANOUT_NICE`]. It ends when the last handle
-/// to it is dropped; a call that panics is reported to its caller and the thread goes on.
-struct StepThread {
-    calls: std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>,
-}
-
-impl StepThread {
-    fn start(name: &str, nice: i32) -> std::io::Result<Self> {
-        let (calls, queued) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
-        let thread = name.to_owned();
-        std::thread::Builder::new()
-            .name(name.to_owned())
-            .spawn(move || {
-                if let Err(error) = lower_this_threads_priority(nice) {
-                    tracing::warn!(%error, thread, nice, "could not lower the thread's CPU priority");
-                }
-                for call in queued {
-                    // The caller sees a panic as its answer dropped.
-                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(call));
-                }
-            })?;
-        Ok(StepThread { calls })
-    }
-
-    async fn run<T: Send + 'static>(
-        &self,
-        call: impl FnOnce() -> T + Send + 'static,
-    ) -> Result<T, ServiceError> {
-        let (answer, answered) = tokio::sync::oneshot::channel();
-        self.calls
-            .send(Box::new(move || {
-                let _ = answer.send(call());
-            }))
-            .map_err(|_| ServiceError::Internal("the fan-out thread has stopped".into()))?;
-        answered
-            .await
-            .map_err(|_| ServiceError::Internal("a fan-out step panicked".into()))
-    }
-}
-
-/// Sets the calling thread's nice value (Linux keeps one per thread). Elsewhere it does
-/// nothing: there the value belongs to the whole process.
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
-fn lower_this_threads_priority(nice: i32) -> std::io::Result<()> {
-    // SAFETY: both calls take and return plain integers and touch no memory of ours.
-    let tid = unsafe { libc::gettid() };
-    let id = libc::id_t::try_from(tid).map_err(std::io::Error::other)?;
-    // SAFETY: as above.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, nice) } == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-fn lower_this_threads_priority(_nice: i32) -> std::io::Result<()> {
-    Ok(())
+    steps: LowPriorityThread,
 }
 
 /// Whether a store read runs on the caller's worker: only if the store says its reads are
@@ -443,7 +383,7 @@ impl Reminders {
                 reminders: Cache::new(REMINDER_CACHE_MAX),
                 users: Cache::new(USER_CACHE_MAX),
                 inline_reads: InlineReads::new(shared.store.reads_are_quick()),
-                steps: StepThread::start("belfry-fanout", FANOUT_NICE)?,
+                steps: LowPriorityThread::start("belfry-fanout", FANOUT_NICE)?,
                 shared,
             }),
         })
@@ -567,44 +507,6 @@ mod tests {
     use super::*;
 
     const FAST: Duration = Duration::from_micros(40);
-
-    /// The calling thread's nice value, as the kernel reports it.
-    #[cfg(target_os = "linux")]
-    fn this_threads_nice() -> i32 {
-        let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap();
-        // Fields after the command's closing parenthesis start at the 3rd; nice is the 19th.
-        let after = stat.rsplit_once(')').unwrap().1;
-        after.split_whitespace().nth(16).unwrap().parse().unwrap()
-    }
-
-    #[cfg(target_os = "linux")]
-    #[tokio::test]
-    async fn steps_run_on_their_own_thread_at_the_fanout_nice_value() {
-        let steps = StepThread::start("belfry-test-steps", FANOUT_NICE).unwrap();
-        let here = this_threads_nice();
-        let (name, nice) = steps
-            .run(|| {
-                let name = std::thread::current().name().map(str::to_owned);
-                (name, this_threads_nice())
-            })
-            .await
-            .unwrap();
-        assert_eq!(name.as_deref(), Some("belfry-test-steps"));
-        assert_eq!(nice, FANOUT_NICE);
-        // Only that thread: the caller's priority is unchanged.
-        assert_eq!(this_threads_nice(), here);
-    }
-
-    #[tokio::test]
-    async fn a_step_that_panics_is_an_error_and_the_next_step_still_runs() {
-        let steps = StepThread::start("belfry-test-steps", FANOUT_NICE).unwrap();
-        let panicked = steps.run(|| -> u32 { panic!("a step failed") }).await;
-        assert!(
-            matches!(&panicked, Err(ServiceError::Internal(m)) if m.contains("panicked")),
-            "{panicked:?}"
-        );
-        assert_eq!(steps.run(|| 7).await.unwrap(), 7);
-    }
 
     #[test]
     fn reads_of_a_store_that_is_not_quick_never_run_on_the_worker() {
