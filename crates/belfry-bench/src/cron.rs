@@ -27,7 +27,7 @@ use crate::queues::send_all;
 use crate::report::{ratio, thousands, Report, Table};
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::{format_us, new_histogram, record_clamped, Percentiles};
-use crate::sys::{cpu_time, unix_ms, unix_us, Machine};
+use crate::sys::{cpu_time, on_own_thread, unix_ms, unix_us, Machine};
 use crate::workload::{due_times, Bodies};
 use crate::{progress, OutputArgs, ServerArgs, CONNECTIONS_MAX};
 
@@ -563,28 +563,15 @@ async fn probe(
     bar: indicatif::ProgressBar,
 ) -> ProbeOutcome {
     let (target, queue) = (target.clone(), queue.to_owned());
-    let (reply, answer) = tokio::sync::oneshot::channel();
-    let spawned = std::thread::Builder::new()
-        .name("bench-probe".into())
-        .spawn(move || {
-            let outcome = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map(|runtime| runtime.block_on(probe_rounds(&target, &queue, rounds, pace, bar)));
-            let _ = reply.send(outcome);
-        });
-    let failed = ProbeOutcome {
-        rounds,
-        failed: rounds as u64,
-        ..ProbeOutcome::default()
-    };
-    if spawned.is_err() {
-        return failed;
-    }
-    match answer.await {
-        Ok(Ok(outcome)) => outcome,
-        _ => failed,
-    }
+    let rounds_on_thread =
+        move || async move { probe_rounds(&target, &queue, rounds, pace, bar).await };
+    on_own_thread("bench-probe", rounds_on_thread)
+        .await
+        .unwrap_or(ProbeOutcome {
+            rounds,
+            failed: rounds as u64,
+            ..ProbeOutcome::default()
+        })
 }
 
 async fn probe_rounds(

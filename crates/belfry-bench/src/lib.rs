@@ -111,8 +111,8 @@ pub struct ServerArgs {
     /// next to it, else on PATH).
     #[arg(long)]
     pub belfry_bin: Option<PathBuf>,
-    /// Where --spawn puts its temporary data dir (default: the system temp dir). The fsync
-    /// baseline writes there too, so both measure the same disk.
+    /// Where --spawn puts its temporary data dir (default: the system temp dir; made if it does
+    /// not exist). The fsync baseline writes there too, so both measure the same disk.
     #[arg(long)]
     pub spawn_dir: Option<PathBuf>,
     /// Extra KEY=VALUE environment for the --spawn'ed server (repeatable), e.g.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::http::{HttpConn, Target};
@@ -26,7 +26,7 @@ use crate::report::{ratio, thousands, Report, Table};
 use crate::servers::TrivialServer;
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::{new_histogram, record_clamped, Percentiles};
-use crate::sys::{dir_bytes, rss_bytes, unix_ms, Machine};
+use crate::sys::{dir_bytes, on_own_thread, rss_bytes, unix_ms, Machine};
 use crate::{progress, BaselineArgs, OutputArgs, ServerArgs};
 
 /// Targets of issue #13.
@@ -407,9 +407,60 @@ struct Drained {
     feed: Option<ReadLoad>,
 }
 
+/// A lease answer of reminder chunks, read in place: only what the consumer checks.
+#[derive(Deserialize)]
+struct LeasedChunks<'a> {
+    #[serde(borrow)]
+    tasks: Vec<LeasedChunk<'a>>,
+}
+
+#[derive(Deserialize)]
+struct LeasedChunk<'a> {
+    id: &'a str,
+    lease_id: &'a str,
+    #[serde(borrow)]
+    payload: ChunkUsers<'a>,
+}
+
+#[derive(Deserialize)]
+struct ChunkUsers<'a> {
+    /// The bench's user ids are decimal numbers, which JSON never escapes.
+    #[serde(borrow, default)]
+    users: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
+struct Acks<'a> {
+    acks: Vec<Ack<'a>>,
+}
+
+#[derive(Serialize)]
+struct Ack<'a> {
+    id: &'a str,
+    lease_id: &'a str,
+}
+
 /// Leases and acks chunks until `expected` users arrived (or `deadline` passed); users are
 /// numeric ids, checked for duplicates with a bitmap.
+///
+/// The consumer runs on a thread of its own: parsing a lease answer of 50 chunks (2.5 MB)
+/// would otherwise hold a worker of the bench's runtime, and the feed reads made meanwhile
+/// would count that wait as the server's latency.
 async fn drain_users(
+    target: &Target,
+    queue: &str,
+    expected: u64,
+    bar: &indicatif::ProgressBar,
+    deadline: Duration,
+) -> anyhow::Result<Drained> {
+    let (target, queue, bar) = (target.clone(), queue.to_owned(), bar.clone());
+    on_own_thread("bench-consumer", move || async move {
+        consume(&target, &queue, expected, &bar, deadline).await
+    })
+    .await?
+}
+
+async fn consume(
     target: &Target,
     queue: &str,
     expected: u64,
@@ -427,31 +478,24 @@ async fn drain_users(
     };
     let lease = format!("/v1/queues/{queue}/lease");
     let ack = format!("/v1/queues/{queue}/ack");
+    let lease_body = Bytes::from(
+        json!({"max": LEASE_MAX, "wait_ms": 1000, "visibility_ms": 600_000}).to_string(),
+    );
     let give_up = Instant::now() + deadline;
     while out.users < expected && Instant::now() < give_up {
-        let body = Bytes::from(
-            json!({"max": LEASE_MAX, "wait_ms": 1000, "visibility_ms": 600_000}).to_string(),
-        );
-        let answer: Value =
-            serde_json::from_slice(&conn.expect_success(Method::POST, &lease, body).await?)?;
+        let answer = conn
+            .expect_success(Method::POST, &lease, lease_body.clone())
+            .await?;
         let received = unix_ms();
-        let Some(tasks) = answer["tasks"].as_array() else {
-            continue;
-        };
-        if tasks.is_empty() {
+        let leased: LeasedChunks = serde_json::from_slice(&answer)
+            .map_err(|e| anyhow::anyhow!("a lease answer of {queue} is not chunks: {e}"))?;
+        if leased.tasks.is_empty() {
             continue;
         }
-        let mut acks = Vec::with_capacity(tasks.len());
-        for task in tasks {
-            let users = task["payload"]["users"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or_default();
+        for task in &leased.tasks {
+            let users = &task.payload.users;
             for user in users {
-                let id = user
-                    .as_str()
-                    .and_then(|u| u.parse::<u64>().ok())
-                    .unwrap_or(u64::MAX);
+                let id = user.parse::<u64>().unwrap_or(u64::MAX);
                 let (word, bit) = ((id / 64) as usize, id % 64);
                 match seen.get_mut(word) {
                     Some(w) if *w & (1 << bit) != 0 => out.duplicates += 1,
@@ -464,14 +508,19 @@ async fn drain_users(
             }
             out.chunks.push((received, users.len() as u64));
             bar.inc(users.len() as u64);
-            acks.push(json!({"id": task["id"], "lease_id": task["lease_id"]}));
         }
-        conn.expect_success(
-            Method::POST,
-            &ack,
-            Bytes::from(json!({"acks": acks}).to_string()),
-        )
-        .await?;
+        let acks = Acks {
+            acks: leased
+                .tasks
+                .iter()
+                .map(|t| Ack {
+                    id: t.id,
+                    lease_id: t.lease_id,
+                })
+                .collect(),
+        };
+        conn.expect_success(Method::POST, &ack, Bytes::from(serde_json::to_vec(&acks)?))
+            .await?;
         out.last_ack_ms = Some(unix_ms());
     }
     Ok(out)

@@ -39,9 +39,12 @@ impl SpawnedServer {
         env: Vec<(String, String)>,
     ) -> Result<Self, BenchError> {
         let work_dir = match parent {
-            Some(p) => tempfile::Builder::new()
-                .prefix("belfry-bench-")
-                .tempdir_in(p),
+            // A --spawn-dir that does not exist yet is made, as `mkdir -p` would.
+            Some(p) => std::fs::create_dir_all(p).and_then(|()| {
+                tempfile::Builder::new()
+                    .prefix("belfry-bench-")
+                    .tempdir_in(p)
+            }),
             None => tempfile::Builder::new().prefix("belfry-bench-").tempdir(),
         }
         .map_err(|e| {

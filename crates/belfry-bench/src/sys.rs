@@ -15,6 +15,34 @@ const USER_HZ: u64 = 100;
 /// of the wall time on a core is probably limiting what it measures.
 pub const CLIENT_SATURATION_CORES: f64 = 0.9;
 
+/// Runs `work` on a thread of its own, named `name`, with a single-threaded runtime.
+///
+/// For a part of a scenario whose CPU bursts must not hold the workers of the main runtime:
+/// a consumer parsing megabyte lease answers, or a latency probe that must not queue behind
+/// such a parse. The operating system then shares the cores between them, as it would
+/// between separate clients.
+pub async fn on_own_thread<T, F, Fut>(name: &str, work: F) -> anyhow::Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = T>,
+{
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let outcome = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map(|runtime| runtime.block_on(work()));
+            let _ = reply.send(outcome);
+        })?;
+    match answer.await {
+        Ok(outcome) => Ok(outcome?),
+        Err(_) => anyhow::bail!("the {name} thread ended without an answer (it panicked)"),
+    }
+}
+
 /// Wall clock now, in microseconds since the Unix epoch.
 pub fn unix_us() -> u64 {
     SystemTime::now()
