@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod queues;
 pub mod reminders;
+mod runner_plan;
 pub mod schedules;
 pub mod service;
 pub mod shared;

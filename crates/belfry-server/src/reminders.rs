@@ -38,6 +38,7 @@ use std::time::Instant;
 use tokio::sync::Notify;
 
 use crate::low_priority::LowPriorityThread;
+use crate::runner_plan::RunnerPlan;
 use crate::shared::{Caller, ServiceError, Shared};
 
 /// The runner looks at the reminders at least this often: reminders created through other
@@ -89,6 +90,9 @@ pub struct RemindersState {
     pub(crate) service: ReminderService,
     pub(crate) shared: Arc<Shared>,
     wake: Notify,
+    /// When the runner steps next: a reminder written through this node wakes it only if
+    /// it is due before that (each step reads every reminder).
+    plan: parking_lot::Mutex<RunnerPlan>,
     /// uid → reminder, for the feed. Entries older than [`REMINDER_CACHE_TTL`] count as
     /// missing.
     reminders: Cache<u64, Arc<FeedReminder>>,
@@ -175,6 +179,18 @@ impl RemindersState {
     /// Makes the runner step now (a stored permit if it is busy, so no wake is lost).
     pub(crate) fn wake(&self) {
         self.wake.notify_one();
+    }
+
+    /// Tells the runner that a reminder written through this node is next due at `next_ms`
+    /// (`None`: it will not fire again). The runner steps early only if that is before its
+    /// planned step, so creating thousands of reminders due later costs no extra step.
+    pub(crate) fn reminder_written(&self, next_ms: Option<UnixMs>) {
+        let Some(next_ms) = next_ms else {
+            return;
+        };
+        if self.plan.lock().written(next_ms) {
+            self.wake();
+        }
     }
 
     /// Forgets what the feed cached of a reminder (after a change on this node).
@@ -380,6 +396,7 @@ impl Reminders {
             state: Arc::new(RemindersState {
                 service: ReminderService::new(shared.store.clone()),
                 wake: Notify::new(),
+                plan: parking_lot::Mutex::new(RunnerPlan::new(0, 1, RUNNER_RECHECK_MS)),
                 reminders: Cache::new(REMINDER_CACHE_MAX),
                 users: Cache::new(USER_CACHE_MAX),
                 inline_reads: InlineReads::new(shared.store.reads_are_quick()),
@@ -437,23 +454,23 @@ impl Reminders {
         async move {
             let stop = state.shared.stopping.clone();
             while !stop.is_cancelled() {
-                let wait_ms = match step(&state).await {
+                state.plan.lock().begin_look();
+                let next_ms = match step(&state).await {
                     Ok(report) => {
                         publish(&state, &report);
                         if report.again {
                             continue;
                         }
-                        let now_ms = state.shared.now_ms();
-                        report.next_ms.map_or(RUNNER_RECHECK_MS, |next| {
-                            next.saturating_sub(now_ms).clamp(1, RUNNER_RECHECK_MS)
-                        })
+                        report.next_ms
                     }
                     Err(error) => {
                         counter!(REMINDER_STEP_ERRORS).increment(1);
                         tracing::warn!(%error, "fan out due reminders; retrying");
-                        RUNNER_RECHECK_MS
+                        None
                     }
                 };
+                let now_ms = state.shared.now_ms();
+                let wait_ms = state.plan.lock().end_look(next_ms, now_ms);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
                     _ = state.wake.notified() => {}

@@ -11,7 +11,7 @@
 //! changes, which wake the runner through `crate::follow`; the recheck bounds a missed
 //! announcement), and fires only the schedules this node owns (`Store::owns`), and early when
 //! this node creates, replaces or resumes a schedule that fires before the planned tick
-//! ([`Plan`]). Its store calls go through the server's internal admission (never refused); the
+//! ([`RunnerPlan`]). Its store calls go through the server's internal admission (never refused); the
 //! routes' through the API admission.
 
 use std::sync::{Arc, Weak};
@@ -23,6 +23,7 @@ use metrics::counter;
 use tokio::sync::Notify;
 
 use crate::coalesce::{Coalescer, Pending};
+use crate::runner_plan::RunnerPlan;
 use crate::shared::{Caller, ServiceError, Shared};
 
 /// The runner looks at the schedules at least this often even when nothing is due: schedules
@@ -66,7 +67,7 @@ pub struct SchedulesState {
     pub(crate) shared: Arc<Shared>,
     pub(crate) payload_bytes_max: usize,
     wake: Notify,
-    plan: parking_lot::Mutex<Plan>,
+    plan: parking_lot::Mutex<RunnerPlan>,
     /// Schedules already reported as firing into a missing queue: each is warned about once,
     /// not at every firing. Forgotten when the schedule fires normally again.
     warned_missing: parking_lot::Mutex<std::collections::HashSet<String>>,
@@ -104,69 +105,6 @@ impl SchedulesState {
     }
 }
 
-/// When the runner will tick next, and what was written while it ticked. Times given to it
-/// are fire times; it ticks `lead_ms` before them.
-#[derive(Debug)]
-struct Plan {
-    /// How long before a fire time its tick runs (see [`SCHEDULE_LEAD_MS_DEFAULT`]).
-    lead_ms: u64,
-    /// A tick is running (between its store reads and the runner's next plan).
-    ticking: bool,
-    /// The earliest next fire time of the schedules written during the running tick.
-    written_during_tick: UnixMs,
-    /// The planned time of the next tick: writes of schedules firing later need no wake.
-    next_tick_ms: UnixMs,
-}
-
-impl Plan {
-    fn new(lead_ms: u64) -> Self {
-        Plan {
-            lead_ms,
-            ticking: false,
-            written_during_tick: UnixMs::MAX,
-            // Until the first plan, every write wakes the runner.
-            next_tick_ms: UnixMs::MAX,
-        }
-    }
-
-    /// A schedule that next fires at `next_ms` was written: whether the runner must wake.
-    fn written(&mut self, next_ms: UnixMs) -> bool {
-        let next_ms = next_ms.saturating_sub(self.lead_ms);
-        if self.ticking {
-            // The running tick may have read the store before this write: the runner takes
-            // this time into its plan when the tick ends.
-            self.written_during_tick = self.written_during_tick.min(next_ms);
-            false
-        } else if next_ms < self.next_tick_ms {
-            self.next_tick_ms = next_ms;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn begin_tick(&mut self) {
-        self.ticking = true;
-        self.written_during_tick = UnixMs::MAX;
-    }
-
-    /// Ends a tick whose report's next fire time is `next_ms` (`None`: nothing will fire, or
-    /// the tick failed), counting schedules written during the tick: how long to sleep.
-    fn end_tick(&mut self, next_ms: Option<UnixMs>, now_ms: UnixMs) -> u64 {
-        let next_ms = next_ms
-            .unwrap_or(UnixMs::MAX)
-            .saturating_sub(self.lead_ms)
-            .min(self.written_during_tick);
-        let wait_ms = next_ms
-            .saturating_sub(now_ms)
-            .clamp(RUNNER_TICK_GAP_MS_MIN, RUNNER_RECHECK_MS);
-        self.ticking = false;
-        self.written_during_tick = UnixMs::MAX;
-        self.next_tick_ms = now_ms.saturating_add(wait_ms);
-        wait_ms
-    }
-}
-
 /// Schedules for one server: cheap to clone.
 #[derive(Clone)]
 pub struct Schedules {
@@ -193,7 +131,11 @@ impl Schedules {
                 service: ScheduleService::new(shared.store.clone()),
                 creates,
                 payload_bytes_max: shared.config.payload_bytes_max,
-                plan: parking_lot::Mutex::new(Plan::new(shared.config.schedule_lead_ms)),
+                plan: parking_lot::Mutex::new(RunnerPlan::new(
+                    shared.config.schedule_lead_ms,
+                    RUNNER_TICK_GAP_MS_MIN,
+                    RUNNER_RECHECK_MS,
+                )),
                 shared,
                 wake: Notify::new(),
                 warned_missing: Default::default(),
@@ -287,12 +229,12 @@ impl Runner {
     }
 
     fn begin_tick(&self) {
-        self.state.plan.lock().begin_tick();
+        self.state.plan.lock().begin_look();
     }
 
     fn plan_next(&self, next_ms: Option<UnixMs>) -> u64 {
         let now_ms = self.state.shared.now_ms();
-        self.state.plan.lock().end_tick(next_ms, now_ms)
+        self.state.plan.lock().end_look(next_ms, now_ms)
     }
 }
 
@@ -359,56 +301,4 @@ async fn tick(state: &Arc<SchedulesState>) -> Result<TickReport, ScheduleService
             source: std::io::Error::other(e.to_string()),
         }))
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Writes of schedules that fire with the others (after the planned tick) wake nothing;
-    /// one that fires earlier wakes the runner once; one written during a tick is not lost.
-    #[test]
-    fn the_runner_wakes_only_for_schedules_that_fire_before_its_plan() {
-        let mut plan = Plan::new(0);
-        assert!(plan.written(5_000), "before any plan, every write wakes");
-        plan.begin_tick();
-        assert_eq!(plan.end_tick(Some(10_000), 9_400), 600);
-        for _ in 0..1_000 {
-            assert!(
-                !plan.written(10_000),
-                "a schedule firing with the planned tick"
-            );
-        }
-        assert!(!plan.written(11_000));
-        assert!(plan.written(9_700), "fires before the planned tick");
-        assert!(!plan.written(9_800), "the plan already moved to 9,700");
-
-        // Written while a tick runs: no wake, but the next plan counts it.
-        plan.begin_tick();
-        assert!(!plan.written(10_200));
-        assert_eq!(plan.end_tick(Some(11_000), 10_000), 200);
-        // Nothing to fire (or a failed tick): the recheck.
-        plan.begin_tick();
-        assert_eq!(plan.end_tick(None, 10_200), RUNNER_RECHECK_MS);
-        // Already due: the shortest gap, never a spin.
-        plan.begin_tick();
-        assert_eq!(plan.end_tick(Some(10_000), 10_300), RUNNER_TICK_GAP_MS_MIN);
-    }
-
-    /// With a lead, the runner ticks that long before a fire time, and a write wakes it only
-    /// if its tick would be due before the planned one.
-    #[test]
-    fn with_a_lead_the_runner_ticks_that_long_before_the_fire_time() {
-        let mut plan = Plan::new(500);
-        plan.begin_tick();
-        assert_eq!(plan.end_tick(Some(10_000), 9_000), 500, "ticks at 9,500");
-        assert!(!plan.written(10_000), "its tick is the planned one");
-        assert!(plan.written(9_900), "its tick (9,400) is earlier");
-        plan.begin_tick();
-        assert_eq!(
-            plan.end_tick(Some(10_000), 9_800),
-            RUNNER_TICK_GAP_MS_MIN,
-            "inside the lead: at once"
-        );
-    }
 }

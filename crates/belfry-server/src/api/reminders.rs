@@ -434,7 +434,7 @@ async fn create(
         users_per_second: body.users_per_second,
     };
     let reminder = blocking(&state, move |s| s.service.create(id, def, now_ms)).await?;
-    state.wake();
+    state.reminder_written(reminder.next_fire_ms);
     let view = ReminderView::of(&reminder, Some(0));
     Ok((StatusCode::CREATED, Json(view)).into_response())
 }
@@ -473,7 +473,7 @@ async fn patch(
     };
     let reminder = blocking(&state, move |s| s.service.patch(&id, change, now_ms)).await?;
     state.forget_reminder(reminder.uid);
-    state.wake();
+    state.reminder_written(reminder.next_fire_ms);
     Ok(Json(ReminderView::of(&reminder, None)))
 }
 
