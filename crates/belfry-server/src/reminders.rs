@@ -35,10 +35,9 @@ use belfry_reminders::{Reminder, ReminderError, ReminderService, StepReport};
 use metrics::{counter, gauge};
 use quick_cache::sync::Cache;
 use std::time::Instant;
-use tokio::sync::Notify;
 
 use crate::low_priority::LowPriorityThread;
-use crate::runner_plan::RunnerPlan;
+use crate::runner_plan::RunnerWake;
 use crate::shared::{Caller, ServiceError, Shared};
 
 /// The runner looks at the reminders at least this often: reminders created through other
@@ -89,10 +88,9 @@ pub const FEED_INLINE_READS_PAUSED: &str = "belfry_feed_inline_reads_paused_tota
 pub struct RemindersState {
     pub(crate) service: ReminderService,
     pub(crate) shared: Arc<Shared>,
-    wake: Notify,
-    /// When the runner steps next: a reminder written through this node wakes it only if
-    /// it is due before that (each step reads every reminder).
-    plan: parking_lot::Mutex<RunnerPlan>,
+    /// Wakes the runner: a reminder written through this node wakes it only if it is due
+    /// before the planned step (each step reads every reminder).
+    runner: RunnerWake,
     /// uid → reminder, for the feed. Entries older than [`REMINDER_CACHE_TTL`] count as
     /// missing.
     reminders: Cache<u64, Arc<FeedReminder>>,
@@ -178,19 +176,14 @@ pub struct Feed {
 impl RemindersState {
     /// Makes the runner step now (a stored permit if it is busy, so no wake is lost).
     pub(crate) fn wake(&self) {
-        self.wake.notify_one();
+        self.runner.wake();
     }
 
     /// Tells the runner that a reminder written through this node is next due at `next_ms`
     /// (`None`: it will not fire again). The runner steps early only if that is before its
     /// planned step, so creating thousands of reminders due later costs no extra step.
     pub(crate) fn reminder_written(&self, next_ms: Option<UnixMs>) {
-        let Some(next_ms) = next_ms else {
-            return;
-        };
-        if self.plan.lock().written(next_ms) {
-            self.wake();
-        }
+        self.runner.written(next_ms);
     }
 
     /// Forgets what the feed cached of a reminder (after a change on this node).
@@ -395,8 +388,7 @@ impl Reminders {
         Ok(Reminders {
             state: Arc::new(RemindersState {
                 service: ReminderService::new(shared.store.clone()),
-                wake: Notify::new(),
-                plan: parking_lot::Mutex::new(RunnerPlan::new(0, 1, RUNNER_RECHECK_MS)),
+                runner: RunnerWake::new(0, 1, RUNNER_RECHECK_MS),
                 reminders: Cache::new(REMINDER_CACHE_MAX),
                 users: Cache::new(USER_CACHE_MAX),
                 inline_reads: InlineReads::new(shared.store.reads_are_quick()),
@@ -454,7 +446,7 @@ impl Reminders {
         async move {
             let stop = state.shared.stopping.clone();
             while !stop.is_cancelled() {
-                state.plan.lock().begin_look();
+                state.runner.begin_look();
                 let next_ms = match step(&state).await {
                     Ok(report) => {
                         publish(&state, &report);
@@ -470,10 +462,10 @@ impl Reminders {
                     }
                 };
                 let now_ms = state.shared.now_ms();
-                let wait_ms = state.plan.lock().end_look(next_ms, now_ms);
+                let wait_ms = state.runner.end_look(next_ms, now_ms);
                 tokio::select! {
                     _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
-                    _ = state.wake.notified() => {}
+                    _ = state.runner.notified() => {}
                     _ = stop.cancelled() => {}
                 }
             }

@@ -7,6 +7,56 @@
 //! due before the planned look; the others are found by that look.
 
 use belfry_core::UnixMs;
+use tokio::sync::futures::Notified;
+use tokio::sync::Notify;
+
+/// A runner's wake-up: the plan and the notification together, so that every runner wakes
+/// by the same rule.
+#[derive(Debug)]
+pub(crate) struct RunnerWake {
+    notify: Notify,
+    plan: parking_lot::Mutex<RunnerPlan>,
+}
+
+impl RunnerWake {
+    pub(crate) fn new(lead_ms: u64, gap_min_ms: u64, recheck_ms: u64) -> Self {
+        RunnerWake {
+            notify: Notify::new(),
+            plan: parking_lot::Mutex::new(RunnerPlan::new(lead_ms, gap_min_ms, recheck_ms)),
+        }
+    }
+
+    /// Makes the runner look now (a stored permit if it is busy, so no wake is lost).
+    pub(crate) fn wake(&self) {
+        self.notify.notify_one();
+    }
+
+    /// A record written through this node is next due at `due_ms` (`None`: never again):
+    /// wakes the runner only if that is before its planned look.
+    pub(crate) fn written(&self, due_ms: Option<UnixMs>) {
+        let Some(due_ms) = due_ms else {
+            return;
+        };
+        let wake = self.plan.lock().written(due_ms);
+        if wake {
+            self.wake();
+        }
+    }
+
+    pub(crate) fn begin_look(&self) {
+        self.plan.lock().begin_look();
+    }
+
+    /// See [`RunnerPlan::end_look`].
+    pub(crate) fn end_look(&self, due_ms: Option<UnixMs>, now_ms: UnixMs) -> u64 {
+        self.plan.lock().end_look(due_ms, now_ms)
+    }
+
+    /// Completes when the runner is woken.
+    pub(crate) fn notified(&self) -> Notified<'_> {
+        self.notify.notified()
+    }
+}
 
 /// When the runner will look next, and what was written while it looked. Times given to it
 /// are due times; it looks `lead_ms` before them.

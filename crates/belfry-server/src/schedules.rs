@@ -11,7 +11,7 @@
 //! changes, which wake the runner through `crate::follow`; the recheck bounds a missed
 //! announcement), and fires only the schedules this node owns (`Store::owns`), and early when
 //! this node creates, replaces or resumes a schedule that fires before the planned tick
-//! ([`RunnerPlan`]). Its store calls go through the server's internal admission (never refused); the
+//! (`crate::runner_plan`). Its store calls go through the server's internal admission (never refused); the
 //! routes' through the API admission.
 
 use std::sync::{Arc, Weak};
@@ -20,10 +20,9 @@ use std::time::Duration;
 use belfry_core::UnixMs;
 use belfry_schedule::{NewSchedule, Schedule, ScheduleService, ScheduleServiceError, TickReport};
 use metrics::counter;
-use tokio::sync::Notify;
 
 use crate::coalesce::{Coalescer, Pending};
-use crate::runner_plan::RunnerPlan;
+use crate::runner_plan::RunnerWake;
 use crate::shared::{Caller, ServiceError, Shared};
 
 /// The runner looks at the schedules at least this often even when nothing is due: schedules
@@ -66,8 +65,7 @@ pub struct SchedulesState {
     creates: Coalescer<NewSchedule, CreateAnswer>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) payload_bytes_max: usize,
-    wake: Notify,
-    plan: parking_lot::Mutex<RunnerPlan>,
+    runner: RunnerWake,
     /// Schedules already reported as firing into a missing queue: each is warned about once,
     /// not at every firing. Forgotten when the schedule fires normally again.
     warned_missing: parking_lot::Mutex<std::collections::HashSet<String>>,
@@ -87,7 +85,7 @@ impl SchedulesState {
 
     /// Makes the runner tick now (a stored permit if it is busy, so no wake is lost).
     pub(crate) fn wake(&self) {
-        self.wake.notify_one();
+        self.runner.wake();
     }
 
     /// Tells the runner that a schedule written through this node next fires at `next_ms`
@@ -95,13 +93,7 @@ impl SchedulesState {
     /// so creating thousands of schedules that fire with the others costs no extra tick (a
     /// wake per create once made the runner scan every schedule back to back).
     pub(crate) fn schedule_written(&self, next_ms: Option<UnixMs>) {
-        let Some(next_ms) = next_ms else {
-            return;
-        };
-        let wake = self.plan.lock().written(next_ms);
-        if wake {
-            self.wake();
-        }
+        self.runner.written(next_ms);
     }
 }
 
@@ -131,13 +123,12 @@ impl Schedules {
                 service: ScheduleService::new(shared.store.clone()),
                 creates,
                 payload_bytes_max: shared.config.payload_bytes_max,
-                plan: parking_lot::Mutex::new(RunnerPlan::new(
+                runner: RunnerWake::new(
                     shared.config.schedule_lead_ms,
                     RUNNER_TICK_GAP_MS_MIN,
                     RUNNER_RECHECK_MS,
-                )),
+                ),
                 shared,
-                wake: Notify::new(),
                 warned_missing: Default::default(),
             }
         });
@@ -221,7 +212,7 @@ impl Runner {
             // should see its writes): the select is on the pause only.
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(wait_ms)) => {}
-                _ = self.state.wake.notified() => {}
+                _ = self.state.runner.notified() => {}
                 _ = stop.cancelled() => {}
             }
         }
@@ -229,12 +220,12 @@ impl Runner {
     }
 
     fn begin_tick(&self) {
-        self.state.plan.lock().begin_look();
+        self.state.runner.begin_look();
     }
 
     fn plan_next(&self, next_ms: Option<UnixMs>) -> u64 {
         let now_ms = self.state.shared.now_ms();
-        self.state.plan.lock().end_look(next_ms, now_ms)
+        self.state.runner.end_look(next_ms, now_ms)
     }
 }
 
