@@ -20,4 +20,4 @@ pub use retry::RetryPolicy;
 pub use task::{
     Header, LatePolicy, LeaseId, LeasedTask, NewTask, PayloadKind, Priority, Task, TaskState,
 };
-pub use user::{InvalidUserId, UserId};
+pub use user::{InvalidUserId, UserId, UserPage};

@@ -26,10 +26,10 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use belfry_core::{NewTask, Priority, UnixMs, UserId};
+use belfry_core::{NewTask, Priority, UnixMs, UserId, UserPage};
 use belfry_store::{MetaChange, PutOutcome};
 use bytes::Bytes;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::model::{Reminder, Urgency};
 use crate::record::{decode_fanout, encode_fanout, encode_reminder, uid_key, Fanout};
@@ -42,6 +42,10 @@ pub const LEAD_MS: u64 = 1_000;
 /// Most chunks one put carries, and most bytes of chunk bodies.
 const CHUNKS_PER_PUT: usize = 16;
 const PUT_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+/// Bytes per id a chunk's page is first sized for (a 20-digit number is 20; it grows if
+/// the ids are longer).
+const PAGE_ID_BYTES: usize = 12;
 
 /// Most chunks one step makes for one reminder, so one huge fan-out cannot hold up the
 /// others; the step says there is more (`again`).
@@ -96,11 +100,25 @@ impl StepReport {
 struct ChunkBody<'a> {
     reminder_id: &'a str,
     content: &'a serde_json::value::RawValue,
-    users: Vec<&'a str>,
+    #[serde(serialize_with = "page_ids")]
+    users: &'a UserPage,
     chunk: u32,
     chunks: u32,
     firing: UnixMs,
     last: bool,
+}
+
+fn page_ids<S: Serializer>(
+    page: &&UserPage,
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
+    serializer.collect_seq(page.iter())
+}
+
+/// Room for a chunk body: the ids' text, their quotes and commas, and the rest (ids rarely
+/// need escapes; the buffer grows if they do).
+fn body_capacity(r: &Reminder, content: &str, users: &UserPage) -> usize {
+    256 + r.id.as_str().len() + content.len() + users.text_len() + 3 * users.len()
 }
 
 /// A chunk ready to put.
@@ -352,15 +370,17 @@ impl ReminderService {
     /// Reads the chunk's users and builds its task; `None` when no subscriber is left.
     fn make_chunk(&self, r: &Reminder, cursor: &Fanout, due_ms: UnixMs) -> Result<Option<Made>> {
         let size = r.def.chunk_size as usize;
-        // One more than the chunk holds: whether anyone follows says if this is the last.
-        let mut users = self
-            .store
-            .subscribers(r.uid, cursor.after.as_ref(), size + 1)?;
-        if users.is_empty() {
-            return Ok(None);
-        }
+        // One more than the chunk holds: whether anyone follows says if this is the last. The
+        // page is one buffer, not an allocation per user: a fan-out reads millions of them on
+        // a thread that shares the allocator with the request workers.
+        let mut users = UserPage::with_capacity(size + 1, (size + 1) * PAGE_ID_BYTES);
+        self.store
+            .subscriber_page(r.uid, cursor.after.as_ref(), size + 1, &mut users)?;
         let last = users.len() <= size;
         users.truncate(size);
+        let Some(last_user) = users.last_id() else {
+            return Ok(None);
+        };
         let content = serde_json::value::RawValue::from_string(
             String::from_utf8_lossy(&r.def.content).into_owned(),
         )
@@ -368,23 +388,23 @@ impl ReminderService {
         let body = ChunkBody {
             reminder_id: r.id.as_str(),
             content: &content,
-            users: users.iter().map(UserId::as_str).collect(),
+            users: &users,
             chunk: cursor.chunk,
             chunks: cursor.chunks.max(cursor.chunk + 1),
             firing: cursor.firing_ms,
             last,
         };
-        let payload = serde_json::to_vec(&body).expect("a chunk body always serialises");
+        let mut payload = Vec::with_capacity(body_capacity(r, content.get(), &users));
+        serde_json::to_writer(&mut payload, &body).expect("a chunk body always serialises");
         let mut task = NewTask::new(r.def.queue.clone(), due_ms, payload);
         task.idempotency_key = Some(chunk_key(r.id.as_str(), cursor.firing_ms, cursor.chunk));
         task.priority = match r.def.urgency {
             Urgency::Urgent => Priority::High,
             Urgency::Normal => Priority::Normal,
         };
-        let last_user = users.pop().expect("users is not empty");
         Ok(Some(Made {
             task,
-            users: users.len() as u64 + 1,
+            users: users.len() as u64,
             last_user,
             last,
         }))

@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 
 use belfry_core::{
-    LatePolicy, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState, UserId,
+    LatePolicy, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState, UserId, UserPage,
 };
 use bytes::Bytes;
 
@@ -677,12 +677,23 @@ fn users(ids: &[&str]) -> Vec<UserId> {
     ids.iter().map(|id| UserId::new(id).unwrap()).collect()
 }
 
-/// Every member of `set`, read in pages of `page`.
+/// Every member of `set`, read in pages of `page`. Each page is read both as ids and into
+/// one buffer ([`Store::subscriber_page`]), and the two must agree.
 fn all_members(h: &dyn Harness, set: u64, page: usize) -> Vec<UserId> {
     let mut out: Vec<UserId> = Vec::new();
+    let mut buffer = UserPage::default();
+    // What a reused buffer held before must not leak into the next page.
+    buffer.push(&UserId::new("stale").unwrap());
     loop {
         let got = h.store().subscribers(set, out.last(), page).unwrap();
         assert!(got.len() <= page);
+        h.store()
+            .subscriber_page(set, out.last(), page, &mut buffer)
+            .unwrap();
+        assert_eq!(
+            buffer.iter().collect::<Vec<_>>(),
+            got.iter().map(UserId::as_str).collect::<Vec<_>>()
+        );
         let done = got.len() < page;
         out.extend(got);
         if done {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fs;
 
 use belfry_core::{LatePolicy, LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState};
-use belfry_core::{UnixMs, UserId};
+use belfry_core::{UnixMs, UserId, UserPage};
 use bytes::Bytes;
 use rustc_hash::FxHashSet;
 
@@ -526,7 +526,18 @@ impl Store for Engine {
         self.subs_count(set)
     }
     fn subscribers(&self, set: u64, after: Option<&UserId>, limit: usize) -> Result<Vec<UserId>> {
-        self.subs_members(set, after, limit)
+        let mut users = Vec::new();
+        self.subs_members(set, after, limit, &mut users)?;
+        Ok(users)
+    }
+    fn subscriber_page(
+        &self,
+        set: u64,
+        after: Option<&UserId>,
+        limit: usize,
+        page: &mut UserPage,
+    ) -> Result<()> {
+        self.subs_members(set, after, limit, page)
     }
     fn user_sets(&self, user: &UserId, limit: usize) -> Result<Vec<u64>> {
         self.subs_of_user(user, limit)

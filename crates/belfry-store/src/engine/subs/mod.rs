@@ -207,10 +207,14 @@ fn subs_frame(op: Op, set: u64, epoch: u64, users: &[&[u8]]) -> Vec<u8> {
 }
 
 fn decode_user(key: &[u8], what: &str) -> Result<UserId> {
-    UserId::decode(key).ok_or_else(|| StoreError::Corrupt {
+    UserId::decode(key).ok_or_else(|| bad_user_key(key, what))
+}
+
+fn bad_user_key(key: &[u8], what: &str) -> StoreError {
+    StoreError::Corrupt {
         location: "subscription tree".into(),
         detail: format!("{what} holds an invalid user key {key:?}"),
-    })
+    }
 }
 
 impl Engine {

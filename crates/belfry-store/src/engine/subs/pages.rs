@@ -6,14 +6,52 @@
 //! subscribes meanwhile. A slab with more entries than the cap bounds how far the copies are
 //! complete; a page that would pass that bound is read again by the merge under the lock.
 
-use belfry_core::UserId;
+use belfry_core::{UserId, UserPage};
 
 use super::keys::set_prefix;
 use super::memtable::{Slab, SlabSource};
-use super::{decode_user, Subs};
+use super::{bad_user_key, decode_user, Subs};
 use crate::engine::lsm::merge::{Merge, RunCursor, Source};
 use crate::engine::Engine;
 use crate::store::Result;
+
+/// Where a page's members go: a list of ids (the API's pages), or one buffer of them (the
+/// fan-out's, no allocation per member).
+pub(in crate::engine) trait Members {
+    fn clear(&mut self);
+    fn count(&self) -> usize;
+    /// Adds the member a by-set key (past its set's prefix) names.
+    fn push_key(&mut self, key: &[u8]) -> Result<()>;
+}
+
+impl Members for Vec<UserId> {
+    fn clear(&mut self) {
+        Vec::clear(self);
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn push_key(&mut self, key: &[u8]) -> Result<()> {
+        self.push(decode_user(key, "a by-set key")?);
+        Ok(())
+    }
+}
+
+impl Members for UserPage {
+    fn clear(&mut self) {
+        UserPage::clear(self);
+    }
+    fn count(&self) -> usize {
+        self.len()
+    }
+    fn push_key(&mut self, key: &[u8]) -> Result<()> {
+        if UserPage::push_key(self, key) {
+            Ok(())
+        } else {
+            Err(bad_user_key(key, "a by-set key"))
+        }
+    }
+}
 
 /// Most entries copied from one memtable slab for a page of `limit` (tombstones count).
 fn slab_cap(limit: usize) -> usize {
@@ -31,8 +69,9 @@ fn page_start(set: u64, epoch: u64, after: Option<&UserId>) -> (Vec<u8>, Vec<u8>
     (prefix, from)
 }
 
-/// Takes up to `limit` live members from `merge` (keys from `from` on): `Ok(None)` if the
-/// page would need keys past `bound`, beyond which the sources are not complete.
+/// Adds up to `limit` live members from `merge` (keys from `from` on) to `out`: `false` if
+/// the page would need keys past `bound`, beyond which the sources are not complete (`out`
+/// then holds part of the page).
 fn take_page(
     merge: &mut Merge<'_>,
     prefix: &[u8],
@@ -40,26 +79,26 @@ fn take_page(
     skip_from: bool,
     limit: usize,
     bound: Option<&[u8]>,
-) -> Result<Option<Vec<UserId>>> {
-    let mut out = Vec::new();
+    out: &mut impl Members,
+) -> Result<bool> {
     let mut key = Vec::new();
-    while out.len() < limit {
+    while out.count() < limit {
         // Past the bound, or at the end while a source was cut short, the sources may lack
         // entries a page needs.
         let Some(live) = merge.next(&mut key)? else {
-            return Ok(bound.is_none().then_some(out));
+            return Ok(bound.is_none());
         };
         if bound.is_some_and(|b| key.as_slice() > b) {
-            return Ok(None);
+            return Ok(false);
         }
         if !key.starts_with(prefix) {
             break;
         }
         if live && !(skip_from && key == from) {
-            out.push(decode_user(&key[prefix.len()..], "a by-set key")?);
+            out.push_key(&key[prefix.len()..])?;
         }
     }
-    Ok(Some(out))
+    Ok(true)
 }
 
 impl Subs {
@@ -70,29 +109,42 @@ impl Subs {
         set: u64,
         after: Option<&UserId>,
         limit: usize,
-    ) -> Result<Vec<UserId>> {
+        out: &mut impl Members,
+    ) -> Result<()> {
+        out.clear();
         let Some(info) = self.sets.get(&set).copied() else {
-            return Ok(Vec::new());
+            return Ok(());
         };
         let (prefix, from) = page_start(set, info.epoch, after);
         let mut merge = self.view().merge(&from)?;
-        let page = take_page(&mut merge, &prefix, &from, after.is_some(), limit, None)?;
-        Ok(page.unwrap_or_default())
+        take_page(
+            &mut merge,
+            &prefix,
+            &from,
+            after.is_some(),
+            limit,
+            None,
+            out,
+        )?;
+        Ok(())
     }
 }
 
 impl Engine {
+    /// Up to `limit` members of `set` after `after`, into `out` (cleared first).
     pub(in crate::engine) fn subs_members(
         &self,
         set: u64,
         after: Option<&UserId>,
         limit: usize,
-    ) -> Result<Vec<UserId>> {
+        out: &mut impl Members,
+    ) -> Result<()> {
+        out.clear();
         let cap = slab_cap(limit);
         let (prefix, from, slabs, bound, runs) = {
             let subs = self.lock_subs()?;
             let Some(info) = subs.sets.get(&set).copied() else {
-                return Ok(Vec::new());
+                return Ok(());
             };
             let (prefix, from) = page_start(set, info.epoch, after);
             let mut slabs = Vec::new();
@@ -119,23 +171,26 @@ impl Engine {
             sources.push(Box::new(RunCursor::new(run, &from)?));
         }
         let mut merge = Merge::new(sources);
-        match take_page(
+        let bound = bound.as_deref();
+        if take_page(
             &mut merge,
             &prefix,
             &from,
             after.is_some(),
             limit,
-            bound.as_deref(),
+            bound,
+            out,
         )? {
-            Some(page) => Ok(page),
-            None => self.lock_subs()?.members_merged(set, after, limit),
+            Ok(())
+        } else {
+            self.lock_subs()?.members_merged(set, after, limit, out)
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use belfry_core::UserId;
+    use belfry_core::{UserId, UserPage};
 
     use crate::engine::{Engine, EngineOptions};
     use crate::store::Store;
@@ -164,8 +219,17 @@ mod tests {
         );
         let mut seen = Vec::new();
         let mut after: Option<UserId> = None;
+        let mut buffer = UserPage::default();
         loop {
             let page = engine.subscribers(7, after.as_ref(), 4).unwrap();
+            // The same page into one buffer, through the same fallback.
+            engine
+                .subscriber_page(7, after.as_ref(), 4, &mut buffer)
+                .unwrap();
+            assert_eq!(
+                buffer.iter().collect::<Vec<_>>(),
+                page.iter().map(UserId::as_str).collect::<Vec<_>>()
+            );
             seen.extend(page.iter().cloned());
             if page.len() < 4 {
                 break;
