@@ -133,7 +133,20 @@ impl ReminderService {
     /// Starts the fan-outs that are due and advances those in progress. The reminders and the
     /// fan-outs in progress are read with one listing each; a reminder that cannot be read or
     /// handled is reported and the others still run.
+    ///
+    /// A step right after a full look that found nothing to do reads nothing: it answers
+    /// from that look until a write is announced or its next fire time comes (`quiet.rs`).
     pub fn step(&self, now_ms: UnixMs) -> Result<StepReport> {
+        if let Some(report) = self.looks.quiet_step(now_ms) {
+            return Ok(report);
+        }
+        let began = self.looks.begin();
+        let report = self.full_step(now_ms)?;
+        self.looks.end(began, now_ms, &report);
+        Ok(report)
+    }
+
+    fn full_step(&self, now_ms: UnixMs) -> Result<StepReport> {
         let mut report = StepReport::default();
         let mut fanouts: HashMap<String, Bytes> = self
             .store

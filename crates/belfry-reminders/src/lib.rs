@@ -10,6 +10,7 @@
 mod fanout;
 pub mod feed;
 mod model;
+mod quiet;
 mod record;
 mod service;
 
@@ -19,5 +20,6 @@ pub use model::{
     CHUNK_SIZE_DEFAULT, CHUNK_SIZE_MAX, CONTENT_BYTES_MAX, REMINDER_ID_LEN_MAX,
     USERS_PER_SECOND_MAX,
 };
+pub use quiet::FULL_LOOK_MS;
 pub use record::{Fanout, FANOUTS_NAMESPACE, IDS_NAMESPACE, REMINDERS_NAMESPACE};
 pub use service::{ReminderError, ReminderPatch, ReminderService, Result, LIST_LIMIT_MAX};

@@ -1,9 +1,11 @@
 //! The reminder service: reminders and their subscribers, over a [`Store`]. The fan-out is in
 //! `fanout.rs`, the feed's selection in `feed.rs`.
 //!
-//! Like the schedule service it holds no state in memory: every call reads the store, so
-//! several nodes over one store see the same reminders. Time is passed in; the service never
-//! reads a clock. Callers run its calls on a blocking thread.
+//! Like the schedule service it keeps no reminders in memory: every call reads the store, so
+//! several nodes over one store see the same reminders. The one thing it remembers is what
+//! the runner's last full look found (`quiet.rs`), dropped whenever a write is announced.
+//! Time is passed in; the service never reads a clock. Callers run its calls on a blocking
+//! thread.
 
 use std::sync::Arc;
 
@@ -14,6 +16,7 @@ use parking_lot::Mutex;
 use crate::model::{
     InvalidReminder, InvalidReminderId, Reminder, ReminderDef, ReminderId, Urgency, When,
 };
+use crate::quiet::Looks;
 use crate::record::{
     decode_reminder, encode_reminder, parse_uid_key, uid_key, FANOUTS_NAMESPACE, IDS_NAMESPACE,
     REMINDERS_NAMESPACE,
@@ -75,6 +78,8 @@ pub struct ReminderService {
     pub(crate) store: Arc<dyn Store>,
     /// Serialises creates, patches and deletes (they read, then write two documents).
     writes: Mutex<()>,
+    /// What the runner's last full look found.
+    pub(crate) looks: Looks,
 }
 
 impl ReminderService {
@@ -82,7 +87,14 @@ impl ReminderService {
         ReminderService {
             store,
             writes: Mutex::new(()),
+            looks: Looks::default(),
         }
+    }
+
+    /// Reminders or fan-outs were written other than through this service (another node
+    /// announced a change, or an embedder wrote the store): the next step reads them all.
+    pub fn relook(&self) {
+        self.looks.changed();
     }
 
     pub fn create(
@@ -124,6 +136,7 @@ impl ReminderService {
             MetaChange::put(REMINDERS_NAMESPACE, &key, encode_reminder(&reminder)),
             MetaChange::put(IDS_NAMESPACE, reminder.id.as_str(), key.clone().into()),
         ])?;
+        self.looks.changed();
         Ok(reminder)
     }
 
@@ -178,6 +191,7 @@ impl ReminderService {
         let key = uid_key(reminder.uid);
         self.store
             .put_meta(REMINDERS_NAMESPACE, &key, encode_reminder(&reminder))?;
+        self.looks.changed();
         Ok(reminder)
     }
 
@@ -192,6 +206,8 @@ impl ReminderService {
             MetaChange::delete(REMINDERS_NAMESPACE, &key),
             MetaChange::delete(FANOUTS_NAMESPACE, &key),
         ])?;
+        // Announced before the set is dropped: the reminder is gone even if that fails.
+        self.looks.changed();
         self.store.drop_set(uid)?;
         Ok(uid)
     }
@@ -240,12 +256,18 @@ impl ReminderService {
         if reminder.has_fired_for_good() {
             return Err(ReminderError::AlreadyFired(id.clone()));
         }
-        Ok(self.store.subscribe(reminder.uid, users)?)
+        let added = self.store.subscribe(reminder.uid, users)?;
+        self.looks
+            .subscribed(i64::try_from(added).unwrap_or(i64::MAX));
+        Ok(added)
     }
 
     pub fn unsubscribe(&self, id: &ReminderId, users: &[UserId]) -> Result<u64> {
         let uid = self.uid_of(id)?;
-        Ok(self.store.unsubscribe(uid, users)?)
+        let removed = self.store.unsubscribe(uid, users)?;
+        self.looks
+            .subscribed(-i64::try_from(removed).unwrap_or(i64::MAX));
+        Ok(removed)
     }
 
     pub fn count(&self, id: &ReminderId) -> Result<u64> {

@@ -14,11 +14,13 @@
 //!   subscribe on one node shows in another node's feed at once, not after the cache's TTL;
 //! - `MetaChanged(namespace)`: schedules → the schedule runner looks again (it caches only
 //!   parses keyed by the bytes, so it reads the change at its next tick); reminders → the
-//!   feed's caches are emptied and the reminder runner looks again;
+//!   feed's caches are emptied and the reminder runner reads every reminder again (not its
+//!   last look's memory, `ReminderService::relook`);
 //!   tokens made through the API → re-read, so a token made on one node works on all;
 //! - `Resync`, `Recheck` and `OwnershipChanged`: re-reads every queue and the tokens, wakes
 //!   every queue (the dispatcher claims only what this node owns, so after a takeover it finds
-//!   the new shards' tasks) and wakes both runners, which fire only the schedules and run only
+//!   the new shards' tasks) and wakes both runners (the reminder runner reading every
+//!   reminder again), which fire only the schedules and run only
 //!   the fan-outs this node owns. Only `Resync` (events were missed: the stream reconnected, or
 //!   the inbox overflowed) also empties the feed's caches; the periodic `Recheck` keeps them,
 //!   since every change that reaches them is announced and what a lost announcement leaves
@@ -214,6 +216,9 @@ impl Follower {
             }
             self.service.queues.wake_all();
             self.schedules.wake();
+            // Ownership may have moved, or announcements been lost: the reminder runner
+            // reads every reminder again rather than trusting its last look.
+            self.reminders.relook();
             self.reminders.wake();
             if pending.missed {
                 self.reminders.forget_cached();
@@ -254,6 +259,7 @@ impl Follower {
         }
         if reminders {
             self.reminders.forget_cached();
+            self.reminders.relook();
             self.reminders.wake();
         }
         let tokens = self.tokens.0;

@@ -40,8 +40,11 @@ use crate::low_priority::LowPriorityThread;
 use crate::runner_plan::RunnerWake;
 use crate::shared::{Caller, ServiceError, Shared};
 
-/// The runner looks at the reminders at least this often: reminders created through other
-/// nodes, and wall-clock steps, are noticed within this time.
+/// The runner steps at least this often: wall-clock steps are noticed within this time.
+/// A step reads the reminders only if something changed or is due, or
+/// `belfry_reminders::FULL_LOOK_MS` passed; reminders created through other nodes are
+/// announced by the store (`crate::follow`), and its periodic recheck bounds a lost
+/// announcement.
 pub const RUNNER_RECHECK_MS: u64 = 1_000;
 
 /// How long a cached reminder, and a cached list of a user's subscriptions, are used before
@@ -410,6 +413,12 @@ impl Reminders {
     /// Makes the runner step now: tests call this after moving a `ManualClock`.
     pub fn wake(&self) {
         self.state.wake();
+    }
+
+    /// Reminders or fan-outs changed on a node that shares the store: the runner's next step
+    /// reads them all rather than answering from its last look.
+    pub(crate) fn relook(&self) {
+        self.state.service.relook();
     }
 
     /// Forgets the cached subscription lists of `users`, or of every user (`None`): their
