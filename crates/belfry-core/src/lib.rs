@@ -7,6 +7,7 @@ pub mod clock;
 pub mod headers;
 pub mod id;
 pub mod limits;
+pub mod look;
 pub mod queue;
 pub mod retry;
 pub mod schedule;
@@ -15,6 +16,7 @@ pub mod user;
 
 pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
 pub use id::{ParseTaskIdError, TaskId};
+pub use look::{LastLook, LookStart};
 pub use queue::{InvalidQueueName, QueueName};
 pub use retry::RetryPolicy;
 pub use task::{

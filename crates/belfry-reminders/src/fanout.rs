@@ -140,10 +140,10 @@ impl ReminderService {
         if let Some(report) = self.looks.quiet_step(now_ms) {
             return Ok(report);
         }
-        let began = self.looks.begin();
-        let report = self.full_step(now_ms)?;
-        self.looks.end(began, now_ms, &report);
-        Ok(report)
+        let start = self.looks.begin();
+        let report = self.full_step(now_ms);
+        self.looks.end(start, now_ms, report.as_ref().ok());
+        report
     }
 
     fn full_step(&self, now_ms: UnixMs) -> Result<StepReport> {

@@ -2,8 +2,13 @@
 //! tasks.
 //!
 //! The service holds no schedule state in memory: every call reads the store, so several
-//! service instances over one store (stateless nodes) see the same schedules. Time is always
-//! passed in (`now_ms`); the service never reads a clock.
+//! service instances over one store (stateless nodes) see the same schedules. It remembers
+//! only what its last tick found when that tick found nothing due ([`LastLook`]): until a
+//! write through the service (or [`ScheduleService::relook`], which a server calls when
+//! another node announces a change) voids it, the earliest fire time comes, or
+//! [`FULL_TICK_MS`] passes, a tick answers from it without reading the store. Idle
+//! schedules then cost nothing a second whatever their number. Time is always passed in
+//! (`now_ms`); the service never reads a clock.
 //!
 //! Exactly-once firings: `tick` first puts the firings' tasks, each with the idempotency key
 //! `schedule:{id}:{fire_ms}:{shard}`, and only then persists the schedules' cursors. A crash
@@ -35,7 +40,7 @@ use belfry_core::schedule::{
     format_in_zone, format_utc, ScheduleSpec, TimeZone, Trigger, PREVIEW_MAX, SHARD_COUNT_HEADER,
     SHARD_HEADER,
 };
-use belfry_core::{NewTask, QueueName, UnixMs};
+use belfry_core::{LastLook, NewTask, QueueName, UnixMs};
 use belfry_store::{MetaChange, PutOutcome, Store, StoreError};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -126,6 +131,20 @@ impl TickReport {
     }
 }
 
+/// A tick reads every schedule at least this often even when nothing changed and nothing is
+/// due: it bounds how long a change nobody announced goes unseen.
+pub const FULL_TICK_MS: u64 = 30_000;
+
+/// Announces a change to the last look when dropped: after the write it guards, whether the
+/// write succeeded, failed or returned early.
+struct Announce<'a>(&'a LastLook<Option<UnixMs>>);
+
+impl Drop for Announce<'_> {
+    fn drop(&mut self) {
+        self.0.changed();
+    }
+}
+
 /// Stripes of the write lock: enough that concurrent API writes of different schedules
 /// rarely share one.
 const WRITE_LOCK_STRIPES: usize = 64;
@@ -165,6 +184,8 @@ pub struct ScheduleService {
     /// Parsed documents by id, with the bytes they came from: a scan re-parses only the
     /// documents that changed. Holds only ids seen by the last scan.
     parsed: Mutex<HashMap<String, (Bytes, Arc<Parsed>)>>,
+    /// The next fire time found by the last tick that had nothing due.
+    last_look: LastLook<Option<UnixMs>>,
 }
 
 impl std::fmt::Debug for ScheduleService {
@@ -179,7 +200,14 @@ impl ScheduleService {
             store,
             write_locks: (0..WRITE_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             parsed: Mutex::new(HashMap::new()),
+            last_look: LastLook::new(FULL_TICK_MS),
         }
+    }
+
+    /// Schedules or cursors were written other than through this service (another node
+    /// announced a change, or an embedder wrote the store): the next tick reads them all.
+    pub fn relook(&self) {
+        self.last_look.changed();
     }
 
     /// Creates a schedule under `id`, or a generated id. Nothing fires for fire times at or
@@ -244,6 +272,8 @@ impl ScheduleService {
             writing.push((at, schedule));
         }
         if !writing.is_empty() {
+            // Announced after the write, whatever its outcome (see `LastLook`).
+            let _announce = Announce(&self.last_look);
             match self.store.write_meta(changes) {
                 Ok(()) => {
                     for (at, schedule) in writing {
@@ -341,6 +371,7 @@ impl ScheduleService {
             .store
             .get_meta(SCHEDULES_NAMESPACE, id.as_str())?
             .is_some();
+        let _announce = Announce(&self.last_look);
         self.store.write_meta(vec![
             MetaChange::delete(SCHEDULES_NAMESPACE, id.as_str()),
             MetaChange::delete(CURSORS_NAMESPACE, id.as_str()),
@@ -398,8 +429,38 @@ impl ScheduleService {
     /// earlier, but they are stored before then instead of from that moment on. Misfires
     /// are judged against `now_ms`. The report's `next_tick_ms` is the next fire time after
     /// `until_ms`.
+    ///
+    /// A tick right after one that had nothing due reads nothing until a write is announced,
+    /// `until_ms` reaches the next fire time that tick found, or [`FULL_TICK_MS`] passes.
     pub fn tick_until(&self, now_ms: UnixMs, until_ms: UnixMs) -> Result<TickReport> {
         let until_ms = until_ms.max(now_ms);
+        if let Some(next_tick_ms) = self.last_look.recall(now_ms) {
+            if next_tick_ms.is_none_or(|next| until_ms < next) {
+                return Ok(TickReport {
+                    next_tick_ms,
+                    ..TickReport::default()
+                });
+            }
+        }
+        let start = self.last_look.begin();
+        let report = match self.full_tick(now_ms, until_ms) {
+            Ok(report) => report,
+            Err(error) => {
+                self.last_look.end(start, now_ms, None);
+                return Err(error);
+            }
+        };
+        let idle = report.schedules_due == 0
+            && report.firings == 0
+            && report.tasks_created == 0
+            && report.errors.is_empty()
+            && report.queues_missing.is_empty();
+        self.last_look
+            .end(start, now_ms, idle.then_some(report.next_tick_ms));
+        Ok(report)
+    }
+
+    fn full_tick(&self, now_ms: UnixMs, until_ms: UnixMs) -> Result<TickReport> {
         let mut report = TickReport::default();
         let mut firings = Firings::default();
         for (key, entry) in self.scan()? {
@@ -602,6 +663,7 @@ impl ScheduleService {
 
     fn write(&self, schedule: &Schedule) -> Result<()> {
         let bytes = encode_schedule(&StoredSchedule::from_schedule(schedule));
+        let _announce = Announce(&self.last_look);
         self.store
             .put_meta(SCHEDULES_NAMESPACE, schedule.id.as_str(), bytes)?;
         Ok(())

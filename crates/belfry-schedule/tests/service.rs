@@ -813,3 +813,64 @@ proptest::proptest! {
         proptest::prop_assert_eq!(keys, expected);
     }
 }
+
+/// A tick with nothing due answers from the last tick that found nothing due: it sees every
+/// write through its own service at once, a write through another service over the same store
+/// (another node) only after `relook` or `FULL_TICK_MS`.
+#[test]
+fn an_idle_tick_answers_from_its_last_look_until_a_change_is_announced() {
+    let (store, service) = setup();
+    let other_node = ScheduleService::new(store.clone());
+    service
+        .create(Some(id("daily")), ScheduleDef::every(queue(), HOUR), T0)
+        .unwrap();
+    assert_eq!(service.tick(T0 + 1).unwrap().next_tick_ms, Some(T0 + HOUR));
+
+    // Through this service: seen by the next tick, whichever write it is.
+    service
+        .create(Some(id("often")), ScheduleDef::every(queue(), MINUTE), T0)
+        .unwrap();
+    assert_eq!(
+        service.tick(T0 + 2).unwrap().next_tick_ms,
+        Some(T0 + MINUTE)
+    );
+    service.pause(&id("often"), T0 + 3).unwrap();
+    assert_eq!(service.tick(T0 + 4).unwrap().next_tick_ms, Some(T0 + HOUR));
+    service.resume(&id("often"), T0 + 5).unwrap();
+    assert_eq!(
+        service.tick(T0 + 6).unwrap().next_tick_ms,
+        Some(T0 + MINUTE)
+    );
+    service.delete(&id("often")).unwrap();
+    assert_eq!(service.tick(T0 + 7).unwrap().next_tick_ms, Some(T0 + HOUR));
+
+    // Through another node: unseen until the change is announced.
+    other_node
+        .create(
+            Some(id("theirs")),
+            ScheduleDef::every(queue(), 10 * MINUTE),
+            T0,
+        )
+        .unwrap();
+    assert_eq!(service.tick(T0 + 8).unwrap().next_tick_ms, Some(T0 + HOUR));
+    service.relook();
+    let seen = T0 + 10 * MINUTE;
+    assert_eq!(service.tick(T0 + 9).unwrap().next_tick_ms, Some(seen));
+
+    // Nobody announces the next one: the periodic full tick finds it.
+    other_node.delete(&id("theirs")).unwrap();
+    let full_tick = T0 + 9 + belfry_schedule::FULL_TICK_MS;
+    assert_eq!(
+        service.tick(full_tick - 1).unwrap().next_tick_ms,
+        Some(seen)
+    );
+    assert_eq!(
+        service.tick(full_tick).unwrap().next_tick_ms,
+        Some(T0 + HOUR)
+    );
+
+    // The look never holds back a firing: at the fire time the tick reads and fires.
+    let fired = service.tick(T0 + HOUR).unwrap();
+    assert_eq!(fired.tasks_created, 1);
+    assert_eq!(fired.next_tick_ms, Some(T0 + 2 * HOUR));
+}

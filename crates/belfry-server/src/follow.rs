@@ -12,16 +12,16 @@
 //! - `SubscriptionsChanged(users)`: the feed forgets the cached subscription lists of those
 //!   users (of every user when the event names none: a bulk change or a dropped set), so a
 //!   subscribe on one node shows in another node's feed at once, not after the cache's TTL;
-//! - `MetaChanged(namespace)`: schedules → the schedule runner looks again (it caches only
-//!   parses keyed by the bytes, so it reads the change at its next tick); reminders → the
-//!   feed's caches are emptied and the reminder runner reads every reminder again (not its
-//!   last look's memory, `ReminderService::relook`);
+//! - `MetaChanged(namespace)`: schedules → the schedule runner reads every schedule again
+//!   (not its last look's memory, `ScheduleService::relook`); reminders → the feed's caches
+//!   are emptied and the reminder runner reads every reminder again
+//!   (`ReminderService::relook`);
 //!   tokens made through the API → re-read, so a token made on one node works on all;
 //! - `Resync`, `Recheck` and `OwnershipChanged`: re-reads every queue and the tokens, wakes
 //!   every queue (the dispatcher claims only what this node owns, so after a takeover it finds
-//!   the new shards' tasks) and wakes both runners (the reminder runner reading every
-//!   reminder again), which fire only the schedules and run only
-//!   the fan-outs this node owns. Only `Resync` (events were missed: the stream reconnected, or
+//!   the new shards' tasks) and wakes both runners, each reading every record again (not
+//!   its last look's memory), which fire only the schedules and run only the fan-outs this
+//!   node owns. Only `Resync` (events were missed: the stream reconnected, or
 //!   the inbox overflowed) also empties the feed's caches; the periodic `Recheck` keeps them,
 //!   since every change that reaches them is announced and what a lost announcement leaves
 //!   stale is bounded by the caches' own time to live.
@@ -215,9 +215,10 @@ impl Follower {
                 failed.resync = true;
             }
             self.service.queues.wake_all();
+            self.schedules.relook();
             self.schedules.wake();
-            // Ownership may have moved, or announcements been lost: the reminder runner
-            // reads every reminder again rather than trusting its last look.
+            // Ownership may have moved, or announcements been lost: both runners read every
+            // record again rather than trusting their last look.
             self.reminders.relook();
             self.reminders.wake();
             if pending.missed {
@@ -255,6 +256,7 @@ impl Follower {
                 || namespace == belfry_reminders::FANOUTS_NAMESPACE;
         }
         if schedules {
+            self.schedules.relook();
             self.schedules.wake();
         }
         if reminders {

@@ -11,8 +11,10 @@
 //! changes, which wake the runner through `crate::follow`; the recheck bounds a missed
 //! announcement), and fires only the schedules this node owns (`Store::owns`), and early when
 //! this node creates, replaces or resumes a schedule that fires before the planned tick
-//! (`crate::runner_plan`). Its store calls go through the server's internal admission (never refused); the
-//! routes' through the API admission.
+//! (`crate::runner_plan`). A tick after one that found nothing due reads nothing until a
+//! change is announced, a fire time comes, or `belfry_schedule::FULL_TICK_MS` passes, so idle
+//! schedules cost nothing a second. Its store calls go through the server's internal admission
+//! (never refused); the routes' through the API admission.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -25,8 +27,11 @@ use crate::coalesce::{Coalescer, Pending};
 use crate::runner_plan::RunnerWake;
 use crate::shared::{Caller, ServiceError, Shared};
 
-/// The runner looks at the schedules at least this often even when nothing is due: schedules
-/// created through other nodes, and wall-clock steps, are noticed within this time.
+/// The runner ticks at least this often even when nothing is due: wall-clock steps are
+/// noticed within this time. A tick reads the schedules only if something changed or is due,
+/// or `belfry_schedule::FULL_TICK_MS` passed; schedules created through other nodes are
+/// announced by the store (`crate::follow`), and its periodic recheck bounds a lost
+/// announcement.
 pub const RUNNER_RECHECK_MS: u64 = 1_000;
 
 /// The shortest pause between ticks, so a schedule whose next fire time is somehow not in the
@@ -157,6 +162,12 @@ impl Schedules {
         }
         publish(&self.state, &report);
         Ok(report)
+    }
+
+    /// Schedules changed on a node that shares the store: the runner's next tick reads them
+    /// all rather than answering from its last look.
+    pub(crate) fn relook(&self) {
+        self.state.service.relook();
     }
 
     /// Makes the runner tick now: tests call this after moving a `ManualClock`.

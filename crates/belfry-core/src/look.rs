@@ -1,0 +1,127 @@
+//! What a runner's last full look at the store found, kept until something says it may be
+//! out of date.
+//!
+//! The schedule and reminder runners step every second. A full look lists and decodes every
+//! record, so with many idle records most of their CPU went to finding, again, that nothing
+//! is due. A look that found nothing to do is remembered, and a step answers from it until a
+//! change is announced ([`LastLook::changed`]), the runner's own condition says it is due (a
+//! fire time came), or it is `max_age_ms` old.
+//!
+//! A change is a counter bumped *after* its write, and a look records the counter *before* it
+//! reads ([`LastLook::begin`]): a write that the read may have missed leaves the counter ahead
+//! of the look's, and the next step looks again.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use crate::UnixMs;
+
+/// The last look that found nothing to do, and the count of changes announced.
+#[derive(Debug)]
+pub struct LastLook<T> {
+    max_age_ms: u64,
+    changes: AtomicU64,
+    memo: Mutex<Option<Memo<T>>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Memo<T> {
+    /// [`LastLook::changes`] when the look began.
+    changes: u64,
+    looked_ms: UnixMs,
+    found: T,
+}
+
+/// What [`LastLook::begin`] hands to [`LastLook::end`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct LookStart(u64);
+
+impl<T: Copy> LastLook<T> {
+    /// Looks are remembered for at most `max_age_ms`: that bounds how long a change nobody
+    /// announced goes unseen.
+    pub fn new(max_age_ms: u64) -> Self {
+        LastLook {
+            max_age_ms,
+            changes: AtomicU64::new(0),
+            memo: Mutex::new(None),
+        }
+    }
+
+    /// Something a look reads was written: the next step looks again.
+    pub fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// What the last look found, if no change was announced since it began and it is younger
+    /// than `max_age_ms` at `now_ms` (a clock that stepped back also voids it).
+    pub fn recall(&self, now_ms: UnixMs) -> Option<T> {
+        let memo = (*self.memo.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let current = memo.changes == self.changes.load(Ordering::SeqCst);
+        let young = now_ms >= memo.looked_ms && now_ms - memo.looked_ms < self.max_age_ms;
+        (current && young).then_some(memo.found)
+    }
+
+    /// A full look begins.
+    pub fn begin(&self) -> LookStart {
+        LookStart(self.changes.load(Ordering::SeqCst))
+    }
+
+    /// The look that began at `start` ran at `now_ms` and found `found` (`None`: it found
+    /// something to do, or failed, and is not to be remembered).
+    pub fn end(&self, start: LookStart, now_ms: UnixMs, found: Option<T>) {
+        *self.memo.lock().unwrap_or_else(|e| e.into_inner()) = found.map(|found| Memo {
+            changes: start.0,
+            looked_ms: now_ms,
+            found,
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_look_is_recalled_until_it_is_max_age_old() {
+        let look = LastLook::new(30_000);
+        assert_eq!(look.recall(1_000), None, "no look yet");
+        let start = look.begin();
+        look.end(start, 1_000, Some(7));
+        assert_eq!(look.recall(1_000), Some(7));
+        assert_eq!(look.recall(30_999), Some(7));
+        assert_eq!(look.recall(31_000), None);
+        assert_eq!(look.recall(999), None, "the clock stepped back");
+    }
+
+    /// A change announced after the look began (its read may have missed it) voids the look;
+    /// one announced before the look began was seen by it.
+    #[test]
+    fn a_change_during_or_after_a_look_voids_it() {
+        let look = LastLook::new(30_000);
+        look.changed();
+        let start = look.begin();
+        look.end(start, 1_000, Some(()));
+        assert_eq!(look.recall(1_001), Some(()), "seen by the look");
+
+        let start = look.begin();
+        look.changed();
+        look.end(start, 2_000, Some(()));
+        assert_eq!(look.recall(2_001), None, "written while reading");
+
+        let start = look.begin();
+        look.end(start, 3_000, Some(()));
+        look.changed();
+        assert_eq!(look.recall(3_001), None, "written after");
+    }
+
+    #[test]
+    fn a_look_that_found_work_is_not_remembered() {
+        let look = LastLook::new(30_000);
+        let start = look.begin();
+        look.end(start, 1_000, Some(1));
+        let start = look.begin();
+        look.end(start, 2_000, None);
+        assert_eq!(look.recall(2_001), None);
+    }
+}
