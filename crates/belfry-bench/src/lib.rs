@@ -9,7 +9,8 @@
 //! their cost to an unrelated queue), `stream` (delivery through a Redis Streams, NATS
 //! JetStream or Kafka sink against the broker's raw publish rate), `hostile` (latency with
 //! thousands of partial connections held against none), `redis` (belfry nodes on a Redis
-//! Cluster against the Redis store driven in-process). Each prints a table, optionally JSON, and can rewrite its
+//! Cluster against the Redis store driven in-process), `idle` (the server's CPU with many
+//! schedules and reminders waiting, against the same server empty). Each prints a table, optionally JSON, and can rewrite its
 //! own part of BENCHMARKS.md.
 //!
 //! The binary wires it with `Bench { #[command(subcommand)] command: BenchCommand }` and
@@ -22,6 +23,7 @@ pub mod error;
 pub mod fire;
 pub mod hostile;
 pub mod http;
+pub mod idle;
 pub mod ingest;
 pub mod load;
 pub mod markdown;
@@ -96,6 +98,9 @@ pub enum BenchCommand {
     /// lateness across 3 nodes, takeover after kill -9 of one node, and Redis memory per
     /// pending task.
     Redis(Box<redis_cluster::RedisArgs>),
+    /// What waiting costs: the server's CPU over an idle window with nothing stored, then
+    /// with S daily cron schedules and R reminders due tomorrow created through the API.
+    Idle(Box<idle::IdleArgs>),
 }
 
 /// Which server to drive.
@@ -203,6 +208,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Reminders(a) => a.output.clone(),
         BenchCommand::Hostile(a) => a.output.clone(),
         BenchCommand::Redis(a) => a.output.clone(),
+        BenchCommand::Idle(a) => a.output.clone(),
     };
     if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
         return Err(BenchError::invalid(
@@ -227,6 +233,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             BenchCommand::Reminders(args) => reminders::run(*args).await,
             BenchCommand::Hostile(args) => hostile::run(*args).await,
             BenchCommand::Redis(args) => redis_cluster::run(*args).await,
+            BenchCommand::Idle(args) => idle::run(*args).await,
         }
     })?;
     emit(&report, &output)

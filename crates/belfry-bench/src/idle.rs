@@ -1,0 +1,370 @@
+//! `belfry bench idle`: what waiting costs. Most schedules fire daily or weekly and most
+//! reminders are hours away, so a server spends most of its life with many records and
+//! nothing due. The run measures the server's CPU over an idle window with nothing stored
+//! (the baseline, same run, same server), then creates S daily cron schedules and R one-shot
+//! reminders due tomorrow through the API and measures the same window again.
+//!
+//! A runner that read every record every second would show here as CPU growing with S + R.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Method;
+use serde_json::json;
+
+use crate::error::BenchError;
+use crate::http::Target;
+use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
+use crate::queues::send_all;
+use crate::report::{thousands, Report, Table};
+use crate::spawn::{create_queue, ServerUnderTest};
+use crate::stats::format_us;
+use crate::sys::{cpu_time, unix_ms, Machine};
+use crate::workload::{due_times, Bodies};
+use crate::{progress, OutputArgs, ServerArgs, CONNECTIONS_MAX};
+
+/// Most schedules, and most reminders, one run creates.
+pub const RECORDS_MAX: u64 = 10_000_000;
+
+/// Longest idle window.
+pub const IDLE_S_MAX: u64 = 3_600;
+
+const DAY_MS: u64 = 24 * 3_600 * 1_000;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct IdleArgs {
+    /// Daily cron schedules to create (`M H * * *`, spread over the day's minutes).
+    #[arg(long, default_value_t = 100_000)]
+    pub schedules: u64,
+    /// One-shot reminders to create, due tomorrow (no subscribers).
+    #[arg(long, default_value_t = 100_000)]
+    pub reminders: u64,
+    /// Seconds of each idle window (the server's CPU is read at its start and end).
+    #[arg(long, default_value_t = 30)]
+    pub idle_s: u64,
+    /// Seconds to wait before each window, so that work left from start-up or from the
+    /// creates (checkpoints) is done.
+    #[arg(long, default_value_t = 10)]
+    pub settle_s: u64,
+    /// Connections for the creates.
+    #[arg(long, default_value_t = 8)]
+    pub connections: usize,
+    /// Prefix of the queue, schedule and reminder names (default: `bench-idle-<ms>`).
+    #[arg(long)]
+    pub prefix: Option<String>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+    #[command(flatten)]
+    pub output: OutputArgs,
+}
+
+impl IdleArgs {
+    pub fn validate(&self) -> Result<(), BenchError> {
+        if self.schedules > RECORDS_MAX || self.reminders > RECORDS_MAX {
+            return Err(BenchError::invalid(
+                "--schedules/--reminders",
+                format!("must be 0..={RECORDS_MAX}"),
+            ));
+        }
+        if self.schedules + self.reminders == 0 {
+            return Err(BenchError::invalid(
+                "--schedules/--reminders",
+                "at least one of them must be above 0",
+            ));
+        }
+        if self.idle_s == 0 || self.idle_s > IDLE_S_MAX {
+            return Err(BenchError::invalid(
+                "--idle-s",
+                format!("must be 1..={IDLE_S_MAX}"),
+            ));
+        }
+        if self.settle_s > IDLE_S_MAX {
+            return Err(BenchError::invalid(
+                "--settle-s",
+                format!("must be 0..={IDLE_S_MAX}"),
+            ));
+        }
+        if self.connections == 0 || self.connections > CONNECTIONS_MAX {
+            return Err(BenchError::invalid(
+                "--connections",
+                format!("must be 1..={CONNECTIONS_MAX}"),
+            ));
+        }
+        if self.server.baselines_only {
+            return Err(BenchError::invalid(
+                "--baselines-only",
+                "the baseline of idle is the same server with nothing stored",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct IdleOutcome {
+    pub idle_s: u64,
+    /// Server CPU seconds per wall second with nothing stored, and with the records.
+    pub empty_cores: Option<f64>,
+    pub stored_cores: Option<f64>,
+    pub schedules: Option<IngestOutcome>,
+    pub reminders: Option<IngestOutcome>,
+    /// Records removed at the end (a server at --url keeps them otherwise).
+    pub deleted: Option<u64>,
+}
+
+impl IdleOutcome {
+    /// Records the server held in the second window.
+    fn stored(&self) -> u64 {
+        [&self.schedules, &self.reminders]
+            .into_iter()
+            .flatten()
+            .map(|o| o.accepted)
+            .sum()
+    }
+}
+
+pub async fn run(args: IdleArgs) -> anyhow::Result<Report> {
+    args.validate()?;
+    let machine = Machine::describe();
+    let server = ServerUnderTest::connect_or_spawn(&args.server, &[]).await?;
+    let result = run_on(&args, &server).await;
+    server.stop();
+    Ok(build_report(&args, machine, result?))
+}
+
+async fn run_on(args: &IdleArgs, server: &ServerUnderTest) -> anyhow::Result<IdleOutcome> {
+    let prefix = args
+        .prefix
+        .clone()
+        .unwrap_or_else(|| format!("bench-idle-{}", unix_ms()));
+    let queue = format!("{prefix}-q");
+    create_queue(&server.target, &queue, "{}").await?;
+    let empty_cores = idle_window(args, server, "idle, nothing stored (s)").await;
+
+    let schedules = if args.schedules > 0 {
+        let bodies = Bodies::from_tasks(&vec![0; args.schedules as usize], 1, |i, _| {
+            json!({
+                "id": format!("{prefix}-s{i}"),
+                "queue": queue,
+                "cron": format!("{} {} * * *", i % 60, (i / 60) % 24),
+                "timezone": "UTC",
+            })
+            .to_string()
+        });
+        Some(create(args, server, "/v1/schedules", "schedule create", bodies).await)
+    } else {
+        None
+    };
+    let reminders = if args.reminders > 0 {
+        let due = due_times(args.reminders, unix_ms() + DAY_MS, 3_600 * 1_000);
+        let bodies = Bodies::from_tasks(&due, 1, |i, due| {
+            json!({
+                "id": format!("{prefix}-r{i}"),
+                "queue": queue,
+                "run_at_ms": due,
+                "content": {"i": i},
+            })
+            .to_string()
+        });
+        Some(create(args, server, "/v1/reminders", "reminder create", bodies).await)
+    } else {
+        None
+    };
+    let stored_cores = idle_window(args, server, "idle, records stored (s)").await;
+
+    let deleted = if server.spawned.is_none() {
+        let mut paths: Vec<(String, Bytes)> = Vec::new();
+        paths.extend(
+            (0..args.schedules).map(|i| (format!("/v1/schedules/{prefix}-s{i}"), Bytes::new())),
+        );
+        paths.extend(
+            (0..args.reminders).map(|i| (format!("/v1/reminders/{prefix}-r{i}"), Bytes::new())),
+        );
+        let total = paths.len() as u64;
+        let done = send_all(
+            &server.target,
+            Method::DELETE,
+            Arc::new(paths),
+            args.connections,
+            progress(&args.output, total, "delete schedules and reminders"),
+        )
+        .await;
+        Some(done.ok)
+    } else {
+        None
+    };
+    Ok(IdleOutcome {
+        idle_s: args.idle_s,
+        empty_cores,
+        stored_cores,
+        schedules,
+        reminders,
+        deleted,
+    })
+}
+
+async fn create(
+    args: &IdleArgs,
+    server: &ServerUnderTest,
+    path: &str,
+    label: &str,
+    bodies: Bodies,
+) -> IngestOutcome {
+    let count = bodies.tasks;
+    run_ingest(
+        IngestJob {
+            label: label.into(),
+            target: Target::clone(&server.target),
+            path: path.into(),
+            body_paths: None,
+            bodies: Arc::new(bodies),
+            connections: args.connections,
+            answers: Answers::Belfry,
+            due_at_ms: None,
+            server_pid: server.pid,
+            keep_ids: None,
+        },
+        progress(&args.output, count, label),
+    )
+    .await
+}
+
+/// Waits `settle_s`, then returns the server's CPU seconds per wall second over `idle_s`
+/// (`None` when its process cannot be read: a server at --url).
+async fn idle_window(args: &IdleArgs, server: &ServerUnderTest, label: &str) -> Option<f64> {
+    tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
+    let pid = server.pid?.to_string();
+    let bar = progress(&args.output, args.idle_s, label);
+    let start_cpu = cpu_time(&pid)?;
+    let started = Instant::now();
+    for second in 1..=args.idle_s {
+        tokio::time::sleep_until((started + Duration::from_secs(second)).into()).await;
+        bar.set_position(second);
+    }
+    let end_cpu = cpu_time(&pid)?;
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64().max(1e-9);
+    Some(end_cpu.saturating_sub(start_cpu).as_secs_f64() / wall)
+}
+
+fn build_report(args: &IdleArgs, machine: Machine, o: IdleOutcome) -> Report {
+    let cores = |c: Option<f64>| c.map_or("-".into(), |c| format!("{c:.4}"));
+    let stored = o.stored();
+    let mut windows = Table::new(
+        format!(
+            "server CPU over {} s of idle, after {} s to settle",
+            o.idle_s, args.settle_s
+        ),
+        &[
+            "server holds",
+            "server cores",
+            "extra over empty",
+            "extra per 1,000 records",
+        ],
+    );
+    windows.row(vec![
+        "nothing (baseline, same run)".into(),
+        cores(o.empty_cores),
+        "-".into(),
+        "-".into(),
+    ]);
+    let extra = o.empty_cores.zip(o.stored_cores).map(|(e, s)| s - e);
+    windows.row(vec![
+        format!(
+            "{} daily schedules and {} reminders due tomorrow",
+            thousands(o.schedules.as_ref().map_or(0, |s| s.accepted) as f64),
+            thousands(o.reminders.as_ref().map_or(0, |r| r.accepted) as f64),
+        ),
+        cores(o.stored_cores),
+        extra.map_or("-".into(), |x| format!("{x:+.4}")),
+        extra.filter(|_| stored > 0).map_or("-".into(), |x| {
+            format!("{:+.5} cores", x * 1_000.0 / stored as f64)
+        }),
+    ]);
+    let mut creates = Table::new(
+        format!("creating them, {} connections", args.connections),
+        &[
+            "request",
+            "accepted",
+            "per second",
+            "p50",
+            "p99",
+            "server cores",
+        ],
+    );
+    for (name, r) in [
+        ("POST /v1/schedules (daily cron)", &o.schedules),
+        ("POST /v1/reminders (due tomorrow)", &o.reminders),
+    ] {
+        let Some(r) = r else { continue };
+        creates.row(vec![
+            name.into(),
+            format!(
+                "{}/{}",
+                thousands(r.accepted as f64),
+                thousands(r.requests as f64)
+            ),
+            thousands(r.tasks_per_s),
+            format_us(r.latency.p50_us),
+            format_us(r.latency.p99_us),
+            r.cpu.server_cores.map_or("-".into(), |c| format!("{c:.2}")),
+        ]);
+    }
+    let mut notes = vec![
+        "server cores = the server process's user + system CPU (/proc/PID/stat, 10 ms ticks) \
+         over the window ÷ its wall time. An idle record should cost nothing a second: the \
+         runners answer from their last look until something changes or is due, and read \
+         every record again every 30 s."
+            .to_string(),
+    ];
+    for (name, r) in [
+        ("schedule create", &o.schedules),
+        ("reminder create", &o.reminders),
+    ] {
+        if let Some(e) = r.as_ref().and_then(|r| r.first_error.as_ref()) {
+            let refused = r.as_ref().map_or(0, |r| r.rejected);
+            notes.push(format!("{name}: {refused} refused: {e}"));
+        }
+    }
+    if let Some(n) = o.deleted {
+        notes.push(format!("{n} schedules and reminders deleted at the end."));
+    }
+    Report {
+        scenario: "idle".into(),
+        command: crate::command_line(),
+        machine,
+        tables: vec![windows, creates],
+        notes,
+        picture: None,
+        data: serde_json::to_value(&o).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: IdleArgs,
+    }
+
+    fn parse(extra: &[&str]) -> IdleArgs {
+        let mut argv = vec!["idle"];
+        argv.extend_from_slice(extra);
+        Cli::parse_from(argv).args
+    }
+
+    #[test]
+    fn the_defaults_are_valid_and_nothing_to_create_is_refused() {
+        assert!(parse(&[]).validate().is_ok());
+        let error = parse(&["--schedules", "0", "--reminders", "0"])
+            .validate()
+            .unwrap_err();
+        assert!(error.to_string().contains("at least one"), "{error}");
+        assert!(parse(&["--idle-s", "0"]).validate().is_err());
+    }
+}
