@@ -315,7 +315,7 @@ fn build_report(args: &IdleArgs, machine: Machine, o: IdleOutcome) -> Report {
         "server cores = the server process's user + system CPU (/proc/PID/stat, 10 ms ticks) \
          over the window ÷ its wall time. An idle record should cost nothing a second: the \
          runners answer from their last look until something changes or is due, and read \
-         every record again every 30 s."
+         every record again every 5 minutes."
             .to_string(),
     ];
     for (name, r) in [

@@ -22,8 +22,11 @@ use belfry_core::{LastLook, LookStart, UnixMs};
 use crate::fanout::StepReport;
 
 /// A step reads every reminder at least this often even when nothing changed: it recounts
-/// the subscribers, and bounds how long a change nobody announced goes unseen.
-pub const FULL_LOOK_MS: u64 = 30_000;
+/// the subscribers, and bounds how long a change nobody announced goes unseen. Every write
+/// through a single-process store goes through the service, and a shared store's periodic
+/// recheck (every 5 s on Redis) voids the look sooner, so this is a backstop, not a delay
+/// anyone waits for.
+pub const FULL_LOOK_MS: u64 = 300_000;
 
 /// The runner's memory of its last full look.
 #[derive(Debug)]

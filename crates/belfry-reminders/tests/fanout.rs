@@ -257,24 +257,26 @@ fn bad_definitions_are_refused_with_their_reason() {
 fn an_idle_step_answers_from_its_last_look_until_a_change_is_announced() {
     let (store, service) = setup();
     let other_node = ReminderService::new(store.clone());
+    // Every fire time lies beyond the first full look, so only a change can make a step look.
+    let base = 2 * belfry_reminders::FULL_LOOK_MS;
     let a = ReminderId::new("a").unwrap();
     service
-        .create(Some(a.clone()), def(100_000, 10, None), 0)
+        .create(Some(a.clone()), def(base + 100_000, 10, None), 0)
         .unwrap();
-    assert_eq!(service.step(1_000).unwrap().next_ms, Some(100_000));
+    assert_eq!(service.step(1_000).unwrap().next_ms, Some(base + 100_000));
 
     // Through this service: seen by the next step.
     let b = ReminderId::new("b").unwrap();
     service
-        .create(Some(b.clone()), def(80_000, 10, None), 1_000)
+        .create(Some(b.clone()), def(base + 80_000, 10, None), 1_000)
         .unwrap();
-    assert_eq!(service.step(1_001).unwrap().next_ms, Some(80_000));
+    assert_eq!(service.step(1_001).unwrap().next_ms, Some(base + 80_000));
     let patch = belfry_reminders::ReminderPatch {
-        when: Some(When::At(70_000)),
+        when: Some(When::At(base + 70_000)),
         ..Default::default()
     };
     service.patch(&b, patch, 1_002).unwrap();
-    assert_eq!(service.step(1_003).unwrap().next_ms, Some(70_000));
+    assert_eq!(service.step(1_003).unwrap().next_ms, Some(base + 70_000));
 
     // Subscriptions move the count without a look.
     service.subscribe(&a, &ids(0..5)).unwrap();
@@ -284,21 +286,27 @@ fn an_idle_step_answers_from_its_last_look_until_a_change_is_announced() {
     // Through another node: unseen until the change is announced.
     let c = ReminderId::new("c").unwrap();
     other_node
-        .create(Some(c.clone()), def(50_000, 10, None), 1_005)
+        .create(Some(c.clone()), def(base + 50_000, 10, None), 1_005)
         .unwrap();
-    assert_eq!(service.step(1_006).unwrap().next_ms, Some(70_000));
+    assert_eq!(service.step(1_006).unwrap().next_ms, Some(base + 70_000));
     service.relook();
-    assert_eq!(service.step(1_007).unwrap().next_ms, Some(50_000));
+    assert_eq!(service.step(1_007).unwrap().next_ms, Some(base + 50_000));
 
     // Nobody announces the next one: the periodic full look finds it.
     other_node.delete(&c).unwrap();
     let full_look = 1_007 + belfry_reminders::FULL_LOOK_MS;
-    assert_eq!(service.step(full_look - 1).unwrap().next_ms, Some(50_000));
-    assert_eq!(service.step(full_look).unwrap().next_ms, Some(70_000));
+    assert_eq!(
+        service.step(full_look - 1).unwrap().next_ms,
+        Some(base + 50_000)
+    );
+    assert_eq!(
+        service.step(full_look).unwrap().next_ms,
+        Some(base + 70_000)
+    );
 
     // A delete through this service: the next step no longer counts its subscribers.
     service.delete(&a).unwrap();
     let after_delete = service.step(full_look + 1).unwrap();
     assert_eq!(after_delete.subscribers, 0);
-    assert_eq!(after_delete.next_ms, Some(70_000));
+    assert_eq!(after_delete.next_ms, Some(base + 70_000));
 }
