@@ -11,7 +11,8 @@
 //! thousands of partial connections held against none), `redis` (belfry nodes on a Redis
 //! Cluster against the Redis store driven in-process), `idle` (the server's CPU with many
 //! schedules and reminders waiting, against the same server empty). Each prints a table, optionally JSON, and can rewrite its
-//! own part of BENCHMARKS.md.
+//! own part of BENCHMARKS.md. `stages` runs nothing: it reads a CPU profile of a run
+//! (`scripts/profile.sh`) and says where the time went, by stage.
 //!
 //! The binary wires it with `Bench { #[command(subcommand)] command: BenchCommand }` and
 //! `belfry_bench::run(command)`.
@@ -37,6 +38,7 @@ pub mod report;
 pub mod reservoir;
 pub mod servers;
 pub mod spawn;
+pub mod stages;
 pub mod stats;
 pub mod stream;
 pub mod sys;
@@ -101,6 +103,11 @@ pub enum BenchCommand {
     /// What waiting costs: the server's CPU over an idle window with nothing stored, then
     /// with S daily cron schedules and R reminders due tomorrow created through the API.
     Idle(Box<idle::IdleArgs>),
+    /// Where a profiled process's CPU went: folded stacks (from `perf record -e cpu-clock`,
+    /// folded by `inferno-collapse-perf`; `scripts/profile.sh` makes them) by stage, as
+    /// shares and, with --units, microseconds per request or task; --against prints a
+    /// baseline's profile beside it.
+    Stages(Box<stages::StagesArgs>),
 }
 
 /// Which server to drive.
@@ -198,7 +205,13 @@ pub struct OutputArgs {
 
 /// Runs one scenario on its own tokio runtime and prints its report.
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
+    let command = match command {
+        // Reads a file and prints a table: no runtime, no server.
+        BenchCommand::Stages(args) => return stages::run(*args),
+        scenario => scenario,
+    };
     let output = match &command {
+        BenchCommand::Stages(_) => return Ok(()),
         BenchCommand::Ingest(a) => a.output.clone(),
         BenchCommand::Fire(a) => a.output.clone(),
         BenchCommand::Pending(a) => a.output.clone(),
@@ -234,6 +247,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             BenchCommand::Hostile(args) => hostile::run(*args).await,
             BenchCommand::Redis(args) => redis_cluster::run(*args).await,
             BenchCommand::Idle(args) => idle::run(*args).await,
+            BenchCommand::Stages(_) => Err(anyhow::anyhow!("stages runs without a runtime")),
         }
     })?;
     emit(&report, &output)
