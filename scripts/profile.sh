@@ -11,7 +11,11 @@
 # stops both. The second profiles the bench process itself and keeps only its threads named
 # COMM: the in-process baselines (`baseline-http`, the trivial HTTP handler).
 #
-# UNITS is the work the run does (requests, tasks): the stage table divides by it.
+# UNITS is the work the run does (requests, tasks): the stage table divides by it. UNITS may
+# instead be `metric:NAME`, a counter of the server's /metrics (summed over its labels): perf
+# then starts once the counter moves, samples for DURATION seconds (default 6) while the bench
+# goes on, and the counter's growth over that window is the units. This profiles one phase of
+# a long scenario, such as the feed reads of `reminders` after its set-up.
 # Writes $OUT/NAME.svg (frames under 0.25% of the CPU left out), $OUT/NAME.folded.gz (every
 # sample: `zcat NAME.folded.gz | belfry bench stages - --units UNITS`) and $OUT/NAME.txt (the
 # bench's report and the stage table). OUT defaults to docs/profiles.
@@ -20,7 +24,7 @@
 # workspace's release profile is), OUT, FREQ (samples a second per CPU, default 499),
 # SERVER_ENV (KEY=VALUE words added to the server's environment), START_AFTER (seconds into
 # the bench before perf starts, to leave out a set-up phase such as the submits before a
-# `fire` run's tasks fall due; default 0), TRACE_FSYNC (set: also trace the server's
+# `fire` run's tasks fall due; default 0), DURATION (with metric:NAME units), TRACE_FSYNC (set: also trace the server's
 # fdatasync calls and report their count and latency).
 # Needs perf (Debian: linux-perf) and inferno (`cargo install inferno`).
 set -eu
@@ -40,7 +44,11 @@ units=$2
 shift 2
 [ "${1:-}" = -- ] && shift
 case $name in *[!A-Za-z0-9_-]*|'') die "NAME must be letters, digits, '-' and '_'" ;; esac
-case $units in *[!0-9]*|''|0) die "UNITS must be a whole number above 0" ;; esac
+metric=
+case $units in
+    metric:?*) metric=${units#metric:} ;;
+    *[!0-9]*|''|0) die "UNITS must be a whole number above 0, or metric:NAME" ;;
+esac
 
 bin=${BELFRY_BIN:-target/release/belfry}
 out=${OUT:-docs/profiles}
@@ -87,7 +95,7 @@ if [ -z "$comm" ]; then
             trace_pid=$!
         fi
     }
-    if [ "$after" = 0 ]; then
+    if [ "$after" = 0 ] && [ -z "$metric" ]; then
         start_perf
         sleep 1 # perf takes a moment to attach
     fi
@@ -96,17 +104,43 @@ if [ -z "$comm" ]; then
     "$bin" bench "$scenario" --url "http://127.0.0.1:$port" --server-pid "$server" \
         --server-data-dir "$tmp/data" --no-progress "$@" >"$report" 2>&1 &
     bench=$!
-    if [ "$after" != 0 ]; then
+    if [ -n "$metric" ]; then
+        counter() {
+            curl -s "http://127.0.0.1:$port/metrics" |
+                awk -v m="$metric" '$1 == m || index($1, m "{") == 1 { s += $NF } END { printf "%d\n", s }'
+        }
+        while [ "$(counter)" = 0 ]; do
+            kill -0 "$bench" 2>/dev/null || die "the bench ended before $metric moved: $(tail -5 "$report")"
+            sleep 0.5
+        done
+        start_perf
+        sleep 1 # perf takes a moment to attach
+        cpu() { awk '{ print $14 + $15 }' "/proc/$server/stat"; }
+        before=$(counter)
+        cpu_before=$(cpu)
+        sleep "${DURATION:-6}"
+        units=$(($(counter) - before))
+        cpu_ticks=$(($(cpu) - cpu_before))
+        for pid in $trace_pid $perf_pid; do kill -INT "$pid"; done
+        [ "$units" -gt 0 ] || die "$metric did not grow while perf sampled"
+        say "$metric grew by $units while perf sampled"
+        ticks_per_s=$(getconf CLK_TCK)
+        cpu_line="server CPU over those ${DURATION:-6} s from /proc: $(awk -v t="$cpu_ticks" \
+            -v hz="$ticks_per_s" -v u="$units" 'BEGIN { printf "%.2f µs a unit", t / hz * 1e6 / u }')"
+    elif [ "$after" != 0 ]; then
         sleep "$after"
         start_perf
     fi
     wait "$bench" || die "the bench failed: $(tail -5 "$report")"
-    for pid in $trace_pid $perf_pid; do kill -INT "$pid"; done
+    if [ -z "$metric" ]; then
+        for pid in $trace_pid $perf_pid; do kill -INT "$pid"; done
+    fi
     for pid in $trace_pid $perf_pid; do wait "$pid" || true; done
     perf_pid=
     trace_pid=
     script_args=
 else
+    [ -z "$metric" ] || die "metric:NAME units need a server to read it from (not --bench-threads)"
     say "perf samples the bench at $freq Hz; keeping its threads named $comm"
     $record -- "$bin" bench "$@" --no-progress >"$report" 2>&1 ||
         die "the bench failed: $(tail -5 "$report")"
@@ -124,6 +158,7 @@ inferno-flamegraph --minwidth 0.25 --hash --countname "µs of CPU" --factor 0.00
     echo
     echo "CPU by stage over $units units: zcat $out/$name.folded.gz | belfry bench stages - --units $units"
     "$bin" bench stages "$tmp/folded" --units "$units"
+    [ -z "${cpu_line:-}" ] || echo "$cpu_line (perf's window is about a second longer than the count's)"
 } >>"$report"
 if [ -n "${TRACE_FSYNC:-}" ] && [ -z "$comm" ]; then
     # Each thread's fdatasync calls and how long each took, from the syscall tracepoints.
