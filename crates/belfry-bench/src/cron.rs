@@ -19,7 +19,7 @@ use http::Method;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::error::BenchError;
+use crate::error::{within, BenchError};
 use crate::fire::{AckBatch, AckItem, Echo};
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
@@ -83,36 +83,11 @@ pub struct CronArgs {
 
 impl CronArgs {
     pub fn validate(&self) -> Result<(), BenchError> {
-        if self.schedules == 0 || self.schedules > SCHEDULES_MAX {
-            return Err(BenchError::invalid(
-                "--schedules",
-                format!("must be 1..={SCHEDULES_MAX}"),
-            ));
-        }
-        if self.connections == 0 || self.connections > CONNECTIONS_MAX {
-            return Err(BenchError::invalid(
-                "--connections",
-                format!("must be 1..={CONNECTIONS_MAX}"),
-            ));
-        }
-        if self.fire_s < 2 || self.fire_s > FIRE_S_MAX {
-            return Err(BenchError::invalid(
-                "--fire-s",
-                format!("must be 2..={FIRE_S_MAX}"),
-            ));
-        }
-        if self.probes == 0 || self.probes > PROBES_MAX {
-            return Err(BenchError::invalid(
-                "--probes",
-                format!("must be 1..={PROBES_MAX}"),
-            ));
-        }
-        if self.consumers == 0 || self.consumers > CONNECTIONS_MAX {
-            return Err(BenchError::invalid(
-                "--consumers",
-                format!("must be 1..={CONNECTIONS_MAX}"),
-            ));
-        }
+        within("--schedules", self.schedules, 1, SCHEDULES_MAX)?;
+        within("--connections", self.connections, 1, CONNECTIONS_MAX)?;
+        within("--fire-s", self.fire_s, 2, FIRE_S_MAX)?;
+        within("--probes", self.probes, 1, PROBES_MAX)?;
+        within("--consumers", self.consumers, 1, CONNECTIONS_MAX)?;
         if self.server.baselines_only {
             return Err(BenchError::invalid(
                 "--baselines-only",

@@ -46,6 +46,19 @@ pub enum BenchError {
     Plot(String),
 }
 
+/// `Err(InvalidArgument)` naming `name` and the range when `value` is outside `lo..=hi`.
+pub(crate) fn within<T: PartialOrd + std::fmt::Display>(
+    name: &'static str,
+    value: T,
+    lo: T,
+    hi: T,
+) -> Result<(), BenchError> {
+    if value < lo || value > hi {
+        return Err(BenchError::invalid(name, format!("must be {lo}..={hi}")));
+    }
+    Ok(())
+}
+
 impl BenchError {
     pub(crate) fn invalid(name: &'static str, message: impl Into<String>) -> Self {
         BenchError::InvalidArgument {

@@ -14,7 +14,7 @@ use http::Method;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::error::BenchError;
+use crate::error::{within, BenchError};
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
 use crate::plot::{lateness_cdf_svg, Series};
@@ -118,24 +118,14 @@ impl FireArgs {
     pub fn validate(&self) -> Result<(), crate::BenchError> {
         use crate::BenchError;
         validate(self.tasks, self.batch, self.connections, self.payload_bytes)?;
-        if self.consumers == 0 || self.consumers > crate::CONNECTIONS_MAX {
-            return Err(BenchError::invalid(
-                "--consumers",
-                format!("must be 1..={}", crate::CONNECTIONS_MAX),
-            ));
-        }
-        if self.ack_connections == 0 || self.ack_connections > crate::CONNECTIONS_MAX {
-            return Err(BenchError::invalid(
-                "--ack-connections",
-                format!("must be 1..={}", crate::CONNECTIONS_MAX),
-            ));
-        }
-        if self.lease_max == 0 || self.lease_max > crate::LEASE_TASKS_MAX {
-            return Err(BenchError::invalid(
-                "--lease-max",
-                format!("must be 1..={}", crate::LEASE_TASKS_MAX),
-            ));
-        }
+        within("--consumers", self.consumers, 1, crate::CONNECTIONS_MAX)?;
+        within(
+            "--ack-connections",
+            self.ack_connections,
+            1,
+            crate::CONNECTIONS_MAX,
+        )?;
+        within("--lease-max", self.lease_max, 1, crate::LEASE_TASKS_MAX)?;
         if self.wait_ms > crate::LEASE_WAIT_MS_MAX {
             return Err(BenchError::invalid(
                 "--wait-ms",

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::Method;
 use serde_json::json;
 
-use crate::error::BenchError;
+use crate::error::{within, BenchError};
 use crate::http::Target;
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
 use crate::queues::send_all;
@@ -61,36 +61,17 @@ pub struct IdleArgs {
 
 impl IdleArgs {
     pub fn validate(&self) -> Result<(), BenchError> {
-        if self.schedules > RECORDS_MAX || self.reminders > RECORDS_MAX {
-            return Err(BenchError::invalid(
-                "--schedules/--reminders",
-                format!("must be 0..={RECORDS_MAX}"),
-            ));
-        }
+        within("--schedules", self.schedules, 0, RECORDS_MAX)?;
+        within("--reminders", self.reminders, 0, RECORDS_MAX)?;
         if self.schedules + self.reminders == 0 {
             return Err(BenchError::invalid(
                 "--schedules/--reminders",
                 "at least one of them must be above 0",
             ));
         }
-        if self.idle_s == 0 || self.idle_s > IDLE_S_MAX {
-            return Err(BenchError::invalid(
-                "--idle-s",
-                format!("must be 1..={IDLE_S_MAX}"),
-            ));
-        }
-        if self.settle_s > IDLE_S_MAX {
-            return Err(BenchError::invalid(
-                "--settle-s",
-                format!("must be 0..={IDLE_S_MAX}"),
-            ));
-        }
-        if self.connections == 0 || self.connections > CONNECTIONS_MAX {
-            return Err(BenchError::invalid(
-                "--connections",
-                format!("must be 1..={CONNECTIONS_MAX}"),
-            ));
-        }
+        within("--idle-s", self.idle_s, 1, IDLE_S_MAX)?;
+        within("--settle-s", self.settle_s, 0, IDLE_S_MAX)?;
+        within("--connections", self.connections, 1, CONNECTIONS_MAX)?;
         if self.server.baselines_only {
             return Err(BenchError::invalid(
                 "--baselines-only",

@@ -223,13 +223,12 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Redis(a) => a.output.clone(),
         BenchCommand::Idle(a) => a.output.clone(),
     };
-    if output.client_threads == 0 || output.client_threads > CLIENT_THREADS_MAX {
-        return Err(BenchError::invalid(
-            "--client-threads",
-            format!("must be 1..={CLIENT_THREADS_MAX}"),
-        )
-        .into());
-    }
+    error::within(
+        "--client-threads",
+        output.client_threads,
+        1,
+        CLIENT_THREADS_MAX,
+    )?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(output.client_threads)
         .thread_name("bench")

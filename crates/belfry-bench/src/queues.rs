@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::Method;
 use serde_json::json;
 
-use crate::error::BenchError;
+use crate::error::{within, BenchError};
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
 use crate::report::{ratio, thousands, Report, Table};
@@ -92,12 +92,7 @@ pub struct QueuesArgs {
 
 impl QueuesArgs {
     pub fn validate(&self) -> Result<(), BenchError> {
-        if self.queues == 0 || self.queues > QUEUES_MAX {
-            return Err(BenchError::invalid(
-                "--queues",
-                format!("must be 1..={QUEUES_MAX}"),
-            ));
-        }
+        within("--queues", self.queues, 1, QUEUES_MAX)?;
         if self.tasks_per_queue == 0 {
             return Err(BenchError::invalid(
                 "--tasks-per-queue",

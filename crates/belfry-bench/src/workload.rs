@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use serde::Deserialize;
 
-use crate::error::BenchError;
+use crate::error::{within, BenchError};
 
 /// Smallest payload: room for the index object `{"i":<20 digits>,"p":""}`.
 pub const PAYLOAD_BYTES_MIN: usize = 32;
@@ -138,12 +138,7 @@ pub fn validate(
             ),
         ));
     }
-    if connections == 0 || connections > crate::CONNECTIONS_MAX {
-        return Err(BenchError::invalid(
-            "--connections",
-            format!("must be 1..={}", crate::CONNECTIONS_MAX),
-        ));
-    }
+    within("--connections", connections, 1, crate::CONNECTIONS_MAX)?;
     if !(PAYLOAD_BYTES_MIN..=PAYLOAD_BYTES_MAX).contains(&payload_bytes) {
         return Err(BenchError::invalid(
             "--payload-bytes",

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use serde::Serialize;
 
-use crate::error::BenchError;
+use crate::error::{within, BenchError};
 use crate::http::HttpConn;
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::sys::{open_files_limit, raise_open_files_limit, socket_count, unix_ms, CpuMeter};
@@ -85,18 +85,8 @@ pub struct HostileArgs {
 
 impl HostileArgs {
     pub fn validate(&self) -> Result<(), BenchError> {
-        if self.hostile == 0 || self.hostile > HOSTILE_MAX {
-            return Err(BenchError::invalid(
-                "--hostile",
-                format!("must be 1..={HOSTILE_MAX}"),
-            ));
-        }
-        if self.rounds == 0 || self.rounds > ROUNDS_MAX {
-            return Err(BenchError::invalid(
-                "--rounds",
-                format!("must be 1..={ROUNDS_MAX}"),
-            ));
-        }
+        within("--hostile", self.hostile, 1, HOSTILE_MAX)?;
+        within("--rounds", self.rounds, 1, ROUNDS_MAX)?;
         if self.interval_ms == 0 || self.interval_ms > 60_000 {
             return Err(BenchError::invalid("--interval-ms", "must be 1..=60000"));
         }

@@ -24,6 +24,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 
+use crate::error::within;
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
 use crate::report::{ratio, thousands, Report, Table};
 use crate::spawn::{create_queue, ServerUnderTest};
@@ -184,18 +185,13 @@ impl StreamArgs {
         if self.tasks > u64::from(u32::MAX) {
             return Err(BenchError::invalid("--tasks", "at most 4294967295"));
         }
-        if self.publish_batch == 0 || self.publish_batch > PUBLISH_BATCH_MAX {
-            return Err(BenchError::invalid(
-                "--publish-batch",
-                format!("must be 1..={PUBLISH_BATCH_MAX}"),
-            ));
-        }
-        if self.publish_in_flight == 0 || self.publish_in_flight > PUBLISH_IN_FLIGHT_MAX {
-            return Err(BenchError::invalid(
-                "--publish-in-flight",
-                format!("must be 1..={PUBLISH_IN_FLIGHT_MAX}"),
-            ));
-        }
+        within("--publish-batch", self.publish_batch, 1, PUBLISH_BATCH_MAX)?;
+        within(
+            "--publish-in-flight",
+            self.publish_in_flight,
+            1,
+            PUBLISH_IN_FLIGHT_MAX,
+        )?;
         if self.kafka_fetch_wait_ms > KAFKA_FETCH_WAIT_MS_MAX {
             return Err(BenchError::invalid(
                 "--kafka-fetch-wait-ms",
