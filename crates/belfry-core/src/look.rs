@@ -24,7 +24,7 @@ pub struct LastLook<T> {
     memo: Mutex<Option<Memo<T>>>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Memo<T> {
     /// [`LastLook::changes`] when the look began.
     changes: u64,
@@ -37,7 +37,7 @@ struct Memo<T> {
 #[must_use]
 pub struct LookStart(u64);
 
-impl<T: Copy> LastLook<T> {
+impl<T: Clone> LastLook<T> {
     /// Looks are remembered for at most `max_age_ms`: that bounds how long a change nobody
     /// announced goes unseen.
     pub fn new(max_age_ms: u64) -> Self {
@@ -56,10 +56,11 @@ impl<T: Copy> LastLook<T> {
     /// What the last look found, if no change was announced since it began and it is younger
     /// than `max_age_ms` at `now_ms` (a clock that stepped back also voids it).
     pub fn recall(&self, now_ms: UnixMs) -> Option<T> {
-        let memo = (*self.memo.lock().unwrap_or_else(|e| e.into_inner()))?;
+        let guard = self.memo.lock().unwrap_or_else(|e| e.into_inner());
+        let memo = guard.as_ref()?;
         let current = memo.changes == self.changes.load(Ordering::SeqCst);
         let young = now_ms >= memo.looked_ms && now_ms - memo.looked_ms < self.max_age_ms;
-        (current && young).then_some(memo.found)
+        (current && young).then(|| memo.found.clone())
     }
 
     /// A full look begins.
@@ -68,7 +69,9 @@ impl<T: Copy> LastLook<T> {
     }
 
     /// The look that began at `start` ran at `now_ms` and found `found` (`None`: it found
-    /// something to do, or failed, and is not to be remembered).
+    /// something to do, or failed, and is not to be remembered). A look ages from `now_ms`:
+    /// a runner that keeps what it found up to date itself (the schedule runner's timetable,
+    /// shared by `found`) still looks again once `max_age_ms` has passed.
     pub fn end(&self, start: LookStart, now_ms: UnixMs, found: Option<T>) {
         *self.memo.lock().unwrap_or_else(|e| e.into_inner()) = found.map(|found| Memo {
             changes: start.0,

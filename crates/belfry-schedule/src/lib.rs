@@ -10,6 +10,7 @@
 mod model;
 mod record;
 mod service;
+mod timetable;
 
 pub use model::{
     FireTime, InvalidSchedule, InvalidScheduleId, Schedule, ScheduleDef, ScheduleId, TriggerDef,
@@ -20,6 +21,7 @@ pub use service::{
     firing_key, owner_key, NewSchedule, Result, ScheduleService, ScheduleServiceError, TickReport,
     FORECAST_FIRINGS_MAX, FORECAST_STEPS_MAX, FULL_TICK_MS,
 };
+pub use timetable::TIMETABLE_MAX;
 
 // The schedule vocabulary callers need, so they do not have to reach into belfry-core.
 pub use belfry_core::schedule::{

@@ -3,11 +3,11 @@
 //!
 //! The service holds no schedule state in memory: every call reads the store, so several
 //! service instances over one store (stateless nodes) see the same schedules. It remembers
-//! only what its last tick found when that tick found nothing due ([`LastLook`]): until a
-//! write through the service (or [`ScheduleService::relook`], which a server calls when
-//! another node announces a change) voids it, the earliest fire time comes, or
-//! [`FULL_TICK_MS`] passes, a tick answers from it without reading the store. Idle
-//! schedules then cost nothing a second whatever their number. Time is always passed in
+//! only when the schedules its last full tick read fire next (the [`Timetable`], kept in a
+//! [`LastLook`]). Until a write through the service (or [`ScheduleService::relook`], which a
+//! server calls when another node announces a change) voids it, or [`FULL_TICK_MS`] passes,
+//! a tick reads only the schedules the timetable says are due, and none while nothing is.
+//! Idle schedules then cost nothing a second whatever their number. Time is always passed in
 //! (`now_ms`); the service never reads a clock.
 //!
 //! Exactly-once firings: `tick` first puts the firings' tasks, each with the idempotency key
@@ -52,6 +52,7 @@ use crate::record::{
     decode_cursor, decode_schedule, encode_cursor, encode_schedule, StoredSchedule,
     CURSORS_NAMESPACE, SCHEDULES_NAMESPACE,
 };
+use crate::timetable::{Timetable, TIMETABLE_MAX};
 
 /// Most steps one forecast may ask for (a week in minutes is 10,080).
 pub const FORECAST_STEPS_MAX: usize = 100_000;
@@ -126,6 +127,12 @@ pub struct TickReport {
 }
 
 impl TickReport {
+    /// Nothing went wrong that the next tick should look at afresh: no unreadable schedule
+    /// and no schedule whose queue is gone.
+    fn clean(&self) -> bool {
+        self.errors.is_empty() && self.queues_missing.is_empty()
+    }
+
     fn note_next(&mut self, next: UnixMs) {
         self.next_tick_ms = Some(self.next_tick_ms.map_or(next, |n| n.min(next)));
     }
@@ -139,7 +146,7 @@ pub const FULL_TICK_MS: u64 = 300_000;
 
 /// Announces a change to the last look when dropped: after the write it guards, whether the
 /// write succeeded, failed or returned early.
-struct Announce<'a>(&'a LastLook<Option<UnixMs>>);
+struct Announce<'a>(&'a LastLook<Arc<Mutex<Timetable>>>);
 
 impl Drop for Announce<'_> {
     fn drop(&mut self) {
@@ -186,8 +193,10 @@ pub struct ScheduleService {
     /// Parsed documents by id, with the bytes they came from: a scan re-parses only the
     /// documents that changed. Holds only ids seen by the last scan.
     parsed: Mutex<HashMap<String, (Bytes, Arc<Parsed>)>>,
-    /// The next fire time found by the last tick that had nothing due.
-    last_look: LastLook<Option<UnixMs>>,
+    /// The timetable the last full tick left, while nothing says it may be out of date.
+    last_look: LastLook<Arc<Mutex<Timetable>>>,
+    /// Schedules a timetable holds at most.
+    timetable_max: usize,
 }
 
 impl std::fmt::Debug for ScheduleService {
@@ -203,6 +212,16 @@ impl ScheduleService {
             write_locks: (0..WRITE_LOCK_STRIPES).map(|_| Mutex::new(())).collect(),
             parsed: Mutex::new(HashMap::new()),
             last_look: LastLook::new(FULL_TICK_MS),
+            timetable_max: TIMETABLE_MAX,
+        }
+    }
+
+    /// A service whose timetable holds at most `timetable_max` schedules (at least 1), for
+    /// tests of what happens past it.
+    pub fn with_timetable_max(store: Arc<dyn Store>, timetable_max: usize) -> ScheduleService {
+        ScheduleService {
+            timetable_max: timetable_max.max(1),
+            ..ScheduleService::new(store)
         }
     }
 
@@ -330,6 +349,17 @@ impl ScheduleService {
         Ok(Some(parsed.to_schedule(cursor_ms)))
     }
 
+    /// One stored schedule with its effective cursor (`None`: there is none under `key`).
+    fn read_entry(&self, key: &str) -> Result<Option<Entry>> {
+        let Some(bytes) = self.store.get_meta(SCHEDULES_NAMESPACE, key)? else {
+            return Ok(None);
+        };
+        let cursor = self.store.get_meta(CURSORS_NAMESPACE, key)?;
+        let parsed = self.parse_cached(key, &bytes)?;
+        let cursor_ms = effective_cursor(key, &parsed, cursor.as_deref())?;
+        Ok(Some(Entry { parsed, cursor_ms }))
+    }
+
     /// All readable schedules, in id order. An unreadable one is left out with a warning
     /// (and reported by every tick), so one bad record does not hide all the others.
     pub fn list(&self) -> Result<Vec<Schedule>> {
@@ -432,37 +462,47 @@ impl ScheduleService {
     /// are judged against `now_ms`. The report's `next_tick_ms` is the next fire time after
     /// `until_ms`.
     ///
-    /// A tick right after one that had nothing due reads nothing until a write is announced,
-    /// `until_ms` reaches the next fire time that tick found, or [`FULL_TICK_MS`] passes.
+    /// A tick after a full one reads only the schedules its timetable says are due by
+    /// `until_ms` (none while nothing is), until a write is announced, `until_ms` reaches a
+    /// schedule the timetable had no room for, or [`FULL_TICK_MS`] passes.
     pub fn tick_until(&self, now_ms: UnixMs, until_ms: UnixMs) -> Result<TickReport> {
         let until_ms = until_ms.max(now_ms);
-        if let Some(next_tick_ms) = self.last_look.recall(now_ms) {
-            if next_tick_ms.is_none_or(|next| until_ms < next) {
-                return Ok(TickReport {
-                    next_tick_ms,
-                    ..TickReport::default()
-                });
+        if let Some(timetable) = self.last_look.recall(now_ms) {
+            let mut timetable = timetable.lock();
+            if timetable.covers(until_ms) {
+                if !timetable.has_due(until_ms) {
+                    return Ok(TickReport {
+                        next_tick_ms: timetable.next_ms(),
+                        ..TickReport::default()
+                    });
+                }
+                return self.due_tick(&mut timetable, now_ms, until_ms);
             }
         }
         let start = self.last_look.begin();
-        let report = match self.full_tick(now_ms, until_ms) {
+        let mut next_times = Vec::new();
+        let report = match self.full_tick(now_ms, until_ms, &mut next_times) {
             Ok(report) => report,
             Err(error) => {
                 self.last_look.end(start, now_ms, None);
                 return Err(error);
             }
         };
-        let idle = report.schedules_due == 0
-            && report.firings == 0
-            && report.tasks_created == 0
-            && report.errors.is_empty()
-            && report.queues_missing.is_empty();
-        self.last_look
-            .end(start, now_ms, idle.then_some(report.next_tick_ms));
+        let timetable = report
+            .clean()
+            .then(|| Arc::new(Mutex::new(Timetable::new(self.timetable_max, next_times))));
+        self.last_look.end(start, now_ms, timetable);
         Ok(report)
     }
 
-    fn full_tick(&self, now_ms: UnixMs, until_ms: UnixMs) -> Result<TickReport> {
+    /// Reads every schedule and fires the due ones; `next_times` gets each active schedule's
+    /// next fire time after this tick, for the timetable.
+    fn full_tick(
+        &self,
+        now_ms: UnixMs,
+        until_ms: UnixMs,
+        next_times: &mut Vec<(UnixMs, Box<str>)>,
+    ) -> Result<TickReport> {
         let mut report = TickReport::default();
         let mut firings = Firings::default();
         for (key, entry) in self.scan()? {
@@ -473,51 +513,118 @@ impl ScheduleService {
                     continue;
                 }
             };
-            // With several nodes on one store, one of them fires each schedule.
-            if !self.store.owns(&owner_key(&entry.parsed.stored.id)) {
-                continue;
-            }
-            let Some(next) = entry.next_fire_ms() else {
-                continue;
-            };
-            if next > until_ms {
-                report.note_next(next);
-                continue;
-            }
-            let (stored, spec) = (&entry.parsed.stored, &entry.parsed.spec);
-            let due = spec.due_until(entry.cursor_ms, now_ms, until_ms);
-            if due.cursor_ms == entry.cursor_ms {
-                continue;
-            }
-            report.schedules_due += 1;
-            report.schedules_misfired += usize::from(due.misfired);
-            report.firings_dropped += due.dropped;
-            let schedule = entry.parsed.to_schedule(entry.cursor_ms);
-            for &fire_ms in &due.fire_times {
-                let tasks = (0..spec.shard_count() as usize)
-                    .map(|shard| firing_task(&schedule, fire_ms, shard))
-                    .collect();
-                firings.add(&stored.id, tasks);
-                if firings.tasks.len() >= BATCH_TASKS_MAX {
-                    self.put_firings(&mut firings, &mut report)?;
-                }
-            }
-            firings.cursors.push(MetaChange::put(
-                CURSORS_NAMESPACE,
-                stored.id.as_str(),
-                encode_cursor(due.cursor_ms),
-            ));
-            if let Some(next) = spec.next_after(due.cursor_ms) {
-                report.note_next(next);
+            let window = (now_ms, until_ms);
+            if let Some(next) = self.tick_entry(&entry, window, &mut firings, &mut report)? {
+                next_times.push((next, key.into_boxed_str()));
             }
         }
-        self.put_firings(&mut firings, &mut report)?;
+        self.finish_tick(firings, &mut report)?;
+        Ok(report)
+    }
+
+    /// Fires the schedules of `timetable` due by `until_ms`, reading only those, and puts
+    /// each back at its next fire time. A failed or unclean tick voids the timetable (the
+    /// next tick is a full one).
+    fn due_tick(
+        &self,
+        timetable: &mut Timetable,
+        now_ms: UnixMs,
+        until_ms: UnixMs,
+    ) -> Result<TickReport> {
+        let mut report = TickReport::default();
+        let mut firings = Firings::default();
+        let mut next_times = Vec::new();
+        let ticked = (|| {
+            for key in timetable.take_due(until_ms) {
+                let entry = match self.read_entry(&key) {
+                    Ok(Some(entry)) => entry,
+                    // Deleted by another node (which announces it): nothing to fire.
+                    Ok(None) => continue,
+                    Err(ScheduleServiceError::Store(error)) => return Err(error.into()),
+                    Err(error) => {
+                        report.errors.push((key.to_string(), error.to_string()));
+                        continue;
+                    }
+                };
+                let window = (now_ms, until_ms);
+                if let Some(next) = self.tick_entry(&entry, window, &mut firings, &mut report)? {
+                    next_times.push((key, next));
+                }
+            }
+            self.finish_tick(firings, &mut report)
+        })();
+        for (key, next) in next_times {
+            timetable.put(key, next);
+        }
+        if ticked.is_err() || !report.clean() {
+            self.last_look.end(self.last_look.begin(), now_ms, None);
+        }
+        ticked?;
+        report.next_tick_ms = timetable.next_ms();
+        Ok(report)
+    }
+
+    /// What a tick does with one schedule: nothing if another node owns it, or it is paused
+    /// or finished; otherwise it gathers the firings due by the window's end into `firings`.
+    /// Returns the schedule's next fire time after this tick (`None`: it will not fire, or
+    /// is not this node's).
+    fn tick_entry(
+        &self,
+        entry: &Entry,
+        (now_ms, until_ms): (UnixMs, UnixMs),
+        firings: &mut Firings,
+        report: &mut TickReport,
+    ) -> Result<Option<UnixMs>> {
+        // With several nodes on one store, one of them fires each schedule.
+        if !self.store.owns(&owner_key(&entry.parsed.stored.id)) {
+            return Ok(None);
+        }
+        let Some(next) = entry.next_fire_ms() else {
+            return Ok(None);
+        };
+        if next > until_ms {
+            report.note_next(next);
+            return Ok(Some(next));
+        }
+        let (stored, spec) = (&entry.parsed.stored, &entry.parsed.spec);
+        let due = spec.due_until(entry.cursor_ms, now_ms, until_ms);
+        if due.cursor_ms == entry.cursor_ms {
+            return Ok(Some(next));
+        }
+        report.schedules_due += 1;
+        report.schedules_misfired += usize::from(due.misfired);
+        report.firings_dropped += due.dropped;
+        let schedule = entry.parsed.to_schedule(entry.cursor_ms);
+        for &fire_ms in &due.fire_times {
+            let tasks = (0..spec.shard_count() as usize)
+                .map(|shard| firing_task(&schedule, fire_ms, shard))
+                .collect();
+            firings.add(&stored.id, tasks);
+            if firings.tasks.len() >= BATCH_TASKS_MAX {
+                self.put_firings(firings, report)?;
+            }
+        }
+        firings.cursors.push(MetaChange::put(
+            CURSORS_NAMESPACE,
+            stored.id.as_str(),
+            encode_cursor(due.cursor_ms),
+        ));
+        let after = spec.next_after(due.cursor_ms);
+        if let Some(after) = after {
+            report.note_next(after);
+        }
+        Ok(after)
+    }
+
+    /// Puts what is left of a tick's firings, then writes their cursors.
+    fn finish_tick(&self, mut firings: Firings, report: &mut TickReport) -> Result<()> {
+        self.put_firings(&mut firings, report)?;
         // Only once every firing is stored: a crash before this replays them as duplicates.
         let cursors = std::mem::take(&mut firings.cursors);
         if !cursors.is_empty() {
             self.store.write_meta(cursors)?;
         }
-        Ok(report)
+        Ok(())
     }
 
     /// Puts the firings gathered so far, in batches of at most `BATCH_TASKS_MAX` tasks (the

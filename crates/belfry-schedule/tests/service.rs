@@ -874,3 +874,145 @@ fn an_idle_tick_answers_from_its_last_look_until_a_change_is_announced() {
     assert_eq!(fired.tasks_created, 1);
     assert_eq!(fired.next_tick_ms, Some(T0 + 2 * HOUR));
 }
+
+// ---- ticks between full looks read only the schedules that are due ----
+
+/// The tasks due by `until` that no earlier call took (leased for a year, so they stay taken).
+fn take_new(store: &dyn Store, until: UnixMs) -> Vec<Task> {
+    let batch = store.claim(&queue(), until, 100_000, 365 * DAY).unwrap();
+    batch.leased.into_iter().map(|leased| leased.task).collect()
+}
+
+/// Daily schedules at `minutes` past T0's midnight (`M 0 * * *`, UTC).
+fn create_dailies(service: &ScheduleService, minutes: &[u64]) {
+    for &m in minutes {
+        let cron = format!("{m} 0 * * *");
+        service
+            .create(
+                Some(id(&format!("daily-{m}"))),
+                ScheduleDef::cron(queue(), &cron, "UTC"),
+                T0,
+            )
+            .unwrap();
+    }
+}
+
+/// After a full tick, the ticks at the next fire times fire exactly the due schedules and
+/// read no others. A schedule another node wrote and nobody announced shows which kind of
+/// tick ran: a full tick would fire it, a tick from the timetable does not see it.
+#[test]
+fn ticks_after_a_full_one_fire_only_the_due_schedules_from_the_timetable() {
+    let (store, service) = setup();
+    let other_node = ScheduleService::new(store.clone());
+    create_dailies(&service, &[1, 2, 3]);
+    let first = service.tick(T0 + 1).unwrap();
+    assert_eq!(first.next_tick_ms, Some(T0 + MINUTE));
+
+    // Unannounced, and due at the same minute as daily-1.
+    other_node
+        .create(
+            Some(id("theirs")),
+            ScheduleDef::cron(queue(), "1 0 * * *", "UTC"),
+            T0,
+        )
+        .unwrap();
+
+    for m in 1..=3 {
+        let at = T0 + m * MINUTE;
+        let report = service.tick(at).unwrap();
+        assert_eq!(
+            (report.schedules_due, report.tasks_created),
+            (1, 1),
+            "minute {m}: only daily-{m}"
+        );
+        let next = if m < 3 {
+            at + MINUTE
+        } else {
+            T0 + DAY + MINUTE
+        };
+        assert_eq!(report.next_tick_ms, Some(next), "minute {m}");
+        let fired: Vec<_> = take_new(store.as_ref(), at)
+            .into_iter()
+            .map(|t| t.idempotency_key.unwrap())
+            .collect();
+        assert_eq!(fired, [firing_key(&id(&format!("daily-{m}")), at, 0)]);
+        // The same minute again: nothing more.
+        assert_eq!(service.tick(at + 500).unwrap().tasks_created, 0);
+    }
+
+    // Once announced, the next tick reads everything and catches up on the one it missed.
+    service.relook();
+    let caught_up = service.tick(T0 + 3 * MINUTE + SECOND).unwrap();
+    assert_eq!(caught_up.tasks_created, 1);
+    let fired = take_new(store.as_ref(), T0 + 3 * MINUTE + SECOND);
+    assert_eq!(fired.len(), 1);
+    assert_eq!(
+        fired[0].idempotency_key.as_deref(),
+        Some(firing_key(&id("theirs"), T0 + MINUTE, 0).as_str())
+    );
+}
+
+/// A timetable smaller than the number of schedules keeps the earliest; the tick that reaches
+/// the first one left out reads everything again, so every schedule still fires on time,
+/// once.
+#[test]
+fn schedules_past_a_full_timetable_still_fire_on_time_once() {
+    let store = Arc::new(MemoryStore::new());
+    store.put_queue(&queue(), Bytes::new()).unwrap();
+    let service = ScheduleService::with_timetable_max(store.clone(), 2);
+    let minutes = [1, 2, 3, 4, 5, 6, 7];
+    create_dailies(&service, &minutes);
+    assert_eq!(
+        service.tick(T0 + 1).unwrap().next_tick_ms,
+        Some(T0 + MINUTE)
+    );
+    for m in minutes {
+        let at = T0 + m * MINUTE;
+        // A tick just before: nothing due, and it knows when the next one is.
+        let before = service.tick(at - 1).unwrap();
+        assert_eq!((before.tasks_created, before.next_tick_ms), (0, Some(at)));
+        let report = service.tick(at).unwrap();
+        assert_eq!(report.tasks_created, 1, "minute {m}");
+        let fired: Vec<_> = take_new(store.as_ref(), at)
+            .into_iter()
+            .map(|t| t.due_at_ms)
+            .collect();
+        assert_eq!(fired, [at], "minute {m}");
+    }
+    assert_eq!(
+        service.tick(T0 + 8 * MINUTE).unwrap().next_tick_ms,
+        Some(T0 + DAY + MINUTE)
+    );
+}
+
+/// A tick from the timetable that fails (the store refuses the firings) remembers nothing:
+/// the next tick is a full one and fires what the failed one could not.
+#[test]
+fn a_failed_tick_from_the_timetable_leaves_the_next_tick_a_full_one() {
+    let store = Arc::new(CrashingStore {
+        inner: MemoryStore::new(),
+        failures: AtomicU32::new(0),
+    });
+    store.put_queue(&queue(), Bytes::new()).unwrap();
+    let service = ScheduleService::new(store.clone());
+    create_dailies(&service, &[1]);
+    service.tick(T0 + 1).unwrap();
+
+    // The cursor write after the firing fails: the tick reports the error.
+    store.failures.store(1, Ordering::SeqCst);
+    assert!(service.tick(T0 + MINUTE).is_err());
+    // An unannounced schedule due at the same minute: only a full tick finds it.
+    ScheduleService::new(store.clone())
+        .create(
+            Some(id("theirs")),
+            ScheduleDef::cron(queue(), "1 0 * * *", "UTC"),
+            T0,
+        )
+        .unwrap();
+    let retried = service.tick(T0 + MINUTE + SECOND).unwrap();
+    assert_eq!(
+        (retried.tasks_created, retried.tasks_duplicate),
+        (1, 1),
+        "theirs is new; daily-1's firing was stored before the failed cursor write"
+    );
+}

@@ -11,9 +11,9 @@
 //! changes, which wake the runner through `crate::follow`; the recheck bounds a missed
 //! announcement), and fires only the schedules this node owns (`Store::owns`), and early when
 //! this node creates, replaces or resumes a schedule that fires before the planned tick
-//! (`crate::runner_plan`). A tick after one that found nothing due reads nothing until a
-//! change is announced, a fire time comes, or `belfry_schedule::FULL_TICK_MS` passes, so idle
-//! schedules cost nothing a second. Its store calls go through the server's internal admission
+//! (`crate::runner_plan`). Between full ticks a tick reads only the schedules that are due
+//! (the service's timetable), none while nothing is, until a change is announced or
+//! `belfry_schedule::FULL_TICK_MS` passes, so idle schedules cost nothing a second. Its store calls go through the server's internal admission
 //! (never refused); the routes' through the API admission.
 
 use std::sync::{Arc, Weak};
@@ -28,8 +28,8 @@ use crate::runner_plan::RunnerWake;
 use crate::shared::{Caller, ServiceError, Shared};
 
 /// The runner ticks at least this often even when nothing is due: wall-clock steps are
-/// noticed within this time. A tick reads the schedules only if something changed or is due,
-/// or `belfry_schedule::FULL_TICK_MS` passed; schedules created through other nodes are
+/// noticed within this time. A tick reads every schedule only if something changed or
+/// `belfry_schedule::FULL_TICK_MS` passed, and otherwise only the due ones; schedules created through other nodes are
 /// announced by the store (`crate::follow`), and its periodic recheck bounds a lost
 /// announcement.
 pub const RUNNER_RECHECK_MS: u64 = 1_000;

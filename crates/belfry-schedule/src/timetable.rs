@@ -1,0 +1,185 @@
+//! What the last full tick learned about when each schedule fires next, so that the ticks after
+//! it read only the schedules that are due.
+//!
+//! A full tick reads every schedule. Daily schedules spread over the day's minutes (one per
+//! user, say) have some schedule due every minute, so every minute a full tick read them all
+//! to fire a few: 100,000 of them cost about 0.4 s of CPU a read, twice a minute. The full
+//! tick now leaves a timetable: the next fire time of each schedule it saw (active, readable,
+//! owned by this node), earliest first. The ticks after it take from the timetable the
+//! schedules due by their `until`, read just those from the store, fire them, and put each
+//! back at its new next fire time.
+//!
+//! The timetable is only as good as the last full look it came from, and the service keeps
+//! it inside that look ([`belfry_core::LastLook`]): a write through the service, a change
+//! another node announces (`relook`) or the look's age voids both, and the next tick is a
+//! full one again.
+//!
+//! Memory is bounded: at most [`TIMETABLE_MAX`] schedules are kept, the earliest ones.
+//! [`Timetable::beyond_ms`] remembers the earliest fire time of those left out; a tick that
+//! reaches it is a full tick, which builds the next timetable.
+
+use std::collections::BTreeSet;
+
+use belfry_core::UnixMs;
+
+/// Schedules one timetable holds at most (about 60 bytes each).
+pub const TIMETABLE_MAX: usize = 16_384;
+
+/// The next fire times of the schedules a full tick saw, earliest first.
+#[derive(Debug, Default)]
+pub struct Timetable {
+    capacity: usize,
+    entries: BTreeSet<(UnixMs, Box<str>)>,
+    /// The earliest next fire time among the schedules left out for want of room: past it,
+    /// the timetable no longer knows every schedule that is due.
+    beyond_ms: Option<UnixMs>,
+}
+
+impl Timetable {
+    /// The timetable of `next` (schedule id, its next fire time), keeping the `capacity`
+    /// earliest.
+    pub fn new(capacity: usize, mut next: Vec<(UnixMs, Box<str>)>) -> Timetable {
+        let capacity = capacity.max(1);
+        let mut beyond_ms = None;
+        if next.len() > capacity {
+            next.select_nth_unstable(capacity);
+            beyond_ms = next[capacity..].iter().map(|(at, _)| *at).min();
+            next.truncate(capacity);
+        }
+        Timetable {
+            capacity,
+            entries: next.into_iter().collect(),
+            beyond_ms,
+        }
+    }
+
+    /// Whether every schedule due by `until_ms` is in the timetable.
+    pub fn covers(&self, until_ms: UnixMs) -> bool {
+        self.beyond_ms.is_none_or(|beyond| until_ms < beyond)
+    }
+
+    /// The earliest next fire time the timetable knows of (including the left-out ones').
+    pub fn next_ms(&self) -> Option<UnixMs> {
+        let first = self.entries.first().map(|(at, _)| *at);
+        match (first, self.beyond_ms) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether a schedule in the timetable is due by `until_ms`.
+    pub fn has_due(&self, until_ms: UnixMs) -> bool {
+        self.entries.first().is_some_and(|(at, _)| *at <= until_ms)
+    }
+
+    /// Takes out the schedules due by `until_ms`, earliest first.
+    pub fn take_due(&mut self, until_ms: UnixMs) -> Vec<Box<str>> {
+        let mut due = Vec::new();
+        while self.has_due(until_ms) {
+            if let Some((_, id)) = self.entries.pop_first() {
+                due.push(id);
+            }
+        }
+        due
+    }
+
+    /// Puts a schedule back at its next fire time after a tick handled it. One that falls at
+    /// or past [`Timetable::beyond_ms`] is left out: the full tick there finds it again.
+    pub fn put(&mut self, id: Box<str>, next_ms: UnixMs) {
+        if self.beyond_ms.is_some_and(|beyond| next_ms >= beyond) {
+            return;
+        }
+        if self.entries.len() >= self.capacity {
+            // Full (only when a caller puts more than it took): the latest entry makes room.
+            if let Some((at, _)) = self.entries.pop_last() {
+                self.beyond_ms = Some(self.beyond_ms.map_or(at, |b| b.min(at)));
+            }
+            if self.beyond_ms.is_some_and(|beyond| next_ms >= beyond) {
+                return;
+            }
+        }
+        self.entries.insert((next_ms, id));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    #[cfg(test)]
+    fn beyond_ms(&self) -> Option<UnixMs> {
+        self.beyond_ms
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(capacity: usize, times: &[(UnixMs, &str)]) -> Timetable {
+        Timetable::new(
+            capacity,
+            times.iter().map(|&(at, id)| (at, id.into())).collect(),
+        )
+    }
+
+    #[test]
+    fn it_keeps_the_earliest_and_remembers_where_the_rest_begin() {
+        let t = table(2, &[(50, "e"), (10, "a"), (40, "d"), (20, "b"), (30, "c")]);
+        assert_eq!(t.len(), 2);
+        assert_eq!(t.beyond_ms(), Some(30));
+        assert_eq!(t.next_ms(), Some(10));
+        assert!(t.covers(29));
+        assert!(
+            !t.covers(30),
+            "c is due at 30 and the timetable does not hold it"
+        );
+
+        let all = table(10, &[(20, "b"), (10, "a")]);
+        assert_eq!((all.len(), all.beyond_ms()), (2, None));
+        assert!(all.covers(UnixMs::MAX));
+        let empty = table(10, &[]);
+        assert_eq!(empty.next_ms(), None);
+        assert!(!empty.has_due(UnixMs::MAX) && empty.covers(UnixMs::MAX));
+        // Only left-out schedules: the next fire time is theirs.
+        assert_eq!(table(1, &[(7, "a"), (9, "b")]).next_ms(), Some(7));
+    }
+
+    #[test]
+    fn due_schedules_are_taken_in_order_and_put_back_at_their_next_time() {
+        let mut t = table(10, &[(30, "c"), (10, "a"), (20, "b"), (20, "b2")]);
+        assert!(!t.has_due(9));
+        assert_eq!(t.take_due(9), Vec::<Box<str>>::new());
+        let due = t.take_due(20);
+        assert_eq!(
+            due,
+            vec!["a".into(), "b".into(), "b2".into()] as Vec<Box<str>>
+        );
+        assert_eq!(t.next_ms(), Some(30));
+        t.put("a".into(), 110);
+        t.put("b".into(), 25);
+        assert_eq!(
+            t.take_due(30),
+            vec!["b".into(), "c".into()] as Vec<Box<str>>
+        );
+        assert_eq!(t.next_ms(), Some(110));
+    }
+
+    #[test]
+    fn a_schedule_put_back_past_the_left_out_ones_is_left_out_too() {
+        let mut t = table(2, &[(10, "a"), (20, "b"), (30, "c")]);
+        assert_eq!(t.beyond_ms(), Some(30));
+        assert_eq!(t.take_due(10), vec!["a".into()] as Vec<Box<str>>);
+        t.put("a".into(), 40);
+        assert_eq!(
+            t.len(),
+            1,
+            "a now fires after c: the full tick at 30 finds both"
+        );
+        t.put("a2".into(), 15);
+        t.put("a3".into(), 16);
+        assert_eq!(t.len(), 2, "never over capacity");
+        assert_eq!(t.beyond_ms(), Some(20), "b made room and is now left out");
+        assert!(t.covers(19) && !t.covers(20));
+    }
+}
