@@ -23,7 +23,6 @@ use crate::error::{within, BenchError};
 use crate::fire::{AckBatch, AckItem, Echo};
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
-use crate::queues::send_all;
 use crate::report::{ratio, thousands, Report, Table};
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::{format_us, new_histogram, record_clamped, Percentiles};
@@ -288,23 +287,13 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
     }
 
     // A server at --url keeps its schedules otherwise; a spawned one is stopped anyway.
-    let deleted = if server.spawned.is_none() {
-        let requests: Vec<(String, Bytes)> = schedule_ids
-            .iter()
-            .map(|id| (format!("/v1/schedules/{id}"), Bytes::new()))
-            .collect();
-        let done = send_all(
-            target,
-            Method::DELETE,
-            Arc::new(requests),
+    let deleted = server
+        .clean_up(
+            schedule_ids.iter().map(|id| format!("/v1/schedules/{id}")),
             args.connections,
             progress(&args.output, args.schedules, "delete schedules"),
         )
         .await;
-        Some(done.ok)
-    } else {
-        None
-    };
 
     let c = consumed
         .lock()

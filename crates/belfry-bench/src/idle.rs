@@ -9,14 +9,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::Method;
 use serde_json::json;
 
 use crate::error::{within, BenchError};
 use crate::http::Target;
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
-use crate::queues::send_all;
 use crate::report::{thousands, Report, Table};
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::format_us;
@@ -154,27 +151,19 @@ async fn run_on(args: &IdleArgs, server: &ServerUnderTest) -> anyhow::Result<Idl
     };
     let stored_cores = idle_window(args, server, "idle, records stored (s)").await;
 
-    let deleted = if server.spawned.is_none() {
-        let mut paths: Vec<(String, Bytes)> = Vec::new();
-        paths.extend(
-            (0..args.schedules).map(|i| (format!("/v1/schedules/{prefix}-s{i}"), Bytes::new())),
-        );
-        paths.extend(
-            (0..args.reminders).map(|i| (format!("/v1/reminders/{prefix}-r{i}"), Bytes::new())),
-        );
-        let total = paths.len() as u64;
-        let done = send_all(
-            &server.target,
-            Method::DELETE,
-            Arc::new(paths),
+    let schedule_paths = (0..args.schedules).map(|i| format!("/v1/schedules/{prefix}-s{i}"));
+    let reminder_paths = (0..args.reminders).map(|i| format!("/v1/reminders/{prefix}-r{i}"));
+    let deleted = server
+        .clean_up(
+            schedule_paths.chain(reminder_paths),
             args.connections,
-            progress(&args.output, total, "delete schedules and reminders"),
+            progress(
+                &args.output,
+                args.schedules + args.reminders,
+                "delete schedules and reminders",
+            ),
         )
         .await;
-        Some(done.ok)
-    } else {
-        None
-    };
     Ok(IdleOutcome {
         idle_s: args.idle_s,
         empty_cores,

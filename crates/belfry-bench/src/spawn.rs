@@ -268,6 +268,31 @@ impl ServerUnderTest {
             s.stop();
         }
     }
+
+    /// Deletes what a run created on a server it did not start (a spawned server goes away
+    /// with its data dir): `DELETE` of each of `paths` over `connections`. Answers how many
+    /// were deleted, or `None` for a spawned server.
+    pub async fn clean_up(
+        &self,
+        paths: impl Iterator<Item = String>,
+        connections: usize,
+        bar: indicatif::ProgressBar,
+    ) -> Option<u64> {
+        if self.spawned.is_some() {
+            return None;
+        }
+        let requests: Vec<(String, bytes::Bytes)> =
+            paths.map(|path| (path, bytes::Bytes::new())).collect();
+        let done = crate::queues::send_all(
+            &self.target,
+            Method::DELETE,
+            std::sync::Arc::new(requests),
+            connections,
+            bar,
+        )
+        .await;
+        Some(done.ok)
+    }
 }
 
 /// Creates (or updates) queue `name` with `body` as its config.
