@@ -28,7 +28,7 @@ use crate::report::{ratio, thousands, Report, Table};
 use crate::servers::TrivialServer;
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::{new_histogram, record_clamped, Percentiles};
-use crate::sys::{dir_bytes, rss_bytes, unix_ms, Machine};
+use crate::sys::{dir_bytes, rss_bytes, unix_ms, CpuMeter, Machine};
 use crate::{progress, BaselineArgs, OutputArgs, ServerArgs};
 use consumer::{drain_users, Drained};
 
@@ -109,6 +109,10 @@ pub struct RemindersOutcome {
     pub fanout_baseline_s: Option<f64>,
     pub paced_rate: Option<f64>,
     pub paced_users: u64,
+    /// The server's CPU while the paced fan-out was drained, in cores.
+    pub paced_server_cores: Option<f64>,
+    /// Reminders the server held beside the paced one (the feed's, waiting for tomorrow).
+    pub paced_other_reminders: u64,
     pub feed: Option<ReadLoad>,
     pub feed_baseline: Option<ReadLoad>,
     /// The trivial handler answering a feed's bytes (the sample answer) instead of `{}`.
@@ -252,7 +256,13 @@ async fn measure(
     // 4. Paced fan-out.
     if args.paced_users > 0 {
         out.paced_users = args.paced_users;
-        out.paced_rate = paced(args, &target, &queue, run).await?;
+        out.paced_other_reminders = if args.feed_users > 0 {
+            args.feed_reminders.max(1)
+        } else {
+            0
+        };
+        (out.paced_rate, out.paced_server_cores) =
+            paced(args, &target, &queue, run, server.pid).await?;
     }
 
     Ok(out)
@@ -444,13 +454,16 @@ async fn baseline_drain(args: &RemindersArgs, target: &Target, run: u64) -> anyh
 }
 
 /// The paced reminder: its own users (ids after the big set's), delivered rate measured from
-/// the first chunk's receipt to the last's, over the users after the first chunk.
+/// the first chunk's receipt to the last's, over the users after the first chunk; and the
+/// server's CPU from its due time to the last chunk (a paced fan-out steps the runner at
+/// every chunk, so this is what each step costs beside the other reminders it holds).
 async fn paced(
     args: &RemindersArgs,
     target: &Target,
     queue: &str,
     run: u64,
-) -> anyhow::Result<Option<f64>> {
+    server_pid: Option<u32>,
+) -> anyhow::Result<(Option<f64>, Option<f64>)> {
     let id = format!("paced-{run}");
     let chunk = (args.users_per_second / 50).clamp(1, args.chunk_size);
     create_reminder(
@@ -481,13 +494,17 @@ async fn paced(
     .await?;
     let bar = progress(&args.output, args.paced_users, "paced fan-out");
     let window = Duration::from_secs(60 + 2 * args.paced_users / args.users_per_second.max(1));
+    tokio::time::sleep(Duration::from_millis(due.saturating_sub(unix_ms()))).await;
+    let cpu = CpuMeter::start(server_pid);
     let drained = drain_users(target, queue, args.paced_users, &bar, window).await?;
+    let cores = cpu.stop().server_cores;
     bar.finish_and_clear();
     let (Some(first), Some(last)) = (drained.chunks.first(), drained.chunks.last()) else {
-        return Ok(None);
+        return Ok((None, cores));
     };
     let seconds = last.0.saturating_sub(first.0) as f64 / 1_000.0;
-    Ok((seconds > 0.0).then(|| (drained.users - first.1) as f64 / seconds))
+    let rate = (seconds > 0.0).then(|| (drained.users - first.1) as f64 / seconds);
+    Ok((rate, cores))
 }
 
 /// A small deterministic hash (splitmix64) for the feed's subscription pattern.
@@ -780,6 +797,16 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
             o.paced_rate
                 .map_or_else(dash, |r| ratio(r, args.users_per_second as f64)),
             format!("within ±{:.0}%", RATE_ACCURACY_TARGET * 100.0),
+        ]);
+        table.row(vec![
+            format!(
+                "paced fan-out: server CPU, cores, with {} other reminders waiting",
+                thousands(o.paced_other_reminders as f64)
+            ),
+            opt(o.paced_server_cores, &|c| format!("{c:.3}")),
+            dash(),
+            dash(),
+            "(context)".into(),
         ]);
     }
     if let Some(feed) = &o.feed {
