@@ -32,6 +32,7 @@ use bytes::Bytes;
 use serde::{Serialize, Serializer};
 
 use crate::model::{Reminder, Urgency};
+use crate::quiet::{Found, Recall, Tally};
 use crate::record::{decode_fanout, encode_fanout, encode_reminder, uid_key, Fanout};
 use crate::record::{FANOUTS_NAMESPACE, REMINDERS_NAMESPACE};
 use crate::service::{ReminderService, Result};
@@ -129,24 +130,44 @@ struct Made {
     last: bool,
 }
 
+/// What a step left of one reminder.
+enum Left {
+    /// Its fan-out goes on.
+    Running,
+    /// No fan-out running; it fires next then, if ever.
+    Idle(Option<UnixMs>),
+}
+
 impl ReminderService {
-    /// Starts the fan-outs that are due and advances those in progress. The reminders and the
-    /// fan-outs in progress are read with one listing each; a reminder that cannot be read or
-    /// handled is reported and the others still run.
+    /// Starts the fan-outs that are due and advances those in progress; a reminder that
+    /// cannot be read or handled is reported and the others still run.
     ///
-    /// A step right after a full look that found nothing to do reads nothing: it answers
-    /// from that look until a write is announced or its next fire time comes (`quiet.rs`).
+    /// Only a full look reads every reminder (one listing each of the reminders and of the
+    /// fan-outs in progress). Until a change is announced or an idle reminder's fire time
+    /// comes, the steps after it read only the fan-outs it left running, and nothing when
+    /// none is (`quiet.rs`).
     pub fn step(&self, now_ms: UnixMs) -> Result<StepReport> {
-        if let Some(report) = self.looks.quiet_step(now_ms) {
-            return Ok(report);
-        }
-        let start = self.looks.begin();
-        let report = self.full_step(now_ms);
-        self.looks.end(start, now_ms, report.as_ref().ok());
+        let (start, recalled) = self.looks.recall(now_ms);
+        let found = match recalled {
+            Recall::Quiet(report) => return Ok(report),
+            Recall::Focus(found) => found,
+            Recall::Full => {
+                let start = self.looks.begin_full();
+                let mut tally = Tally::default();
+                let report = self.full_step(now_ms, &mut tally);
+                self.looks
+                    .end_full(start, now_ms, report.as_ref().ok().map(|r| (r, tally)));
+                return report;
+            }
+        };
+        let mut tally = Tally::default();
+        let report = self.focused_step(&found, now_ms, &mut tally);
+        self.looks
+            .end_focus(start, &found, report.as_ref().ok().map(|r| (r, tally)));
         report
     }
 
-    fn full_step(&self, now_ms: UnixMs) -> Result<StepReport> {
+    fn full_step(&self, now_ms: UnixMs, tally: &mut Tally) -> Result<StepReport> {
         let mut report = StepReport::default();
         let mut fanouts: HashMap<String, Bytes> = self
             .store
@@ -166,13 +187,62 @@ impl ReminderService {
             if !self.store.owns(&owner_key(reminder.id.as_str())) {
                 continue;
             }
-            let id = reminder.id.to_string();
             let fanout = fanouts.remove(&key);
-            if let Err(e) = self.step_one(reminder, fanout, now_ms, &mut report) {
-                report.errors.push((id, e.to_string()));
-            }
+            self.step_tracked(key, reminder, fanout, now_ms, &mut report, tally);
         }
         Ok(report)
+    }
+
+    /// A step of the fan-outs the last full look left running, with what it found of the
+    /// other reminders.
+    fn focused_step(&self, found: &Found, now_ms: UnixMs, tally: &mut Tally) -> Result<StepReport> {
+        let mut report = StepReport {
+            subscribers: self.looks.subscribers(found),
+            next_ms: found.next_ms(),
+            ..StepReport::default()
+        };
+        for key in found.running() {
+            // Gone: deleted, which announces itself, or by another node, which a relook does.
+            let Some(bytes) = self.store.get_meta(REMINDERS_NAMESPACE, key)? else {
+                continue;
+            };
+            let reminder = match crate::service::decode(key, &bytes) {
+                Ok(reminder) => reminder,
+                Err(e) => {
+                    report.errors.push((key.clone(), e.to_string()));
+                    continue;
+                }
+            };
+            if !self.store.owns(&owner_key(reminder.id.as_str())) {
+                continue;
+            }
+            let fanout = self.store.get_meta(FANOUTS_NAMESPACE, key)?;
+            self.step_tracked(key.clone(), reminder, fanout, now_ms, &mut report, tally);
+        }
+        Ok(report)
+    }
+
+    /// Steps one reminder and tallies what it left.
+    fn step_tracked(
+        &self,
+        key: String,
+        reminder: Reminder,
+        fanout: Option<Bytes>,
+        now_ms: UnixMs,
+        report: &mut StepReport,
+        tally: &mut Tally,
+    ) {
+        let id = reminder.id.to_string();
+        match self.step_one(reminder, fanout, now_ms, report) {
+            Ok(Left::Running) => tally.running(key),
+            Ok(Left::Idle(next)) => {
+                if let Some(next) = next {
+                    report.note_next(next);
+                }
+                tally.idle(next);
+            }
+            Err(e) => report.errors.push((id, e.to_string())),
+        }
     }
 
     fn step_one(
@@ -181,7 +251,7 @@ impl ReminderService {
         stored: Option<Bytes>,
         now_ms: UnixMs,
         report: &mut StepReport,
-    ) -> Result<()> {
+    ) -> Result<Left> {
         let mut fanout =
             match stored {
                 Some(bytes) => Some(decode_fanout(&bytes).map_err(|e| {
@@ -200,9 +270,11 @@ impl ReminderService {
             }
         }
         if let Some(fanout) = fanout {
-            self.advance(&r, fanout, now_ms, report)?;
+            if self.advance(&r, fanout, now_ms, report)? {
+                return Ok(Left::Running);
+            }
         }
-        Ok(())
+        Ok(Left::Idle(r.next_fire_ms))
     }
 
     /// Starts the firing at `firing_ms`: plans the chunks and moves the reminder to its next
@@ -249,14 +321,14 @@ impl ReminderService {
     }
 
     /// Makes the chunks that are due (or within the lead of it), in batches: put, then the
-    /// cursor.
+    /// cursor. Answers whether the fan-out goes on.
     fn advance(
         &self,
         r: &Reminder,
         mut f: Fanout,
         now_ms: UnixMs,
         report: &mut StepReport,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         let key = uid_key(r.uid);
         let mut made_this_step = 0;
         let mut check_existing = true;
@@ -265,7 +337,7 @@ impl ReminderService {
                 report.fanouts_running += 1;
                 report.chunks_pending += u64::from(f.chunks.saturating_sub(f.chunk));
                 report.again = true;
-                return Ok(());
+                return Ok(true);
             }
             let mut batch: Vec<Made> = Vec::new();
             let mut bytes = 0;
@@ -333,7 +405,7 @@ impl ReminderService {
             if finished {
                 self.store.delete_meta(FANOUTS_NAMESPACE, &key)?;
                 report.fanouts_finished += 1;
-                return Ok(());
+                return Ok(false);
             }
             if progressed {
                 self.store
@@ -342,7 +414,7 @@ impl ReminderService {
             } else {
                 report.fanouts_running += 1;
                 report.chunks_pending += u64::from(f.chunks.saturating_sub(f.chunk));
-                return Ok(());
+                return Ok(true);
             }
         }
     }

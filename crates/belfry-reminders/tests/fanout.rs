@@ -310,3 +310,101 @@ fn an_idle_step_answers_from_its_last_look_until_a_change_is_announced() {
     assert_eq!(after_delete.subscribers, 0);
     assert_eq!(after_delete.next_ms, Some(base + 70_000));
 }
+
+fn reminder_ids(bodies: &[Value]) -> BTreeSet<String> {
+    bodies
+        .iter()
+        .map(|b| b["reminder_id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// While a paced fan-out runs, the steps between full looks read only it: a reminder another
+/// node wrote without announcing it is not fired by them (a full look would), but is after
+/// `relook`; one written through this service is fired at its time; the fan-out itself
+/// delivers every user once.
+#[test]
+fn a_step_during_a_fan_out_reads_only_the_running_fan_outs() {
+    let (store, service) = setup();
+    let other_node = ReminderService::new(store.clone());
+    let paced = ReminderId::new("paced").unwrap();
+    // 100 users, 10 a chunk, 50 users/s: chunks due 1,000 to 2,800.
+    service
+        .create(Some(paced.clone()), def(1_000, 10, Some(50)), 0)
+        .unwrap();
+    service.subscribe(&paced, &ids(0..100)).unwrap();
+    let first = service.step(1_000).unwrap();
+    assert_eq!(first.fanouts_running, 1);
+    let mut bodies = take(&store, 1_000);
+
+    let unseen = ReminderId::new("unseen").unwrap();
+    other_node
+        .create(Some(unseen.clone()), def(1_100, 10, None), 1_050)
+        .unwrap();
+    other_node.subscribe(&unseen, &ids(0..3)).unwrap();
+    let focused = service.step(1_200).unwrap();
+    assert_eq!(focused.fanouts_started, 0, "not read: {focused:?}");
+    assert_eq!(focused.fanouts_running, 1);
+    bodies.extend(take(&store, 1_200));
+    assert!(!reminder_ids(&bodies).contains("unseen"));
+
+    service.relook();
+    let full = service.step(1_300).unwrap();
+    assert_eq!(full.fanouts_started, 1);
+    bodies.extend(take(&store, 1_300));
+    assert!(reminder_ids(&bodies).contains("unseen"));
+
+    let announced = ReminderId::new("announced").unwrap();
+    service
+        .create(Some(announced.clone()), def(1_500, 10, None), 1_300)
+        .unwrap();
+    service.subscribe(&announced, &ids(5..6)).unwrap();
+    for now in (1_400..=4_000).step_by(100) {
+        let report = service.step(now).unwrap();
+        if now == 1_500 {
+            assert_eq!(report.fanouts_started, 1, "fired at its time");
+        }
+        bodies.extend(take(&store, now));
+    }
+    let of = |id: &str| -> Vec<Value> {
+        bodies
+            .iter()
+            .filter(|b| b["reminder_id"] == id)
+            .cloned()
+            .collect()
+    };
+    assert_eq!(users_of(&of("announced")), vec!["5"]);
+    let users = users_of(&of("paced"));
+    let unique: BTreeSet<&String> = users.iter().collect();
+    assert_eq!((users.len(), unique.len()), (100, 100));
+    assert!(store.list_meta(FANOUTS_NAMESPACE).unwrap().is_empty());
+}
+
+/// A recurring reminder whose fan-out finishes in a step between full looks is due again at
+/// its next fire time: the steps after it answer with that time and the firing starts then.
+#[test]
+fn a_fan_out_that_finishes_between_full_looks_fires_again_at_its_next_time() {
+    let (store, service) = setup();
+    let id = ReminderId::new("minutely").unwrap();
+    let mut d = def(0, 10, Some(10));
+    d.when = When::Cron {
+        expression: "* * * * *".into(),
+        timezone: "UTC".into(),
+    };
+    service.create(Some(id.clone()), d, 0).unwrap();
+    service.subscribe(&id, &ids(0..30)).unwrap();
+    // Chunks due at 60,000, 61,000 and 62,000: made over several steps.
+    let mut now = 60_000;
+    assert_eq!(service.step(now).unwrap().fanouts_started, 1);
+    let mut finished = 0;
+    while now < 63_000 {
+        now += 250;
+        finished += service.step(now).unwrap().fanouts_finished;
+        take(&store, now);
+    }
+    assert_eq!(finished, 1);
+    let quiet = service.step(119_999).unwrap();
+    assert_eq!(quiet.next_ms, Some(120_000));
+    assert_eq!(quiet.fanouts_started, 0);
+    assert_eq!(service.step(120_000).unwrap().fanouts_started, 1);
+    assert_eq!(service.get(&id).unwrap().firings, 2);
+}
