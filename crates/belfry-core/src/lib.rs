@@ -12,6 +12,7 @@ pub mod queue;
 pub mod retry;
 pub mod schedule;
 pub mod task;
+pub mod timetable;
 pub mod user;
 
 pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
@@ -22,4 +23,5 @@ pub use retry::RetryPolicy;
 pub use task::{
     Header, LatePolicy, LeaseId, LeasedTask, NewTask, PayloadKind, Priority, Task, TaskState,
 };
+pub use timetable::{Timetable, TIMETABLE_MAX};
 pub use user::{InvalidUserId, UserId, UserPage};

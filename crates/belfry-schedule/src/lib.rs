@@ -10,8 +10,8 @@
 mod model;
 mod record;
 mod service;
-mod timetable;
 
+pub use belfry_core::TIMETABLE_MAX;
 pub use model::{
     FireTime, InvalidSchedule, InvalidScheduleId, Schedule, ScheduleDef, ScheduleId, TriggerDef,
     SCHEDULE_HEADERS_MAX, SCHEDULE_ID_LEN_MAX,
@@ -21,7 +21,6 @@ pub use service::{
     firing_key, owner_key, NewSchedule, Result, ScheduleService, ScheduleServiceError, TickReport,
     FORECAST_FIRINGS_MAX, FORECAST_STEPS_MAX, FULL_TICK_MS,
 };
-pub use timetable::TIMETABLE_MAX;
 
 // The schedule vocabulary callers need, so they do not have to reach into belfry-core.
 pub use belfry_core::schedule::{

@@ -40,7 +40,7 @@ use belfry_core::schedule::{
     format_in_zone, format_utc, ScheduleSpec, TimeZone, Trigger, PREVIEW_MAX, SHARD_COUNT_HEADER,
     SHARD_HEADER,
 };
-use belfry_core::{LastLook, NewTask, QueueName, UnixMs};
+use belfry_core::{LastLook, NewTask, QueueName, Timetable, UnixMs, TIMETABLE_MAX};
 use belfry_store::{MetaChange, PutOutcome, Store, StoreError};
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -52,7 +52,6 @@ use crate::record::{
     decode_cursor, decode_schedule, encode_cursor, encode_schedule, StoredSchedule,
     CURSORS_NAMESPACE, SCHEDULES_NAMESPACE,
 };
-use crate::timetable::{Timetable, TIMETABLE_MAX};
 
 /// Most steps one forecast may ask for (a week in minutes is 10,080).
 pub const FORECAST_STEPS_MAX: usize = 100_000;

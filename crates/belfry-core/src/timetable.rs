@@ -1,43 +1,42 @@
-//! What the last full tick learned about when each schedule fires next, so that the ticks after
-//! it read only the schedules that are due.
+//! What a runner's last full look learned about when each of its records (schedules,
+//! reminders) fires next, so that the steps after it read only the records that are due.
 //!
-//! A full tick reads every schedule. Daily schedules spread over the day's minutes (one per
-//! user, say) have some schedule due every minute, so every minute a full tick read them all
-//! to fire a few: 100,000 of them cost about 0.4 s of CPU a read, twice a minute. The full
-//! tick now leaves a timetable: the next fire time of each schedule it saw (active, readable,
-//! owned by this node), earliest first. The ticks after it take from the timetable the
-//! schedules due by their `until`, read just those from the store, fire them, and put each
-//! back at its new next fire time.
+//! A full look reads every record. Daily schedules or reminders spread over the day's
+//! minutes have something due every minute, so every minute a full look read them all to
+//! fire a few: 100,000 schedules cost about 0.4 s of CPU a read. A full look now leaves a
+//! timetable: the next fire time of each record it saw (active, readable, owned by this
+//! node), earliest first. The steps after it take from the timetable the records due by
+//! then, read just those from the store, fire them, and put each back at its new next fire
+//! time.
 //!
-//! The timetable is only as good as the last full look it came from, and the service keeps
-//! it inside that look ([`belfry_core::LastLook`]): a write through the service, a change
-//! another node announces (`relook`) or the look's age voids both, and the next tick is a
-//! full one again.
+//! The timetable is only as good as the full look it came from, and a runner keeps it inside
+//! that look ([`crate::LastLook`]): a write through the runner's service, a change another
+//! node announces or the look's age voids both, and the next step is a full look again.
 //!
-//! Memory is bounded: at most [`TIMETABLE_MAX`] schedules are kept, the earliest ones.
-//! [`Timetable::beyond_ms`] remembers the earliest fire time of those left out; a tick that
-//! reaches it is a full tick, which builds the next timetable.
+//! Memory is bounded: at most a capacity's worth of records are kept, the earliest ones
+//! ([`TIMETABLE_MAX`] by default). [`Timetable::beyond_ms`] remembers the earliest fire time
+//! of those left out; a step that reaches it is a full look, which builds the next timetable.
 
 use std::collections::BTreeSet;
 
-use belfry_core::UnixMs;
+use crate::UnixMs;
 
-/// Schedules one timetable holds at most (about 60 bytes each).
+/// Records one timetable holds at most by default (about 60 bytes each).
 pub const TIMETABLE_MAX: usize = 16_384;
 
-/// The next fire times of the schedules a full tick saw, earliest first.
+/// The next fire times of the records a full look saw, earliest first.
 #[derive(Debug, Default)]
 pub struct Timetable {
     capacity: usize,
     entries: BTreeSet<(UnixMs, Box<str>)>,
-    /// The earliest next fire time among the schedules left out for want of room: past it,
-    /// the timetable no longer knows every schedule that is due.
+    /// The earliest next fire time among the records left out for want of room: past it,
+    /// the timetable no longer knows every record that is due.
     beyond_ms: Option<UnixMs>,
 }
 
 impl Timetable {
-    /// The timetable of `next` (schedule id, its next fire time), keeping the `capacity`
-    /// earliest.
+    /// The timetable of `next` (each record's next fire time and key), keeping the
+    /// `capacity` earliest.
     pub fn new(capacity: usize, mut next: Vec<(UnixMs, Box<str>)>) -> Timetable {
         let capacity = capacity.max(1);
         let mut beyond_ms = None;
@@ -53,7 +52,7 @@ impl Timetable {
         }
     }
 
-    /// Whether every schedule due by `until_ms` is in the timetable.
+    /// Whether every record due by `until_ms` is in the timetable.
     pub fn covers(&self, until_ms: UnixMs) -> bool {
         self.beyond_ms.is_none_or(|beyond| until_ms < beyond)
     }
@@ -67,12 +66,12 @@ impl Timetable {
         }
     }
 
-    /// Whether a schedule in the timetable is due by `until_ms`.
+    /// Whether a record in the timetable is due by `until_ms`.
     pub fn has_due(&self, until_ms: UnixMs) -> bool {
         self.entries.first().is_some_and(|(at, _)| *at <= until_ms)
     }
 
-    /// Takes out the schedules due by `until_ms`, earliest first.
+    /// Takes out the records due by `until_ms`, earliest first.
     pub fn take_due(&mut self, until_ms: UnixMs) -> Vec<Box<str>> {
         let mut due = Vec::new();
         while self.has_due(until_ms) {
@@ -83,8 +82,8 @@ impl Timetable {
         due
     }
 
-    /// Puts a schedule back at its next fire time after a tick handled it. One that falls at
-    /// or past [`Timetable::beyond_ms`] is left out: the full tick there finds it again.
+    /// Puts a record back at its next fire time after a step handled it. One that falls at
+    /// or past [`Timetable::beyond_ms`] is left out: the full look there finds it again.
     pub fn put(&mut self, id: Box<str>, next_ms: UnixMs) {
         if self.beyond_ms.is_some_and(|beyond| next_ms >= beyond) {
             return;
@@ -106,8 +105,8 @@ impl Timetable {
         self.entries.len()
     }
 
-    #[cfg(test)]
-    fn beyond_ms(&self) -> Option<UnixMs> {
+    /// The earliest next fire time of the records left out for want of room, if any.
+    pub fn beyond_ms(&self) -> Option<UnixMs> {
         self.beyond_ms
     }
 }
@@ -141,12 +140,12 @@ mod tests {
         let empty = table(10, &[]);
         assert_eq!(empty.next_ms(), None);
         assert!(!empty.has_due(UnixMs::MAX) && empty.covers(UnixMs::MAX));
-        // Only left-out schedules: the next fire time is theirs.
+        // Only left-out records: the next fire time is theirs.
         assert_eq!(table(1, &[(7, "a"), (9, "b")]).next_ms(), Some(7));
     }
 
     #[test]
-    fn due_schedules_are_taken_in_order_and_put_back_at_their_next_time() {
+    fn due_records_are_taken_in_order_and_put_back_at_their_next_time() {
         let mut t = table(10, &[(30, "c"), (10, "a"), (20, "b"), (20, "b2")]);
         assert!(!t.has_due(9));
         assert_eq!(t.take_due(9), Vec::<Box<str>>::new());
@@ -166,7 +165,7 @@ mod tests {
     }
 
     #[test]
-    fn a_schedule_put_back_past_the_left_out_ones_is_left_out_too() {
+    fn a_record_put_back_past_the_left_out_ones_is_left_out_too() {
         let mut t = table(2, &[(10, "a"), (20, "b"), (30, "c")]);
         assert_eq!(t.beyond_ms(), Some(30));
         assert_eq!(t.take_due(10), vec!["a".into()] as Vec<Box<str>>);
@@ -174,7 +173,7 @@ mod tests {
         assert_eq!(
             t.len(),
             1,
-            "a now fires after c: the full tick at 30 finds both"
+            "a now fires after c: the full look at 30 finds both"
         );
         t.put("a2".into(), 15);
         t.put("a3".into(), 16);
