@@ -1,8 +1,9 @@
 //! `belfry bench idle`: what waiting costs. Most schedules fire daily or weekly and most
 //! reminders are hours away, so a server spends most of its life with many records and
 //! nothing due. The run measures the server's CPU over an idle window with nothing stored
-//! (the baseline, same run, same server), then creates S daily cron schedules and R one-shot
-//! reminders due tomorrow through the API and measures the same window again.
+//! (the baseline, same run, same server), then creates S daily cron schedules and R reminders
+//! (one-shot, due tomorrow; or daily, `--reminder-times`) through the API and measures the
+//! same window again.
 //!
 //! A runner that read every record every second would show here as CPU growing with S + R.
 
@@ -34,9 +35,13 @@ pub struct IdleArgs {
     /// Daily cron schedules to create (`M H * * *`, spread over the day's minutes).
     #[arg(long, default_value_t = 100_000)]
     pub schedules: u64,
-    /// One-shot reminders to create, due tomorrow (no subscribers).
+    /// Reminders to create (no subscribers), at `--reminder-times`.
     #[arg(long, default_value_t = 100_000)]
     pub reminders: u64,
+    /// When the reminders fire: once, tomorrow; or daily, at times spread over the day's
+    /// minutes (some fire every minute of the window) or its seconds (some every second).
+    #[arg(long, value_enum, default_value_t = ReminderTimes::Tomorrow)]
+    pub reminder_times: ReminderTimes,
     /// Seconds of each idle window (the server's CPU is read at its start and end).
     #[arg(long, default_value_t = 30)]
     pub idle_s: u64,
@@ -54,6 +59,44 @@ pub struct IdleArgs {
     pub server: ServerArgs,
     #[command(flatten)]
     pub output: OutputArgs,
+}
+
+/// When `bench idle`'s reminders fire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum ReminderTimes {
+    /// Once, due tomorrow (spread over an hour): none fires during the run.
+    Tomorrow,
+    /// `M H * * *`: daily, spread over the day's minutes.
+    Daily,
+    /// `S M H * * *`: daily, spread over the day's seconds.
+    DailySeconds,
+}
+
+impl ReminderTimes {
+    /// The create request's fields that say when reminder `i` fires.
+    fn fields(self, i: u64, tomorrow_ms: u64) -> serde_json::Value {
+        // Offset from the schedules' pattern, so the two do not fire in the same minutes.
+        let k = i + 30;
+        match self {
+            ReminderTimes::Tomorrow => json!({"run_at_ms": tomorrow_ms}),
+            ReminderTimes::Daily => json!({
+                "cron": format!("{} {} * * *", k % 60, (k / 60) % 24),
+                "timezone": "UTC",
+            }),
+            ReminderTimes::DailySeconds => json!({
+                "cron": format!("{} {} {} * * *", k % 60, (k / 60) % 60, (k / 3_600) % 24),
+                "timezone": "UTC",
+            }),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            ReminderTimes::Tomorrow => "due tomorrow",
+            ReminderTimes::Daily => "firing daily over the day's minutes",
+            ReminderTimes::DailySeconds => "firing daily over the day's seconds",
+        }
+    }
 }
 
 impl IdleArgs {
@@ -137,13 +180,18 @@ async fn run_on(args: &IdleArgs, server: &ServerUnderTest) -> anyhow::Result<Idl
     let reminders = if args.reminders > 0 {
         let due = due_times(args.reminders, unix_ms() + DAY_MS, 3_600 * 1_000);
         let bodies = Bodies::from_tasks(&due, 1, |i, due| {
-            json!({
+            let mut body = json!({
                 "id": format!("{prefix}-r{i}"),
                 "queue": queue,
-                "run_at_ms": due,
                 "content": {"i": i},
-            })
-            .to_string()
+            });
+            if let (Some(body), serde_json::Value::Object(when)) = (
+                body.as_object_mut(),
+                args.reminder_times.fields(i, due),
+            ) {
+                body.extend(when);
+            }
+            body.to_string()
         });
         Some(create(args, server, "/v1/reminders", "reminder create", bodies).await)
     } else {
@@ -242,9 +290,10 @@ fn build_report(args: &IdleArgs, machine: Machine, o: IdleOutcome) -> Report {
     let extra = o.empty_cores.zip(o.stored_cores).map(|(e, s)| s - e);
     windows.row(vec![
         format!(
-            "{} daily schedules and {} reminders due tomorrow",
+            "{} daily schedules and {} reminders {}",
             thousands(o.schedules.as_ref().map_or(0, |s| s.accepted) as f64),
             thousands(o.reminders.as_ref().map_or(0, |r| r.accepted) as f64),
+            args.reminder_times.describe(),
         ),
         cores(o.stored_cores),
         extra.map_or("-".into(), |x| format!("{x:+.4}")),
@@ -263,9 +312,10 @@ fn build_report(args: &IdleArgs, machine: Machine, o: IdleOutcome) -> Report {
             "server cores",
         ],
     );
+    let reminders_request = format!("POST /v1/reminders ({})", args.reminder_times.describe());
     for (name, r) in [
         ("POST /v1/schedules (daily cron)", &o.schedules),
-        ("POST /v1/reminders (due tomorrow)", &o.reminders),
+        (reminders_request.as_str(), &o.reminders),
     ] {
         let Some(r) = r else { continue };
         creates.row(vec![
@@ -336,5 +386,19 @@ mod tests {
             .unwrap_err();
         assert!(error.to_string().contains("at least one"), "{error}");
         assert!(parse(&["--idle-s", "0"]).validate().is_err());
+    }
+
+    #[test]
+    fn daily_reminders_spread_over_the_day_in_fields_the_api_takes() {
+        let at = |times: ReminderTimes, i| times.fields(i, 7);
+        assert_eq!(at(ReminderTimes::Tomorrow, 3), json!({"run_at_ms": 7}));
+        assert_eq!(at(ReminderTimes::Daily, 0)["cron"], "30 0 * * *");
+        assert_eq!(at(ReminderTimes::Daily, 1_409)["cron"], "59 23 * * *");
+        assert_eq!(at(ReminderTimes::DailySeconds, 0)["cron"], "30 0 0 * * *");
+        assert_eq!(
+            at(ReminderTimes::DailySeconds, 86_369)["cron"],
+            "59 59 23 * * *"
+        );
+        assert_eq!(at(ReminderTimes::DailySeconds, 1)["timezone"], "UTC");
     }
 }
