@@ -32,10 +32,11 @@ use bytes::Bytes;
 use serde::{Serialize, Serializer};
 
 use crate::model::{Reminder, Urgency};
-use crate::quiet::{Found, Recall, Tally};
+use crate::quiet::{Plan, Recall, Tally};
 use crate::record::{decode_fanout, encode_fanout, encode_reminder, uid_key, Fanout};
 use crate::record::{FANOUTS_NAMESPACE, REMINDERS_NAMESPACE};
 use crate::service::{ReminderService, Result};
+use parking_lot::MutexGuard;
 
 /// How long before its due time a paced chunk is made.
 pub const LEAD_MS: u64 = 1_000;
@@ -143,14 +144,13 @@ impl ReminderService {
     /// cannot be read or handled is reported and the others still run.
     ///
     /// Only a full look reads every reminder (one listing each of the reminders and of the
-    /// fan-outs in progress). Until a change is announced or an idle reminder's fire time
-    /// comes, the steps after it read only the fan-outs it left running, and nothing when
-    /// none is (`quiet.rs`).
+    /// fan-outs in progress). Until a change is announced, the steps after it read only the
+    /// fan-outs it left running and the reminders its timetable says are due, and nothing
+    /// when there are none (`quiet.rs`).
     pub fn step(&self, now_ms: UnixMs) -> Result<StepReport> {
-        let (start, recalled) = self.looks.recall(now_ms);
-        let found = match recalled {
+        let shared = match self.looks.recall(now_ms) {
             Recall::Quiet(report) => return Ok(report),
-            Recall::Focus(found) => found,
+            Recall::Focus(plan) => plan,
             Recall::Full => {
                 let start = self.looks.begin_full();
                 let mut tally = Tally::default();
@@ -160,11 +160,18 @@ impl ReminderService {
                 return report;
             }
         };
+        let mut plan = shared.lock();
         let mut tally = Tally::default();
-        let report = self.focused_step(&found, now_ms, &mut tally);
-        self.looks
-            .end_focus(start, &found, report.as_ref().ok().map(|r| (r, tally)));
-        report
+        let report = self.focused_step(&mut plan, now_ms, &mut tally);
+        let kept = plan.keep(tally);
+        if !kept || !report.as_ref().is_ok_and(|r| r.errors.is_empty()) {
+            self.looks.forget(now_ms);
+        }
+        let mut report = report?;
+        if let Some(next) = plan.next_ms() {
+            report.note_next(next);
+        }
+        Ok(report)
     }
 
     fn full_step(&self, now_ms: UnixMs, tally: &mut Tally) -> Result<StepReport> {
@@ -193,31 +200,35 @@ impl ReminderService {
         Ok(report)
     }
 
-    /// A step of the fan-outs the last full look left running, with what it found of the
-    /// other reminders.
-    fn focused_step(&self, found: &Found, now_ms: UnixMs, tally: &mut Tally) -> Result<StepReport> {
+    /// A step of the fan-outs the last full look left running and of the reminders its
+    /// timetable says are due, reading only those.
+    fn focused_step(
+        &self,
+        plan: &mut MutexGuard<'_, Plan>,
+        now_ms: UnixMs,
+        tally: &mut Tally,
+    ) -> Result<StepReport> {
         let mut report = StepReport {
-            subscribers: self.looks.subscribers(found),
-            next_ms: found.next_ms(),
+            subscribers: self.looks.subscribers(plan),
             ..StepReport::default()
         };
-        for key in found.running() {
+        for key in plan.take_due(now_ms) {
             // Gone: deleted, which announces itself, or by another node, which a relook does.
-            let Some(bytes) = self.store.get_meta(REMINDERS_NAMESPACE, key)? else {
+            let Some(bytes) = self.store.get_meta(REMINDERS_NAMESPACE, &key)? else {
                 continue;
             };
-            let reminder = match crate::service::decode(key, &bytes) {
+            let reminder = match crate::service::decode(&key, &bytes) {
                 Ok(reminder) => reminder,
                 Err(e) => {
-                    report.errors.push((key.clone(), e.to_string()));
+                    report.errors.push((key, e.to_string()));
                     continue;
                 }
             };
             if !self.store.owns(&owner_key(reminder.id.as_str())) {
                 continue;
             }
-            let fanout = self.store.get_meta(FANOUTS_NAMESPACE, key)?;
-            self.step_tracked(key.clone(), reminder, fanout, now_ms, &mut report, tally);
+            let fanout = self.store.get_meta(FANOUTS_NAMESPACE, &key)?;
+            self.step_tracked(key, reminder, fanout, now_ms, &mut report, tally);
         }
         Ok(report)
     }
@@ -239,7 +250,7 @@ impl ReminderService {
                 if let Some(next) = next {
                     report.note_next(next);
                 }
-                tally.idle(next);
+                tally.idle(key, next);
             }
             Err(e) => report.errors.push((id, e.to_string())),
         }

@@ -1,18 +1,19 @@
-//! What the fan-out runner's last full look found, so that a step reads only what can have
-//! work.
+//! What the fan-out runner's last full look found, so that a step reads only the reminders
+//! that can have work.
 //!
 //! A full look lists and decodes every reminder and counts each one's subscribers. The
-//! runner steps every second, and at every chunk of a paced fan-out (50 times a second at
-//! 50,000 users/s in chunks of 1,000), so with 10,000 waiting reminders a paced fan-out cost
-//! 0.72 of a core, nearly all of it finding again that the other reminders are not due.
+//! runner steps every second, at every fire time, and at every chunk of a paced fan-out (50
+//! times a second at 50,000 users/s in chunks of 1,000). With 10,000 other reminders waiting,
+//! a paced fan-out whose every step was a full look cost 0.72 of a core.
 //!
-//! A full look that raised no error is remembered ([`belfry_core::LastLook`]) as
-//! [`Found`]: the earliest fire time of the reminders it left idle, and the keys of the
-//! fan-outs it left running. Until a change is announced, that fire time comes, or
-//! [`FULL_LOOK_MS`] passes, a step reads only those running fan-outs' reminders and cursors
-//! (a *focused* step), or nothing at all when none is running (a *quiet* step). A focused
-//! step keeps the memory up to date: a fan-out that finishes leaves the running set, and its
-//! reminder's next fire time joins the earliest.
+//! A full look that raised no error is remembered ([`belfry_core::LastLook`]) as a [`Plan`]:
+//! a [`Timetable`] of the reminders it left idle, at their next fire times, and the keys of
+//! the fan-outs it left running. Until a change is announced, a fire time the timetable had
+//! no room for comes, or [`FULL_LOOK_MS`] passes, a step reads only the running fan-outs and
+//! the reminders the timetable says are due (a *focused* step), and nothing at all when there
+//! are none (a *quiet* step). A focused step keeps the plan up to date: a fan-out that
+//! finishes leaves the running set, and each reminder it stepped goes back into the timetable
+//! at its next fire time.
 //!
 //! **What counts as a change.** Creates, patches and deletes through this service announce
 //! themselves; so must anything else that writes reminders or fan-outs behind the service's
@@ -27,7 +28,8 @@
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Arc;
 
-use belfry_core::{LastLook, LookStart, UnixMs};
+use belfry_core::{LastLook, LookStart, Timetable, UnixMs};
+use parking_lot::{Mutex, MutexGuard};
 
 use crate::fanout::StepReport;
 
@@ -38,37 +40,58 @@ use crate::fanout::StepReport;
 /// anyone waits for.
 pub const FULL_LOOK_MS: u64 = 300_000;
 
-/// Most running fan-outs a look remembers; with more, every step is a full look (each
-/// running fan-out is then a large share of what a full look reads anyway).
+/// Most running fan-outs a plan holds; with more, every step is a full look (each running
+/// fan-out is then a large share of what a full look reads anyway).
 const RUNNING_MAX: usize = 256;
 
 /// The runner's memory of its last full look.
 #[derive(Debug)]
 pub(crate) struct Looks {
-    last: LastLook<Found>,
+    last: LastLook<Arc<Mutex<Plan>>>,
     /// Subscriptions added minus removed since the last full look began.
     subscribed: AtomicI64,
+    /// Reminders a timetable holds at most.
+    timetable_max: usize,
 }
 
 /// What the last full look found, as the steps since have kept it.
-#[derive(Debug, Clone)]
-pub(crate) struct Found {
-    /// The earliest fire time of the reminders with no fan-out running.
-    next_ms: Option<UnixMs>,
-    subscribers: u64,
+#[derive(Debug)]
+pub(crate) struct Plan {
+    /// This node's reminders with no fan-out running, at their next fire times.
+    timetable: Timetable,
     /// The reminder keys (`uid_key`) of this node's fan-outs still running.
-    running: Arc<[String]>,
-    /// When the full look ran: its memory ages from then, however many steps kept it.
-    looked_ms: UnixMs,
+    running: Vec<String>,
+    /// Subscriptions the full look counted.
+    subscribers: u64,
 }
 
-impl Found {
-    pub(crate) fn running(&self) -> &[String] {
-        &self.running
+impl Plan {
+    /// Takes out the keys a step at `now_ms` reads: the running fan-outs, then the reminders
+    /// due. Each goes back with [`Plan::keep`].
+    pub(crate) fn take_due(&mut self, now_ms: UnixMs) -> Vec<String> {
+        let mut keys = std::mem::take(&mut self.running);
+        keys.extend(
+            self.timetable
+                .take_due(now_ms)
+                .into_iter()
+                .map(String::from),
+        );
+        keys
     }
 
+    /// Puts back what a step left of the reminders it read; answers whether the plan can
+    /// still be kept (not too many fan-outs running).
+    pub(crate) fn keep(&mut self, tally: Tally) -> bool {
+        self.running = tally.running;
+        for (next_ms, key) in tally.idle {
+            self.timetable.put(key.into_boxed_str(), next_ms);
+        }
+        self.running.len() <= RUNNING_MAX
+    }
+
+    /// When a step next has work among the idle reminders, if ever.
     pub(crate) fn next_ms(&self) -> Option<UnixMs> {
-        self.next_ms
+        self.timetable.next_ms()
     }
 }
 
@@ -77,23 +100,26 @@ impl Found {
 pub(crate) enum Recall {
     /// Nothing is running or due: the step's whole answer.
     Quiet(StepReport),
-    /// Fan-outs are running and no idle reminder is due: step only those.
-    Focus(Found),
+    /// Step only the running fan-outs and the reminders due (the plan's [`Plan::take_due`]).
+    Focus(Arc<Mutex<Plan>>),
     /// Look at every reminder.
     Full,
 }
 
-/// What one step saw of the reminders it stepped, for the memory.
+/// What one step saw of the reminders it stepped, for the plan.
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
-    next_ms: Option<UnixMs>,
+    /// The reminders with no fan-out running that will fire again: (next fire time, key).
+    idle: Vec<(UnixMs, String)>,
     running: Vec<String>,
 }
 
 impl Tally {
-    /// A stepped reminder has no fan-out running and fires next at `next_ms`.
-    pub(crate) fn idle(&mut self, next_ms: Option<UnixMs>) {
-        self.next_ms = earliest(self.next_ms, next_ms);
+    /// The reminder at `key` has no fan-out running and fires next at `next_ms`, if ever.
+    pub(crate) fn idle(&mut self, key: String, next_ms: Option<UnixMs>) {
+        if let Some(next_ms) = next_ms {
+            self.idle.push((next_ms, key));
+        }
     }
 
     /// The reminder at `key` still has a fan-out running after the step.
@@ -102,23 +128,15 @@ impl Tally {
     }
 }
 
-fn earliest(a: Option<UnixMs>, b: Option<UnixMs>) -> Option<UnixMs> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
-impl Default for Looks {
-    fn default() -> Self {
+impl Looks {
+    pub(crate) fn with_timetable_max(timetable_max: usize) -> Self {
         Looks {
             last: LastLook::new(FULL_LOOK_MS),
             subscribed: AtomicI64::new(0),
+            timetable_max: timetable_max.max(1),
         }
     }
-}
 
-impl Looks {
     /// Something a look reads was written: the next step looks again.
     pub(crate) fn changed(&self) {
         self.last.changed();
@@ -129,30 +147,29 @@ impl Looks {
         self.subscribed.fetch_add(delta, Ordering::Relaxed);
     }
 
-    /// What a step at `now_ms` may do. The returned start is taken before the memory is
-    /// read, so a change announced in between voids what a focused step leaves.
-    pub(crate) fn recall(&self, now_ms: UnixMs) -> (LookStart, Recall) {
-        let start = self.last.begin();
-        let Some(found) = self.last.recall(now_ms) else {
-            return (start, Recall::Full);
+    /// What a step at `now_ms` may do.
+    pub(crate) fn recall(&self, now_ms: UnixMs) -> Recall {
+        let Some(shared) = self.last.recall(now_ms) else {
+            return Recall::Full;
         };
-        if found.next_ms.is_some_and(|next| next <= now_ms) {
-            return (start, Recall::Full);
+        let plan = shared.lock();
+        if !plan.timetable.covers(now_ms) {
+            return Recall::Full;
         }
-        if !found.running.is_empty() {
-            return (start, Recall::Focus(found));
+        if plan.running.is_empty() && !plan.timetable.has_due(now_ms) {
+            return Recall::Quiet(StepReport {
+                subscribers: self.subscribers(&plan),
+                next_ms: plan.next_ms(),
+                ..StepReport::default()
+            });
         }
-        let report = StepReport {
-            subscribers: self.subscribers(&found),
-            next_ms: found.next_ms,
-            ..StepReport::default()
-        };
-        (start, Recall::Quiet(report))
+        drop(plan);
+        Recall::Focus(shared)
     }
 
     /// The subscriptions now, by the last full look's count and the changes since.
-    pub(crate) fn subscribers(&self, found: &Found) -> u64 {
-        (found.subscribers as i64)
+    pub(crate) fn subscribers(&self, plan: &MutexGuard<'_, Plan>) -> u64 {
+        (plan.subscribers as i64)
             .saturating_add(self.subscribed.load(Ordering::Relaxed))
             .max(0) as u64
     }
@@ -166,67 +183,53 @@ impl Looks {
     }
 
     /// The full look that began at `start` ran at `now_ms` and ended with `report` and
-    /// `tally` (`None`: it failed). Remembered unless it raised an error.
+    /// `tally` (`None`: it failed). Remembered unless it raised an error or left too many
+    /// fan-outs running.
     pub(crate) fn end_full(
         &self,
         start: LookStart,
         now_ms: UnixMs,
         ended: Option<(&StepReport, Tally)>,
     ) {
-        let found = ended.and_then(|(report, tally)| {
-            remembered(report, tally).map(|(next_ms, running)| Found {
-                next_ms,
+        let plan = ended.and_then(|(report, tally)| {
+            if !report.errors.is_empty() || tally.running.len() > RUNNING_MAX {
+                return None;
+            }
+            let idle = tally
+                .idle
+                .into_iter()
+                .map(|(at, key)| (at, key.into_boxed_str()))
+                .collect();
+            Some(Arc::new(Mutex::new(Plan {
+                timetable: Timetable::new(self.timetable_max, idle),
+                running: tally.running,
                 subscribers: report.subscribers,
-                running,
-                looked_ms: now_ms,
-            })
+            })))
         });
-        self.last.end(start, now_ms, found);
+        self.last.end(start, now_ms, plan);
     }
 
-    /// The focused step that began at `start` from `found` ended with `report` and `tally`
-    /// (`None`: it failed). The memory keeps its age; a fan-out that finished leaves the
-    /// running set and its reminder's next fire time joins the earliest.
-    pub(crate) fn end_focus(
-        &self,
-        start: LookStart,
-        found: &Found,
-        ended: Option<(&StepReport, Tally)>,
-    ) {
-        let kept = ended.and_then(|(report, tally)| {
-            remembered(report, tally).map(|(next_ms, running)| Found {
-                next_ms: earliest(found.next_ms, next_ms),
-                subscribers: found.subscribers,
-                running,
-                looked_ms: found.looked_ms,
-            })
-        });
-        self.last.end(start, found.looked_ms, kept);
+    /// Drops the plan: the next step is a full look (after a focused step failed, raised an
+    /// error, or left too many fan-outs running).
+    pub(crate) fn forget(&self, now_ms: UnixMs) {
+        self.last.end(self.last.begin(), now_ms, None);
     }
-}
-
-/// What a step that ended with `report` leaves to remember: nothing after an error (the
-/// next step looks at everything again) or with too many fan-outs running.
-fn remembered(report: &StepReport, tally: Tally) -> Option<(Option<UnixMs>, Arc<[String]>)> {
-    (report.errors.is_empty() && tally.running.len() <= RUNNING_MAX)
-        .then(|| (tally.next_ms, tally.running.into()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn idle(next_ms: Option<UnixMs>, subscribers: u64) -> StepReport {
+    fn idle(subscribers: u64) -> StepReport {
         StepReport {
-            next_ms,
             subscribers,
             ..StepReport::default()
         }
     }
 
-    fn tally(next_ms: Option<UnixMs>, running: &[&str]) -> Tally {
+    fn tally(idle: &[(UnixMs, &str)], running: &[&str]) -> Tally {
         Tally {
-            next_ms,
+            idle: idle.iter().map(|&(at, k)| (at, k.to_string())).collect(),
             running: running.iter().map(|k| k.to_string()).collect(),
         }
     }
@@ -236,108 +239,116 @@ mod tests {
         looks.end_full(start, now_ms, Some((report, t)));
     }
 
+    fn focus(looks: &Looks, now_ms: UnixMs) -> Arc<Mutex<Plan>> {
+        match looks.recall(now_ms) {
+            Recall::Focus(plan) => plan,
+            other => panic!("at {now_ms}: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_quiet_look_answers_until_its_next_fire_time() {
-        let looks = Looks::default();
-        assert!(matches!(looks.recall(1_000).1, Recall::Full), "no look yet");
-        full(&looks, 1_000, &idle(None, 7), tally(Some(5_000), &[]));
-        let Recall::Quiet(step) = looks.recall(4_999).1 else {
+        let looks = Looks::with_timetable_max(belfry_core::TIMETABLE_MAX);
+        assert!(matches!(looks.recall(1_000), Recall::Full), "no look yet");
+        full(&looks, 1_000, &idle(7), tally(&[(5_000, "a")], &[]));
+        let Recall::Quiet(step) = looks.recall(4_999) else {
             panic!("nothing due before 5,000");
         };
         assert_eq!(step.next_ms, Some(5_000));
         assert_eq!(step.subscribers, 7);
-        assert!(matches!(looks.recall(5_000).1, Recall::Full), "due");
+        let due = focus(&looks, 5_000).lock().take_due(5_000);
+        assert_eq!(due, ["a"], "due: read only that one");
         looks.changed();
-        assert!(matches!(looks.recall(4_999).1, Recall::Full), "a change");
-        full(&looks, 1_000, &idle(None, 7), tally(Some(5_000), &[]));
+        assert!(matches!(looks.recall(4_999), Recall::Full), "a change");
+        full(&looks, 1_000, &idle(7), tally(&[(5_000, "a")], &[]));
         let start = looks.begin_full();
         looks.end_full(start, 1_100, None);
         assert!(
-            matches!(looks.recall(1_200).1, Recall::Full),
+            matches!(looks.recall(1_200), Recall::Full),
             "a failed look forgets the last"
         );
     }
 
     #[test]
     fn a_look_with_errors_or_too_many_fan_outs_is_not_remembered() {
-        let looks = Looks::default();
+        let looks = Looks::with_timetable_max(belfry_core::TIMETABLE_MAX);
         let errors = StepReport {
             errors: vec![("r".into(), "corrupt".into())],
-            ..idle(None, 0)
+            ..idle(0)
         };
-        full(&looks, 1_000, &errors, tally(Some(9_000), &[]));
-        assert!(matches!(looks.recall(1_001).1, Recall::Full));
+        full(&looks, 1_000, &errors, tally(&[(9_000, "a")], &[]));
+        assert!(matches!(looks.recall(1_001), Recall::Full));
         let many: Vec<String> = (0..=RUNNING_MAX).map(|i| i.to_string()).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
-        full(&looks, 1_000, &idle(None, 0), tally(Some(9_000), &many));
-        assert!(matches!(looks.recall(1_001).1, Recall::Full));
+        full(&looks, 1_000, &idle(0), tally(&[], &many));
+        assert!(matches!(looks.recall(1_001), Recall::Full));
     }
 
-    /// Running fan-outs make the next steps focused on them; the one that finishes leaves
-    /// the set and brings its next fire time; the memory ages from the full look.
+    /// Running fan-outs make the next steps focused on them; the one that finishes goes back
+    /// into the timetable at its next fire time; the plan ages from the full look.
     #[test]
     fn running_fan_outs_are_stepped_alone_until_they_finish() {
-        let looks = Looks::default();
+        let looks = Looks::with_timetable_max(belfry_core::TIMETABLE_MAX);
         full(
             &looks,
             1_000,
-            &idle(None, 3),
-            tally(Some(60_000), &["a", "b"]),
+            &idle(3),
+            tally(&[(60_000, "c")], &["a", "b"]),
         );
-        let (start, Recall::Focus(found)) = looks.recall(1_500) else {
-            panic!("two fan-outs running");
-        };
-        assert_eq!(found.running(), ["a", "b"]);
+        let plan = focus(&looks, 1_500);
+        let keys = plan.lock().take_due(1_500);
+        assert_eq!(keys, ["a", "b"]);
         // "a" finished and fires again at 30,000; "b" goes on.
-        looks.end_focus(
-            start,
-            &found,
-            Some((&idle(None, 0), tally(Some(30_000), &["b"]))),
-        );
-        let (start, Recall::Focus(found)) = looks.recall(2_000) else {
-            panic!("one fan-out running");
-        };
-        assert_eq!(found.running(), ["b"]);
-        looks.end_focus(start, &found, Some((&idle(None, 0), tally(None, &[]))));
-        let Recall::Quiet(step) = looks.recall(2_500).1 else {
+        assert!(plan.lock().keep(tally(&[(30_000, "a")], &["b"])));
+        let keys = focus(&looks, 2_000).lock().take_due(2_000);
+        assert_eq!(keys, ["b"]);
+        assert!(plan.lock().keep(tally(&[], &[])));
+        let Recall::Quiet(step) = looks.recall(2_500) else {
             panic!("nothing running, nothing due");
         };
         assert_eq!(step.next_ms, Some(30_000));
         assert_eq!(step.subscribers, 3, "kept from the full look");
-        assert!(matches!(looks.recall(30_000).1, Recall::Full));
+        assert_eq!(focus(&looks, 30_000).lock().take_due(30_000), ["a"]);
         assert!(
-            matches!(looks.recall(1_000 + FULL_LOOK_MS).1, Recall::Full),
+            matches!(looks.recall(1_000 + FULL_LOOK_MS), Recall::Full),
             "aged from the full look, not from the focused steps"
         );
     }
 
-    /// A change announced after a focused step began voids what it leaves, even though it
-    /// read only its fan-outs.
+    /// A timetable with no room for every reminder answers until the first one it left out
+    /// is due; a plan left with too many fan-outs running is not kept.
     #[test]
-    fn a_change_during_a_focused_step_voids_it() {
-        let looks = Looks::default();
-        full(&looks, 1_000, &idle(None, 0), tally(None, &["a"]));
-        let (start, Recall::Focus(found)) = looks.recall(1_100) else {
-            panic!("a fan-out running");
-        };
-        looks.changed();
-        looks.end_focus(start, &found, Some((&idle(None, 0), tally(None, &["a"]))));
-        assert!(matches!(looks.recall(1_200).1, Recall::Full));
+    fn a_left_out_fire_time_or_too_many_fan_outs_make_a_full_look() {
+        let looks = Looks::with_timetable_max(2);
+        full(
+            &looks,
+            1_000,
+            &idle(0),
+            tally(&[(5_000, "a"), (6_000, "b"), (7_000, "c")], &[]),
+        );
+        assert!(matches!(looks.recall(6_999), Recall::Focus(_)));
+        assert!(matches!(looks.recall(7_000), Recall::Full), "c left out");
+
+        let plan = focus(&looks, 5_000);
+        plan.lock().take_due(5_000);
+        let many: Vec<String> = (0..=RUNNING_MAX).map(|i| i.to_string()).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert!(!plan.lock().keep(tally(&[], &many)));
     }
 
     #[test]
     fn subscriptions_move_the_gauge_without_a_full_look() {
-        let looks = Looks::default();
+        let looks = Looks::with_timetable_max(belfry_core::TIMETABLE_MAX);
         looks.subscribed(100);
-        full(&looks, 1_000, &idle(None, 100), tally(None, &[]));
+        full(&looks, 1_000, &idle(100), tally(&[], &[]));
         looks.subscribed(5);
         looks.subscribed(-2);
-        let Recall::Quiet(step) = looks.recall(1_001).1 else {
+        let Recall::Quiet(step) = looks.recall(1_001) else {
             panic!("quiet");
         };
         assert_eq!(step.subscribers, 103);
         looks.subscribed(-500);
-        let Recall::Quiet(step) = looks.recall(1_002).1 else {
+        let Recall::Quiet(step) = looks.recall(1_002) else {
             panic!("quiet");
         };
         assert_eq!(step.subscribers, 0);

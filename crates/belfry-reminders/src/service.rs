@@ -3,7 +3,8 @@
 //!
 //! Like the schedule service it keeps no reminders in memory: every call reads the store, so
 //! several nodes over one store see the same reminders. The one thing it remembers is what
-//! the runner's last full look found (`quiet.rs`), dropped whenever a write is announced.
+//! the runner's last full look found (`quiet.rs`: the timetable of idle reminders and the
+//! fan-outs running), dropped whenever a write is announced.
 //! Time is passed in; the service never reads a clock. Callers run its calls on a blocking
 //! thread.
 
@@ -84,10 +85,16 @@ pub struct ReminderService {
 
 impl ReminderService {
     pub fn new(store: Arc<dyn Store>) -> Self {
+        Self::with_timetable_max(store, belfry_core::TIMETABLE_MAX)
+    }
+
+    /// A service whose runner's timetable holds at most `timetable_max` idle reminders (at
+    /// least 1), for tests of what happens past it.
+    pub fn with_timetable_max(store: Arc<dyn Store>, timetable_max: usize) -> Self {
         ReminderService {
             store,
             writes: Mutex::new(()),
-            looks: Looks::default(),
+            looks: Looks::with_timetable_max(timetable_max),
         }
     }
 

@@ -408,3 +408,83 @@ fn a_fan_out_that_finishes_between_full_looks_fires_again_at_its_next_time() {
     assert_eq!(service.step(120_000).unwrap().fanouts_started, 1);
     assert_eq!(service.get(&id).unwrap().firings, 2);
 }
+
+/// A step at an idle reminder's fire time reads only the reminders the last full look's
+/// timetable says are due: one another node wrote without announcing it is not fired with
+/// them, but is after `relook`.
+#[test]
+fn a_step_from_the_timetable_reads_only_the_due_reminders() {
+    let (store, service) = setup();
+    let other_node = ReminderService::new(store.clone());
+    for (id, at, user) in [("a", 5_000, 1), ("b", 9_000, 2)] {
+        let id = ReminderId::new(id).unwrap();
+        service
+            .create(Some(id.clone()), def(at, 10, None), 0)
+            .unwrap();
+        service.subscribe(&id, &ids(user..user + 1)).unwrap();
+    }
+    assert_eq!(service.step(1_000).unwrap().next_ms, Some(5_000));
+    let c = ReminderId::new("c").unwrap();
+    other_node
+        .create(Some(c.clone()), def(5_000, 10, None), 1_000)
+        .unwrap();
+    other_node.subscribe(&c, &ids(3..4)).unwrap();
+
+    let step = service.step(5_000).unwrap();
+    assert_eq!(step.fanouts_started, 1);
+    assert_eq!(step.next_ms, Some(9_000));
+    assert_eq!(
+        reminder_ids(&take(&store, 5_000)),
+        BTreeSet::from(["a".into()])
+    );
+    service.relook();
+    assert_eq!(service.step(5_001).unwrap().fanouts_started, 1);
+    assert_eq!(
+        reminder_ids(&take(&store, 5_001)),
+        BTreeSet::from(["c".into()])
+    );
+}
+
+/// With a timetable of two, seven reminders (one of them recurring) each fire once per fire
+/// time, at the first step at or after it.
+#[test]
+fn reminders_beyond_the_timetable_still_fire_on_time_and_once() {
+    let store = Arc::new(MemoryStore::new());
+    store.put_queue(&q(), Bytes::from("{}")).unwrap();
+    let service = ReminderService::with_timetable_max(store.clone(), 2);
+    let mut expected = Vec::new();
+    for i in 0..6u64 {
+        let id = ReminderId::new(format!("r{i}")).unwrap();
+        let at = 10_000 + 7_000 * i;
+        service
+            .create(Some(id.clone()), def(at, 10, None), 0)
+            .unwrap();
+        service.subscribe(&id, &ids(i..i + 1)).unwrap();
+        expected.push((format!("r{i}"), at));
+    }
+    let minutely = ReminderId::new("minutely").unwrap();
+    let mut d = def(0, 10, None);
+    d.when = When::Cron {
+        expression: "* * * * *".into(),
+        timezone: "UTC".into(),
+    };
+    service.create(Some(minutely.clone()), d, 0).unwrap();
+    service.subscribe(&minutely, &ids(9..10)).unwrap();
+    expected.extend([
+        ("minutely".to_owned(), 60_000),
+        ("minutely".into(), 120_000),
+    ]);
+
+    let mut fired = Vec::new();
+    for now in (0..=150_000).step_by(500) {
+        service.step(now).unwrap();
+        for body in take(&store, now) {
+            let firing = body["firing"].as_u64().unwrap();
+            assert!(now - firing < 500, "{body} taken at {now}");
+            fired.push((body["reminder_id"].as_str().unwrap().to_owned(), firing));
+        }
+    }
+    fired.sort();
+    expected.sort();
+    assert_eq!(fired, expected);
+}
