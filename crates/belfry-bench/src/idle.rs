@@ -185,10 +185,9 @@ async fn run_on(args: &IdleArgs, server: &ServerUnderTest) -> anyhow::Result<Idl
                 "queue": queue,
                 "content": {"i": i},
             });
-            if let (Some(body), serde_json::Value::Object(when)) = (
-                body.as_object_mut(),
-                args.reminder_times.fields(i, due),
-            ) {
+            if let (Some(body), serde_json::Value::Object(when)) =
+                (body.as_object_mut(), args.reminder_times.fields(i, due))
+            {
                 body.extend(when);
             }
             body.to_string()
