@@ -13,9 +13,10 @@
 //!   users (of every user when the event names none: a bulk change or a dropped set), so a
 //!   subscribe on one node shows in another node's feed at once, not after the cache's TTL;
 //! - `MetaChanged(namespace)`: schedules → the schedule runner reads every schedule again
-//!   (not its last look's memory, `ScheduleService::relook`); reminders → the feed's caches
-//!   are emptied and the reminder runner reads every reminder again
-//!   (`ReminderService::relook`);
+//!   (not its last look's memory, `ScheduleService::relook`); reminders or their ids → the
+//!   feed's caches are emptied and the reminder runner reads every reminder again
+//!   (`ReminderService::relook`); schedule cursors and fan-out progress → nothing, since only
+//!   the owner's runner writes them and it knows (`Concerns`);
 //!   tokens made through the API → re-read, so a token made on one node works on all;
 //! - `Resync`, `Recheck` and `OwnershipChanged`: re-reads every queue and the tokens, wakes
 //!   every queue (the dispatcher claims only what this node owns, so after a takeover it finds
@@ -246,14 +247,11 @@ impl Follower {
         } else if !pending.users.is_empty() {
             self.reminders.forget_subscriptions(Some(&pending.users));
         }
-        let mut schedules = false;
-        let mut reminders = false;
+        let (mut schedules, mut reminders) = (false, false);
         for namespace in &pending.namespaces {
-            schedules |= namespace == belfry_schedule::SCHEDULES_NAMESPACE
-                || namespace == belfry_schedule::CURSORS_NAMESPACE;
-            reminders |= namespace == belfry_reminders::REMINDERS_NAMESPACE
-                || namespace == belfry_reminders::IDS_NAMESPACE
-                || namespace == belfry_reminders::FANOUTS_NAMESPACE;
+            let concerns = Concerns::of(namespace);
+            schedules |= concerns.schedules;
+            reminders |= concerns.reminders;
         }
         if schedules {
             self.schedules.relook();
@@ -283,9 +281,48 @@ impl Follower {
     }
 }
 
+/// Which runners a change to a metadata namespace concerns: those then read every record
+/// again (and the reminder caches go).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Concerns {
+    schedules: bool,
+    reminders: bool,
+}
+
+impl Concerns {
+    /// A schedule's or a reminder's own document concerns its runner on every node: it may be
+    /// new, moved or gone, and any node may own it. A runner's bookkeeping does not: a
+    /// schedule's cursor and a fan-out's progress are written by the node that owns the
+    /// record, whose runner accounts for its own writes, and a delete that removes them comes
+    /// with the document's. A node hears its own announcements too, so on a shared store
+    /// every tick's cursors and every paced chunk's progress used to make every node read
+    /// every record again (and empty its feed caches) at once.
+    fn of(namespace: &str) -> Concerns {
+        Concerns {
+            schedules: namespace == belfry_schedule::SCHEDULES_NAMESPACE,
+            reminders: namespace == belfry_reminders::REMINDERS_NAMESPACE
+                || namespace == belfry_reminders::IDS_NAMESPACE,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runners_bookkeeping_concerns_no_runner_and_its_documents_concern_theirs() {
+        let of = |namespace: &str| {
+            let c = Concerns::of(namespace);
+            (c.schedules, c.reminders)
+        };
+        assert_eq!(of(belfry_schedule::SCHEDULES_NAMESPACE), (true, false));
+        assert_eq!(of(belfry_reminders::REMINDERS_NAMESPACE), (false, true));
+        assert_eq!(of(belfry_reminders::IDS_NAMESPACE), (false, true));
+        assert_eq!(of(belfry_schedule::CURSORS_NAMESPACE), (false, false));
+        assert_eq!(of(belfry_reminders::FANOUTS_NAMESPACE), (false, false));
+        assert_eq!(of("tokens"), (false, false));
+    }
 
     fn queue(name: &str) -> QueueName {
         QueueName::new(name).unwrap()

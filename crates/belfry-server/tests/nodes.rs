@@ -780,6 +780,43 @@ async fn a_recheck_keeps_the_feed_caches_and_a_resync_empties_them() {
     nodes.stop().await;
 }
 
+/// A fan-out's progress or a schedule's cursor, announced by the node that wrote it, is
+/// that node's runner's bookkeeping: B keeps its feed caches (a paced fan-out writes its
+/// progress at every chunk). A reminder's own document, changed elsewhere, empties them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runners_bookkeeping_elsewhere_keeps_the_feed_caches() {
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    standup_and_retro(a, "u8").await;
+    let b_feed = || feed_ids(b, "u8");
+    let reads = || nodes.shared.user_set_reads[1].load(Ordering::SeqCst);
+    eventually("B's feed lists the subscription", || async {
+        (b_feed().await == ["standup"]).then_some(())
+    })
+    .await;
+    assert_eq!(b_feed().await, ["standup"]);
+
+    for namespace in [
+        belfry_reminders::FANOUTS_NAMESPACE,
+        belfry_schedule::CURSORS_NAMESPACE,
+    ] {
+        nodes.shared.emit(StoreEvent::MetaChanged(namespace.into()));
+        // Events are taken in order: once a recheck after it is handled, so is this.
+        nodes.handled(1, StoreEvent::Recheck).await;
+        let before = reads();
+        assert_eq!(b_feed().await, ["standup"]);
+        assert_eq!(reads(), before, "B's caches kept across {namespace}");
+    }
+    nodes.shared.emit(StoreEvent::MetaChanged(
+        belfry_reminders::REMINDERS_NAMESPACE.into(),
+    ));
+    nodes.handled(1, StoreEvent::Recheck).await;
+    let before = reads();
+    assert_eq!(b_feed().await, ["standup"]);
+    assert_eq!(reads(), before + 1, "a reminder changed: B's caches go");
+    nodes.stop().await;
+}
+
 /// On `a`: queue "notes", reminders "standup" and "retro" due in a minute, and `user`
 /// subscribed to "standup".
 async fn standup_and_retro(a: &TestServer, user: &str) {
