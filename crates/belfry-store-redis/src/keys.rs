@@ -11,6 +11,7 @@
 //! | `{ns/h<uid>}` | a queue's hint: partition -> earliest instant a claim there returns work |
 //! | `{ns/i<uid>}`, `:w`, `:n` | a queue's in-flight leases and reservations by deadline, the callers waiting for room, the places reservations hold (`lua/inflight.lua`) |
 //! | `{ns/m}:<namespace>` | small metadata, one hash per namespace |
+//! | `{ns/m}#versions` | hash: each metadata namespace's write count (by its key), for rechecks |
 //! | `{ns/s<set>/<k>.<n>}` | shard `k` of a subscriber set: its members whose encoded id hashes to `k` (ZSET, score 0, by encoded user id); `n` places the shard's slot (`Keys::set_shard`) |
 //! | `{ns/u<p>}:<user>` | a user's sets (ZSET, score 0, by 8-byte set number) |
 
@@ -111,6 +112,12 @@ impl Keys {
 
     pub(crate) fn meta(&self, namespace: &str) -> String {
         format!("{{{}/m}}:{namespace}", self.ns)
+    }
+
+    /// The HASH of the metadata namespaces' write counts, by their [`Keys::meta`] key, in
+    /// the same slot (no `:`, so no namespace's key can be it).
+    pub(crate) fn meta_versions(&self) -> String {
+        format!("{{{}/m}}#versions", self.ns)
     }
 
     /// The pub/sub channel of the namespace's [`belfry_store::StoreEvent`]s.

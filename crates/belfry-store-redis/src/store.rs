@@ -765,15 +765,26 @@ impl Store for RedisStore {
 
     fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool> {
         let hash = self.keys.meta(namespace);
-        let (n, acks): (i64, _) = self.pool.with("delete metadata", |c| {
-            let n = redis::cmd("HDEL").arg(&hash).arg(key).query(c.as_dyn())?;
+        let keys = [
+            hash.clone().into_bytes(),
+            self.keys.meta_versions().into_bytes(),
+        ];
+        let args = [
+            b"1".to_vec(),
+            key.as_bytes().to_vec(),
+            b"d".to_vec(),
+            Vec::new(),
+        ];
+        let (n, acks) = self.pool.with("delete metadata", |c| {
+            let n = run_script(c.as_dyn(), &scripts::META, &keys, &args)?;
             Ok((n, self.replica_wait(c, hash.as_bytes())?))
         })?;
         self.check_replicas(acks)?;
-        if n > 0 {
+        let deleted = matches!(n, redis::Value::Int(n) if n > 0);
+        if deleted {
             self.publish(crate::events::meta_message(namespace));
         }
-        Ok(n > 0)
+        Ok(deleted)
     }
 
     fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>> {
@@ -819,6 +830,7 @@ impl Store for RedisStore {
                 }
             }
         }
+        keys.push(self.keys.meta_versions().into_bytes());
         let acks = self.pool.with("write metadata", |c| {
             run_script(c.as_dyn(), &scripts::META, &keys, &args)?;
             self.replica_wait(c, &keys[0])
@@ -828,6 +840,21 @@ impl Store for RedisStore {
             self.publish(crate::events::meta_message(&namespace));
         }
         Ok(())
+    }
+
+    fn meta_versions(&self, namespaces: &[&str]) -> Result<Option<Vec<u64>>> {
+        if namespaces.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        let versions = self.keys.meta_versions();
+        let fields: Vec<String> = namespaces.iter().map(|ns| self.keys.meta(ns)).collect();
+        let counts: Vec<Option<u64>> = self.pool.with("read metadata versions", |c| {
+            redis::cmd("HMGET")
+                .arg(&versions)
+                .arg(&fields)
+                .query(c.as_dyn())
+        })?;
+        Ok(Some(counts.into_iter().map(|n| n.unwrap_or(0)).collect()))
     }
 
     fn subscribe(&self, set: u64, users: &[UserId]) -> Result<u64> {

@@ -130,3 +130,38 @@ fn a_recheck_while_connected_and_a_resync_after_a_reconnect() {
         assert!(Instant::now() < deadline, "no resync after the reconnect");
     }
 }
+
+/// Every metadata write counts, per namespace, on the store every node shares: a node that
+/// missed the announcement can tell from the counts that something changed, and that nothing
+/// did. A delete of nothing counts too (harmless: one more look).
+#[test]
+fn metadata_writes_are_counted_per_namespace_for_every_node() {
+    use belfry_store::MetaChange;
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let versions = |s: &RedisStore| {
+        s.meta_versions(&["schedules", "reminders"])
+            .unwrap()
+            .expect("a shared store counts")
+    };
+    assert_eq!(versions(&b), [0, 0]);
+    a.put_meta("schedules", "s1", "x".into()).unwrap();
+    assert_eq!(versions(&b), [1, 0]);
+    a.write_meta(vec![
+        MetaChange::put("schedules", "s2", "y".into()),
+        MetaChange::put("schedules", "s3", "z".into()),
+        MetaChange::put("reminders", "r1", "w".into()),
+    ])
+    .unwrap();
+    assert_eq!(versions(&b), [2, 1], "one write, each namespace once");
+    assert!(a.delete_meta("schedules", "s1").unwrap());
+    assert!(!a.delete_meta("schedules", "s1").unwrap(), "already gone");
+    assert_eq!(versions(&b), [4, 1]);
+    assert_eq!(versions(&a), versions(&b));
+    assert_eq!(
+        b.list_meta("schedules").unwrap().len(),
+        2,
+        "the counts are not a namespace's entries"
+    );
+    assert_eq!(b.meta_versions(&[]).unwrap(), Some(vec![]));
+}

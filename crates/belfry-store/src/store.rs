@@ -405,6 +405,16 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// How many times each of `namespaces` has been written, if the store keeps count: a
+    /// store shared by several nodes does, so that a node can tell whether anything changed
+    /// since it last looked without reading it all again (its periodic recheck, the guard
+    /// against a lost announcement). The counts only grow. `None`: this store does not
+    /// count (a single-process store, whose every write goes through this process).
+    fn meta_versions(&self, namespaces: &[&str]) -> Result<Option<Vec<u64>>> {
+        let _ = namespaces;
+        Ok(None)
+    }
+
     // ---- subscriber sets (reminders) ----
     //
     // A set is named by a number its owner chooses (a reminder's uid) and holds user ids.
