@@ -22,7 +22,9 @@
 //!   every queue (the dispatcher claims only what this node owns, so after a takeover it finds
 //!   the new shards' tasks) and wakes both runners, each reading every record again (not
 //!   its last look's memory), which fire only the schedules and run only the fan-outs this
-//!   node owns. Only `Resync` (events were missed: the stream reconnected, or
+//!   node owns. After a bare `Recheck`, a runner reads everything again only if the store's
+//!   write counts of its namespaces moved since the last one (`Store::meta_versions`): the
+//!   recheck guards against a lost announcement, and the counts say whether there was one. Only `Resync` (events were missed: the stream reconnected, or
 //!   the inbox overflowed) also empties the feed's caches; the periodic `Recheck` keeps them,
 //!   since every change that reaches them is announced and what a lost announcement leaves
 //!   stale is bounded by the caches' own time to live.
@@ -67,6 +69,9 @@ struct Pending {
     resync: bool,
     /// Events may have been missed: what was cached on the strength of events goes too.
     missed: bool,
+    /// Ownership may have moved, or events were missed: the runners read everything again,
+    /// whatever the store's write counts say. (A bare `Recheck` leaves that to the counts.)
+    moved: bool,
 }
 
 impl Pending {
@@ -84,8 +89,13 @@ impl Pending {
             StoreEvent::Resync => {
                 self.resync = true;
                 self.missed = true;
+                self.moved = true;
             }
-            StoreEvent::Recheck | StoreEvent::OwnershipChanged => self.resync = true,
+            StoreEvent::OwnershipChanged => {
+                self.resync = true;
+                self.moved = true;
+            }
+            StoreEvent::Recheck => self.resync = true,
             StoreEvent::SubscriptionsChanged(Some(users)) if !self.all_users => {
                 self.users.extend(users);
                 if self.users.len() > INBOX_USERS_MAX {
@@ -103,6 +113,7 @@ impl Pending {
             *self = Pending {
                 resync: true,
                 missed: true,
+                moved: true,
                 ..Pending::default()
             };
         }
@@ -145,6 +156,7 @@ impl Inbox {
     fn keep(&self, failed: Pending) {
         let mut pending = self.pending.lock();
         pending.resync |= failed.resync;
+        pending.moved |= failed.moved;
         pending.queues.extend(failed.queues);
         pending.namespaces.extend(failed.namespaces);
     }
@@ -167,7 +179,18 @@ pub(crate) struct Follower {
     pub reminders: Reminders,
     /// The metadata namespace of the tokens made through the API, and how to re-read them.
     pub tokens: (&'static str, FollowTokens),
+    /// The store's write counts of the runners' namespaces ([`RUNNER_NAMESPACES`]) when the
+    /// runners last read everything on a recheck's account.
+    pub seen: Mutex<Option<Vec<u64>>>,
 }
+
+/// The namespaces whose writes concern a runner ([`Concerns`]), whose write counts a recheck
+/// compares.
+const RUNNER_NAMESPACES: [&str; 3] = [
+    belfry_schedule::SCHEDULES_NAMESPACE,
+    belfry_reminders::REMINDERS_NAMESPACE,
+    belfry_reminders::IDS_NAMESPACE,
+];
 
 impl Follower {
     /// Handles events until the server stops.
@@ -216,11 +239,17 @@ impl Follower {
                 failed.resync = true;
             }
             self.service.queues.wake_all();
-            self.schedules.relook();
-            self.schedules.wake();
             // Ownership may have moved, or announcements been lost: both runners read every
-            // record again rather than trusting their last look.
-            self.reminders.relook();
+            // record again rather than trusting their last look. On a bare recheck, only if
+            // the store's write counts say a schedule or a reminder changed since the last.
+            let concerns = self.changed_since_seen(pending.moved).await;
+            if concerns.schedules {
+                self.schedules.relook();
+            }
+            if concerns.reminders {
+                self.reminders.relook();
+            }
+            self.schedules.wake();
             self.reminders.wake();
             if pending.missed {
                 self.reminders.forget_cached();
@@ -269,6 +298,34 @@ impl Follower {
         failed
     }
 
+    /// Which runners must read everything again: both after `moved`, and on a recheck those
+    /// whose namespaces the store counts writes of since the last time (both when it does not
+    /// count, or cannot be read). The counts are read before the runners look, so a write
+    /// after the read shows at the next recheck.
+    async fn changed_since_seen(&self, moved: bool) -> Concerns {
+        let counted = self
+            .service
+            .shared()
+            .blocking(crate::shared::Caller::Internal, |s| {
+                Ok(s.meta_versions(&RUNNER_NAMESPACES)?)
+            })
+            .await;
+        let now = match counted {
+            Ok(Some(now)) if now.len() == RUNNER_NAMESPACES.len() => now,
+            Ok(_) => return Concerns::ALL,
+            Err(error) => {
+                tracing::warn!(%error, "read the store's metadata write counts; both runners look again");
+                *self.seen.lock() = None;
+                return Concerns::ALL;
+            }
+        };
+        let before = self.seen.lock().replace(now.clone());
+        match before {
+            Some(before) if !moved => Concerns::since(&before, &now),
+            _ => Concerns::ALL,
+        }
+    }
+
     /// Re-reads the tokens; false (reported) if the store could not be read.
     async fn follow_tokens(&self) -> bool {
         match (self.tokens.1)().await {
@@ -290,6 +347,28 @@ struct Concerns {
 }
 
 impl Concerns {
+    const ALL: Concerns = Concerns {
+        schedules: true,
+        reminders: true,
+    };
+
+    /// What the namespaces whose write counts went from `before` to `now` (by
+    /// [`RUNNER_NAMESPACES`]) concern.
+    fn since(before: &[u64], now: &[u64]) -> Concerns {
+        let mut concerns = Concerns {
+            schedules: false,
+            reminders: false,
+        };
+        for ((namespace, before), now) in RUNNER_NAMESPACES.iter().zip(before).zip(now) {
+            if before != now {
+                let of = Concerns::of(namespace);
+                concerns.schedules |= of.schedules;
+                concerns.reminders |= of.reminders;
+            }
+        }
+        concerns
+    }
+
     /// A schedule's or a reminder's own document concerns its runner on every node: it may be
     /// new, moved or gone, and any node may own it. A runner's bookkeeping does not: a
     /// schedule's cursor and a fan-out's progress are written by the node that owns the
@@ -309,6 +388,32 @@ impl Concerns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_recheck_leaves_it_to_the_write_counts_and_a_takeover_or_a_resync_does_not() {
+        let mut pending = Pending::default();
+        pending.add(StoreEvent::Recheck);
+        assert!(pending.resync && !pending.moved);
+        pending.add(StoreEvent::OwnershipChanged);
+        assert!(pending.moved && !pending.missed);
+        let mut pending = Pending::default();
+        pending.add(StoreEvent::Resync);
+        assert!(pending.moved && pending.missed);
+
+        let none = Concerns {
+            schedules: false,
+            reminders: false,
+        };
+        assert_eq!(Concerns::since(&[3, 5, 7], &[3, 5, 7]), none);
+        let schedules = Concerns::since(&[3, 5, 7], &[4, 5, 7]);
+        assert!(schedules.schedules && !schedules.reminders);
+        let reminders = Concerns::since(&[3, 5, 7], &[3, 5, 8]);
+        assert!(
+            !reminders.schedules && reminders.reminders,
+            "a reminder's id"
+        );
+        assert_eq!(Concerns::since(&[0, 0, 0], &[1, 1, 0]), Concerns::ALL);
+    }
 
     #[test]
     fn a_runners_bookkeeping_concerns_no_runner_and_its_documents_concern_theirs() {

@@ -52,6 +52,10 @@ struct Shared {
     sweeps: [AtomicUsize; 2],
     /// Reads of a user's subscription list by each node: what a feed cache miss costs.
     user_set_reads: [AtomicUsize; 2],
+    /// Writes of each metadata namespace, counted as a networked store counts them.
+    meta_writes: Mutex<std::collections::HashMap<String, u64>>,
+    /// Events are lost (a failed `PUBLISH`); writes are still counted.
+    muted: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -64,11 +68,16 @@ impl Shared {
             chunks_created: Default::default(),
             sweeps: Default::default(),
             user_set_reads: Default::default(),
+            meta_writes: Default::default(),
+            muted: Default::default(),
         })
     }
 
     /// Every node hears every change, its own included, as from a networked store.
     fn emit(&self, event: StoreEvent) {
+        if self.muted.load(Ordering::SeqCst) {
+            return;
+        }
         let sinks = self.sinks.lock().clone();
         for sink in sinks {
             sink(event.clone());
@@ -80,6 +89,15 @@ impl Shared {
             Split::Parity => owner_by_hash(name),
             Split::Only(node) => node,
         }
+    }
+
+    /// One more write of `namespace`.
+    fn counted(&self, namespace: &str) {
+        *self
+            .meta_writes
+            .lock()
+            .entry(namespace.to_owned())
+            .or_default() += 1;
     }
 
     /// Moves ownership and tells every node, as a store does after a takeover.
@@ -128,6 +146,7 @@ impl NodeStore {
     }
 
     fn meta_changed(&self, namespace: &str) {
+        self.shared.counted(namespace);
         self.shared
             .emit(StoreEvent::MetaChanged(namespace.to_owned()));
     }
@@ -206,6 +225,15 @@ impl Store for NodeStore {
         let existed = self.inner().delete_meta(namespace, key)?;
         self.meta_changed(namespace);
         Ok(existed)
+    }
+    fn meta_versions(&self, namespaces: &[&str]) -> R<Option<Vec<u64>>> {
+        let writes = self.shared.meta_writes.lock();
+        Ok(Some(
+            namespaces
+                .iter()
+                .map(|ns| writes.get(*ns).copied().unwrap_or(0))
+                .collect(),
+        ))
     }
     fn write_meta(&self, changes: Vec<MetaChange>) -> R<()> {
         let mut namespaces: Vec<String> = changes.iter().map(|c| c.namespace.clone()).collect();
@@ -814,6 +842,51 @@ async fn a_runners_bookkeeping_elsewhere_keeps_the_feed_caches() {
     let before = reads();
     assert_eq!(b_feed().await, ["standup"]);
     assert_eq!(reads(), before + 1, "a reminder changed: B's caches go");
+    nodes.stop().await;
+}
+
+/// A reminder whose announcement was lost, but whose write the store counted, is found by its
+/// owner at the next recheck, and fanned out. (Nothing counted: a
+/// recheck reads nothing again, which `bench idle` on Redis shows as CPU.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_whose_announcement_was_lost_is_found_at_the_next_recheck() {
+    let nodes = Nodes::start().await;
+    let [a, _b] = &nodes.servers;
+    a.queue("notes", json!({})).await;
+    // The first recheck meets the counts for the first time, and reads everything.
+    nodes.handled(1, StoreEvent::Recheck).await;
+    nodes.handled(0, StoreEvent::Recheck).await;
+
+    // A reminder B owns, due now, written while every announcement is lost.
+    let writer = belfry_reminders::ReminderService::new(Arc::new(NodeStore {
+        node: 0,
+        shared: nodes.shared.clone(),
+    }));
+    let id = (0..)
+        .map(|i| format!("lost-{i}"))
+        .find(|id| owner_by_hash(&belfry_reminders::owner_key(id)) == 1)
+        .unwrap();
+    let now = nodes.clock.wall_ms();
+    let mut def = belfry_reminders::ReminderDef::at(
+        QueueName::new("notes").unwrap(),
+        now,
+        Bytes::from(r#"{"title":"lost"}"#),
+    );
+    def.chunk_size = 10;
+    let rid = belfry_reminders::ReminderId::new(id).unwrap();
+    nodes.shared.muted.store(true, Ordering::SeqCst);
+    writer.create(Some(rid.clone()), def, now).unwrap();
+    writer
+        .subscribe(&rid, &[UserId::new("u1").unwrap()])
+        .unwrap();
+    nodes.shared.muted.store(false, Ordering::SeqCst);
+
+    nodes.handled(1, StoreEvent::Recheck).await;
+    eventually("B fans the lost reminder out", || async {
+        (nodes.shared.chunks_created[1].load(Ordering::SeqCst) == 1).then_some(())
+    })
+    .await;
+    assert_eq!(nodes.shared.chunks_created[0].load(Ordering::SeqCst), 0);
     nodes.stop().await;
 }
 
