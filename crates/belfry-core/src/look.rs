@@ -79,6 +79,12 @@ impl<T: Clone> LastLook<T> {
             found,
         });
     }
+
+    /// Drops what the last look found: the next step looks again (after a step that kept it
+    /// up to date failed, or found something it cannot keep).
+    pub fn forget(&self) {
+        *self.memo.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +122,15 @@ mod tests {
         look.end(start, 3_000, Some(()));
         look.changed();
         assert_eq!(look.recall(3_001), None, "written after");
+    }
+
+    #[test]
+    fn a_forgotten_look_is_not_recalled() {
+        let look = LastLook::new(30_000);
+        let start = look.begin();
+        look.end(start, 1_000, Some(1));
+        look.forget();
+        assert_eq!(look.recall(1_001), None);
     }
 
     #[test]

@@ -165,7 +165,7 @@ impl ReminderService {
         let report = self.focused_step(&mut plan, now_ms, &mut tally);
         let kept = plan.keep(tally);
         if !kept || !report.as_ref().is_ok_and(|r| r.errors.is_empty()) {
-            self.looks.forget(now_ms);
+            self.looks.forget();
         }
         let mut report = report?;
         if let Some(next) = plan.next_ms() {

@@ -211,8 +211,8 @@ impl Looks {
 
     /// Drops the plan: the next step is a full look (after a focused step failed, raised an
     /// error, or left too many fan-outs running).
-    pub(crate) fn forget(&self, now_ms: UnixMs) {
-        self.last.end(self.last.begin(), now_ms, None);
+    pub(crate) fn forget(&self) {
+        self.last.forget();
     }
 }
 

@@ -556,7 +556,7 @@ impl ScheduleService {
             timetable.put(key, next);
         }
         if ticked.is_err() || !report.clean() {
-            self.last_look.end(self.last_look.begin(), now_ms, None);
+            self.last_look.forget();
         }
         ticked?;
         report.next_tick_ms = timetable.next_ms();
