@@ -776,18 +776,15 @@ async fn a_subscribe_on_one_node_shows_in_the_other_nodes_feed_at_once() {
 async fn a_recheck_keeps_the_feed_caches_and_a_resync_empties_them() {
     let nodes = Nodes::start().await;
     let [a, b] = &nodes.servers;
-    standup_and_retro(a, "u7").await;
+    standup_seen_on_b(&nodes, "u7").await;
     let b_feed = || feed_ids(b, "u7");
-    let reads = || nodes.shared.user_set_reads[1].load(Ordering::SeqCst);
-    eventually("B's feed lists the subscription", || async {
-        (b_feed().await == ["standup"]).then_some(())
-    })
-    .await;
 
     nodes.handled(1, StoreEvent::Recheck).await;
-    let before = reads();
-    assert_eq!(b_feed().await, ["standup"]);
-    assert_eq!(reads(), before, "read from B's caches across a recheck");
+    assert_eq!(
+        b_feed_and_reads(&nodes, "u7").await,
+        (vec!["standup".to_string()], 0),
+        "read from B's caches across a recheck"
+    );
 
     a.ok(
         "PUT",
@@ -802,9 +799,11 @@ async fn a_recheck_keeps_the_feed_caches_and_a_resync_empties_them() {
     .await;
 
     nodes.handled(1, StoreEvent::Resync).await;
-    let before = reads();
-    assert_eq!(b_feed().await, ["retro", "standup"]);
-    assert_eq!(reads(), before + 1, "a resync empties B's caches");
+    assert_eq!(
+        b_feed_and_reads(&nodes, "u7").await,
+        (vec!["retro".to_string(), "standup".to_string()], 1),
+        "a resync empties B's caches"
+    );
     nodes.stop().await;
 }
 
@@ -814,15 +813,9 @@ async fn a_recheck_keeps_the_feed_caches_and_a_resync_empties_them() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_runners_bookkeeping_elsewhere_keeps_the_feed_caches() {
     let nodes = Nodes::start().await;
-    let [a, b] = &nodes.servers;
-    standup_and_retro(a, "u8").await;
-    let b_feed = || feed_ids(b, "u8");
-    let reads = || nodes.shared.user_set_reads[1].load(Ordering::SeqCst);
-    eventually("B's feed lists the subscription", || async {
-        (b_feed().await == ["standup"]).then_some(())
-    })
-    .await;
-    assert_eq!(b_feed().await, ["standup"]);
+    standup_seen_on_b(&nodes, "u8").await;
+    let standup = vec!["standup".to_string()];
+    assert_eq!(b_feed_and_reads(&nodes, "u8").await.0, standup);
 
     for namespace in [
         belfry_reminders::FANOUTS_NAMESPACE,
@@ -831,17 +824,21 @@ async fn a_runners_bookkeeping_elsewhere_keeps_the_feed_caches() {
         nodes.shared.emit(StoreEvent::MetaChanged(namespace.into()));
         // Events are taken in order: once a recheck after it is handled, so is this.
         nodes.handled(1, StoreEvent::Recheck).await;
-        let before = reads();
-        assert_eq!(b_feed().await, ["standup"]);
-        assert_eq!(reads(), before, "B's caches kept across {namespace}");
+        assert_eq!(
+            b_feed_and_reads(&nodes, "u8").await,
+            (standup.clone(), 0),
+            "B's caches kept across {namespace}"
+        );
     }
     nodes.shared.emit(StoreEvent::MetaChanged(
         belfry_reminders::REMINDERS_NAMESPACE.into(),
     ));
     nodes.handled(1, StoreEvent::Recheck).await;
-    let before = reads();
-    assert_eq!(b_feed().await, ["standup"]);
-    assert_eq!(reads(), before + 1, "a reminder changed: B's caches go");
+    assert_eq!(
+        b_feed_and_reads(&nodes, "u8").await,
+        (standup, 1),
+        "a reminder changed: B's caches go"
+    );
     nodes.stop().await;
 }
 
@@ -909,6 +906,24 @@ async fn standup_and_retro(a: &TestServer, user: &str) {
         Value::Null,
         201,
     )
+    .await;
+}
+
+/// B's feed of `user` (its ids, sorted), and how many subscription lists B read from the
+/// store to answer it (0: answered from its caches).
+async fn b_feed_and_reads(nodes: &Nodes, user: &str) -> (Vec<String>, usize) {
+    let reads = || nodes.shared.user_set_reads[1].load(Ordering::SeqCst);
+    let before = reads();
+    let ids = feed_ids(&nodes.servers[1], user).await;
+    (ids, reads() - before)
+}
+
+/// `standup_and_retro` on A, then waits until B's feed of `user` lists the subscription.
+async fn standup_seen_on_b(nodes: &Nodes, user: &str) {
+    standup_and_retro(&nodes.servers[0], user).await;
+    eventually("B's feed lists the subscription", || async {
+        (feed_ids(&nodes.servers[1], user).await == ["standup"]).then_some(())
+    })
     .await;
 }
 
