@@ -48,6 +48,8 @@ if [ -z "${TANSU_BIN:-}" ]; then
     export TANSU_BIN="${tansu_line#TANSU_BIN=}"
 fi
 
+# A from-scratch build gains nothing from incremental state, which would double target/'s size.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 say "cargo $(cargo --version | cut -d' ' -f2), $(nproc) cores"
 say "building and running all tests"
 cargo test --workspace --locked "$@"
