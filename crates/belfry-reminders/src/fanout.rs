@@ -200,8 +200,8 @@ impl ReminderService {
         Ok(report)
     }
 
-    /// A step of the fan-outs the last full look left running and of the reminders its
-    /// timetable says are due, reading only those.
+    /// A step of the fan-outs the last full look left running, of the reminders its
+    /// timetable says are due and of those touched since, reading only those.
     fn focused_step(
         &self,
         plan: &mut MutexGuard<'_, Plan>,
@@ -212,7 +212,7 @@ impl ReminderService {
             subscribers: self.looks.subscribers(plan),
             ..StepReport::default()
         };
-        for key in plan.take_due(now_ms) {
+        for key in self.looks.take_keys(plan, now_ms) {
             // Gone: deleted, which announces itself, or by another node, which a relook does.
             let Some(bytes) = self.store.get_meta(REMINDERS_NAMESPACE, &key)? else {
                 continue;

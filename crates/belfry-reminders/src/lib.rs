@@ -21,5 +21,5 @@ pub use model::{
     USERS_PER_SECOND_MAX,
 };
 pub use quiet::FULL_LOOK_MS;
-pub use record::{Fanout, FANOUTS_NAMESPACE, IDS_NAMESPACE, REMINDERS_NAMESPACE};
+pub use record::{parse_uid_key, Fanout, FANOUTS_NAMESPACE, IDS_NAMESPACE, REMINDERS_NAMESPACE};
 pub use service::{ReminderError, ReminderPatch, ReminderService, Result, LIST_LIMIT_MAX};

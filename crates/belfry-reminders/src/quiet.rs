@@ -21,6 +21,14 @@
 //! The runner's own writes (a firing that moves a reminder's fire time, a fan-out's cursor)
 //! need no announcement: the step that made them accounts for them.
 //!
+//! **Changes that name their keys.** A shared store's announcements name the reminders
+//! written (`ReminderService::touched`): another node's create or patch, and every firing
+//! start, which moves a reminder's next fire time. Those keys wait in a short list that the
+//! next step reads along with what is due, instead of voiding the look; a full look that
+//! begins after they were written reads them anyway, so it empties the list. With 100,000
+//! reminders firing over the day's seconds on Redis, each firing had made every node read
+//! all of them again.
+//!
 //! **The subscriber gauge.** Subscribes and unsubscribes change no fire time, so they do not
 //! cost a full look (a steady trickle of subscriptions would make every step one). Their
 //! counts are added to the remembered total instead; a full look recounts.
@@ -44,6 +52,9 @@ pub const FULL_LOOK_MS: u64 = 300_000;
 /// fan-out is then a large share of what a full look reads anyway).
 const RUNNING_MAX: usize = 256;
 
+/// Most touched keys waiting for a step; past it the next step is a full look instead.
+const TOUCHED_MAX: usize = 4_096;
+
 /// The runner's memory of its last full look.
 #[derive(Debug)]
 pub(crate) struct Looks {
@@ -52,6 +63,9 @@ pub(crate) struct Looks {
     subscribed: AtomicI64,
     /// Reminders a timetable holds at most.
     timetable_max: usize,
+    /// Keys announced as written since the last full look began ([`Looks::touch`]), which
+    /// the next step reads.
+    touched: Mutex<Vec<String>>,
 }
 
 /// What the last full look found, as the steps since have kept it.
@@ -134,7 +148,32 @@ impl Looks {
             last: LastLook::new(FULL_LOOK_MS),
             subscribed: AtomicI64::new(0),
             timetable_max: timetable_max.max(1),
+            touched: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The reminders at `keys` were written by someone else: the next step reads them again
+    /// (a full look, if too many wait).
+    pub(crate) fn touch(&self, keys: impl IntoIterator<Item = String>) {
+        let mut touched = self.touched.lock();
+        touched.extend(keys);
+        if touched.len() > TOUCHED_MAX {
+            touched.clear();
+            touched.shrink_to_fit();
+            self.last.changed();
+        }
+    }
+
+    /// The keys a focused step at `now_ms` reads: the plan's ([`Plan::take_due`]), then
+    /// those touched since, each once.
+    pub(crate) fn take_keys(&self, plan: &mut Plan, now_ms: UnixMs) -> Vec<String> {
+        let mut keys = plan.take_due(now_ms);
+        let touched = std::mem::take(&mut *self.touched.lock());
+        if !touched.is_empty() {
+            let mut seen: std::collections::HashSet<String> = keys.iter().cloned().collect();
+            keys.extend(touched.into_iter().filter(|k| seen.insert(k.clone())));
+        }
+        keys
     }
 
     /// Something a look reads was written: the next step looks again.
@@ -156,7 +195,10 @@ impl Looks {
         if !plan.timetable.covers(now_ms) {
             return Recall::Full;
         }
-        if plan.running.is_empty() && !plan.timetable.has_due(now_ms) {
+        if plan.running.is_empty()
+            && !plan.timetable.has_due(now_ms)
+            && self.touched.lock().is_empty()
+        {
             return Recall::Quiet(StepReport {
                 subscribers: self.subscribers(&plan),
                 next_ms: plan.next_ms(),
@@ -179,6 +221,8 @@ impl Looks {
         // The look counts every subscription written before it lists; ones written during it
         // may be counted twice until the next full look, never lost.
         self.subscribed.store(0, Ordering::Relaxed);
+        // The look reads every reminder after this, the touched ones too.
+        self.touched.lock().clear();
         self.last.begin()
     }
 
@@ -334,6 +378,34 @@ mod tests {
         let many: Vec<String> = (0..=RUNNING_MAX).map(|i| i.to_string()).collect();
         let many: Vec<&str> = many.iter().map(String::as_str).collect();
         assert!(!plan.lock().keep(tally(&[], &many)));
+    }
+
+    /// Keys another node wrote are read by the next step, each once, beside what is due,
+    /// without a full look; a full look reads those touched before it began, not those
+    /// touched while it ran; too many touched make the next step a full look.
+    #[test]
+    fn touched_keys_are_read_by_the_next_step_not_by_a_full_look() {
+        let looks = Looks::with_timetable_max(belfry_core::TIMETABLE_MAX);
+        full(&looks, 1_000, &idle(0), tally(&[(9_000, "a")], &[]));
+        assert!(matches!(looks.recall(1_001), Recall::Quiet(_)));
+        looks.touch(["b".to_string(), "b".to_string()]);
+        let plan = focus(&looks, 1_002);
+        assert_eq!(looks.take_keys(&mut plan.lock(), 1_002), ["b"]);
+        assert!(matches!(looks.recall(1_003), Recall::Quiet(_)), "read once");
+
+        looks.touch(["a".to_string(), "c".to_string()]);
+        let plan = focus(&looks, 9_000);
+        assert_eq!(looks.take_keys(&mut plan.lock(), 9_000), ["a", "c"]);
+
+        looks.touch(["before".to_string()]);
+        let start = looks.begin_full();
+        looks.touch(["during".to_string()]);
+        looks.end_full(start, 9_100, Some((&idle(0), tally(&[], &[]))));
+        let plan = focus(&looks, 9_101);
+        assert_eq!(looks.take_keys(&mut plan.lock(), 9_101), ["during"]);
+
+        looks.touch((0..=TOUCHED_MAX).map(|i| i.to_string()));
+        assert!(matches!(looks.recall(9_102), Recall::Full), "too many");
     }
 
     #[test]

@@ -104,6 +104,13 @@ impl ReminderService {
         self.looks.changed();
     }
 
+    /// These reminders (by their keys in [`REMINDERS_NAMESPACE`], `uid_key`) were written
+    /// other than through this service, and nothing else was (another node announced those
+    /// keys): the next step reads only them again, with what is due.
+    pub fn touched(&self, keys: impl IntoIterator<Item = String>) {
+        self.looks.touch(keys);
+    }
+
     pub fn create(
         &self,
         id: Option<ReminderId>,

@@ -12,32 +12,40 @@
 //! - `SubscriptionsChanged(users)`: the feed forgets the cached subscription lists of those
 //!   users (of every user when the event names none: a bulk change or a dropped set), so a
 //!   subscribe on one node shows in another node's feed at once, not after the cache's TTL;
-//! - `MetaChanged(namespace)`: schedules → the schedule runner reads every schedule again
-//!   (not its last look's memory, `ScheduleService::relook`); reminders or their ids → the
-//!   feed's caches are emptied and the reminder runner reads every reminder again
-//!   (`ReminderService::relook`); schedule cursors and fan-out progress → nothing, since only
-//!   the owner's runner writes them and it knows (`Concerns`);
+//! - `MetaChanged(event)`: schedules → the schedule runner reads every schedule again (not
+//!   its last look's memory, `ScheduleService::relook`); reminders whose keys the event
+//!   names → the feed forgets those and the reminder runner's next step reads only those
+//!   again (`ReminderService::touched`: every firing start moves a reminder's next fire
+//!   time, so reading every reminder at each one cost each node a full read a firing);
+//!   reminders not named → the feed's caches are emptied and the runner reads every
+//!   reminder again (`ReminderService::relook`); a reminder's id → nothing, since it is
+//!   written only with the reminder, whose event names it; schedule cursors and fan-out
+//!   progress → nothing, since only the owner's runner writes them and it knows
+//!   (`Concerns`);
 //!   tokens made through the API → re-read, so a token made on one node works on all;
 //! - `Resync`, `Recheck` and `OwnershipChanged`: re-reads every queue and the tokens, wakes
 //!   every queue (the dispatcher claims only what this node owns, so after a takeover it finds
 //!   the new shards' tasks) and wakes both runners, each reading every record again (not
 //!   its last look's memory), which fire only the schedules and run only the fan-outs this
-//!   node owns. After a bare `Recheck`, a runner reads everything again only if the store's
-//!   write counts of its namespaces moved since the last one (`Store::meta_versions`): the
-//!   recheck guards against a lost announcement, and the counts say whether there was one. Only `Resync` (events were missed: the stream reconnected, or
-//!   the inbox overflowed) also empties the feed's caches; the periodic `Recheck` keeps them,
+//!   node owns. After a bare `Recheck`, a runner reads everything again only if the store
+//!   counted a write of its namespaces whose announcement this node never heard (`Heard`:
+//!   events carry the namespace's write count, `Store::meta_versions` reads them): the
+//!   recheck guards against a lost announcement, and the counts say whether there was
+//!   one (an announcement gets one recheck period to arrive before it counts as lost).
+//!   Only `Resync` (events were missed: the stream reconnected, or the inbox overflowed)
+//!   also empties the feed's caches; the periodic `Recheck` keeps them,
 //!   since every change that reaches them is announced and what a lost announcement leaves
 //!   stale is bounded by the caches' own time to live.
 //!
 //! Events are hints: a failed re-read is kept and retried after a pause, never dropped.
 //! Single-process stores send no events; then this task only waits.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_core::{QueueName, UserId};
-use belfry_store::{EventSink, StoreEvent};
+use belfry_store::{EventSink, MetaEvent, StoreEvent};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -52,6 +60,9 @@ pub const INBOX_QUEUES_MAX: usize = 100_000;
 /// Distinct users waiting in the inbox at most; past it they become "every user".
 pub const INBOX_USERS_MAX: usize = 100_000;
 
+/// Distinct keys of one namespace waiting in the inbox at most; past it they become "any key".
+pub const INBOX_KEYS_MAX: usize = 10_000;
+
 /// Pause after a failed re-read before the follower tries again.
 const RETRY_PAUSE_MS: u64 = 500;
 
@@ -60,7 +71,10 @@ const RETRY_PAUSE_MS: u64 = 500;
 struct Pending {
     wakes: HashSet<QueueName>,
     queues: HashSet<QueueName>,
-    namespaces: HashSet<String>,
+    /// Metadata namespaces written, with the keys written (`None`: any key).
+    namespaces: HashMap<String, Option<HashSet<String>>>,
+    /// The write counts the metadata announcements carried: (namespace, count).
+    heard: Vec<(String, u64)>,
     /// Users whose cached subscription lists are to be forgotten.
     users: HashSet<UserId>,
     /// Every user's cached subscription list is to be forgotten.
@@ -83,9 +97,7 @@ impl Pending {
             StoreEvent::QueueChanged(queue) => {
                 self.queues.insert(queue);
             }
-            StoreEvent::MetaChanged(namespace) => {
-                self.namespaces.insert(namespace);
-            }
+            StoreEvent::MetaChanged(event) => self.meta(event),
             StoreEvent::Resync => {
                 self.resync = true;
                 self.missed = true;
@@ -116,6 +128,26 @@ impl Pending {
                 moved: true,
                 ..Pending::default()
             };
+        }
+    }
+
+    fn meta(&mut self, event: MetaEvent) {
+        if let Some(version) = event.version {
+            self.heard.push((event.namespace.clone(), version));
+        }
+        let entry = self
+            .namespaces
+            .entry(event.namespace)
+            .or_insert_with(|| Some(HashSet::new()));
+        match (entry.as_mut(), event.keys) {
+            (Some(keys), Some(more)) => {
+                keys.extend(more);
+                if keys.len() > INBOX_KEYS_MAX {
+                    *entry = None;
+                }
+            }
+            (_, None) => *entry = None,
+            (None, Some(_)) => {}
         }
     }
 
@@ -158,7 +190,13 @@ impl Inbox {
         pending.resync |= failed.resync;
         pending.moved |= failed.moved;
         pending.queues.extend(failed.queues);
-        pending.namespaces.extend(failed.namespaces);
+        for (namespace, keys) in failed.namespaces {
+            pending.meta(MetaEvent {
+                namespace,
+                keys: keys.map(|k| k.into_iter().collect()),
+                version: None,
+            });
+        }
     }
 }
 
@@ -179,9 +217,9 @@ pub(crate) struct Follower {
     pub reminders: Reminders,
     /// The metadata namespace of the tokens made through the API, and how to re-read them.
     pub tokens: (&'static str, FollowTokens),
-    /// The store's write counts of the runners' namespaces ([`RUNNER_NAMESPACES`]) when the
-    /// runners last read everything on a recheck's account.
-    pub seen: Mutex<Option<Vec<u64>>>,
+    /// Which of the runners' namespaces' writes this node heard announced, against the
+    /// store's counts at the last recheck.
+    pub heard: Mutex<Heard>,
 }
 
 /// The namespaces whose writes concern a runner ([`Concerns`]), whose write counts a recheck
@@ -191,6 +229,76 @@ const RUNNER_NAMESPACES: [&str; 3] = [
     belfry_reminders::REMINDERS_NAMESPACE,
     belfry_reminders::IDS_NAMESPACE,
 ];
+
+/// Counts heard above a gap, per namespace, at most; past it they are dropped and the next
+/// recheck finds the gap (a look at everything).
+const HEARD_ABOVE_MAX: usize = 100_000;
+
+/// The write counts this node heard in the announcements of [`RUNNER_NAMESPACES`], to tell on
+/// a recheck whether a write went unannounced (its `PUBLISH` failed, or the message was lost)
+/// without reading everything whenever anything was written. A write the store counted at
+/// the last recheck, whose count was never heard, was missed: an announcement has a whole
+/// recheck period to arrive, so one still on its way is not taken for lost.
+#[derive(Debug, Default)]
+pub(crate) struct Heard {
+    /// The store's counts at the last recheck; `None`: none yet, or they could not be read.
+    at_recheck: Option<Vec<u64>>,
+    /// Per namespace: every count up to this one was heard, or covered by a look.
+    through: [u64; RUNNER_NAMESPACES.len()],
+    /// Per namespace: counts heard above `through`, waiting for the gap below them to close.
+    above: [BTreeSet<u64>; RUNNER_NAMESPACES.len()],
+}
+
+impl Heard {
+    /// An announcement of `namespace` carried its write count `version`.
+    fn hear(&mut self, namespace: &str, version: u64) {
+        let Some(i) = RUNNER_NAMESPACES.iter().position(|n| *n == namespace) else {
+            return;
+        };
+        if version > self.through[i] {
+            self.above[i].insert(version);
+            self.close_gaps(i);
+            if self.above[i].len() > HEARD_ABOVE_MAX {
+                self.above[i].clear();
+            }
+        }
+    }
+
+    fn close_gaps(&mut self, i: usize) {
+        let through = &mut self.through[i];
+        self.above[i].retain(|v| *v > *through);
+        while self.above[i].first() == Some(&(*through + 1)) {
+            self.above[i].pop_first();
+            *through += 1;
+        }
+    }
+
+    /// A recheck read the store's counts `now` (by [`RUNNER_NAMESPACES`]); answers, per
+    /// namespace, whether a write counted at the last recheck went unheard (every namespace
+    /// when `all`, or when there is no last recheck). The runners then read everything,
+    /// which covers every write counted in `now`.
+    fn recheck(&mut self, now: &[u64], all: bool) -> Vec<bool> {
+        let before = self.at_recheck.replace(now.to_vec());
+        let missed: Vec<bool> = match before {
+            Some(before) if !all => (0..now.len())
+                .map(|i| self.through[i] < before[i])
+                .collect(),
+            _ => vec![true; now.len()],
+        };
+        for (i, missed) in missed.iter().enumerate() {
+            if *missed {
+                self.through[i] = self.through[i].max(now[i]);
+                self.close_gaps(i);
+            }
+        }
+        missed
+    }
+
+    /// The counts could not be read: the next recheck reads everything.
+    fn unknown(&mut self) {
+        self.at_recheck = None;
+    }
+}
 
 impl Follower {
     /// Handles events until the server stops.
@@ -221,6 +329,12 @@ impl Follower {
     /// Handles a batch of events; returns what failed (to retry).
     async fn handle(&self, mut pending: Pending) -> Pending {
         let mut failed = Pending::default();
+        {
+            let mut heard = self.heard.lock();
+            for (namespace, version) in &pending.heard {
+                heard.hear(namespace, *version);
+            }
+        }
         if pending.resync {
             // The store's fallback sweep first, so the wake-ups below find what it repaired.
             let swept = self
@@ -241,8 +355,8 @@ impl Follower {
             self.service.queues.wake_all();
             // Ownership may have moved, or announcements been lost: both runners read every
             // record again rather than trusting their last look. On a bare recheck, only if
-            // the store's write counts say a schedule or a reminder changed since the last.
-            let concerns = self.changed_since_seen(pending.moved).await;
+            // the store counted a write of a schedule or a reminder that was not announced.
+            let concerns = self.missed_since_last(pending.moved).await;
             if concerns.schedules {
                 self.schedules.relook();
             }
@@ -276,33 +390,55 @@ impl Follower {
         } else if !pending.users.is_empty() {
             self.reminders.forget_subscriptions(Some(&pending.users));
         }
-        let (mut schedules, mut reminders) = (false, false);
-        for namespace in &pending.namespaces {
+        self.follow_meta(&pending.namespaces);
+        let tokens = self.tokens.0;
+        if pending.namespaces.contains_key(tokens) && !self.follow_tokens().await {
+            failed.namespaces.insert(tokens.to_owned(), None);
+        }
+        failed
+    }
+
+    /// Metadata written on some node (this one too): a schedule makes the schedule runner
+    /// read every schedule again. A reminder whose key is named is forgotten by the feed and
+    /// read again by the runner's next step, alone; one not named (any key) empties the
+    /// feed's caches and makes the runner read every reminder again. A reminder's id is
+    /// written only with its document, whose announcement names the reminder.
+    fn follow_meta(&self, namespaces: &HashMap<String, Option<HashSet<String>>>) {
+        let (mut schedules, mut all_reminders) = (false, false);
+        let mut reminders = HashSet::new();
+        for (namespace, keys) in namespaces {
             let concerns = Concerns::of(namespace);
             schedules |= concerns.schedules;
-            reminders |= concerns.reminders;
+            if !concerns.reminders {
+                continue;
+            }
+            match keys {
+                Some(keys) if namespace == belfry_reminders::REMINDERS_NAMESPACE => {
+                    reminders.extend(keys.iter().cloned());
+                }
+                Some(_) if namespace == belfry_reminders::IDS_NAMESPACE => {}
+                _ => all_reminders = true,
+            }
         }
         if schedules {
             self.schedules.relook();
             self.schedules.wake();
         }
-        if reminders {
+        if all_reminders {
             self.reminders.forget_cached();
             self.reminders.relook();
             self.reminders.wake();
+        } else if !reminders.is_empty() {
+            self.reminders.touched(reminders);
+            self.reminders.wake();
         }
-        let tokens = self.tokens.0;
-        if pending.namespaces.contains(tokens) && !self.follow_tokens().await {
-            failed.namespaces.insert(tokens.to_owned());
-        }
-        failed
     }
 
     /// Which runners must read everything again: both after `moved`, and on a recheck those
-    /// whose namespaces the store counts writes of since the last time (both when it does not
-    /// count, or cannot be read). The counts are read before the runners look, so a write
-    /// after the read shows at the next recheck.
-    async fn changed_since_seen(&self, moved: bool) -> Concerns {
+    /// of the namespaces with a write whose announcement this node did not hear ([`Heard`];
+    /// both when the store does not count writes, or they cannot be read). The counts are
+    /// read before the runners look, so a write after the read shows at the next recheck.
+    async fn missed_since_last(&self, moved: bool) -> Concerns {
         let counted = self
             .service
             .shared()
@@ -315,15 +451,12 @@ impl Follower {
             Ok(_) => return Concerns::ALL,
             Err(error) => {
                 tracing::warn!(%error, "read the store's metadata write counts; both runners look again");
-                *self.seen.lock() = None;
+                self.heard.lock().unknown();
                 return Concerns::ALL;
             }
         };
-        let before = self.seen.lock().replace(now.clone());
-        match before {
-            Some(before) if !moved => Concerns::since(&before, &now),
-            _ => Concerns::ALL,
-        }
+        let missed = self.heard.lock().recheck(&now, moved);
+        Concerns::of_missed(&missed)
     }
 
     /// Re-reads the tokens; false (reported) if the store could not be read.
@@ -352,19 +485,16 @@ impl Concerns {
         reminders: true,
     };
 
-    /// What the namespaces whose write counts went from `before` to `now` (by
-    /// [`RUNNER_NAMESPACES`]) concern.
-    fn since(before: &[u64], now: &[u64]) -> Concerns {
+    /// What the namespaces flagged in `missed` (by [`RUNNER_NAMESPACES`]) concern.
+    fn of_missed(missed: &[bool]) -> Concerns {
         let mut concerns = Concerns {
             schedules: false,
             reminders: false,
         };
-        for ((namespace, before), now) in RUNNER_NAMESPACES.iter().zip(before).zip(now) {
-            if before != now {
-                let of = Concerns::of(namespace);
-                concerns.schedules |= of.schedules;
-                concerns.reminders |= of.reminders;
-            }
+        for (namespace, _) in RUNNER_NAMESPACES.iter().zip(missed).filter(|(_, m)| **m) {
+            let of = Concerns::of(namespace);
+            concerns.schedules |= of.schedules;
+            concerns.reminders |= of.reminders;
         }
         concerns
     }
@@ -390,7 +520,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_recheck_leaves_it_to_the_write_counts_and_a_takeover_or_a_resync_does_not() {
+    fn a_takeover_or_a_resync_makes_the_runners_look_again_and_a_recheck_need_not() {
         let mut pending = Pending::default();
         pending.add(StoreEvent::Recheck);
         assert!(pending.resync && !pending.moved);
@@ -399,20 +529,52 @@ mod tests {
         let mut pending = Pending::default();
         pending.add(StoreEvent::Resync);
         assert!(pending.moved && pending.missed);
+    }
 
-        let none = Concerns {
-            schedules: false,
-            reminders: false,
-        };
-        assert_eq!(Concerns::since(&[3, 5, 7], &[3, 5, 7]), none);
-        let schedules = Concerns::since(&[3, 5, 7], &[4, 5, 7]);
-        assert!(schedules.schedules && !schedules.reminders);
-        let reminders = Concerns::since(&[3, 5, 7], &[3, 5, 8]);
-        assert!(
-            !reminders.schedules && reminders.reminders,
-            "a reminder's id"
+    /// A recheck flags a namespace only when a write the store counted at the last recheck
+    /// was never heard announced; one counted since has until the next recheck to arrive.
+    #[test]
+    fn a_recheck_flags_only_writes_whose_announcement_never_came() {
+        let [schedules, reminders, ids] = RUNNER_NAMESPACES;
+        let mut heard = Heard::default();
+        assert_eq!(
+            heard.recheck(&[3, 5, 7], false),
+            [true; 3],
+            "no last recheck"
         );
-        assert_eq!(Concerns::since(&[0, 0, 0], &[1, 1, 0]), Concerns::ALL);
+        // Every write announced, out of order; one reminder write (9) still on its way.
+        for (namespace, version) in [
+            (reminders, 7),
+            (reminders, 6),
+            (schedules, 4),
+            (reminders, 8),
+        ] {
+            heard.hear(namespace, version);
+        }
+        assert_eq!(heard.recheck(&[4, 9, 7], false), [false; 3]);
+        // 9 arrives late, which is no loss; the id write 8 never does.
+        heard.hear(reminders, 9);
+        heard.hear(ids, 9);
+        assert_eq!(
+            heard.recheck(&[4, 9, 9], false),
+            [false; 3],
+            "8 had a whole period"
+        );
+        assert_eq!(heard.recheck(&[4, 9, 9], false), [false, false, true]);
+        assert_eq!(
+            heard.recheck(&[4, 9, 9], false),
+            [false; 3],
+            "the look covered it"
+        );
+        // Counts heard twice or from other namespaces change nothing; a takeover flags all.
+        heard.hear(reminders, 9);
+        heard.hear("reminder_fanouts", 100);
+        assert_eq!(heard.recheck(&[4, 9, 9], false), [false; 3]);
+        assert_eq!(heard.recheck(&[4, 9, 9], true), [true; 3]);
+        heard.unknown();
+        assert_eq!(heard.recheck(&[4, 9, 9], false), [true; 3], "counts unread");
+        let of = Concerns::of_missed(&[false, false, true]);
+        assert!(!of.schedules && of.reminders, "a reminder's id");
     }
 
     #[test]
@@ -429,6 +591,32 @@ mod tests {
         assert_eq!(of("tokens"), (false, false));
     }
 
+    #[test]
+    fn metadata_keys_coalesce_until_any_key_covers_them() {
+        let keyed = |keys: &[&str], version| {
+            StoreEvent::MetaChanged(MetaEvent {
+                namespace: "reminders".into(),
+                keys: Some(keys.iter().map(|k| k.to_string()).collect()),
+                version: Some(version),
+            })
+        };
+        let mut pending = Pending::default();
+        pending.add(keyed(&["a", "b"], 1));
+        pending.add(keyed(&["b", "c"], 2));
+        let keys = pending.namespaces["reminders"].clone().expect("named keys");
+        assert_eq!(keys.len(), 3);
+        assert_eq!(pending.heard.len(), 2, "every count heard");
+        pending.add(StoreEvent::MetaChanged(MetaEvent::namespace("reminders")));
+        pending.add(keyed(&["d"], 3));
+        assert_eq!(pending.namespaces["reminders"], None, "any key covers d");
+
+        let mut pending = Pending::default();
+        let many: Vec<String> = (0..=INBOX_KEYS_MAX).map(|i| i.to_string()).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        pending.add(keyed(&many, 1));
+        assert_eq!(pending.namespaces["reminders"], None, "too many: any key");
+    }
+
     fn queue(name: &str) -> QueueName {
         QueueName::new(name).unwrap()
     }
@@ -439,7 +627,7 @@ mod tests {
         assert!(pending.is_empty());
         for _ in 0..1_000 {
             pending.add(StoreEvent::Wake(queue("a")));
-            pending.add(StoreEvent::MetaChanged("schedules".into()));
+            pending.add(StoreEvent::MetaChanged(MetaEvent::namespace("schedules")));
         }
         assert_eq!(pending.wakes.len(), 1);
         assert_eq!(pending.namespaces.len(), 1);

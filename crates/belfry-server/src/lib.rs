@@ -333,7 +333,7 @@ fn follower(
         schedules: schedules.clone(),
         reminders: reminders.clone(),
         tokens: (api::tokens::TOKENS_NAMESPACE, follow_tokens),
-        seen: Default::default(),
+        heard: Default::default(),
     }
 }
 

@@ -25,6 +25,7 @@
 //! making millions of chunks is seconds of CPU with seconds of slack, while a feed read that
 //! waits for a core behind it is late at once.
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -421,9 +422,21 @@ impl Reminders {
         self.state.service.relook();
     }
 
+    /// These reminders (by their metadata keys, `uid_key`) were written on a node that shares
+    /// the store (this one too): the feed forgets them, and the runner's next step reads
+    /// them again instead of every reminder.
+    pub(crate) fn touched(&self, keys: HashSet<String>) {
+        for key in &keys {
+            if let Some(uid) = belfry_reminders::parse_uid_key(key) {
+                self.state.forget_reminder(uid);
+            }
+        }
+        self.state.service.touched(keys);
+    }
+
     /// Forgets the cached subscription lists of `users`, or of every user (`None`): their
     /// subscriptions changed on a node that shares the store (see `crate::follow`).
-    pub(crate) fn forget_subscriptions(&self, users: Option<&std::collections::HashSet<UserId>>) {
+    pub(crate) fn forget_subscriptions(&self, users: Option<&HashSet<UserId>>) {
         match users {
             Some(users) => self.state.forget_users(users),
             None => self.state.users.clear(),

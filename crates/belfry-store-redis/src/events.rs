@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use belfry_core::{QueueName, UserId};
-use belfry_store::{EventSink, StoreEvent};
+use belfry_store::{EventSink, MetaEvent, StoreEvent};
 
 use crate::conn::Timeouts;
 use crate::ownership::Ownership;
@@ -26,8 +26,44 @@ pub(crate) fn queue_message(queue: &QueueName) -> Vec<u8> {
     format!("q {queue}").into_bytes()
 }
 
-pub(crate) fn meta_message(namespace: &str) -> Vec<u8> {
-    format!("m {namespace}").into_bytes()
+/// Keys one metadata message names at most; a write of more says "any key" instead.
+pub(crate) const META_KEYS_PER_EVENT_MAX: usize = 256;
+
+/// `m NAMESPACE VERSION` (`-` when not counted), then the keys written, one per line; none
+/// (any key) when there are more than [`META_KEYS_PER_EVENT_MAX`] or one holds a line break.
+pub(crate) fn meta_message(event: &MetaEvent) -> Vec<u8> {
+    let mut message = format!("m {} ", event.namespace);
+    match event.version {
+        Some(version) => message.push_str(&version.to_string()),
+        None => message.push('-'),
+    }
+    let named = event.keys.as_ref().filter(|keys| {
+        keys.len() <= META_KEYS_PER_EVENT_MAX && keys.iter().all(|k| !k.contains('\n'))
+    });
+    for key in named.into_iter().flatten() {
+        message.push('\n');
+        message.push_str(key);
+    }
+    message.into_bytes()
+}
+
+/// A metadata message: `NAMESPACE`, then ` VERSION` and the keys' lines when given.
+fn parse_meta(rest: &str) -> Option<StoreEvent> {
+    let (head, keys) = match rest.split_once('\n') {
+        Some((head, keys)) => (head, Some(keys.split('\n').map(str::to_owned).collect())),
+        None => (rest, None),
+    };
+    let (namespace, version) = match head.split_once(' ') {
+        Some((namespace, version)) => (namespace, version.parse::<u64>().ok()),
+        None => (head, None),
+    };
+    (!namespace.is_empty()).then(|| {
+        StoreEvent::MetaChanged(MetaEvent {
+            namespace: namespace.to_owned(),
+            keys,
+            version,
+        })
+    })
 }
 
 /// Users one subscriptions message names at most; a change of more users says "every user"
@@ -76,7 +112,7 @@ fn parse(message: &[u8]) -> Option<StoreEvent> {
     match kind {
         "w" => QueueName::new(rest).ok().map(StoreEvent::Wake),
         "q" => QueueName::new(rest).ok().map(StoreEvent::QueueChanged),
-        "m" => Some(StoreEvent::MetaChanged(rest.to_owned())),
+        "m" => parse_meta(rest),
         _ => None,
     }
 }
@@ -198,6 +234,42 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_metadata_message_names_its_keys_and_count_unless_it_cannot() {
+        let event = |keys: Option<Vec<&str>>, version| MetaEvent {
+            namespace: "reminders".into(),
+            keys: keys.map(|k| k.into_iter().map(str::to_owned).collect()),
+            version,
+        };
+        for sent in [
+            event(Some(vec!["00000000000000a1", "00000000000000b2"]), Some(7)),
+            event(Some(vec![""]), Some(1)),
+            event(None, Some(3)),
+            event(Some(vec!["k"]), None),
+        ] {
+            let message = meta_message(&sent);
+            assert_eq!(parse(&message), Some(StoreEvent::MetaChanged(sent.clone())));
+        }
+        // Keys it cannot name in lines: the message says "any key", never a wrong key.
+        let broken = event(Some(vec!["a\nb"]), Some(2));
+        assert_eq!(
+            parse(&meta_message(&broken)),
+            Some(StoreEvent::MetaChanged(event(None, Some(2))))
+        );
+        let many: Vec<String> = (0..=META_KEYS_PER_EVENT_MAX)
+            .map(|i| i.to_string())
+            .collect();
+        let bulk = MetaEvent {
+            keys: Some(many),
+            ..event(None, Some(9))
+        };
+        assert_eq!(
+            parse(&meta_message(&bulk)),
+            Some(StoreEvent::MetaChanged(event(None, Some(9))))
+        );
+        assert_eq!(parse(b"m "), None, "no namespace");
+    }
+
+    #[test]
     fn messages_round_trip_and_junk_is_ignored() {
         let q = QueueName::new("orders.eu-1").unwrap();
         assert_eq!(parse(&wake_message(&q)), Some(StoreEvent::Wake(q.clone())));
@@ -205,9 +277,10 @@ mod tests {
             parse(&queue_message(&q)),
             Some(StoreEvent::QueueChanged(q.clone()))
         );
+        // Written before keys and counts were announced: any key, not counted.
         assert_eq!(
-            parse(&meta_message("schedules")),
-            Some(StoreEvent::MetaChanged("schedules".into()))
+            parse(b"m schedules"),
+            Some(StoreEvent::MetaChanged(MetaEvent::namespace("schedules")))
         );
         let users: Vec<UserId> = ["ann", "bob smith", "ann", "7"]
             .iter()

@@ -4,7 +4,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs, UserId};
 use belfry_store::{
-    ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Store, StoreError,
+    ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, MetaEvent, PutOutcome, QueueCounts, Store,
+    StoreError,
 };
 use bytes::Bytes;
 use redis::Value;
@@ -408,6 +409,64 @@ impl RedisStore {
         }
     }
 
+    /// Writes metadata in one script call (one slot) and announces each namespace written,
+    /// with the keys it wrote and its write count after them. Answers how many changes took
+    /// effect. Every call counts one write per namespace and announces it, a delete of a
+    /// missing key too, so that a node that heard every announcement has heard every count.
+    fn run_meta(&self, changes: Vec<MetaChange>) -> Result<u64> {
+        if changes.is_empty() {
+            return Ok(0);
+        }
+        // Per namespace: its index in KEYS and the keys written.
+        let mut written: Vec<(String, Vec<String>)> = Vec::new();
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(changes.len() * 4);
+        for change in changes {
+            let index = match written.iter().position(|(ns, _)| *ns == change.namespace) {
+                Some(i) => i,
+                None => {
+                    written.push((change.namespace.clone(), Vec::new()));
+                    written.len() - 1
+                }
+            };
+            args.push((index + 1).to_string().into_bytes());
+            args.push(change.key.as_bytes().to_vec());
+            written[index].1.push(change.key);
+            match change.value {
+                Some(value) => {
+                    args.push(b"p".to_vec());
+                    args.push(value.to_vec());
+                }
+                None => {
+                    args.push(b"d".to_vec());
+                    args.push(Vec::new());
+                }
+            }
+        }
+        let mut keys: Vec<Vec<u8>> = written
+            .iter()
+            .map(|(ns, _)| self.keys.meta(ns).into_bytes())
+            .collect();
+        keys.push(self.keys.meta_versions().into_bytes());
+        let (reply, acks) = self.pool.with("write metadata", |c| {
+            let reply = run_script(c.as_dyn(), &scripts::META, &keys, &args)?;
+            Ok((reply, self.replica_wait(c, &keys[0])?))
+        })?;
+        self.check_replicas(acks)?;
+        let counts: Option<Vec<i64>> =
+            as_array(&reply).and_then(|items| items.iter().map(as_i64).collect());
+        let counts = counts
+            .filter(|c| c.len() == written.len() + 1)
+            .ok_or_else(|| unexpected("write metadata", &reply))?;
+        for ((namespace, keys), version) in written.into_iter().zip(&counts[1..]) {
+            self.publish(crate::events::meta_message(&MetaEvent {
+                namespace,
+                keys: Some(keys),
+                version: u64::try_from(*version).ok().filter(|v| *v > 0),
+            }));
+        }
+        Ok(u64::try_from(counts[0]).unwrap_or(0))
+    }
+
     /// Tells every node (this one too) about a change; a lost message is caught by the
     /// periodic resync, so a failure here fails nothing.
     fn publish(&self, message: Vec<u8>) {
@@ -764,27 +823,7 @@ impl Store for RedisStore {
     }
 
     fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool> {
-        let hash = self.keys.meta(namespace);
-        let keys = [
-            hash.clone().into_bytes(),
-            self.keys.meta_versions().into_bytes(),
-        ];
-        let args = [
-            b"1".to_vec(),
-            key.as_bytes().to_vec(),
-            b"d".to_vec(),
-            Vec::new(),
-        ];
-        let (n, acks) = self.pool.with("delete metadata", |c| {
-            let n = run_script(c.as_dyn(), &scripts::META, &keys, &args)?;
-            Ok((n, self.replica_wait(c, hash.as_bytes())?))
-        })?;
-        self.check_replicas(acks)?;
-        let deleted = matches!(n, redis::Value::Int(n) if n > 0);
-        if deleted {
-            self.publish(crate::events::meta_message(namespace));
-        }
-        Ok(deleted)
+        Ok(self.run_meta(vec![MetaChange::delete(namespace, key)])? > 0)
     }
 
     fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>> {
@@ -799,47 +838,7 @@ impl Store for RedisStore {
     }
 
     fn write_meta(&self, changes: Vec<MetaChange>) -> Result<()> {
-        if changes.is_empty() {
-            return Ok(());
-        }
-        let mut keys: Vec<Vec<u8>> = Vec::new();
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(changes.len() * 4);
-        let mut namespaces: Vec<String> = Vec::new();
-        for change in changes {
-            if !namespaces.contains(&change.namespace) {
-                namespaces.push(change.namespace.clone());
-            }
-            let key = self.keys.meta(&change.namespace).into_bytes();
-            let index = match keys.iter().position(|k| *k == key) {
-                Some(i) => i,
-                None => {
-                    keys.push(key);
-                    keys.len() - 1
-                }
-            };
-            args.push((index + 1).to_string().into_bytes());
-            args.push(change.key.into_bytes());
-            match change.value {
-                Some(value) => {
-                    args.push(b"p".to_vec());
-                    args.push(value.to_vec());
-                }
-                None => {
-                    args.push(b"d".to_vec());
-                    args.push(Vec::new());
-                }
-            }
-        }
-        keys.push(self.keys.meta_versions().into_bytes());
-        let acks = self.pool.with("write metadata", |c| {
-            run_script(c.as_dyn(), &scripts::META, &keys, &args)?;
-            self.replica_wait(c, &keys[0])
-        })?;
-        self.check_replicas(acks)?;
-        for namespace in namespaces {
-            self.publish(crate::events::meta_message(&namespace));
-        }
-        Ok(())
+        self.run_meta(changes).map(|_| ())
     }
 
     fn meta_versions(&self, namespaces: &[&str]) -> Result<Option<Vec<u64>>> {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use belfry_core::UserId;
-use belfry_store::{Store, StoreEvent};
+use belfry_store::{MetaEvent, Store, StoreEvent};
 use belfry_store_redis::testing::RedisServer;
 use belfry_store_redis::{RedisOptions, RedisStore};
 
@@ -133,7 +133,7 @@ fn a_recheck_while_connected_and_a_resync_after_a_reconnect() {
 
 /// Every metadata write counts, per namespace, on the store every node shares: a node that
 /// missed the announcement can tell from the counts that something changed, and that nothing
-/// did. A delete of nothing counts too (harmless: one more look).
+/// did. A delete of nothing counts too, and is announced like any write.
 #[test]
 fn metadata_writes_are_counted_per_namespace_for_every_node() {
     use belfry_store::MetaChange;
@@ -164,4 +164,64 @@ fn metadata_writes_are_counted_per_namespace_for_every_node() {
         "the counts are not a namespace's entries"
     );
     assert_eq!(b.meta_versions(&[]).unwrap(), Some(vec![]));
+}
+
+/// The next metadata event, skipping the others, within 5 s.
+fn next_meta(events: &mpsc::Receiver<StoreEvent>) -> MetaEvent {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok(StoreEvent::MetaChanged(event)) => return event,
+            Ok(_) => {}
+            Err(e) => panic!("no metadata event within 5 s: {e}"),
+        }
+    }
+}
+
+/// A metadata write reaches the other node as one event per namespace, naming the keys it
+/// wrote and the namespace's write count after it, so that a node re-reads only those keys
+/// and can tell, from the counts, whether it missed an announcement. A delete of nothing is
+/// counted and announced alike.
+#[test]
+fn a_metadata_write_announces_its_keys_and_count() {
+    use belfry_store::MetaChange;
+    let server = RedisServer::start();
+    let (a, b) = (store(&server), store(&server));
+    let (tx, events) = mpsc::channel();
+    let tx = std::sync::Mutex::new(tx);
+    b.subscribe_events(Arc::new(move |event| {
+        let _ = tx.lock().unwrap().send(event);
+    }))
+    .unwrap();
+    assert_eq!(next_sweep(&events), StoreEvent::Resync, "listening");
+    let event = |namespace: &str, keys: &[&str], version| MetaEvent {
+        namespace: namespace.into(),
+        keys: Some(keys.iter().map(|k| k.to_string()).collect()),
+        version: Some(version),
+    };
+    a.write_meta(vec![
+        MetaChange::put("reminders", "00000000000000a1", "x".into()),
+        MetaChange::put("reminder_ids", "standup", "a1".into()),
+        MetaChange::put("reminders", "00000000000000b2", "y".into()),
+    ])
+    .unwrap();
+    let mut heard = [next_meta(&events), next_meta(&events)];
+    heard.sort_by(|x, y| x.namespace.cmp(&y.namespace));
+    assert_eq!(
+        heard,
+        [
+            event("reminder_ids", &["standup"], 1),
+            event("reminders", &["00000000000000a1", "00000000000000b2"], 1),
+        ]
+    );
+    a.put_meta("reminders", "00000000000000a1", "z".into())
+        .unwrap();
+    assert_eq!(
+        next_meta(&events),
+        event("reminders", &["00000000000000a1"], 2)
+    );
+    assert!(!a.delete_meta("reminders", "gone").unwrap());
+    assert_eq!(next_meta(&events), event("reminders", &["gone"], 3));
+    assert_eq!(b.meta_versions(&["reminders"]).unwrap(), Some(vec![3]));
 }

@@ -213,8 +213,8 @@ pub enum StoreEvent {
     Wake(QueueName),
     /// The queue was created, changed or deleted: re-read its configuration.
     QueueChanged(QueueName),
-    /// Metadata in this namespace changed (schedules, reminders): re-read what depends on it.
-    MetaChanged(String),
+    /// Metadata changed (schedules, reminders): re-read what depends on it.
+    MetaChanged(MetaEvent),
     /// Events may have been missed (the store's event stream was connected again): re-read
     /// everything, look at every queue, and forget what was cached on the strength of events.
     Resync,
@@ -229,6 +229,31 @@ pub enum StoreEvent {
     /// cached of their subscription lists. `None`: too many users to name (a bulk change, a
     /// dropped set): forget every cached list.
     SubscriptionsChanged(Option<Vec<belfry_core::UserId>>),
+}
+
+/// One write of metadata, as announced: its namespace, the keys it wrote when the store names
+/// them, and the namespace's write count after it when the store counts writes
+/// ([`Store::meta_versions`]). The keys let a node re-read only what changed; the count lets
+/// it tell, on its periodic recheck, an announcement it heard from one it missed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaEvent {
+    pub namespace: String,
+    /// The keys the write put or deleted. `None`: any key of the namespace (too many to
+    /// name, or a store that does not name them).
+    pub keys: Option<Vec<String>>,
+    /// The namespace's write count once this write was counted; `None`: not counted.
+    pub version: Option<u64>,
+}
+
+impl MetaEvent {
+    /// Any key of `namespace` may have changed, uncounted.
+    pub fn namespace(namespace: impl Into<String>) -> MetaEvent {
+        MetaEvent {
+            namespace: namespace.into(),
+            keys: None,
+            version: None,
+        }
+    }
 }
 
 /// Where a store sends its [`StoreEvent`]s: called on the store's own thread, so it must
