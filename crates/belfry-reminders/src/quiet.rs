@@ -15,15 +15,16 @@
 //! finishes leaves the running set, and each reminder it stepped goes back into the timetable
 //! at its next fire time.
 //!
-//! **What counts as a change.** Creates, patches and deletes through this service announce
-//! themselves; so must anything else that writes reminders or fan-outs behind the service's
-//! back (the server does it for changes another node announces, `ReminderService::relook`).
+//! **What counts as a change.** Creates, patches and deletes through this service name the
+//! reminder they wrote (below); anything else that writes reminders or fan-outs behind the
+//! service's back must announce itself too (the server does it for changes another node
+//! announces: `ReminderService::touched` with their keys, `ReminderService::relook` without).
 //! The runner's own writes (a firing that moves a reminder's fire time, a fan-out's cursor)
 //! need no announcement: the step that made them accounts for them.
 //!
-//! **Changes that name their keys.** A shared store's announcements name the reminders
-//! written (`ReminderService::touched`): another node's create or patch, and every firing
-//! start, which moves a reminder's next fire time. Those keys wait in a short list that the
+//! **Changes that name their keys.** A create, patch or delete names its reminder, and so do a
+//! shared store's announcements (`ReminderService::touched`): another node's create or patch,
+//! and every firing start, which moves a reminder's next fire time. Those keys wait in a short list that the
 //! next step reads along with what is due, instead of voiding the look; a full look that
 //! begins after they were written reads them anyway, so it empties the list. With 100,000
 //! reminders firing over the day's seconds on Redis, each firing had made every node read

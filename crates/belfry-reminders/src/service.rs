@@ -150,7 +150,7 @@ impl ReminderService {
             MetaChange::put(REMINDERS_NAMESPACE, &key, encode_reminder(&reminder)),
             MetaChange::put(IDS_NAMESPACE, reminder.id.as_str(), key.clone().into()),
         ])?;
-        self.looks.changed();
+        self.looks.touch([key]);
         Ok(reminder)
     }
 
@@ -205,7 +205,7 @@ impl ReminderService {
         let key = uid_key(reminder.uid);
         self.store
             .put_meta(REMINDERS_NAMESPACE, &key, encode_reminder(&reminder))?;
-        self.looks.changed();
+        self.looks.touch([key]);
         Ok(reminder)
     }
 
@@ -221,8 +221,10 @@ impl ReminderService {
             MetaChange::delete(FANOUTS_NAMESPACE, &key),
         ])?;
         // Announced before the set is dropped: the reminder is gone even if that fails.
-        self.looks.changed();
-        self.store.drop_set(uid)?;
+        self.looks.touch([key]);
+        let dropped = self.store.drop_set(uid)?;
+        self.looks
+            .subscribed(-i64::try_from(dropped).unwrap_or(i64::MAX));
         Ok(uid)
     }
 

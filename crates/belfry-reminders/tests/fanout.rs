@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use belfry_core::{QueueName, UserId};
 use belfry_reminders::{
-    ReminderDef, ReminderError, ReminderId, ReminderService, When, FANOUTS_NAMESPACE,
+    ReminderDef, ReminderError, ReminderId, ReminderPatch, ReminderService, When, FANOUTS_NAMESPACE,
 };
 use belfry_store::{MemoryStore, Store};
 use bytes::Bytes;
@@ -442,6 +442,52 @@ fn a_step_from_the_timetable_reads_only_the_due_reminders() {
     assert_eq!(
         reminder_ids(&take(&store, 5_001)),
         BTreeSet::from(["c".into()])
+    );
+}
+
+/// A create, patch or delete through the service makes the next step read that reminder, not
+/// every reminder: one another node wrote unannounced stays unseen until `relook`. A delete
+/// takes its subscribers off the gauge.
+#[test]
+fn writes_through_the_service_are_read_alone_by_the_next_step() {
+    let (store, service) = setup();
+    let other_node = ReminderService::new(store.clone());
+    let old = ReminderId::new("old").unwrap();
+    service
+        .create(Some(old.clone()), def(50_000, 10, None), 0)
+        .unwrap();
+    service.subscribe(&old, &ids(0..4)).unwrap();
+    assert_eq!(service.step(1_000).unwrap().subscribers, 4, "a full look");
+    let unseen = ReminderId::new("unseen").unwrap();
+    other_node
+        .create(Some(unseen.clone()), def(5_000, 10, None), 1_000)
+        .unwrap();
+    other_node.subscribe(&unseen, &ids(0..1)).unwrap();
+
+    let created = ReminderId::new("created").unwrap();
+    service
+        .create(Some(created.clone()), def(9_000, 10, None), 1_000)
+        .unwrap();
+    service.subscribe(&created, &ids(1..2)).unwrap();
+    let patch = ReminderPatch {
+        when: Some(When::At(5_000)),
+        ..ReminderPatch::default()
+    };
+    service.patch(&created, patch, 1_000).unwrap();
+    service.delete(&old).unwrap();
+    let step = service.step(5_000).unwrap();
+    assert_eq!(step.fanouts_started, 1, "{step:?}");
+    assert_eq!(
+        reminder_ids(&take(&store, 5_000)),
+        BTreeSet::from(["created".into()]),
+        "patched to 5,000; the unannounced one not read"
+    );
+    assert_eq!(step.subscribers, 1, "4 + 1 - 4: the delete's dropped set");
+    service.relook();
+    assert_eq!(service.step(5_001).unwrap().fanouts_started, 1);
+    assert_eq!(
+        reminder_ids(&take(&store, 5_001)),
+        BTreeSet::from(["unseen".into()])
     );
 }
 

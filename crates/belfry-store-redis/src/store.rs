@@ -876,6 +876,10 @@ impl Store for RedisStore {
         crate::subs::count(&self.pool, &self.keys, set)
     }
 
+    fn subscriber_counts(&self, sets: &[u64]) -> Result<Vec<u64>> {
+        crate::subs::counts(&self.pool, &self.keys, sets)
+    }
+
     fn subscribers(&self, set: u64, after: Option<&UserId>, limit: usize) -> Result<Vec<UserId>> {
         crate::subs::members(&self.pool, &self.keys, set, after, limit)
     }

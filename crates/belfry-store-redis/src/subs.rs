@@ -116,6 +116,36 @@ pub(crate) fn count(pool: &Pool, keys: &Keys, set: u64) -> Result<u64> {
     sum_counts(&replies, n, "count a subscriber set")
 }
 
+/// Sets counted per pipeline by [`counts`].
+const COUNT_SETS_PER_CALL: usize = 256;
+
+/// The member counts of `sets`, in order: one pipeline of every shard's `ZCARD` per
+/// [`COUNT_SETS_PER_CALL`] sets.
+pub(crate) fn counts(pool: &Pool, keys: &Keys, sets: &[u64]) -> Result<Vec<u64>> {
+    let mut out = Vec::with_capacity(sets.len());
+    for chunk in sets.chunks(COUNT_SETS_PER_CALL) {
+        let shards: Vec<Vec<String>> = chunk.iter().map(|set| keys.set_shards(*set)).collect();
+        let cmds: Vec<redis::Cmd> = shards
+            .iter()
+            .flatten()
+            .map(|key| {
+                let mut c = redis::cmd("ZCARD");
+                c.arg(key);
+                c
+            })
+            .collect();
+        let replies = pool.with("count subscriber sets", |c| pipeline(c, cmds))?;
+        let mut at = 0;
+        for set_shards in &shards {
+            let n = set_shards.len();
+            let rest = replies.get(at..).unwrap_or_default();
+            out.push(sum_counts(rest, n, "count subscriber sets")?);
+            at += n;
+        }
+    }
+    Ok(out)
+}
+
 pub(crate) fn members(
     pool: &Pool,
     keys: &Keys,

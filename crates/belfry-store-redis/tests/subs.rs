@@ -261,3 +261,31 @@ fn a_namespace_keeps_its_subscriber_shard_count() {
         assert!(err.to_string().contains("subscriber_shards"), "{err}");
     }
 }
+
+/// Counting many sharded sets at once (a reminder runner's full look) answers what counting
+/// each alone does, in order, across pipelines of many sets.
+#[test]
+fn many_sets_are_counted_at_once_as_one_by_one() {
+    let options = RedisOptions {
+        namespace: "counts".into(),
+        ..RedisOptions::default()
+    };
+    let store = RedisStore::connect(&cluster().target(), options).expect("connect");
+    let people = users(12);
+    let sets: Vec<u64> = (1_000..1_600).collect();
+    for (i, set) in sets.iter().enumerate() {
+        store.subscribe(*set, &people[..i % 13]).unwrap();
+    }
+    let mut asked = sets.clone();
+    asked.reverse();
+    asked.push(5); // never subscribed to
+    let one_by_one: Vec<u64> = asked
+        .iter()
+        .map(|set| store.subscriber_count(*set).unwrap())
+        .collect();
+    assert_eq!(store.subscriber_counts(&asked).unwrap(), one_by_one);
+    assert_eq!(
+        one_by_one.iter().sum::<u64>(),
+        (0..600).map(|i| i % 13).sum::<u64>()
+    );
+}

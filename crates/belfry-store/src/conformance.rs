@@ -713,6 +713,8 @@ pub fn subscriptions_basics(h: &mut dyn Harness) {
     assert_eq!(s.subscribe(8, &users(&["1", "zoe"])).unwrap(), 2);
     assert_eq!(s.subscriber_count(7).unwrap(), 5);
     assert_eq!(s.subscriber_count(9).unwrap(), 0);
+    assert_eq!(s.subscriber_counts(&[8, 9, 7, 8]).unwrap(), [2, 0, 5, 2]);
+    assert_eq!(s.subscriber_counts(&[]).unwrap(), Vec::<u64>::new());
     assert!(s.is_subscribed(7, &users(&["alice"])[0]).unwrap());
     assert!(!s.is_subscribed(8, &users(&["alice"])[0]).unwrap());
     // Numbers first, by value; then other ids.

@@ -455,6 +455,12 @@ pub trait Store: Send + Sync + 'static {
     fn is_subscribed(&self, set: u64, user: &UserId) -> Result<bool>;
     /// How many members `set` has: exact, and cheap (no scan).
     fn subscriber_count(&self, set: u64) -> Result<u64>;
+    /// [`Store::subscriber_count`] of each of `sets`, in order. A networked store answers many
+    /// sets in a few round trips, not one each (the reminder runner's full look counts every
+    /// reminder's subscribers).
+    fn subscriber_counts(&self, sets: &[u64]) -> Result<Vec<u64>> {
+        sets.iter().map(|set| self.subscriber_count(*set)).collect()
+    }
     /// Up to `limit` members of `set` in ascending [`UserId`] order, starting after `after`.
     fn subscribers(&self, set: u64, after: Option<&UserId>, limit: usize) -> Result<Vec<UserId>>;
     /// The same page as [`Store::subscribers`], into `page` (cleared first): its ids in one
