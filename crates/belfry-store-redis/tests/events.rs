@@ -25,37 +25,54 @@ fn users(names: &[&str]) -> Vec<UserId> {
     names.iter().map(|n| UserId::new(n).unwrap()).collect()
 }
 
-/// The next subscriptions event, skipping the others (resyncs, wakes), within 5 s.
-fn next_subscriptions(events: &mpsc::Receiver<StoreEvent>) -> Option<Vec<UserId>> {
+/// The first event within 5 s that `pick` takes, skipping the others.
+fn next_of<T>(
+    events: &mpsc::Receiver<StoreEvent>,
+    what: &str,
+    pick: impl Fn(StoreEvent) -> Option<T>,
+) -> T {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match events.recv_timeout(left) {
-            Ok(StoreEvent::SubscriptionsChanged(users)) => return users,
-            Ok(_) => {}
-            Err(e) => panic!("no subscriptions event within 5 s: {e}"),
+            Ok(event) => {
+                if let Some(picked) = pick(event) {
+                    return picked;
+                }
+            }
+            Err(e) => panic!("no {what} within 5 s: {e}"),
         }
     }
 }
 
-#[test]
-fn subscriber_changes_reach_the_other_node_as_one_event_per_call() {
-    let server = RedisServer::start();
-    let (a, b) = (store(&server), store(&server));
+/// The next subscriptions event, skipping the others (resyncs, wakes).
+fn next_subscriptions(events: &mpsc::Receiver<StoreEvent>) -> Option<Vec<UserId>> {
+    next_of(events, "subscriptions event", |event| match event {
+        StoreEvent::SubscriptionsChanged(users) => Some(users),
+        _ => None,
+    })
+}
+
+/// Two nodes (stores) on `server`, and the events the second hears, once it listens (its
+/// listener says Resync then: only from then on is a publish heard).
+fn two_nodes_listening(
+    server: &RedisServer,
+) -> (RedisStore, RedisStore, mpsc::Receiver<StoreEvent>) {
+    let (a, b) = (store(server), store(server));
     let (tx, events) = mpsc::channel();
     let tx = std::sync::Mutex::new(tx);
     b.subscribe_events(Arc::new(move |event| {
         let _ = tx.lock().unwrap().send(event);
     }))
     .unwrap();
-    // The listener says Resync once it listens: only then is a publish heard.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if let StoreEvent::Resync = events.recv_timeout(left).expect("the listener starts") {
-            break;
-        }
-    }
+    assert_eq!(next_sweep(&events), StoreEvent::Resync, "listening");
+    (a, b, events)
+}
+
+#[test]
+fn subscriber_changes_reach_the_other_node_as_one_event_per_call() {
+    let server = RedisServer::start();
+    let (a, _b, events) = two_nodes_listening(&server);
 
     assert_eq!(a.subscribe(7, &users(&["bob", "ann", "bob"])).unwrap(), 2);
     assert_eq!(next_subscriptions(&events), Some(users(&["ann", "bob"])));
@@ -80,17 +97,12 @@ fn subscriber_changes_reach_the_other_node_as_one_event_per_call() {
     );
 }
 
-/// The next event other than a wake or a subscriptions change, within 5 s.
+/// The next resync or recheck, skipping the other events.
 fn next_sweep(events: &mpsc::Receiver<StoreEvent>) -> StoreEvent {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match events.recv_timeout(left) {
-            Ok(event @ (StoreEvent::Resync | StoreEvent::Recheck)) => return event,
-            Ok(_) => {}
-            Err(e) => panic!("no resync or recheck within 5 s: {e}"),
-        }
-    }
+    next_of(events, "resync or recheck", |event| match event {
+        StoreEvent::Resync | StoreEvent::Recheck => Some(event),
+        _ => None,
+    })
 }
 
 /// While the listener stays connected, the periodic look at everything is a `Recheck`
@@ -166,17 +178,12 @@ fn metadata_writes_are_counted_per_namespace_for_every_node() {
     assert_eq!(b.meta_versions(&[]).unwrap(), Some(vec![]));
 }
 
-/// The next metadata event, skipping the others, within 5 s.
+/// The next metadata event, skipping the others.
 fn next_meta(events: &mpsc::Receiver<StoreEvent>) -> MetaEvent {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match events.recv_timeout(left) {
-            Ok(StoreEvent::MetaChanged(event)) => return event,
-            Ok(_) => {}
-            Err(e) => panic!("no metadata event within 5 s: {e}"),
-        }
-    }
+    next_of(events, "metadata event", |event| match event {
+        StoreEvent::MetaChanged(meta) => Some(meta),
+        _ => None,
+    })
 }
 
 /// A metadata write reaches the other node as one event per namespace, naming the keys it
@@ -187,14 +194,7 @@ fn next_meta(events: &mpsc::Receiver<StoreEvent>) -> MetaEvent {
 fn a_metadata_write_announces_its_keys_and_count() {
     use belfry_store::MetaChange;
     let server = RedisServer::start();
-    let (a, b) = (store(&server), store(&server));
-    let (tx, events) = mpsc::channel();
-    let tx = std::sync::Mutex::new(tx);
-    b.subscribe_events(Arc::new(move |event| {
-        let _ = tx.lock().unwrap().send(event);
-    }))
-    .unwrap();
-    assert_eq!(next_sweep(&events), StoreEvent::Resync, "listening");
+    let (a, b, events) = two_nodes_listening(&server);
     let event = |namespace: &str, keys: &[&str], version| MetaEvent {
         namespace: namespace.into(),
         keys: Some(keys.iter().map(|k| k.to_string()).collect()),
