@@ -279,17 +279,20 @@ impl Heard {
     /// which covers every write counted in `now`.
     fn recheck(&mut self, now: &[u64], all: bool) -> Vec<bool> {
         let before = self.at_recheck.replace(now.to_vec());
-        let missed: Vec<bool> = match before {
-            Some(before) if !all => (0..now.len())
-                .map(|i| self.through[i] < before[i])
-                .collect(),
-            _ => vec![true; now.len()],
-        };
-        for (i, missed) in missed.iter().enumerate() {
-            if *missed {
-                self.through[i] = self.through[i].max(now[i]);
-                self.close_gaps(i);
+        let mut missed = vec![true; now.len()];
+        for (i, now) in now.iter().copied().enumerate() {
+            let before = before.as_ref().filter(|_| !all).map(|b| b[i]);
+            // Counts that went back (the store lost its data) say nothing of what was heard.
+            if before.is_some_and(|before| now < before) || now < self.through[i] {
+                self.above[i].clear();
+                self.through[i] = now;
+            } else if before.is_some_and(|before| self.through[i] >= before) {
+                missed[i] = false;
+                continue;
             }
+            // Missed, or nothing to compare with: the runners' look covers every write to `now`.
+            self.through[i] = self.through[i].max(now);
+            self.close_gaps(i);
         }
         missed
     }
@@ -573,6 +576,11 @@ mod tests {
         assert_eq!(heard.recheck(&[4, 9, 9], true), [true; 3]);
         heard.unknown();
         assert_eq!(heard.recheck(&[4, 9, 9], false), [true; 3], "counts unread");
+        // The store lost its data: counts from 0 again, then writes heard from there on.
+        assert_eq!(heard.recheck(&[4, 2, 9], false), [false, true, false]);
+        heard.hear(reminders, 3);
+        assert_eq!(heard.recheck(&[4, 3, 9], false), [false; 3]);
+        assert_eq!(heard.recheck(&[4, 3, 9], false), [false; 3]);
         let of = Concerns::of_missed(&[false, false, true]);
         assert!(!of.schedules && of.reminders, "a reminder's id");
     }
