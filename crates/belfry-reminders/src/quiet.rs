@@ -24,9 +24,9 @@
 //!
 //! **Changes that name their keys.** A create, patch or delete names its reminder, and so do a
 //! shared store's announcements (`ReminderService::touched`): another node's create or patch,
-//! and every firing start, which moves a reminder's next fire time. Those keys wait in a short list that the
-//! next step reads along with what is due, instead of voiding the look; a full look that
-//! begins after they were written reads them anyway, so it empties the list. With 100,000
+//! and every firing start, which moves a reminder's next fire time. Those keys wait in a
+//! short list that the next step reads along with what is due, instead of voiding the look;
+//! a full look that begins after they were written reads them anyway, so it empties the list. With 100,000
 //! reminders firing over the day's seconds on Redis, each firing had made every node read
 //! all of them again.
 //!
@@ -153,8 +153,8 @@ impl Looks {
         }
     }
 
-    /// The reminders at `keys` were written by someone else: the next step reads them again
-    /// (a full look, if too many wait).
+    /// The reminders at `keys` were written (through the service, or announced by another
+    /// node): the next step reads them again (a full look, if too many wait).
     pub(crate) fn touch(&self, keys: impl IntoIterator<Item = String>) {
         let mut touched = self.touched.lock();
         touched.extend(keys);
