@@ -26,9 +26,9 @@
 //! shared store's announcements (`ReminderService::touched`): another node's create or patch,
 //! and every firing start, which moves a reminder's next fire time. Those keys wait in a
 //! short list that the next step reads along with what is due, instead of voiding the look;
-//! a full look that begins after they were written reads them anyway, so it empties the list. With 100,000
-//! reminders firing over the day's seconds on Redis, each firing had made every node read
-//! all of them again.
+//! a full look that begins after they were written reads them anyway, so it empties the list.
+//! With 100,000 reminders firing over the day's seconds on Redis, each firing had made every
+//! node read all of them again.
 //!
 //! **The subscriber gauge.** Subscribes and unsubscribes change no fire time, so they do not
 //! cost a full look (a steady trickle of subscriptions would make every step one). Their
