@@ -9,7 +9,8 @@
 use std::collections::BTreeSet;
 
 use belfry_core::{
-    LatePolicy, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState, UserId, UserPage,
+    LatePolicy, LeaseId, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState, UserId,
+    UserPage,
 };
 use bytes::Bytes;
 
@@ -566,11 +567,90 @@ pub fn ack_many_matches_sequential_acks(h: &mut dyn Harness) {
         }
     };
     check(h);
-    // A crash of the process keeps the batch's acks, all of them (one WAL frame, written).
+    // A crash of the process keeps the batch's acks, all of them (written before it returned).
     h.crash();
     check(h);
     h.reopen(false);
     check(h);
+}
+
+/// Claims and ack batches of hundreds of tasks, more than the embedded engine does under
+/// one hold of its lock (it works in chunks of 128 records): a claim still takes the due
+/// tasks high priority first and then by due time, never one twice nor one not yet due; the
+/// late ones are skipped without counting towards `max`; an ack batch with repeats answers
+/// as sequential acks would; and what it acked stays acked after a crash of the process.
+pub fn claims_and_ack_batches_of_hundreds(h: &mut dyn Harness) {
+    const NOW: u64 = 100_000;
+    let s = h.store();
+    s.put_queue(&q("big"), Bytes::new()).unwrap();
+    let mut tasks = Vec::new();
+    let mut expected = Vec::new();
+    let mut late = BTreeSet::new();
+    for i in 0..150u64 {
+        let mut t = task("big", NOW - 500 + i, &format!("h{i:04}"));
+        t.priority = Priority::High;
+        tasks.push(t);
+        expected.push(format!("h{i:04}"));
+    }
+    for i in 0..600u64 {
+        // All due by NOW, at least 401 ms before it; every seventh may be 10 ms late.
+        let mut t = task("big", NOW - 1_000 + i, &format!("n{i:04}"));
+        if i % 7 == 3 {
+            t.late_policy = LatePolicy::Skip { after_ms: 10 };
+            late.insert(format!("n{i:04}"));
+        } else {
+            expected.push(format!("n{i:04}"));
+        }
+        tasks.push(t);
+    }
+    for i in 0..100u64 {
+        tasks.push(task("big", NOW + 10_000 + i, &format!("f{i:04}")));
+    }
+    let ids: Vec<TaskId> = s.put(tasks).unwrap().iter().map(created).collect();
+    let payload_of = |id: TaskId| -> String {
+        let i = ids.iter().position(|x| *x == id).unwrap();
+        match i {
+            0..150 => format!("h{i:04}"),
+            150..750 => format!("n{:04}", i - 150),
+            _ => format!("f{:04}", i - 750),
+        }
+    };
+    let first = s.claim(&q("big"), NOW, 300, 100_000_000).unwrap();
+    assert_eq!(first.leased.len(), 300);
+    let second = s.claim(&q("big"), NOW, 1_000, 100_000_000).unwrap();
+    assert!(s
+        .claim(&q("big"), NOW, 1_000, 100_000_000)
+        .unwrap()
+        .leased
+        .is_empty());
+    let leased: Vec<_> = first.leased.iter().chain(&second.leased).collect();
+    let got: Vec<String> = leased.iter().map(|l| payload_of(l.task.id)).collect();
+    assert_eq!(got, expected);
+    let skipped: BTreeSet<String> = first
+        .late_skipped
+        .iter()
+        .chain(&second.late_skipped)
+        .map(|id| payload_of(*id))
+        .collect();
+    assert_eq!(skipped, late);
+    assert_eq!(
+        first.late_skipped.len() + second.late_skipped.len(),
+        late.len()
+    );
+
+    // Every lease, then the first 50 again: done by then.
+    let mut acks: Vec<(TaskId, LeaseId)> = leased.iter().map(|l| (l.task.id, l.lease_id)).collect();
+    acks.extend_from_within(..50);
+    let outcomes = h.store().ack_many(&q("big"), &acks, NOW + 1).unwrap();
+    let mut want = vec![LeaseOutcome::Ok; leased.len()];
+    want.extend([LeaseOutcome::LeaseExpired; 50]);
+    assert_eq!(outcomes, want);
+
+    h.crash();
+    let counts = h.store().counts(&q("big"), NOW + 2).unwrap();
+    assert_eq!((counts.due, counts.in_flight, counts.dead), (0, 0, 0));
+    let future: Vec<String> = (0..100).map(|i| format!("f{i:04}")).collect();
+    assert_eq!(payloads(h, "big", NOW + 20_000, 1_000), future);
 }
 
 fn b(text: &str) -> Bytes {
@@ -836,6 +916,7 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
         write_meta_in_order_and_durable,
         write_meta_is_seen_whole,
         ack_many_matches_sequential_acks,
+        claims_and_ack_batches_of_hundreds,
         put_get_round_trip,
         claim_order,
         lease_lifecycle,
@@ -869,6 +950,7 @@ macro_rules! conformance_tests {
         write_meta_in_order_and_durable,
         write_meta_is_seen_whole,
         ack_many_matches_sequential_acks,
+        claims_and_ack_batches_of_hundreds,
         put_get_round_trip,
         claim_order,
         lease_lifecycle,

@@ -327,11 +327,12 @@ pub trait Store: Send + Sync + 'static {
     /// calling [`Store::ack`] for each pair in order (so a task named twice is `Ok` the first
     /// time and `LeaseExpired` after, since it is then done).
     ///
-    /// The default loops over `ack`. The embedded engine takes its lock once and writes every
-    /// ack in one WAL frame, so after a crash either all of the call's acks survive or none
-    /// (delivery state, like `ack`: it returns once written, without waiting for an fsync).
-    /// If it fails with an error, none of its acks took effect; the default may have applied
-    /// the acks before the failing one.
+    /// The default loops over `ack`. The embedded engine takes its lock once per 128 acks
+    /// and writes each such chunk as one WAL frame, so after a crash a chunk's acks survive
+    /// together or not at all (delivery state, like `ack`: it returns once written, without
+    /// waiting for an fsync; a crash of the process after it returned keeps them all). If it
+    /// fails with an error, the acks before the failing one (the default) or before its chunk
+    /// (the engine) may have taken effect: acking them again answers `LeaseExpired`.
     fn ack_many(
         &self,
         queue: &QueueName,

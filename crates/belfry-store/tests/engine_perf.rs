@@ -120,7 +120,8 @@ fn claim_ack_probe() {
 
 /// The claim-and-ack probe with batch acks: `cargo test --release -p belfry-store --test
 /// engine_perf claim_ack_many -- --ignored --nocapture`. Each claimed batch of 1,000 is acked
-/// by one `ack_many` call (one lock, one WAL frame), as the server's batch-ack endpoint does.
+/// by one `ack_many` call (one lock and one WAL frame per 128 acks), as the server's batch-ack
+/// endpoint does.
 /// Same environment variables as `claim_ack_probe`.
 #[test]
 #[ignore]

@@ -108,10 +108,11 @@ impl Service {
         let runtime = self.runtime(queue)?;
         let now_ms = self.now_ms();
         // One store call for the whole batch: the embedded engine then takes its lock once
-        // and writes one WAL frame, rather than one of each per task (which capped burst
-        // dispatch). Parallel groups of acks only contended for the engine's locks (A/B at
-        // 100k due/s in BENCHMARKS.md: p99 lateness 10-19 ms with one group, 45-395 ms with
-        // 256), so the batch stays one call.
+        // per 128 acks and writes one WAL frame for each, rather than one of each per task
+        // (which capped burst dispatch), and waits for the WAL once. Parallel groups of
+        // acks only contended for the engine's locks (A/B at 100k due/s in BENCHMARKS.md:
+        // p99 lateness 10-19 ms with one group, 45-395 ms with 256), so the batch stays
+        // one call.
         let name = queue.clone();
         let outcomes = self
             .delivery(move |s| {

@@ -258,7 +258,8 @@ pub struct WalTarget {
     pub bucket: u64,
 }
 
-/// Builds one WAL frame: the records of one store call, committed all or none. The body is a
+/// Builds one WAL frame: the records of one store call (or of one chunk of a claim or an
+/// ack batch, `calls::LOCK_CHUNK_RECORDS`), committed all or none. The body is a
 /// sequence of `[queue uid: u64][bucket key: u64][bucket frame]`; the outer checksum makes
 /// the whole call's records survive a crash together or not at all.
 #[derive(Debug, Default)]

@@ -10,11 +10,13 @@ use bytes::Bytes;
 use rustc_hash::FxHashSet;
 
 use super::bucket::{bucket_for, split_id, task_id};
-use super::calls::{lease_in_force, live_task_with_key, LEASE_RECORD_BYTES_HINT};
+use super::calls::{
+    lease_in_force, live_task_with_key, LEASE_RECORD_BYTES_HINT, LOCK_CHUNK_RECORDS,
+};
 use super::persist::{self, BucketMeta};
 use super::queue::{Queue, TaskFacts};
 use super::record::{self, PutRecord, Record, WalBatch};
-use super::{io, push, queue_dir, Engine, META_FILE};
+use super::{io, push, queue_dir, Engine, EngineOptions, State, META_FILE};
 use crate::store::{
     ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Result, Store,
     StoreError, StoreHealth,
@@ -198,64 +200,25 @@ impl Store for Engine {
     ) -> Result<ClaimBatch> {
         self.preload(queue, now_ms)?;
         let mut state = self.lock_state()?;
-        let mut next_lease = state.next_lease;
-        let (q, _) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
-        let uid = q.uid;
-        let lease_until_ms = now_ms.saturating_add(visibility_ms);
-        let room = max.min(q.index.ready.iter().map(|slot| slot.len()).sum());
-        let mut batch = WalBatch::with_capacity(room * LEASE_RECORD_BYTES_HINT);
-        let mut pending = Vec::with_capacity(room);
         let mut result = ClaimBatch::default();
-        // (seq, key, lease id, due, attempts, put offset, put length): all a leased task's
-        // view needs besides its put record, so the entry is looked up once here.
-        let mut leased: Vec<Claimed> = Vec::with_capacity(room);
-        // Due tasks, high priority first, each in due order. They are only read here: their
-        // records take them out of the ready index when applied at commit.
-        let due = q.index.ready.iter().flat_map(|slot| {
-            slot.iter()
-                .take_while(move |(due, _, _)| *due <= now_ms)
-                .copied()
-        });
-        for (due, seq, key) in due {
-            if leased.len() == max {
+        let mut last_ticket = None;
+        loop {
+            let want = max - result.leased.len();
+            let options = &self.core.options;
+            let times = (now_ms, visibility_ms);
+            let chunk = claim_chunk(&mut state, queue, times, want, options, &mut result)?;
+            let Some((ticket, more)) = chunk else {
+                break;
+            };
+            last_ticket = Some(ticket);
+            if !more || result.leased.len() >= max {
                 break;
             }
-            let Some(entry) = q.loaded_entry(seq, key) else {
-                debug_assert!(false, "ready entry missing");
-                continue;
-            };
-            if let Some(record) = late_record(entry.late_policy, seq, now_ms - due) {
-                let late = match record {
-                    Record::Skipped { .. } => &mut result.late_skipped,
-                    _ => &mut result.late_dead,
-                };
-                late.push(task_id(seq, key));
-                push(&mut batch, &mut pending, uid, key, record);
-                continue;
-            }
-            let lease_id = next_lease;
-            next_lease += 1;
-            let attempts = entry.attempts.saturating_add(1);
-            let (offset, len) = (entry.put_offset, entry.put_len);
-            leased.push((seq, key, lease_id, due, attempts, offset, len));
-            let record = Record::Lease {
-                seq,
-                lease_id,
-                until_ms: lease_until_ms,
-                attempts,
-            };
-            push(&mut batch, &mut pending, uid, key, record);
+            self.let_others_in(&mut state)?;
         }
-        state.next_lease = next_lease;
-        if pending.is_empty() {
+        let Some(ticket) = last_ticket else {
             return Ok(result);
-        }
-        let ticket = match state.commit(batch, &pending, &self.core.options) {
-            Ok(ticket) => ticket,
-            Err(error) => return Err(state.poison(&error)),
         };
-        let (q, _) = state.queue(queue)?;
-        result.leased = leased_tasks(q, leased, lease_until_ms)?;
         let checkpoint_due = self.checkpoint_due(&state);
         drop(state);
         self.finish(ticket, true, checkpoint_due)?;
@@ -272,8 +235,8 @@ impl Store for Engine {
         self.change_lease(queue, id, lease, now_ms, |seq| Record::Done { seq })
     }
 
-    /// One lock, one WAL frame holding every Done record: replay applies the call's acks
-    /// all together or (frame lost or cut) not at all.
+    /// The acks go in chunks of [`LOCK_CHUNK_RECORDS`], each one WAL frame under one hold
+    /// of the lock: replay applies a chunk's acks together or (frame lost or cut) not at all.
     fn ack_many(
         &self,
         queue: &QueueName,
@@ -283,33 +246,47 @@ impl Store for Engine {
         if acks.is_empty() {
             return Ok(Vec::new());
         }
-        let mut batch = WalBatch::with_capacity(acks.len() * LEASE_RECORD_BYTES_HINT);
         let mut state = self.lock_state()?;
-        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
-        let uid = q.uid;
-        let mut pending = Vec::with_capacity(acks.len());
         let mut outcomes = Vec::with_capacity(acks.len());
-        // Records reach memory only at commit, so a task acked earlier in this call still
+        // Records reach memory only at commit, so a task acked earlier in this chunk still
         // looks leased: remember it, and answer a repeat as a sequential ack would (the
         // task is done, so its lease is no longer in force).
         let mut acked: FxHashSet<(u64, u64)> =
             FxHashSet::with_capacity_and_hasher(acks.len(), Default::default());
-        for &(id, lease) in acks {
-            let (key, seq) = match lease_in_force(q, stats, id, lease)? {
-                Ok(found) => found,
-                Err(outcome) => {
-                    outcomes.push(outcome);
+        let mut last_ticket = None;
+        for (i, chunk) in acks.chunks(LOCK_CHUNK_RECORDS).enumerate() {
+            if i > 0 {
+                self.let_others_in(&mut state)?;
+            }
+            let mut batch = WalBatch::with_capacity(chunk.len() * LEASE_RECORD_BYTES_HINT);
+            let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
+            let uid = q.uid;
+            let mut pending = Vec::with_capacity(chunk.len());
+            for &(id, lease) in chunk {
+                let (key, seq) = match lease_in_force(q, stats, id, lease)? {
+                    Ok(found) => found,
+                    Err(outcome) => {
+                        outcomes.push(outcome);
+                        continue;
+                    }
+                };
+                if !acked.insert((seq, key)) {
+                    outcomes.push(LeaseOutcome::LeaseExpired);
                     continue;
                 }
-            };
-            if !acked.insert((seq, key)) {
-                outcomes.push(LeaseOutcome::LeaseExpired);
-                continue;
+                push(&mut batch, &mut pending, uid, key, Record::Done { seq });
+                outcomes.push(LeaseOutcome::Ok);
             }
-            push(&mut batch, &mut pending, uid, key, Record::Done { seq });
-            outcomes.push(LeaseOutcome::Ok);
+            last_ticket = self
+                .commit_chunk(&mut state, batch, pending)?
+                .or(last_ticket);
         }
-        self.commit(state, batch, pending, true)?;
+        let Some(ticket) = last_ticket else {
+            return Ok(outcomes);
+        };
+        let checkpoint_due = self.checkpoint_due(&state);
+        drop(state);
+        self.finish(ticket, true, checkpoint_due)?;
         Ok(outcomes)
     }
 
@@ -591,6 +568,87 @@ const STATE_CHANGE_BYTES_HINT: u64 = 2 * LEASE_RECORD_BYTES_HINT as u64;
 /// A task a claim leased: `(seq, bucket key, lease id, due, attempts, put offset, put
 /// length)`, all its view needs besides its put record.
 type Claimed = (u64, u64, u64, UnixMs, u32, u64, u32);
+
+/// One hold of the state lock in a claim: leases up to `want` of the queue's due tasks
+/// (high priority first, each in due order), looking at most [`LOCK_CHUNK_RECORDS`] of
+/// them, and commits their records. Tasks found later than their late policy allows get a
+/// Skipped or Dead record instead, and do not count towards `want`. Returns the chunk's WAL
+/// ticket, and whether more due tasks may be left; `None` if it wrote nothing.
+fn claim_chunk(
+    state: &mut State,
+    queue: &QueueName,
+    (now_ms, visibility_ms): (UnixMs, u64),
+    want: usize,
+    options: &EngineOptions,
+    result: &mut ClaimBatch,
+) -> Result<Option<(u64, bool)>> {
+    let mut next_lease = state.next_lease;
+    let (q, _) = state.queue_at(queue, now_ms, options.lookahead_ms)?;
+    let uid = q.uid;
+    let lease_until_ms = now_ms.saturating_add(visibility_ms);
+    let ready: usize = q.index.ready.iter().map(|slot| slot.len()).sum();
+    let room = want.min(LOCK_CHUNK_RECORDS).min(ready);
+    let mut batch = WalBatch::with_capacity(room * LEASE_RECORD_BYTES_HINT);
+    let mut pending = Vec::with_capacity(room);
+    // (seq, key, lease id, due, attempts, put offset, put length): all a leased task's
+    // view needs besides its put record, so the entry is looked up once here.
+    let mut leased: Vec<Claimed> = Vec::with_capacity(room);
+    // Due tasks, high priority first, each in due order. They are only read here: their
+    // records take them out of the ready index when applied at commit.
+    let due = q.index.ready.iter().flat_map(|slot| {
+        slot.iter()
+            .take_while(move |(due, _, _)| *due <= now_ms)
+            .copied()
+    });
+    let mut more = false;
+    for (due, seq, key) in due {
+        if leased.len() == want {
+            break;
+        }
+        if pending.len() == LOCK_CHUNK_RECORDS {
+            more = true;
+            break;
+        }
+        let Some(entry) = q.loaded_entry(seq, key) else {
+            debug_assert!(false, "ready entry missing");
+            continue;
+        };
+        if let Some(record) = late_record(entry.late_policy, seq, now_ms - due) {
+            let late = match record {
+                Record::Skipped { .. } => &mut result.late_skipped,
+                _ => &mut result.late_dead,
+            };
+            late.push(task_id(seq, key));
+            push(&mut batch, &mut pending, uid, key, record);
+            continue;
+        }
+        let lease_id = next_lease;
+        next_lease += 1;
+        let attempts = entry.attempts.saturating_add(1);
+        let (offset, len) = (entry.put_offset, entry.put_len);
+        leased.push((seq, key, lease_id, due, attempts, offset, len));
+        let record = Record::Lease {
+            seq,
+            lease_id,
+            until_ms: lease_until_ms,
+            attempts,
+        };
+        push(&mut batch, &mut pending, uid, key, record);
+    }
+    state.next_lease = next_lease;
+    if pending.is_empty() {
+        return Ok(None);
+    }
+    let ticket = match state.commit(batch, &pending, options) {
+        Ok(ticket) => ticket,
+        Err(error) => return Err(state.poison(&error)),
+    };
+    let (q, _) = state.queue(queue)?;
+    result
+        .leased
+        .extend(leased_tasks(q, leased, lease_until_ms)?);
+    Ok(Some((ticket, more)))
+}
 
 /// The views of the tasks a claim leased, their put records read bucket by bucket in file
 /// order.
