@@ -19,7 +19,7 @@ pub use model::{
 pub use record::{CURSORS_NAMESPACE, SCHEDULES_NAMESPACE};
 pub use service::{
     firing_key, owner_key, NewSchedule, Result, ScheduleService, ScheduleServiceError, TickReport,
-    FORECAST_FIRINGS_MAX, FORECAST_STEPS_MAX, FULL_TICK_MS,
+    FIRING_PUT_TASKS, FORECAST_FIRINGS_MAX, FORECAST_STEPS_MAX, FULL_TICK_MS,
 };
 
 // The schedule vocabulary callers need, so they do not have to reach into belfry-core.

@@ -18,9 +18,10 @@
 //! no firing task can have finished between the crash and the replay.
 //!
 //! Cost: a tick puts the firings of all due schedules together, in batches of up to
-//! `BATCH_TASKS_MAX` tasks (one durable write each), and writes all their cursors in one
+//! [`FIRING_PUT_TASKS`] tasks (one durable write each), and writes all their cursors in one
 //! `Store::write_meta`, one small record per cursor. Ten thousand per-second schedules are
-//! then about ten puts and one metadata write a second, not twenty thousand durable writes.
+//! then about eighty puts and one metadata write a second, not twenty thousand durable
+//! writes.
 //!
 //! Several nodes: a tick fires only the schedules whose [`owner_key`] this node owns
 //! (`Store::owns`); the others' owners fire them.
@@ -52,6 +53,16 @@ use crate::record::{
     decode_cursor, decode_schedule, encode_cursor, encode_schedule, StoredSchedule,
     CURSORS_NAMESPACE, SCHEDULES_NAMESPACE,
 };
+
+/// Most tasks a tick puts in one store call (the shards of one firing always go together,
+/// so a firing of more shards is one call of its own). A put holds the embedded engine's
+/// lock, which every queue's calls share, while it checks the idempotency keys and builds its
+/// records: 1.3-3.1 ms for 1,000 firings on a 2-core machine, long enough to show in another
+/// queue's lease p99 (issue #10). At this size a put holds it a few hundred microseconds
+/// (`belfry-store/tests/engine_lock_perf.rs`: one-task claims of another queue beside puts
+/// of 1,000 keyed tasks, p99.9 1.6 ms; beside puts of 128, 433 µs). The tick then makes
+/// about 8 durable writes per 1,000 firings instead of 1, well within `schedules.lead`.
+pub const FIRING_PUT_TASKS: usize = 128;
 
 /// Most steps one forecast may ask for (a week in minutes is 10,080).
 pub const FORECAST_STEPS_MAX: usize = 100_000;
@@ -626,8 +637,8 @@ impl ScheduleService {
         Ok(())
     }
 
-    /// Puts the firings gathered so far, in batches of at most `BATCH_TASKS_MAX` tasks (the
-    /// shards of one firing always together). Firings into a queue that no longer exists are
+    /// Puts the firings gathered so far, in batches of at most [`FIRING_PUT_TASKS`] tasks
+    /// (the shards of one firing always together). Firings into a queue that no longer exists are
     /// dropped and reported, and the rest are put without them.
     fn put_firings(&self, firings: &mut Firings, report: &mut TickReport) -> Result<()> {
         let pending = std::mem::take(&mut firings.groups);
@@ -636,7 +647,7 @@ impl ScheduleService {
         let mut batch_len = 0;
         for (id, count) in pending {
             let group: Vec<NewTask> = tasks.by_ref().take(count).collect();
-            if batch_len + group.len() > BATCH_TASKS_MAX {
+            if batch_len + group.len() > FIRING_PUT_TASKS {
                 self.put_batch(std::mem::take(&mut batch), report)?;
                 batch_len = 0;
             }

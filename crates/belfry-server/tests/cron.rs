@@ -177,3 +177,26 @@ async fn a_crash_between_firings_and_cursors_neither_loses_nor_duplicates_a_firi
     .await;
     s.handle.stop().await.expect("clean stop");
 }
+
+/// A tick puts its firings in small batches, so that it holds the engine's lock, which every
+/// queue's calls share, only briefly at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticks_put_their_firings_in_small_batches() {
+    use belfry_schedule::FIRING_PUT_TASKS;
+    const SCHEDULES: usize = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    let faulty = FaultyStore::new(engine(dir.path()));
+    let s = start(faulty.clone(), ManualClock::new(T0)).await;
+    s.queue("cron", json!({})).await;
+    every_second(&s, "cron", SCHEDULES).await;
+    faulty.puts.lock().clear();
+    s.advance(1_000);
+    eventually("the firings stored", || async {
+        (pending(&s, "cron").await == SCHEDULES as u64).then_some(())
+    })
+    .await;
+    let puts = faulty.puts.lock().clone();
+    assert_eq!(puts.iter().sum::<usize>(), SCHEDULES);
+    assert!(puts.iter().all(|&n| n <= FIRING_PUT_TASKS), "{puts:?}");
+    s.handle.stop().await.expect("clean stop");
+}

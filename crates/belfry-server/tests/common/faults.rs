@@ -16,10 +16,12 @@ use parking_lot::Mutex;
 
 /// Wraps a store: `counts` can be made slow (to hold API admission slots), and `write_meta`
 /// can be made to fail a number of times (a crash between a tick's puts and its cursors).
+/// It notes how many tasks each `put` held.
 pub struct FaultyStore {
     pub inner: Arc<dyn Store>,
     pub counts_delay_ms: AtomicU64,
     pub write_meta_failures: AtomicUsize,
+    pub puts: Mutex<Vec<usize>>,
 }
 
 impl FaultyStore {
@@ -28,6 +30,7 @@ impl FaultyStore {
             inner,
             counts_delay_ms: AtomicU64::new(0),
             write_meta_failures: AtomicUsize::new(0),
+            puts: Mutex::new(Vec::new()),
         })
     }
 }
@@ -46,6 +49,7 @@ impl Store for FaultyStore {
         self.inner.delete_queue(queue)
     }
     fn put(&self, tasks: Vec<NewTask>) -> belfry_store::Result<Vec<PutOutcome>> {
+        self.puts.lock().push(tasks.len());
         self.inner.put(tasks)
     }
     fn get(&self, q: &QueueName, id: TaskId, now: UnixMs) -> belfry_store::Result<Option<Task>> {
