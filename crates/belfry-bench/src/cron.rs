@@ -98,7 +98,7 @@ impl CronArgs {
 }
 
 /// The lease probe's outcome.
-#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+#[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct ProbeOutcome {
     pub rounds: usize,
     /// Lease calls that returned the probe task.
@@ -108,6 +108,23 @@ pub struct ProbeOutcome {
     pub empty: u64,
     pub failed: u64,
     pub lease: Percentiles,
+    /// Each timed lease: the millisecond of the wall-clock second it ended in (the schedules
+    /// fire at 0), and how long it took in µs.
+    #[serde(skip)]
+    pub samples: Vec<(u16, u64)>,
+}
+
+impl ProbeOutcome {
+    /// How many leases took longer than `over_us`, by tenth of the second they ended in.
+    fn slow_by_tenth(&self, over_us: u64) -> [usize; 10] {
+        let mut tenths = [0; 10];
+        for &(ms, us) in &self.samples {
+            if us > over_us {
+                tenths[usize::from(ms / 100).min(9)] += 1;
+            }
+        }
+        tenths
+    }
 }
 
 /// What the cron consumers saw.
@@ -580,6 +597,8 @@ async fn probe_rounds(
             .request(Method::POST, &lease_path, lease_body.clone())
             .await;
         let took = sent.elapsed();
+        out.samples
+            .push(((unix_ms() % 1_000) as u16, took.as_micros() as u64));
         let body = match answer {
             Ok((status, body)) if status.is_success() => body,
             _ => {
@@ -710,6 +729,20 @@ fn build_report(args: &CronArgs, machine: Machine, o: CronOutcome) -> Report {
         format_us(loaded),
         format_us(idle),
         ratio(loaded as f64, idle as f64)
+    ));
+    let over = (idle as f64 * PROBE_RATIO_TARGET) as u64;
+    let tenths = o.probe_loaded.slow_by_tenth(over);
+    notes.push(format!(
+        "leases under the cron load slower than {} (the target), by tenth of the second they \
+         ended in (the firings are due at 0 ms; the schedule runner stores the next ones \
+         `schedules.lead` before, 500 ms by default): {}.",
+        format_us(over),
+        tenths
+            .iter()
+            .enumerate()
+            .map(|(i, n)| format!("{}–{} ms: {n}", i * 100, i * 100 + 99))
+            .collect::<Vec<_>>()
+            .join(", ")
     ));
     notes.push(format!(
         "schedule creation ran at {} of the single-task submit rate ({} vs {} per second); the \
