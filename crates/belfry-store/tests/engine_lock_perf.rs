@@ -12,25 +12,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use belfry_core::{NewTask, QueueName};
-use belfry_store::{Engine, EngineOptions, Store};
+use belfry_store::{Engine, Store};
 use bytes::Bytes;
 
-const NOW: u64 = 1_700_000_000_000;
+#[path = "support/probe.rs"]
+mod probe;
 
-fn engine() -> (tempfile::TempDir, Engine) {
-    let dir =
-        tempfile::tempdir_in(std::env::var("PROBE_DIR").unwrap_or_else(|_| ".".into())).unwrap();
-    let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
-    (dir, engine)
-}
-
-fn phase() -> Duration {
-    let seconds: f64 = std::env::var("PROBE_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2.0);
-    Duration::from_secs_f64(seconds)
-}
+use probe::{ack_all, claim_latencies, engine, percentile, phase, NOW};
 
 fn queue(name: &str) -> QueueName {
     QueueName::new(name).unwrap()
@@ -40,27 +28,6 @@ fn due_now(queue: &QueueName, n: usize) -> Vec<NewTask> {
     (0..n)
         .map(|_| NewTask::new(queue.clone(), NOW, Bytes::from_static(b"{\"i\":1}")))
         .collect()
-}
-
-/// Claims one task of `queue` at a time, and nacks it due at once so the queue never runs
-/// dry, until `stop`; returns the sorted claim latencies.
-fn claim_latencies(engine: &Engine, queue: &QueueName, stop: &AtomicBool) -> Vec<Duration> {
-    let mut latencies = Vec::new();
-    while !stop.load(Ordering::Relaxed) {
-        let start = Instant::now();
-        let batch = engine.claim(queue, NOW, 1, 60_000).unwrap();
-        latencies.push(start.elapsed());
-        let leased = batch.leased.first().expect("the queue holds enough tasks");
-        engine
-            .nack(queue, leased.task.id, leased.lease_id, NOW, NOW)
-            .unwrap();
-    }
-    latencies.sort_unstable();
-    latencies
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p) as usize]
 }
 
 /// Runs `load` on its own thread for one phase while the probe claims from `work`; prints the
@@ -76,7 +43,8 @@ fn beside(engine: &Engine, work: &QueueName, name: &str, load: impl Fn(&Engine) 
                 done.fetch_add(load(engine), Ordering::Relaxed);
             }
         });
-        let prober = scope.spawn(move || claim_latencies(engine, work, stop));
+        let prober =
+            scope.spawn(move || claim_latencies(engine, work, || !stop.load(Ordering::Relaxed)));
         std::thread::sleep(phase());
         stop.store(true, Ordering::Relaxed);
         loader.join().unwrap();
@@ -117,16 +85,7 @@ fn one_task_claims_beside_large_calls_probe() {
             }
             return 0;
         }
-        let acks: Vec<_> = batch
-            .leased
-            .iter()
-            .map(|l| (l.task.id, l.lease_id))
-            .collect();
-        let outcomes = e.ack_many(&bulk, &acks, NOW).unwrap();
-        assert!(outcomes
-            .iter()
-            .all(|o| *o == belfry_store::LeaseOutcome::Ok));
-        acks.len() as u64
+        ack_all(e, &bulk, &batch, NOW) as u64
     });
     // A tick's firings: tasks with idempotency keys, far ahead, in batches of each size.
     let next = AtomicU64::new(0);

@@ -9,28 +9,16 @@
 //! and what a storm of cursor writes does to an unrelated queue's claim latency.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use belfry_core::{NewTask, QueueName};
-use belfry_store::{Engine, EngineOptions, MetaChange, Store};
+use belfry_store::{Engine, MetaChange, Store};
 use bytes::Bytes;
 
-const NOW: u64 = 1_700_000_000_000;
+#[path = "support/probe.rs"]
+mod probe;
 
-fn engine() -> (tempfile::TempDir, Engine) {
-    let dir =
-        tempfile::tempdir_in(std::env::var("PROBE_DIR").unwrap_or_else(|_| ".".into())).unwrap();
-    let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
-    (dir, engine)
-}
-
-fn phase() -> Duration {
-    let seconds: f64 = std::env::var("PROBE_SECONDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(2.0);
-    Duration::from_secs_f64(seconds)
-}
+use probe::{claim_latencies, engine, percentile, phase, NOW};
 
 /// A schedule cursor: a key of about 20 bytes, an 8-byte value.
 fn cursor(i: u64) -> (String, Bytes) {
@@ -98,28 +86,6 @@ fn write_meta_of_a_tick_probe() {
     assert_eq!(engine.list_meta("schedules").unwrap().len(), 10_000);
 }
 
-/// Claims one task at a time for one phase, and nacks it due at once so the queue never runs
-/// dry; returns the sorted claim latencies.
-fn claim_latencies(engine: &Engine, queue: &QueueName) -> Vec<Duration> {
-    let mut latencies = Vec::new();
-    let deadline = Instant::now() + phase();
-    while Instant::now() < deadline {
-        let start = Instant::now();
-        let batch = engine.claim(queue, NOW, 1, 60_000).unwrap();
-        latencies.push(start.elapsed());
-        let leased = batch.leased.first().expect("the queue holds enough tasks");
-        engine
-            .nack(queue, leased.task.id, leased.lease_id, NOW, NOW)
-            .unwrap();
-    }
-    latencies.sort_unstable();
-    latencies
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() - 1) as f64 * p) as usize]
-}
-
 #[test]
 #[ignore]
 fn claim_latency_under_a_meta_storm_probe() {
@@ -132,7 +98,8 @@ fn claim_latency_under_a_meta_storm_probe() {
             .collect();
         engine.put(tasks).unwrap();
     }
-    let quiet = claim_latencies(&engine, &queue);
+    let deadline = Instant::now() + phase();
+    let quiet = claim_latencies(&engine, &queue, || Instant::now() < deadline);
     let stop = AtomicBool::new(false);
     let meta_calls = AtomicU64::new(0);
     let (storm, meta_seconds) = std::thread::scope(|scope| {
@@ -148,7 +115,8 @@ fn claim_latency_under_a_meta_storm_probe() {
             }
             start.elapsed().as_secs_f64()
         });
-        let storm = claim_latencies(engine, &queue);
+        let deadline = Instant::now() + phase();
+        let storm = claim_latencies(engine, &queue, || Instant::now() < deadline);
         stop.store(true, Ordering::Relaxed);
         (storm, writer.join().unwrap())
     });

@@ -8,6 +8,11 @@ use belfry_core::{NewTask, QueueName};
 use belfry_store::{Engine, EngineOptions, Store};
 use bytes::Bytes;
 
+#[path = "support/probe.rs"]
+mod probe;
+
+use probe::ack_all;
+
 #[test]
 #[ignore]
 fn ingest_and_drain_probe() {
@@ -143,16 +148,7 @@ fn claim_ack_many_probe() {
         if batch.leased.is_empty() {
             break;
         }
-        let acks: Vec<_> = batch
-            .leased
-            .iter()
-            .map(|l| (l.task.id, l.lease_id))
-            .collect();
-        let outcomes = engine.ack_many(&queue, &acks, now).unwrap();
-        assert!(outcomes
-            .iter()
-            .all(|o| *o == belfry_store::LeaseOutcome::Ok));
-        acked += outcomes.len();
+        acked += ack_all(&engine, &queue, &batch, now);
     }
     let elapsed = start.elapsed();
     assert_eq!(acked, tasks);
