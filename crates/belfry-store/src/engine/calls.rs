@@ -68,10 +68,7 @@ impl Engine {
             return Ok(());
         }
         let keep = pending.first().map(|p| (p.uid, p.key));
-        let ticket = match state.commit(batch, &pending, &self.core.options) {
-            Ok(ticket) => ticket,
-            Err(error) => return Err(state.poison(&error)),
-        };
+        let ticket = state.commit(batch, &pending, &self.core.options)?;
         state.trim_far(keep, &self.core.options);
         let checkpoint_due = self.checkpoint_due(&state);
         drop(state);
@@ -81,7 +78,7 @@ impl Engine {
 
     /// Commits one chunk of a call that lets others in between its chunks: applies the
     /// records and queues their frame for the WAL. Returns its ticket (`None`: nothing to
-    /// write); the call then waits once, with [`Engine::finish`], for its last ticket.
+    /// write); the call then waits once, with [`Engine::finish_chunks`], for its last ticket.
     pub(super) fn commit_chunk(
         &self,
         state: &mut State,
@@ -92,12 +89,25 @@ impl Engine {
             return Ok(None);
         }
         let keep = pending.first().map(|p| (p.uid, p.key));
-        let ticket = match state.commit(batch, &pending, &self.core.options) {
-            Ok(ticket) => ticket,
-            Err(error) => return Err(state.poison(&error)),
-        };
+        let ticket = state.commit(batch, &pending, &self.core.options)?;
         state.trim_far(keep, &self.core.options);
         Ok(Some(ticket))
+    }
+
+    /// Ends a call that committed in chunks: waits once, for its last chunk's ticket (`None`:
+    /// it wrote nothing), as [`Engine::commit`] does for a call of one frame.
+    pub(super) fn finish_chunks(
+        &self,
+        state: parking_lot::MutexGuard<'_, State>,
+        last_ticket: Option<u64>,
+        delivery: bool,
+    ) -> Result<()> {
+        let Some(ticket) = last_ticket else {
+            return Ok(());
+        };
+        let checkpoint_due = self.checkpoint_due(&state);
+        drop(state);
+        self.finish(ticket, delivery, checkpoint_due)
     }
 
     /// Reads and decodes the files of buckets that `now_ms` is about to need without holding

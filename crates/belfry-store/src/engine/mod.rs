@@ -379,9 +379,20 @@ impl State {
     }
 
     /// Appends a call's records: to the bucket buffers and the WAL queue, then applies them
-    /// to memory. Returns the WAL position the caller must wait for.
+    /// to memory. Returns the WAL position the caller must wait for. A failure (a bucket
+    /// buffer that could not be written) poisons the engine: memory may hold part of the call.
     /// `pending` is borrowed so the caller drops it (payloads, strings) after the lock.
     fn commit(
+        &mut self,
+        batch: WalBatch,
+        pending: &[Pending],
+        options: &EngineOptions,
+    ) -> Result<u64> {
+        self.append_and_apply(batch, pending, options)
+            .map_err(|error| self.poison(&error))
+    }
+
+    fn append_and_apply(
         &mut self,
         batch: WalBatch,
         pending: &[Pending],

@@ -216,12 +216,7 @@ impl Store for Engine {
             }
             self.let_others_in(&mut state)?;
         }
-        let Some(ticket) = last_ticket else {
-            return Ok(result);
-        };
-        let checkpoint_due = self.checkpoint_due(&state);
-        drop(state);
-        self.finish(ticket, true, checkpoint_due)?;
+        self.finish_chunks(state, last_ticket, true)?;
         Ok(result)
     }
 
@@ -281,12 +276,7 @@ impl Store for Engine {
                 .commit_chunk(&mut state, batch, pending)?
                 .or(last_ticket);
         }
-        let Some(ticket) = last_ticket else {
-            return Ok(outcomes);
-        };
-        let checkpoint_due = self.checkpoint_due(&state);
-        drop(state);
-        self.finish(ticket, true, checkpoint_due)?;
+        self.finish_chunks(state, last_ticket, true)?;
         Ok(outcomes)
     }
 
@@ -639,10 +629,7 @@ fn claim_chunk(
     if pending.is_empty() {
         return Ok(None);
     }
-    let ticket = match state.commit(batch, &pending, options) {
-        Ok(ticket) => ticket,
-        Err(error) => return Err(state.poison(&error)),
-    };
+    let ticket = state.commit(batch, &pending, options)?;
     let (q, _) = state.queue(queue)?;
     result
         .leased
