@@ -74,6 +74,10 @@ pub const SUBSCRIBER_SHARDS_CLUSTER: u16 = 16;
 /// The most subscriber-set shards: every page of a set reads from each shard.
 pub const SUBSCRIBER_SHARDS_MAX: u16 = 64;
 
+/// Metadata keys one `HMGET` of [`Store::get_meta_many`] asks for at most: a tick's due
+/// schedules are read in batches of this many, so no single reply grows without bound.
+pub const META_READ_KEYS: usize = 1_000;
+
 /// The smallest `far_after_ms` (other than 0): a minute-wide bucket's minute and its 10 s
 /// promotion lead, so a bucket is never already due for promotion when a task lands in it.
 pub const FAR_AFTER_MS_MIN: u64 = 70_000;
@@ -820,6 +824,29 @@ impl Store for RedisStore {
             redis::cmd("HGET").arg(&hash).arg(key).query(c.as_dyn())
         })?;
         Ok(v.map(Bytes::from))
+    }
+
+    /// `HMGET`s of up to [`META_READ_KEYS`] keys: one round trip per batch.
+    fn get_meta_many(&self, namespace: &str, keys: &[&str]) -> Result<Vec<Option<Bytes>>> {
+        let hash = self.keys.meta(namespace);
+        let mut found = Vec::with_capacity(keys.len());
+        for batch in keys.chunks(META_READ_KEYS) {
+            let values: Vec<Option<Vec<u8>>> = self.pool.with("read metadata", |c| {
+                redis::cmd("HMGET").arg(&hash).arg(batch).query(c.as_dyn())
+            })?;
+            if values.len() != batch.len() {
+                return Err(corrupt(
+                    "HMGET of metadata",
+                    format!(
+                        "{} keys asked, {} values answered",
+                        batch.len(),
+                        values.len()
+                    ),
+                ));
+            }
+            found.extend(values.into_iter().map(|v| v.map(Bytes::from)));
+        }
+        Ok(found)
     }
 
     fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool> {

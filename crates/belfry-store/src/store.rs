@@ -413,6 +413,15 @@ pub trait Store: Send + Sync + 'static {
 
     fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> Result<()>;
     fn get_meta(&self, namespace: &str, key: &str) -> Result<Option<Bytes>>;
+    /// [`Store::get_meta`] of each of `keys` in `namespace`, in order: what a schedule tick
+    /// reads for the schedules due. A networked store should make it one round trip per
+    /// batch, not one per key (the default asks one key at a time); a store reached through
+    /// a lock should take it once.
+    fn get_meta_many(&self, namespace: &str, keys: &[&str]) -> Result<Vec<Option<Bytes>>> {
+        keys.iter()
+            .map(|key| self.get_meta(namespace, key))
+            .collect()
+    }
     fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool>;
     fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>>;
     /// Applies `changes` in order, durably, as one write: a schedule's cursors after a tick,

@@ -54,6 +54,25 @@ impl Engine {
         Ok(meta.get(&(namespace.to_owned(), key.to_owned())).cloned())
     }
 
+    pub(super) fn meta_get_many(
+        &self,
+        namespace: &str,
+        keys: &[&str],
+    ) -> Result<Vec<Option<Bytes>>> {
+        self.check_open()?;
+        let meta = self.core.meta.lock();
+        // One key buffer for all the lookups (the map's keys are owned pairs).
+        let mut probe = (namespace.to_owned(), String::new());
+        Ok(keys
+            .iter()
+            .map(|key| {
+                probe.1.clear();
+                probe.1.push_str(key);
+                meta.get(&probe).cloned()
+            })
+            .collect())
+    }
+
     pub(super) fn meta_list(&self, namespace: &str) -> Result<Vec<(String, Bytes)>> {
         self.check_open()?;
         let meta = self.core.meta.lock();

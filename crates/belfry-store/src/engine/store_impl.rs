@@ -467,6 +467,10 @@ impl Store for Engine {
         self.meta_get(namespace, key)
     }
 
+    fn get_meta_many(&self, namespace: &str, keys: &[&str]) -> Result<Vec<Option<Bytes>>> {
+        self.meta_get_many(namespace, keys)
+    }
+
     fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool> {
         self.meta_delete(namespace, key)
     }

@@ -9,10 +9,13 @@
 use std::collections::BTreeSet;
 
 use belfry_core::{
-    LatePolicy, LeaseId, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState, UserId,
-    UserPage,
+    LatePolicy, LeaseId, NewTask, PayloadKind, Priority, QueueName, TaskId, TaskState,
 };
 use bytes::Bytes;
+
+mod subscriptions;
+
+pub use subscriptions::{subscriptions_basics, subscriptions_many};
 
 use crate::{ChangeOutcome, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Store, StoreError};
 
@@ -707,6 +710,30 @@ pub fn write_meta_in_order_and_durable(h: &mut dyn Harness) {
     );
 }
 
+/// `get_meta_many` answers each key as `get_meta` would, in the order asked: missing keys,
+/// a key asked twice, another namespace's key, and more keys than one batch of a networked
+/// store's reads.
+pub fn get_meta_many_answers_in_order(h: &mut dyn Harness) {
+    let keys: Vec<String> = (0..2_500).map(|i| format!("s{i:05}")).collect();
+    let changes = keys
+        .iter()
+        .map(|k| MetaChange::put("sched", k, b(&format!("v-{k}"))));
+    h.store().write_meta(changes.collect()).unwrap();
+    h.store().put_meta("other", "only-there", b("o")).unwrap();
+    assert_eq!(h.store().get_meta_many("sched", &[]).unwrap(), Vec::new());
+    // Backwards, with gaps, a repeat and keys that are not there (or are elsewhere).
+    let mut asked: Vec<&str> = keys.iter().rev().step_by(2).map(String::as_str).collect();
+    asked.extend(["s00001", "absent", "only-there", "s00001", "s02499"]);
+    let expected: Vec<Option<Bytes>> = asked
+        .iter()
+        .map(|k| h.store().get_meta("sched", k).unwrap())
+        .collect();
+    assert_eq!(expected.iter().filter(|v| v.is_none()).count(), 2);
+    assert_eq!(h.store().get_meta_many("sched", &asked).unwrap(), expected);
+    h.reopen(false);
+    assert_eq!(h.store().get_meta_many("sched", &asked).unwrap(), expected);
+}
+
 /// No reader ever sees part of a `write_meta`: a writer moves two cursors together, a reader
 /// checks they always agree. The writer goes on until the reader has looked many times while
 /// it was writing, so a store that applies the changes one call at a time fails.
@@ -753,154 +780,6 @@ pub fn write_meta_is_seen_whole(h: &mut dyn Harness) {
     );
 }
 
-fn users(ids: &[&str]) -> Vec<UserId> {
-    ids.iter().map(|id| UserId::new(id).unwrap()).collect()
-}
-
-/// Every member of `set`, read in pages of `page`. Each page is read both as ids and into
-/// one buffer ([`Store::subscriber_page`]), and the two must agree.
-fn all_members(h: &dyn Harness, set: u64, page: usize) -> Vec<UserId> {
-    let mut out: Vec<UserId> = Vec::new();
-    let mut buffer = UserPage::default();
-    // What a reused buffer held before must not leak into the next page.
-    buffer.push(&UserId::new("stale").unwrap());
-    loop {
-        let got = h.store().subscribers(set, out.last(), page).unwrap();
-        assert!(got.len() <= page);
-        h.store()
-            .subscriber_page(set, out.last(), page, &mut buffer)
-            .unwrap();
-        assert_eq!(
-            buffer.iter().collect::<Vec<_>>(),
-            got.iter().map(UserId::as_str).collect::<Vec<_>>()
-        );
-        let done = got.len() < page;
-        out.extend(got);
-        if done {
-            return out;
-        }
-    }
-}
-
-pub fn subscriptions_basics(h: &mut dyn Harness) {
-    let s = h.store();
-    assert_eq!(
-        s.subscribe(7, &users(&["3", "1", "alice", "2", "1"]))
-            .unwrap(),
-        4
-    );
-    assert_eq!(s.subscribe(7, &users(&["3", "4"])).unwrap(), 1);
-    assert_eq!(s.subscribe(8, &users(&["1", "zoe"])).unwrap(), 2);
-    assert_eq!(s.subscriber_count(7).unwrap(), 5);
-    assert_eq!(s.subscriber_count(9).unwrap(), 0);
-    assert_eq!(s.subscriber_counts(&[8, 9, 7, 8]).unwrap(), [2, 0, 5, 2]);
-    assert_eq!(s.subscriber_counts(&[]).unwrap(), Vec::<u64>::new());
-    assert!(s.is_subscribed(7, &users(&["alice"])[0]).unwrap());
-    assert!(!s.is_subscribed(8, &users(&["alice"])[0]).unwrap());
-    // Numbers first, by value; then other ids.
-    assert_eq!(all_members(h, 7, 2), users(&["1", "2", "3", "4", "alice"]));
-    let after = UserId::new("2").unwrap();
-    assert_eq!(
-        h.store().subscribers(7, Some(&after), 2).unwrap(),
-        users(&["3", "4"])
-    );
-    assert_eq!(
-        h.store().user_sets(&UserId::new("1").unwrap(), 10).unwrap(),
-        vec![7, 8]
-    );
-    assert_eq!(
-        h.store().user_sets(&UserId::new("1").unwrap(), 1).unwrap(),
-        vec![7]
-    );
-
-    assert_eq!(
-        h.store().unsubscribe(7, &users(&["2", "99", "2"])).unwrap(),
-        1
-    );
-    h.reopen(false);
-    assert_eq!(h.store().subscriber_count(7).unwrap(), 4);
-    assert_eq!(all_members(h, 7, 3), users(&["1", "3", "4", "alice"]));
-    assert!(h
-        .store()
-        .user_sets(&UserId::new("2").unwrap(), 10)
-        .unwrap()
-        .is_empty());
-    h.crash();
-    assert_eq!(h.store().subscriber_count(8).unwrap(), 2);
-    assert_eq!(
-        h.store()
-            .user_sets(&UserId::new("zoe").unwrap(), 10)
-            .unwrap(),
-        vec![8]
-    );
-
-    assert_eq!(h.store().drop_set(7).unwrap(), 4);
-    assert_eq!(h.store().subscriber_count(7).unwrap(), 0);
-    assert!(all_members(h, 7, 10).is_empty());
-    assert_eq!(
-        h.store().user_sets(&UserId::new("1").unwrap(), 10).unwrap(),
-        vec![8]
-    );
-    h.crash();
-    assert_eq!(h.store().subscriber_count(7).unwrap(), 0);
-    assert_eq!(h.store().subscribe(7, &users(&["1"])).unwrap(), 1);
-    assert_eq!(
-        h.store().user_sets(&UserId::new("1").unwrap(), 10).unwrap(),
-        vec![7, 8]
-    );
-    assert_eq!(h.store().subscriber_count(8).unwrap(), 2);
-}
-
-/// Thousands of members over two sets, with unsubscribes, across clean and unclean restarts:
-/// counts, pages and the per-user index agree with a plain set.
-pub fn subscriptions_many(h: &mut dyn Harness) {
-    let mut expect: [BTreeSet<UserId>; 2] = Default::default();
-    let id = |i: u64| {
-        let text = if i.is_multiple_of(5) {
-            format!("u-{i}")
-        } else {
-            i.to_string()
-        };
-        UserId::new(text).unwrap()
-    };
-    for round in 0..20u64 {
-        for (set, want) in expect.iter_mut().enumerate() {
-            let batch: Vec<UserId> = (0..1_000)
-                .map(|i| id((i * 7 + round * 13) % 12_000))
-                .collect();
-            let fresh = batch.iter().filter(|u| want.insert((*u).clone())).count() as u64;
-            assert_eq!(h.store().subscribe(set as u64, &batch).unwrap(), fresh);
-        }
-        if round % 3 == 2 {
-            let gone: Vec<UserId> = (0..400).map(|i| id(i * 29 % 12_000)).collect();
-            for (set, want) in expect.iter_mut().enumerate() {
-                let removed = gone.iter().filter(|u| want.remove(*u)).count() as u64;
-                assert_eq!(h.store().unsubscribe(set as u64, &gone).unwrap(), removed);
-            }
-        }
-        match round {
-            7 => h.reopen(true),
-            13 => h.crash(),
-            _ => {}
-        }
-    }
-    for (set, want) in expect.iter().enumerate() {
-        assert_eq!(
-            h.store().subscriber_count(set as u64).unwrap(),
-            want.len() as u64
-        );
-        let got = all_members(h, set as u64, 777);
-        assert_eq!(got, want.iter().cloned().collect::<Vec<_>>());
-    }
-    for i in [0, 1, 5, 29, 11_999] {
-        let user = id(i);
-        let want: Vec<u64> = (0..2)
-            .filter(|&s| expect[s as usize].contains(&user))
-            .collect();
-        assert_eq!(h.store().user_sets(&user, 10).unwrap(), want, "{user}");
-    }
-}
-
 /// One scenario: it runs against the store of the harness it is given, and panics on a
 /// divergence from the contract.
 pub type Scenario = fn(&mut dyn Harness);
@@ -914,6 +793,7 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
     named!(
         queues_and_meta,
         write_meta_in_order_and_durable,
+        get_meta_many_answers_in_order,
         write_meta_is_seen_whole,
         ack_many_matches_sequential_acks,
         claims_and_ack_batches_of_hundreds,
@@ -948,6 +828,7 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@tests $run;
         queues_and_meta,
         write_meta_in_order_and_durable,
+        get_meta_many_answers_in_order,
         write_meta_is_seen_whole,
         ack_many_matches_sequential_acks,
         claims_and_ack_batches_of_hundreds,
