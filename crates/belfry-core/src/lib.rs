@@ -17,7 +17,7 @@ pub mod user;
 
 pub use clock::{Clock, ManualClock, SystemClock, UnixMs};
 pub use id::{ParseTaskIdError, TaskId};
-pub use look::{LastLook, LookStart};
+pub use look::{LastLook, LookStart, TOUCHED_MAX};
 pub use queue::{InvalidQueueName, QueueName};
 pub use retry::RetryPolicy;
 pub use task::{

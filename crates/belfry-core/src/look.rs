@@ -10,11 +10,22 @@
 //! A change is a counter bumped *after* its write, and a look records the counter *before* it
 //! reads ([`LastLook::begin`]): a write that the read may have missed leaves the counter ahead
 //! of the look's, and the next step looks again.
+//!
+//! A change that names the records it wrote need not void the look ([`LastLook::touch`]): its
+//! keys wait in a short list that the next step reads along with what is due
+//! ([`LastLook::take_touched`]), and a full look that begins after them empties the list (it
+//! reads them anyway). On a store shared by several nodes, each create or patch on one node
+//! had made every node read every record again; past [`TOUCHED_MAX`] waiting keys, touching
+//! is a change like any other.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use crate::UnixMs;
+
+/// Touched keys that wait for a step at most; past it the list is dropped and the next step
+/// is a full look.
+pub const TOUCHED_MAX: usize = 4_096;
 
 /// The last look that found nothing to do, and the count of changes announced.
 #[derive(Debug)]
@@ -22,6 +33,9 @@ pub struct LastLook<T> {
     max_age_ms: u64,
     changes: AtomicU64,
     memo: Mutex<Option<Memo<T>>>,
+    /// Keys written since the last full look began ([`LastLook::touch`]), which the next
+    /// step reads.
+    touched: Mutex<Vec<String>>,
 }
 
 #[derive(Debug)]
@@ -45,7 +59,40 @@ impl<T: Clone> LastLook<T> {
             max_age_ms,
             changes: AtomicU64::new(0),
             memo: Mutex::new(None),
+            touched: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The records at `keys` were written: the next step reads them again, without voiding
+    /// the look (a change, if more than [`TOUCHED_MAX`] keys wait). Like
+    /// [`LastLook::changed`], it comes after the write.
+    pub fn touch(&self, keys: impl IntoIterator<Item = String>) {
+        let mut touched = self.touched.lock().unwrap_or_else(|e| e.into_inner());
+        touched.extend(keys);
+        if touched.len() > TOUCHED_MAX {
+            *touched = Vec::new();
+            self.changed();
+        }
+    }
+
+    /// Whether keys touched since the last full look began wait for a step.
+    pub fn has_touched(&self) -> bool {
+        !self
+            .touched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_empty()
+    }
+
+    /// Adds to `keys` those touched since the last full look began that it does not hold,
+    /// each once, and forgets them: the step that takes them reads them.
+    pub fn take_touched(&self, keys: &mut Vec<String>) {
+        let touched = std::mem::take(&mut *self.touched.lock().unwrap_or_else(|e| e.into_inner()));
+        if touched.is_empty() {
+            return;
+        }
+        let mut seen: std::collections::HashSet<String> = keys.iter().cloned().collect();
+        keys.extend(touched.into_iter().filter(|k| seen.insert(k.clone())));
     }
 
     /// Something a look reads was written: the next step looks again.
@@ -63,8 +110,13 @@ impl<T: Clone> LastLook<T> {
         (current && young).then(|| memo.found.clone())
     }
 
-    /// A full look begins.
+    /// A full look begins. It reads every record after this, the touched ones too, so the
+    /// keys touched so far are dropped; those touched while it reads wait for the next step.
     pub fn begin(&self) -> LookStart {
+        self.touched
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
         LookStart(self.changes.load(Ordering::SeqCst))
     }
 
@@ -122,6 +174,43 @@ mod tests {
         look.end(start, 3_000, Some(()));
         look.changed();
         assert_eq!(look.recall(3_001), None, "written after");
+    }
+
+    /// Touched keys keep the look, wait for the step that takes them (each once, and not
+    /// those it already reads), and are dropped by a full look that begins after them; too
+    /// many void the look.
+    #[test]
+    fn touched_keys_keep_the_look_until_too_many_wait() {
+        let look = LastLook::new(30_000);
+        let start = look.begin();
+        look.end(start, 1_000, Some(()));
+        look.touch(["b".to_owned(), "a".to_owned(), "b".to_owned()]);
+        assert!(look.has_touched());
+        assert_eq!(look.recall(1_001), Some(()), "a touch is not a change");
+        let mut keys = vec!["a".to_owned()];
+        look.take_touched(&mut keys);
+        assert_eq!(keys, ["a", "b"]);
+        assert!(!look.has_touched());
+
+        look.touch(["c".to_owned()]);
+        let start = look.begin();
+        assert!(!look.has_touched(), "the full look reads c");
+        look.touch(["d".to_owned()]);
+        look.end(start, 2_000, Some(()));
+        assert_eq!(look.recall(2_001), Some(()));
+        let mut keys = Vec::new();
+        look.take_touched(&mut keys);
+        assert_eq!(
+            keys,
+            ["d"],
+            "touched while the look read: the next step reads it"
+        );
+
+        look.touch((0..TOUCHED_MAX).map(|i| i.to_string()));
+        assert_eq!(look.recall(2_002), Some(()), "as many as may wait");
+        look.touch(["one too many".to_owned()]);
+        assert_eq!(look.recall(2_003), None);
+        assert!(!look.has_touched(), "the full look reads them all");
     }
 
     #[test]

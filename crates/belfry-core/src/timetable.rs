@@ -13,15 +13,19 @@
 //! that look ([`crate::LastLook`]): a write through the runner's service, a change another
 //! node announces or the look's age voids both, and the next step is a full look again.
 //!
+//! A record is in the timetable at most once: putting it again moves it, and a record whose
+//! write was announced by key can be taken out ([`Timetable::forget`]) before it is read
+//! again, so no stale fire time is left behind to wake a runner for nothing.
+//!
 //! Memory is bounded: at most a capacity's worth of records are kept, the earliest ones
 //! ([`TIMETABLE_MAX`] by default). [`Timetable::beyond_ms`] remembers the earliest fire time
 //! of those left out; a step that reaches it is a full look, which builds the next timetable.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 use crate::UnixMs;
 
-/// Records one timetable holds at most by default (about 60 bytes each).
+/// Records one timetable holds at most by default (about 120 bytes each, both indexes).
 pub const TIMETABLE_MAX: usize = 16_384;
 
 /// The next fire times of the records a full look saw, earliest first.
@@ -29,6 +33,8 @@ pub const TIMETABLE_MAX: usize = 16_384;
 pub struct Timetable {
     capacity: usize,
     entries: BTreeSet<(UnixMs, Box<str>)>,
+    /// Each record's fire time in `entries`, by key.
+    at: HashMap<Box<str>, UnixMs>,
     /// The earliest next fire time among the records left out for want of room: past it,
     /// the timetable no longer knows every record that is due.
     beyond_ms: Option<UnixMs>,
@@ -45,10 +51,31 @@ impl Timetable {
             beyond_ms = next[capacity..].iter().map(|(at, _)| *at).min();
             next.truncate(capacity);
         }
-        Timetable {
+        let mut table = Timetable {
             capacity,
-            entries: next.into_iter().collect(),
+            entries: BTreeSet::new(),
+            at: HashMap::with_capacity(next.len()),
             beyond_ms,
+        };
+        for (at, id) in next {
+            table.insert(id, at);
+        }
+        table
+    }
+
+    /// Puts `id` at `at`, moving it if it was elsewhere.
+    fn insert(&mut self, id: Box<str>, at: UnixMs) {
+        if let Some(old) = self.at.insert(id.clone(), at) {
+            self.entries.remove(&(old, id.clone()));
+        }
+        self.entries.insert((at, id));
+    }
+
+    /// Takes `id` out of the timetable, if it is in: its record was written, and the step
+    /// that reads it again puts it back at its new fire time, if it has one.
+    pub fn forget(&mut self, id: &str) {
+        if let Some(at) = self.at.remove(id) {
+            self.entries.remove(&(at, Box::from(id)));
         }
     }
 
@@ -76,28 +103,32 @@ impl Timetable {
         let mut due = Vec::new();
         while self.has_due(until_ms) {
             if let Some((_, id)) = self.entries.pop_first() {
+                self.at.remove(&id);
                 due.push(id);
             }
         }
         due
     }
 
-    /// Puts a record back at its next fire time after a step handled it. One that falls at
-    /// or past [`Timetable::beyond_ms`] is left out: the full look there finds it again.
+    /// Puts a record back at its next fire time after a step handled it (moving it, if it is
+    /// still in at another time). One that falls at or past [`Timetable::beyond_ms`] is left
+    /// out: the full look there finds it again.
     pub fn put(&mut self, id: Box<str>, next_ms: UnixMs) {
+        self.forget(&id);
         if self.beyond_ms.is_some_and(|beyond| next_ms >= beyond) {
             return;
         }
         if self.entries.len() >= self.capacity {
             // Full (only when a caller puts more than it took): the latest entry makes room.
-            if let Some((at, _)) = self.entries.pop_last() {
+            if let Some((at, last)) = self.entries.pop_last() {
+                self.at.remove(&last);
                 self.beyond_ms = Some(self.beyond_ms.map_or(at, |b| b.min(at)));
             }
             if self.beyond_ms.is_some_and(|beyond| next_ms >= beyond) {
                 return;
             }
         }
-        self.entries.insert((next_ms, id));
+        self.insert(id, next_ms);
     }
 
     #[cfg(test)]
@@ -162,6 +193,27 @@ mod tests {
             vec!["b".into(), "c".into()] as Vec<Box<str>>
         );
         assert_eq!(t.next_ms(), Some(110));
+    }
+
+    /// A record is in at most once: put again it moves; forgotten, it is out until put back.
+    #[test]
+    fn a_record_is_in_once_and_can_be_forgotten() {
+        let mut t = table(10, &[(10, "a"), (20, "b")]);
+        t.put("b".into(), 5);
+        assert_eq!((t.len(), t.next_ms()), (2, Some(5)));
+        assert_eq!(
+            t.take_due(10),
+            vec!["b".into(), "a".into()] as Vec<Box<str>>
+        );
+        t.put("a".into(), 30);
+        t.put("a".into(), 40);
+        t.forget("never there");
+        assert_eq!((t.len(), t.next_ms()), (1, Some(40)));
+        t.forget("a");
+        assert_eq!((t.len(), t.next_ms()), (0, None));
+        assert!(!t.has_due(UnixMs::MAX));
+        t.put("a".into(), 50);
+        assert_eq!(t.take_due(50), vec!["a".into()] as Vec<Box<str>>);
     }
 
     #[test]

@@ -53,9 +53,6 @@ pub const FULL_LOOK_MS: u64 = 300_000;
 /// fan-out is then a large share of what a full look reads anyway).
 const RUNNING_MAX: usize = 256;
 
-/// Most touched keys waiting for a step; past it the next step is a full look instead.
-const TOUCHED_MAX: usize = 4_096;
-
 /// The runner's memory of its last full look.
 #[derive(Debug)]
 pub(crate) struct Looks {
@@ -64,9 +61,6 @@ pub(crate) struct Looks {
     subscribed: AtomicI64,
     /// Reminders a timetable holds at most.
     timetable_max: usize,
-    /// Keys announced as written since the last full look began ([`Looks::touch`]), which
-    /// the next step reads.
-    touched: Mutex<Vec<String>>,
 }
 
 /// What the last full look found, as the steps since have kept it.
@@ -149,31 +143,20 @@ impl Looks {
             last: LastLook::new(FULL_LOOK_MS),
             subscribed: AtomicI64::new(0),
             timetable_max: timetable_max.max(1),
-            touched: Mutex::new(Vec::new()),
         }
     }
 
     /// The reminders at `keys` were written (through the service, or announced by another
     /// node): the next step reads them again (a full look, if too many wait).
     pub(crate) fn touch(&self, keys: impl IntoIterator<Item = String>) {
-        let mut touched = self.touched.lock();
-        touched.extend(keys);
-        if touched.len() > TOUCHED_MAX {
-            touched.clear();
-            touched.shrink_to_fit();
-            self.last.changed();
-        }
+        self.last.touch(keys);
     }
 
     /// The keys a focused step at `now_ms` reads: the plan's ([`Plan::take_due`]), then
     /// those touched since, each once.
     pub(crate) fn take_keys(&self, plan: &mut Plan, now_ms: UnixMs) -> Vec<String> {
         let mut keys = plan.take_due(now_ms);
-        let touched = std::mem::take(&mut *self.touched.lock());
-        if !touched.is_empty() {
-            let mut seen: std::collections::HashSet<String> = keys.iter().cloned().collect();
-            keys.extend(touched.into_iter().filter(|k| seen.insert(k.clone())));
-        }
+        self.last.take_touched(&mut keys);
         keys
     }
 
@@ -196,10 +179,7 @@ impl Looks {
         if !plan.timetable.covers(now_ms) {
             return Recall::Full;
         }
-        if plan.running.is_empty()
-            && !plan.timetable.has_due(now_ms)
-            && self.touched.lock().is_empty()
-        {
+        if plan.running.is_empty() && !plan.timetable.has_due(now_ms) && !self.last.has_touched() {
             return Recall::Quiet(StepReport {
                 subscribers: self.subscribers(&plan),
                 next_ms: plan.next_ms(),
@@ -222,8 +202,7 @@ impl Looks {
         // The look counts every subscription written before it lists; ones written during it
         // may be counted twice until the next full look, never lost.
         self.subscribed.store(0, Ordering::Relaxed);
-        // The look reads every reminder after this, the touched ones too.
-        self.touched.lock().clear();
+        // The look reads every reminder after this, the touched ones too (`LastLook::begin`).
         self.last.begin()
     }
 
@@ -405,7 +384,7 @@ mod tests {
         let plan = focus(&looks, 9_101);
         assert_eq!(looks.take_keys(&mut plan.lock(), 9_101), ["during"]);
 
-        looks.touch((0..=TOUCHED_MAX).map(|i| i.to_string()));
+        looks.touch((0..=belfry_core::TOUCHED_MAX).map(|i| i.to_string()));
         assert!(matches!(looks.recall(9_102), Recall::Full), "too many");
     }
 
