@@ -7,11 +7,13 @@
 //!
 //! [`Store`]: belfry_store::Store
 
+mod forecast;
 mod model;
 mod record;
 mod service;
 
 pub use belfry_core::TIMETABLE_MAX;
+pub use forecast::{FORECAST_FIRINGS_MAX, FORECAST_STEPS_MAX};
 pub use model::{
     FireTime, InvalidSchedule, InvalidScheduleId, Schedule, ScheduleDef, ScheduleId, TriggerDef,
     SCHEDULE_HEADERS_MAX, SCHEDULE_ID_LEN_MAX,
@@ -19,7 +21,7 @@ pub use model::{
 pub use record::{CURSORS_NAMESPACE, SCHEDULES_NAMESPACE};
 pub use service::{
     firing_key, owner_key, NewSchedule, Result, ScheduleService, ScheduleServiceError, TickReport,
-    FIRING_PUT_TASKS, FORECAST_FIRINGS_MAX, FORECAST_STEPS_MAX, FULL_TICK_MS,
+    FIRING_PUT_TASKS, FULL_TICK_MS,
 };
 
 // The schedule vocabulary callers need, so they do not have to reach into belfry-core.

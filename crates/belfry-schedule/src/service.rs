@@ -4,10 +4,13 @@
 //! The service holds no schedule state in memory: every call reads the store, so several
 //! service instances over one store (stateless nodes) see the same schedules. It remembers
 //! only when the schedules its last full tick read fire next (the [`Timetable`], kept in a
-//! [`LastLook`]). Until a write through the service (or [`ScheduleService::relook`], which a
-//! server calls when another node announces a change) voids it, or [`FULL_TICK_MS`] passes,
-//! a tick reads only the schedules the timetable says are due, and none while nothing is.
-//! Idle schedules then cost nothing a second whatever their number. Time is always passed in
+//! [`LastLook`]). Until [`ScheduleService::relook`] (which a server calls when another node
+//! announces a change it cannot name) voids it, or [`FULL_TICK_MS`] passes, a tick reads
+//! only the schedules the timetable says are due and those written since: a write through
+//! the service, or one another node announces by id ([`ScheduleService::touched`]), touches
+//! its schedule instead of voiding the timetable, so creating or changing schedules does not
+//! make every node read all of them again. With nothing due or written a tick reads nothing:
+//! idle schedules cost nothing a second whatever their number. Time is always passed in
 //! (`now_ms`); the service never reads a clock.
 //!
 //! Exactly-once firings: `tick` first puts the firings' tasks, each with the idempotency key
@@ -63,13 +66,6 @@ use crate::record::{
 /// of 1,000 keyed tasks, p99.9 1.6 ms; beside puts of 128, 433 µs). The tick then makes
 /// about 8 durable writes per 1,000 firings instead of 1, well within `schedules.lead`.
 pub const FIRING_PUT_TASKS: usize = 128;
-
-/// Most steps one forecast may ask for (a week in minutes is 10,080).
-pub const FORECAST_STEPS_MAX: usize = 100_000;
-
-/// Most firings of one schedule a forecast counts; a per-second schedule over a day is 86,400.
-/// Beyond it the forecast undercounts that schedule rather than spend unbounded time.
-pub const FORECAST_FIRINGS_MAX: usize = 200_000;
 
 pub type Result<T, E = ScheduleServiceError> = std::result::Result<T, E>;
 
@@ -154,15 +150,19 @@ impl TickReport {
 /// (every 5 s on Redis) voids the look sooner, so this is a backstop.
 pub const FULL_TICK_MS: u64 = 300_000;
 
-/// Announces a change to the last look when dropped: after the write it guards, whether the
-/// write succeeded, failed or returned early.
-struct Announce<'a>(&'a LastLook<Arc<Mutex<Timetable>>>);
+/// Touches the schedules it names in the last look when dropped: after the write it guards,
+/// whether the write succeeded, failed or returned early. The next tick reads them again,
+/// alone, instead of every schedule.
+struct Touch<'a>(&'a LastLook<Arc<Mutex<Timetable>>>, Vec<String>);
 
-impl Drop for Announce<'_> {
+impl Drop for Touch<'_> {
     fn drop(&mut self) {
-        self.0.changed();
+        self.0.touch(std::mem::take(&mut self.1));
     }
 }
+
+/// Schedules a tick reads with one call of each of `Store::get_meta_many` at most.
+const READ_KEYS: usize = 1_024;
 
 /// Stripes of the write lock: enough that concurrent API writes of different schedules
 /// rarely share one.
@@ -241,6 +241,13 @@ impl ScheduleService {
         self.last_look.changed();
     }
 
+    /// The schedules at `keys` (their ids) were written other than through this service
+    /// (another node announced which): the next tick reads those again, along with the due
+    /// ones, instead of every schedule. Too many waiting make it a full tick.
+    pub fn touched(&self, keys: impl IntoIterator<Item = String>) {
+        self.last_look.touch(keys);
+    }
+
     /// Creates a schedule under `id`, or a generated id. Nothing fires for fire times at or
     /// before `now_ms`.
     pub fn create(
@@ -303,8 +310,9 @@ impl ScheduleService {
             writing.push((at, schedule));
         }
         if !writing.is_empty() {
-            // Announced after the write, whatever its outcome (see `LastLook`).
-            let _announce = Announce(&self.last_look);
+            // Touched after the write, whatever its outcome (see `LastLook`).
+            let ids = writing.iter().map(|(_, s)| s.id.to_string()).collect();
+            let _touch = Touch(&self.last_look, ids);
             match self.store.write_meta(changes) {
                 Ok(()) => {
                     for (at, schedule) in writing {
@@ -359,15 +367,24 @@ impl ScheduleService {
         Ok(Some(parsed.to_schedule(cursor_ms)))
     }
 
-    /// One stored schedule with its effective cursor (`None`: there is none under `key`).
-    fn read_entry(&self, key: &str) -> Result<Option<Entry>> {
-        let Some(bytes) = self.store.get_meta(SCHEDULES_NAMESPACE, key)? else {
-            return Ok(None);
-        };
-        let cursor = self.store.get_meta(CURSORS_NAMESPACE, key)?;
-        let parsed = self.parse_cached(key, &bytes)?;
-        let cursor_ms = effective_cursor(key, &parsed, cursor.as_deref())?;
-        Ok(Some(Entry { parsed, cursor_ms }))
+    /// The stored schedules at `keys` with their effective cursors, in order (`None`: there
+    /// is none under that key; an error: it is unreadable), read with one batch call per
+    /// namespace. A store error fails them all.
+    fn read_entries(&self, keys: &[&str]) -> Result<Vec<Result<Option<Entry>>>> {
+        let documents = self.store.get_meta_many(SCHEDULES_NAMESPACE, keys)?;
+        let cursors = self.store.get_meta_many(CURSORS_NAMESPACE, keys)?;
+        Ok(keys
+            .iter()
+            .zip(documents.into_iter().zip(cursors))
+            .map(|(key, (document, cursor))| {
+                let Some(bytes) = document else {
+                    return Ok(None);
+                };
+                let parsed = self.parse_cached(key, &bytes)?;
+                let cursor_ms = effective_cursor(key, &parsed, cursor.as_deref())?;
+                Ok(Some(Entry { parsed, cursor_ms }))
+            })
+            .collect())
     }
 
     /// All readable schedules, in id order. An unreadable one is left out with a warning
@@ -413,7 +430,7 @@ impl ScheduleService {
             .store
             .get_meta(SCHEDULES_NAMESPACE, id.as_str())?
             .is_some();
-        let _announce = Announce(&self.last_look);
+        let _touch = Touch(&self.last_look, vec![id.to_string()]);
         self.store.write_meta(vec![
             MetaChange::delete(SCHEDULES_NAMESPACE, id.as_str()),
             MetaChange::delete(CURSORS_NAMESPACE, id.as_str()),
@@ -480,7 +497,7 @@ impl ScheduleService {
         if let Some(timetable) = self.last_look.recall(now_ms) {
             let mut timetable = timetable.lock();
             if timetable.covers(until_ms) {
-                if !timetable.has_due(until_ms) {
+                if !timetable.has_due(until_ms) && !self.last_look.has_touched() {
                     return Ok(TickReport {
                         next_tick_ms: timetable.next_ms(),
                         ..TickReport::default()
@@ -532,9 +549,9 @@ impl ScheduleService {
         Ok(report)
     }
 
-    /// Fires the schedules of `timetable` due by `until_ms`, reading only those, and puts
-    /// each back at its next fire time. A failed or unclean tick voids the timetable (the
-    /// next tick is a full one).
+    /// Fires the schedules of `timetable` due by `until_ms` and those touched since the look,
+    /// reading only those, and puts each back at its next fire time. A failed or unclean
+    /// tick voids the timetable (the next tick is a full one).
     fn due_tick(
         &self,
         timetable: &mut Timetable,
@@ -544,21 +561,39 @@ impl ScheduleService {
         let mut report = TickReport::default();
         let mut firings = Firings::default();
         let mut next_times = Vec::new();
+        let due = timetable.take_due(until_ms);
+        let mut keys: Vec<&str> = due.iter().map(|k| &**k).collect();
+        let mut touched = Vec::new();
+        self.last_look.take_touched(&mut touched);
+        if !touched.is_empty() {
+            // Out of the timetable until read again (a deleted or paused one stays out), and
+            // read once if it is also due.
+            let mut seen: std::collections::HashSet<&str> = keys.iter().copied().collect();
+            for key in &touched {
+                timetable.forget(key);
+                if seen.insert(key) {
+                    keys.push(key);
+                }
+            }
+        }
         let ticked = (|| {
-            for key in timetable.take_due(until_ms) {
-                let entry = match self.read_entry(&key) {
-                    Ok(Some(entry)) => entry,
-                    // Deleted by another node (which announces it): nothing to fire.
-                    Ok(None) => continue,
-                    Err(ScheduleServiceError::Store(error)) => return Err(error.into()),
-                    Err(error) => {
-                        report.errors.push((key.to_string(), error.to_string()));
-                        continue;
+            for chunk in keys.chunks(READ_KEYS) {
+                for (key, entry) in chunk.iter().zip(self.read_entries(chunk)?) {
+                    let entry = match entry {
+                        Ok(Some(entry)) => entry,
+                        // Deleted (by another node, which announces it): nothing to fire.
+                        Ok(None) => continue,
+                        Err(error) => {
+                            report.errors.push((key.to_string(), error.to_string()));
+                            continue;
+                        }
+                    };
+                    let window = (now_ms, until_ms);
+                    if let Some(next) =
+                        self.tick_entry(&entry, window, &mut firings, &mut report)?
+                    {
+                        next_times.push((Box::<str>::from(*key), next));
                     }
-                };
-                let window = (now_ms, until_ms);
-                if let Some(next) = self.tick_entry(&entry, window, &mut firings, &mut report)? {
-                    next_times.push((key, next));
                 }
             }
             self.finish_tick(firings, &mut report)
@@ -720,50 +755,6 @@ impl ScheduleService {
         Ok(earliest)
     }
 
-    /// How many tasks the queue's active schedules will create in each of `steps` windows
-    /// `[from + i*step, from + (i+1)*step)`, counting firings not yet created (after each
-    /// schedule's cursor) times their shard count. For the queue forecast, added to the
-    /// store's count of tasks that already exist.
-    pub fn forecast_firings(
-        &self,
-        queue: &QueueName,
-        from_ms: UnixMs,
-        step_ms: u64,
-        steps: usize,
-    ) -> Result<Vec<u64>> {
-        if step_ms == 0 {
-            return Err(ScheduleServiceError::InvalidArgument(
-                "step_ms must be at least 1".into(),
-            ));
-        }
-        if steps > FORECAST_STEPS_MAX {
-            return Err(ScheduleServiceError::InvalidArgument(format!(
-                "at most {FORECAST_STEPS_MAX} steps"
-            )));
-        }
-        let mut counts = vec![0u64; steps];
-        for entry in self.scan()?.into_iter().filter_map(|(_, entry)| entry.ok()) {
-            let (stored, spec) = (&entry.parsed.stored, &entry.parsed.spec);
-            if stored.def.paused || &stored.def.queue != queue {
-                continue;
-            }
-            let shards = u64::from(spec.shard_count());
-            let mut cursor = entry.cursor_ms.max(from_ms.saturating_sub(1));
-            for _ in 0..FORECAST_FIRINGS_MAX {
-                let Some(next) = spec.next_after(cursor) else {
-                    break;
-                };
-                let index = (next.saturating_sub(from_ms)) / step_ms;
-                let Some(slot) = usize::try_from(index).ok().and_then(|i| counts.get_mut(i)) else {
-                    break;
-                };
-                *slot += shards;
-                cursor = next;
-            }
-        }
-        Ok(counts)
-    }
-
     fn lock(&self, id: &ScheduleId) -> parking_lot::MutexGuard<'_, ()> {
         self.write_locks[stripe(id)].lock()
     }
@@ -782,14 +773,14 @@ impl ScheduleService {
 
     fn write(&self, schedule: &Schedule) -> Result<()> {
         let bytes = encode_schedule(&StoredSchedule::from_schedule(schedule));
-        let _announce = Announce(&self.last_look);
+        let _touch = Touch(&self.last_look, vec![schedule.id.to_string()]);
         self.store
             .put_meta(SCHEDULES_NAMESPACE, schedule.id.as_str(), bytes)?;
         Ok(())
     }
 
     /// Every stored schedule with its effective cursor, or why it cannot be read.
-    fn scan(&self) -> Result<Vec<(String, Result<Entry>)>> {
+    pub(crate) fn scan(&self) -> Result<Vec<(String, Result<Entry>)>> {
         let cursors = self.cursors()?;
         let listing = self.store.list_meta(SCHEDULES_NAMESPACE)?;
         let mut cache = self.parsed.lock();
@@ -851,9 +842,9 @@ impl Firings {
 }
 
 /// A decoded schedule document and the spec built from it.
-struct Parsed {
-    stored: StoredSchedule,
-    spec: ScheduleSpec,
+pub(crate) struct Parsed {
+    pub(crate) stored: StoredSchedule,
+    pub(crate) spec: ScheduleSpec,
 }
 
 impl Parsed {
@@ -872,9 +863,9 @@ impl Parsed {
 }
 
 /// One schedule seen by a scan: its parsed document and its effective cursor.
-struct Entry {
-    parsed: Arc<Parsed>,
-    cursor_ms: UnixMs,
+pub(crate) struct Entry {
+    pub(crate) parsed: Arc<Parsed>,
+    pub(crate) cursor_ms: UnixMs,
 }
 
 impl Entry {

@@ -12,8 +12,10 @@
 //! - `SubscriptionsChanged(users)`: the feed forgets the cached subscription lists of those
 //!   users (of every user when the event names none: a bulk change or a dropped set), so a
 //!   subscribe on one node shows in another node's feed at once, not after the cache's TTL;
-//! - `MetaChanged(event)`: schedules → the schedule runner reads every schedule again (not
-//!   its last look's memory, `ScheduleService::relook`); reminders whose keys the event
+//! - `MetaChanged(event)`: schedules whose keys the event names → the schedule runner's next
+//!   tick reads those again (`ScheduleService::touched`: a create or patch on one node had
+//!   made every node read every schedule); schedules not named → it reads every schedule
+//!   again (not its last look's memory, `ScheduleService::relook`); reminders whose keys the event
 //!   names → the feed forgets those and the reminder runner's next step reads only those
 //!   again (`ReminderService::touched`: every firing start moves a reminder's next fire
 //!   time, so reading every reminder at each one cost each node a full read a firing);
@@ -401,17 +403,23 @@ impl Follower {
         failed
     }
 
-    /// Metadata written on some node (this one too): a schedule makes the schedule runner
-    /// read every schedule again. A reminder whose key is named is forgotten by the feed and
+    /// Metadata written on some node (this one too): a schedule whose key is named is read
+    /// again by the schedule runner's next tick, alone; one not named makes it read every
+    /// schedule again. A reminder whose key is named is forgotten by the feed and
     /// read again by the runner's next step, alone; one not named (any key) empties the
     /// feed's caches and makes the runner read every reminder again. A reminder's id is
     /// written only with its document, whose announcement names the reminder.
     fn follow_meta(&self, namespaces: &HashMap<String, Option<HashSet<String>>>) {
-        let (mut schedules, mut all_reminders) = (false, false);
-        let mut reminders = HashSet::new();
+        let (mut all_schedules, mut all_reminders) = (false, false);
+        let (mut schedules, mut reminders) = (HashSet::new(), HashSet::new());
         for (namespace, keys) in namespaces {
             let concerns = Concerns::of(namespace);
-            schedules |= concerns.schedules;
+            if concerns.schedules {
+                match keys {
+                    Some(keys) => schedules.extend(keys.iter().cloned()),
+                    None => all_schedules = true,
+                }
+            }
             if !concerns.reminders {
                 continue;
             }
@@ -423,8 +431,11 @@ impl Follower {
                 _ => all_reminders = true,
             }
         }
-        if schedules {
+        if all_schedules {
             self.schedules.relook();
+            self.schedules.wake();
+        } else if !schedules.is_empty() {
+            self.schedules.touched(schedules);
             self.schedules.wake();
         }
         if all_reminders {

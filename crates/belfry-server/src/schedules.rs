@@ -170,6 +170,12 @@ impl Schedules {
         self.state.service.relook();
     }
 
+    /// The schedules at `keys` changed on a node that shares the store: the runner's next
+    /// tick reads those again, not every schedule.
+    pub(crate) fn touched(&self, keys: impl IntoIterator<Item = String>) {
+        self.state.service.touched(keys);
+    }
+
     /// Makes the runner tick now: tests call this after moving a `ManualClock`.
     pub fn wake(&self) {
         self.state.wake();

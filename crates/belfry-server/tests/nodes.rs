@@ -54,6 +54,8 @@ struct Shared {
     user_set_reads: [AtomicUsize; 2],
     /// Listings of every reminder by each node: a reminder runner's full look.
     reminder_lists: [AtomicUsize; 2],
+    /// Listings of every schedule by each node: a schedule runner's full tick.
+    schedule_lists: [AtomicUsize; 2],
     /// Reads of one reminder by its key by each node.
     reminder_reads: [AtomicUsize; 2],
     /// Writes of each metadata namespace, counted as a networked store counts them.
@@ -73,6 +75,7 @@ impl Shared {
             sweeps: Default::default(),
             user_set_reads: Default::default(),
             reminder_lists: Default::default(),
+            schedule_lists: Default::default(),
             reminder_reads: Default::default(),
             meta_writes: Default::default(),
             muted: Default::default(),
@@ -279,8 +282,13 @@ impl Store for NodeStore {
         self.inner().user_sets(user, limit)
     }
     fn list_meta(&self, namespace: &str) -> R<Vec<(String, Bytes)>> {
-        if namespace == belfry_reminders::REMINDERS_NAMESPACE {
-            self.shared.reminder_lists[self.node].fetch_add(1, Ordering::SeqCst);
+        let lists = match namespace {
+            belfry_reminders::REMINDERS_NAMESPACE => Some(&self.shared.reminder_lists),
+            belfry_schedule::SCHEDULES_NAMESPACE => Some(&self.shared.schedule_lists),
+            _ => None,
+        };
+        if let Some(lists) = lists {
+            lists[self.node].fetch_add(1, Ordering::SeqCst);
         }
         self.inner().list_meta(namespace)
     }
@@ -600,6 +608,32 @@ async fn a_schedule_fires_once_per_firing_across_nodes_and_follows_its_owner() {
     );
     assert_eq!(created(owner), 3);
     let _ = (a, b);
+    nodes.stop().await;
+}
+
+/// A schedule made on A that B owns is read alone by B's runner, which fires it on time: the
+/// create names the schedule, so B does not read every schedule again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_made_elsewhere_is_read_alone_by_its_owner() {
+    let nodes = Nodes::start().await;
+    let a = &nodes.servers[0];
+    a.queue("ticks", json!({})).await;
+    let id = (0..)
+        .map(|i| format!("made-on-a-{i}"))
+        .find(|id| owner_by_hash(&format!("schedule:{id}")) == 1)
+        .unwrap();
+    // The first recheck meets the write counts, and B reads every schedule once.
+    nodes.handled(1, StoreEvent::Recheck).await;
+    let lists = || nodes.shared.schedule_lists[1].load(Ordering::SeqCst);
+    let before = lists();
+    let body = json!({"id": id, "queue": "ticks", "every_ms": 1000});
+    a.ok("POST", "/v1/schedules", body, 201).await;
+    nodes.advance(1_000);
+    let fired = |node: usize| nodes.shared.firings_created[node].load(Ordering::SeqCst);
+    eventually("B fires it", || async { (fired(1) == 1).then_some(()) }).await;
+    nodes.handled(1, StoreEvent::Recheck).await;
+    assert_eq!(lists(), before, "B never read every schedule");
+    assert_eq!(fired(0), 0, "A does not own it");
     nodes.stop().await;
 }
 
