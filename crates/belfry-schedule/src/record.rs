@@ -216,15 +216,39 @@ struct Versioned {
     v: u32,
 }
 
+/// How every cursor this version writes begins; [`CURSOR_END`] follows its number.
+const CURSOR_START: &[u8] = br#"{"v":1,"cursor_ms":"#;
+const CURSOR_END: u8 = b'}';
+
+/// The cursor document, written by hand: a tick writes one per schedule due, and this is the
+/// JSON `CursorV1` serializes to (a test holds them equal).
 pub(crate) fn encode_cursor(cursor_ms: UnixMs) -> Bytes {
-    let record = CursorV1 {
-        v: VERSION,
-        cursor_ms,
-    };
-    Bytes::from(serde_json::to_vec(&record).expect("cursor record serializes"))
+    let mut out = Vec::with_capacity(CURSOR_START.len() + 21);
+    out.extend_from_slice(CURSOR_START);
+    out.extend_from_slice(cursor_ms.to_string().as_bytes());
+    out.push(CURSOR_END);
+    Bytes::from(out)
+}
+
+/// The cursor of a document in exactly the form [`encode_cursor`] writes, read without a JSON
+/// parser (a tick reads one per schedule due); `None` for any other form.
+fn decode_written_cursor(bytes: &[u8]) -> Option<UnixMs> {
+    let digits = bytes
+        .strip_prefix(CURSOR_START)?
+        .strip_suffix(&[CURSOR_END])?;
+    if digits.is_empty() || digits.len() > 20 || (digits.len() > 1 && digits[0] == b'0') {
+        return None;
+    }
+    digits.iter().try_fold(0u64, |n, &d| {
+        let digit = u64::from(d.checked_sub(b'0').filter(|d| *d <= 9)?);
+        n.checked_mul(10)?.checked_add(digit)
+    })
 }
 
 pub(crate) fn decode_cursor(bytes: &[u8]) -> Result<UnixMs, DecodeError> {
+    if let Some(cursor_ms) = decode_written_cursor(bytes) {
+        return Ok(cursor_ms);
+    }
     let version: Versioned =
         serde_json::from_slice(bytes).map_err(|e| DecodeError(e.to_string()))?;
     if version.v != VERSION {
@@ -293,7 +317,38 @@ mod tests {
         assert!(decode_cursor(b"[1]").is_err());
     }
 
+    /// The cursor read without a JSON parser agrees with the JSON one: the same bytes for
+    /// every cursor, and the same answer for any other form (which the parser then reads).
+    #[test]
+    fn a_cursor_written_by_hand_is_the_json_one() {
+        for text in [
+            r#"{"cursor_ms":5,"v":1}"#,
+            r#"{ "v": 1, "cursor_ms": 5 }"#,
+            r#"{"v":1,"cursor_ms":5.0}"#,
+            r#"{"v":1,"cursor_ms":007}"#,
+            r#"{"v":1,"cursor_ms":18446744073709551616}"#,
+            r#"{"v":1,"cursor_ms":-1}"#,
+            r#"{"v":1,"cursor_ms":}"#,
+            r#"{"v":1,"cursor_ms":"5"}"#,
+        ] {
+            let by_parser = serde_json::from_slice::<CursorV1>(text.as_bytes())
+                .ok()
+                .map(|c| c.cursor_ms);
+            let read = decode_cursor(text.as_bytes()).ok();
+            assert_eq!(read, by_parser, "{text}");
+            assert_eq!(decode_written_cursor(text.as_bytes()), None, "{text}");
+        }
+        assert_eq!(decode_cursor(br#"{"cursor_ms":5,"v":1}"#).unwrap(), 5);
+    }
+
     proptest! {
+        #[test]
+        fn cursors_match_their_json(cursor_ms in any::<u64>()) {
+            let json = serde_json::to_vec(&CursorV1 { v: VERSION, cursor_ms }).unwrap();
+            prop_assert_eq!(&encode_cursor(cursor_ms)[..], &json[..]);
+            prop_assert_eq!(decode_written_cursor(&json), Some(cursor_ms));
+        }
+
         #[test]
         fn decoding_arbitrary_bytes_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = decode_schedule(&bytes);

@@ -621,7 +621,7 @@ impl ScheduleService {
         report: &mut TickReport,
     ) -> Result<Option<UnixMs>> {
         // With several nodes on one store, one of them fires each schedule.
-        if !self.store.owns(&owner_key(&entry.parsed.stored.id)) {
+        if !self.store.owns(&entry.parsed.owner_key) {
             return Ok(None);
         }
         let Some(next) = entry.next_fire_ms() else {
@@ -639,13 +639,9 @@ impl ScheduleService {
         report.schedules_due += 1;
         report.schedules_misfired += usize::from(due.misfired);
         report.firings_dropped += due.dropped;
-        let schedule = entry.parsed.to_schedule(entry.cursor_ms);
         for &fire_ms in &due.fire_times {
-            let tasks = (0..spec.shard_count() as usize)
-                .map(|shard| firing_task(&schedule, fire_ms, shard))
-                .collect();
-            firings.add(&stored.id, tasks);
-            if firings.tasks.len() >= BATCH_TASKS_MAX {
+            firings.add(&entry.parsed, fire_ms);
+            if firings.tasks >= BATCH_TASKS_MAX {
                 self.put_firings(firings, report)?;
             }
         }
@@ -676,29 +672,32 @@ impl ScheduleService {
     /// (the shards of one firing always together). Firings into a queue that no longer exists are
     /// dropped and reported, and the rest are put without them.
     fn put_firings(&self, firings: &mut Firings, report: &mut TickReport) -> Result<()> {
-        let pending = std::mem::take(&mut firings.groups);
-        let mut tasks = std::mem::take(&mut firings.tasks).into_iter();
-        let mut batch: Vec<(ScheduleId, Vec<NewTask>)> = Vec::new();
+        firings.tasks = 0;
+        let mut batch: Vec<Firing> = Vec::new();
         let mut batch_len = 0;
-        for (id, count) in pending {
-            let group: Vec<NewTask> = tasks.by_ref().take(count).collect();
-            if batch_len + group.len() > FIRING_PUT_TASKS {
+        for firing in std::mem::take(&mut firings.due) {
+            let shards = firing.0.spec.shard_count() as usize;
+            if batch_len + shards > FIRING_PUT_TASKS {
                 self.put_batch(std::mem::take(&mut batch), report)?;
                 batch_len = 0;
             }
-            batch_len += group.len();
-            batch.push((id, group));
+            batch_len += shards;
+            batch.push(firing);
         }
         self.put_batch(batch, report)
     }
 
-    fn put_batch(
-        &self,
-        mut batch: Vec<(ScheduleId, Vec<NewTask>)>,
-        report: &mut TickReport,
-    ) -> Result<()> {
+    /// Puts the tasks of `batch`'s firings in one call, built for it: a retry without the
+    /// firings of a queue that is gone builds them again rather than keeping a copy.
+    fn put_batch(&self, mut batch: Vec<Firing>, report: &mut TickReport) -> Result<()> {
         while !batch.is_empty() {
-            let tasks: Vec<NewTask> = batch.iter().flat_map(|(_, g)| g.iter().cloned()).collect();
+            let tasks: Vec<NewTask> = batch
+                .iter()
+                .flat_map(|(parsed, fire_ms)| {
+                    let shards = parsed.spec.shard_count() as usize;
+                    (0..shards).map(move |shard| firing_task(parsed, *fire_ms, shard))
+                })
+                .collect();
             match self.store.put(tasks) {
                 Ok(outcomes) => {
                     for outcome in outcomes {
@@ -707,13 +706,14 @@ impl ScheduleService {
                             PutOutcome::Duplicate(_) => report.tasks_duplicate += 1,
                         }
                     }
-                    for (_, group) in &batch {
-                        if let Some(first) = group.first() {
-                            report.firings += 1;
-                            *report
-                                .firings_by_queue
-                                .entry(first.queue.to_string())
-                                .or_default() += 1;
+                    for (parsed, _) in &batch {
+                        report.firings += 1;
+                        let queue = parsed.stored.def.queue.as_str();
+                        match report.firings_by_queue.get_mut(queue) {
+                            Some(count) => *count += 1,
+                            None => {
+                                report.firings_by_queue.insert(queue.to_owned(), 1);
+                            }
                         }
                     }
                     return Ok(());
@@ -721,11 +721,11 @@ impl ScheduleService {
                 Err(StoreError::QueueNotFound(queue)) => {
                     // The queue was deleted under its schedules: their firings cannot exist.
                     // Drop them (rather than retry on every tick) and put the others.
-                    batch.retain(|(id, group)| {
-                        let gone = group.first().is_some_and(|t| t.queue == queue);
+                    batch.retain(|(parsed, _)| {
+                        let gone = parsed.stored.def.queue == queue;
                         if gone {
                             report.firings_dropped += 1;
-                            let entry = (id.to_string(), queue.to_string());
+                            let entry = (parsed.stored.id.to_string(), queue.to_string());
                             if !report.queues_missing.contains(&entry) {
                                 report.queues_missing.push(entry);
                             }
@@ -825,19 +825,23 @@ impl ScheduleService {
     }
 }
 
-/// Firings gathered by a tick: tasks in order, grouped by firing (each group is one firing's
-/// shards, of one schedule), and the cursors to write once they are stored.
+/// One firing a tick gathered: a schedule and one of its fire times. Its shards' tasks are
+/// built when it is put.
+type Firing = (Arc<Parsed>, UnixMs);
+
+/// Firings gathered by a tick, in order, with the number of tasks they make, and the cursors
+/// to write once they are stored.
 #[derive(Default)]
 struct Firings {
-    tasks: Vec<NewTask>,
-    groups: Vec<(ScheduleId, usize)>,
+    due: Vec<Firing>,
+    tasks: usize,
     cursors: Vec<MetaChange>,
 }
 
 impl Firings {
-    fn add(&mut self, id: &ScheduleId, tasks: Vec<NewTask>) {
-        self.groups.push((id.clone(), tasks.len()));
-        self.tasks.extend(tasks);
+    fn add(&mut self, parsed: &Arc<Parsed>, fire_ms: UnixMs) {
+        self.tasks += parsed.spec.shard_count() as usize;
+        self.due.push((parsed.clone(), fire_ms));
     }
 }
 
@@ -845,6 +849,8 @@ impl Firings {
 pub(crate) struct Parsed {
     pub(crate) stored: StoredSchedule,
     pub(crate) spec: ScheduleSpec,
+    /// [`owner_key`] of the schedule, made once.
+    owner_key: String,
 }
 
 impl Parsed {
@@ -890,7 +896,12 @@ fn parse(key: &str, bytes: &[u8]) -> Result<Parsed> {
         .def
         .to_spec(stored.created_at_ms)
         .map_err(|e| corrupt(e.to_string()))?;
-    Ok(Parsed { stored, spec })
+    let owner_key = owner_key(&stored.id);
+    Ok(Parsed {
+        stored,
+        spec,
+        owner_key,
+    })
 }
 
 /// The stored cursor, never below the schedule's `not_before_ms` (a cursor left behind by a
@@ -909,9 +920,9 @@ fn effective_cursor(key: &str, parsed: &Parsed, cursor: Option<&[u8]>) -> Result
 }
 
 /// The task of one shard of one firing.
-fn firing_task(schedule: &Schedule, fire_ms: UnixMs, shard: usize) -> NewTask {
-    let def = &schedule.def;
-    let shards = schedule.spec.shard_count();
+fn firing_task(parsed: &Parsed, fire_ms: UnixMs, shard: usize) -> NewTask {
+    let def = &parsed.stored.def;
+    let shards = parsed.spec.shard_count();
     let mut headers = def.headers.clone();
     if shards > 1 {
         headers.push((SHARD_HEADER.to_string(), shard.to_string()));
@@ -924,7 +935,7 @@ fn firing_task(schedule: &Schedule, fire_ms: UnixMs, shard: usize) -> NewTask {
         payload_kind: def.payload_kind,
         headers,
         priority: def.priority,
-        idempotency_key: Some(firing_key(&schedule.id, fire_ms, shard)),
+        idempotency_key: Some(firing_key(&parsed.stored.id, fire_ms, shard)),
         late_policy: def.late_policy,
     }
 }
