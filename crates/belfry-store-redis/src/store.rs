@@ -291,6 +291,11 @@ impl RedisStore {
         self.check_replicas(acks)
     }
 
+    /// Whether each write waits for replicas (`WAIT`) before it is acknowledged.
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        self.replica_acks.is_some()
+    }
+
     /// `WAIT` for the configured replicas, inside a pooled call: how many acknowledged.
     fn replica_wait(&self, c: &mut Conn, key: &[u8]) -> redis::RedisResult<Option<i64>> {
         match self.replica_acks {

@@ -230,36 +230,18 @@ impl RedisStore {
                         None => by_part.push((p, vec![i])),
                     }
                 }
-                for (p, members) in by_part {
-                    let part = this.part(p, uid);
-                    // Finished tasks are forgotten by claims and changes, whose clock is the
-                    // caller's; a put only places its tasks, by this node's clock.
-                    let mut args = vec![
-                        b"0".to_vec(),
-                        b"0".to_vec(),
-                        place_now.to_string().into_bytes(),
-                        this.far_after_ms.to_string().into_bytes(),
-                        members.len().to_string().into_bytes(),
-                    ];
-                    for &i in &members {
-                        let task = &tasks[i];
-                        args.push(task.due_at_ms.to_string().into_bytes());
-                        args.push(match task.priority {
-                            belfry_core::Priority::High => b"0".to_vec(),
-                            belfry_core::Priority::Normal => b"1".to_vec(),
-                        });
-                        args.push(
-                            task.idempotency_key
-                                .clone()
-                                .unwrap_or_default()
-                                .into_bytes(),
-                        );
-                        args.push(record::encode(task));
-                    }
-                    let v = this.script(c, &scripts::PUT, &part.keys, &args, "store tasks")?;
-                    this.replicate(c, &part.keys[0])?;
-                    let bad = || unexpected("put", &v);
-                    let items = as_array(&v).ok_or_else(bad)?;
+                let calls: Vec<(Part, Vec<Vec<u8>>)> = by_part
+                    .iter()
+                    .map(|(p, members)| {
+                        let args = put_args(&tasks, members, place_now, this.far_after_ms);
+                        (this.part(*p, uid), args)
+                    })
+                    .collect();
+                let replies = this.put_calls(c, &calls)?;
+                let mut earliest = Vec::with_capacity(by_part.len());
+                for ((p, members), v) in by_part.iter().zip(&replies) {
+                    let bad = || unexpected("put", v);
+                    let items = as_array(v).ok_or_else(bad)?;
                     if items.len() != members.len() + 1 {
                         return Err(bad());
                     }
@@ -267,21 +249,21 @@ impl RedisStore {
                         let fields = as_array(item).ok_or_else(bad)?;
                         outcomes[i] = Some(match fields {
                             [created, seq] if as_i64(created) == Some(1) => PutOutcome::Created {
-                                id: task_id(uid, p, as_seq(seq).ok_or_else(bad)?),
+                                id: task_id(uid, *p, as_seq(seq).ok_or_else(bad)?),
                                 due_at_ms: tasks[i].due_at_ms,
                             },
                             [_, seq, rec, reason] => {
                                 let v = [seq.clone(), rec.clone(), reason.clone()];
                                 PutOutcome::Duplicate(Box::new(
-                                    this.read_task(c, &queue, uid, p, &v, 0)?,
+                                    this.read_task(c, &queue, uid, *p, &v, 0)?,
                                 ))
                             }
                             _ => return Err(bad()),
                         });
                     }
-                    let first = as_i64(&items[members.len()]).ok_or_else(bad)?;
-                    this.hint_lower(c, &queue, uid, p, first)?;
+                    earliest.push((*p, as_i64(&items[members.len()]).ok_or_else(bad)?));
                 }
+                this.hints_lower(c, &queue, uid, &earliest)?;
                 Ok(())
             })?;
         }
@@ -289,6 +271,77 @@ impl RedisStore {
             .into_iter()
             .map(|o| o.expect("every task has an outcome"))
             .collect())
+    }
+
+    /// Runs the put script of each partition in `calls`, answering their replies in order.
+    /// Several partitions (a batch of tasks with idempotency keys, which place each task by
+    /// its key) go in one pipeline, each reply read on its own (`each.rs`): one round trip
+    /// for the batch, not one per partition. With replicas to wait for, each write is waited
+    /// for on the connection that made it, one partition at a time.
+    fn put_calls(&self, c: &mut Conn, calls: &[(Part, Vec<Vec<u8>>)]) -> Result<Vec<Value>> {
+        const WHAT: &str = "store tasks";
+        if calls.len() == 1 || self.waits_for_replicas() {
+            return calls
+                .iter()
+                .map(|(part, args)| {
+                    let v = self.script(c, &scripts::PUT, &part.keys, args, WHAT)?;
+                    self.replicate(c, &part.keys[0])?;
+                    Ok(v)
+                })
+                .collect();
+        }
+        let cmds: Vec<redis::Cmd> = calls
+            .iter()
+            .map(|(part, args)| evalsha(&scripts::PUT, &part.keys, args))
+            .collect();
+        let replies = pipeline_each(c, &cmds).map_err(|e| map_error(e, WHAT))?;
+        let each: Vec<ScriptCall<'_>> = calls
+            .iter()
+            .map(|(part, args)| (part.keys.as_slice(), args.as_slice()))
+            .collect();
+        self.rerun_missing(c, &scripts::PUT, replies, &each, WHAT)
+    }
+
+    /// [`RedisStore::hint_lower`] for each `(partition, earliest)` a put left, in one pipeline
+    /// when there are several (the queue's hint keys share one slot).
+    fn hints_lower(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        uid: u64,
+        at: &[(u16, i64)],
+    ) -> Result<()> {
+        let at: Vec<(u16, i64)> = at.iter().copied().filter(|(_, at)| *at >= 0).collect();
+        if let [(p, at)] = at[..] {
+            return self.hint_lower(c, queue, uid, p, at);
+        }
+        if at.is_empty() {
+            return Ok(());
+        }
+        const WHAT: &str = "update a queue's hint";
+        let keys = self.keys.hint_keys(uid);
+        let calls: Vec<Vec<Vec<u8>>> = at
+            .iter()
+            .map(|(p, at)| {
+                vec![
+                    at.to_string().into_bytes(),
+                    p.to_string().into_bytes(),
+                    self.keys.events().into_bytes(),
+                    crate::events::wake_message(queue),
+                ]
+            })
+            .collect();
+        let cmds: Vec<redis::Cmd> = calls
+            .iter()
+            .map(|args| evalsha(&scripts::HINT, &keys, args))
+            .collect();
+        let replies = pipeline_each(c, &cmds).map_err(|e| map_error(e, WHAT))?;
+        let each: Vec<ScriptCall<'_>> = calls
+            .iter()
+            .map(|args| (keys.as_slice(), args.as_slice()))
+            .collect();
+        self.rerun_missing(c, &scripts::HINT, replies, &each, WHAT)?;
+        Ok(())
     }
 
     pub(crate) fn list_dead_tasks(
@@ -413,4 +466,37 @@ fn wall_clock_ms() -> UnixMs {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as UnixMs)
+}
+
+/// The put script's arguments for the tasks of `tasks` at `members`: placed by `place_now`
+/// (this node's clock) and `far_after_ms`.
+fn put_args(
+    tasks: &[NewTask],
+    members: &[usize],
+    place_now: UnixMs,
+    far_after_ms: u64,
+) -> Vec<Vec<u8>> {
+    let mut args = vec![
+        b"0".to_vec(),
+        b"0".to_vec(),
+        place_now.to_string().into_bytes(),
+        far_after_ms.to_string().into_bytes(),
+        members.len().to_string().into_bytes(),
+    ];
+    for &i in members {
+        let task = &tasks[i];
+        args.push(task.due_at_ms.to_string().into_bytes());
+        args.push(match task.priority {
+            belfry_core::Priority::High => b"0".to_vec(),
+            belfry_core::Priority::Normal => b"1".to_vec(),
+        });
+        args.push(
+            task.idempotency_key
+                .clone()
+                .unwrap_or_default()
+                .into_bytes(),
+        );
+        args.push(record::encode(task));
+    }
+    args
 }

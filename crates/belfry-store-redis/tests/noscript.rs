@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 
 use belfry_core::{LeaseId, NewTask, QueueName, TaskId, TaskState};
-use belfry_store::{LeaseOutcome, Store};
+use belfry_store::{LeaseOutcome, PutOutcome, Store};
 use belfry_store_redis::testing::RedisCluster;
 use belfry_store_redis::{RedisOptions, RedisStore};
 use bytes::Bytes;
@@ -152,4 +152,43 @@ fn a_claim_across_masters_returns_every_task_when_one_master_lost_the_claim_scri
     assert_eq!(leased.len(), TASKS as usize, "every due task in one claim");
     let counts = store.counts(&queue, NOW).unwrap();
     assert_eq!((counts.due, counts.in_flight), (0, TASKS), "{counts:?}");
+}
+
+/// A batch of keyed tasks spreads over the partitions, and its put scripts go in one
+/// pipeline: when a master lost the put script, only its partitions' calls run again. Every
+/// new task is stored once, every repeated key answers as a duplicate, and a claim finds
+/// them all (the queue's hints were lowered for every partition put).
+#[test]
+fn a_keyed_batch_put_across_masters_stores_each_task_once_when_one_master_lost_the_scripts() {
+    let (cluster, store, queue) = cluster_with_tasks();
+    let all: BTreeSet<u16> = (0..16).collect();
+    let flushed = a_master_with_some_of(&cluster, &all);
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .exec(&mut connection(flushed))
+        .unwrap();
+
+    // The keys of the first batch again, and as many new ones.
+    let tasks: Vec<NewTask> = (0..2 * TASKS)
+        .map(|i| {
+            let mut task = NewTask::new(queue.clone(), 1_000 + i, "{}");
+            task.idempotency_key = Some(format!("k{i}"));
+            task
+        })
+        .collect();
+    let outcomes = store.put(tasks).unwrap();
+    for (i, outcome) in outcomes.iter().enumerate() {
+        let repeated = (i as u64) < TASKS;
+        assert_eq!(
+            matches!(outcome, PutOutcome::Duplicate(_)),
+            repeated,
+            "task {i}: {outcome:?}"
+        );
+    }
+    let counts = store.counts(&queue, NOW).unwrap();
+    assert_eq!(counts.due, 2 * TASKS, "{counts:?}");
+    let leased = store
+        .claim(&queue, NOW, 4 * TASKS as usize, 60_000)
+        .unwrap();
+    assert_eq!(leased.leased.len() as u64, 2 * TASKS);
 }
