@@ -58,14 +58,20 @@ impl RedisStore {
             return Ok(());
         }
         let keys = self.keys.hint_keys(uid);
-        let args = [
+        let args = self.hint_args(queue, p, at);
+        self.script(c, &scripts::HINT, &keys, &args, "update a queue's hint")?;
+        Ok(())
+    }
+
+    /// The hint script's arguments: partition `p` of `queue` has work at `at`, and the
+    /// queue's wake message if that lowers its hint.
+    pub(crate) fn hint_args(&self, queue: &QueueName, p: u16, at: i64) -> Vec<Vec<u8>> {
+        vec![
             at.to_string().into_bytes(),
             p.to_string().into_bytes(),
             self.keys.events().into_bytes(),
             crate::events::wake_message(queue),
-        ];
-        self.script(c, &scripts::HINT, &keys, &args, "update a queue's hint")?;
-        Ok(())
+        ]
     }
 
     /// Sets partition `p`'s hint to `earliest` (the truth [`Self::next_due_in`] just read),

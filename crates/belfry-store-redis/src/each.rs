@@ -241,6 +241,24 @@ fn first_key(cmd: &redis::Cmd) -> Option<&[u8]> {
 }
 
 impl crate::store::RedisStore {
+    /// Runs `lua` once per `(keys, args)` of `calls` in one pipeline ([`pipeline_each`]),
+    /// answering the replies in order; a call answered `NOSCRIPT` runs again, alone
+    /// ([`Self::rerun_missing`]).
+    pub(crate) fn scripts_pipelined(
+        &self,
+        c: &mut Conn,
+        lua: &Lua,
+        calls: &[ScriptCall<'_>],
+        what: &'static str,
+    ) -> Result<Vec<Value>> {
+        let cmds: Vec<redis::Cmd> = calls
+            .iter()
+            .map(|(keys, args)| crate::claim_many::evalsha(lua, keys, args))
+            .collect();
+        let replies = pipeline_each(c, &cmds).map_err(|e| map_error(e, what))?;
+        self.rerun_missing(c, lua, replies, calls, what)
+    }
+
     /// The replies of script calls made with [`pipeline_each`], each call's `(keys, args)` in
     /// `calls`: a call that answered `NOSCRIPT` ran nowhere, so it runs again (after every
     /// script is loaded on every master) and only it; any other error fails the whole.

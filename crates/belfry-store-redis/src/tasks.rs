@@ -290,16 +290,11 @@ impl RedisStore {
                 })
                 .collect();
         }
-        let cmds: Vec<redis::Cmd> = calls
-            .iter()
-            .map(|(part, args)| evalsha(&scripts::PUT, &part.keys, args))
-            .collect();
-        let replies = pipeline_each(c, &cmds).map_err(|e| map_error(e, WHAT))?;
         let each: Vec<ScriptCall<'_>> = calls
             .iter()
             .map(|(part, args)| (part.keys.as_slice(), args.as_slice()))
             .collect();
-        self.rerun_missing(c, &scripts::PUT, replies, &each, WHAT)
+        self.scripts_pipelined(c, &scripts::PUT, &each, WHAT)
     }
 
     /// [`RedisStore::hint_lower`] for each `(partition, earliest)` a put left, in one pipeline
@@ -318,29 +313,16 @@ impl RedisStore {
         if at.is_empty() {
             return Ok(());
         }
-        const WHAT: &str = "update a queue's hint";
         let keys = self.keys.hint_keys(uid);
         let calls: Vec<Vec<Vec<u8>>> = at
             .iter()
-            .map(|(p, at)| {
-                vec![
-                    at.to_string().into_bytes(),
-                    p.to_string().into_bytes(),
-                    self.keys.events().into_bytes(),
-                    crate::events::wake_message(queue),
-                ]
-            })
+            .map(|&(p, at)| self.hint_args(queue, p, at))
             .collect();
-        let cmds: Vec<redis::Cmd> = calls
-            .iter()
-            .map(|args| evalsha(&scripts::HINT, &keys, args))
-            .collect();
-        let replies = pipeline_each(c, &cmds).map_err(|e| map_error(e, WHAT))?;
         let each: Vec<ScriptCall<'_>> = calls
             .iter()
             .map(|args| (keys.as_slice(), args.as_slice()))
             .collect();
-        self.rerun_missing(c, &scripts::HINT, replies, &each, WHAT)?;
+        self.scripts_pipelined(c, &scripts::HINT, &each, "update a queue's hint")?;
         Ok(())
     }
 
