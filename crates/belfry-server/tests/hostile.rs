@@ -423,3 +423,53 @@ async fn a_body_over_the_request_limit_is_refused_by_every_router() {
         .await;
     assert_eq!(status, 200, "bulk subscribe over request_max: {answer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_connections_close_after_their_timeout_never_before_and_busy_ones_stay() {
+    const IDLE_MS: u64 = 400;
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_idle_timeout_ms: IDLE_MS,
+        http_header_read_timeout_ms: 10_000,
+        ..test_config()
+    })
+    .await;
+    let addr = s.handle.local_addr();
+    // Silent connections, opened together: each closes at its timeout, or up to an eighth
+    // later (spread by connection), and none before.
+    let mut silent = Vec::new();
+    for _ in 0..16 {
+        silent.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    // One that asks for `/healthz` every 150 ms: bytes move, so it outlives the timeout.
+    let mut busy = TcpStream::connect(addr).await.expect("connect");
+    let busy_from = Instant::now();
+    while busy_from.elapsed() < Duration::from_millis(3 * IDLE_MS) {
+        assert_eq!(healthz_on(&mut busy).await, "HTTP/1.1 200 OK");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    for stream in &mut silent {
+        // The busy loop above outlasted every silent connection's timeout and spread.
+        assert!(closed_within(stream, Duration::from_millis(1)).await);
+    }
+    let closed = s
+        .handle
+        .service()
+        .connections
+        .closed_idle
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(closed, 16, "the silent connections closed as idle");
+
+    // And not early: a fresh silent connection is still open just before its timeout.
+    let mut late = TcpStream::connect(addr).await.expect("connect");
+    let opened = Instant::now();
+    let closed_at = loop {
+        if closed_within(&mut late, Duration::from_millis(10)).await {
+            break opened.elapsed();
+        }
+        assert!(opened.elapsed() < Duration::from_secs(10), "never closed");
+    };
+    assert!(
+        closed_at >= Duration::from_millis(IDLE_MS),
+        "closed after {closed_at:?}, before its {IDLE_MS} ms idle timeout"
+    );
+}

@@ -19,7 +19,10 @@
 //!   (`RequestBodyTimeoutLayer`, applied in `api::finish`);
 //! - a connection with no request in progress and no bytes moving for `http.idle_timeout`
 //!   is closed: an idle keep-alive connection, or one that connected and sent nothing (the
-//!   header timer would close those too, later, when it is the longer of the two).
+//!   header timer would close those too, later, when it is the longer of the two). Each
+//!   connection gets up to an eighth more, spread by its accepting order, so that a burst of
+//!   connections (ten thousand an attacker opened at once) is not closed, and re-opened, in
+//!   one burst again and again.
 //!
 //! With a TLS configuration (`tls.cert`, `tls.key`) every connection is HTTPS (`tls.rs`); its
 //! handshake must finish within `http.header_read_timeout`.
@@ -55,9 +58,10 @@ use tokio_util::task::TaskTracker;
 /// again, so the loop neither spins nor floods the log.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 
-/// How often an idle-looking connection is checked at most: a fraction of the idle timeout,
-/// so a connection is closed at most this much after its timeout.
-const IDLE_CHECKS_PER_TIMEOUT: u32 = 4;
+/// A connection is closed after its idle timeout plus up to this fraction of it, spread by
+/// connection: connections opened together (a burst of clients, or an attacker's) then do
+/// not all close, and get re-opened, in the same instant.
+const IDLE_SPREAD_DIVISOR: u32 = 8;
 
 /// The connection limits, from `ServerConfig`.
 #[derive(Debug, Clone, Copy)]
@@ -147,6 +151,7 @@ pub async fn serve(
             stats: stats.clone(),
             shutdown: shutdown.clone(),
             epoch: started,
+            seq: stats.accepted.load(Ordering::Relaxed),
         };
         let tls = tls.clone();
         connections.spawn(async move {
@@ -194,6 +199,16 @@ struct Connection {
     stats: Arc<ConnectionStats>,
     shutdown: CancellationToken,
     epoch: Instant,
+    /// The connection's number in accepting order, which spreads its idle timeout.
+    seq: u64,
+}
+
+/// How much longer than `idle` connection number `seq` may stay idle: from zero to
+/// `idle / IDLE_SPREAD_DIVISOR`, evenly spread over consecutive numbers (a multiplicative
+/// hash of the number), so a thousand connections accepted together close over that span.
+fn idle_spread(idle: Duration, seq: u64) -> Duration {
+    let fraction = (seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40) as f64 / (1u64 << 24) as f64;
+    idle.mul_f64(fraction) / IDLE_SPREAD_DIVISOR
 }
 
 impl Connection {
@@ -219,8 +234,15 @@ impl Connection {
             .keep_alive(true);
         let connection = builder.serve_connection(TokioIo::new(io), service);
         let mut connection = std::pin::pin!(connection);
-        let idle = self.limits.idle_timeout;
-        let check_every = (idle / IDLE_CHECKS_PER_TIMEOUT).max(Duration::from_millis(10));
+        // One timer per connection, set for the moment it would have been idle for its
+        // timeout: it fires once for a connection that sends nothing, and is pushed back
+        // when bytes moved meanwhile. (A periodic check woke every held connection several
+        // times per timeout; ten thousand held ones woke in bursts.)
+        let idle = self.limits.idle_timeout + idle_spread(self.limits.idle_timeout, self.seq);
+        let check = tokio::time::sleep(idle);
+        let mut check = std::pin::pin!(check);
+        let shutdown = self.shutdown.cancelled();
+        let mut shutdown = std::pin::pin!(shutdown);
         let mut draining = false;
         loop {
             tokio::select! {
@@ -230,15 +252,17 @@ impl Connection {
                     }
                     break;
                 }
-                _ = self.shutdown.cancelled(), if !draining => {
+                _ = shutdown.as_mut(), if !draining => {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
                 }
-                _ = tokio::time::sleep(check_every) => {
-                    if activity.idle_for(self.epoch) >= idle {
+                _ = check.as_mut() => {
+                    let idle_for = activity.idle_for(self.epoch);
+                    if idle_for >= idle {
                         self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
                         break;
                     }
+                    check.as_mut().reset(Instant::now() + (idle - idle_for));
                 }
             }
         }
@@ -430,5 +454,27 @@ struct RequestGuard(Arc<Activity>);
 impl Drop for RequestGuard {
     fn drop(&mut self) {
         self.0.requests.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_spread_is_within_an_eighth_and_covers_it_evenly() {
+        let idle = Duration::from_secs(8);
+        let most = idle / IDLE_SPREAD_DIVISOR;
+        let mut buckets = [0u32; 8];
+        for seq in 0..8_000 {
+            let spread = idle_spread(idle, seq);
+            assert!(spread < most, "{spread:?} for {seq}");
+            buckets[(spread.as_nanos() * 8 / most.as_nanos()) as usize] += 1;
+        }
+        // Consecutive connections (a burst) land all over the span, not in a clump.
+        for (i, n) in buckets.iter().enumerate() {
+            assert!((800..=1_200).contains(n), "bucket {i}: {n} of 8,000");
+        }
+        assert_eq!(idle_spread(Duration::ZERO, 7), Duration::ZERO);
     }
 }
