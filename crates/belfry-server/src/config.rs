@@ -124,7 +124,7 @@ pub struct ServerConfig {
     /// How long a request body may send nothing.
     pub http_body_read_timeout_ms: u64,
     /// How long a connection with no request in progress may move no bytes (each connection
-    /// up to an eighth more: `listener::idle_spread`).
+    /// up to a quarter more: `listener::idle_spread`).
     pub http_idle_timeout_ms: u64,
     /// Connections served at once.
     pub http_connections_max: usize,

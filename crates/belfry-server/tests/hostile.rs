@@ -434,7 +434,7 @@ async fn idle_connections_close_after_their_timeout_never_before_and_busy_ones_s
     })
     .await;
     let addr = s.handle.local_addr();
-    // Silent connections, opened together: each closes at its timeout, or up to an eighth
+    // Silent connections, opened together: each closes at its timeout, or up to a quarter
     // later (spread by connection), and none before.
     let mut silent = Vec::new();
     for _ in 0..16 {

@@ -20,7 +20,7 @@
 //! - a connection with no request in progress and no bytes moving for `http.idle_timeout`
 //!   is closed: an idle keep-alive connection, or one that connected and sent nothing (the
 //!   header timer would close those too, later, when it is the longer of the two). Each
-//!   connection gets up to an eighth more, spread by its accepting order, so that a burst of
+//!   connection gets up to a quarter more, spread by its accepting order, so that a burst of
 //!   connections (ten thousand an attacker opened at once) is not closed, and re-opened, in
 //!   one burst again and again.
 //!
@@ -61,7 +61,7 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
 /// A connection is closed after its idle timeout plus up to this fraction of it, spread by
 /// connection: connections opened together (a burst of clients, or an attacker's) then do
 /// not all close, and get re-opened, in the same instant.
-const IDLE_SPREAD_DIVISOR: u32 = 8;
+const IDLE_SPREAD_DIVISOR: u32 = 4;
 
 /// The connection limits, from `ServerConfig`.
 #[derive(Debug, Clone, Copy)]
@@ -462,7 +462,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn idle_spread_is_within_an_eighth_and_covers_it_evenly() {
+    fn idle_spread_stays_within_its_share_and_covers_it_evenly() {
         let idle = Duration::from_secs(8);
         let most = idle / IDLE_SPREAD_DIVISOR;
         let mut buckets = [0u32; 8];
