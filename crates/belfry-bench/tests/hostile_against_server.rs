@@ -26,16 +26,19 @@ struct Cli {
 
 const HOSTILE: usize = 200;
 const ROUNDS: usize = 100;
-/// The bench's default `--hostile-source`.
+/// The bench's default `--hostile-source` and `--hostile-sources`: 127.0.0.2 to 127.0.0.5.
 const HOSTILE_SOURCE: [u8; 4] = [127, 0, 0, 2];
+const HOSTILE_SOURCES: u8 = 4;
 
 /// The server on its own two-thread runtime, and the largest number of connections it had
 /// open at once while `sampling`.
 struct InProcess {
     addr: SocketAddr,
     open_max: Arc<AtomicUsize>,
-    /// The most connections open at once from the hostile clients' source address.
+    /// The most connections open at once from the hostile clients' source addresses, all
+    /// together and from any one of them.
     hostile_source_max: Arc<AtomicUsize>,
+    hostile_one_source_max: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
     thread: std::thread::JoinHandle<()>,
 }
@@ -53,8 +56,10 @@ fn start_server() -> InProcess {
     let open_max = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let hostile_source_max = Arc::new(AtomicUsize::new(0));
+    let hostile_one_source_max = Arc::new(AtomicUsize::new(0));
     let (open_max2, stop2) = (open_max.clone(), stop.clone());
     let hostile_source_max2 = hostile_source_max.clone();
+    let hostile_one_source_max2 = hostile_one_source_max.clone();
     let thread = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -70,11 +75,16 @@ fn start_server() -> InProcess {
             while !stop2.load(Ordering::Relaxed) {
                 let open = handle.service().connections.open.load(Ordering::Relaxed);
                 open_max2.fetch_max(open, Ordering::Relaxed);
-                let hostile = handle
-                    .service()
-                    .connections
-                    .open_from(HOSTILE_SOURCE.into());
-                hostile_source_max2.fetch_max(hostile, Ordering::Relaxed);
+                let from: Vec<usize> = (0..HOSTILE_SOURCES)
+                    .map(|i| {
+                        let [a, b, c, d] = HOSTILE_SOURCE;
+                        let ip = std::net::IpAddr::from([a, b, c, d + i]);
+                        handle.service().connections.open_from(ip)
+                    })
+                    .collect();
+                hostile_source_max2.fetch_max(from.iter().sum(), Ordering::Relaxed);
+                let one = from.iter().copied().max().unwrap_or(0);
+                hostile_one_source_max2.fetch_max(one, Ordering::Relaxed);
                 tokio::time::sleep(Duration::from_millis(2)).await;
             }
             handle.stop().await.expect("clean stop");
@@ -85,6 +95,7 @@ fn start_server() -> InProcess {
         addr,
         open_max,
         hostile_source_max,
+        hostile_one_source_max,
         stop,
         thread,
     }
@@ -136,12 +147,19 @@ fn hostile_holds_partial_connections_and_counts_every_probe() {
     // The server saw the hostile connections all at once (plus the probes' own)...
     let open_max = server.open_max.load(Ordering::Relaxed);
     assert!(open_max >= HOSTILE, "server had at most {open_max} open");
-    // ... from another client address than the probes'.
+    // ... from other client addresses than the probes', a quarter from each.
     assert_eq!(data["hostile_source"], "127.0.0.2");
-    let from_source = server.hostile_source_max.load(Ordering::Relaxed);
+    assert_eq!(data["hostile_sources"], HOSTILE_SOURCES);
+    let from_sources = server.hostile_source_max.load(Ordering::Relaxed);
     assert!(
-        from_source >= HOSTILE * 9 / 10,
-        "at most {from_source} open from the hostile source"
+        from_sources >= HOSTILE * 9 / 10,
+        "at most {from_sources} open from the hostile sources"
+    );
+    let from_one = server.hostile_one_source_max.load(Ordering::Relaxed);
+    let share = HOSTILE / HOSTILE_SOURCES as usize;
+    assert!(
+        (share * 9 / 10..=share).contains(&from_one),
+        "at most {from_one} open from one hostile source, not about {share}"
     );
     // ... closed some during the measured phase (300 ms idle timeout, a 500 ms phase), and
     // the bench opened them again.

@@ -103,12 +103,13 @@ pub struct Holders {
 }
 
 impl Holders {
-    /// Starts `count` holders against `addr`, connecting from `source` (an address of this
-    /// machine: the attacker is another client than the probes), on a thread of their own;
-    /// they open their connections [`OPENING_CONCURRENCY`] at a time and keep them open.
+    /// Starts `count` holders against `addr`, holder `i` connecting from `sources[i % len]`
+    /// (addresses of this machine: the attacker is another client than the probes), on a
+    /// thread of their own; they open their connections [`OPENING_CONCURRENCY`] at a time
+    /// and keep them open.
     pub fn start(
         addr: SocketAddr,
-        source: IpAddr,
+        sources: Vec<IpAddr>,
         host: &str,
         count: usize,
     ) -> std::io::Result<Holders> {
@@ -129,7 +130,7 @@ impl Holders {
                     let tasks: Vec<JoinHandle<()>> = (0..count)
                         .map(|i| {
                             tokio::spawn(hold(
-                                (addr, source),
+                                (addr, sources[i % sources.len()]),
                                 requests[i % KINDS.len()].clone(),
                                 opening.clone(),
                                 shared.clone(),
@@ -156,6 +157,22 @@ impl Holders {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
         self.counters.totals()
     }
+}
+
+/// `count` consecutive addresses from `first` (127.0.0.2, 127.0.0.3, …), or None when they
+/// would run past the end of its address space (or `count` is 0).
+pub fn sources(first: IpAddr, count: usize) -> Option<Vec<IpAddr>> {
+    (0..count)
+        .map(|i| match first {
+            IpAddr::V4(v4) => u32::from(v4)
+                .checked_add(u32::try_from(i).ok()?)
+                .map(|n| IpAddr::from(std::net::Ipv4Addr::from(n))),
+            IpAddr::V6(v6) => u128::from(v6)
+                .checked_add(i as u128)
+                .map(|n| IpAddr::from(std::net::Ipv6Addr::from(n))),
+        })
+        .collect::<Option<Vec<_>>>()
+        .filter(|s| !s.is_empty())
 }
 
 /// One holder: connect, send the partial request, wait until the server closes, again.
@@ -252,6 +269,21 @@ mod tests {
         assert_eq!(partial_request(7, "h"), partial_request(3, "h"));
     }
 
+    #[test]
+    fn sources_are_consecutive_addresses_within_their_space() {
+        let from = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            sources(from("127.0.0.254"), 3).unwrap(),
+            vec![from("127.0.0.254"), from("127.0.0.255"), from("127.0.1.0")]
+        );
+        assert_eq!(
+            sources(from("::1"), 2).unwrap(),
+            vec![from("::1"), from("::2")]
+        );
+        assert_eq!(sources(from("255.255.255.255"), 2), None);
+        assert_eq!(sources(from("127.0.0.2"), 0), None);
+    }
+
     #[tokio::test]
     async fn holders_reopen_what_the_server_closes() {
         // A listener that refuses at once: every holder is closed and re-opens, and counts the
@@ -270,7 +302,7 @@ mod tests {
             }
         });
         let source = IpAddr::from([127, 0, 0, 2]);
-        let holders = Holders::start(addr, source, "h", 4).unwrap();
+        let holders = Holders::start(addr, vec![source], "h", 4).unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while holders.counters.totals().closed_by_server < 20
             || holders.counters.totals().refused < 5

@@ -37,6 +37,9 @@ pub const P99_RATIO_TARGET: f64 = 2.0;
 /// Most hostile connections one run holds.
 pub const HOSTILE_MAX: usize = 100_000;
 
+/// Most client addresses the hostile connections are spread over.
+pub const HOSTILE_SOURCES_MAX: usize = 250;
+
 /// Most probe rounds per phase.
 pub const ROUNDS_MAX: usize = 100_000;
 
@@ -51,9 +54,11 @@ const OPENING_DEADLINE: Duration = Duration::from_secs(120);
 /// How often the open connections are counted during the measured phase.
 const SAMPLE_INTERVAL: Duration = Duration::from_millis(100);
 
-/// The server's sockets are counted at most this often (reading ten thousand descriptor
-/// links costs the bench a few milliseconds of CPU each time).
-const SERVER_SAMPLE_EVERY: u32 = 5;
+/// The server's sockets are counted this many times, this far apart, once the probe rounds
+/// are done and while the connections are still held: reading ten thousand descriptor links
+/// costs tens of milliseconds of CPU, which during the rounds delayed the probes themselves.
+const SERVER_SAMPLES: u32 = 5;
+const SERVER_SAMPLE_INTERVAL: Duration = Duration::from_millis(200);
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct HostileArgs {
@@ -74,6 +79,12 @@ pub struct HostileArgs {
     /// address in 127/8 is loopback on Linux.
     #[arg(long, default_value = "127.0.0.2")]
     pub hostile_source: std::net::IpAddr,
+    /// Client addresses the hostile connections are spread over, from `--hostile-source`
+    /// on (127.0.0.2, 127.0.0.3, …). The default, 4, lets 10,000 be held under the server's
+    /// default per-client cap (2,500); with 1, the connections over the cap are refused
+    /// and re-opened at once, which measures a connection flood instead.
+    #[arg(long, default_value_t = 4)]
+    pub hostile_sources: usize,
     /// Queue the probe submits to (default: `bench-hostile-<ms>`).
     #[arg(long)]
     pub queue: Option<String>,
@@ -92,6 +103,21 @@ impl HostileArgs {
         }
         if self.settle_s > 3_600 {
             return Err(BenchError::invalid("--settle-s", "must be 0..=3600"));
+        }
+        within(
+            "--hostile-sources",
+            self.hostile_sources,
+            1,
+            HOSTILE_SOURCES_MAX,
+        )?;
+        if holders::sources(self.hostile_source, self.hostile_sources).is_none() {
+            return Err(BenchError::invalid(
+                "--hostile-sources",
+                format!(
+                    "{} addresses from {} run past the end of its address space",
+                    self.hostile_sources, self.hostile_source
+                ),
+            ));
         }
         if self.server.baselines_only {
             return Err(BenchError::invalid(
@@ -135,7 +161,8 @@ pub struct Phase {
     /// The client's count of connected partial connections (0 in the baseline).
     pub hostile_open: OpenCount,
     /// The server process's sockets minus those it held before the hostile connections
-    /// (spawned server only): the hostile connections it has accepted.
+    /// (spawned server only): the hostile connections it has accepted, counted right after
+    /// the phase's probe rounds.
     pub server_sockets_extra: Option<OpenCount>,
     /// The kernel's listen-queue overflows and SYN retransmits during the phase
     /// (machine-wide; None when /proc/net/netstat cannot be read).
@@ -162,8 +189,9 @@ pub struct HostileOutcome {
     pub held_phase_holders: HolderTotals,
     /// `--server-env` as given (to say which connection cap the server had).
     pub server_env: Vec<String>,
-    /// Where the hostile connections came from.
+    /// Where the hostile connections came from: the first address, and how many.
     pub hostile_source: std::net::IpAddr,
+    pub hostile_sources: usize,
 }
 
 pub async fn run(args: HostileArgs) -> anyhow::Result<crate::report::Report> {
@@ -227,9 +255,11 @@ async fn run_on(
         )
         .into());
     }
+    let sources = holders::sources(args.hostile_source, args.hostile_sources)
+        .ok_or_else(|| BenchError::invalid("--hostile-sources", "past the address space"))?;
     let holders = Holders::start(
         server.target.addr,
-        args.hostile_source,
+        sources,
         &server.target.host,
         args.hostile,
     )
@@ -274,6 +304,7 @@ async fn run_on(
         },
         server_env: args.server.server_env.clone(),
         hostile_source: args.hostile_source,
+        hostile_sources: args.hostile_sources,
     })
 }
 
@@ -305,23 +336,14 @@ async fn measure(
         let done = done.clone();
         let counters = holders.map(|h| h.counters.clone());
         tokio::spawn(async move {
-            let (mut client, mut server) = (Vec::new(), Vec::new());
-            let mut tick = 0u32;
+            let mut client = Vec::new();
             while !done.load(Ordering::Relaxed) {
                 if let Some(c) = &counters {
                     client.push(c.totals().open);
                 }
-                if let (Some(pid), Some(before)) = (pid, server_sockets_before) {
-                    if tick % SERVER_SAMPLE_EVERY == 0 {
-                        if let Some(now) = socket_count(pid) {
-                            server.push(now.saturating_sub(before));
-                        }
-                    }
-                }
-                tick += 1;
                 tokio::time::sleep(SAMPLE_INTERVAL).await;
             }
-            (client, server)
+            client
         })
     };
     let meter = CpuMeter::start(pid);
@@ -334,7 +356,17 @@ async fn measure(
         .zip(tcp_before)
         .map(|(after, before)| after.since(before));
     done.store(true, Ordering::Relaxed);
-    let (client, server) = sampler.await.unwrap_or_default();
+    let client = sampler.await.unwrap_or_default();
+    let mut server = Vec::new();
+    if let (Some(pid), Some(before)) = (pid, server_sockets_before) {
+        for _ in 0..SERVER_SAMPLES {
+            let counted = tokio::task::spawn_blocking(move || socket_count(pid));
+            if let Ok(Some(now)) = counted.await {
+                server.push(now.saturating_sub(before));
+            }
+            tokio::time::sleep(SERVER_SAMPLE_INTERVAL).await;
+        }
+    }
     Phase {
         series,
         seconds,

@@ -184,14 +184,15 @@ fn notes(o: &HostileOutcome) -> Vec<String> {
         "the server ran with its default timeouts (idle 5 s, headers 10 s, body 30 s), \
          connection cap {} and per-client cap {}: the client's count includes connections the \
          kernel completed but the server had not accepted (its listen backlog); the server's \
-         extra sockets are the ones it accepted.",
+         extra sockets are the ones it accepted, counted just after the probe rounds (counting \
+         them during the rounds cost the bench enough CPU to delay its own probes).",
         server_cap(o),
         per_client_cap(o)
     ));
     notes.push(format!(
         "the hostile connections came from {}, the probes from 127.0.0.1: the server tells \
          clients apart by source address.",
-        o.hostile_source
+        source_text(o)
     ));
     notes.push(
         "listen-queue overflows and SYN retransmits are the kernel's counters over each phase \
@@ -222,6 +223,19 @@ fn notes(o: &HostileOutcome) -> Vec<String> {
         ));
     }
     notes
+}
+
+/// The hostile connections' addresses: one, or the first and last of a range.
+fn source_text(o: &HostileOutcome) -> String {
+    let all = super::holders::sources(o.hostile_source, o.hostile_sources).unwrap_or_default();
+    match all.as_slice() {
+        [] | [_] => o.hostile_source.to_string(),
+        [first, .., last] => format!(
+            "{} addresses, {first} to {last} (about {} connections each)",
+            all.len(),
+            thousands((o.hostile / all.len()) as f64)
+        ),
+    }
 }
 
 fn target_note(o: &HostileOutcome) -> String {
