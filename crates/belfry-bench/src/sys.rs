@@ -220,29 +220,12 @@ pub fn open_files_limit(pid: &str) -> Option<u64> {
 
 /// Raises this process's soft limit on open files to its hard limit (children started
 /// afterwards inherit it, a spawned server too); returns the new (soft, hard) limits.
-#[allow(unsafe_code)]
 pub fn raise_open_files_limit() -> std::io::Result<(u64, u64)> {
-    let mut limit = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one `rlimit` struct, which `limit` is.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(std::io::Error::last_os_error());
+    let (soft, hard) = rlimit::getrlimit(rlimit::Resource::NOFILE)?;
+    if soft < hard {
+        rlimit::setrlimit(rlimit::Resource::NOFILE, hard, hard)?;
     }
-    if limit.rlim_cur < limit.rlim_max {
-        let raised = libc::rlimit {
-            rlim_cur: limit.rlim_max,
-            rlim_max: limit.rlim_max,
-        };
-        // SAFETY: setrlimit only reads the struct it is given; raising the soft limit up to
-        // the hard one needs no privilege.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        limit = raised;
-    }
-    Ok((limit.rlim_cur, limit.rlim_max))
+    Ok((soft.max(hard), hard))
 }
 
 /// The kernel's TCP counters that say a listener could not keep up, machine-wide (every

@@ -12,6 +12,7 @@ use crate::config::{Settings, StoreKind};
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let signal = shutdown_signal()?;
     tracing::info!(node_id = %settings.server.node_id, "belfry starting");
+    fit_open_files_limit(settings.server.http_connections_max);
     let store = open_store(&settings).await?;
     if !settings.auth.enabled() {
         let listen = settings.server.listen;
@@ -53,6 +54,26 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     signal.await;
     handle.stop().await.context("shut down")?;
     Ok(())
+}
+
+/// Raises the open-files limit to its hard limit, so that the connection cap applies before
+/// descriptors run out, and says so; warns when even that is too low for the cap.
+fn fit_open_files_limit(connections_max: usize) {
+    match belfry_server::listener::open_files::raise_soft_limit() {
+        Ok(files) => {
+            if files.soft > files.before {
+                tracing::info!(
+                    "raised the open-files limit from {} to {} (its hard limit)",
+                    files.before,
+                    files.soft
+                );
+            }
+            if let Some(shortfall) = files.shortfall(connections_max) {
+                tracing::warn!("{shortfall}");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "read or raise the open-files limit"),
+    }
 }
 
 /// Opens the configured store. Opening blocks (the engine replays its log; Redis connects and

@@ -236,3 +236,44 @@ fn management_subcommands_talk_to_the_server() {
     let (ok, _, err) = run(&["queue", "get", "mail"]);
     assert!(!ok && err.contains("queue_not_found"), "{err}");
 }
+
+/// The soft and hard open-files limits of process `pid`, from /proc.
+fn open_files_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).expect("read limits");
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("an open-files line");
+    let numbers: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (numbers[0], numbers[1])
+}
+
+#[test]
+fn serve_raises_a_low_open_files_limit_to_its_hard_limit() {
+    let server = common::serve_after("ulimit -S -n 256", &["--store", "memory"]);
+    let (soft, hard) = open_files_limits(server.child.id());
+    assert_eq!(soft, hard, "the soft limit was raised to the hard one");
+    let log = server.log.lock().unwrap().clone();
+    assert!(
+        log.contains(&format!("raised the open-files limit from 256 to {hard}")),
+        "{log}"
+    );
+}
+
+#[test]
+fn serve_warns_when_the_hard_open_files_limit_cannot_hold_the_connection_cap() {
+    // Soft and hard at 512: nothing to raise, and 10,000 connections do not fit.
+    let server = common::serve_after("ulimit -n 512", &["--store", "memory"]);
+    assert_eq!(open_files_limits(server.child.id()), (512, 512));
+    let log = server.log.lock().unwrap().clone();
+    assert!(!log.contains("raised the open-files limit"), "{log}");
+    assert!(
+        log.contains(
+            "the open-files limit is 512 (hard limit 512), below http.connections_max (10000)"
+        ),
+        "{log}"
+    );
+}

@@ -34,6 +34,7 @@
 //! finishes the request it is serving (hyper's graceful shutdown), then closes.
 
 mod clients;
+pub mod open_files;
 mod parse_error;
 pub mod tls;
 

@@ -36,7 +36,22 @@ pub fn serve(args: &[&str]) -> Served {
 
 /// `serve`, with these environment variables set.
 pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> Served {
-    let mut child = Command::new(BIN)
+    spawn_served(serve_command(Command::new(BIN), args, env))
+}
+
+/// `serve`, from a shell that first runs `setup` (such as `ulimit -S -n 256`).
+pub fn serve_after(setup: &str, args: &[&str]) -> Served {
+    let mut shell = Command::new("sh");
+    shell
+        .arg("-c")
+        .arg(format!("{setup} && exec \"$0\" \"$@\""))
+        .arg(BIN);
+    spawn_served(serve_command(shell, args, &[]))
+}
+
+/// `command` (the binary, or a shell that runs it) given `serve` and its arguments.
+fn serve_command(mut command: Command, args: &[&str], env: &[(&str, &str)]) -> Command {
+    command
         .arg("serve")
         .args(["--listen", "127.0.0.1:0"])
         .args(args)
@@ -51,9 +66,12 @@ pub fn serve_with_env(args: &[&str], env: &[(&str, &str)]) -> Served {
         .env_remove("BELFRY_NODE_ID")
         .envs(env.iter().copied())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn belfry serve");
+        .stderr(Stdio::piped());
+    command
+}
+
+fn spawn_served(mut command: Command) -> Served {
+    let mut child = command.spawn().expect("spawn belfry serve");
     let errors = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let stderr = child.stderr.take().expect("piped stderr");
     let kept_errors = errors.clone();
