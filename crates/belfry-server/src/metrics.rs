@@ -33,6 +33,13 @@ pub const OUTCOME_WRITE_ERRORS: &str = "belfry_outcome_write_errors_total";
 /// outcome (`delivered`, `retry`, `reject`): its count is deliveries by outcome class.
 pub const SINK_DURATION: &str = "belfry_sink_duration_seconds";
 
+/// HTTP connections open now, and counters of the listener's decisions: accepted, closed
+/// for idling past their timeout, refused for their client address's cap.
+pub const HTTP_CONNECTIONS_OPEN: &str = "belfry_http_connections_open";
+pub const HTTP_CONNECTIONS_ACCEPTED: &str = "belfry_http_connections_accepted_total";
+pub const HTTP_CONNECTIONS_CLOSED_IDLE: &str = "belfry_http_connections_closed_idle_total";
+pub const HTTP_CONNECTIONS_REFUSED: &str = "belfry_http_connections_refused_total";
+
 /// Lateness buckets: from 1 ms (the precision we promise) to minutes (after an outage).
 const LATENESS_BUCKETS_S: &[f64] = &[
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
@@ -225,4 +232,15 @@ pub fn outcome_write_error() {
 /// `degraded` (answered from memory while the store was saturated).
 pub fn feed_request(outcome: &'static str) {
     metrics::counter!(crate::reminders::FEED_REQUESTS, "outcome" => outcome).increment(1);
+}
+
+/// Copies the listener's connection counts into the metrics, just before they are rendered
+/// (the listener keeps plain atomics: its accept loop pays no recorder lookup).
+pub fn connections(stats: &crate::listener::ConnectionStats) {
+    use std::sync::atomic::Ordering::Relaxed;
+    gauge!(HTTP_CONNECTIONS_OPEN).set(stats.open.load(Relaxed) as f64);
+    counter!(HTTP_CONNECTIONS_ACCEPTED).absolute(stats.accepted.load(Relaxed));
+    counter!(HTTP_CONNECTIONS_CLOSED_IDLE).absolute(stats.closed_idle.load(Relaxed));
+    counter!(HTTP_CONNECTIONS_REFUSED, "reason" => "per_client_cap")
+        .absolute(stats.refused_per_client.load(Relaxed));
 }

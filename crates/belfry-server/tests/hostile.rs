@@ -312,6 +312,40 @@ async fn a_client_over_its_cap_gets_503_while_another_client_is_served() {
             .load(std::sync::atomic::Ordering::Relaxed),
         2
     );
+    // Operators see it: the refusals and the open connections are in /metrics (asked from a
+    // third address: A has no place left).
+    let mut asking = connect_from([127, 0, 0, 3], addr).await;
+    asking
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .expect("send");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), asking.read_to_end(&mut answer))
+        .await
+        .expect("an answer")
+        .expect("read");
+    let metrics = String::from_utf8(answer).expect("utf-8");
+    let line = |name: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("{name} missing from /metrics:\n{metrics}"))
+            .to_owned()
+    };
+    assert_eq!(
+        line("belfry_http_connections_refused_total"),
+        "belfry_http_connections_refused_total{reason=\"per_client_cap\"} 2"
+    );
+    // A's four held ones, at least, and the one /metrics itself came on.
+    let open: f64 = line("belfry_http_connections_open ")
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .expect("a number");
+    assert!(open >= (PER_CLIENT + 1) as f64, "{open}");
+    assert!(
+        line("belfry_http_connections_accepted_total ").ends_with(&format!(" {}", PER_CLIENT + 3))
+    );
     // Client B is served meanwhile, up to its own cap, on connections it keeps.
     let mut others = Vec::new();
     for _ in 0..PER_CLIENT {

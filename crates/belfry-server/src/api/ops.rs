@@ -70,7 +70,8 @@ pub async fn readyz(State(service): State<AppState>) -> Response {
     (StatusCode::OK, axum::Json(body)).into_response()
 }
 
-pub async fn metrics() -> Response {
+pub async fn metrics(State(service): State<AppState>) -> Response {
+    crate::metrics::connections(&service.connections);
     let text = crate::metrics::handle()
         .map(|h| h.render())
         .unwrap_or_default();
