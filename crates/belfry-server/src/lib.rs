@@ -357,6 +357,8 @@ async fn serve(
         connections_per_client_max: service.config.http_connections_per_client_cap(),
         header_read_timeout: Duration::from_millis(service.config.http_header_read_timeout_ms),
         idle_timeout: Duration::from_millis(service.config.http_idle_timeout_ms),
+        // As many as the kernel's backlog holds: the listener takes them from it at the cap.
+        waiting_max: service.config.http_listen_backlog as usize,
     };
     let connections = service.connections.clone();
     let http_shutdown = CancellationToken::new();

@@ -39,6 +39,10 @@ pub const HTTP_CONNECTIONS_OPEN: &str = "belfry_http_connections_open";
 pub const HTTP_CONNECTIONS_ACCEPTED: &str = "belfry_http_connections_accepted_total";
 pub const HTTP_CONNECTIONS_CLOSED_IDLE: &str = "belfry_http_connections_closed_idle_total";
 pub const HTTP_CONNECTIONS_REFUSED: &str = "belfry_http_connections_refused_total";
+/// Connections closed at the cap to make room for a lighter client's, and connections
+/// accepted at the cap that wait for a place now.
+pub const HTTP_CONNECTIONS_EVICTED: &str = "belfry_http_connections_evicted_total";
+pub const HTTP_CONNECTIONS_WAITING: &str = "belfry_http_connections_waiting";
 
 /// Lateness buckets: from 1 ms (the precision we promise) to minutes (after an outage).
 const LATENESS_BUCKETS_S: &[f64] = &[
@@ -243,4 +247,6 @@ pub fn connections(stats: &crate::listener::ConnectionStats) {
     counter!(HTTP_CONNECTIONS_CLOSED_IDLE).absolute(stats.closed_idle.load(Relaxed));
     counter!(HTTP_CONNECTIONS_REFUSED, "reason" => "per_client_cap")
         .absolute(stats.refused_per_client.load(Relaxed));
+    counter!(HTTP_CONNECTIONS_EVICTED).absolute(stats.evicted.load(Relaxed));
+    gauge!(HTTP_CONNECTIONS_WAITING).set(stats.waiting.load(Relaxed) as f64);
 }

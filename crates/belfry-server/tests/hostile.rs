@@ -94,7 +94,8 @@ async fn at_the_connection_cap_the_listener_waits_then_serves() {
     const CAP: usize = 20;
     let s = TestServer::start_with(belfry_server::ServerConfig {
         http_connections_max: CAP,
-        // All of them come from one address: this test is about the total cap.
+        // All of them come from one address: this test is about the total cap (and a client
+        // allowed the whole cap waits at it rather than being refused).
         http_connections_per_client_max: Some(CAP),
         ..config()
     })
@@ -113,7 +114,8 @@ async fn at_the_connection_cap_the_listener_waits_then_serves() {
         .open
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(open, CAP, "the listener should serve exactly the cap");
-    // A new client waits in the backlog until the idle ones time out, then is served.
+    // A new client from the same address (not lighter than the heaviest: it makes no room)
+    // waits until the idle ones time out, then is served.
     let started = Instant::now();
     let health = s
         .http
@@ -506,4 +508,73 @@ async fn idle_connections_close_after_their_timeout_never_before_and_busy_ones_s
         closed_at >= Duration::from_millis(IDLE_MS),
         "closed after {closed_at:?}, before its {IDLE_MS} ms idle timeout"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_light_client_takes_the_place_of_a_heavy_clients_silent_connection() {
+    const CAP: usize = 8;
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_connections_max: CAP,
+        ..per_client_config(CAP)
+    })
+    .await;
+    let addr = s.handle.local_addr();
+    let stats = &s.handle.service().connections;
+    // A holds every place with connections that never send (their timeouts are a minute).
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        held.push(connect_from(CLIENT_A, addr).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats.open.load(std::sync::atomic::Ordering::Relaxed) < CAP {
+        assert!(Instant::now() < deadline, "the cap was never reached");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // B, light, is served at once: one of A's silent connections is closed for it.
+    let started = Instant::now();
+    let mut b = connect_from(CLIENT_B, addr).await;
+    assert_eq!(healthz_on(&mut b).await, "HTTP/1.1 200 OK");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let mut closed = 0;
+    for stream in &mut held {
+        if closed_within(stream, Duration::from_millis(20)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 1, "exactly one of A's connections made room");
+    // A's next connection is not light: it waits for a place, and gets the one B gives back.
+    let mut again = connect_from(CLIENT_A, addr).await;
+    again
+        .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .expect("send");
+    let mut buf = [0u8; 64];
+    let early = tokio::time::timeout(Duration::from_millis(300), again.read(&mut buf)).await;
+    assert!(early.is_err(), "A's connection was served over the cap");
+    assert_eq!(stats.waiting.load(std::sync::atomic::Ordering::Relaxed), 1);
+    drop(b);
+    assert_eq!(healthz_on_answered(&mut again).await, "HTTP/1.1 200 OK");
+    assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
+    s.handle.stop().await.expect("clean stop");
+}
+
+/// Reads the answer to a `GET /healthz` already sent on `stream`; returns its status line.
+async fn healthz_on_answered(stream: &mut TcpStream) -> String {
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&answer).contains("\r\n\r\n") {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("an answer")
+            .expect("read");
+        assert!(n > 0, "closed before answering");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    let text = String::from_utf8_lossy(&answer);
+    text.lines().next().unwrap_or_default().to_owned()
 }

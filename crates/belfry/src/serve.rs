@@ -12,7 +12,10 @@ use crate::config::{Settings, StoreKind};
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let signal = shutdown_signal()?;
     tracing::info!(node_id = %settings.server.node_id, "belfry starting");
-    fit_open_files_limit(settings.server.http_connections_max);
+    fit_open_files_limit(
+        settings.server.http_connections_max,
+        settings.server.http_listen_backlog as usize,
+    );
     let store = open_store(&settings).await?;
     if !settings.auth.enabled() {
         let listen = settings.server.listen;
@@ -58,7 +61,7 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
 
 /// Raises the open-files limit to its hard limit, so that the connection cap applies before
 /// descriptors run out, and says so; warns when even that is too low for the cap.
-fn fit_open_files_limit(connections_max: usize) {
+fn fit_open_files_limit(connections_max: usize, waiting_max: usize) {
     match belfry_server::listener::open_files::raise_soft_limit() {
         Ok(files) => {
             if files.soft > files.before {
@@ -68,7 +71,7 @@ fn fit_open_files_limit(connections_max: usize) {
                     files.soft
                 );
             }
-            if let Some(shortfall) = files.shortfall(connections_max) {
+            if let Some(shortfall) = files.shortfall(connections_max, waiting_max) {
                 tracing::warn!("{shortfall}");
             }
         }

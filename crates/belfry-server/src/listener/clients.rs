@@ -8,6 +8,13 @@
 //! at once and closed, without reading its request — reading it is the work the attacker
 //! wants the server to do.
 //!
+//! At the connection cap, a newcomer from a light address (holding at most half as many
+//! connections as the heaviest address) takes the place of one of the heaviest address's
+//! connections that has not sent a whole request yet (`make_room_for`): a few addresses
+//! holding every place with silent or half-sent connections do not lock other clients out.
+//! The evicted client's own reconnection is not light, so it waits for a place like any
+//! other: evictions do not chain into a reconnection storm.
+//!
 //! Clients are told apart by their source address only: behind a proxy or load balancer every
 //! client has the proxy's address, and the operator raises the cap to `http.connections_max`.
 //! IPv4 clients reaching an IPv6 socket (`::ffff:a.b.c.d`) count as their IPv4 address. An
@@ -16,7 +23,10 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use super::Activity;
 
 use crate::api::{ApiError, ErrorCode};
 
@@ -25,31 +35,74 @@ use crate::api::{ApiError, ErrorCode};
 const REFUSAL_RETRY_AFTER_S: u32 = 1;
 
 /// The open connections of each client address. An address is in the map only while it has
-/// a connection open, so the map holds at most `http.connections_max` entries.
-#[derive(Debug)]
+/// a connection open, so the map holds at most `http.connections_max` entries (plus those
+/// waiting for a place).
 pub(super) struct Clients {
     max: usize,
-    open: Mutex<HashMap<IpAddr, usize>>,
+    open: Mutex<Open>,
+    next_place: AtomicU64,
+}
+
+impl std::fmt::Debug for Clients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Clients")
+            .field("max", &self.max)
+            .field("addresses", &self.addresses())
+            .finish()
+    }
+}
+
+#[derive(Default)]
+struct Open {
+    addresses: HashMap<IpAddr, Address>,
+    /// The address with the most connections, kept as counts change by one (None: look it
+    /// up again).
+    heaviest: Option<IpAddr>,
+}
+
+#[derive(Default)]
+struct Address {
+    count: usize,
+    /// The served connections that could be evicted, by place number: their activity says
+    /// whether a request has started.
+    served: HashMap<u64, Arc<Activity>>,
 }
 
 /// A connection's place in its address's count; given back on drop.
 pub(super) struct ClientPlace {
     clients: Arc<Clients>,
     ip: IpAddr,
+    id: u64,
 }
 
 impl Drop for ClientPlace {
     fn drop(&mut self) {
-        self.clients.release(self.ip);
+        self.clients.release(self.ip, self.id);
     }
 }
+
+impl ClientPlace {
+    /// The connection is served now: it may be evicted to make room while it has not
+    /// started a request.
+    pub(super) fn serving(&self, activity: Arc<Activity>) {
+        let mut open = self.clients.lock();
+        if let Some(address) = open.addresses.get_mut(&self.ip) {
+            address.served.insert(self.id, activity);
+        }
+    }
+}
+
+/// How much lighter than the heaviest address a newcomer's address must be to take one of
+/// its places at the cap: holding at most 1/LIGHTER of its connections.
+const LIGHTER: usize = 2;
 
 impl Clients {
     pub(super) fn new(max: usize) -> Arc<Clients> {
         assert!(max >= 1, "a per-client cap of 0 would refuse everyone");
         Arc::new(Clients {
             max,
-            open: Mutex::new(HashMap::new()),
+            open: Mutex::new(Open::default()),
+            next_place: AtomicU64::new(0),
         })
     }
 
@@ -57,46 +110,104 @@ impl Clients {
     pub(super) fn admit(self: &Arc<Self>, ip: IpAddr) -> Option<ClientPlace> {
         let ip = ip.to_canonical();
         let mut open = self.lock();
-        let count = open.entry(ip).or_insert(0);
-        if *count >= self.max {
-            return None;
+        let count = {
+            let address = open.addresses.entry(ip).or_default();
+            if address.count >= self.max {
+                return None;
+            }
+            address.count += 1;
+            address.count
+        };
+        let heaviest = open.heaviest.map(|h| open.count(h));
+        if heaviest.is_none_or(|h| count > h) {
+            open.heaviest = Some(ip);
         }
-        *count += 1;
         Some(ClientPlace {
             clients: self.clone(),
             ip,
+            id: self.next_place.fetch_add(1, Ordering::Relaxed),
         })
     }
 
-    /// Connections open from `ip` now.
+    /// At the connection cap: if `ip` is light next to the heaviest address, asks one of
+    /// that address's connections that has not started a request to close, and answers true;
+    /// its place then frees within moments.
+    pub(super) fn make_room_for(&self, ip: IpAddr) -> bool {
+        let ip = ip.to_canonical();
+        let mut open = self.lock();
+        let Some(heaviest) = open.heaviest_address() else {
+            return false;
+        };
+        if heaviest == ip || open.count(ip) * LIGHTER > open.count(heaviest) {
+            return false;
+        }
+        let Some(address) = open.addresses.get_mut(&heaviest) else {
+            return false;
+        };
+        let evictable = address
+            .served
+            .iter()
+            .find(|(_, activity)| !activity.started())
+            .map(|(id, _)| *id);
+        let Some(activity) = evictable.and_then(|id| address.served.remove(&id)) else {
+            return false;
+        };
+        activity.evict();
+        true
+    }
+
+    /// Connections open from `ip` now (served or waiting for a place).
     pub(super) fn open(&self, ip: IpAddr) -> usize {
-        self.lock().get(&ip.to_canonical()).copied().unwrap_or(0)
+        self.lock().count(ip.to_canonical())
     }
 
     /// Client addresses with a connection open now.
     pub(super) fn addresses(&self) -> usize {
-        self.lock().len()
+        self.lock().addresses.len()
     }
 
-    fn release(&self, ip: IpAddr) {
+    fn release(&self, ip: IpAddr, id: u64) {
         let mut open = self.lock();
-        let Some(count) = open.get_mut(&ip) else {
+        let Some(address) = open.addresses.get_mut(&ip) else {
             // Runs in `Drop`: a bug here is reported in tests, never a panic in production.
             debug_assert!(false, "a place was given back that was never taken");
             return;
         };
-        *count -= 1;
-        if *count == 0 {
-            open.remove(&ip);
+        address.count -= 1;
+        address.served.remove(&id);
+        if address.count == 0 {
+            open.addresses.remove(&ip);
+            if open.heaviest == Some(ip) {
+                open.heaviest = None;
+            }
         }
     }
 
     /// The lock is held for a map update, never across an await; a panic while holding it
     /// (a bug) leaves counts that are still usable, so poisoning is ignored.
-    fn lock(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+    fn lock(&self) -> MutexGuard<'_, Open> {
         self.open
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Open {
+    fn count(&self, ip: IpAddr) -> usize {
+        self.addresses.get(&ip).map_or(0, |a| a.count)
+    }
+
+    /// The address holding the most connections. Kept as places are taken; when the one it
+    /// named has gone, looked up again over every address (rare: only at the cap).
+    fn heaviest_address(&mut self) -> Option<IpAddr> {
+        if self.heaviest.is_none() {
+            self.heaviest = self
+                .addresses
+                .iter()
+                .max_by_key(|(_, a)| a.count)
+                .map(|(ip, _)| *ip);
+        }
+        self.heaviest
     }
 }
 
@@ -175,6 +286,74 @@ mod tests {
         assert_eq!(clients.open(ip("10.0.0.1")), 1);
         drop(mapped);
         assert_eq!(clients.addresses(), 0);
+    }
+
+    /// A served connection from `ip`, and its activity (a request started or not).
+    fn served(clients: &Arc<Clients>, ip: &str, started: bool) -> (ClientPlace, Arc<Activity>) {
+        let place = clients.admit(super::tests::ip(ip)).expect("under the cap");
+        let activity = Arc::new(Activity::default());
+        activity.started.store(started, Ordering::Relaxed);
+        place.serving(activity.clone());
+        (place, activity)
+    }
+
+    /// Whether `activity` was asked to close (a stored notification completes at once).
+    fn asked_to_close(activity: &Activity) -> bool {
+        use std::future::Future;
+        let notified = activity.evict.notified();
+        let mut notified = std::pin::pin!(notified);
+        let waker = std::task::Waker::noop();
+        notified
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(waker))
+            .is_ready()
+    }
+
+    #[test]
+    fn a_light_client_evicts_one_idle_connection_of_the_heaviest_address() {
+        let clients = Clients::new(100);
+        let heavy: Vec<_> = (0..4)
+            .map(|_| served(&clients, "10.0.0.1", false))
+            .collect();
+        let medium: Vec<_> = (0..2)
+            .map(|_| served(&clients, "10.0.0.2", false))
+            .collect();
+        // The heaviest itself, and an address holding more than half of its count, are not
+        // light: their newcomers wait.
+        assert!(!clients.make_room_for(ip("10.0.0.1")));
+        let _third = served(&clients, "10.0.0.2", false);
+        assert!(
+            !clients.make_room_for(ip("10.0.0.2")),
+            "3 of 4 is not light"
+        );
+        // A new address is: one of the heaviest address's connections is asked to close.
+        assert!(clients.make_room_for(ip("10.0.0.9")));
+        let asked: Vec<bool> = heavy.iter().map(|(_, a)| asked_to_close(a)).collect();
+        assert_eq!(asked.iter().filter(|a| **a).count(), 1, "{asked:?}");
+        assert!(medium.iter().all(|(_, a)| !asked_to_close(a)));
+        // Each eviction picks another connection: three more, then none is left to pick.
+        for _ in 0..3 {
+            assert!(clients.make_room_for(ip("10.0.0.9")));
+        }
+        assert!(
+            !clients.make_room_for(ip("10.0.0.9")),
+            "all four were asked already"
+        );
+    }
+
+    #[test]
+    fn a_connection_that_started_a_request_is_never_evicted() {
+        let clients = Clients::new(100);
+        let busy: Vec<_> = (0..4).map(|_| served(&clients, "10.0.0.1", true)).collect();
+        assert!(!clients.make_room_for(ip("10.0.0.9")));
+        assert!(busy.iter().all(|(_, a)| !asked_to_close(a)));
+        // The heaviest address is found again once the one it was has gone.
+        drop(busy);
+        let idle: Vec<_> = (0..2)
+            .map(|_| served(&clients, "10.0.0.3", false))
+            .collect();
+        assert!(clients.make_room_for(ip("10.0.0.9")));
+        assert_eq!(idle.iter().filter(|(_, a)| asked_to_close(a)).count(), 1);
     }
 
     #[test]

@@ -4,9 +4,12 @@
 //! `axum::serve` timed nothing out and capped nothing: twenty thousand idle or half-sent
 //! connections used up the file descriptors, and then nobody was answered, not even
 //! `/healthz`. Here, every number is named and configurable:
-//! - at most `http.connections_max` connections are served at once; at the cap the listener
-//!   stops accepting (the kernel's backlog holds newcomers) until one closes, and an accept
-//!   error such as running out of descriptors pauses accepting briefly instead of spinning;
+//! - at most `http.connections_max` connections are served at once. At the cap the listener
+//!   goes on accepting, up to `http.listen_backlog` connections that wait for a place (then
+//!   it stops, and the kernel's backlog holds newcomers): it sees who connects, and a light
+//!   client's connection takes the place of an idle one of the heaviest client address
+//!   (`clients.rs`). An accept error such as running out of descriptors pauses accepting
+//!   briefly instead of spinning;
 //! - at most `http.connections_per_client_max` of them from one client address; a connection
 //!   over it is answered `503 too_many_connections` at once and closed (`clients.rs`);
 //! - the kernel holds up to `http.listen_backlog` handshaken connections not yet accepted
@@ -38,9 +41,10 @@ pub mod open_files;
 mod parse_error;
 pub mod tls;
 
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -50,7 +54,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -71,6 +75,8 @@ pub struct Limits {
     pub connections_per_client_max: usize,
     pub header_read_timeout: Duration,
     pub idle_timeout: Duration,
+    /// Connections accepted at the cap and waiting for a place, at most.
+    pub waiting_max: usize,
 }
 
 /// Connections open now, for metrics and tests.
@@ -81,6 +87,10 @@ pub struct ConnectionStats {
     pub closed_idle: AtomicU64,
     /// Connections refused because their client address held its cap.
     pub refused_per_client: AtomicU64,
+    /// Connections closed at the cap to make room for a lighter client's.
+    pub evicted: AtomicU64,
+    /// Connections accepted at the cap, waiting for a place now.
+    pub waiting: AtomicUsize,
     /// Connections open from each client address.
     clients: std::sync::OnceLock<Arc<clients::Clients>>,
 }
@@ -113,24 +123,46 @@ pub async fn serve(
         .get_or_init(|| clients::Clients::new(limits.connections_per_client_max))
         .clone();
     let refusal = clients::refusal(limits.connections_per_client_max);
-    let connections = TaskTracker::new();
-    let started = Instant::now();
+    let serving = Serving {
+        router,
+        limits,
+        stats: stats.clone(),
+        shutdown: shutdown.clone(),
+        epoch: Instant::now(),
+        tls,
+        connections: TaskTracker::new(),
+    };
+    // Accepted connections waiting for a place, oldest first: at the cap the listener goes
+    // on accepting up to `waiting_max` of them, so that it sees who connects (a light client
+    // makes room, `clients.rs`) instead of leaving everyone in the kernel's backlog.
+    let mut waiting: VecDeque<Waiting> = VecDeque::new();
+    // With one client allowed the whole cap (a proxy in front), that client's connections
+    // over it wait at the cap instead of being refused: its own connections ending is what
+    // frees the places.
+    let over_client_cap_waits = limits.connections_per_client_max >= limits.connections_max;
     loop {
-        // Back-pressure: take a slot before accepting, so at the cap nothing is accepted.
-        let slot = tokio::select! {
-            slot = slots.clone().acquire_owned() => slot,
-            _ = shutdown.cancelled() => break,
-        };
-        let Ok(slot) = slot else { break };
+        stats.waiting.store(waiting.len(), Ordering::Relaxed);
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            biased;
             _ = shutdown.cancelled() => break,
+            slot = slots.clone().acquire_owned(), if !waiting.is_empty() => {
+                let Ok(slot) = slot else { break };
+                let Some(next) = waiting.pop_front() else { continue };
+                match next.place.or_else(|| clients.admit(next.peer)) {
+                    Some(place) => serving.spawn(next.tcp, place, slot),
+                    None => {
+                        stats.refused_per_client.fetch_add(1, Ordering::Relaxed);
+                        refuse(next.tcp, &refusal);
+                    }
+                }
+                continue;
+            }
+            accepted = listener.accept(), if waiting.len() < limits.waiting_max => accepted,
         };
         let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(error) => {
                 tracing::warn!(%error, "accept a connection; pausing before the next accept");
-                drop(slot);
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
@@ -140,22 +172,83 @@ pub async fn serve(
             tracing::debug!(%error, "set TCP_NODELAY");
         }
         stats.accepted.fetch_add(1, Ordering::Relaxed);
-        let Some(place) = clients.admit(peer.ip()) else {
-            stats.refused_per_client.fetch_add(1, Ordering::Relaxed);
-            refuse(tcp, &refusal);
-            drop(slot);
-            continue;
+        let free = match waiting.is_empty() {
+            true => slots.clone().try_acquire_owned().ok(),
+            false => None,
         };
+        let place = clients.admit(peer.ip());
+        match (place, free) {
+            (Some(place), Some(slot)) => serving.spawn(tcp, place, slot),
+            // At the cap. A light client's connection takes the next freed place: the one
+            // it made by evicting a heavy client's idle connection.
+            (Some(place), None) if clients.make_room_for(peer.ip()) => {
+                stats.evicted.fetch_add(1, Ordering::Relaxed);
+                waiting.push_front(Waiting::new(tcp, peer, Some(place)));
+            }
+            (Some(place), None) => waiting.push_back(Waiting::new(tcp, peer, Some(place))),
+            (None, None) if over_client_cap_waits => {
+                waiting.push_back(Waiting::new(tcp, peer, None));
+            }
+            (None, _) => {
+                stats.refused_per_client.fetch_add(1, Ordering::Relaxed);
+                refuse(tcp, &refusal);
+            }
+        }
+    }
+    stats.waiting.store(0, Ordering::Relaxed);
+    drop(waiting);
+    serving.connections.close();
+    serving.connections.wait().await;
+}
+
+/// A connection accepted at the cap, waiting for a place.
+struct Waiting {
+    tcp: TcpStream,
+    peer: std::net::IpAddr,
+    /// Its place in its client's count; None while its client holds its whole cap (it is
+    /// admitted, or refused, when a place frees).
+    place: Option<clients::ClientPlace>,
+}
+
+impl Waiting {
+    fn new(
+        tcp: TcpStream,
+        peer: std::net::SocketAddr,
+        place: Option<clients::ClientPlace>,
+    ) -> Self {
+        Waiting {
+            tcp,
+            peer: peer.ip(),
+            place,
+        }
+    }
+}
+
+/// What every served connection shares.
+struct Serving {
+    router: Router,
+    limits: Limits,
+    stats: Arc<ConnectionStats>,
+    shutdown: CancellationToken,
+    epoch: Instant,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    connections: TaskTracker,
+}
+
+impl Serving {
+    /// Serves `tcp` on a task of its own, holding its client place and its slot until it ends.
+    fn spawn(&self, tcp: TcpStream, place: clients::ClientPlace, slot: OwnedSemaphorePermit) {
         let connection = Connection {
-            router: router.clone(),
-            limits,
-            stats: stats.clone(),
-            shutdown: shutdown.clone(),
-            epoch: started,
-            seq: stats.accepted.load(Ordering::Relaxed),
+            router: self.router.clone(),
+            limits: self.limits,
+            stats: self.stats.clone(),
+            shutdown: self.shutdown.clone(),
+            epoch: self.epoch,
+            seq: self.stats.accepted.load(Ordering::Relaxed),
+            place,
         };
-        let tls = tls.clone();
-        connections.spawn(async move {
+        let tls = self.tls.clone();
+        self.connections.spawn(async move {
             match tls {
                 None => connection.serve(tcp).await,
                 Some(acceptor) => {
@@ -175,12 +268,9 @@ pub async fn serve(
                     }
                 }
             }
-            drop(place);
             drop(slot);
         });
     }
-    connections.close();
-    connections.wait().await;
 }
 
 /// Answers a connection over its client's cap and closes it, in the accept loop: no task, no
@@ -202,6 +292,8 @@ struct Connection {
     epoch: Instant,
     /// The connection's number in accepting order, which spreads its idle timeout.
     seq: u64,
+    /// Its client address's count, given back when the connection ends.
+    place: clients::ClientPlace,
 }
 
 /// How much longer than `idle` connection number `seq` may stay idle: from zero to
@@ -218,6 +310,7 @@ impl Connection {
         let activity = Arc::new(Activity::default());
         // Idle from the moment it connects: one that never sends a byte is closed too.
         activity.touch(self.epoch);
+        self.place.serving(activity.clone());
         let io = Watched {
             inner: tcp,
             activity: activity.clone(),
@@ -244,6 +337,8 @@ impl Connection {
         let mut check = std::pin::pin!(check);
         let shutdown = self.shutdown.cancelled();
         let mut shutdown = std::pin::pin!(shutdown);
+        let evicted = activity.evict.notified();
+        let mut evicted = std::pin::pin!(evicted);
         let mut draining = false;
         loop {
             tokio::select! {
@@ -257,6 +352,8 @@ impl Connection {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
                 }
+                // A light client took this connection's place (it never started a request).
+                _ = evicted.as_mut() => break,
                 _ = check.as_mut() => {
                     let idle_for = activity.idle_for(self.epoch);
                     if idle_for >= idle {
@@ -275,11 +372,23 @@ impl Connection {
 #[derive(Default)]
 struct Activity {
     requests: AtomicUsize,
+    /// A whole request head has arrived at least once.
+    started: AtomicBool,
+    /// Asks the connection to close, to make room at the cap.
+    evict: tokio::sync::Notify,
     /// Milliseconds since the listener's epoch.
     last_io_ms: AtomicU64,
 }
 
 impl Activity {
+    fn started(&self) -> bool {
+        self.started.load(Ordering::Relaxed)
+    }
+
+    fn evict(&self) {
+        self.evict.notify_one();
+    }
+
     fn touch(&self, epoch: Instant) {
         let now = epoch.elapsed().as_millis() as u64;
         self.last_io_ms.store(now, Ordering::Relaxed);
@@ -424,6 +533,7 @@ impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for InFlight 
 
     fn call(&mut self, request: axum::extract::Request<hyper::body::Incoming>) -> Self::Future {
         self.activity.requests.fetch_add(1, Ordering::Relaxed);
+        self.activity.started.store(true, Ordering::Relaxed);
         let guard = RequestGuard(self.activity.clone());
         let inner = tower::Service::call(&mut self.inner, request.map(axum::body::Body::new));
         CountedFuture {

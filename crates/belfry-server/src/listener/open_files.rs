@@ -22,17 +22,19 @@ pub struct OpenFiles {
 }
 
 impl OpenFiles {
-    /// What to tell the operator when the soft limit cannot hold `connections_max`
-    /// connections plus [`FILES_BESIDES_CONNECTIONS`]; None when it can.
-    pub fn shortfall(&self, connections_max: usize) -> Option<String> {
-        let needed = connections_max as u64 + FILES_BESIDES_CONNECTIONS;
+    /// What to tell the operator when the soft limit cannot hold `connections_max` served
+    /// connections, `waiting_max` accepted at the cap (`http.listen_backlog`) and
+    /// [`FILES_BESIDES_CONNECTIONS`]; None when it can.
+    pub fn shortfall(&self, connections_max: usize, waiting_max: usize) -> Option<String> {
+        let needed = (connections_max + waiting_max) as u64 + FILES_BESIDES_CONNECTIONS;
         (self.soft < needed).then(|| {
             format!(
                 "the open-files limit is {} (hard limit {}), below http.connections_max \
-                 ({connections_max}) plus {FILES_BESIDES_CONNECTIONS} for files and outgoing \
+                 ({connections_max}) plus http.listen_backlog ({waiting_max}) connections \
+                 waiting at the cap plus {FILES_BESIDES_CONNECTIONS} for files and outgoing \
                  connections: past about {} clients, accepting fails and pauses instead of \
-                 the cap applying. Raise the limit (`ulimit -n {needed}`, or LimitNOFILE={needed} \
-                 in a systemd unit) or lower http.connections_max",
+                 the cap applying. Raise the limit (`ulimit -n {needed}`, or \
+                 LimitNOFILE={needed} in a systemd unit) or lower http.connections_max",
                 self.soft,
                 self.hard,
                 self.soft.saturating_sub(FILES_BESIDES_CONNECTIONS)
@@ -66,15 +68,16 @@ mod tests {
             soft,
             hard: soft,
         };
-        assert_eq!(files(12_048).shortfall(10_000), None);
-        let told = files(12_047)
-            .shortfall(10_000)
+        assert_eq!(files(13_072).shortfall(10_000, 1_024), None);
+        let told = files(13_071)
+            .shortfall(10_000, 1_024)
             .expect("one descriptor short");
         assert!(told.contains("http.connections_max (10000)"), "{told}");
-        assert!(told.contains("ulimit -n 12048"), "{told}");
-        assert!(told.contains("LimitNOFILE=12048"), "{told}");
-        assert!(told.contains("past about 9999 clients"), "{told}");
-        let tiny = files(100).shortfall(10).expect("short");
+        assert!(told.contains("http.listen_backlog (1024)"), "{told}");
+        assert!(told.contains("ulimit -n 13072"), "{told}");
+        assert!(told.contains("LimitNOFILE=13072"), "{told}");
+        assert!(told.contains("past about 11023 clients"), "{told}");
+        let tiny = files(100).shortfall(10, 1).expect("short");
         assert!(tiny.contains("past about 0 clients"), "{tiny}");
     }
 
