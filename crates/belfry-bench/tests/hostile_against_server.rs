@@ -157,8 +157,10 @@ fn hostile_holds_partial_connections_and_counts_every_probe() {
     );
     let from_one = server.hostile_one_source_max.load(Ordering::Relaxed);
     let share = HOSTILE / HOSTILE_SOURCES as usize;
+    // (A few over the share at most: the server gives a connection's place back just after
+    // closing it, and the holder may have re-connected in between.)
     assert!(
-        (share * 9 / 10..=share).contains(&from_one),
+        (share * 9 / 10..=share * 11 / 10).contains(&from_one),
         "at most {from_one} open from one hostile source, not about {share}"
     );
     // ... closed some during the measured phase (300 ms idle timeout, a 500 ms phase), and

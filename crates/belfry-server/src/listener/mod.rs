@@ -339,6 +339,7 @@ impl Connection {
         let mut shutdown = std::pin::pin!(shutdown);
         let evicted = activity.evict.notified();
         let mut evicted = std::pin::pin!(evicted);
+        let mut evict_passed = false;
         let mut draining = false;
         loop {
             tokio::select! {
@@ -352,8 +353,14 @@ impl Connection {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
                 }
-                // A light client took this connection's place (it never started a request).
-                _ = evicted.as_mut() => break,
+                // A light client took this connection's place: it had not started a request
+                // when it was picked, and if one arrived since, that request is served.
+                _ = evicted.as_mut(), if !evict_passed => {
+                    if activity.requests.load(Ordering::Relaxed) == 0 {
+                        break;
+                    }
+                    evict_passed = true;
+                }
                 _ = check.as_mut() => {
                     let idle_for = activity.idle_for(self.epoch);
                     if idle_for >= idle {
