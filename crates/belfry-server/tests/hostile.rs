@@ -217,14 +217,19 @@ async fn connect_from(source: [u8; 4], addr: std::net::SocketAddr) -> TcpStream 
     socket.connect(addr).await.expect("connect")
 }
 
-/// Reads until the server closes, and splits the answer into its head and JSON body.
-async fn answer_until_closed(stream: &mut TcpStream) -> (String, serde_json::Value) {
+/// Everything the server sends on `stream` until it closes it.
+async fn read_until_closed(stream: &mut TcpStream) -> String {
     let mut answer = Vec::new();
     tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
         .await
         .expect("the server answers and closes")
         .expect("read");
-    let text = String::from_utf8(answer).expect("utf-8 answer");
+    String::from_utf8(answer).expect("utf-8 answer")
+}
+
+/// Reads until the server closes, and splits the answer into its head and JSON body.
+async fn answer_until_closed(stream: &mut TcpStream) -> (String, serde_json::Value) {
+    let text = read_until_closed(stream).await;
     let (head, body) = text.split_once("\r\n\r\n").expect("a head and a body");
     let json = serde_json::from_str(body)
         .unwrap_or_else(|e| panic!("body is not JSON ({e}): {head}\n\n{body:?}"));
@@ -237,10 +242,14 @@ async fn healthz_on(stream: &mut TcpStream) -> String {
         .write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
         .await
         .expect("send");
+    read_answer(stream).await
+}
+
+/// Reads one answer with a content-length (as `/healthz` gives) on `stream`, head and body;
+/// returns its status line.
+async fn read_answer(stream: &mut TcpStream) -> String {
     let mut answer = Vec::new();
     let mut buf = [0u8; 1024];
-    // `/healthz` answers a small body with a content-length: read until the head and the
-    // body are in.
     loop {
         let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
             .await
@@ -321,12 +330,7 @@ async fn a_client_over_its_cap_gets_503_while_another_client_is_served() {
         .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
         .await
         .expect("send");
-    let mut answer = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), asking.read_to_end(&mut answer))
-        .await
-        .expect("an answer")
-        .expect("read");
-    let metrics = String::from_utf8(answer).expect("utf-8");
+    let metrics = read_until_closed(&mut asking).await;
     let line = |name: &str| {
         metrics
             .lines()
@@ -558,23 +562,7 @@ async fn at_the_cap_a_light_client_takes_the_place_of_a_heavy_clients_silent_con
     assert!(early.is_err(), "A's connection was served over the cap");
     assert_eq!(stats.waiting.load(std::sync::atomic::Ordering::Relaxed), 1);
     drop(b);
-    assert_eq!(healthz_on_answered(&mut again).await, "HTTP/1.1 200 OK");
+    assert_eq!(read_answer(&mut again).await, "HTTP/1.1 200 OK");
     assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
     s.handle.stop().await.expect("clean stop");
-}
-
-/// Reads the answer to a `GET /healthz` already sent on `stream`; returns its status line.
-async fn healthz_on_answered(stream: &mut TcpStream) -> String {
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !String::from_utf8_lossy(&answer).contains("\r\n\r\n") {
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
-            .await
-            .expect("an answer")
-            .expect("read");
-        assert!(n > 0, "closed before answering");
-        answer.extend_from_slice(&buf[..n]);
-    }
-    let text = String::from_utf8_lossy(&answer);
-    text.lines().next().unwrap_or_default().to_owned()
 }

@@ -117,12 +117,10 @@ pub async fn serve(
     tls: Option<Arc<rustls::ServerConfig>>,
 ) {
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
-    let slots = Arc::new(Semaphore::new(limits.connections_max));
     let clients = stats
         .clients
         .get_or_init(|| clients::Clients::new(limits.connections_per_client_max))
         .clone();
-    let refusal = clients::refusal(limits.connections_per_client_max);
     let serving = Serving {
         router,
         limits,
@@ -132,73 +130,101 @@ pub async fn serve(
         tls,
         connections: TaskTracker::new(),
     };
-    // Accepted connections waiting for a place, oldest first: at the cap the listener goes
-    // on accepting up to `waiting_max` of them, so that it sees who connects (a light client
-    // makes room, `clients.rs`) instead of leaving everyone in the kernel's backlog.
-    let mut waiting: VecDeque<Waiting> = VecDeque::new();
-    // With one client allowed the whole cap (a proxy in front), that client's connections
-    // over it wait at the cap instead of being refused: its own connections ending is what
-    // frees the places.
-    let over_client_cap_waits = limits.connections_per_client_max >= limits.connections_max;
+    let mut gate = Gate {
+        slots: Arc::new(Semaphore::new(limits.connections_max)),
+        clients,
+        refusal: clients::refusal(limits.connections_per_client_max),
+        over_client_cap_waits: limits.connections_per_client_max >= limits.connections_max,
+        waiting: VecDeque::new(),
+    };
     loop {
-        stats.waiting.store(waiting.len(), Ordering::Relaxed);
+        stats.waiting.store(gate.waiting.len(), Ordering::Relaxed);
         let accepted = tokio::select! {
             biased;
             _ = shutdown.cancelled() => break,
-            slot = slots.clone().acquire_owned(), if !waiting.is_empty() => {
+            slot = gate.slots.clone().acquire_owned(), if !gate.waiting.is_empty() => {
                 let Ok(slot) = slot else { break };
-                let Some(next) = waiting.pop_front() else { continue };
-                match next.place.or_else(|| clients.admit(next.peer)) {
-                    Some(place) => serving.spawn(next.tcp, place, slot),
-                    None => {
-                        stats.refused_per_client.fetch_add(1, Ordering::Relaxed);
-                        refuse(next.tcp, &refusal);
-                    }
-                }
+                gate.serve_next(slot, &serving);
                 continue;
             }
-            accepted = listener.accept(), if waiting.len() < limits.waiting_max => accepted,
+            accepted = listener.accept(), if gate.waiting.len() < limits.waiting_max => accepted,
         };
-        let (tcp, peer) = match accepted {
-            Ok(accepted) => accepted,
+        match accepted {
+            Ok((tcp, peer)) => gate.place(tcp, peer, &serving),
             Err(error) => {
                 tracing::warn!(%error, "accept a connection; pausing before the next accept");
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        // Small answers go out at once rather than waiting on Nagle's algorithm.
-        if let Err(error) = tcp.set_nodelay(true) {
-            tracing::debug!(%error, "set TCP_NODELAY");
-        }
-        stats.accepted.fetch_add(1, Ordering::Relaxed);
-        let free = match waiting.is_empty() {
-            true => slots.clone().try_acquire_owned().ok(),
-            false => None,
-        };
-        let place = clients.admit(peer.ip());
-        match (place, free) {
-            (Some(place), Some(slot)) => serving.spawn(tcp, place, slot),
-            // At the cap. A light client's connection takes the next freed place: the one
-            // it made by evicting a heavy client's idle connection.
-            (Some(place), None) if clients.make_room_for(peer.ip()) => {
-                stats.evicted.fetch_add(1, Ordering::Relaxed);
-                waiting.push_front(Waiting::new(tcp, peer, Some(place)));
-            }
-            (Some(place), None) => waiting.push_back(Waiting::new(tcp, peer, Some(place))),
-            (None, None) if over_client_cap_waits => {
-                waiting.push_back(Waiting::new(tcp, peer, None));
-            }
-            (None, _) => {
-                stats.refused_per_client.fetch_add(1, Ordering::Relaxed);
-                refuse(tcp, &refusal);
             }
         }
     }
     stats.waiting.store(0, Ordering::Relaxed);
-    drop(waiting);
+    drop(gate);
     serving.connections.close();
     serving.connections.wait().await;
+}
+
+/// Who is served, who waits for a place, and who is refused.
+struct Gate {
+    /// A permit per connection served (`http.connections_max`).
+    slots: Arc<Semaphore>,
+    clients: Arc<clients::Clients>,
+    /// The answer to a connection over its client's cap.
+    refusal: Vec<u8>,
+    /// With one client allowed the whole cap (a proxy in front), that client's connections
+    /// over it wait at the cap instead of being refused: its own connections ending is what
+    /// frees the places.
+    over_client_cap_waits: bool,
+    /// Accepted connections waiting for a place, oldest first: at the cap the listener goes
+    /// on accepting up to `waiting_max` of them, so that it sees who connects (a light client
+    /// makes room, `clients.rs`) instead of leaving everyone in the kernel's backlog.
+    waiting: VecDeque<Waiting>,
+}
+
+impl Gate {
+    /// Serves, queues or refuses a connection just accepted.
+    fn place(&mut self, tcp: TcpStream, peer: std::net::SocketAddr, serving: &Serving) {
+        // Small answers go out at once rather than waiting on Nagle's algorithm.
+        if let Err(error) = tcp.set_nodelay(true) {
+            tracing::debug!(%error, "set TCP_NODELAY");
+        }
+        let stats = &serving.stats;
+        stats.accepted.fetch_add(1, Ordering::Relaxed);
+        let free = match self.waiting.is_empty() {
+            true => self.slots.clone().try_acquire_owned().ok(),
+            false => None,
+        };
+        match (self.clients.admit(peer.ip()), free) {
+            (Some(place), Some(slot)) => serving.spawn(tcp, place, slot),
+            // At the cap. A light client's connection takes the next freed place: the one
+            // it made by evicting a heavy client's idle connection.
+            (Some(place), None) if self.clients.make_room_for(peer.ip()) => {
+                stats.evicted.fetch_add(1, Ordering::Relaxed);
+                self.waiting
+                    .push_front(Waiting::new(tcp, peer, Some(place)));
+            }
+            (Some(place), None) => self.waiting.push_back(Waiting::new(tcp, peer, Some(place))),
+            (None, None) if self.over_client_cap_waits => {
+                self.waiting.push_back(Waiting::new(tcp, peer, None));
+            }
+            (None, _) => self.refuse(tcp, stats),
+        }
+    }
+
+    /// Serves the connection that has waited longest, in the place `slot` freed.
+    fn serve_next(&mut self, slot: OwnedSemaphorePermit, serving: &Serving) {
+        let Some(next) = self.waiting.pop_front() else {
+            return;
+        };
+        match next.place.or_else(|| self.clients.admit(next.peer)) {
+            Some(place) => serving.spawn(next.tcp, place, slot),
+            None => self.refuse(next.tcp, &serving.stats),
+        }
+    }
+
+    fn refuse(&self, tcp: TcpStream, stats: &ConnectionStats) {
+        stats.refused_per_client.fetch_add(1, Ordering::Relaxed);
+        refuse(tcp, &self.refusal);
+    }
 }
 
 /// A connection accepted at the cap, waiting for a place.
