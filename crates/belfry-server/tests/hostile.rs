@@ -488,8 +488,9 @@ async fn idle_connections_close_after_their_timeout_never_before_and_busy_ones_s
         tokio::time::sleep(Duration::from_millis(150)).await;
     }
     for stream in &mut silent {
-        // The busy loop above outlasted every silent connection's timeout and spread.
-        assert!(closed_within(stream, Duration::from_millis(1)).await);
+        // The busy loop above outlasted every silent connection's timeout and spread (the
+        // bound leaves a loaded machine time to get to it).
+        assert!(closed_within(stream, Duration::from_secs(5)).await);
     }
     let closed = s
         .handle
