@@ -787,10 +787,16 @@ pub type Scenario = fn(&mut dyn Harness);
 /// Every scenario by name, for a harness that runs them itself (and for the check that a
 /// backend's test binary runs them all).
 pub fn scenarios() -> Vec<(&'static str, Scenario)> {
-    macro_rules! named {
-        ($($name:ident),* $(,)?) => { vec![$((stringify!($name), $name as Scenario)),*] };
-    }
-    named!(
+    crate::__conformance_scenario_names!(__conformance_named {})
+}
+
+/// The scenarios' names, in order: the one list, handed to `$callback!` after `$prefix`, from
+/// which both [`scenarios`] and [`conformance_tests!`](crate::conformance_tests) are made.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_scenario_names {
+    ($callback:ident { $($prefix:tt)* }) => {
+        $crate::$callback! { $($prefix)*
         queues_and_meta,
         write_meta_in_order_and_durable,
         get_meta_many_answers_in_order,
@@ -810,7 +816,17 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
         clock_jumps_never_fire_early_nor_lose_tasks,
         subscriptions_basics,
         subscriptions_many,
-    )
+        }
+    };
+}
+
+/// `(name, scenario)` pairs from the scenarios' names (for [`scenarios`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_named {
+    ($($name:ident),* $(,)?) => {
+        vec![$((stringify!($name), $crate::conformance::$name as $crate::conformance::Scenario)),*]
+    };
 }
 
 /// Writes one `#[test]` per scenario, each `fn NAME() { run(NAME) }` where `run` is a path to
@@ -825,27 +841,7 @@ pub fn scenarios() -> Vec<(&'static str, Scenario)> {
 #[macro_export]
 macro_rules! conformance_tests {
     ($run:path) => {
-        $crate::conformance_tests!(@tests $run;
-        queues_and_meta,
-        write_meta_in_order_and_durable,
-        get_meta_many_answers_in_order,
-        write_meta_is_seen_whole,
-        ack_many_matches_sequential_acks,
-        claims_and_ack_batches_of_hundreds,
-        put_get_round_trip,
-        claim_order,
-        lease_lifecycle,
-        dead_letters,
-        late_policies,
-        cancel_and_reschedule,
-        idempotency,
-        counts_forecast_next_due,
-        queue_delete_removes_tasks,
-        queues_are_isolated,
-        clock_jumps_never_fire_early_nor_lose_tasks,
-        subscriptions_basics,
-        subscriptions_many,
-        );
+        $crate::__conformance_scenario_names!(conformance_tests { @tests $run; });
     };
     (@tests $run:path; $($name:ident),* $(,)?) => {
         $(
