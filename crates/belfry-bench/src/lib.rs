@@ -392,6 +392,38 @@ mod tests {
     }
 
     #[test]
+    fn hostile_source_addresses_are_checked_with_the_flag_named() {
+        let hostile = |args: &[&str]| {
+            let mut all = vec!["hostile"];
+            all.extend_from_slice(args);
+            match parse(&all) {
+                Ok(BenchCommand::Hostile(a)) => *a,
+                _ => panic!("hostile arguments did not parse"),
+            }
+        };
+        let defaults = hostile(&[]);
+        assert!(defaults.validate().is_ok());
+        assert_eq!(defaults.hostile_sources, 4);
+        for (args, says) in [
+            (&["--hostile-sources", "0"][..], "--hostile-sources"),
+            (&["--hostile-sources", "251"][..], "--hostile-sources"),
+            (
+                &[
+                    "--hostile-source",
+                    "255.255.255.254",
+                    "--hostile-sources",
+                    "3",
+                ][..],
+                "past the end of its address space",
+            ),
+        ] {
+            let err = hostile(args).validate().unwrap_err().to_string();
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
+        assert!(parse(&["hostile", "--hostile-sources", "-1"]).is_err());
+    }
+
+    #[test]
     fn baseline_none_turns_all_off() {
         let Ok(BenchCommand::Ingest(a)) = parse(&["ingest", "--baseline", "none"]) else {
             panic!("did not parse")
