@@ -2,7 +2,6 @@
 //! validated settings. Every key is documented in config/belfry.example.toml.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context};
@@ -151,7 +150,7 @@ impl FileConfig {
     }
 
     /// The validated `[connections.*]` entries.
-    fn resolve_connections(&self) -> anyhow::Result<Connections> {
+    pub(crate) fn resolve_connections(&self) -> anyhow::Result<Connections> {
         let mut connections = Connections::empty();
         for (name, section) in &self.connections {
             let kind_text = section.kind.as_deref().ok_or_else(|| {
@@ -446,158 +445,6 @@ impl FileConfig {
             }
         }
         Ok(())
-    }
-
-    /// Resolves defaults and validates. `listen` and `data_dir` come from flags/env when given.
-    pub fn resolve(
-        self,
-        listen: Option<String>,
-        data_dir: Option<PathBuf>,
-        store: Option<String>,
-    ) -> anyhow::Result<Settings> {
-        let connections = self.resolve_connections()?;
-        let mut server = ServerConfig::default();
-        let listen = listen
-            .or(self.listen)
-            .unwrap_or_else(|| "127.0.0.1:7070".into());
-        server.listen = listen.parse::<SocketAddr>().map_err(|_| {
-            anyhow!("listen: expected an address such as 127.0.0.1:7070, got {listen:?}")
-        })?;
-        let usize_of = |key: &str, size: &HumanSize| -> anyhow::Result<usize> {
-            let bytes = size.to_bytes().map_err(|e| anyhow!("{key}: {e}"))?;
-            usize::try_from(bytes).map_err(|_| anyhow!("{key}: too large"))
-        };
-        let ms_of = |key: &str, d: &HumanDuration| d.to_ms().map_err(|e| anyhow!("{key}: {e}"));
-        if let Some(size) = &self.limits.payload_max {
-            server.payload_bytes_max = usize_of("limits.payload_max", size)?;
-        }
-        if let Some(size) = &self.limits.request_max {
-            server.request_bytes_max = usize_of("limits.request_max", size)?;
-        }
-        if let Some(size) = &self.limits.subscribers_body_max {
-            let bytes = size
-                .to_bytes()
-                .map_err(|e| anyhow!("limits.subscribers_body_max: {e}"))?;
-            server.subscribers_body_bytes_max = bytes;
-        }
-        if let Some(d) = &self.limits.horizon {
-            server.horizon_ms = ms_of("limits.horizon", d)?;
-        }
-        if let Some(n) = self.limits.store_calls_in_flight {
-            server.store_calls_in_flight_max = n;
-        }
-        if let Some(d) = &self.limits.store_admission_wait {
-            server.store_admission_wait_ms = ms_of("limits.store_admission_wait", d)?;
-        }
-        if let Some(d) = &self.limits.store_call_timeout {
-            let ms = ms_of("limits.store_call_timeout", d)?;
-            if ms == 0 {
-                bail!(
-                    "limits.store_call_timeout: must be more than 0 (a request waits this long \
-                     for the store's answer before 503 store_unavailable)"
-                );
-            }
-            server.store_call_timeout_ms = ms;
-        }
-        if let Some(allow) = self.webhooks.allow_private_targets {
-            server.allow_private_targets = allow;
-        }
-        if let Some(n) = self.webhooks.in_flight_default {
-            server.webhook_in_flight_default = n;
-        }
-        if let Some(d) = &self.http.header_read_timeout {
-            server.http_header_read_timeout_ms = ms_of("http.header_read_timeout", d)?;
-        }
-        if let Some(d) = &self.http.body_read_timeout {
-            server.http_body_read_timeout_ms = ms_of("http.body_read_timeout", d)?;
-        }
-        if let Some(d) = &self.http.idle_timeout {
-            server.http_idle_timeout_ms = ms_of("http.idle_timeout", d)?;
-        }
-        if let Some(n) = self.http.connections_max {
-            server.http_connections_max = n;
-        }
-        if let Some(n) = self.http.connections_per_client_max {
-            server.http_connections_per_client_max = Some(n);
-        }
-        if let Some(n) = self.http.listen_backlog {
-            server.http_listen_backlog = n;
-        }
-        if let Some(n) = self.dispatch.in_flight_max {
-            server.dispatch_in_flight_max = n;
-        }
-        if let Some(n) = self.dispatch.per_target_max {
-            server.dispatch_per_target_max = n;
-        }
-        if let Some(d) = &self.schedules.lead {
-            server.schedule_lead_ms = ms_of("schedules.lead", d)?;
-        }
-        if let Some(d) = &self.shutdown.grace {
-            server.shutdown_grace_ms = ms_of("shutdown.grace", d)?;
-        }
-        if let Some(d) = &self.shutdown.drain_delay {
-            server.shutdown_drain_delay_ms = ms_of("shutdown.drain_delay", d)?;
-        }
-        if let Some(d) = &self.metrics.refresh {
-            server.metrics_refresh_ms = ms_of("metrics.refresh", d)?;
-        }
-        if let Some(id) = self.node_id {
-            server.node_id = id;
-        }
-        server.validate()?;
-        let store = StoreKind::parse(store.or(self.store).as_deref().unwrap_or("engine"))?;
-        let redis = self.redis.resolve()?;
-        let fsync = match self.storage.fsync.as_deref().unwrap_or("always") {
-            "always" => FsyncPolicy::Always,
-            "never" => FsyncPolicy::Never,
-            "interval" => {
-                let ms = self
-                    .storage
-                    .fsync_interval
-                    .as_ref()
-                    .map(|d| ms_of("storage.fsync_interval", d))
-                    .transpose()?
-                    .ok_or_else(|| {
-                        anyhow!(
-                            "storage.fsync_interval: required when storage.fsync is \"interval\""
-                        )
-                    })?;
-                FsyncPolicy::Interval(std::time::Duration::from_millis(ms))
-            }
-            other => bail!(
-                "storage.fsync: expected \"always\", \"interval\" or \"never\", got {other:?}"
-            ),
-        };
-        let log_format = match self.log.format.as_deref().unwrap_or("text") {
-            "text" => LogFormat::Text,
-            "json" => LogFormat::Json,
-            other => bail!("log.format: expected \"text\" or \"json\", got {other:?}"),
-        };
-        let auth = std::sync::Arc::new(self.auth.resolve(server.listen)?);
-        let tls = match (self.tls.cert, self.tls.key) {
-            (Some(cert), Some(key)) => Some((cert, key)),
-            (None, None) => None,
-            (Some(_), None) => {
-                bail!("tls.key: required with tls.cert (the certificate's private key, PEM)")
-            }
-            (None, Some(_)) => {
-                bail!("tls.cert: required with tls.key (the certificate chain, PEM)")
-            }
-        };
-        Ok(Settings {
-            auth,
-            tls,
-            server,
-            data_dir: data_dir
-                .or(self.data_dir)
-                .unwrap_or_else(|| PathBuf::from("./data")),
-            store,
-            redis,
-            fsync,
-            log_level: self.log.level.unwrap_or_else(|| "info".into()),
-            log_format,
-            connections,
-        })
     }
 }
 

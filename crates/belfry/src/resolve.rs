@@ -1,0 +1,241 @@
+//! From the configuration file's sections (after the environment's overrides) to the
+//! server's validated settings: defaults filled in, every value checked, and each error
+//! naming its key. One function per section, so a new key lands beside its neighbours.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail};
+use belfry_server::ServerConfig;
+use belfry_store::FsyncPolicy;
+
+use crate::config::{
+    DispatchSection, FileConfig, HttpSection, LimitsSection, LogFormat, LogSection, MetricsSection,
+    SchedulesSection, Settings, ShutdownSection, StorageSection, StoreKind, TlsSection,
+    WebhooksSection,
+};
+use crate::units::{HumanDuration, HumanSize};
+
+impl FileConfig {
+    /// Resolves defaults and validates. `listen`, `data_dir` and `store` come from flags or
+    /// the environment when given, and win over the file.
+    pub fn resolve(
+        self,
+        listen: Option<String>,
+        data_dir: Option<PathBuf>,
+        store: Option<String>,
+    ) -> anyhow::Result<Settings> {
+        let connections = self.resolve_connections()?;
+        let mut server = ServerConfig {
+            listen: listen_address(listen.or(self.listen))?,
+            ..ServerConfig::default()
+        };
+        self.limits.apply(&mut server)?;
+        self.webhooks.apply(&mut server);
+        self.http.apply(&mut server)?;
+        self.dispatch.apply(&mut server);
+        self.schedules.apply(&mut server)?;
+        self.shutdown.apply(&mut server)?;
+        self.metrics.apply(&mut server)?;
+        if let Some(id) = self.node_id {
+            server.node_id = id;
+        }
+        server.validate()?;
+        let store = StoreKind::parse(store.or(self.store).as_deref().unwrap_or("engine"))?;
+        Ok(Settings {
+            auth: std::sync::Arc::new(self.auth.resolve(server.listen)?),
+            tls: self.tls.pair()?,
+            server,
+            data_dir: data_dir
+                .or(self.data_dir)
+                .unwrap_or_else(|| PathBuf::from("./data")),
+            store,
+            redis: self.redis.resolve()?,
+            fsync: self.storage.fsync_policy()?,
+            log_level: self.log.level.clone().unwrap_or_else(|| "info".into()),
+            log_format: self.log.format()?,
+            connections,
+        })
+    }
+}
+
+fn listen_address(listen: Option<String>) -> anyhow::Result<SocketAddr> {
+    let listen = listen.unwrap_or_else(|| "127.0.0.1:7070".into());
+    listen
+        .parse::<SocketAddr>()
+        .map_err(|_| anyhow!("listen: expected an address such as 127.0.0.1:7070, got {listen:?}"))
+}
+
+/// A size key in bytes that must fit in memory (`usize`).
+fn bytes_of(key: &str, size: &HumanSize) -> anyhow::Result<usize> {
+    let bytes = size.to_bytes().map_err(|e| anyhow!("{key}: {e}"))?;
+    usize::try_from(bytes).map_err(|_| anyhow!("{key}: too large"))
+}
+
+/// A duration key in milliseconds.
+fn ms_of(key: &str, d: &HumanDuration) -> anyhow::Result<u64> {
+    d.to_ms().map_err(|e| anyhow!("{key}: {e}"))
+}
+
+/// A duration key given, in milliseconds; `None` when the key is absent.
+fn ms_if(key: &str, d: &Option<HumanDuration>) -> anyhow::Result<Option<u64>> {
+    d.as_ref().map(|d| ms_of(key, d)).transpose()
+}
+
+impl LimitsSection {
+    fn apply(&self, server: &mut ServerConfig) -> anyhow::Result<()> {
+        if let Some(size) = &self.payload_max {
+            server.payload_bytes_max = bytes_of("limits.payload_max", size)?;
+        }
+        if let Some(size) = &self.request_max {
+            server.request_bytes_max = bytes_of("limits.request_max", size)?;
+        }
+        if let Some(size) = &self.subscribers_body_max {
+            server.subscribers_body_bytes_max = size
+                .to_bytes()
+                .map_err(|e| anyhow!("limits.subscribers_body_max: {e}"))?;
+        }
+        if let Some(ms) = ms_if("limits.horizon", &self.horizon)? {
+            server.horizon_ms = ms;
+        }
+        if let Some(n) = self.store_calls_in_flight {
+            server.store_calls_in_flight_max = n;
+        }
+        if let Some(ms) = ms_if("limits.store_admission_wait", &self.store_admission_wait)? {
+            server.store_admission_wait_ms = ms;
+        }
+        if let Some(ms) = ms_if("limits.store_call_timeout", &self.store_call_timeout)? {
+            if ms == 0 {
+                bail!(
+                    "limits.store_call_timeout: must be more than 0 (a request waits this long \
+                     for the store's answer before 503 store_unavailable)"
+                );
+            }
+            server.store_call_timeout_ms = ms;
+        }
+        Ok(())
+    }
+}
+
+impl WebhooksSection {
+    fn apply(&self, server: &mut ServerConfig) {
+        if let Some(allow) = self.allow_private_targets {
+            server.allow_private_targets = allow;
+        }
+        if let Some(n) = self.in_flight_default {
+            server.webhook_in_flight_default = n;
+        }
+    }
+}
+
+impl HttpSection {
+    fn apply(&self, server: &mut ServerConfig) -> anyhow::Result<()> {
+        if let Some(ms) = ms_if("http.header_read_timeout", &self.header_read_timeout)? {
+            server.http_header_read_timeout_ms = ms;
+        }
+        if let Some(ms) = ms_if("http.body_read_timeout", &self.body_read_timeout)? {
+            server.http_body_read_timeout_ms = ms;
+        }
+        if let Some(ms) = ms_if("http.idle_timeout", &self.idle_timeout)? {
+            server.http_idle_timeout_ms = ms;
+        }
+        if let Some(n) = self.connections_max {
+            server.http_connections_max = n;
+        }
+        if let Some(n) = self.connections_per_client_max {
+            server.http_connections_per_client_max = Some(n);
+        }
+        if let Some(n) = self.listen_backlog {
+            server.http_listen_backlog = n;
+        }
+        Ok(())
+    }
+}
+
+impl DispatchSection {
+    fn apply(&self, server: &mut ServerConfig) {
+        if let Some(n) = self.in_flight_max {
+            server.dispatch_in_flight_max = n;
+        }
+        if let Some(n) = self.per_target_max {
+            server.dispatch_per_target_max = n;
+        }
+    }
+}
+
+impl SchedulesSection {
+    fn apply(&self, server: &mut ServerConfig) -> anyhow::Result<()> {
+        if let Some(ms) = ms_if("schedules.lead", &self.lead)? {
+            server.schedule_lead_ms = ms;
+        }
+        Ok(())
+    }
+}
+
+impl ShutdownSection {
+    fn apply(&self, server: &mut ServerConfig) -> anyhow::Result<()> {
+        if let Some(ms) = ms_if("shutdown.grace", &self.grace)? {
+            server.shutdown_grace_ms = ms;
+        }
+        if let Some(ms) = ms_if("shutdown.drain_delay", &self.drain_delay)? {
+            server.shutdown_drain_delay_ms = ms;
+        }
+        Ok(())
+    }
+}
+
+impl MetricsSection {
+    fn apply(&self, server: &mut ServerConfig) -> anyhow::Result<()> {
+        if let Some(ms) = ms_if("metrics.refresh", &self.refresh)? {
+            server.metrics_refresh_ms = ms;
+        }
+        Ok(())
+    }
+}
+
+impl StorageSection {
+    fn fsync_policy(&self) -> anyhow::Result<FsyncPolicy> {
+        Ok(match self.fsync.as_deref().unwrap_or("always") {
+            "always" => FsyncPolicy::Always,
+            "never" => FsyncPolicy::Never,
+            "interval" => {
+                let ms =
+                    ms_if("storage.fsync_interval", &self.fsync_interval)?.ok_or_else(|| {
+                        anyhow!(
+                            "storage.fsync_interval: required when storage.fsync is \"interval\""
+                        )
+                    })?;
+                FsyncPolicy::Interval(std::time::Duration::from_millis(ms))
+            }
+            other => bail!(
+                "storage.fsync: expected \"always\", \"interval\" or \"never\", got {other:?}"
+            ),
+        })
+    }
+}
+
+impl LogSection {
+    fn format(&self) -> anyhow::Result<LogFormat> {
+        match self.format.as_deref().unwrap_or("text") {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => bail!("log.format: expected \"text\" or \"json\", got {other:?}"),
+        }
+    }
+}
+
+impl TlsSection {
+    /// The certificate chain and its key, both or neither.
+    fn pair(&self) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+        match (&self.cert, &self.key) {
+            (Some(cert), Some(key)) => Ok(Some((cert.clone(), key.clone()))),
+            (None, None) => Ok(None),
+            (Some(_), None) => {
+                bail!("tls.key: required with tls.cert (the certificate's private key, PEM)")
+            }
+            (None, Some(_)) => {
+                bail!("tls.cert: required with tls.key (the certificate chain, PEM)")
+            }
+        }
+    }
+}
