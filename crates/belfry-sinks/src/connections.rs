@@ -138,17 +138,28 @@ impl ConnectionSpec {
 
     /// Checks the entry; `name` is its name, so messages can say `connections.NAME.url`.
     pub fn validate(&self, name: &str) -> Result<(), String> {
+        validate_name(name)?;
         let key = |field: &str| format!("connections.{name}.{field}");
-        if name.is_empty()
-            || name.len() > CONNECTION_NAME_LEN_MAX
-            || !name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        {
+        self.validate_credentials(&key)?;
+        match self.kind {
+            ConnectionKind::Redis | ConnectionKind::Nats => self.validate_url(&key)?,
+            ConnectionKind::Kafka => {
+                self.validate_brokers(&key)?;
+                self.validate_kafka_security(&key)?;
+            }
+        }
+        self.validate_ca_file(&key)?;
+        if self.sasl_mechanism.is_some() && self.kind != ConnectionKind::Kafka {
             return Err(format!(
-                "connections.{name}: a connection name is 1 to {CONNECTION_NAME_LEN_MAX} letters, digits, '_' or '-'"
+                "{}: only kafka connections take a SASL mechanism",
+                key("sasl_mechanism")
             ));
         }
+        Ok(())
+    }
+
+    /// A password needs a username (except on Redis); a token is for NATS, and alone.
+    fn validate_credentials(&self, key: &dyn Fn(&str) -> String) -> Result<(), String> {
         if self.password.is_some() && self.username.is_none() && self.kind != ConnectionKind::Redis
         {
             return Err(format!("{}: a password needs a username", key("password")));
@@ -165,90 +176,94 @@ impl ConnectionSpec {
                 key("token")
             ));
         }
-        match self.kind {
-            ConnectionKind::Redis | ConnectionKind::Nats => {
-                if !self.brokers.is_empty() {
-                    return Err(format!(
-                        "{}: only kafka connections take brokers; use url",
-                        key("brokers")
-                    ));
-                }
-                let Some(url) = &self.url else {
-                    return Err(format!(
-                        "{}: required for a {} connection",
-                        key("url"),
-                        self.kind
-                    ));
-                };
-                if url.is_empty() || url.len() > CONNECTION_URL_LEN_MAX {
-                    return Err(format!(
-                        "{}: must be 1 to {CONNECTION_URL_LEN_MAX} bytes long",
-                        key("url")
-                    ));
-                }
-                let schemes: &[&str] = match self.kind {
-                    ConnectionKind::Redis => &["redis://", "rediss://"],
-                    _ => &["nats://", "tls://"],
-                };
-                for part in url.split(',') {
-                    if !schemes.iter().any(|s| part.trim().starts_with(s)) {
-                        return Err(format!(
-                            "{}: expected a URL starting with {}, got {:?}",
-                            key("url"),
-                            schemes.join(" or "),
-                            self.endpoint()
-                        ));
-                    }
-                }
-            }
-            ConnectionKind::Kafka => {
-                if self.url.is_some() {
-                    return Err(format!(
-                        "{}: kafka connections take brokers = [\"host:port\", ...] instead",
-                        key("url")
-                    ));
-                }
-                if self.brokers.is_empty() || self.brokers.len() > KAFKA_BROKERS_MAX {
-                    return Err(format!(
-                        "{}: list 1 to {KAFKA_BROKERS_MAX} brokers as \"host:port\"",
-                        key("brokers")
-                    ));
-                }
-                for broker in &self.brokers {
-                    let port_ok = broker.rsplit_once(':').is_some_and(|(host, port)| {
-                        !host.is_empty() && port.parse::<u16>().is_ok()
-                    });
-                    if !port_ok || broker.contains('/') || broker.contains('@') {
-                        return Err(format!(
-                            "{}: expected \"host:port\", got {broker:?}",
-                            key("brokers")
-                        ));
-                    }
-                }
-                self.validate_kafka_security(&key)?;
-            }
-        }
-        if let Some(ca_file) = &self.tls.ca_file {
-            if !self.uses_tls() {
-                let or_url = match self.kind {
-                    ConnectionKind::Redis => " (or use a rediss:// URL)",
-                    ConnectionKind::Nats => " (or use tls:// URLs)",
-                    ConnectionKind::Kafka => "",
-                };
-                return Err(format!(
-                    "{}: set tls.enabled = true{or_url} to use a CA file",
-                    key("tls.ca_file"),
-                ));
-            }
-            crate::trust::read_ca_file(ca_file)
-                .map_err(|error| format!("{}: {error}", key("tls.ca_file")))?;
-        }
-        if self.sasl_mechanism.is_some() && self.kind != ConnectionKind::Kafka {
+        Ok(())
+    }
+
+    /// Redis and NATS: one `url` (NATS: a comma-separated list) with the kind's schemes, and
+    /// no `brokers`.
+    fn validate_url(&self, key: &dyn Fn(&str) -> String) -> Result<(), String> {
+        if !self.brokers.is_empty() {
             return Err(format!(
-                "{}: only kafka connections take a SASL mechanism",
-                key("sasl_mechanism")
+                "{}: only kafka connections take brokers; use url",
+                key("brokers")
             ));
         }
+        let Some(url) = &self.url else {
+            return Err(format!(
+                "{}: required for a {} connection",
+                key("url"),
+                self.kind
+            ));
+        };
+        if url.is_empty() || url.len() > CONNECTION_URL_LEN_MAX {
+            return Err(format!(
+                "{}: must be 1 to {CONNECTION_URL_LEN_MAX} bytes long",
+                key("url")
+            ));
+        }
+        let schemes: &[&str] = match self.kind {
+            ConnectionKind::Redis => &["redis://", "rediss://"],
+            _ => &["nats://", "tls://"],
+        };
+        for part in url.split(',') {
+            if !schemes.iter().any(|s| part.trim().starts_with(s)) {
+                return Err(format!(
+                    "{}: expected a URL starting with {}, got {:?}",
+                    key("url"),
+                    schemes.join(" or "),
+                    self.endpoint()
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Kafka: 1 to `KAFKA_BROKERS_MAX` `host:port` brokers, and no `url`.
+    fn validate_brokers(&self, key: &dyn Fn(&str) -> String) -> Result<(), String> {
+        if self.url.is_some() {
+            return Err(format!(
+                "{}: kafka connections take brokers = [\"host:port\", ...] instead",
+                key("url")
+            ));
+        }
+        if self.brokers.is_empty() || self.brokers.len() > KAFKA_BROKERS_MAX {
+            return Err(format!(
+                "{}: list 1 to {KAFKA_BROKERS_MAX} brokers as \"host:port\"",
+                key("brokers")
+            ));
+        }
+        for broker in &self.brokers {
+            let port_ok = broker
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !port_ok || broker.contains('/') || broker.contains('@') {
+                return Err(format!(
+                    "{}: expected \"host:port\", got {broker:?}",
+                    key("brokers")
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A CA file only with TLS, and one that reads as PEM certificates.
+    fn validate_ca_file(&self, key: &dyn Fn(&str) -> String) -> Result<(), String> {
+        let Some(ca_file) = &self.tls.ca_file else {
+            return Ok(());
+        };
+        if !self.uses_tls() {
+            let or_url = match self.kind {
+                ConnectionKind::Redis => " (or use a rediss:// URL)",
+                ConnectionKind::Nats => " (or use tls:// URLs)",
+                ConnectionKind::Kafka => "",
+            };
+            return Err(format!(
+                "{}: set tls.enabled = true{or_url} to use a CA file",
+                key("tls.ca_file"),
+            ));
+        }
+        crate::trust::read_ca_file(ca_file)
+            .map_err(|error| format!("{}: {error}", key("tls.ca_file")))?;
         Ok(())
     }
 
@@ -417,6 +432,21 @@ impl Connections {
     pub fn len(&self) -> usize {
         self.by_name.len()
     }
+}
+
+/// A connection's name: 1 to `CONNECTION_NAME_LEN_MAX` letters, digits, '_' or '-'.
+fn validate_name(name: &str) -> Result<(), String> {
+    let fits = !name.is_empty()
+        && name.len() <= CONNECTION_NAME_LEN_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if fits {
+        return Ok(());
+    }
+    Err(format!(
+        "connections.{name}: a connection name is 1 to {CONNECTION_NAME_LEN_MAX} letters, digits, '_' or '-'"
+    ))
 }
 
 #[cfg(test)]
