@@ -149,80 +149,24 @@ impl ServerBuilder {
         metrics::handle();
         let sinks = match self.sinks {
             Some(sinks) => sinks,
-            None => {
-                let policy = TargetPolicy {
-                    allow_private: self.config.allow_private_targets,
-                };
-                let standard = StandardSinks::new(
-                    policy,
-                    self.config.dispatch_per_target_max,
-                    self.connections,
-                )
-                .map_err(ServerError::Sinks)?;
-                Arc::new(standard)
-            }
+            None => standard_sinks(&self.config, self.connections)?,
         };
         let service = Arc::new(
             Service::new(self.config.clone(), self.store, self.clock, sinks)
                 .map_err(ServerError::Load)?,
         );
-        // Before anything is read from the store: a change another node makes while this one
-        // starts waits in the inbox, and is followed once the runners and queues are up.
-        let inbox = Arc::new(follow::Inbox::default());
-        service
-            .shared()
-            .store
-            .subscribe_events(inbox.sink())
-            .map_err(|e| ServerError::Load(service::ServiceError::Store(e)))?;
-        // Exactly-once firings need this tick before anything is dispatched or served.
-        let schedules = Schedules::new(service.shared().clone()).map_err(|e| {
-            ServerError::Load(service::ServiceError::Internal(format!(
-                "start the schedule-create writer thread: {e}"
-            )))
-        })?;
-        schedules
-            .tick_at_startup()
-            .await
-            .map_err(ServerError::Schedules)?;
-        // Likewise: a fan-out step a crash interrupted is replayed before dispatching.
-        let reminders = reminders::Reminders::new(service.shared().clone()).map_err(|e| {
-            ServerError::Load(service::ServiceError::Internal(format!(
-                "start the fan-out thread: {e}"
-            )))
-        })?;
-        reminders
-            .step_at_startup()
-            .await
-            .map_err(ServerError::Load)?;
+        let Recovered {
+            inbox,
+            schedules,
+            reminders,
+        } = recover(&service).await?;
         service.load_queues().await.map_err(ServerError::Load)?;
-        let listener =
-            bind(self.config.listen, self.config.http_listen_backlog).map_err(|source| {
-                ServerError::Bind {
-                    addr: self.config.listen,
-                    source,
-                }
-            })?;
-        let local_addr = listener.local_addr().map_err(|source| ServerError::Bind {
-            addr: self.config.listen,
-            source,
-        })?;
-        let schedule_routes = api::schedules::router(schedules.state());
-        let loaded = api::tokens::load(&*service.shared().store, &self.auth)
-            .map_err(|e| ServerError::Load(service::ServiceError::Store(e)))?;
-        if loaded > 0 {
-            tracing::info!(tokens = loaded, "loaded the tokens made through the API");
-        }
-        let tokens = Arc::new(api::tokens::TokensState {
-            auth: self.auth.clone(),
-            shared: service.shared().clone(),
-            writes: Default::default(),
-        });
-        let token_routes = api::tokens::router(tokens.clone());
-        let reminder_routes = api::reminders::router(reminders.state());
+        let (listener, local_addr) = bind_listener(&self.config)?;
+        let tokens = load_tokens(&service, &self.auth)?;
         let mut router = api::router(service.clone())
-            .merge(schedule_routes)
-            .merge(reminder_routes)
-            .merge(token_routes);
+            .merge(api::schedules::router(schedules.state()))
+            .merge(api::reminders::router(reminders.state()))
+            .merge(api::tokens::router(tokens.clone()));
         for extra in self.extra_routes {
             router = router.merge(extra);
         }
@@ -257,6 +201,92 @@ impl ServerBuilder {
             task,
         })
     }
+}
+
+/// Webhooks under the configured target policy, and the operator's broker connections.
+fn standard_sinks(
+    config: &ServerConfig,
+    connections: belfry_sinks::Connections,
+) -> Result<Arc<dyn SinkFactory>, ServerError> {
+    let policy = TargetPolicy {
+        allow_private: config.allow_private_targets,
+    };
+    let standard = StandardSinks::new(policy, config.dispatch_per_target_max, connections)
+        .map_err(ServerError::Sinks)?;
+    Ok(Arc::new(standard))
+}
+
+/// What start-up recovered before anything is dispatched or served.
+struct Recovered {
+    inbox: Arc<follow::Inbox>,
+    schedules: Schedules,
+    reminders: reminders::Reminders,
+}
+
+/// Subscribes to other nodes' changes, then fires the schedules due and replays the fan-out
+/// step a crash interrupted: both must happen before anything is dispatched or served.
+async fn recover(service: &Arc<Service>) -> Result<Recovered, ServerError> {
+    // Before anything is read from the store: a change another node makes while this one
+    // starts waits in the inbox, and is followed once the runners and queues are up.
+    let inbox = Arc::new(follow::Inbox::default());
+    service
+        .shared()
+        .store
+        .subscribe_events(inbox.sink())
+        .map_err(|e| ServerError::Load(service::ServiceError::Store(e)))?;
+    let thread_failed = |what: &str, e: std::io::Error| {
+        ServerError::Load(service::ServiceError::Internal(format!(
+            "start the {what} thread: {e}"
+        )))
+    };
+    // Exactly-once firings need this tick before anything is dispatched or served.
+    let schedules = Schedules::new(service.shared().clone())
+        .map_err(|e| thread_failed("schedule-create writer", e))?;
+    schedules
+        .tick_at_startup()
+        .await
+        .map_err(ServerError::Schedules)?;
+    // Likewise: a fan-out step a crash interrupted is replayed before dispatching.
+    let reminders = reminders::Reminders::new(service.shared().clone())
+        .map_err(|e| thread_failed("fan-out", e))?;
+    reminders
+        .step_at_startup()
+        .await
+        .map_err(ServerError::Load)?;
+    Ok(Recovered {
+        inbox,
+        schedules,
+        reminders,
+    })
+}
+
+fn bind_listener(
+    config: &ServerConfig,
+) -> Result<(tokio::net::TcpListener, SocketAddr), ServerError> {
+    let failed = |source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    };
+    let listener = bind(config.listen, config.http_listen_backlog).map_err(failed)?;
+    let local_addr = listener.local_addr().map_err(failed)?;
+    Ok((listener, local_addr))
+}
+
+/// The tokens made through the API, loaded beside the configured ones.
+fn load_tokens(
+    service: &Arc<Service>,
+    auth: &Arc<auth::Auth>,
+) -> Result<Arc<api::tokens::TokensState>, ServerError> {
+    let loaded = api::tokens::load(&*service.shared().store, auth)
+        .map_err(|e| ServerError::Load(service::ServiceError::Store(e)))?;
+    if loaded > 0 {
+        tracing::info!(tokens = loaded, "loaded the tokens made through the API");
+    }
+    Ok(Arc::new(api::tokens::TokensState {
+        auth: auth.clone(),
+        shared: service.shared().clone(),
+        writes: Default::default(),
+    }))
 }
 
 /// A running server.
