@@ -1180,10 +1180,10 @@ impl StallingStore {
     }
 }
 
-macro_rules! delegate {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        $(fn $name(&self, $($arg: $ty),*) -> $ret { self.inner.$name($($arg),*) })*
-    };
+impl belfry_store::Wraps for StallingStore {
+    fn wrapped(&self) -> &dyn belfry_store::Store {
+        &self.inner
+    }
 }
 
 impl belfry_store::Store for StallingStore {
@@ -1200,38 +1200,38 @@ impl belfry_store::Store for StallingStore {
         drop(released);
         self.inner.put(tasks)
     }
-    delegate! {
-        put_queue(queue: &belfry_core::QueueName, config: bytes::Bytes) -> belfry_store::Result<bool>;
-        get_queue(queue: &belfry_core::QueueName) -> belfry_store::Result<Option<bytes::Bytes>>;
-        list_queues() -> belfry_store::Result<Vec<(belfry_core::QueueName, bytes::Bytes)>>;
-        delete_queue(queue: &belfry_core::QueueName) -> belfry_store::Result<bool>;
-        get(queue: &belfry_core::QueueName, id: belfry_core::TaskId, now_ms: u64) -> belfry_store::Result<Option<belfry_core::Task>>;
-        get_by_key(queue: &belfry_core::QueueName, key: &str, now_ms: u64) -> belfry_store::Result<Option<belfry_core::Task>>;
-        cancel(queue: &belfry_core::QueueName, id: belfry_core::TaskId, now_ms: u64) -> belfry_store::Result<belfry_store::ChangeOutcome>;
-        reschedule(queue: &belfry_core::QueueName, id: belfry_core::TaskId, due_at_ms: u64, now_ms: u64) -> belfry_store::Result<belfry_store::ChangeOutcome>;
-        claim(queue: &belfry_core::QueueName, now_ms: u64, max: usize, visibility_ms: u64) -> belfry_store::Result<belfry_store::ClaimBatch>;
-        ack(queue: &belfry_core::QueueName, id: belfry_core::TaskId, lease: belfry_core::LeaseId, now_ms: u64) -> belfry_store::Result<belfry_store::LeaseOutcome>;
-        nack(queue: &belfry_core::QueueName, id: belfry_core::TaskId, lease: belfry_core::LeaseId, retry_at_ms: u64, now_ms: u64) -> belfry_store::Result<belfry_store::LeaseOutcome>;
-        extend(queue: &belfry_core::QueueName, id: belfry_core::TaskId, lease: belfry_core::LeaseId, lease_until_ms: u64, now_ms: u64) -> belfry_store::Result<belfry_store::LeaseOutcome>;
-        dead_letter(queue: &belfry_core::QueueName, id: belfry_core::TaskId, lease: belfry_core::LeaseId, reason: &str, now_ms: u64) -> belfry_store::Result<belfry_store::LeaseOutcome>;
-        list_dead(queue: &belfry_core::QueueName, after: Option<belfry_core::TaskId>, limit: usize) -> belfry_store::Result<Vec<belfry_core::Task>>;
-        redrive(queue: &belfry_core::QueueName, id: belfry_core::TaskId, now_ms: u64) -> belfry_store::Result<belfry_store::ChangeOutcome>;
-        counts(queue: &belfry_core::QueueName, now_ms: u64) -> belfry_store::Result<belfry_store::QueueCounts>;
-        forecast(queue: &belfry_core::QueueName, from_ms: u64, step_ms: u64, steps: usize) -> belfry_store::Result<Vec<u64>>;
-        next_due_ms(queue: &belfry_core::QueueName) -> belfry_store::Result<Option<u64>>;
-        put_meta(namespace: &str, key: &str, value: bytes::Bytes) -> belfry_store::Result<()>;
-        get_meta(namespace: &str, key: &str) -> belfry_store::Result<Option<bytes::Bytes>>;
-        delete_meta(namespace: &str, key: &str) -> belfry_store::Result<bool>;
-        list_meta(namespace: &str) -> belfry_store::Result<Vec<(String, bytes::Bytes)>>;
-        subscribe(set: u64, users: &[belfry_core::UserId]) -> belfry_store::Result<u64>;
-        unsubscribe(set: u64, users: &[belfry_core::UserId]) -> belfry_store::Result<u64>;
-        is_subscribed(set: u64, user: &belfry_core::UserId) -> belfry_store::Result<bool>;
-        subscriber_count(set: u64) -> belfry_store::Result<u64>;
-        subscribers(set: u64, after: Option<&belfry_core::UserId>, limit: usize) -> belfry_store::Result<Vec<belfry_core::UserId>>;
-        user_sets(user: &belfry_core::UserId, limit: usize) -> belfry_store::Result<Vec<u64>>;
-        drop_set(set: u64) -> belfry_store::Result<u64>;
-        flush() -> belfry_store::Result<()>;
-    }
+    belfry_store::forward_store_calls!(
+        put_queue,
+        get_queue,
+        list_queues,
+        delete_queue,
+        get,
+        get_by_key,
+        cancel,
+        reschedule,
+        claim,
+        ack,
+        nack,
+        extend,
+        dead_letter,
+        list_dead,
+        redrive,
+        counts,
+        forecast,
+        next_due_ms,
+        put_meta,
+        get_meta,
+        delete_meta,
+        list_meta,
+        subscribe,
+        unsubscribe,
+        is_subscribed,
+        subscriber_count,
+        subscribers,
+        user_sets,
+        drop_set,
+        flush,
+    );
 }
 
 /// A server with `config` on a [`StallingStore`] (puts wait until released), and queue `q`.

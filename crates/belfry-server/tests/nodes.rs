@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use belfry_core::{Clock, LeaseId, ManualClock, NewTask, QueueName, Task, TaskId, UnixMs, UserId};
+use belfry_core::{Clock, LeaseId, ManualClock, NewTask, QueueName, TaskId, UnixMs, UserId};
 use belfry_server::auth::{Auth, Scope, TokenEntry, TokenHash};
 use belfry_server::Server;
 use belfry_store::{
-    ChangeOutcome, ClaimBatch, EventSink, LeaseOutcome, MemoryStore, MetaChange, MetaEvent,
-    PutOutcome, QueueCounts, Store, StoreEvent,
+    forward_store_calls, ChangeOutcome, ClaimBatch, EventSink, LeaseOutcome, MemoryStore,
+    MetaChange, MetaEvent, PutOutcome, Store, StoreEvent, Wraps,
 };
 use bytes::Bytes;
 use common::faults::{RecordingSink, RecordingSinks};
@@ -164,10 +164,10 @@ impl NodeStore {
     }
 }
 
-macro_rules! delegate {
-    ($($name:ident($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
-        $(fn $name(&self, $($arg: $ty),*) -> $ret { self.inner().$name($($arg),*) })*
-    };
+impl Wraps for NodeStore {
+    fn wrapped(&self) -> &dyn Store {
+        self.inner()
+    }
 }
 
 type R<T> = belfry_store::Result<T>;
@@ -321,26 +321,26 @@ impl Store for NodeStore {
     fn owns(&self, key: &str) -> bool {
         self.shared.owner(key) == self.node
     }
-    delegate! {
-        get_queue(queue: &QueueName) -> R<Option<Bytes>>;
-        list_queues() -> R<Vec<(QueueName, Bytes)>>;
-        get(queue: &QueueName, id: TaskId, now_ms: u64) -> R<Option<Task>>;
-        get_by_key(queue: &QueueName, key: &str, now_ms: u64) -> R<Option<Task>>;
-        cancel(queue: &QueueName, id: TaskId, now_ms: u64) -> R<ChangeOutcome>;
-        claim(queue: &QueueName, now_ms: u64, max: usize, visibility_ms: u64) -> R<ClaimBatch>;
-        ack(queue: &QueueName, id: TaskId, lease: LeaseId, now_ms: u64) -> R<LeaseOutcome>;
-        ack_many(queue: &QueueName, acks: &[(TaskId, LeaseId)], now_ms: u64) -> R<Vec<LeaseOutcome>>;
-        extend(queue: &QueueName, id: TaskId, lease: LeaseId, lease_until_ms: u64, now_ms: u64) -> R<LeaseOutcome>;
-        dead_letter(queue: &QueueName, id: TaskId, lease: LeaseId, reason: &str, now_ms: u64) -> R<LeaseOutcome>;
-        list_dead(queue: &QueueName, after: Option<TaskId>, limit: usize) -> R<Vec<Task>>;
-        counts(queue: &QueueName, now_ms: u64) -> R<QueueCounts>;
-        forecast(queue: &QueueName, from_ms: u64, step_ms: u64, steps: usize) -> R<Vec<u64>>;
-        next_due_ms(queue: &QueueName) -> R<Option<u64>>;
-        is_subscribed(set: u64, user: &UserId) -> R<bool>;
-        subscriber_count(set: u64) -> R<u64>;
-        subscribers(set: u64, after: Option<&UserId>, limit: usize) -> R<Vec<UserId>>;
-        flush() -> R<()>;
-    }
+    forward_store_calls!(
+        get_queue,
+        list_queues,
+        get,
+        get_by_key,
+        cancel,
+        claim,
+        ack,
+        ack_many,
+        extend,
+        dead_letter,
+        list_dead,
+        counts,
+        forecast,
+        next_due_ms,
+        is_subscribed,
+        subscriber_count,
+        subscribers,
+        flush,
+    );
 }
 
 /// Two servers on one shared store and one manual clock, each delivering push queues into

@@ -5,9 +5,13 @@
 #[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod engine;
+mod forward;
 pub mod memory;
 mod store;
 
 pub use engine::{Engine, EngineOptions, FsyncPolicy};
+#[doc(hidden)]
+pub use forward::__forward;
+pub use forward::Wraps;
 pub use memory::MemoryStore;
 pub use store::*;

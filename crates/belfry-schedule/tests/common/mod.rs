@@ -5,12 +5,9 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
-use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs, UserId};
+use belfry_core::{QueueName, Task, UnixMs};
 use belfry_schedule::{ScheduleId, ScheduleService, CURSORS_NAMESPACE};
-use belfry_store::{
-    ChangeOutcome, ClaimBatch, LeaseOutcome, MemoryStore, PutOutcome, QueueCounts, Store,
-    StoreError,
-};
+use belfry_store::{forward_store_calls, MemoryStore, Store, StoreError, Wraps};
 use bytes::Bytes;
 
 /// 2026-11-22T00:00:00Z, a Sunday.
@@ -55,6 +52,12 @@ pub struct CrashingStore {
     pub failures: AtomicU32,
 }
 
+impl Wraps for CrashingStore {
+    fn wrapped(&self) -> &dyn Store {
+        &self.inner
+    }
+}
+
 impl Store for CrashingStore {
     fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> belfry_store::Result<()> {
         if namespace == CURSORS_NAMESPACE
@@ -71,169 +74,36 @@ impl Store for CrashingStore {
         self.inner.put_meta(namespace, key, value)
     }
 
-    fn put_queue(&self, queue: &QueueName, config: Bytes) -> belfry_store::Result<bool> {
-        self.inner.put_queue(queue, config)
-    }
-    fn get_queue(&self, queue: &QueueName) -> belfry_store::Result<Option<Bytes>> {
-        self.inner.get_queue(queue)
-    }
-    fn list_queues(&self) -> belfry_store::Result<Vec<(QueueName, Bytes)>> {
-        self.inner.list_queues()
-    }
-    fn delete_queue(&self, queue: &QueueName) -> belfry_store::Result<bool> {
-        self.inner.delete_queue(queue)
-    }
-    fn put(&self, tasks: Vec<NewTask>) -> belfry_store::Result<Vec<PutOutcome>> {
-        self.inner.put(tasks)
-    }
-    fn get(
-        &self,
-        queue: &QueueName,
-        id: TaskId,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<Option<Task>> {
-        self.inner.get(queue, id, now_ms)
-    }
-    fn get_by_key(
-        &self,
-        queue: &QueueName,
-        key: &str,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<Option<Task>> {
-        self.inner.get_by_key(queue, key, now_ms)
-    }
-    fn cancel(
-        &self,
-        queue: &QueueName,
-        id: TaskId,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<ChangeOutcome> {
-        self.inner.cancel(queue, id, now_ms)
-    }
-    fn reschedule(
-        &self,
-        queue: &QueueName,
-        id: TaskId,
-        due_at_ms: UnixMs,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<ChangeOutcome> {
-        self.inner.reschedule(queue, id, due_at_ms, now_ms)
-    }
-    fn claim(
-        &self,
-        queue: &QueueName,
-        now_ms: UnixMs,
-        max: usize,
-        visibility_ms: u64,
-    ) -> belfry_store::Result<ClaimBatch> {
-        self.inner.claim(queue, now_ms, max, visibility_ms)
-    }
-    fn ack(
-        &self,
-        queue: &QueueName,
-        id: TaskId,
-        lease: LeaseId,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<LeaseOutcome> {
-        self.inner.ack(queue, id, lease, now_ms)
-    }
-    fn nack(
-        &self,
-        queue: &QueueName,
-        id: TaskId,
-        lease: LeaseId,
-        retry_at_ms: UnixMs,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<LeaseOutcome> {
-        self.inner.nack(queue, id, lease, retry_at_ms, now_ms)
-    }
-    fn extend(
-        &self,
-        queue: &QueueName,
-        id: TaskId,
-        lease: LeaseId,
-        lease_until_ms: UnixMs,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<LeaseOutcome> {
-        self.inner.extend(queue, id, lease, lease_until_ms, now_ms)
-    }
-    fn dead_letter(
-        &self,
-        queue: &QueueName,
-        id: TaskId,
-        lease: LeaseId,
-        reason: &str,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<LeaseOutcome> {
-        self.inner.dead_letter(queue, id, lease, reason, now_ms)
-    }
-    fn list_dead(
-        &self,
-        queue: &QueueName,
-        after: Option<TaskId>,
-        limit: usize,
-    ) -> belfry_store::Result<Vec<Task>> {
-        self.inner.list_dead(queue, after, limit)
-    }
-    fn redrive(
-        &self,
-        queue: &QueueName,
-        id: TaskId,
-        now_ms: UnixMs,
-    ) -> belfry_store::Result<ChangeOutcome> {
-        self.inner.redrive(queue, id, now_ms)
-    }
-    fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> belfry_store::Result<QueueCounts> {
-        self.inner.counts(queue, now_ms)
-    }
-    fn forecast(
-        &self,
-        queue: &QueueName,
-        from_ms: UnixMs,
-        step_ms: u64,
-        steps: usize,
-    ) -> belfry_store::Result<Vec<u64>> {
-        self.inner.forecast(queue, from_ms, step_ms, steps)
-    }
-    fn next_due_ms(&self, queue: &QueueName) -> belfry_store::Result<Option<UnixMs>> {
-        self.inner.next_due_ms(queue)
-    }
-    fn get_meta(&self, namespace: &str, key: &str) -> belfry_store::Result<Option<Bytes>> {
-        self.inner.get_meta(namespace, key)
-    }
-    fn delete_meta(&self, namespace: &str, key: &str) -> belfry_store::Result<bool> {
-        self.inner.delete_meta(namespace, key)
-    }
-    fn list_meta(&self, namespace: &str) -> belfry_store::Result<Vec<(String, Bytes)>> {
-        self.inner.list_meta(namespace)
-    }
-    fn subscribe(&self, set: u64, users: &[UserId]) -> belfry_store::Result<u64> {
-        self.inner.subscribe(set, users)
-    }
-    fn unsubscribe(&self, set: u64, users: &[UserId]) -> belfry_store::Result<u64> {
-        self.inner.unsubscribe(set, users)
-    }
-    fn is_subscribed(&self, set: u64, user: &UserId) -> belfry_store::Result<bool> {
-        self.inner.is_subscribed(set, user)
-    }
-    fn subscriber_count(&self, set: u64) -> belfry_store::Result<u64> {
-        self.inner.subscriber_count(set)
-    }
-    fn subscribers(
-        &self,
-        set: u64,
-        after: Option<&UserId>,
-        limit: usize,
-    ) -> belfry_store::Result<Vec<UserId>> {
-        self.inner.subscribers(set, after, limit)
-    }
-    fn user_sets(&self, user: &UserId, limit: usize) -> belfry_store::Result<Vec<u64>> {
-        self.inner.user_sets(user, limit)
-    }
-    fn drop_set(&self, set: u64) -> belfry_store::Result<u64> {
-        self.inner.drop_set(set)
-    }
-    fn flush(&self) -> belfry_store::Result<()> {
-        self.inner.flush()
-    }
+    forward_store_calls!(
+        put_queue,
+        get_queue,
+        list_queues,
+        delete_queue,
+        put,
+        get,
+        get_by_key,
+        cancel,
+        reschedule,
+        claim,
+        ack,
+        nack,
+        extend,
+        dead_letter,
+        list_dead,
+        redrive,
+        counts,
+        forecast,
+        next_due_ms,
+        get_meta,
+        delete_meta,
+        list_meta,
+        subscribe,
+        unsubscribe,
+        is_subscribed,
+        subscriber_count,
+        subscribers,
+        user_sets,
+        drop_set,
+        flush,
+    );
 }
