@@ -12,7 +12,7 @@ use belfry_server::api::auth::need;
 use belfry_server::auth::{generate_token, Auth, Need, Scope, TokenEntry, TokenHash, TokenRate};
 use belfry_server::Server;
 use belfry_store::MemoryStore;
-use common::{documented_routes, test_config, T0};
+use common::{code, documented_routes, test_config, T0};
 use reqwest::Method;
 use serde_json::Value;
 
@@ -68,10 +68,6 @@ impl Client {
         let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         (status, value, challenge)
     }
-}
-
-fn code(value: &Value) -> &str {
-    value["error"]["code"].as_str().unwrap_or("")
 }
 
 fn concrete(path: &str) -> String {

@@ -10,7 +10,7 @@ use belfry_core::{Clock, ManualClock};
 use belfry_server::schedules::Schedules;
 use belfry_server::Server;
 use belfry_store::{MemoryStore, Store};
-use common::{eventually, test_config, TestServer, T0};
+use common::{code, eventually, test_config, TestServer, T0};
 use serde_json::{json, Value};
 
 const MINUTE: u64 = 60_000;
@@ -107,10 +107,6 @@ impl Scheduled {
             .await;
         q["pending"].as_u64().unwrap()
     }
-}
-
-fn code(value: &Value) -> &str {
-    value["error"]["code"].as_str().unwrap_or("<no code>")
 }
 
 fn message(value: &Value) -> &str {

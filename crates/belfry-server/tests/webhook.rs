@@ -1,27 +1,12 @@
 //! Webhook delivery against a real HTTP receiver on loopback, with the server's clock moved
 //! by hand.
 
+#[macro_use]
 mod common;
 
 use belfry_core::Clock;
 use common::{eventually, Receiver, TestServer, T0};
 use serde_json::{json, Value};
-
-/// Runs a test body once on the in-memory store and once on the embedded engine.
-macro_rules! both_stores {
-    ($name:ident) => {
-        mod $name {
-            #[tokio::test]
-            async fn memory() {
-                super::$name(super::TestServer::start().await).await
-            }
-            #[tokio::test]
-            async fn engine() {
-                super::$name(super::TestServer::start_engine().await).await
-            }
-        }
-    };
-}
 
 fn header<'a>(r: &'a common::Received, name: &str) -> &'a str {
     r.headers

@@ -19,6 +19,29 @@ use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::sync::Notify;
 
+/// Runs a test body, `async fn NAME(s: TestServer)`, once on the in-memory store and once
+/// on the embedded engine: the tests `NAME::memory` and `NAME::engine`.
+#[allow(unused_macros)]
+macro_rules! both_stores {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn memory() {
+                super::$name(crate::common::TestServer::start().await).await
+            }
+            #[tokio::test]
+            async fn engine() {
+                super::$name(crate::common::TestServer::start_engine().await).await
+            }
+        }
+    };
+}
+
+/// The stable error code of an API error answer.
+pub fn code(value: &Value) -> &str {
+    value["error"]["code"].as_str().unwrap_or("<no code>")
+}
+
 /// Wall time the tests start at (2026-01-01T00:00:00Z).
 pub const T0: u64 = 1_767_225_600_000;
 

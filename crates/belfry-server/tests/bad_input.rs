@@ -1,0 +1,201 @@
+//! Bad input through API v1: each malformed body, unknown queue, out-of-range value or
+//! undeliverable header gets a 4xx with a stable code and a message that says what to fix,
+//! and nothing valid is lost. On the in-memory store and on the embedded engine.
+
+#[macro_use]
+mod common;
+
+use common::{code, TestServer};
+use serde_json::{json, Value};
+
+both_stores!(a_body_of_the_wrong_shape_names_the_field);
+async fn a_body_of_the_wrong_shape_names_the_field(s: TestServer) {
+    s.queue("q", json!({})).await;
+    let cases = [
+        (
+            "PUT",
+            "/v1/queues/q",
+            json!({"retry": {"max_attempts": "five"}}),
+            "retry.max_attempts",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks",
+            json!({"payload": 1, "delay_ms": "soon"}),
+            "delay_ms",
+        ),
+        (
+            "POST",
+            "/v1/queues/q/tasks:batch",
+            json!({"tasks": [{"payload": 1}, {"payload": 2, "priority": 7}]}),
+            "priority",
+        ),
+        ("POST", "/v1/queues/q/lease", json!({"max": -1}), "max"),
+    ];
+    for (method, path, body, field) in cases {
+        let (status, answer) = s.call(method, path, body.clone()).await;
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        let code = answer["error"]["code"].as_str().unwrap_or("");
+        // The batch reports a bad task in its own result, with the same message.
+        let message = if path.ends_with(":batch") {
+            answer["results"][1]["error"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        } else {
+            assert_eq!((status, code), (400, "invalid_request"), "{body}: {answer}");
+            message.to_owned()
+        };
+        assert!(
+            message.contains(field),
+            "{body}: {message:?} does not name {field}"
+        );
+    }
+}
+
+both_stores!(task_headers_that_cannot_be_delivered_are_refused);
+async fn task_headers_that_cannot_be_delivered_are_refused(s: TestServer) {
+    s.queue("q", json!({})).await;
+    for (headers, hint) in [
+        (json!({"Belfry-Task-Id": "forged"}), "Belfry-Task-Id"),
+        (json!({"host": "evil.example"}), "host"),
+        (json!({"Content-Length": "1"}), "Content-Length"),
+        (
+            json!({"x-note": "line\r\nInjected: 1"}),
+            "control character",
+        ),
+        (json!({"two words": "v"}), "two words"),
+    ] {
+        let (status, answer) = s
+            .call(
+                "POST",
+                "/v1/queues/q/tasks",
+                json!({"payload": 1, "headers": headers}),
+            )
+            .await;
+        assert_eq!(status, 400, "{headers}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains(hint),
+            "{message:?} does not mention {hint}"
+        );
+    }
+    let q = s.ok("GET", "/v1/queues/q", Value::Null, 200).await;
+    assert_eq!(q["pending"], 0, "a refused task was stored");
+    s.submit("q", json!({"payload": 1, "headers": {"X-Trace": "t1"}}))
+        .await;
+}
+
+both_stores!(deeply_nested_payloads_are_refused_not_crashing);
+async fn deeply_nested_payloads_are_refused_not_crashing(s: TestServer) {
+    s.queue("q", json!({})).await;
+    // 128 levels are fine (brackets inside strings do not count); more are refused, however
+    // many, without harm to the server.
+    let fine = format!(
+        "{{\"payload\": {}\"[[[{{\"{}}}",
+        "[".repeat(128),
+        "]".repeat(128)
+    );
+    let (status, answer) = s.raw("POST", "/v1/queues/q/tasks", Some(fine)).await;
+    assert_eq!(status, 201, "{answer}");
+    for depth in [129, 30_000] {
+        let deep = format!(
+            "{{\"payload\": {}1{}}}",
+            "[".repeat(depth),
+            "]".repeat(depth)
+        );
+        let (status, answer) = s.raw("POST", "/v1/queues/q/tasks", Some(deep)).await;
+        assert_eq!(status, 400, "depth {depth}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("recursion limit"),
+            "depth {depth}: {message}"
+        );
+    }
+    // The server is still there.
+    let (status, _) = s.call("GET", "/healthz", Value::Null).await;
+    assert_eq!(status, 200);
+}
+
+both_stores!(bad_input_gets_stable_codes);
+async fn bad_input_gets_stable_codes(s: TestServer) {
+    s.queue("q", json!({})).await;
+    s.queue(
+        "hook",
+        json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/x"}, "paused": true}),
+    )
+    .await;
+    let big = "x".repeat(2000);
+    let huge = "y".repeat(70 * 1024);
+    let long_name = format!("/v1/queues/{}", "n".repeat(129));
+    let queue = "/v1/queues/q";
+    let tasks = "/v1/queues/q/tasks";
+    let ack = "/v1/queues/q/tasks/0000000000000000000000000000abcd/ack";
+    let b = |body: &str| Some(body.to_owned());
+    #[rustfmt::skip]
+    let cases: Vec<(u16, &str, &str, &str, Option<String>)> = vec![
+        (400, "malformed_json", "POST", tasks, b("{\"payload\":")),
+        (400, "invalid_request", "POST", tasks, b("[1,2]")),
+        (400, "invalid_request", "POST", tasks, b(r#"{"delay_ms":"5"}"#)),
+        (400, "invalid_request", "POST", tasks, b(r#"{"delay_ms":1.5}"#)),
+        (400, "invalid_request", "POST", tasks, b(r#"{"dleay_ms":5}"#)),
+        (400, "conflicting_due_time", "POST", tasks, b(r#"{"delay_ms":5,"run_at":"2026-01-01T00:00:00Z"}"#)),
+        (400, "invalid_due_time", "POST", tasks, b(r#"{"delay_ms":-1}"#)),
+        (400, "invalid_due_time", "POST", tasks, b(r#"{"run_at":"next tuesday"}"#)),
+        (400, "beyond_horizon", "POST", tasks, b(r#"{"run_at":"2099-01-01T00:00:00Z"}"#)),
+        (413, "payload_too_large", "POST", tasks, Some(format!(r#"{{"payload":"{big}"}}"#))),
+        (413, "payload_too_large", "POST", tasks, Some(format!(r#"{{"payload":"{huge}"}}"#))),
+        (400, "invalid_payload", "POST", tasks, b(r#"{"payload":1,"payload_base64":"AA=="}"#)),
+        (400, "invalid_payload", "POST", tasks, b(r#"{"payload_base64":"***"}"#)),
+        (400, "invalid_request", "POST", tasks, b(r#"{"priority":"urgent"}"#)),
+        (404, "queue_not_found", "POST", "/v1/queues/nope/tasks", b("{}")),
+        (400, "invalid_queue_name", "POST", "/v1/queues/bad%20name/tasks", b("{}")),
+        (400, "invalid_queue_name", "PUT", &long_name, None),
+        (400, "invalid_queue_config", "PUT", queue, b(r#"{"rate_per_s":-1}"#)),
+        (400, "invalid_queue_config", "PUT", queue, b(r#"{"retry":{"max_attempts":0}}"#)),
+        (400, "invalid_request", "PUT", queue, b(r#"{"delivery":{"type":"carrier-pigeon"}}"#)),
+        (400, "webhook_target_refused", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"not a url"}}"#)),
+        (400, "invalid_request", "PUT", queue, b(r#"{"burst":"lots"}"#)),
+        (400, "invalid_task_id", "GET", "/v1/queues/q/tasks/xyz", None),
+        (404, "task_not_found", "GET", "/v1/queues/q/tasks/0000000000000000000000000000abcd", None),
+        (400, "invalid_lease_id", "POST", ack, b(r#"{"lease_id":"abc"}"#)),
+        (404, "task_not_found", "POST", ack, b(r#"{"lease_id":"7"}"#)),
+        (400, "invalid_request", "POST", ack, b("{}")),
+        (400, "invalid_request", "POST", "/v1/queues/q/lease", b(r#"{"max":0}"#)),
+        (400, "invalid_request", "POST", "/v1/queues/q/lease", b(r#"{"max":1001}"#)),
+        (400, "invalid_request", "POST", "/v1/queues/q/lease", b(r#"{"wait_ms":30001}"#)),
+        (400, "invalid_request", "POST", "/v1/queues/q/lease", b(r#"{"visibility_ms":1}"#)),
+        (409, "not_pull_queue", "POST", "/v1/queues/hook/lease", None),
+        (404, "queue_not_found", "POST", "/v1/queues/nope/lease", None),
+        (400, "invalid_request", "GET", "/v1/queues/q/dead?limit=0", None),
+        (400, "invalid_task_id", "GET", "/v1/queues/q/dead?after=zz", None),
+        (404, "route_not_found", "GET", "/v1/nothing", None),
+        (405, "method_not_allowed", "PATCH", "/v1/queues", None),
+    ];
+    for (status, expected, method, path, body) in cases {
+        let (got, answer) = s.raw(method, path, body.clone()).await;
+        assert_eq!(
+            (got, code(&answer)),
+            (status, expected),
+            "{method} {path} {body:?}: {answer}"
+        );
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert!(!message.is_empty(), "{method} {path}: no message");
+    }
+    // The unknown-queue message says how to create it.
+    let (_, answer) = s.call("POST", "/v1/queues/nope/tasks", json!({})).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("PUT /v1/queues/nope"),
+        "{answer}"
+    );
+    // Nothing valid was lost along the way, and the server still answers.
+    assert_eq!(
+        s.ok("GET", "/v1/queues/q", Value::Null, 200).await["pending"],
+        0
+    );
+    s.ok("GET", "/healthz", Value::Null, 200).await;
+}
