@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use belfry_core::{LeaseId, LeasedTask};
+use belfry_core::{LeaseId, LeasedTask, TaskId};
 use belfry_sinks::{Attempt, Outcome};
 use belfry_store::LeaseOutcome;
 use tokio::sync::OwnedSemaphorePermit;
@@ -86,6 +86,9 @@ struct DeliveryJob {
     push: Arc<Push>,
 }
 
+/// What the writer will answer for one task's outcome: the write's result, once made.
+type Answer = tokio::sync::oneshot::Receiver<Result<LeaseOutcome, String>>;
+
 impl DeliveryJob {
     async fn run(self, batch: Vec<LeasedTask>, budget: Budget) {
         // The queue's in-flight slots are held until this delivery ends, however it ends.
@@ -93,29 +96,56 @@ impl DeliveryJob {
             runtime: self.runtime.clone(),
             leases: batch.iter().map(|t| t.lease_id).collect(),
         };
-        let shared = self.dispatcher.shared.clone();
-        let queue = self.runtime.name.clone();
         let started = Instant::now();
-        let now_ms = shared.now_ms();
-        let outcomes = if batch.len() == 1 {
-            let task = &batch[0].task;
-            vec![self.push.sink.deliver(task, task.attempts, now_ms).await]
-        } else {
-            let attempts: Vec<Attempt<'_>> = batch
-                .iter()
-                .map(|t| Attempt {
-                    task: &t.task,
-                    attempt: t.task.attempts,
-                })
-                .collect();
-            self.push.sink.deliver_batch(&attempts, now_ms).await
-        };
+        let outcomes = self.deliver(&batch).await;
         let seconds = started.elapsed().as_secs_f64();
+        let answers = self.record(&batch, outcomes, seconds).await;
+        let retried = self.settle(answers).await;
+        drop(slots);
+        drop(budget);
+        self.dispatcher.released();
+        if retried {
+            // A retry may be due sooner than the queue's current timer.
+            self.runtime.wake();
+        }
+    }
+
+    /// Hands the batch to the sink: one call, one outcome per task (a batch for sinks that
+    /// publish many per round trip).
+    async fn deliver(&self, batch: &[LeasedTask]) -> Vec<Outcome> {
+        let now_ms = self.dispatcher.shared.now_ms();
+        if let [one] = batch {
+            return vec![
+                self.push
+                    .sink
+                    .deliver(&one.task, one.task.attempts, now_ms)
+                    .await,
+            ];
+        }
+        let attempts: Vec<Attempt<'_>> = batch
+            .iter()
+            .map(|t| Attempt {
+                task: &t.task,
+                attempt: t.task.attempts,
+            })
+            .collect();
+        self.push.sink.deliver_batch(&attempts, now_ms).await
+    }
+
+    /// Decides what becomes of each task from its outcome (a missing outcome is a retry) and
+    /// queues the decision with the outcome writer.
+    async fn record(
+        &self,
+        batch: &[LeasedTask],
+        outcomes: Vec<Outcome>,
+        seconds: f64,
+    ) -> Vec<(TaskId, Action, Answer)> {
+        let queue = &self.runtime.name;
         let retry = self.runtime.config().retry;
-        let now_ms = shared.now_ms();
+        let now_ms = self.dispatcher.shared.now_ms();
         let mut answers = Vec::with_capacity(batch.len());
         let mut outcomes = outcomes.into_iter();
-        for leased in &batch {
+        for leased in batch {
             let outcome = outcomes.next().unwrap_or_else(|| Outcome::Retry {
                 after: None,
                 reason: format!(
@@ -147,6 +177,12 @@ impl DeliveryJob {
                 .await;
             answers.push((leased.task.id, action, answer));
         }
+        answers
+    }
+
+    /// Waits for each outcome's write and counts what it did; true if a task was retried.
+    async fn settle(&self, answers: Vec<(TaskId, Action, Answer)>) -> bool {
+        let queue = &self.runtime.name;
         let mut retried = false;
         for (id, action, answer) in answers {
             let result = answer
@@ -178,12 +214,6 @@ impl DeliveryJob {
                 }
             }
         }
-        drop(slots);
-        drop(budget);
-        self.dispatcher.released();
-        if retried {
-            // A retry may be due sooner than the queue's current timer.
-            self.runtime.wake();
-        }
+        retried
     }
 }
