@@ -96,6 +96,12 @@ impl StepReport {
     fn note_next(&mut self, at: UnixMs) {
         self.next_ms = Some(self.next_ms.map_or(at, |n| n.min(at)));
     }
+
+    /// Counts a fan-out this step leaves running, and the chunks it has still to make.
+    fn still_running(&mut self, f: &Fanout) {
+        self.fanouts_running += 1;
+        self.chunks_pending += u64::from(f.chunks.saturating_sub(f.chunk));
+    }
 }
 
 #[derive(Serialize)]
@@ -349,92 +355,103 @@ impl ReminderService {
     ) -> Result<bool> {
         let key = uid_key(r.uid);
         let mut made_this_step = 0;
+        // Only the first batch after a step begins can have been put already.
         let mut check_existing = true;
         loop {
             if made_this_step >= CHUNKS_PER_STEP {
-                report.fanouts_running += 1;
-                report.chunks_pending += u64::from(f.chunks.saturating_sub(f.chunk));
+                report.still_running(&f);
                 report.again = true;
                 return Ok(true);
             }
-            let mut batch: Vec<Made> = Vec::new();
-            let mut bytes = 0;
             let mut cursor = f.clone();
-            let mut finished = false;
-            while batch.len() < CHUNKS_PER_PUT && bytes < PUT_BYTES_MAX {
-                let due = self.chunk_due(r, &cursor);
-                if due > now_ms + LEAD_MS {
-                    report.note_next(due - LEAD_MS);
-                    break;
-                }
-                if check_existing {
-                    // Only the first batch after a step begins can have been put already.
-                    if let Some(found) = self.made_before(r, &cursor, now_ms)? {
-                        report.chunks_found += 1;
-                        cursor.chunk += 1;
-                        cursor.users += found.users;
-                        cursor.after = Some(found.last_user);
-                        if found.last {
-                            finished = true;
-                            break;
-                        }
-                        continue;
-                    }
-                    check_existing = false;
-                }
-                match self.make_chunk(r, &cursor, due)? {
-                    Some(made) => {
-                        bytes += made.task.payload.len();
-                        cursor.chunk += 1;
-                        cursor.users += made.users;
-                        cursor.after = Some(made.last_user.clone());
-                        let last = made.last;
-                        batch.push(made);
-                        if last {
-                            finished = true;
-                            break;
-                        }
-                    }
-                    None => {
-                        finished = true;
-                        break;
-                    }
-                }
-            }
+            let (batch, finished) =
+                self.fill_batch(r, &mut cursor, now_ms, check_existing, report)?;
             check_existing = false;
             let progressed = !batch.is_empty() || cursor != f;
             if !batch.is_empty() {
-                let queue = r.def.queue.as_str().to_owned();
-                let n = batch.len() as u64;
-                let users: u64 = batch.iter().map(|m| m.users).sum();
-                let outcomes = self
-                    .store
-                    .put(batch.into_iter().map(|m| m.task).collect())?;
-                let duplicates = outcomes
-                    .iter()
-                    .filter(|o| matches!(o, PutOutcome::Duplicate(_)))
-                    .count() as u64;
-                report.chunks_found += duplicates;
-                report.chunks_created += n - duplicates;
-                report.users_fanned_out += users;
-                *report.chunks_by_queue.entry(queue).or_default() += n - duplicates;
-                made_this_step += n as u32;
+                made_this_step += self.put_batch(r, batch, report)?;
             }
             if finished {
                 self.store.delete_meta(FANOUTS_NAMESPACE, &key)?;
                 report.fanouts_finished += 1;
                 return Ok(false);
             }
-            if progressed {
-                self.store
-                    .put_meta(FANOUTS_NAMESPACE, &key, encode_fanout(&cursor))?;
-                f = cursor;
-            } else {
-                report.fanouts_running += 1;
-                report.chunks_pending += u64::from(f.chunks.saturating_sub(f.chunk));
+            if !progressed {
+                report.still_running(&f);
                 return Ok(true);
             }
+            self.store
+                .put_meta(FANOUTS_NAMESPACE, &key, encode_fanout(&cursor))?;
+            f = cursor;
         }
+    }
+
+    /// The chunks due from `cursor` on, up to one put's worth, moving `cursor` past each.
+    /// With `check_existing`, chunks an interrupted step already put are found and skipped
+    /// first. Answers the chunks made and whether the fan-out's last chunk was reached.
+    fn fill_batch(
+        &self,
+        r: &Reminder,
+        cursor: &mut Fanout,
+        now_ms: UnixMs,
+        mut check_existing: bool,
+        report: &mut StepReport,
+    ) -> Result<(Vec<Made>, bool)> {
+        let mut batch: Vec<Made> = Vec::new();
+        let mut bytes = 0;
+        while batch.len() < CHUNKS_PER_PUT && bytes < PUT_BYTES_MAX {
+            let due = self.chunk_due(r, cursor);
+            if due > now_ms + LEAD_MS {
+                report.note_next(due - LEAD_MS);
+                break;
+            }
+            if check_existing {
+                if let Some(found) = self.made_before(r, cursor, now_ms)? {
+                    report.chunks_found += 1;
+                    cursor.chunk += 1;
+                    cursor.users += found.users;
+                    cursor.after = Some(found.last_user);
+                    if found.last {
+                        return Ok((batch, true));
+                    }
+                    continue;
+                }
+                check_existing = false;
+            }
+            let Some(made) = self.make_chunk(r, cursor, due)? else {
+                return Ok((batch, true));
+            };
+            bytes += made.task.payload.len();
+            cursor.chunk += 1;
+            cursor.users += made.users;
+            cursor.after = Some(made.last_user.clone());
+            let last = made.last;
+            batch.push(made);
+            if last {
+                return Ok((batch, true));
+            }
+        }
+        Ok((batch, false))
+    }
+
+    /// Puts a batch of chunks (a chunk put before is a duplicate, counted as found), and
+    /// answers how many it held.
+    fn put_batch(&self, r: &Reminder, batch: Vec<Made>, report: &mut StepReport) -> Result<u32> {
+        let queue = r.def.queue.as_str().to_owned();
+        let n = batch.len() as u64;
+        let users: u64 = batch.iter().map(|m| m.users).sum();
+        let outcomes = self
+            .store
+            .put(batch.into_iter().map(|m| m.task).collect())?;
+        let duplicates = outcomes
+            .iter()
+            .filter(|o| matches!(o, PutOutcome::Duplicate(_)))
+            .count() as u64;
+        report.chunks_found += duplicates;
+        report.chunks_created += n - duplicates;
+        report.users_fanned_out += users;
+        *report.chunks_by_queue.entry(queue).or_default() += n - duplicates;
+        Ok(n as u32)
     }
 
     /// When the chunk at `cursor` is due: the firing, plus the users before it at the pace.
