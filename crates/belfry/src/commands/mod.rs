@@ -10,8 +10,10 @@ pub mod task;
 use std::collections::BTreeMap;
 use std::io::Write;
 
-/// Where the client subcommands send their requests, and how they print the answers.
+/// Where the client subcommands send their requests, and how they print the answers. Their
+/// help lists these under a heading of their own, after the command's own options.
 #[derive(clap::Args)]
+#[command(next_help_heading = "Server and output")]
 pub struct Remote {
     /// The server's URL (http://HOST:PORT).
     #[arg(
