@@ -122,10 +122,20 @@ fn reminders_subscribers_and_the_feed_from_the_command_line() {
     );
     assert_eq!(later["run_at_ms"], 4_070_908_800_000u64);
 
-    // A file with a bad line (4: an empty id) in the middle, and duplicates (5 and 7).
+    // A file with bad lines (4: an empty id; 8: a JSON object, not an id), and duplicates
+    // (5 and 7).
     let users = dir.path().join("users.ndjson");
-    std::fs::write(&users, "u1\n\"u2\"\n42\n\"\"\nu1\nu3\n\"u2\"\n").expect("write file");
+    std::fs::write(
+        &users,
+        "u1\n\"u2\"\n42\n\"\"\nu1\nu3\n\"u2\"\n{\"user\":\"u4\"}\n",
+    )
+    .expect("write file");
     let users = users.to_str().expect("utf-8 path");
+    // Named without --file, the file is refused as a user id, and nothing is sent.
+    let (exit, _, stderr) = belfry(&server, &["reminder", "subscribe", "kickoff", users]);
+    assert_eq!(exit, Some(1));
+    assert!(stderr.contains("names a file, not a user"), "{stderr}");
+    assert!(stderr.contains("use --file"), "{stderr}");
     let answer = ok(
         &server,
         &["reminder", "subscribe", "kickoff", "--file", users],
@@ -135,8 +145,12 @@ fn reminders_subscribers_and_the_feed_from_the_command_line() {
         "{answer}"
     );
     assert!(answer.contains("unchanged: 2"), "{answer}");
-    assert!(answer.contains("refused:   1"), "{answer}");
+    assert!(answer.contains("refused:   2"), "{answer}");
     assert!(answer.contains("line 4: "), "{answer}");
+    assert!(
+        answer.contains("line 8: a JSON object or array"),
+        "{answer}"
+    );
     let count = ok(&server, &["reminder", "count", "kickoff"]);
     assert_eq!(count.trim(), "kickoff: 4 subscribers");
 

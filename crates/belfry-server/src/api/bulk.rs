@@ -156,13 +156,21 @@ impl BulkParser {
         self.overlong = false;
     }
 
-    /// An id from a JSON string, a number, or (NDJSON only) bare text.
+    /// An id from a JSON string, a number, or (NDJSON only) bare text. Bare text never
+    /// starts a JSON object or array: a line such as `{"user":1}` is a mistake to report, not
+    /// an id to subscribe.
     fn parse(&self, text: &str, bare_allowed: bool) -> Item {
         let id = if text.starts_with('"') {
             match serde_json::from_str::<String>(text) {
                 Ok(id) => id,
                 Err(e) => return self.bad(format!("not a JSON string: {e}")),
             }
+        } else if bare_allowed && (text.starts_with('{') || text.starts_with('[')) {
+            return self.bad(
+                "a JSON object or array is not a user id: send one id a line, as \"alice\", 42 \
+                 or alice"
+                    .into(),
+            );
         } else if text.bytes().all(|b| b.is_ascii_digit()) || bare_allowed {
             text.to_owned()
         } else {
@@ -311,11 +319,15 @@ mod tests {
 
     #[test]
     fn ndjson_lines_in_any_chunking() {
-        let body = "\"alice\"\n42\nbob smith\n\n\"bad\\x\"\n\"\"\n7";
+        let body = "\"alice\"\n42\nbob smith\n\n\"bad\\x\"\n\"\"\n7\n{\"user\":8}\n[9]\nx{y}";
         for step in [1, 2, 3, 7, 100] {
             let (users, bad, end) = run(body, step);
-            assert_eq!(users, vec!["alice", "42", "bob smith", "7"], "step {step}");
-            assert_eq!(bad, vec![5, 6], "step {step}");
+            assert_eq!(
+                users,
+                vec!["alice", "42", "bob smith", "7", "x{y}"],
+                "step {step}"
+            );
+            assert_eq!(bad, vec![5, 6, 8, 9], "step {step}");
             assert_eq!(end, Ok(()));
         }
     }

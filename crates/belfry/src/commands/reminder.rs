@@ -257,6 +257,14 @@ async fn bulk(remote: &Remote, args: Subscribers, subscribe: bool) -> anyhow::Re
     if args.users.is_empty() && args.file.is_none() {
         bail!("name the users: USER... on the command line, or --file FILE (NDJSON; - for stdin)");
     }
+    // `subscribe ID users.ndjson` (forgetting --file) would otherwise subscribe one user
+    // named after the file.
+    if let Some(path) = args.users.iter().find(|u| Path::new(u.as_str()).is_file()) {
+        bail!(
+            "{path:?} names a file, not a user: to send the ids in it, use --file {path} (a user \
+             whose id is that very text can be listed in such a file)"
+        );
+    }
     let client = client(remote)?;
     let (body, bar) = match &args.file {
         Some(path) => {
