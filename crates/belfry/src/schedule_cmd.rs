@@ -121,7 +121,7 @@ fn describe(s: &Schedule) -> String {
     let next = match (&s.next_fire_at, &s.next_fire_local) {
         _ if s.paused => "paused".to_owned(),
         (Some(_), Some(local)) if s.cron.is_some() => match s.next_fire_at_ms {
-            Some(ms) => format!("next {}, {local}", time(ms, now_ms())),
+            Some(ms) => format!("next {} = {local}", time(ms, now_ms())),
             None => format!("next {local}"),
         },
         (Some(utc), _) => match s.next_fire_at_ms {
@@ -194,12 +194,12 @@ fn describe_next(id: &str, next: NextFireTimes) -> String {
         return format!("{id} will not fire again");
     }
     let now = now_ms();
-    let lines: Vec<String> = next
+    let rows: Vec<Vec<String>> = next
         .fire_times
         .iter()
-        .map(|t| format!("{}  {}", time(t.at_ms, now), t.local))
+        .map(|t| vec![time(t.at_ms, now), t.local.clone()])
         .collect();
-    lines.join("\n")
+    table(&["FIRES AT", "IN THE SCHEDULE'S ZONE"], &rows)
 }
 
 fn describe_forecast(forecast: Forecast) -> String {

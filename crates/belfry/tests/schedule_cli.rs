@@ -112,7 +112,10 @@ fn schedule_subcommands_against_a_running_server() {
         assert!(local.ends_with("[Europe/Paris]"), "{local}");
     }
     let human = ok(&server, &["schedule", "next", "nightly", "-n", "2"]);
-    assert_eq!(human.lines().count(), 2, "{human}");
+    let lines: Vec<&str> = human.lines().collect();
+    assert_eq!(lines.len(), 3, "a header and two fire times: {human}");
+    assert!(lines[0].starts_with("FIRES AT"), "{human}");
+    assert!(lines[1].ends_with("[Europe/Paris]"), "{human}");
 
     let paused = json(&server, &["schedule", "pause", "nightly"]);
     assert_eq!(paused["paused"], true);
