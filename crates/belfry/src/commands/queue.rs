@@ -29,6 +29,7 @@ pub enum QueueCommand {
 
 #[derive(Debug, Args)]
 pub struct QueueCreate {
+    /// The queue's name: 1 to 128 of A-Z a-z 0-9 _ . -
     pub queue: String,
     /// Tasks per second (0 = unlimited).
     #[arg(long)]

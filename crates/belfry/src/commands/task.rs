@@ -77,6 +77,7 @@ pub enum TaskCommand {
 /// A task named by its id, or by the idempotency key it was submitted with.
 #[derive(Debug, Args)]
 pub struct Target {
+    /// The task's queue.
     pub queue: String,
     /// The task's id (or use --key).
     #[arg(required_unless_present = "key", conflicts_with = "key")]
@@ -103,6 +104,7 @@ pub struct When {
 
 #[derive(Debug, Args)]
 pub struct TaskAdd {
+    /// The queue to add it to; it must exist (`belfry queue create`).
     pub queue: String,
     /// JSON payload (default null).
     #[arg(long)]
