@@ -435,7 +435,7 @@ impl KafkaSink {
             match outcome {
                 Outcome::Delivered => {}
                 Outcome::Retry { reason, .. } => {
-                    tracing::info!(task = %item.task.id, attempt = item.attempt, target = %self.config.target, %reason, "kafka produce failed, will retry")
+                    tracing::info!(task = %item.task.id, attempt = item.attempt, target = %self.config.target, %reason, "kafka produce failed; retryable (the queue's retry policy decides whether it is tried again)")
                 }
                 Outcome::Reject { reason } => {
                     tracing::warn!(task = %item.task.id, attempt = item.attempt, target = %self.config.target, %reason, "kafka produce rejected")

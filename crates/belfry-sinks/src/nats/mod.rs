@@ -391,7 +391,7 @@ impl NatsSink {
             match outcome {
                 Outcome::Delivered => {}
                 Outcome::Retry { reason, .. } => {
-                    tracing::info!(task = %item.task.id, attempt = item.attempt, target = %self.config.target, %reason, "nats publish failed, will retry")
+                    tracing::info!(task = %item.task.id, attempt = item.attempt, target = %self.config.target, %reason, "nats publish failed; retryable (the queue's retry policy decides whether it is tried again)")
                 }
                 Outcome::Reject { reason } => {
                     tracing::warn!(task = %item.task.id, attempt = item.attempt, target = %self.config.target, %reason, "nats publish rejected")

@@ -376,7 +376,7 @@ impl RedisStreamSink {
                 tracing::debug!(tasks = batch.len(), target = %self.target, "appended to redis stream")
             }
             Outcome::Retry { reason, .. } => {
-                tracing::info!(tasks = batch.len(), target = %self.target, %reason, "redis stream append failed, will retry")
+                tracing::info!(tasks = batch.len(), target = %self.target, %reason, "redis stream append failed; retryable (the queue's retry policy decides whether it is tried again)")
             }
             Outcome::Reject { reason } => {
                 tracing::warn!(tasks = batch.len(), target = %self.target, %reason, "redis stream append rejected")

@@ -286,7 +286,7 @@ impl WebhookSink {
                 tracing::debug!(task = %task.id, attempt, target = %self.url_for_logs, "delivered webhook")
             }
             Outcome::Retry { reason, after } => {
-                tracing::info!(task = %task.id, attempt, target = %self.url_for_logs, %reason, ?after, "webhook failed, will retry")
+                tracing::info!(task = %task.id, attempt, target = %self.url_for_logs, %reason, ?after, "webhook failed; retryable (the queue's retry policy decides whether it is tried again)")
             }
             Outcome::Reject { reason } => {
                 tracing::warn!(task = %task.id, attempt, target = %self.url_for_logs, %reason, "webhook rejected the task")
