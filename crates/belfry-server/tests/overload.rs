@@ -4,6 +4,7 @@
 
 mod common;
 
+use belfry_store::Store;
 use common::{code, TestServer, T0};
 use serde_json::{json, Value};
 
@@ -22,13 +23,11 @@ impl StallingStore {
     }
 }
 
-impl belfry_store::Wraps for StallingStore {
+impl belfry_store::ForwardingStore for StallingStore {
     fn wrapped(&self) -> &dyn belfry_store::Store {
         &self.inner
     }
-}
 
-impl belfry_store::Store for StallingStore {
     fn put(
         &self,
         tasks: Vec<belfry_core::NewTask>,
@@ -42,38 +41,6 @@ impl belfry_store::Store for StallingStore {
         drop(released);
         self.inner.put(tasks)
     }
-    belfry_store::forward_store_calls!(
-        put_queue,
-        get_queue,
-        list_queues,
-        delete_queue,
-        get,
-        get_by_key,
-        cancel,
-        reschedule,
-        claim,
-        ack,
-        nack,
-        extend,
-        dead_letter,
-        list_dead,
-        redrive,
-        counts,
-        forecast,
-        next_due_ms,
-        put_meta,
-        get_meta,
-        delete_meta,
-        list_meta,
-        subscribe,
-        unsubscribe,
-        is_subscribed,
-        subscriber_count,
-        subscribers,
-        user_sets,
-        drop_set,
-        flush,
-    );
 }
 
 /// A server with `config` on a [`StallingStore`] (puts wait until released), and queue `q`.

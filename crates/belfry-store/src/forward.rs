@@ -1,596 +1,281 @@
-//! Forwarding for stores that wrap another one: a fault-injecting store in a test, a store
-//! that announces its writes, a metrics wrapper. The wrapper implements [`Wraps`], writes
-//! the `Store` methods it changes, and forwards the others by name:
+//! Stores that wrap another one: a fault-injecting store in a test, a store that announces
+//! its writes to other nodes, a metrics wrapper. A wrapper implements [`ForwardingStore`]:
+//! it names the store inside ([`ForwardingStore::wrapped`]) and writes only the methods it
+//! changes; every other call goes to the wrapped store, defaults included (a wrapped
+//! engine's own `subscriber_page` or `delivery_is_quick`, not the trait's generic ones).
+//! Each such wrapper is a [`Store`] through the blanket impl below.
 //!
 //! ```
 //! use std::sync::atomic::{AtomicUsize, Ordering};
-//! use belfry_store::{forward_store_calls, MemoryStore, Store, Wraps};
+//! use belfry_core::NewTask;
+//! use belfry_store::{MemoryStore, PutOutcome, Result, Store};
 //!
-//! /// Counts puts, and forwards everything else to the store inside.
+//! /// Counts puts; everything else is the store inside.
 //! struct CountingStore {
 //!     inner: MemoryStore,
 //!     puts: AtomicUsize,
 //! }
 //!
-//! impl Wraps for CountingStore {
+//! // Named by its path rather than imported: with both traits in scope, a call on the
+//! // wrapper itself (`store.list_queues()`) would be ambiguous.
+//! impl belfry_store::ForwardingStore for CountingStore {
 //!     fn wrapped(&self) -> &dyn Store {
 //!         &self.inner
 //!     }
-//! }
-//!
-//! impl Store for CountingStore {
-//!     fn put(&self, tasks: Vec<belfry_core::NewTask>) -> belfry_store::Result<Vec<belfry_store::PutOutcome>> {
+//!     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
 //!         self.puts.fetch_add(1, Ordering::Relaxed);
 //!         self.inner.put(tasks)
 //!     }
-//!     forward_store_calls!(
-//!         put_queue, get_queue, list_queues, delete_queue, get, get_by_key, cancel, reschedule,
-//!         claim, ack, nack, extend, dead_letter, list_dead, redrive, counts, forecast,
-//!         next_due_ms, put_meta, get_meta, delete_meta, list_meta, subscribe, unsubscribe,
-//!         is_subscribed, subscriber_count, subscribers, user_sets, drop_set, flush,
-//!     );
 //! }
+//!
+//! let store = CountingStore { inner: MemoryStore::new(), puts: AtomicUsize::new(0) };
+//! assert!(store.list_queues().unwrap().is_empty());
 //! ```
 //!
-//! A method with a default in `Store` that is not named keeps that default, which calls the
-//! wrapper's own methods (the default `write_meta` calls the wrapper's `put_meta`); named, it
-//! goes to the wrapped store's own version. The signatures live here once, beside the trait:
-//! a new `Store` method gets its arm in [`__forward_store_call`].
+//! A wrapper that wants one of `Store`'s composite defaults to go through its own methods
+//! (`write_meta` as a `put_meta` per change, say) writes that method itself. The method
+//! list lives here once, in the `forwarding!` call: a new `Store` method gets its line
+//! there, and a required one that does not fails to compile.
 
-use crate::Store;
+use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs, UserId, UserPage};
+use bytes::Bytes;
 
-/// A store that wraps another, for [`forward_store_calls`].
-pub trait Wraps {
-    /// The store the forwarded calls go to.
-    fn wrapped(&self) -> &dyn Store;
+use crate::{
+    ChangeOutcome, ClaimBatch, EventSink, InFlightRoom, LeaseOutcome, MetaChange, PutOutcome,
+    QueueCounts, Result, Store, StoreHealth,
+};
+
+/// Writes [`ForwardingStore`], each method forwarding to the wrapped store by default, and
+/// the blanket `Store` impl that calls them, from one list of `Store`'s methods.
+macro_rules! forwarding {
+    ($(fn $name:ident(&self $(, $arg:ident: $ty:ty)* $(,)?) -> $ret:ty;)*) => {
+        /// A store that wraps another: see the module's documentation. Every method
+        /// forwards to [`ForwardingStore::wrapped`] unless the wrapper writes it.
+        pub trait ForwardingStore: Send + Sync + 'static {
+            /// The store the calls the wrapper does not change go to.
+            fn wrapped(&self) -> &dyn Store;
+            $(
+                fn $name(&self $(, $arg: $ty)*) -> $ret {
+                    self.wrapped().$name($($arg),*)
+                }
+            )*
+        }
+
+        impl<W: ForwardingStore> Store for W {
+            $(
+                fn $name(&self $(, $arg: $ty)*) -> $ret {
+                    ForwardingStore::$name(self $(, $arg)*)
+                }
+            )*
+        }
+    };
 }
 
-/// The types the forwarding arms name, reachable from any crate that calls the macro.
-#[doc(hidden)]
-pub mod __forward {
-    pub use crate::{
-        ChangeOutcome, ClaimBatch, EventSink, InFlightRoom, LeaseOutcome, MetaChange, PutOutcome,
-        QueueCounts, Result, StoreHealth,
-    };
-    pub use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs, UserId, UserPage};
-    pub use bytes::Bytes;
-}
-
-/// Writes the named `Store` methods as calls to [`Wraps::wrapped`]; use it inside
-/// `impl Store for …`. See the module's documentation.
-#[macro_export]
-macro_rules! forward_store_calls {
-    ($($method:ident),* $(,)?) => {
-        $($crate::__forward_store_call!($method);)*
-    };
-}
-
-/// One `Store` method forwarded; an arm per method of the trait.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __forward_store_call {
-    (put_queue) => {
-        fn put_queue(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            config: $crate::__forward::Bytes,
-        ) -> $crate::__forward::Result<bool> {
-            $crate::Wraps::wrapped(self).put_queue(queue, config)
-        }
-    };
-    (get_queue) => {
-        fn get_queue(
-            &self,
-            queue: &$crate::__forward::QueueName,
-        ) -> $crate::__forward::Result<Option<$crate::__forward::Bytes>> {
-            $crate::Wraps::wrapped(self).get_queue(queue)
-        }
-    };
-    (list_queues) => {
-        fn list_queues(
-            &self,
-        ) -> $crate::__forward::Result<Vec<($crate::__forward::QueueName, $crate::__forward::Bytes)>>
-        {
-            $crate::Wraps::wrapped(self).list_queues()
-        }
-    };
-    (delete_queue) => {
-        fn delete_queue(
-            &self,
-            queue: &$crate::__forward::QueueName,
-        ) -> $crate::__forward::Result<bool> {
-            $crate::Wraps::wrapped(self).delete_queue(queue)
-        }
-    };
-    (put) => {
-        fn put(
-            &self,
-            tasks: Vec<$crate::__forward::NewTask>,
-        ) -> $crate::__forward::Result<Vec<$crate::__forward::PutOutcome>> {
-            $crate::Wraps::wrapped(self).put(tasks)
-        }
-    };
-    (get) => {
-        fn get(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            id: $crate::__forward::TaskId,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<Option<$crate::__forward::Task>> {
-            $crate::Wraps::wrapped(self).get(queue, id, now_ms)
-        }
-    };
-    (get_by_key) => {
-        fn get_by_key(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            key: &str,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<Option<$crate::__forward::Task>> {
-            $crate::Wraps::wrapped(self).get_by_key(queue, key, now_ms)
-        }
-    };
-    (cancel) => {
-        fn cancel(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            id: $crate::__forward::TaskId,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<$crate::__forward::ChangeOutcome> {
-            $crate::Wraps::wrapped(self).cancel(queue, id, now_ms)
-        }
-    };
-    (reschedule) => {
-        fn reschedule(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            id: $crate::__forward::TaskId,
-            due_at_ms: $crate::__forward::UnixMs,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<$crate::__forward::ChangeOutcome> {
-            $crate::Wraps::wrapped(self).reschedule(queue, id, due_at_ms, now_ms)
-        }
-    };
-    (claim) => {
-        fn claim(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            now_ms: $crate::__forward::UnixMs,
-            max: usize,
-            visibility_ms: u64,
-        ) -> $crate::__forward::Result<$crate::__forward::ClaimBatch> {
-            $crate::Wraps::wrapped(self).claim(queue, now_ms, max, visibility_ms)
-        }
-    };
-    (ack) => {
-        fn ack(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            id: $crate::__forward::TaskId,
-            lease: $crate::__forward::LeaseId,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<$crate::__forward::LeaseOutcome> {
-            $crate::Wraps::wrapped(self).ack(queue, id, lease, now_ms)
-        }
-    };
-    (ack_many) => {
-        fn ack_many(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            acks: &[($crate::__forward::TaskId, $crate::__forward::LeaseId)],
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<Vec<$crate::__forward::LeaseOutcome>> {
-            $crate::Wraps::wrapped(self).ack_many(queue, acks, now_ms)
-        }
-    };
-    (nack) => {
-        fn nack(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            id: $crate::__forward::TaskId,
-            lease: $crate::__forward::LeaseId,
-            retry_at_ms: $crate::__forward::UnixMs,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<$crate::__forward::LeaseOutcome> {
-            $crate::Wraps::wrapped(self).nack(queue, id, lease, retry_at_ms, now_ms)
-        }
-    };
-    (extend) => {
-        fn extend(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            id: $crate::__forward::TaskId,
-            lease: $crate::__forward::LeaseId,
-            lease_until_ms: $crate::__forward::UnixMs,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<$crate::__forward::LeaseOutcome> {
-            $crate::Wraps::wrapped(self).extend(queue, id, lease, lease_until_ms, now_ms)
-        }
-    };
-    (dead_letter) => {
-        fn dead_letter(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            id: $crate::__forward::TaskId,
-            lease: $crate::__forward::LeaseId,
-            reason: &str,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<$crate::__forward::LeaseOutcome> {
-            $crate::Wraps::wrapped(self).dead_letter(queue, id, lease, reason, now_ms)
-        }
-    };
-    (list_dead) => {
-        fn list_dead(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            after: Option<$crate::__forward::TaskId>,
-            limit: usize,
-        ) -> $crate::__forward::Result<Vec<$crate::__forward::Task>> {
-            $crate::Wraps::wrapped(self).list_dead(queue, after, limit)
-        }
-    };
-    (redrive) => {
-        fn redrive(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            id: $crate::__forward::TaskId,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<$crate::__forward::ChangeOutcome> {
-            $crate::Wraps::wrapped(self).redrive(queue, id, now_ms)
-        }
-    };
-    (counts) => {
-        fn counts(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<$crate::__forward::QueueCounts> {
-            $crate::Wraps::wrapped(self).counts(queue, now_ms)
-        }
-    };
-    (forecast) => {
-        fn forecast(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            from_ms: $crate::__forward::UnixMs,
-            step_ms: u64,
-            steps: usize,
-        ) -> $crate::__forward::Result<Vec<u64>> {
-            $crate::Wraps::wrapped(self).forecast(queue, from_ms, step_ms, steps)
-        }
-    };
-    (next_due_ms) => {
-        fn next_due_ms(
-            &self,
-            queue: &$crate::__forward::QueueName,
-        ) -> $crate::__forward::Result<Option<$crate::__forward::UnixMs>> {
-            $crate::Wraps::wrapped(self).next_due_ms(queue)
-        }
-    };
-    (put_meta) => {
-        fn put_meta(
-            &self,
-            namespace: &str,
-            key: &str,
-            value: $crate::__forward::Bytes,
-        ) -> $crate::__forward::Result<()> {
-            $crate::Wraps::wrapped(self).put_meta(namespace, key, value)
-        }
-    };
-    (get_meta) => {
-        fn get_meta(
-            &self,
-            namespace: &str,
-            key: &str,
-        ) -> $crate::__forward::Result<Option<$crate::__forward::Bytes>> {
-            $crate::Wraps::wrapped(self).get_meta(namespace, key)
-        }
-    };
-    (get_meta_many) => {
-        fn get_meta_many(
-            &self,
-            namespace: &str,
-            keys: &[&str],
-        ) -> $crate::__forward::Result<Vec<Option<$crate::__forward::Bytes>>> {
-            $crate::Wraps::wrapped(self).get_meta_many(namespace, keys)
-        }
-    };
-    (delete_meta) => {
-        fn delete_meta(&self, namespace: &str, key: &str) -> $crate::__forward::Result<bool> {
-            $crate::Wraps::wrapped(self).delete_meta(namespace, key)
-        }
-    };
-    (list_meta) => {
-        fn list_meta(
-            &self,
-            namespace: &str,
-        ) -> $crate::__forward::Result<Vec<(String, $crate::__forward::Bytes)>> {
-            $crate::Wraps::wrapped(self).list_meta(namespace)
-        }
-    };
-    (write_meta) => {
-        fn write_meta(
-            &self,
-            changes: Vec<$crate::__forward::MetaChange>,
-        ) -> $crate::__forward::Result<()> {
-            $crate::Wraps::wrapped(self).write_meta(changes)
-        }
-    };
-    (meta_versions) => {
-        fn meta_versions(
-            &self,
-            namespaces: &[&str],
-        ) -> $crate::__forward::Result<Option<Vec<u64>>> {
-            $crate::Wraps::wrapped(self).meta_versions(namespaces)
-        }
-    };
-    (subscribe) => {
-        fn subscribe(
-            &self,
-            set: u64,
-            users: &[$crate::__forward::UserId],
-        ) -> $crate::__forward::Result<u64> {
-            $crate::Wraps::wrapped(self).subscribe(set, users)
-        }
-    };
-    (unsubscribe) => {
-        fn unsubscribe(
-            &self,
-            set: u64,
-            users: &[$crate::__forward::UserId],
-        ) -> $crate::__forward::Result<u64> {
-            $crate::Wraps::wrapped(self).unsubscribe(set, users)
-        }
-    };
-    (is_subscribed) => {
-        fn is_subscribed(
-            &self,
-            set: u64,
-            user: &$crate::__forward::UserId,
-        ) -> $crate::__forward::Result<bool> {
-            $crate::Wraps::wrapped(self).is_subscribed(set, user)
-        }
-    };
-    (subscriber_count) => {
-        fn subscriber_count(&self, set: u64) -> $crate::__forward::Result<u64> {
-            $crate::Wraps::wrapped(self).subscriber_count(set)
-        }
-    };
-    (subscriber_counts) => {
-        fn subscriber_counts(&self, sets: &[u64]) -> $crate::__forward::Result<Vec<u64>> {
-            $crate::Wraps::wrapped(self).subscriber_counts(sets)
-        }
-    };
-    (subscribers) => {
-        fn subscribers(
-            &self,
-            set: u64,
-            after: Option<&$crate::__forward::UserId>,
-            limit: usize,
-        ) -> $crate::__forward::Result<Vec<$crate::__forward::UserId>> {
-            $crate::Wraps::wrapped(self).subscribers(set, after, limit)
-        }
-    };
-    (subscriber_page) => {
-        fn subscriber_page(
-            &self,
-            set: u64,
-            after: Option<&$crate::__forward::UserId>,
-            limit: usize,
-            page: &mut $crate::__forward::UserPage,
-        ) -> $crate::__forward::Result<()> {
-            $crate::Wraps::wrapped(self).subscriber_page(set, after, limit, page)
-        }
-    };
-    (user_sets) => {
-        fn user_sets(
-            &self,
-            user: &$crate::__forward::UserId,
-            limit: usize,
-        ) -> $crate::__forward::Result<Vec<u64>> {
-            $crate::Wraps::wrapped(self).user_sets(user, limit)
-        }
-    };
-    (drop_set) => {
-        fn drop_set(&self, set: u64) -> $crate::__forward::Result<u64> {
-            $crate::Wraps::wrapped(self).drop_set(set)
-        }
-    };
-    (subscribe_events) => {
-        fn subscribe_events(
-            &self,
-            sink: $crate::__forward::EventSink,
-        ) -> $crate::__forward::Result<()> {
-            $crate::Wraps::wrapped(self).subscribe_events(sink)
-        }
-    };
-    (claim_owned) => {
-        fn claim_owned(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            now_ms: $crate::__forward::UnixMs,
-            max: usize,
-            visibility_ms: u64,
-        ) -> $crate::__forward::Result<$crate::__forward::ClaimBatch> {
-            $crate::Wraps::wrapped(self).claim_owned(queue, now_ms, max, visibility_ms)
-        }
-    };
-    (sweep) => {
-        fn sweep(&self) -> $crate::__forward::Result<()> {
-            $crate::Wraps::wrapped(self).sweep()
-        }
-    };
-    (next_due_owned_ms) => {
-        fn next_due_owned_ms(
-            &self,
-            queue: &$crate::__forward::QueueName,
-        ) -> $crate::__forward::Result<Option<$crate::__forward::UnixMs>> {
-            $crate::Wraps::wrapped(self).next_due_owned_ms(queue)
-        }
-    };
-    (take_rate_tokens) => {
-        fn take_rate_tokens(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            want: u64,
-            rate_per_s: f64,
-            burst: f64,
-        ) -> $crate::__forward::Result<Option<u64>> {
-            $crate::Wraps::wrapped(self).take_rate_tokens(queue, want, rate_per_s, burst)
-        }
-    };
-    (return_rate_tokens) => {
-        fn return_rate_tokens(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            count: u64,
-            rate_per_s: f64,
-            burst: f64,
-        ) -> $crate::__forward::Result<()> {
-            $crate::Wraps::wrapped(self).return_rate_tokens(queue, count, rate_per_s, burst)
-        }
-    };
-    (reserve_in_flight) => {
-        fn reserve_in_flight(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            want: u64,
-            cap: u64,
-            now_ms: $crate::__forward::UnixMs,
-            until_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<Option<$crate::__forward::InFlightRoom>> {
-            $crate::Wraps::wrapped(self).reserve_in_flight(queue, want, cap, now_ms, until_ms)
-        }
-    };
-    (settle_in_flight) => {
-        fn settle_in_flight(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            room: &$crate::__forward::InFlightRoom,
-            leases: &[($crate::__forward::LeaseId, $crate::__forward::UnixMs)],
-            now_ms: $crate::__forward::UnixMs,
-        ) -> $crate::__forward::Result<()> {
-            $crate::Wraps::wrapped(self).settle_in_flight(queue, room, leases, now_ms)
-        }
-    };
-    (owns) => {
-        fn owns(&self, key: &str) -> bool {
-            $crate::Wraps::wrapped(self).owns(key)
-        }
-    };
-    (flush) => {
-        fn flush(&self) -> $crate::__forward::Result<()> {
-            $crate::Wraps::wrapped(self).flush()
-        }
-    };
-    (delivery_is_quick) => {
-        fn delivery_is_quick(&self) -> bool {
-            $crate::Wraps::wrapped(self).delivery_is_quick()
-        }
-    };
-    (claim_is_quick) => {
-        fn claim_is_quick(
-            &self,
-            queue: &$crate::__forward::QueueName,
-            now_ms: $crate::__forward::UnixMs,
-        ) -> bool {
-            $crate::Wraps::wrapped(self).claim_is_quick(queue, now_ms)
-        }
-    };
-    (reads_are_quick) => {
-        fn reads_are_quick(&self) -> bool {
-            $crate::Wraps::wrapped(self).reads_are_quick()
-        }
-    };
-    (health) => {
-        fn health(&self) -> $crate::__forward::StoreHealth {
-            $crate::Wraps::wrapped(self).health()
-        }
-    };
+forwarding! {
+    fn put_queue(&self, queue: &QueueName, config: Bytes) -> Result<bool>;
+    fn get_queue(&self, queue: &QueueName) -> Result<Option<Bytes>>;
+    fn list_queues(&self) -> Result<Vec<(QueueName, Bytes)>>;
+    fn delete_queue(&self, queue: &QueueName) -> Result<bool>;
+    fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>>;
+    fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>>;
+    fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>>;
+    fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+    fn reschedule(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        due_at_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<ChangeOutcome>;
+    fn claim(
+        &self,
+        queue: &QueueName,
+        now_ms: UnixMs,
+        max: usize,
+        visibility_ms: u64,
+    ) -> Result<ClaimBatch>;
+    fn ack(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
+    fn ack_many(
+        &self,
+        queue: &QueueName,
+        acks: &[(TaskId, LeaseId)],
+        now_ms: UnixMs,
+    ) -> Result<Vec<LeaseOutcome>>;
+    fn nack(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        retry_at_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
+    fn extend(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        lease_until_ms: UnixMs,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
+    fn dead_letter(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
+    fn list_dead(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<Task>>;
+    fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+    fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts>;
+    fn forecast(
+        &self,
+        queue: &QueueName,
+        from_ms: UnixMs,
+        step_ms: u64,
+        steps: usize,
+    ) -> Result<Vec<u64>>;
+    fn next_due_ms(&self, queue: &QueueName) -> Result<Option<UnixMs>>;
+    fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> Result<()>;
+    fn get_meta(&self, namespace: &str, key: &str) -> Result<Option<Bytes>>;
+    fn get_meta_many(&self, namespace: &str, keys: &[&str]) -> Result<Vec<Option<Bytes>>>;
+    fn delete_meta(&self, namespace: &str, key: &str) -> Result<bool>;
+    fn list_meta(&self, namespace: &str) -> Result<Vec<(String, Bytes)>>;
+    fn write_meta(&self, changes: Vec<MetaChange>) -> Result<()>;
+    fn meta_versions(&self, namespaces: &[&str]) -> Result<Option<Vec<u64>>>;
+    fn subscribe(&self, set: u64, users: &[UserId]) -> Result<u64>;
+    fn unsubscribe(&self, set: u64, users: &[UserId]) -> Result<u64>;
+    fn is_subscribed(&self, set: u64, user: &UserId) -> Result<bool>;
+    fn subscriber_count(&self, set: u64) -> Result<u64>;
+    fn subscriber_counts(&self, sets: &[u64]) -> Result<Vec<u64>>;
+    fn subscribers(&self, set: u64, after: Option<&UserId>, limit: usize) -> Result<Vec<UserId>>;
+    fn subscriber_page(
+        &self,
+        set: u64,
+        after: Option<&UserId>,
+        limit: usize,
+        page: &mut UserPage,
+    ) -> Result<()>;
+    fn user_sets(&self, user: &UserId, limit: usize) -> Result<Vec<u64>>;
+    fn drop_set(&self, set: u64) -> Result<u64>;
+    fn subscribe_events(&self, sink: EventSink) -> Result<()>;
+    fn claim_owned(
+        &self,
+        queue: &QueueName,
+        now_ms: UnixMs,
+        max: usize,
+        visibility_ms: u64,
+    ) -> Result<ClaimBatch>;
+    fn sweep(&self) -> Result<()>;
+    fn next_due_owned_ms(&self, queue: &QueueName) -> Result<Option<UnixMs>>;
+    fn take_rate_tokens(
+        &self,
+        queue: &QueueName,
+        want: u64,
+        rate_per_s: f64,
+        burst: f64,
+    ) -> Result<Option<u64>>;
+    fn return_rate_tokens(
+        &self,
+        queue: &QueueName,
+        count: u64,
+        rate_per_s: f64,
+        burst: f64,
+    ) -> Result<()>;
+    fn reserve_in_flight(
+        &self,
+        queue: &QueueName,
+        want: u64,
+        cap: u64,
+        now_ms: UnixMs,
+        until_ms: UnixMs,
+    ) -> Result<Option<InFlightRoom>>;
+    fn settle_in_flight(
+        &self,
+        queue: &QueueName,
+        room: &InFlightRoom,
+        leases: &[(LeaseId, UnixMs)],
+        now_ms: UnixMs,
+    ) -> Result<()>;
+    fn owns(&self, key: &str) -> bool;
+    fn flush(&self) -> Result<()>;
+    fn delivery_is_quick(&self) -> bool;
+    fn claim_is_quick(&self, queue: &QueueName, now_ms: UnixMs) -> bool;
+    fn reads_are_quick(&self) -> bool;
+    fn health(&self) -> StoreHealth;
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Wraps;
-    use crate::{MemoryStore, Store};
+    use crate::{MemoryStore, MetaChange, Store};
     use belfry_core::{NewTask, QueueName};
     use bytes::Bytes;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
-    /// Forwards every method, so each arm of the macro is compiled against the trait.
-    struct Everything(MemoryStore);
+    /// Changes `put_meta` only: counts it.
+    struct Counting {
+        inner: MemoryStore,
+        put_metas: AtomicUsize,
+    }
 
-    impl Wraps for Everything {
+    impl super::ForwardingStore for Counting {
         fn wrapped(&self) -> &dyn Store {
-            &self.0
+            &self.inner
+        }
+        fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> crate::Result<()> {
+            self.put_metas.fetch_add(1, Ordering::SeqCst);
+            self.inner.put_meta(namespace, key, value)
         }
     }
 
-    impl Store for Everything {
-        forward_store_calls!(
-            put_queue,
-            get_queue,
-            list_queues,
-            delete_queue,
-            put,
-            get,
-            get_by_key,
-            cancel,
-            reschedule,
-            claim,
-            ack,
-            ack_many,
-            nack,
-            extend,
-            dead_letter,
-            list_dead,
-            redrive,
-            counts,
-            forecast,
-            next_due_ms,
-            put_meta,
-            get_meta,
-            get_meta_many,
-            delete_meta,
-            list_meta,
-            write_meta,
-            meta_versions,
-            subscribe,
-            unsubscribe,
-            is_subscribed,
-            subscriber_count,
-            subscriber_counts,
-            subscribers,
-            subscriber_page,
-            user_sets,
-            drop_set,
-            subscribe_events,
-            claim_owned,
-            sweep,
-            next_due_owned_ms,
-            take_rate_tokens,
-            return_rate_tokens,
-            reserve_in_flight,
-            settle_in_flight,
-            owns,
-            flush,
-            delivery_is_quick,
-            claim_is_quick,
-            reads_are_quick,
-            health,
-        );
-    }
-
     #[test]
-    fn forwarded_calls_reach_the_wrapped_store() {
-        let store = Everything(MemoryStore::new());
+    fn calls_reach_the_wrapped_store_and_a_changed_method_is_the_wrappers() {
+        let store = Counting {
+            inner: MemoryStore::new(),
+            put_metas: AtomicUsize::new(0),
+        };
         let queue = QueueName::new("q").unwrap();
         assert!(store.put_queue(&queue, Bytes::from_static(b"{}")).unwrap());
-        let task = NewTask::new(queue.clone(), 1_000, Bytes::from_static(b"x"));
-        store.put(vec![task]).unwrap();
-        assert_eq!(store.0.counts(&queue, 0).unwrap().pending, 1);
+        store
+            .put(vec![NewTask::new(
+                queue.clone(),
+                1_000,
+                Bytes::from_static(b"1"),
+            )])
+            .unwrap();
+        assert_eq!(store.inner.counts(&queue, 0).unwrap().pending, 1);
         assert_eq!(store.next_due_ms(&queue).unwrap(), Some(1_000));
-        let batch = store.claim(&queue, 1_000, 10, 60_000).unwrap();
-        assert_eq!(batch.leased.len(), 1);
-        assert_eq!(store.0.counts(&queue, 1_000).unwrap().in_flight, 1);
+        assert_eq!(
+            store.claim(&queue, 1_000, 10, 60_000).unwrap().leased.len(),
+            1
+        );
+        assert_eq!(store.inner.counts(&queue, 1_000).unwrap().in_flight, 1);
+
+        store.put_meta("ns", "a", Bytes::from_static(b"1")).unwrap();
+        assert_eq!(store.put_metas.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            store.inner.get_meta("ns", "a").unwrap().as_deref(),
+            Some(&b"1"[..])
+        );
+        // Not written by the wrapper: `write_meta` goes to the wrapped store's own, past
+        // the wrapper's `put_meta`.
+        let change = MetaChange::put("ns", "b", Bytes::from_static(b"2"));
+        store.write_meta(vec![change]).unwrap();
+        assert_eq!(store.put_metas.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            store.get_meta("ns", "b").unwrap().as_deref(),
+            Some(&b"2"[..])
+        );
     }
 }

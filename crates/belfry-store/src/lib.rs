@@ -10,8 +10,6 @@ pub mod memory;
 mod store;
 
 pub use engine::{Engine, EngineOptions, FsyncPolicy};
-#[doc(hidden)]
-pub use forward::__forward;
-pub use forward::Wraps;
+pub use forward::ForwardingStore;
 pub use memory::MemoryStore;
 pub use store::*;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use belfry_core::{QueueName, Task, UnixMs};
 use belfry_schedule::{ScheduleId, ScheduleService, CURSORS_NAMESPACE};
-use belfry_store::{forward_store_calls, MemoryStore, Store, StoreError, Wraps};
+use belfry_store::{MemoryStore, MetaChange, Store, StoreError};
 use bytes::Bytes;
 
 /// 2026-11-22T00:00:00Z, a Sunday.
@@ -52,13 +52,25 @@ pub struct CrashingStore {
     pub failures: AtomicU32,
 }
 
-impl Wraps for CrashingStore {
+/// Cursor writes go through `put_meta`, one change at a time, as `Store`'s own `write_meta`
+/// does, so that each can fail.
+impl belfry_store::ForwardingStore for CrashingStore {
     fn wrapped(&self) -> &dyn Store {
         &self.inner
     }
-}
 
-impl Store for CrashingStore {
+    fn write_meta(&self, changes: Vec<MetaChange>) -> belfry_store::Result<()> {
+        for change in changes {
+            match change.value {
+                Some(value) => Store::put_meta(self, &change.namespace, &change.key, value)?,
+                None => {
+                    self.inner.delete_meta(&change.namespace, &change.key)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> belfry_store::Result<()> {
         if namespace == CURSORS_NAMESPACE
             && self
@@ -73,37 +85,4 @@ impl Store for CrashingStore {
         }
         self.inner.put_meta(namespace, key, value)
     }
-
-    forward_store_calls!(
-        put_queue,
-        get_queue,
-        list_queues,
-        delete_queue,
-        put,
-        get,
-        get_by_key,
-        cancel,
-        reschedule,
-        claim,
-        ack,
-        nack,
-        extend,
-        dead_letter,
-        list_dead,
-        redrive,
-        counts,
-        forecast,
-        next_due_ms,
-        get_meta,
-        delete_meta,
-        list_meta,
-        subscribe,
-        unsubscribe,
-        is_subscribed,
-        subscriber_count,
-        subscribers,
-        user_sets,
-        drop_set,
-        flush,
-    );
 }

@@ -8,9 +8,7 @@ use std::time::Duration;
 
 use belfry_core::{NewTask, QueueName, Task, TaskId, UnixMs};
 use belfry_sinks::{Outcome, Sink, SinkError, SinkFactory, SinkFuture, SinkSpec};
-use belfry_store::{
-    forward_store_calls, MetaChange, PutOutcome, QueueCounts, Store, StoreError, Wraps,
-};
+use belfry_store::{MetaChange, PutOutcome, QueueCounts, Store, StoreError};
 use parking_lot::Mutex;
 
 /// Wraps a store: `counts` can be made slow (to hold API admission slots), and `write_meta`
@@ -34,13 +32,10 @@ impl FaultyStore {
     }
 }
 
-impl Wraps for FaultyStore {
+impl belfry_store::ForwardingStore for FaultyStore {
     fn wrapped(&self) -> &dyn Store {
         &*self.inner
     }
-}
-
-impl Store for FaultyStore {
     fn put(&self, tasks: Vec<NewTask>) -> belfry_store::Result<Vec<PutOutcome>> {
         self.puts.lock().push(tasks.len());
         self.inner.put(tasks)
@@ -65,38 +60,6 @@ impl Store for FaultyStore {
         }
         self.inner.write_meta(changes)
     }
-    forward_store_calls!(
-        put_queue,
-        get_queue,
-        list_queues,
-        delete_queue,
-        get,
-        get_by_key,
-        cancel,
-        reschedule,
-        claim,
-        ack,
-        ack_many,
-        nack,
-        extend,
-        dead_letter,
-        list_dead,
-        redrive,
-        forecast,
-        next_due_ms,
-        put_meta,
-        get_meta,
-        delete_meta,
-        list_meta,
-        subscribe,
-        unsubscribe,
-        is_subscribed,
-        subscriber_count,
-        subscribers,
-        user_sets,
-        drop_set,
-        flush,
-    );
 }
 
 /// One delivery a [`RecordingSink`] saw.

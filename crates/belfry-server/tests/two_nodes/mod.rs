@@ -10,8 +10,8 @@ use belfry_core::{Clock, LeaseId, ManualClock, NewTask, QueueName, TaskId, UnixM
 use belfry_server::auth::{Auth, Scope, TokenEntry, TokenHash};
 use belfry_server::Server;
 use belfry_store::{
-    forward_store_calls, ChangeOutcome, ClaimBatch, EventSink, LeaseOutcome, MemoryStore,
-    MetaChange, MetaEvent, PutOutcome, Store, StoreEvent, Wraps,
+    ChangeOutcome, ClaimBatch, EventSink, LeaseOutcome, MemoryStore, MetaChange, MetaEvent,
+    PutOutcome, Store, StoreEvent,
 };
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -153,15 +153,13 @@ impl NodeStore {
     }
 }
 
-impl Wraps for NodeStore {
+pub type R<T> = belfry_store::Result<T>;
+
+impl belfry_store::ForwardingStore for NodeStore {
     fn wrapped(&self) -> &dyn Store {
         self.inner()
     }
-}
 
-pub type R<T> = belfry_store::Result<T>;
-
-impl Store for NodeStore {
     fn put_queue(&self, queue: &QueueName, config: Bytes) -> R<bool> {
         let created = self.inner().put_queue(queue, config)?;
         self.shared.emit(StoreEvent::QueueChanged(queue.clone()));
@@ -287,6 +285,12 @@ impl Store for NodeStore {
         }
         self.inner().get_meta(namespace, key)
     }
+    /// One key at a time through [`get_meta`](Self::get_meta), so each reminder read counts.
+    fn get_meta_many(&self, namespace: &str, keys: &[&str]) -> R<Vec<Option<Bytes>>> {
+        keys.iter()
+            .map(|key| Store::get_meta(self, namespace, key))
+            .collect()
+    }
     fn sweep(&self) -> R<()> {
         self.shared.sweeps[self.node].fetch_add(1, Ordering::SeqCst);
         self.inner().sweep()
@@ -310,26 +314,6 @@ impl Store for NodeStore {
     fn owns(&self, key: &str) -> bool {
         self.shared.owner(key) == self.node
     }
-    forward_store_calls!(
-        get_queue,
-        list_queues,
-        get,
-        get_by_key,
-        cancel,
-        claim,
-        ack,
-        ack_many,
-        extend,
-        dead_letter,
-        list_dead,
-        counts,
-        forecast,
-        next_due_ms,
-        is_subscribed,
-        subscriber_count,
-        subscribers,
-        flush,
-    );
 }
 
 /// Two servers on one shared store and one manual clock, each delivering push queues into
