@@ -238,6 +238,10 @@ impl RedisStore {
                     })
                     .collect();
                 let replies = this.put_calls(c, &calls)?;
+                if replies.len() != by_part.len() {
+                    let counts = format!("{} replies to {} scripts", replies.len(), calls.len());
+                    return Err(corrupt("redis reply (put)", counts));
+                }
                 let mut earliest = Vec::with_capacity(by_part.len());
                 for ((p, members), v) in by_part.iter().zip(&replies) {
                     let bad = || unexpected("put", v);
@@ -267,10 +271,12 @@ impl RedisStore {
                 Ok(())
             })?;
         }
-        Ok(outcomes
+        // Every task got its outcome above (each partition's reply was checked to hold one
+        // per member); a hole would be a reply this code misread, answered as corrupt.
+        outcomes
             .into_iter()
-            .map(|o| o.expect("every task has an outcome"))
-            .collect())
+            .map(|o| o.ok_or_else(|| corrupt("redis reply (put)", "a task lost".into())))
+            .collect()
     }
 
     /// Runs the put script of each partition in `calls`, answering their replies in order.
