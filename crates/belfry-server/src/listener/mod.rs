@@ -15,9 +15,12 @@
 //! - the kernel holds up to `http.listen_backlog` handshaken connections not yet accepted
 //!   (bound in `lib.rs`), so a burst of newcomers waits there instead of having its
 //!   handshakes dropped and retried a second later;
+//! - a connection gets HTTP's state (hyper's connection and buffers) only once its client
+//!   sends a first byte: one held open in silence costs its socket and a small task, about
+//!   2 KiB instead of 15;
 //! - a request's headers must be complete within `http.header_read_timeout` of the moment
-//!   the connection starts waiting for them (it connected, or the previous response went
-//!   out): hyper's header timer, which trickled bytes do not reset;
+//!   the connection starts waiting for them (its first bytes arrived, or the previous
+//!   response went out): hyper's header timer, which trickled bytes do not reset;
 //! - a request body that sends nothing for `http.body_read_timeout` fails the request
 //!   (`RequestBodyTimeoutLayer`, applied in `api::finish`);
 //! - a connection with no request in progress and no bytes moving for `http.idle_timeout`
@@ -273,25 +276,24 @@ impl Serving {
             seq: self.stats.accepted.load(Ordering::Relaxed),
             place,
         };
-        let tls = self.tls.clone();
+        // Two kinds of task, so that a plain connection's is only as big as serving it needs
+        // (a task's future is sized for its largest state, and a TLS handshake's is large).
+        let Some(acceptor) = self.tls.clone() else {
+            self.connections.spawn(async move {
+                connection.serve(tcp).await;
+                drop(slot);
+            });
+            return;
+        };
         self.connections.spawn(async move {
-            match tls {
-                None => connection.serve(tcp).await,
-                Some(acceptor) => {
-                    let handshake = tokio::time::timeout(
-                        connection.limits.header_read_timeout,
-                        acceptor.accept(tcp),
-                    );
-                    match handshake.await {
-                        Ok(Ok(stream)) => connection.serve(stream).await,
-                        Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
-                        Err(_) => {
-                            connection.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(
-                                "TLS handshake not finished within the header read timeout"
-                            );
-                        }
-                    }
+            let handshake =
+                tokio::time::timeout(connection.limits.header_read_timeout, acceptor.accept(tcp));
+            match handshake.await {
+                Ok(Ok(stream)) => connection.serve(stream).await,
+                Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
+                Err(_) => {
+                    connection.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!("TLS handshake not finished within the header read timeout");
                 }
             }
             drop(slot);
@@ -331,12 +333,46 @@ fn idle_spread(idle: Duration, seq: u64) -> Duration {
 }
 
 impl Connection {
-    async fn serve<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, tcp: S) {
+    async fn serve<S: FirstBytes + AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, tcp: S) {
         self.stats.open.fetch_add(1, Ordering::Relaxed);
         let activity = Arc::new(Activity::default());
         // Idle from the moment it connects: one that never sends a byte is closed too.
         activity.touch(self.epoch);
         self.place.serving(activity.clone());
+        let idle = self.limits.idle_timeout + idle_spread(self.limits.idle_timeout, self.seq);
+        let deadline = Instant::now() + idle;
+        // HTTP's state only once the client sends something, in a future of its own: this
+        // one stays small (about 14 KiB less: hyper's connection and its buffers), so a
+        // connection held open in silence costs its socket and a small task.
+        let first_bytes = {
+            let shutdown = self.shutdown.cancelled();
+            let evicted = activity.evict.notified();
+            tokio::select! {
+                _ = tcp.first_bytes() => true,
+                _ = shutdown => false,
+                // It had not started a request: nothing is lost by closing it.
+                _ = evicted => false,
+                _ = tokio::time::sleep_until(deadline) => {
+                    self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                    false
+                }
+            }
+        };
+        if first_bytes {
+            Box::pin(self.serve_http(tcp, &activity, idle, deadline)).await;
+        }
+        self.stats.open.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Serves HTTP on `tcp` until the client or the server ends it, or it stays idle for
+    /// `idle` (first checked at `deadline`).
+    async fn serve_http<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        tcp: S,
+        activity: &Arc<Activity>,
+        idle: Duration,
+        deadline: Instant,
+    ) {
         let io = Watched {
             inner: tcp,
             activity: activity.clone(),
@@ -355,11 +391,9 @@ impl Connection {
         let connection = builder.serve_connection(TokioIo::new(io), service);
         let mut connection = std::pin::pin!(connection);
         // One timer per connection, set for the moment it would have been idle for its
-        // timeout: it fires once for a connection that sends nothing, and is pushed back
-        // when bytes moved meanwhile. (A periodic check woke every held connection several
-        // times per timeout; ten thousand held ones woke in bursts.)
-        let idle = self.limits.idle_timeout + idle_spread(self.limits.idle_timeout, self.seq);
-        let check = tokio::time::sleep(idle);
+        // timeout, and pushed back when bytes moved meanwhile. (A periodic check woke every
+        // held connection several times per timeout; ten thousand held ones woke in bursts.)
+        let check = tokio::time::sleep_until(deadline);
         let mut check = std::pin::pin!(check);
         let shutdown = self.shutdown.cancelled();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -397,8 +431,26 @@ impl Connection {
                 }
             }
         }
-        self.stats.open.fetch_sub(1, Ordering::Relaxed);
     }
+}
+
+/// A connection's first bytes: on plain TCP, waits until the client has sent something (or
+/// closed); a TLS stream has already had its handshake, so it is ready at once.
+trait FirstBytes {
+    fn first_bytes(&self) -> impl std::future::Future<Output = ()> + Send;
+}
+
+impl FirstBytes for TcpStream {
+    async fn first_bytes(&self) {
+        // `readable()` alone reports a new socket ready at once; a peek waits for a byte
+        // (or the end of the stream). An error (the socket failed) is hyper's to find and
+        // report when it reads.
+        let _ = self.peek(&mut [0u8; 1]).await;
+    }
+}
+
+impl FirstBytes for tokio_rustls::server::TlsStream<TcpStream> {
+    async fn first_bytes(&self) {}
 }
 
 /// What a connection is doing: requests in progress, and when bytes last moved.
