@@ -158,6 +158,42 @@ async fn readiness_says_shutting_down_while_the_server_still_serves_its_drain_de
     assert!(started.elapsed() < Duration::from_secs(5));
 }
 
+/// A shutdown closes connections that never sent a byte at once: they hold no request to
+/// finish, so the stop does not wait for their idle timeout, nor for the grace period (10 s
+/// here), while a connection serving a request still gets its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_closes_silent_connections_at_once() {
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_idle_timeout_ms: 60_000,
+        http_header_read_timeout_ms: 60_000,
+        ..test_config()
+    })
+    .await;
+    let addr = s.handle.local_addr();
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(TcpStream::connect(addr).await.expect("connect"));
+    }
+    // Accepted (the open-connections gauge counts them, and the probe's own), then stopped.
+    common::eventually("the silent connections are accepted", || async {
+        let text = s.metrics_text().await;
+        text.lines()
+            .any(|l| l.starts_with("belfry_http_connections_open ") && !l.ends_with(" 0"))
+            .then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    s.handle.stop().await.expect("clean stop");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the stop waited {:?} for connections that never sent a byte",
+        started.elapsed()
+    );
+    for stream in &mut silent {
+        assert!(closed_within(stream, Duration::from_secs(2)).await);
+    }
+}
+
 /// Sends `request` on a fresh connection and reads the whole answer (the server closes).
 async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> (String, serde_json::Value) {
     let mut stream = TcpStream::connect(addr).await.expect("connect");
