@@ -241,7 +241,30 @@ impl ServerConfig {
 
     /// Checks relations between settings; each message names the key to fix.
     pub fn validate(&self) -> Result<(), InvalidConfig> {
-        let fail = |key, problem: String| Err(InvalidConfig { key, problem });
+        self.validate_limits()?;
+        self.validate_dispatch()?;
+        self.validate_http()?;
+        if self.metrics_refresh_ms == 0 {
+            return fail("metrics.refresh", "must be longer than 0".into());
+        }
+        if self.schedule_lead_ms > SCHEDULE_LEAD_MS_MAX {
+            return fail(
+                "schedules.lead",
+                format!(
+                    "must be at most {SCHEDULE_LEAD_MS_MAX} ms (a schedule change that close to a \
+                     firing would not stop it), got {} ms",
+                    self.schedule_lead_ms
+                ),
+            );
+        }
+        if let Err(problem) = check_node_id(&self.node_id) {
+            return fail("node_id", problem);
+        }
+        Ok(())
+    }
+
+    /// `[limits]`: sizes, the horizon and the store-call admission.
+    fn validate_limits(&self) -> Result<(), InvalidConfig> {
         if self.payload_bytes_max == 0 {
             return fail("limits.payload_max", "must be at least 1 byte".into());
         }
@@ -257,24 +280,30 @@ impl ServerConfig {
         if self.horizon_ms == 0 {
             return fail("limits.horizon", "must be longer than 0".into());
         }
-        if self.metrics_refresh_ms == 0 {
-            return fail("metrics.refresh", "must be longer than 0".into());
-        }
         if self.store_calls_in_flight_max == 0 {
             return fail("limits.store_calls_in_flight", "must be at least 1".into());
         }
-        if self.dispatch_in_flight_max == 0 || self.dispatch_in_flight_max > u32::MAX as usize {
-            return fail(
-                "dispatch.in_flight_max",
-                format!("must be between 1 and {}", u32::MAX),
-            );
+        Ok(())
+    }
+
+    /// `[dispatch]` and `[webhooks]`: the push budgets.
+    fn validate_dispatch(&self) -> Result<(), InvalidConfig> {
+        for (key, n) in [
+            ("dispatch.in_flight_max", self.dispatch_in_flight_max),
+            ("dispatch.per_target_max", self.dispatch_per_target_max),
+        ] {
+            if n == 0 || n > u32::MAX as usize {
+                return fail(key, format!("must be between 1 and {}", u32::MAX));
+            }
         }
-        if self.dispatch_per_target_max == 0 || self.dispatch_per_target_max > u32::MAX as usize {
-            return fail(
-                "dispatch.per_target_max",
-                format!("must be between 1 and {}", u32::MAX),
-            );
+        if self.webhook_in_flight_default == 0 {
+            return fail("webhooks.in_flight_default", "must be at least 1".into());
         }
+        Ok(())
+    }
+
+    /// `[http]`: timeouts, the connection caps and the listen backlog.
+    fn validate_http(&self) -> Result<(), InvalidConfig> {
         for (key, ms) in [
             ("http.header_read_timeout", self.http_header_read_timeout_ms),
             ("http.body_read_timeout", self.http_body_read_timeout_ms),
@@ -286,16 +315,6 @@ impl ServerConfig {
         }
         if self.http_connections_max == 0 {
             return fail("http.connections_max", "must be at least 1".into());
-        }
-        if self.schedule_lead_ms > SCHEDULE_LEAD_MS_MAX {
-            return fail(
-                "schedules.lead",
-                format!(
-                    "must be at most {SCHEDULE_LEAD_MS_MAX} ms (a schedule change that close to a \
-                     firing would not stop it), got {} ms",
-                    self.schedule_lead_ms
-                ),
-            );
         }
         if let Some(per_client) = self.http_connections_per_client_max {
             if per_client == 0 || per_client > self.http_connections_max {
@@ -317,12 +336,11 @@ impl ServerConfig {
                 ),
             );
         }
-        if self.webhook_in_flight_default == 0 {
-            return fail("webhooks.in_flight_default", "must be at least 1".into());
-        }
-        if let Err(problem) = check_node_id(&self.node_id) {
-            return fail("node_id", problem);
-        }
         Ok(())
     }
+}
+
+/// An invalid setting: `key` is the configuration key to fix.
+fn fail(key: &'static str, problem: String) -> Result<(), InvalidConfig> {
+    Err(InvalidConfig { key, problem })
 }
