@@ -652,12 +652,37 @@ async fn bulk(
     }
     let mut answer = BulkAnswer::default();
     let mut parser = BulkParser::default();
+    let stop = read_and_apply(&state, &id, body, subscribe, &mut parser, &mut answer).await;
+    answer.complete = stop.is_none();
+    let status = match &stop {
+        None => StatusCode::OK,
+        Some(e) => {
+            answer.stopped_at_line = Some(parser.line());
+            e.code.status()
+        }
+    };
+    answer.error = stop.map(|e| e.body());
+    (status, Json(answer)).into_response()
+}
+
+/// Reads `body` to its end, applying its users a batch at a time and counting them in
+/// `answer`. Answers why it stopped early, if it did: the body broke off or ran over the
+/// limit, or a batch could not be applied (what came before it stays applied).
+async fn read_and_apply(
+    state: &AppState,
+    id: &ReminderId,
+    body: Body,
+    subscribe: bool,
+    parser: &mut BulkParser,
+    answer: &mut BulkAnswer,
+) -> Option<ApiError> {
+    let max = state.shared.config.subscribers_body_bytes_max;
     let mut items = Vec::new();
     let mut batch: Vec<UserId> = Vec::with_capacity(BULK_BATCH);
     let mut stream = body.into_data_stream();
     let mut read: u64 = 0;
     let mut stop: Option<ApiError> = None;
-    loop {
+    'reading: loop {
         let chunk = match stream.next().await {
             Some(Ok(chunk)) => chunk,
             Some(Err(e)) => {
@@ -680,35 +705,23 @@ async fn bulk(
             break;
         }
         parser.feed(&chunk, &mut items);
-        take_items(&mut items, &mut batch, &mut answer);
+        take_items(&mut items, &mut batch, answer);
         while batch.len() >= BULK_BATCH {
             let rest = batch.split_off(BULK_BATCH);
             let full = std::mem::replace(&mut batch, rest);
-            if let Err(e) = apply(&state, &id, full, subscribe, &mut answer).await {
+            if let Err(e) = apply(state, id, full, subscribe, answer).await {
                 stop = Some(e);
-                break;
+                break 'reading;
             }
         }
-        if stop.is_some() {
-            break;
-        }
     }
-    take_items(&mut items, &mut batch, &mut answer);
+    take_items(&mut items, &mut batch, answer);
     if !batch.is_empty() {
-        if let Err(e) = apply(&state, &id, batch, subscribe, &mut answer).await {
+        if let Err(e) = apply(state, id, batch, subscribe, answer).await {
             stop.get_or_insert(e);
         }
     }
-    answer.complete = stop.is_none();
-    let status = match &stop {
-        None => StatusCode::OK,
-        Some(e) => {
-            answer.stopped_at_line = Some(parser.line());
-            e.code.status()
-        }
-    };
-    answer.error = stop.map(|e| e.body());
-    (status, Json(answer)).into_response()
+    stop
 }
 
 fn take_items(items: &mut Vec<Item>, batch: &mut Vec<UserId>, answer: &mut BulkAnswer) {
