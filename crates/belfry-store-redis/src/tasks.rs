@@ -39,60 +39,18 @@ impl RedisStore {
             let calls: Vec<(Part, Vec<Vec<u8>>)> = by_part
                 .iter()
                 .map(|(p, members)| {
-                    let mut args = vec![
-                        now_ms.to_string().into_bytes(),
-                        this.retention_ms.to_string().into_bytes(),
-                        op.as_bytes().to_vec(),
-                    ];
-                    for (i, seq) in members {
-                        args.push(seq.to_vec());
-                        args.push(
-                            crate::keys::lease_counter(items[*i].1, *p)
-                                .to_string()
-                                .into_bytes(),
-                        );
-                        args.push(items[*i].2.clone());
-                    }
+                    let args = this.lease_args(*p, members, items, op, now_ms);
                     (this.part(*p, uid), args)
                 })
                 .collect();
             // The leases' shared in-flight room goes in the same pipeline (`inflight.rs`).
             let room = this.room_cmd(queue, uid, op, items, now_ms);
-            // Several partitions: one pipeline, each reply read on its own (`each.rs`), so a
-            // node that lost the scripts costs a second run of its calls only.
-            let replies = match (calls.len(), room) {
-                (0, _) => Vec::new(),
-                (1, None) => vec![this.script(
-                    c,
-                    &scripts::LEASE,
-                    &calls[0].0.keys,
-                    &calls[0].1,
-                    "change a lease",
-                )?],
-                (_, room) => {
-                    let with_room = room.is_some();
-                    let cmds: Vec<redis::Cmd> = calls
-                        .iter()
-                        .map(|(part, args)| evalsha(&scripts::LEASE, &part.keys, args))
-                        .chain(room)
-                        .collect();
-                    let mut replies =
-                        pipeline_each(c, &cmds).map_err(|e| map_error(e, "change leases"))?;
-                    if with_room {
-                        if let Some(Err(error)) = replies.pop() {
-                            // The leases changed all the same; their room comes back at their
-                            // deadlines, as for a lease that nobody ends.
-                            tracing::warn!(%error, %queue, "release in-flight room");
-                        }
-                    }
-                    let each: Vec<ScriptCall<'_>> = calls
-                        .iter()
-                        .map(|(part, args)| (part.keys.as_slice(), args.as_slice()))
-                        .collect();
-                    this.rerun_missing(c, &scripts::LEASE, replies, &each, "change a lease")?
-                }
-            };
-            for (((p, members), v), _) in by_part.iter().zip(&replies).zip(&calls) {
+            let replies = this.send_lease_calls(c, queue, &calls, room)?;
+            if replies.len() != calls.len() {
+                let counts = format!("{} replies to {} scripts", replies.len(), calls.len());
+                return Err(corrupt("redis reply (lease)", counts));
+            }
+            for ((p, members), v) in by_part.iter().zip(&replies) {
                 let bad = || unexpected("lease", v);
                 let codes = as_array(v).ok_or_else(bad)?;
                 if codes.len() != members.len() + 1 {
@@ -113,6 +71,76 @@ impl RedisStore {
             }
             Ok(outcomes)
         })
+    }
+
+    /// The lease script's arguments for the tasks of partition `p` in a lease call: the
+    /// time, the retention and the operation, then each task's sequence, lease counter and
+    /// operation argument.
+    fn lease_args(
+        &self,
+        p: u16,
+        members: &Members,
+        items: &[(TaskId, LeaseId, Vec<u8>)],
+        op: &str,
+        now_ms: UnixMs,
+    ) -> Vec<Vec<u8>> {
+        let mut args = vec![
+            now_ms.to_string().into_bytes(),
+            self.retention_ms.to_string().into_bytes(),
+            op.as_bytes().to_vec(),
+        ];
+        for (i, seq) in members {
+            args.push(seq.to_vec());
+            let counter = crate::keys::lease_counter(items[*i].1, p);
+            args.push(counter.to_string().into_bytes());
+            args.push(items[*i].2.clone());
+        }
+        args
+    }
+
+    /// Runs the lease script of each partition in `calls`, and the in-flight room's command
+    /// when there is one, answering the scripts' replies in order. Several calls go in one
+    /// pipeline, each reply read on its own (`each.rs`), so a node that lost the scripts
+    /// costs a second run of its calls only.
+    fn send_lease_calls(
+        &self,
+        c: &mut Conn,
+        queue: &QueueName,
+        calls: &[(Part, Vec<Vec<u8>>)],
+        room: Option<redis::Cmd>,
+    ) -> Result<Vec<Value>> {
+        match (calls, room) {
+            ([], _) => Ok(Vec::new()),
+            ([(part, args)], None) => Ok(vec![self.script(
+                c,
+                &scripts::LEASE,
+                &part.keys,
+                args,
+                "change a lease",
+            )?]),
+            (_, room) => {
+                let with_room = room.is_some();
+                let cmds: Vec<redis::Cmd> = calls
+                    .iter()
+                    .map(|(part, args)| evalsha(&scripts::LEASE, &part.keys, args))
+                    .chain(room)
+                    .collect();
+                let mut replies =
+                    pipeline_each(c, &cmds).map_err(|e| map_error(e, "change leases"))?;
+                if with_room {
+                    if let Some(Err(error)) = replies.pop() {
+                        // The leases changed all the same; their room comes back at their
+                        // deadlines, as for a lease that nobody ends.
+                        tracing::warn!(%error, %queue, "release in-flight room");
+                    }
+                }
+                let each: Vec<ScriptCall<'_>> = calls
+                    .iter()
+                    .map(|(part, args)| (part.keys.as_slice(), args.as_slice()))
+                    .collect();
+                self.rerun_missing(c, &scripts::LEASE, replies, &each, "change a lease")
+            }
+        }
     }
 
     pub(crate) fn change(
