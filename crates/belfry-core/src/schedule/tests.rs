@@ -305,6 +305,30 @@ fn unknown_zone_is_refused() {
 }
 
 #[test]
+fn a_zone_name_a_typo_away_gets_the_known_one_suggested() {
+    let expr = CronExpr::parse("* * * * *").unwrap();
+    for (typo, meant) in [
+        ("Asia/Tokio", "Asia/Tokyo"),
+        ("Europe/Berlim", "Europe/Berlin"),
+        ("america/new_yrok", "America/New_York"),
+    ] {
+        let error = CronSchedule::new(expr.clone(), typo).unwrap_err();
+        assert_eq!(error.suggestion.as_deref(), Some(meant), "{typo}");
+        assert!(
+            error
+                .to_string()
+                .ends_with(&format!("(did you mean {meant:?}?)")),
+            "{error}"
+        );
+    }
+    // Nothing is close to these: no guess.
+    for far in ["Mars/Olympus_Mons", "Nowhere/Land"] {
+        let error = CronSchedule::new(expr.clone(), far).unwrap_err();
+        assert_eq!(error.suggestion, None, "{far}: {error}");
+    }
+}
+
+#[test]
 fn intervals_and_bounds() {
     let spec = |start, end| {
         ScheduleSpec::new(

@@ -40,21 +40,73 @@ const LAST_SECOND: i64 = 253_402_300_799;
 /// pathological zone; the call then answers "no further firing" rather than spinning.
 const CANDIDATES_MAX: u32 = 1_000_000;
 
+/// Names within this many edits of a known zone get it suggested ("Asia/Tokio").
+const SUGGEST_EDITS_MAX: usize = 2;
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown time zone {name:?}: expected an IANA name such as \"Europe/Berlin\" or \"UTC\"")]
+#[error(
+    "unknown time zone {name:?}: expected an IANA name such as \"Europe/Berlin\" or \"UTC\"{}",
+    .suggestion.as_ref().map(|s| format!(" (did you mean {s:?}?)")).unwrap_or_default()
+)]
 pub struct UnknownTimeZone {
     pub name: String,
+    /// The known zone closest to `name`, when one is a typo away.
+    pub suggestion: Option<String>,
 }
 
 /// Looks up an IANA time zone by name.
 pub fn time_zone(name: &str) -> Result<TimeZone, UnknownTimeZone> {
-    let error = || UnknownTimeZone {
+    let error = |suggestion| UnknownTimeZone {
         name: name.chars().take(TIME_ZONE_NAME_LEN_MAX).collect(),
+        suggestion,
     };
     if name.is_empty() || name.len() > TIME_ZONE_NAME_LEN_MAX {
-        return Err(error());
+        return Err(error(None));
     }
-    TimeZone::get(name).map_err(|_| error())
+    TimeZone::get(name).map_err(|_| error(closest_zone(name)))
+}
+
+/// The known zone name closest to `name`, ignoring case, if it is at most
+/// [`SUGGEST_EDITS_MAX`] edits away (the earliest in the database's order on a tie). The
+/// names are listed once per process (the database copies them all on every listing), so a
+/// stream of bad names costs little more than the lookups that failed.
+fn closest_zone(name: &str) -> Option<String> {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| {
+        jiff::tz::db()
+            .available()
+            .map(|n| n.as_str().to_owned())
+            .collect()
+    });
+    let wanted: Vec<char> = name.to_lowercase().chars().collect();
+    let mut best: Option<(usize, String)> = None;
+    for known in names {
+        // A length that differs by more than the allowance cannot be close enough.
+        if known.chars().count().abs_diff(wanted.len()) > SUGGEST_EDITS_MAX {
+            continue;
+        }
+        let candidate: Vec<char> = known.to_lowercase().chars().collect();
+        let edits = edit_distance(&wanted, &candidate);
+        if edits <= SUGGEST_EDITS_MAX && best.as_ref().is_none_or(|(b, _)| edits < *b) {
+            best = Some((edits, known.clone()));
+        }
+    }
+    best.map(|(_, known)| known)
+}
+
+/// Levenshtein distance: insertions, deletions and substitutions.
+fn edit_distance(a: &[char], b: &[char]) -> usize {
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    let mut current = vec![0; b.len() + 1];
+    for (i, ca) in a.iter().enumerate() {
+        current[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let substitution = previous[j] + usize::from(ca != cb);
+            current[j + 1] = substitution.min(previous[j + 1] + 1).min(current[j] + 1);
+        }
+        std::mem::swap(&mut previous, &mut current);
+    }
+    previous[b.len()]
 }
 
 /// A cron expression bound to a time zone.
