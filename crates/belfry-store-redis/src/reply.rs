@@ -17,6 +17,18 @@ pub(crate) fn corrupt(location: &str, detail: String) -> StoreError {
     }
 }
 
+/// One reply per command sent, else a corrupt-reply error naming both counts: zipping a
+/// short list with what was sent would drop the rest's answers without a word.
+pub(crate) fn one_reply_each(location: &str, replies: usize, sent: usize) -> Result<()> {
+    if replies == sent {
+        return Ok(());
+    }
+    Err(corrupt(
+        location,
+        format!("{replies} replies to {sent} commands"),
+    ))
+}
+
 pub(crate) fn decode(bytes: &[u8]) -> Result<Record> {
     record::decode(&Bytes::copy_from_slice(bytes))
         .map_err(|detail| corrupt("redis task record", detail))

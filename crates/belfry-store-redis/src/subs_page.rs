@@ -11,8 +11,6 @@
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
-use belfry_store::StoreError;
-
 use crate::conn::Result;
 
 /// One read of a shard: at most `count` members after `after` (exclusive; `None` reads
@@ -66,12 +64,7 @@ pub(crate) fn page(
             })
             .collect();
         let replies = read(&reads)?;
-        if replies.len() != reads.len() {
-            return Err(StoreError::Corrupt {
-                location: "redis subscriber set".into(),
-                detail: format!("{} replies to {} reads", replies.len(), reads.len()),
-            });
-        }
+        crate::reply::one_reply_each("redis subscriber set", replies.len(), reads.len())?;
         for (r, members) in reads.iter().zip(replies) {
             let s = &mut state[r.shard];
             s.exhausted = members.len() < r.count;

@@ -12,7 +12,7 @@ use crate::conn::{map_error, pipeline, unexpected, Conn, Result};
 use crate::each::{pipeline_each, ScriptCall};
 use crate::keys::{split_id, task_id};
 use crate::record;
-use crate::reply::{as_array, as_bytes, as_i64, as_seq, corrupt, decode, to_task};
+use crate::reply::{as_array, as_bytes, as_i64, as_seq, corrupt, decode, one_reply_each, to_task};
 use crate::scripts;
 use crate::store::{Part, RedisStore};
 
@@ -46,10 +46,7 @@ impl RedisStore {
             // The leases' shared in-flight room goes in the same pipeline (`inflight.rs`).
             let room = this.room_cmd(queue, uid, op, items, now_ms);
             let replies = this.send_lease_calls(c, queue, &calls, room)?;
-            if replies.len() != calls.len() {
-                let counts = format!("{} replies to {} scripts", replies.len(), calls.len());
-                return Err(corrupt("redis reply (lease)", counts));
-            }
+            one_reply_each("redis reply (lease)", replies.len(), calls.len())?;
             for ((p, members), v) in by_part.iter().zip(&replies) {
                 let bad = || unexpected("lease", v);
                 let codes = as_array(v).ok_or_else(bad)?;
@@ -266,10 +263,7 @@ impl RedisStore {
                     })
                     .collect();
                 let replies = this.put_calls(c, &calls)?;
-                if replies.len() != by_part.len() {
-                    let counts = format!("{} replies to {} scripts", replies.len(), calls.len());
-                    return Err(corrupt("redis reply (put)", counts));
-                }
+                one_reply_each("redis reply (put)", replies.len(), calls.len())?;
                 let mut earliest = Vec::with_capacity(by_part.len());
                 for ((p, members), v) in by_part.iter().zip(&replies) {
                     let bad = || unexpected("put", v);
