@@ -375,32 +375,54 @@ async fn serve(
     shutdown: CancellationToken,
     background: TaskTracker,
 ) -> Result<(), ServerError> {
-    let grace = Duration::from_millis(service.config.shutdown_grace_ms);
-
-    // 0. Not ready any more: /readyz answers 503 shutting_down, and for `drain_delay` the
-    //    server goes on serving everything, so a load balancer that polls readiness stops
-    //    sending before connections are refused.
-    // 1. Then stop accepting and stop claiming, together: the HTTP server stops taking
-    //    connections, long-polls return empty, the dispatcher and the schedule runner stop.
-    let limits = listener::Limits {
-        connections_max: service.config.http_connections_max,
-        connections_per_client_max: service.config.http_connections_per_client_cap(),
-        header_read_timeout: Duration::from_millis(service.config.http_header_read_timeout_ms),
-        idle_timeout: Duration::from_millis(service.config.http_idle_timeout_ms),
-        // As many as the kernel's backlog holds: the listener takes them from it at the cap.
-        waiting_max: service.config.http_listen_backlog as usize,
-    };
-    let connections = service.connections.clone();
     let http_shutdown = CancellationToken::new();
     let http = tokio::spawn(listener::serve(
         listener,
         router,
-        limits,
-        connections,
+        listener_limits(&service.config),
+        service.connections.clone(),
         http_shutdown.clone(),
         tls,
     ));
     shutdown.cancelled().await;
+
+    // 0. Not ready any more, and 1. stop accepting and claiming.
+    stop_taking_work(&service, &http_shutdown).await;
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(service.config.shutdown_grace_ms);
+    // 2. Let requests in progress finish (each is short once claiming stopped), up to the grace.
+    let served = finish_requests(http, deadline).await;
+    // 3. The dispatcher and the schedule runner have stopped claiming and firing; wait for
+    //    deliveries already started and the runner's last tick.
+    finish_background(&service, background, deadline).await;
+    // 4. Make everything durable.
+    service
+        .blocking(|s| Ok(s.flush()?))
+        .await
+        .map_err(ServerError::Flush)?;
+    tracing::info!("shutdown complete");
+    served
+}
+
+/// The listener's limits, from the `[http]` settings.
+fn listener_limits(config: &ServerConfig) -> listener::Limits {
+    listener::Limits {
+        connections_max: config.http_connections_max,
+        connections_per_client_max: config.http_connections_per_client_cap(),
+        header_read_timeout: Duration::from_millis(config.http_header_read_timeout_ms),
+        idle_timeout: Duration::from_millis(config.http_idle_timeout_ms),
+        // As many as the kernel's backlog holds: the listener takes them from it at the cap.
+        waiting_max: config.http_listen_backlog as usize,
+    }
+}
+
+/// The first two steps of a shutdown:
+/// 0. Not ready any more: /readyz answers 503 shutting_down, and for `drain_delay` the server
+///    goes on serving everything, so a load balancer that polls readiness stops sending before
+///    connections are refused.
+/// 1. Then stop accepting and stop claiming, together: the HTTP server stops taking
+///    connections, long-polls return empty, the dispatcher and the schedule runner stop.
+async fn stop_taking_work(service: &Service, http_shutdown: &CancellationToken) {
     service.set_draining();
     let drain_delay = Duration::from_millis(service.config.shutdown_drain_delay_ms);
     if !drain_delay.is_zero() {
@@ -413,11 +435,14 @@ async fn serve(
     service.stopping.cancel();
     http_shutdown.cancel();
     tracing::info!("shutting down: no new connections or claims; draining");
-    let deadline = tokio::time::Instant::now() + grace;
+}
 
-    // 2. Let requests in progress finish (each is short once claiming stopped), up to the grace.
-    let mut http = http;
-    let served = tokio::select! {
+/// Waits for the HTTP server's requests in progress until `deadline`, then closes the rest.
+async fn finish_requests(
+    mut http: JoinHandle<()>,
+    deadline: tokio::time::Instant,
+) -> Result<(), ServerError> {
+    tokio::select! {
         result = &mut http => match result {
             Ok(()) => Ok(()),
             Err(e) => Err(ServerError::Join(e.to_string())),
@@ -427,10 +452,16 @@ async fn serve(
             http.abort();
             Ok(())
         }
-    };
+    }
+}
 
-    // 3. The dispatcher and the schedule runner have stopped claiming and firing; wait for
-    //    deliveries already started and the runner's last tick.
+/// Waits until `deadline` for push deliveries already started and for the background tasks
+/// (the schedule runner's last tick), and says who was still holding the drain.
+async fn finish_background(
+    service: &Service,
+    background: TaskTracker,
+    deadline: tokio::time::Instant,
+) {
     if !service.dispatcher.drain(deadline).await {
         tracing::warn!(
             in_flight = service.push_in_flight(),
@@ -444,14 +475,6 @@ async fn serve(
     {
         tracing::warn!("the schedule runner's last tick outlived the grace period");
     }
-
-    // 4. Make everything durable.
-    service
-        .blocking(|s| Ok(s.flush()?))
-        .await
-        .map_err(ServerError::Flush)?;
-    tracing::info!("shutdown complete");
-    served
 }
 
 /// Listens on `addr` with a backlog of `backlog` handshaken connections not yet accepted (the
