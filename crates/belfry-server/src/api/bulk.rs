@@ -189,108 +189,131 @@ impl BulkParser {
         }
     }
 
+    /// One byte of a JSON array body: each state decides the next.
     fn array_byte(&mut self, state: ArrayState, byte: u8, out: &mut Vec<Item>) {
-        use ArrayState::*;
-        let next = match state {
-            Value => match byte {
-                b if b.is_ascii_whitespace() => Value,
-                b']' => {
-                    // `[]` is an empty list; `[1,]` has a trailing comma.
-                    if self.line > 1 {
-                        out.push(self.bad("a trailing comma before ]".into()));
-                    }
-                    self.mode = Mode::Done;
-                    return;
-                }
-                b'"' => {
-                    self.push_byte(byte);
-                    String { escaped: false }
-                }
-                b'[' | b'{' => Skip {
-                    depth: 1,
-                    in_string: false,
-                    escaped: false,
-                },
-                _ => {
-                    self.push_byte(byte);
-                    Word
-                }
-            },
-            String { escaped } => {
-                self.push_byte(byte);
-                match byte {
-                    _ if escaped => String { escaped: false },
-                    b'\\' => String { escaped: true },
-                    b'"' => {
-                        self.end_element(out);
-                        Separator
-                    }
-                    _ => String { escaped: false },
-                }
-            }
-            Word => match byte {
-                b',' | b']' => {
-                    self.end_element(out);
-                    return self.separator(byte);
-                }
-                b if b.is_ascii_whitespace() => {
-                    self.end_element(out);
-                    Separator
-                }
-                _ => {
-                    self.push_byte(byte);
-                    Word
-                }
-            },
-            Separator => match byte {
-                b if b.is_ascii_whitespace() => Separator,
-                b',' | b']' => return self.separator(byte),
-                _ => {
-                    // Two values without a comma: refuse this one, read on.
-                    out.push(self.bad("expected , or ] between elements".into()));
-                    self.line += 1;
-                    self.push_byte(byte);
-                    Word
-                }
-            },
-            Skip {
+        self.mode = match state {
+            ArrayState::Value => self.array_value(byte, out),
+            ArrayState::String { escaped } => self.array_string(escaped, byte, out),
+            ArrayState::Word => self.array_word(byte, out),
+            ArrayState::Separator => self.array_separator(byte, out),
+            ArrayState::Skip {
                 depth,
                 in_string,
                 escaped,
-            } => {
-                let (depth, in_string, escaped) = match (in_string, escaped, byte) {
-                    (true, true, _) => (depth, true, false),
-                    (true, false, b'\\') => (depth, true, true),
-                    (true, false, b'"') => (depth, false, false),
-                    (true, false, _) => (depth, true, false),
-                    (false, _, b'"') => (depth, true, false),
-                    (false, _, b'[' | b'{') => (depth + 1, false, false),
-                    (false, _, b']' | b'}') => (depth - 1, false, false),
-                    _ => (depth, false, false),
-                };
-                if depth == 0 {
-                    out.push(self.bad("expected a user id as a JSON string or a number".into()));
-                    Separator
-                } else {
-                    Skip {
-                        depth,
-                        in_string,
-                        escaped,
-                    }
-                }
-            }
+            } => self.array_skip(depth, in_string, escaped, byte, out),
         };
-        self.mode = Mode::Array(next);
     }
 
-    fn separator(&mut self, byte: u8) {
-        self.line += 1;
-        self.mode = if byte == b']' {
-            self.line -= 1;
-            Mode::Done
-        } else {
-            Mode::Array(ArrayState::Value)
+    /// After `[` or `,`: the first byte of a value.
+    fn array_value(&mut self, byte: u8, out: &mut Vec<Item>) -> Mode {
+        let next = match byte {
+            b if b.is_ascii_whitespace() => ArrayState::Value,
+            b']' => {
+                // `[]` is an empty list; `[1,]` has a trailing comma.
+                if self.line > 1 {
+                    out.push(self.bad("a trailing comma before ]".into()));
+                }
+                return Mode::Done;
+            }
+            b'"' => {
+                self.push_byte(byte);
+                ArrayState::String { escaped: false }
+            }
+            b'[' | b'{' => ArrayState::Skip {
+                depth: 1,
+                in_string: false,
+                escaped: false,
+            },
+            _ => {
+                self.push_byte(byte);
+                ArrayState::Word
+            }
         };
+        Mode::Array(next)
+    }
+
+    fn array_string(&mut self, escaped: bool, byte: u8, out: &mut Vec<Item>) -> Mode {
+        self.push_byte(byte);
+        Mode::Array(match byte {
+            _ if escaped => ArrayState::String { escaped: false },
+            b'\\' => ArrayState::String { escaped: true },
+            b'"' => {
+                self.end_element(out);
+                ArrayState::Separator
+            }
+            _ => ArrayState::String { escaped: false },
+        })
+    }
+
+    /// Inside a number or a bare word: it ends at a separator or whitespace.
+    fn array_word(&mut self, byte: u8, out: &mut Vec<Item>) -> Mode {
+        match byte {
+            b',' | b']' => {
+                self.end_element(out);
+                self.separator(byte)
+            }
+            b if b.is_ascii_whitespace() => {
+                self.end_element(out);
+                Mode::Array(ArrayState::Separator)
+            }
+            _ => {
+                self.push_byte(byte);
+                Mode::Array(ArrayState::Word)
+            }
+        }
+    }
+
+    fn array_separator(&mut self, byte: u8, out: &mut Vec<Item>) -> Mode {
+        match byte {
+            b if b.is_ascii_whitespace() => Mode::Array(ArrayState::Separator),
+            b',' | b']' => self.separator(byte),
+            _ => {
+                // Two values without a comma: refuse this one, read on.
+                out.push(self.bad("expected , or ] between elements".into()));
+                self.line += 1;
+                self.push_byte(byte);
+                Mode::Array(ArrayState::Word)
+            }
+        }
+    }
+
+    /// Skipping a nested array or object, strings inside it included, to its end.
+    fn array_skip(
+        &mut self,
+        depth: u32,
+        in_string: bool,
+        escaped: bool,
+        byte: u8,
+        out: &mut Vec<Item>,
+    ) -> Mode {
+        let (depth, in_string, escaped) = match (in_string, escaped, byte) {
+            (true, true, _) => (depth, true, false),
+            (true, false, b'\\') => (depth, true, true),
+            (true, false, b'"') => (depth, false, false),
+            (true, false, _) => (depth, true, false),
+            (false, _, b'"') => (depth, true, false),
+            (false, _, b'[' | b'{') => (depth + 1, false, false),
+            (false, _, b']' | b'}') => (depth - 1, false, false),
+            _ => (depth, false, false),
+        };
+        if depth == 0 {
+            out.push(self.bad("expected a user id as a JSON string or a number".into()));
+            return Mode::Array(ArrayState::Separator);
+        }
+        Mode::Array(ArrayState::Skip {
+            depth,
+            in_string,
+            escaped,
+        })
+    }
+
+    /// A `,` starts the next element; a `]` ends the array.
+    fn separator(&mut self, byte: u8) -> Mode {
+        if byte == b']' {
+            return Mode::Done;
+        }
+        self.line += 1;
+        Mode::Array(ArrayState::Value)
     }
 }
 
