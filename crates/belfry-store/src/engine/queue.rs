@@ -44,6 +44,68 @@ pub(crate) struct Entry {
     pub changed: bool,
 }
 
+impl Entry {
+    /// A task as its put record left it, at `offset` and `len` in the bucket file.
+    fn put(put: &record::PutRecord, offset: u64, len: u32, key_hash: Option<u64>) -> Entry {
+        Entry {
+            due_ms: put.due_at_ms,
+            until_ms: 0,
+            lease_id: 0,
+            put_offset: offset,
+            put_len: len,
+            attempts: 0,
+            state: TaskState::Scheduled,
+            priority: put.priority,
+            late_policy: put.late_policy,
+            key_hash,
+            dead_reason: None,
+            changed: false,
+        }
+    }
+
+    /// The task's state after a record that follows its put.
+    fn follow(&mut self, record: &Record) {
+        match record {
+            Record::Put(_) => {}
+            Record::Cancel { .. } => self.state = TaskState::Cancelled,
+            Record::Reschedule { due_at_ms, .. } | Record::Nack { due_at_ms, .. } => {
+                self.state = TaskState::Scheduled;
+                self.due_ms = *due_at_ms;
+            }
+            Record::Lease {
+                lease_id,
+                until_ms,
+                attempts,
+                ..
+            } => {
+                self.state = TaskState::Leased;
+                self.lease_id = *lease_id;
+                self.until_ms = *until_ms;
+                self.attempts = *attempts;
+            }
+            Record::Done { .. } => self.state = TaskState::Done,
+            Record::Skipped { .. } => self.state = TaskState::Skipped,
+            Record::Extend {
+                lease_id, until_ms, ..
+            } => {
+                self.state = TaskState::Leased;
+                self.lease_id = *lease_id;
+                self.until_ms = *until_ms;
+            }
+            Record::Dead { reason, .. } => {
+                self.state = TaskState::Dead;
+                self.dead_reason = Some(reason.as_str().into());
+            }
+            Record::Redrive { due_at_ms, .. } => {
+                self.state = TaskState::Scheduled;
+                self.due_ms = *due_at_ms;
+                self.attempts = 0;
+                self.dead_reason = None;
+            }
+        }
+    }
+}
+
 /// The entries of a loaded bucket, by sequence number: sorted sequence numbers in one array
 /// and the entries in another, same order.
 ///
@@ -673,20 +735,8 @@ impl Queue {
                 return;
             }
             bucket.points.note_put(seq, offset);
-            let entry = Entry {
-                due_ms: put.due_at_ms,
-                until_ms: 0,
-                lease_id: 0,
-                put_offset: offset,
-                put_len: len,
-                attempts: 0,
-                state: TaskState::Scheduled,
-                priority: put.priority,
-                late_policy: put.late_policy,
-                key_hash: put.idempotency_key.as_deref().map(|k| self.hasher.hash(k)),
-                dead_reason: None,
-                changed: false,
-            };
+            let key_hash = put.idempotency_key.as_deref().map(|k| self.hasher.hash(k));
+            let entry = Entry::put(put, offset, len, key_hash);
             self.index.insert(key, seq, &entry);
             if let Some(hash) = entry.key_hash {
                 self.index.keys.insert(hash, task_id(seq, key));
@@ -699,48 +749,7 @@ impl Queue {
         };
         self.index.remove(key, seq, entry);
         entry.changed = true;
-        match record {
-            Record::Put(_) => {}
-            Record::Cancel { .. } => entry.state = TaskState::Cancelled,
-            Record::Reschedule { due_at_ms, .. } => {
-                entry.state = TaskState::Scheduled;
-                entry.due_ms = *due_at_ms;
-            }
-            Record::Lease {
-                lease_id,
-                until_ms,
-                attempts,
-                ..
-            } => {
-                entry.state = TaskState::Leased;
-                entry.lease_id = *lease_id;
-                entry.until_ms = *until_ms;
-                entry.attempts = *attempts;
-            }
-            Record::Done { .. } => entry.state = TaskState::Done,
-            Record::Skipped { .. } => entry.state = TaskState::Skipped,
-            Record::Nack { due_at_ms, .. } => {
-                entry.state = TaskState::Scheduled;
-                entry.due_ms = *due_at_ms;
-            }
-            Record::Extend {
-                lease_id, until_ms, ..
-            } => {
-                entry.state = TaskState::Leased;
-                entry.lease_id = *lease_id;
-                entry.until_ms = *until_ms;
-            }
-            Record::Dead { reason, .. } => {
-                entry.state = TaskState::Dead;
-                entry.dead_reason = Some(reason.as_str().into());
-            }
-            Record::Redrive { due_at_ms, .. } => {
-                entry.state = TaskState::Scheduled;
-                entry.due_ms = *due_at_ms;
-                entry.attempts = 0;
-                entry.dead_reason = None;
-            }
-        }
+        entry.follow(record);
         self.index.insert(key, seq, entry);
         // A finished task's key may be reused (the Store contract allows forgetting it).
         if matches!(
