@@ -74,41 +74,10 @@ impl RedisStore {
             }
             Err(e) => return Err(map_error(e, "count due tasks")),
         };
-        let mut claims: Vec<(usize, usize)> = Vec::new();
-        let mut left = want.max;
-        for (i, reply) in counts.iter().enumerate() {
-            let bad = || unexpected("count due", reply);
-            let [due, earliest] = as_array(reply).ok_or_else(bad)? else {
-                return Err(bad());
-            };
-            let due = as_i64(due).ok_or_else(bad)?.max(0) as usize;
-            if due == 0 {
-                // A stale hint (the work went another way): set it right.
-                settle.push(settle_to(i, as_i64(earliest).ok_or_else(bad)?));
-            } else if left > 0 {
-                let take = due.min(left);
-                claims.push((i, take));
-                left -= take;
-            }
-        }
-        let calls: Vec<OwnedCall> = claims
-            .iter()
-            .map(|&(i, take)| {
-                let fence = candidates[i].fence.as_deref();
-                let mut keys = parts[i].keys.clone();
-                if fence.is_some() {
-                    keys.push(self.keys.owner(parts[i].p).into_bytes());
-                }
-                let args = vec![
-                    now.clone(),
-                    take.to_string().into_bytes(),
-                    want.visibility_ms.to_string().into_bytes(),
-                    self.retention_ms.to_string().into_bytes(),
-                    fence.unwrap_or_default().as_bytes().to_vec(),
-                ];
-                (keys, args)
-            })
-            .collect();
+        let claims = plan_claims(&counts, want.max, |i, earliest| {
+            settle.push(settle_to(i, earliest))
+        })?;
+        let calls = self.claim_calls(&parts, candidates, &claims, &want, &now);
         let cmds: Vec<redis::Cmd> = calls
             .iter()
             .map(|(keys, args)| evalsha(&scripts::CLAIM, keys, args))
@@ -129,6 +98,36 @@ impl RedisStore {
             }
         }
         Ok(true)
+    }
+
+    /// Each planned claim's keys and arguments: the partition's keys (and its owner key when
+    /// the claim is fenced), then now, how many, the visibility, the retention and the fence.
+    fn claim_calls(
+        &self,
+        parts: &[Part],
+        candidates: &[&Candidate],
+        claims: &[(usize, usize)],
+        want: &Want,
+        now: &[u8],
+    ) -> Vec<OwnedCall> {
+        claims
+            .iter()
+            .map(|&(i, take)| {
+                let fence = candidates[i].fence.as_deref();
+                let mut keys = parts[i].keys.clone();
+                if fence.is_some() {
+                    keys.push(self.keys.owner(parts[i].p).into_bytes());
+                }
+                let args = vec![
+                    now.to_vec(),
+                    take.to_string().into_bytes(),
+                    want.visibility_ms.to_string().into_bytes(),
+                    self.retention_ms.to_string().into_bytes(),
+                    fence.unwrap_or_default().as_bytes().to_vec(),
+                ];
+                (keys, args)
+            })
+            .collect()
     }
 
     /// Loads every script on every master, so pipelined `EVALSHA`s find them.
@@ -153,4 +152,32 @@ impl RedisStore {
         }
         Ok(())
     }
+}
+
+/// From each partition's `[due, earliest]` count, in rotation order, how many to claim where:
+/// `(index, take)` until `max` is reached. A partition with nothing due had a stale hint, and
+/// `stale(index, earliest)` sets it right.
+fn plan_claims(
+    counts: &[Value],
+    max: usize,
+    mut stale: impl FnMut(usize, i64),
+) -> Result<Vec<(usize, usize)>> {
+    let mut claims = Vec::new();
+    let mut left = max;
+    for (i, reply) in counts.iter().enumerate() {
+        let bad = || unexpected("count due", reply);
+        let [due, earliest] = as_array(reply).ok_or_else(bad)? else {
+            return Err(bad());
+        };
+        let due = as_i64(due).ok_or_else(bad)?.max(0) as usize;
+        if due == 0 {
+            // A stale hint (the work went another way): set it right.
+            stale(i, as_i64(earliest).ok_or_else(bad)?);
+        } else if left > 0 {
+            let take = due.min(left);
+            claims.push((i, take));
+            left -= take;
+        }
+    }
+    Ok(claims)
 }

@@ -221,40 +221,22 @@ impl RedisStore {
     pub(crate) fn put_tasks(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
         let mut outcomes: Vec<Option<PutOutcome>> = vec![None; tasks.len()];
         // Group by queue, then partition, keeping input order within each group.
-        let mut by_queue: Vec<(QueueName, Vec<usize>)> = Vec::new();
-        for (i, task) in tasks.iter().enumerate() {
-            match by_queue.iter_mut().find(|(q, _)| *q == task.queue) {
-                Some((_, list)) => list.push(i),
-                None => by_queue.push((task.queue.clone(), vec![i])),
-            }
-        }
+        let by_queue = group_in_order(0..tasks.len(), |i| &tasks[i].queue);
         // Every queue is checked before anything is written, so a missing queue fails the
         // call with nothing stored (one queue is checked by the write itself).
         if by_queue.len() > 1 {
-            let mut checked = Ok(());
-            self.pool.with("check queues", |c| {
-                checked = by_queue
-                    .iter()
-                    .try_for_each(|(queue, _)| self.uid(c, queue).map(drop));
-                Ok(())
-            })?;
-            checked?;
+            self.check_queues(by_queue.iter().map(|(queue, _)| *queue))?;
         }
         let place_now = self.placement_now_ms.unwrap_or_else(wall_clock_ms);
         for (queue, indexes) in by_queue {
             let rotating = (self.next_rotation() % usize::from(self.keys.partitions)) as u16;
-            self.with_queue(&queue, |this, c, uid| {
-                let mut by_part: Vec<(u16, Vec<usize>)> = Vec::new();
-                for &i in &indexes {
-                    let p = match &tasks[i].idempotency_key {
+            self.with_queue(queue, |this, c, uid| {
+                let by_part = group_in_order(indexes.iter().copied(), |i| {
+                    match &tasks[i].idempotency_key {
                         Some(key) => crate::partition_of(key.as_bytes(), this.keys.partitions),
                         None => rotating,
-                    };
-                    match by_part.iter_mut().find(|(q, _)| *q == p) {
-                        Some((_, list)) => list.push(i),
-                        None => by_part.push((p, vec![i])),
                     }
-                }
+                });
                 let calls: Vec<(Part, Vec<Vec<u8>>)> = by_part
                     .iter()
                     .map(|(p, members)| {
@@ -281,7 +263,7 @@ impl RedisStore {
                             [_, seq, rec, reason] => {
                                 let v = [seq.clone(), rec.clone(), reason.clone()];
                                 PutOutcome::Duplicate(Box::new(
-                                    this.read_task(c, &queue, uid, *p, &v, 0)?,
+                                    this.read_task(c, queue, uid, *p, &v, 0)?,
                                 ))
                             }
                             _ => return Err(bad()),
@@ -289,7 +271,7 @@ impl RedisStore {
                     }
                     earliest.push((*p, as_i64(&items[members.len()]).ok_or_else(bad)?));
                 }
-                this.hints_lower(c, &queue, uid, &earliest)?;
+                this.hints_lower(c, queue, uid, &earliest)?;
                 Ok(())
             })?;
         }
@@ -299,6 +281,18 @@ impl RedisStore {
             .into_iter()
             .map(|o| o.ok_or_else(|| corrupt("redis reply (put)", "a task lost".into())))
             .collect()
+    }
+
+    /// Checks that every queue exists, in one pooled connection.
+    fn check_queues<'q>(&self, queues: impl Iterator<Item = &'q QueueName>) -> Result<()> {
+        let mut checked = Ok(());
+        self.pool.with("check queues", |c| {
+            checked = queues
+                .into_iter()
+                .try_for_each(|queue| self.uid(c, queue).map(drop));
+            Ok(())
+        })?;
+        checked
     }
 
     /// Runs the put script of each partition in `calls`, answering their replies in order.
@@ -509,4 +503,21 @@ fn put_args(
         args.push(record::encode(task));
     }
     args
+}
+
+/// `indexes` grouped by `key`, groups in order of first appearance and indexes in input order
+/// within each (a batch names few queues and partitions, so a linear search finds a group).
+fn group_in_order<K: PartialEq>(
+    indexes: impl Iterator<Item = usize>,
+    key: impl Fn(usize) -> K,
+) -> Vec<(K, Vec<usize>)> {
+    let mut groups: Vec<(K, Vec<usize>)> = Vec::new();
+    for i in indexes {
+        let k = key(i);
+        match groups.iter_mut().find(|(g, _)| *g == k) {
+            Some((_, list)) => list.push(i),
+            None => groups.push((k, vec![i])),
+        }
+    }
+    groups
 }
