@@ -90,28 +90,55 @@ async fn task_headers_that_cannot_be_delivered_are_refused(s: TestServer) {
 both_stores!(deeply_nested_payloads_are_refused_not_crashing);
 async fn deeply_nested_payloads_are_refused_not_crashing(s: TestServer) {
     s.queue("q", json!({})).await;
-    // 128 levels are fine (brackets inside strings do not count); more are refused, however
-    // many, without harm to the server.
-    let fine = format!(
-        "{{\"payload\": {}\"[[[{{\"{}}}",
-        "[".repeat(128),
-        "]".repeat(128)
-    );
-    let (status, answer) = s.raw("POST", "/v1/queues/q/tasks", Some(fine)).await;
-    assert_eq!(status, 201, "{answer}");
-    for depth in [129, 30_000] {
-        let deep = format!(
-            "{{\"payload\": {}1{}}}",
-            "[".repeat(depth),
-            "]".repeat(depth)
+    s.ok(
+        "POST",
+        "/v1/reminders",
+        json!({"id": "r", "queue": "q", "delay_ms": 3_600_000}),
+        201,
+    )
+    .await;
+    // The same bound for a task's payload, a schedule's and a reminder's content: 128 levels
+    // are fine (brackets inside strings do not count); more are refused, however many,
+    // without harm to the server.
+    let routes = [
+        ("POST", "/v1/queues/q/tasks", "payload", ""),
+        (
+            "POST",
+            "/v1/schedules",
+            "payload",
+            r#""queue": "q", "every_ms": 60000, "#,
+        ),
+        (
+            "POST",
+            "/v1/reminders",
+            "content",
+            r#""queue": "q", "delay_ms": 60000, "#,
+        ),
+        ("PATCH", "/v1/reminders/r", "content", ""),
+    ];
+    for (method, path, field, rest) in routes {
+        let fine = format!(
+            "{{{rest}\"{field}\": {}\"[[[{{\"{}}}",
+            "[".repeat(128),
+            "]".repeat(128)
         );
-        let (status, answer) = s.raw("POST", "/v1/queues/q/tasks", Some(deep)).await;
-        assert_eq!(status, 400, "depth {depth}: {answer}");
-        let message = answer["error"]["message"].as_str().unwrap_or("");
-        assert!(
-            message.contains("recursion limit"),
-            "depth {depth}: {message}"
-        );
+        let (status, answer) = s.raw(method, path, Some(fine)).await;
+        assert!(status == 200 || status == 201, "{path}: {answer}");
+        for depth in [129, 30_000] {
+            let deep = format!(
+                "{{{rest}\"{field}\": {}1{}}}",
+                "[".repeat(depth),
+                "]".repeat(depth)
+            );
+            let (status, answer) = s.raw(method, path, Some(deep)).await;
+            assert_eq!(status, 400, "{path} depth {depth}: {answer}");
+            assert_eq!(code(&answer), "invalid_payload", "{path}: {answer}");
+            let message = answer["error"]["message"].as_str().unwrap_or("");
+            assert!(
+                message.starts_with(field) && message.contains("recursion limit"),
+                "{path} depth {depth}: {message}"
+            );
+        }
     }
     // The server is still there.
     let (status, _) = s.call("GET", "/healthz", Value::Null).await;

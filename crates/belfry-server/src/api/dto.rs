@@ -279,15 +279,16 @@ pub fn late_policy_view(policy: LatePolicy) -> (&'static str, Option<u64>) {
     }
 }
 
-/// Refuses a JSON payload nested deeper than `PAYLOAD_NESTING_MAX`. The payload is kept as
-/// the producer's text (never parsed into a tree), so this one scan is the only bound; it is
-/// iterative, so no depth can exhaust the stack.
+/// Refuses JSON nested deeper than `PAYLOAD_NESTING_MAX` (a task's or schedule's payload, a
+/// reminder's content: `field` names it in the message). It is kept as the producer's text
+/// (never parsed into a tree), so this one scan is the only bound; it is iterative, so no
+/// depth can exhaust the stack.
 ///
 /// Depth never exceeds the number of `[` and `{` in the text (strings included), and that
 /// count takes one vectorised pass, so a payload with no more of them than the limit (nearly
 /// every real one) is let through without the byte-by-byte walk, which cost a quarter of the
 /// server's CPU in batched ingest of 200-byte payloads.
-pub fn check_nesting(json: &str) -> Result<(), ApiError> {
+pub fn check_nesting(field: &str, json: &str) -> Result<(), ApiError> {
     use belfry_core::limits::PAYLOAD_NESTING_MAX;
     // Counted in byte lanes, 64 bytes at a time (a lane cannot overflow), which the compiler
     // turns into wide compares: a `usize` sum per byte is not.
@@ -323,7 +324,7 @@ pub fn check_nesting(json: &str) -> Result<(), ApiError> {
                     return Err(invalid(
                         ErrorCode::InvalidPayload,
                         format!(
-                            "payload is nested deeper than {PAYLOAD_NESTING_MAX} levels of arrays and objects (the recursion limit of common JSON parsers)"
+                            "{field} is nested deeper than {PAYLOAD_NESTING_MAX} levels of arrays and objects (the recursion limit of common JSON parsers)"
                         ),
                     ));
                 }
@@ -438,38 +439,11 @@ impl TaskBody<'_> {
             run_at_ms: self.run_at_ms,
         };
         let due_at_ms = due.resolve(now_ms, limits.horizon_ms)?.unwrap_or(now_ms);
-        let (payload, kind) = match (self.payload, self.payload_base64) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    ErrorCode::InvalidPayload,
-                    "give either payload (JSON) or payload_base64 (bytes), not both",
-                ))
-            }
-            (Some(json), None) => {
-                check_nesting(json.get())?;
-                (
-                    Bytes::copy_from_slice(json.get().as_bytes()),
-                    PayloadKind::Json,
-                )
-            }
-            (None, Some(text)) => {
-                // Base64 is 4/3 of the bytes: refuse oversized text before decoding it.
-                if text.len() / 4 * 3 > limits.payload_bytes_max + 3 {
-                    return Err(too_large(limits.payload_bytes_max));
-                }
-                let bytes = BASE64.decode(text.as_bytes()).map_err(|e| {
-                    invalid(
-                        ErrorCode::InvalidPayload,
-                        format!("payload_base64 is not valid standard base64: {e}"),
-                    )
-                })?;
-                (Bytes::from(bytes), PayloadKind::Binary)
-            }
-            (None, None) => (Bytes::from_static(b"null"), PayloadKind::Json),
-        };
-        if payload.len() > limits.payload_bytes_max {
-            return Err(too_large(limits.payload_bytes_max));
-        }
+        let (payload, kind) = payload_from(
+            self.payload,
+            self.payload_base64.as_deref(),
+            limits.payload_bytes_max,
+        )?;
         let headers = self.headers.unwrap_or_default();
         belfry_core::headers::check_all(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
             .map_err(|problem| invalid(ErrorCode::InvalidRequest, format!("headers: {problem}")))?;
@@ -496,6 +470,49 @@ impl TaskBody<'_> {
                 .unwrap_or(limits.late_default),
         })
     }
+}
+
+/// A task's or schedule's payload: `payload` (JSON text, kept as given) or `payload_base64`
+/// (bytes), at most one, `null` when neither; at most `max` bytes and, as JSON, at most
+/// `PAYLOAD_NESTING_MAX` levels deep.
+pub fn payload_from(
+    json: Option<&RawValue>,
+    base64: Option<&str>,
+    max: usize,
+) -> Result<(Bytes, PayloadKind), ApiError> {
+    let (payload, kind) = match (json, base64) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                ErrorCode::InvalidPayload,
+                "give either payload (JSON) or payload_base64 (bytes), not both",
+            ))
+        }
+        (Some(json), None) => {
+            check_nesting("payload", json.get())?;
+            (
+                Bytes::copy_from_slice(json.get().as_bytes()),
+                PayloadKind::Json,
+            )
+        }
+        (None, Some(text)) => {
+            // Base64 is 4/3 of the bytes: refuse oversized text before decoding it.
+            if text.len() / 4 * 3 > max + 3 {
+                return Err(too_large(max));
+            }
+            let bytes = BASE64.decode(text.as_bytes()).map_err(|e| {
+                invalid(
+                    ErrorCode::InvalidPayload,
+                    format!("payload_base64 is not valid standard base64: {e}"),
+                )
+            })?;
+            (Bytes::from(bytes), PayloadKind::Binary)
+        }
+        (None, None) => (Bytes::from_static(b"null"), PayloadKind::Json),
+    };
+    if payload.len() > max {
+        return Err(too_large(max));
+    }
+    Ok((payload, kind))
 }
 
 fn too_large(max: usize) -> ApiError {
@@ -880,19 +897,23 @@ mod tests {
         use belfry_core::limits::PAYLOAD_NESTING_MAX as MAX;
         let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
         // Few brackets: the counting pass decides.
-        assert!(check_nesting(&nested(MAX)).is_ok());
-        assert!(check_nesting(r#"{"a": [1, {"b": "[{"}]}"#).is_ok());
+        assert!(check_nesting("payload", &nested(MAX)).is_ok());
+        assert!(check_nesting("payload", r#"{"a": [1, {"b": "[{"}]}"#).is_ok());
         // Many brackets: the walk decides, by depth.
         let siblings = format!("[{}1]", "[],".repeat(3 * MAX));
-        assert!(check_nesting(&siblings).is_ok());
+        assert!(check_nesting("payload", &siblings).is_ok());
         let in_strings = format!(
             r#"{{"s": "{}", "t": "\"{}"}}"#,
             "[".repeat(MAX),
             "{".repeat(MAX)
         );
-        assert!(check_nesting(&in_strings).is_ok());
-        assert!(check_nesting(&nested(MAX + 1)).is_err());
-        assert!(check_nesting(&format!("{}{}", "[],".repeat(MAX), nested(MAX + 1))).is_err());
+        assert!(check_nesting("payload", &in_strings).is_ok());
+        assert!(check_nesting("payload", &nested(MAX + 1)).is_err());
+        assert!(check_nesting(
+            "payload",
+            &format!("{}{}", "[],".repeat(MAX), nested(MAX + 1))
+        )
+        .is_err());
     }
 
     fn due(json: &str) -> Result<Option<UnixMs>, ErrorCode> {

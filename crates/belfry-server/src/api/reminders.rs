@@ -271,8 +271,12 @@ pub struct PatchBody {
     pub priority: Option<PriorityBody>,
 }
 
-fn content_bytes(content: Option<Box<RawValue>>) -> Option<Bytes> {
-    content.map(|raw| Bytes::from(String::from(Box::<str>::from(raw))))
+/// A reminder's content as given, bounded in depth like a task's payload (it is delivered
+/// inside every chunk body and feed answer).
+fn content_bytes(content: Option<Box<RawValue>>) -> Result<Option<Bytes>, ApiError> {
+    let Some(raw) = content else { return Ok(None) };
+    super::dto::check_nesting("content", raw.get())?;
+    Ok(Some(Bytes::from(String::from(Box::<str>::from(raw)))))
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -428,7 +432,7 @@ async fn create(
     let def = ReminderDef {
         queue: queue_name(&body.queue)?,
         when: body.time.when(now_ms)?,
-        content: content_bytes(body.content).unwrap_or_else(|| Bytes::from_static(b"null")),
+        content: content_bytes(body.content)?.unwrap_or_else(|| Bytes::from_static(b"null")),
         urgency: body.priority.map(Urgency::from).unwrap_or_default(),
         chunk_size: body.chunk_size.unwrap_or(CHUNK_SIZE_DEFAULT),
         users_per_second: body.users_per_second,
@@ -467,7 +471,7 @@ async fn patch(
         Some(body.time.when(now_ms)?)
     };
     let change = ReminderPatch {
-        content: content_bytes(body.content),
+        content: content_bytes(body.content)?,
         when,
         urgency: body.priority.map(Urgency::from),
     };

@@ -15,18 +15,18 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use base64::Engine as _;
 use belfry_core::schedule::{format_in_zone, format_utc, TimeZone, Trigger, PREVIEW_MAX};
-use belfry_core::{LatePolicy, PayloadKind, Priority, QueueName, UnixMs};
+use belfry_core::{LatePolicy, Priority, QueueName, UnixMs};
 use belfry_schedule::{
     FireTime, MisfirePolicy, NewSchedule, Schedule, ScheduleDef, ScheduleId, ScheduleServiceError,
     TriggerDef, FORECAST_STEPS_MAX,
 };
-use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::dto::{late_policy_from, LateBody, LatePolicyName, PayloadView, PriorityBody};
+use super::dto::{
+    late_policy_from, payload_from, LateBody, LatePolicyName, PayloadView, PriorityBody,
+};
 use super::error::{ApiError, ErrorCode};
 use super::extract::{queue_name, JsonBody, QueuePath};
 use crate::schedules::SchedulesState;
@@ -56,8 +56,6 @@ pub const FORECAST_HORIZON_MS_MAX: u64 = 31 * 24 * 3_600_000;
 /// so this bounds the answer to about a megabyte.
 pub const FORECAST_STEPS_API_MAX: usize = 20_000;
 const _: () = assert!(FORECAST_STEPS_API_MAX <= FORECAST_STEPS_MAX);
-
-const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// The schedule routes, served beside API v1 (merge them with `ServerBuilder::merge`). Their
 /// bodies are bounded by the server's request limit (`api::finish`).
@@ -220,35 +218,11 @@ impl ScheduleBody {
         };
         let start_at_ms = instant("start_at", self.start_at.as_deref(), self.start_at_ms)?;
         let end_at_ms = instant("end_at", self.end_at.as_deref(), self.end_at_ms)?;
-        let (payload, payload_kind) = match (self.payload, self.payload_base64) {
-            (Some(_), Some(_)) => {
-                return Err(ApiError::new(
-                    ErrorCode::InvalidPayload,
-                    "give either payload (JSON) or payload_base64 (bytes), not both",
-                ))
-            }
-            (Some(json), None) => (
-                Bytes::from(String::from(Box::<str>::from(json))),
-                PayloadKind::Json,
-            ),
-            (None, Some(text)) => {
-                // Base64 is 4/3 of the bytes: refuse oversized text before decoding it.
-                if text.len() / 4 * 3 > payload_bytes_max + 3 {
-                    return Err(too_large(payload_bytes_max));
-                }
-                let bytes = BASE64.decode(text.as_bytes()).map_err(|e| {
-                    ApiError::new(
-                        ErrorCode::InvalidPayload,
-                        format!("payload_base64 is not valid standard base64: {e}"),
-                    )
-                })?;
-                (Bytes::from(bytes), PayloadKind::Binary)
-            }
-            (None, None) => (Bytes::from_static(b"null"), PayloadKind::Json),
-        };
-        if payload.len() > payload_bytes_max {
-            return Err(too_large(payload_bytes_max));
-        }
+        let (payload, payload_kind) = payload_from(
+            self.payload.as_deref(),
+            self.payload_base64.as_deref(),
+            payload_bytes_max,
+        )?;
         let def = ScheduleDef {
             queue,
             trigger,
@@ -274,13 +248,6 @@ impl ScheduleBody {
         };
         Ok((self.id, def))
     }
-}
-
-fn too_large(max: usize) -> ApiError {
-    ApiError::new(
-        ErrorCode::PayloadTooLarge,
-        format!("the payload is larger than the limit of {max} bytes"),
-    )
 }
 
 fn schedule_id(text: &str) -> Result<ScheduleId, ApiError> {
