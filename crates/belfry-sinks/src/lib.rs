@@ -29,6 +29,7 @@ pub mod factory;
 mod gate;
 #[cfg(feature = "kafka")]
 pub mod kafka;
+mod link;
 pub mod metadata;
 #[cfg(feature = "nats")]
 pub mod nats;

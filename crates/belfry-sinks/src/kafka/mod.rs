@@ -36,6 +36,7 @@ pub mod tls;
 
 use crate::connections::KafkaSaslMechanism;
 use crate::gate::{Gate, HealthCell};
+use crate::link::SharedLink;
 use crate::metadata;
 use crate::retry::{classify_kafka_failure, KafkaFailure};
 use crate::{Attempt, Outcome, Sink, SinkError, SinkFuture, SinkHealth};
@@ -204,8 +205,7 @@ struct Link {
 /// Produces one queue's tasks to a Kafka topic.
 pub struct KafkaSink {
     config: KafkaConfig,
-    link: std::sync::Mutex<Option<Link>>,
-    connecting: tokio::sync::Mutex<()>,
+    link: SharedLink<Link>,
     /// The partition for the next unkeyed batch.
     next_partition: AtomicUsize,
     gate: Gate,
@@ -245,32 +245,15 @@ impl KafkaSink {
         }
         Ok(KafkaSink {
             config,
-            link: std::sync::Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            link: SharedLink::default(),
             next_partition: AtomicUsize::new(0),
             gate: Gate::default(),
             health: HealthCell::default(),
         })
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Link>> {
-        // Replaced whole only: a poisoned lock still holds a complete value.
-        self.link
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     async fn link(&self) -> Result<Link, Outcome> {
-        if let Some(link) = self.slot().clone() {
-            return Ok(link);
-        }
-        let _connecting = self.connecting.lock().await;
-        if let Some(link) = self.slot().clone() {
-            return Ok(link);
-        }
-        let link = self.connect().await?;
-        *self.slot() = Some(link.clone());
-        Ok(link)
+        self.link.get_or_connect(|| self.connect()).await
     }
 
     async fn connect(&self) -> Result<Link, Outcome> {
@@ -400,7 +383,7 @@ impl KafkaSink {
         if broken || outcomes.iter().any(|o| matches!(o, Outcome::Reject { .. })) {
             // Reconnect and re-read the metadata next time: the broker set or the topic
             // (deleted, re-created, repartitioned) may have changed.
-            *self.slot() = None;
+            self.link.forget();
         }
         outcomes
     }
@@ -416,7 +399,7 @@ impl KafkaSink {
                 match tokio::time::timeout(limit, self.produce_all(batch, now_ms)).await {
                     Ok(outcomes) => outcomes,
                     Err(_) => {
-                        *self.slot() = None;
+                        self.link.forget();
                         vec![
                             classify_kafka_failure(
                                 KafkaFailure::Timeout,
@@ -573,7 +556,7 @@ impl Sink for KafkaSink {
             if self.gate.close().await {
                 // Every produce was acknowledged or failed (the gate waited): nothing is
                 // buffered client-side, so dropping the connections loses nothing.
-                *self.slot() = None;
+                self.link.forget();
             }
         })
     }

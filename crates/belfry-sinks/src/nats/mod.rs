@@ -26,6 +26,7 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 
 use crate::gate::{Gate, HealthCell};
+use crate::link::SharedLink;
 use crate::metadata;
 use crate::retry::{classify_nats_failure, NatsFailure};
 use crate::{Attempt, Outcome, Sink, SinkError, SinkFuture, SinkHealth};
@@ -130,9 +131,7 @@ struct Link {
 pub struct NatsSink {
     config: NatsConfig,
     servers: Vec<ServerAddr>,
-    link: std::sync::Mutex<Option<Link>>,
-    /// Held while connecting, so concurrent deliveries share one connect.
-    connecting: tokio::sync::Mutex<()>,
+    link: SharedLink<Link>,
     /// Room for acks awaited, [`ACKS_IN_FLIGHT_MAX`] in all, taken by a batch for all its
     /// messages before it writes the first. The client has the same bound, but it frees a
     /// message's room only once its ack is awaited, and a batch awaits its acks after writing
@@ -182,32 +181,15 @@ impl NatsSink {
         Ok(NatsSink {
             config,
             servers,
-            link: std::sync::Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            link: SharedLink::default(),
             window: tokio::sync::Semaphore::new(ACKS_IN_FLIGHT_MAX),
             gate: Gate::default(),
             health: HealthCell::default(),
         })
     }
 
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<Link>> {
-        // Replaced whole only: a poisoned lock still holds a complete value.
-        self.link
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     async fn link(&self) -> Result<Link, Outcome> {
-        if let Some(link) = self.slot().clone() {
-            return Ok(link);
-        }
-        let _connecting = self.connecting.lock().await;
-        if let Some(link) = self.slot().clone() {
-            return Ok(link);
-        }
-        let link = self.connect().await?;
-        *self.slot() = Some(link.clone());
-        Ok(link)
+        self.link.get_or_connect(|| self.connect()).await
     }
 
     async fn connect(&self) -> Result<Link, Outcome> {
@@ -471,7 +453,7 @@ impl Sink for NatsSink {
     fn close(&self) -> SinkFuture<'_, ()> {
         Box::pin(async move {
             if self.gate.close().await {
-                let link = self.slot().take();
+                let link = self.link.forget();
                 if let Some(link) = link {
                     // Everything published was acked (the gate waited); flushing only pushes
                     // out what the client still buffers before the connection is dropped.

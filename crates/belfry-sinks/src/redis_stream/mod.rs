@@ -30,6 +30,7 @@ use redis::{ConnectionAddr, ConnectionInfo, IntoConnectionInfo};
 use reqwest::Url;
 
 use crate::gate::{Gate, HealthCell};
+use crate::link::SharedLink;
 use crate::metadata;
 use crate::retry::{classify_redis_error, classify_transport, TransportFailure};
 use crate::webhook::redact_url;
@@ -135,12 +136,8 @@ pub struct RedisStreamSink {
     max_len: Option<u64>,
     timeout: Duration,
     /// One multiplexed connection (it pipelines concurrent appends), made on first use and
-    /// replaced after a connection-level error. A plain mutex, held only to clone or replace
-    /// the handle, so the hot path never waits on an async lock.
-    connection: std::sync::Mutex<Option<MultiplexedConnection>>,
-    /// Held while connecting, so concurrent deliveries wait for one connect instead of each
-    /// opening their own connection.
-    connecting: tokio::sync::Mutex<()>,
+    /// replaced after a connection-level error.
+    connection: SharedLink<MultiplexedConnection>,
 }
 
 impl fmt::Debug for RedisStreamSink {
@@ -207,8 +204,7 @@ impl RedisStreamSink {
             stream: config.stream,
             max_len: config.max_len,
             timeout: config.timeout,
-            connection: std::sync::Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
+            connection: SharedLink::default(),
         })
     }
 
@@ -220,27 +216,9 @@ impl RedisStreamSink {
         }
     }
 
-    /// The connection slot. A panic while holding it cannot leave it half-updated (it holds
-    /// an `Option` that is only replaced whole), so a poisoned lock is simply taken over.
-    fn slot(&self) -> std::sync::MutexGuard<'_, Option<MultiplexedConnection>> {
-        self.connection
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// The cached connection, or a new one.
     async fn connection(&self) -> Result<MultiplexedConnection, ConnectFailure> {
-        if let Some(connection) = self.slot().clone() {
-            return Ok(connection);
-        }
-        let _connecting = self.connecting.lock().await;
-        // Another delivery may have connected while this one waited.
-        if let Some(connection) = self.slot().clone() {
-            return Ok(connection);
-        }
-        let connection = self.connect().await?;
-        *self.slot() = Some(connection.clone());
-        Ok(connection)
+        self.connection.get_or_connect(|| self.connect()).await
     }
 
     async fn connect(&self) -> Result<MultiplexedConnection, ConnectFailure> {
@@ -349,7 +327,7 @@ impl RedisStreamSink {
             Err(error) => {
                 if error.is_unrecoverable_error() || error.is_io_error() {
                     // The connection is broken; the next delivery makes a new one.
-                    *self.slot() = None;
+                    self.connection.forget();
                 }
                 redis_outcome(&error)
             }
@@ -434,7 +412,7 @@ impl Sink for RedisStreamSink {
     fn close(&self) -> SinkFuture<'_, ()> {
         Box::pin(async move {
             if self.gate.close().await {
-                *self.slot() = None;
+                self.connection.forget();
             }
         })
     }
