@@ -540,7 +540,11 @@ impl Client {
     async fn bulk(&self, id: &str, body: BulkBody, subscribe: bool) -> Result<BulkAnswer> {
         let request = Request::bulk(id, subscribe);
         // No overall timeout: a body of millions of ids takes as long as it takes to send.
-        let response = self.call(&request, Some(body.0), None).await?;
+        let response = match self.call(&request, Some(body.0), None).await {
+            Ok(response) => response,
+            Err(Error::Http(sent)) => return Err(self.why_bulk_broke(&request, sent).await),
+            Err(other) => return Err(other),
+        };
         let status = response.status().as_u16();
         let bytes = response.bytes().await?;
         if (200..300).contains(&status) {
@@ -568,6 +572,27 @@ impl Client {
                 })
             }
             Err(_) => Err(crate::api_error(status, &bytes)),
+        }
+    }
+
+    /// A bulk body that broke off while it was sent. A server that refuses the call itself (an
+    /// unknown reminder, a token without the scope) answers at once and stops reading, so the
+    /// client sees only a broken pipe. The same call with an empty body (which changes
+    /// nothing) gets that answer; the transport error stands when it does not.
+    async fn why_bulk_broke(&self, request: &Request, sent: reqwest::Error) -> Error {
+        let empty = reqwest::Body::from(Vec::new());
+        match self
+            .call(request, Some(empty), Some(crate::REQUEST_TIMEOUT))
+            .await
+        {
+            Ok(response) if !response.status().is_success() => {
+                let status = response.status().as_u16();
+                match response.bytes().await {
+                    Ok(bytes) => crate::api_error(status, &bytes),
+                    Err(_) => Error::Http(sent),
+                }
+            }
+            _ => Error::Http(sent),
         }
     }
 

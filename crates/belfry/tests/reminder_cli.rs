@@ -239,6 +239,20 @@ fn reminders_subscribers_and_the_feed_from_the_command_line() {
         &["reminder", "subscribe", "ghost", "--file", users],
         "reminder_not_found",
     );
+    // A body of megabytes: the server refuses the call before reading it and stops reading,
+    // which the client sees as a broken pipe; the CLI still gives the server's reason.
+    let many = dir.path().join("many.ndjson");
+    let ids: String = (0..400_000).map(|i| format!("user{i}\n")).collect();
+    std::fs::write(&many, ids).expect("write ids");
+    let many = many.to_str().expect("utf-8 path");
+    for verb in ["subscribe", "unsubscribe"] {
+        let stderr = fails_with(
+            &server,
+            &["reminder", verb, "ghost", "--file", many],
+            "reminder_not_found",
+        );
+        assert!(!stderr.contains("Broken pipe"), "{stderr}");
+    }
     fails_with(
         &server,
         &["feed", "u1", "--within", "40d"],
