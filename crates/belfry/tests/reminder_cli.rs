@@ -277,7 +277,8 @@ fn reminders_subscribers_and_the_feed_from_the_command_line() {
     }
     fails_with(
         &server,
-        &["reminder", "create", "--queue", "nowhere", "--in", "1m"],
+        // `--delay` is `--in`, as in `task add`.
+        &["reminder", "create", "--queue", "nowhere", "--delay", "1m"],
         "queue_not_found",
     );
     // Caught before anything is sent.

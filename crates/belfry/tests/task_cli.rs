@@ -238,6 +238,12 @@ fn get_reschedule_and_cancel_by_idempotency_key() {
     );
     let by_key = json(&server, &["task", "get", "orders", "--key", key]);
     assert_eq!(by_key["id"], added["id"]);
+    // `--key` names it in `task add` too: the repeat answers the same task.
+    let again = json(
+        &server,
+        &["task", "add", "orders", "--delay", "1m", "--key", key],
+    );
+    assert_eq!(again["id"], added["id"]);
 
     let before = now_ms();
     let moved = json(

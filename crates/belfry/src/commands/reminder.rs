@@ -50,8 +50,13 @@ pub struct ReminderWhen {
     /// Once, at this RFC 3339 time ("2030-06-01T20:00:00Z"); a past time fires at once.
     #[arg(long)]
     pub at: Option<String>,
-    /// Once, this long from now: "30m", "2h", "1d".
-    #[arg(long = "in", id = "in", value_name = "DURATION")]
+    /// Once, this long from now: "30m", "2h", "1d" (`--delay`, as `task add` names it).
+    #[arg(
+        long = "in",
+        id = "in",
+        value_name = "DURATION",
+        visible_alias = "delay"
+    )]
     pub after: Option<String>,
     /// At every fire time of a cron expression: 5 fields, 6 with seconds first, or @daily...
     #[arg(long)]

@@ -118,8 +118,9 @@ pub struct TaskAdd {
     /// Due at this unix time in milliseconds.
     #[arg(long)]
     pub at_ms: Option<u64>,
-    /// A repeat with the same key returns the existing task instead of adding one.
-    #[arg(long)]
+    /// A repeat with the same key returns the existing task instead of adding one (`--key`,
+    /// as `task get`, `cancel` and `reschedule` name it).
+    #[arg(long, visible_alias = "key")]
     pub idempotency_key: Option<String>,
     /// Deliver before normal-priority tasks.
     #[arg(long)]
