@@ -60,43 +60,12 @@ pub fn duration(ms: u64) -> String {
 
 /// Unix milliseconds as RFC 3339 in UTC; milliseconds shown only when there are some.
 pub fn rfc3339(ms: u64) -> String {
-    let days = ms / DAY_MS;
-    let in_day = ms % DAY_MS;
-    let (year, month, day) = civil_from_days(days);
-    let (h, m, s, milli) = (
-        in_day / HOUR_MS,
-        (in_day % HOUR_MS) / MINUTE_MS,
-        (in_day % MINUTE_MS) / SECOND_MS,
-        in_day % SECOND_MS,
-    );
-    let fraction = if milli == 0 {
-        String::new()
-    } else {
-        format!(".{milli:03}")
-    };
-    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}{fraction}Z")
-}
-
-/// The Gregorian date `days` after 1970-01-01: count 400-year eras (146,097 days each) from
-/// 0000-03-01, so that the leap day is the last day of each shifted year.
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    const ERA_DAYS: u64 = 146_097;
-    // Days from 0000-03-01 to 1970-01-01.
-    let shifted = days + 719_468;
-    let era = shifted / ERA_DAYS;
-    let day_of_era = shifted % ERA_DAYS;
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    (year, month, day)
+    match i64::try_from(ms).map(jiff::Timestamp::from_millisecond) {
+        Ok(Ok(at)) if ms % SECOND_MS == 0 => format!("{at:.0}"),
+        Ok(Ok(at)) => format!("{at:.3}"),
+        // Past the year 9999: no RFC 3339 form, so the number itself.
+        _ => format!("{ms} ms since 1970"),
+    }
 }
 
 /// `key: value` lines with the values aligned; empty values are left out.
@@ -161,6 +130,7 @@ mod tests {
         check(951_868_799_999, "2000-02-29T23:59:59.999Z");
         check(4_107_542_400_000, "2100-03-01T00:00:00Z");
         check(1_795_435_800_000, "2026-11-23T12:10:00Z");
+        check(u64::MAX, &format!("{} ms since 1970", u64::MAX));
     }
 
     #[test]
