@@ -14,22 +14,36 @@ pub enum ScheduleCommand {
     /// List schedules.
     List,
     /// Show a schedule.
-    Get { id: String },
+    Get {
+        /// The schedule's id.
+        id: String,
+    },
     /// Show the next fire times, in UTC and in the schedule's zone.
     Next {
+        /// The schedule's id.
         id: String,
         /// How many (1 to 1000).
-        #[arg(short, long, default_value_t = 10)]
+        #[arg(short, long = "count", visible_alias = "n", default_value_t = 10)]
         n: usize,
     },
     /// Stop firing (nothing is replayed on resume).
-    Pause { id: String },
+    Pause {
+        /// The schedule's id.
+        id: String,
+    },
     /// Fire again from now on.
-    Resume { id: String },
+    Resume {
+        /// The schedule's id.
+        id: String,
+    },
     /// Delete a schedule (tasks of past firings stay in their queue).
-    Delete { id: String },
+    Delete {
+        /// The schedule's id.
+        id: String,
+    },
     /// How many tasks fall due in a queue per step, scheduled firings included.
     Forecast {
+        /// The queue.
         queue: String,
         /// How far ahead: "1h", "1d" [default: 1h].
         #[arg(long)]

@@ -111,7 +111,7 @@ fn schedule_subcommands_against_a_running_server() {
         assert!(local.contains("T02:30:00+0"), "{local}");
         assert!(local.ends_with("[Europe/Paris]"), "{local}");
     }
-    let human = ok(&server, &["schedule", "next", "nightly", "-n", "2"]);
+    let human = ok(&server, &["schedule", "next", "nightly", "--count", "2"]);
     let lines: Vec<&str> = human.lines().collect();
     assert_eq!(lines.len(), 3, "a header and two fire times: {human}");
     assert!(lines[0].starts_with("FIRES AT"), "{human}");
