@@ -680,8 +680,18 @@ async fn a_queue_late_policy_applies_to_tasks_that_name_none(s: TestServer) {
     let leased = s.lease("q", json!({"max": 10})).await;
     assert_eq!(leased.len(), 1);
     assert_eq!(leased[0]["id"], own.as_str());
-    assert_eq!(s.task("q", &inherited).await["state"], "dead");
-    assert_eq!(s.task("q", &skipped).await["state"], "skipped");
+    // Each task shows the policy it was stored with: its queue's, or its own.
+    let inherited = s.task("q", &inherited).await;
+    assert_eq!(inherited["state"], "dead");
+    assert_eq!(inherited["late_policy"], "dead");
+    assert_eq!(inherited["late_after_ms"], 1000);
+    let skipped = s.task("q", &skipped).await;
+    assert_eq!(skipped["state"], "skipped");
+    assert_eq!(skipped["late_policy"], "skip");
+    assert_eq!(skipped["late_after_ms"], 1000);
+    let own = s.task("q", own.as_str()).await;
+    assert_eq!(own["late_policy"], "fire");
+    assert!(own.get("late_after_ms").is_none(), "{own}");
     // The queue's policy survives an update that does not mention it, and can be reset.
     let queue = s.queue("q", json!({"rate_per_s": 5})).await;
     assert_eq!(queue["late_policy"], "dead");

@@ -606,6 +606,10 @@ pub struct TaskView {
     pub attempts: u32,
     pub due_at_ms: UnixMs,
     pub priority: &'static str,
+    /// `fire`, `skip` or `dead`, with `late_after_ms` for the last two.
+    pub late_policy: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_after_ms: Option<u64>,
     pub headers: BTreeMap<String, String>,
     #[serde(flatten)]
     pub payload: PayloadView,
@@ -628,6 +632,7 @@ fn priority_str(p: Priority) -> &'static str {
 
 impl TaskView {
     pub fn new(task: &Task) -> Self {
+        let (late_policy, late_after_ms) = late_policy_view(task.late_policy);
         TaskView {
             id: task.id.to_string(),
             queue: task.queue.to_string(),
@@ -635,6 +640,8 @@ impl TaskView {
             attempts: task.attempts,
             due_at_ms: task.due_at_ms,
             priority: priority_str(task.priority),
+            late_policy,
+            late_after_ms,
             headers: task.headers.iter().cloned().collect(),
             payload: PayloadView::new(task.payload_kind, &task.payload),
             idempotency_key: task.idempotency_key.clone(),
