@@ -19,6 +19,12 @@ pub struct QueueSpec {
     pub delivery: Option<DeliverySpec>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// The late policy of tasks that name none: "fire", "skip" or "dead" (the last two with
+    /// `late_after_ms`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_after_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
@@ -73,6 +79,11 @@ pub struct Queue {
     pub retry: Retry,
     pub delivery: Value,
     pub paused: bool,
+    /// "fire", "skip" or "dead", for tasks that name none.
+    #[serde(default)]
+    pub late_policy: Option<String>,
+    #[serde(default)]
+    pub late_after_ms: Option<u64>,
     #[serde(default)]
     pub pending: Option<u64>,
     #[serde(default)]
@@ -118,6 +129,11 @@ pub struct NewTask {
     /// "high" or "normal".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub priority: Option<String>,
+    /// "fire", "skip" or "dead" (the last two with `late_after_ms`); the queue's when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_policy: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub late_after_ms: Option<u64>,
 }
 
 impl NewTask {
@@ -168,6 +184,11 @@ pub struct Task {
     pub attempts: u32,
     pub due_at_ms: u64,
     pub priority: String,
+    /// The late policy the task was stored with (its own or its queue's).
+    #[serde(default)]
+    pub late_policy: Option<String>,
+    #[serde(default)]
+    pub late_after_ms: Option<u64>,
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
