@@ -5,12 +5,12 @@ use clap::{Args, Subcommand};
 
 use crate::commands::Remote;
 use crate::commands::{self, parse_headers, parse_payload};
-use crate::show::{duration, now_ms, rfc3339, table, time};
+use crate::show::{duration, late_policy, now_ms, rfc3339, table, time};
 
 #[derive(Debug, Subcommand)]
 pub enum ScheduleCommand {
     /// Create a schedule: --cron EXPR [--timezone ZONE] or --every DURATION.
-    Create(ScheduleCreate),
+    Create(Box<ScheduleCreate>),
     /// List schedules.
     List,
     /// Show a schedule.
@@ -94,12 +94,22 @@ pub struct ScheduleCreate {
     /// Create it paused.
     #[arg(long)]
     pub paused: bool,
+    /// The late policy of each firing's tasks.
+    #[command(flatten)]
+    pub late: commands::LateArgs,
 }
 
 fn spec(args: ScheduleCreate) -> anyhow::Result<ScheduleSpec> {
     let payload = parse_payload(args.payload.as_deref())?;
     let every_ms = commands::parse_ms("every", args.every.as_deref())?;
     let headers = parse_headers(&args.headers)?;
+    let late = args
+        .late
+        .policy()?
+        .map(|(policy, after_ms)| match after_ms {
+            Some(after_ms) => serde_json::json!({"policy": policy, "after_ms": after_ms}),
+            None => serde_json::json!({ "policy": policy }),
+        });
     Ok(ScheduleSpec {
         id: args.id,
         queue: args.queue,
@@ -114,6 +124,7 @@ fn spec(args: ScheduleCreate) -> anyhow::Result<ScheduleSpec> {
         shard_count: args.shards,
         misfire: args.misfire,
         paused: args.paused.then_some(true),
+        late,
         ..ScheduleSpec::default()
     })
 }
@@ -144,8 +155,16 @@ fn describe(s: &Schedule) -> String {
         },
         (None, _) => "finished: no more firings".to_owned(),
     };
+    // Only a policy other than the default is worth a word.
+    let late = match s.late.get("policy").and_then(|p| p.as_str()) {
+        Some(policy @ ("skip" | "dead")) => {
+            let after_ms = s.late.get("after_ms").and_then(|ms| ms.as_u64());
+            format!(", {}", late_policy(Some(policy), after_ms))
+        }
+        _ => String::new(),
+    };
     format!(
-        "{id} -> {queue}: {rule}{shards}, misfire {misfire}\n  {next}",
+        "{id} -> {queue}: {rule}{shards}, misfire {misfire}{late}\n  {next}",
         id = s.id,
         queue = s.queue,
         misfire = s.misfire,
@@ -156,7 +175,7 @@ pub async fn run(remote: &Remote, command: ScheduleCommand) -> anyhow::Result<()
     let show = |s: Schedule| describe(&s);
     match command {
         ScheduleCommand::Create(args) => {
-            commands::run(remote, Request::create_schedule(&spec(args)?), show).await
+            commands::run(remote, Request::create_schedule(&spec(*args)?), show).await
         }
         ScheduleCommand::Get { id } => {
             commands::run(remote, Request::get_schedule(&id), show).await

@@ -68,6 +68,22 @@ pub fn rfc3339(ms: u64) -> String {
     }
 }
 
+/// A late policy for a person: `deliver however late`, `skip past 10m late`, `dead letter past
+/// 1h late`; empty when the server gave none.
+pub fn late_policy(policy: Option<&str>, after_ms: Option<u64>) -> String {
+    let past = |what: &str| match after_ms {
+        Some(ms) => format!("{what} past {} late", duration(ms)),
+        None => what.to_owned(),
+    };
+    match policy {
+        None => String::new(),
+        Some("fire") => "deliver however late".to_owned(),
+        Some("skip") => past("skip"),
+        Some("dead") => past("dead letter"),
+        Some(other) => past(other),
+    }
+}
+
 /// `key: value` lines with the values aligned; empty values are left out.
 pub fn fields(rows: &[(&str, String)]) -> String {
     let width = rows.iter().map(|(key, _)| key.len()).max().unwrap_or(0) + 1;
@@ -131,6 +147,20 @@ mod tests {
         check(4_107_542_400_000, "2100-03-01T00:00:00Z");
         check(1_795_435_800_000, "2026-11-23T12:10:00Z");
         check(u64::MAX, &format!("{} ms since 1970", u64::MAX));
+    }
+
+    #[test]
+    fn late_policies_read_as_what_happens() {
+        assert_eq!(late_policy(Some("fire"), None), "deliver however late");
+        assert_eq!(
+            late_policy(Some("skip"), Some(600_000)),
+            "skip past 10m late"
+        );
+        assert_eq!(
+            late_policy(Some("dead"), Some(3_600_000)),
+            "dead letter past 1h late"
+        );
+        assert_eq!(late_policy(None, None), "");
     }
 
     #[test]

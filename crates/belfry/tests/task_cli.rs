@@ -538,3 +538,118 @@ url = "nats://127.0.0.1:9"
     assert!(!success);
     assert!(stderr.contains("CONNECTION:TARGET"), "{stderr}");
 }
+
+#[test]
+fn late_policies_and_durations_from_the_command_line() {
+    let server = serve(&["--store", "memory"]);
+    // A queue's default late policy, and its retry delays and webhook timeout as durations.
+    let queue = json(
+        &server,
+        &[
+            "queue",
+            "create",
+            "orders",
+            "--late",
+            "dead",
+            "--late-after",
+            "10m",
+            "--backoff-initial",
+            "2s",
+            "--backoff-max",
+            "1h",
+        ],
+    );
+    assert_eq!(queue["late_policy"], "dead");
+    assert_eq!(queue["late_after_ms"], 600_000);
+    assert_eq!(queue["retry"]["backoff_initial_ms"], 2_000);
+    assert_eq!(queue["retry"]["backoff_max_ms"], 3_600_000);
+    let shown = ok(&server, &["queue", "get", "orders"]);
+    assert!(shown.contains("dead letter past 10m late"), "{shown}");
+    assert!(shown.contains("backoff 2s doubling to 1h"), "{shown}");
+    // The earlier millisecond flags still work.
+    let queue = json(
+        &server,
+        &["queue", "create", "orders", "--backoff-initial-ms", "1500"],
+    );
+    assert_eq!(queue["retry"]["backoff_initial_ms"], 1_500);
+    let hook = json(
+        &server,
+        &[
+            "queue",
+            "create",
+            "hook",
+            "--webhook",
+            "http://93.184.216.34/x",
+            "--timeout",
+            "3s",
+        ],
+    );
+    assert_eq!(hook["delivery"]["timeout_ms"], 3_000, "{hook}");
+
+    // A task inherits the queue's policy or names its own; `task get` shows which.
+    let inherited = json(&server, &["task", "add", "orders", "--delay", "1m"]);
+    let own = json(
+        &server,
+        &[
+            "task",
+            "add",
+            "orders",
+            "--delay",
+            "1m",
+            "--late",
+            "skip",
+            "--late-after",
+            "30s",
+        ],
+    );
+    let get = |task: &Value| json(&server, &["task", "get", "orders", &text(&task["id"])]);
+    let inherited = get(&inherited);
+    assert_eq!(inherited["late_policy"], "dead");
+    assert_eq!(inherited["late_after_ms"], 600_000);
+    assert_eq!(get(&own)["late_policy"], "skip");
+    let shown = ok(&server, &["task", "get", "orders", &text(&own["id"])]);
+    assert!(shown.contains("skip past 30s late"), "{shown}");
+
+    // A schedule's firings.
+    let schedule = json(
+        &server,
+        &[
+            "schedule",
+            "create",
+            "orders",
+            "--every",
+            "1h",
+            "--late",
+            "skip",
+            "--late-after",
+            "5m",
+        ],
+    );
+    assert_eq!(
+        schedule["late"],
+        serde_json::json!({"policy": "skip", "after_ms": 300_000})
+    );
+
+    // Inconsistent flags are refused before anything is sent, naming the flags.
+    for (args, hint) in [
+        (vec!["--late", "skip"], "--late skip needs --late-after"),
+        (
+            vec!["--late", "fire", "--late-after", "1m"],
+            "--late-after applies to --late skip or dead",
+        ),
+        (
+            vec!["--late", "dead", "--late-after", "soon"],
+            "--late-after",
+        ),
+    ] {
+        let mut command = vec!["task", "add", "orders"];
+        command.extend(args);
+        let stderr = fails(&server, &command);
+        assert!(stderr.contains(hint), "{command:?}: {stderr}");
+    }
+    let (success, _, stderr) = belfry(&server, &["queue", "create", "q2", "--late", "later"]);
+    assert!(
+        !success && stderr.contains("[possible values: fire, skip, dead]"),
+        "{stderr}"
+    );
+}

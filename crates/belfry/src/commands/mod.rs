@@ -46,7 +46,7 @@ impl std::fmt::Debug for Remote {
     }
 }
 
-use anyhow::{anyhow, Context};
+use anyhow::{anyhow, bail, Context};
 use belfry_client::{Answer, Client, Request};
 use serde::de::DeserializeOwned;
 
@@ -125,7 +125,7 @@ pub fn error_line(error: &anyhow::Error) -> String {
             code: belfry_client::ErrorCode::Unauthorized,
             ..
         }) => format!(
-            "{error:#} (the server requires a token: set BELFRY_TOKEN or pass --token;              `belfry token create --offline` makes one for the server's config)"
+            "{error:#} (the server requires a token: set BELFRY_TOKEN or pass --token; `belfry token create --offline` makes one for the server's config)"
         ),
         _ => format!("{error:#}"),
     }
@@ -137,6 +137,39 @@ pub(crate) fn parse_payload(text: Option<&str>) -> anyhow::Result<Option<serde_j
         serde_json::from_str(text).context("--payload must be JSON (quote strings: '\"hi\"')")
     })
     .transpose()
+}
+
+/// `--late POLICY [--late-after DURATION]`: what happens to a task found late (after an
+/// outage), for a task, a queue's default or a schedule's firings.
+#[derive(Debug, clap::Args)]
+pub struct LateArgs {
+    /// A task found later than --late-after (after an outage) is: fire (delivered however
+    /// late), skip (finished undelivered) or dead (a dead letter).
+    #[arg(long, value_name = "POLICY", value_parser = ["fire", "skip", "dead"])]
+    pub late: Option<String>,
+    /// How late a task may be and still be delivered, with --late skip or dead: "30s", "10m".
+    #[arg(long, value_name = "DURATION", requires = "late")]
+    pub late_after: Option<String>,
+}
+
+impl LateArgs {
+    /// The policy and its threshold in ms, checked as the server checks them, but naming
+    /// these flags.
+    pub fn policy(&self) -> anyhow::Result<Option<(String, Option<u64>)>> {
+        let Some(policy) = &self.late else {
+            return Ok(None);
+        };
+        let after_ms = parse_ms("late-after", self.late_after.as_deref())?;
+        match (policy.as_str(), after_ms) {
+            ("fire", Some(_)) => {
+                bail!("--late-after applies to --late skip or dead; fire delivers however late")
+            }
+            ("skip" | "dead", None) => {
+                bail!("--late {policy} needs --late-after: how late a task may be and still be delivered")
+            }
+            _ => Ok(Some((policy.clone(), after_ms))),
+        }
+    }
 }
 
 /// Repeated `--header NAME=VALUE` flags.

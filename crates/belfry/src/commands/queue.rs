@@ -3,9 +3,9 @@
 use belfry_client::{DeliverySpec, Queue, QueueList, QueueSpec, Request, RetrySpec};
 use clap::{Args, Subcommand};
 
-use super::{run, run_empty};
+use super::{parse_ms, run, run_empty, LateArgs};
 use crate::commands::Remote;
-use crate::show::{duration, fields, table};
+use crate::show::{duration, fields, late_policy, table};
 
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
@@ -43,11 +43,17 @@ pub struct QueueCreate {
     /// Delivery attempts before a task becomes a dead letter.
     #[arg(long)]
     pub max_attempts: Option<u32>,
-    /// First retry delay in ms; it doubles each attempt.
-    #[arg(long)]
+    /// First retry delay: "1s", "500ms"; it doubles each attempt.
+    #[arg(long, value_name = "DURATION")]
+    pub backoff_initial: Option<String>,
+    /// Longest retry delay: "10m".
+    #[arg(long, value_name = "DURATION")]
+    pub backoff_max: Option<String>,
+    /// --backoff-initial in ms (the earlier form).
+    #[arg(long, hide = true, conflicts_with = "backoff_initial")]
     pub backoff_initial_ms: Option<u64>,
-    /// Longest retry delay in ms.
-    #[arg(long)]
+    /// --backoff-max in ms (the earlier form).
+    #[arg(long, hide = true, conflicts_with = "backoff_max")]
     pub backoff_max_ms: Option<u64>,
     /// Deliver by POSTing to this URL instead of waiting for pull consumers.
     #[arg(long)]
@@ -55,8 +61,11 @@ pub struct QueueCreate {
     /// HMAC-SHA256 signing secret for the webhook.
     #[arg(long, requires = "webhook")]
     pub secret: Option<String>,
-    /// How long one webhook call may take, in ms.
-    #[arg(long, requires = "webhook")]
+    /// How long one webhook call may take: "5s".
+    #[arg(long, value_name = "DURATION", requires = "webhook")]
+    pub timeout: Option<String>,
+    /// --timeout in ms (the earlier form).
+    #[arg(long, hide = true, requires = "webhook", conflicts_with = "timeout")]
     pub timeout_ms: Option<u64>,
     /// Deliver to a Redis stream: CONNECTION:STREAM, where CONNECTION is a
     /// `[connections.NAME]` of type "redis" in the server's config.
@@ -77,6 +86,9 @@ pub struct QueueCreate {
     /// Make it a pull queue (undoes --webhook and the stream deliveries).
     #[arg(long, conflicts_with_all = ["webhook", "push"])]
     pub pull: bool,
+    /// The late policy of tasks that name none.
+    #[command(flatten)]
+    pub late: LateArgs,
 }
 
 /// `CONNECTION:TARGET` split at its first colon.
@@ -92,19 +104,23 @@ fn connection_and(flag: &str, value: &str) -> anyhow::Result<(String, String)> {
 }
 
 fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
-    let retry = (args.max_attempts.is_some()
-        || args.backoff_initial_ms.is_some()
-        || args.backoff_max_ms.is_some())
-    .then_some(RetrySpec {
-        max_attempts: args.max_attempts,
-        backoff_initial_ms: args.backoff_initial_ms,
-        backoff_max_ms: args.backoff_max_ms,
-    });
+    let backoff_initial_ms =
+        parse_ms("backoff-initial", args.backoff_initial.as_deref())?.or(args.backoff_initial_ms);
+    let backoff_max_ms =
+        parse_ms("backoff-max", args.backoff_max.as_deref())?.or(args.backoff_max_ms);
+    let retry =
+        (args.max_attempts.is_some() || backoff_initial_ms.is_some() || backoff_max_ms.is_some())
+            .then_some(RetrySpec {
+                max_attempts: args.max_attempts,
+                backoff_initial_ms,
+                backoff_max_ms,
+            });
+    let (late_policy, late_after_ms) = args.late.policy()?.unzip();
     let delivery = if let Some(url) = args.webhook {
         Some(DeliverySpec::Webhook {
             url,
             secret: args.secret,
-            timeout_ms: args.timeout_ms,
+            timeout_ms: parse_ms("timeout", args.timeout.as_deref())?.or(args.timeout_ms),
         })
     } else if let Some(value) = &args.redis_stream {
         let (connection, stream) = connection_and("redis-stream", value)?;
@@ -138,6 +154,8 @@ fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
         retry,
         delivery,
         paused: None,
+        late_policy,
+        late_after_ms: late_after_ms.flatten(),
     })
 }
 
@@ -199,6 +217,10 @@ pub(crate) fn describe(q: &Queue) -> String {
                 duration(q.retry.backoff_initial_ms),
                 duration(q.retry.backoff_max_ms)
             ),
+        ),
+        (
+            "if late",
+            late_policy(q.late_policy.as_deref(), q.late_after_ms),
         ),
         (
             "tasks",

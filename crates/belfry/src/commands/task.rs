@@ -8,9 +8,9 @@ use belfry_client::{
 };
 use clap::{Args, Subcommand};
 
-use super::{client, parse_headers, parse_ms, parse_payload, print_raw, run, run_empty};
+use super::{client, parse_headers, parse_ms, parse_payload, print_raw, run, run_empty, LateArgs};
 use crate::commands::Remote;
-use crate::show::{clip, fields, now_ms, table, time};
+use crate::show::{clip, fields, late_policy, now_ms, table, time};
 
 /// How much of a payload a table row shows.
 const PAYLOAD_COLUMN_CHARS_MAX: usize = 60;
@@ -128,9 +128,12 @@ pub struct TaskAdd {
     /// A header NAME=VALUE (repeatable).
     #[arg(long = "header")]
     pub headers: Vec<String>,
+    #[command(flatten)]
+    pub late: LateArgs,
 }
 
 fn new_task(args: &TaskAdd) -> anyhow::Result<NewTask> {
+    let (late_policy, late_after_ms) = args.late.policy()?.unzip();
     Ok(NewTask {
         payload: parse_payload(args.payload.as_deref())?,
         payload_base64: None,
@@ -140,6 +143,8 @@ fn new_task(args: &TaskAdd) -> anyhow::Result<NewTask> {
         idempotency_key: args.idempotency_key.clone(),
         headers: parse_headers(&args.headers)?,
         priority: args.high.then(|| "high".to_owned()),
+        late_policy,
+        late_after_ms: late_after_ms.flatten(),
     })
 }
 
@@ -176,6 +181,10 @@ pub(crate) fn describe(t: &Task) -> String {
         ),
         ("attempts", t.attempts.to_string()),
         ("priority", t.priority.clone()),
+        (
+            "if late",
+            late_policy(t.late_policy.as_deref(), t.late_after_ms),
+        ),
         ("key", t.idempotency_key.clone().unwrap_or_default()),
         ("dead because", t.dead_reason.clone().unwrap_or_default()),
         ("headers", headers.join(", ")),
