@@ -22,7 +22,7 @@ fn main() -> std::process::ExitCode {
         return match belfry_bench::run(command) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", commands::causes(&e));
                 std::process::ExitCode::FAILURE
             }
         };

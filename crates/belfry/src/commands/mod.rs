@@ -125,10 +125,30 @@ pub fn error_line(error: &anyhow::Error) -> String {
             code: belfry_client::ErrorCode::Unauthorized,
             ..
         }) => format!(
-            "{error:#} (the server requires a token: set BELFRY_TOKEN or pass --token; `belfry token create --offline` makes one for the server's config)"
+            "{} (the server requires a token: set BELFRY_TOKEN or pass --token; `belfry token create --offline` makes one for the server's config)",
+            causes(error)
         ),
-        _ => format!("{error:#}"),
+        _ => causes(error),
     }
+}
+
+/// The error and its causes, joined by ": " as `{:#}` joins them, but each text once: many
+/// errors (std's, reqwest's, some of ours) already end their own message with their cause's,
+/// which `{:#}` then printed twice ("Not a directory (os error 20): Not a directory (os error
+/// 20)").
+pub fn causes(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// `--payload TEXT`: JSON, parsed here so a typo is reported before anything is sent.
@@ -189,4 +209,37 @@ pub(crate) fn parse_ms(flag: &str, text: Option<&str>) -> anyhow::Result<Option<
     text.map(crate::units::parse_duration_ms)
         .transpose()
         .map_err(|e| anyhow!("--{flag}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that ends its message with its cause's, as `#[error("...: {source}")]` does.
+    #[derive(Debug)]
+    struct Wrapping(std::io::Error);
+
+    impl std::fmt::Display for Wrapping {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "list the data directory: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapping {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    #[test]
+    fn a_cause_already_in_the_message_is_printed_once() {
+        let io = std::io::Error::other("Not a directory");
+        let error = anyhow::Error::new(Wrapping(io)).context("open the storage engine");
+        assert_eq!(
+            causes(&error),
+            "open the storage engine: list the data directory: Not a directory"
+        );
+        let plain = anyhow!("no such file").context("--file: open users.ndjson");
+        assert_eq!(causes(&plain), "--file: open users.ndjson: no such file");
+    }
 }
