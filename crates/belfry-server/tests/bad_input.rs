@@ -226,3 +226,27 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
     );
     s.ok("GET", "/healthz", Value::Null, 200).await;
 }
+
+both_stores!(a_bad_query_string_names_the_parameter_in_words);
+async fn a_bad_query_string_names_the_parameter_in_words(s: TestServer) {
+    s.queue("q", json!({})).await;
+    for (path, expected) in [
+        (
+            "/v1/users/u1/reminders?within_ms=-1",
+            "bad query string (within_ms, limit): within_ms: expected a whole number of 0 or more",
+        ),
+        (
+            "/v1/queues?limit=ten",
+            "bad query string (after=<queue name>&limit=<n>): limit: expected a whole number of 0 or more",
+        ),
+        (
+            "/v1/queues/q/forecast?step=1",
+            "bad query string (horizon_ms=<ms>&step_ms=<ms>): step: unknown field `step`, expected `horizon_ms` or `step_ms`",
+        ),
+    ] {
+        let (status, answer) = s.call("GET", path, Value::Null).await;
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert_eq!(code(&answer), "invalid_request", "{path}: {answer}");
+        assert_eq!(answer["error"]["message"], expected, "{path}");
+    }
+}

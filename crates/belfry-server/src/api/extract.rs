@@ -181,9 +181,24 @@ pub fn page_query<T>(
     query.map(|q| q.0).map_err(|e| {
         ApiError::new(
             ErrorCode::InvalidRequest,
-            format!("bad query string ({form}): {e}"),
+            format!(
+                "bad query string ({form}): {}",
+                query_problem(&e.body_text())
+            ),
         )
     })
+}
+
+/// What is wrong with a query string, from axum's rejection text: without its "Failed to
+/// deserialize query string: " preamble, and in words for a number that is not one.
+fn query_problem(text: &str) -> String {
+    let problem = text
+        .strip_prefix("Failed to deserialize query string: ")
+        .unwrap_or(text);
+    match problem.strip_suffix("invalid digit found in string") {
+        Some(field) => format!("{field}expected a whole number of 0 or more"),
+        None => problem.to_owned(),
+    }
 }
 
 /// A page size: `limit`, or `default` when absent; 1 to `max`.

@@ -28,7 +28,7 @@ use super::dto::{
     late_policy_from, payload_from, LateBody, LatePolicyName, PayloadView, PriorityBody,
 };
 use super::error::{ApiError, ErrorCode};
-use super::extract::{queue_name, JsonBody, QueuePath};
+use super::extract::{page_query, queue_name, JsonBody, QueuePath};
 use crate::schedules::SchedulesState;
 use crate::shared::Caller;
 
@@ -279,15 +279,6 @@ pub struct NextQuery {
 pub struct ForecastQuery {
     pub horizon_ms: Option<u64>,
     pub step_ms: Option<u64>,
-}
-
-fn query<T>(query: Result<Query<T>, QueryRejection>, shape: &str) -> Result<T, ApiError> {
-    query.map(|Query(q)| q).map_err(|e| {
-        ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("bad query string ({shape}): {e}"),
-        )
-    })
 }
 
 // ---- responses ----
@@ -550,7 +541,7 @@ pub async fn next(
     SchedulePath(id): SchedulePath,
     q: Result<Query<NextQuery>, QueryRejection>,
 ) -> Result<Json<NextView>, ApiError> {
-    let q = query(q, "n=<count>")?;
+    let q = page_query(q, "n=<count>")?;
     let n = q.n.unwrap_or(NEXT_DEFAULT);
     if n == 0 || n > NEXT_MAX {
         return Err(ApiError::new(
@@ -585,7 +576,7 @@ pub async fn forecast(
     QueuePath(queue): QueuePath,
     q: Result<Query<ForecastQuery>, QueryRejection>,
 ) -> Result<Json<ForecastView>, ApiError> {
-    let q = query(q, "horizon_ms=<ms>&step_ms=<ms>")?;
+    let q = page_query(q, "horizon_ms=<ms>&step_ms=<ms>")?;
     let horizon_ms = q.horizon_ms.unwrap_or(FORECAST_HORIZON_MS_DEFAULT);
     let step_ms = q.step_ms.unwrap_or(FORECAST_STEP_MS_DEFAULT);
     let steps = forecast_steps(horizon_ms, step_ms)?;
