@@ -125,6 +125,16 @@ impl Report {
     }
 }
 
+/// The cell of a measure that was not taken.
+pub fn dash() -> String {
+    "-".into()
+}
+
+/// `value` shown by `show`, or a dash when it was not measured.
+pub fn or_dash<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
+    value.map_or_else(dash, show)
+}
+
 /// `a / b` as "0.87×", or "n/a" when there is no baseline.
 pub fn ratio(a: f64, b: f64) -> String {
     if a > 0.0 && b > 0.0 && a.is_finite() {
