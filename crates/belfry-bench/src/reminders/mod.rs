@@ -14,6 +14,7 @@
 
 mod consumer;
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +25,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::http::{HttpConn, Target};
-use crate::report::{ratio, thousands, Report, Table};
+use crate::report::{dash, or_dash, ratio, thousands, Report, Table};
 use crate::servers::TrivialServer;
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::{new_histogram, record_clamped, Percentiles};
@@ -163,52 +164,8 @@ async fn measure(
 
     // 1. Bulk subscribe.
     let big = format!("big-{run}");
-    create_reminder(
-        &target,
-        &big,
-        &queue,
-        unix_ms() + 86_400_000,
-        args.chunk_size,
-        None,
-    )
-    .await?;
-    out.rss_before_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
-    let bodies = ndjson_bodies(0, args.subscribers, args.ids_per_request);
-    let path = format!("/v1/reminders/{big}/subscribers");
-    let started = Instant::now();
-    let bar = progress(&args.output, args.subscribers, "bulk subscribe");
-    post_all(&target, &path, &bodies, args.connections, &bar).await?;
-    bar.finish_and_clear();
-    out.bulk_ids_per_s = args.subscribers as f64 / started.elapsed().as_secs_f64();
-    if args.baselines.wants(crate::Baseline::Http) {
-        let trivial = TrivialServer::start(args.baselines.trivial_threads)?;
-        let started = Instant::now();
-        post_all(
-            &trivial.target(),
-            &path,
-            &bodies,
-            args.connections,
-            &indicatif::ProgressBar::hidden(),
-        )
-        .await?;
-        out.bulk_baseline_ids_per_s =
-            Some(args.subscribers as f64 / started.elapsed().as_secs_f64());
-        trivial.stop();
-    }
-    drop(bodies);
-    tokio::time::sleep(SETTLE).await;
-    out.rss_after_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
-    // Merges of the subscribe's runs may be running at that moment (their output's bloom
-    // filter and index are then in memory beside the inputs'); once more when they are done.
-    let data_dir = server.data_dir(args.server.server_data_dir.as_deref());
-    if settle(&args.output, data_dir.as_deref()).await.is_some() {
-        out.rss_settled_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
-    }
-    out.disk_bytes = data_dir
-        .as_deref()
-        .and_then(|dir| dir_bytes(dir).ok())
-        .map(|(length, _)| length);
-    out.count_after_subscribe = count(&target, &big).await;
+    bulk_subscribe(args, server, &queue, &big, &mut out).await?;
+    let data_dir = after_subscribe(args, server, &big, &mut out).await;
 
     // 2. kill -9 and restart.
     if !args.no_restart {
@@ -222,16 +179,7 @@ async fn measure(
 
     // The feed's data, and its reads on a quiet server.
     let feed_paths = if args.feed_users > 0 {
-        // A queue of their own, so their chunks never mix with the fan-out's.
-        let feed_queue = format!("bench-rem-feed-{run}");
-        create_queue(&target, &feed_queue, "{}").await?;
-        let paths = feed_setup(args, &target, &feed_queue, run, &mut out).await?;
-        if let Some((runs, waited)) = settle(&args.output, data_dir.as_deref()).await {
-            out.feed_runs = Some(runs);
-            out.feed_settle_s = waited.as_secs_f64();
-        }
-        feed_measure(args, &target, paths.clone(), &mut out).await?;
-        Some(paths)
+        Some(feed_phase(args, &target, run, data_dir.as_deref(), &mut out).await?)
     } else {
         None
     };
@@ -266,6 +214,97 @@ async fn measure(
     }
 
     Ok(out)
+}
+
+/// Creates reminder `big` in `queue` and subscribes every subscriber to it, timed; then the
+/// same requests against the trivial handler, when that baseline is asked for.
+async fn bulk_subscribe(
+    args: &RemindersArgs,
+    server: &ServerUnderTest,
+    queue: &str,
+    big: &str,
+    out: &mut RemindersOutcome,
+) -> anyhow::Result<()> {
+    let target = &server.target;
+    create_reminder(
+        target,
+        big,
+        queue,
+        unix_ms() + 86_400_000,
+        args.chunk_size,
+        None,
+    )
+    .await?;
+    out.rss_before_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
+    let bodies = ndjson_bodies(0, args.subscribers, args.ids_per_request);
+    let path = format!("/v1/reminders/{big}/subscribers");
+    let started = Instant::now();
+    let bar = progress(&args.output, args.subscribers, "bulk subscribe");
+    post_all(target, &path, &bodies, args.connections, &bar).await?;
+    bar.finish_and_clear();
+    out.bulk_ids_per_s = args.subscribers as f64 / started.elapsed().as_secs_f64();
+    if args.baselines.wants(crate::Baseline::Http) {
+        let trivial = TrivialServer::start(args.baselines.trivial_threads)?;
+        let started = Instant::now();
+        post_all(
+            &trivial.target(),
+            &path,
+            &bodies,
+            args.connections,
+            &indicatif::ProgressBar::hidden(),
+        )
+        .await?;
+        out.bulk_baseline_ids_per_s =
+            Some(args.subscribers as f64 / started.elapsed().as_secs_f64());
+        trivial.stop();
+    }
+    drop(bodies);
+    Ok(())
+}
+
+/// What the subscribe left behind: RSS a moment after it and once its runs are merged, the
+/// data dir's size, the count. Returns the server's data dir, when known.
+async fn after_subscribe(
+    args: &RemindersArgs,
+    server: &ServerUnderTest,
+    big: &str,
+    out: &mut RemindersOutcome,
+) -> Option<PathBuf> {
+    tokio::time::sleep(SETTLE).await;
+    out.rss_after_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
+    // Merges of the subscribe's runs may be running at that moment (their output's bloom
+    // filter and index are then in memory beside the inputs'); once more when they are done.
+    let data_dir = server.data_dir(args.server.server_data_dir.as_deref());
+    if settle(&args.output, data_dir.as_deref()).await.is_some() {
+        out.rss_settled_bytes = server.pid.and_then(rss_bytes).map(|r| r.0);
+    }
+    out.disk_bytes = data_dir
+        .as_deref()
+        .and_then(|dir| dir_bytes(dir).ok())
+        .map(|(length, _)| length);
+    out.count_after_subscribe = count(&server.target, big).await;
+    data_dir
+}
+
+/// The feeds' reminders and subscriptions, in a queue of their own so their chunks never
+/// mix with the fan-out's; then, once the store has settled, their reads on a quiet server.
+/// Returns the feed paths to read again during the fan-out.
+async fn feed_phase(
+    args: &RemindersArgs,
+    target: &Target,
+    run: u64,
+    data_dir: Option<&Path>,
+    out: &mut RemindersOutcome,
+) -> anyhow::Result<Arc<Vec<String>>> {
+    let feed_queue = format!("bench-rem-feed-{run}");
+    create_queue(target, &feed_queue, "{}").await?;
+    let paths = feed_setup(args, target, &feed_queue, run, out).await?;
+    if let Some((runs, waited)) = settle(&args.output, data_dir).await {
+        out.feed_runs = Some(runs);
+        out.feed_settle_s = waited.as_secs_f64();
+    }
+    feed_measure(args, target, paths.clone(), out).await?;
+    Ok(paths)
 }
 
 /// Fires reminder `id` a second from now and drains its chunks; with `feed`, reads feeds
@@ -694,21 +733,38 @@ async fn read_load(
 }
 
 fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> Report {
-    let dash = || "-".to_string();
-    let n = args.subscribers as f64;
     let mut table = Table::new(
         format!(
             "reminders: {} subscribers, chunks of {}",
-            thousands(n),
+            thousands(args.subscribers as f64),
             args.chunk_size
         ),
         &["measure", "belfry", "baseline", "ratio", "target"],
     );
-    let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or_else(dash, f);
+    subscribe_rows(&mut table, args, &o);
+    fanout_rows(&mut table, args, &o);
+    if let Some(feed) = &o.feed {
+        feed_rows(&mut table, args, &o, feed);
+    }
+    let notes = report_notes(args, &o);
+    Report {
+        scenario: "reminders".into(),
+        command: crate::command_line(),
+        machine,
+        tables: vec![table],
+        notes,
+        picture: None,
+        data: serde_json::to_value(&o).unwrap_or(Value::Null),
+    }
+}
+
+/// The bulk subscribe and what it left behind: memory, disk, counts, the restart.
+fn subscribe_rows(table: &mut Table, args: &RemindersArgs, o: &RemindersOutcome) {
+    let n = args.subscribers as f64;
     table.row(vec![
         "bulk subscribe, ids/s (baseline: trivial handler, same bodies)".into(),
         thousands(o.bulk_ids_per_s),
-        opt(o.bulk_baseline_ids_per_s, &thousands),
+        or_dash(o.bulk_baseline_ids_per_s, thousands),
         o.bulk_baseline_ids_per_s
             .map_or_else(dash, |b| ratio(o.bulk_ids_per_s, b)),
         format!("≥ {}", thousands(BULK_IDS_PER_S_TARGET)),
@@ -725,8 +781,8 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
         "server RSS growth, 1 s after the subscribe / once its runs are merged".into(),
         format!(
             "{} / {}",
-            opt(growth, &|g| format!("{:.1} MiB", g / 1_048_576.0)),
-            opt(settled, &|g| format!("{:.1} MiB", g / 1_048_576.0))
+            or_dash(growth, |g| format!("{:.1} MiB", g / 1_048_576.0)),
+            or_dash(settled, |g| format!("{:.1} MiB", g / 1_048_576.0))
         ),
         dash(),
         dash(),
@@ -737,7 +793,7 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
     ]);
     table.row(vec![
         "data dir bytes per subscription".into(),
-        opt(o.disk_bytes.map(|d| d as f64 / n), &|b| format!("{b:.1}")),
+        or_dash(o.disk_bytes.map(|d| d as f64 / n), |b| format!("{b:.1}")),
         dash(),
         dash(),
         "about 8 + overhead".into(),
@@ -757,15 +813,20 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
     ]);
     table.row(vec![
         "restart after kill -9 until /readyz".into(),
-        opt(o.restart_ready_ms, &|ms| format!("{ms:.0} ms")),
+        or_dash(o.restart_ready_ms, |ms| format!("{ms:.0} ms")),
         dash(),
         dash(),
         format!("≤ {RESTART_TARGET_MS:.0} ms"),
     ]);
+}
+
+/// The fan-out to every subscriber, then the paced one when it ran.
+fn fanout_rows(table: &mut Table, args: &RemindersArgs, o: &RemindersOutcome) {
+    let n = args.subscribers as f64;
     table.row(vec![
         "fan-out: due time to last chunk acked (baseline: same chunks stored in advance)".into(),
-        opt(o.fanout_s, &|s| format!("{s:.2} s")),
-        opt(o.fanout_baseline_s, &|s| format!("{s:.2} s")),
+        or_dash(o.fanout_s, |s| format!("{s:.2} s")),
+        or_dash(o.fanout_baseline_s, |s| format!("{s:.2} s")),
         match (o.fanout_s, o.fanout_baseline_s) {
             (Some(a), Some(b)) => ratio(a, b),
             _ => dash(),
@@ -792,7 +853,7 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
                 "paced fan-out of {} users: delivered users/s",
                 thousands(o.paced_users as f64)
             ),
-            opt(o.paced_rate, &thousands),
+            or_dash(o.paced_rate, thousands),
             thousands(args.users_per_second as f64),
             o.paced_rate
                 .map_or_else(dash, |r| ratio(r, args.users_per_second as f64)),
@@ -803,83 +864,100 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
                 "paced fan-out: server CPU, cores, with {} other reminders waiting",
                 thousands(o.paced_other_reminders as f64)
             ),
-            opt(o.paced_server_cores, &|c| format!("{c:.3}")),
+            or_dash(o.paced_server_cores, |c| format!("{c:.3}")),
             dash(),
             dash(),
             "(context)".into(),
         ]);
     }
-    if let Some(feed) = &o.feed {
-        let base = o.feed_baseline.as_ref();
+}
+
+/// Feed reads: against the baselines, during the fan-out, and their latency.
+fn feed_rows(table: &mut Table, args: &RemindersArgs, o: &RemindersOutcome, feed: &ReadLoad) {
+    let base = o.feed_baseline.as_ref();
+    table.row(vec![
+        format!(
+            "feed reads/s ({} users, {} subscriptions over {} reminders; {} connections)",
+            thousands(args.feed_users as f64),
+            thousands(o.feed_subscriptions as f64),
+            thousands(args.feed_reminders as f64),
+            args.feed_connections
+        ),
+        thousands(feed.requests_per_s),
+        base.map_or_else(dash, |b| thousands(b.requests_per_s)),
+        base.map_or_else(dash, |b| ratio(feed.requests_per_s, b.requests_per_s)),
+        format!("≥ {:.2}×", FEED_RATIO_TARGET),
+    ]);
+    if let Some(same) = &o.feed_baseline_same_bytes {
         table.row(vec![
             format!(
-                "feed reads/s ({} users, {} subscriptions over {} reminders; {} connections)",
-                thousands(args.feed_users as f64),
-                thousands(o.feed_subscriptions as f64),
-                thousands(args.feed_reminders as f64),
-                args.feed_connections
+                "feed reads/s against the trivial handler answering the same {} B",
+                o.feed_answer_bytes
             ),
             thousands(feed.requests_per_s),
-            base.map_or_else(dash, |b| thousands(b.requests_per_s)),
-            base.map_or_else(dash, |b| ratio(feed.requests_per_s, b.requests_per_s)),
-            format!("≥ {:.2}×", FEED_RATIO_TARGET),
-        ]);
-        if let Some(same) = &o.feed_baseline_same_bytes {
-            table.row(vec![
-                format!(
-                    "feed reads/s against the trivial handler answering the same {} B",
-                    o.feed_answer_bytes
-                ),
-                thousands(feed.requests_per_s),
-                thousands(same.requests_per_s),
-                ratio(feed.requests_per_s, same.requests_per_s),
-                "(context)".into(),
-            ]);
-        }
-        if let Some(during) = &o.feed_during_fanout {
-            table.row(vec![
-                format!("the {} fan-out again, while feeds are read", thousands(n)),
-                opt(o.fanout_under_feed_s, &|s| format!("{s:.2} s")),
-                opt(o.fanout_s, &|s| format!("{s:.2} s quiet")),
-                match (o.fanout_under_feed_s, o.fanout_s) {
-                    (Some(a), Some(b)) => ratio(a, b),
-                    _ => dash(),
-                },
-                "(context)".into(),
-            ]);
-            table.row(vec![
-                format!(
-                    "feed reads/s and p99.9 while the {} fan-out runs",
-                    thousands(n)
-                ),
-                format!(
-                    "{} / {}",
-                    thousands(during.requests_per_s),
-                    crate::stats::format_us(during.latency.p999_us)
-                ),
-                dash(),
-                ratio(during.requests_per_s, feed.requests_per_s),
-                format!("p99.9 ≤ {}", crate::stats::format_us(FEED_P999_TARGET_US)),
-            ]);
-        }
-        table.row(vec![
-            "feed p99 / p99.9 latency".into(),
-            format!(
-                "{} / {}",
-                crate::stats::format_us(feed.latency.p99_us),
-                crate::stats::format_us(feed.latency.p999_us)
-            ),
-            base.map_or_else(dash, |b| {
-                format!(
-                    "{} / {}",
-                    crate::stats::format_us(b.latency.p99_us),
-                    crate::stats::format_us(b.latency.p999_us)
-                )
-            }),
-            dash(),
-            format!("p99.9 ≤ {}", crate::stats::format_us(FEED_P999_TARGET_US)),
+            thousands(same.requests_per_s),
+            ratio(feed.requests_per_s, same.requests_per_s),
+            "(context)".into(),
         ]);
     }
+    if let Some(during) = &o.feed_during_fanout {
+        feed_during_fanout_rows(table, args, o, feed, during);
+    }
+    table.row(vec![
+        "feed p99 / p99.9 latency".into(),
+        format!(
+            "{} / {}",
+            crate::stats::format_us(feed.latency.p99_us),
+            crate::stats::format_us(feed.latency.p999_us)
+        ),
+        base.map_or_else(dash, |b| {
+            format!(
+                "{} / {}",
+                crate::stats::format_us(b.latency.p99_us),
+                crate::stats::format_us(b.latency.p999_us)
+            )
+        }),
+        dash(),
+        format!("p99.9 ≤ {}", crate::stats::format_us(FEED_P999_TARGET_US)),
+    ]);
+}
+
+/// The fan-out run again while the feeds are read: what each does to the other.
+fn feed_during_fanout_rows(
+    table: &mut Table,
+    args: &RemindersArgs,
+    o: &RemindersOutcome,
+    feed: &ReadLoad,
+    during: &ReadLoad,
+) {
+    let n = args.subscribers as f64;
+    table.row(vec![
+        format!("the {} fan-out again, while feeds are read", thousands(n)),
+        or_dash(o.fanout_under_feed_s, |s| format!("{s:.2} s")),
+        or_dash(o.fanout_s, |s| format!("{s:.2} s quiet")),
+        match (o.fanout_under_feed_s, o.fanout_s) {
+            (Some(a), Some(b)) => ratio(a, b),
+            _ => dash(),
+        },
+        "(context)".into(),
+    ]);
+    table.row(vec![
+        format!(
+            "feed reads/s and p99.9 while the {} fan-out runs",
+            thousands(n)
+        ),
+        format!(
+            "{} / {}",
+            thousands(during.requests_per_s),
+            crate::stats::format_us(during.latency.p999_us)
+        ),
+        dash(),
+        ratio(during.requests_per_s, feed.requests_per_s),
+        format!("p99.9 ≤ {}", crate::stats::format_us(FEED_P999_TARGET_US)),
+    ]);
+}
+
+fn report_notes(args: &RemindersArgs, o: &RemindersOutcome) -> Vec<String> {
     let mut notes = Vec::new();
     if o.fanout_users < args.subscribers || o.fanout_duplicates > 0 {
         notes.push(format!(
@@ -902,13 +980,5 @@ fn build_report(args: &RemindersArgs, machine: Machine, o: RemindersOutcome) -> 
             ));
         }
     }
-    Report {
-        scenario: "reminders".into(),
-        command: crate::command_line(),
-        machine,
-        tables: vec![table],
-        notes,
-        picture: None,
-        data: serde_json::to_value(&o).unwrap_or(Value::Null),
-    }
+    notes
 }
