@@ -107,115 +107,33 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
     } else {
         format!("/v1/queues/{queue}/tasks:batch")
     };
+    let load = IngestLoad {
+        args: &args,
+        queue: &queue,
+        path: &path,
+        bodies: &bodies,
+    };
 
     let mut belfry = None;
     let mut belfry_written = None;
     let mut with_token = None;
-    let mut fsync_dir = args.server.spawn_dir.clone();
     if !args.server.baselines_only {
-        let server = ServerUnderTest::connect_or_spawn(&args.server, &[]).await?;
-        // On the server's disk: a spawned server lives under --spawn-dir (or the system temp
-        // dir, fsync_dir's default); a server at --url beside its --server-data-dir.
-        if !args.server.spawn {
-            if let Some(dir) = args
-                .server
-                .server_data_dir
-                .as_deref()
-                .and_then(|d| d.parent())
-            {
-                fsync_dir = Some(dir.to_path_buf());
-            }
-        }
-        create_queue(&server.target, &queue, "{}").await?;
-        let job = |label: &str, server: &ServerUnderTest| IngestJob {
-            label: label.into(),
-            target: server.target.clone(),
-            path: path.clone(),
-            body_paths: None,
-            bodies: bodies.clone(),
-            connections: args.connections,
-            answers: Answers::Belfry,
-            due_at_ms: None,
-            server_pid: server.pid,
-            keep_ids: None,
-        };
-        let written_before = server.pid.and_then(crate::sys::storage_write_bytes);
-        let outcome = run_ingest(
-            job("belfry", &server),
-            progress(&args.output, args.tasks, "belfry ingest"),
-        )
-        .await;
-        belfry_written = server
-            .pid
-            .and_then(crate::sys::storage_write_bytes)
-            .zip(written_before)
-            .map(|(after, before)| after.saturating_sub(before));
-        server.stop();
+        let (outcome, written) = load.belfry().await?;
+        belfry_written = written;
         belfry = Some(outcome);
         if args.with_token {
-            // A bench token on loopback: it need not be secret, only as long as a real one.
-            let token = format!("bfy_bench_{:032x}_{:08x}", unix_ms(), std::process::id());
-            let mut server = ServerUnderTest::connect_or_spawn(
-                &args.server,
-                &[(ADMIN_TOKEN_ENV, token.as_str())],
-            )
-            .await?;
-            // It must really require the token, or the comparison measures nothing.
-            let mut bare = crate::http::HttpConn::connect(&server.target).await?;
-            let (status, _) = bare
-                .request(http::Method::GET, "/v1/queues", bytes::Bytes::new())
-                .await?;
-            anyhow::ensure!(
-                status == http::StatusCode::UNAUTHORIZED,
-                "the server started with {ADMIN_TOKEN_ENV} answered {status} to a request without a token, not 401"
-            );
-            server.target.token = Some(token);
-            create_queue(&server.target, &queue, "{}").await?;
-            let outcome = run_ingest(
-                job(WITH_TOKEN_LABEL, &server),
-                progress(&args.output, args.tasks, "belfry ingest, with a token"),
-            )
-            .await;
-            server.stop();
-            with_token = Some(outcome);
+            with_token = Some(load.belfry_with_token().await?);
         }
     }
 
     let trivial = if args.baselines.wants(Baseline::Http) {
-        let server = crate::servers::TrivialServer::start(args.baselines.trivial_threads)?;
-        let outcome = run_ingest(
-            IngestJob {
-                label: "trivial HTTP handler".into(),
-                target: server.target(),
-                path: path.clone(),
-                body_paths: None,
-                bodies: bodies.clone(),
-                connections: args.connections,
-                answers: Answers::AnySuccess,
-                due_at_ms: None,
-                server_pid: None,
-                keep_ids: None,
-            },
-            progress(&args.output, args.tasks, "trivial handler"),
-        )
-        .await;
-        server.stop();
-        Some(outcome)
+        Some(load.trivial().await?)
     } else {
         None
     };
 
     let fsync = if args.baselines.wants(Baseline::Fsync) {
-        let dir = match &fsync_dir {
-            Some(d) => tempfile::tempdir_in(d)?,
-            None => tempfile::tempdir()?,
-        };
-        let bar = progress(&args.output, args.tasks, "raw fsync append");
-        let bodies = bodies.clone();
-        let path = dir.path().to_path_buf();
-        let result =
-            tokio::task::spawn_blocking(move || raw_append(&path, &bodies, &bar)).await??;
-        Some(result)
+        Some(load.raw_append().await?)
     } else {
         None
     };
@@ -239,6 +157,129 @@ pub async fn run(args: IngestArgs) -> anyhow::Result<Report> {
             redis,
         },
     ))
+}
+
+/// The same requests, sent to each system in turn.
+struct IngestLoad<'a> {
+    args: &'a IngestArgs,
+    queue: &'a str,
+    path: &'a str,
+    bodies: &'a Arc<Bodies>,
+}
+
+impl IngestLoad<'_> {
+    fn job(&self, label: &str, server: &ServerUnderTest) -> IngestJob {
+        IngestJob {
+            label: label.into(),
+            target: server.target.clone(),
+            path: self.path.to_string(),
+            body_paths: None,
+            bodies: self.bodies.clone(),
+            connections: self.args.connections,
+            answers: Answers::Belfry,
+            due_at_ms: None,
+            server_pid: server.pid,
+            keep_ids: None,
+        }
+    }
+
+    /// Belfry's run, and the bytes its server wrote to storage meanwhile (known with a pid).
+    async fn belfry(&self) -> anyhow::Result<(IngestOutcome, Option<u64>)> {
+        let args = self.args;
+        let server = ServerUnderTest::connect_or_spawn(&args.server, &[]).await?;
+        create_queue(&server.target, self.queue, "{}").await?;
+        let written_before = server.pid.and_then(crate::sys::storage_write_bytes);
+        let outcome = run_ingest(
+            self.job("belfry", &server),
+            progress(&args.output, args.tasks, "belfry ingest"),
+        )
+        .await;
+        let written = server
+            .pid
+            .and_then(crate::sys::storage_write_bytes)
+            .zip(written_before)
+            .map(|(after, before)| after.saturating_sub(before));
+        server.stop();
+        Ok((outcome, written))
+    }
+
+    /// Belfry's run against a server that requires a bearer token, every request carrying it.
+    async fn belfry_with_token(&self) -> anyhow::Result<IngestOutcome> {
+        let args = self.args;
+        // A bench token on loopback: it need not be secret, only as long as a real one.
+        let token = format!("bfy_bench_{:032x}_{:08x}", unix_ms(), std::process::id());
+        let mut server =
+            ServerUnderTest::connect_or_spawn(&args.server, &[(ADMIN_TOKEN_ENV, token.as_str())])
+                .await?;
+        // It must really require the token, or the comparison measures nothing.
+        let mut bare = crate::http::HttpConn::connect(&server.target).await?;
+        let (status, _) = bare
+            .request(http::Method::GET, "/v1/queues", bytes::Bytes::new())
+            .await?;
+        anyhow::ensure!(
+            status == http::StatusCode::UNAUTHORIZED,
+            "the server started with {ADMIN_TOKEN_ENV} answered {status} to a request without a token, not 401"
+        );
+        server.target.token = Some(token);
+        create_queue(&server.target, self.queue, "{}").await?;
+        let outcome = run_ingest(
+            self.job(WITH_TOKEN_LABEL, &server),
+            progress(&args.output, args.tasks, "belfry ingest, with a token"),
+        )
+        .await;
+        server.stop();
+        Ok(outcome)
+    }
+
+    /// The same requests against the trivial HTTP handler.
+    async fn trivial(&self) -> anyhow::Result<IngestOutcome> {
+        let args = self.args;
+        let server = crate::servers::TrivialServer::start(args.baselines.trivial_threads)?;
+        let outcome = run_ingest(
+            IngestJob {
+                label: "trivial HTTP handler".into(),
+                target: server.target(),
+                path: self.path.to_string(),
+                body_paths: None,
+                bodies: self.bodies.clone(),
+                connections: args.connections,
+                answers: Answers::AnySuccess,
+                due_at_ms: None,
+                server_pid: None,
+                keep_ids: None,
+            },
+            progress(&args.output, args.tasks, "trivial handler"),
+        )
+        .await;
+        server.stop();
+        Ok(outcome)
+    }
+
+    /// The same request bodies appended to a file, one fdatasync each, on the server's disk.
+    async fn raw_append(&self) -> anyhow::Result<RawAppend> {
+        let dir = match &self.fsync_dir() {
+            Some(d) => tempfile::tempdir_in(d)?,
+            None => tempfile::tempdir()?,
+        };
+        let bar = progress(&self.args.output, self.args.tasks, "raw fsync append");
+        let bodies = self.bodies.clone();
+        let path = dir.path().to_path_buf();
+        let result =
+            tokio::task::spawn_blocking(move || raw_append(&path, &bodies, &bar)).await??;
+        Ok(result)
+    }
+
+    /// On the server's disk: a spawned server lives under --spawn-dir (or the system temp
+    /// dir, when that is not given); a server at --url beside its --server-data-dir.
+    fn fsync_dir(&self) -> Option<std::path::PathBuf> {
+        let server = &self.args.server;
+        if !server.baselines_only && !server.spawn {
+            if let Some(dir) = server.server_data_dir.as_deref().and_then(|d| d.parent()) {
+                return Some(dir.to_path_buf());
+            }
+        }
+        server.spawn_dir.clone()
+    }
 }
 
 async fn redis_ingest(args: &IngestArgs, due: &[u64]) -> anyhow::Result<IngestOutcome> {
@@ -283,142 +324,28 @@ fn build_report(args: &IngestArgs, machine: Machine, bodies: &Bodies, m: Measure
         fsync,
         redis,
     } = m;
-    let mode = if args.batch == 1 {
-        "one task per request".to_string()
-    } else {
-        format!("batches of {}", args.batch)
-    };
-    let mut table = Table::new(
-        format!(
-            "ingest: {} tasks of {} B, {mode}, {} connections",
-            thousands(args.tasks as f64),
-            args.payload_bytes,
-            args.connections
-        ),
-        &[
-            "system",
-            "tasks/s",
-            "requests/s",
-            "p50",
-            "p90",
-            "p99",
-            "p99.9",
-            "max",
-            "errors",
-            "client CPU",
-            "belfry ÷ this",
-        ],
-    );
+    let mut table = ingest_table(args);
     let belfry_rate = belfry.as_ref().map_or(0.0, |b| b.tasks_per_s);
     let mut notes = Vec::new();
-    let mut row = |o: &IngestOutcome, table: &mut Table| {
-        table.row(vec![
-            o.label.clone(),
-            thousands(o.tasks_per_s),
-            thousands(o.requests_per_s),
-            format_us(o.latency.p50_us),
-            format_us(o.latency.p90_us),
-            format_us(o.latency.p99_us),
-            format_us(o.latency.p999_us),
-            format_us(o.latency.max_us),
-            (o.rejected + o.failed_requests).to_string(),
-            format!("{:.2} cores", o.cpu.client_cores),
-            if o.label == "belfry" {
-                "1.00×".into()
-            } else {
-                ratio(belfry_rate, o.tasks_per_s)
-            },
-        ]);
-        if o.cpu.client_saturated() {
-            notes.push(format!(
-                "{}: the load generator used {:.2} cores (≥ {:.0}% of one): it may have limited this number.",
-                o.label,
-                o.cpu.client_cores,
-                crate::sys::CLIENT_SATURATION_CORES * 100.0
-            ));
-        }
-        if let Some(e) = &o.first_error {
-            notes.push(format!(
-                "{}: {} rejected tasks; first error: {e}",
-                o.label, o.rejected
-            ));
-        }
-        if let Some(server) = o.cpu.server_cores {
-            notes.push(format!("{}: the server used {server:.2} cores.", o.label));
-        }
-    };
     for o in [&belfry, &with_token, &trivial, &redis]
         .into_iter()
         .flatten()
     {
-        row(o, &mut table);
+        system_row(&mut table, o, belfry_rate);
+        notes.extend(system_notes(o));
     }
     if let (Some(b), Some(t)) = (&belfry, &with_token) {
         notes.push(auth_cost_note(b, t));
     }
     if let Some(f) = &fsync {
-        table.row(vec![
-            "raw fsync'd append, same bytes".into(),
-            thousands(f.tasks_per_s),
-            thousands(f.bodies as f64 / f.elapsed_s),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            "-".into(),
-            "0".into(),
-            "-".into(),
-            ratio(belfry_rate, f.tasks_per_s),
-        ]);
-        notes.push(format!(
-            "raw append: {} request bodies ({:.1} MB/s), one fdatasync each{}.",
-            thousands(f.bodies as f64),
-            f.bytes_per_s / 1e6,
-            if f.truncated {
-                format!(", stopped after {:?}", crate::load::RAW_APPEND_DURATION_MAX)
-            } else {
-                String::new()
-            }
-        ));
+        fsync_row(&mut table, f, belfry_rate);
+        notes.push(fsync_note(f));
     }
     if let (Some(written), Some(b)) = (belfry_written, &belfry) {
         notes.push(written_note(written, b.accepted, bodies, fsync.as_ref()));
     }
     if let Some(b) = &belfry {
-        if args.batch > 1 {
-            let met = b.tasks_per_s >= BATCHED_TASKS_PER_S_TARGET;
-            notes.push(format!(
-                "target ≥ {} tasks/s batched: {} ({} tasks/s).",
-                thousands(BATCHED_TASKS_PER_S_TARGET),
-                if met { "met" } else { "missed" },
-                thousands(b.tasks_per_s)
-            ));
-            if let Some(f) = &fsync {
-                let share = b.tasks_per_s / f.tasks_per_s.max(1e-9);
-                notes.push(format!(
-                    "target ≥ {:.0}% of raw fsync'd append: {} ({:.0}%).",
-                    BATCHED_SHARE_OF_FSYNC_TARGET * 100.0,
-                    if share >= BATCHED_SHARE_OF_FSYNC_TARGET {
-                        "met"
-                    } else {
-                        "missed"
-                    },
-                    share * 100.0
-                ));
-            }
-        } else if let Some(t) = &trivial {
-            let share = b.requests_per_s / t.requests_per_s.max(1e-9);
-            notes.push(format!(
-                "target ≥ {:.0}% of the trivial handler's requests/s: {} ({:.0}%).",
-                SINGLE_SHARE_OF_TRIVIAL_TARGET * 100.0,
-                if share >= SINGLE_SHARE_OF_TRIVIAL_TARGET {
-                    "met"
-                } else {
-                    "missed"
-                },
-                share * 100.0
-            ));
-        }
+        notes.extend(target_notes(args, b, trivial.as_ref(), fsync.as_ref()));
     }
     if redis.is_some() {
         notes.push(
@@ -450,6 +377,155 @@ fn build_report(args: &IngestArgs, machine: Machine, bodies: &Bodies, m: Measure
             "redis": redis,
         }),
     }
+}
+
+/// The empty table, titled with the run's shape.
+fn ingest_table(args: &IngestArgs) -> Table {
+    let mode = if args.batch == 1 {
+        "one task per request".to_string()
+    } else {
+        format!("batches of {}", args.batch)
+    };
+    Table::new(
+        format!(
+            "ingest: {} tasks of {} B, {mode}, {} connections",
+            thousands(args.tasks as f64),
+            args.payload_bytes,
+            args.connections
+        ),
+        &[
+            "system",
+            "tasks/s",
+            "requests/s",
+            "p50",
+            "p90",
+            "p99",
+            "p99.9",
+            "max",
+            "errors",
+            "client CPU",
+            "belfry ÷ this",
+        ],
+    )
+}
+
+/// One measured system's row; `belfry_rate` is what the last column compares to.
+fn system_row(table: &mut Table, o: &IngestOutcome, belfry_rate: f64) {
+    table.row(vec![
+        o.label.clone(),
+        thousands(o.tasks_per_s),
+        thousands(o.requests_per_s),
+        format_us(o.latency.p50_us),
+        format_us(o.latency.p90_us),
+        format_us(o.latency.p99_us),
+        format_us(o.latency.p999_us),
+        format_us(o.latency.max_us),
+        (o.rejected + o.failed_requests).to_string(),
+        format!("{:.2} cores", o.cpu.client_cores),
+        if o.label == "belfry" {
+            "1.00×".into()
+        } else {
+            ratio(belfry_rate, o.tasks_per_s)
+        },
+    ]);
+}
+
+/// A saturated load generator, rejected tasks and the server's CPU, for one system.
+fn system_notes(o: &IngestOutcome) -> Vec<String> {
+    let mut notes = Vec::new();
+    if o.cpu.client_saturated() {
+        notes.push(format!(
+            "{}: the load generator used {:.2} cores (≥ {:.0}% of one): it may have limited this number.",
+            o.label,
+            o.cpu.client_cores,
+            crate::sys::CLIENT_SATURATION_CORES * 100.0
+        ));
+    }
+    if let Some(e) = &o.first_error {
+        notes.push(format!(
+            "{}: {} rejected tasks; first error: {e}",
+            o.label, o.rejected
+        ));
+    }
+    if let Some(server) = o.cpu.server_cores {
+        notes.push(format!("{}: the server used {server:.2} cores.", o.label));
+    }
+    notes
+}
+
+fn fsync_row(table: &mut Table, f: &RawAppend, belfry_rate: f64) {
+    table.row(vec![
+        "raw fsync'd append, same bytes".into(),
+        thousands(f.tasks_per_s),
+        thousands(f.bodies as f64 / f.elapsed_s),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+        "0".into(),
+        "-".into(),
+        ratio(belfry_rate, f.tasks_per_s),
+    ]);
+}
+
+fn fsync_note(f: &RawAppend) -> String {
+    format!(
+        "raw append: {} request bodies ({:.1} MB/s), one fdatasync each{}.",
+        thousands(f.bodies as f64),
+        f.bytes_per_s / 1e6,
+        if f.truncated {
+            format!(", stopped after {:?}", crate::load::RAW_APPEND_DURATION_MAX)
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// Belfry's rate against the brief's targets: absolute and against the raw append when
+/// batched, against the trivial handler when one task per request.
+fn target_notes(
+    args: &IngestArgs,
+    b: &IngestOutcome,
+    trivial: Option<&IngestOutcome>,
+    fsync: Option<&RawAppend>,
+) -> Vec<String> {
+    let mut notes = Vec::new();
+    if args.batch > 1 {
+        let met = b.tasks_per_s >= BATCHED_TASKS_PER_S_TARGET;
+        notes.push(format!(
+            "target ≥ {} tasks/s batched: {} ({} tasks/s).",
+            thousands(BATCHED_TASKS_PER_S_TARGET),
+            if met { "met" } else { "missed" },
+            thousands(b.tasks_per_s)
+        ));
+        if let Some(f) = fsync {
+            let share = b.tasks_per_s / f.tasks_per_s.max(1e-9);
+            notes.push(format!(
+                "target ≥ {:.0}% of raw fsync'd append: {} ({:.0}%).",
+                BATCHED_SHARE_OF_FSYNC_TARGET * 100.0,
+                if share >= BATCHED_SHARE_OF_FSYNC_TARGET {
+                    "met"
+                } else {
+                    "missed"
+                },
+                share * 100.0
+            ));
+        }
+    } else if let Some(t) = trivial {
+        let share = b.requests_per_s / t.requests_per_s.max(1e-9);
+        notes.push(format!(
+            "target ≥ {:.0}% of the trivial handler's requests/s: {} ({:.0}%).",
+            SINGLE_SHARE_OF_TRIVIAL_TARGET * 100.0,
+            if share >= SINGLE_SHARE_OF_TRIVIAL_TARGET {
+                "met"
+            } else {
+                "missed"
+            },
+            share * 100.0
+        ));
+    }
+    notes
 }
 
 /// What the server wrote to storage per task (its WAL, and the task files the tasks also go
