@@ -4,23 +4,8 @@ use super::*;
 
 pub(super) fn report(args: &StreamArgs, machine: Machine, outcome: StreamOutcome) -> Report {
     let burst = args.window_s == 0;
-    let title = if burst {
-        format!(
-            "{}: {} tasks all due at once, read back by a consumer",
-            outcome.sink.title(),
-            thousands(args.tasks as f64)
-        )
-    } else {
-        format!(
-            "{}: {} tasks due over {} s ({} due/s), read back by a consumer",
-            outcome.sink.title(),
-            thousands(args.tasks as f64),
-            args.window_s,
-            thousands(args.tasks as f64 / args.window_s as f64)
-        )
-    };
     let mut table = Table::new(
-        title,
+        title(args, &outcome),
         &[
             "system",
             "delivered",
@@ -36,6 +21,58 @@ pub(super) fn report(args: &StreamArgs, machine: Machine, outcome: StreamOutcome
             "due-time metadata wrong",
         ],
     );
+    phase_rows(&mut table, &outcome);
+
+    let mut notes = cost_notes(args, &outcome);
+    if let Some((raw, published)) = &outcome.raw {
+        notes.push(raw_publish_note(args, raw, published));
+        if burst {
+            notes.push(burst_target_note(&outcome.belfry, raw));
+        }
+    }
+    if !burst {
+        notes.push(lateness_target_note(args, &outcome.belfry));
+    }
+    notes.push(
+        "delivered/s = distinct tasks received ÷ (last receipt − first due time; for the raw publish, − the first publish); lateness = the consumer's receipt − the task's due time, on this machine's clock; due-time metadata wrong = entries whose due_at_ms field / belfry-due-at header differs from the submitted due time. The broker was started by the run on a free loopback port and stopped by its pid.".into(),
+    );
+
+    Report {
+        scenario: format!(
+            "stream-{}{}",
+            outcome.sink.name(),
+            if burst { "-burst" } else { "" }
+        ),
+        command: crate::command_line(),
+        machine,
+        tables: vec![table],
+        notes,
+        picture: None,
+        data: serde_json::to_value(&outcome).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+fn title(args: &StreamArgs, outcome: &StreamOutcome) -> String {
+    if args.window_s == 0 {
+        format!(
+            "{}: {} tasks all due at once, read back by a consumer",
+            outcome.sink.title(),
+            thousands(args.tasks as f64)
+        )
+    } else {
+        format!(
+            "{}: {} tasks due over {} s ({} due/s), read back by a consumer",
+            outcome.sink.title(),
+            thousands(args.tasks as f64),
+            args.window_s,
+            thousands(args.tasks as f64 / args.window_s as f64)
+        )
+    }
+}
+
+/// Belfry's phase, then the raw publish's when it ran (its lateness and due-time metadata
+/// are not measured).
+fn phase_rows(table: &mut Table, outcome: &StreamOutcome) {
     let raw_rate = outcome.raw.as_ref().map(|(p, _)| p.delivered_per_s);
     let phases = std::iter::once(&outcome.belfry).chain(outcome.raw.as_ref().map(|(p, _)| p));
     for phase in phases {
@@ -71,7 +108,10 @@ pub(super) fn report(args: &StreamArgs, machine: Machine, outcome: StreamOutcome
             },
         ]);
     }
+}
 
+/// The submit, the CPU each process used during belfry's phase, and consumer read errors.
+fn cost_notes(args: &StreamArgs, outcome: &StreamOutcome) -> Vec<String> {
     let mut notes = Vec::new();
     let b = &outcome.belfry;
     let s = &outcome.submit;
@@ -109,67 +149,54 @@ pub(super) fn report(args: &StreamArgs, machine: Machine, outcome: StreamOutcome
             ));
         }
     }
-    if let Some((raw, published)) = &outcome.raw {
-        notes.push(format!(
-            "{}: {} messages with the sink's metadata in batches of {}, {} batches in flight; {} acknowledged in {:.2} s ({} tasks/s by acknowledgement), {} failed batches{}; the broker used {} CPU s, the bench {:.2}, until the consumer's end.",
-            raw.label,
-            thousands(args.tasks as f64),
-            args.publish_batch,
-            args.publish_in_flight,
-            thousands(published.acknowledged as f64),
-            published.elapsed_s,
-            thousands(published.acknowledged as f64 / published.elapsed_s.max(1e-9)),
-            published.failed_batches,
-            published
-                .first_error
-                .as_deref()
-                .map_or(String::new(), |e| format!(" (first: {e})")),
-            raw.cpu
-                .server_cores
-                .map_or("?".into(), |c| format!("{:.2}", c * raw.cpu_wall_s)),
-            raw.cpu.client_cores * raw.cpu_wall_s
-        ));
-        if burst {
-            let share = b.delivered_per_s / raw.delivered_per_s.max(1e-9);
-            notes.push(format!(
-                "target (issue #11) burst ≥ {:.0}% of the raw publish rate: {} ({:.0}%).",
-                BURST_SHARE_OF_RAW_TARGET * 100.0,
-                if share >= BURST_SHARE_OF_RAW_TARGET && b.delivery.lost == 0 {
-                    "met"
-                } else {
-                    "MISSED"
-                },
-                share * 100.0
-            ));
-        }
-    }
-    if !burst {
-        let p99 = b.delivery.lateness.p99_us;
-        notes.push(format!(
-            "target (issue #11) lateness p99 ≤ {} at 10k due/s (this run: {} due/s), never early: p99 {} ({}), early {} ({}).",
-            format_us(LATENESS_P99_US_TARGET),
-            thousands(args.tasks as f64 / args.window_s as f64),
-            if p99 <= LATENESS_P99_US_TARGET && b.delivery.lost == 0 { "met" } else { "MISSED" },
-            format_us(p99),
-            b.delivery.early,
-            if b.delivery.early == 0 { "met" } else { "MISSED" }
-        ));
-    }
-    notes.push(
-        "delivered/s = distinct tasks received ÷ (last receipt − first due time; for the raw publish, − the first publish); lateness = the consumer's receipt − the task's due time, on this machine's clock; due-time metadata wrong = entries whose due_at_ms field / belfry-due-at header differs from the submitted due time. The broker was started by the run on a free loopback port and stopped by its pid.".into(),
-    );
+    notes
+}
 
-    Report {
-        scenario: format!(
-            "stream-{}{}",
-            outcome.sink.name(),
-            if burst { "-burst" } else { "" }
-        ),
-        command: crate::command_line(),
-        machine,
-        tables: vec![table],
-        notes,
-        picture: None,
-        data: serde_json::to_value(&outcome).unwrap_or(serde_json::Value::Null),
-    }
+fn raw_publish_note(args: &StreamArgs, raw: &PhaseOutcome, published: &Published) -> String {
+    format!(
+        "{}: {} messages with the sink's metadata in batches of {}, {} batches in flight; {} acknowledged in {:.2} s ({} tasks/s by acknowledgement), {} failed batches{}; the broker used {} CPU s, the bench {:.2}, until the consumer's end.",
+        raw.label,
+        thousands(args.tasks as f64),
+        args.publish_batch,
+        args.publish_in_flight,
+        thousands(published.acknowledged as f64),
+        published.elapsed_s,
+        thousands(published.acknowledged as f64 / published.elapsed_s.max(1e-9)),
+        published.failed_batches,
+        published
+            .first_error
+            .as_deref()
+            .map_or(String::new(), |e| format!(" (first: {e})")),
+        raw.cpu
+            .server_cores
+            .map_or("?".into(), |c| format!("{:.2}", c * raw.cpu_wall_s)),
+        raw.cpu.client_cores * raw.cpu_wall_s
+    )
+}
+
+fn burst_target_note(b: &PhaseOutcome, raw: &PhaseOutcome) -> String {
+    let share = b.delivered_per_s / raw.delivered_per_s.max(1e-9);
+    format!(
+        "target (issue #11) burst ≥ {:.0}% of the raw publish rate: {} ({:.0}%).",
+        BURST_SHARE_OF_RAW_TARGET * 100.0,
+        if share >= BURST_SHARE_OF_RAW_TARGET && b.delivery.lost == 0 {
+            "met"
+        } else {
+            "MISSED"
+        },
+        share * 100.0
+    )
+}
+
+fn lateness_target_note(args: &StreamArgs, b: &PhaseOutcome) -> String {
+    let p99 = b.delivery.lateness.p99_us;
+    format!(
+        "target (issue #11) lateness p99 ≤ {} at 10k due/s (this run: {} due/s), never early: p99 {} ({}), early {} ({}).",
+        format_us(LATENESS_P99_US_TARGET),
+        thousands(args.tasks as f64 / args.window_s as f64),
+        if p99 <= LATENESS_P99_US_TARGET && b.delivery.lost == 0 { "met" } else { "MISSED" },
+        format_us(p99),
+        b.delivery.early,
+        if b.delivery.early == 0 { "met" } else { "MISSED" }
+    )
 }
