@@ -316,15 +316,41 @@ pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
         broker.port,
         broker.pid().unwrap_or(0)
     );
+    let belfry = belfry_phase(&args, &broker).await?;
+    let raw = if args.no_baseline {
+        None
+    } else {
+        Some(raw_phase(&args, &broker).await?)
+    };
+    drop(broker);
+
+    let outcome = StreamOutcome {
+        sink: kind,
+        belfry: belfry.phase,
+        submit: belfry.submit,
+        raw,
+        broker_cpu_s: belfry.broker_cpu_s,
+        queue_state: belfry.queue_state,
+    };
+    Ok(report::report(&args, machine, outcome))
+}
+
+/// What belfry's phase measured, beside the delivery itself.
+struct BelfryPhase {
+    phase: PhaseOutcome,
+    submit: IngestOutcome,
+    broker_cpu_s: Option<f64>,
+    queue_state: String,
+}
+
+/// Belfry's phase: a server delivering into the broker, the tasks submitted ahead of their
+/// due times, the consumer reading them back; CPU is measured from the first due time.
+async fn belfry_phase(args: &StreamArgs, broker: &Broker) -> anyhow::Result<BelfryPhase> {
+    let kind = args.sink;
     let belfry_channel = Channel::new(kind, "belfry");
     broker.prepare(&belfry_channel).await?;
-
-    let env = broker.server_env();
-    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-    let server = ServerUnderTest::connect_or_spawn(&args.server, &env_refs).await?;
     let queue = "bench-stream";
-    let body = serde_json::json!({ "delivery": belfry_channel.delivery(kind) }).to_string();
-    create_queue(&server.target, queue, &body).await?;
+    let server = start_server(args, broker, &belfry_channel, queue).await?;
 
     let first_due_ms = unix_ms() + args.lead_s * 1_000;
     let due = Arc::new(due_times(args.tasks, first_due_ms, args.window_s * 1_000));
@@ -332,17 +358,7 @@ pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
     let deadline = Instant::now()
         + Duration::from_millis(last_due_ms.saturating_sub(unix_ms()))
         + Duration::from_secs(args.grace_s);
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let consumer = tokio::spawn(consume(
-        broker.url(),
-        kind,
-        belfry_channel.clone(),
-        due.clone(),
-        deadline,
-        args.kafka_fetch_wait_ms as i32,
-        ready_tx,
-    ));
-    ready_rx.await.context("the consumer did not start")?;
+    let consumer = start_consumer(args, broker, &belfry_channel, due.clone(), deadline).await?;
     let bodies = Arc::new(Bodies::build(&due, args.batch, args.payload_bytes));
     let submit = run_ingest(
         IngestJob {
@@ -366,79 +382,108 @@ pub async fn run(args: StreamArgs) -> anyhow::Result<Report> {
     ))
     .await;
     let meter = CpuMeter::start(server.pid);
-    let broker_cpu_start = broker_cpu(&broker);
+    let broker_cpu_start = broker_cpu(broker);
     let metered = Instant::now();
     let consumed = consumer.await.context("the consumer panicked")?;
     let cpu = meter.stop();
     let cpu_wall_s = metered.elapsed().as_secs_f64();
-    let broker_cpu_s = broker_cpu(&broker)
+    let broker_cpu_s = broker_cpu(broker)
         .zip(broker_cpu_start)
         .map(|(end, start)| end.saturating_sub(start).as_secs_f64());
     // What the server still holds explains tasks the consumer never saw.
     let queue_state = queue_state(&server.target, queue).await;
     server.stop();
-    let belfry = PhaseOutcome::from(
+    let phase = PhaseOutcome::from(
         format!("belfry → {}", kind.title()),
         consumed,
         first_due_ms * 1_000,
         cpu,
         cpu_wall_s,
     );
-
-    let raw = if args.no_baseline {
-        None
-    } else {
-        let channel = Channel::new(kind, "raw");
-        broker.prepare(&channel).await?;
-        let now_ms = unix_ms();
-        let raw_due = Arc::new(vec![now_ms; args.tasks as usize]);
-        let messages = raw_messages(args.tasks, now_ms, args.payload_bytes);
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let consumer = tokio::spawn(consume(
-            broker.url(),
-            kind,
-            channel.clone(),
-            raw_due,
-            Instant::now() + Duration::from_secs(args.grace_s.max(1) * 2),
-            args.kafka_fetch_wait_ms as i32,
-            ready_tx,
-        ));
-        ready_rx.await.context("the consumer did not start")?;
-        let meter = CpuMeter::start(broker.pid());
-        let metered = Instant::now();
-        let start_us = unix_us();
-        let published = publish_raw(
-            &broker,
-            &channel,
-            messages,
-            args.publish_batch,
-            args.publish_in_flight,
-        )
-        .await?;
-        let consumed = consumer.await.context("the consumer panicked")?;
-        let cpu = meter.stop();
-        Some((
-            PhaseOutcome::from(
-                kind.raw_label().to_string(),
-                consumed,
-                start_us,
-                cpu,
-                metered.elapsed().as_secs_f64(),
-            ),
-            published,
-        ))
-    };
-    drop(broker);
-
-    let outcome = StreamOutcome {
-        sink: kind,
-        belfry,
+    Ok(BelfryPhase {
+        phase,
         submit,
-        raw,
         broker_cpu_s,
         queue_state,
-    };
-    Ok(report::report(&args, machine, outcome))
+    })
+}
+
+/// The server under test, configured to reach the broker, with `queue` delivering into
+/// `channel`.
+async fn start_server(
+    args: &StreamArgs,
+    broker: &Broker,
+    channel: &Channel,
+    queue: &str,
+) -> anyhow::Result<ServerUnderTest> {
+    let env = broker.server_env();
+    let env_refs: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let server = ServerUnderTest::connect_or_spawn(&args.server, &env_refs).await?;
+    let body = serde_json::json!({ "delivery": channel.delivery(args.sink) }).to_string();
+    create_queue(&server.target, queue, &body).await?;
+    Ok(server)
+}
+
+/// Starts a consumer of `channel` expecting `due`, reading until `deadline`, and waits
+/// until it is ready to read.
+async fn start_consumer(
+    args: &StreamArgs,
+    broker: &Broker,
+    channel: &Channel,
+    due: Arc<Vec<u64>>,
+    deadline: Instant,
+) -> anyhow::Result<tokio::task::JoinHandle<Consumed>> {
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let consumer = tokio::spawn(consume(
+        broker.url(),
+        args.sink,
+        channel.clone(),
+        due,
+        deadline,
+        args.kafka_fetch_wait_ms as i32,
+        ready_tx,
+    ));
+    ready_rx.await.context("the consumer did not start")?;
+    Ok(consumer)
+}
+
+/// The baseline: the same number of messages published straight to the broker, read back
+/// by the same consumer; CPU is the broker's, from the first publish.
+async fn raw_phase(
+    args: &StreamArgs,
+    broker: &Broker,
+) -> anyhow::Result<(PhaseOutcome, Published)> {
+    let kind = args.sink;
+    let channel = Channel::new(kind, "raw");
+    broker.prepare(&channel).await?;
+    let now_ms = unix_ms();
+    let raw_due = Arc::new(vec![now_ms; args.tasks as usize]);
+    let messages = raw_messages(args.tasks, now_ms, args.payload_bytes);
+    let deadline = Instant::now() + Duration::from_secs(args.grace_s.max(1) * 2);
+    let consumer = start_consumer(args, broker, &channel, raw_due, deadline).await?;
+    let meter = CpuMeter::start(broker.pid());
+    let metered = Instant::now();
+    let start_us = unix_us();
+    let published = publish_raw(
+        broker,
+        &channel,
+        messages,
+        args.publish_batch,
+        args.publish_in_flight,
+    )
+    .await?;
+    let consumed = consumer.await.context("the consumer panicked")?;
+    let cpu = meter.stop();
+    Ok((
+        PhaseOutcome::from(
+            kind.raw_label().to_string(),
+            consumed,
+            start_us,
+            cpu,
+            metered.elapsed().as_secs_f64(),
+        ),
+        published,
+    ))
 }
 
 #[cfg(test)]
