@@ -170,6 +170,23 @@ pub struct ConsumerSummary {
 }
 
 impl ConsumerStats {
+    /// One lease call, answered or not, that took `took`.
+    fn record_lease_call(&self, took: Duration) {
+        self.lease_calls.fetch_add(1, Ordering::Relaxed);
+        self.lease_us_total
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// One batch ack that took `took`, and whether it succeeded.
+    fn record_ack(&self, took: Duration, ok: bool) {
+        self.ack_calls.fetch_add(1, Ordering::Relaxed);
+        self.ack_us_total
+            .fetch_add(took.as_micros() as u64, Ordering::Relaxed);
+        if !ok {
+            self.ack_failures.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
     fn summary(&self) -> ConsumerSummary {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let per = |total: u64, n: u64| if n == 0 { 0.0 } else { total as f64 / n as f64 };
@@ -357,24 +374,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
     let done = Arc::new(AtomicBool::new(false));
     let stats = Arc::new(ConsumerStats::default());
 
-    let receiver = if args.webhook {
-        let (tracker, bar) = (tracker.clone(), bar.clone());
-        let receiver = WebhookReceiver::start(move |body, _headers, receipt_us| {
-            if let Some(index) = crate::workload::parse_index(&body) {
-                if let Ok(mut t) = tracker.lock() {
-                    t.record(index, receipt_us);
-                }
-            }
-            bar.inc(1);
-        })
-        .await?;
-        let config = json!({"delivery": {"type": "webhook", "url": format!("http://{}/hook", receiver.addr)}});
-        create_queue(&server.target, &queue, &config.to_string()).await?;
-        Some(receiver)
-    } else {
-        create_queue(&server.target, &queue, "{}").await?;
-        None
-    };
+    let receiver = create_fire_queue(args, server, &queue, &tracker, &bar).await?;
 
     let meter = CpuMeter::start(server.pid);
     let mut consumers = Vec::new();
@@ -410,11 +410,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
     .await;
     let mut receiver_connections = None;
     if let Some(receiver) = receiver {
-        while Instant::now() < deadline && !tracker.lock().is_ok_and(|t| t.all_delivered()) {
-            tokio::time::sleep(WEBHOOK_DONE_POLL).await;
-        }
-        receiver_connections = Some(receiver.connections());
-        receiver.stop().await;
+        receiver_connections = Some(drain_webhooks(receiver, &tracker, deadline).await);
     }
     for c in consumers {
         let _ = c.await;
@@ -439,6 +435,50 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
             (!args.webhook).then(|| stats.summary()),
         )
     })
+}
+
+/// Creates the run's queue: delivering to a loopback webhook receiver that records each
+/// receipt in `tracker` (returned), or a pull queue.
+async fn create_fire_queue(
+    args: &FireArgs,
+    server: &ServerUnderTest,
+    queue: &str,
+    tracker: &Arc<Mutex<DeliveryTracker>>,
+    bar: &indicatif::ProgressBar,
+) -> anyhow::Result<Option<WebhookReceiver>> {
+    if args.webhook {
+        let (tracker, bar) = (tracker.clone(), bar.clone());
+        let receiver = WebhookReceiver::start(move |body, _headers, receipt_us| {
+            if let Some(index) = crate::workload::parse_index(&body) {
+                if let Ok(mut t) = tracker.lock() {
+                    t.record(index, receipt_us);
+                }
+            }
+            bar.inc(1);
+        })
+        .await?;
+        let config = json!({"delivery": {"type": "webhook", "url": format!("http://{}/hook", receiver.addr)}});
+        create_queue(&server.target, queue, &config.to_string()).await?;
+        Ok(Some(receiver))
+    } else {
+        create_queue(&server.target, queue, "{}").await?;
+        Ok(None)
+    }
+}
+
+/// Waits until every task has arrived at `receiver` or `deadline` passed, then stops it;
+/// returns the connections it accepted.
+async fn drain_webhooks(
+    receiver: WebhookReceiver,
+    tracker: &Mutex<DeliveryTracker>,
+    deadline: Instant,
+) -> u64 {
+    while Instant::now() < deadline && !tracker.lock().is_ok_and(|t| t.all_delivered()) {
+        tokio::time::sleep(WEBHOOK_DONE_POLL).await;
+    }
+    let connections = receiver.connections();
+    receiver.stop().await;
+    connections
 }
 
 fn outcome(
@@ -483,33 +523,7 @@ async fn pull_consumer(
     let (ack_tx, ack_rx) = tokio::sync::mpsc::channel::<Bytes>(ACK_QUEUE_MAX);
     // Several ack connections per consumer, so a slow ack (an fsync on the server) does
     // not hold back the next lease: real consumers ack concurrently too.
-    let ack_rx = Arc::new(tokio::sync::Mutex::new(ack_rx));
-    let mut ackers = Vec::with_capacity(args.ack_connections);
-    for _ in 0..args.ack_connections {
-        let (target, stats, ack_rx, ack_path) = (
-            target.clone(),
-            stats.clone(),
-            ack_rx.clone(),
-            ack_path.clone(),
-        );
-        ackers.push(tokio::spawn(async move {
-            let mut conn = HttpConn::connect(&target).await.ok();
-            loop {
-                let next = ack_rx.lock().await.recv().await;
-                let Some(body) = next else { break };
-                let sent = Instant::now();
-                let ok = send_ack(&target, &mut conn, &ack_path, body).await;
-                stats.ack_calls.fetch_add(1, Ordering::Relaxed);
-                stats
-                    .ack_us_total
-                    .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
-                if !ok {
-                    stats.ack_failures.fetch_add(1, Ordering::Relaxed);
-                    conn = None;
-                }
-            }
-        }));
-    }
+    let ackers = spawn_ackers(&args, &target, &stats, &ack_path, ack_rx);
     let mut conn: Option<HttpConn> = None;
     while !done.load(Ordering::Relaxed) && Instant::now() < deadline {
         if conn.is_none() {
@@ -525,10 +539,7 @@ async fn pull_consumer(
             .request(Method::POST, &lease_path, lease_body.clone())
             .await;
         let receipt_us = unix_us();
-        stats.lease_calls.fetch_add(1, Ordering::Relaxed);
-        stats
-            .lease_us_total
-            .fetch_add(sent.elapsed().as_micros() as u64, Ordering::Relaxed);
+        stats.record_lease_call(sent.elapsed());
         let body = match response {
             Ok((status, body)) if status.is_success() => body,
             Ok(_) => {
@@ -553,33 +564,9 @@ async fn pull_consumer(
         stats
             .leased_tasks
             .fetch_add(leased.tasks.len() as u64, Ordering::Relaxed);
-        let mut acks = Vec::with_capacity(leased.tasks.len());
-        {
-            let Ok(mut t) = tracker.lock() else { break };
-            for task in &leased.tasks {
-                match &task.payload {
-                    Some(p) => {
-                        t.record(p.i, receipt_us);
-                    }
-                    None => {
-                        // Not one of ours (or not JSON): record as unknown.
-                        t.record(u64::MAX, receipt_us);
-                    }
-                }
-                acks.push(AckItem {
-                    id: &task.id,
-                    lease_id: &task.lease_id,
-                });
-            }
-            if t.all_delivered() {
-                done.store(true, Ordering::Relaxed);
-            }
-        }
-        bar.inc(leased.tasks.len() as u64);
-        let Ok(ack) = serde_json::to_vec(&AckBatch { acks }) else {
+        let Some(ack) = record_leased(&leased.tasks, receipt_us, &tracker, &done, &bar) else {
             break;
         };
-        let ack = Bytes::from(ack);
         if ack_tx.send(ack).await.is_err() {
             break;
         }
@@ -588,6 +575,80 @@ async fn pull_consumer(
     for acker in ackers {
         let _ = acker.await;
     }
+}
+
+/// `--ack-connections` tasks sending the batch acks from `ack_rx`, each on its own
+/// connection, until the channel closes.
+fn spawn_ackers(
+    args: &FireArgs,
+    target: &Target,
+    stats: &Arc<ConsumerStats>,
+    ack_path: &str,
+    ack_rx: tokio::sync::mpsc::Receiver<Bytes>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let ack_rx = Arc::new(tokio::sync::Mutex::new(ack_rx));
+    let mut ackers = Vec::with_capacity(args.ack_connections);
+    for _ in 0..args.ack_connections {
+        let (target, stats, ack_rx, ack_path) = (
+            target.clone(),
+            stats.clone(),
+            ack_rx.clone(),
+            ack_path.to_string(),
+        );
+        ackers.push(tokio::spawn(async move {
+            let mut conn = HttpConn::connect(&target).await.ok();
+            loop {
+                let next = ack_rx.lock().await.recv().await;
+                let Some(body) = next else { break };
+                let sent = Instant::now();
+                let ok = send_ack(&target, &mut conn, &ack_path, body).await;
+                stats.record_ack(sent.elapsed(), ok);
+                if !ok {
+                    conn = None;
+                }
+            }
+        }));
+    }
+    ackers
+}
+
+/// Records the leased `tasks` as received at `receipt_us` (setting `done` once every task
+/// has arrived) and returns the body of their batch ack; `None` when the tracker is
+/// poisoned or the ack cannot be written, which ends the consumer.
+fn record_leased(
+    tasks: &[LeasedTask<'_>],
+    receipt_us: u64,
+    tracker: &Mutex<DeliveryTracker>,
+    done: &AtomicBool,
+    bar: &indicatif::ProgressBar,
+) -> Option<Bytes> {
+    let mut acks = Vec::with_capacity(tasks.len());
+    {
+        let Ok(mut t) = tracker.lock() else {
+            return None;
+        };
+        for task in tasks {
+            match &task.payload {
+                Some(p) => {
+                    t.record(p.i, receipt_us);
+                }
+                None => {
+                    // Not one of ours (or not JSON): record as unknown.
+                    t.record(u64::MAX, receipt_us);
+                }
+            }
+            acks.push(AckItem {
+                id: &task.id,
+                lease_id: &task.lease_id,
+            });
+        }
+        if t.all_delivered() {
+            done.store(true, Ordering::Relaxed);
+        }
+    }
+    bar.inc(tasks.len() as u64);
+    let ack = serde_json::to_vec(&AckBatch { acks }).ok()?;
+    Some(Bytes::from(ack))
 }
 
 /// Sends one batch ack on `conn`, as a real client's pool would: a connection the server
@@ -695,120 +756,12 @@ fn build_report(
         ));
     }
     for o in &outcomes {
-        let d = &o.delivery;
-        table.row(vec![
-            o.label.clone(),
-            format!(
-                "{}/{}",
-                thousands(d.delivered as f64),
-                thousands(d.expected as f64)
-            ),
-            thousands(o.delivered_per_s),
-            format_us(d.lateness.p50_us),
-            format_us(d.lateness.p90_us),
-            format_us(d.lateness.p99_us),
-            format_us(d.lateness.p999_us),
-            format_us(d.lateness.max_us),
-            d.early.to_string(),
-            d.lost.to_string(),
-            d.duplicates.to_string(),
-            thousands(o.submit.tasks_per_s),
-        ]);
-        if d.lost > 0 {
-            notes.push(format!(
-                "{}: {} tasks were not received within {} s after the last due time (the run's \
-                 end); they may still be pending in the server, so this is lateness beyond the \
-                 run, not proven loss.",
-                o.label, d.lost, args.grace_s
-            ));
-        }
-        if d.early > 0 {
-            notes.push(format!(
-                "{}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
-                o.label,
-                d.early,
-                format_us(d.early_by_us_max)
-            ));
-        }
-        if o.submit.answered_after_due > 0 {
-            notes.push(format!(
-                "{}: {} tasks were acknowledged by the submit only after their due time (submit \
-                 took {:.1} s; raise --lead-s): their lateness includes submit delay.",
-                o.label, o.submit.answered_after_due, o.submit.elapsed_s
-            ));
-        }
-        if let Some(e) = &o.submit.first_error {
-            notes.push(format!(
-                "{}: submit errors ({}): {e}",
-                o.label, o.submit.rejected
-            ));
-        }
-        if let Some(c) = &o.consumers {
-            notes.push(format!(
-                "{}: {} lease calls ({} empty, {} failed), {:.1} tasks and {:.1} ms each on \
-                 average; {} batch acks ({} failed), {:.1} ms each.",
-                o.label,
-                c.lease_calls,
-                c.lease_empty,
-                c.lease_errors,
-                c.tasks_per_lease_mean,
-                c.lease_ms_mean,
-                c.ack_calls,
-                c.ack_failures,
-                c.ack_ms_mean
-            ));
-        }
-        if let Some(connections) = o.receiver_connections {
-            notes.push(format!(
-                "{}: the receiver accepted {} connections for {} deliveries (a queue created with nothing but its URL: in-flight cap {}, at most {} per target host by default).",
-                o.label,
-                thousands(connections as f64),
-                thousands(o.delivery.delivered as f64),
-                WEBHOOK_IN_FLIGHT_DEFAULT,
-                DISPATCH_PER_TARGET_DEFAULT
-            ));
-        }
-        let cpu = &o.consume_cpu;
-        notes.push(format!(
-            "{}: during the run the load generator used {:.2} cores{}{}.",
-            o.label,
-            cpu.client_cores,
-            cpu.server_cores
-                .map(|s| format!(", the server {s:.2} cores"))
-                .unwrap_or_default(),
-            if cpu.client_saturated() {
-                " — it saturated a core and may have limited the result"
-            } else {
-                ""
-            }
-        ));
+        outcome_row(&mut table, o);
+        notes.extend(delivery_notes(args, o));
+        notes.extend(cost_notes(o));
     }
     if let Some(b) = outcomes.first().filter(|o| o.label.starts_with("belfry")) {
-        let l = &b.delivery.lateness;
-        let rate = if args.window_s == 0 {
-            "a burst".to_string()
-        } else {
-            format!(
-                "{} due/s",
-                thousands(args.tasks as f64 / args.window_s as f64)
-            )
-        };
-        notes.push(format!(
-            "targets (brief, at 100k due/s; this run: {rate}): p99 ≤ {} {}, p99.9 ≤ {} {}, never early {}.",
-            format_us(LATENESS_P99_US_TARGET),
-            met(l.p99_us <= LATENESS_P99_US_TARGET),
-            format_us(LATENESS_P999_US_TARGET),
-            met(l.p999_us <= LATENESS_P999_US_TARGET),
-            met(b.delivery.early == 0)
-        ));
-        if args.window_s == 0 && !args.webhook {
-            notes.push(format!(
-                "target pull dispatch ≥ {} tasks/s: {} ({} tasks/s).",
-                thousands(DISPATCH_TASKS_PER_S_TARGET),
-                met(b.delivered_per_s >= DISPATCH_TASKS_PER_S_TARGET),
-                thousands(b.delivered_per_s)
-            ));
-        }
+        notes.extend(target_notes(args, b));
     }
     Report {
         scenario: match (args.webhook, args.window_s == 0) {
@@ -831,6 +784,140 @@ fn build_report(
             "outcomes": outcomes,
         }),
     }
+}
+
+fn outcome_row(table: &mut Table, o: &FireOutcome) {
+    let d = &o.delivery;
+    table.row(vec![
+        o.label.clone(),
+        format!(
+            "{}/{}",
+            thousands(d.delivered as f64),
+            thousands(d.expected as f64)
+        ),
+        thousands(o.delivered_per_s),
+        format_us(d.lateness.p50_us),
+        format_us(d.lateness.p90_us),
+        format_us(d.lateness.p99_us),
+        format_us(d.lateness.p999_us),
+        format_us(d.lateness.max_us),
+        d.early.to_string(),
+        d.lost.to_string(),
+        d.duplicates.to_string(),
+        thousands(o.submit.tasks_per_s),
+    ]);
+}
+
+/// What went wrong in one system's run: undelivered or early tasks, a late or failing submit.
+fn delivery_notes(args: &FireArgs, o: &FireOutcome) -> Vec<String> {
+    let d = &o.delivery;
+    let mut notes = Vec::new();
+    if d.lost > 0 {
+        notes.push(format!(
+            "{}: {} tasks were not received within {} s after the last due time (the run's \
+             end); they may still be pending in the server, so this is lateness beyond the \
+             run, not proven loss.",
+            o.label, d.lost, args.grace_s
+        ));
+    }
+    if d.early > 0 {
+        notes.push(format!(
+            "{}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
+            o.label,
+            d.early,
+            format_us(d.early_by_us_max)
+        ));
+    }
+    if o.submit.answered_after_due > 0 {
+        notes.push(format!(
+            "{}: {} tasks were acknowledged by the submit only after their due time (submit \
+             took {:.1} s; raise --lead-s): their lateness includes submit delay.",
+            o.label, o.submit.answered_after_due, o.submit.elapsed_s
+        ));
+    }
+    if let Some(e) = &o.submit.first_error {
+        notes.push(format!(
+            "{}: submit errors ({}): {e}",
+            o.label, o.submit.rejected
+        ));
+    }
+    notes
+}
+
+/// What one system's delivery cost: lease and ack calls, receiver connections, CPU.
+fn cost_notes(o: &FireOutcome) -> Vec<String> {
+    let mut notes = Vec::new();
+    if let Some(c) = &o.consumers {
+        notes.push(format!(
+            "{}: {} lease calls ({} empty, {} failed), {:.1} tasks and {:.1} ms each on \
+             average; {} batch acks ({} failed), {:.1} ms each.",
+            o.label,
+            c.lease_calls,
+            c.lease_empty,
+            c.lease_errors,
+            c.tasks_per_lease_mean,
+            c.lease_ms_mean,
+            c.ack_calls,
+            c.ack_failures,
+            c.ack_ms_mean
+        ));
+    }
+    if let Some(connections) = o.receiver_connections {
+        notes.push(format!(
+            "{}: the receiver accepted {} connections for {} deliveries (a queue created with nothing but its URL: in-flight cap {}, at most {} per target host by default).",
+            o.label,
+            thousands(connections as f64),
+            thousands(o.delivery.delivered as f64),
+            WEBHOOK_IN_FLIGHT_DEFAULT,
+            DISPATCH_PER_TARGET_DEFAULT
+        ));
+    }
+    let cpu = &o.consume_cpu;
+    notes.push(format!(
+        "{}: during the run the load generator used {:.2} cores{}{}.",
+        o.label,
+        cpu.client_cores,
+        cpu.server_cores
+            .map(|s| format!(", the server {s:.2} cores"))
+            .unwrap_or_default(),
+        if cpu.client_saturated() {
+            " — it saturated a core and may have limited the result"
+        } else {
+            ""
+        }
+    ));
+    notes
+}
+
+/// Belfry's lateness (and, for a pull burst, dispatch rate) against the brief's targets.
+fn target_notes(args: &FireArgs, b: &FireOutcome) -> Vec<String> {
+    let mut notes = Vec::new();
+    let l = &b.delivery.lateness;
+    let rate = if args.window_s == 0 {
+        "a burst".to_string()
+    } else {
+        format!(
+            "{} due/s",
+            thousands(args.tasks as f64 / args.window_s as f64)
+        )
+    };
+    notes.push(format!(
+        "targets (brief, at 100k due/s; this run: {rate}): p99 ≤ {} {}, p99.9 ≤ {} {}, never early {}.",
+        format_us(LATENESS_P99_US_TARGET),
+        met(l.p99_us <= LATENESS_P99_US_TARGET),
+        format_us(LATENESS_P999_US_TARGET),
+        met(l.p999_us <= LATENESS_P999_US_TARGET),
+        met(b.delivery.early == 0)
+    ));
+    if args.window_s == 0 && !args.webhook {
+        notes.push(format!(
+            "target pull dispatch ≥ {} tasks/s: {} ({} tasks/s).",
+            thousands(DISPATCH_TASKS_PER_S_TARGET),
+            met(b.delivered_per_s >= DISPATCH_TASKS_PER_S_TARGET),
+            thousands(b.delivered_per_s)
+        ));
+    }
+    notes
 }
 
 fn met(ok: bool) -> &'static str {
