@@ -178,14 +178,7 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
         .prefix
         .clone()
         .unwrap_or_else(|| format!("bench-cron-{}", unix_ms()));
-    let (cron_q, probe_q, submit_q) = (
-        format!("{prefix}-fire"),
-        format!("{prefix}-probe"),
-        format!("{prefix}-submit"),
-    );
-    for q in [&cron_q, &probe_q, &submit_q] {
-        create_queue(&server.target, q, "{}").await?;
-    }
+    let (cron_q, probe_q, submit_q) = create_queues(&server.target, &prefix).await?;
     let target = &server.target;
 
     // Probe rounds spread over most of the window (the same pace without the load).
@@ -206,13 +199,78 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
     // Single-task submits, far in the future so they never fire during the run.
     let far = unix_ms() + 24 * 3_600 * 1_000;
     let due = due_times(args.schedules, far, 1_000);
-    let submit = run_ingest(
+    let submit = submit_single_tasks(args, server, &submit_q, &due).await;
+
+    let consumed = Arc::new(Mutex::new(Consumed::default()));
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumers = spawn_consumers(args, target, &cron_q, &consumed, &stop);
+
+    let schedule_ids: Vec<String> = (0..args.schedules)
+        .map(|i| format!("{prefix}-{i}"))
+        .collect();
+    let create = create_schedules(args, server, &cron_q, &schedule_ids, &due).await;
+
+    let window = fire_window(args, server, &probe_q, pace, &consumed).await;
+    tokio::time::sleep(DRAIN_AFTER_WINDOW).await;
+    stop.store(true, Ordering::Relaxed);
+    for c in consumers {
+        let _ = c.await;
+    }
+
+    // A server at --url keeps its schedules otherwise; a spawned one is stopped anyway.
+    let deleted = server
+        .clean_up(
+            schedule_ids.iter().map(|id| format!("/v1/schedules/{id}")),
+            args.connections,
+            progress(&args.output, args.schedules, "delete schedules"),
+        )
+        .await;
+
+    let c = consumed
+        .lock()
+        .map_err(|_| anyhow::anyhow!("consumer state poisoned"))?;
+    let created = create.accepted;
+    let firing = c.firing(window.start_ms, args.fire_s, created, window.server_cores);
+    Ok(CronOutcome {
+        schedules: args.schedules,
+        connections: args.connections,
+        probe_idle,
+        submit,
+        create,
+        firing,
+        probe_loaded: window.probe_loaded,
+        deleted,
+    })
+}
+
+/// The run's three queues: the firings', the probe's and the single-task submits'.
+async fn create_queues(target: &Target, prefix: &str) -> anyhow::Result<(String, String, String)> {
+    let (cron_q, probe_q, submit_q) = (
+        format!("{prefix}-fire"),
+        format!("{prefix}-probe"),
+        format!("{prefix}-submit"),
+    );
+    for q in [&cron_q, &probe_q, &submit_q] {
+        create_queue(target, q, "{}").await?;
+    }
+    Ok((cron_q, probe_q, submit_q))
+}
+
+/// One single-task submit per schedule, into `submit_q`, due at `due`: the rate schedule
+/// creation is compared with.
+async fn submit_single_tasks(
+    args: &CronArgs,
+    server: &ServerUnderTest,
+    submit_q: &str,
+    due: &[u64],
+) -> IngestOutcome {
+    run_ingest(
         IngestJob {
             label: "single-task submit".into(),
-            target: target.clone(),
+            target: server.target.clone(),
             path: format!("/v1/queues/{submit_q}/tasks"),
             body_paths: None,
-            bodies: Arc::new(Bodies::build(&due, 1, 64)),
+            bodies: Arc::new(Bodies::build(due, 1, 64)),
             connections: args.connections,
             answers: Answers::Belfry,
             due_at_ms: None,
@@ -221,24 +279,38 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
         },
         progress(&args.output, args.schedules, "single-task submit"),
     )
-    .await;
+    .await
+}
 
-    let consumed = Arc::new(Mutex::new(Consumed::default()));
-    let stop = Arc::new(AtomicBool::new(false));
+/// `--consumers` tasks leasing the firings from `cron_q` into `consumed` until `stop`.
+fn spawn_consumers(
+    args: &CronArgs,
+    target: &Target,
+    cron_q: &str,
+    consumed: &Arc<Mutex<Consumed>>,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
     let mut consumers = Vec::new();
     for _ in 0..args.consumers {
         consumers.push(tokio::spawn(consume(
             target.clone(),
-            cron_q.clone(),
+            cron_q.to_string(),
             consumed.clone(),
             stop.clone(),
         )));
     }
+    consumers
+}
 
-    let schedule_ids: Vec<String> = (0..args.schedules)
-        .map(|i| format!("{prefix}-{i}"))
-        .collect();
-    let bodies = Bodies::from_tasks(&due, 1, |i, _| {
+/// Creates one every-second schedule per id in `schedule_ids`, firing into `cron_q`.
+async fn create_schedules(
+    args: &CronArgs,
+    server: &ServerUnderTest,
+    cron_q: &str,
+    schedule_ids: &[String],
+    due: &[u64],
+) -> IngestOutcome {
+    let bodies = Bodies::from_tasks(due, 1, |i, _| {
         json!({
             "id": schedule_ids[i as usize],
             "queue": cron_q,
@@ -248,10 +320,10 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
         })
         .to_string()
     });
-    let create = run_ingest(
+    run_ingest(
         IngestJob {
             label: "schedule create".into(),
-            target: target.clone(),
+            target: server.target.clone(),
             path: "/v1/schedules".into(),
             body_paths: None,
             bodies: Arc::new(bodies),
@@ -263,9 +335,27 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
         },
         progress(&args.output, args.schedules, "schedule create"),
     )
-    .await;
+    .await
+}
 
-    // The measured window: whole seconds, from the first after the warm-up.
+/// What the measured window saw besides the firings themselves.
+struct FiringWindow {
+    start_ms: u64,
+    /// The lease probe run inside the window.
+    probe_loaded: ProbeOutcome,
+    /// The server's CPU over the window, in cores.
+    server_cores: Option<f64>,
+}
+
+/// The measured window: whole seconds from the first after the warm-up, with the lease
+/// probe running over its first 80% and the server's CPU measured over all of it.
+async fn fire_window(
+    args: &CronArgs,
+    server: &ServerUnderTest,
+    probe_q: &str,
+    pace: Duration,
+    consumed: &Mutex<Consumed>,
+) -> FiringWindow {
     tokio::time::sleep(WARMUP).await;
     let window_start_ms = unix_ms().div_ceil(1_000) * 1_000;
     let window_end_ms = window_start_ms + args.fire_s * 1_000;
@@ -287,8 +377,8 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
     };
     // The probe runs inside the window, over its first 80%.
     let probe_loaded = probe(
-        target,
-        &probe_q,
+        &server.target,
+        probe_q,
         args.probes,
         pace,
         indicatif::ProgressBar::hidden(),
@@ -299,40 +389,15 @@ async fn run_on(args: &CronArgs, server: &ServerUnderTest) -> anyhow::Result<Cro
     let wall = wall_start.elapsed().as_secs_f64().max(1e-9);
     let _ = ticker.await;
     bar.finish_and_clear();
-    tokio::time::sleep(DRAIN_AFTER_WINDOW).await;
-    stop.store(true, Ordering::Relaxed);
-    for c in consumers {
-        let _ = c.await;
-    }
-
-    // A server at --url keeps its schedules otherwise; a spawned one is stopped anyway.
-    let deleted = server
-        .clean_up(
-            schedule_ids.iter().map(|id| format!("/v1/schedules/{id}")),
-            args.connections,
-            progress(&args.output, args.schedules, "delete schedules"),
-        )
-        .await;
-
-    let c = consumed
-        .lock()
-        .map_err(|_| anyhow::anyhow!("consumer state poisoned"))?;
     let server_cores = match (cpu_start, cpu_end) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64() / wall),
         _ => None,
     };
-    let created = create.accepted;
-    let firing = c.firing(window_start_ms, args.fire_s, created, server_cores);
-    Ok(CronOutcome {
-        schedules: args.schedules,
-        connections: args.connections,
-        probe_idle,
-        submit,
-        create,
-        firing,
+    FiringWindow {
+        start_ms: window_start_ms,
         probe_loaded,
-        deleted,
-    })
+        server_cores,
+    }
 }
 
 async fn sleep_until_ms(at_ms: u64) {
@@ -639,6 +704,22 @@ async fn probe_rounds(
 }
 
 fn build_report(args: &CronArgs, machine: Machine, o: CronOutcome) -> Report {
+    let tables = vec![rates_table(&o), firing_table(&o), probes_table(args, &o)];
+    let mut notes = probe_notes(&o);
+    notes.extend(run_notes(&o));
+    Report {
+        scenario: "cron".into(),
+        command: crate::command_line(),
+        machine,
+        tables,
+        notes,
+        picture: None,
+        data: serde_json::to_value(&o).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+/// Creating schedules against submitting single tasks, request by request.
+fn rates_table(o: &CronOutcome) -> Table {
     let mut rates = Table::new(
         format!(
             "creating {} per-second schedules against submitting {} single tasks, {} connections each",
@@ -667,6 +748,11 @@ fn build_report(args: &CronArgs, machine: Machine, o: CronOutcome) -> Report {
             ratio(r.tasks_per_s, o.submit.tasks_per_s),
         ]);
     }
+    rates
+}
+
+/// The firings received in the measured window.
+fn firing_table(o: &CronOutcome) -> Table {
     let f = &o.firing;
     let mut firing = Table::new(
         format!(
@@ -703,6 +789,11 @@ fn build_report(args: &CronArgs, machine: Machine, o: CronOutcome) -> Report {
         format_us(f.lateness.max_us),
         f.server_cores.map_or("-".into(), |c| format!("{c:.2}")),
     ]);
+    firing
+}
+
+/// The unrelated queue's lease latency, without schedules and under their load.
+fn probes_table(args: &CronArgs, o: &CronOutcome) -> Table {
     let mut probes = Table::new(
         format!(
             "lease latency of an unrelated pull queue ({} rounds of submit + lease max 1, wait_ms 0)",
@@ -723,6 +814,11 @@ fn build_report(args: &CronArgs, machine: Machine, o: CronOutcome) -> Report {
             format_us(p.lease.max_us),
         ]);
     }
+    probes
+}
+
+/// The probe's target, and when in the second the slow leases ended.
+fn probe_notes(o: &CronOutcome) -> Vec<String> {
     let mut notes = Vec::new();
     let (idle, loaded) = (o.probe_idle.lease.p99_us, o.probe_loaded.lease.p99_us);
     notes.push(format!(
@@ -746,6 +842,13 @@ fn build_report(args: &CronArgs, machine: Machine, o: CronOutcome) -> Report {
             .collect::<Vec<_>>()
             .join(", ")
     ));
+    notes
+}
+
+/// The creation rate, missing firings, errors, clean-up, and how lateness is measured.
+fn run_notes(o: &CronOutcome) -> Vec<String> {
+    let f = &o.firing;
+    let mut notes = Vec::new();
     notes.push(format!(
         "schedule creation ran at {} of the single-task submit rate ({} vs {} per second); the \
          schedules fire while the later ones are being created, as in production.",
@@ -783,15 +886,7 @@ fn build_report(args: &CronArgs, machine: Machine, o: CronOutcome) -> Report {
          first whole second 1 s after the last schedule was created."
             .into(),
     );
-    Report {
-        scenario: "cron".into(),
-        command: crate::command_line(),
-        machine,
-        tables: vec![rates, firing, probes],
-        notes,
-        picture: None,
-        data: serde_json::to_value(&o).unwrap_or(serde_json::Value::Null),
-    }
+    notes
 }
 
 #[cfg(test)]
