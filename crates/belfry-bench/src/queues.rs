@@ -19,7 +19,7 @@ use serde_json::json;
 use crate::error::{within, BenchError};
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
-use crate::report::{ratio, thousands, Report, Table};
+use crate::report::{or_dash, ratio, thousands, Report, Table};
 use crate::servers::WebhookReceiver;
 use crate::spawn::ServerUnderTest;
 use crate::stats::{format_us, DeliverySummary, DeliveryTracker};
@@ -207,6 +207,13 @@ impl Inbox {
     fn duplicates_by_id(&self) -> u64 {
         self.by_id.values().map(|&n| u64::from(n) - 1).sum()
     }
+
+    /// From the first due time to the last receipt, in ms.
+    fn delivery_time_ms(&self, first_due_ms: u64) -> Option<f64> {
+        self.tracker
+            .last_receipt_us()
+            .map(|last| last.saturating_sub(first_due_ms * 1_000) as f64 / 1_000.0)
+    }
 }
 
 /// One shape's run.
@@ -290,22 +297,7 @@ async fn run_shape_on(
     let rss_idle = server.pid.and_then(rss_bytes).map(|r| r.0);
     let inbox = Arc::new(Mutex::new(Inbox::new(Vec::new())));
     let bar = progress(&args.output, total, &format!("{label}: deliveries"));
-    let receiver = {
-        let (inbox, bar) = (inbox.clone(), bar.clone());
-        WebhookReceiver::start(move |body, headers, receipt_us| {
-            let index = crate::workload::parse_index(&body).unwrap_or(u64::MAX);
-            let id = headers.get("belfry-task-id").and_then(|v| v.to_str().ok());
-            if let Ok(mut inbox) = inbox.lock() {
-                inbox.tracker.record(index, receipt_us);
-                match id {
-                    Some(id) => *inbox.by_id.entry(id.into()).or_insert(0) += 1,
-                    None => inbox.without_id += 1,
-                }
-            }
-            bar.inc(1);
-        })
-        .await?
-    };
+    let receiver = start_receiver(inbox.clone(), bar.clone()).await?;
 
     let names: Vec<String> = (0..shape.queues).map(|q| format!("{prefix}-{q}")).collect();
     let created = create_webhook_queues(
@@ -329,9 +321,56 @@ async fn run_shape_on(
     }
 
     let first_due_ms = unix_ms() + args.lead_s * 1_000;
+    let (plan, deadline) = plan_deliveries(args, shape, &names, first_due_ms, &inbox);
+
+    let cpu_before_submit = server.pid.and_then(|p| cpu_time(&p.to_string()));
+    let submit = submit_plan(args, server, label, &plan).await;
+    let cpu_after_submit = server.pid.and_then(|p| cpu_time(&p.to_string()));
+
+    // Everything accepted has arrived, or the deadline passed.
+    wait_for_deliveries(&inbox, submit.accepted, deadline).await;
+    let cpu_end = server.pid.and_then(|p| cpu_time(&p.to_string()));
+    let rss = server.pid.and_then(rss_bytes);
+    let claim_errors = scrape_counter(&server.target, CLAIM_ERRORS_METRIC).await;
+    bar.finish_and_clear();
+    receiver.stop().await;
+
+    let inbox = inbox
+        .lock()
+        .map_err(|_| anyhow::anyhow!("receiver state poisoned"))?;
+    Ok(VariantOutcome {
+        label: label.to_string(),
+        queues: shape.queues,
+        tasks_per_queue: shape.per_queue,
+        create_s: created.elapsed_s,
+        create_failures: created.failed,
+        submit,
+        delivery: inbox.tracker.summary(),
+        delivery_time_ms: inbox.delivery_time_ms(first_due_ms),
+        duplicates_by_id: inbox.duplicates_by_id(),
+        receipts_without_id: inbox.without_id,
+        server_cpu_delivery_s: seconds_between(cpu_after_submit, cpu_end),
+        server_cpu_submit_s: seconds_between(cpu_before_submit, cpu_after_submit),
+        rss_idle_bytes: rss_idle,
+        rss_end_bytes: rss.map(|r| r.0),
+        rss_peak_bytes: rss.map(|r| r.1),
+        claim_errors,
+        fresh_server: server.spawned.is_some(),
+    })
+}
+
+/// The tasks of `shape` from `first_due_ms` on, with `inbox` expecting them; and the
+/// deadline for their deliveries, `--grace-s` after the last due time.
+fn plan_deliveries(
+    args: &QueuesArgs,
+    shape: Shape,
+    names: &[String],
+    first_due_ms: u64,
+    inbox: &Mutex<Inbox>,
+) -> (Plan, Instant) {
     let plan = plan(
         shape,
-        &names,
+        names,
         first_due_ms,
         args.spread_ms,
         args.payload_bytes,
@@ -343,9 +382,39 @@ async fn run_shape_on(
     let deadline = Instant::now()
         + Duration::from_millis(last_due_ms.saturating_sub(unix_ms()))
         + Duration::from_secs(args.grace_s);
+    (plan, deadline)
+}
 
-    let cpu_before_submit = server.pid.and_then(|p| cpu_time(&p.to_string()));
-    let submit = run_ingest(
+/// The loopback webhook receiver, recording each receipt in `inbox` by payload index and
+/// by task id.
+async fn start_receiver(
+    inbox: Arc<Mutex<Inbox>>,
+    bar: indicatif::ProgressBar,
+) -> anyhow::Result<WebhookReceiver> {
+    let receiver = WebhookReceiver::start(move |body, headers, receipt_us| {
+        let index = crate::workload::parse_index(&body).unwrap_or(u64::MAX);
+        let id = headers.get("belfry-task-id").and_then(|v| v.to_str().ok());
+        if let Ok(mut inbox) = inbox.lock() {
+            inbox.tracker.record(index, receipt_us);
+            match id {
+                Some(id) => *inbox.by_id.entry(id.into()).or_insert(0) += 1,
+                None => inbox.without_id += 1,
+            }
+        }
+        bar.inc(1);
+    })
+    .await?;
+    Ok(receiver)
+}
+
+/// Submits the plan's tasks, each request to its own queue's path.
+async fn submit_plan(
+    args: &QueuesArgs,
+    server: &ServerUnderTest,
+    label: &str,
+    plan: &Plan,
+) -> IngestOutcome {
+    run_ingest(
         IngestJob {
             label: format!("{label}: submit"),
             target: server.target.clone(),
@@ -360,11 +429,11 @@ async fn run_shape_on(
         },
         indicatif::ProgressBar::hidden(),
     )
-    .await;
-    let cpu_after_submit = server.pid.and_then(|p| cpu_time(&p.to_string()));
+    .await
+}
 
-    // Everything accepted has arrived, or the deadline passed.
-    let accepted = submit.accepted;
+/// Returns once `accepted` tasks (at least one) have arrived, or at `deadline`.
+async fn wait_for_deliveries(inbox: &Mutex<Inbox>, accepted: u64, deadline: Instant) {
     while Instant::now() < deadline
         && inbox
             .lock()
@@ -372,43 +441,14 @@ async fn run_shape_on(
     {
         tokio::time::sleep(DONE_POLL).await;
     }
-    let cpu_end = server.pid.and_then(|p| cpu_time(&p.to_string()));
-    let rss = server.pid.and_then(rss_bytes);
-    let claim_errors = scrape_counter(&server.target, CLAIM_ERRORS_METRIC).await;
-    bar.finish_and_clear();
-    receiver.stop().await;
+}
 
-    let inbox = inbox
-        .lock()
-        .map_err(|_| anyhow::anyhow!("receiver state poisoned"))?;
-    let delivery = inbox.tracker.summary();
-    let delivery_time_ms = inbox
-        .tracker
-        .last_receipt_us()
-        .map(|last| last.saturating_sub(first_due_ms * 1_000) as f64 / 1_000.0);
-    let seconds = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+/// CPU seconds from `a` to `b`, when both were read.
+fn seconds_between(a: Option<Duration>, b: Option<Duration>) -> Option<f64> {
+    match (a, b) {
         (Some(a), Some(b)) => Some(b.saturating_sub(a).as_secs_f64()),
         _ => None,
-    };
-    Ok(VariantOutcome {
-        label: label.to_string(),
-        queues: shape.queues,
-        tasks_per_queue: shape.per_queue,
-        create_s: created.elapsed_s,
-        create_failures: created.failed,
-        submit,
-        delivery,
-        delivery_time_ms,
-        duplicates_by_id: inbox.duplicates_by_id(),
-        receipts_without_id: inbox.without_id,
-        server_cpu_delivery_s: seconds(cpu_after_submit, cpu_end),
-        server_cpu_submit_s: seconds(cpu_before_submit, cpu_after_submit),
-        rss_idle_bytes: rss_idle,
-        rss_end_bytes: rss.map(|r| r.0),
-        rss_peak_bytes: rss.map(|r| r.1),
-        claim_errors,
-        fresh_server: server.spawned.is_some(),
-    })
+    }
 }
 
 /// The outcome of creating queues.
@@ -553,10 +593,6 @@ fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-fn opt<T>(value: Option<T>, show: impl Fn(T) -> String) -> String {
-    value.map_or_else(|| "-".to_string(), show)
-}
-
 fn verdict(ok: Option<bool>) -> &'static str {
     match ok {
         Some(true) => "met",
@@ -566,119 +602,12 @@ fn verdict(ok: Option<bool>) -> &'static str {
 }
 
 fn build_report(args: &QueuesArgs, machine: Machine, outcomes: Vec<VariantOutcome>) -> Report {
-    let title = format!(
-        "{} webhook queues × {} tasks vs 1 queue × {} tasks, all due within {} ms, one loopback receiver",
-        thousands(args.queues as f64),
-        thousands(args.tasks_per_queue as f64),
-        thousands(args.total_tasks() as f64),
-        args.spread_ms
-    );
-    let mut table = Table::new(
-        title,
-        &[
-            "system",
-            "delivered",
-            "delivery time (first due → last delivered)",
-            "p50",
-            "p99",
-            "max",
-            "server CPU s, delivery",
-            "server CPU s, submit",
-            "peak RSS",
-            "duplicates (by task id)",
-            "lost",
-            "claim errors (overloaded)",
-            "submitted/s",
-        ],
-    );
+    let mut table = queues_table(args);
     let mut notes = Vec::new();
     for o in &outcomes {
-        let d = &o.delivery;
-        table.row(vec![
-            o.label.clone(),
-            format!(
-                "{}/{}",
-                thousands(d.delivered as f64),
-                thousands(d.expected as f64)
-            ),
-            opt(o.delivery_time_ms, |ms| format_us((ms * 1_000.0) as u64)),
-            format_us(d.lateness.p50_us),
-            format_us(d.lateness.p99_us),
-            format_us(d.lateness.max_us),
-            opt(o.server_cpu_delivery_s, |s| format!("{s:.2}")),
-            opt(o.server_cpu_submit_s, |s| format!("{s:.2}")),
-            opt(o.rss_peak_bytes, mib),
-            o.duplicates_by_id.to_string(),
-            d.lost.to_string(),
-            opt(o.claim_errors, |n| n.to_string()),
-            thousands(o.submit.tasks_per_s),
-        ]);
-        notes.push(format!(
-            "{}: {} queue(s) created in {:.2} s ({} failed); {} tasks submitted in {} requests \
-             over {} connections in {:.2} s; RSS idle {} → {} after delivery.",
-            o.label,
-            thousands(o.queues as f64),
-            o.create_s,
-            o.create_failures,
-            thousands(o.submit.accepted as f64),
-            thousands(o.submit.requests as f64),
-            args.connections,
-            o.submit.elapsed_s,
-            opt(o.rss_idle_bytes, mib),
-            opt(o.rss_end_bytes, mib),
-        ));
-        if o.claim_errors.is_none() {
-            notes.push(format!(
-                "{}: the server does not expose {CLAIM_ERRORS_METRIC}; counted as 0.",
-                o.label
-            ));
-        }
-        if d.lost > 0 {
-            notes.push(format!(
-                "{}: {} tasks were not received within {} s after the last due time.",
-                o.label, d.lost, args.grace_s
-            ));
-        }
-        if d.early > 0 {
-            notes.push(format!(
-                "{}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
-                o.label,
-                d.early,
-                format_us(d.early_by_us_max)
-            ));
-        }
-        if d.duplicates != o.duplicates_by_id {
-            notes.push(format!(
-                "{}: {} duplicates by payload index, {} by task id.",
-                o.label, d.duplicates, o.duplicates_by_id
-            ));
-        }
-        if o.receipts_without_id > 0 || d.unknown > 0 {
-            notes.push(format!(
-                "{}: {} receipts without a Belfry-Task-Id header, {} with a payload the bench did not send.",
-                o.label, o.receipts_without_id, d.unknown
-            ));
-        }
-        if o.submit.answered_after_due > 0 {
-            notes.push(format!(
-                "{}: {} tasks were acknowledged only after their due time (submit took {:.1} s; \
-                 raise --lead-s): their lateness includes submit delay.",
-                o.label, o.submit.answered_after_due, o.submit.elapsed_s
-            ));
-        }
-        if let Some(e) = &o.submit.first_error {
-            notes.push(format!(
-                "{}: submit errors ({} tasks): {e}",
-                o.label, o.submit.rejected
-            ));
-        }
-        if !o.fresh_server {
-            notes.push(format!(
-                "{}: measured on a server that also ran the other shape: peak RSS and CPU \
-                 are not this shape's alone (use --spawn).",
-                o.label
-            ));
-        }
+        variant_row(&mut table, o);
+        notes.push(setup_note(args, o));
+        notes.extend(variant_notes(args, o));
     }
     let mut tables = vec![table];
     if let [one, many] = &outcomes[..] {
@@ -712,6 +641,136 @@ fn build_report(args: &QueuesArgs, machine: Machine, outcomes: Vec<VariantOutcom
     }
 }
 
+/// The empty table of the shapes, titled with the run's size.
+fn queues_table(args: &QueuesArgs) -> Table {
+    let title = format!(
+        "{} webhook queues × {} tasks vs 1 queue × {} tasks, all due within {} ms, one loopback receiver",
+        thousands(args.queues as f64),
+        thousands(args.tasks_per_queue as f64),
+        thousands(args.total_tasks() as f64),
+        args.spread_ms
+    );
+    Table::new(
+        title,
+        &[
+            "system",
+            "delivered",
+            "delivery time (first due → last delivered)",
+            "p50",
+            "p99",
+            "max",
+            "server CPU s, delivery",
+            "server CPU s, submit",
+            "peak RSS",
+            "duplicates (by task id)",
+            "lost",
+            "claim errors (overloaded)",
+            "submitted/s",
+        ],
+    )
+}
+
+fn variant_row(table: &mut Table, o: &VariantOutcome) {
+    let d = &o.delivery;
+    table.row(vec![
+        o.label.clone(),
+        format!(
+            "{}/{}",
+            thousands(d.delivered as f64),
+            thousands(d.expected as f64)
+        ),
+        or_dash(o.delivery_time_ms, |ms| format_us((ms * 1_000.0) as u64)),
+        format_us(d.lateness.p50_us),
+        format_us(d.lateness.p99_us),
+        format_us(d.lateness.max_us),
+        or_dash(o.server_cpu_delivery_s, |s| format!("{s:.2}")),
+        or_dash(o.server_cpu_submit_s, |s| format!("{s:.2}")),
+        or_dash(o.rss_peak_bytes, mib),
+        o.duplicates_by_id.to_string(),
+        d.lost.to_string(),
+        or_dash(o.claim_errors, |n| n.to_string()),
+        thousands(o.submit.tasks_per_s),
+    ]);
+}
+
+/// How one shape was set up: queues created, tasks submitted, RSS before and after.
+fn setup_note(args: &QueuesArgs, o: &VariantOutcome) -> String {
+    format!(
+        "{}: {} queue(s) created in {:.2} s ({} failed); {} tasks submitted in {} requests \
+         over {} connections in {:.2} s; RSS idle {} → {} after delivery.",
+        o.label,
+        thousands(o.queues as f64),
+        o.create_s,
+        o.create_failures,
+        thousands(o.submit.accepted as f64),
+        thousands(o.submit.requests as f64),
+        args.connections,
+        o.submit.elapsed_s,
+        or_dash(o.rss_idle_bytes, mib),
+        or_dash(o.rss_end_bytes, mib),
+    )
+}
+
+/// What a reader of one shape's row must not miss: missing metrics, lost, early or
+/// duplicate deliveries, a late or failing submit, a server shared with the other shape.
+fn variant_notes(args: &QueuesArgs, o: &VariantOutcome) -> Vec<String> {
+    let d = &o.delivery;
+    let mut notes = Vec::new();
+    if o.claim_errors.is_none() {
+        notes.push(format!(
+            "{}: the server does not expose {CLAIM_ERRORS_METRIC}; counted as 0.",
+            o.label
+        ));
+    }
+    if d.lost > 0 {
+        notes.push(format!(
+            "{}: {} tasks were not received within {} s after the last due time.",
+            o.label, d.lost, args.grace_s
+        ));
+    }
+    if d.early > 0 {
+        notes.push(format!(
+            "{}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
+            o.label,
+            d.early,
+            format_us(d.early_by_us_max)
+        ));
+    }
+    if d.duplicates != o.duplicates_by_id {
+        notes.push(format!(
+            "{}: {} duplicates by payload index, {} by task id.",
+            o.label, d.duplicates, o.duplicates_by_id
+        ));
+    }
+    if o.receipts_without_id > 0 || d.unknown > 0 {
+        notes.push(format!(
+            "{}: {} receipts without a Belfry-Task-Id header, {} with a payload the bench did not send.",
+            o.label, o.receipts_without_id, d.unknown
+        ));
+    }
+    if o.submit.answered_after_due > 0 {
+        notes.push(format!(
+            "{}: {} tasks were acknowledged only after their due time (submit took {:.1} s; \
+             raise --lead-s): their lateness includes submit delay.",
+            o.label, o.submit.answered_after_due, o.submit.elapsed_s
+        ));
+    }
+    if let Some(e) = &o.submit.first_error {
+        notes.push(format!(
+            "{}: submit errors ({} tasks): {e}",
+            o.label, o.submit.rejected
+        ));
+    }
+    if !o.fresh_server {
+        notes.push(format!(
+            "{}: measured on a server that also ran the other shape: peak RSS and CPU \
+             are not this shape's alone (use --spawn).",
+            o.label
+        ));
+    }
+    notes
+}
+
 /// Many queues against the single queue, target by target.
 fn targets_table(one: &VariantOutcome, many: &VariantOutcome) -> Table {
     let mut t = Table::new(
@@ -732,8 +791,8 @@ fn targets_table(one: &VariantOutcome, many: &VariantOutcome) -> Table {
     };
     t.row(vec![
         "delivery time".into(),
-        opt(many.delivery_time_ms, |ms| format_us((ms * 1_000.0) as u64)),
-        opt(one.delivery_time_ms, |ms| format_us((ms * 1_000.0) as u64)),
+        or_dash(many.delivery_time_ms, |ms| format_us((ms * 1_000.0) as u64)),
+        or_dash(one.delivery_time_ms, |ms| format_us((ms * 1_000.0) as u64)),
         ratio(
             many.delivery_time_ms.unwrap_or(0.0),
             one.delivery_time_ms.unwrap_or(0.0),
@@ -751,8 +810,8 @@ fn targets_table(one: &VariantOutcome, many: &VariantOutcome) -> Table {
     ]);
     t.row(vec![
         "server CPU s, delivery".into(),
-        opt(many.server_cpu_delivery_s, |s| format!("{s:.2}")),
-        opt(one.server_cpu_delivery_s, |s| format!("{s:.2}")),
+        or_dash(many.server_cpu_delivery_s, |s| format!("{s:.2}")),
+        or_dash(one.server_cpu_delivery_s, |s| format!("{s:.2}")),
         ratio(
             many.server_cpu_delivery_s.unwrap_or(0.0),
             one.server_cpu_delivery_s.unwrap_or(0.0),
@@ -770,9 +829,9 @@ fn targets_table(one: &VariantOutcome, many: &VariantOutcome) -> Table {
     };
     t.row(vec![
         "peak RSS".into(),
-        opt(many.rss_peak_bytes, mib),
-        opt(one.rss_peak_bytes, mib),
-        opt(extra, |e| {
+        or_dash(many.rss_peak_bytes, mib),
+        or_dash(one.rss_peak_bytes, mib),
+        or_dash(extra, |e| {
             format!("{}{}", if e < 0 { "−" } else { "+" }, mib(e.unsigned_abs()))
         }),
         format!("≤ +{}", mib(RSS_EXTRA_TARGET_BYTES)),
