@@ -266,6 +266,21 @@ async fn idle_window(args: &IdleArgs, server: &ServerUnderTest, label: &str) -> 
 }
 
 fn build_report(args: &IdleArgs, machine: Machine, o: IdleOutcome) -> Report {
+    let tables = vec![windows_table(args, &o), creates_table(args, &o)];
+    let notes = report_notes(&o);
+    Report {
+        scenario: "idle".into(),
+        command: crate::command_line(),
+        machine,
+        tables,
+        notes,
+        picture: None,
+        data: serde_json::to_value(&o).unwrap_or(serde_json::Value::Null),
+    }
+}
+
+/// The server's CPU over the idle window, empty and holding the records.
+fn windows_table(args: &IdleArgs, o: &IdleOutcome) -> Table {
     let cores = |c: Option<f64>| c.map_or("-".into(), |c| format!("{c:.4}"));
     let stored = o.stored();
     let mut windows = Table::new(
@@ -300,6 +315,11 @@ fn build_report(args: &IdleArgs, machine: Machine, o: IdleOutcome) -> Report {
             format!("{:+.5} cores", x * 1_000.0 / stored as f64)
         }),
     ]);
+    windows
+}
+
+/// Creating the schedules and reminders, request by request.
+fn creates_table(args: &IdleArgs, o: &IdleOutcome) -> Table {
     let mut creates = Table::new(
         format!("creating them, {} connections", args.connections),
         &[
@@ -330,6 +350,11 @@ fn build_report(args: &IdleArgs, machine: Machine, o: IdleOutcome) -> Report {
             r.cpu.server_cores.map_or("-".into(), |c| format!("{c:.2}")),
         ]);
     }
+    creates
+}
+
+/// How server cores are measured, refused creates, and the clean-up.
+fn report_notes(o: &IdleOutcome) -> Vec<String> {
     let mut notes = vec![
         "server cores = the server process's user + system CPU (/proc/PID/stat, 10 ms ticks) \
          over the window ÷ its wall time. An idle record should cost nothing a second: the \
@@ -349,15 +374,7 @@ fn build_report(args: &IdleArgs, machine: Machine, o: IdleOutcome) -> Report {
     if let Some(n) = o.deleted {
         notes.push(format!("{n} schedules and reminders deleted at the end."));
     }
-    Report {
-        scenario: "idle".into(),
-        command: crate::command_line(),
-        machine,
-        tables: vec![windows, creates],
-        notes,
-        picture: None,
-        data: serde_json::to_value(&o).unwrap_or(serde_json::Value::Null),
-    }
+    notes
 }
 
 #[cfg(test)]
