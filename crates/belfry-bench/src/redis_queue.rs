@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use redis::aio::MultiplexedConnection;
 
@@ -142,9 +143,6 @@ pub async fn used_memory(url: &str) -> Result<u64, BenchError> {
         .unwrap_or(0))
 }
 
-/// Submits the tasks (due times by index) in batches of `batch`, one pipeline (ZADD + HSET)
-/// per batch, over `connections` connections. Pipelines are built before the clock starts,
-/// like the HTTP bodies.
 /// How to submit to the Redis queue.
 #[derive(Debug, Clone, Copy)]
 pub struct Submit<'a> {
@@ -157,6 +155,9 @@ pub struct Submit<'a> {
     pub payload_bytes: usize,
 }
 
+/// Submits the tasks (due times by index) in batches of `batch`, one pipeline (ZADD + HSET)
+/// per batch, over `connections` connections. Pipelines are built before the clock starts,
+/// like the HTTP bodies.
 pub async fn ingest(
     submit: Submit<'_>,
     due_at_ms: &[u64],
@@ -172,7 +173,54 @@ pub async fn ingest(
         payload_bytes,
     } = submit;
     let batch = batch.max(1);
-    let pipelines: Vec<(redis::Pipeline, u64)> = due_at_ms
+    let pipelines = Arc::new(pipelines(keys, due_at_ms, batch, payload_bytes));
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut conns = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        conns.push(connect(url).await?);
+    }
+    let meter = CpuMeter::start(pid);
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for conn in conns {
+        let (pipelines, next, progress) = (pipelines.clone(), next.clone(), progress.clone());
+        workers.push(tokio::spawn(send_pipelines(
+            conn, pipelines, next, progress,
+        )));
+    }
+    let mut total = Sent::new();
+    for w in workers {
+        if let Ok(sent) = w.await {
+            total.add(sent);
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
+    let cpu = meter.stop();
+    progress.finish_and_clear();
+    Ok(IngestOutcome {
+        label: label.to_string(),
+        requests: total.requests,
+        accepted: total.accepted,
+        rejected: total.rejected,
+        failed_requests: 0,
+        first_error: total.first_error,
+        elapsed_s: elapsed,
+        tasks_per_s: total.accepted as f64 / elapsed,
+        requests_per_s: total.requests as f64 / elapsed,
+        latency: Percentiles::of(&total.latency),
+        cpu,
+        answered_after_due: 0,
+    })
+}
+
+/// One pipeline (ZADD + HSET) per batch of `batch` tasks, with the number of tasks in it.
+fn pipelines(
+    keys: &QueueKeys,
+    due_at_ms: &[u64],
+    batch: usize,
+    payload_bytes: usize,
+) -> Vec<(redis::Pipeline, u64)> {
+    due_at_ms
         .chunks(batch)
         .enumerate()
         .map(|(n, chunk)| {
@@ -189,74 +237,68 @@ pub async fn ingest(
             pipe.add_command(zadd).ignore().add_command(hset).ignore();
             (pipe, chunk.len() as u64)
         })
-        .collect();
-    let pipelines = Arc::new(pipelines);
-    let next = Arc::new(AtomicUsize::new(0));
-    let mut conns = Vec::with_capacity(connections);
-    for _ in 0..connections {
-        conns.push(connect(url).await?);
-    }
-    let meter = CpuMeter::start(pid);
-    let started = Instant::now();
-    let mut workers = Vec::new();
-    for mut conn in conns {
-        let (pipelines, next, progress) = (pipelines.clone(), next.clone(), progress.clone());
-        workers.push(tokio::spawn(async move {
-            let mut latency = new_histogram();
-            let (mut requests, mut accepted, mut rejected) = (0u64, 0u64, 0u64);
-            let mut first_error = None;
-            loop {
-                let b = next.fetch_add(1, Ordering::Relaxed);
-                let Some((pipe, tasks)) = pipelines.get(b) else {
-                    break;
-                };
-                let sent = Instant::now();
-                let result = pipe.query_async::<()>(&mut conn).await;
-                record_clamped(&mut latency, sent.elapsed().as_micros() as u64);
-                requests += 1;
-                match result {
-                    Ok(()) => accepted += tasks,
-                    Err(e) => {
-                        rejected += tasks;
-                        first_error.get_or_insert_with(|| e.to_string());
-                    }
-                }
-                progress.inc(*tasks);
-            }
-            (requests, accepted, rejected, first_error, latency)
-        }));
-    }
-    let mut latency = new_histogram();
-    let (mut requests, mut accepted, mut rejected) = (0u64, 0u64, 0u64);
-    let mut first_error = None;
-    for w in workers {
-        if let Ok((r, a, x, e, h)) = w.await {
-            requests += r;
-            accepted += a;
-            rejected += x;
-            if first_error.is_none() {
-                first_error = e;
-            }
-            let _ = latency.add(&h);
+        .collect()
+}
+
+/// What one connection (or all of them) sent, and how it was answered.
+struct Sent {
+    requests: u64,
+    accepted: u64,
+    rejected: u64,
+    first_error: Option<String>,
+    latency: Histogram<u64>,
+}
+
+impl Sent {
+    fn new() -> Self {
+        Sent {
+            requests: 0,
+            accepted: 0,
+            rejected: 0,
+            first_error: None,
+            latency: new_histogram(),
         }
     }
-    let elapsed = started.elapsed().as_secs_f64().max(1e-9);
-    let cpu = meter.stop();
-    progress.finish_and_clear();
-    Ok(IngestOutcome {
-        label: label.to_string(),
-        requests,
-        accepted,
-        rejected,
-        failed_requests: 0,
-        first_error,
-        elapsed_s: elapsed,
-        tasks_per_s: accepted as f64 / elapsed,
-        requests_per_s: requests as f64 / elapsed,
-        latency: Percentiles::of(&latency),
-        cpu,
-        answered_after_due: 0,
-    })
+
+    /// Adds another connection's counts; the first error kept is the earliest worker's.
+    fn add(&mut self, other: Sent) {
+        self.requests += other.requests;
+        self.accepted += other.accepted;
+        self.rejected += other.rejected;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+        let _ = self.latency.add(&other.latency);
+    }
+}
+
+/// Sends the next unsent pipeline on `conn`, one at a time, until none is left.
+async fn send_pipelines(
+    mut conn: MultiplexedConnection,
+    pipelines: Arc<Vec<(redis::Pipeline, u64)>>,
+    next: Arc<AtomicUsize>,
+    progress: ProgressBar,
+) -> Sent {
+    let mut sent = Sent::new();
+    loop {
+        let b = next.fetch_add(1, Ordering::Relaxed);
+        let Some((pipe, tasks)) = pipelines.get(b) else {
+            break;
+        };
+        let started = Instant::now();
+        let result = pipe.query_async::<()>(&mut conn).await;
+        record_clamped(&mut sent.latency, started.elapsed().as_micros() as u64);
+        sent.requests += 1;
+        match result {
+            Ok(()) => sent.accepted += tasks,
+            Err(e) => {
+                sent.rejected += tasks;
+                sent.first_error.get_or_insert_with(|| e.to_string());
+            }
+        }
+        progress.inc(*tasks);
+    }
+    sent
 }
 
 /// The claim script, loaded once per consumer and run by [`claim`].
