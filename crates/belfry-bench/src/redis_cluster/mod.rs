@@ -180,47 +180,29 @@ async fn run_on(args: &RedisArgs, cluster: &cluster::Cluster) -> anyhow::Result<
     let memory = memory(args, cluster, &bin, &format!("m{run_id}")).await?;
 
     cluster.flush()?;
-    let bar = progress(&args.output, 0, "baseline (store in-process)");
-    let (url, ns, a) = (store_url.clone(), format!("d{run_id}"), args.clone());
-    let bar2 = bar.clone();
-    let (ingest, drain) = tokio::task::spawn_blocking(move || {
-        direct::run(
-            &url,
-            &ns,
-            a.tasks,
-            a.batch,
-            a.clients,
-            a.payload_bytes,
-            &bar2,
-        )
-    })
-    .await??;
-    bar.finish_and_clear();
-    let baseline = Throughput {
-        label: "RedisStore in-process (same scripts, no HTTP)".into(),
-        nodes: 0,
-        ingest,
-        drain,
-    };
+    let baseline = in_process(
+        args,
+        &store_url,
+        format!("d{run_id}"),
+        args.batch,
+        "baseline (store in-process)",
+        "RedisStore in-process (same scripts, no HTTP)".into(),
+    )
+    .await?;
 
     // The servers coalesce concurrent submits into one store call, so the store's own
     // ceiling with bigger batches is shown beside the same-batch baseline.
     let big = (args.batch * 10).min(crate::BATCH_TASKS_MAX);
     cluster.flush()?;
-    let bar = progress(&args.output, 0, "store in-process, big batches");
-    let (url, ns, a) = (store_url.clone(), format!("e{run_id}"), args.clone());
-    let bar2 = bar.clone();
-    let (ingest, drain) = tokio::task::spawn_blocking(move || {
-        direct::run(&url, &ns, a.tasks, big, a.clients, a.payload_bytes, &bar2)
-    })
-    .await??;
-    bar.finish_and_clear();
-    let baseline_big = Throughput {
-        label: format!("RedisStore in-process, batches of {big} (not a ratio base)"),
-        nodes: 0,
-        ingest,
-        drain,
-    };
+    let baseline_big = in_process(
+        args,
+        &store_url,
+        format!("e{run_id}"),
+        big,
+        "store in-process, big batches",
+        format!("RedisStore in-process, batches of {big} (not a ratio base)"),
+    )
+    .await?;
 
     let mut belfry = Vec::new();
     for &count in &args.node_counts {
@@ -231,15 +213,6 @@ async fn run_on(args: &RedisArgs, cluster: &cluster::Cluster) -> anyhow::Result<
     let submit_hint = belfry.iter().map(|t| t.ingest.per_s).fold(0.0, f64::max);
 
     cluster.flush()?;
-    let mut three = nodes::start(
-        &bin,
-        args.spawn_dir.as_deref(),
-        &store_url,
-        &format!("f{run_id}"),
-        3,
-    )
-    .await?;
-    let bar = progress(&args.output, 0, "firing across 3 nodes");
     let plan = firing::Plan {
         rate_per_s: args.fire_rate,
         seconds: args.fire_seconds,
@@ -249,29 +222,32 @@ async fn run_on(args: &RedisArgs, cluster: &cluster::Cluster) -> anyhow::Result<
         submit_rate_hint: submit_hint,
         kill: None,
     };
-    let fired = firing::run(&mut three, &plan, &bar).await?;
-    bar.finish_and_clear();
-    drop(three);
-
-    cluster.flush()?;
-    let mut three = nodes::start(
+    let fired = fire_on_three(
+        args,
         &bin,
-        args.spawn_dir.as_deref(),
         &store_url,
-        &format!("t{run_id}"),
-        3,
+        &format!("f{run_id}"),
+        "firing across 3 nodes",
+        &plan,
     )
     .await?;
-    let bar = progress(&args.output, 0, "takeover (kill -9 one of 3)");
+
+    cluster.flush()?;
     let plan = firing::Plan {
         rate_per_s: args.takeover_rate,
         seconds: args.takeover_seconds,
         kill: Some((2, Duration::from_secs(args.takeover_seconds / 3))),
         ..plan
     };
-    let takeover = firing::run(&mut three, &plan, &bar).await?;
-    bar.finish_and_clear();
-    drop(three);
+    let takeover = fire_on_three(
+        args,
+        &bin,
+        &store_url,
+        &format!("t{run_id}"),
+        "takeover (kill -9 one of 3)",
+        &plan,
+    )
+    .await?;
 
     Ok(Outcome {
         masters: cluster.nodes.len(),
@@ -285,6 +261,49 @@ async fn run_on(args: &RedisArgs, cluster: &cluster::Cluster) -> anyhow::Result<
         takeover_rate: args.takeover_rate,
         memory,
     })
+}
+
+/// The store driven in-process (the same scripts, no HTTP) in batches of `batch`: ingest
+/// then drain of the run's tasks, under `namespace`, shown as `label`.
+async fn in_process(
+    args: &RedisArgs,
+    store_url: &str,
+    namespace: String,
+    batch: usize,
+    bar_label: &str,
+    label: String,
+) -> anyhow::Result<Throughput> {
+    let bar = progress(&args.output, 0, bar_label);
+    let (url, ns, a) = (store_url.to_string(), namespace, args.clone());
+    let bar2 = bar.clone();
+    let (ingest, drain) = tokio::task::spawn_blocking(move || {
+        direct::run(&url, &ns, a.tasks, batch, a.clients, a.payload_bytes, &bar2)
+    })
+    .await??;
+    bar.finish_and_clear();
+    Ok(Throughput {
+        label,
+        nodes: 0,
+        ingest,
+        drain,
+    })
+}
+
+/// Runs `plan` against three fresh nodes sharing the store under `namespace`.
+async fn fire_on_three(
+    args: &RedisArgs,
+    bin: &std::path::Path,
+    store_url: &str,
+    namespace: &str,
+    bar_label: &str,
+    plan: &firing::Plan,
+) -> anyhow::Result<firing::Firing> {
+    let mut three = nodes::start(bin, args.spawn_dir.as_deref(), store_url, namespace, 3).await?;
+    let bar = progress(&args.output, 0, bar_label);
+    let fired = firing::run(&mut three, plan, &bar).await?;
+    bar.finish_and_clear();
+    drop(three);
+    Ok(fired)
 }
 
 /// Batched ingest then burst drain of the same tasks (all due at once) through `count` nodes.
