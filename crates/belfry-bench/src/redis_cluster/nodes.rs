@@ -153,83 +153,27 @@ pub async fn drain(
 ) -> Rate {
     let drained = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
-    let lease_path = format!("/v1/queues/{queue}/lease");
-    let ack_path = format!("/v1/queues/{queue}/ack");
-    let lease_body = Bytes::from(format!(
-        "{{\"max\":{batch},\"wait_ms\":0,\"visibility_ms\":300000}}"
-    ));
+    let requests = DrainRequests {
+        lease_path: format!("/v1/queues/{queue}/lease"),
+        ack_path: format!("/v1/queues/{queue}/ack"),
+        lease_body: Bytes::from(format!(
+            "{{\"max\":{batch},\"wait_ms\":0,\"visibility_ms\":300000}}"
+        )),
+    };
     let started = Instant::now();
     let give_up = started + Duration::from_secs(600);
     let mut handles = Vec::with_capacity(clients);
     for c in 0..clients {
         let target = nodes[c % nodes.len()].clone();
-        let (drained, errors, lease_path, ack_path, lease_body, bar) = (
+        let (drained, errors, requests, bar) = (
             drained.clone(),
             errors.clone(),
-            lease_path.clone(),
-            ack_path.clone(),
-            lease_body.clone(),
+            requests.clone(),
             bar.clone(),
         );
-        handles.push(tokio::spawn(async move {
-            let mut conn: Option<HttpConn> = None;
-            while drained.load(Ordering::Relaxed) < expected && Instant::now() < give_up {
-                if conn.is_none() {
-                    conn = HttpConn::connect(&target).await.ok();
-                }
-                let Some(c) = conn.as_mut() else {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                };
-                let body = match c
-                    .request(Method::POST, &lease_path, lease_body.clone())
-                    .await
-                {
-                    Ok((status, body)) if status.is_success() => body,
-                    Ok(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(10)).await;
-                        continue;
-                    }
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                        conn = None;
-                        continue;
-                    }
-                };
-                let Ok(answer) = serde_json::from_slice::<LeaseAnswer>(&body) else {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
-                if answer.tasks.is_empty() {
-                    tokio::time::sleep(Duration::from_millis(2)).await;
-                    continue;
-                }
-                let n = answer.tasks.len() as u64;
-                let acks = AckBatch {
-                    acks: answer
-                        .tasks
-                        .iter()
-                        .map(|t| AckItem {
-                            id: &t.id,
-                            lease_id: &t.lease_id,
-                        })
-                        .collect(),
-                };
-                let Ok(ack) = serde_json::to_vec(&acks) else {
-                    continue;
-                };
-                if c.expect_success(Method::POST, &ack_path, Bytes::from(ack))
-                    .await
-                    .is_err()
-                {
-                    errors.fetch_add(1, Ordering::Relaxed);
-                    conn = None;
-                }
-                drained.fetch_add(n, Ordering::Relaxed);
-                bar.inc(n);
-            }
-        }));
+        handles.push(tokio::spawn(drain_client(
+            target, requests, drained, errors, expected, give_up, bar,
+        )));
     }
     for h in handles {
         let _ = h.await;
@@ -239,4 +183,87 @@ pub async fn drain(
         started.elapsed(),
         errors.load(Ordering::Relaxed),
     )
+}
+
+/// The requests every drain client sends.
+#[derive(Clone)]
+struct DrainRequests {
+    lease_path: String,
+    ack_path: String,
+    lease_body: Bytes,
+}
+
+/// One drain client on `target`: leases and acks until `drained` reaches `expected` or
+/// `give_up` passes.
+async fn drain_client(
+    target: Target,
+    requests: DrainRequests,
+    drained: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    expected: u64,
+    give_up: Instant,
+    bar: indicatif::ProgressBar,
+) {
+    let DrainRequests {
+        lease_path,
+        ack_path,
+        lease_body,
+    } = requests;
+    let mut conn: Option<HttpConn> = None;
+    while drained.load(Ordering::Relaxed) < expected && Instant::now() < give_up {
+        if conn.is_none() {
+            conn = HttpConn::connect(&target).await.ok();
+        }
+        let Some(c) = conn.as_mut() else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let body = match c
+            .request(Method::POST, &lease_path, lease_body.clone())
+            .await
+        {
+            Ok((status, body)) if status.is_success() => body,
+            Ok(_) => {
+                errors.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            Err(_) => {
+                errors.fetch_add(1, Ordering::Relaxed);
+                conn = None;
+                continue;
+            }
+        };
+        let Ok(answer) = serde_json::from_slice::<LeaseAnswer>(&body) else {
+            errors.fetch_add(1, Ordering::Relaxed);
+            continue;
+        };
+        if answer.tasks.is_empty() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            continue;
+        }
+        let n = answer.tasks.len() as u64;
+        let acks = AckBatch {
+            acks: answer
+                .tasks
+                .iter()
+                .map(|t| AckItem {
+                    id: &t.id,
+                    lease_id: &t.lease_id,
+                })
+                .collect(),
+        };
+        let Ok(ack) = serde_json::to_vec(&acks) else {
+            continue;
+        };
+        if c.expect_success(Method::POST, &ack_path, Bytes::from(ack))
+            .await
+            .is_err()
+        {
+            errors.fetch_add(1, Ordering::Relaxed);
+            conn = None;
+        }
+        drained.fetch_add(n, Ordering::Relaxed);
+        bar.inc(n);
+    }
 }
