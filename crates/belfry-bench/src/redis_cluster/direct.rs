@@ -33,11 +33,7 @@ fn connect(store_url: &str, namespace: &str) -> Result<Arc<RedisStore>, BenchErr
 /// another queue from every thread) before the clock starts, as the servers have by the time
 /// their clients start.
 fn warm_up(store: &Arc<RedisStore>, threads: usize) -> Result<(), BenchError> {
-    let queue = QueueName::new("bench-warm-up")
-        .map_err(|e| BenchError::Server(format!("queue name: {e}")))?;
-    store
-        .put_queue(&queue, bytes::Bytes::from_static(b"{}"))
-        .map_err(|e| BenchError::Server(format!("put_queue: {e}")))?;
+    let queue = put_queue(store, "bench-warm-up")?;
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|_| {
@@ -78,15 +74,49 @@ pub fn run(
     bar: &indicatif::ProgressBar,
 ) -> Result<(Rate, Rate), BenchError> {
     let store = connect(store_url, namespace)?;
-    let queue = QueueName::new("bench-direct")
-        .map_err(|e| BenchError::Server(format!("queue name: {e}")))?;
+    let queue = put_queue(&store, "bench-direct")?;
+    let due_ms = crate::sys::unix_ms();
+    // Payloads built before the clock starts, like the HTTP bodies.
+    let payloads = payload_batches(tasks, batch, payload_bytes);
+    warm_up(&store, threads)?;
+    bar.set_length(tasks * 2);
+    let next = Arc::new(AtomicUsize::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let threads = Threads {
+        store: &store,
+        queue: &queue,
+        count: threads,
+        errors: &errors,
+        bar,
+    };
+    let started = Instant::now();
+    threads.put_all(&payloads, due_ms, &next);
+    let ingest = Rate::new(tasks, started.elapsed(), errors.swap(0, Ordering::Relaxed));
+    let drained = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let give_up = started + Duration::from_secs(600);
+    threads.drain_all(tasks, batch, &drained, give_up);
+    let drain = Rate::new(
+        drained.load(Ordering::Relaxed),
+        started.elapsed(),
+        errors.load(Ordering::Relaxed),
+    );
+    Ok((ingest, drain))
+}
+
+/// Creates queue `name` in the store.
+fn put_queue(store: &RedisStore, name: &str) -> Result<QueueName, BenchError> {
+    let queue = QueueName::new(name).map_err(|e| BenchError::Server(format!("queue name: {e}")))?;
     store
         .put_queue(&queue, bytes::Bytes::from_static(b"{}"))
         .map_err(|e| BenchError::Server(format!("put_queue: {e}")))?;
-    let due_ms = crate::sys::unix_ms();
+    Ok(queue)
+}
+
+/// The payloads of `tasks` tasks, by batch of `batch`.
+fn payload_batches(tasks: u64, batch: usize, payload_bytes: usize) -> Arc<Vec<Vec<bytes::Bytes>>> {
     let batches = tasks.div_ceil(batch as u64) as usize;
-    // Payloads built before the clock starts, like the HTTP bodies.
-    let payloads: Arc<Vec<Vec<bytes::Bytes>>> = Arc::new(
+    Arc::new(
         (0..batches)
             .map(|b| {
                 let first = (b * batch) as u64;
@@ -95,71 +125,80 @@ pub fn run(
                     .collect()
             })
             .collect(),
-    );
-    warm_up(&store, threads)?;
-    bar.set_length(tasks * 2);
-    let next = Arc::new(AtomicUsize::new(0));
-    let errors = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            let (store, queue, payloads, next, errors) =
-                (&store, &queue, &payloads, &next, &errors);
-            s.spawn(move || loop {
-                let b = next.fetch_add(1, Ordering::Relaxed);
-                let Some(batch) = payloads.get(b) else { break };
-                let new: Vec<NewTask> = batch
-                    .iter()
-                    .map(|p| NewTask::new(queue.clone(), due_ms, p.clone()))
-                    .collect();
-                match store.put(new) {
-                    Ok(_) => bar.inc(batch.len() as u64),
-                    Err(_) => {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            });
-        }
-    });
-    let ingest = Rate::new(tasks, started.elapsed(), errors.swap(0, Ordering::Relaxed));
-    let drained = Arc::new(AtomicU64::new(0));
-    let started = Instant::now();
-    let give_up = started + Duration::from_secs(600);
-    std::thread::scope(|s| {
-        for _ in 0..threads {
-            let (store, queue, drained, errors) = (&store, &queue, &drained, &errors);
-            s.spawn(move || {
-                while drained.load(Ordering::Relaxed) < tasks && Instant::now() < give_up {
-                    let now = crate::sys::unix_ms();
-                    let claimed = match store.claim(queue, now, batch, VISIBILITY_MS) {
-                        Ok(c) => c,
+    )
+}
+
+/// The threads that call the store, and what they share.
+struct Threads<'a> {
+    store: &'a Arc<RedisStore>,
+    queue: &'a QueueName,
+    count: usize,
+    /// Failed store calls.
+    errors: &'a AtomicU64,
+    bar: &'a indicatif::ProgressBar,
+}
+
+impl Threads<'_> {
+    /// Puts every batch of `payloads` (due at `due_ms`), each thread taking the `next` one.
+    fn put_all(&self, payloads: &Arc<Vec<Vec<bytes::Bytes>>>, due_ms: u64, next: &AtomicUsize) {
+        let bar = self.bar;
+        std::thread::scope(|s| {
+            for _ in 0..self.count {
+                let (store, queue, payloads, next, errors) =
+                    (self.store, self.queue, payloads, next, self.errors);
+                s.spawn(move || loop {
+                    let b = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(batch) = payloads.get(b) else { break };
+                    let new: Vec<NewTask> = batch
+                        .iter()
+                        .map(|p| NewTask::new(queue.clone(), due_ms, p.clone()))
+                        .collect();
+                    match store.put(new) {
+                        Ok(_) => bar.inc(batch.len() as u64),
                         Err(_) => {
                             errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    /// Claims and acks in batches of `batch` until `tasks` are drained (counted in
+    /// `drained`) or `give_up` passes.
+    fn drain_all(&self, tasks: u64, batch: usize, drained: &AtomicU64, give_up: Instant) {
+        let bar = self.bar;
+        std::thread::scope(|s| {
+            for _ in 0..self.count {
+                let (store, queue, drained, errors) =
+                    (self.store, self.queue, drained, self.errors);
+                s.spawn(move || {
+                    while drained.load(Ordering::Relaxed) < tasks && Instant::now() < give_up {
+                        let now = crate::sys::unix_ms();
+                        let claimed = match store.claim(queue, now, batch, VISIBILITY_MS) {
+                            Ok(c) => c,
+                            Err(_) => {
+                                errors.fetch_add(1, Ordering::Relaxed);
+                                continue;
+                            }
+                        };
+                        if claimed.leased.is_empty() {
+                            std::thread::sleep(Duration::from_millis(1));
                             continue;
                         }
-                    };
-                    if claimed.leased.is_empty() {
-                        std::thread::sleep(Duration::from_millis(1));
-                        continue;
+                        let acks: Vec<_> = claimed
+                            .leased
+                            .iter()
+                            .map(|l| (l.task.id, l.lease_id))
+                            .collect();
+                        if store.ack_many(queue, &acks, now).is_err() {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                        }
+                        drained.fetch_add(acks.len() as u64, Ordering::Relaxed);
+                        bar.inc(acks.len() as u64);
                     }
-                    let acks: Vec<_> = claimed
-                        .leased
-                        .iter()
-                        .map(|l| (l.task.id, l.lease_id))
-                        .collect();
-                    if store.ack_many(queue, &acks, now).is_err() {
-                        errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                    drained.fetch_add(acks.len() as u64, Ordering::Relaxed);
-                    bar.inc(acks.len() as u64);
-                }
-            });
-        }
-    });
-    let drain = Rate::new(
-        drained.load(Ordering::Relaxed),
-        started.elapsed(),
-        errors.load(Ordering::Relaxed),
-    );
-    Ok((ingest, drain))
+                });
+            }
+        });
+    }
 }
