@@ -78,6 +78,21 @@ pub struct HolderTotals {
     pub reached: u64,
 }
 
+impl HolderTotals {
+    /// What happened between snapshot `before` and this one: the counts of events since
+    /// then, with `open` and `reached` as they are now.
+    pub fn since(&self, before: &HolderTotals) -> HolderTotals {
+        HolderTotals {
+            open: self.open,
+            opened: self.opened - before.opened,
+            closed_by_server: self.closed_by_server - before.closed_by_server,
+            connect_errors: self.connect_errors - before.connect_errors,
+            refused: self.refused - before.refused,
+            reached: self.reached,
+        }
+    }
+}
+
 impl HolderCounters {
     pub fn totals(&self) -> HolderTotals {
         HolderTotals {

@@ -226,17 +226,7 @@ async fn run_on(
         .clone()
         .unwrap_or_else(|| format!("bench-hostile-{}", unix_ms()));
     create_queue(&server.target, &queue, "{}").await?;
-    // Due a day from now: the probe's tasks stay pending and never fire during the run.
-    let far = unix_ms() + 24 * 3_600 * 1_000;
-    let plan = probe::ProbePlan {
-        target: server.target.clone(),
-        submit_path: format!("/v1/queues/{queue}/tasks"),
-        submit_body: Bytes::from(format!(
-            "{{\"payload\":{{\"probe\":1}},\"run_at_ms\":{far}}}"
-        )),
-        rounds: args.rounds,
-        interval: Duration::from_millis(args.interval_ms),
-    };
+    let plan = probe_plan(args, server, &queue);
     let pid = server.pid;
     let server_sockets_before = pid.and_then(socket_count);
     let bar = crate::progress(&args.output, 3, "baseline, hostile ramp, held");
@@ -245,25 +235,7 @@ async fn run_on(
     let baseline = measure(&plan, kept, pid, None, None).await;
     bar.inc(1);
 
-    if args.hostile_source.is_ipv4() != server.target.addr.is_ipv4() {
-        return Err(BenchError::invalid(
-            "--hostile-source",
-            format!(
-                "must be of the server's address family ({})",
-                server.target.addr
-            ),
-        )
-        .into());
-    }
-    let sources = holders::sources(args.hostile_source, args.hostile_sources)
-        .ok_or_else(|| BenchError::invalid("--hostile-sources", "past the address space"))?;
-    let holders = Holders::start(
-        server.target.addr,
-        sources,
-        &server.target.host,
-        args.hostile,
-    )
-    .map_err(|e| BenchError::io("start the hostile clients' thread", "-", e))?;
+    let holders = start_holders(args, server)?;
     let opening_s = wait_until_open(&holders, args.hostile as u64).await;
     tokio::time::sleep(Duration::from_secs(args.settle_s)).await;
     bar.inc(1);
@@ -294,18 +266,51 @@ async fn run_on(
         held,
         opening_s,
         holders: totals,
-        held_phase_holders: HolderTotals {
-            open: after.open,
-            opened: after.opened - before.opened,
-            closed_by_server: after.closed_by_server - before.closed_by_server,
-            connect_errors: after.connect_errors - before.connect_errors,
-            refused: after.refused - before.refused,
-            reached: after.reached,
-        },
+        held_phase_holders: after.since(&before),
         server_env: args.server.server_env.clone(),
         hostile_source: args.hostile_source,
         hostile_sources: args.hostile_sources,
     })
+}
+
+/// The probe's rounds: single-task submits to `queue`, due a day from now so that they stay
+/// pending and never fire during the run.
+fn probe_plan(args: &HostileArgs, server: &ServerUnderTest, queue: &str) -> probe::ProbePlan {
+    let far = unix_ms() + 24 * 3_600 * 1_000;
+    probe::ProbePlan {
+        target: server.target.clone(),
+        submit_path: format!("/v1/queues/{queue}/tasks"),
+        submit_body: Bytes::from(format!(
+            "{{\"payload\":{{\"probe\":1}},\"run_at_ms\":{far}}}"
+        )),
+        rounds: args.rounds,
+        interval: Duration::from_millis(args.interval_ms),
+    }
+}
+
+/// Starts the `--hostile` connections from `--hostile-sources` addresses of the server's
+/// address family.
+fn start_holders(args: &HostileArgs, server: &ServerUnderTest) -> anyhow::Result<Holders> {
+    if args.hostile_source.is_ipv4() != server.target.addr.is_ipv4() {
+        return Err(BenchError::invalid(
+            "--hostile-source",
+            format!(
+                "must be of the server's address family ({})",
+                server.target.addr
+            ),
+        )
+        .into());
+    }
+    let sources = holders::sources(args.hostile_source, args.hostile_sources)
+        .ok_or_else(|| BenchError::invalid("--hostile-sources", "past the address space"))?;
+    let holders = Holders::start(
+        server.target.addr,
+        sources,
+        &server.target.host,
+        args.hostile,
+    )
+    .map_err(|e| BenchError::io("start the hostile clients' thread", "-", e))?;
+    Ok(holders)
 }
 
 /// Seconds until the `count` hostile connections are open at once — or, when the server
