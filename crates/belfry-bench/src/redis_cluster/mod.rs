@@ -172,82 +172,53 @@ pub async fn run(args: RedisArgs) -> anyhow::Result<crate::report::Report> {
 }
 
 async fn run_on(args: &RedisArgs, cluster: &cluster::Cluster) -> anyhow::Result<Outcome> {
-    let bin = crate::spawn::belfry_bin(args.belfry_bin.as_deref());
-    let store_url = cluster.store_url();
-    let run_id = unix_ms() % 1_000_000_000;
+    let run = Phases {
+        args,
+        cluster,
+        bin: crate::spawn::belfry_bin(args.belfry_bin.as_deref()),
+        store_url: cluster.store_url(),
+        run_id: unix_ms() % 1_000_000_000,
+    };
     // Memory first, on the empty cluster.
     cluster.flush()?;
-    let memory = memory(args, cluster, &bin, &format!("m{run_id}")).await?;
+    let memory = memory(args, cluster, &run.bin, &run.namespace("m")).await?;
 
-    cluster.flush()?;
-    let baseline = in_process(
-        args,
-        &store_url,
-        format!("d{run_id}"),
-        args.batch,
-        "baseline (store in-process)",
-        "RedisStore in-process (same scripts, no HTTP)".into(),
-    )
-    .await?;
-
+    let baseline = run
+        .in_process(
+            "d",
+            args.batch,
+            "baseline (store in-process)",
+            "RedisStore in-process (same scripts, no HTTP)".into(),
+        )
+        .await?;
     // The servers coalesce concurrent submits into one store call, so the store's own
     // ceiling with bigger batches is shown beside the same-batch baseline.
     let big = (args.batch * 10).min(crate::BATCH_TASKS_MAX);
-    cluster.flush()?;
-    let baseline_big = in_process(
-        args,
-        &store_url,
-        format!("e{run_id}"),
-        big,
-        "store in-process, big batches",
-        format!("RedisStore in-process, batches of {big} (not a ratio base)"),
-    )
-    .await?;
+    let baseline_big = run
+        .in_process(
+            "e",
+            big,
+            "store in-process, big batches",
+            format!("RedisStore in-process, batches of {big} (not a ratio base)"),
+        )
+        .await?;
 
     let mut belfry = Vec::new();
     for &count in &args.node_counts {
         cluster.flush()?;
-        belfry
-            .push(throughput(args, &bin, &store_url, &format!("n{count}x{run_id}"), count).await?);
+        let namespace = run.namespace(&format!("n{count}x"));
+        belfry.push(throughput(args, &run.bin, &run.store_url, &namespace, count).await?);
     }
     let submit_hint = belfry.iter().map(|t| t.ingest.per_s).fold(0.0, f64::max);
 
-    cluster.flush()?;
-    let plan = firing::Plan {
-        rate_per_s: args.fire_rate,
-        seconds: args.fire_seconds,
-        batch: args.batch,
-        clients: args.clients,
-        payload_bytes: 100,
-        submit_rate_hint: submit_hint,
-        kill: None,
-    };
-    let fired = fire_on_three(
-        args,
-        &bin,
-        &store_url,
-        &format!("f{run_id}"),
-        "firing across 3 nodes",
-        &plan,
-    )
-    .await?;
-
-    cluster.flush()?;
-    let plan = firing::Plan {
-        rate_per_s: args.takeover_rate,
-        seconds: args.takeover_seconds,
-        kill: Some((2, Duration::from_secs(args.takeover_seconds / 3))),
-        ..plan
-    };
-    let takeover = fire_on_three(
-        args,
-        &bin,
-        &store_url,
-        &format!("t{run_id}"),
-        "takeover (kill -9 one of 3)",
-        &plan,
-    )
-    .await?;
+    let plan = firing_plan(args, submit_hint);
+    let fired = run
+        .fire_on_three("f", "firing across 3 nodes", &plan)
+        .await?;
+    let plan = takeover_plan(args, plan);
+    let takeover = run
+        .fire_on_three("t", "takeover (kill -9 one of 3)", &plan)
+        .await?;
 
     Ok(Outcome {
         masters: cluster.nodes.len(),
@@ -263,47 +234,98 @@ async fn run_on(args: &RedisArgs, cluster: &cluster::Cluster) -> anyhow::Result<
     })
 }
 
-/// The store driven in-process (the same scripts, no HTTP) in batches of `batch`: ingest
-/// then drain of the run's tasks, under `namespace`, shown as `label`.
-async fn in_process(
-    args: &RedisArgs,
-    store_url: &str,
-    namespace: String,
-    batch: usize,
-    bar_label: &str,
-    label: String,
-) -> anyhow::Result<Throughput> {
-    let bar = progress(&args.output, 0, bar_label);
-    let (url, ns, a) = (store_url.to_string(), namespace, args.clone());
-    let bar2 = bar.clone();
-    let (ingest, drain) = tokio::task::spawn_blocking(move || {
-        direct::run(&url, &ns, a.tasks, batch, a.clients, a.payload_bytes, &bar2)
-    })
-    .await??;
-    bar.finish_and_clear();
-    Ok(Throughput {
-        label,
-        nodes: 0,
-        ingest,
-        drain,
-    })
+/// The steady firing run: `--fire-rate` tasks a second for `--fire-seconds`, submitted at
+/// about the best rate the nodes ingested (`submit_hint`).
+fn firing_plan(args: &RedisArgs, submit_hint: f64) -> firing::Plan {
+    firing::Plan {
+        rate_per_s: args.fire_rate,
+        seconds: args.fire_seconds,
+        batch: args.batch,
+        clients: args.clients,
+        payload_bytes: 100,
+        submit_rate_hint: submit_hint,
+        kill: None,
+    }
 }
 
-/// Runs `plan` against three fresh nodes sharing the store under `namespace`.
-async fn fire_on_three(
-    args: &RedisArgs,
-    bin: &std::path::Path,
-    store_url: &str,
-    namespace: &str,
-    bar_label: &str,
-    plan: &firing::Plan,
-) -> anyhow::Result<firing::Firing> {
-    let mut three = nodes::start(bin, args.spawn_dir.as_deref(), store_url, namespace, 3).await?;
-    let bar = progress(&args.output, 0, bar_label);
-    let fired = firing::run(&mut three, plan, &bar).await?;
-    bar.finish_and_clear();
-    drop(three);
-    Ok(fired)
+/// The takeover run: `plan` at the takeover's rate and length, with node 2 killed -9 a
+/// third of the way in.
+fn takeover_plan(args: &RedisArgs, plan: firing::Plan) -> firing::Plan {
+    firing::Plan {
+        rate_per_s: args.takeover_rate,
+        seconds: args.takeover_seconds,
+        kill: Some((2, Duration::from_secs(args.takeover_seconds / 3))),
+        ..plan
+    }
+}
+
+/// What every phase of the run shares: the cluster, flushed before each phase, the belfry
+/// binary, and the run's id, which keeps each phase's keys under a namespace of its own.
+struct Phases<'a> {
+    args: &'a RedisArgs,
+    cluster: &'a cluster::Cluster,
+    bin: PathBuf,
+    store_url: String,
+    run_id: u64,
+}
+
+impl Phases<'_> {
+    /// The namespace of the phase named `prefix`.
+    fn namespace(&self, prefix: &str) -> String {
+        format!("{prefix}{}", self.run_id)
+    }
+
+    /// The store driven in-process (the same scripts, no HTTP) in batches of `batch`:
+    /// ingest then drain of the run's tasks on the flushed cluster, shown as `label`.
+    async fn in_process(
+        &self,
+        prefix: &str,
+        batch: usize,
+        bar_label: &str,
+        label: String,
+    ) -> anyhow::Result<Throughput> {
+        self.cluster.flush()?;
+        let args = self.args;
+        let bar = progress(&args.output, 0, bar_label);
+        let (url, ns, a) = (self.store_url.clone(), self.namespace(prefix), args.clone());
+        let bar2 = bar.clone();
+        let (ingest, drain) = tokio::task::spawn_blocking(move || {
+            direct::run(&url, &ns, a.tasks, batch, a.clients, a.payload_bytes, &bar2)
+        })
+        .await??;
+        bar.finish_and_clear();
+        Ok(Throughput {
+            label,
+            nodes: 0,
+            ingest,
+            drain,
+        })
+    }
+
+    /// Runs `plan` against three fresh nodes sharing the flushed cluster.
+    async fn fire_on_three(
+        &self,
+        prefix: &str,
+        bar_label: &str,
+        plan: &firing::Plan,
+    ) -> anyhow::Result<firing::Firing> {
+        self.cluster.flush()?;
+        let args = self.args;
+        let namespace = self.namespace(prefix);
+        let mut three = nodes::start(
+            &self.bin,
+            args.spawn_dir.as_deref(),
+            &self.store_url,
+            &namespace,
+            3,
+        )
+        .await?;
+        let bar = progress(&args.output, 0, bar_label);
+        let fired = firing::run(&mut three, plan, &bar).await?;
+        bar.finish_and_clear();
+        drop(three);
+        Ok(fired)
+    }
 }
 
 /// Batched ingest then burst drain of the same tasks (all due at once) through `count` nodes.
