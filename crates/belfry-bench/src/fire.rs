@@ -417,11 +417,7 @@ async fn fire_belfry(args: &FireArgs, server: &ServerUnderTest) -> anyhow::Resul
     }
     let consume_cpu = meter.stop();
     bar.finish_and_clear();
-    let label = if args.webhook {
-        "belfry (webhook)"
-    } else {
-        "belfry (pull lease + batch ack)"
-    };
+    let label = belfry_label(args.webhook);
     let t = tracker
         .lock()
         .map_err(|_| anyhow::anyhow!("tracker lock poisoned"))?;
@@ -479,6 +475,15 @@ async fn drain_webhooks(
     let connections = receiver.connections();
     receiver.stop().await;
     connections
+}
+
+/// Belfry's row label for its delivery mode.
+fn belfry_label(webhook: bool) -> &'static str {
+    if webhook {
+        "belfry (webhook)"
+    } else {
+        "belfry (pull lease + batch ack)"
+    }
 }
 
 fn outcome(
@@ -561,10 +566,8 @@ async fn pull_consumer(
             stats.lease_empty.fetch_add(1, Ordering::Relaxed);
             continue;
         }
-        stats
-            .leased_tasks
-            .fetch_add(leased.tasks.len() as u64, Ordering::Relaxed);
-        let Some(ack) = record_leased(&leased.tasks, receipt_us, &tracker, &done, &bar) else {
+        let Some(ack) = record_leased(&leased.tasks, receipt_us, &tracker, &stats, &done, &bar)
+        else {
             break;
         };
         if ack_tx.send(ack).await.is_err() {
@@ -612,16 +615,20 @@ fn spawn_ackers(
     ackers
 }
 
-/// Records the leased `tasks` as received at `receipt_us` (setting `done` once every task
-/// has arrived) and returns the body of their batch ack; `None` when the tracker is
-/// poisoned or the ack cannot be written, which ends the consumer.
+/// Counts the leased `tasks` in `stats` and records them as received at `receipt_us`
+/// (setting `done` once every task has arrived); returns the body of their batch ack, or
+/// `None` when the tracker is poisoned or the ack cannot be written, which ends the consumer.
 fn record_leased(
     tasks: &[LeasedTask<'_>],
     receipt_us: u64,
     tracker: &Mutex<DeliveryTracker>,
+    stats: &ConsumerStats,
     done: &AtomicBool,
     bar: &indicatif::ProgressBar,
 ) -> Option<Bytes> {
+    stats
+        .leased_tasks
+        .fetch_add(tasks.len() as u64, Ordering::Relaxed);
     let mut acks = Vec::with_capacity(tasks.len());
     {
         let Ok(mut t) = tracker.lock() else {
