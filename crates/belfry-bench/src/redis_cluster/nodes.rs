@@ -204,11 +204,6 @@ async fn drain_client(
     give_up: Instant,
     bar: indicatif::ProgressBar,
 ) {
-    let DrainRequests {
-        lease_path,
-        ack_path,
-        lease_body,
-    } = requests;
     let mut conn: Option<HttpConn> = None;
     while drained.load(Ordering::Relaxed) < expected && Instant::now() < give_up {
         if conn.is_none() {
@@ -219,7 +214,11 @@ async fn drain_client(
             continue;
         };
         let body = match c
-            .request(Method::POST, &lease_path, lease_body.clone())
+            .request(
+                Method::POST,
+                &requests.lease_path,
+                requests.lease_body.clone(),
+            )
             .await
         {
             Ok((status, body)) if status.is_success() => body,
@@ -256,7 +255,7 @@ async fn drain_client(
         let Ok(ack) = serde_json::to_vec(&acks) else {
             continue;
         };
-        if c.expect_success(Method::POST, &ack_path, Bytes::from(ack))
+        if c.expect_success(Method::POST, &requests.ack_path, Bytes::from(ack))
             .await
             .is_err()
         {
