@@ -300,18 +300,7 @@ async fn run_shape_on(
     let receiver = start_receiver(inbox.clone(), bar.clone()).await?;
 
     let names: Vec<String> = (0..shape.queues).map(|q| format!("{prefix}-{q}")).collect();
-    let created = create_webhook_queues(
-        &server.target,
-        &names,
-        &format!("http://{}/hook", receiver.addr),
-        args.connections,
-        progress(
-            &args.output,
-            names.len() as u64,
-            &format!("{label}: create queues"),
-        ),
-    )
-    .await;
+    let created = create_shape_queues(args, server, label, &names, &receiver).await;
     if created.ok == 0 {
         receiver.stop().await;
         anyhow::bail!(
@@ -357,6 +346,28 @@ async fn run_shape_on(
         claim_errors,
         fresh_server: server.spawned.is_some(),
     })
+}
+
+/// Creates the shape's queues `names`, each delivering to `receiver`.
+async fn create_shape_queues(
+    args: &QueuesArgs,
+    server: &ServerUnderTest,
+    label: &str,
+    names: &[String],
+    receiver: &WebhookReceiver,
+) -> Created {
+    create_webhook_queues(
+        &server.target,
+        names,
+        &format!("http://{}/hook", receiver.addr),
+        args.connections,
+        progress(
+            &args.output,
+            names.len() as u64,
+            &format!("{label}: create queues"),
+        ),
+    )
+    .await
 }
 
 /// The tasks of `shape` from `first_due_ms` on, with `inbox` expecting them; and the
