@@ -90,12 +90,12 @@ pub fn run(
         bar,
     };
     let started = Instant::now();
-    threads.put_all(&payloads, due_ms, &next);
-    let ingest = Rate::new(tasks, started.elapsed(), errors.swap(0, Ordering::Relaxed));
+    let stored = threads.put_all(&payloads, due_ms, &next);
+    let ingest = Rate::new(stored, started.elapsed(), errors.swap(0, Ordering::Relaxed));
     let drained = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let give_up = started + Duration::from_secs(600);
-    threads.drain_all(tasks, batch, &drained, give_up);
+    threads.drain_all(stored, batch, &drained, give_up);
     let drain = Rate::new(
         drained.load(Ordering::Relaxed),
         started.elapsed(),
@@ -139,8 +139,16 @@ struct Threads<'a> {
 }
 
 impl Threads<'_> {
-    /// Puts every batch of `payloads` (due at `due_ms`), each thread taking the `next` one.
-    fn put_all(&self, payloads: &Arc<Vec<Vec<bytes::Bytes>>>, due_ms: u64, next: &AtomicUsize) {
+    /// Puts every batch of `payloads` (due at `due_ms`), each thread taking the `next` one;
+    /// answers how many tasks were stored (a failed batch counts as an error, not as tasks).
+    fn put_all(
+        &self,
+        payloads: &Arc<Vec<Vec<bytes::Bytes>>>,
+        due_ms: u64,
+        next: &AtomicUsize,
+    ) -> u64 {
+        let stored = AtomicU64::new(0);
+        let stored_ref = &stored;
         let bar = self.bar;
         std::thread::scope(|s| {
             for _ in 0..self.count {
@@ -154,7 +162,10 @@ impl Threads<'_> {
                         .map(|p| NewTask::new(queue.clone(), due_ms, p.clone()))
                         .collect();
                     match store.put(new) {
-                        Ok(_) => bar.inc(batch.len() as u64),
+                        Ok(_) => {
+                            stored_ref.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                            bar.inc(batch.len() as u64)
+                        }
                         Err(_) => {
                             errors.fetch_add(1, Ordering::Relaxed);
                         }
@@ -162,6 +173,7 @@ impl Threads<'_> {
                 });
             }
         });
+        stored.into_inner()
     }
 
     /// Claims and acks in batches of `batch` until `tasks` are drained (counted in
@@ -192,7 +204,9 @@ impl Threads<'_> {
                             .map(|l| (l.task.id, l.lease_id))
                             .collect();
                         if store.ack_many(queue, &acks, now).is_err() {
+                            // Not drained: the tasks come back when their leases end.
                             errors.fetch_add(1, Ordering::Relaxed);
+                            continue;
                         }
                         drained.fetch_add(acks.len() as u64, Ordering::Relaxed);
                         bar.inc(acks.len() as u64);

@@ -259,8 +259,10 @@ async fn drain_client(
             .await
             .is_err()
         {
+            // Not drained: the tasks come back when their leases end.
             errors.fetch_add(1, Ordering::Relaxed);
             conn = None;
+            continue;
         }
         drained.fetch_add(n, Ordering::Relaxed);
         bar.inc(n);
