@@ -379,7 +379,7 @@ pub(crate) fn service_error(e: ReminderError) -> ServiceError {
     }
 }
 
-/// Reminders in the server: built by the builder, which runs [`Reminders::step_at_startup`]
+/// Reminders in the server: built by the builder, which runs `Reminders::step_at_startup`
 /// before dispatching and spawns the runner.
 #[derive(Clone)]
 pub struct Reminders {

@@ -831,7 +831,7 @@ impl Store for RedisStore {
         Ok(v.map(Bytes::from))
     }
 
-    /// `HMGET`s of up to [`META_READ_KEYS`] keys: one round trip per batch.
+    /// `HMGET`s of up to `META_READ_KEYS` keys: one round trip per batch.
     fn get_meta_many(&self, namespace: &str, keys: &[&str]) -> Result<Vec<Option<Bytes>>> {
         let hash = self.keys.meta(namespace);
         let mut found = Vec::with_capacity(keys.len());

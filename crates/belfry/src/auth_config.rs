@@ -112,7 +112,7 @@ pub struct TokenCreateArgs {
     /// The token's name (shown in 403 answers and logs; never the token).
     #[arg(long, default_value = "default")]
     pub name: String,
-    /// A scope: admin, read, produce:<queue pattern>, consume:<queue pattern> (repeatable).
+    /// A scope: admin, read, produce:PATTERN or consume:PATTERN, PATTERN naming queues (repeatable).
     #[arg(long = "scope", required = true)]
     pub scopes: Vec<String>,
     /// Requests per second the token may make (none: unlimited).

@@ -110,7 +110,8 @@ pub struct ServeArgs {
     #[arg(long, env = "BELFRY_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// "engine" (durable, default), "memory" (for experiments), "redis://host:port" (one
-    /// Redis) or "redis-cluster://[user:password@]host:port,host:port,..." (a cluster). Env BELFRY_STORE.
+    /// Redis) or "redis-cluster://host:port,host:port,..." (a cluster; "user:password@" before
+    /// the first host when it needs them). Env BELFRY_STORE.
     #[arg(long)]
     pub store: Option<String>,
     /// This node's name among the nodes sharing a store [default: host-pid-random].

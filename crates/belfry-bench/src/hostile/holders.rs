@@ -67,7 +67,7 @@ pub struct HolderCounters {
     pub reached: AtomicU64,
 }
 
-/// A snapshot of [`HolderCounters`].
+/// A snapshot of `HolderCounters`.
 #[derive(Debug, Clone, Copy, Default, Serialize)]
 pub struct HolderTotals {
     pub open: u64,
@@ -120,7 +120,7 @@ pub struct Holders {
 impl Holders {
     /// Starts `count` holders against `addr`, holder `i` connecting from `sources[i % len]`
     /// (addresses of this machine: the attacker is another client than the probes), on a
-    /// thread of their own; they open their connections [`OPENING_CONCURRENCY`] at a time
+    /// thread of their own; they open their connections `OPENING_CONCURRENCY` at a time
     /// and keep them open.
     pub fn start(
         addr: SocketAddr,

@@ -98,7 +98,7 @@ pub struct RemindersOutcome {
     pub bulk_baseline_ids_per_s: Option<f64>,
     pub rss_before_bytes: Option<u64>,
     pub rss_after_bytes: Option<u64>,
-    /// RSS once the store has merged the subscribe's runs (see [`settle`]).
+    /// RSS once the store has merged the subscribe's runs (see `settle`).
     pub rss_settled_bytes: Option<u64>,
     pub disk_bytes: Option<u64>,
     pub count_after_subscribe: Option<u64>,

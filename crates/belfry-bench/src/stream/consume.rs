@@ -82,7 +82,7 @@ impl Consumed {
 }
 
 /// Reads `channel` from its start until every task in `due` arrived (and
-/// [`DUPLICATE_WATCH`] after) or until `deadline`.
+/// `DUPLICATE_WATCH` after) or until `deadline`.
 pub async fn consume(
     broker_url: String,
     kind: SinkKind,

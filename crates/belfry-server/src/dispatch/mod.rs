@@ -23,7 +23,7 @@
 //! - **Admission.** Claims and outcome writes are the server's own work: they go through the
 //!   internal store-call admission, never refused and never competing with API clients.
 //! - **Outcomes.** A delivery asks [`crate::outcome::decide`] what to do and hands the
-//!   action to one [`writer::OutcomeWriter`], which coalesces acks of all queues into
+//!   action to one `writer::OutcomeWriter`, which coalesces acks of all queues into
 //!   `ack_many` calls. The task's budget is held until its outcome is recorded.
 //!
 //! Cancellation safety: a claimed task is never dropped by a `select!`; deliveries run to

@@ -44,7 +44,7 @@ pub const TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
 pub const BATCH_MAX: usize = 256;
 /// Acks one sink waits for at once: as many as the dispatcher keeps in flight by default
 /// (`dispatch.in_flight_max`), bounded so a stuck server cannot pile up unbounded state.
-/// Batches take their share of it whole before they publish (see [`NatsSink::window`]).
+/// Batches take their share of it whole before they publish (see `NatsSink::window`).
 pub const ACKS_IN_FLIGHT_MAX: usize = 16 * BATCH_MAX;
 /// Longest wait between two reconnect attempts after the server went away. Short, since a
 /// NATS server restarts in well under a second and every publish meanwhile is a retry.

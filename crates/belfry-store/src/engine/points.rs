@@ -389,7 +389,7 @@ pub struct Prior {
     /// Whether the task was as its put said (no change recorded).
     pub as_put: bool,
     /// The bucket's due bounds after the change, when it moves a bound no other task is
-    /// known to share ([`Queue::holds_due_bound`]; found by [`Bucket::scan_bounds`]).
+    /// known to share (`Queue::holds_due_bound`; found by `Bucket::scan_bounds`).
     pub bounds: Option<BucketMeta>,
     /// The hash of the task's idempotency key, released when the change finishes the task.
     pub key_hash: Option<u64>,

@@ -230,7 +230,7 @@ impl Store for Engine {
         self.change_lease(queue, id, lease, now_ms, |seq| Record::Done { seq })
     }
 
-    /// The acks go in chunks of [`LOCK_CHUNK_RECORDS`], each one WAL frame under one hold
+    /// The acks go in chunks of `LOCK_CHUNK_RECORDS`, each one WAL frame under one hold
     /// of the lock: replay applies a chunk's acks together or (frame lost or cut) not at all.
     fn ack_many(
         &self,
