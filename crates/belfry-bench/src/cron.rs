@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::{within, BenchError};
-use crate::fire::{AckBatch, AckItem, Echo};
+use crate::fire::{AckBatch, Echo};
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
 use crate::report::{ratio, thousands, Report, Table};
@@ -566,27 +566,14 @@ async fn consume(
                 c.record(index, t.due_at_ms, receipt_us);
             }
         }
-        let acks = AckBatch {
-            acks: leased
-                .tasks
-                .iter()
-                .map(|t| AckItem {
-                    id: &t.id,
-                    lease_id: &t.lease_id,
-                })
-                .collect(),
-        };
-        let Ok(ack) = serde_json::to_vec(&acks) else {
+        let Some(ack) = AckBatch::json(leased.tasks.iter().map(|t| (&t.id, &t.lease_id))) else {
             continue;
         };
         if ack_conn.is_none() {
             ack_conn = HttpConn::connect(&target).await.ok();
         }
         let acked = match ack_conn.as_mut() {
-            Some(c) => c
-                .expect_success(Method::POST, &ack_path, Bytes::from(ack))
-                .await
-                .is_ok(),
+            Some(c) => c.expect_success(Method::POST, &ack_path, ack).await.is_ok(),
             None => false,
         };
         if !acked {

@@ -358,6 +358,16 @@ pub(crate) struct AckBatch<'a> {
     pub(crate) acks: Vec<AckItem<'a>>,
 }
 
+impl<'a> AckBatch<'a> {
+    /// The batch-ack body of leased tasks' `(id, lease_id)` pairs, echoed as leased.
+    pub(crate) fn json(pairs: impl Iterator<Item = (&'a Echo<'a>, &'a Echo<'a>)>) -> Option<Bytes> {
+        let acks = pairs
+            .map(|(id, lease_id)| AckItem { id, lease_id })
+            .collect();
+        serde_json::to_vec(&AckBatch { acks }).ok().map(Bytes::from)
+    }
+}
+
 #[derive(Deserialize)]
 struct PayloadIndex {
     i: u64,
@@ -827,14 +837,7 @@ fn delivery_notes(args: &FireArgs, o: &FireOutcome) -> Vec<String> {
             o.label, d.lost, args.grace_s
         ));
     }
-    if d.early > 0 {
-        notes.push(format!(
-            "{}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
-            o.label,
-            d.early,
-            format_us(d.early_by_us_max)
-        ));
-    }
+    notes.extend(d.early_note(&o.label));
     if o.submit.answered_after_due > 0 {
         notes.push(format!(
             "{}: {} tasks were acknowledged by the submit only after their due time (submit \

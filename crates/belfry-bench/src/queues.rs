@@ -739,14 +739,7 @@ fn variant_notes(args: &QueuesArgs, o: &VariantOutcome) -> Vec<String> {
             o.label, d.lost, args.grace_s
         ));
     }
-    if d.early > 0 {
-        notes.push(format!(
-            "{}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
-            o.label,
-            d.early,
-            format_us(d.early_by_us_max)
-        ));
-    }
+    notes.extend(d.early_note(&o.label));
     if d.duplicates != o.duplicates_by_id {
         notes.push(format!(
             "{}: {} duplicates by payload index, {} by task id.",

@@ -218,6 +218,20 @@ pub struct DeliverySummary {
     pub lateness: Percentiles,
 }
 
+impl DeliverySummary {
+    /// The report's note when anything was delivered before it was due, which is a
+    /// correctness failure, not a slow run.
+    pub fn early_note(&self, label: &str) -> Option<String> {
+        (self.early > 0).then(|| {
+            format!(
+                "{label}: {} EARLY deliveries (up to {} before due) — a correctness failure.",
+                self.early,
+                format_us(self.early_by_us_max)
+            )
+        })
+    }
+}
+
 /// Points of a cumulative distribution (x = value in ms, y = fraction 0..1) from a
 /// histogram, one per distinct recorded bucket, for plotting.
 pub fn cdf_points_ms(histogram: &Histogram<u64>) -> Vec<(f64, f64)> {

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::Rate;
 use crate::error::BenchError;
-use crate::fire::{AckBatch, AckItem, Echo};
+use crate::fire::{AckBatch, Echo};
 use crate::http::{HttpConn, Target};
 use crate::spawn::SpawnedServer;
 use crate::workload::Bodies;
@@ -242,20 +242,10 @@ async fn drain_client(
             continue;
         }
         let n = answer.tasks.len() as u64;
-        let acks = AckBatch {
-            acks: answer
-                .tasks
-                .iter()
-                .map(|t| AckItem {
-                    id: &t.id,
-                    lease_id: &t.lease_id,
-                })
-                .collect(),
-        };
-        let Ok(ack) = serde_json::to_vec(&acks) else {
+        let Some(ack) = AckBatch::json(answer.tasks.iter().map(|t| (&t.id, &t.lease_id))) else {
             continue;
         };
-        if c.expect_success(Method::POST, &requests.ack_path, Bytes::from(ack))
+        if c.expect_success(Method::POST, &requests.ack_path, ack)
             .await
             .is_err()
         {
