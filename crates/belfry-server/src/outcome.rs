@@ -68,7 +68,10 @@ pub fn decide(
         AttemptEnd::Failed { reason, hint } => {
             if !policy.allows_another(attempts) {
                 return Action::Dead {
-                    reason: format!("gave up after {attempts} attempts: {reason}"),
+                    reason: format!(
+                        "gave up after {attempts} attempt{}: {reason}",
+                        if attempts == 1 { "" } else { "s" }
+                    ),
                 };
             }
             let delay = match *hint {
@@ -207,7 +210,7 @@ mod tests {
                 failed(RetryHint::After(Duration::from_millis(1))),
                 1,
                 1,
-                dead("gave up after 1 attempts: HTTP 503"),
+                dead("gave up after 1 attempt: HTTP 503"),
             ),
             // Permanent: dead at once, even with attempts left.
             (rejected.clone(), 1, 3, dead("HTTP 404")),
