@@ -95,7 +95,10 @@ pub enum TokenCommand {
     /// List the server's tokens: names, scopes and where they come from (never a token).
     List,
     /// Revoke a token made through the API: calls with it get 401 at once.
-    Revoke { name: String },
+    Revoke {
+        /// The token's name (as `token list` shows it).
+        name: String,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -427,26 +427,47 @@ fn an_unreachable_server_is_one_line_with_a_hint() {
     );
 }
 
-/// Every subcommand of every noun says what it does in `--help`.
+/// The lines of a help text's `heading` section (`Commands:`, `Arguments:`).
+fn section<'a>(help: &'a str, heading: &str) -> Vec<&'a str> {
+    help.lines()
+        .skip_while(|l| !l.starts_with(heading))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect()
+}
+
+fn help(args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("help");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Every subcommand of every noun says what it does in `--help`, and what each of its
+/// arguments is.
 #[test]
 fn every_subcommand_has_help_text() {
-    for noun in ["queue", "task", "dead", "schedule"] {
-        let out = Command::new(BIN)
-            .args([noun, "--help"])
-            .output()
-            .expect("help");
-        let help = String::from_utf8_lossy(&out.stdout);
-        let commands: Vec<&str> = help
-            .lines()
-            .skip_while(|l| !l.starts_with("Commands:"))
-            .skip(1)
-            .take_while(|l| !l.trim().is_empty())
+    for noun in ["queue", "task", "dead", "schedule", "reminder", "token"] {
+        let text = help(&[noun]);
+        let commands: Vec<&str> = section(&text, "Commands:")
+            .into_iter()
             .filter(|l| !l.trim_start().starts_with("help "))
             .collect();
-        assert!(commands.len() >= 3, "{noun}: {help}");
+        assert!(commands.len() >= 3, "{noun}: {text}");
         for line in commands {
             let words: Vec<&str> = line.split_whitespace().collect();
             assert!(words.len() >= 3, "{noun}: {line:?} has no description");
+            // Every argument of the subcommand says what it is.
+            let sub = help(&[noun, words[0]]);
+            for argument in section(&sub, "Arguments:") {
+                assert!(
+                    argument.split_whitespace().count() >= 2,
+                    "{noun} {}: argument {argument:?} has no description",
+                    words[0]
+                );
+            }
         }
     }
     let out = Command::new(BIN)

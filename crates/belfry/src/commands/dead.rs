@@ -14,6 +14,7 @@ const REASON_COLUMN_CHARS_MAX: usize = 80;
 pub enum DeadCommand {
     /// List a queue's dead letters, oldest id first, a page at a time.
     List {
+        /// The queue.
         queue: String,
         /// Start after this task id (the last one of the previous page).
         #[arg(long)]
@@ -23,9 +24,19 @@ pub enum DeadCommand {
         limit: Option<usize>,
     },
     /// Show one dead letter: why it died, its attempts and payload.
-    Get { queue: String, id: String },
+    Get {
+        /// The queue.
+        queue: String,
+        /// The dead letter's task id.
+        id: String,
+    },
     /// Schedule a dead letter again, due now, with its attempts reset.
-    Redrive { queue: String, id: String },
+    Redrive {
+        /// The queue.
+        queue: String,
+        /// The dead letter's task id.
+        id: String,
+    },
 }
 
 fn describe_page(queue: &str, page: DeadPage) -> String {

@@ -12,7 +12,10 @@ pub enum QueueCommand {
     /// Create a queue, or change the settings given (others keep their values).
     Create(Box<QueueCreate>),
     /// Show a queue's settings and its task counts.
-    Get { queue: String },
+    Get {
+        /// The queue's name.
+        queue: String,
+    },
     /// List queues with their task counts, sorted by name, a page (1,000) at a time.
     List {
         /// Start after this queue name (the next page of a long list).
@@ -20,11 +23,20 @@ pub enum QueueCommand {
         after: Option<String>,
     },
     /// Stop delivering the queue's tasks (new tasks are still accepted).
-    Pause { queue: String },
+    Pause {
+        /// The queue's name.
+        queue: String,
+    },
     /// Deliver a paused queue's tasks again.
-    Resume { queue: String },
+    Resume {
+        /// The queue's name.
+        queue: String,
+    },
     /// Delete a queue and every task in it.
-    Delete { queue: String },
+    Delete {
+        /// The queue's name.
+        queue: String,
+    },
 }
 
 #[derive(Debug, Args)]

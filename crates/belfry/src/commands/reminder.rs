@@ -26,7 +26,10 @@ pub enum ReminderCommand {
     /// Create a reminder: --queue Q and one of --at TIME, --in DURATION, --cron EXPR.
     Create(ReminderCreate),
     /// Show a reminder: its time, next firing, priority, pace and subscriber count.
-    Get { id: String },
+    Get {
+        /// The reminder's id.
+        id: String,
+    },
     /// List reminders in id order (every page).
     List {
         /// Only the reminders of this queue.
@@ -34,13 +37,19 @@ pub enum ReminderCommand {
         queue: Option<String>,
     },
     /// Delete a reminder and its subscribers (chunks already made stay in their queue).
-    Delete { id: String },
+    Delete {
+        /// The reminder's id.
+        id: String,
+    },
     /// Subscribe users: USER... on the command line, or --file F (streamed; `-` is stdin).
     Subscribe(Subscribers),
     /// Unsubscribe users: USER... on the command line, or --file F (streamed; `-` is stdin).
     Unsubscribe(Subscribers),
     /// How many users are subscribed (exact).
-    Count { id: String },
+    Count {
+        /// The reminder's id.
+        id: String,
+    },
 }
 
 /// When a new reminder fires: exactly one of the three forms.

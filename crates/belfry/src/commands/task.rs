@@ -32,6 +32,7 @@ pub enum TaskCommand {
     },
     /// Lease due tasks from a pull queue, for as long as --visibility; ack each when done.
     Lease {
+        /// The pull queue.
         queue: String,
         /// Most tasks to lease (1 to 1000).
         #[arg(long, default_value_t = 1)]
@@ -45,6 +46,7 @@ pub enum TaskCommand {
     },
     /// Mark leased tasks done: QUEUE ID LEASE_ID, or several ID LEASE_ID pairs at once.
     Ack {
+        /// The queue the tasks were leased from.
         queue: String,
         /// ID LEASE_ID, repeated for a batch.
         #[arg(value_names = ["ID", "LEASE_ID"], num_args = 2.., required = true)]
@@ -53,8 +55,11 @@ pub enum TaskCommand {
     /// Give a leased task back: due again after --delay (or the queue's backoff), or a dead
     /// letter once out of attempts.
     Nack {
+        /// The queue the task was leased from.
         queue: String,
+        /// The task's id.
         id: String,
+        /// The lease id the lease answered.
         lease_id: String,
         /// Retry after this long: "5s" [default: the queue's backoff].
         #[arg(long)]
@@ -65,8 +70,11 @@ pub enum TaskCommand {
     },
     /// Hold a lease longer: --visibility from now.
     Extend {
+        /// The queue the task was leased from.
         queue: String,
+        /// The task's id.
         id: String,
+        /// The lease id the lease answered.
         lease_id: String,
         /// The lease's new length from now: "30s", "5m".
         #[arg(long)]
