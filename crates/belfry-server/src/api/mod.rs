@@ -9,6 +9,7 @@ mod error;
 mod extract;
 mod leases;
 mod ops;
+mod payload;
 mod queues;
 pub(crate) mod reminders;
 pub(crate) mod schedules;

@@ -275,7 +275,7 @@ pub struct PatchBody {
 /// inside every chunk body and feed answer).
 fn content_bytes(content: Option<Box<RawValue>>) -> Result<Option<Bytes>, ApiError> {
     let Some(raw) = content else { return Ok(None) };
-    super::dto::check_nesting("content", raw.get())?;
+    super::payload::check_nesting("content", raw.get())?;
     Ok(Some(Bytes::from(String::from(Box::<str>::from(raw)))))
 }
 

@@ -24,11 +24,10 @@ use belfry_schedule::{
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::dto::{
-    late_policy_from, payload_from, LateBody, LatePolicyName, PayloadView, PriorityBody,
-};
+use super::dto::{late_policy_from, LateBody, LatePolicyName, PayloadView, PriorityBody};
 use super::error::{ApiError, ErrorCode};
 use super::extract::{page_query, queue_name, JsonBody, QueuePath};
+use super::payload::payload_from;
 use crate::schedules::SchedulesState;
 use crate::shared::Caller;
 
