@@ -560,26 +560,18 @@ url = "nats://127.0.0.1:9"
     assert!(stderr.contains("CONNECTION:TARGET"), "{stderr}");
 }
 
+/// A command line written as one string (no argument holds a space).
+fn words(line: &str) -> Vec<&str> {
+    line.split_whitespace().collect()
+}
+
 #[test]
 fn late_policies_and_durations_from_the_command_line() {
     let server = serve(&["--store", "memory"]);
     // A queue's default late policy, and its retry delays and webhook timeout as durations.
-    let queue = json(
-        &server,
-        &[
-            "queue",
-            "create",
-            "orders",
-            "--late",
-            "dead",
-            "--late-after",
-            "10m",
-            "--backoff-initial",
-            "2s",
-            "--backoff-max",
-            "1h",
-        ],
-    );
+    let create = "queue create orders --late dead --late-after 10m --backoff-initial 2s \
+                  --backoff-max 1h";
+    let queue = json(&server, &words(create));
     assert_eq!(queue["late_policy"], "dead");
     assert_eq!(queue["late_after_ms"], 600_000);
     assert_eq!(queue["retry"]["backoff_initial_ms"], 2_000);
@@ -590,39 +582,16 @@ fn late_policies_and_durations_from_the_command_line() {
     // The earlier millisecond flags still work.
     let queue = json(
         &server,
-        &["queue", "create", "orders", "--backoff-initial-ms", "1500"],
+        &words("queue create orders --backoff-initial-ms 1500"),
     );
     assert_eq!(queue["retry"]["backoff_initial_ms"], 1_500);
-    let hook = json(
-        &server,
-        &[
-            "queue",
-            "create",
-            "hook",
-            "--webhook",
-            "http://93.184.216.34/x",
-            "--timeout",
-            "3s",
-        ],
-    );
-    assert_eq!(hook["delivery"]["timeout_ms"], 3_000, "{hook}");
+    let hook = "queue create hook --webhook http://93.184.216.34/x --timeout 3s";
+    assert_eq!(json(&server, &words(hook))["delivery"]["timeout_ms"], 3_000);
 
     // A task inherits the queue's policy or names its own; `task get` shows which.
-    let inherited = json(&server, &["task", "add", "orders", "--delay", "1m"]);
-    let own = json(
-        &server,
-        &[
-            "task",
-            "add",
-            "orders",
-            "--delay",
-            "1m",
-            "--late",
-            "skip",
-            "--late-after",
-            "30s",
-        ],
-    );
+    let inherited = json(&server, &words("task add orders --delay 1m"));
+    let own = "task add orders --delay 1m --late skip --late-after 30s";
+    let own = json(&server, &words(own));
     let get = |task: &Value| json(&server, &["task", "get", "orders", &text(&task["id"])]);
     let inherited = get(&inherited);
     assert_eq!(inherited["late_policy"], "dead");
@@ -632,43 +601,26 @@ fn late_policies_and_durations_from_the_command_line() {
     assert!(shown.contains("skip past 30s late"), "{shown}");
 
     // A schedule's firings.
-    let schedule = json(
-        &server,
-        &[
-            "schedule",
-            "create",
-            "orders",
-            "--every",
-            "1h",
-            "--late",
-            "skip",
-            "--late-after",
-            "5m",
-        ],
-    );
+    let every = "schedule create orders --every 1h --late skip --late-after 5m";
     assert_eq!(
-        schedule["late"],
+        json(&server, &words(every))["late"],
         serde_json::json!({"policy": "skip", "after_ms": 300_000})
     );
 
     // Inconsistent flags are refused before anything is sent, naming the flags.
-    for (args, hint) in [
-        (vec!["--late", "skip"], "--late skip needs --late-after"),
+    for (flags, hint) in [
+        ("--late skip", "--late skip needs --late-after"),
         (
-            vec!["--late", "fire", "--late-after", "1m"],
+            "--late fire --late-after 1m",
             "--late-after applies to --late skip or dead",
         ),
-        (
-            vec!["--late", "dead", "--late-after", "soon"],
-            "--late-after",
-        ),
+        ("--late dead --late-after soon", "--late-after"),
     ] {
-        let mut command = vec!["task", "add", "orders"];
-        command.extend(args);
-        let stderr = fails(&server, &command);
-        assert!(stderr.contains(hint), "{command:?}: {stderr}");
+        let command = format!("task add orders {flags}");
+        let stderr = fails(&server, &words(&command));
+        assert!(stderr.contains(hint), "{command}: {stderr}");
     }
-    let (success, _, stderr) = belfry(&server, &["queue", "create", "q2", "--late", "later"]);
+    let (success, _, stderr) = belfry(&server, &words("queue create q2 --late later"));
     assert!(
         !success && stderr.contains("[possible values: fire, skip, dead]"),
         "{stderr}"
