@@ -107,6 +107,11 @@ pub async fn claim_once(
     })
 }
 
+/// How many store claims one claim makes at most when the tasks it got were out of attempts
+/// (each such task goes to the dead letters, and the claim asks again for the rest): a
+/// bound on the call's length when a crash left many such tasks, which later claims finish.
+const EXHAUSTED_REPLACE_ROUNDS: usize = 4;
+
 /// How often a claim held back by another node's share of the in-flight cap looks again at
 /// most. A release that frees room after such a claim wakes every node (through the store's
 /// events); this only bounds the wait when that wake-up is lost.
@@ -198,32 +203,33 @@ impl Plan {
     }
 
     /// Leases up to `allowed` tasks; a task whose previous lease expired on its last attempt
-    /// goes to the dead letters instead.
+    /// goes to the dead letters instead, and the claim takes another due task in its place
+    /// (a consumer asking for one task must not get none while others are due).
     fn claim(&self, s: &dyn Store, allowed: usize) -> Result<Taken> {
         let (name, now_ms) = (&self.name, self.now_ms);
-        let batch = match self.claim_for {
-            ClaimFor::Lease => s.claim(name, now_ms, allowed, self.visibility_ms)?,
-            ClaimFor::Push => s.claim_owned(name, now_ms, allowed, self.visibility_ms)?,
-        };
-        let mut leased = Vec::with_capacity(batch.leased.len());
-        let mut exhausted = 0;
-        for task in batch.leased {
-            let action = outcome::decide(
-                &AttemptEnd::LeaseExpired,
-                task.task.attempts,
-                &self.retry,
-                now_ms,
-                0.0,
-            );
-            match action {
-                Action::Proceed => leased.push(task),
-                other => {
-                    outcome::apply(s, name, task.task.id, task.lease_id, &other, now_ms)?;
-                    exhausted += 1;
-                }
+        let mut leased = Vec::with_capacity(allowed);
+        let (mut skipped, mut dead) = (0, 0);
+        let mut rounds = 0;
+        let store_had_fewer = loop {
+            let want = allowed - leased.len();
+            let batch = match self.claim_for {
+                ClaimFor::Lease => s.claim(name, now_ms, want, self.visibility_ms)?,
+                ClaimFor::Push => s.claim_owned(name, now_ms, want, self.visibility_ms)?,
+            };
+            skipped += batch.late_skipped.len();
+            dead += batch.late_dead.len();
+            let got = batch.leased.len();
+            let exhausted = self.leave_exhausted(s, batch.leased, &mut leased)?;
+            dead += exhausted;
+            rounds += 1;
+            if got < want {
+                break true;
             }
-        }
-        let next_due_ms = if leased.len() + exhausted < allowed {
+            if exhausted == 0 || leased.len() >= allowed || rounds >= EXHAUSTED_REPLACE_ROUNDS {
+                break false;
+            }
+        };
+        let next_due_ms = if store_had_fewer {
             Some(match self.claim_for {
                 ClaimFor::Lease => s.next_due_ms(name)?,
                 ClaimFor::Push => s.next_due_owned_ms(name)?,
@@ -231,8 +237,42 @@ impl Plan {
         } else {
             None
         };
-        let finished = (batch.late_skipped.len(), batch.late_dead.len() + exhausted);
-        Ok((leased, finished, next_due_ms))
+        Ok((leased, (skipped, dead), next_due_ms))
+    }
+
+    /// Moves the claimed tasks that may go ahead into `leased` and sends those out of
+    /// attempts to the dead letters; answers how many went there.
+    fn leave_exhausted(
+        &self,
+        s: &dyn Store,
+        claimed: Vec<LeasedTask>,
+        leased: &mut Vec<LeasedTask>,
+    ) -> Result<usize> {
+        let mut exhausted = 0;
+        for task in claimed {
+            let action = outcome::decide(
+                &AttemptEnd::LeaseExpired,
+                task.task.attempts,
+                &self.retry,
+                self.now_ms,
+                0.0,
+            );
+            match action {
+                Action::Proceed => leased.push(task),
+                other => {
+                    outcome::apply(
+                        s,
+                        &self.name,
+                        task.task.id,
+                        task.lease_id,
+                        &other,
+                        self.now_ms,
+                    )?;
+                    exhausted += 1;
+                }
+            }
+        }
+        Ok(exhausted)
     }
 
     fn give_back_tokens(&self, s: &dyn Store, unused: usize) {

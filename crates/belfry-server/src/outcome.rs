@@ -93,7 +93,8 @@ pub fn decide(
             } else {
                 Action::Dead {
                     reason: format!(
-                        "no acknowledgement after {before} attempts (retry.max_attempts is {})",
+                        "no acknowledgement after {before} attempt{} (retry.max_attempts is {})",
+                        if before == 1 { "" } else { "s" },
                         policy.max_attempts
                     ),
                 }
@@ -229,7 +230,7 @@ mod tests {
                 AttemptEnd::LeaseExpired,
                 2,
                 1,
-                dead("no acknowledgement after 1 attempts (retry.max_attempts is 1)"),
+                dead("no acknowledgement after 1 attempt (retry.max_attempts is 1)"),
             ),
         ];
         for (end, attempts, max_attempts, expected) in table {

@@ -851,3 +851,25 @@ async fn queues_are_listed_in_pages() {
         );
     }
 }
+
+both_stores!(a_lease_expired_on_its_last_attempt_does_not_cost_the_next_lease_its_task);
+async fn a_lease_expired_on_its_last_attempt_does_not_cost_the_next_lease_its_task(s: TestServer) {
+    s.queue("q", json!({"retry": {"max_attempts": 1}})).await;
+    let first = s.submit("q", json!({"payload": 1})).await;
+    let leased = s.lease("q", json!({"visibility_ms": 100})).await;
+    assert_eq!(leased[0]["id"], first.as_str());
+    let second = s.submit("q", json!({"payload": 2})).await;
+    s.advance(100);
+    // The first task's only attempt got no ack. The next lease of one task sends it to the
+    // dead letters and answers the second, which is due, rather than nothing.
+    let next = s.lease("q", json!({"max": 1})).await;
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(next[0]["id"], second.as_str());
+    let dead = s.task("q", &first).await;
+    assert_eq!(dead["state"], "dead");
+    let reason = dead["dead_reason"].as_str().unwrap_or("");
+    assert!(
+        reason.contains("no acknowledgement after 1 attempt "),
+        "{reason}"
+    );
+}
