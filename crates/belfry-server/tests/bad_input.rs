@@ -164,6 +164,10 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
     let cases: Vec<(u16, &str, &str, &str, Option<String>)> = vec![
         (400, "malformed_json", "POST", tasks, b("{\"payload\":")),
         (400, "invalid_request", "POST", tasks, b("[1,2]")),
+        // An array is not taken for an object, field by field in order.
+        (400, "invalid_request", "POST", tasks, b(r#"[{"a":1},null,5000,null,null,null,null,null,null,null,null]"#)),
+        (400, "invalid_request", "POST", "/v1/queues/q/tasks:batch", b("[{}]")),
+        (400, "invalid_request", "PUT", queue, b(r#""pull""#)),
         (400, "invalid_request", "POST", tasks, b(r#"{"delay_ms":"5"}"#)),
         (400, "invalid_request", "POST", tasks, b(r#"{"delay_ms":1.5}"#)),
         (400, "invalid_request", "POST", tasks, b(r#"{"dleay_ms":5}"#)),
@@ -209,6 +213,21 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         );
         let message = answer["error"]["message"].as_str().unwrap_or("");
         assert!(!message.is_empty(), "{method} {path}: no message");
+    }
+    // A body that is JSON but not an object is told so, and so is a delivery given as text.
+    for (method, path, body, hint) in [
+        ("POST", tasks, "[{}]", "must be a JSON object"),
+        (
+            "PUT",
+            queue,
+            r#"{"delivery":"pull"}"#,
+            r#"{"type": "pull"}"#,
+        ),
+    ] {
+        let (status, answer) = s.raw(method, path, b(body)).await;
+        let message = answer["error"]["message"].as_str().unwrap_or("");
+        assert_eq!(status, 400, "{body}: {answer}");
+        assert!(message.contains(hint), "{body}: {answer}");
     }
     // The unknown-queue message says how to create it.
     let (_, answer) = s.call("POST", "/v1/queues/nope/tasks", json!({})).await;

@@ -60,6 +60,12 @@ impl<'de> Deserialize<'de> for DeliveryBody {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         use serde::de::Error as _;
         let value = serde_json::Value::deserialize(deserializer)?;
+        if !value.is_object() {
+            return Err(D::Error::custom(format!(
+                "delivery is an object with a \"type\": {{\"type\": \"pull\"}}, or a push \
+                 sink's such as {{\"type\": \"webhook\", \"url\": ...}}; got {value}"
+            )));
+        }
         let is_pull = value.get("type").and_then(|t| t.as_str()) == Some("pull");
         if is_pull {
             return match value.as_object().map(|o| o.len()) {
@@ -71,7 +77,7 @@ impl<'de> Deserialize<'de> for DeliveryBody {
         }
         belfry_sinks::SinkSpec::deserialize(value)
             .map(DeliveryBody::Push)
-            .map_err(|e| D::Error::custom(format!("delivery: {e} (or \"pull\")")))
+            .map_err(|e| D::Error::custom(format!("delivery: {e} (or \"pull\" for a pull queue)")))
     }
 }
 

@@ -60,11 +60,25 @@ where
 /// invalid type: ...`), found by parsing it a second time with path tracking: errors are
 /// rare, so the common case pays nothing for it.
 pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
-    let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        bytes
+    let Some(&first) = bytes.iter().find(|b| !b.is_ascii_whitespace()) else {
+        return parse_json(b"{}");
     };
+    // Every body is an object: serde would also take an array, filling the fields by position
+    // (`[{"a": 1}, null, 5000]` was a task with a delay).
+    if first != b'{' && serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok() {
+        let kind = match first {
+            b'[' => "an array",
+            b'"' => "a string",
+            b't' | b'f' => "a boolean",
+            b'n' => "null",
+            _ => "a number",
+        };
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("the body must be a JSON object ({{\"field\": value, ...}}), not {kind}"),
+        ));
+    }
+    let text = bytes;
     match serde_json::from_slice(text) {
         Ok(value) => Ok(value),
         // Some shape errors are reported as syntax ("expected value") by the borrowed
