@@ -468,6 +468,19 @@ mod tests {
         assert_eq!(settings.store, StoreKind::Engine);
     }
 
+    /// The example documents every key an environment variable can set, with the variable.
+    #[test]
+    fn the_example_names_every_overridable_key() {
+        let text = include_str!("../../../config/belfry.example.toml");
+        for (var, key) in ENV_OVERRIDES.iter().chain(REDIS_ENV_OVERRIDES) {
+            let name = key.rsplit('.').next().unwrap_or(key);
+            assert!(
+                text.contains(&format!("{name} =")) && text.contains(var),
+                "config/belfry.example.toml does not document {key} ({var})"
+            );
+        }
+    }
+
     #[test]
     fn env_overrides_file_and_flags_override_env() {
         let mut file = parse("store = \"engine\"\n[limits]\nhorizon = \"1d\"\n").unwrap();
@@ -637,6 +650,32 @@ sasl_mechanism = "SCRAM-SHA-256"
             .resolve(None, None, None)
             .unwrap_err();
         assert!(err.to_string().contains("storage.fsync"), "{err}");
+    }
+
+    #[test]
+    fn log_levels_are_levels_or_target_directives() {
+        let level = |text: &str| {
+            parse(&format!("[log]\nlevel = \"{text}\"\n"))
+                .unwrap()
+                .resolve(None, None, None)
+                .map(|c| c.log_level)
+        };
+        for good in [
+            "info",
+            "DEBUG",
+            "belfry_server=debug,info",
+            "warn,hyper=off",
+        ] {
+            assert_eq!(level(good).unwrap(), good);
+        }
+        // A bare word is a target to tracing: a typo would have turned logging off.
+        for bad in ["loud", "inf", "info,,", "belfry=verbose"] {
+            let err = level(bad).unwrap_err().to_string();
+            assert!(
+                err.contains("log.level") && err.contains("not a level"),
+                "{bad}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -52,7 +52,7 @@ impl FileConfig {
             store,
             redis: self.redis.resolve()?,
             fsync: self.storage.fsync_policy()?,
-            log_level: self.log.level.clone().unwrap_or_else(|| "info".into()),
+            log_level: self.log.level()?,
             log_format: self.log.format()?,
             connections,
         })
@@ -215,6 +215,26 @@ impl StorageSection {
 }
 
 impl LogSection {
+    /// The tracing filter, checked: every directive is a level, or `target=level`. A bare
+    /// word is a target to tracing, so a typo such as "inf" would log nothing at all.
+    fn level(&self) -> anyhow::Result<String> {
+        const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+        let text = self.level.as_deref().unwrap_or("info").trim();
+        for directive in text.split(',') {
+            let level = directive
+                .rsplit_once('=')
+                .map_or(directive, |(_, level)| level);
+            if !LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
+                bail!(
+                    "log.level: {directive:?} in {text:?} is not a level; give one of trace, debug, \
+                     info, warn, error, off, or target=level directives separated by commas \
+                     (\"belfry_server=debug,info\")"
+                );
+            }
+        }
+        Ok(text.to_owned())
+    }
+
     fn format(&self) -> anyhow::Result<LogFormat> {
         match self.format.as_deref().unwrap_or("text") {
             "text" => Ok(LogFormat::Text),
