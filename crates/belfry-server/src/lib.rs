@@ -147,6 +147,7 @@ impl ServerBuilder {
     pub async fn start(self) -> Result<ServerHandle, ServerError> {
         self.config.validate()?;
         metrics::handle();
+        metrics::register_at_zero();
         let sinks = match self.sinks {
             Some(sinks) => sinks,
             None => standard_sinks(&self.config, self.connections)?,

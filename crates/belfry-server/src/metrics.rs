@@ -222,6 +222,41 @@ pub fn queue_counts(queue: &str, counts: &belfry_store::QueueCounts) {
     gauge!(TASKS_DEAD, "queue" => queue.to_owned()).set(counts.dead as f64);
 }
 
+/// Shows every counter whose labels are known in advance at 0 from the start, so that a
+/// query or an alert on one (`rate(belfry_schedule_tick_errors_total[5m]) > 0`) finds the
+/// series before its first event rather than nothing. Counters per queue appear with
+/// their queue's first event.
+pub fn register_at_zero() {
+    use crate::reminders::{
+        FEED_CACHE_HITS, FEED_CACHE_MISSES, FEED_INLINE_READS_PAUSED, FEED_REQUESTS,
+        REMINDER_CHUNKS_CREATED, REMINDER_FANOUTS_STARTED, REMINDER_STEP_ERRORS,
+        REMINDER_USERS_FANNED_OUT,
+    };
+    use crate::schedules::{
+        SCHEDULE_FIRINGS_DROPPED, SCHEDULE_MISFIRES, SCHEDULE_TASKS_CREATED, SCHEDULE_TICK_ERRORS,
+    };
+    for name in [
+        DISPATCH_CLAIM_ERRORS,
+        OUTCOME_WRITE_ERRORS,
+        SCHEDULE_TASKS_CREATED,
+        SCHEDULE_FIRINGS_DROPPED,
+        SCHEDULE_MISFIRES,
+        SCHEDULE_TICK_ERRORS,
+        REMINDER_FANOUTS_STARTED,
+        REMINDER_CHUNKS_CREATED,
+        REMINDER_USERS_FANNED_OUT,
+        REMINDER_STEP_ERRORS,
+        FEED_CACHE_HITS,
+        FEED_CACHE_MISSES,
+        FEED_INLINE_READS_PAUSED,
+    ] {
+        counter!(name).increment(0);
+    }
+    for outcome in ["ok", "not_modified", "degraded"] {
+        counter!(FEED_REQUESTS, "outcome" => outcome).increment(0);
+    }
+}
+
 pub fn dispatch_claim_error() {
     counter!(DISPATCH_CLAIM_ERRORS).increment(1);
 }

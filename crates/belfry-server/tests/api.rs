@@ -608,6 +608,13 @@ async fn metrics_and_health_endpoints() {
         "belfry_tasks_dispatched_total{queue=\"metered\"}",
         "belfry_firing_lateness_seconds_bucket",
         "belfry_http_request_duration_seconds_bucket",
+        // Counters an alert watches are there before their first event.
+        "belfry_dispatch_claim_errors_total",
+        "belfry_outcome_write_errors_total",
+        "belfry_schedule_tick_errors_total",
+        "belfry_schedule_misfires_total",
+        "belfry_reminder_step_errors_total",
+        "belfry_feed_requests_total{outcome=\"degraded\"}",
     ] {
         assert!(text.contains(name), "missing {name} in:\n{text}");
     }
