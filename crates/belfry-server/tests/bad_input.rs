@@ -175,6 +175,9 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         (400, "invalid_due_time", "POST", tasks, b(r#"{"delay_ms":-1}"#)),
         (400, "invalid_due_time", "POST", tasks, b(r#"{"run_at":"next tuesday"}"#)),
         (400, "beyond_horizon", "POST", tasks, b(r#"{"run_at":"2099-01-01T00:00:00Z"}"#)),
+        // Valid RFC 3339, past the last instant the time library represents.
+        (400, "beyond_horizon", "POST", tasks, b(r#"{"run_at":"9999-12-31T23:59:59Z"}"#)),
+        (400, "beyond_horizon", "POST", tasks, b(r#"{"run_at":"9999-12-31T10:00:00+05:00"}"#)),
         (413, "payload_too_large", "POST", tasks, Some(format!(r#"{{"payload":"{big}"}}"#))),
         (413, "payload_too_large", "POST", tasks, Some(format!(r#"{{"payload":"{huge}"}}"#))),
         (400, "invalid_payload", "POST", tasks, b(r#"{"payload":1,"payload_base64":"AA=="}"#)),

@@ -363,6 +363,12 @@ async fn bad_input_is_refused_with_stable_codes_and_nothing_is_stored() {
             "before start_at",
         ),
         (
+            json!({"queue": "q", "every_ms": 1000, "end_at": "9999-12-31T23:59:59Z"}),
+            400,
+            "invalid_schedule",
+            "past the year 9999",
+        ),
+        (
             json!({"queue": "q", "every_ms": 1000, "shard_count": 0}),
             400,
             "invalid_schedule",

@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::error::{ApiError, ErrorCode};
+use super::extract::rfc3339_ms;
 use super::payload::payload_from;
 use crate::queues::{Delivery, QueueConfig};
 use crate::service::QueuePatch;
@@ -323,17 +324,11 @@ impl DueBody {
             })?;
             now_ms.saturating_add(delay)
         } else if let Some(text) = &self.run_at {
-            let at: jiff::Timestamp = text.parse().map_err(|e| {
-                invalid(
-                    ErrorCode::InvalidDueTime,
-                    format!(
-                        "run_at must be an RFC 3339 time such as 2030-01-01T12:00:00Z, got {:?}: {e}",
-                        text.chars().take(64).collect::<String>()
-                    ),
-                )
-            })?;
-            // Times before 1970 are simply in the past: due now.
-            u64::try_from(at.as_millisecond()).unwrap_or(0)
+            let at = rfc3339_ms(text)
+                .map_err(|e| invalid(ErrorCode::InvalidDueTime, format!("run_at {e}")))?;
+            // Times before 1970 are simply in the past: due now. One past the last instant
+            // belfry represents is past any horizon.
+            at.map_or(u64::MAX, |ms| u64::try_from(ms).unwrap_or(0))
         } else if let Some(at) = self.run_at_ms {
             u64::try_from(at).map_err(|_| {
                 invalid(

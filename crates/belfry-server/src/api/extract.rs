@@ -226,3 +226,25 @@ pub fn page_limit(limit: Option<usize>, default: usize, max: usize) -> Result<us
     }
     Ok(limit)
 }
+
+/// An RFC 3339 instant (`2030-01-01T12:00:00Z`, any offset) in unix ms, negative before 1970.
+/// `Ok(None)`: a valid RFC 3339 time past the last instant belfry represents (late in the
+/// year 9999), which callers refuse as beyond their horizon rather than as bad text.
+/// `Err`: why the text is not an RFC 3339 time, for the caller to prefix with its field.
+pub fn rfc3339_ms(text: &str) -> Result<Option<i64>, String> {
+    match text.parse::<jiff::Timestamp>() {
+        Ok(at) => Ok(Some(at.as_millisecond())),
+        Err(error) => {
+            let pieces = jiff::fmt::temporal::Pieces::parse(text);
+            match pieces {
+                Ok(p) if p.time().is_some() && p.offset().is_some() && p.date().year() >= 9999 => {
+                    Ok(None)
+                }
+                _ => Err(format!(
+                    "must be an RFC 3339 time such as 2030-01-01T12:00:00Z, got {:?}: {error}",
+                    text.chars().take(64).collect::<String>()
+                )),
+            }
+        }
+    }
+}

@@ -235,13 +235,9 @@ impl TimeBody {
             return Ok(When::At(at));
         }
         let text = self.run_at.unwrap_or_default();
-        let at: jiff::Timestamp = text.parse().map_err(|e| {
-            invalid(format!(
-                "run_at must be an RFC 3339 time such as 2030-01-01T20:00:00Z, got {:?}: {e}",
-                text.chars().take(64).collect::<String>()
-            ))
-        })?;
-        u64::try_from(at.as_millisecond())
+        let at = super::extract::rfc3339_ms(&text).map_err(|e| invalid(format!("run_at {e}")))?;
+        let at = at.ok_or_else(|| invalid(format!("run_at {text:?} is past the year 9999")))?;
+        u64::try_from(at)
             .map(When::At)
             .map_err(|_| invalid("run_at must not be before 1970"))
     }

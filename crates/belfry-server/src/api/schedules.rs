@@ -26,7 +26,7 @@ use serde_json::value::RawValue;
 
 use super::dto::{late_policy_from, LateBody, LatePolicyName, PayloadView, PriorityBody};
 use super::error::{ApiError, ErrorCode};
-use super::extract::{page_query, queue_name, JsonBody, QueuePath};
+use super::extract::{page_query, queue_name, rfc3339_ms, JsonBody, QueuePath};
 use super::payload::payload_from;
 use crate::schedules::SchedulesState;
 use crate::shared::Caller;
@@ -174,13 +174,9 @@ fn instant(name: &str, text: Option<&str>, ms: Option<u64>) -> Result<Option<Uni
         ))),
         (None, ms) => Ok(ms),
         (Some(text), None) => {
-            let at: jiff::Timestamp = text.parse().map_err(|e| {
-                invalid(format!(
-                    "{name} must be an RFC 3339 time such as 2030-01-01T12:00:00Z, got {:?}: {e}",
-                    text.chars().take(64).collect::<String>()
-                ))
-            })?;
-            u64::try_from(at.as_millisecond())
+            let at = rfc3339_ms(text).map_err(|e| invalid(format!("{name} {e}")))?;
+            let at = at.ok_or_else(|| invalid(format!("{name} {text:?} is past the year 9999")))?;
+            u64::try_from(at)
                 .map(Some)
                 .map_err(|_| invalid(format!("{name} must not be before 1970, got {text:?}")))
         }
