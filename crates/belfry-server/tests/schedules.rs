@@ -267,6 +267,39 @@ async fn schedule_lifecycle_through_http() {
     t.stop().await;
 }
 
+#[tokio::test]
+async fn the_list_filters_by_queue_and_refuses_other_parameters() {
+    let t = Scheduled::start().await;
+    for queue in ["a", "b"] {
+        t.s.queue(queue, json!({})).await;
+        for n in 0..2 {
+            t.create(json!({"id": format!("{queue}-{n}"), "queue": queue, "every_ms": 60_000}))
+                .await;
+        }
+    }
+    let ids = |answer: &Value| -> Vec<String> {
+        answer["schedules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let all = t.s.ok("GET", "/v1/schedules", Value::Null, 200).await;
+    assert_eq!(ids(&all), ["a-0", "a-1", "b-0", "b-1"]);
+    let of_b =
+        t.s.ok("GET", "/v1/schedules?queue=b", Value::Null, 200)
+            .await;
+    assert_eq!(ids(&of_b), ["b-0", "b-1"]);
+    for (path, expected) in [
+        ("/v1/schedules?limit=1", "invalid_request"),
+        ("/v1/schedules?queue=bad%20name", "invalid_queue_name"),
+    ] {
+        let (status, answer) = t.s.call("GET", path, Value::Null).await;
+        assert_eq!((status, code(&answer)), (400, expected), "{path}: {answer}");
+    }
+}
+
 /// Concurrent creates share store calls (they are coalesced), yet each request gets its own
 /// answer: every id is created once (201) and every other create of it is refused (409), a
 /// create into a missing queue fails alone, and each answer describes its own schedule.

@@ -451,11 +451,24 @@ pub async fn create(
         .into_response())
 }
 
-pub async fn list(State(state): State<AppState>) -> Result<Json<ScheduleList>, ApiError> {
+/// `GET /v1/schedules?queue=Q`: the schedules (of queue `Q` only, when given).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub queue: Option<String>,
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    q: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<ScheduleList>, ApiError> {
+    let q = page_query(q, "queue=<queue name>")?;
+    let queue = q.queue.as_deref().map(queue_name).transpose()?;
     let schedules = blocking(&state, |s| s.service.list()).await?;
     Ok(Json(ScheduleList {
         schedules: schedules
             .iter()
+            .filter(|schedule| queue.as_ref().is_none_or(|q| schedule.def.queue == *q))
             .map(|schedule| ScheduleView::new(schedule, &state))
             .collect(),
     }))
