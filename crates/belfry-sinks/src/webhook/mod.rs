@@ -21,8 +21,9 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER
 use reqwest::Url;
 use sha2::Sha256;
 
+use crate::gate::HealthCell;
 use crate::retry::{classify_status, classify_transport, TransportFailure};
-use crate::{Outcome, Sink, SinkError, TargetPolicy};
+use crate::{Outcome, Sink, SinkError, SinkHealth, TargetPolicy};
 
 /// Header names belfry sets on every webhook request.
 pub const HEADER_TASK_ID: &str = "belfry-task-id";
@@ -126,6 +127,8 @@ pub struct WebhookSink {
     mac: Option<Hmac<Sha256>>,
     timeout: Duration,
     client: reqwest::Client,
+    /// What the last delivery saw of the receiver.
+    health: HealthCell,
 }
 
 impl fmt::Debug for WebhookSink {
@@ -181,6 +184,7 @@ impl WebhookSink {
             mac,
             timeout: config.timeout,
             client,
+            health: HealthCell::default(),
         })
     }
 
@@ -281,6 +285,7 @@ impl WebhookSink {
                 classify_transport(failure, &detail)
             }
         };
+        self.health.record(&outcome);
         match &outcome {
             Outcome::Delivered => {
                 tracing::debug!(task = %task.id, attempt, target = %self.url_for_logs, "delivered webhook")
@@ -308,6 +313,10 @@ impl Sink for WebhookSink {
 
     fn target(&self) -> &str {
         &self.target
+    }
+
+    fn health(&self) -> SinkHealth {
+        self.health.get()
     }
 }
 

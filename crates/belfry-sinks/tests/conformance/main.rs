@@ -549,15 +549,12 @@ async fn down_then_back(kind: Kind) {
     backend.stop().await;
     let outcome = sink.deliver(&task(2, b"{}"), 1, 0).await;
     expect_retry(&outcome, &format!("{kind:?} while down"));
-    // Webhooks keep no health (every request is independent); stream sinks track it.
-    let tracks_health = !matches!(kind, Kind::Webhook);
-    if tracks_health {
-        assert!(
-            matches!(sink.health(), belfry_sinks::SinkHealth::Unreachable(_)),
-            "{kind:?}: {:?}",
-            sink.health()
-        );
-    }
+    // Every sink reports what its last delivery saw of the target.
+    assert!(
+        matches!(sink.health(), belfry_sinks::SinkHealth::Unreachable(_)),
+        "{kind:?}: {:?}",
+        sink.health()
+    );
     backend.restart().await;
     let deadline = Instant::now() + RECOVERY_DEADLINE;
     loop {
@@ -573,9 +570,11 @@ async fn down_then_back(kind: Kind) {
             Outcome::Reject { reason } => panic!("{kind:?} rejected after a restart: {reason}"),
         }
     }
-    if tracks_health {
-        assert_eq!(sink.health(), belfry_sinks::SinkHealth::Reachable);
-    }
+    assert_eq!(
+        sink.health(),
+        belfry_sinks::SinkHealth::Reachable,
+        "{kind:?}"
+    );
     let received = wait_received(&backend, 1).await;
     assert!(
         received
