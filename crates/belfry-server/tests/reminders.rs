@@ -490,6 +490,22 @@ async fn a_bulk_body_over_the_limit_is_refused() {
         .ok("GET", "/v1/reminders/r/subscribers/count", Value::Null, 200)
         .await;
     assert_eq!(count["subscribers"], applied);
+
+    // One chunk that crosses the limit: its lines wholly within the limit are applied, and
+    // the answer stops at the line the limit cuts.
+    s.ok(
+        "POST",
+        "/v1/reminders",
+        json!({"id": "r2", "queue": "push", "delay_ms": MINUTE}),
+        201,
+    )
+    .await;
+    let one = vec![(0..1_000).map(|i| format!("{i}\n")).collect::<String>()];
+    let (status, answer) = post_chunked(&s, "/v1/reminders/r2/subscribers", &one, false).await;
+    assert_eq!(status, 413, "{answer}");
+    // "0\n" to "99\n" take 290 bytes, then 4 a line: 177 more lines within 1,000 bytes.
+    assert_eq!(answer["changed"], 277, "{answer}");
+    assert_eq!(answer["stopped_at_line"], 278, "{answer}");
 }
 
 /// Bulk subscribe of many ids in one streamed body: every id arrives, in batches.

@@ -701,6 +701,9 @@ async fn read_and_apply(
         };
         read += chunk.len() as u64;
         if read > max {
+            // The lines wholly within the limit are still applied; the one it cuts is not.
+            let within = chunk.len() - usize::try_from(read - max).unwrap_or(chunk.len());
+            parser.feed(&chunk[..within.min(chunk.len())], &mut items);
             stop = Some(too_large(max));
             break;
         }
