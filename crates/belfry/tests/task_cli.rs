@@ -353,6 +353,13 @@ fn dead_get_list_and_redrive() {
     );
     let not_dead = fails(&server, &["dead", "redrive", "fragile", &id]);
     assert!(not_dead.contains("task_not_dead"), "{not_dead}");
+    // Shown, but with a note that it is no dead letter.
+    let shown = ok(&server, &["dead", "get", "fragile", &id]);
+    assert!(
+        shown.contains("note: not a dead letter: the task is scheduled"),
+        "{shown}"
+    );
+    assert!(!dead.contains("note:"), "{dead}");
 }
 
 /// `--json` prints the server's answer byte for byte, not a re-serialisation.

@@ -67,7 +67,6 @@ fn describe_page(queue: &str, page: DeadPage) -> String {
 }
 
 pub async fn dead(remote: &Remote, command: DeadCommand) -> anyhow::Result<()> {
-    let show = |t: Task| super::task::describe(&t);
     match command {
         DeadCommand::List {
             queue,
@@ -79,7 +78,19 @@ pub async fn dead(remote: &Remote, command: DeadCommand) -> anyhow::Result<()> {
         }
         // The API has no dead-letter route for one task: a dead letter is a task in state
         // `dead`, shown by the task route.
-        DeadCommand::Get { queue, id } => run(remote, Request::get_task(&queue, &id), show).await,
+        DeadCommand::Get { queue, id } => {
+            run(remote, Request::get_task(&queue, &id), |t: Task| {
+                let mut text = super::task::describe(&t);
+                if t.state != "dead" {
+                    text.push_str(&format!(
+                        "\nnote: not a dead letter: the task is {} (see `belfry task get`)",
+                        t.state
+                    ));
+                }
+                text
+            })
+            .await
+        }
         DeadCommand::Redrive { queue, id } => {
             let request = Request::redrive(&queue, &id);
             run(remote, request, |t: Task| {
