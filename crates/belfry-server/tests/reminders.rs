@@ -335,6 +335,12 @@ async fn bad_input(s: TestServer) {
             "invalid_reminder",
         ),
         (json!({"queue": "push"}), "invalid_reminder"),
+        // Refused by name, as a task's are, not as a JSON type error.
+        (json!({"queue": "push", "delay_ms": -1}), "invalid_reminder"),
+        (
+            json!({"queue": "push", "run_at_ms": -5}),
+            "invalid_reminder",
+        ),
         (
             json!({"queue": "push", "delay_ms": 1, "users_per_second": 0}),
             "invalid_reminder",
@@ -355,6 +361,15 @@ async fn bad_input(s: TestServer) {
         assert_eq!(code(&e), want, "{body}: {e}");
         assert!(!e["error"]["message"].as_str().unwrap().is_empty());
     }
+    // A user id that is not UTF-8 once decoded is a bad user id, not a bad request.
+    let (status, e) = s
+        .call("PUT", "/v1/reminders/r/subscribers/%FF", Value::Null)
+        .await;
+    assert_eq!(
+        (status, code(&e)),
+        (400, "invalid_user_id".to_owned()),
+        "{e}"
+    );
     let (status, e) = s
         .raw("POST", "/v1/reminders", Some("{not json".into()))
         .await;

@@ -116,15 +116,32 @@ where
 
 // ---- paths ----
 
+/// The path's named segments, decoded. A segment whose percent-encoding is not UTF-8 is
+/// refused; when it is the user id, as a bad user id.
+async fn path_params<S: Send + Sync>(
+    parts: &mut Parts,
+    state: &S,
+) -> Result<Vec<(String, String)>, ApiError> {
+    match Path::<Vec<(String, String)>>::from_request_parts(parts, state).await {
+        Ok(Path(params)) => Ok(params),
+        Err(e) => {
+            let code = if e.to_string().contains("`user`") {
+                ErrorCode::InvalidUserId
+            } else {
+                ErrorCode::InvalidRequest
+            };
+            Err(ApiError::new(code, format!("bad path: {e}")))
+        }
+    }
+}
+
 pub struct ReminderPath(pub ReminderId);
 
 impl<S: Send + Sync> FromRequestParts<S> for ReminderPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("bad path: {e}")))?;
+        let params = path_params(parts, state).await?;
         let id = params
             .iter()
             .find(|(name, _)| name == "id")
@@ -140,9 +157,7 @@ impl<S: Send + Sync> FromRequestParts<S> for UserPath {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Path(params) = Path::<Vec<(String, String)>>::from_request_parts(parts, state)
-            .await
-            .map_err(|e| ApiError::new(ErrorCode::InvalidRequest, format!("bad path: {e}")))?;
+        let params = path_params(parts, state).await?;
         let user = params
             .iter()
             .find(|(name, _)| name == "user")
@@ -184,8 +199,9 @@ impl From<PriorityBody> for Urgency {
 #[serde(deny_unknown_fields)]
 pub struct TimeBody {
     pub run_at: Option<String>,
-    pub run_at_ms: Option<u64>,
-    pub delay_ms: Option<u64>,
+    pub run_at_ms: Option<i64>,
+    /// Signed, so a negative delay is refused by name rather than as a JSON type error.
+    pub delay_ms: Option<i64>,
     pub cron: Option<String>,
     pub timezone: Option<String>,
 }
@@ -229,9 +245,13 @@ impl TimeBody {
             });
         }
         if let Some(delay) = self.delay_ms {
+            let delay = u64::try_from(delay)
+                .map_err(|_| invalid(format!("delay_ms must not be negative, got {delay}")))?;
             return Ok(When::At(now_ms.saturating_add(delay)));
         }
         if let Some(at) = self.run_at_ms {
+            let at = u64::try_from(at)
+                .map_err(|_| invalid(format!("run_at_ms must not be before 1970, got {at}")))?;
             return Ok(When::At(at));
         }
         let text = self.run_at.unwrap_or_default();
