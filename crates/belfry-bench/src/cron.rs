@@ -23,7 +23,7 @@ use crate::error::{within, BenchError};
 use crate::fire::{AckBatch, Echo};
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
-use crate::report::{ratio, thousands, Report, Table};
+use crate::report::{part_of, ratio, thousands, Report, Table};
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::{format_us, new_histogram, record_clamped, Percentiles};
 use crate::sys::{cpu_time, on_own_thread, unix_ms, unix_us, Machine};
@@ -722,11 +722,7 @@ fn rates_table(o: &CronOutcome) -> Table {
     ] {
         rates.row(vec![
             name.to_string(),
-            format!(
-                "{}/{}",
-                thousands(r.accepted as f64),
-                thousands(o.schedules as f64)
-            ),
+            part_of(r.accepted, o.schedules),
             thousands(r.tasks_per_s),
             format_us(r.latency.p50_us),
             format_us(r.latency.p99_us),
@@ -759,11 +755,7 @@ fn firing_table(o: &CronOutcome) -> Table {
         ],
     );
     firing.row(vec![
-        format!(
-            "{}/{}",
-            thousands(f.received as f64),
-            thousands(f.expected as f64)
-        ),
+        part_of(f.received, f.expected),
         format!(
             "{}–{}",
             thousands(f.per_second_min as f64),

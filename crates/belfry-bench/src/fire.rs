@@ -19,7 +19,7 @@ use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
 use crate::plot::{lateness_cdf_svg, Series};
 use crate::redis_queue::{self, QueueKeys, RedisServer};
-use crate::report::{thousands, Report, Table};
+use crate::report::{part_of, thousands, Report, Table};
 use crate::servers::WebhookReceiver;
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::{cdf_points_ms, format_us, DeliverySummary, DeliveryTracker};
@@ -807,11 +807,7 @@ fn outcome_row(table: &mut Table, o: &FireOutcome) {
     let d = &o.delivery;
     table.row(vec![
         o.label.clone(),
-        format!(
-            "{}/{}",
-            thousands(d.delivered as f64),
-            thousands(d.expected as f64)
-        ),
+        part_of(d.delivered, d.expected),
         thousands(o.delivered_per_s),
         format_us(d.lateness.p50_us),
         format_us(d.lateness.p90_us),

@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::error::{within, BenchError};
 use crate::http::Target;
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
-use crate::report::{thousands, Report, Table};
+use crate::report::{part_of, thousands, Report, Table};
 use crate::spawn::{create_queue, ServerUnderTest};
 use crate::stats::format_us;
 use crate::sys::{cpu_time, unix_ms, Machine};
@@ -339,11 +339,7 @@ fn creates_table(args: &IdleArgs, o: &IdleOutcome) -> Table {
         let Some(r) = r else { continue };
         creates.row(vec![
             name.into(),
-            format!(
-                "{}/{}",
-                thousands(r.accepted as f64),
-                thousands(r.requests as f64)
-            ),
+            part_of(r.accepted, r.requests),
             thousands(r.tasks_per_s),
             format_us(r.latency.p50_us),
             format_us(r.latency.p99_us),

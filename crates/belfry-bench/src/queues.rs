@@ -19,7 +19,7 @@ use serde_json::json;
 use crate::error::{within, BenchError};
 use crate::http::{HttpConn, Target};
 use crate::load::{run_ingest, Answers, IngestJob, IngestOutcome};
-use crate::report::{or_dash, ratio, thousands, Report, Table};
+use crate::report::{or_dash, part_of, ratio, thousands, Report, Table};
 use crate::servers::WebhookReceiver;
 use crate::spawn::ServerUnderTest;
 use crate::stats::{format_us, DeliverySummary, DeliveryTracker};
@@ -685,11 +685,7 @@ fn variant_row(table: &mut Table, o: &VariantOutcome) {
     let d = &o.delivery;
     table.row(vec![
         o.label.clone(),
-        format!(
-            "{}/{}",
-            thousands(d.delivered as f64),
-            thousands(d.expected as f64)
-        ),
+        part_of(d.delivered, d.expected),
         or_dash(o.delivery_time_ms, |ms| format_us((ms * 1_000.0) as u64)),
         format_us(d.lateness.p50_us),
         format_us(d.lateness.p99_us),

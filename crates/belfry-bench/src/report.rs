@@ -158,6 +158,11 @@ pub fn thousands(value: f64) -> String {
     out
 }
 
+/// `part/whole` with thousands separators: "9,998/10,000" delivered, accepted, received.
+pub fn part_of(part: u64, whole: u64) -> String {
+    format!("{}/{}", thousands(part as f64), thousands(whole as f64))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +172,7 @@ mod tests {
         assert_eq!(thousands(1_234_567.8), "1,234,568");
         assert_eq!(thousands(999.0), "999");
         assert_eq!(thousands(0.0), "0");
+        assert_eq!(part_of(9_998, 10_000), "9,998/10,000");
         assert_eq!(ratio(50.0, 100.0), "0.50×");
         assert_eq!(ratio(1.0, 0.0), "n/a");
         assert_eq!(ratio(0.0, 5.0), "n/a");

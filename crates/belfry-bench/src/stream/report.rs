@@ -1,6 +1,7 @@
 //! The stream run's report: tables, targets and notes.
 
 use super::*;
+use crate::report::part_of;
 
 pub(super) fn report(args: &StreamArgs, machine: Machine, outcome: StreamOutcome) -> Report {
     let burst = args.window_s == 0;
@@ -87,11 +88,7 @@ fn phase_rows(table: &mut Table, outcome: &StreamOutcome) {
         };
         table.row(vec![
             phase.label.clone(),
-            format!(
-                "{}/{}",
-                thousands(d.delivered as f64),
-                thousands(d.expected as f64)
-            ),
+            part_of(d.delivered, d.expected),
             thousands(phase.delivered_per_s),
             raw_rate.map_or("-".into(), |r| ratio(phase.delivered_per_s, r)),
             lateness(d.lateness.p50_us),
