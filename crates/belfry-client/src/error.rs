@@ -65,6 +65,7 @@ error_codes! {
     RateLimited => "rate_limited",
     TokenNotFound => "token_not_found",
     TokenExists => "token_exists",
+    LastAdminToken => "last_admin_token",
     StoreUnavailable => "store_unavailable",
     InsufficientStorage => "insufficient_storage",
     InternalError => "internal_error",

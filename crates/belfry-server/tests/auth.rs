@@ -459,3 +459,52 @@ async fn bad_token_requests_are_refused_and_make_nothing() {
     assert_eq!(list["tokens"].as_array().unwrap().len(), 1, "{list}");
     handle.stop().await.unwrap();
 }
+
+/// Authentication cannot be switched off or locked by the token API: the first token needs
+/// the admin scope, and the last admin token cannot be revoked (with none left, the API
+/// would be open again, or nobody could manage tokens).
+#[tokio::test]
+async fn the_token_api_keeps_an_admin_token() {
+    let handle = Server::builder(test_config(), Arc::new(MemoryStore::new()))
+        .start()
+        .await
+        .expect("server starts");
+    let client = Client {
+        http: reqwest::Client::builder().no_proxy().build().unwrap(),
+        base: format!("http://{}", handle.local_addr()),
+    };
+    let make = |name: &str, scope: &str| format!(r#"{{"name": "{name}", "scopes": ["{scope}"]}}"#);
+    let (status, value, _) = client
+        .call("POST", "/v1/tokens", None, Some(&make("reader", "read")))
+        .await;
+    assert_eq!((status, code(&value)), (400, "invalid_request"), "{value}");
+    assert!(value.to_string().contains("admin scope"), "{value}");
+    let (status, _, _) = client.call("GET", "/v1/queues", None, None).await;
+    assert_eq!(status, 200, "still open: the refused token was not made");
+
+    let (status, made, _) = client
+        .call("POST", "/v1/tokens", None, Some(&make("a1", "admin")))
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let a1 = made["token"].as_str().unwrap().to_owned();
+    let (status, value, _) = client
+        .call("DELETE", "/v1/tokens/a1", Some(&a1), None)
+        .await;
+    assert_eq!((status, code(&value)), (409, "last_admin_token"), "{value}");
+    let (status, made, _) = client
+        .call("POST", "/v1/tokens", Some(&a1), Some(&make("a2", "admin")))
+        .await;
+    assert_eq!(status, 201, "{made}");
+    let a2 = made["token"].as_str().unwrap().to_owned();
+    let (status, _, _) = client
+        .call("DELETE", "/v1/tokens/a1", Some(&a2), None)
+        .await;
+    assert_eq!(status, 204, "another admin token remains");
+    let (status, value, _) = client
+        .call("DELETE", "/v1/tokens/a2", Some(&a2), None)
+        .await;
+    assert_eq!((status, code(&value)), (409, "last_admin_token"), "{value}");
+    let (status, _, _) = client.call("GET", "/v1/queues", None, None).await;
+    assert_eq!(status, 401, "authentication stays on");
+    handle.stop().await.unwrap();
+}

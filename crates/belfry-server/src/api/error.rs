@@ -48,6 +48,9 @@ pub enum ErrorCode {
     TokenNotFound,
     /// A token of that name exists (or, on revoke, it comes from the config file).
     TokenExists,
+    /// A revoke that would leave no admin token: nobody could manage tokens any more, and
+    /// with no token left at all the API would be open to anyone.
+    LastAdminToken,
     QueueNotFound,
     TaskNotFound,
     RouteNotFound,
@@ -126,6 +129,7 @@ impl ErrorCode {
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::TokenNotFound => "token_not_found",
             ErrorCode::TokenExists => "token_exists",
+            ErrorCode::LastAdminToken => "last_admin_token",
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::InsufficientStorage => "insufficient_storage",
             ErrorCode::InternalError => "internal_error",
@@ -182,7 +186,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => StatusCode::FORBIDDEN,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::TokenNotFound => StatusCode::NOT_FOUND,
-            ErrorCode::TokenExists => StatusCode::CONFLICT,
+            ErrorCode::TokenExists | ErrorCode::LastAdminToken => StatusCode::CONFLICT,
             ErrorCode::LeaseExpired
             | ErrorCode::TaskNotScheduled
             | ErrorCode::TaskNotDead
@@ -387,6 +391,7 @@ mod tests {
             ErrorCode::RateLimited,
             ErrorCode::TokenNotFound,
             ErrorCode::TokenExists,
+            ErrorCode::LastAdminToken,
             ErrorCode::StoreUnavailable,
             ErrorCode::InsufficientStorage,
             ErrorCode::InternalError,

@@ -154,6 +154,14 @@ pub async fn create(
     let token = generate_token();
     let entry = entry_of(&body, TokenHash::of(&token))?;
     let _writes = state.writes.lock().await;
+    // The first token turns authentication on: without the admin scope, nobody could make
+    // or revoke tokens afterwards.
+    if !state.auth.enabled() && !entry.scopes.contains(&Scope::Admin) {
+        return Err(invalid(
+            "the first token turns authentication on, so it needs the admin scope (otherwise \
+             nobody could make or revoke tokens afterwards); make an admin token first",
+        ));
+    }
     let now_ms = state.shared.now_ms();
     let stored = Stored {
         hash: entry.hash.to_string(),
@@ -226,6 +234,22 @@ pub async fn revoke(
             ))
         }
         Some((_, TokenSource::Api)) => {}
+    }
+    let admins_left = state
+        .auth
+        .list()
+        .iter()
+        .filter(|(e, _)| e.name != name && e.scopes.contains(&Scope::Admin))
+        .count();
+    if admins_left == 0 {
+        return Err(ApiError::new(
+            ErrorCode::LastAdminToken,
+            format!(
+                "{name:?} is the last token with the admin scope: without it nobody could \
+                 manage tokens, and with no token left the API would be open to anyone; make \
+                 another admin token first"
+            ),
+        ));
     }
     // The store first: a revoke that is answered must not come back at the next start.
     let key = name.clone();
