@@ -69,6 +69,14 @@ pub enum ServerError {
     Flush(service::ServiceError),
     #[error("server task failed: {0}")]
     Join(String),
+    #[error(
+        "listen: {0} is reachable from other machines, and no token is configured or was \
+         made through the API, so anyone who can reach it could create, read and cancel tasks. \
+         Add a token (`belfry token create --offline --scope admin` prints one and the \
+         [[auth.tokens]] lines to add, or set BELFRY_ADMIN_TOKEN), or opt out with \
+         `allow_unauthenticated = true` under [auth]"
+    )]
+    Unprotected(SocketAddr),
 }
 
 /// Builds and starts a server: the API, the dispatcher and its sinks, and the schedules.
@@ -80,6 +88,8 @@ pub struct ServerBuilder {
     connections: belfry_sinks::Connections,
     extra_routes: Vec<Router>,
     auth: Arc<auth::Auth>,
+    /// Whether an API without any token may be served on a non-loopback address.
+    open_beyond_loopback: bool,
     tls: Option<Arc<rustls::ServerConfig>>,
 }
 
@@ -96,6 +106,7 @@ impl Server {
             connections: belfry_sinks::Connections::empty(),
             extra_routes: Vec::new(),
             auth: Arc::new(auth::Auth::none()),
+            open_beyond_loopback: false,
             tls: None,
         }
     }
@@ -123,10 +134,19 @@ impl ServerBuilder {
         self
     }
 
-    /// The bearer tokens every API call must carry (see [`auth`]); none by default, which
-    /// leaves the API open (the binary refuses that on a non-loopback address).
+    /// The bearer tokens every API call must carry (see [`auth`]), besides those made
+    /// through the API (kept in the store, loaded at start). With none of either the API is
+    /// open, which [`start`](Self::start) refuses on a non-loopback address unless
+    /// [`open_beyond_loopback`](Self::open_beyond_loopback) allows it.
     pub fn auth(mut self, auth: impl Into<Arc<auth::Auth>>) -> Self {
         self.auth = auth.into();
+        self
+    }
+
+    /// Serve an API without any token on a non-loopback address (`[auth]
+    /// allow_unauthenticated`).
+    pub fn open_beyond_loopback(mut self, allowed: bool) -> Self {
+        self.open_beyond_loopback = allowed;
         self
     }
 
@@ -162,8 +182,12 @@ impl ServerBuilder {
             reminders,
         } = recover(&service).await?;
         service.load_queues().await.map_err(ServerError::Load)?;
-        let (listener, local_addr) = bind_listener(&self.config)?;
+        // After `recover` made the inbox (a token made on another node meanwhile is heard),
+        // before binding: an open API beyond loopback is refused, counting the tokens made
+        // through the API.
         let tokens = load_tokens(&service, &self.auth)?;
+        check_exposure(&self.auth, self.config.listen, self.open_beyond_loopback)?;
+        let (listener, local_addr) = bind_listener(&self.config)?;
         let mut router = api::router(service.clone())
             .merge(api::schedules::router(schedules.state()))
             .merge(api::reminders::router(reminders.state()))
@@ -274,6 +298,22 @@ fn bind_listener(
 }
 
 /// The tokens made through the API, loaded beside the configured ones.
+/// Refuses an open API (no token configured or made through the API) on an address other
+/// machines can reach, unless allowed; says in the log who may call it otherwise.
+fn check_exposure(auth: &auth::Auth, listen: SocketAddr, allowed: bool) -> Result<(), ServerError> {
+    if auth.enabled() {
+        return Ok(());
+    }
+    if listen.ip().is_loopback() {
+        tracing::info!("no bearer token is configured: any process on this machine may call the API at {listen} (see [auth] in config/belfry.example.toml)");
+    } else if allowed {
+        tracing::warn!("no bearer token is configured (allow_unauthenticated): anyone who can reach {listen} may call the API");
+    } else {
+        return Err(ServerError::Unprotected(listen));
+    }
+    Ok(())
+}
+
 fn load_tokens(
     service: &Arc<Service>,
     auth: &Arc<auth::Auth>,
@@ -492,4 +532,33 @@ fn bind(addr: SocketAddr, backlog: u32) -> std::io::Result<tokio::net::TcpListen
     socket.set_reuseaddr(true)?;
     socket.bind(addr)?;
     socket.listen(backlog)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An open API is refused beyond loopback unless allowed, and a token made through the
+    /// API (loaded from the store before this check) protects it like a configured one.
+    #[test]
+    fn an_open_api_is_refused_beyond_loopback() {
+        let public: SocketAddr = "0.0.0.0:7070".parse().unwrap();
+        let local: SocketAddr = "127.0.0.1:7070".parse().unwrap();
+        let open = auth::Auth::none();
+        assert!(matches!(
+            check_exposure(&open, public, false),
+            Err(ServerError::Unprotected(_))
+        ));
+        assert!(check_exposure(&open, public, true).is_ok());
+        assert!(check_exposure(&open, local, false).is_ok());
+        let made = auth::Auth::none();
+        made.add_made(auth::TokenEntry {
+            name: "ops".into(),
+            hash: auth::TokenHash::of("a-token-made-through-the-api"),
+            scopes: vec![auth::Scope::Admin],
+            rate: None,
+        })
+        .unwrap();
+        assert!(check_exposure(&made, public, false).is_ok());
+    }
 }

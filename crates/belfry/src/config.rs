@@ -275,6 +275,8 @@ pub struct Settings {
     pub connections: Connections,
     /// The bearer tokens (`[auth]`, `BELFRY_ADMIN_TOKEN`); none leaves the API open.
     pub auth: std::sync::Arc<belfry_server::auth::Auth>,
+    /// `[auth] allow_unauthenticated`: serve an open API beyond loopback.
+    pub allow_unauthenticated: bool,
     /// `[tls]` certificate and key files: serve HTTPS.
     pub tls: Option<(PathBuf, PathBuf)>,
 }

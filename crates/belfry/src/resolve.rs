@@ -43,7 +43,8 @@ impl FileConfig {
         server.validate()?;
         let store = StoreKind::parse(store.or(self.store).as_deref().unwrap_or("engine"))?;
         Ok(Settings {
-            auth: std::sync::Arc::new(self.auth.resolve(server.listen)?),
+            auth: std::sync::Arc::new(self.auth.resolve()?),
+            allow_unauthenticated: self.auth.allow_unauthenticated.unwrap_or(false),
             tls: self.tls.pair()?,
             server,
             data_dir: data_dir

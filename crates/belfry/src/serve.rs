@@ -17,17 +17,10 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         settings.server.http_listen_backlog as usize,
     );
     let store = open_store(&settings).await?;
-    if !settings.auth.enabled() {
-        let listen = settings.server.listen;
-        if listen.ip().is_loopback() {
-            tracing::info!("no bearer token is configured: any process on this machine may call the API at {listen} (see [auth] in config/belfry.example.toml)");
-        } else {
-            tracing::warn!("no bearer token is configured (allow_unauthenticated): anyone who can reach {listen} may call the API");
-        }
-    }
     let mut builder = Server::builder(settings.server.clone(), store)
         .connections(settings.connections.clone())
         .auth(settings.auth.clone())
+        .open_beyond_loopback(settings.allow_unauthenticated)
         // The web console at /console/: static files that call the API with the operator's token.
         .merge(belfry_console::router());
     if let Some((cert, key)) = &settings.tls {
