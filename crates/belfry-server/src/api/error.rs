@@ -274,7 +274,11 @@ struct Envelope {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.code.status().is_server_error() {
+        if self.code == ErrorCode::ShuttingDown {
+            // The answer a draining server owes its load balancer's readiness polls: the
+            // shutdown itself is logged once, not every poll.
+            tracing::debug!(message = %self.message, "refused while shutting down");
+        } else if self.code.status().is_server_error() {
             if self.retry_after_s.is_some() {
                 // Passing conditions (overload, a store that does not answer for now): the
                 // client is told to retry; not an error of this server.
