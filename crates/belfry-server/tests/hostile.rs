@@ -603,3 +603,47 @@ async fn at_the_cap_a_light_client_takes_the_place_of_a_heavy_clients_silent_con
     assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
     s.handle.stop().await.expect("clean stop");
 }
+
+/// A client that trickles its headers (never idle, never done) is closed by the header
+/// timeout, and counted with the connections closed for being too slow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_header_read_timeout_ms: 400,
+        http_idle_timeout_ms: 10_000,
+        ..test_config()
+    })
+    .await;
+    let stats = &s.handle.service().connections;
+    let before = stats.closed_idle.load(std::sync::atomic::Ordering::Relaxed);
+    let mut stream = TcpStream::connect(s.handle.local_addr())
+        .await
+        .expect("connect");
+    stream
+        .write_all(b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .expect("send");
+    let started = Instant::now();
+    let mut buf = [0u8; 256];
+    // One header byte every 50 ms: always moving, never finished.
+    let closed = loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if stream.write_all(b"x").await.is_err() {
+            break true;
+        }
+        match tokio::time::timeout(Duration::from_millis(1), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break true,
+            _ if started.elapsed() > Duration::from_secs(5) => break false,
+            _ => {}
+        }
+    };
+    assert!(closed, "still open after {:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    let after = stats.closed_idle.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(after - before, 1, "the header timeout's close is counted");
+    s.handle.stop().await.expect("clean stop");
+}

@@ -405,6 +405,11 @@ impl Connection {
             tokio::select! {
                 result = connection.as_mut() => {
                     if let Err(error) = result {
+                        // A request's headers that took longer than header_read_timeout
+                        // (hyper's own timer): closed for being too slow, as an idle one is.
+                        if error.is_timeout() {
+                            self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                        }
                         tracing::debug!(%error, "HTTP connection ended with an error");
                     }
                     break;
