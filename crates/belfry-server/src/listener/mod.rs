@@ -62,6 +62,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// Failed accepts are logged at most once per period (see `log_every`).
+static ACCEPT_ERRORS: crate::log_every::LogEvery =
+    crate::log_every::LogEvery::new(Duration::from_secs(10));
+
 /// After an accept error (say, no file descriptors left), wait this long before accepting
 /// again, so the loop neither spins nor floods the log.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
@@ -155,7 +159,10 @@ pub async fn serve(
         match accepted {
             Ok((tcp, peer)) => gate.place(tcp, peer, &serving),
             Err(error) => {
-                tracing::warn!(%error, "accept a connection; pausing before the next accept");
+                // Out of descriptors, accepting fails every pause for as long as it lasts.
+                if let Some(held_back) = ACCEPT_ERRORS.check(std::time::Instant::now()) {
+                    tracing::warn!(%error, held_back, "accept a connection; pausing before the next accept (`held_back`: failed accepts not logged since the last line)");
+                }
                 tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
             }
         }

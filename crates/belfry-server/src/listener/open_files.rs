@@ -28,16 +28,20 @@ impl OpenFiles {
     pub fn shortfall(&self, connections_max: usize, waiting_max: usize) -> Option<String> {
         let needed = (connections_max + waiting_max) as u64 + FILES_BESIDES_CONNECTIONS;
         (self.soft < needed).then(|| {
+            let clients = self.soft.saturating_sub(FILES_BESIDES_CONNECTIONS);
+            let past = if clients == 0 {
+                "even the first clients may find accepting failing and pausing".to_owned()
+            } else {
+                format!("past about {clients} clients, accepting fails and pauses")
+            };
             format!(
                 "the open-files limit is {} (hard limit {}), below http.connections_max \
                  ({connections_max}) plus http.listen_backlog ({waiting_max}) connections \
                  waiting at the cap plus {FILES_BESIDES_CONNECTIONS} for files and outgoing \
-                 connections: past about {} clients, accepting fails and pauses instead of \
-                 the cap applying. Raise the limit (`ulimit -n {needed}`, or \
-                 LimitNOFILE={needed} in a systemd unit) or lower http.connections_max",
-                self.soft,
-                self.hard,
-                self.soft.saturating_sub(FILES_BESIDES_CONNECTIONS)
+                 connections: {past} instead of the cap applying. Raise the limit \
+                 (`ulimit -n {needed}`, or LimitNOFILE={needed} in a systemd unit) or lower \
+                 http.connections_max",
+                self.soft, self.hard,
             )
         })
     }
@@ -78,7 +82,7 @@ mod tests {
         assert!(told.contains("LimitNOFILE=13072"), "{told}");
         assert!(told.contains("past about 11023 clients"), "{told}");
         let tiny = files(100).shortfall(10, 1).expect("short");
-        assert!(tiny.contains("past about 0 clients"), "{tiny}");
+        assert!(tiny.contains("even the first clients"), "{tiny}");
     }
 
     #[test]
