@@ -117,8 +117,13 @@ fn https_with_a_certificate_the_cli_is_told_to_trust() {
     assert!(ok, "{stderr}");
     let (ok, stdout, stderr) = belfry(&server, None, &["queue", "list", "--ca-file", ca]);
     assert!(ok && stdout.contains("tls"), "{stdout} {stderr}");
-    let (ok, _, _) = belfry(&server, None, &["queue", "list"]);
+    let (ok, _, stderr) = belfry(&server, None, &["queue", "list"]);
     assert!(!ok, "an untrusted certificate is refused");
+    // Said as a trust problem, with the fix, not as a server that is not running.
+    assert!(
+        stderr.contains("is not trusted") && stderr.contains("--ca-file"),
+        "{stderr}"
+    );
 }
 
 /// Secrets — the admin token, a configured token, a webhook signing secret, a broker

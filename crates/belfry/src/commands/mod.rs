@@ -116,10 +116,19 @@ pub fn error_line(error: &anyhow::Error) -> String {
             while let Some(next) = cause.source() {
                 cause = next;
             }
-            format!(
-                "cannot reach belfry at {url} ({cause}); is `belfry serve` running there? \
-                 Point --server or BELFRY_SERVER at it"
-            )
+            let text = cause.to_string();
+            if text.contains("certificate") || text.contains("Certificate") {
+                format!(
+                    "the TLS certificate of {url} is not trusted ({text}): pass --ca-file (or \
+                     BELFRY_CA_FILE) with the CA that signed it, or the certificate itself if \
+                     self-signed with basicConstraints CA:FALSE (README, \"HTTPS\")"
+                )
+            } else {
+                format!(
+                    "cannot reach belfry at {url} ({cause}); is `belfry serve` running there? \
+                     Point --server or BELFRY_SERVER at it"
+                )
+            }
         }
         Some(belfry_client::Error::Api {
             code: belfry_client::ErrorCode::Unauthorized,
