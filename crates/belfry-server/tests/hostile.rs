@@ -647,3 +647,21 @@ async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
     assert_eq!(after - before, 1, "the header timeout's close is counted");
     s.handle.stop().await.expect("clean stop");
 }
+
+/// A body that stops part way is answered, once the body timeout passes, with what to fix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_is_answered_with_the_setting_that_cut_it() {
+    let s = TestServer::start_with(config()).await;
+    s.queue("q", json!({})).await;
+    let mut stream = TcpStream::connect(s.handle.local_addr())
+        .await
+        .expect("connect");
+    stream.write_all(partial(3)).await.expect("send");
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer));
+    let _ = read.await;
+    let text = String::from_utf8_lossy(&answer);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("http.body_read_timeout"), "{text}");
+    s.handle.stop().await.expect("clean stop");
+}

@@ -43,6 +43,12 @@ where
                     ErrorCode::PayloadTooLarge,
                     "the request body is larger than the server allows (limits.request_max in its configuration)",
                 )
+            } else if timed_out(&rejection) {
+                ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    "the request body sent nothing for http.body_read_timeout: send the whole \
+                     body without pausing, or raise the timeout in the server's configuration",
+                )
             } else {
                 ApiError::new(
                     ErrorCode::InvalidRequest,
@@ -52,6 +58,18 @@ where
         })?;
         Ok(JsonBytes(bytes))
     }
+}
+
+/// Whether reading the body failed because it sent nothing for the body read timeout.
+fn timed_out(rejection: &axum::extract::rejection::BytesRejection) -> bool {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+    while let Some(error) = cause {
+        if error.is::<super::body_timeout::BodyTimedOut>() {
+            return true;
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Parses a body read by `JsonBytes`, with `JsonBody`'s rules (an empty body is `{}`).
