@@ -106,7 +106,8 @@ pub struct ServeArgs {
     /// TOML configuration file (see config/belfry.example.toml).
     #[arg(long, env = "BELFRY_CONFIG")]
     pub config: Option<PathBuf>,
-    /// Address to listen on [default: 127.0.0.1:7070].
+    /// Address to listen on, an IP address and port ("0.0.0.0:7070", "[::1]:7070"; not a
+    /// host name) [default: 127.0.0.1:7070].
     #[arg(long, env = "BELFRY_LISTEN")]
     pub listen: Option<String>,
     /// Directory of the embedded store [default: ./data].
