@@ -41,6 +41,14 @@ struct Client {
 }
 
 impl Client {
+    /// A client of the server `handle` runs.
+    fn of(handle: &belfry_server::ServerHandle) -> Client {
+        Client {
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            base: format!("http://{}", handle.local_addr()),
+        }
+    }
+
     async fn call(
         &self,
         method: &str,
@@ -106,10 +114,7 @@ async fn every_route_needs_its_scope() {
         .start()
         .await
         .expect("server starts");
-    let client = Client {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        base: format!("http://{}", handle.local_addr()),
-    };
+    let client = Client::of(&handle);
     let (status, _, _) = client
         .call("PUT", "/v1/queues/q", Some(&tokens.admin), Some("{}"))
         .await;
@@ -303,10 +308,7 @@ async fn tokens_made_through_the_api_work_until_revoked() {
             .expect("server starts")
     };
     let handle = start(store.clone(), admin.clone()).await;
-    let client = Client {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        base: format!("http://{}", handle.local_addr()),
-    };
+    let client = Client::of(&handle);
     let body = r#"{"name": "shop", "scopes": ["produce:orders*", "read"], "rate_per_s": 100}"#;
     let (status, made, _) = client
         .call("POST", "/v1/tokens", Some(&admin), Some(body))
@@ -407,10 +409,7 @@ async fn bad_token_requests_are_refused_and_make_nothing() {
         .start()
         .await
         .expect("server starts");
-    let client = Client {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        base: format!("http://{}", handle.local_addr()),
-    };
+    let client = Client::of(&handle);
     for (body, code_expected, needle) in [
         (
             r#"{"name": "a b", "scopes": ["read"]}"#,
@@ -469,10 +468,7 @@ async fn the_token_api_keeps_an_admin_token() {
         .start()
         .await
         .expect("server starts");
-    let client = Client {
-        http: reqwest::Client::builder().no_proxy().build().unwrap(),
-        base: format!("http://{}", handle.local_addr()),
-    };
+    let client = Client::of(&handle);
     let make = |name: &str, scope: &str| format!(r#"{{"name": "{name}", "scopes": ["{scope}"]}}"#);
     let (status, value, _) = client
         .call("POST", "/v1/tokens", None, Some(&make("reader", "read")))
