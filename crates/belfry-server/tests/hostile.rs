@@ -665,3 +665,36 @@ async fn a_stalled_body_is_answered_with_the_setting_that_cut_it() {
     assert!(text.contains("http.body_read_timeout"), "{text}");
     s.handle.stop().await.expect("clean stop");
 }
+
+/// A JSON request that declares a body over the limit is refused at once, without waiting
+/// for a body that may never come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_body_over_the_limit_is_refused_at_once() {
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_body_read_timeout_ms: 30_000,
+        request_bytes_max: 1024 * 1024,
+        payload_bytes_max: 1024 * 1024,
+        ..test_config()
+    })
+    .await;
+    s.queue("q", json!({})).await;
+    let mut stream = TcpStream::connect(s.handle.local_addr())
+        .await
+        .expect("connect");
+    let head = "POST /v1/queues/q/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                content-length: 20971520\r\n\r\n";
+    stream.write_all(head.as_bytes()).await.expect("send");
+    let started = Instant::now();
+    let mut answer = vec![0u8; 4096];
+    let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer)).await;
+    let n = read.expect("answered within 5 s").expect("read");
+    let text = String::from_utf8_lossy(&answer[..n]);
+    assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+    assert!(text.contains("payload_too_large"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    s.handle.stop().await.expect("clean stop");
+}

@@ -23,13 +23,21 @@ use tokio::time::Sleep;
 #[derive(Clone, Copy)]
 pub(super) struct BodyTimeoutLayer {
     timeout: Duration,
+    limit: usize,
 }
 
 impl BodyTimeoutLayer {
-    pub(super) fn new(timeout: Duration) -> Self {
-        BodyTimeoutLayer { timeout }
+    /// `limit` (`limits.request_max`) goes with each request as a [`RequestMax`], so that
+    /// a JSON body that declares more is refused before any of it is awaited.
+    pub(super) fn new(timeout: Duration, limit: usize) -> Self {
+        BodyTimeoutLayer { timeout, limit }
     }
 }
+
+/// The largest request body the server takes (`limits.request_max`), in the request's
+/// extensions. The bulk subscriber routes have their own limit and do not look at it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RequestMax(pub usize);
 
 impl<S> tower::Layer<S> for BodyTimeoutLayer {
     type Service = BodyTimeout<S>;
@@ -38,6 +46,7 @@ impl<S> tower::Layer<S> for BodyTimeoutLayer {
         BodyTimeout {
             inner,
             timeout: self.timeout,
+            limit: self.limit,
         }
     }
 }
@@ -46,6 +55,7 @@ impl<S> tower::Layer<S> for BodyTimeoutLayer {
 pub(super) struct BodyTimeout<S> {
     inner: S,
     timeout: Duration,
+    limit: usize,
 }
 
 impl<S> tower::Service<Request> for BodyTimeout<S>
@@ -60,8 +70,9 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request) -> S::Future {
+    fn call(&mut self, mut request: Request) -> S::Future {
         let timeout = self.timeout;
+        request.extensions_mut().insert(RequestMax(self.limit));
         self.inner
             .call(request.map(|body| TimedBody::new(body, timeout)))
     }

@@ -37,12 +37,22 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        // A declared length over the limit is refused at once, not after waiting for a body
+        // that may never come.
+        let declared = req
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let max = req.extensions().get::<super::body_timeout::RequestMax>();
+        if let (Some(declared), Some(max)) = (declared, max) {
+            if declared > max.0 as u64 {
+                return Err(too_large_body());
+            }
+        }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::new(
-                    ErrorCode::PayloadTooLarge,
-                    "the request body is larger than the server allows (limits.request_max in its configuration)",
-                )
+                too_large_body()
             } else if timed_out(&rejection) {
                 ApiError::new(
                     ErrorCode::InvalidRequest,
@@ -58,6 +68,13 @@ where
         })?;
         Ok(JsonBytes(bytes))
     }
+}
+
+fn too_large_body() -> ApiError {
+    ApiError::new(
+        ErrorCode::PayloadTooLarge,
+        "the request body is larger than the server allows (limits.request_max in its configuration)",
+    )
 }
 
 /// Whether reading the body failed because it sent nothing for the body read timeout.

@@ -95,7 +95,10 @@ pub fn finish(
     let edge = tower::ServiceBuilder::new()
         .layer(TrackLatencyLayer)
         .layer(auth::AuthLayer::new(auth))
-        .layer(body_timeout::BodyTimeoutLayer::new(body_read_timeout))
+        .layer(body_timeout::BodyTimeoutLayer::new(
+            body_read_timeout,
+            body_limit,
+        ))
         .layer(DefaultBodyLimit::max(body_limit));
     router
         .fallback(ops::route_not_found)
