@@ -27,17 +27,18 @@ pub(super) struct BodyTimeoutLayer {
 }
 
 impl BodyTimeoutLayer {
-    /// `limit` (`limits.request_max`) goes with each request as a [`RequestMax`], so that
-    /// a JSON body that declares more is refused before any of it is awaited.
+    /// A request that declares a body over `limit` (`limits.request_max`) is marked with
+    /// [`DeclaredOverLimit`], so that a JSON body is refused before any of it is awaited.
     pub(super) fn new(timeout: Duration, limit: usize) -> Self {
         BodyTimeoutLayer { timeout, limit }
     }
 }
 
-/// The largest request body the server takes (`limits.request_max`), in the request's
-/// extensions. The bulk subscriber routes have their own limit and do not look at it.
+/// In a request's extensions: its `Content-Length` is over `limits.request_max`. Only such
+/// requests carry it, so the common request pays a header lookup and no insert. The bulk
+/// subscriber routes have their own limit and do not look at it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct RequestMax(pub usize);
+pub(super) struct DeclaredOverLimit;
 
 impl<S> tower::Layer<S> for BodyTimeoutLayer {
     type Service = BodyTimeout<S>;
@@ -72,7 +73,14 @@ where
 
     fn call(&mut self, mut request: Request) -> S::Future {
         let timeout = self.timeout;
-        request.extensions_mut().insert(RequestMax(self.limit));
+        let declared = request
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > self.limit as u64) {
+            request.extensions_mut().insert(DeclaredOverLimit);
+        }
         self.inner
             .call(request.map(|body| TimedBody::new(body, timeout)))
     }

@@ -39,16 +39,12 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         // A declared length over the limit is refused at once, not after waiting for a body
         // that may never come.
-        let declared = req
-            .headers()
-            .get(axum::http::header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        let max = req.extensions().get::<super::body_timeout::RequestMax>();
-        if let (Some(declared), Some(max)) = (declared, max) {
-            if declared > max.0 as u64 {
-                return Err(too_large_body());
-            }
+        if req
+            .extensions()
+            .get::<super::body_timeout::DeclaredOverLimit>()
+            .is_some()
+        {
+            return Err(too_large_body());
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
