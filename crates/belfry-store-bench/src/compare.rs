@@ -507,21 +507,7 @@ fn fjall_engine(
 
     let (db, tasks) = fjall_open(dir)?;
     let before = probe::write_bytes();
-    let secs = ingest(workload, writers, |first, count| {
-        let mut batch = db.batch().durability(Some(fjall::PersistMode::SyncData));
-        let mut payload = Vec::with_capacity(workload.payload_bytes);
-        for seq in first..first + count {
-            fill_payload(seq, workload.payload_bytes, &mut payload);
-            batch.insert(
-                &tasks,
-                fjall_key(workload.due_ms(seq), seq),
-                payload.as_slice(),
-            );
-        }
-        batch.commit().context("commit a fjall batch")?;
-        Ok(())
-    })?;
-    result.ingest_secs = Some(secs);
+    result.ingest_secs = Some(fjall_ingest(&db, &tasks, workload, writers)?);
     result.ingest_write_bytes = write_bytes_since(before);
     result.rss_after_ingest_bytes = probe::rss_bytes();
     if phase == Phase::PendingFill {
@@ -543,10 +529,51 @@ fn fjall_engine(
     result.reopen_secs = Some(started.elapsed().as_secs_f64());
     result.rss_after_reopen_bytes = probe::rss_bytes();
 
-    // Drain in due order: scan from a cursor (the last key taken), so the scan does not wade
-    // through the tombstones of everything already drained, and delete each batch.
     let before = probe::write_bytes();
     let started = Instant::now();
+    fjall_drain(&db, &tasks, workload, &mut result)?;
+    result.drain_secs = Some(started.elapsed().as_secs_f64());
+    db.persist(fjall::PersistMode::SyncAll)
+        .context("persist fjall")?;
+    result.drain_write_bytes = write_bytes_since(before);
+    drop(tasks);
+    drop(db);
+    result.disk_after_drain_bytes = disk(dir)?;
+    Ok(result)
+}
+
+/// Inserts the workload's tasks in durable batches from `writers` threads; returns the
+/// seconds it took.
+fn fjall_ingest(
+    db: &fjall::Database,
+    tasks: &fjall::Keyspace,
+    workload: &Workload,
+    writers: usize,
+) -> anyhow::Result<f64> {
+    ingest(workload, writers, |first, count| {
+        let mut batch = db.batch().durability(Some(fjall::PersistMode::SyncData));
+        let mut payload = Vec::with_capacity(workload.payload_bytes);
+        for seq in first..first + count {
+            fill_payload(seq, workload.payload_bytes, &mut payload);
+            batch.insert(
+                tasks,
+                fjall_key(workload.due_ms(seq), seq),
+                payload.as_slice(),
+            );
+        }
+        batch.commit().context("commit a fjall batch")?;
+        Ok(())
+    })
+}
+
+/// Drains in due order: scans from a cursor (the last key taken), so the scan does not wade
+/// through the tombstones of everything already drained, and deletes each batch.
+fn fjall_drain(
+    db: &fjall::Database,
+    tasks: &fjall::Keyspace,
+    workload: &Workload,
+    result: &mut EngineResult,
+) -> anyhow::Result<()> {
     let mut check = DrainCheck::new(workload.payload_bytes);
     let mut cursor: Option<[u8; 16]> = None;
     loop {
@@ -563,27 +590,19 @@ fn fjall_engine(
             let (key, value) = guard.into_inner().context("scan fjall")?;
             let mut due = [0u8; 8];
             due.copy_from_slice(&key[..8]);
-            check.check(u64::from_be_bytes(due), &value, &mut result);
+            check.check(u64::from_be_bytes(due), &value, result);
             let mut last = [0u8; 16];
             last.copy_from_slice(&key[..16]);
             cursor = Some(last);
-            batch.remove(&tasks, key);
+            batch.remove(tasks, key);
             taken += 1;
         }
         if taken == 0 {
-            break;
+            return Ok(());
         }
         batch.commit().context("commit a fjall delete batch")?;
         result.drained += taken;
     }
-    result.drain_secs = Some(started.elapsed().as_secs_f64());
-    db.persist(fjall::PersistMode::SyncAll)
-        .context("persist fjall")?;
-    result.drain_write_bytes = write_bytes_since(before);
-    drop(tasks);
-    drop(db);
-    result.disk_after_drain_bytes = disk(dir)?;
-    Ok(result)
 }
 
 // ---- Store engines (belfry, memory) ----
@@ -602,46 +621,123 @@ fn store(
     let mut result = EngineResult::default();
     let queue = queue();
     if phase == Phase::PendingReopen {
-        let started = Instant::now();
-        let engine: Box<dyn Store> = if kind == EngineKind::Belfry {
-            let engine = engines::open_belfry_engine(dir, false)?;
-            result.reopen_secs = Some(started.elapsed().as_secs_f64());
-            let stats = engine.stats();
-            result.reopen_records_read = Some(stats.wal_records_replayed + stats.records_loaded);
-            result.reopen_work = Some(format!(
-                "{} WAL records replayed, {} bucket records read, {} of {} buckets in memory",
-                stats.wal_records_replayed,
-                stats.records_loaded,
-                stats.buckets_in_memory,
-                stats.buckets_total
-            ));
-            Box::new(engine)
-        } else {
-            let engine = engines::open_store(kind, dir, false)?;
-            result.reopen_secs = Some(started.elapsed().as_secs_f64());
-            engine
-        };
-        // "Serving again": the first claim answers (nothing is due yet, the tasks are far out).
-        let now_ms = wall_ms();
-        let batch = engine.claim(&queue, now_ms, workload.batch, DRAIN_VISIBILITY_MS)?;
-        result.first_claim_secs = Some(started.elapsed().as_secs_f64());
-        ensure!(
-            batch.leased.is_empty(),
-            "a far-future task was claimed early"
-        );
-        ensure!(
-            engine.next_due_ms(&queue)?.is_some(),
-            "the engine lost the pending tasks"
-        );
-        result.rss_after_reopen_bytes = probe::rss_bytes();
-        std::mem::forget(engine);
+        store_reopen(kind, dir, workload, &queue, &mut result)?;
         return Ok(result);
     }
 
     let engine = engines::open_store(kind, dir, false)?;
     engine.put_queue(&queue, Bytes::new())?;
     let before = probe::write_bytes();
-    let secs = ingest(workload, writers, |first, count| {
+    result.ingest_secs = Some(store_ingest(engine.as_ref(), &queue, workload, writers)?);
+    result.ingest_write_bytes = write_bytes_since(before);
+    result.rss_after_ingest_bytes = probe::rss_bytes();
+    if phase == Phase::PendingFill {
+        result.disk_after_ingest_bytes = disk(dir)?;
+        std::mem::forget(engine);
+        return Ok(result);
+    }
+    engine.flush()?;
+    // Count what the engine writes up to its flush, so deferred work is not left out.
+    result.ingest_write_bytes = write_bytes_since(before);
+    result.disk_after_ingest_bytes = disk(dir)?;
+
+    let now_ms = workload.all_due_ms();
+    let mut check = DrainCheck::new(workload.payload_bytes);
+    let engine = if kind == EngineKind::Memory {
+        // Nothing to reopen: the reference store keeps nothing on disk.
+        engine
+    } else {
+        drop(engine);
+        store_durable_ack_sample(kind, dir, workload, &queue, &mut check, &mut result)?;
+        engines::open_store(kind, dir, false)?
+    };
+    if result.rss_after_reopen_bytes.is_none() {
+        result.rss_after_reopen_bytes = probe::rss_bytes();
+    }
+
+    let before = probe::write_bytes();
+    let started = Instant::now();
+    if writers <= 1 {
+        result.drained += drain(
+            engine.as_ref(),
+            &queue,
+            now_ms,
+            workload.batch,
+            u64::MAX,
+            &mut check,
+            &mut result,
+        )?;
+    } else {
+        let parts = drain_in_parallel(engine.as_ref(), &queue, now_ms, workload, writers)?;
+        for part in parts {
+            result.drained += part.drained;
+            result.order_violations += part.order_violations;
+            result.verify_failures += part.verify_failures;
+        }
+    }
+    engine.flush()?;
+    result.drain_secs = Some(started.elapsed().as_secs_f64());
+    result.drain_write_bytes = write_bytes_since(before);
+    drop(engine);
+    if kind != EngineKind::Memory {
+        result.disk_after_drain_bytes = disk(dir)?;
+    }
+    Ok(result)
+}
+
+/// The `PendingReopen` phase: reopens a filled directory and answers a first claim, which
+/// must find nothing due (the tasks are far out) and the tasks still pending.
+fn store_reopen(
+    kind: EngineKind,
+    dir: &Path,
+    workload: &Workload,
+    queue: &QueueName,
+    result: &mut EngineResult,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let engine: Box<dyn Store> = if kind == EngineKind::Belfry {
+        let engine = engines::open_belfry_engine(dir, false)?;
+        result.reopen_secs = Some(started.elapsed().as_secs_f64());
+        let stats = engine.stats();
+        result.reopen_records_read = Some(stats.wal_records_replayed + stats.records_loaded);
+        result.reopen_work = Some(format!(
+            "{} WAL records replayed, {} bucket records read, {} of {} buckets in memory",
+            stats.wal_records_replayed,
+            stats.records_loaded,
+            stats.buckets_in_memory,
+            stats.buckets_total
+        ));
+        Box::new(engine)
+    } else {
+        let engine = engines::open_store(kind, dir, false)?;
+        result.reopen_secs = Some(started.elapsed().as_secs_f64());
+        engine
+    };
+    // "Serving again": the first claim answers (nothing is due yet, the tasks are far out).
+    let now_ms = wall_ms();
+    let batch = engine.claim(queue, now_ms, workload.batch, DRAIN_VISIBILITY_MS)?;
+    result.first_claim_secs = Some(started.elapsed().as_secs_f64());
+    ensure!(
+        batch.leased.is_empty(),
+        "a far-future task was claimed early"
+    );
+    ensure!(
+        engine.next_due_ms(queue)?.is_some(),
+        "the engine lost the pending tasks"
+    );
+    result.rss_after_reopen_bytes = probe::rss_bytes();
+    std::mem::forget(engine);
+    Ok(())
+}
+
+/// Puts the workload's tasks in batches from `writers` threads; returns the seconds it took.
+fn store_ingest(
+    engine: &dyn Store,
+    queue: &QueueName,
+    workload: &Workload,
+    writers: usize,
+) -> anyhow::Result<f64> {
+    ingest(workload, writers, |first, count| {
         let mut batch = Vec::with_capacity(count as usize);
         for seq in first..first + count {
             let mut task = NewTask::new(
@@ -662,112 +758,76 @@ fn store(
             outcomes.len()
         );
         Ok(())
-    })?;
-    result.ingest_secs = Some(secs);
-    result.ingest_write_bytes = write_bytes_since(before);
-    result.rss_after_ingest_bytes = probe::rss_bytes();
-    if phase == Phase::PendingFill {
-        result.disk_after_ingest_bytes = disk(dir)?;
-        std::mem::forget(engine);
-        return Ok(result);
-    }
-    engine.flush()?;
-    // Count what the engine writes up to its flush, so deferred work is not left out.
-    result.ingest_write_bytes = write_bytes_since(before);
-    result.disk_after_ingest_bytes = disk(dir)?;
+    })
+}
 
-    let now_ms = workload.all_due_ms();
-    let mut check = DrainCheck::new(workload.payload_bytes);
-    let engine = if kind == EngineKind::Memory {
-        // Nothing to reopen: the reference store keeps nothing on disk.
-        engine
-    } else {
-        drop(engine);
-        let started = Instant::now();
-        let engine = engines::open_store(kind, dir, true)?;
-        result.reopen_secs = Some(started.elapsed().as_secs_f64());
-        result.rss_after_reopen_bytes = probe::rss_bytes();
-        // A short drain with `sync_delivery` on, where every ack waits for its own fsync
-        // (one thread, so no group commit helps): what a single consumer acking one task at
-        // a time gets when acks must be durable on return.
-        let started = Instant::now();
-        let drained = drain(
-            engine.as_ref(),
-            &queue,
-            now_ms,
-            workload.batch,
-            DURABLE_ACK_SAMPLE,
-            &mut check,
-            &mut result,
-        )?;
-        result.durable_ack_drained = drained;
-        result.drained = drained;
-        result.durable_ack_drain_secs = Some(started.elapsed().as_secs_f64());
-        drop(engine);
-        engines::open_store(kind, dir, false)?
-    };
-    if result.rss_after_reopen_bytes.is_none() {
-        result.rss_after_reopen_bytes = probe::rss_bytes();
-    }
-
-    let before = probe::write_bytes();
+/// Reopens the engine with `sync_delivery` on and drains a short sample, where every ack
+/// waits for its own fsync (one thread, so no group commit helps): what a single consumer
+/// acking one task at a time gets when acks must be durable on return.
+fn store_durable_ack_sample(
+    kind: EngineKind,
+    dir: &Path,
+    workload: &Workload,
+    queue: &QueueName,
+    check: &mut DrainCheck,
+    result: &mut EngineResult,
+) -> anyhow::Result<()> {
     let started = Instant::now();
-    if writers <= 1 {
-        result.drained += drain(
-            engine.as_ref(),
-            &queue,
-            now_ms,
-            workload.batch,
-            u64::MAX,
-            &mut check,
-            &mut result,
-        )?;
-    } else {
-        // As many consumers as writers, each claiming and acking in a loop. Claims take the
-        // earliest due tasks, so each consumer still sees due times in order.
-        let engine = engine.as_ref();
-        let parts = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..writers)
-                .map(|_| {
-                    let queue = &queue;
-                    scope.spawn(move || -> anyhow::Result<EngineResult> {
-                        let mut part = EngineResult::default();
-                        let mut check = DrainCheck::new(workload.payload_bytes);
-                        part.drained = drain(
-                            engine,
-                            queue,
-                            now_ms,
-                            workload.batch,
-                            u64::MAX,
-                            &mut check,
-                            &mut part,
-                        )?;
-                        Ok(part)
-                    })
+    let engine = engines::open_store(kind, dir, true)?;
+    result.reopen_secs = Some(started.elapsed().as_secs_f64());
+    result.rss_after_reopen_bytes = probe::rss_bytes();
+    let started = Instant::now();
+    let drained = drain(
+        engine.as_ref(),
+        queue,
+        workload.all_due_ms(),
+        workload.batch,
+        DURABLE_ACK_SAMPLE,
+        check,
+        result,
+    )?;
+    result.durable_ack_drained = drained;
+    result.drained = drained;
+    result.durable_ack_drain_secs = Some(started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// As many consumers as writers, each claiming and acking in a loop. Claims take the earliest
+/// due tasks, so each consumer still sees due times in order. Returns each consumer's counts.
+fn drain_in_parallel(
+    engine: &dyn Store,
+    queue: &QueueName,
+    now_ms: UnixMs,
+    workload: &Workload,
+    writers: usize,
+) -> anyhow::Result<Vec<EngineResult>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..writers)
+            .map(|_| {
+                scope.spawn(move || -> anyhow::Result<EngineResult> {
+                    let mut part = EngineResult::default();
+                    let mut check = DrainCheck::new(workload.payload_bytes);
+                    part.drained = drain(
+                        engine,
+                        queue,
+                        now_ms,
+                        workload.batch,
+                        u64::MAX,
+                        &mut check,
+                        &mut part,
+                    )?;
+                    Ok(part)
                 })
-                .collect();
-            handles
-                .into_iter()
-                .map(|handle| match handle.join() {
-                    Ok(part) => part,
-                    Err(_) => bail!("a drain thread panicked"),
-                })
-                .collect::<anyhow::Result<Vec<_>>>()
-        })?;
-        for part in parts {
-            result.drained += part.drained;
-            result.order_violations += part.order_violations;
-            result.verify_failures += part.verify_failures;
-        }
-    }
-    engine.flush()?;
-    result.drain_secs = Some(started.elapsed().as_secs_f64());
-    result.drain_write_bytes = write_bytes_since(before);
-    drop(engine);
-    if kind != EngineKind::Memory {
-        result.disk_after_drain_bytes = disk(dir)?;
-    }
-    Ok(result)
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| match handle.join() {
+                Ok(part) => part,
+                Err(_) => bail!("a drain thread panicked"),
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    })
 }
 
 /// Claims and acks (one thread) until nothing is due or `limit` tasks are drained; returns
