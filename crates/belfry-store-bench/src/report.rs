@@ -443,100 +443,115 @@ fn extrapolate(workload: &Workload, rows: &[PendingRow]) -> Vec<String> {
     let mut out = Vec::new();
     for pair in rows.chunks(2) {
         let [small, large] = pair else { continue };
-        let engine = &large.fill.engine;
         let span = (large.fill.tasks - small.fill.tasks) as f64;
         if span <= 0.0 {
             continue;
         }
-        let project = |a: Option<f64>, b: Option<f64>| -> Option<(f64, f64)> {
-            let (a, b) = (a?, b?);
-            // A negative slope is noise (nothing shrinks as tasks are added): project from
-            // the larger measurement with no growth instead of extrapolating a decrease.
-            let slope = ((b - a) / span).max(0.0);
-            let remaining = TARGET_PENDING.saturating_sub(large.fill.tasks) as f64;
-            Some((slope, a.max(b) + slope * remaining))
-        };
-        let as_f = |v: Option<u64>| v.map(|v| v as f64);
-        if let Some((slope, at_target)) = project(
-            as_f(small.reopen.rss_after_reopen_bytes),
-            as_f(large.reopen.rss_after_reopen_bytes),
-        ) {
-            out.push(verdict(
-                &format!("{engine}: RSS after reopen with 100M pending ≤ 512 MiB (extrapolated)"),
-                at_target <= TARGET_RSS_BYTES,
-                format!(
-                    "{:.1} B per extra pending task → {} at 100M",
-                    slope,
-                    bytes(Some(at_target.max(0.0) as u64))
-                ),
-            ));
-        }
-        if let Some((slope, at_target)) = project(
-            as_f(small.fill.peak_rss_bytes),
-            as_f(large.fill.peak_rss_bytes),
-        ) {
-            out.push(verdict(
-                &format!("{engine}: peak RSS while filling 100M ≤ 512 MiB (extrapolated)"),
-                at_target <= TARGET_RSS_BYTES,
-                format!(
-                    "{:.1} B per extra pending task → {} at 100M",
-                    slope,
-                    bytes(Some(at_target.max(0.0) as u64))
-                ),
-            ));
-        }
-        if let Some((slope, at_target)) =
-            project(small.reopen.first_claim_secs, large.reopen.first_claim_secs)
-        {
-            out.push(verdict(
-                &format!(
-                    "{engine}: serving again after kill -9 with 100M pending ≤ 2 s (extrapolated)"
-                ),
-                at_target <= TARGET_REOPEN_SECS,
-                format!(
-                    "{:.1} ms per extra million pending → {} at 100M",
-                    slope * 1e6 * 1000.0,
-                    secs(Some(at_target.max(0.0)))
-                ),
-            ));
-        }
-        // Time on a shared machine is noisy; the engine's own count of what it read at reopen
-        // is not. When that count did not grow with ten times the tasks, say so next to the
-        // straight-line verdict.
-        if let (Some(a), Some(b)) = (
-            small.reopen.reopen_records_read,
-            large.reopen.reopen_records_read,
-        ) {
-            let measured = match (small.reopen.first_claim_secs, large.reopen.first_claim_secs) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            };
-            if b <= a.saturating_mul(2) {
-                out.push(format!(
-                    "- {engine}: records read at reopen did not grow with the pending count ({a} at {} → {b} at {}): \
-                     by that measure reopen at 100M stays near the measured {}, whatever a straight line through two noisy timings says \
-                     (reopen also fsyncs what the killed process left unsynced, bounded by the checkpoint interval)",
-                    small.fill.tasks,
-                    large.fill.tasks,
-                    secs(measured),
-                ));
-            } else {
-                out.push(format!(
-                    "- {engine}: records read at reopen grew with the pending count ({a} at {} → {b} at {})",
-                    small.fill.tasks, large.fill.tasks,
-                ));
-            }
-        }
+        out.extend(growth_verdicts(small, large, span));
+        out.extend(reopen_records_note(small, large));
         if let Some(disk) = per_task(large.fill.disk_after_ingest_bytes, large.fill.tasks) {
             let vs_raw = disk / workload.raw_record_bytes() as f64;
             out.push(verdict(
-                &format!("{engine}: disk ≤ 1.5× raw task bytes pending"),
+                &format!("{}: disk ≤ 1.5× raw task bytes pending", large.fill.engine),
                 vs_raw <= TARGET_DISK_VS_RAW,
                 format!("{vs_raw:.2}× at {} pending", large.fill.tasks),
             ));
         }
     }
     out
+}
+
+/// RSS after reopen, peak RSS while filling and the time to serve again, each on a straight
+/// line through the two sizes (`span` tasks apart) to the target pending count.
+fn growth_verdicts(small: &PendingRow, large: &PendingRow, span: f64) -> Vec<String> {
+    let engine = &large.fill.engine;
+    let project = |a: Option<f64>, b: Option<f64>| -> Option<(f64, f64)> {
+        let (a, b) = (a?, b?);
+        // A negative slope is noise (nothing shrinks as tasks are added): project from
+        // the larger measurement with no growth instead of extrapolating a decrease.
+        let slope = ((b - a) / span).max(0.0);
+        let remaining = TARGET_PENDING.saturating_sub(large.fill.tasks) as f64;
+        Some((slope, a.max(b) + slope * remaining))
+    };
+    let as_f = |v: Option<u64>| v.map(|v| v as f64);
+    let per_task_bytes = |(slope, at_target): (f64, f64)| {
+        (
+            at_target <= TARGET_RSS_BYTES,
+            format!(
+                "{:.1} B per extra pending task → {} at 100M",
+                slope,
+                bytes(Some(at_target.max(0.0) as u64))
+            ),
+        )
+    };
+    let mut out = Vec::new();
+    if let Some(line) = project(
+        as_f(small.reopen.rss_after_reopen_bytes),
+        as_f(large.reopen.rss_after_reopen_bytes),
+    ) {
+        let (met, detail) = per_task_bytes(line);
+        out.push(verdict(
+            &format!("{engine}: RSS after reopen with 100M pending ≤ 512 MiB (extrapolated)"),
+            met,
+            detail,
+        ));
+    }
+    if let Some(line) = project(
+        as_f(small.fill.peak_rss_bytes),
+        as_f(large.fill.peak_rss_bytes),
+    ) {
+        let (met, detail) = per_task_bytes(line);
+        out.push(verdict(
+            &format!("{engine}: peak RSS while filling 100M ≤ 512 MiB (extrapolated)"),
+            met,
+            detail,
+        ));
+    }
+    if let Some((slope, at_target)) =
+        project(small.reopen.first_claim_secs, large.reopen.first_claim_secs)
+    {
+        out.push(verdict(
+            &format!(
+                "{engine}: serving again after kill -9 with 100M pending ≤ 2 s (extrapolated)"
+            ),
+            at_target <= TARGET_REOPEN_SECS,
+            format!(
+                "{:.1} ms per extra million pending → {} at 100M",
+                slope * 1e6 * 1000.0,
+                secs(Some(at_target.max(0.0)))
+            ),
+        ));
+    }
+    out
+}
+
+/// Time on a shared machine is noisy; the engine's own count of what it read at reopen is
+/// not. When that count did not grow with ten times the tasks, say so next to the
+/// straight-line verdict.
+fn reopen_records_note(small: &PendingRow, large: &PendingRow) -> Option<String> {
+    let engine = &large.fill.engine;
+    let (a, b) = (
+        small.reopen.reopen_records_read?,
+        large.reopen.reopen_records_read?,
+    );
+    if b > a.saturating_mul(2) {
+        return Some(format!(
+            "- {engine}: records read at reopen grew with the pending count ({a} at {} → {b} at {})",
+            small.fill.tasks, large.fill.tasks,
+        ));
+    }
+    let measured = match (small.reopen.first_claim_secs, large.reopen.first_claim_secs) {
+        (Some(a), Some(b)) => Some(a.max(b)),
+        (a, b) => a.or(b),
+    };
+    Some(format!(
+        "- {engine}: records read at reopen did not grow with the pending count ({a} at {} → {b} at {}): \
+         by that measure reopen at 100M stays near the measured {}, whatever a straight line through two noisy timings says \
+         (reopen also fsyncs what the killed process left unsynced, bounded by the checkpoint interval)",
+        small.fill.tasks,
+        large.fill.tasks,
+        secs(measured),
+    ))
 }
 
 pub fn pending_table(workload: &Workload, rows: &[PendingRow]) -> String {
