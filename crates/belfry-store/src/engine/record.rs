@@ -416,40 +416,7 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
     out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
     out.push(RECORD_VERSION);
     match record {
-        Record::Put(put) => {
-            out.push(KIND_PUT);
-            put_u64(out, put.seq);
-            put_u64(out, put.due_at_ms);
-            out.push(match put.priority {
-                Priority::High => 0,
-                Priority::Normal => 1,
-            });
-            out.push(match put.payload_kind {
-                PayloadKind::Json => 0,
-                PayloadKind::Binary => 1,
-            });
-            let (tag, after) = match put.late_policy {
-                LatePolicy::Fire => (0, 0),
-                LatePolicy::Skip { after_ms } => (1, after_ms),
-                LatePolicy::Dead { after_ms } => (2, after_ms),
-            };
-            out.push(tag);
-            put_u64(out, after);
-            match &put.idempotency_key {
-                None => out.push(0),
-                Some(key) => {
-                    out.push(1);
-                    put_str(out, key);
-                }
-            }
-            out.extend_from_slice(&(put.headers.len() as u32).to_le_bytes());
-            for (name, value) in &put.headers {
-                put_str(out, name);
-                put_str(out, value);
-            }
-            out.extend_from_slice(&(put.payload.len() as u32).to_le_bytes());
-            out.extend_from_slice(&put.payload);
-        }
+        Record::Put(put) => encode_put(out, put),
         Record::Cancel { seq } => {
             out.push(KIND_CANCEL);
             put_u64(out, *seq);
@@ -509,6 +476,42 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
     let crc = crc32fast::hash(&out[start + FRAME_HEADER_BYTES..]);
     out[start..start + 4].copy_from_slice(&(body_len as u32).to_le_bytes());
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The body of a put frame, after the version byte.
+fn encode_put(out: &mut Vec<u8>, put: &PutRecord) {
+    out.push(KIND_PUT);
+    put_u64(out, put.seq);
+    put_u64(out, put.due_at_ms);
+    out.push(match put.priority {
+        Priority::High => 0,
+        Priority::Normal => 1,
+    });
+    out.push(match put.payload_kind {
+        PayloadKind::Json => 0,
+        PayloadKind::Binary => 1,
+    });
+    let (tag, after) = match put.late_policy {
+        LatePolicy::Fire => (0, 0),
+        LatePolicy::Skip { after_ms } => (1, after_ms),
+        LatePolicy::Dead { after_ms } => (2, after_ms),
+    };
+    out.push(tag);
+    put_u64(out, after);
+    match &put.idempotency_key {
+        None => out.push(0),
+        Some(key) => {
+            out.push(1);
+            put_str(out, key);
+        }
+    }
+    out.extend_from_slice(&(put.headers.len() as u32).to_le_bytes());
+    for (name, value) in &put.headers {
+        put_str(out, name);
+        put_str(out, value);
+    }
+    out.extend_from_slice(&(put.payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&put.payload);
 }
 
 /// The queue uid of a WAL entry that holds a metadata record rather than a bucket record.
@@ -683,6 +686,66 @@ impl<'a> Reader<'a> {
 /// Longest idempotency key a record may hold (the API enforces a tighter limit).
 pub const KEY_BYTES_MAX: usize = 64 * 1024;
 
+/// A put frame's fields after its kind byte; `keep` says how much of the headers and the
+/// payload to keep.
+fn decode_put(r: &mut Reader<'_>, keep: Keep<'_>) -> Result<PutRecord, DecodeError> {
+    let seq = r.u64()?;
+    let due_at_ms = r.u64()?;
+    let priority = match r.u8()? {
+        0 => Priority::High,
+        1 => Priority::Normal,
+        _ => return Err(DecodeError::Malformed("priority")),
+    };
+    let payload_kind = match r.u8()? {
+        0 => PayloadKind::Json,
+        1 => PayloadKind::Binary,
+        _ => return Err(DecodeError::Malformed("payload kind")),
+    };
+    let tag = r.u8()?;
+    let after_ms = r.u64()?;
+    let late_policy = match tag {
+        0 if after_ms == 0 => LatePolicy::Fire,
+        1 => LatePolicy::Skip { after_ms },
+        2 => LatePolicy::Dead { after_ms },
+        _ => return Err(DecodeError::Malformed("late policy")),
+    };
+    let idempotency_key = match r.u8()? {
+        0 => None,
+        1 => Some(r.string(KEY_BYTES_MAX)?),
+        _ => return Err(DecodeError::Malformed("key flag")),
+    };
+    let header_count = r.u32()? as usize;
+    if header_count > HEADERS_MAX {
+        return Err(DecodeError::Malformed("too many headers"));
+    }
+    let light = matches!(keep, Keep::Light);
+    let mut headers = Vec::with_capacity(if light { 0 } else { header_count });
+    for _ in 0..header_count {
+        let name = r.str(HEADER_NAME_LEN_MAX)?;
+        let value = r.str(HEADER_VALUE_LEN_MAX)?;
+        if !light {
+            headers.push((name.to_owned(), value.to_owned()));
+        }
+    }
+    let payload_len = r.u32()? as usize;
+    let payload = r.take(payload_len)?;
+    let payload = match keep {
+        Keep::Full => Bytes::copy_from_slice(payload),
+        Keep::Shared(frame) => frame.slice_ref(payload),
+        Keep::Light => Bytes::new(),
+    };
+    Ok(PutRecord {
+        seq,
+        due_at_ms,
+        priority,
+        payload_kind,
+        late_policy,
+        idempotency_key,
+        headers,
+        payload,
+    })
+}
+
 fn decode_body(body: &[u8], keep: Keep<'_>) -> Result<Record, DecodeError> {
     let mut r = Reader { bytes: body };
     let version = r.u8()?;
@@ -691,63 +754,7 @@ fn decode_body(body: &[u8], keep: Keep<'_>) -> Result<Record, DecodeError> {
     }
     let kind = r.u8()?;
     let record = match kind {
-        KIND_PUT => {
-            let seq = r.u64()?;
-            let due_at_ms = r.u64()?;
-            let priority = match r.u8()? {
-                0 => Priority::High,
-                1 => Priority::Normal,
-                _ => return Err(DecodeError::Malformed("priority")),
-            };
-            let payload_kind = match r.u8()? {
-                0 => PayloadKind::Json,
-                1 => PayloadKind::Binary,
-                _ => return Err(DecodeError::Malformed("payload kind")),
-            };
-            let tag = r.u8()?;
-            let after_ms = r.u64()?;
-            let late_policy = match tag {
-                0 if after_ms == 0 => LatePolicy::Fire,
-                1 => LatePolicy::Skip { after_ms },
-                2 => LatePolicy::Dead { after_ms },
-                _ => return Err(DecodeError::Malformed("late policy")),
-            };
-            let idempotency_key = match r.u8()? {
-                0 => None,
-                1 => Some(r.string(KEY_BYTES_MAX)?),
-                _ => return Err(DecodeError::Malformed("key flag")),
-            };
-            let header_count = r.u32()? as usize;
-            if header_count > HEADERS_MAX {
-                return Err(DecodeError::Malformed("too many headers"));
-            }
-            let light = matches!(keep, Keep::Light);
-            let mut headers = Vec::with_capacity(if light { 0 } else { header_count });
-            for _ in 0..header_count {
-                let name = r.str(HEADER_NAME_LEN_MAX)?;
-                let value = r.str(HEADER_VALUE_LEN_MAX)?;
-                if !light {
-                    headers.push((name.to_owned(), value.to_owned()));
-                }
-            }
-            let payload_len = r.u32()? as usize;
-            let payload = r.take(payload_len)?;
-            let payload = match keep {
-                Keep::Full => Bytes::copy_from_slice(payload),
-                Keep::Shared(frame) => frame.slice_ref(payload),
-                Keep::Light => Bytes::new(),
-            };
-            Record::Put(PutRecord {
-                seq,
-                due_at_ms,
-                priority,
-                payload_kind,
-                late_policy,
-                idempotency_key,
-                headers,
-                payload,
-            })
-        }
+        KIND_PUT => Record::Put(decode_put(&mut r, keep)?),
         KIND_CANCEL => Record::Cancel { seq: r.u64()? },
         KIND_RESCHEDULE => Record::Reschedule {
             seq: r.u64()?,
