@@ -376,16 +376,18 @@ impl FileConfig {
                 "limits.subscribers_body_max" => {
                     self.limits.subscribers_body_max = Some(HumanSize::Text(value.clone()))
                 }
-                "limits.horizon" => self.limits.horizon = Some(HumanDuration::Text(value.clone())),
+                "limits.horizon" => {
+                    self.limits.horizon = Some(duration(&value).map_err(|e| bad(&e))?)
+                }
                 "limits.store_calls_in_flight" => {
                     self.limits.store_calls_in_flight =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
                 }
                 "limits.store_admission_wait" => {
-                    self.limits.store_admission_wait = Some(HumanDuration::Text(value.clone()))
+                    self.limits.store_admission_wait = Some(duration(&value).map_err(|e| bad(&e))?)
                 }
                 "limits.store_call_timeout" => {
-                    self.limits.store_call_timeout = Some(HumanDuration::Text(value.clone()))
+                    self.limits.store_call_timeout = Some(duration(&value).map_err(|e| bad(&e))?)
                 }
                 "webhooks.allow_private_targets" => {
                     self.webhooks.allow_private_targets = Some(match value.as_str() {
@@ -399,15 +401,17 @@ impl FileConfig {
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
                 }
                 "http.header_read_timeout" => {
-                    self.http.header_read_timeout = Some(HumanDuration::Text(value.clone()))
+                    self.http.header_read_timeout = Some(duration(&value).map_err(|e| bad(&e))?)
                 }
                 "http.body_read_timeout" => {
-                    self.http.body_read_timeout = Some(HumanDuration::Text(value.clone()))
+                    self.http.body_read_timeout = Some(duration(&value).map_err(|e| bad(&e))?)
                 }
                 "http.idle_timeout" => {
-                    self.http.idle_timeout = Some(HumanDuration::Text(value.clone()))
+                    self.http.idle_timeout = Some(duration(&value).map_err(|e| bad(&e))?)
                 }
-                "schedules.lead" => self.schedules.lead = Some(HumanDuration::Text(value.clone())),
+                "schedules.lead" => {
+                    self.schedules.lead = Some(duration(&value).map_err(|e| bad(&e))?)
+                }
                 "http.connections_max" => {
                     self.http.connections_max =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
@@ -430,14 +434,16 @@ impl FileConfig {
                 }
                 "storage.fsync" => self.storage.fsync = Some(value.clone()),
                 "storage.fsync_interval" => {
-                    self.storage.fsync_interval = Some(HumanDuration::Text(value.clone()))
+                    self.storage.fsync_interval = Some(duration(&value).map_err(|e| bad(&e))?)
                 }
-                "shutdown.grace" => self.shutdown.grace = Some(HumanDuration::Text(value.clone())),
+                "shutdown.grace" => {
+                    self.shutdown.grace = Some(duration(&value).map_err(|e| bad(&e))?)
+                }
                 "shutdown.drain_delay" => {
-                    self.shutdown.drain_delay = Some(HumanDuration::Text(value.clone()))
+                    self.shutdown.drain_delay = Some(duration(&value).map_err(|e| bad(&e))?)
                 }
                 "metrics.refresh" => {
-                    self.metrics.refresh = Some(HumanDuration::Text(value.clone()))
+                    self.metrics.refresh = Some(duration(&value).map_err(|e| bad(&e))?)
                 }
                 "log.level" => self.log.level = Some(value.clone()),
                 "log.format" => self.log.format = Some(value.clone()),
@@ -448,6 +454,17 @@ impl FileConfig {
         }
         Ok(())
     }
+}
+
+/// An environment variable's duration, checked where the variable can be named in the error.
+fn duration(value: &str) -> Result<HumanDuration, String> {
+    crate::units::parse_duration_ms(value)?;
+    Ok(HumanDuration::Text(value.to_owned()))
+}
+
+/// [`duration`], its error naming the variable `var` and the key `key` it overrides.
+pub(crate) fn env_duration(var: &str, key: &str, value: &str) -> anyhow::Result<HumanDuration> {
+    duration(value).map_err(|e| anyhow!("{var} (overrides {key}): {e}"))
 }
 
 #[cfg(test)]
@@ -698,6 +715,31 @@ sasl_mechanism = "SCRAM-SHA-256"
                 "{bad}: {err}"
             );
         }
+    }
+
+    /// A number with no unit means milliseconds only as a TOML integer; as a string (every
+    /// environment variable is one) it is refused, naming the variable, rather than guessed.
+    #[test]
+    fn a_duration_string_without_a_unit_is_refused() {
+        let resolve = |text: &str| parse(text).unwrap().resolve(None, None, None);
+        let integer = resolve("[http]\nidle_timeout = 1000\n").unwrap();
+        assert_eq!(integer.server.http_idle_timeout_ms, 1_000);
+        let err = resolve("[http]\nidle_timeout = \"1000\"\n").unwrap_err();
+        let text = format!("{err:#}");
+        assert!(text.contains("http.idle_timeout"), "{text}");
+        assert!(text.contains("\"1000ms\" or \"1000s\""), "{text}");
+        let mut file = parse("").unwrap();
+        let err = file
+            .apply_env(|var| (var == "BELFRY_SHUTDOWN_GRACE").then(|| "30000".into()))
+            .unwrap_err();
+        let text = format!("{err:#}");
+        assert!(
+            text.contains("BELFRY_SHUTDOWN_GRACE (overrides shutdown.grace)"),
+            "{text}"
+        );
+        let mut file = parse("").unwrap();
+        file.apply_env(|var| (var == "BELFRY_HTTP_IDLE_TIMEOUT").then(|| "0".into()))
+            .unwrap_or_else(|e| panic!("0 needs no unit: {e:#}"));
     }
 
     #[test]

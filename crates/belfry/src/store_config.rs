@@ -7,6 +7,7 @@ use anyhow::{anyhow, bail};
 use belfry_store_redis::{RedisOptions, RedisTarget, Timeouts};
 use serde::Deserialize;
 
+use crate::config::env_duration;
 use crate::units::HumanDuration;
 
 /// `[redis]`: how a `redis://` or `redis-cluster://` store is laid out and waited for.
@@ -55,18 +56,14 @@ impl RedisSection {
                     anyhow!("{var} (overrides {key}): expected a whole number from 1 to {max}, got {value:?}")
                 })?)
             }
-            "redis.command_timeout" => {
-                self.command_timeout = Some(HumanDuration::Text(value.to_owned()))
-            }
-            "redis.connect_timeout" => {
-                self.connect_timeout = Some(HumanDuration::Text(value.to_owned()))
-            }
+            "redis.command_timeout" => self.command_timeout = Some(env_duration(var, key, value)?),
+            "redis.connect_timeout" => self.connect_timeout = Some(env_duration(var, key, value)?),
             "redis.replica_acks" => {
                 self.replica_acks = Some(value.parse().map_err(|_| {
                     anyhow!("{var} (overrides {key}): expected a whole number of replicas, got {value:?}")
                 })?)
             }
-            "redis.far_after" => self.far_after = Some(HumanDuration::Text(value.to_owned())),
+            "redis.far_after" => self.far_after = Some(env_duration(var, key, value)?),
             other => bail!("internal: no override for {other}"),
         }
         Ok(())

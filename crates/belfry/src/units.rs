@@ -48,11 +48,21 @@ fn split_number(text: &str) -> Result<(f64, String), String> {
     Ok((number, unit.trim().to_ascii_lowercase()))
 }
 
+/// A duration with its unit, in milliseconds. A number without a unit is refused (except 0):
+/// "30" reads as seconds to some and as milliseconds to others, and either guess is off by a
+/// factor of 1,000 for the rest. (A TOML integer, `HumanDuration::Millis`, is milliseconds.)
 pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
     let (number, unit) = split_number(text)?;
     let factor: f64 = match unit.as_str() {
+        "" if number == 0.0 => 0.0,
+        "" => {
+            let n = text.trim();
+            return Err(format!(
+                "{n:?} has no unit: write \"{n}ms\" or \"{n}s\" (units: ms, s, m, h, d, w, y)"
+            ));
+        }
         "ms" => 1.0,
-        "" | "s" | "sec" => 1_000.0,
+        "s" | "sec" => 1_000.0,
         "m" | "min" => 60_000.0,
         "h" => 3_600_000.0,
         "d" => 86_400_000.0,
@@ -104,12 +114,15 @@ mod tests {
             |text: &str, ms: Option<u64>| assert_eq!(parse_duration_ms(text).ok(), ms, "{text}");
         check("250ms", Some(250));
         check("30s", Some(30_000));
-        check("30", Some(30_000));
+        check("30", None);
+        check("0", Some(0));
         check("1.5 m", Some(90_000));
         check("2h", Some(7_200_000));
         check("10y", Some(315_360_000_000));
         check("5 fortnights", None);
         check("s", None);
+        let no_unit = parse_duration_ms(" 1000 ").unwrap_err();
+        assert!(no_unit.contains("\"1000ms\" or \"1000s\""), "{no_unit}");
     }
 
     #[test]
