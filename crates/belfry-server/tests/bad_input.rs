@@ -190,6 +190,10 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         (400, "invalid_queue_config", "PUT", queue, b(r#"{"retry":{"max_attempts":0}}"#)),
         (400, "invalid_request", "PUT", queue, b(r#"{"delivery":{"type":"carrier-pigeon"}}"#)),
         (400, "webhook_target_refused", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"not a url"}}"#)),
+        // Both timeout bounds are the queue config's, with its code (the sink refused 50 ms
+        // on its own, as if the URL were bad).
+        (400, "invalid_queue_config", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","timeout_ms":50}}"#)),
+        (400, "invalid_queue_config", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","timeout_ms":300001}}"#)),
         (400, "invalid_request", "PUT", queue, b(r#"{"burst":"lots"}"#)),
         (400, "invalid_task_id", "GET", "/v1/queues/q/tasks/xyz", None),
         (404, "task_not_found", "GET", "/v1/queues/q/tasks/0000000000000000000000000000abcd", None),

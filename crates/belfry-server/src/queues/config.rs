@@ -18,9 +18,10 @@ pub const RATE_PER_S_MIN: f64 = 0.001;
 pub const BURST_MAX: u32 = 10_000_000;
 /// Largest concurrency limit.
 pub const MAX_IN_FLIGHT_MAX: u32 = 1_000_000;
-/// Webhook timeout bounds and default.
-pub const WEBHOOK_TIMEOUT_MS_MIN: u64 = 10;
-pub const WEBHOOK_TIMEOUT_MS_MAX: u64 = 5 * 60 * 1000;
+/// Webhook timeout bounds (the sink's own, so a queue config the server takes is one the sink
+/// takes) and default.
+pub const WEBHOOK_TIMEOUT_MS_MIN: u64 = belfry_sinks::webhook::TIMEOUT_MIN.as_millis() as u64;
+pub const WEBHOOK_TIMEOUT_MS_MAX: u64 = belfry_sinks::webhook::TIMEOUT_MAX.as_millis() as u64;
 pub const WEBHOOK_TIMEOUT_MS_DEFAULT: u64 = 10_000;
 /// Longest webhook URL and secret.
 pub const WEBHOOK_URL_LEN_MAX: usize = 2048;
