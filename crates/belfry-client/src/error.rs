@@ -123,7 +123,7 @@ pub enum Error {
     Http(#[from] reqwest::Error),
     #[error("unexpected answer from belfry (HTTP {status}): {detail}")]
     Unexpected { status: u16, detail: String },
-    #[error("invalid server URL {0:?}: give http://HOST:PORT or https://HOST:PORT")]
+    #[error("invalid server URL {0:?}: give http://HOST:PORT or https://HOST:PORT, without /v1 (each call adds it)")]
     BadUrl(String),
     /// The CA file given for an `https://` server holds no usable certificate.
     #[error("CA certificates: {0}")]

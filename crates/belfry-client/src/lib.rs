@@ -95,7 +95,9 @@ impl Client {
     /// `base` is the server's URL, e.g. `http://127.0.0.1:7070`.
     pub fn new(base: &str) -> Result<Self> {
         let base = base.trim_end_matches('/').to_owned();
-        if !(base.starts_with("http://") || base.starts_with("https://")) {
+        // A path is kept (a proxy may serve belfry under one), but every route starts with
+        // /v1 itself: a base ending in /v1 would ask for /v1/v1/… and get route_not_found.
+        if !(base.starts_with("http://") || base.starts_with("https://")) || base.ends_with("/v1") {
             return Err(Error::BadUrl(base));
         }
         let http = reqwest::Client::builder()

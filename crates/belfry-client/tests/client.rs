@@ -535,8 +535,14 @@ async fn operations_and_transport_errors() {
         Client::new("127.0.0.1:7070"),
         Err(Error::BadUrl(_))
     ));
-    // https URLs are accepted (TLS itself is tested with the TLS work).
+    // Routes add /v1 themselves: a base with it would ask for /v1/v1/… of every call.
+    match Client::new("http://127.0.0.1:7070/v1/") {
+        Err(e @ Error::BadUrl(_)) => assert!(e.to_string().contains("without /v1"), "{e}"),
+        other => panic!("expected BadUrl, got {other:?}"),
+    }
+    // https URLs are accepted (TLS itself is tested with the TLS work), and a proxy's prefix.
     assert!(Client::new("https://belfry.example:7443/").is_ok());
+    assert!(Client::new("https://example.com/belfry").is_ok());
     h.stop().await;
 }
 

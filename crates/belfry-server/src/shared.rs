@@ -41,7 +41,7 @@ pub enum ServiceError {
     TaskNotFound(belfry_core::TaskId),
     #[error("no task with idempotency key {0:?} in this queue")]
     KeyNotFound(String),
-    #[error("the lease on task {0} expired or was replaced; lease the task again")]
+    #[error("the lease on task {0} no longer holds: it expired, the task was leased again, or the task has finished (GET it to see its state)")]
     LeaseExpired(belfry_core::TaskId),
     #[error("task {id} is {}, only scheduled tasks can be changed or cancelled", state.as_str())]
     NotScheduled {

@@ -407,6 +407,32 @@ async fn json_output_is_the_servers_answer() {
     }
     // An empty answer (204) prints nothing.
     assert_eq!(ok(&server, &["task", "cancel", "raw", &id, "--json"]), "");
+    // An API error prints the server's error object on stdout too, and still fails.
+    let missing = "0000000000000000000000000000abcd";
+    let (success, stdout, stderr) = belfry(&server, &["task", "get", "raw", missing, "--json"]);
+    assert!(!success, "{stdout}");
+    let error: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(error["error"]["code"], "task_not_found", "{stdout}");
+    assert!(stderr.contains("task_not_found"), "{stderr}");
+}
+
+/// `https://` to a server that serves plain HTTP says so, rather than "corrupt message".
+#[test]
+fn https_to_a_plain_http_server_says_it_answered_plain_http() {
+    let server = serve(&["--store", "memory"]);
+    let url = server.url.replacen("http://", "https://", 1);
+    let out = Command::new(BIN)
+        .args(["queue", "list", "--server", &url])
+        .env_remove("BELFRY_SERVER")
+        .env_remove("BELFRY_CA_FILE")
+        .output()
+        .expect("run belfry");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("serves plain HTTP") && stderr.contains("use http://"),
+        "{stderr}"
+    );
 }
 
 #[test]

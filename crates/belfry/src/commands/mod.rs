@@ -29,7 +29,8 @@ pub struct Remote {
     /// Bearer token for a server that requires one (`[[auth.tokens]]`).
     #[arg(long, env = "BELFRY_TOKEN", global = true, hide_env_values = true)]
     pub token: Option<String>,
-    /// Print the server's JSON answer exactly as received (nothing for an empty answer).
+    /// Print the server's JSON answer exactly as received (nothing for an empty answer); an
+    /// API error's code and message go to stdout too, as the server's error object.
     #[arg(long, global = true)]
     pub json: bool,
 }
@@ -72,7 +73,7 @@ pub(crate) async fn run<T: DeserializeOwned>(
     request: Request,
     describe: impl FnOnce(T) -> String,
 ) -> anyhow::Result<()> {
-    let answer = client(remote)?.send(&request).await?;
+    let answer = send(remote, &request).await?;
     if remote.json {
         return print_raw(&answer);
     }
@@ -87,7 +88,7 @@ pub(crate) async fn run_empty(
     request: Request,
     done: String,
 ) -> anyhow::Result<()> {
-    let answer = client(remote)?.send(&request).await?;
+    let answer = send(remote, &request).await?;
     if remote.json {
         return print_raw(&answer);
     }
@@ -95,12 +96,28 @@ pub(crate) async fn run_empty(
     Ok(())
 }
 
+/// Sends `request`. With `--json`, an API error's `{"error": {"code", "message"}}` also goes to
+/// stdout, so a script reads every answer there (the exit status and stderr still say it
+/// failed).
+async fn send(remote: &Remote, request: &Request) -> anyhow::Result<Answer> {
+    let sent = client(remote)?.send(request).await;
+    if let (true, Err(belfry_client::Error::Api { code, message, .. })) = (remote.json, &sent) {
+        let body = serde_json::json!({"error": {"code": code.as_str(), "message": message}});
+        print_body(body.to_string().as_bytes())?;
+    }
+    Ok(sent?)
+}
+
 /// The body byte for byte; a newline after it only at a terminal, so that a pipe gets exactly
 /// what the server sent.
 pub(crate) fn print_raw(answer: &Answer) -> anyhow::Result<()> {
+    print_body(&answer.body)
+}
+
+fn print_body(body: &[u8]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
-    out.write_all(&answer.body)?;
-    if std::io::IsTerminal::is_terminal(&out) && !answer.body.is_empty() {
+    out.write_all(body)?;
+    if std::io::IsTerminal::is_terminal(&out) && !body.is_empty() {
         out.write_all(b"\n")?;
     }
     out.flush()?;
@@ -122,6 +139,11 @@ pub fn error_line(error: &anyhow::Error) -> String {
                     "the TLS certificate of {url} is not trusted ({text}): pass --ca-file (or \
                      BELFRY_CA_FILE) with the CA that signed it, or the certificate itself if \
                      self-signed with basicConstraints CA:FALSE (README, \"HTTPS\")"
+                )
+            } else if url.starts_with("https://") && text.contains("InvalidContentType") {
+                format!(
+                    "{url} did not answer TLS ({text}): the server there serves plain HTTP; \
+                     use http:// or give the server a certificate ([tls], README \"HTTPS\")"
                 )
             } else {
                 format!(
