@@ -201,10 +201,14 @@ impl DeliveryJob {
                     }
                     Action::Proceed => {}
                 },
-                Ok(LeaseOutcome::LeaseExpired | LeaseOutcome::NotFound) => {
-                    // The lease ran out (or the queue was deleted) while we delivered: the
-                    // task is due again and will be delivered again, as at-least-once allows.
+                Ok(LeaseOutcome::LeaseExpired) => {
+                    // The lease ran out while we delivered: the task is due again and will be
+                    // delivered again, as at-least-once allows.
                     tracing::warn!(%queue, task = %id, "lease ended during delivery; the task will be delivered again");
+                }
+                Ok(LeaseOutcome::NotFound) => {
+                    // The task, or its whole queue, was deleted while we delivered.
+                    tracing::info!(%queue, task = %id, "the task was deleted during its delivery (with its queue?); nothing to record");
                 }
                 Err(error) => {
                     metrics::outcome_write_error();
