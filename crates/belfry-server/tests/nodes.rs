@@ -541,6 +541,32 @@ async fn a_write_whose_announcement_was_lost_is_found_at_the_next_recheck() {
     nodes.stop().await;
 }
 
+/// A queue made on A a moment ago, whose announcement B has not heard (lost here, on the way
+/// in production), is served by B at the first call: a miss on a shared store reads the store
+/// before answering "not found". A name that is nowhere is still 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_made_on_one_node_is_served_by_the_other_before_it_hears_of_it() {
+    let nodes = Nodes::start().await;
+    let [a, b] = &nodes.servers;
+    nodes.shared.muted.store(true, Ordering::SeqCst);
+    a.queue("fresh", json!({})).await;
+    let (status, body) = b
+        .call(
+            "POST",
+            "/v1/queues/fresh/tasks",
+            json!({"payload": {"n": 1}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(queue_status(b, "fresh").await, 200);
+    assert_eq!(queue_status(b, "nowhere").await, 404);
+    let (status, body) = b.call("POST", "/v1/queues/nowhere/tasks", json!({})).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(body["error"]["code"], "queue_not_found", "{body}");
+    nodes.shared.muted.store(false, Ordering::SeqCst);
+    nodes.stop().await;
+}
+
 /// A reminder firing on its owner moves its next fire time, which every node hears with the
 /// reminder's key: the other node's feed shows the new time at once, its runner reads that
 /// one reminder again, not every reminder, and the recheck after it reads nothing again

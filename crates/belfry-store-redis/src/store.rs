@@ -975,6 +975,10 @@ impl Store for RedisStore {
         self.settle_room(queue, room, leases, now_ms)
     }
 
+    fn shared_by_nodes(&self) -> bool {
+        true
+    }
+
     fn subscribe_events(&self, sink: belfry_store::EventSink) -> Result<()> {
         let listener = crate::events::listen(
             &self.target,

@@ -213,6 +213,7 @@ forwarding! {
     fn delivery_is_quick(&self) -> bool;
     fn claim_is_quick(&self, queue: &QueueName, now_ms: UnixMs) -> bool;
     fn reads_are_quick(&self) -> bool;
+    fn shared_by_nodes(&self) -> bool;
     fn health(&self) -> StoreHealth;
 }
 

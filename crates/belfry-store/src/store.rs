@@ -501,6 +501,13 @@ pub trait Store: Send + Sync + 'static {
     // what the others changed and split the work among them. Single-process stores keep the
     // defaults: no events, and this node owns everything.
 
+    /// Whether other nodes may share this store, so that what this node has cached of it (its
+    /// queues) can lag a change made elsewhere: a miss is then worth a read of the store
+    /// before it is answered as "not found". The default: no, this process is the only one.
+    fn shared_by_nodes(&self) -> bool {
+        false
+    }
+
     /// Starts sending [`StoreEvent`]s to `sink`. Called once, when the server starts.
     fn subscribe_events(&self, sink: EventSink) -> Result<()> {
         let _ = sink;

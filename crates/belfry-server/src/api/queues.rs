@@ -37,7 +37,7 @@ pub async fn get(
     State(service): State<AppState>,
     QueuePath(queue): QueuePath,
 ) -> Result<Json<QueueView>, ApiError> {
-    let runtime = service.runtime(&queue)?;
+    let runtime = service.runtime(&queue).await?;
     let counts = service.queue_counts(&queue).await?;
     let mut view = QueueView::new(&queue, &runtime.config(), Some(counts));
     view.health = health(&service, &queue);

@@ -23,8 +23,8 @@ const DEAD_PAGE_DEFAULT: usize = 100;
 
 /// What a submitted task is checked against, and the queue's defaults. An unknown queue is
 /// reported here, before any complaint about the task itself.
-fn limits(service: &AppState, queue: &QueueName) -> Result<TaskLimits, ApiError> {
-    let runtime = service.runtime(queue)?;
+async fn limits(service: &AppState, queue: &QueueName) -> Result<TaskLimits, ApiError> {
+    let runtime = service.runtime(queue).await?;
     Ok(TaskLimits {
         payload_bytes_max: service.config.payload_bytes_max,
         horizon_ms: service.config.horizon_ms,
@@ -38,7 +38,7 @@ pub async fn submit(
     JsonBytes(bytes): JsonBytes,
 ) -> Result<Response, ApiError> {
     let body: TaskBody = parse_json(&bytes)?;
-    let limits = limits(&service, &queue)?;
+    let limits = limits(&service, &queue).await?;
     let task = body.into_new_task(&queue, service.now_ms(), limits)?;
     let outcome = service
         .submit(&queue, vec![task])
@@ -70,7 +70,7 @@ pub async fn submit_batch(
             .map(|raw| parse_json::<TaskBody>(raw.get().as_bytes()))
             .collect(),
     };
-    service.runtime(&queue)?;
+    service.runtime(&queue).await?;
     if tasks.len() > BATCH_TASKS_MAX {
         return Err(ApiError::new(
             ErrorCode::BatchTooLarge,
@@ -81,7 +81,7 @@ pub async fn submit_batch(
         ));
     }
     let now_ms = service.now_ms();
-    let limits = limits(&service, &queue)?;
+    let limits = limits(&service, &queue).await?;
     let mut entries: Vec<Option<SubmitEntry<TaskView>>> = Vec::with_capacity(tasks.len());
     let mut valid = Vec::with_capacity(tasks.len());
     for task in tasks {
@@ -140,17 +140,17 @@ pub async fn reschedule(
     TaskPath(queue, id): TaskPath,
     JsonBody(body): JsonBody<DueBody>,
 ) -> Result<Json<TaskView>, ApiError> {
-    let due = new_due_time(&service, &queue, &body)?;
+    let due = new_due_time(&service, &queue, &body).await?;
     let task = service.reschedule(&queue, id, due).await?;
     Ok(Json(TaskView::new(&task)))
 }
 
-fn new_due_time(
+async fn new_due_time(
     service: &AppState,
     queue: &QueueName,
     body: &DueBody,
 ) -> Result<belfry_core::UnixMs, ApiError> {
-    service.runtime(queue)?;
+    service.runtime(queue).await?;
     body.resolve(service.now_ms(), service.config.horizon_ms)?
         .ok_or_else(|| {
             ApiError::new(
@@ -186,7 +186,7 @@ pub async fn reschedule_by_key(
     KeyPath(queue, key): KeyPath,
     JsonBody(body): JsonBody<DueBody>,
 ) -> Result<Json<TaskView>, ApiError> {
-    let due = new_due_time(&service, &queue, &body)?;
+    let due = new_due_time(&service, &queue, &body).await?;
     let task = service.task_by_key(&queue, &key).await?;
     let task = service.reschedule(&queue, task.id, due).await?;
     Ok(Json(TaskView::new(&task)))

@@ -32,7 +32,7 @@ impl Service {
         visibility_ms: u64,
         wait: Duration,
     ) -> Result<Vec<LeasedTask>> {
-        let runtime = self.runtime(queue)?;
+        let runtime = self.runtime(queue).await?;
         if let Some(spec) = runtime.config().sink() {
             return Err(ServiceError::NotPullQueue(queue.clone(), spec.kind()));
         }
@@ -87,7 +87,7 @@ impl Service {
     }
 
     pub async fn ack(&self, queue: &QueueName, id: TaskId, lease: LeaseId) -> Result<()> {
-        let runtime = self.runtime(queue)?;
+        let runtime = self.runtime(queue).await?;
         let name = queue.clone();
         let now_ms = self.now_ms();
         let outcome = self
@@ -105,7 +105,7 @@ impl Service {
         queue: &QueueName,
         acks: Vec<(TaskId, LeaseId)>,
     ) -> Result<Vec<Result<()>>> {
-        let runtime = self.runtime(queue)?;
+        let runtime = self.runtime(queue).await?;
         let now_ms = self.now_ms();
         // One store call for the whole batch: the embedded engine then takes its lock once
         // per 128 acks and writes one WAL frame for each, rather than one of each per task
@@ -153,7 +153,7 @@ impl Service {
         delay_ms: Option<u64>,
         reason: Option<String>,
     ) -> Result<NackResult> {
-        let runtime = self.runtime(queue)?;
+        let runtime = self.runtime(queue).await?;
         let retry = runtime.config().retry;
         let name = queue.clone();
         let now_ms = self.now_ms();
@@ -200,7 +200,7 @@ impl Service {
         lease: LeaseId,
         visibility_ms: u64,
     ) -> Result<UnixMs> {
-        let runtime = self.runtime(queue)?;
+        let runtime = self.runtime(queue).await?;
         let name = queue.clone();
         let now_ms = self.now_ms();
         let until = now_ms.saturating_add(visibility_ms);

@@ -127,8 +127,16 @@ impl Service {
         self.shared.delivery(Caller::Api, quick, f).await
     }
 
-    pub fn runtime(&self, queue: &QueueName) -> Result<Arc<QueueRuntime>> {
-        self.shared.runtime(queue)
+    /// The queue as this node serves it. On a store other nodes share, a queue this node
+    /// has not heard of yet (made elsewhere a moment ago, its event still on the way or lost)
+    /// is read from the store before the answer is "not found".
+    pub async fn runtime(&self, queue: &QueueName) -> Result<Arc<QueueRuntime>> {
+        match self.shared.runtime(queue) {
+            Err(ServiceError::QueueNotFound(_)) if self.shared.store.shared_by_nodes() => {
+                self.learn_queue(queue).await
+            }
+            known => known,
+        }
     }
 
     /// What the push dispatcher has done so far.

@@ -168,6 +168,21 @@ impl Service {
         Ok(())
     }
 
+    /// A queue missing here, read from the store (through the API's admission: an unknown
+    /// name costs a caller one store read) and followed if another node made it.
+    pub(crate) async fn learn_queue(&self, queue: &QueueName) -> Result<Arc<QueueRuntime>> {
+        let name = queue.clone();
+        let stored = self
+            .shared
+            .blocking(Caller::Api, move |s| Ok(s.get_queue(&name)?))
+            .await?;
+        if stored.is_none() {
+            return Err(ServiceError::QueueNotFound(queue.clone()));
+        }
+        self.sync_queue(queue.clone()).await?;
+        self.shared.runtime(queue)
+    }
+
     /// Re-reads every queue's configuration from the store and follows it: queues created
     /// and changed elsewhere are served here, queues deleted elsewhere are forgotten. A
     /// configuration that cannot be decoded is reported and skipped, not fatal.
@@ -196,7 +211,7 @@ impl Service {
     }
 
     pub async fn set_paused(&self, queue: QueueName, paused: bool) -> Result<QueueConfig> {
-        self.runtime(&queue)?;
+        self.runtime(&queue).await?;
         let patch = QueuePatch {
             paused: Some(paused),
             ..QueuePatch::default()

@@ -9,7 +9,7 @@ use crate::shared::Caller;
 
 impl Service {
     pub async fn submit(&self, queue: &QueueName, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
-        let runtime = self.runtime(queue)?;
+        let runtime = self.runtime(queue).await?;
         if tasks.is_empty() {
             return Ok(Vec::new());
         }
@@ -33,7 +33,7 @@ impl Service {
     }
 
     pub async fn get_task(&self, queue: &QueueName, id: TaskId) -> Result<Task> {
-        self.runtime(queue)?;
+        self.runtime(queue).await?;
         let name = queue.clone();
         let now_ms = self.now_ms();
         self.blocking(move |s| Ok(s.get(&name, id, now_ms)?))
@@ -44,7 +44,7 @@ impl Service {
     /// The task submitted with idempotency key `key` (keys are unique for a task's whole
     /// life in its queue).
     pub async fn task_by_key(&self, queue: &QueueName, key: &str) -> Result<Task> {
-        self.runtime(queue)?;
+        self.runtime(queue).await?;
         let name = queue.clone();
         let now_ms = self.now_ms();
         let owned = key.to_owned();
@@ -54,7 +54,7 @@ impl Service {
     }
 
     pub async fn cancel(&self, queue: &QueueName, id: TaskId) -> Result<()> {
-        self.runtime(queue)?;
+        self.runtime(queue).await?;
         let name = queue.clone();
         let now_ms = self.now_ms();
         let outcome = self
@@ -69,7 +69,7 @@ impl Service {
         id: TaskId,
         due_at_ms: UnixMs,
     ) -> Result<Task> {
-        let runtime = self.runtime(queue)?;
+        let runtime = self.runtime(queue).await?;
         let name = queue.clone();
         let now_ms = self.now_ms();
         let (outcome, task) = self
@@ -90,7 +90,7 @@ impl Service {
         after: Option<TaskId>,
         limit: usize,
     ) -> Result<Vec<Task>> {
-        self.runtime(queue)?;
+        self.runtime(queue).await?;
         let name = queue.clone();
         let limit = limit.min(DEAD_PAGE_MAX);
         self.blocking(move |s| Ok(s.list_dead(&name, after, limit)?))
@@ -98,7 +98,7 @@ impl Service {
     }
 
     pub async fn redrive(&self, queue: &QueueName, id: TaskId) -> Result<Task> {
-        let runtime = self.runtime(queue)?;
+        let runtime = self.runtime(queue).await?;
         let name = queue.clone();
         let now_ms = self.now_ms();
         let (outcome, task) = self

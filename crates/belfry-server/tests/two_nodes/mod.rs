@@ -295,6 +295,9 @@ impl belfry_store::ForwardingStore for NodeStore {
         self.shared.sweeps[self.node].fetch_add(1, Ordering::SeqCst);
         self.inner().sweep()
     }
+    fn shared_by_nodes(&self) -> bool {
+        true
+    }
     fn subscribe_events(&self, sink: EventSink) -> R<()> {
         self.shared.sinks.lock().push(sink);
         Ok(())
