@@ -12,10 +12,15 @@
 //! **Pace.** Without `users_per_second`, every chunk is due at the firing. With it, chunk
 //! `k` is due at `firing + users before k / rate`; chunks are made at most [`LEAD_MS`] before
 //! they are due, and the queue delivers each at its due time, never early. The delivered rate
-//! is then the configured one, whatever the chunk size.
+//! is then the configured one, whatever the chunk size. A fan-out that starts or resumes more
+//! than [`LEAD_MS`] behind its pace (the server was down, or a one-shot was moved into the
+//! past) counts the pace from then (`Fanout::paced_from_ms`): the rate is a promise to the
+//! receiver, which a burst of the chunks it is behind on would break.
 //!
 //! **Crashes.** A step puts a batch of chunks (each with the idempotency key
-//! `reminder:{id}:{firing}:{chunk}`), then writes the fan-out's cursor. After a crash in
+//! `reminder:{id}:{uid}:{firing}:{chunk}`: the reminder's uid, new at each create, and its
+//! count of firings, so no two firings share a key, even at the same instant), then writes
+//! the fan-out's cursor. After a crash in
 //! between, the next step finds the batch's chunks by key, takes their users as made, and
 //! goes on after them: no chunk is made twice and no subscriber is skipped. The server runs a
 //! step at start-up before it dispatches, so none of those chunks can have finished (and its
@@ -27,7 +32,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use belfry_core::{NewTask, Priority, UnixMs, UserId, UserPage};
-use belfry_store::{MetaChange, PutOutcome};
+use belfry_store::{MetaChange, PutOutcome, StoreError};
 use bytes::Bytes;
 use serde::{Serialize, Serializer};
 
@@ -35,7 +40,7 @@ use crate::model::{Reminder, Urgency};
 use crate::quiet::{Plan, Recall, Tally};
 use crate::record::{decode_fanout, encode_fanout, encode_reminder, uid_key, Fanout};
 use crate::record::{FANOUTS_NAMESPACE, REMINDERS_NAMESPACE};
-use crate::service::{ReminderService, Result};
+use crate::service::{ReminderError, ReminderService, Result};
 use parking_lot::MutexGuard;
 
 /// How long before its due time a paced chunk is made.
@@ -60,9 +65,10 @@ pub fn owner_key(id: &str) -> String {
     format!("reminder:{id}")
 }
 
-/// The idempotency key of a chunk.
-pub fn chunk_key(id: &str, firing_ms: UnixMs, chunk: u32) -> String {
-    format!("reminder:{id}:{firing_ms}:{chunk}")
+/// The idempotency key of chunk `chunk` of firing number `firing` (1 for the first) of the
+/// reminder `id` whose uid is `uid`.
+pub fn chunk_key(id: &str, uid: u64, firing: u64, chunk: u32) -> String {
+    format!("reminder:{id}:{uid:016x}:{firing}:{chunk}")
 }
 
 /// What one step did.
@@ -90,6 +96,10 @@ pub struct StepReport {
     pub again: bool,
     /// Reminders that could not be handled: (id, reason). The others still ran.
     pub errors: Vec<(String, String)>,
+    /// Fan-outs ended without their chunks because their queue does not exist.
+    pub fanouts_dropped: u64,
+    /// Those reminders and their queues: (id, queue).
+    pub queues_missing: Vec<(String, String)>,
 }
 
 impl StepReport {
@@ -294,22 +304,29 @@ impl ReminderService {
             }
         }
         if let Some(fanout) = fanout {
-            if self.advance(&r, fanout, now_ms, report)? {
-                return Ok(Left::Running);
+            match self.advance(&r, fanout, now_ms, report) {
+                Ok(true) => return Ok(Left::Running),
+                Ok(false) => {}
+                Err(ReminderError::Store(StoreError::QueueNotFound(_))) => {
+                    self.drop_fanout(&r, report)?
+                }
+                Err(e) => return Err(e),
             }
         }
         Ok(Left::Idle(r.next_fire_ms))
     }
 
-    /// Starts the firing at `firing_ms`: plans the chunks and moves the reminder to its next
-    /// fire time (a recurring reminder that missed fire times fires once for all of them).
+    /// Starts the firing due at `due_ms`: plans the chunks and moves the reminder to its
+    /// next fire time. A recurring reminder that missed fire times fires once for all of
+    /// them, as the latest (its chunk bodies' `firing`).
     fn start(
         &self,
         r: &mut Reminder,
-        firing_ms: UnixMs,
+        due_ms: UnixMs,
         now_ms: UnixMs,
         report: &mut StepReport,
     ) -> Result<Option<Fanout>> {
+        let firing_ms = r.def.when.latest_fire(due_ms, now_ms)?;
         let count = self.store.subscriber_count(r.uid)?;
         let chunks = count.div_ceil(u64::from(r.def.chunk_size));
         r.next_fire_ms = r.def.when.next_after(now_ms.max(firing_ms))?;
@@ -335,6 +352,7 @@ impl ReminderService {
             chunks: u32::try_from(chunks).unwrap_or(u32::MAX),
             after: None,
             users: 0,
+            paced_from_ms: None,
         });
         match &fanout {
             Some(f) => changes.push(MetaChange::put(FANOUTS_NAMESPACE, &key, encode_fanout(f))),
@@ -400,7 +418,7 @@ impl ReminderService {
         let mut batch: Vec<Made> = Vec::new();
         let mut bytes = 0;
         while batch.len() < CHUNKS_PER_PUT && bytes < PUT_BYTES_MAX {
-            let due = self.chunk_due(r, cursor);
+            let due = self.chunk_due(r, cursor, now_ms);
             if due > now_ms + LEAD_MS {
                 report.note_next(due - LEAD_MS);
                 break;
@@ -439,32 +457,55 @@ impl ReminderService {
     fn put_batch(&self, r: &Reminder, batch: Vec<Made>, report: &mut StepReport) -> Result<u32> {
         let queue = r.def.queue.as_str().to_owned();
         let n = batch.len() as u64;
-        let users: u64 = batch.iter().map(|m| m.users).sum();
+        let users: Vec<u64> = batch.iter().map(|m| m.users).collect();
         let outcomes = self
             .store
             .put(batch.into_iter().map(|m| m.task).collect())?;
-        let duplicates = outcomes
-            .iter()
-            .filter(|o| matches!(o, PutOutcome::Duplicate(_)))
-            .count() as u64;
+        let mut duplicates = 0;
+        for (outcome, users) in outcomes.iter().zip(users) {
+            match outcome {
+                PutOutcome::Duplicate(_) => duplicates += 1,
+                PutOutcome::Created { .. } => report.users_fanned_out += users,
+            }
+        }
         report.chunks_found += duplicates;
         report.chunks_created += n - duplicates;
-        report.users_fanned_out += users;
         *report.chunks_by_queue.entry(queue).or_default() += n - duplicates;
         Ok(n as u32)
     }
 
-    /// When the chunk at `cursor` is due: the firing, plus the users before it at the pace.
-    fn chunk_due(&self, r: &Reminder, cursor: &Fanout) -> UnixMs {
-        match r.def.users_per_second {
-            Some(rate) => cursor.firing_ms + cursor.users * 1000 / u64::from(rate),
-            None => cursor.firing_ms,
+    /// Ends a fan-out whose queue is gone: its chunks cannot exist. Counted and reported
+    /// once per step, like a schedule's dropped firings; a recurring reminder fires again at
+    /// its next fire time (to nothing, until the queue is back).
+    fn drop_fanout(&self, r: &Reminder, report: &mut StepReport) -> Result<()> {
+        self.store.delete_meta(FANOUTS_NAMESPACE, &uid_key(r.uid))?;
+        report.fanouts_dropped += 1;
+        report
+            .queues_missing
+            .push((r.id.to_string(), r.def.queue.to_string()));
+        Ok(())
+    }
+
+    /// When the chunk at `cursor` is due: the firing (or where the pace was counted from
+    /// since), plus the users before it at the pace. A chunk more than [`LEAD_MS`] behind its
+    /// pace is due now, and the pace counts from it: `cursor` keeps that.
+    fn chunk_due(&self, r: &Reminder, cursor: &mut Fanout, now_ms: UnixMs) -> UnixMs {
+        let Some(rate) = r.def.users_per_second else {
+            return cursor.firing_ms;
+        };
+        let offset = cursor.users * 1000 / u64::from(rate);
+        let from = cursor.paced_from_ms.unwrap_or(cursor.firing_ms);
+        let due = from.saturating_add(offset);
+        if due.saturating_add(LEAD_MS) < now_ms {
+            cursor.paced_from_ms = Some(now_ms.saturating_sub(offset));
+            return now_ms;
         }
+        due
     }
 
     /// The chunk at `cursor`, if an earlier step put it (and the crash lost its cursor).
     fn made_before(&self, r: &Reminder, cursor: &Fanout, now_ms: UnixMs) -> Result<Option<Made>> {
-        let key = chunk_key(r.id.as_str(), cursor.firing_ms, cursor.chunk);
+        let key = chunk_key(r.id.as_str(), r.uid, r.firings, cursor.chunk);
         let Some(task) = self.store.get_by_key(&r.def.queue, &key, now_ms)? else {
             return Ok(None);
         };
@@ -517,7 +558,7 @@ impl ReminderService {
         let mut payload = Vec::with_capacity(body_capacity(r, content.get(), &users));
         serde_json::to_writer(&mut payload, &body).expect("a chunk body always serialises");
         let mut task = NewTask::new(r.def.queue.clone(), due_ms, payload);
-        task.idempotency_key = Some(chunk_key(r.id.as_str(), cursor.firing_ms, cursor.chunk));
+        task.idempotency_key = Some(chunk_key(r.id.as_str(), r.uid, r.firings, cursor.chunk));
         task.priority = match r.def.urgency {
             Urgency::Urgent => Priority::High,
             Urgency::Normal => Priority::Normal,

@@ -8,10 +8,11 @@ use belfry_core::{QueueName, UnixMs};
 use bytes::Bytes;
 
 /// Longest reminder id. Ids appear in chunk idempotency keys
-/// (`reminder:{id}:{firing_ms}:{chunk}`), which the store limits to 256 bytes.
+/// (`reminder:{id}:{uid}:{firing}:{chunk}`), which the store limits to 256 bytes.
 pub const REMINDER_ID_LEN_MAX: usize = 128;
 const _: () = assert!(
-    9 + REMINDER_ID_LEN_MAX + 1 + 20 + 1 + 10 <= belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX
+    9 + REMINDER_ID_LEN_MAX + 1 + 16 + 1 + 20 + 1 + 10
+        <= belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX
 );
 
 /// Users per fan-out chunk: the default, and the bounds. A chunk is one delivery; 50,000 ids
@@ -102,6 +103,36 @@ impl When {
                 expression,
                 timezone,
             } => Ok(Trigger::cron(expression, timezone)?.next_after(after_ms)),
+        }
+    }
+
+    /// The latest fire time in `[at_ms, now_ms]`, `at_ms` being one: a recurring reminder
+    /// that missed several fire times fires once, for the latest (as a schedule's
+    /// `fire_once` does). It looks back from `now_ms` over growing windows, so a long outage
+    /// of a per-second cron costs a few thousand steps, not one per missed second.
+    pub fn latest_fire(&self, at_ms: UnixMs, now_ms: UnixMs) -> Result<UnixMs, InvalidReminder> {
+        let When::Cron {
+            expression,
+            timezone,
+        } = self
+        else {
+            return Ok(at_ms);
+        };
+        let trigger = Trigger::cron(expression, timezone)?;
+        let mut window_ms: u64 = 60_000;
+        loop {
+            let from = now_ms.saturating_sub(window_ms).max(at_ms);
+            let mut latest = None;
+            let mut t = from.saturating_sub(1);
+            while let Some(next) = trigger.next_after(t).filter(|&n| n <= now_ms) {
+                latest = Some(next);
+                t = next;
+            }
+            match latest {
+                Some(latest) => return Ok(latest.max(at_ms)),
+                None if from == at_ms => return Ok(at_ms),
+                None => window_ms = window_ms.saturating_mul(4),
+            }
         }
     }
 

@@ -19,7 +19,9 @@
 //! Version 1 fan-out document:
 //! `{"v":1,"firing_ms":…,"chunk":3,"chunks":10,"after":"12345","users":15000}`: the firing's
 //! time, the next chunk to make, the chunks planned when it started, the last user of the
-//! chunks made so far, and how many users they hold.
+//! chunks made so far, and how many users they hold; and `"paced_from_ms"` once a paced
+//! fan-out fell behind its pace and counts it from then (absent before, and in documents
+//! written before the field existed).
 
 use belfry_core::{QueueName, UnixMs, UserId};
 use bytes::Bytes;
@@ -144,6 +146,10 @@ pub struct Fanout {
     pub after: Option<UserId>,
     /// Users in the chunks made so far.
     pub users: u64,
+    /// With `users_per_second`: the instant the pace counts from, when not the firing (a
+    /// fan-out that started or resumed late keeps its pace from then rather than sending the
+    /// chunks it is behind on at once).
+    pub paced_from_ms: Option<UnixMs>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -155,6 +161,8 @@ struct FanoutV1 {
     chunks: u32,
     after: Option<String>,
     users: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    paced_from_ms: Option<u64>,
 }
 
 pub fn encode_fanout(f: &Fanout) -> Bytes {
@@ -165,6 +173,7 @@ pub fn encode_fanout(f: &Fanout) -> Bytes {
         chunks: f.chunks,
         after: f.after.as_ref().map(|u| u.as_str().to_owned()),
         users: f.users,
+        paced_from_ms: f.paced_from_ms,
     };
     Bytes::from(serde_json::to_vec(&doc).expect("a fan-out document always serialises"))
 }
@@ -185,6 +194,7 @@ pub fn decode_fanout(bytes: &[u8]) -> Result<Fanout, DecodeError> {
         chunks: doc.chunks,
         after,
         users: doc.users,
+        paced_from_ms: doc.paced_from_ms,
     })
 }
 
@@ -218,8 +228,17 @@ mod tests {
             chunks: 10,
             after: Some(UserId::new("u1").unwrap()),
             users: 15,
+            paced_from_ms: None,
         };
         assert_eq!(decode_fanout(&encode_fanout(&f)).unwrap(), f);
+        // A record written before the field existed reads as pacing from the firing.
+        let older = br#"{"v":1,"firing_ms":9,"chunk":3,"chunks":10,"after":"u1","users":15}"#;
+        assert_eq!(decode_fanout(older).unwrap(), f);
+        let paced = Fanout {
+            paced_from_ms: Some(12),
+            ..f
+        };
+        assert_eq!(decode_fanout(&encode_fanout(&paced)).unwrap(), paced);
         assert!(decode_reminder(b"{\"v\":2}").is_err());
         assert_eq!(parse_uid_key(&uid_key(u64::MAX)), Some(u64::MAX));
         assert_eq!(parse_uid_key("xyz"), None);

@@ -534,3 +534,174 @@ fn reminders_beyond_the_timetable_still_fire_on_time_and_once() {
     expected.sort();
     assert_eq!(fired, expected);
 }
+
+/// Steps and takes every 100 ms over `from..=to`; answers each body with when it was taken.
+fn drain_paced(
+    store: &MemoryStore,
+    service: &ReminderService,
+    from: u64,
+    to: u64,
+) -> Vec<(u64, Value)> {
+    let mut got = Vec::new();
+    for now in (from..=to).step_by(100) {
+        service.step(now).unwrap();
+        got.extend(take(store, now).into_iter().map(|body| (now, body)));
+    }
+    got
+}
+
+/// A paced fan-out that starts a minute after its firing (the server was down, or the time
+/// was moved into the past) keeps its pace from then: chunk `k` is due `200k` ms after the
+/// start, not all at once.
+#[test]
+fn a_paced_fan_out_that_starts_late_keeps_its_pace_from_then() {
+    let (store, service) = setup();
+    let id = ReminderId::new("late").unwrap();
+    // 100 users, 10 a chunk, 50 users/s: a chunk every 200 ms.
+    service
+        .create(Some(id.clone()), def(1_000, 10, Some(50)), 0)
+        .unwrap();
+    service.subscribe(&id, &ids(0..100)).unwrap();
+    let start = 61_000;
+    let got = drain_paced(&store, &service, start, start + 3_000);
+    assert_eq!(got.len(), 10);
+    for (taken, body) in &got {
+        let k = body["chunk"].as_u64().unwrap();
+        assert_eq!(*taken, start + 200 * k, "chunk {k}");
+        assert_eq!(body["firing"], 1_000, "the firing is still the fire time");
+    }
+}
+
+/// A paced fan-out interrupted for half a minute (the server was down) goes on at its pace
+/// from the restart: the chunks it fell behind on are not sent in a burst.
+#[test]
+fn a_paced_fan_out_resumed_after_a_pause_keeps_its_pace() {
+    let (store, service) = setup();
+    let id = ReminderId::new("paused").unwrap();
+    service
+        .create(Some(id.clone()), def(1_000, 10, Some(50)), 0)
+        .unwrap();
+    service.subscribe(&id, &ids(0..100)).unwrap();
+    // Up to 1,400 the chunks due by 2,400 (the lead) are made: 0..=7.
+    let before = drain_paced(&store, &service, 1_000, 1_400);
+    assert_eq!(before.len(), 3, "chunks 0, 1 and 2 delivered on time");
+    // Down from 1,400 to 31,000: chunks 3..=7 were made already and are due at once on the
+    // restart (they are in the queue); 8 and 9 keep the pace from the restart.
+    let after = drain_paced(&store, &service, 31_000, 33_000);
+    let at: Vec<(u64, u64)> = after
+        .iter()
+        .map(|(t, b)| (b["chunk"].as_u64().unwrap(), *t))
+        .collect();
+    assert_eq!(
+        at,
+        [
+            (3, 31_000),
+            (4, 31_000),
+            (5, 31_000),
+            (6, 31_000),
+            (7, 31_000),
+            (8, 31_000),
+            (9, 31_200)
+        ]
+    );
+    let users = users_of(
+        &before
+            .into_iter()
+            .chain(after)
+            .map(|(_, b)| b)
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(users.len(), 100);
+}
+
+/// A recurring reminder that missed several fire times fires once, for the latest of them.
+#[test]
+fn a_recurring_reminder_that_missed_fire_times_fires_once_for_the_latest() {
+    let (store, service) = setup();
+    let id = ReminderId::new("hourly").unwrap();
+    let mut d = def(0, 100, None);
+    d.when = When::Cron {
+        expression: "0 * * * *".into(),
+        timezone: "UTC".into(),
+    };
+    let hour = 3_600_000;
+    service.create(Some(id.clone()), d, 0).unwrap();
+    service.subscribe(&id, &ids(0..2)).unwrap();
+    // Down from before 1:00 until 5:30: 1:00 to 5:00 were missed.
+    let report = service.step(5 * hour + hour / 2).unwrap();
+    assert_eq!(report.fanouts_started, 1);
+    let bodies = take(&store, 5 * hour + hour / 2);
+    assert_eq!(bodies.len(), 1);
+    assert_eq!(bodies[0]["firing"], 5 * hour, "the latest missed fire time");
+    assert_eq!(service.get(&id).unwrap().next_fire_ms, Some(6 * hour));
+}
+
+/// Two firings at the same instant — a fired one-shot re-armed at its old time, or deleted and
+/// made again with the same id — make their own chunks: the second's content and users are
+/// not lost to the first's idempotency keys.
+#[test]
+fn firings_at_the_same_instant_make_their_own_chunks() {
+    let (store, service) = setup();
+    let id = ReminderId::new("again").unwrap();
+    service
+        .create(Some(id.clone()), def(1_000, 10, None), 0)
+        .unwrap();
+    service.subscribe(&id, &ids(0..2)).unwrap();
+    service.step(1_000).unwrap();
+    // The first chunk waits in the queue; the content is fixed and the time given again.
+    let patch = ReminderPatch {
+        content: Some(Bytes::from(r#"{"title":"fixed"}"#)),
+        when: Some(When::At(1_000)),
+        urgency: None,
+    };
+    service.patch(&id, patch, 1_100).unwrap();
+    let report = service.step(1_100).unwrap();
+    assert_eq!((report.chunks_created, report.users_fanned_out), (1, 2));
+    let bodies = take(&store, 1_100);
+    let titles: Vec<&str> = bodies
+        .iter()
+        .map(|b| b["content"]["title"].as_str().unwrap())
+        .collect();
+    assert_eq!(titles, ["kick-off", "fixed"]);
+
+    // Deleted, then made again under the same id for other users, at the same time.
+    service.step(1_200).unwrap();
+    service.delete(&id).unwrap();
+    service
+        .create(Some(id.clone()), def(1_000, 10, None), 1_200)
+        .unwrap();
+    service.subscribe(&id, &ids(7..9)).unwrap();
+    service.step(1_300).unwrap();
+    assert_eq!(users_of(&take(&store, 1_300)), ["7", "8"]);
+}
+
+/// A reminder whose queue was deleted drops its fan-out (counted, named once in the report)
+/// instead of failing every step, and a recurring one fires again once the queue is back.
+#[test]
+fn a_fan_out_whose_queue_is_gone_is_dropped() {
+    let (store, service) = setup();
+    let id = ReminderId::new("orphan").unwrap();
+    let mut d = def(0, 10, None);
+    d.when = When::Cron {
+        expression: "0 * * * *".into(),
+        timezone: "UTC".into(),
+    };
+    let hour = 3_600_000;
+    service.create(Some(id.clone()), d, 0).unwrap();
+    service.subscribe(&id, &ids(0..3)).unwrap();
+    store.delete_queue(&q()).unwrap();
+    let report = service.step(hour).unwrap();
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.fanouts_dropped, 1);
+    assert_eq!(report.queues_missing, [("orphan".into(), "push".into())]);
+    assert_eq!(report.users_fanned_out, 0);
+    assert!(store.list_meta(FANOUTS_NAMESPACE).unwrap().is_empty());
+    assert_eq!(service.get(&id).unwrap().next_fire_ms, Some(2 * hour));
+    // Back: the next firing goes out, and the dropped one is not sent late.
+    store.put_queue(&q(), Bytes::from("{}")).unwrap();
+    let report = service.step(2 * hour).unwrap();
+    assert_eq!((report.fanouts_dropped, report.chunks_created), (0, 1));
+    let bodies = take(&store, 2 * hour);
+    assert_eq!(bodies.len(), 1);
+    assert_eq!(bodies[0]["firing"], 2 * hour);
+}

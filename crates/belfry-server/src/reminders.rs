@@ -81,6 +81,8 @@ pub const REMINDER_CHUNKS_CREATED: &str = "belfry_reminder_chunks_created_total"
 pub const REMINDER_CHUNKS_PENDING: &str = "belfry_reminder_chunks_pending";
 pub const REMINDER_USERS_FANNED_OUT: &str = "belfry_reminder_users_fanned_out_total";
 pub const REMINDER_STEP_ERRORS: &str = "belfry_reminder_step_errors_total";
+/// Fan-outs dropped because their reminder's queue does not exist.
+pub const REMINDER_FANOUTS_DROPPED: &str = "belfry_reminder_fanouts_dropped_total";
 pub const REMINDER_SUBSCRIBERS: &str = "belfry_reminder_subscribers";
 pub const FEED_REQUESTS: &str = "belfry_feed_requests_total";
 pub const FEED_CACHE_HITS: &str = "belfry_feed_cache_hits_total";
@@ -104,6 +106,8 @@ pub struct RemindersState {
     inline_reads: InlineReads,
     /// Where the fan-out's steps run.
     steps: LowPriorityThread,
+    /// Reminders whose missing queue the log has named (once each): id → queue.
+    warned_missing: parking_lot::Mutex<std::collections::HashMap<String, String>>,
 }
 
 /// Whether a store read runs on the caller's worker: only if the store says its reads are
@@ -397,6 +401,7 @@ impl Reminders {
                 users: Cache::new(USER_CACHE_MAX),
                 inline_reads: InlineReads::new(shared.store.reads_are_quick()),
                 steps: LowPriorityThread::start("belfry-fanout", FANOUT_NICE)?,
+                warned_missing: Default::default(),
                 shared,
             }),
         })
@@ -530,6 +535,28 @@ fn publish(state: &RemindersState, report: &StepReport) {
     gauge!(REMINDER_SUBSCRIBERS).set(report.subscribers as f64);
     for (reminder, reason) in &report.errors {
         tracing::warn!(%reminder, %reason, "fan out reminder");
+    }
+    if report.fanouts_dropped > 0 {
+        counter!(REMINDER_FANOUTS_DROPPED).increment(report.fanouts_dropped);
+    }
+    warn_missing_queues(state, &report.queues_missing);
+}
+
+/// Says once per reminder that its queue does not exist, and again only after the queue came
+/// back and went again.
+fn warn_missing_queues(state: &RemindersState, missing: &[(String, String)]) {
+    let mut warned = state.warned_missing.lock();
+    if missing.is_empty() && warned.is_empty() {
+        return;
+    }
+    warned.retain(|_, queue| {
+        belfry_core::QueueName::new(queue.as_str())
+            .is_ok_and(|name| state.shared.queues.get(&name).is_none())
+    });
+    for (reminder, queue) in missing {
+        if warned.insert(reminder.clone(), queue.clone()).is_none() {
+            tracing::warn!(%reminder, %queue, "the reminder's queue does not exist; its firings are dropped until the queue is created again (said once per reminder; see belfry_reminder_fanouts_dropped_total)");
+        }
     }
 }
 

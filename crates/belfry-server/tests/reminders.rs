@@ -593,6 +593,36 @@ async fn fanout_progress(s: TestServer) {
     }
 }
 
+/// A reminder whose queue was deleted says so in its `GET`, and its firing is dropped and
+/// counted rather than failing every step.
+async fn queue_deleted(s: TestServer) {
+    s.queue("gone", json!({})).await;
+    s.ok(
+        "POST",
+        "/v1/reminders",
+        json!({"id": "orphan", "queue": "gone", "delay_ms": MINUTE}),
+        201,
+    )
+    .await;
+    bulk(&s, "/v1/reminders/orphan/subscribers", "1\n2\n").await;
+    let before = s.ok("GET", "/v1/reminders/orphan", Value::Null, 200).await;
+    assert!(before.get("queue_missing").is_none(), "{before}");
+    s.ok("DELETE", "/v1/queues/gone", Value::Null, 204).await;
+    let after = s.ok("GET", "/v1/reminders/orphan", Value::Null, 200).await;
+    assert_eq!(after["queue_missing"], true, "{after}");
+    s.advance(MINUTE);
+    eventually("the fan-out dropped", || async {
+        let text = s.metrics_text().await;
+        text.lines()
+            .any(|l| l == "belfry_reminder_fanouts_dropped_total 1")
+            .then_some(())
+    })
+    .await;
+    let done = s.ok("GET", "/v1/reminders/orphan", Value::Null, 200).await;
+    assert_eq!(done["fanout"], Value::Null, "not stuck: {done}");
+    assert_eq!(done["firings"], 1);
+}
+
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
         mod memory {
@@ -606,4 +636,11 @@ macro_rules! on_both_stores {
     };
 }
 
-on_both_stores!(lifecycle, feed_order, bad_input, bulk_many, fanout_progress);
+on_both_stores!(
+    lifecycle,
+    feed_order,
+    bad_input,
+    bulk_many,
+    fanout_progress,
+    queue_deleted
+);

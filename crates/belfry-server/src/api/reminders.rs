@@ -344,6 +344,10 @@ pub struct ReminderView {
     pub fanout: Option<Option<FanoutView>>,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
+    /// Present (and true) when the reminder's queue does not exist: its firings are dropped
+    /// until the queue is made again.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub queue_missing: bool,
 }
 
 fn raw(content: &Bytes) -> Box<RawValue> {
@@ -377,6 +381,7 @@ impl ReminderView {
             fanout: None,
             created_at_ms: r.created_at_ms,
             updated_at_ms: r.updated_at_ms,
+            queue_missing: false,
         }
     }
 }
@@ -472,6 +477,7 @@ async fn get_one(
     .await?;
     let mut view = ReminderView::of(&reminder, Some(count));
     view.fanout = Some(fanout.map(FanoutView::from));
+    view.queue_missing = state.shared.queues.get(&reminder.def.queue).is_none();
     Ok(Json(view))
 }
 
