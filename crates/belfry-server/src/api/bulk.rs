@@ -156,9 +156,10 @@ impl BulkParser {
         self.overlong = false;
     }
 
-    /// An id from a JSON string, a number, or (NDJSON only) bare text. Bare text never
-    /// starts a JSON object or array: a line such as `{"user":1}` is a mistake to report, not
-    /// an id to subscribe.
+    /// An id from a JSON string, a number (as written: `-3`, `1.5`), or (NDJSON only) bare
+    /// text. Bare text never starts a JSON object or array: a line such as `{"user":1}` is a
+    /// mistake to report, not an id to subscribe. In an array, an element must be JSON: `01`
+    /// or `true` is refused.
     fn parse(&self, text: &str, bare_allowed: bool) -> Item {
         let id = if text.starts_with('"') {
             match serde_json::from_str::<String>(text) {
@@ -171,7 +172,7 @@ impl BulkParser {
                  or alice"
                     .into(),
             );
-        } else if text.bytes().all(|b| b.is_ascii_digit()) || bare_allowed {
+        } else if bare_allowed || serde_json::from_str::<serde_json::Number>(text).is_ok() {
             text.to_owned()
         } else {
             return self.bad("expected a user id as a JSON string or a number".into());
@@ -367,6 +368,10 @@ mod tests {
         assert_eq!(run("[]", 1).0, Vec::<String>::new());
         assert_eq!(run("[]", 1).2, Ok(()));
         assert_eq!(run("[1,]", 1).1, vec![2]);
+        // Any JSON number is an id as written; what is not JSON is refused.
+        let (users, bad, _) = run("[-3, 1.5, 01, null, 7]", 2);
+        assert_eq!(users, vec!["-3", "1.5", "7"]);
+        assert_eq!(bad, vec![3, 4]);
     }
 
     #[test]

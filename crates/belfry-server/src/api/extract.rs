@@ -241,7 +241,7 @@ fn query_problem(text: &str) -> String {
         .strip_prefix("Failed to deserialize query string: ")
         .unwrap_or(text);
     match problem.strip_suffix("invalid digit found in string") {
-        Some(field) => format!("{field}expected a whole number of 0 or more"),
+        Some(field) => format!("{field}expected a whole number"),
         None => problem.to_owned(),
     }
 }

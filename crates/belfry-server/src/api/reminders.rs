@@ -215,7 +215,25 @@ impl TimeBody {
             && self.timezone.is_none()
     }
 
-    fn when(self, now_ms: UnixMs) -> Result<When, ApiError> {
+    /// The time given; a one-shot time past `horizon_ms` from now is refused as a task's
+    /// due time would be (its chunks are tasks due then).
+    fn when(self, now_ms: UnixMs, horizon_ms: u64) -> Result<When, ApiError> {
+        let when = self.given(now_ms)?;
+        if let When::At(at) = when {
+            if at > now_ms.saturating_add(horizon_ms) {
+                return Err(ApiError::new(
+                    ErrorCode::BeyondHorizon,
+                    format!(
+                        "the reminder would fire at {at} ms, beyond the server's horizon of \
+                         {horizon_ms} ms from now (limits.horizon)"
+                    ),
+                ));
+            }
+        }
+        Ok(when)
+    }
+
+    fn given(self, now_ms: UnixMs) -> Result<When, ApiError> {
         let given = [
             self.run_at.is_some(),
             self.run_at_ms.is_some(),
@@ -223,6 +241,12 @@ impl TimeBody {
             self.cron.is_some(),
         ];
         match given.iter().filter(|g| **g).count() {
+            0 if self.timezone.is_some() => {
+                return Err(invalid(
+                    "a time zone is changed with its cron expression: send both, \
+                     {\"cron\": \"0 20 * * *\", \"timezone\": \"Asia/Tokyo\"}",
+                ))
+            }
             0 => {
                 return Err(invalid(
                     "give the time: run_at, run_at_ms, delay_ms, or cron (with timezone)",
@@ -452,7 +476,7 @@ async fn create(
     let id = body.id.as_deref().map(reminder_id).transpose()?;
     let def = ReminderDef {
         queue: queue_name(&body.queue)?,
-        when: body.time.when(now_ms)?,
+        when: body.time.when(now_ms, state.shared.config.horizon_ms)?,
         content: content_bytes(body.content)?.unwrap_or_else(|| Bytes::from_static(b"null")),
         urgency: body.priority.map(Urgency::from).unwrap_or_default(),
         chunk_size: body.chunk_size.unwrap_or(CHUNK_SIZE_DEFAULT),
@@ -490,7 +514,7 @@ async fn patch(
     let when = if body.time.is_empty() {
         None
     } else {
-        Some(body.time.when(now_ms)?)
+        Some(body.time.when(now_ms, state.shared.config.horizon_ms)?)
     };
     let change = ReminderPatch {
         content: content_bytes(body.content)?,
@@ -892,8 +916,10 @@ async fn feed(
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| {
-            v.split(',')
-                .any(|t| t.trim().trim_start_matches("W/") == etag)
+            // `*` matches any current answer (RFC 9110, 13.1.2), and the feed always has one.
+            v.trim() == "*"
+                || v.split(',')
+                    .any(|t| t.trim().trim_start_matches("W/") == etag)
         });
     let mut response = if matches {
         crate::metrics::feed_request("not_modified");
