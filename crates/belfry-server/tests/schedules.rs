@@ -402,6 +402,12 @@ async fn bad_input_is_refused_with_stable_codes_and_nothing_is_stored() {
             "past the year 9999",
         ),
         (
+            json!({"queue": "q", "every_ms": 1000, "start_at_ms": u64::MAX}),
+            400,
+            "invalid_schedule",
+            "start_at_ms 18446744073709551615 is past the year 9999",
+        ),
+        (
             json!({"queue": "q", "every_ms": 1000, "shard_count": 0}),
             400,
             "invalid_schedule",

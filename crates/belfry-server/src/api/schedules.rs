@@ -172,6 +172,9 @@ fn instant(name: &str, text: Option<&str>, ms: Option<u64>) -> Result<Option<Uni
         (Some(_), Some(_)) => Err(invalid(format!(
             "give {name} (RFC 3339) or {name}_ms (unix ms), not both"
         ))),
+        (None, Some(ms)) if ms > jiff::Timestamp::MAX.as_millisecond().unsigned_abs() => {
+            Err(invalid(format!("{name}_ms {ms} is past the year 9999")))
+        }
         (None, ms) => Ok(ms),
         (Some(text), None) => {
             let at = rfc3339_ms(text).map_err(|e| invalid(format!("{name} {e}")))?;
