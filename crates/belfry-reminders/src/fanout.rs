@@ -20,9 +20,9 @@
 //! **Crashes.** A step puts a batch of chunks (each with the idempotency key
 //! `reminder:{id}:{uid}:{firing}:{chunk}`: the reminder's uid, new at each create, and its
 //! count of firings, so no two firings share a key, even at the same instant), then writes
-//! the fan-out's cursor. After a crash in
-//! between, the next step finds the batch's chunks by key, takes their users as made, and
-//! goes on after them: no chunk is made twice and no subscriber is skipped. The server runs a
+//! the fan-out's cursor. After a crash in between, the next step finds the batch's chunks
+//! by key, takes their users as made, and goes on after them: no chunk is made twice and no
+//! subscriber is skipped. The server runs a
 //! step at start-up before it dispatches, so none of those chunks can have finished (and its
 //! key been forgotten) in between.
 //!
