@@ -614,26 +614,38 @@ fn a_paced_fan_out_resumed_after_a_pause_keeps_its_pace() {
     assert_eq!(users.len(), 100);
 }
 
-/// A recurring reminder that missed several fire times fires once, for the latest of them.
-#[test]
-fn a_recurring_reminder_that_missed_fire_times_fires_once_for_the_latest() {
-    let (store, service) = setup();
-    let id = ReminderId::new("hourly").unwrap();
-    let mut d = def(0, 100, None);
+const HOUR: u64 = 3_600_000;
+
+/// A reminder made at 0 that fires at the top of every hour (UTC), to `users`.
+fn hourly(
+    service: &ReminderService,
+    name: &str,
+    chunk_size: u32,
+    users: std::ops::Range<u64>,
+) -> ReminderId {
+    let id = ReminderId::new(name).unwrap();
+    let mut d = def(0, chunk_size, None);
     d.when = When::Cron {
         expression: "0 * * * *".into(),
         timezone: "UTC".into(),
     };
-    let hour = 3_600_000;
     service.create(Some(id.clone()), d, 0).unwrap();
-    service.subscribe(&id, &ids(0..2)).unwrap();
+    service.subscribe(&id, &ids(users)).unwrap();
+    id
+}
+
+/// A recurring reminder that missed several fire times fires once, for the latest of them.
+#[test]
+fn a_recurring_reminder_that_missed_fire_times_fires_once_for_the_latest() {
+    let (store, service) = setup();
+    let id = hourly(&service, "hourly", 100, 0..2);
     // Down from before 1:00 until 5:30: 1:00 to 5:00 were missed.
-    let report = service.step(5 * hour + hour / 2).unwrap();
+    let report = service.step(5 * HOUR + HOUR / 2).unwrap();
     assert_eq!(report.fanouts_started, 1);
-    let bodies = take(&store, 5 * hour + hour / 2);
+    let bodies = take(&store, 5 * HOUR + HOUR / 2);
     assert_eq!(bodies.len(), 1);
-    assert_eq!(bodies[0]["firing"], 5 * hour, "the latest missed fire time");
-    assert_eq!(service.get(&id).unwrap().next_fire_ms, Some(6 * hour));
+    assert_eq!(bodies[0]["firing"], 5 * HOUR, "the latest missed fire time");
+    assert_eq!(service.get(&id).unwrap().next_fire_ms, Some(6 * HOUR));
 }
 
 /// Two firings at the same instant — a fired one-shot re-armed at its old time, or deleted and
@@ -680,28 +692,20 @@ fn firings_at_the_same_instant_make_their_own_chunks() {
 #[test]
 fn a_fan_out_whose_queue_is_gone_is_dropped() {
     let (store, service) = setup();
-    let id = ReminderId::new("orphan").unwrap();
-    let mut d = def(0, 10, None);
-    d.when = When::Cron {
-        expression: "0 * * * *".into(),
-        timezone: "UTC".into(),
-    };
-    let hour = 3_600_000;
-    service.create(Some(id.clone()), d, 0).unwrap();
-    service.subscribe(&id, &ids(0..3)).unwrap();
+    let id = hourly(&service, "orphan", 10, 0..3);
     store.delete_queue(&q()).unwrap();
-    let report = service.step(hour).unwrap();
+    let report = service.step(HOUR).unwrap();
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(report.fanouts_dropped, 1);
     assert_eq!(report.queues_missing, [("orphan".into(), "push".into())]);
     assert_eq!(report.users_fanned_out, 0);
     assert!(store.list_meta(FANOUTS_NAMESPACE).unwrap().is_empty());
-    assert_eq!(service.get(&id).unwrap().next_fire_ms, Some(2 * hour));
+    assert_eq!(service.get(&id).unwrap().next_fire_ms, Some(2 * HOUR));
     // Back: the next firing goes out, and the dropped one is not sent late.
     store.put_queue(&q(), Bytes::from("{}")).unwrap();
-    let report = service.step(2 * hour).unwrap();
+    let report = service.step(2 * HOUR).unwrap();
     assert_eq!((report.fanouts_dropped, report.chunks_created), (0, 1));
-    let bodies = take(&store, 2 * hour);
+    let bodies = take(&store, 2 * HOUR);
     assert_eq!(bodies.len(), 1);
-    assert_eq!(bodies[0]["firing"], 2 * hour);
+    assert_eq!(bodies[0]["firing"], 2 * HOUR);
 }
