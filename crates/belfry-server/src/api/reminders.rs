@@ -215,19 +215,15 @@ impl TimeBody {
             && self.timezone.is_none()
     }
 
-    /// The time given; a one-shot time past `horizon_ms` from now is refused as a task's
-    /// due time would be (its chunks are tasks due then).
-    fn when(self, now_ms: UnixMs, horizon_ms: u64) -> Result<When, ApiError> {
+    /// The time given; a one-shot time past the year 9999 (which `run_at` cannot name
+    /// either) is refused.
+    fn when(self, now_ms: UnixMs) -> Result<When, ApiError> {
         let when = self.given(now_ms)?;
         if let When::At(at) = when {
-            if at > now_ms.saturating_add(horizon_ms) {
-                return Err(ApiError::new(
-                    ErrorCode::BeyondHorizon,
-                    format!(
-                        "the reminder would fire at {at} ms, beyond the server's horizon of \
-                         {horizon_ms} ms from now (limits.horizon)"
-                    ),
-                ));
+            if at > jiff::Timestamp::MAX.as_millisecond().unsigned_abs() {
+                return Err(invalid(format!(
+                    "the reminder would fire at {at} ms, past the year 9999"
+                )));
             }
         }
         Ok(when)
@@ -476,7 +472,7 @@ async fn create(
     let id = body.id.as_deref().map(reminder_id).transpose()?;
     let def = ReminderDef {
         queue: queue_name(&body.queue)?,
-        when: body.time.when(now_ms, state.shared.config.horizon_ms)?,
+        when: body.time.when(now_ms)?,
         content: content_bytes(body.content)?.unwrap_or_else(|| Bytes::from_static(b"null")),
         urgency: body.priority.map(Urgency::from).unwrap_or_default(),
         chunk_size: body.chunk_size.unwrap_or(CHUNK_SIZE_DEFAULT),
@@ -514,7 +510,7 @@ async fn patch(
     let when = if body.time.is_empty() {
         None
     } else {
-        Some(body.time.when(now_ms, state.shared.config.horizon_ms)?)
+        Some(body.time.when(now_ms)?)
     };
     let change = ReminderPatch {
         content: content_bytes(body.content)?,
