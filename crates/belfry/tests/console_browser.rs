@@ -1,7 +1,8 @@
 //! The web console in a real browser: Debian's headless Chromium driven over WebDriver
 //! (`chromedriver`) against a real `belfry serve` holding data. Each page is loaded and
 //! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
-//! it), the forecast chart is drawn, and no JavaScript error is logged. A second test checks the
+//! it), "Redrive all" redrives each dead letter of a still-refusing webhook once (a receiver in
+//! the test counts), the forecast chart is drawn, and no JavaScript error is logged. A second test checks the
 //! token flow: the page loads without a token, its API calls fail until one is entered, and a
 //! read-only token's refused pause (403) opens the login form again.
 //!
@@ -12,10 +13,14 @@ mod common;
 #[path = "console_browser/webdriver.rs"]
 mod webdriver;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
 use futures_util::FutureExt as _;
 use serde_json::{json, Value};
 
@@ -68,6 +73,47 @@ where
         Err(_) => panic!("the browser test took longer than {TEST_DEADLINE:?}"),
         Ok(Err(panic)) => std::panic::resume_unwind(panic),
         Ok(Ok(())) => {}
+    }
+}
+
+/// Deliveries a webhook receiver saw, by task id.
+type Seen = Arc<Mutex<HashMap<String, u32>>>;
+
+/// A webhook receiver that refuses every delivery with a 400 (a permanent failure: each task
+/// is a dead letter at once) and counts them by `Belfry-Task-Id`. Returns its URL.
+async fn refusing_receiver() -> (String, Seen) {
+    async fn refuse(State(seen): State<Seen>, headers: HeaderMap) -> StatusCode {
+        let id = headers
+            .get("belfry-task-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        *seen.lock().unwrap().entry(id).or_default() += 1;
+        StatusCode::BAD_REQUEST
+    }
+    let seen = Seen::default();
+    let app = axum::Router::new()
+        .route("/refuse", axum::routing::post(refuse))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/refuse", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+/// Polls the API until `queue` holds `dead` dead letters and nothing pending or in flight.
+async fn settled(server: &Served, queue: &str, dead: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, q) = api(server, None, "GET", &format!("/v1/queues/{queue}"), None).await;
+        if q["dead"] == dead && q["pending"] == 0 && q["in_flight"] == 0 {
+            return q;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{queue} never settled at {dead} dead letters: {q}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -234,6 +280,7 @@ async fn every_page_works_against_a_real_server() {
         overview(&browser, &server).await;
         queue_page(&browser, &server).await;
         dead_letters(&browser, &server, &dead).await;
+        redrive_all(&browser, &server).await;
         task_lookup(&browser, &server).await;
         schedules(&browser, &server).await;
         reminders(&browser, &server).await;
@@ -341,6 +388,43 @@ async fn dead_letters(browser: &Session, server: &Served, id: &str) {
     )
     .await;
     assert_eq!(task["state"], "scheduled", "{task}");
+}
+
+/// "Redrive all" on a queue whose receiver still refuses every task: each dead letter there
+/// was when it was pressed is redriven once (and is a dead letter again at once, under the
+/// same id), and the message gives that count.
+async fn redrive_all(browser: &Session, server: &Served) {
+    const TASKS: u64 = 30;
+    let (url, seen) = refusing_receiver().await;
+    let queue = json!({"retry": {"max_attempts": 1}, "delivery": {"type": "webhook", "url": url}});
+    ok(server, "PUT", "/v1/queues/broken", queue).await;
+    for n in 0..TASKS {
+        ok(
+            server,
+            "POST",
+            "/v1/queues/broken/tasks",
+            json!({ "payload": n }),
+        )
+        .await;
+    }
+    settled(server, "broken", TASKS).await;
+
+    show(browser, server, "#/queue/broken/dead").await;
+    browser.wait("#dead tr[data-task]").await;
+    // The first click arms the button, the second redrives.
+    browser.click("#redrive-all").await;
+    browser.wait_text("#redrive-all", "Click again").await;
+    browser.click("#redrive-all").await;
+    let note = browser.wait_text("#banner", "Redrove").await;
+    assert_eq!(note, format!("Redrove {TASKS} dead letters."));
+    settled(server, "broken", TASKS).await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len() as u64, TASKS, "{seen:?}");
+    assert!(
+        seen.values().all(|n| *n == 2),
+        "each task is delivered once, then once more after its one redrive: {seen:?}"
+    );
+    shoot(browser, "4b-redrive-all").await;
 }
 
 async fn task_lookup(browser: &Session, server: &Served) {
