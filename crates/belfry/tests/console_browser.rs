@@ -172,6 +172,9 @@ async fn seed(server: &Served) -> String {
     let webhook =
         json!({"paused": true, "delivery": {"type": "webhook", "url": hook, "secret": SECRET}});
     ok(server, "PUT", "/v1/queues/hooks", webhook).await;
+    let stream =
+        json!({"delivery": {"type": "redis_stream", "connection": "cache", "stream": "s"}});
+    ok(server, "PUT", "/v1/queues/events", stream).await;
 
     // A dead letter: leased once, nacked on its only attempt.
     let dead = ok(
@@ -271,8 +274,16 @@ async fn show(browser: &Session, server: &Served, hash: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_works_against_a_real_server() {
+    // A Redis connection for a stream queue; nothing listens there, and nothing is sent to it.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(
+        &config,
+        "[connections.cache]\ntype = \"redis\"\nurl = \"redis://127.0.0.1:9/0\"\n",
+    )
+    .unwrap();
     let server = serve_with_env(
-        &["--store", "memory"],
+        &["--store", "memory", "--config", config.to_str().unwrap()],
         &[("BELFRY_ALLOW_PRIVATE_TARGETS", "true")],
     );
     let dead = seed(&server).await;
@@ -338,8 +349,15 @@ async fn queue_page(browser: &Session, server: &Served) {
     );
     shoot(browser, "2-queue").await;
 
-    // A webhook queue: its delivery is shown without the secret or the URL's query.
+    // A webhook queue: its delivery is shown without the secret or the URL's query, and with
+    // no max_in_flight, it is held to the server's default.
     show(browser, server, "#/queue/hooks").await;
+    browser
+        .wait_text(
+            "#state-fields",
+            "0 of server default (webhooks.in_flight_default)",
+        )
+        .await;
     browser
         .wait_text("#config-fields", "secret: set (hidden)")
         .await;
@@ -352,8 +370,18 @@ async fn queue_page(browser: &Session, server: &Served) {
         "a secret is shown"
     );
 
-    // Pause by a click; the API agrees.
+    // A stream queue has no per-queue cap unless it sets one.
+    show(browser, server, "#/queue/events").await;
+    browser
+        .wait_text(
+            "#state-fields",
+            "0 (no per-queue limit, only the server's dispatch budgets)",
+        )
+        .await;
+
+    // Pause by a click; the API agrees. A pull queue without max_in_flight has no cap.
     show(browser, server, "#/queue/mail").await;
+    browser.wait_text("#state-fields", "0 (no limit)").await;
     browser.click("#pause:not([disabled])").await;
     browser.wait("#resume:not([disabled])").await;
     browser.wait_text("#state-fields", "paused").await;

@@ -81,16 +81,34 @@ function fields(pairs, id) {
     h("tbody", {}, pairs.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, v)))));
 }
 
+/**
+ * What bounds a queue's tasks in flight when its `max_in_flight` is 0, by its delivery
+ * (docs/api.md): the server's settings are not in the queue's JSON, so they are named. The
+ * CLI's `queue get` words it the same.
+ */
+const IN_FLIGHT_UNSET = {
+  pull: "no limit",
+  webhook: "server default (webhooks.in_flight_default)",
+  stream: "no per-queue limit, only the server's dispatch budgets",
+};
+
+/** `3 of 8`, `3 of server default (…)`, `3 (no limit)`. */
+function inFlightText(q) {
+  const now = count(q.in_flight);
+  if (q.max_in_flight > 0) return `${now} of ${count(q.max_in_flight)}`;
+  const type = q.delivery?.type ?? "pull";
+  if (type === "webhook") return `${now} of ${IN_FLIGHT_UNSET.webhook}`;
+  return `${now} (${IN_FLIGHT_UNSET[type === "pull" ? "pull" : "stream"]})`;
+}
+
 function stateTable(q) {
   const limit = q.rate_per_s > 0 ? `${rate(q.rate_per_s)} per second, burst ${count(q.burst)}`
     : "unlimited";
-  const inFlight = q.max_in_flight > 0 ? `${count(q.in_flight)} of ${count(q.max_in_flight)}`
-    : `${count(q.in_flight)} (no limit)`;
   return fields([
     ["Status", q.paused ? h("span", { class: "paused" }, "paused") : "running"],
     ["Pending", count(q.pending)],
     ["Due now", count(q.due)],
-    ["In flight", inFlight],
+    ["In flight", inFlightText(q)],
     ["Dead letters", count(q.dead)],
     ["Rate limit", limit],
   ], "state-fields");
