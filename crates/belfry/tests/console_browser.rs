@@ -160,13 +160,9 @@ async fn seed(server: &Served) -> String {
         json!({"retry": {"max_attempts": 1}}),
     )
     .await;
-    ok(
-        server,
-        "PUT",
-        "/v1/queues/orders",
-        json!({"rate_per_s": 50, "max_in_flight": 8}),
-    )
-    .await;
+    let orders = json!({"rate_per_s": 50, "max_in_flight": 8,
+                        "late": {"policy": "skip", "after_ms": 60000}});
+    ok(server, "PUT", "/v1/queues/orders", orders).await;
     ok(server, "PUT", "/v1/queues/push", json!({})).await;
     let hook = format!("http://127.0.0.1:9/hook?token={URL_TOKEN}");
     let webhook =
@@ -324,6 +320,9 @@ async fn queue_page(browser: &Session, server: &Served) {
     show(browser, server, "#/queue/orders").await;
     browser.wait_text("#state-fields", "0 of 8").await;
     browser.wait_text("#state-fields", "50 per second").await;
+    browser
+        .wait_text("#config-fields", "skip past 1m late")
+        .await;
     browser.wait_text("#lateness", "1 deliveries").await;
     // The forecast: a uPlot canvas with a size, over a summary of what it counts.
     browser
@@ -382,6 +381,9 @@ async fn queue_page(browser: &Session, server: &Served) {
     // Pause by a click; the API agrees. A pull queue without max_in_flight has no cap.
     show(browser, server, "#/queue/mail").await;
     browser.wait_text("#state-fields", "0 (no limit)").await;
+    browser
+        .wait_text("#config-fields", "deliver however late")
+        .await;
     browser.click("#pause:not([disabled])").await;
     browser.wait("#resume:not([disabled])").await;
     browser.wait_text("#state-fields", "paused").await;

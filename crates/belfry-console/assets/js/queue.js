@@ -2,7 +2,7 @@
 // forecast of tasks falling due (uPlot), and its lateness distribution (from /metrics).
 
 import { get, metricsText, post, seg } from "./api.js";
-import { count, h, link, rate, row, seconds, table, time } from "./dom.js";
+import { count, duration, h, link, rate, row, seconds, table, time } from "./dom.js";
 import { bucketCounts, latenessBuckets, parse, quantile } from "./metrics.js";
 
 const HORIZONS = [
@@ -127,15 +127,26 @@ function deliveryText(delivery) {
   return shown.join(", ");
 }
 
+/** The queue's late policy as the CLI words it: `deliver however late`, `skip past 1m late`,
+ * `dead letter past 1h late`. */
+function lateText(policy, afterMs) {
+  const past = (what) => afterMs === undefined || afterMs === null ? what
+    : `${what} past ${duration(afterMs)} late`;
+  switch (policy ?? "fire") {
+    case "fire": return "deliver however late";
+    case "skip": return past("skip");
+    case "dead": return past("dead letter");
+    default: return past(policy);
+  }
+}
+
 function configTable(q) {
-  const late = q.late ? `${q.late.policy}${q.late.after_ms ? ` after ${q.late.after_ms} ms` : ""}`
-    : q.late_policy ?? "fire";
   return fields([
     ["Delivery", deliveryText(q.delivery)],
     ["Max attempts", count(q.retry?.max_attempts)],
     ["Backoff", `${count(q.retry?.backoff_initial_ms)} ms doubling, up to ` +
       `${count(q.retry?.backoff_max_ms)} ms`],
-    ["Late policy", late],
+    ["Late policy", lateText(q.late_policy, q.late_after_ms)],
   ], "config-fields");
 }
 
