@@ -377,6 +377,11 @@ async fn queue_page(browser: &Session, server: &Served) {
             "0 (no per-queue limit, only the server's dispatch budgets)",
         )
         .await;
+    // It takes no secret, so none is said to be missing.
+    let delivery = browser
+        .wait_text("#config-fields", "type: redis_stream")
+        .await;
+    assert!(!delivery.contains("secret"), "{delivery}");
 
     // Pause by a click; the API agrees. A pull queue without max_in_flight has no cap.
     show(browser, server, "#/queue/mail").await;

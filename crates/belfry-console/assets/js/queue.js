@@ -115,7 +115,8 @@ function stateTable(q) {
 }
 
 /** The delivery spec without anything secret: the server already redacts the secret (only
- * `secret_set`) and the URL's credentials and query; anything else secret-looking is hidden. */
+ * `secret_set`) and the URL's credentials and query; anything else secret-looking is hidden.
+ * A secret row only when the answer has `secret_set`: a stream delivery takes no secret. */
 function deliveryText(delivery) {
   if (!delivery) return "pull";
   const shown = [];
