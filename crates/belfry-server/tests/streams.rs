@@ -2,7 +2,8 @@
 //! test (redis-server, nats-server -js, and the Tansu Kafka-protocol broker; the sink
 //! conformance suite's harness): a queue whose delivery names a declared connection, tasks
 //! submitted due in one second, read back with a real consumer. Payload, metadata headers
-//! and never-early are checked; so are the refusals of bad delivery specs.
+//! and never-early are checked; so are the refusals of bad delivery specs, and that only a
+//! webhook's delivery shows `secret_set`.
 
 mod common;
 
@@ -360,5 +361,65 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
         .await;
     let warnings = created["warnings"].to_string();
     assert!(warnings.contains("not reachable"), "{created}");
+    s.handle.stop().await.expect("clean stop");
+}
+
+/// A stream delivery takes no secret (its connection's credentials live in the server's
+/// config), so its queue shows no `secret_set`, which would read as "no secret" where there
+/// is nothing to set; a webhook's says whether it has one.
+#[tokio::test]
+async fn only_webhook_deliveries_show_secret_set() {
+    // Declared but never reached: creating a queue never connects.
+    let connections = Connections::empty()
+        .with(
+            "main",
+            ConnectionSpec::url(ConnectionKind::Redis, "redis://127.0.0.1:9/0"),
+        )
+        .with(
+            "events",
+            ConnectionSpec::url(ConnectionKind::Nats, "nats://127.0.0.1:9"),
+        )
+        .with("bus", ConnectionSpec::kafka(["127.0.0.1:9"]));
+    let s = start(connections).await;
+    let streams = [
+        (
+            "rs",
+            json!({"type": "redis_stream", "connection": "main", "stream": "s"}),
+        ),
+        (
+            "n",
+            json!({"type": "nats", "connection": "events", "subject": "s"}),
+        ),
+        (
+            "k",
+            json!({"type": "kafka", "connection": "bus", "topic": "t"}),
+        ),
+    ];
+    for (name, delivery) in streams {
+        let created = s.queue(name, json!({ "delivery": delivery })).await;
+        let (_, got) = s
+            .call("GET", &format!("/v1/queues/{name}"), Value::Null)
+            .await;
+        for shown in [&created, &got] {
+            assert_eq!(shown["delivery"]["type"], delivery["type"], "{shown}");
+            assert!(
+                shown["delivery"].get("secret_set").is_none(),
+                "a {} delivery has no secret to be set: {shown}",
+                delivery["type"]
+            );
+        }
+    }
+    let url = "http://127.0.0.1:9/hook";
+    let plain = s
+        .queue("w", json!({"delivery": {"type": "webhook", "url": url}}))
+        .await;
+    assert_eq!(plain["delivery"]["secret_set"], false, "{plain}");
+    let signed = s
+        .queue(
+            "ws",
+            json!({"delivery": {"type": "webhook", "url": url, "secret": "s3cret"}}),
+        )
+        .await;
+    assert_eq!(signed["delivery"]["secret_set"], true, "{signed}");
     s.handle.stop().await.expect("clean stop");
 }

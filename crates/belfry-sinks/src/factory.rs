@@ -57,11 +57,13 @@ impl SinkSpec {
         }
     }
 
-    /// Whether the spec holds a secret that [`SinkSpec::redacted`] leaves out.
-    pub fn has_secret(&self) -> bool {
+    /// Whether the spec holds a secret that [`SinkSpec::redacted`] leaves out; `None` for a
+    /// sink that takes none (a stream spec names a connection, whose credentials live in the
+    /// server's config), so that nothing shows it as missing.
+    pub fn secret_set(&self) -> Option<bool> {
         match self {
-            SinkSpec::Webhook(spec) => spec.secret.is_some(),
-            SinkSpec::RedisStream(_) | SinkSpec::Nats(_) | SinkSpec::Kafka(_) => false,
+            SinkSpec::Webhook(spec) => Some(spec.secret.is_some()),
+            SinkSpec::RedisStream(_) | SinkSpec::Nats(_) | SinkSpec::Kafka(_) => None,
         }
     }
 
@@ -465,7 +467,7 @@ mod tests {
             secret: Some("s3cret".into()),
             timeout_ms: 500,
         });
-        assert!(spec.has_secret());
+        assert_eq!(spec.secret_set(), Some(true));
         let shown = spec.redacted();
         let SinkSpec::Webhook(shown) = shown else {
             panic!("redacted changed the type");

@@ -1,7 +1,8 @@
 //! The web console in a real browser: Debian's headless Chromium driven over WebDriver
 //! (`chromedriver`) against a real `belfry serve` holding data. Each page is loaded and
 //! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
-//! it), the forecast chart is drawn, and no JavaScript error is logged. A second test checks the
+//! it), "Redrive all" redrives each dead letter of a still-refusing webhook once (a receiver in
+//! the test counts), the forecast chart is drawn, and no JavaScript error is logged. A second test checks the
 //! token flow: the page loads without a token, its API calls fail until one is entered, and a
 //! read-only token's refused pause (403) opens the login form again.
 //!
@@ -12,10 +13,14 @@ mod common;
 #[path = "console_browser/webdriver.rs"]
 mod webdriver;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
 use futures_util::FutureExt as _;
 use serde_json::{json, Value};
 
@@ -71,6 +76,47 @@ where
     }
 }
 
+/// Deliveries a webhook receiver saw, by task id.
+type Seen = Arc<Mutex<HashMap<String, u32>>>;
+
+/// A webhook receiver that refuses every delivery with a 400 (a permanent failure: each task
+/// is a dead letter at once) and counts them by `Belfry-Task-Id`. Returns its URL.
+async fn refusing_receiver() -> (String, Seen) {
+    async fn refuse(State(seen): State<Seen>, headers: HeaderMap) -> StatusCode {
+        let id = headers
+            .get("belfry-task-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        *seen.lock().unwrap().entry(id).or_default() += 1;
+        StatusCode::BAD_REQUEST
+    }
+    let seen = Seen::default();
+    let app = axum::Router::new()
+        .route("/refuse", axum::routing::post(refuse))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/refuse", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (url, seen)
+}
+
+/// Polls the API until `queue` holds `dead` dead letters and nothing pending or in flight.
+async fn settled(server: &Served, queue: &str, dead: u64) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, q) = api(server, None, "GET", &format!("/v1/queues/{queue}"), None).await;
+        if q["dead"] == dead && q["pending"] == 0 && q["in_flight"] == 0 {
+            return q;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{queue} never settled at {dead} dead letters: {q}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Calls the API of `server` (with `token`), returning status and JSON.
 async fn api(
     server: &Served,
@@ -114,18 +160,17 @@ async fn seed(server: &Served) -> String {
         json!({"retry": {"max_attempts": 1}}),
     )
     .await;
-    ok(
-        server,
-        "PUT",
-        "/v1/queues/orders",
-        json!({"rate_per_s": 50, "max_in_flight": 8}),
-    )
-    .await;
+    let orders = json!({"rate_per_s": 50, "max_in_flight": 8,
+                        "late": {"policy": "skip", "after_ms": 60000}});
+    ok(server, "PUT", "/v1/queues/orders", orders).await;
     ok(server, "PUT", "/v1/queues/push", json!({})).await;
     let hook = format!("http://127.0.0.1:9/hook?token={URL_TOKEN}");
     let webhook =
         json!({"paused": true, "delivery": {"type": "webhook", "url": hook, "secret": SECRET}});
     ok(server, "PUT", "/v1/queues/hooks", webhook).await;
+    let stream =
+        json!({"delivery": {"type": "redis_stream", "connection": "cache", "stream": "s"}});
+    ok(server, "PUT", "/v1/queues/events", stream).await;
 
     // A dead letter: leased once, nacked on its only attempt.
     let dead = ok(
@@ -225,8 +270,16 @@ async fn show(browser: &Session, server: &Served, hash: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_works_against_a_real_server() {
+    // A Redis connection for a stream queue; nothing listens there, and nothing is sent to it.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(
+        &config,
+        "[connections.cache]\ntype = \"redis\"\nurl = \"redis://127.0.0.1:9/0\"\n",
+    )
+    .unwrap();
     let server = serve_with_env(
-        &["--store", "memory"],
+        &["--store", "memory", "--config", config.to_str().unwrap()],
         &[("BELFRY_ALLOW_PRIVATE_TARGETS", "true")],
     );
     let dead = seed(&server).await;
@@ -234,6 +287,7 @@ async fn every_page_works_against_a_real_server() {
         overview(&browser, &server).await;
         queue_page(&browser, &server).await;
         dead_letters(&browser, &server, &dead).await;
+        redrive_all(&browser, &server).await;
         task_lookup(&browser, &server).await;
         schedules(&browser, &server).await;
         reminders(&browser, &server).await;
@@ -266,6 +320,9 @@ async fn queue_page(browser: &Session, server: &Served) {
     show(browser, server, "#/queue/orders").await;
     browser.wait_text("#state-fields", "0 of 8").await;
     browser.wait_text("#state-fields", "50 per second").await;
+    browser
+        .wait_text("#config-fields", "skip past 1m late")
+        .await;
     browser.wait_text("#lateness", "1 deliveries").await;
     // The forecast: a uPlot canvas with a size, over a summary of what it counts.
     browser
@@ -291,8 +348,15 @@ async fn queue_page(browser: &Session, server: &Served) {
     );
     shoot(browser, "2-queue").await;
 
-    // A webhook queue: its delivery is shown without the secret or the URL's query.
+    // A webhook queue: its delivery is shown without the secret or the URL's query, and with
+    // no max_in_flight, it is held to the server's default.
     show(browser, server, "#/queue/hooks").await;
+    browser
+        .wait_text(
+            "#state-fields",
+            "0 of server default (webhooks.in_flight_default)",
+        )
+        .await;
     browser
         .wait_text("#config-fields", "secret: set (hidden)")
         .await;
@@ -305,8 +369,26 @@ async fn queue_page(browser: &Session, server: &Served) {
         "a secret is shown"
     );
 
-    // Pause by a click; the API agrees.
+    // A stream queue has no per-queue cap unless it sets one.
+    show(browser, server, "#/queue/events").await;
+    browser
+        .wait_text(
+            "#state-fields",
+            "0 (no per-queue limit, only the server's dispatch budgets)",
+        )
+        .await;
+    // It takes no secret, so none is said to be missing.
+    let delivery = browser
+        .wait_text("#config-fields", "type: redis_stream")
+        .await;
+    assert!(!delivery.contains("secret"), "{delivery}");
+
+    // Pause by a click; the API agrees. A pull queue without max_in_flight has no cap.
     show(browser, server, "#/queue/mail").await;
+    browser.wait_text("#state-fields", "0 (no limit)").await;
+    browser
+        .wait_text("#config-fields", "deliver however late")
+        .await;
     browser.click("#pause:not([disabled])").await;
     browser.wait("#resume:not([disabled])").await;
     browser.wait_text("#state-fields", "paused").await;
@@ -341,6 +423,43 @@ async fn dead_letters(browser: &Session, server: &Served, id: &str) {
     )
     .await;
     assert_eq!(task["state"], "scheduled", "{task}");
+}
+
+/// "Redrive all" on a queue whose receiver still refuses every task: each dead letter there
+/// was when it was pressed is redriven once (and is a dead letter again at once, under the
+/// same id), and the message gives that count.
+async fn redrive_all(browser: &Session, server: &Served) {
+    const TASKS: u64 = 30;
+    let (url, seen) = refusing_receiver().await;
+    let queue = json!({"retry": {"max_attempts": 1}, "delivery": {"type": "webhook", "url": url}});
+    ok(server, "PUT", "/v1/queues/broken", queue).await;
+    for n in 0..TASKS {
+        ok(
+            server,
+            "POST",
+            "/v1/queues/broken/tasks",
+            json!({ "payload": n }),
+        )
+        .await;
+    }
+    settled(server, "broken", TASKS).await;
+
+    show(browser, server, "#/queue/broken/dead").await;
+    browser.wait("#dead tr[data-task]").await;
+    // The first click arms the button, the second redrives.
+    browser.click("#redrive-all").await;
+    browser.wait_text("#redrive-all", "Click again").await;
+    browser.click("#redrive-all").await;
+    let note = browser.wait_text("#banner", "Redrove").await;
+    assert_eq!(note, format!("Redrove {TASKS} dead letters."));
+    settled(server, "broken", TASKS).await;
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len() as u64, TASKS, "{seen:?}");
+    assert!(
+        seen.values().all(|n| *n == 2),
+        "each task is delivered once, then once more after its one redrive: {seen:?}"
+    );
+    shoot(browser, "4b-redrive-all").await;
 }
 
 async fn task_lookup(browser: &Session, server: &Served) {

@@ -556,7 +556,7 @@ url = "nats://127.0.0.1:9"
     let created: serde_json::Value = serde_json::from_str(&created).expect("JSON");
     assert_eq!(
         created["delivery"],
-        serde_json::json!({"type": "kafka", "connection": "bus", "topic": "orders", "key": "task_id", "timeout_ms": 10000, "secret_set": false})
+        serde_json::json!({"type": "kafka", "connection": "bus", "topic": "orders", "key": "task_id", "timeout_ms": 10000})
     );
     // Nothing listens on port 9: reported, not refused.
     assert!(

@@ -1,12 +1,14 @@
 // A queue's dead letters: a page at a time, with reason and attempts; inspect a payload,
 // redrive one, or all of them.
 
-import { get, post, seg } from "./api.js";
+import { ApiError, get, post, seg } from "./api.js";
 import { count, h, link, pretty, row, table, time } from "./dom.js";
 
 const PAGE = 50;
 /** Redrive-all stops after this many, however many there are (press it again for more). */
 const REDRIVE_ALL_MAX = 10000;
+/** Dead letters listed a request by redrive-all (the API's most). */
+const LIST_PAGE = 1000;
 
 export async function showDead(ctx) {
   const name = ctx.params.args[0];
@@ -83,7 +85,14 @@ function show(container, t) {
   );
 }
 
-/** Redrives every dead letter after a second click: pages from the start until none is left. */
+/**
+ * Redrives, after a second click, every dead letter there was when it was pressed, each once.
+ *
+ * It lists the ids first, paging forward with `after`, and only then redrives them. A task
+ * redriven to a target that still refuses it is a dead letter again within milliseconds, under
+ * the same id: going back to the first page after each round would find it again and again,
+ * and send the broken receiver thousands of deliveries.
+ */
 function redriveAllButton(ctx, base, reload) {
   let armed = null;
   const button = h("button", { type: "button", id: "redrive-all", class: "danger" },
@@ -97,18 +106,24 @@ function redriveAllButton(ctx, base, reload) {
     clearTimeout(armed);
     armed = null;
     button.disabled = true;
-    let done = 0;
     try {
-      while (done < REDRIVE_ALL_MAX && ctx.alive()) {
-        const page = await get(`${base}?limit=100`);
-        if (page.tasks.length === 0) break;
-        for (const t of page.tasks) {
-          await post(`${base}/${seg(t.id)}/redrive`);
+      const { ids, more } = await deadIds(base, () => ctx.alive());
+      let done = 0, gone = 0;
+      for (const id of ids) {
+        if (!ctx.alive()) break;
+        try {
+          await post(`${base}/${seg(id)}/redrive`);
           done += 1;
-          button.textContent = `Redriving… ${done}`;
+        } catch (e) {
+          // Redriven or deleted by someone else since it was listed: nothing left to do.
+          if (!(e instanceof ApiError) || !GONE.includes(e.code)) throw e;
+          gone += 1;
         }
+        button.textContent = `Redriving… ${done + gone} of ${ids.length}`;
       }
-      ctx.note(`Redrove ${done} dead letters.`);
+      ctx.note(`Redrove ${done} dead letters.` +
+        (gone ? ` ${gone} were no longer dead letters.` : "") +
+        (more ? ` Stopped at ${REDRIVE_ALL_MAX}: press again for the rest.` : ""));
       await reload();
     } catch (e) {
       ctx.fail(e);
@@ -118,4 +133,24 @@ function redriveAllButton(ctx, base, reload) {
     }
   });
   return button;
+}
+
+/** Answers to a redrive that mean the task is no longer a dead letter to redrive. */
+const GONE = ["task_not_dead", "task_not_found"];
+
+/** The ids of the dead letters now, in id order, up to `REDRIVE_ALL_MAX`; `more` when there
+ * are others past those. */
+async function deadIds(base, alive) {
+  const ids = [];
+  let after = null;
+  while (alive()) {
+    const page = await get(`${base}?limit=${LIST_PAGE}` + (after ? `&after=${seg(after)}` : ""));
+    for (const t of page.tasks) {
+      if (ids.length === REDRIVE_ALL_MAX) return { ids, more: true };
+      ids.push(t.id);
+    }
+    after = page.next_after ?? null;
+    if (!after) break;
+  }
+  return { ids, more: false };
 }

@@ -64,6 +64,25 @@ export function seconds(s) {
   return `${s.toFixed(s < 10 ? 2 : 0)} s`;
 }
 
+/** Milliseconds in their two largest units, as the CLI shows them: `250ms`, `1.5s`, `1m`,
+ * `4m 10s`, `2h 5m`, `3d 4h`. */
+export function duration(ms) {
+  if (ms === undefined || ms === null) return "—";
+  if (ms < 1000) return `${ms}ms`;
+  if (ms < 60000) {
+    const tenths = Math.floor((ms % 1000) / 100);
+    const whole = Math.floor(ms / 1000);
+    return tenths === 0 || ms >= 10000 ? `${whole}s` : `${whole}.${tenths}s`;
+  }
+  const units = [[86400000, "d"], [3600000, "h"], [60000, "m"], [1000, "s"]];
+  const first = units.findIndex(([size]) => ms >= size);
+  const [big, bigName] = units[first];
+  const [small, smallName] = units[Math.min(first + 1, units.length - 1)];
+  const rest = Math.floor((ms % big) / small);
+  const head = `${Math.floor(ms / big)}${bigName}`;
+  return rest === 0 ? head : `${head} ${rest}${smallName}`;
+}
+
 /** A per-second rate. */
 export function rate(r) {
   if (r === null || r === undefined) return "—";

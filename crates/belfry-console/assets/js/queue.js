@@ -2,7 +2,7 @@
 // forecast of tasks falling due (uPlot), and its lateness distribution (from /metrics).
 
 import { get, metricsText, post, seg } from "./api.js";
-import { count, h, link, rate, row, seconds, table, time } from "./dom.js";
+import { count, duration, h, link, rate, row, seconds, table, time } from "./dom.js";
 import { bucketCounts, latenessBuckets, parse, quantile } from "./metrics.js";
 
 const HORIZONS = [
@@ -81,23 +81,42 @@ function fields(pairs, id) {
     h("tbody", {}, pairs.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, v)))));
 }
 
+/**
+ * What bounds a queue's tasks in flight when its `max_in_flight` is 0, by its delivery
+ * (docs/api.md): the server's settings are not in the queue's JSON, so they are named. The
+ * CLI's `queue get` words it the same.
+ */
+const IN_FLIGHT_UNSET = {
+  pull: "no limit",
+  webhook: "server default (webhooks.in_flight_default)",
+  stream: "no per-queue limit, only the server's dispatch budgets",
+};
+
+/** `3 of 8`, `3 of server default (…)`, `3 (no limit)`. */
+function inFlightText(q) {
+  const now = count(q.in_flight);
+  if (q.max_in_flight > 0) return `${now} of ${count(q.max_in_flight)}`;
+  const type = q.delivery?.type ?? "pull";
+  if (type === "webhook") return `${now} of ${IN_FLIGHT_UNSET.webhook}`;
+  return `${now} (${IN_FLIGHT_UNSET[type === "pull" ? "pull" : "stream"]})`;
+}
+
 function stateTable(q) {
   const limit = q.rate_per_s > 0 ? `${rate(q.rate_per_s)} per second, burst ${count(q.burst)}`
     : "unlimited";
-  const inFlight = q.max_in_flight > 0 ? `${count(q.in_flight)} of ${count(q.max_in_flight)}`
-    : `${count(q.in_flight)} (no limit)`;
   return fields([
     ["Status", q.paused ? h("span", { class: "paused" }, "paused") : "running"],
     ["Pending", count(q.pending)],
     ["Due now", count(q.due)],
-    ["In flight", inFlight],
+    ["In flight", inFlightText(q)],
     ["Dead letters", count(q.dead)],
     ["Rate limit", limit],
   ], "state-fields");
 }
 
 /** The delivery spec without anything secret: the server already redacts the secret (only
- * `secret_set`) and the URL's credentials and query; anything else secret-looking is hidden. */
+ * `secret_set`) and the URL's credentials and query; anything else secret-looking is hidden.
+ * A secret row only when the answer has `secret_set`: a stream delivery takes no secret. */
 function deliveryText(delivery) {
   if (!delivery) return "pull";
   const shown = [];
@@ -109,15 +128,26 @@ function deliveryText(delivery) {
   return shown.join(", ");
 }
 
+/** The queue's late policy as the CLI words it: `deliver however late`, `skip past 1m late`,
+ * `dead letter past 1h late`. */
+function lateText(policy, afterMs) {
+  const past = (what) => afterMs === undefined || afterMs === null ? what
+    : `${what} past ${duration(afterMs)} late`;
+  switch (policy ?? "fire") {
+    case "fire": return "deliver however late";
+    case "skip": return past("skip");
+    case "dead": return past("dead letter");
+    default: return past(policy);
+  }
+}
+
 function configTable(q) {
-  const late = q.late ? `${q.late.policy}${q.late.after_ms ? ` after ${q.late.after_ms} ms` : ""}`
-    : q.late_policy ?? "fire";
   return fields([
     ["Delivery", deliveryText(q.delivery)],
     ["Max attempts", count(q.retry?.max_attempts)],
     ["Backoff", `${count(q.retry?.backoff_initial_ms)} ms doubling, up to ` +
       `${count(q.retry?.backoff_max_ms)} ms`],
-    ["Late policy", late],
+    ["Late policy", lateText(q.late_policy, q.late_after_ms)],
   ], "config-fields");
 }
 

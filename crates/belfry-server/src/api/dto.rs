@@ -139,8 +139,8 @@ pub struct RetryView {
     pub backoff_max_ms: u64,
 }
 
-/// Secrets are never echoed back (`secret_set` says whether there is one), nor credentials
-/// or query strings in URLs.
+/// Secrets are never echoed back (`secret_set` says whether there is one, for a sink that
+/// takes one: a webhook), nor credentials or query strings in URLs.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum DeliveryView {
@@ -151,7 +151,8 @@ pub enum DeliveryView {
     Push {
         #[serde(flatten)]
         spec: belfry_sinks::SinkSpec,
-        secret_set: bool,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        secret_set: Option<bool>,
     },
 }
 
@@ -176,7 +177,7 @@ impl QueueView {
                 Delivery::Pull => DeliveryView::Pull { kind: "pull" },
                 Delivery::Push(spec) => DeliveryView::Push {
                     spec: spec.redacted(),
-                    secret_set: spec.has_secret(),
+                    secret_set: spec.secret_set(),
                 },
             },
             paused: config.paused,

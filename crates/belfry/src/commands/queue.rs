@@ -49,7 +49,9 @@ pub struct QueueCreate {
     /// Token bucket size.
     #[arg(long)]
     pub burst: Option<u32>,
-    /// Most tasks leased at once (0 = unlimited).
+    /// Most tasks leased or in delivery at once. 0: no limit for a pull queue, the server
+    /// default (webhooks.in_flight_default) for a webhook, no per-queue limit (only the
+    /// server's dispatch budgets) for a stream delivery.
     #[arg(long)]
     pub max_in_flight: Option<u32>,
     /// Delivery attempts before a task becomes a dead letter.
@@ -208,11 +210,22 @@ fn rate(q: &Queue) -> String {
     }
 }
 
+/// The in-flight cap: `max_in_flight`, or when that is 0 what applies to the queue's kind of
+/// delivery (docs/api.md), named since the server's settings are not in its answer. The
+/// console's queue page words it the same.
+fn in_flight_max(q: &Queue) -> String {
+    if q.max_in_flight > 0 {
+        return q.max_in_flight.to_string();
+    }
+    match q.delivery.get("type").and_then(|t| t.as_str()) {
+        None | Some("pull") => "no limit",
+        Some("webhook") => "server default (webhooks.in_flight_default)",
+        Some(_) => "no per-queue limit, only the server's dispatch budgets",
+    }
+    .to_owned()
+}
+
 pub(crate) fn describe(q: &Queue) -> String {
-    let in_flight_max = match q.max_in_flight {
-        0 => "unlimited".to_owned(),
-        n => n.to_string(),
-    };
     fields(&[
         (
             "queue",
@@ -220,7 +233,7 @@ pub(crate) fn describe(q: &Queue) -> String {
         ),
         ("delivery", delivery(q)),
         ("rate", rate(q)),
-        ("max in flight", in_flight_max),
+        ("max in flight", in_flight_max(q)),
         (
             "retry",
             format!(
@@ -307,5 +320,44 @@ pub async fn queue(remote: &Remote, command: QueueCommand) -> anyhow::Result<()>
             let done = format!("deleted queue {queue} and its tasks");
             run_empty(remote, Request::delete_queue(&queue), done).await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(max_in_flight: u32, delivery: serde_json::Value) -> Queue {
+        serde_json::from_value(serde_json::json!({
+            "name": "q", "rate_per_s": 0.0, "burst": 1, "max_in_flight": max_in_flight,
+            "retry": {"max_attempts": 10, "backoff_initial_ms": 1000, "backoff_max_ms": 600000},
+            "delivery": delivery, "paused": false,
+        }))
+        .expect("a queue")
+    }
+
+    #[test]
+    fn an_unset_in_flight_cap_says_what_applies_to_the_delivery() {
+        let check = |max, delivery, expected: &str| {
+            let shown = describe(&queue(max, delivery));
+            assert!(
+                shown.contains(&format!("max in flight: {expected}\n")),
+                "{shown}"
+            );
+        };
+        let webhook = serde_json::json!({"type": "webhook", "url": "https://example.com/h"});
+        let nats = serde_json::json!({"type": "nats", "connection": "bus", "subject": "s"});
+        check(0, serde_json::json!({"type": "pull"}), "no limit");
+        check(
+            0,
+            webhook.clone(),
+            "server default (webhooks.in_flight_default)",
+        );
+        check(
+            0,
+            nats,
+            "no per-queue limit, only the server's dispatch budgets",
+        );
+        check(8, webhook, "8");
     }
 }
