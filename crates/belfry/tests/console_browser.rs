@@ -470,6 +470,8 @@ async fn task_lookup(browser: &Session, server: &Served) {
     browser.click("#lookup-form button[type='submit']").await;
     let fields = browser.wait_text("#task-fields", "order-90").await;
     assert!(fields.contains("scheduled"), "{fields}");
+    // The queue's late policy, a length of time: not an instant in 1970.
+    assert!(fields.contains("1m (60000 ms)"), "{fields}");
     shoot(browser, "5-task").await;
 }
 

@@ -1,7 +1,7 @@
 // Looking a task up by id or idempotency key, and showing every field the API returns.
 
 import { ApiError, get, seg } from "./api.js";
-import { h, pretty, time } from "./dom.js";
+import { duration, h, pretty, time } from "./dom.js";
 
 export async function showTask(ctx) {
   const q = ctx.params.query;
@@ -35,11 +35,16 @@ export async function showTask(ctx) {
   }
 }
 
-/** Every field of the task: times as UTC, objects as JSON, the rest as text. */
+/** Fields ending in `_ms` that are lengths of time, not instants. */
+const DURATIONS = ["late_after_ms"];
+
+/** Every field of the task: instants as UTC, durations in words, objects as JSON, the rest
+ * as text. */
 function taskFields(task) {
   const rows = Object.entries(task).map(([k, v]) => {
     let shown;
-    if (k.endsWith("_ms") && typeof v === "number") shown = `${time(v)} (${v})`;
+    if (DURATIONS.includes(k) && typeof v === "number") shown = `${duration(v)} (${v} ms)`;
+    else if (k.endsWith("_ms") && typeof v === "number") shown = `${time(v)} (${v})`;
     else if (v !== null && typeof v === "object") shown = h("pre", {}, pretty(v));
     else if (k === "payload") shown = h("pre", {}, pretty(v));
     else shown = String(v);
