@@ -92,6 +92,10 @@ pub struct Queue {
     pub in_flight: Option<u64>,
     #[serde(default)]
     pub dead: Option<u64>,
+    /// Push queues: what the last delivery saw of the target (`reachable`, `unreachable:
+    /// …`, `unknown`).
+    #[serde(default)]
+    pub delivery_health: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

@@ -176,11 +176,15 @@ fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
 fn delivery(q: &Queue) -> String {
     match q.delivery.get("type").and_then(|t| t.as_str()) {
         Some("webhook") => format!(
-            "webhook {}",
+            "webhook {}{}",
             q.delivery
                 .get("url")
                 .and_then(|u| u.as_str())
-                .unwrap_or("?")
+                .unwrap_or("?"),
+            match q.delivery.get("secret_set").and_then(|s| s.as_bool()) {
+                Some(true) => " (signed)",
+                _ => " (unsigned)",
+            }
         ),
         Some(kind @ ("redis_stream" | "nats" | "kafka")) => {
             let field = |name: &str| {
@@ -232,6 +236,8 @@ pub(crate) fn describe(q: &Queue) -> String {
             format!("{}{}", q.name, if q.paused { " [paused]" } else { "" }),
         ),
         ("delivery", delivery(q)),
+        // Push queues only (empty rows are left out).
+        ("health", q.delivery_health.clone().unwrap_or_default()),
         ("rate", rate(q)),
         ("max in flight", in_flight_max(q)),
         (
@@ -359,5 +365,25 @@ mod tests {
             "no per-queue limit, only the server's dispatch budgets",
         );
         check(8, webhook, "8");
+    }
+
+    #[test]
+    fn a_push_queue_shows_its_signing_and_delivery_health() {
+        let mut q = queue(
+            0,
+            serde_json::json!({"type": "webhook", "url": "https://example.com/h", "secret_set": true}),
+        );
+        q.delivery_health = Some("unreachable: HTTP 503".into());
+        let shown = describe(&q);
+        assert!(
+            shown.contains("delivery:      webhook https://example.com/h (signed)\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("health:        unreachable: HTTP 503\n"),
+            "{shown}"
+        );
+        let pull = describe(&queue(0, serde_json::json!({"type": "pull"})));
+        assert!(!pull.contains("health:"), "{pull}");
     }
 }
