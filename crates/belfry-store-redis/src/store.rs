@@ -13,7 +13,7 @@ use redis::Value;
 use crate::claim::Want;
 use crate::conn::{check_cluster_slots, wait_replicas};
 use crate::conn::{map_error, pipeline, run_script, unexpected, Conn, Pool, Result, Timeouts};
-use crate::keys::{seq_of, split_id, Keys};
+use crate::keys::{seq_of, Keys};
 use crate::ownership::{Ownership, OwnershipOptions};
 use crate::reply::{as_array, as_i64, corrupt};
 use crate::scripts::{self, Lua};
@@ -62,8 +62,9 @@ pub struct RedisOptions {
     /// (`lua/prelude.lua`). 0 keeps every task in the ready sets; otherwise at least
     /// [`FAR_AFTER_MS_MIN`].
     pub far_after_ms: u64,
-    /// Tests only: the instant puts measure `far_after_ms` from, instead of this node's
-    /// clock (the conformance scenarios run at instants near 0).
+    /// Tests only: a put's now, instead of this node's clock: where `far_after_ms` is measured
+    /// from and what the finished-task retention is counted to (the conformance scenarios
+    /// run at instants near 0).
     pub placement_now_ms: Option<UnixMs>,
 }
 
@@ -699,35 +700,11 @@ impl Store for RedisStore {
     }
 
     fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>> {
-        self.with_queue(queue, |this, c, uid| {
-            let Some((p, seq)) = split_id(id, uid, this.keys.partitions) else {
-                return Ok(None);
-            };
-            let part = this.part(p, uid);
-            let v = this.read(c, &part, &[b"get".to_vec(), seq.to_vec()])?;
-            let items = as_array(&v).ok_or_else(|| unexpected("get", &v))?;
-            match items {
-                [] => Ok(None),
-                [rec, reason] => {
-                    let v = [Value::BulkString(seq.to_vec()), rec.clone(), reason.clone()];
-                    this.read_task(c, queue, uid, p, &v, now_ms).map(Some)
-                }
-                _ => Err(unexpected("get", &v)),
-            }
-        })
+        self.get_task(queue, id, now_ms)
     }
 
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>> {
-        self.with_queue(queue, |this, c, uid| {
-            let p = crate::partition_of(key.as_bytes(), this.keys.partitions);
-            let part = this.part(p, uid);
-            let v = this.read(c, &part, &[b"key".to_vec(), key.as_bytes().to_vec()])?;
-            let items = as_array(&v).ok_or_else(|| unexpected("get by key", &v))?;
-            if items.is_empty() {
-                return Ok(None);
-            }
-            this.read_task(c, queue, uid, p, items, now_ms).map(Some)
-        })
+        self.get_task_by_key(queue, key, now_ms)
     }
 
     fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
