@@ -241,6 +241,75 @@ fn a_cluster_missing_slots_fails_the_start_and_says_which() {
     );
 }
 
+#[test]
+fn a_wrong_redis_password_fails_the_start_saying_so() {
+    let redis = Redis::start(&[]);
+    // Set once it answers (its start-up check pings without a password).
+    redis_cli(
+        redis.port,
+        &["CONFIG", "SET", "requirepass", "the-right-one"],
+    );
+    let url = format!("redis://:not-it@127.0.0.1:{}", redis.port);
+    let (ok, stderr, _) = serve_expecting_exit(&["--store", &url], &[]);
+    assert!(!ok, "exit status must say failure: {stderr}");
+    assert!(
+        stderr.contains("redis refused the credentials") && !stderr.contains("corrupt"),
+        "the error says the credentials were refused: {stderr}"
+    );
+    assert!(
+        !stderr.contains("not-it"),
+        "the password is redacted: {stderr}"
+    );
+}
+
+/// `redis-cli -p PORT ARGS`, which must succeed.
+fn redis_cli(port: u16, args: &[&str]) {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    assert!(out.status.success(), "redis-cli {args:?} on {port}");
+}
+
+/// Redis at its `maxmemory` is a full store: `507 insufficient_storage` saying so, as the
+/// embedded store answers on a full disk, not a 500 that calls the data corrupt.
+#[tokio::test]
+async fn a_redis_at_maxmemory_answers_507_then_takes_submits_again() {
+    let redis = Redis::start(&[]);
+    let server = serve_with_env(
+        &["--store", &redis.url()],
+        &[
+            ("BELFRY_REDIS_NAMESPACE", "wire507"),
+            ("BELFRY_REDIS_PARTITIONS", "8"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let base = server.url.clone();
+    let created = http
+        .put(format!("{base}/v1/queues/jobs"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+
+    redis_cli(redis.port, &["CONFIG", "SET", "maxmemory", "1"]);
+    let refused = submit(&http, &base).await;
+    assert_eq!(refused.status(), 507);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "insufficient_storage", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("maxmemory") && !message.contains("corrupt"),
+        "{message}"
+    );
+
+    redis_cli(redis.port, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(submit(&http, &base).await.status(), 201);
+    still_running_without_panic(server);
+}
+
 async fn submit(http: &reqwest::Client, base: &str) -> reqwest::Response {
     http.post(format!("{base}/v1/queues/jobs/tasks"))
         .json(&serde_json::json!({"payload": {"n": 1}, "delay_ms": 60_000}))
