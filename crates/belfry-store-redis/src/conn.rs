@@ -321,8 +321,9 @@ pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisRe
 }
 
 /// Checks, on a seed node, that the cluster serves every slot, so a misconfigured cluster
-/// fails at start-up with the slots it lacks instead of failing calls later.
-pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Result<()> {
+/// fails at start-up with the slots it lacks instead of failing calls later. Answers the
+/// masters' `host:port`s.
+pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Result<Vec<String>> {
     let mut last_error = None;
     for node in nodes {
         // What messages may show: the address, never the password.
@@ -330,38 +331,14 @@ pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Resul
         let shown = shown
             .trim_start_matches("redis://")
             .trim_start_matches("***@");
-        let attempt = (|| -> redis::RedisResult<Vec<Value>> {
+        let attempt = (|| -> redis::RedisResult<Value> {
             let client = redis::Client::open(node.as_str())?;
             let mut con = client.get_connection_with_timeout(timeouts.connect)?;
             con.set_read_timeout(Some(timeouts.command))?;
             redis::cmd("CLUSTER").arg("SLOTS").query(&mut con)
         })();
         match attempt {
-            Ok(ranges) => {
-                let mut covered = vec![false; 16384];
-                for range in &ranges {
-                    let Some(items) = as_array(range) else {
-                        continue;
-                    };
-                    let (Some(lo), Some(hi)) = (
-                        items.first().and_then(as_i64),
-                        items.get(1).and_then(as_i64),
-                    ) else {
-                        continue;
-                    };
-                    for slot in lo.max(0)..=hi.min(16383) {
-                        covered[slot as usize] = true;
-                    }
-                }
-                let missing = missing_ranges(&covered);
-                if missing.is_empty() {
-                    return Ok(());
-                }
-                return Err(StoreError::Invalid(format!(
-                    "the redis cluster at {shown} does not serve slots {missing}: every one of the 16384 \
-                     slots needs a master (see `redis-cli --cluster check {shown}`)"
-                )));
-            }
+            Ok(reply) => return masters_of_every_slot(&reply, shown),
             // Every seed takes the same credentials: no other seed would let us in.
             Err(e) if classify(&e) == Class::Denied => {
                 return Err(map_error(e, "read the cluster's slots"))
@@ -375,6 +352,41 @@ pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Resul
             last_error.unwrap_or_default()
         ),
     })
+}
+
+/// The masters (`host:port`) a seed's `CLUSTER SLOTS` reply names, once it shows every slot
+/// served; else which slots are not, as an error naming the seed (`shown`).
+fn masters_of_every_slot(reply: &Value, shown: &str) -> Result<Vec<String>> {
+    let mut covered = vec![false; 16384];
+    for range in as_array(reply).unwrap_or_default() {
+        let Some(items) = as_array(range) else {
+            continue;
+        };
+        let (Some(lo), Some(hi)) = (
+            items.first().and_then(as_i64),
+            items.get(1).and_then(as_i64),
+        ) else {
+            continue;
+        };
+        for slot in lo.max(0)..=hi.min(16383) {
+            covered[slot as usize] = true;
+        }
+    }
+    let missing = missing_ranges(&covered);
+    if !missing.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "the redis cluster at {shown} does not serve slots {missing}: every one of the 16384 \
+             slots needs a master (see `redis-cli --cluster check {shown}`)"
+        )));
+    }
+    let mut masters: Vec<String> = crate::each::parse_slots(reply)
+        .map_err(|e| map_error(e, "read the cluster's slots"))?
+        .into_iter()
+        .map(|(_, _, master)| master)
+        .collect();
+    masters.sort();
+    masters.dedup();
+    Ok(masters)
 }
 
 fn missing_ranges(covered: &[bool]) -> String {

@@ -30,6 +30,7 @@ mod claim_many;
 mod conn;
 mod each;
 mod events;
+mod health;
 mod inflight;
 mod keys;
 pub mod ownership;

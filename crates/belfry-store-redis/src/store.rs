@@ -115,6 +115,8 @@ pub struct RedisStore {
     /// starts at.
     rotate: AtomicU32,
     timeouts: Timeouts,
+    /// `/readyz`'s check: a `PING` to every master within the command timeout.
+    health: crate::health::Health,
     resync_every: std::time::Duration,
     listener: parking_lot::Mutex<Option<crate::events::Listener>>,
     pub(crate) ownership: Option<Arc<Ownership>>,
@@ -182,9 +184,10 @@ impl RedisStore {
                 options.far_after_ms
             )));
         }
-        if let RedisTarget::Cluster(nodes) = target {
-            check_cluster_slots(nodes, options.timeouts)?;
-        }
+        let masters = match target {
+            RedisTarget::Cluster(nodes) => check_cluster_slots(nodes, options.timeouts)?,
+            RedisTarget::Single(_) => Vec::new(),
+        };
         let pool = Pool::open(target, options.timeouts, options.pool_idle_max)?;
         let keys = Keys::new(&options.namespace, options.partitions);
         let mut store = RedisStore {
@@ -196,6 +199,7 @@ impl RedisStore {
             placement_now_ms: options.placement_now_ms,
             rotate: AtomicU32::new(rand_seed()),
             timeouts: options.timeouts,
+            health: crate::health::Health::new(target, &masters, options.timeouts.command),
             resync_every: options.resync_every,
             listener: parking_lot::Mutex::new(None),
             ownership: None,
@@ -544,15 +548,9 @@ impl Store for RedisStore {
     }
 
     fn health(&self) -> belfry_store::StoreHealth {
-        let ping = self.pool.with("check that redis answers", |c| {
-            redis::cmd("PING").query::<String>(c.as_dyn())
-        });
-        match ping {
-            Ok(_) => belfry_store::StoreHealth::Healthy,
-            Err(StoreError::Unavailable { detail }) => {
-                belfry_store::StoreHealth::Unavailable(detail)
-            }
-            Err(other) => belfry_store::StoreHealth::Unavailable(other.to_string()),
+        match self.health.check() {
+            Ok(()) => belfry_store::StoreHealth::Healthy,
+            Err(why) => belfry_store::StoreHealth::Unavailable(why),
         }
     }
 

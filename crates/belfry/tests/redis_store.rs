@@ -549,11 +549,18 @@ async fn a_paused_cluster_master_gives_503_for_its_partitions_then_the_server_re
     );
     let health = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200);
+    let asked = Instant::now();
     let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    let took = asked.elapsed();
     assert_eq!(
         ready.status(),
         503,
         "not ready while a master is out of reach"
+    );
+    // One PING per master within the 300 ms command timeout, no retries.
+    assert!(
+        took < Duration::from_millis(1_500),
+        "readyz answers within the command timeout, took {took:?}"
     );
     let body: serde_json::Value = ready.json().await.unwrap();
     assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
