@@ -339,6 +339,16 @@ pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Resul
         })();
         match attempt {
             Ok(reply) => return masters_of_every_slot(&reply, shown),
+            // A permanent mistake, not a passing one: the URL names the wrong kind of store.
+            Err(e)
+                if e.detail()
+                    .is_some_and(|d| d.contains("cluster support disabled")) =>
+            {
+                return Err(StoreError::Invalid(format!(
+                    "the redis at {shown} is not a cluster (cluster support disabled); use \
+                     redis://{shown} for one Redis"
+                )))
+            }
             // Every seed takes the same credentials: no other seed would let us in.
             Err(e) if classify(&e) == Class::Denied => {
                 return Err(map_error(e, "read the cluster's slots"))

@@ -104,3 +104,23 @@ fn refused_credentials_say_so_at_connect_and_later() {
     };
     assert!(error.to_string().contains("NOAUTH"), "{error}");
 }
+
+/// A cluster URL naming one Redis is a mistake that waiting does not fix: refused for good,
+/// saying to use `redis://`, not "retry shortly".
+#[test]
+fn a_cluster_url_naming_one_redis_is_refused_for_good() {
+    let server = RedisServer::start();
+    let url = format!("redis-cluster://127.0.0.1:{}", server.port());
+    let refused = RedisStore::connect(&RedisTarget::parse(&url).unwrap(), options("one"));
+    let Err(StoreError::Invalid(why)) = refused else {
+        panic!("a cluster URL naming one Redis: {refused:?}");
+    };
+    assert!(
+        why.contains("is not a cluster (cluster support disabled)"),
+        "{why}"
+    );
+    assert!(
+        why.contains(&format!("use redis://127.0.0.1:{}", server.port())),
+        "{why}"
+    );
+}

@@ -242,6 +242,40 @@ fn a_cluster_missing_slots_fails_the_start_and_says_which() {
 }
 
 #[test]
+fn tls_to_the_store_is_refused_before_anything_is_tried() {
+    let url = "rediss://:swordfish@127.0.0.1:6380";
+    let (ok, stderr, took) = serve_expecting_exit(&["--store", url], &[]);
+    assert!(!ok, "exit status must say failure: {stderr}");
+    assert!(
+        stderr.contains("TLS to the store's Redis is not supported yet"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("swordfish"),
+        "the password is redacted: {stderr}"
+    );
+    assert!(!stderr.contains("retry shortly"), "{stderr}");
+    eprintln!("rediss:// refused after {took:?}");
+}
+
+#[test]
+fn a_cluster_url_naming_one_redis_fails_the_start_for_good() {
+    let redis = Redis::start(&[]);
+    let url = format!("redis-cluster://127.0.0.1:{}", redis.port);
+    let (ok, stderr, _) = serve_expecting_exit(&["--store", &url], &[]);
+    assert!(!ok, "exit status must say failure: {stderr}");
+    let single = format!("redis://127.0.0.1:{}", redis.port);
+    assert!(
+        stderr.contains("is not a cluster (cluster support disabled)") && stderr.contains(&single),
+        "the error says to use redis://: {stderr}"
+    );
+    assert!(
+        !stderr.contains("retry shortly"),
+        "not a passing failure: {stderr}"
+    );
+}
+
+#[test]
 fn a_wrong_redis_password_fails_the_start_saying_so() {
     let redis = Redis::start(&[]);
     // Set once it answers (its start-up check pings without a password).
