@@ -137,3 +137,33 @@ fn a_put_forgets_finished_tasks_past_the_retention() {
     assert_eq!(late.get(&queue, old, FINISH).unwrap(), None);
     assert_eq!(late.get_by_key(&queue, "a", FINISH).unwrap(), None);
 }
+
+/// A finished task's record keeps no payload on Redis: the task says its payload was dropped
+/// (the API then leaves the field out), where a live or dead one carries it.
+#[test]
+fn a_finished_task_says_its_payload_was_dropped() {
+    let server = RedisServer::start();
+    let queue = QueueName::new("q").unwrap();
+    let store = store_at(&server, "dropped", FINISH);
+    store.put_queue(&queue, Bytes::new()).unwrap();
+    let id = created(&put_one(&store, keyed(&queue, "a", FAR)));
+    let live = store.get(&queue, id, FINISH).unwrap().unwrap();
+    assert!(!live.payload_dropped);
+    assert_eq!(&live.payload[..], b"{\"n\":1}");
+    assert_eq!(store.cancel(&queue, id, FINISH).unwrap(), ChangeOutcome::Ok);
+    let finished = store.get(&queue, id, FINISH).unwrap().unwrap();
+    assert_eq!(finished.state, TaskState::Cancelled);
+    assert!(finished.payload_dropped, "{finished:?}");
+    // The same through the key, and as a duplicate within the retention.
+    assert!(
+        store
+            .get_by_key(&queue, "a", FINISH)
+            .unwrap()
+            .unwrap()
+            .payload_dropped
+    );
+    match put_one(&store, keyed(&queue, "a", FAR)) {
+        PutOutcome::Duplicate(task) => assert!(task.payload_dropped),
+        other => panic!("a duplicate within the retention, got {other:?}"),
+    }
+}

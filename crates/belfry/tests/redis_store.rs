@@ -344,6 +344,74 @@ async fn a_redis_at_maxmemory_answers_507_then_takes_submits_again() {
     still_running_without_panic(server);
 }
 
+/// A cancelled task on Redis, within its minute: readable by id and by key, as a duplicate
+/// of a resubmit, and never with an empty payload (the store dropped it: no payload field).
+#[tokio::test]
+async fn a_finished_task_on_redis_shows_no_payload() {
+    let redis = Redis::start(&[]);
+    let server = serve_with_env(
+        &["--store", &redis.url()],
+        &[
+            ("BELFRY_REDIS_NAMESPACE", "wiredone"),
+            ("BELFRY_REDIS_PARTITIONS", "8"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let base = server.url.clone();
+    let queue = format!("{base}/v1/queues/jobs");
+    let created = http.put(&queue).json(&serde_json::json!({})).send().await;
+    assert_eq!(created.unwrap().status(), 201);
+    let body =
+        serde_json::json!({"payload_base64": "AAE=", "delay_ms": 600_000, "idempotency_key": "k1"});
+    let submitted = http
+        .post(format!("{queue}/tasks"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), 201);
+    let id = submitted.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cancelled = http
+        .delete(format!("{queue}/keys/k1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), 204);
+
+    let by_id: serde_json::Value = http
+        .get(format!("{queue}/tasks/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let by_key = http.get(format!("{queue}/keys/k1")).send().await.unwrap();
+    assert_eq!(
+        by_key.status(),
+        200,
+        "the key names the finished task for a minute"
+    );
+    let again = http
+        .post(format!("{queue}/tasks"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+    let again: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(again["duplicate"], true, "{again}");
+    for shown in [by_id, by_key.json().await.unwrap(), again] {
+        assert_eq!(shown["state"], "cancelled", "{shown}");
+        assert!(shown.get("payload").is_none(), "{shown}");
+        assert!(shown.get("payload_base64").is_none(), "{shown}");
+    }
+    still_running_without_panic(server);
+}
+
 async fn submit(http: &reqwest::Client, base: &str) -> reqwest::Response {
     http.post(format!("{base}/v1/queues/jobs/tasks"))
         .json(&serde_json::json!({"payload": {"n": 1}, "delay_ms": 60_000}))
