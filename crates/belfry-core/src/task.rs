@@ -124,6 +124,10 @@ pub struct Task {
     pub due_at_ms: UnixMs,
     pub payload: Bytes,
     pub payload_kind: PayloadKind,
+    /// The store no longer holds the payload (`payload` is then empty and means nothing): a
+    /// store may drop a finished task's payload and keep the rest of it readable for a while
+    /// (Redis does). Shown without payload, never as an empty one.
+    pub payload_dropped: bool,
     pub headers: Vec<Header>,
     pub priority: Priority,
     pub idempotency_key: Option<String>,

@@ -220,15 +220,20 @@ fn put_batch(store: &Weak<dyn Store>, batch: Vec<PendingPut>) {
                 let _ = reply.send(Ok(outcomes.by_ref().take(size).collect()));
             }
         }
-        // A store that could not be reached may have stored part of the combined put (a
-        // networked store is atomic per slot, not per call): trying each submit again could
-        // store some twice, so each gets the error, which says a retry (with idempotency
-        // keys) is safe.
+        // A store that could not be reached, or is full (a Redis master at its maxmemory),
+        // may have stored part of the combined put (a networked store is atomic per slot,
+        // not per call): trying each submit again could store some twice, so each gets the
+        // error, which says a retry (with idempotency keys) is safe.
         Err(StoreError::Unavailable { detail }) => {
             for (_, reply) in replies {
-                let _ = reply.send(Err(StoreError::Unavailable {
-                    detail: detail.clone(),
-                }));
+                let detail = detail.clone();
+                let _ = reply.send(Err(StoreError::Unavailable { detail }));
+            }
+        }
+        Err(StoreError::Full { detail }) => {
+            for (_, reply) in replies {
+                let detail = detail.clone();
+                let _ = reply.send(Err(StoreError::Full { detail }));
             }
         }
         // Otherwise a put is all or none: when the combined one failed (say, one submit's

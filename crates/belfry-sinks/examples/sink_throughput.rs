@@ -37,6 +37,7 @@ fn task(n: usize) -> Task {
         due_at_ms: 1_700_000_000_000,
         payload: Bytes::from_static(PAYLOAD),
         payload_kind: PayloadKind::Json,
+        payload_dropped: false,
         headers: vec![("x-trace".to_owned(), format!("t-{n}"))],
         priority: Default::default(),
         idempotency_key: None,

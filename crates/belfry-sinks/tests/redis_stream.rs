@@ -112,6 +112,7 @@ fn task(n: u128, payload: &'static [u8], headers: &[(&str, &str)]) -> Task {
         due_at_ms: 1_700_000_000_000,
         payload: Bytes::from_static(payload),
         payload_kind: PayloadKind::Json,
+        payload_dropped: false,
         headers: headers
             .iter()
             .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))

@@ -125,6 +125,7 @@ fn task(payload: &'static [u8], kind: PayloadKind, headers: &[(&str, &str)]) -> 
         due_at_ms: NOW_MS - 5_000,
         payload: Bytes::from_static(payload),
         payload_kind: kind,
+        payload_dropped: false,
         headers: headers
             .iter()
             .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))

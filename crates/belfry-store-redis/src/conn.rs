@@ -150,9 +150,22 @@ impl Pool {
     }
 }
 
-/// Transient failures (the network, a timeout, a failover, a loading or busy server) become
-/// [`StoreError::Unavailable`]; anything else is a reply belfry did not expect.
-pub(crate) fn map_error(e: RedisError, context: &'static str) -> StoreError {
+/// What a Redis error means for the call that met it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// The network, a timeout, a failover, a loading or busy server: may pass by itself.
+    Transient,
+    /// `MISCONF`: Redis cannot persist (a failed snapshot) and refuses writes until it can.
+    CannotPersist,
+    /// `OOM`: Redis is at its `maxmemory` and refuses what would grow the data.
+    Full,
+    /// A wrong or missing password, or a user without a needed command or key.
+    Denied,
+    /// Anything else: a reply belfry did not expect.
+    Unexpected,
+}
+
+fn classify(e: &RedisError) -> Class {
     let transient = e.is_io_error()
         || e.is_timeout()
         || e.is_connection_dropped()
@@ -170,14 +183,50 @@ pub(crate) fn map_error(e: RedisError, context: &'static str) -> StoreError {
         )
         || e.code() == Some("BUSY");
     if transient {
-        StoreError::Unavailable {
+        return Class::Transient;
+    }
+    if e.kind() == ErrorKind::AuthenticationFailed {
+        return Class::Denied;
+    }
+    match e.code() {
+        Some("MISCONF") => Class::CannotPersist,
+        Some("OOM") => Class::Full,
+        Some("NOAUTH" | "WRONGPASS" | "NOPERM") => Class::Denied,
+        _ => Class::Unexpected,
+    }
+}
+
+/// A Redis error as the store's error: transient failures and a Redis that cannot persist
+/// are [`StoreError::Unavailable`]; `OOM` is [`StoreError::Full`] (an ordinary refusal, as a
+/// full disk is for the embedded engine); refused credentials are
+/// [`StoreError::AccessDenied`]; only what belfry cannot make sense of is `Corrupt`.
+pub(crate) fn map_error(e: RedisError, context: &'static str) -> StoreError {
+    match classify(&e) {
+        Class::Transient => StoreError::Unavailable {
             detail: format!("{context}: {e}"),
-        }
-    } else {
-        StoreError::Corrupt {
+        },
+        Class::CannotPersist => StoreError::Unavailable {
+            detail: format!(
+                "redis cannot persist its data and refuses writes ({context}: {e}); its log \
+                 says why (a failed snapshot or append-only file write)"
+            ),
+        },
+        Class::Full => StoreError::Full {
+            detail: format!(
+                "redis is at its maxmemory limit and refused the change ({context}: {e}); \
+                 raise maxmemory or free memory in redis (or let the queues drain), then retry"
+            ),
+        },
+        Class::Denied => StoreError::AccessDenied {
+            detail: format!(
+                "redis refused the credentials ({context}: {e}); check the user and password \
+                 in the store URL, and that the user's ACL allows belfry's commands and keys"
+            ),
+        },
+        Class::Unexpected => StoreError::Corrupt {
             location: format!("redis reply ({context})"),
             detail: e.to_string(),
-        }
+        },
     }
 }
 
@@ -272,8 +321,9 @@ pub(crate) fn pipeline(conn: &mut Conn, cmds: Vec<redis::Cmd>) -> redis::RedisRe
 }
 
 /// Checks, on a seed node, that the cluster serves every slot, so a misconfigured cluster
-/// fails at start-up with the slots it lacks instead of failing calls later.
-pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Result<()> {
+/// fails at start-up with the slots it lacks instead of failing calls later. Answers the
+/// masters' `host:port`s.
+pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Result<Vec<String>> {
     let mut last_error = None;
     for node in nodes {
         // What messages may show: the address, never the password.
@@ -281,37 +331,27 @@ pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Resul
         let shown = shown
             .trim_start_matches("redis://")
             .trim_start_matches("***@");
-        let attempt = (|| -> redis::RedisResult<Vec<Value>> {
+        let attempt = (|| -> redis::RedisResult<Value> {
             let client = redis::Client::open(node.as_str())?;
             let mut con = client.get_connection_with_timeout(timeouts.connect)?;
             con.set_read_timeout(Some(timeouts.command))?;
             redis::cmd("CLUSTER").arg("SLOTS").query(&mut con)
         })();
         match attempt {
-            Ok(ranges) => {
-                let mut covered = vec![false; 16384];
-                for range in &ranges {
-                    let Some(items) = as_array(range) else {
-                        continue;
-                    };
-                    let (Some(lo), Some(hi)) = (
-                        items.first().and_then(as_i64),
-                        items.get(1).and_then(as_i64),
-                    ) else {
-                        continue;
-                    };
-                    for slot in lo.max(0)..=hi.min(16383) {
-                        covered[slot as usize] = true;
-                    }
-                }
-                let missing = missing_ranges(&covered);
-                if missing.is_empty() {
-                    return Ok(());
-                }
+            Ok(reply) => return masters_of_every_slot(&reply, shown),
+            // A permanent mistake, not a passing one: the URL names the wrong kind of store.
+            Err(e)
+                if e.detail()
+                    .is_some_and(|d| d.contains("cluster support disabled")) =>
+            {
                 return Err(StoreError::Invalid(format!(
-                    "the redis cluster at {shown} does not serve slots {missing}: every one of the 16384 \
-                     slots needs a master (see `redis-cli --cluster check {shown}`)"
-                )));
+                    "the redis at {shown} is not a cluster (cluster support disabled); use \
+                     redis://{shown} for one Redis"
+                )))
+            }
+            // Every seed takes the same credentials: no other seed would let us in.
+            Err(e) if classify(&e) == Class::Denied => {
+                return Err(map_error(e, "read the cluster's slots"))
             }
             Err(e) => last_error = Some(format!("{shown}: {e}")),
         }
@@ -322,6 +362,41 @@ pub(crate) fn check_cluster_slots(nodes: &[String], timeouts: Timeouts) -> Resul
             last_error.unwrap_or_default()
         ),
     })
+}
+
+/// The masters (`host:port`) a seed's `CLUSTER SLOTS` reply names, once it shows every slot
+/// served; else which slots are not, as an error naming the seed (`shown`).
+fn masters_of_every_slot(reply: &Value, shown: &str) -> Result<Vec<String>> {
+    let mut covered = vec![false; 16384];
+    for range in as_array(reply).unwrap_or_default() {
+        let Some(items) = as_array(range) else {
+            continue;
+        };
+        let (Some(lo), Some(hi)) = (
+            items.first().and_then(as_i64),
+            items.get(1).and_then(as_i64),
+        ) else {
+            continue;
+        };
+        for slot in lo.max(0)..=hi.min(16383) {
+            covered[slot as usize] = true;
+        }
+    }
+    let missing = missing_ranges(&covered);
+    if !missing.is_empty() {
+        return Err(StoreError::Invalid(format!(
+            "the redis cluster at {shown} does not serve slots {missing}: every one of the 16384 \
+             slots needs a master (see `redis-cli --cluster check {shown}`)"
+        )));
+    }
+    let mut masters: Vec<String> = crate::each::parse_slots(reply)
+        .map_err(|e| map_error(e, "read the cluster's slots"))?
+        .into_iter()
+        .map(|(_, _, master)| master)
+        .collect();
+    masters.sort();
+    masters.dedup();
+    Ok(masters)
 }
 
 fn missing_ranges(covered: &[bool]) -> String {
@@ -347,7 +422,63 @@ fn missing_ranges(covered: &[bool]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::key_slot;
+    use super::{classify, key_slot, Class};
+    use redis::{ErrorKind, RedisError};
+
+    /// A server's error reply with its code, as Redis sends it.
+    fn reply(code: &str, detail: &str) -> RedisError {
+        redis::make_extension_error(code.into(), Some(detail.into()))
+    }
+
+    #[test]
+    fn redis_errors_are_classified_by_what_they_mean() {
+        let cases: Vec<(RedisError, Class)> = vec![
+            (
+                reply("OOM", "command not allowed when used memory"),
+                Class::Full,
+            ),
+            (
+                reply("MISCONF", "unable to persist to disk"),
+                Class::CannotPersist,
+            ),
+            (reply("NOAUTH", "Authentication required."), Class::Denied),
+            (
+                reply("WRONGPASS", "invalid username-password pair"),
+                Class::Denied,
+            ),
+            (
+                reply("NOPERM", "no permissions to run 'evalsha'"),
+                Class::Denied,
+            ),
+            (
+                (ErrorKind::AuthenticationFailed, "failed").into(),
+                Class::Denied,
+            ),
+            (
+                reply("BUSY", "Redis is busy running a script."),
+                Class::Transient,
+            ),
+            (
+                (ErrorKind::BusyLoadingError, "loading").into(),
+                Class::Transient,
+            ),
+            (
+                std::io::Error::from(std::io::ErrorKind::TimedOut).into(),
+                Class::Transient,
+            ),
+            (
+                (ErrorKind::ResponseError, "unknown op").into(),
+                Class::Unexpected,
+            ),
+            (
+                (ErrorKind::TypeError, "not an integer").into(),
+                Class::Unexpected,
+            ),
+        ];
+        for (error, expected) in cases {
+            assert_eq!(classify(&error), expected, "{error}");
+        }
+    }
 
     #[test]
     fn key_slots_match_redis_cluster() {

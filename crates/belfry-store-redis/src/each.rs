@@ -182,10 +182,15 @@ impl Masters {
 /// has no usable address is left out (its commands go through the cluster connection).
 fn read_slots(con: &mut ClusterConnection) -> RedisResult<Vec<(u16, u16, String)>> {
     let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-    let reply = con.route_command(redis::cmd("CLUSTER").arg("SLOTS"), routing)?;
+    parse_slots(&con.route_command(redis::cmd("CLUSTER").arg("SLOTS"), routing)?)
+}
+
+/// A `CLUSTER SLOTS` reply as slot ranges and the `host:port` of their masters; a range whose
+/// master has no usable address is left out.
+pub(crate) fn parse_slots(reply: &Value) -> RedisResult<Vec<(u16, u16, String)>> {
     let bad = || redis::RedisError::from((ErrorKind::ResponseError, "unexpected CLUSTER SLOTS"));
     let mut slots = Vec::new();
-    for range in as_array(&reply).ok_or_else(bad)? {
+    for range in as_array(reply).ok_or_else(bad)? {
         let items = as_array(range).ok_or_else(bad)?;
         let (Some(first), Some(last), Some(master)) = (
             items.first().and_then(as_i64),

@@ -7,7 +7,7 @@
 //! sets of 8-byte sequences (high and normal priority), one of leases by deadline, a hash of
 //! records (header + payload, `record.rs`), idempotency keys, dead letters and recently
 //! finished tasks (kept a minute without payload, so reads and idempotency keys still see
-//! them). Tasks due far ahead (`RedisOptions::far_after_ms`) wait instead in far-future
+//! them for that long, and not after, whether or not a script forgot them yet). Tasks due far ahead (`RedisOptions::far_after_ms`) wait instead in far-future
 //! bucket lists of a few bytes per task, which claims promote into the sorted sets shortly
 //! before they are due (`lua/prelude.lua`). A per-queue *hint* sorted set says, for each partition, the earliest instant a claim
 //! there could return work (or has a bucket to promote), so a claim visits only partitions
@@ -30,6 +30,7 @@ mod claim_many;
 mod conn;
 mod each;
 mod events;
+mod health;
 mod inflight;
 mod keys;
 pub mod ownership;

@@ -55,6 +55,11 @@ pub(crate) fn to_task(
         due_at_ms: r.due_at_ms,
         payload: r.payload,
         payload_kind: r.payload_kind,
+        // A finished record is kept without its payload (`finish` in `lua/prelude.lua`).
+        payload_dropped: matches!(
+            r.state,
+            TaskState::Done | TaskState::Cancelled | TaskState::Skipped
+        ),
         headers: r.headers,
         priority: r.priority,
         idempotency_key: r.idempotency_key,

@@ -13,7 +13,7 @@ use redis::Value;
 use crate::claim::Want;
 use crate::conn::{check_cluster_slots, wait_replicas};
 use crate::conn::{map_error, pipeline, run_script, unexpected, Conn, Pool, Result, Timeouts};
-use crate::keys::{seq_of, split_id, Keys};
+use crate::keys::{seq_of, Keys};
 use crate::ownership::{Ownership, OwnershipOptions};
 use crate::reply::{as_array, as_i64, corrupt};
 use crate::scripts::{self, Lua};
@@ -62,8 +62,9 @@ pub struct RedisOptions {
     /// (`lua/prelude.lua`). 0 keeps every task in the ready sets; otherwise at least
     /// [`FAR_AFTER_MS_MIN`].
     pub far_after_ms: u64,
-    /// Tests only: the instant puts measure `far_after_ms` from, instead of this node's
-    /// clock (the conformance scenarios run at instants near 0).
+    /// Tests only: a put's now, instead of this node's clock: where `far_after_ms` is measured
+    /// from and what the finished-task retention is counted to (the conformance scenarios
+    /// run at instants near 0).
     pub placement_now_ms: Option<UnixMs>,
 }
 
@@ -114,6 +115,8 @@ pub struct RedisStore {
     /// starts at.
     rotate: AtomicU32,
     timeouts: Timeouts,
+    /// `/readyz`'s check: a `PING` to every master within the command timeout.
+    health: crate::health::Health,
     resync_every: std::time::Duration,
     listener: parking_lot::Mutex<Option<crate::events::Listener>>,
     pub(crate) ownership: Option<Arc<Ownership>>,
@@ -181,9 +184,10 @@ impl RedisStore {
                 options.far_after_ms
             )));
         }
-        if let RedisTarget::Cluster(nodes) = target {
-            check_cluster_slots(nodes, options.timeouts)?;
-        }
+        let masters = match target {
+            RedisTarget::Cluster(nodes) => check_cluster_slots(nodes, options.timeouts)?,
+            RedisTarget::Single(_) => Vec::new(),
+        };
         let pool = Pool::open(target, options.timeouts, options.pool_idle_max)?;
         let keys = Keys::new(&options.namespace, options.partitions);
         let mut store = RedisStore {
@@ -195,6 +199,7 @@ impl RedisStore {
             placement_now_ms: options.placement_now_ms,
             rotate: AtomicU32::new(rand_seed()),
             timeouts: options.timeouts,
+            health: crate::health::Health::new(target, &masters, options.timeouts.command),
             resync_every: options.resync_every,
             listener: parking_lot::Mutex::new(None),
             ownership: None,
@@ -543,15 +548,9 @@ impl Store for RedisStore {
     }
 
     fn health(&self) -> belfry_store::StoreHealth {
-        let ping = self.pool.with("check that redis answers", |c| {
-            redis::cmd("PING").query::<String>(c.as_dyn())
-        });
-        match ping {
-            Ok(_) => belfry_store::StoreHealth::Healthy,
-            Err(StoreError::Unavailable { detail }) => {
-                belfry_store::StoreHealth::Unavailable(detail)
-            }
-            Err(other) => belfry_store::StoreHealth::Unavailable(other.to_string()),
+        match self.health.check() {
+            Ok(()) => belfry_store::StoreHealth::Healthy,
+            Err(why) => belfry_store::StoreHealth::Unavailable(why),
         }
     }
 
@@ -699,35 +698,11 @@ impl Store for RedisStore {
     }
 
     fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>> {
-        self.with_queue(queue, |this, c, uid| {
-            let Some((p, seq)) = split_id(id, uid, this.keys.partitions) else {
-                return Ok(None);
-            };
-            let part = this.part(p, uid);
-            let v = this.read(c, &part, &[b"get".to_vec(), seq.to_vec()])?;
-            let items = as_array(&v).ok_or_else(|| unexpected("get", &v))?;
-            match items {
-                [] => Ok(None),
-                [rec, reason] => {
-                    let v = [Value::BulkString(seq.to_vec()), rec.clone(), reason.clone()];
-                    this.read_task(c, queue, uid, p, &v, now_ms).map(Some)
-                }
-                _ => Err(unexpected("get", &v)),
-            }
-        })
+        self.get_task(queue, id, now_ms)
     }
 
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>> {
-        self.with_queue(queue, |this, c, uid| {
-            let p = crate::partition_of(key.as_bytes(), this.keys.partitions);
-            let part = this.part(p, uid);
-            let v = this.read(c, &part, &[b"key".to_vec(), key.as_bytes().to_vec()])?;
-            let items = as_array(&v).ok_or_else(|| unexpected("get by key", &v))?;
-            if items.is_empty() {
-                return Ok(None);
-            }
-            this.read_task(c, queue, uid, p, items, now_ms).map(Some)
-        })
+        self.get_task_by_key(queue, key, now_ms)
     }
 
     fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {

@@ -240,7 +240,7 @@ impl RedisStore {
                 let calls: Vec<(Part, Vec<Vec<u8>>)> = by_part
                     .iter()
                     .map(|(p, members)| {
-                        let args = put_args(&tasks, members, place_now, this.far_after_ms);
+                        let args = this.put_args(&tasks, members, place_now);
                         (this.part(*p, uid), args)
                     })
                     .collect();
@@ -263,7 +263,7 @@ impl RedisStore {
                             [_, seq, rec, reason] => {
                                 let v = [seq.clone(), rec.clone(), reason.clone()];
                                 PutOutcome::Duplicate(Box::new(
-                                    this.read_task(c, queue, uid, *p, &v, 0)?,
+                                    this.read_task(c, queue, uid, *p, &v, place_now)?,
                                 ))
                             }
                             _ => return Err(bad()),
@@ -472,37 +472,101 @@ fn wall_clock_ms() -> UnixMs {
         .map_or(0, |d| d.as_millis() as UnixMs)
 }
 
-/// The put script's arguments for the tasks of `tasks` at `members`: placed by `place_now`
-/// (this node's clock) and `far_after_ms`.
-fn put_args(
-    tasks: &[NewTask],
-    members: &[usize],
-    place_now: UnixMs,
-    far_after_ms: u64,
-) -> Vec<Vec<u8>> {
-    let mut args = vec![
-        b"0".to_vec(),
-        b"0".to_vec(),
-        place_now.to_string().into_bytes(),
-        far_after_ms.to_string().into_bytes(),
-        members.len().to_string().into_bytes(),
-    ];
-    for &i in members {
-        let task = &tasks[i];
-        args.push(task.due_at_ms.to_string().into_bytes());
-        args.push(match task.priority {
+impl RedisStore {
+    /// The put script's arguments for the tasks of `tasks` at `members`. `place_now` (this
+    /// node's clock) is the script's now, by which it forgets tasks finished the retention
+    /// ago and frees their keys, and where it places tasks (with `far_after_ms`).
+    fn put_args(&self, tasks: &[NewTask], members: &[usize], place_now: UnixMs) -> Vec<Vec<u8>> {
+        let mut args = vec![
+            place_now.to_string().into_bytes(),
+            self.retention_ms.to_string().into_bytes(),
+            place_now.to_string().into_bytes(),
+            self.far_after_ms.to_string().into_bytes(),
+            members.len().to_string().into_bytes(),
+        ];
+        for &i in members {
+            args.extend(task_args(&tasks[i]));
+        }
+        args
+    }
+
+    /// A task by id, or none: unknown, or finished the retention or more before `now_ms`
+    /// (forgotten or not yet).
+    pub(crate) fn get_task(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: UnixMs,
+    ) -> Result<Option<Task>> {
+        self.with_queue(queue, |this, c, uid| {
+            let Some((p, seq)) = split_id(id, uid, this.keys.partitions) else {
+                return Ok(None);
+            };
+            let v = this.read_one(c, &this.part(p, uid), b"get", &seq, now_ms)?;
+            let items = as_array(&v).ok_or_else(|| unexpected("get", &v))?;
+            match items {
+                [] => Ok(None),
+                [rec, reason] => {
+                    let v = [Value::BulkString(seq.to_vec()), rec.clone(), reason.clone()];
+                    this.read_task(c, queue, uid, p, &v, now_ms).map(Some)
+                }
+                _ => Err(unexpected("get", &v)),
+            }
+        })
+    }
+
+    /// The task an idempotency key names, as [`RedisStore::get_task`] reads one.
+    pub(crate) fn get_task_by_key(
+        &self,
+        queue: &QueueName,
+        key: &str,
+        now_ms: UnixMs,
+    ) -> Result<Option<Task>> {
+        self.with_queue(queue, |this, c, uid| {
+            let p = crate::partition_of(key.as_bytes(), this.keys.partitions);
+            let v = this.read_one(c, &this.part(p, uid), b"key", key.as_bytes(), now_ms)?;
+            let items = as_array(&v).ok_or_else(|| unexpected("get by key", &v))?;
+            if items.is_empty() {
+                return Ok(None);
+            }
+            this.read_task(c, queue, uid, p, items, now_ms).map(Some)
+        })
+    }
+
+    /// The read script's op `op` ('get' a sequence, 'key' an idempotency key) on one task,
+    /// with the now and the retention it hides finished tasks by.
+    fn read_one(
+        &self,
+        c: &mut Conn,
+        part: &Part,
+        op: &[u8],
+        what: &[u8],
+        now_ms: UnixMs,
+    ) -> Result<Value> {
+        let args = [
+            op.to_vec(),
+            what.to_vec(),
+            now_ms.to_string().into_bytes(),
+            self.retention_ms.to_string().into_bytes(),
+        ];
+        self.read(c, part, &args)
+    }
+}
+
+/// One task's four arguments to the put script: due, priority, idempotency key, record.
+fn task_args(task: &NewTask) -> [Vec<u8>; 4] {
+    [
+        task.due_at_ms.to_string().into_bytes(),
+        match task.priority {
             belfry_core::Priority::High => b"0".to_vec(),
             belfry_core::Priority::Normal => b"1".to_vec(),
-        });
-        args.push(
-            task.idempotency_key
-                .clone()
-                .unwrap_or_default()
-                .into_bytes(),
-        );
-        args.push(record::encode(task));
-    }
-    args
+        },
+        task.idempotency_key
+            .clone()
+            .unwrap_or_default()
+            .into_bytes(),
+        record::encode(task),
+    ]
 }
 
 /// `indexes` grouped by `key`, groups in order of first appearance and indexes in input order

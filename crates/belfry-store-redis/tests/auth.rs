@@ -33,6 +33,8 @@ fn a_cluster_with_a_password_serves_batches_across_its_masters() {
     let target = RedisTarget::parse(&url).unwrap();
     assert!(!target.to_string().contains(PASSWORD), "{target}");
     let store = RedisStore::connect(&target, options()).unwrap();
+    // The health check logs in to each master on a socket of its own.
+    assert_eq!(store.health(), belfry_store::StoreHealth::Healthy);
     let queue = QueueName::new("q").unwrap();
     store.put_queue(&queue, Bytes::new()).unwrap();
     // Keyed tasks spread over the 16 partitions, so the batches span all three masters.

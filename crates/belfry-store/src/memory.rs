@@ -196,6 +196,7 @@ impl Store for MemoryStore {
                 due_at_ms,
                 payload: new.payload,
                 payload_kind: new.payload_kind,
+                payload_dropped: false,
                 headers: new.headers,
                 priority: new.priority,
                 idempotency_key: new.idempotency_key,

@@ -74,6 +74,16 @@ pub enum StoreError {
          disk space (or let the queues drain) and retry"
     )]
     DiskFull { free_bytes: u64, reserve_bytes: u64 },
+    /// A networked store is out of memory (Redis at its `maxmemory`) and refused a change
+    /// that would grow the data: the same refusal as [`StoreError::DiskFull`], answered the
+    /// same way. Reads and delivery state go on; the call succeeds once memory is freed.
+    #[error("the store is full: {detail}")]
+    Full { detail: String },
+    /// A networked store refused this node's credentials or permissions (a wrong or rotated
+    /// password, a user without a needed command). Not transient: it lasts until the
+    /// credentials or the store's users are changed.
+    #[error("{detail}")]
+    AccessDenied { detail: String },
 }
 
 impl StoreError {

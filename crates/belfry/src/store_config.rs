@@ -149,7 +149,8 @@ pub enum StoreKind {
 
 impl StoreKind {
     /// Parses `engine`, `memory`, `redis://host:port` or `redis-cluster://host:port,…`;
-    /// a malformed Redis URL's message says what to write instead.
+    /// a malformed Redis URL's message says what to write instead, and `rediss://` that TLS
+    /// to the store is not supported yet.
     pub fn parse(text: &str) -> anyhow::Result<StoreKind> {
         match text {
             "engine" => Ok(StoreKind::Engine),
@@ -206,6 +207,10 @@ mod tests {
             ("redis://a:1,b:2", "redis-cluster://"),
             ("redis-cluster://a:1,,b:2", "empty node"),
             ("http://h:1", "expected redis://"),
+            (
+                "rediss://h:1",
+                "TLS to the store's Redis is not supported yet",
+            ),
         ] {
             let err = format!("{:#}", StoreKind::parse(url).unwrap_err());
             assert!(err.contains(says), "{url}: {err}");

@@ -241,6 +241,177 @@ fn a_cluster_missing_slots_fails_the_start_and_says_which() {
     );
 }
 
+#[test]
+fn tls_to_the_store_is_refused_before_anything_is_tried() {
+    let url = "rediss://:swordfish@127.0.0.1:6380";
+    let (ok, stderr, took) = serve_expecting_exit(&["--store", url], &[]);
+    assert!(!ok, "exit status must say failure: {stderr}");
+    assert!(
+        stderr.contains("TLS to the store's Redis is not supported yet"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("swordfish"),
+        "the password is redacted: {stderr}"
+    );
+    assert!(!stderr.contains("retry shortly"), "{stderr}");
+    eprintln!("rediss:// refused after {took:?}");
+}
+
+#[test]
+fn a_cluster_url_naming_one_redis_fails_the_start_for_good() {
+    let redis = Redis::start(&[]);
+    let url = format!("redis-cluster://127.0.0.1:{}", redis.port);
+    let (ok, stderr, _) = serve_expecting_exit(&["--store", &url], &[]);
+    assert!(!ok, "exit status must say failure: {stderr}");
+    let single = format!("redis://127.0.0.1:{}", redis.port);
+    assert!(
+        stderr.contains("is not a cluster (cluster support disabled)") && stderr.contains(&single),
+        "the error says to use redis://: {stderr}"
+    );
+    assert!(
+        !stderr.contains("retry shortly"),
+        "not a passing failure: {stderr}"
+    );
+}
+
+#[test]
+fn a_wrong_redis_password_fails_the_start_saying_so() {
+    let redis = Redis::start(&[]);
+    // Set once it answers (its start-up check pings without a password).
+    redis_cli(
+        redis.port,
+        &["CONFIG", "SET", "requirepass", "the-right-one"],
+    );
+    let url = format!("redis://:not-it@127.0.0.1:{}", redis.port);
+    let (ok, stderr, _) = serve_expecting_exit(&["--store", &url], &[]);
+    assert!(!ok, "exit status must say failure: {stderr}");
+    assert!(
+        stderr.contains("redis refused the credentials") && !stderr.contains("corrupt"),
+        "the error says the credentials were refused: {stderr}"
+    );
+    assert!(
+        !stderr.contains("not-it"),
+        "the password is redacted: {stderr}"
+    );
+}
+
+/// `redis-cli -p PORT ARGS`, which must succeed.
+fn redis_cli(port: u16, args: &[&str]) {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    assert!(out.status.success(), "redis-cli {args:?} on {port}");
+}
+
+/// Redis at its `maxmemory` is a full store: `507 insufficient_storage` saying so, as the
+/// embedded store answers on a full disk, not a 500 that calls the data corrupt.
+#[tokio::test]
+async fn a_redis_at_maxmemory_answers_507_then_takes_submits_again() {
+    let redis = Redis::start(&[]);
+    let server = serve_with_env(
+        &["--store", &redis.url()],
+        &[
+            ("BELFRY_REDIS_NAMESPACE", "wire507"),
+            ("BELFRY_REDIS_PARTITIONS", "8"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let base = server.url.clone();
+    let created = http
+        .put(format!("{base}/v1/queues/jobs"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+
+    redis_cli(redis.port, &["CONFIG", "SET", "maxmemory", "1"]);
+    let refused = submit(&http, &base).await;
+    assert_eq!(refused.status(), 507);
+    let body: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "insufficient_storage", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("maxmemory") && !message.contains("corrupt"),
+        "{message}"
+    );
+
+    redis_cli(redis.port, &["CONFIG", "SET", "maxmemory", "0"]);
+    assert_eq!(submit(&http, &base).await.status(), 201);
+    still_running_without_panic(server);
+}
+
+/// A cancelled task on Redis, within its minute: readable by id and by key, as a duplicate
+/// of a resubmit, and never with an empty payload (the store dropped it: no payload field).
+#[tokio::test]
+async fn a_finished_task_on_redis_shows_no_payload() {
+    let redis = Redis::start(&[]);
+    let server = serve_with_env(
+        &["--store", &redis.url()],
+        &[
+            ("BELFRY_REDIS_NAMESPACE", "wiredone"),
+            ("BELFRY_REDIS_PARTITIONS", "8"),
+        ],
+    );
+    let http = reqwest::Client::new();
+    let base = server.url.clone();
+    let queue = format!("{base}/v1/queues/jobs");
+    let created = http.put(&queue).json(&serde_json::json!({})).send().await;
+    assert_eq!(created.unwrap().status(), 201);
+    let body =
+        serde_json::json!({"payload_base64": "AAE=", "delay_ms": 600_000, "idempotency_key": "k1"});
+    let submitted = http
+        .post(format!("{queue}/tasks"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(submitted.status(), 201);
+    let id = submitted.json::<serde_json::Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let cancelled = http
+        .delete(format!("{queue}/keys/k1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status(), 204);
+
+    let by_id: serde_json::Value = http
+        .get(format!("{queue}/tasks/{id}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let by_key = http.get(format!("{queue}/keys/k1")).send().await.unwrap();
+    assert_eq!(
+        by_key.status(),
+        200,
+        "the key names the finished task for a minute"
+    );
+    let again = http
+        .post(format!("{queue}/tasks"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200);
+    let again: serde_json::Value = again.json().await.unwrap();
+    assert_eq!(again["duplicate"], true, "{again}");
+    for shown in [by_id, by_key.json().await.unwrap(), again] {
+        assert_eq!(shown["state"], "cancelled", "{shown}");
+        assert!(shown.get("payload").is_none(), "{shown}");
+        assert!(shown.get("payload_base64").is_none(), "{shown}");
+    }
+    still_running_without_panic(server);
+}
+
 async fn submit(http: &reqwest::Client, base: &str) -> reqwest::Response {
     http.post(format!("{base}/v1/queues/jobs/tasks"))
         .json(&serde_json::json!({"payload": {"n": 1}, "delay_ms": 60_000}))
@@ -480,11 +651,18 @@ async fn a_paused_cluster_master_gives_503_for_its_partitions_then_the_server_re
     );
     let health = http.get(format!("{base}/healthz")).send().await.unwrap();
     assert_eq!(health.status(), 200);
+    let asked = Instant::now();
     let ready = http.get(format!("{base}/readyz")).send().await.unwrap();
+    let took = asked.elapsed();
     assert_eq!(
         ready.status(),
         503,
         "not ready while a master is out of reach"
+    );
+    // One PING per master within the 300 ms command timeout, no retries.
+    assert!(
+        took < Duration::from_millis(1_500),
+        "readyz answers within the command timeout, took {took:?}"
     );
     let body: serde_json::Value = ready.json().await.unwrap();
     assert_eq!(body["error"]["code"], "store_unavailable", "{body}");

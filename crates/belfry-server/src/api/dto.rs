@@ -473,6 +473,15 @@ pub struct PayloadView {
 }
 
 impl PayloadView {
+    /// Neither field: the store dropped the payload (a finished task on Redis), which an
+    /// empty `payload_base64` would misstate as an empty payload.
+    pub fn dropped() -> Self {
+        PayloadView {
+            payload: None,
+            payload_base64: None,
+        }
+    }
+
     pub fn new(kind: PayloadKind, bytes: &Bytes) -> Self {
         let json = match kind {
             PayloadKind::Json => std::str::from_utf8(bytes)
@@ -539,7 +548,11 @@ impl TaskView {
             late_policy,
             late_after_ms,
             headers: task.headers.iter().cloned().collect(),
-            payload: PayloadView::new(task.payload_kind, &task.payload),
+            payload: if task.payload_dropped {
+                PayloadView::dropped()
+            } else {
+                PayloadView::new(task.payload_kind, &task.payload)
+            },
             idempotency_key: task.idempotency_key.clone(),
             lease_until_ms: task.lease_until_ms,
             dead_reason: task.dead_reason.clone(),
@@ -867,5 +880,36 @@ mod tests {
             .unwrap();
         assert_eq!(&task.payload[..], br#"{"a": [1, 2]}"#);
         assert_eq!(task.due_at_ms, 5);
+    }
+
+    /// A payload the store dropped (a finished task on Redis) is left out, where an empty
+    /// payload of bytes is shown as one.
+    #[test]
+    fn a_dropped_payload_is_left_out_not_shown_empty() {
+        let mut task = Task {
+            id: belfry_core::TaskId::from_u128(7),
+            queue: QueueName::new("q").unwrap(),
+            due_at_ms: 5,
+            payload: Bytes::new(),
+            payload_kind: PayloadKind::Binary,
+            payload_dropped: false,
+            headers: Vec::new(),
+            priority: Priority::Normal,
+            idempotency_key: Some("k".into()),
+            late_policy: LatePolicy::Fire,
+            state: belfry_core::TaskState::Done,
+            attempts: 1,
+            lease_until_ms: None,
+            dead_reason: None,
+        };
+        let shown = serde_json::to_value(TaskView::new(&task)).unwrap();
+        assert_eq!(shown["payload_base64"], "", "{shown}");
+        task.payload_dropped = true;
+        for view in [TaskView::new(&task), TaskView::duplicate(&task)] {
+            let shown = serde_json::to_value(view).unwrap();
+            assert!(shown.get("payload").is_none(), "{shown}");
+            assert!(shown.get("payload_base64").is_none(), "{shown}");
+            assert_eq!(shown["state"], "done", "{shown}");
+        }
     }
 }

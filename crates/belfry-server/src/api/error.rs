@@ -331,11 +331,13 @@ impl From<ServiceError> for ApiError {
                 return ApiError::transient_store(store)
             }
             ServiceError::Store(
-                belfry_store::StoreError::Poisoned(_) | belfry_store::StoreError::Closed,
+                belfry_store::StoreError::Poisoned(_)
+                | belfry_store::StoreError::Closed
+                | belfry_store::StoreError::AccessDenied { .. },
             ) => ErrorCode::StoreUnavailable,
-            ServiceError::Store(belfry_store::StoreError::DiskFull { .. }) => {
-                ErrorCode::InsufficientStorage
-            }
+            ServiceError::Store(
+                belfry_store::StoreError::DiskFull { .. } | belfry_store::StoreError::Full { .. },
+            ) => ErrorCode::InsufficientStorage,
             ServiceError::Store(_) | ServiceError::Internal(_) => ErrorCode::InternalError,
         };
         ApiError::new(code, e.to_string())

@@ -95,11 +95,13 @@ impl From<ScheduleServiceError> for ApiError {
                 return ApiError::transient_store(store)
             }
             ScheduleServiceError::Store(
-                belfry_store::StoreError::Poisoned(_) | belfry_store::StoreError::Closed,
+                belfry_store::StoreError::Poisoned(_)
+                | belfry_store::StoreError::Closed
+                | belfry_store::StoreError::AccessDenied { .. },
             ) => ErrorCode::StoreUnavailable,
-            ScheduleServiceError::Store(belfry_store::StoreError::DiskFull { .. }) => {
-                ErrorCode::InsufficientStorage
-            }
+            ScheduleServiceError::Store(
+                belfry_store::StoreError::DiskFull { .. } | belfry_store::StoreError::Full { .. },
+            ) => ErrorCode::InsufficientStorage,
             ScheduleServiceError::Store(belfry_store::StoreError::QueueNotFound(queue)) => {
                 return ApiError::new(
                     ErrorCode::QueueNotFound,

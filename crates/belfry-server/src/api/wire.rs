@@ -367,6 +367,7 @@ mod tests {
             due_at_ms: 1_767_225_610_000,
             payload: Bytes::copy_from_slice(payload),
             payload_kind: kind,
+            payload_dropped: false,
             headers: headers
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -465,6 +465,7 @@ mod tests {
             due_at_ms: 5_000,
             payload: Bytes::from_static(b"{}"),
             payload_kind: PayloadKind::Json,
+            payload_dropped: false,
             headers: headers
                 .iter()
                 .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))

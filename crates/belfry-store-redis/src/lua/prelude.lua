@@ -230,7 +230,17 @@ local function finish(seq, rec, h, state, now)
   redis.call('ZADD', KEYS[8], now, seq)
 end
 
--- Forgets up to `max` tasks finished more than the retention ago: each call forgets at least
+-- Whether `h`, the record of `seq`, is a task that finished `retain_ms` or more before `now`
+-- (the bound `forget_old` forgets by): as good as forgotten, whether or not a script forgot
+-- it yet, so reads do not show it and its idempotency key is free.
+local function past_retention(seq, h, now, retain_ms)
+  if h.state ~= DONE and h.state ~= CANCELLED and h.state ~= SKIPPED then return false end
+  local at = redis.call('ZSCORE', KEYS[8], seq)
+  if not at then return false end
+  return tonumber(at) <= now - retain_ms
+end
+
+-- Forgets up to `max` tasks finished the retention or more ago: each call forgets at least
 -- as many as it may finish, so finished records never pile up. A few calls per 500 tasks
 -- (a `redis.call` costs microseconds; a call per task was most of a small claim's time).
 local function forget_old(now, retain_ms, max)

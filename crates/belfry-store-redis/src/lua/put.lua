@@ -3,12 +3,19 @@
 -- `place_now` waits in its far-future bucket. Replies per task {1, seq} (created) or {0, seq,
 -- record, dead reason} (duplicate), then the earliest instant a claim here has something to
 -- do for the tasks created (or -1).
+--
+-- A key names its task until the task has been finished for the retention: a key whose task
+-- finished longer ago is free (that record is forgotten here and the key taken), even when no
+-- claim or change on this partition has forgotten it yet (a partition holding only future
+-- tasks is never claimed).
 local now, retain = tonumber(ARGV[1]), tonumber(ARGV[2])
 local place_now, far_after = tonumber(ARGV[3]), tonumber(ARGV[4])
 local count = tonumber(ARGV[5])
 local out = {}
 local first = -1
 local far = {}
+-- Before the keys are looked up, so a key of a task forgotten now is free below.
+forget_old(now, retain, 64)
 for i = 0, count - 1 do
   local due = tonumber(ARGV[6 + i * 4])
   local prio = tonumber(ARGV[7 + i * 4])
@@ -17,9 +24,12 @@ for i = 0, count - 1 do
   local dup = nil
   if key ~= '' then
     local seq = redis.call('HGET', KEYS[5], key)
-    if seq then
-      local old = redis.call('HGET', KEYS[4], seq)
-      if old then dup = {0, seq, old, redis.call('HGET', KEYS[7], seq) or ''} end
+    local old = seq and redis.call('HGET', KEYS[4], seq)
+    if old and past_retention(seq, unpack_hdr(old), now, retain) then
+      redis.call('HDEL', KEYS[4], seq)
+      redis.call('ZREM', KEYS[8], seq)
+    elseif old then
+      dup = {0, seq, old, redis.call('HGET', KEYS[7], seq) or ''}
     end
   end
   if dup then
@@ -54,6 +64,5 @@ for i = 0, count - 1 do
   end
 end
 for b, entries in pairs(far) do bucket_add(b, entries) end
-forget_old(now, retain, 64)
 out[#out + 1] = first
 return out

@@ -1,6 +1,7 @@
 -- Reads without changing anything. ARGV: op, then by op:
---   'get' seq                      -> {record, dead reason} or {}
---   'key' idempotency key          -> {seq, record, dead reason} or {}
+--   'get' seq, now, retain_ms      -> {record, dead reason} or {}
+--   'key' idempotency key, now, retain_ms -> {seq, record, dead reason} or {}
+--     (a task finished the retention or more before `now` is not found, forgotten or not)
 --   'dead' after seq ('' first), limit -> {seq, record, reason, ...}
 --   'counts' now                   -> {pending, due, leased-until-after-now, dead}
 --   'forecast' from, step, steps   -> counts per step
@@ -35,16 +36,17 @@ local function bucketed_due(now)
   end
   return n
 end
-if op == 'get' then
-  local rec = redis.call('HGET', KEYS[4], ARGV[2])
+if op == 'get' or op == 'key' then
+  local seq = ARGV[2]
+  if op == 'key' then seq = redis.call('HGET', KEYS[5], ARGV[2]) end
+  local rec = seq and redis.call('HGET', KEYS[4], seq)
   if not rec then return {} end
-  return {rec, redis.call('HGET', KEYS[7], ARGV[2]) or ''}
-elseif op == 'key' then
-  local seq = redis.call('HGET', KEYS[5], ARGV[2])
-  if not seq then return {} end
-  local rec = redis.call('HGET', KEYS[4], seq)
-  if not rec then return {} end
-  return {seq, rec, redis.call('HGET', KEYS[7], seq) or ''}
+  if past_retention(seq, unpack_hdr(rec), tonumber(ARGV[3]), tonumber(ARGV[4])) then
+    return {}
+  end
+  local reason = redis.call('HGET', KEYS[7], seq) or ''
+  if op == 'get' then return {rec, reason} end
+  return {seq, rec, reason}
 elseif op == 'dead' then
   local from = '-'
   if ARGV[2] ~= '' then from = '(' .. ARGV[2] end

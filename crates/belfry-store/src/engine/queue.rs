@@ -918,6 +918,7 @@ impl Queue {
             due_at_ms: facts.due,
             payload: put.payload,
             payload_kind: put.payload_kind,
+            payload_dropped: false,
             headers: put.headers,
             priority: put.priority,
             idempotency_key: put.idempotency_key,

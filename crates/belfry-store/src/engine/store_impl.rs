@@ -679,6 +679,7 @@ fn scheduled_view(task: &NewTask, id: TaskId) -> Task {
         due_at_ms: task.due_at_ms,
         payload: task.payload.clone(),
         payload_kind: task.payload_kind,
+        payload_dropped: false,
         headers: task.headers.clone(),
         priority: task.priority,
         idempotency_key: task.idempotency_key.clone(),
