@@ -200,6 +200,8 @@ pub(crate) fn describe(t: &Task) -> String {
     ])
 }
 
+/// A new task ("scheduled"), or the one its idempotency key already names, in its own state
+/// (on Redis a key names a finished task for a minute: "cancelled" is then the truth).
 fn describe_submitted(s: Submitted) -> String {
     let note = if s.duplicate {
         " (already known: same idempotency key)"
@@ -207,8 +209,9 @@ fn describe_submitted(s: Submitted) -> String {
         ""
     };
     format!(
-        "{} scheduled in {}, due {}{note}",
+        "{} {} in {}, due {}{note}",
         s.id,
+        s.state,
         s.queue,
         time(s.due_at_ms, now_ms())
     )
@@ -367,4 +370,32 @@ async fn ack(remote: &Remote, queue: &str, pairs: &[String]) -> anyhow::Result<(
         return Err(anyhow!("{failed} of {} acks failed", results.results.len()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn submitted(state: &str, duplicate: bool) -> Submitted {
+        Submitted {
+            id: "0000000000000000000000000000abcd".into(),
+            queue: "orders".into(),
+            due_at_ms: 0,
+            state: state.into(),
+            duplicate,
+        }
+    }
+
+    /// A duplicate is shown in its task's state: a cancelled task is not "scheduled".
+    #[test]
+    fn a_submit_is_described_in_its_tasks_state() {
+        let new = describe_submitted(submitted("scheduled", false));
+        assert!(new.contains(" scheduled in orders, due "), "{new}");
+        let known = describe_submitted(submitted("cancelled", true));
+        assert!(known.contains(" cancelled in orders, due "), "{known}");
+        assert!(
+            known.ends_with("(already known: same idempotency key)"),
+            "{known}"
+        );
+    }
 }
