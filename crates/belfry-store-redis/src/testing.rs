@@ -27,6 +27,12 @@ const INSTALL_HINT: &str = "install it with `apt-get install redis-server` (Debi
                             brings redis-cli too) or `brew install redis`; scripts/test.sh \
                             installs it";
 
+/// The partition an idempotency key places its task in, among `partitions`: a test that
+/// needs a task on a given master picks its key with this.
+pub fn partition_of_key(key: &str, partitions: u16) -> u16 {
+    crate::partition_of(key.as_bytes(), partitions)
+}
+
 /// One `redis-server` (not a cluster) with append-only persistence and no RDB snapshots.
 pub struct RedisServer {
     node: Node,
