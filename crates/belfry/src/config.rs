@@ -367,51 +367,44 @@ impl FileConfig {
             match *key {
                 "store" => self.store = Some(value.clone()),
                 "node_id" => self.node_id = Some(value.clone()),
-                "limits.payload_max" => {
-                    self.limits.payload_max = Some(HumanSize::Text(value.clone()))
-                }
-                "limits.request_max" => {
-                    self.limits.request_max = Some(HumanSize::Text(value.clone()))
-                }
+                "limits.payload_max" => self.limits.payload_max = Some(env_size(var, key, &value)?),
+                "limits.request_max" => self.limits.request_max = Some(env_size(var, key, &value)?),
                 "limits.subscribers_body_max" => {
-                    self.limits.subscribers_body_max = Some(HumanSize::Text(value.clone()))
+                    self.limits.subscribers_body_max = Some(env_size(var, key, &value)?)
                 }
-                "limits.horizon" => {
-                    self.limits.horizon = Some(duration(&value).map_err(|e| bad(&e))?)
-                }
+                "limits.horizon" => self.limits.horizon = Some(env_duration(var, key, &value)?),
                 "limits.store_calls_in_flight" => {
                     self.limits.store_calls_in_flight =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
                 }
                 "limits.store_admission_wait" => {
-                    self.limits.store_admission_wait = Some(duration(&value).map_err(|e| bad(&e))?)
+                    self.limits.store_admission_wait = Some(env_duration(var, key, &value)?)
                 }
                 "limits.store_call_timeout" => {
-                    self.limits.store_call_timeout = Some(duration(&value).map_err(|e| bad(&e))?)
+                    self.limits.store_call_timeout = Some(env_duration(var, key, &value)?)
                 }
                 "webhooks.allow_private_targets" => {
-                    self.webhooks.allow_private_targets = Some(match value.as_str() {
-                        "1" | "true" | "yes" => true,
-                        "0" | "false" | "no" => false,
-                        _ => return Err(bad("expected true or false")),
-                    })
+                    self.webhooks.allow_private_targets =
+                        Some(match value.to_ascii_lowercase().as_str() {
+                            "1" | "true" | "yes" => true,
+                            "0" | "false" | "no" => false,
+                            _ => return Err(bad("expected true or false (or 1/0, yes/no)")),
+                        })
                 }
                 "webhooks.in_flight_default" => {
                     self.webhooks.in_flight_default =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
                 }
                 "http.header_read_timeout" => {
-                    self.http.header_read_timeout = Some(duration(&value).map_err(|e| bad(&e))?)
+                    self.http.header_read_timeout = Some(env_duration(var, key, &value)?)
                 }
                 "http.body_read_timeout" => {
-                    self.http.body_read_timeout = Some(duration(&value).map_err(|e| bad(&e))?)
+                    self.http.body_read_timeout = Some(env_duration(var, key, &value)?)
                 }
                 "http.idle_timeout" => {
-                    self.http.idle_timeout = Some(duration(&value).map_err(|e| bad(&e))?)
+                    self.http.idle_timeout = Some(env_duration(var, key, &value)?)
                 }
-                "schedules.lead" => {
-                    self.schedules.lead = Some(duration(&value).map_err(|e| bad(&e))?)
-                }
+                "schedules.lead" => self.schedules.lead = Some(env_duration(var, key, &value)?),
                 "http.connections_max" => {
                     self.http.connections_max =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
@@ -434,17 +427,13 @@ impl FileConfig {
                 }
                 "storage.fsync" => self.storage.fsync = Some(value.clone()),
                 "storage.fsync_interval" => {
-                    self.storage.fsync_interval = Some(duration(&value).map_err(|e| bad(&e))?)
+                    self.storage.fsync_interval = Some(env_duration(var, key, &value)?)
                 }
-                "shutdown.grace" => {
-                    self.shutdown.grace = Some(duration(&value).map_err(|e| bad(&e))?)
-                }
+                "shutdown.grace" => self.shutdown.grace = Some(env_duration(var, key, &value)?),
                 "shutdown.drain_delay" => {
-                    self.shutdown.drain_delay = Some(duration(&value).map_err(|e| bad(&e))?)
+                    self.shutdown.drain_delay = Some(env_duration(var, key, &value)?)
                 }
-                "metrics.refresh" => {
-                    self.metrics.refresh = Some(duration(&value).map_err(|e| bad(&e))?)
-                }
+                "metrics.refresh" => self.metrics.refresh = Some(env_duration(var, key, &value)?),
                 "log.level" => self.log.level = Some(value.clone()),
                 "log.format" => self.log.format = Some(value.clone()),
                 "tls.cert" => self.tls.cert = Some(PathBuf::from(&value)),
@@ -460,6 +449,12 @@ impl FileConfig {
 fn duration(value: &str) -> Result<HumanDuration, String> {
     crate::units::parse_duration_ms(value)?;
     Ok(HumanDuration::Text(value.to_owned()))
+}
+
+/// An environment variable's size, checked where the variable can be named in the error.
+fn env_size(var: &str, key: &str, value: &str) -> anyhow::Result<HumanSize> {
+    crate::units::parse_size_bytes(value).map_err(|e| anyhow!("{var} (overrides {key}): {e}"))?;
+    Ok(HumanSize::Text(value.to_owned()))
 }
 
 /// [`duration`], its error naming the variable `var` and the key `key` it overrides.
@@ -671,6 +666,33 @@ sasl_mechanism = "SCRAM-SHA-256"
         assert!(err.to_string().contains("storage.fsync"), "{err}");
     }
 
+    /// A duration or size of the wrong type says what it should be, not a Rust type's name.
+    #[test]
+    fn a_mistyped_duration_or_size_says_what_is_expected() {
+        let err = parse("[limits]\nhorizon = -5\n").unwrap_err();
+        assert!(format!("{err:#}").contains("a duration such as"), "{err:#}");
+        let err = parse("[limits]\npayload_max = true\n").unwrap_err();
+        assert!(format!("{err:#}").contains("a size such as"), "{err:#}");
+    }
+
+    /// An interval of 0 would spin the flusher on a core; an interval without its mode would
+    /// be ignored without a word.
+    #[test]
+    fn an_fsync_interval_is_above_zero_and_only_with_its_mode() {
+        let resolve = |text: &str| parse(text).unwrap().resolve(None, None, None);
+        let zero = resolve("[storage]\nfsync = \"interval\"\nfsync_interval = \"0ms\"\n");
+        assert!(
+            format!("{:#}", zero.unwrap_err()).contains("must be longer than 0"),
+            "zero"
+        );
+        let alone = resolve("[storage]\nfsync_interval = \"10ms\"\n").unwrap_err();
+        assert!(
+            format!("{alone:#}").contains("applies only with storage.fsync = \"interval\""),
+            "{alone:#}"
+        );
+        assert!(resolve("[storage]\nfsync = \"interval\"\nfsync_interval = \"10ms\"\n").is_ok());
+    }
+
     #[test]
     fn log_levels_are_levels_or_target_directives() {
         let level = |text: &str| {
@@ -736,6 +758,20 @@ sasl_mechanism = "SCRAM-SHA-256"
         assert!(
             text.contains("BELFRY_SHUTDOWN_GRACE (overrides shutdown.grace)"),
             "{text}"
+        );
+        assert_eq!(
+            text.matches("\"30000\"").count(),
+            1,
+            "the value once: {text}"
+        );
+        // Sizes too name the variable, not only the key.
+        let mut file = parse("").unwrap();
+        let err = file
+            .apply_env(|var| (var == "BELFRY_PAYLOAD_MAX").then(|| "huge".into()))
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains("BELFRY_PAYLOAD_MAX (overrides limits.payload_max)"),
+            "{err:#}"
         );
         let mut file = parse("").unwrap();
         file.apply_env(|var| (var == "BELFRY_HTTP_IDLE_TIMEOUT").then(|| "0".into()))

@@ -196,16 +196,25 @@ impl MetricsSection {
 
 impl StorageSection {
     fn fsync_policy(&self) -> anyhow::Result<FsyncPolicy> {
-        Ok(match self.fsync.as_deref().unwrap_or("always") {
+        let mode = self.fsync.as_deref().unwrap_or("always");
+        let interval = ms_if("storage.fsync_interval", &self.fsync_interval)?;
+        if interval.is_some() && mode != "interval" {
+            bail!(
+                "storage.fsync_interval: applies only with storage.fsync = \"interval\" (it is \
+                 {mode:?}); remove it or set both"
+            );
+        }
+        Ok(match mode {
             "always" => FsyncPolicy::Always,
             "never" => FsyncPolicy::Never,
             "interval" => {
-                let ms =
-                    ms_if("storage.fsync_interval", &self.fsync_interval)?.ok_or_else(|| {
-                        anyhow!(
-                            "storage.fsync_interval: required when storage.fsync is \"interval\""
-                        )
-                    })?;
+                let ms = interval.ok_or_else(|| {
+                    anyhow!("storage.fsync_interval: required when storage.fsync is \"interval\"")
+                })?;
+                // The flusher waits this long between fsyncs: 0 would spin a core.
+                if ms == 0 {
+                    bail!("storage.fsync_interval: must be longer than 0 (such as \"100ms\")");
+                }
                 FsyncPolicy::Interval(std::time::Duration::from_millis(ms))
             }
             other => bail!(

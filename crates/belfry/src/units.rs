@@ -4,7 +4,10 @@ use serde::Deserialize;
 
 /// A duration in the config: a number of milliseconds or a string with a unit.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a duration such as \"30s\" or \"250ms\", or a whole number of milliseconds"
+)]
 pub enum HumanDuration {
     Millis(u64),
     Text(String),
@@ -21,7 +24,10 @@ impl HumanDuration {
 
 /// A size in the config: a number of bytes or a string with a unit.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a size such as \"1 MiB\" or \"64KiB\", or a whole number of bytes"
+)]
 pub enum HumanSize {
     Bytes(u64),
     Text(String),
