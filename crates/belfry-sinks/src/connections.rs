@@ -353,7 +353,7 @@ impl ConnectionSpec {
 }
 
 /// `scheme://user:pw@host:port/x` → `scheme://host:port/x`; query strings dropped.
-fn strip_userinfo(url: &str) -> String {
+pub(crate) fn strip_userinfo(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (scheme, rest),
         None => ("", url),

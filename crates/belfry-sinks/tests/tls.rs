@@ -433,15 +433,30 @@ async fn nats_credentials_let_the_sink_in_and_a_wrong_password_is_refused() {
         spec.password = Some(password.to_owned());
         spec
     };
+    // The same credentials in the URL: the sink takes them out of the address (which the
+    // client logs) and sends them as the keys are sent.
+    let in_url = connection(
+        ConnectionKind::Nats,
+        format!("nats://belfry:s3cret-nats@127.0.0.1:{port}"),
+        true,
+        Some(pki.ca()),
+    );
     let connections = Connections::empty()
         .with("right", with("s3cret-nats"))
-        .with("wrong", with("not-it"));
+        .with("wrong", with("not-it"))
+        .with("in-url", in_url);
     let right = build(
         connections.clone(),
         SinkSpec::Nats(NatsSpec::new("right", "auth.orders")),
     );
     assert_eq!(right.deliver(&task(1), 1, 0).await, Outcome::Delivered);
     assert_eq!(stream.info().await.expect("stream info").state.messages, 1);
+    let from_url = build(
+        connections.clone(),
+        SinkSpec::Nats(NatsSpec::new("in-url", "auth.orders")),
+    );
+    assert_eq!(from_url.deliver(&task(3), 1, 0).await, Outcome::Delivered);
+    assert_eq!(stream.info().await.expect("stream info").state.messages, 2);
     let wrong = build(
         connections,
         SinkSpec::Nats(NatsSpec::new("wrong", "auth.orders")),
@@ -456,5 +471,5 @@ async fn nats_credentials_let_the_sink_in_and_a_wrong_password_is_refused() {
         }
         other => panic!("a wrong password: expected a rejection, got {other:?}"),
     }
-    assert_eq!(stream.info().await.expect("stream info").state.messages, 1);
+    assert_eq!(stream.info().await.expect("stream info").state.messages, 2);
 }

@@ -135,6 +135,8 @@ async fn secrets_appear_in_no_log_answer_or_metric() {
     let (configured, lines) = create_token(&["read"]);
     let webhook_secret = "whsec-d41d8cd98f00b204";
     let broker_password = "broker-pass-0c2f1e9a";
+    // In the URL: the NATS client logs each address it tries, at debug level.
+    let nats_url_password = "nats-url-pass-5e7b2d4c";
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("belfry.toml");
     std::fs::write(
@@ -142,7 +144,9 @@ async fn secrets_appear_in_no_log_answer_or_metric() {
         format!(
             "[webhooks]\nallow_private_targets = true\n\n\
              [connections.main]\ntype = \"redis\"\nurl = \"redis://127.0.0.1:1\"\n\
-             password = \"{broker_password}\"\n\n[auth]\n{lines}"
+             password = \"{broker_password}\"\n\n\
+             [connections.bus]\ntype = \"nats\"\n\
+             url = \"nats://natsuser:{nats_url_password}@127.0.0.1:1\"\n\n[auth]\n{lines}"
         ),
     )
     .unwrap();
@@ -168,9 +172,12 @@ async fn secrets_appear_in_no_log_answer_or_metric() {
         r#"{{"delivery": {{"type": "webhook", "url": "http://127.0.0.1:9/hook", "secret": "{webhook_secret}"}}}}"#
     );
     let stream = r#"{"delivery": {"type": "redis_stream", "connection": "main", "stream": "s"}}"#;
+    let nats = r#"{"delivery": {"type": "nats", "connection": "bus", "subject": "s"}}"#;
     for (method, path, token, body) in [
         ("PUT", "/v1/queues/hooks", admin, Some(webhook)),
         ("PUT", "/v1/queues/events", admin, Some(stream.to_owned())),
+        ("PUT", "/v1/queues/bus", admin, Some(nats.to_owned())),
+        ("POST", "/v1/queues/bus/tasks", admin, Some("{}".into())),
         ("POST", "/v1/queues/hooks/tasks", admin, Some("{}".into())),
         ("POST", "/v1/queues/events/tasks", admin, Some("{}".into())),
         ("GET", "/v1/queues/hooks", &configured, None),
@@ -189,7 +196,17 @@ async fn secrets_appear_in_no_log_answer_or_metric() {
     answers.push_str(&metrics);
     let log = server.log.lock().unwrap().clone();
     assert!(log.contains("hooks"), "the log was captured: {log}");
-    for secret in [admin, configured.as_str(), webhook_secret, broker_password] {
+    assert!(
+        log.contains("async_nats"),
+        "the NATS client's attempts were logged: {log}"
+    );
+    for secret in [
+        admin,
+        configured.as_str(),
+        webhook_secret,
+        broker_password,
+        nats_url_password,
+    ] {
         assert!(!log.contains(secret), "a secret is in the log: {secret}");
         assert!(
             !answers.contains(secret),

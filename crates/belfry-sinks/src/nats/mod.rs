@@ -130,7 +130,12 @@ struct Link {
 /// Publishes one queue's tasks to a JetStream subject.
 pub struct NatsSink {
     config: NatsConfig,
+    /// The servers, without the credentials a URL may carry: the client logs each address it
+    /// tries at debug level, password and all.
     servers: Vec<ServerAddr>,
+    /// Credentials given in the URL (`nats://user:password@…`, or `nats://token@…`), sent
+    /// through the connect options instead.
+    url_credentials: Option<(String, Option<String>)>,
     link: SharedLink<Link>,
     /// Room for acks awaited, [`ACKS_IN_FLIGHT_MAX`] in all, taken by a batch for all its
     /// messages before it writes the first. The client has the same bound, but it frees a
@@ -167,20 +172,27 @@ impl NatsSink {
                 ),
             });
         }
+        let parse = |text: &str| {
+            text.parse::<ServerAddr>()
+                .map_err(|error| SinkError::InvalidDelivery {
+                    field: "connection",
+                    reason: format!("the connection's url is not a NATS server list ({error})"),
+                })
+        };
         let mut servers = Vec::new();
+        let mut url_credentials = None;
         for part in config.servers.split(',') {
-            let addr =
-                part.trim()
-                    .parse::<ServerAddr>()
-                    .map_err(|error| SinkError::InvalidDelivery {
-                        field: "connection",
-                        reason: format!("the connection's url is not a NATS server list ({error})"),
-                    })?;
-            servers.push(addr);
+            let addr = parse(part.trim())?;
+            if let Some(user) = addr.username() {
+                url_credentials
+                    .get_or_insert_with(|| (user.to_owned(), addr.password().map(str::to_owned)));
+            }
+            servers.push(parse(&crate::connections::strip_userinfo(part.trim()))?);
         }
         Ok(NatsSink {
             config,
             servers,
+            url_credentials,
             link: SharedLink::default(),
             window: tokio::sync::Semaphore::new(ACKS_IN_FLIGHT_MAX),
             gate: Gate::default(),
@@ -210,6 +222,15 @@ impl NatsSink {
         }
         if let Some(token) = &config.token {
             options = options.token(token.clone());
+        }
+        if config.username.is_none() && config.token.is_none() {
+            match &self.url_credentials {
+                Some((user, Some(password))) => {
+                    options = options.user_and_password(user.clone(), password.clone())
+                }
+                Some((token, None)) => options = options.token(token.clone()),
+                None => {}
+            }
         }
         if config.tls {
             options = options.require_tls(true);
