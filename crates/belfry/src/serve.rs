@@ -109,7 +109,9 @@ async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
 }
 
 /// Registers SIGTERM and SIGINT handlers now (before the server announces itself, so an early
-/// signal is never fatal) and returns a future that completes on the first of them.
+/// signal is never fatal) and returns a future that completes on the first of them. A second
+/// one during the drain exits at once, with status 1: what was acknowledged is durable, and
+/// deliveries cut short are sent again once their leases end, as after a crash.
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
@@ -118,9 +120,17 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
         let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
         Ok(async move {
             tokio::select! {
-                _ = term.recv() => tracing::info!("SIGTERM received"),
-                _ = int.recv() => tracing::info!("SIGINT received"),
+                _ = term.recv() => tracing::info!("SIGTERM received; a second signal stops at once"),
+                _ = int.recv() => tracing::info!("SIGINT received; a second signal stops at once"),
             }
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+                tracing::warn!("a second signal: stopping now, without the rest of the drain (deliveries in flight are sent again once their leases end)");
+                std::process::exit(1);
+            });
         })
     }
     #[cfg(not(unix))]

@@ -10,7 +10,7 @@ use belfry_client::{Client, LeaseRequest, NewTask, QueueSpec};
 
 mod common;
 
-use common::{serve, BIN};
+use common::{serve, serve_with_env, BIN};
 
 fn belfry(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN).args(args).output().expect("run belfry");
@@ -129,6 +129,50 @@ fn sigterm_stops_cleanly_with_exit_0() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// A second signal during the drain stops the server at once (status 1), rather than being
+/// swallowed while the drain delay and the grace period run out.
+#[test]
+fn a_second_signal_stops_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = data_dir(dir.path());
+    let mut server = serve_with_env(
+        &["--data-dir", &data],
+        &[("BELFRY_SHUTDOWN_DRAIN_DELAY", "30s")],
+    );
+    let pid = server.child.id().to_string();
+    let signal = |name: &str| {
+        let status = Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    };
+    signal("-TERM");
+    // The first is taken: the server is draining (its readiness says so), and still runs.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server.log.lock().unwrap().contains("SIGTERM received") {
+        assert!(
+            Instant::now() < deadline,
+            "the first SIGTERM was not logged"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(server.child.try_wait().unwrap().is_none(), "still draining");
+    let second = Instant::now();
+    signal("-INT");
+    let exit = loop {
+        if let Some(exit) = server.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            second.elapsed() < Duration::from_secs(5),
+            "a second signal did not stop it (the drain delay is 30 s)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(exit.code(), Some(1), "exit status {exit:?}");
 }
 
 #[test]
