@@ -272,6 +272,24 @@ struct Envelope {
     error: ErrorBody,
 }
 
+/// At most one line per code in each 10 s (the first at once) for the refusals a condition
+/// of the whole server answers to every request alike (an overload, a full disk, a store out
+/// of reach): a line for each would add to the overload and fill the disk the log may be on.
+/// The metrics and `/readyz` say the rest. Other server errors (`None`) are logged each.
+fn log_limit(code: ErrorCode) -> Option<&'static crate::log_every::LogEvery> {
+    use crate::log_every::LogEvery;
+    const PERIOD: std::time::Duration = std::time::Duration::from_secs(10);
+    static OVERLOADED: LogEvery = LogEvery::new(PERIOD);
+    static STORE_UNAVAILABLE: LogEvery = LogEvery::new(PERIOD);
+    static INSUFFICIENT_STORAGE: LogEvery = LogEvery::new(PERIOD);
+    match code {
+        ErrorCode::Overloaded => Some(&OVERLOADED),
+        ErrorCode::StoreUnavailable => Some(&STORE_UNAVAILABLE),
+        ErrorCode::InsufficientStorage => Some(&INSUFFICIENT_STORAGE),
+        _ => None,
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         if self.code == ErrorCode::ShuttingDown {
@@ -279,12 +297,16 @@ impl IntoResponse for ApiError {
             // shutdown itself is logged once, not every poll.
             tracing::debug!(message = %self.message, "refused while shutting down");
         } else if self.code.status().is_server_error() {
-            if self.retry_after_s.is_some() {
-                // Passing conditions (overload, a store that does not answer for now): the
-                // client is told to retry; not an error of this server.
-                tracing::warn!(code = self.code.as_str(), message = %self.message, "request refused for now");
-            } else {
-                tracing::error!(code = self.code.as_str(), message = %self.message, "request failed");
+            let now = std::time::Instant::now();
+            let logged = log_limit(self.code).map_or(Some(0), |limit| limit.check(now));
+            if let Some(held_back) = logged {
+                if self.retry_after_s.is_some() {
+                    // Passing conditions (overload, a store that does not answer for now): the
+                    // client is told to retry; not an error of this server.
+                    tracing::warn!(code = self.code.as_str(), message = %self.message, held_back, "request refused for now (`held_back`: refusals with this code not logged since the last line)");
+                } else {
+                    tracing::error!(code = self.code.as_str(), message = %self.message, held_back, "request failed (`held_back`: failures with this code not logged since the last line)");
+                }
             }
         }
         let status = self.code.status();
