@@ -303,6 +303,55 @@ async fn graceful_shutdown_drains_in_flight_deliveries() {
     );
 }
 
+/// A queue stored with a target the server's configuration now refuses (private targets
+/// allowed before a restart, not after) keeps its tasks, and says in its `delivery_health`
+/// why nothing is delivered, rather than showing no health at all.
+#[tokio::test]
+async fn a_stored_target_the_configuration_now_refuses_shows_in_the_queues_health() {
+    let store: std::sync::Arc<dyn belfry_store::Store> =
+        std::sync::Arc::new(belfry_store::MemoryStore::new());
+    let before =
+        TestServer::start_with_sinks(common::test_config(), store.clone(), None, None).await;
+    before
+        .ok(
+            "PUT",
+            "/v1/queues/hooks",
+            json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/x"}}),
+            201,
+        )
+        .await;
+    before.handle.stop().await.expect("clean shutdown");
+    let config = belfry_server::ServerConfig {
+        allow_private_targets: false,
+        ..common::test_config()
+    };
+    let after = TestServer::start_with_sinks(config, store, None, None).await;
+    let queue = after.ok("GET", "/v1/queues/hooks", Value::Null, 200).await;
+    let health = queue["delivery_health"].as_str().unwrap_or_default();
+    assert!(
+        health.starts_with("unreachable: not delivering: this server's configuration refuses"),
+        "{queue}"
+    );
+    // Pointed at an allowed target, it delivers again: the refusal is gone.
+    after
+        .ok(
+            "PUT",
+            "/v1/queues/hooks",
+            json!({"delivery": {"type": "webhook", "url": "http://93.184.216.34/x"}}),
+            200,
+        )
+        .await;
+    let queue = after.ok("GET", "/v1/queues/hooks", Value::Null, 200).await;
+    assert!(
+        !queue["delivery_health"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("refuses"),
+        "{queue}"
+    );
+    after.handle.stop().await.expect("clean shutdown");
+}
+
 #[tokio::test]
 async fn private_targets_are_refused_by_default() {
     let config = belfry_server::ServerConfig {

@@ -120,6 +120,10 @@ pub(crate) struct Dispatcher {
     looked_at_ms: std::sync::atomic::AtomicU64,
     sinks: Arc<dyn SinkFactory>,
     slots: Mutex<Slots>,
+    /// Push queues whose stored sink this server's configuration refuses (a private target
+    /// when private targets are no longer allowed): why, for their `delivery_health`. They
+    /// deliver nothing until reconfigured.
+    refused: Mutex<std::collections::HashMap<QueueName, String>>,
     /// Wakes the loop: a queue became ready, budget was released, or shutdown.
     notify: Notify,
     /// Tasks in flight, all queues together.
@@ -156,6 +160,7 @@ impl Dispatcher {
                 looked_at_ms: Default::default(),
                 sinks,
                 slots: Mutex::new(Slots::default()),
+                refused: Mutex::new(Default::default()),
                 notify: Notify::new(),
                 budget: Arc::new(Semaphore::new(in_flight_max)),
                 claims: Arc::new(Semaphore::new(CLAIMS_IN_FLIGHT_MAX)),
@@ -184,7 +189,18 @@ impl Dispatcher {
             self.detach(&runtime.name);
             return Ok(None);
         };
-        let sink = self.sinks.build(&runtime.name, spec)?;
+        let sink = match self.sinks.build(&runtime.name, spec) {
+            Ok(sink) => sink,
+            Err(e) => {
+                // Not the old sink either: its target is no longer the configuration's.
+                self.detach(&runtime.name);
+                self.refused
+                    .lock()
+                    .insert(runtime.name.clone(), e.to_string());
+                return Err(e);
+            }
+        };
+        self.refused.lock().remove(&runtime.name);
         let visibility_ms = u64::try_from(spec.timeout().as_millis())
             .unwrap_or(u64::MAX)
             .saturating_add(LEASE_MARGIN_MS);
@@ -212,13 +228,22 @@ impl Dispatcher {
         Ok(Some(sink))
     }
 
-    /// What the queue's sink last saw of its target (`None`: not a push queue).
+    /// What the queue's sink last saw of its target (`None`: not a push queue), or why it has
+    /// no sink.
     pub fn health(&self, queue: &QueueName) -> Option<belfry_sinks::SinkHealth> {
-        self.slots.lock().push(queue).map(|push| push.sink.health())
+        if let Some(push) = self.slots.lock().push(queue) {
+            return Some(push.sink.health());
+        }
+        let refused = self.refused.lock().get(queue).cloned()?;
+        Some(belfry_sinks::SinkHealth::Unreachable(format!(
+            "not delivering: this server's configuration refuses the target ({refused}); \
+             change the queue's delivery or the configuration"
+        )))
     }
 
     /// Stops delivering the queue (deleted, or now a pull queue).
     pub fn detach(&self, queue: &QueueName) {
+        self.refused.lock().remove(queue);
         if let Some(runtime) = self.shared.queues.get(queue) {
             runtime.set_pushed(false);
         }
