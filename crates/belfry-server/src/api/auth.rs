@@ -122,8 +122,8 @@ fn refusal(denied: Denied) -> Response {
             let mut response = ApiError::new(
                 ErrorCode::RateLimited,
                 format!(
-                    "token {token:?} is over its request rate (rate_per_s in [[auth.tokens]]); \
-                     retry after {seconds} s"
+                    "token {token:?} is over its request rate (its rate_per_s, set in \
+                     [[auth.tokens]] or when it was made through the API); retry after {seconds} s"
                 ),
             )
             .into_response();

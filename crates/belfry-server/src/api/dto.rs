@@ -342,10 +342,15 @@ impl DueBody {
         };
         let limit = now_ms.saturating_add(horizon_ms);
         if due > limit {
+            let when = if due == u64::MAX {
+                "past the year 9999".to_owned()
+            } else {
+                format!("at {due} ms")
+            };
             return Err(invalid(
                 ErrorCode::BeyondHorizon,
                 format!(
-                    "the task would be due at {due} ms, beyond the server's horizon of {horizon_ms} ms from now (until {limit})"
+                    "the task would be due {when}, beyond the server's horizon of {horizon_ms} ms from now (until {limit})"
                 ),
             ));
         }
@@ -840,6 +845,14 @@ mod tests {
         );
         assert_eq!(due(r#"{"delay_ms": 10001}"#), Err(ErrorCode::BeyondHorizon));
         assert_eq!(due(r#"{"delay_ms": 10000}"#), Ok(Some(11_000)));
+        // Past the last instant belfry represents: said in words, not as u64::MAX ms.
+        let body: DueBody = serde_json::from_str(r#"{"run_at": "9999-12-31T23:59:59Z"}"#).unwrap();
+        let error = body.resolve(1_000, 10_000).unwrap_err();
+        assert!(
+            error.message.contains("due past the year 9999"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]
