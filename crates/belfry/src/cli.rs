@@ -139,6 +139,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             let settings = file
                 .resolve(args.listen, args.data_dir, args.store)
                 .context("configuration")?;
+            // RUST_LOG wins over log.level when set: the same check, or a typo logs nothing.
+            if let Ok(rust_log) = std::env::var("RUST_LOG") {
+                crate::resolve::check_log_filter("RUST_LOG", &rust_log).context("configuration")?;
+            }
             init_tracing(&settings.log_level, settings.log_format);
             crate::serve::serve(settings).await
         }

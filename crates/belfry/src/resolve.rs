@@ -224,24 +224,31 @@ impl StorageSection {
     }
 }
 
-impl LogSection {
-    /// The tracing filter, checked: every directive is a level, or `target=level`. A bare
-    /// word is a target to tracing, so a typo such as "inf" would log nothing at all.
-    fn level(&self) -> anyhow::Result<String> {
-        const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
-        let text = self.level.as_deref().unwrap_or("info").trim();
-        for directive in text.split(',') {
-            let level = directive
-                .rsplit_once('=')
-                .map_or(directive, |(_, level)| level);
-            if !LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
-                bail!(
-                    "log.level: {directive:?} in {text:?} is not a level; give one of trace, debug, \
-                     info, warn, error, off, or target=level directives separated by commas \
-                     (\"belfry_server=debug,info\")"
-                );
-            }
+/// A log filter (`log.level`, or `RUST_LOG`, which wins when set), checked: every directive
+/// is a level, or `target=level`. A bare word is a target to tracing, so a typo such as "inf"
+/// would log nothing at all.
+pub(crate) fn check_log_filter(name: &str, text: &str) -> anyhow::Result<()> {
+    const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
+    for directive in text.trim().split(',') {
+        let level = directive
+            .rsplit_once('=')
+            .map_or(directive, |(_, level)| level);
+        if !LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
+            bail!(
+                "{name}: {directive:?} in {text:?} is not a level; give one of trace, debug, \
+                 info, warn, error, off, or target=level directives separated by commas \
+                 (\"belfry_server=debug,info\")"
+            );
         }
+    }
+    Ok(())
+}
+
+impl LogSection {
+    /// The tracing filter, checked ([`check_log_filter`]).
+    fn level(&self) -> anyhow::Result<String> {
+        let text = self.level.as_deref().unwrap_or("info").trim();
+        check_log_filter("log.level", text)?;
         Ok(text.to_owned())
     }
 

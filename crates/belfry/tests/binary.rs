@@ -175,6 +175,27 @@ fn a_second_signal_stops_at_once() {
     assert_eq!(exit.code(), Some(1), "exit status {exit:?}");
 }
 
+/// `RUST_LOG`, which wins over `log.level`, is checked as that is: "loud" is a target to
+/// tracing, and would have silenced every line.
+#[test]
+fn a_rust_log_that_is_not_a_filter_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args(["serve", "--store", "memory", "--listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .env("RUST_LOG", "loud")
+        .env_remove("BELFRY_CONFIG")
+        .output()
+        .expect("run belfry serve");
+    assert!(!out.status.success(), "it must not start");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("RUST_LOG") && stderr.contains("is not a level"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn config_with_an_unknown_key_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
