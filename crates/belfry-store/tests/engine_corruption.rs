@@ -278,3 +278,37 @@ fn inputs_the_format_cannot_hold_are_refused_before_writing() {
     let stored = dead[0].dead_reason.clone().unwrap();
     assert!(stored.len() <= 4096 && reason.starts_with(&stored));
 }
+
+/// A directory that lost its `meta` or its `checkpoint` (deleted by hand, a partial restore)
+/// is refused, naming the missing file, and left as it was: opened as new it would have
+/// started empty and removed every queue's files as not listed.
+#[test]
+fn a_missing_meta_or_checkpoint_is_refused_and_nothing_is_removed() {
+    for missing in ["meta", "checkpoint"] {
+        let dir = tempfile::tempdir().unwrap();
+        populate(dir.path(), true);
+        let before = files(dir.path(), "").len();
+        fs::remove_file(dir.path().join(missing)).unwrap();
+        match Engine::open(dir.path(), EngineOptions::default()) {
+            Err(StoreError::Corrupt { location, detail }) => {
+                assert!(location.ends_with(missing), "{location}");
+                assert!(detail.contains("missing"), "{detail}");
+            }
+            Err(other) => panic!("{missing}: expected Corrupt, got {other}"),
+            Ok(_) => panic!("{missing}: a partial directory opened"),
+        }
+        assert_eq!(
+            files(dir.path(), "").len(),
+            before - 1,
+            "{missing}: nothing else removed"
+        );
+    }
+    // A new directory opens, and reopens (with no queue made, it has no meta file yet); so
+    // does one that never held anything but lost its checkpoint (a first open cut before it
+    // was written).
+    let fresh = tempfile::tempdir().unwrap();
+    drop(Engine::open(fresh.path(), EngineOptions::default()).unwrap());
+    drop(Engine::open(fresh.path(), EngineOptions::default()).unwrap());
+    fs::remove_file(fresh.path().join("checkpoint")).unwrap();
+    drop(Engine::open(fresh.path(), EngineOptions::default()).unwrap());
+}

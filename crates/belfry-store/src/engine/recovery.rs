@@ -55,6 +55,7 @@ impl Engine {
         owner::mark(&dir)?;
         fs::create_dir_all(dir.join(WAL_DIR)).map_err(io("create the data directory"))?;
         let lock = lock_dir(&dir)?;
+        refuse_partial(&dir)?;
         let (meta, legacy_entries) = MetaFile::read(&dir.join(META_FILE))?;
         let mut checkpoint = Checkpoint::read(&dir.join(CHECKPOINT_FILE))?.unwrap_or_default();
         // A format-3 checkpoint holds the entries; before that, the meta file did.
@@ -160,6 +161,79 @@ impl State {
 
 /// Creates the directory of every queue the meta file lists and removes those of deleted
 /// queues.
+/// Refuses a directory that has held an engine but lost its `meta` or `checkpoint` file
+/// (deleted by hand, a partial restore). Read as new, it would start empty and then remove
+/// every queue's files and every run as not listed: every acknowledged task gone without a
+/// word. `meta` is written once a queue is made, so it may be missing only while there is
+/// no queue directory; the checkpoint is written by every open, so it may be missing only
+/// from a directory with no other engine file (a first open cut before its checkpoint).
+fn refuse_partial(dir: &Path) -> Result<()> {
+    let (missing, found) = if !dir.join(CHECKPOINT_FILE).exists() {
+        let found = if dir.join(META_FILE).exists() {
+            Some("its meta file".to_owned())
+        } else {
+            engine_files(dir)?
+        };
+        (CHECKPOINT_FILE, found)
+    } else if !dir.join(META_FILE).exists() {
+        (META_FILE, queue_dir_in(dir)?)
+    } else {
+        return Ok(());
+    };
+    let Some(found) = found else {
+        return Ok(());
+    };
+    Err(StoreError::Corrupt {
+        location: dir.join(missing).display().to_string(),
+        detail: format!(
+            "missing, while the data directory holds {found}: restore the whole directory from \
+             a backup (started without it, the engine would read it as empty and remove the rest)"
+        ),
+    })
+}
+
+fn list_dir(sub: &Path) -> Result<Vec<fs::DirEntry>> {
+    match fs::read_dir(sub) {
+        Ok(entries) => entries
+            .collect::<std::io::Result<Vec<_>>>()
+            .map_err(io("list the data directory")),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(io("list the data directory")(e)),
+    }
+}
+
+/// A queue directory in `dir`, named as the error says it.
+fn queue_dir_in(dir: &Path) -> Result<Option<String>> {
+    for entry in list_dir(dir)? {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if parse_queue_dir(&name).is_some() {
+            return Ok(Some(format!("the queue directory {name}")));
+        }
+    }
+    Ok(None)
+}
+
+/// The first engine file found in `dir` besides `meta` and `checkpoint`: a queue directory, a
+/// WAL file with records, a subscription or key run.
+fn engine_files(dir: &Path) -> Result<Option<String>> {
+    if let Some(found) = queue_dir_in(dir)? {
+        return Ok(Some(found));
+    }
+    for entry in list_dir(&dir.join(WAL_DIR))? {
+        if entry.metadata().map_or(false, |m| m.len() > 0) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            return Ok(Some(format!("the WAL file {WAL_DIR}/{name}")));
+        }
+    }
+    for sub in [subs::SUBS_DIR, super::keys::runs::KEYS_DIR] {
+        if let Some(entry) = list_dir(&dir.join(sub))?.first() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            return Ok(Some(format!("the run {sub}/{name}")));
+        }
+    }
+    Ok(None)
+}
+
 fn restore_queues(dir: &Path, state: &mut State) -> Result<()> {
     for (name, (uid, _)) in &state.meta.queues {
         let qdir = queue_dir(dir, *uid);
