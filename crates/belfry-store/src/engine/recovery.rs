@@ -220,7 +220,7 @@ fn engine_files(dir: &Path) -> Result<Option<String>> {
         return Ok(Some(found));
     }
     for entry in list_dir(&dir.join(WAL_DIR))? {
-        if entry.metadata().map_or(false, |m| m.len() > 0) {
+        if entry.metadata().is_ok_and(|m| m.len() > 0) {
             let name = entry.file_name().to_string_lossy().into_owned();
             return Ok(Some(format!("the WAL file {WAL_DIR}/{name}")));
         }
