@@ -439,6 +439,7 @@ pub(super) fn replay(
     options: &EngineOptions,
 ) -> Result<u64> {
     let numbers = old_wal_files(dir)?;
+    check_wal_run(dir, start, &numbers)?;
     let last = numbers.last().copied().unwrap_or(0);
     let mut to_load: BTreeSet<(u64, u64)> = BTreeSet::new();
     let mut live = Vec::with_capacity(numbers.len());
@@ -475,6 +476,36 @@ pub(super) fn replay(
         }
     }
     Ok(last)
+}
+
+/// The checkpoint's log starts at WAL file `start`, which a checkpoint creates (and makes its
+/// directory entry durable) before it names it; the files after it follow one by one. A file
+/// missing from that run was lost (deleted, a partial restore), and its acknowledged records
+/// with it: `Corrupt`, rather than a replay that silently skips them. `start` is 0 only
+/// before any checkpoint.
+fn check_wal_run(dir: &Path, start: u64, numbers: &[u64]) -> Result<()> {
+    if start == 0 {
+        return Ok(());
+    }
+    let mut expected = start;
+    for &number in numbers.iter().filter(|&&n| n >= start) {
+        if number != expected {
+            break;
+        }
+        expected += 1;
+    }
+    let last = numbers.last().copied().unwrap_or(0);
+    if expected > last && expected > start {
+        return Ok(());
+    }
+    Err(StoreError::Corrupt {
+        location: wal_path(dir, expected).display().to_string(),
+        detail: format!(
+            "missing: the checkpoint's log starts at WAL file {start} and runs to {}, one file \
+             after another; restore the whole data directory from a backup",
+            last.max(start)
+        ),
+    })
 }
 
 /// Where replayed records go: bucket records to their buckets (and the buckets to load
