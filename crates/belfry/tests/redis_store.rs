@@ -306,15 +306,16 @@ fn redis_cli(port: u16, args: &[&str]) {
     assert!(out.status.success(), "redis-cli {args:?} on {port}");
 }
 
-/// Redis at its `maxmemory` is a full store: `507 insufficient_storage` saying so, as the
-/// embedded store answers on a full disk, not a 500 that calls the data corrupt.
-#[tokio::test]
-async fn a_redis_at_maxmemory_answers_507_then_takes_submits_again() {
-    let redis = Redis::start(&[]);
+/// `belfry serve` on `redis` under `namespace` (8 partitions), with the queue `jobs` made;
+/// answers the server, a client and the server's URL.
+async fn serve_with_jobs(
+    redis: &Redis,
+    namespace: &str,
+) -> (common::Served, reqwest::Client, String) {
     let server = serve_with_env(
         &["--store", &redis.url()],
         &[
-            ("BELFRY_REDIS_NAMESPACE", "wire507"),
+            ("BELFRY_REDIS_NAMESPACE", namespace),
             ("BELFRY_REDIS_PARTITIONS", "8"),
         ],
     );
@@ -327,6 +328,15 @@ async fn a_redis_at_maxmemory_answers_507_then_takes_submits_again() {
         .await
         .unwrap();
     assert_eq!(created.status(), 201);
+    (server, http, base)
+}
+
+/// Redis at its `maxmemory` is a full store: `507 insufficient_storage` saying so, as the
+/// embedded store answers on a full disk, not a 500 that calls the data corrupt.
+#[tokio::test]
+async fn a_redis_at_maxmemory_answers_507_then_takes_submits_again() {
+    let redis = Redis::start(&[]);
+    let (server, http, base) = serve_with_jobs(&redis, "wire507").await;
 
     redis_cli(redis.port, &["CONFIG", "SET", "maxmemory", "1"]);
     let refused = submit(&http, &base).await;
@@ -349,18 +359,8 @@ async fn a_redis_at_maxmemory_answers_507_then_takes_submits_again() {
 #[tokio::test]
 async fn a_finished_task_on_redis_shows_no_payload() {
     let redis = Redis::start(&[]);
-    let server = serve_with_env(
-        &["--store", &redis.url()],
-        &[
-            ("BELFRY_REDIS_NAMESPACE", "wiredone"),
-            ("BELFRY_REDIS_PARTITIONS", "8"),
-        ],
-    );
-    let http = reqwest::Client::new();
-    let base = server.url.clone();
+    let (server, http, base) = serve_with_jobs(&redis, "wiredone").await;
     let queue = format!("{base}/v1/queues/jobs");
-    let created = http.put(&queue).json(&serde_json::json!({})).send().await;
-    assert_eq!(created.unwrap().status(), 201);
     let body =
         serde_json::json!({"payload_base64": "AAE=", "delay_ms": 600_000, "idempotency_key": "k1"});
     let submitted = http
