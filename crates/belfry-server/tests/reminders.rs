@@ -390,13 +390,15 @@ async fn bad_input(s: TestServer) {
     let (status, e) = s.call("GET", "/v1/reminders/ghost", Value::Null).await;
     assert_eq!((status, code(&e).as_str()), (404, "reminder_not_found"));
     // A time zone alone cannot move a cron reminder: the message says what to send.
-    s.ok(
-        "POST",
-        "/v1/reminders",
-        json!({"id": "tz", "queue": "push", "cron": "0 20 * * *"}),
-        201,
-    )
-    .await;
+    let made = s
+        .ok(
+            "POST",
+            "/v1/reminders",
+            json!({"id": "tz", "queue": "push", "cron": "0 20 * * *", "timezone": "asia/tokyo"}),
+            201,
+        )
+        .await;
+    assert_eq!(made["timezone"], "Asia/Tokyo", "the database's spelling");
     let (status, e) = s
         .call(
             "PATCH",

@@ -123,7 +123,8 @@ async fn schedule_lifecycle_through_http() {
             "id": "daily-report",
             "queue": "reports",
             "cron": "30 2 * * *",
-            "timezone": "America/New_York",
+            // Any case is the zone; it is stored as the database spells it.
+            "timezone": "america/new_york",
             "payload": {"report": "sales"},
             "headers": {"X-Kind": "report"},
             "priority": "high",

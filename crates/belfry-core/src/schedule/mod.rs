@@ -17,7 +17,9 @@ pub use cron::{Civil, CronError, CronExpr, CronField, FieldProblem, CRON_EXPRESS
 /// Re-exported so callers can name zones without depending on jiff themselves.
 pub use jiff::tz::TimeZone;
 pub use misfire::{Due, MisfirePolicy, CATCH_UP_MAX, MISFIRE_THRESHOLD_MS};
-pub use zoned::{format_in_zone, format_utc, time_zone, CronSchedule, UnknownTimeZone};
+pub use zoned::{
+    canonical_zone_name, format_in_zone, format_utc, time_zone, CronSchedule, UnknownTimeZone,
+};
 
 use crate::clock::UnixMs;
 

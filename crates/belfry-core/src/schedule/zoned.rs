@@ -66,6 +66,17 @@ pub fn time_zone(name: &str) -> Result<TimeZone, UnknownTimeZone> {
     TimeZone::get(name).map_err(|_| error(closest_zone(name)))
 }
 
+/// The database's own spelling of a zone name given in any case (`asia/tokyo` →
+/// `Asia/Tokyo`), or `name` as given when it names no zone (its lookup reports that, with a
+/// suggestion). Schedules and reminders store this, so they show the name their local
+/// times are labelled with.
+pub fn canonical_zone_name(name: &str) -> String {
+    time_zone(name)
+        .ok()
+        .and_then(|zone| zone.iana_name().map(str::to_owned))
+        .unwrap_or_else(|| name.to_owned())
+}
+
 /// The known zone name closest to `name`, ignoring case, if it is at most
 /// [`SUGGEST_EDITS_MAX`] edits away (the earliest in the database's order on a tie). The
 /// names are listed once per process (the database copies them all on every listing), so a

@@ -11,7 +11,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use belfry_core::schedule::format_utc;
+use belfry_core::schedule::{canonical_zone_name, format_utc};
 use belfry_core::{UnixMs, UserId};
 use belfry_reminders::feed::{
     FEED_LIMIT_DEFAULT, FEED_LIMIT_MAX, FEED_WITHIN_MS_DEFAULT, FEED_WITHIN_MS_MAX,
@@ -261,7 +261,9 @@ impl TimeBody {
         if let Some(expression) = self.cron {
             return Ok(When::Cron {
                 expression,
-                timezone: self.timezone.unwrap_or_else(|| "UTC".into()),
+                timezone: self
+                    .timezone
+                    .map_or_else(|| "UTC".into(), |tz| canonical_zone_name(&tz)),
             });
         }
         if let Some(delay) = self.delay_ms {

@@ -15,7 +15,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use belfry_core::schedule::{format_in_zone, format_utc, TimeZone, Trigger, PREVIEW_MAX};
+use belfry_core::schedule::{
+    canonical_zone_name, format_in_zone, format_utc, TimeZone, Trigger, PREVIEW_MAX,
+};
 use belfry_core::{LatePolicy, Priority, QueueName, UnixMs};
 use belfry_schedule::{
     FireTime, MisfirePolicy, NewSchedule, Schedule, ScheduleDef, ScheduleId, ScheduleServiceError,
@@ -205,7 +207,9 @@ impl ScheduleBody {
             }
             (Some(expression), None) => TriggerDef::Cron {
                 expression,
-                timezone: self.timezone.unwrap_or_else(|| "UTC".to_owned()),
+                timezone: self
+                    .timezone
+                    .map_or_else(|| "UTC".to_owned(), |tz| canonical_zone_name(&tz)),
             },
             (None, Some(every_ms)) => {
                 if self.timezone.is_some() {
