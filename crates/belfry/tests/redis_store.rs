@@ -306,6 +306,17 @@ fn redis_cli(port: u16, args: &[&str]) {
     assert!(out.status.success(), "redis-cli {args:?} on {port}");
 }
 
+/// Makes the queue `jobs` (with the defaults) on the server at `base`.
+async fn make_jobs(http: &reqwest::Client, base: &str) {
+    let created = http
+        .put(format!("{base}/v1/queues/jobs"))
+        .json(&serde_json::json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201);
+}
+
 /// `belfry serve` on `redis` under `namespace` (8 partitions), with the queue `jobs` made;
 /// answers the server, a client and the server's URL.
 async fn serve_with_jobs(
@@ -321,13 +332,7 @@ async fn serve_with_jobs(
     );
     let http = reqwest::Client::new();
     let base = server.url.clone();
-    let created = http
-        .put(format!("{base}/v1/queues/jobs"))
-        .json(&serde_json::json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 201);
+    make_jobs(&http, &base).await;
     (server, http, base)
 }
 
@@ -441,13 +446,7 @@ async fn a_paused_redis_gives_503_with_retry_after_then_the_server_recovers() {
         .build()
         .unwrap();
     let base = server.url.clone();
-    let created = http
-        .put(format!("{base}/v1/queues/jobs"))
-        .json(&serde_json::json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 201);
+    make_jobs(&http, &base).await;
     let before = submit(&http, &base).await;
     assert_eq!(before.status(), 201);
     let before: serde_json::Value = before.json().await.unwrap();
@@ -605,13 +604,7 @@ async fn a_paused_cluster_master_gives_503_for_its_partitions_then_the_server_re
         .build()
         .unwrap();
     let base = server.url.clone();
-    let created = http
-        .put(format!("{base}/v1/queues/jobs"))
-        .json(&serde_json::json!({}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(created.status(), 201);
+    make_jobs(&http, &base).await;
     let mut acknowledged = Vec::new();
     for _ in 0..20 {
         let (status, _, code, id, _) = submit_timed(&http, &base).await;
