@@ -169,7 +169,9 @@ impl Service {
     }
 
     /// A queue missing here, read from the store (through the API's admission: an unknown
-    /// name costs a caller one store read) and followed if another node made it.
+    /// name costs a caller one store read) and followed if another node made it. Found, it is
+    /// read again under the admin lock (`sync_queue`), so a delete racing the first read is
+    /// not undone; names that exist nowhere never wait for that lock.
     pub(crate) async fn learn_queue(&self, queue: &QueueName) -> Result<Arc<QueueRuntime>> {
         let name = queue.clone();
         let stored = self
