@@ -23,6 +23,7 @@ pub mod listener;
 mod log_every;
 mod low_priority;
 pub mod metrics;
+mod missing_queue;
 pub mod outcome;
 pub mod queues;
 pub mod reminders;

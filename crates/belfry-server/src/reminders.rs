@@ -106,8 +106,8 @@ pub struct RemindersState {
     inline_reads: InlineReads,
     /// Where the fan-out's steps run.
     steps: LowPriorityThread,
-    /// Reminders whose missing queue the log has named (once each): id → queue.
-    warned_missing: parking_lot::Mutex<std::collections::HashMap<String, String>>,
+    /// Reminders whose missing queue the log has named.
+    warned_missing: crate::missing_queue::MissingQueueWarnings,
 }
 
 /// Whether a store read runs on the caller's worker: only if the store says its reads are
@@ -539,24 +539,9 @@ fn publish(state: &RemindersState, report: &StepReport) {
     if report.fanouts_dropped > 0 {
         counter!(REMINDER_FANOUTS_DROPPED).increment(report.fanouts_dropped);
     }
-    warn_missing_queues(state, &report.queues_missing);
-}
-
-/// Says once per reminder that its queue does not exist, and again only after the queue came
-/// back and went again.
-fn warn_missing_queues(state: &RemindersState, missing: &[(String, String)]) {
-    let mut warned = state.warned_missing.lock();
-    if missing.is_empty() && warned.is_empty() {
-        return;
-    }
-    warned.retain(|_, queue| {
-        belfry_core::QueueName::new(queue.as_str())
-            .is_ok_and(|name| state.shared.queues.get(&name).is_none())
-    });
-    for (reminder, queue) in missing {
-        if warned.insert(reminder.clone(), queue.clone()).is_none() {
-            tracing::warn!(%reminder, %queue, "the reminder's queue does not exist; its firings are dropped until the queue is created again (said once per reminder; see belfry_reminder_fanouts_dropped_total)");
-        }
+    let exists = |queue: &str| crate::missing_queue::queue_exists(&state.shared, queue);
+    for (reminder, queue) in state.warned_missing.fresh(&report.queues_missing, exists) {
+        tracing::warn!(%reminder, %queue, "the reminder's queue does not exist; its firings are dropped until the queue is created again (said once per reminder; see belfry_reminder_fanouts_dropped_total)");
     }
 }
 

@@ -71,9 +71,8 @@ pub struct SchedulesState {
     pub(crate) shared: Arc<Shared>,
     pub(crate) payload_bytes_max: usize,
     runner: RunnerWake,
-    /// Schedules already reported as firing into a missing queue: each is warned about once,
-    /// not at every firing. Forgotten when the schedule fires normally again.
-    warned_missing: parking_lot::Mutex<std::collections::HashSet<String>>,
+    /// Schedules already reported as firing into a missing queue.
+    warned_missing: crate::missing_queue::MissingQueueWarnings,
 }
 
 impl SchedulesState {
@@ -270,15 +269,9 @@ fn publish(state: &SchedulesState, report: &TickReport) {
     for (schedule, reason) in &report.errors {
         tracing::warn!(%schedule, %reason, "fire schedule");
     }
-    let mut warned = state.warned_missing.lock();
-    for (schedule, queue) in &report.queues_missing {
-        if warned.insert(schedule.clone()) {
-            tracing::warn!(%schedule, %queue, "the schedule's queue does not exist; its firings are dropped until the queue is created again (said once per schedule; see belfry_schedule_firings_dropped_total)");
-        }
-    }
-    if !warned.is_empty() && report.firings > 0 {
-        // A schedule that fires again had its queue back (or was changed).
-        warned.retain(|schedule| report.queues_missing.iter().any(|(s, _)| s == schedule));
+    let exists = |queue: &str| crate::missing_queue::queue_exists(&state.shared, queue);
+    for (schedule, queue) in state.warned_missing.fresh(&report.queues_missing, exists) {
+        tracing::warn!(%schedule, %queue, "the schedule's queue does not exist; its firings are dropped until the queue is created again (said once per schedule; see belfry_schedule_firings_dropped_total)");
     }
     if report.firings > 0 {
         tracing::debug!(
