@@ -445,21 +445,17 @@ impl FileConfig {
     }
 }
 
-/// An environment variable's duration, checked where the variable can be named in the error.
-fn duration(value: &str) -> Result<HumanDuration, String> {
-    crate::units::parse_duration_ms(value)?;
-    Ok(HumanDuration::Text(value.to_owned()))
-}
-
 /// An environment variable's size, checked where the variable can be named in the error.
 fn env_size(var: &str, key: &str, value: &str) -> anyhow::Result<HumanSize> {
     crate::units::parse_size_bytes(value).map_err(|e| anyhow!("{var} (overrides {key}): {e}"))?;
     Ok(HumanSize::Text(value.to_owned()))
 }
 
-/// [`duration`], its error naming the variable `var` and the key `key` it overrides.
+/// An environment variable's duration, checked where the variable `var` and the key `key` it
+/// overrides can be named in the error.
 pub(crate) fn env_duration(var: &str, key: &str, value: &str) -> anyhow::Result<HumanDuration> {
-    duration(value).map_err(|e| anyhow!("{var} (overrides {key}): {e}"))
+    crate::units::parse_duration_ms(value).map_err(|e| anyhow!("{var} (overrides {key}): {e}"))?;
+    Ok(HumanDuration::Text(value.to_owned()))
 }
 
 #[cfg(test)]
