@@ -47,6 +47,9 @@ pub enum Action {
     Retry { at_ms: UnixMs },
     /// Move it to the dead letters with this reason (`Store::dead_letter`).
     Dead { reason: String },
+    /// Move it to the dead letters without counting the attempt of the claim that found it
+    /// out of attempts (`Store::dead_letter_untried`): that attempt was never made.
+    DeadUntried { reason: String },
     /// Go on with the current attempt (a re-claim that still has attempts left).
     Proceed,
 }
@@ -91,7 +94,7 @@ pub fn decide(
             if policy.allows_another(before) {
                 Action::Proceed
             } else {
-                Action::Dead {
+                Action::DeadUntried {
                     reason: format!(
                         "no acknowledgement after {before} attempt{} (retry.max_attempts is {})",
                         if before == 1 { "" } else { "s" },
@@ -130,6 +133,9 @@ pub fn apply(
         Action::Ack => store.ack(queue, id, lease, now_ms),
         Action::Retry { at_ms } => store.nack(queue, id, lease, *at_ms, now_ms),
         Action::Dead { reason } => store.dead_letter(queue, id, lease, reason, now_ms),
+        Action::DeadUntried { reason } => {
+            store.dead_letter_untried(queue, id, lease, reason, now_ms)
+        }
         Action::Proceed => Ok(LeaseOutcome::Ok),
     }
 }
@@ -161,6 +167,12 @@ mod tests {
 
     fn dead(reason: &str) -> Action {
         Action::Dead {
+            reason: reason.into(),
+        }
+    }
+
+    fn untried(reason: &str) -> Action {
+        Action::DeadUntried {
             reason: reason.into(),
         }
     }
@@ -224,13 +236,13 @@ mod tests {
                 AttemptEnd::LeaseExpired,
                 4,
                 3,
-                dead("no acknowledgement after 3 attempts (retry.max_attempts is 3)"),
+                untried("no acknowledgement after 3 attempts (retry.max_attempts is 3)"),
             ),
             (
                 AttemptEnd::LeaseExpired,
                 2,
                 1,
-                dead("no acknowledgement after 1 attempt (retry.max_attempts is 1)"),
+                untried("no acknowledgement after 1 attempt (retry.max_attempts is 1)"),
             ),
         ];
         for (end, attempts, max_attempts, expected) in table {

@@ -879,4 +879,6 @@ async fn a_lease_expired_on_its_last_attempt_does_not_cost_the_next_lease_its_ta
         reason.contains("no acknowledgement after 1 attempt "),
         "{reason}"
     );
+    // The claim that found it out of attempts made no attempt: the count is the one made.
+    assert_eq!(dead["attempts"], 1, "{dead}");
 }

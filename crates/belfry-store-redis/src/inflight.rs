@@ -101,7 +101,7 @@ impl RedisStore {
         })
     }
 
-    /// The script call that frees (`ack`, `nack`, `dead`) or moves (`extend`, whose values
+    /// The script call that frees (`ack`, `nack`, `dead`, `dead_untried`) or moves (`extend`, whose values
     /// are the new deadlines) the in-flight room of the leases in a lease call, to run in the
     /// same pipeline as the lease scripts (`lua/inflight_end.lua`). A lease the scripts refuse
     /// is, in the set, either gone already or past its deadline (which `extend` leaves
@@ -117,8 +117,8 @@ impl RedisStore {
         let keys = self.room_keys(uid);
         let mut args = vec![op.as_bytes().to_vec(), now_ms.to_string().into_bytes()];
         match op {
-            "ack" | "nack" | "dead" => {
-                args[0] = b"release".to_vec(); // the three ops end the lease alike
+            "ack" | "nack" | "dead" | "dead_untried" => {
+                args[0] = b"release".to_vec(); // the four ops end the lease alike
                 args.push(self.keys.events().into_bytes());
                 args.push(crate::events::wake_message(queue));
                 args.extend(items.iter().map(|(_, l, _)| l.0.to_string().into_bytes()));

@@ -790,6 +790,22 @@ impl Store for RedisStore {
         )?[0])
     }
 
+    fn dead_letter_untried(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome> {
+        Ok(self.lease_op(
+            queue,
+            &[(id, lease, reason.as_bytes().to_vec())],
+            "dead_untried",
+            now_ms,
+        )?[0])
+    }
+
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
         self.change(queue, id, "redrive", 0, now_ms)
     }

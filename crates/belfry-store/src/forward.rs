@@ -131,6 +131,14 @@ forwarding! {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome>;
+    fn dead_letter_untried(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
     fn list_dead(
         &self,
         queue: &QueueName,

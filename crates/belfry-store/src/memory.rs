@@ -129,6 +129,29 @@ impl MemoryStore {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Ends a lease in the dead letters, taking back `untried` attempts (1 when the claim that
+    /// took the lease found the task out of attempts).
+    fn bury(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+        untried: u32,
+    ) -> Result<LeaseOutcome> {
+        let mut inner = self.inner.lock();
+        let queue = inner.queue(queue)?;
+        let outcome = queue.take_lease(id, lease, now_ms);
+        if outcome == LeaseOutcome::Ok {
+            let stored = queue.tasks.get_mut(&id).expect("exists");
+            stored.task.state = TaskState::Dead;
+            stored.task.dead_reason = Some(reason.to_owned());
+            stored.task.attempts = stored.task.attempts.saturating_sub(untried);
+        }
+        Ok(outcome)
+    }
 }
 
 impl Store for MemoryStore {
@@ -391,15 +414,18 @@ impl Store for MemoryStore {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        let mut inner = self.inner.lock();
-        let queue = inner.queue(queue)?;
-        let outcome = queue.take_lease(id, lease, now_ms);
-        if outcome == LeaseOutcome::Ok {
-            let stored = queue.tasks.get_mut(&id).expect("exists");
-            stored.task.state = TaskState::Dead;
-            stored.task.dead_reason = Some(reason.to_owned());
-        }
-        Ok(outcome)
+        self.bury(queue, id, lease, reason, now_ms, 0)
+    }
+
+    fn dead_letter_untried(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome> {
+        self.bury(queue, id, lease, reason, now_ms, 1)
     }
 
     fn list_dead(

@@ -389,6 +389,17 @@ pub trait Store: Send + Sync + 'static {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome>;
+    /// As [`Store::dead_letter`], for a task whose claim found it out of attempts (its previous
+    /// lease expired on the last one): that claim's attempt was never made, so the task keeps
+    /// the attempt count it had before the claim.
+    fn dead_letter_untried(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome>;
 
     // ---- dead letters ----
 

@@ -150,6 +150,7 @@ fn sample_records() -> Vec<Record> {
         Record::Dead {
             seq: 1,
             reason: "webhook answered 410".into(),
+            attempts: None,
         },
         Record::Nack {
             seq: 1,

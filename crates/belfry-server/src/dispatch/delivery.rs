@@ -195,7 +195,7 @@ impl DeliveryJob {
                         metrics::retried(queue.as_str());
                         retried = true;
                     }
-                    Action::Dead { reason } => {
+                    Action::Dead { reason } | Action::DeadUntried { reason } => {
                         tracing::warn!(%queue, task = %id, %reason, "delivery gave up; the task is a dead letter");
                         metrics::dead_lettered(queue.as_str(), 1)
                     }

@@ -142,9 +142,20 @@ pub enum Change {
 #[derive(Debug, Clone, Copy)]
 pub enum LeaseCall<'a> {
     Ack,
-    Nack { at_ms: UnixMs },
-    Extend { until_ms: UnixMs },
-    Dead { reason: &'a str },
+    Nack {
+        at_ms: UnixMs,
+    },
+    Extend {
+        until_ms: UnixMs,
+    },
+    Dead {
+        reason: &'a str,
+    },
+    /// A dead letter by the claim that found the task out of attempts: its attempt is taken
+    /// back.
+    DeadUntried {
+        reason: &'a str,
+    },
 }
 
 #[derive(Default)]
@@ -444,6 +455,11 @@ impl Model {
             }
             LeaseCall::Dead { reason } => {
                 task.state = State::Dead(reason.to_owned());
+                self.stats.dead += 1;
+            }
+            LeaseCall::DeadUntried { reason } => {
+                task.state = State::Dead(reason.to_owned());
+                task.attempts -= 1;
                 self.stats.dead += 1;
             }
         }

@@ -82,11 +82,16 @@ impl Model {
         let task = &self.tasks[&id];
         let spec = &self.queues[&task.queue];
         let max = spec.max_attempts;
-        // A re-claim after an expired lease past the last attempt: the claim dead-letters it.
-        if let LeaseCall::Dead { reason } = call {
-            if attempt > max && reason.starts_with("no acknowledgement after") {
-                return Ok(());
-            }
+        // A re-claim after an expired lease past the last attempt: the claim dead-letters it,
+        // and only that claim does so without counting its attempt.
+        if let LeaseCall::DeadUntried { reason } = call {
+            return if attempt > max && reason.starts_with("no acknowledgement after") {
+                Ok(())
+            } else {
+                Err(format!(
+                    "untried dead letter of a task with attempts left: {reason}"
+                ))
+            };
         }
         if spec.push_timeout_ms.is_none() {
             // The consumer decides; the server only chooses retry or dead by the attempts.

@@ -253,6 +253,22 @@ impl Store for SimStore {
             |m, outcome| m.on_lease_call(queue, id, lease, now_ms, call, *outcome),
         )
     }
+    fn dead_letter_untried(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome> {
+        let call = LeaseCall::DeadUntried { reason };
+        self.call(
+            33,
+            id_key(id) ^ now_ms,
+            |e| e.dead_letter_untried(queue, id, lease, reason, now_ms),
+            |m, outcome| m.on_lease_call(queue, id, lease, now_ms, call, *outcome),
+        )
+    }
     fn list_dead(
         &self,
         queue: &QueueName,

@@ -1,6 +1,7 @@
 -- Ends or changes leases. ARGV: now, retain_ms, op, then per task: seq, lease id, value.
 -- op: 'ack' | 'nack' (value: retry at) | 'extend' (value: new deadline) | 'dead' (value:
--- reason). Replies per task 0 ok, 1 not found, 2 lease expired; then the earliest instant
+-- reason) | 'dead_untried' (as 'dead', taking back the attempt of a claim that found the task
+-- out of attempts). Replies per task 0 ok, 1 not found, 2 lease expired; then the earliest instant
 -- a claim here could return something (-1: none; always -1 for 'ack').
 local now, retain, op = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
 local out = {}
@@ -19,8 +20,11 @@ for i = 4, #ARGV, 3 do
       h.lease_until = tonumber(value)
       redis.call('HSET', KEYS[4], seq, pack(rec, h))
       redis.call('ZADD', KEYS[3], h.lease_until, seq)
-    elseif op == 'dead' then
+    elseif op == 'dead' or op == 'dead_untried' then
       h.state = DEAD
+      if op == 'dead_untried' and h.attempts > 0 then
+        h.attempts = h.attempts - 1
+      end
       redis.call('HSET', KEYS[4], seq, pack(rec, h))
       redis.call('ZADD', KEYS[6], 0, seq)
       redis.call('HSET', KEYS[7], seq, value)

@@ -248,37 +248,61 @@ pub fn dead_letters(h: &mut dyn Harness) {
         .map(created)
         .collect();
     let batch = s.claim(&q("a"), 10, 10, 1_000).unwrap();
-    for leased in &batch.leased {
+    for leased in &batch.leased[..2] {
         assert_eq!(
             s.dead_letter(&q("a"), leased.task.id, leased.lease_id, "boom", 20)
                 .unwrap(),
             LeaseOutcome::Ok
         );
     }
+    // The third's lease expires unanswered; the claim that takes it again (its second
+    // attempt) finds it out of attempts and dead-letters it without counting that attempt.
+    let again = s.claim(&q("a"), 1_011, 10, 1_000).unwrap();
+    assert_eq!(again.leased.len(), 1);
+    let third = &again.leased[0];
+    assert_eq!((third.task.id, third.task.attempts), (ids[2], 2));
+    assert_eq!(
+        s.dead_letter_untried(&q("a"), ids[2], third.lease_id, "no answer", 1_012)
+            .unwrap(),
+        LeaseOutcome::Ok
+    );
     h.reopen(false);
     let s = h.store();
     let dead = s.list_dead(&q("a"), None, 10).unwrap();
     assert_eq!(dead.iter().map(|t| t.id).collect::<Vec<_>>(), ids);
-    assert!(dead
+    let seen: Vec<(TaskState, u32, Option<&str>)> = dead
         .iter()
-        .all(|t| t.state == TaskState::Dead && t.dead_reason.as_deref() == Some("boom")));
+        .map(|t| (t.state, t.attempts, t.dead_reason.as_deref()))
+        .collect();
+    let dead_state = TaskState::Dead;
+    assert_eq!(
+        seen,
+        [
+            (dead_state, 1, Some("boom")),
+            (dead_state, 1, Some("boom")),
+            (dead_state, 1, Some("no answer")),
+        ]
+    );
     let page = s.list_dead(&q("a"), Some(ids[0]), 1).unwrap();
     assert_eq!(page.iter().map(|t| t.id).collect::<Vec<_>>(), [ids[1]]);
-    assert_eq!(s.counts(&q("a"), 30).unwrap().dead, 3);
-    assert_eq!(s.redrive(&q("a"), ids[1], 40).unwrap(), ChangeOutcome::Ok);
+    assert_eq!(s.counts(&q("a"), 2_030).unwrap().dead, 3);
     assert_eq!(
-        s.redrive(&q("a"), ids[1], 40).unwrap(),
+        s.redrive(&q("a"), ids[1], 2_040).unwrap(),
+        ChangeOutcome::Ok
+    );
+    assert_eq!(
+        s.redrive(&q("a"), ids[1], 2_040).unwrap(),
         ChangeOutcome::WrongState(TaskState::Scheduled)
     );
     h.reopen(true);
     let s = h.store();
-    let t = s.get(&q("a"), ids[1], 41).unwrap().unwrap();
+    let t = s.get(&q("a"), ids[1], 2_041).unwrap().unwrap();
     assert_eq!(
         (t.state, t.attempts, t.due_at_ms, t.dead_reason),
-        (TaskState::Scheduled, 0, 40, None)
+        (TaskState::Scheduled, 0, 2_040, None)
     );
     assert_eq!(s.list_dead(&q("a"), None, 10).unwrap().len(), 2);
-    assert_eq!(payloads(h, "a", 41, 10), ["d2"]);
+    assert_eq!(payloads(h, "a", 2_041, 10), ["d2"]);
 }
 
 pub fn late_policies(h: &mut dyn Harness) {

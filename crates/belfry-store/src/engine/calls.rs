@@ -197,21 +197,22 @@ impl Engine {
         id: TaskId,
         lease: LeaseId,
         now_ms: UnixMs,
-        make: impl FnOnce(u64) -> Record,
+        make: impl FnOnce(u64, u32) -> Record,
     ) -> Result<LeaseOutcome> {
         let mut state = self.lock_state()?;
-        let (uid, key, seq) = match self.leased(&mut state, queue, id, lease, now_ms)? {
+        let (uid, key, seq, attempts) = match self.leased(&mut state, queue, id, lease, now_ms)? {
             Ok(found) => found,
             Err(outcome) => return Ok(outcome),
         };
         let mut batch = WalBatch::new();
         let mut pending = Vec::new();
-        push(&mut batch, &mut pending, uid, key, make(seq));
+        push(&mut batch, &mut pending, uid, key, make(seq, attempts));
         self.commit(state, batch, pending, true)?;
         Ok(LeaseOutcome::Ok)
     }
 
-    /// Finds a leased task and checks the lease; on success returns its bucket key and seq.
+    /// Finds a leased task and checks the lease; on success returns its queue's uid, its bucket
+    /// key, seq and attempts.
     pub(super) fn leased(
         &self,
         state: &mut State,
@@ -219,10 +220,11 @@ impl Engine {
         id: TaskId,
         lease: LeaseId,
         now_ms: UnixMs,
-    ) -> Result<std::result::Result<(u64, u64, u64), LeaseOutcome>> {
+    ) -> Result<std::result::Result<(u64, u64, u64, u32), LeaseOutcome>> {
         let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
         let uid = q.uid;
-        Ok(lease_in_force(q, stats, id, lease)?.map(|(key, seq)| (uid, key, seq)))
+        Ok(lease_in_force(q, stats, id, lease)?
+            .map(|(key, seq, attempts)| (uid, key, seq, attempts)))
     }
 
     /// Finds a task for cancel or reschedule (or redrive), with its state: through its
@@ -330,7 +332,7 @@ pub(super) fn lease_in_force(
     stats: &mut EngineStats,
     id: TaskId,
     lease: LeaseId,
-) -> Result<std::result::Result<(u64, u64), LeaseOutcome>> {
+) -> Result<std::result::Result<(u64, u64, u32), LeaseOutcome>> {
     let (seq, key) = split_id(id);
     let Some(entry) = q.entry(seq, key, stats)? else {
         return Ok(Err(LeaseOutcome::NotFound));
@@ -338,5 +340,5 @@ pub(super) fn lease_in_force(
     if entry.state != TaskState::Leased || entry.lease_id != lease.0 {
         return Ok(Err(LeaseOutcome::LeaseExpired));
     }
-    Ok(Ok((key, seq)))
+    Ok(Ok((key, seq, entry.attempts)))
 }

@@ -92,8 +92,13 @@ impl Entry {
                 self.lease_id = *lease_id;
                 self.until_ms = *until_ms;
             }
-            Record::Dead { reason, .. } => {
+            Record::Dead {
+                reason, attempts, ..
+            } => {
                 self.state = TaskState::Dead;
+                if let Some(attempts) = attempts {
+                    self.attempts = *attempts;
+                }
                 self.dead_reason = Some(reason.as_str().into());
             }
             Record::Redrive { due_at_ms, .. } => {

@@ -37,6 +37,8 @@ const KIND_REDRIVE: u8 = 9;
 /// A metadata record (WAL only, see [`encode_meta`]): never in a bucket file.
 const KIND_META: u8 = 10;
 const KIND_SKIPPED: u8 = 11;
+// Kind 12 is the subscriber-set record (`subs/record.rs`).
+const KIND_DEAD_UNTRIED: u8 = 13;
 
 /// A new task as stored in its bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,10 +94,14 @@ pub enum Record {
         lease_id: u64,
         until_ms: UnixMs,
     },
-    /// Dead letter.
+    /// Dead letter. `attempts`, when given, replaces the task's count: the lease it ends was
+    /// never tried (the claim that took the task found it out of attempts), so that claim's
+    /// attempt is taken back. The record carries the resulting count, not a delta, so that
+    /// replaying it twice is harmless.
     Dead {
         seq: u64,
         reason: String,
+        attempts: Option<u32>,
     },
     /// Scheduled again from the dead letters, attempts reset.
     Redrive {
@@ -461,9 +467,20 @@ pub fn encode(out: &mut Vec<u8>, record: &Record) {
             put_u64(out, *lease_id);
             put_u64(out, *until_ms);
         }
-        Record::Dead { seq, reason } => {
-            out.push(KIND_DEAD);
+        Record::Dead {
+            seq,
+            reason,
+            attempts,
+        } => {
+            out.push(if attempts.is_some() {
+                KIND_DEAD_UNTRIED
+            } else {
+                KIND_DEAD
+            });
             put_u64(out, *seq);
+            if let Some(attempts) = attempts {
+                out.extend_from_slice(&attempts.to_le_bytes());
+            }
             put_str(out, cut_reason(reason));
         }
         Record::Redrive { seq, due_at_ms } => {
@@ -780,6 +797,12 @@ fn decode_body(body: &[u8], keep: Keep<'_>) -> Result<Record, DecodeError> {
         KIND_DEAD => Record::Dead {
             seq: r.u64()?,
             reason: r.string(DEAD_REASON_BYTES_MAX)?,
+            attempts: None,
+        },
+        KIND_DEAD_UNTRIED => Record::Dead {
+            seq: r.u64()?,
+            attempts: Some(r.u32()?),
+            reason: r.string(DEAD_REASON_BYTES_MAX)?,
         },
         KIND_REDRIVE => Record::Redrive {
             seq: r.u64()?,
@@ -834,6 +857,12 @@ mod tests {
             Record::Dead {
                 seq: 14,
                 reason: "gone".into(),
+                attempts: None,
+            },
+            Record::Dead {
+                seq: 17,
+                reason: "no answer".into(),
+                attempts: Some(2),
             },
             Record::Redrive {
                 seq: 15,

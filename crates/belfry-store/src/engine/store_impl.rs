@@ -227,7 +227,7 @@ impl Store for Engine {
         lease: LeaseId,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        self.change_lease(queue, id, lease, now_ms, |seq| Record::Done { seq })
+        self.change_lease(queue, id, lease, now_ms, |seq, _| Record::Done { seq })
     }
 
     /// The acks go in chunks of `LOCK_CHUNK_RECORDS`, each one WAL frame under one hold
@@ -258,7 +258,7 @@ impl Store for Engine {
             let uid = q.uid;
             let mut pending = Vec::with_capacity(chunk.len());
             for &(id, lease) in chunk {
-                let (key, seq) = match lease_in_force(q, stats, id, lease)? {
+                let (key, seq, _) = match lease_in_force(q, stats, id, lease)? {
                     Ok(found) => found,
                     Err(outcome) => {
                         outcomes.push(outcome);
@@ -288,7 +288,7 @@ impl Store for Engine {
         retry_at_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        self.change_lease(queue, id, lease, now_ms, |seq| Record::Nack {
+        self.change_lease(queue, id, lease, now_ms, |seq, _| Record::Nack {
             seq,
             due_at_ms: retry_at_ms,
         })
@@ -302,7 +302,7 @@ impl Store for Engine {
         lease_until_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        self.change_lease(queue, id, lease, now_ms, |seq| Record::Extend {
+        self.change_lease(queue, id, lease, now_ms, |seq, _| Record::Extend {
             seq,
             lease_id: lease.0,
             until_ms: lease_until_ms,
@@ -317,9 +317,25 @@ impl Store for Engine {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        self.change_lease(queue, id, lease, now_ms, |seq| Record::Dead {
+        self.change_lease(queue, id, lease, now_ms, |seq, _| Record::Dead {
             seq,
             reason: record::cut_reason(reason).to_owned(),
+            attempts: None,
+        })
+    }
+
+    fn dead_letter_untried(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        lease: LeaseId,
+        reason: &str,
+        now_ms: UnixMs,
+    ) -> Result<LeaseOutcome> {
+        self.change_lease(queue, id, lease, now_ms, |seq, attempts| Record::Dead {
+            seq,
+            reason: record::cut_reason(reason).to_owned(),
+            attempts: Some(attempts.saturating_sub(1)),
         })
     }
 
@@ -712,6 +728,7 @@ fn late_record(policy: LatePolicy, seq: u64, late_ms: u64) -> Option<Record> {
         LatePolicy::Dead { after_ms } if late_ms > after_ms => Some(Record::Dead {
             seq,
             reason: format!("late by {late_ms} ms (late policy allows {after_ms} ms)"),
+            attempts: None,
         }),
         _ => None,
     }
