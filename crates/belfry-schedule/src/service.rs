@@ -116,6 +116,8 @@ pub struct TickReport {
     pub tasks_created: u64,
     /// Firings by queue name (for per-queue metrics, and to wake only those queues).
     pub firings_by_queue: BTreeMap<String, u64>,
+    /// Tasks stored by this tick, by queue name (submitted to that queue, for its metrics).
+    pub tasks_by_queue: BTreeMap<String, u64>,
     /// Tasks the store already had (a replay after a crash between put and cursor persist).
     pub tasks_duplicate: u64,
     /// Schedules whose due set included missed fire times.
@@ -700,10 +702,20 @@ impl ScheduleService {
                 .collect();
             match self.store.put(tasks) {
                 Ok(outcomes) => {
-                    for outcome in outcomes {
-                        match outcome {
-                            PutOutcome::Created { .. } => report.tasks_created += 1,
-                            PutOutcome::Duplicate(_) => report.tasks_duplicate += 1,
+                    // The outcomes come in the tasks' order: each firing's shards in turn.
+                    let mut outcomes = outcomes.into_iter();
+                    for (parsed, _) in &batch {
+                        let shards = parsed.spec.shard_count() as usize;
+                        let created = outcomes
+                            .by_ref()
+                            .take(shards)
+                            .filter(|o| matches!(o, PutOutcome::Created { .. }))
+                            .count() as u64;
+                        report.tasks_created += created;
+                        report.tasks_duplicate += shards as u64 - created;
+                        if created > 0 {
+                            let queue = parsed.stored.def.queue.as_str();
+                            *report.tasks_by_queue.entry(queue.to_owned()).or_default() += created;
                         }
                     }
                     for (parsed, _) in &batch {

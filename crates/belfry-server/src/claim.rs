@@ -303,13 +303,19 @@ fn record_metrics(queue: &str, leased: &[LeasedTask], skipped: usize, dead: usiz
     }
     if !leased.is_empty() {
         metrics::dispatched(queue, leased.len());
+        // Lateness is the first attempt's: a task leased again after its lease expired keeps
+        // its due time, so its lateness would be the whole lease (a consumer's crash, not the
+        // scheduler's delay).
         metrics::lateness(
             queue,
-            leased.iter().map(|task| {
-                // The store's promise, checked: nothing is handed out before it is due.
-                debug_assert!(task.task.due_at_ms <= now_ms, "claimed a task before due");
-                now_ms.saturating_sub(task.task.due_at_ms)
-            }),
+            leased
+                .iter()
+                .filter(|task| task.task.attempts <= 1)
+                .map(|task| {
+                    // The store's promise, checked: nothing is handed out before it is due.
+                    debug_assert!(task.task.due_at_ms <= now_ms, "claimed a task before due");
+                    now_ms.saturating_sub(task.task.due_at_ms)
+                }),
         );
     }
 }

@@ -519,7 +519,8 @@ fn publish(state: &RemindersState, report: &StepReport) {
     for uid in &report.started {
         state.forget_reminder(*uid);
     }
-    for queue in report.chunks_by_queue.keys() {
+    for (queue, chunks) in &report.chunks_by_queue {
+        crate::metrics::submitted(queue, *chunks as usize);
         let runtime = belfry_core::QueueName::new(queue.as_str())
             .ok()
             .and_then(|name| state.shared.queues.get(&name));

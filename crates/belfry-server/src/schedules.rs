@@ -260,6 +260,9 @@ fn publish(state: &SchedulesState, report: &TickReport) {
     if report.tasks_created > 0 {
         counter!(SCHEDULE_TASKS_CREATED).increment(report.tasks_created);
     }
+    for (queue, tasks) in &report.tasks_by_queue {
+        crate::metrics::submitted(queue, *tasks as usize);
+    }
     if report.firings_dropped > 0 {
         counter!(SCHEDULE_FIRINGS_DROPPED).increment(report.firings_dropped);
     }

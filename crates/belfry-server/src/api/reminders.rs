@@ -905,7 +905,6 @@ async fn feed(
         ));
     }
     let feed = state.feed(user.clone(), within_ms, limit).await?;
-    crate::metrics::feed_request(if feed.degraded { "degraded" } else { "ok" });
     let etag = feed_etag(&feed);
     let max_age = if feed.degraded { 5 } else { FEED_MAX_AGE_S };
     let cache = HeaderValue::from_str(&format!("private, max-age={max_age}")).expect("ascii");
@@ -919,8 +918,13 @@ async fn feed(
                 || v.split(',')
                     .any(|t| t.trim().trim_start_matches("W/") == etag)
         });
+    // One outcome a request: a degraded answer counts as degraded, 304 or not.
+    crate::metrics::feed_request(match (feed.degraded, matches) {
+        (true, _) => "degraded",
+        (false, true) => "not_modified",
+        (false, false) => "ok",
+    });
     let mut response = if matches {
-        crate::metrics::feed_request("not_modified");
         StatusCode::NOT_MODIFIED.into_response()
     } else {
         let mut r = Response::new(Body::from(feed_body(&user, &feed)));

@@ -10,6 +10,7 @@ mod leases;
 mod queues;
 mod tasks;
 
+use std::collections::HashSet;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -151,9 +152,11 @@ impl Service {
 
     /// Refreshes per-queue gauges until shutdown: every queue's counts in one store call per
     /// refresh (one call per queue cost ten thousand blocking hand-offs every few seconds
-    /// with ten thousand queues).
+    /// with ten thousand queues). A queue deleted since the last refresh has its gauges set to
+    /// 0 (the exporter cannot drop a series), not left at their last values.
     pub async fn refresh_gauges(self: Arc<Self>) {
         let period = std::time::Duration::from_millis(self.config.metrics_refresh_ms);
+        let mut shown: HashSet<QueueName> = HashSet::new();
         loop {
             let names: Vec<QueueName> = self.queues.all().iter().map(|r| r.name.clone()).collect();
             let now_ms = self.now_ms();
@@ -170,18 +173,7 @@ impl Service {
                 })
                 .await;
             match counted {
-                Ok(all) => {
-                    for (name, counts) in all {
-                        match counts {
-                            Ok(counts) => crate::metrics::queue_counts(name.as_str(), &counts),
-                            // Deleted while we counted.
-                            Err(belfry_store::StoreError::QueueNotFound(_)) => {}
-                            Err(e) => {
-                                tracing::warn!(queue = %name, error = %e, "refresh queue gauges")
-                            }
-                        }
-                    }
-                }
+                Ok(all) => shown = show_queue_counts(all, shown),
                 Err(e) => tracing::warn!(error = %e, "refresh queue gauges"),
             }
             if let Some(handle) = crate::metrics::handle() {
@@ -193,4 +185,34 @@ impl Service {
             }
         }
     }
+}
+
+/// Sets the gauges of each queue counted, and zeroes those of the queues `shown` before that
+/// are gone now. Answers the queues shown now.
+fn show_queue_counts(
+    all: Vec<(QueueName, belfry_store::Result<belfry_store::QueueCounts>)>,
+    mut before: HashSet<QueueName>,
+) -> HashSet<QueueName> {
+    let mut shown = HashSet::with_capacity(all.len());
+    for (name, counts) in all {
+        match counts {
+            Ok(counts) => {
+                crate::metrics::queue_counts(name.as_str(), &counts);
+                before.remove(&name);
+                shown.insert(name);
+            }
+            // Deleted while we counted: zeroed below if it was shown.
+            Err(belfry_store::StoreError::QueueNotFound(_)) => {}
+            Err(e) => {
+                tracing::warn!(queue = %name, error = %e, "refresh queue gauges");
+                // Its gauges keep their last values until it can be counted again.
+                before.remove(&name);
+                shown.insert(name);
+            }
+        }
+    }
+    for gone in before {
+        crate::metrics::queue_counts(gone.as_str(), &belfry_store::QueueCounts::default());
+    }
+    shown
 }
