@@ -8,7 +8,7 @@
 mod common;
 
 use common::{documented_routes as documented, TestServer};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 #[tokio::test]
 async fn every_documented_route_is_served() {
@@ -126,4 +126,313 @@ async fn the_server_serves_its_description() {
     let file: Value = serde_json::from_str(include_str!("../../../docs/openapi.json")).unwrap();
     assert_eq!(served, file);
     assert_eq!(served["openapi"], "3.0.3");
+}
+
+/// Checks `value` against a schema of `doc` in the subset of OpenAPI 3.0 the document uses
+/// (`$ref`, `type`, `nullable`, `enum`, `required`, `properties`, `items`, `anyOf`, `oneOf`,
+/// `allOf`), pushing what does not fit onto `problems`.
+fn check(doc: &Value, schema: &Value, value: &Value, at: &str, problems: &mut Vec<String>) {
+    if let Some(reference) = schema["$ref"].as_str() {
+        let target = doc
+            .pointer(&reference[1..])
+            .expect("a $ref into the document");
+        return check(doc, target, value, at, problems);
+    }
+    if value.is_null() && schema["nullable"] == true {
+        return;
+    }
+    let fits = |s: &Value| {
+        let mut found = Vec::new();
+        check(doc, s, value, at, &mut found);
+        found.is_empty()
+    };
+    if let Some(any) = schema["anyOf"].as_array() {
+        if !any.iter().any(fits) {
+            problems.push(format!("{at}: {value} fits none of anyOf"));
+        }
+    }
+    if let Some(one) = schema["oneOf"].as_array() {
+        let n = one.iter().filter(|s| fits(s)).count();
+        if n != 1 {
+            problems.push(format!("{at}: {value} fits {n} of oneOf"));
+        }
+    }
+    for part in schema["allOf"].as_array().into_iter().flatten() {
+        check(doc, part, value, at, problems);
+    }
+    let type_fits = match schema["type"].as_str() {
+        None => true,
+        Some("string") => value.is_string(),
+        Some("integer") => value.is_i64() || value.is_u64(),
+        Some("number") => value.is_number(),
+        Some("boolean") => value.is_boolean(),
+        Some("object") => value.is_object(),
+        Some("array") => value.is_array(),
+        Some(other) => panic!("{at}: unknown type {other} in the document"),
+    };
+    if !type_fits {
+        problems.push(format!("{at}: {value} is not of type {}", schema["type"]));
+        return;
+    }
+    if let Some(values) = schema["enum"].as_array() {
+        if !values.contains(value) {
+            problems.push(format!("{at}: {value} is not one of {}", schema["enum"]));
+        }
+    }
+    for field in schema["required"].as_array().into_iter().flatten() {
+        let field = field.as_str().expect("required names");
+        if value.get(field).is_none() {
+            problems.push(format!("{at}: required {field} missing from {value}"));
+        }
+    }
+    if let (Some(properties), Some(object)) = (schema["properties"].as_object(), value.as_object())
+    {
+        for (name, property) in properties {
+            if let Some(inner) = object.get(name) {
+                check(doc, property, inner, &format!("{at}.{name}"), problems);
+            }
+        }
+    }
+    if let (Some(items), Some(array)) = (schema.get("items"), value.as_array()) {
+        for (i, item) in array.iter().enumerate() {
+            check(doc, items, item, &format!("{at}[{i}]"), problems);
+        }
+    }
+}
+
+/// Sends a request and checks that the document lists its status for the operation `template`
+/// and that the answer fits that response's schema. Returns the answer.
+async fn conform(
+    s: &TestServer,
+    doc: &Value,
+    problems: &mut Vec<String>,
+    (method, template, path): (&str, &str, &str),
+    body: Option<Value>,
+) -> (u16, Value) {
+    let (status, answer) = s.raw(method, path, body.map(|b| b.to_string())).await;
+    let what = format!("{method} {path} → {status}");
+    let operation = &doc["paths"][template][method.to_lowercase()];
+    assert!(
+        operation.is_object(),
+        "{method} {template} is not documented"
+    );
+    let mut response = &operation["responses"][status.to_string()];
+    if response.is_null() {
+        problems.push(format!("{what}: the status is not documented ({answer})"));
+        return (status, answer);
+    }
+    if let Some(reference) = response["$ref"].as_str() {
+        response = doc.pointer(&reference[1..]).expect("a response $ref");
+    }
+    match response.pointer("/content/application~1json/schema") {
+        Some(schema) => check(doc, schema, &answer, &what, problems),
+        None if !answer.is_null() => {
+            problems.push(format!("{what}: a body where none is documented: {answer}"))
+        }
+        None => {}
+    }
+    (status, answer)
+}
+
+/// The server's answers, successes and errors, fit what the document says of them: the status
+/// is listed for the operation, and the body has the documented fields and types (generated
+/// clients are strict about both).
+#[tokio::test]
+async fn answers_fit_the_document() {
+    let doc: Value = serde_json::from_str(include_str!("../../../docs/openapi.json")).unwrap();
+    let s = TestServer::start().await;
+    let p = &mut Vec::new();
+    let queue = ("PUT", "/v1/queues/{queue}", "/v1/queues/q");
+    conform(&s, &doc, p, queue, Some(json!({}))).await;
+    conform(
+        &s,
+        &doc,
+        p,
+        ("GET", "/v1/queues/{queue}", "/v1/queues/q"),
+        None,
+    )
+    .await;
+    conform(&s, &doc, p, ("GET", "/v1/queues", "/v1/queues"), None).await;
+    let submit = ("POST", "/v1/queues/{queue}/tasks", "/v1/queues/q/tasks");
+    let task = json!({"payload": {"n": 1}, "idempotency_key": "k"});
+    let (_, created) = conform(&s, &doc, p, submit, Some(task.clone())).await;
+    conform(&s, &doc, p, submit, Some(task)).await;
+    let batch = (
+        "POST",
+        "/v1/queues/{queue}/tasks:batch",
+        "/v1/queues/q/tasks:batch",
+    );
+    let tasks = json!({"tasks": [{"payload": 2}, {"idempotency_key": "k"}, {"delay_ms": -1}]});
+    conform(&s, &doc, p, batch, Some(tasks)).await;
+    let id = created["id"].as_str().unwrap().to_owned();
+    let one = format!("/v1/queues/q/tasks/{id}");
+    conform(
+        &s,
+        &doc,
+        p,
+        ("GET", "/v1/queues/{queue}/tasks/{id}", &one),
+        None,
+    )
+    .await;
+    let lease = ("POST", "/v1/queues/{queue}/lease", "/v1/queues/q/lease");
+    let (_, leased) = conform(&s, &doc, p, lease, Some(json!({"max": 1}))).await;
+    let lease_id = leased["tasks"][0]["lease_id"].clone();
+    let ack = ("POST", "/v1/queues/{queue}/ack", "/v1/queues/q/ack");
+    let acks = json!({"acks": [{"id": id, "lease_id": lease_id}, {"id": id, "lease_id": "9"}]});
+    conform(&s, &doc, p, ack, Some(acks)).await;
+    let dead = ("GET", "/v1/queues/{queue}/dead", "/v1/queues/q/dead");
+    conform(&s, &doc, p, dead, None).await;
+    let forecast = (
+        "GET",
+        "/v1/queues/{queue}/forecast",
+        "/v1/queues/q/forecast",
+    );
+    conform(&s, &doc, p, forecast, None).await;
+
+    let schedule =
+        json!({"id": "s", "queue": "q", "cron": "0 9 * * 1-5", "timezone": "Asia/Tokyo"});
+    conform(
+        &s,
+        &doc,
+        p,
+        ("POST", "/v1/schedules", "/v1/schedules"),
+        Some(schedule),
+    )
+    .await;
+    let get = ("GET", "/v1/schedules/{schedule}", "/v1/schedules/s");
+    conform(&s, &doc, p, get, None).await;
+    let next = (
+        "GET",
+        "/v1/schedules/{schedule}/next",
+        "/v1/schedules/s/next?n=3",
+    );
+    conform(&s, &doc, p, next, None).await;
+    conform(&s, &doc, p, ("GET", "/v1/schedules", "/v1/schedules"), None).await;
+
+    let reminder = json!({"id": "r", "queue": "q", "delay_ms": 60_000, "content": {"t": 1}});
+    conform(
+        &s,
+        &doc,
+        p,
+        ("POST", "/v1/reminders", "/v1/reminders"),
+        Some(reminder),
+    )
+    .await;
+    conform(
+        &s,
+        &doc,
+        p,
+        ("GET", "/v1/reminders/{id}", "/v1/reminders/r"),
+        None,
+    )
+    .await;
+    conform(
+        &s,
+        &doc,
+        p,
+        ("GET", "/v1/reminders", "/v1/reminders?queue=q"),
+        None,
+    )
+    .await;
+    let user = "/v1/reminders/{id}/subscribers/{user}";
+    conform(
+        &s,
+        &doc,
+        p,
+        ("PUT", user, "/v1/reminders/r/subscribers/u1"),
+        None,
+    )
+    .await;
+    conform(
+        &s,
+        &doc,
+        p,
+        ("GET", user, "/v1/reminders/r/subscribers/u1"),
+        None,
+    )
+    .await;
+    let bulk = (
+        "POST",
+        "/v1/reminders/{id}/subscribers",
+        "/v1/reminders/r/subscribers",
+    );
+    conform(&s, &doc, p, bulk, Some(json!(["u2", 3, ""]))).await;
+    let count = "/v1/reminders/{id}/subscribers/count";
+    conform(
+        &s,
+        &doc,
+        p,
+        ("GET", count, "/v1/reminders/r/subscribers/count"),
+        None,
+    )
+    .await;
+    let list = (
+        "GET",
+        "/v1/reminders/{id}/subscribers",
+        "/v1/reminders/r/subscribers",
+    );
+    conform(&s, &doc, p, list, None).await;
+    let feed = (
+        "GET",
+        "/v1/users/{user}/reminders",
+        "/v1/users/u1/reminders",
+    );
+    conform(&s, &doc, p, feed, None).await;
+
+    // Errors, one of each family.
+    let errors: [(&str, &str, &str, Option<Value>); 9] = [
+        ("GET", "/v1/queues/{queue}", "/v1/queues/nope", None),
+        (
+            "GET",
+            "/v1/queues/{queue}/dead",
+            "/v1/queues/nope/dead",
+            None,
+        ),
+        (
+            "GET",
+            "/v1/queues/{queue}/dead",
+            "/v1/queues/q/dead?limit=0",
+            None,
+        ),
+        (
+            "GET",
+            "/v1/queues/{queue}/tasks/{id}",
+            "/v1/queues/q/tasks/xyz",
+            None,
+        ),
+        (
+            "POST",
+            "/v1/queues/{queue}/tasks",
+            "/v1/queues/q/tasks",
+            Some(json!({"delay_ms": "soon"})),
+        ),
+        (
+            "GET",
+            "/v1/schedules/{schedule}",
+            "/v1/schedules/nope",
+            None,
+        ),
+        ("GET", "/v1/reminders/{id}", "/v1/reminders/nope", None),
+        ("PUT", user, "/v1/reminders/nope/subscribers/u1", None),
+        (
+            "GET",
+            "/v1/users/{user}/reminders",
+            "/v1/users/u1/reminders?limit=0",
+            None,
+        ),
+    ];
+    for (method, template, path, body) in errors {
+        let (status, _) = conform(&s, &doc, p, (method, template, path), body).await;
+        assert!(
+            (400..500).contains(&status),
+            "{method} {path} answered {status}"
+        );
+    }
+    conform(&s, &doc, p, ("GET", "/healthz", "/healthz"), None).await;
+    conform(&s, &doc, p, ("GET", "/readyz", "/readyz"), None).await;
+    assert!(
+        p.is_empty(),
+        "answers that do not fit docs/openapi.json:\n{}",
+        p.join("\n")
+    );
 }

@@ -386,10 +386,15 @@ impl From<serde_json::Error> for ApiError {
 mod tests {
     use super::*;
 
+    /// Every code (a new one goes here too), unique, in docs/api.md's table with its status,
+    /// and in docs/openapi.json's `ErrorBody.code` enum.
     #[test]
-    fn codes_are_unique() {
+    fn codes_are_unique_and_documented() {
         let all = [
             ErrorCode::MalformedJson,
+            ErrorCode::MalformedHttp,
+            ErrorCode::HeadersTooLarge,
+            ErrorCode::UriTooLong,
             ErrorCode::InvalidRequest,
             ErrorCode::InvalidQueueName,
             ErrorCode::InvalidTaskId,
@@ -428,14 +433,34 @@ mod tests {
             ErrorCode::ScheduleNotFound,
             ErrorCode::ScheduleExists,
             ErrorCode::ScheduleCorrupt,
+            ErrorCode::InvalidReminderId,
+            ErrorCode::InvalidReminder,
+            ErrorCode::ReminderNotFound,
+            ErrorCode::ReminderExists,
+            ErrorCode::ReminderFired,
+            ErrorCode::ReminderCorrupt,
+            ErrorCode::InvalidUserId,
+            ErrorCode::UserNotFound,
+            ErrorCode::BodyIncomplete,
         ];
         let names: std::collections::HashSet<_> = all.iter().map(|c| c.as_str()).collect();
         assert_eq!(names.len(), all.len());
-        // The reference documents every code with its status.
         let reference = include_str!("../../../../docs/api.md");
+        let openapi: serde_json::Value =
+            serde_json::from_str(include_str!("../../../../docs/openapi.json")).unwrap();
+        let enumerated =
+            &openapi["components"]["schemas"]["ErrorBody"]["properties"]["code"]["enum"];
         for code in all {
             let row = format!("| `{}` | {} |", code.as_str(), code.status().as_u16());
             assert!(reference.contains(&row), "docs/api.md lacks the row {row}");
+            let listed = enumerated
+                .as_array()
+                .is_some_and(|codes| codes.iter().any(|c| c == code.as_str()));
+            assert!(
+                listed,
+                "docs/openapi.json's ErrorBody.code lacks {}",
+                code.as_str()
+            );
         }
     }
 }
