@@ -595,10 +595,13 @@ impl Store for RedisStore {
             .iter()
             .map(|k| k.clone().into_bytes())
             .collect();
+        // Task ids hold the uid in 32 bits: the counter starts below 2^31, leaving 2^31 queues.
+        let first_uid = rand::random::<u32>() >> 1;
         let args = [
             b"put".to_vec(),
             queue.as_str().as_bytes().to_vec(),
             config.to_vec(),
+            first_uid.to_string().into_bytes(),
         ];
         let (v, acks) = self.pool.with("create a queue", |c| {
             let v = run_script(c.as_dyn(), &scripts::QUEUE, &keys, &args)?;

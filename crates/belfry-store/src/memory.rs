@@ -126,8 +126,13 @@ impl Inner {
 }
 
 impl MemoryStore {
+    /// An empty store whose task ids start at a random number (see
+    /// `EngineOptions::first_seq`: ids must not repeat across stores, nor across restarts of
+    /// a server on this one). `MemoryStore::default()` counts from 0.
     pub fn new() -> Self {
-        Self::default()
+        let store = Self::default();
+        store.inner.lock().next_id = u128::from(crate::engine::random_first_seq());
+        store
     }
 
     /// Ends a lease in the dead letters, taking back `untried` attempts (1 when the claim that

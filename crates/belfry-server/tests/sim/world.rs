@@ -218,13 +218,15 @@ pub fn failure(seed: u64, step: usize, what: &str, more: usize, trace: &[&str]) 
 
 /// The engine as a crash leaves it: no fsync (a process crash keeps what was written; the
 /// machine does not crash here), small checkpoints so that reopening crosses them, and
-/// checkpoints on the calling thread so they happen at the same points in every run.
+/// checkpoints on the calling thread so they happen at the same points in every run, and ids
+/// from 1 (the store's latencies are drawn from them).
 fn engine_options() -> EngineOptions {
     EngineOptions {
         fsync: FsyncPolicy::Never,
         checkpoint_wal_bytes: 64 * 1024,
         background_checkpoints: false,
         free_space_reserve_bytes: 0,
+        first_seq: Some(1),
         ..EngineOptions::default()
     }
 }

@@ -349,15 +349,22 @@ impl NatsSink {
                 .send_publish(self.config.subject.clone(), message)
                 .await
             {
-                Ok(ack) => pending.push(Ok(ack)),
+                Ok(ack) => pending.push(Ok((ack, item))),
                 Err(error) => pending.push(Err(publish_outcome(&error))),
             }
         }
         join_all(pending.into_iter().map(|entry| async move {
             match entry {
                 Err(outcome) => outcome,
-                Ok(ack) => match ack.await {
-                    Ok(_ack) => Outcome::Delivered,
+                Ok((ack, item)) => match ack.await {
+                    Ok(ack) => {
+                        if ack.duplicate && item.attempt <= 1 {
+                            // On a retry this is our own earlier publish; on a first attempt
+                            // the stream holds another message with this task's id.
+                            tracing::warn!(task = %item.task.id, stream = %ack.stream, "JetStream took the first publish of this task as a duplicate of a message it holds with the same Nats-Msg-Id (another producer using belfry's ids?); the task counts as delivered");
+                        }
+                        Outcome::Delivered
+                    }
                     Err(error) => publish_outcome(&error),
                 },
             }

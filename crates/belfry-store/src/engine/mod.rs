@@ -155,6 +155,17 @@ pub struct EngineOptions {
     /// Under `FsyncPolicy::Always`, keep durable zeros just beyond the WAL's end while commits
     /// are small, so that their fsyncs write only data (`prefill.rs`). On by default.
     pub wal_prefill: bool,
+    /// The first task sequence number of a new data directory. `None` (the default) draws it
+    /// at random, so that task ids do not repeat across stores: a fresh directory counting
+    /// from 1 again would give its tasks the ids of another's, and whatever deduplicates on
+    /// ids (JetStream's `Nats-Msg-Id`, a receiver's processed-id table) would drop them as
+    /// repeats. Tests that need reproducible ids set it.
+    pub first_seq: Option<u64>,
+}
+
+/// A random first sequence number: below 2^61, so that counting up from it never wraps.
+pub(crate) fn random_first_seq() -> u64 {
+    (rand::random::<u64>() >> 3).max(1)
 }
 
 /// Default WAL bytes between checkpoints: replaying 32 MiB at reopen takes well under 2 s
@@ -206,6 +217,7 @@ impl Default for EngineOptions {
             key_compaction_min_runs: SUBS_COMPACTION_MIN_RUNS_DEFAULT,
             subs_settle_after: Some(SUBS_SETTLE_AFTER_DEFAULT),
             wal_prefill: true,
+            first_seq: None,
         }
     }
 }

@@ -57,7 +57,10 @@ impl Engine {
         let lock = lock_dir(&dir)?;
         refuse_partial(&dir)?;
         let (meta, legacy_entries) = MetaFile::read(&dir.join(META_FILE))?;
-        let mut checkpoint = Checkpoint::read(&dir.join(CHECKPOINT_FILE))?.unwrap_or_default();
+        let found = Checkpoint::read(&dir.join(CHECKPOINT_FILE))?;
+        // No checkpoint and (`refuse_partial`) no other engine file: a new directory.
+        let new_dir = found.is_none();
+        let mut checkpoint = found.unwrap_or_default();
         // A format-3 checkpoint holds the entries; before that, the meta file did.
         let mut entries = checkpoint
             .meta_entries
@@ -70,6 +73,9 @@ impl Engine {
         let poisoned = Arc::new(AtomicBool::new(false));
         let key_runs = KeyRuns::open(&dir, &checkpoint.key_runs.take().unwrap_or_default())?;
         let mut state = State::from_checkpoint(meta, &checkpoint, key_runs, Arc::clone(&poisoned));
+        if new_dir {
+            state.next_seq = options.first_seq.unwrap_or_else(super::random_first_seq);
+        }
         restore_queues(&dir, &mut state)?;
         restore_buckets(&checkpoint, &mut state)?;
         restore_points(std::mem::take(&mut checkpoint.points), &mut state);
