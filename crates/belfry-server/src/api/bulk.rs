@@ -134,12 +134,14 @@ impl BulkParser {
 
     fn end_line(&mut self, out: &mut Vec<Item>) {
         let raw = std::mem::take(&mut self.item);
-        let text = String::from_utf8_lossy(&raw);
-        let text = text.trim();
         if self.overlong {
             out.push(self.bad(format!("longer than {ITEM_BYTES_MAX} bytes")));
-        } else if !text.is_empty() {
-            out.push(self.parse(text, true));
+        } else {
+            match std::str::from_utf8(&raw) {
+                Ok(text) if text.trim().is_empty() => {}
+                Ok(text) => out.push(self.parse(text.trim(), true)),
+                Err(e) => out.push(self.not_utf8(&e)),
+            }
         }
         self.overlong = false;
         self.line += 1;
@@ -150,10 +152,22 @@ impl BulkParser {
         let item = if self.overlong {
             self.bad(format!("longer than {ITEM_BYTES_MAX} bytes"))
         } else {
-            self.parse(String::from_utf8_lossy(&raw).trim(), false)
+            match std::str::from_utf8(&raw) {
+                Ok(text) => self.parse(text.trim(), false),
+                Err(e) => self.not_utf8(&e),
+            }
         };
         out.push(item);
         self.overlong = false;
+    }
+
+    /// An item whose bytes are not UTF-8 is refused, not read with replacement characters
+    /// (which would subscribe a user nobody sent, and merge different ids into one).
+    fn not_utf8(&self, error: &std::str::Utf8Error) -> Item {
+        self.bad(format!(
+            "not valid UTF-8 (byte {} of the id): user ids are UTF-8 text",
+            error.valid_up_to() + 1
+        ))
     }
 
     /// An id from a JSON string, a number (as written: `-3`, `1.5`), or (NDJSON only) bare
@@ -323,10 +337,10 @@ mod tests {
     use super::*;
 
     /// Parses `body` fed in pieces of `step` bytes: users, bad item numbers, and the end.
-    fn run(body: &str, step: usize) -> (Vec<String>, Vec<u64>, Result<(), String>) {
+    fn run(body: impl AsRef<[u8]>, step: usize) -> (Vec<String>, Vec<u64>, Result<(), String>) {
         let mut parser = BulkParser::default();
         let mut items = Vec::new();
-        for piece in body.as_bytes().chunks(step.max(1)) {
+        for piece in body.as_ref().chunks(step.max(1)) {
             parser.feed(piece, &mut items);
         }
         let end = parser.finish(&mut items);
@@ -388,5 +402,23 @@ mod tests {
         let (users, bad, _) = run(&body, 4096);
         assert_eq!(users, vec!["a", "b"]);
         assert_eq!(bad, vec![2]);
+    }
+
+    /// Bytes that are not UTF-8 are refused by item, not read with replacement characters
+    /// (`\xff` and `\xfe` would both have become one user, U+FFFD).
+    #[test]
+    fn ids_that_are_not_utf8_are_refused() {
+        for step in [1, 3, 100] {
+            let (users, bad, end) = run(b"\xff\nok\n\xfe\nx\xc0\x80\n", step);
+            assert_eq!(
+                (users, bad, end),
+                (vec!["ok".to_owned()], vec![1, 3, 4], Ok(()))
+            );
+            let (users, bad, _) = run(b"[\"\xff\", \"ok\", 7]", step);
+            assert_eq!(
+                (users, bad),
+                (vec!["ok".to_owned(), "7".to_owned()], vec![1])
+            );
+        }
     }
 }
