@@ -43,6 +43,10 @@ pub const IDEMPOTENCY_KEY_LEN_MAX: usize = 256;
 /// Most delivery attempts a retry policy may allow.
 pub const RETRY_ATTEMPTS_MAX: u32 = 1_000;
 
+/// Longest retry delay a policy may set (30 days): a retry is never parked past the horizon,
+/// where it would wait for good without a word.
+pub const RETRY_BACKOFF_MS_MAX: u64 = 30 * 24 * 60 * 60 * 1000;
+
 const _: () = assert!(LEASE_VISIBILITY_MS_MIN <= LEASE_VISIBILITY_MS_DEFAULT);
 const _: () = assert!(LEASE_VISIBILITY_MS_DEFAULT <= LEASE_VISIBILITY_MS_MAX);
 const _: () = assert!(LEASE_TASKS_MAX <= BATCH_TASKS_MAX);

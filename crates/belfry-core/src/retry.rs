@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::limits::RETRY_ATTEMPTS_MAX;
+use crate::limits::{RETRY_ATTEMPTS_MAX, RETRY_BACKOFF_MS_MAX};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -28,6 +28,8 @@ pub enum InvalidRetryPolicy {
     Attempts(u32),
     #[error("retry.backoff_initial_ms ({initial}) must not exceed retry.backoff_max_ms ({max})")]
     Order { initial: u64, max: u64 },
+    #[error("retry.backoff_max_ms must be at most {RETRY_BACKOFF_MS_MAX} (30 days), got {0}")]
+    TooLong(u64),
 }
 
 impl RetryPolicy {
@@ -40,6 +42,9 @@ impl RetryPolicy {
                 initial: self.backoff_initial_ms,
                 max: self.backoff_max_ms,
             });
+        }
+        if self.backoff_max_ms > RETRY_BACKOFF_MS_MAX {
+            return Err(InvalidRetryPolicy::TooLong(self.backoff_max_ms));
         }
         Ok(())
     }
@@ -55,13 +60,15 @@ impl RetryPolicy {
     /// the result lies in [half, full] of that value, so retries of many tasks that failed
     /// together spread out but never come back sooner than half the backoff. `jitter` is a
     /// uniform random number in [0, 1) supplied by the caller, so this stays deterministic.
-    /// A server's `Retry-After` wins when it asks for longer.
+    /// A server's `Retry-After` wins when it asks for longer. Nothing is longer than
+    /// [`RETRY_BACKOFF_MS_MAX`], whatever a policy stored before that bound says.
     pub fn backoff(&self, attempts: u32, jitter: f64, retry_after: Option<Duration>) -> Duration {
         let exponent = attempts.saturating_sub(1).min(63);
+        let cap_ms = self.backoff_max_ms.min(RETRY_BACKOFF_MS_MAX);
         let raw = self
             .backoff_initial_ms
             .saturating_mul(1u64.checked_shl(exponent).unwrap_or(u64::MAX))
-            .min(self.backoff_max_ms);
+            .min(cap_ms);
         let jitter = if jitter.is_finite() {
             jitter.clamp(0.0, 1.0)
         } else {
@@ -71,9 +78,7 @@ impl RetryPolicy {
         let ms = half + ((raw - half) as f64 * jitter) as u64;
         let backoff = Duration::from_millis(ms);
         match retry_after {
-            Some(asked) if asked > backoff => {
-                asked.min(Duration::from_millis(self.backoff_max_ms.max(ms)))
-            }
+            Some(asked) if asked > backoff => asked.min(Duration::from_millis(cap_ms.max(ms))),
             _ => backoff,
         }
     }
@@ -140,6 +145,30 @@ mod tests {
         }
         .validate()
         .is_err());
+        // Retries are never parked past a month: they would wait for good without a word.
+        let month = RetryPolicy {
+            backoff_initial_ms: 1_000,
+            backoff_max_ms: RETRY_BACKOFF_MS_MAX,
+            ..p
+        };
+        assert!(month.validate().is_ok());
+        let past = RetryPolicy {
+            backoff_max_ms: RETRY_BACKOFF_MS_MAX + 1,
+            ..month
+        };
+        assert_eq!(
+            past.validate(),
+            Err(InvalidRetryPolicy::TooLong(RETRY_BACKOFF_MS_MAX + 1))
+        );
+        // A policy stored before the bound is held to it.
+        let stored = RetryPolicy {
+            backoff_initial_ms: u64::MAX,
+            backoff_max_ms: u64::MAX,
+            ..p
+        };
+        let longest = Duration::from_millis(RETRY_BACKOFF_MS_MAX);
+        assert_eq!(stored.backoff(1, 1.0, None), longest);
+        assert_eq!(stored.backoff(1, 0.0, Some(Duration::MAX)), longest);
     }
 
     proptest! {

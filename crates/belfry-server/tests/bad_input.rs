@@ -188,6 +188,7 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         (400, "invalid_queue_name", "PUT", &long_name, None),
         (400, "invalid_queue_config", "PUT", queue, b(r#"{"rate_per_s":-1}"#)),
         (400, "invalid_queue_config", "PUT", queue, b(r#"{"retry":{"max_attempts":0}}"#)),
+        (400, "invalid_queue_config", "PUT", queue, b(r#"{"retry":{"backoff_initial_ms":1000,"backoff_max_ms":18446744073709551615}}"#)),
         (400, "invalid_request", "PUT", queue, b(r#"{"delivery":{"type":"carrier-pigeon"}}"#)),
         (400, "webhook_target_refused", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"not a url"}}"#)),
         // Both timeout bounds are the queue config's, with its code (the sink refused 50 ms
