@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 use sha2::{Digest, Sha256};
 
 use crate::queues::rate::TokenBucket;
+use crate::queues::{BURST_MAX, RATE_PER_S_MAX, RATE_PER_S_MIN};
 
 /// Longest bearer token considered (longer ones are refused before hashing).
 pub const TOKEN_LEN_MAX: usize = 256;
@@ -239,13 +240,22 @@ impl TokenRate {
         match (rate_per_s, burst) {
             (None, None) => Ok(None),
             (None, Some(_)) => Err("burst: set rate_per_s too".into()),
-            (Some(per_s), _) if !(per_s > 0.0 && per_s.is_finite()) => Err(format!(
-                "rate_per_s: above 0 (leave it out for no limit), got {per_s}"
-            )),
+            // A queue's bounds: a slower rate would make a refused client wait longer than any
+            // Retry-After worth sending, a faster one is no limit.
+            (Some(per_s), _) if !(RATE_PER_S_MIN..=RATE_PER_S_MAX).contains(&per_s) => {
+                Err(format!(
+                    "rate_per_s: between {RATE_PER_S_MIN} and {RATE_PER_S_MAX} (leave it out for \
+                     no limit), got {per_s}"
+                ))
+            }
             (Some(_), Some(0)) => Err("burst: at least 1".into()),
+            (Some(_), Some(burst)) if burst > BURST_MAX => {
+                Err(format!("burst: at most {BURST_MAX}, got {burst}"))
+            }
             (Some(per_s), burst) => Ok(Some(TokenRate {
                 per_s,
-                burst: burst.unwrap_or_else(|| per_s.ceil().max(1.0) as u32),
+                burst: burst
+                    .unwrap_or_else(|| per_s.ceil().clamp(1.0, f64::from(BURST_MAX)) as u32),
             })),
         }
     }
@@ -627,6 +637,24 @@ mod tests {
             "{token}"
         );
         assert_ne!(token, generate_token());
+    }
+
+    /// A token's rate has a queue's bounds: `1e-300` made a refused client wait (and told it
+    /// `Retry-After: 18446744073709551615`), `1e300` a burst of four billion.
+    #[test]
+    fn token_rates_are_bounded() {
+        for bad in [1e-300, 0.0009, 0.0, -1.0, f64::NAN, 1e300] {
+            assert!(TokenRate::from_parts(Some(bad), None).is_err(), "{bad}");
+        }
+        assert!(TokenRate::from_parts(Some(5.0), Some(BURST_MAX + 1)).is_err());
+        let slowest = TokenRate::from_parts(Some(RATE_PER_S_MIN), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(slowest.burst, 1);
+        let fastest = TokenRate::from_parts(Some(RATE_PER_S_MAX), None)
+            .unwrap()
+            .unwrap();
+        assert_eq!(fastest.burst, BURST_MAX);
     }
 
     /// A token over its rate is refused (after its scopes are checked) with when to retry,

@@ -19,7 +19,7 @@ use tokio::sync::Notify;
 
 pub use config::{
     Delivery, InvalidQueueConfig, QueueConfig, BURST_MAX, MAX_IN_FLIGHT_MAX, RATE_PER_S_MAX,
-    WEBHOOK_TIMEOUT_MS_DEFAULT,
+    RATE_PER_S_MIN, WEBHOOK_TIMEOUT_MS_DEFAULT,
 };
 use inflight::{InFlight, HELD};
 use rate::TokenBucket;
