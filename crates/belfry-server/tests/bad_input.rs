@@ -277,3 +277,45 @@ async fn a_bad_query_string_names_the_parameter_in_words(s: TestServer) {
         assert_eq!(answer["error"]["message"], expected, "{path}");
     }
 }
+
+/// Bytes that are not UTF-8 are a JSON syntax error (`malformed_json`), not a field of the
+/// wrong shape; a body whose chunked framing is broken is `malformed_http`, with a message
+/// that says what to send (it was "Failed to buffer the request body: error reading a body
+/// from connection").
+#[tokio::test]
+async fn bodies_that_are_not_utf8_or_badly_framed_say_so() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    let answer = s
+        .http
+        .post(format!("{}/v1/queues/q/tasks", s.base))
+        .header("content-type", "application/json")
+        .body(b"{\"payload\": \"\xff\"}".to_vec())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 400);
+    let body: Value = answer.json().await.unwrap();
+    assert_eq!(code(&body), "malformed_json", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("UTF-8"));
+
+    let addr = s.base.trim_start_matches("http://");
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    conn.write_all(
+        b"POST /v1/queues/q/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          transfer-encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut response = Vec::new();
+    let _ = conn.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("malformed_http"), "{text}");
+    assert!(text.contains("chunked encoding"), "{text}");
+    assert_eq!(
+        s.ok("GET", "/v1/queues/q", Value::Null, 200).await["pending"],
+        0
+    );
+}

@@ -56,9 +56,13 @@ where
                      body without pausing, or raise the timeout in the server's configuration",
                 )
             } else {
+                // The length is within bounds and the body did not stall: what is left is its
+                // framing (hyper's "error reading a body from connection" says no more).
                 ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    format!("could not read the request body: {rejection}"),
+                    ErrorCode::MalformedHttp,
+                    "the request body could not be read: it ended before its Content-Length, or \
+                     its chunked encoding is malformed; send the body exactly as the headers \
+                     describe it",
                 )
             }
         })?;
@@ -112,6 +116,17 @@ pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError
     let text = bytes;
     match serde_json::from_slice(text) {
         Ok(value) => Ok(value),
+        // JSON text is UTF-8 (RFC 8259): bytes that are not are a syntax error, not a field
+        // of the wrong shape ("payload: invalid unicode code point").
+        Err(_) if std::str::from_utf8(text).is_err() => {
+            let at = std::str::from_utf8(text)
+                .err()
+                .map_or(0, |e| e.valid_up_to());
+            Err(ApiError::new(
+                ErrorCode::MalformedJson,
+                format!("the body is not valid UTF-8 (at byte {at}): JSON text is UTF-8"),
+            ))
+        }
         // Some shape errors are reported as syntax ("expected value") by the borrowed
         // types; valid JSON means the shape is at fault.
         Err(error) if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok() => {
