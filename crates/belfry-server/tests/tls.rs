@@ -105,4 +105,29 @@ fn bad_certificate_files_say_which_and_why() {
     let other = self_signed();
     let error = tls::load(&cert.cert, &other.key).unwrap_err().to_string();
     assert!(error.contains("does not fit"), "{error}");
+    // An encrypted key is said to be one, not "no private key".
+    let encrypted = cert.key.with_file_name("encrypted.pem");
+    std::fs::write(
+        &encrypted,
+        "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIBvTBXBgkqhkiG9w0BBQ0wSjApBgkqhkiG\n-----END ENCRYPTED PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let error = tls::load(&cert.cert, &encrypted).unwrap_err().to_string();
+    assert!(
+        error.contains("is encrypted") && error.contains("decrypt"),
+        "{error}"
+    );
+    // A version 1 certificate with its own key (made by `openssl x509 -req -signkey`, no
+    // extensions) is said to be one, not a key that does not fit.
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let error = tls::load(
+        &fixtures.join("x509-v1-cert.pem"),
+        &fixtures.join("x509-v1-key.pem"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        error.contains("version 1") && !error.contains("does not fit"),
+        "{error}"
+    );
 }

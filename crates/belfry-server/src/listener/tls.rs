@@ -34,10 +34,20 @@ pub fn load(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsErr
     let private: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut open(key, "key")?)
         .map_err(|e| TlsError(format!("tls.key: {}: not PEM: {e}", key.display())))?
         .ok_or_else(|| {
-            TlsError(format!(
-                "tls.key: {} holds no private key (expected a PEM \"PRIVATE KEY\" block)",
-                key.display()
-            ))
+            let encrypted = std::fs::read(key)
+                .is_ok_and(|bytes| bytes.windows(23).any(|w| w == b"BEGIN ENCRYPTED PRIVATE"));
+            TlsError(if encrypted {
+                format!(
+                    "tls.key: {} is encrypted, and belfry reads unencrypted keys: decrypt it \
+                     (`openssl pkey -in KEY -out KEY.plain`) and keep it readable by belfry only",
+                    key.display()
+                )
+            } else {
+                format!(
+                    "tls.key: {} holds no private key (expected a PEM \"PRIVATE KEY\" block)",
+                    key.display()
+                )
+            })
         })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
@@ -45,13 +55,33 @@ pub fn load(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, TlsErr
         .map_err(|e| TlsError(format!("tls: {e}")))?
         .with_no_client_auth()
         .with_single_cert(chain, private)
-        .map_err(|e| {
-            TlsError(format!(
-                "tls: the key {} does not fit the certificate {}: {e}",
-                key.display(),
-                cert.display()
-            ))
-        })?;
+        .map_err(|e| refused(&e, cert, key))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
+}
+
+/// Why rustls would not take the certificate and key, in words that point at the file to fix:
+/// a key that is not the certificate's, or a certificate it cannot use (an X.509 version 1
+/// certificate was reported as a key that does not fit).
+fn refused(error: &rustls::Error, cert: &Path, key: &Path) -> TlsError {
+    let (cert, key) = (cert.display(), key.display());
+    TlsError(match error {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            format!("tls: the key {key} does not fit the certificate {cert}: use the key the certificate was made for")
+        }
+        rustls::Error::InvalidCertificate(_) | rustls::Error::Other(_)
+            if format!("{error:?}").contains("UnsupportedCertVersion") =>
+        {
+            format!(
+                "tls.cert: {cert} is an X.509 version 1 certificate; TLS needs version 3: make it \
+                 with extensions (openssl: -addext \"subjectAltName=DNS:...\" or -extfile)"
+            )
+        }
+        rustls::Error::InvalidCertificate(_) | rustls::Error::Other(_) => {
+            format!("tls.cert: {cert} cannot be used: {error}")
+        }
+        other => {
+            format!("tls: the certificate {cert} and key {key} cannot be used together: {other}")
+        }
+    })
 }
