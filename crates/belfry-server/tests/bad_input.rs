@@ -174,6 +174,7 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         (400, "conflicting_due_time", "POST", tasks, b(r#"{"delay_ms":5,"run_at":"2026-01-01T00:00:00Z"}"#)),
         (400, "invalid_due_time", "POST", tasks, b(r#"{"delay_ms":-1}"#)),
         (400, "invalid_due_time", "POST", tasks, b(r#"{"run_at":"next tuesday"}"#)),
+        (400, "invalid_due_time", "POST", tasks, b(r#"{"run_at":"2026-06-01T00:00:00+25:00"}"#)),
         (400, "beyond_horizon", "POST", tasks, b(r#"{"run_at":"2099-01-01T00:00:00Z"}"#)),
         // Valid RFC 3339, past the last instant the time library represents.
         (400, "beyond_horizon", "POST", tasks, b(r#"{"run_at":"9999-12-31T23:59:59Z"}"#)),

@@ -273,12 +273,26 @@ pub fn page_limit(limit: Option<usize>, default: usize, max: usize) -> Result<us
     Ok(limit)
 }
 
+/// Whether `text`, a time jiff parsed, has an offset of a day or more.
+fn rfc3339_offset_out_of_range(text: &str) -> bool {
+    jiff::fmt::temporal::Pieces::parse(text)
+        .ok()
+        .and_then(|p| p.to_numeric_offset())
+        .is_some_and(|offset| offset.seconds().abs() >= 24 * 3600)
+}
+
 /// An RFC 3339 instant (`2030-01-01T12:00:00Z`, any offset) in unix ms, negative before 1970.
 /// `Ok(None)`: a valid RFC 3339 time past the last instant belfry represents (late in the
 /// year 9999), which callers refuse as beyond their horizon rather than as bad text.
 /// `Err`: why the text is not an RFC 3339 time, for the caller to prefix with its field.
 pub fn rfc3339_ms(text: &str) -> Result<Option<i64>, String> {
     match text.parse::<jiff::Timestamp>() {
+        // jiff takes Temporal's offsets up to ±25:59; RFC 3339's hours stop at 23.
+        Ok(_) if rfc3339_offset_out_of_range(text) => Err(format!(
+            "must be an RFC 3339 time such as 2030-01-01T12:00:00Z, got {:?}: its offset is past \
+             ±23:59",
+            text.chars().take(64).collect::<String>()
+        )),
         Ok(at) => Ok(Some(at.as_millisecond())),
         Err(error) => {
             let pieces = jiff::fmt::temporal::Pieces::parse(text);
