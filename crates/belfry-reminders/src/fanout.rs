@@ -98,6 +98,9 @@ pub struct StepReport {
     pub errors: Vec<(String, String)>,
     /// Fan-outs ended without their chunks because their queue does not exist.
     pub fanouts_dropped: u64,
+    /// Writes not made because this node lost the reminder's lease during the step (a pause
+    /// past the lease): the new owner goes on with the fan-out.
+    pub writes_not_owned: u64,
     /// Those reminders and their queues: (id, queue).
     pub queues_missing: Vec<(String, String)>,
 }
@@ -208,12 +211,14 @@ impl ReminderService {
                 }
             };
             uids.push(reminder.uid);
-            // With several nodes on one store, one of them fans each reminder out.
-            if !self.store.owns(&owner_key(reminder.id.as_str())) {
+            // With several nodes on one store, one of them fans each reminder out, writing
+            // under the lease seen here ([`FanoutRunner::holds`]).
+            let Some(lease) = self.store.ownership(&owner_key(reminder.id.as_str())) else {
                 continue;
-            }
+            };
             let fanout = fanouts.remove(&key);
-            self.step_tracked(key, reminder, fanout, now_ms, &mut report, tally);
+            let owned = (reminder, lease);
+            self.step_tracked(key, owned, fanout, now_ms, &mut report, tally);
         }
         // The gauge, in one call (a networked store's round trip each was most of a look).
         report.subscribers = self
@@ -247,11 +252,12 @@ impl ReminderService {
                     continue;
                 }
             };
-            if !self.store.owns(&owner_key(reminder.id.as_str())) {
+            let Some(lease) = self.store.ownership(&owner_key(reminder.id.as_str())) else {
                 continue;
-            }
+            };
             let fanout = self.store.get_meta(FANOUTS_NAMESPACE, &key)?;
-            self.step_tracked(key, reminder, fanout, now_ms, &mut report, tally);
+            let owned = (reminder, lease);
+            self.step_tracked(key, owned, fanout, now_ms, &mut report, tally);
         }
         Ok(report)
     }
@@ -260,14 +266,14 @@ impl ReminderService {
     fn step_tracked(
         &self,
         key: String,
-        reminder: Reminder,
+        (reminder, lease): (Reminder, String),
         fanout: Option<Bytes>,
         now_ms: UnixMs,
         report: &mut StepReport,
         tally: &mut Tally,
     ) {
         let id = reminder.id.to_string();
-        match self.step_one(reminder, fanout, now_ms, report) {
+        match self.step_one(reminder, &lease, fanout, now_ms, report) {
             Ok(Left::Running) => tally.running(key),
             Ok(Left::Idle(next)) => {
                 if let Some(next) = next {
@@ -282,6 +288,7 @@ impl ReminderService {
     fn step_one(
         &self,
         mut r: Reminder,
+        lease: &str,
         stored: Option<Bytes>,
         now_ms: UnixMs,
         report: &mut StepReport,
@@ -298,17 +305,21 @@ impl ReminderService {
             };
         if fanout.is_none() {
             match r.next_fire_ms {
-                Some(at) if at <= now_ms => fanout = self.start(&mut r, at, now_ms, report)?,
+                Some(at) if at <= now_ms => {
+                    fanout = self.start(&mut r, lease, at, now_ms, report)?
+                }
                 Some(at) => report.note_next(at),
                 None => {}
             }
         }
         if let Some(fanout) = fanout {
-            match self.advance(&r, fanout, now_ms, report) {
+            match self.advance(&r, lease, fanout, now_ms, report) {
                 Ok(true) => return Ok(Left::Running),
                 Ok(false) => {}
                 Err(ReminderError::Store(StoreError::QueueNotFound(_))) => {
-                    self.drop_fanout(&r, report)?
+                    if self.holds(&r, lease, report) {
+                        self.drop_fanout(&r, report)?
+                    }
                 }
                 Err(e) => return Err(e),
             }
@@ -322,12 +333,16 @@ impl ReminderService {
     fn start(
         &self,
         r: &mut Reminder,
+        lease: &str,
         due_ms: UnixMs,
         now_ms: UnixMs,
         report: &mut StepReport,
     ) -> Result<Option<Fanout>> {
         let firing_ms = r.def.when.latest_fire(due_ms, now_ms)?;
         let count = self.store.subscriber_count(r.uid)?;
+        if !self.holds(r, lease, report) {
+            return Ok(None);
+        }
         let chunks = count.div_ceil(u64::from(r.def.chunk_size));
         r.next_fire_ms = r.def.when.next_after(now_ms.max(firing_ms))?;
         if r.def.when.is_recurring() {
@@ -367,6 +382,7 @@ impl ReminderService {
     fn advance(
         &self,
         r: &Reminder,
+        lease: &str,
         mut f: Fanout,
         now_ms: UnixMs,
         report: &mut StepReport,
@@ -386,6 +402,11 @@ impl ReminderService {
                 self.fill_batch(r, &mut cursor, now_ms, check_existing, report)?;
             check_existing = false;
             let progressed = !batch.is_empty() || cursor != f;
+            // Every write of the step is made under the lease it began with: a node paused
+            // past it stops here, and the new owner's progress stands.
+            if !self.holds(r, lease, report) {
+                return Ok(true);
+            }
             if !batch.is_empty() {
                 made_this_step += self.put_batch(r, batch, report)?;
             }
@@ -396,6 +417,9 @@ impl ReminderService {
             }
             if !progressed {
                 report.still_running(&f);
+                return Ok(true);
+            }
+            if !self.holds(r, lease, report) {
                 return Ok(true);
             }
             self.store
@@ -477,6 +501,19 @@ impl ReminderService {
     /// Ends a fan-out whose queue is gone: its chunks cannot exist. Counted and reported
     /// once per step, like a schedule's dropped firings; a recurring reminder fires again at
     /// its next fire time (to nothing, until the queue is back).
+    /// Whether this node still owns `r` under `lease`, the lease it took the step up under.
+    /// A node paused past its lease (`SIGSTOP`, a VM pause) lost the reminder to another node,
+    /// which went on with the fan-out; once the chunks' idempotency keys are forgotten, the
+    /// paused node's puts would make those chunks again, and its stale cursor would bring back
+    /// a fan-out the new owner had finished. So each write checks first; a refusal is counted.
+    fn holds(&self, r: &Reminder, lease: &str, report: &mut StepReport) -> bool {
+        let held = self.store.ownership(&owner_key(r.id.as_str())).as_deref() == Some(lease);
+        if !held {
+            report.writes_not_owned += 1;
+        }
+        held
+    }
+
     fn drop_fanout(&self, r: &Reminder, report: &mut StepReport) -> Result<()> {
         self.store.delete_meta(FANOUTS_NAMESPACE, &uid_key(r.uid))?;
         report.fanouts_dropped += 1;

@@ -709,3 +709,79 @@ fn a_fan_out_whose_queue_is_gone_is_dropped() {
     assert_eq!(bodies.len(), 1);
     assert_eq!(bodies[0]["firing"], 2 * HOUR);
 }
+
+/// A `MemoryStore` answered as one node of several: every key is owned, under a lease that
+/// moves (another node took it over) right after the next `checks` ownership checks.
+struct MovingLease {
+    inner: MemoryStore,
+    checks: std::sync::atomic::AtomicU32,
+    moves: std::sync::atomic::AtomicU32,
+}
+
+impl MovingLease {
+    fn move_after(&self, checks: u32) {
+        self.checks
+            .store(checks, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl belfry_store::ForwardingStore for MovingLease {
+    fn wrapped(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    fn ownership(&self, _key: &str) -> Option<String> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let lease = format!("lease-{}", self.moves.load(SeqCst));
+        if self
+            .checks
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            == Ok(1)
+        {
+            self.moves.fetch_add(1, SeqCst);
+        }
+        Some(lease)
+    }
+}
+
+/// A node that loses a reminder's lease during a step (paused past it) writes nothing more:
+/// not the firing's start, not a chunk, not a cursor over the new owner's progress. Without
+/// the check, once the chunks' keys were forgotten, its puts made them again and its stale
+/// cursor brought back a fan-out the new owner had finished.
+#[test]
+fn writes_under_a_lease_that_moved_are_not_made() {
+    let store = Arc::new(MovingLease {
+        inner: MemoryStore::new(),
+        checks: Default::default(),
+        moves: Default::default(),
+    });
+    store.put_queue(&q(), Bytes::from("{}")).unwrap();
+    let service = ReminderService::new(store.clone());
+    let id = ReminderId::new("moved").unwrap();
+    service
+        .create(Some(id.clone()), def(1_000, 10, Some(100)), 0)
+        .unwrap();
+    service.subscribe(&id, &ids(0..300)).unwrap();
+
+    // The step decides to start the firing, then the lease moves: nothing is written.
+    store.move_after(1);
+    let stale = service.step(1_000).unwrap();
+    assert_eq!((stale.writes_not_owned, stale.chunks_created), (1, 0));
+    assert_eq!(service.get(&id).unwrap().firings, 0);
+
+    let mut bodies = Vec::new();
+    for now in (1_000..=5_000).step_by(100) {
+        if now == 2_000 {
+            // Mid fan-out: the step decides, then loses the lease before its chunks.
+            store.move_after(1);
+            let stale = service.step(now).unwrap();
+            assert_eq!((stale.writes_not_owned, stale.chunks_created), (1, 0));
+        }
+        service.step(now).unwrap();
+        bodies.extend(take(&store.inner, now));
+    }
+    let users = users_of(&bodies);
+    let unique: BTreeSet<&String> = users.iter().collect();
+    assert_eq!((users.len(), unique.len()), (300, 300), "each user once");
+    assert_eq!(service.get(&id).unwrap().firings, 1);
+}

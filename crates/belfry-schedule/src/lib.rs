@@ -7,6 +7,7 @@
 //!
 //! [`Store`]: belfry_store::Store
 
+mod firings;
 mod forecast;
 mod model;
 mod record;

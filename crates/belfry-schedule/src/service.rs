@@ -49,6 +49,7 @@ use belfry_store::{MetaChange, PutOutcome, Store, StoreError};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
+use crate::firings::{self, Firing, Firings, Lease};
 use crate::model::{
     FireTime, InvalidSchedule, InvalidScheduleId, Schedule, ScheduleDef, ScheduleId,
 };
@@ -120,6 +121,9 @@ pub struct TickReport {
     pub tasks_by_queue: BTreeMap<String, u64>,
     /// Tasks the store already had (a replay after a crash between put and cursor persist).
     pub tasks_duplicate: u64,
+    /// Firings not stored because this node lost their schedule's lease between deciding to
+    /// fire and writing (a pause past the lease): their new owner fires them.
+    pub firings_not_owned: u64,
     /// Schedules whose due set included missed fire times.
     pub schedules_misfired: usize,
     /// Due fire times dropped by the misfire policy or because the queue no longer exists.
@@ -622,10 +626,11 @@ impl ScheduleService {
         firings: &mut Firings,
         report: &mut TickReport,
     ) -> Result<Option<UnixMs>> {
-        // With several nodes on one store, one of them fires each schedule.
-        if !self.store.owns(&entry.parsed.owner_key) {
+        // With several nodes on one store, one of them fires each schedule; its writes are
+        // made under the lease seen here (`firings.rs`).
+        let Some(lease) = self.store.ownership(&entry.parsed.owner_key) else {
             return Ok(None);
-        }
+        };
         let Some(next) = entry.next_fire_ms() else {
             return Ok(None);
         };
@@ -641,16 +646,21 @@ impl ScheduleService {
         report.schedules_due += 1;
         report.schedules_misfired += usize::from(due.misfired);
         report.firings_dropped += due.dropped;
+        let lease: Lease = lease.into();
         for &fire_ms in &due.fire_times {
-            firings.add(&entry.parsed, fire_ms);
+            firings.add(&entry.parsed, fire_ms, &lease);
             if firings.tasks >= BATCH_TASKS_MAX {
                 self.put_firings(firings, report)?;
             }
         }
-        firings.cursors.push(MetaChange::put(
-            CURSORS_NAMESPACE,
-            stored.id.as_str(),
-            encode_cursor(due.cursor_ms),
+        firings.cursors.push((
+            entry.parsed.clone(),
+            lease,
+            MetaChange::put(
+                CURSORS_NAMESPACE,
+                stored.id.as_str(),
+                encode_cursor(due.cursor_ms),
+            ),
         ));
         let after = spec.next_after(due.cursor_ms);
         if let Some(after) = after {
@@ -663,7 +673,7 @@ impl ScheduleService {
     fn finish_tick(&self, mut firings: Firings, report: &mut TickReport) -> Result<()> {
         self.put_firings(&mut firings, report)?;
         // Only once every firing is stored: a crash before this replays them as duplicates.
-        let cursors = std::mem::take(&mut firings.cursors);
+        let cursors = firings.owned_cursors(&*self.store);
         if !cursors.is_empty() {
             self.store.write_meta(cursors)?;
         }
@@ -692,10 +702,11 @@ impl ScheduleService {
     /// Puts the tasks of `batch`'s firings in one call, built for it: a retry without the
     /// firings of a queue that is gone builds them again rather than keeping a copy.
     fn put_batch(&self, mut batch: Vec<Firing>, report: &mut TickReport) -> Result<()> {
+        report.firings_not_owned += firings::keep_owned(&*self.store, &mut batch) as u64;
         while !batch.is_empty() {
             let tasks: Vec<NewTask> = batch
                 .iter()
-                .flat_map(|(parsed, fire_ms)| {
+                .flat_map(|(parsed, fire_ms, _)| {
                     let shards = parsed.spec.shard_count() as usize;
                     (0..shards).map(move |shard| firing_task(parsed, *fire_ms, shard))
                 })
@@ -704,7 +715,7 @@ impl ScheduleService {
                 Ok(outcomes) => {
                     // The outcomes come in the tasks' order: each firing's shards in turn.
                     let mut outcomes = outcomes.into_iter();
-                    for (parsed, _) in &batch {
+                    for (parsed, _, _) in &batch {
                         let shards = parsed.spec.shard_count() as usize;
                         let created = outcomes
                             .by_ref()
@@ -718,7 +729,7 @@ impl ScheduleService {
                             *report.tasks_by_queue.entry(queue.to_owned()).or_default() += created;
                         }
                     }
-                    for (parsed, _) in &batch {
+                    for (parsed, _, _) in &batch {
                         report.firings += 1;
                         let queue = parsed.stored.def.queue.as_str();
                         match report.firings_by_queue.get_mut(queue) {
@@ -733,7 +744,7 @@ impl ScheduleService {
                 Err(StoreError::QueueNotFound(queue)) => {
                     // The queue was deleted under its schedules: their firings cannot exist.
                     // Drop them (rather than retry on every tick) and put the others.
-                    batch.retain(|(parsed, _)| {
+                    batch.retain(|(parsed, _, _)| {
                         let gone = parsed.stored.def.queue == queue;
                         if gone {
                             report.firings_dropped += 1;
@@ -839,24 +850,6 @@ impl ScheduleService {
 
 /// One firing a tick gathered: a schedule and one of its fire times. Its shards' tasks are
 /// built when it is put.
-type Firing = (Arc<Parsed>, UnixMs);
-
-/// Firings gathered by a tick, in order, with the number of tasks they make, and the cursors
-/// to write once they are stored.
-#[derive(Default)]
-struct Firings {
-    due: Vec<Firing>,
-    tasks: usize,
-    cursors: Vec<MetaChange>,
-}
-
-impl Firings {
-    fn add(&mut self, parsed: &Arc<Parsed>, fire_ms: UnixMs) {
-        self.tasks += parsed.spec.shard_count() as usize;
-        self.due.push((parsed.clone(), fire_ms));
-    }
-}
-
 /// A decoded schedule document and the spec built from it.
 pub(crate) struct Parsed {
     pub(crate) stored: StoredSchedule,
@@ -866,6 +859,10 @@ pub(crate) struct Parsed {
 }
 
 impl Parsed {
+    pub(crate) fn owner_key(&self) -> &str {
+        &self.owner_key
+    }
+
     fn to_schedule(&self, cursor_ms: UnixMs) -> Schedule {
         let stored = &self.stored;
         Schedule {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use belfry_core::{QueueName, UnixMs};
 use belfry_schedule::{
     firing_key, MisfirePolicy, NewSchedule, ScheduleDef, ScheduleId, ScheduleService,
-    ScheduleServiceError, TickReport, TriggerDef, SCHEDULES_NAMESPACE, SHARD_COUNT_HEADER,
-    SHARD_HEADER,
+    ScheduleServiceError, TickReport, TriggerDef, CURSORS_NAMESPACE, SCHEDULES_NAMESPACE,
+    SHARD_COUNT_HEADER, SHARD_HEADER,
 };
 use belfry_store::{MemoryStore, Store};
 use bytes::Bytes;
@@ -588,4 +588,34 @@ proptest::proptest! {
         expected.sort();
         proptest::prop_assert_eq!(keys, expected);
     }
+}
+
+// ---- a node that lost a schedule's lease between deciding to fire and writing ----
+
+/// A node decides to fire under its lease, then (paused past it) loses the schedule to another
+/// node. Its writes are dropped: no task, no cursor over the new owner's. Without the check,
+/// once the firings' keys were forgotten, its put made a second task per fire time and its
+/// stale cursor rolled the new owner's back.
+#[test]
+fn writes_under_a_lease_that_moved_are_dropped() {
+    // The lease moves right after the tick's first check (the decision to fire).
+    let store = Arc::new(MovingLeaseStore::new(1));
+    store.put_queue(&queue(), Bytes::new()).unwrap();
+    let stale = ScheduleService::new(store.clone());
+    let mut def = ScheduleDef::cron(queue(), "*/10 * * * * *", "UTC");
+    def.misfire = MisfirePolicy::CatchUp;
+    stale.create(Some(id("c")), def, T0).unwrap();
+    let report = stale.tick(T0 + 25 * SECOND).unwrap();
+    assert_eq!((report.firings, report.firings_not_owned), (0, 2));
+    assert_eq!(store.inner.counts(&queue(), T0).unwrap().pending, 0);
+    assert_eq!(store.inner.get_meta(CURSORS_NAMESPACE, "c").unwrap(), None);
+
+    // The owner now (its lease holds) fires each fire time once.
+    let owner = ScheduleService::new(store.clone());
+    let report = owner.tick(T0 + 25 * SECOND).unwrap();
+    assert_eq!((report.tasks_created, report.firings_not_owned), (2, 0));
+    assert_eq!(
+        due_times(&store.inner, T0 + HOUR),
+        [T0 + 10 * SECOND, T0 + 20 * SECOND]
+    );
 }

@@ -537,6 +537,9 @@ fn publish(state: &RemindersState, report: &StepReport) {
     for (reminder, reason) in &report.errors {
         tracing::warn!(%reminder, %reason, "fan out reminder");
     }
+    if report.writes_not_owned > 0 {
+        tracing::info!(writes = report.writes_not_owned, "this node lost reminders to another during a step (a pause past its leases?); their fan-outs are left to the new owner");
+    }
     if report.fanouts_dropped > 0 {
         counter!(REMINDER_FANOUTS_DROPPED).increment(report.fanouts_dropped);
     }

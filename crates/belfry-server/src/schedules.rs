@@ -266,6 +266,9 @@ fn publish(state: &SchedulesState, report: &TickReport) {
     if report.firings_dropped > 0 {
         counter!(SCHEDULE_FIRINGS_DROPPED).increment(report.firings_dropped);
     }
+    if report.firings_not_owned > 0 {
+        tracing::info!(firings = report.firings_not_owned, "this node lost schedules to another during a tick (a pause past its leases?); their firings are left to the new owner");
+    }
     if report.schedules_misfired > 0 {
         counter!(SCHEDULE_MISFIRES).increment(report.schedules_misfired as u64);
     }

@@ -331,6 +331,12 @@ impl Ownership {
         self.lease_of(p).is_ok()
     }
 
+    /// The fence of partition `p`'s lease while it holds (it changes at every take, even one
+    /// by this node again), without counting a refusal as [`Ownership::fence_of`] does.
+    pub fn lease(&self, p: u16) -> Option<String> {
+        self.lease_of(p).ok()
+    }
+
     /// The valid lease's fence, or whether a lease past its local deadline is in the table.
     fn lease_of(&self, p: u16) -> Result<String, bool> {
         let now = Instant::now();

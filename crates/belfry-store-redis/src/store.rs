@@ -558,10 +558,10 @@ impl Store for RedisStore {
         self.sweep_hints()
     }
 
-    fn owns(&self, key: &str) -> bool {
+    fn ownership(&self, key: &str) -> Option<String> {
         match &self.ownership {
-            None => true,
-            Some(own) => own.is_owned(crate::partition_of(key.as_bytes(), self.keys.partitions)),
+            None => Some(String::new()),
+            Some(own) => own.lease(crate::partition_of(key.as_bytes(), self.keys.partitions)),
         }
     }
 

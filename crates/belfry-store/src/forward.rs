@@ -217,6 +217,7 @@ forwarding! {
         now_ms: UnixMs,
     ) -> Result<()>;
     fn owns(&self, key: &str) -> bool;
+    fn ownership(&self, key: &str) -> Option<String>;
     fn flush(&self) -> Result<()>;
     fn delivery_is_quick(&self) -> bool;
     fn claim_is_quick(&self, queue: &QueueName, now_ms: UnixMs) -> bool;

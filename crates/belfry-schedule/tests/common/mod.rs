@@ -86,3 +86,39 @@ impl belfry_store::ForwardingStore for CrashingStore {
         self.inner.put_meta(namespace, key, value)
     }
 }
+
+/// Delegates to a `MemoryStore`, as a store shared by several nodes would answer one of them:
+/// every key is owned, under a lease that moves (another node took it over, and perhaps gave
+/// it back) once `checks_before_move` ownership checks have been answered.
+pub struct MovingLeaseStore {
+    pub inner: MemoryStore,
+    pub checks_before_move: AtomicU32,
+    pub moves: AtomicU32,
+}
+
+impl MovingLeaseStore {
+    pub fn new(checks_before_move: u32) -> Self {
+        MovingLeaseStore {
+            inner: MemoryStore::new(),
+            checks_before_move: AtomicU32::new(checks_before_move),
+            moves: AtomicU32::new(0),
+        }
+    }
+}
+
+impl belfry_store::ForwardingStore for MovingLeaseStore {
+    fn wrapped(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    fn ownership(&self, _key: &str) -> Option<String> {
+        let lease = format!("lease-{}", self.moves.load(Ordering::SeqCst));
+        let left = self
+            .checks_before_move
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if left == Ok(1) {
+            self.moves.fetch_add(1, Ordering::SeqCst);
+        }
+        Some(lease)
+    }
+}

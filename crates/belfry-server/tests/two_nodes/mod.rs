@@ -314,8 +314,8 @@ impl belfry_store::ForwardingStore for NodeStore {
         }
         self.inner().next_due_ms(q)
     }
-    fn owns(&self, key: &str) -> bool {
-        self.shared.owner(key) == self.node
+    fn ownership(&self, key: &str) -> Option<String> {
+        (self.shared.owner(key) == self.node).then(String::new)
     }
 }
 
