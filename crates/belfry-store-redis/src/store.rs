@@ -785,12 +785,8 @@ impl Store for RedisStore {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        Ok(self.lease_op(
-            queue,
-            &[(id, lease, reason.as_bytes().to_vec())],
-            "dead",
-            now_ms,
-        )?[0])
+        let item = [(id, lease, reason.as_bytes().to_vec())];
+        Ok(self.lease_op(queue, &item, "dead", now_ms)?[0])
     }
 
     fn dead_letter_untried(
@@ -801,12 +797,8 @@ impl Store for RedisStore {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        Ok(self.lease_op(
-            queue,
-            &[(id, lease, reason.as_bytes().to_vec())],
-            "dead_untried",
-            now_ms,
-        )?[0])
+        let item = [(id, lease, reason.as_bytes().to_vec())];
+        Ok(self.lease_op(queue, &item, "dead_untried", now_ms)?[0])
     }
 
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {

@@ -211,6 +211,23 @@ impl Engine {
         Ok(LeaseOutcome::Ok)
     }
 
+    /// Ends a lease in the dead letters; `untried`: the claim that took the lease found the
+    /// task out of attempts, so its attempt is taken back (the record carries the count).
+    pub(super) fn bury(
+        &self,
+        queue: &QueueName,
+        (id, lease): (TaskId, LeaseId),
+        reason: &str,
+        now_ms: UnixMs,
+        untried: bool,
+    ) -> Result<LeaseOutcome> {
+        self.change_lease(queue, id, lease, now_ms, |seq, attempts| Record::Dead {
+            seq,
+            reason: super::record::cut_reason(reason).to_owned(),
+            attempts: untried.then(|| attempts.saturating_sub(1)),
+        })
+    }
+
     /// Finds a leased task and checks the lease; on success returns its queue's uid, its bucket
     /// key, seq and attempts.
     pub(super) fn leased(

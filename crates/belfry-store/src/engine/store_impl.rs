@@ -317,11 +317,7 @@ impl Store for Engine {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        self.change_lease(queue, id, lease, now_ms, |seq, _| Record::Dead {
-            seq,
-            reason: record::cut_reason(reason).to_owned(),
-            attempts: None,
-        })
+        self.bury(queue, (id, lease), reason, now_ms, false)
     }
 
     fn dead_letter_untried(
@@ -332,11 +328,7 @@ impl Store for Engine {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
-        self.change_lease(queue, id, lease, now_ms, |seq, attempts| Record::Dead {
-            seq,
-            reason: record::cut_reason(reason).to_owned(),
-            attempts: Some(attempts.saturating_sub(1)),
-        })
+        self.bury(queue, (id, lease), reason, now_ms, true)
     }
 
     fn list_dead(
