@@ -210,3 +210,59 @@ async fn dispatch_is_never_refused_by_api_admission_while_clients_get_503() {
     faulty.counts_delay_ms.store(0, Ordering::Relaxed);
     s.handle.stop().await.expect("clean stop");
 }
+
+/// A store that, once armed, moves the server's clock past the leases of the next push claim
+/// it answers: as if the process were paused (`SIGSTOP`, a VM pause) between the claim and
+/// the delivery.
+struct PausingStore {
+    inner: MemoryStore,
+    clock: std::sync::OnceLock<belfry_core::ManualClock>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl belfry_store::ForwardingStore for PausingStore {
+    fn wrapped(&self) -> &dyn Store {
+        &self.inner
+    }
+
+    fn claim_owned(
+        &self,
+        queue: &belfry_core::QueueName,
+        now_ms: u64,
+        max: usize,
+        visibility_ms: u64,
+    ) -> belfry_store::Result<belfry_store::ClaimBatch> {
+        let batch = self.inner.claim_owned(queue, now_ms, max, visibility_ms)?;
+        if !batch.leased.is_empty() && self.armed.swap(false, Ordering::SeqCst) {
+            if let Some(clock) = self.clock.get() {
+                clock.advance(Duration::from_millis(visibility_ms + 1));
+            }
+        }
+        Ok(batch)
+    }
+}
+
+/// A delivery whose lease ran out before it started is not made: the task is due again, and
+/// the claim that takes it (on a shared store, perhaps another node's) delivers it. It was
+/// sent anyway, a second delivery beside the new owner's.
+#[tokio::test]
+async fn a_delivery_whose_lease_ran_out_before_it_started_is_not_made() {
+    let store = Arc::new(PausingStore {
+        inner: MemoryStore::new(),
+        clock: Default::default(),
+        armed: Default::default(),
+    });
+    let (s, sink) = start(store.clone(), test_config()).await;
+    store.clock.set(s.clock.clone()).unwrap();
+    s.queue("paused", push_queue()).await;
+    submit(&s, "paused", 1).await;
+    store.armed.store(true, Ordering::SeqCst);
+    s.advance(DUE_MS);
+    eventually("the task is delivered", || async {
+        (sink.count() > 0).then_some(())
+    })
+    .await;
+    let seen = sink.seen();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    assert_eq!(seen[0].attempt, 2, "the paused claim's delivery was made");
+}

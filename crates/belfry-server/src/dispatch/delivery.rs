@@ -96,6 +96,19 @@ impl DeliveryJob {
             runtime: self.runtime.clone(),
             leases: batch.iter().map(|t| t.lease_id).collect(),
         };
+        // A task whose lease ran out before its delivery starts (the process was paused or
+        // starved between claim and call) is not sent: it is due again, and the claim that
+        // takes it, perhaps another node's, delivers it. Sending it here too would deliver it
+        // twice at once.
+        let now_ms = self.dispatcher.shared.now_ms();
+        let before = batch.len();
+        let batch: Vec<LeasedTask> = batch
+            .into_iter()
+            .filter(|t| t.lease_until_ms > now_ms)
+            .collect();
+        if batch.len() < before {
+            tracing::info!(queue = %self.runtime.name, tasks = before - batch.len(), "deliveries not started: their leases ran out after the claim (a pause?); the tasks are due again");
+        }
         let started = Instant::now();
         let outcomes = self.deliver(&batch).await;
         let seconds = started.elapsed().as_secs_f64();
