@@ -702,7 +702,6 @@ impl ScheduleService {
     /// Puts the tasks of `batch`'s firings in one call, built for it: a retry without the
     /// firings of a queue that is gone builds them again rather than keeping a copy.
     fn put_batch(&self, mut batch: Vec<Firing>, report: &mut TickReport) -> Result<()> {
-        report.firings_not_owned += firings::keep_owned(&*self.store, &mut batch) as u64;
         while !batch.is_empty() {
             let tasks: Vec<NewTask> = batch
                 .iter()
@@ -711,6 +710,13 @@ impl ScheduleService {
                     (0..shards).map(move |shard| firing_task(parsed, *fire_ms, shard))
                 })
                 .collect();
+            // Checked once the tasks are built, right before the put (`firings.rs`); the
+            // firings of a schedule this node lost are dropped and the rest built again.
+            let lost = firings::keep_owned(&*self.store, &mut batch);
+            if lost > 0 {
+                report.firings_not_owned += lost as u64;
+                continue;
+            }
             match self.store.put(tasks) {
                 Ok(outcomes) => {
                     // The outcomes come in the tasks' order: each firing's shards in turn.
