@@ -604,6 +604,42 @@ async fn at_the_cap_a_light_client_takes_the_place_of_a_heavy_clients_silent_con
     s.handle.stop().await.expect("clean stop");
 }
 
+/// Found by the HTTP audit: keep-alive connections that served a request and now trickle
+/// their next head held every place at the cap, and no newcomer was ever served. They are
+/// evictable like silent ones; the one picked is closed, the others keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_light_client_takes_the_place_of_a_half_sent_keep_alive_connection() {
+    const CAP: usize = 6;
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_connections_max: CAP,
+        ..per_client_config(CAP)
+    })
+    .await;
+    let addr = s.handle.local_addr();
+    let stats = &s.handle.service().connections;
+    // A holds every place: each connection served a request, then sent half of the next
+    // head (the header and idle timeouts are a minute: only eviction frees a place).
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        let mut stream = connect_from(CLIENT_A, addr).await;
+        assert_eq!(healthz_on(&mut stream).await, "HTTP/1.1 200 OK");
+        stream.write_all(b"GET /healthz HT").await.expect("send");
+        held.push(stream);
+    }
+    // B, light, is served well before any timeout could free a place.
+    let mut b = connect_from(CLIENT_B, addr).await;
+    assert_eq!(healthz_on(&mut b).await, "HTTP/1.1 200 OK");
+    assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let mut closed = 0;
+    for stream in &mut held {
+        if closed_within(stream, Duration::from_millis(20)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 1, "exactly one of A's connections made room");
+    s.handle.stop().await.expect("clean stop");
+}
+
 /// A client that trickles its headers (never idle, never done) is closed by the header
 /// timeout, and counted with the connections closed for being too slow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -425,13 +425,18 @@ impl Connection {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
                 }
-                // A light client took this connection's place: it had not started a request
-                // when it was picked, and if one arrived since, that request is served.
+                // A light client took this connection's place: it had no request in progress
+                // when it was picked. One that never had a request (a half-sent first head)
+                // loses nothing by closing now. On one that served requests, hyper closes at
+                // once if it waits for its next head (even half-sent), or else after the
+                // request in progress (one arrived since, or its response is going out).
                 _ = evicted.as_mut(), if !evict_passed => {
-                    if activity.requests.load(Ordering::Relaxed) == 0 {
+                    evict_passed = true;
+                    if !activity.served() {
                         break;
                     }
-                    evict_passed = true;
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
                 }
                 _ = check.as_mut() => {
                     let idle_for = activity.idle_for(self.epoch);
@@ -468,9 +473,11 @@ impl FirstBytes for tokio_rustls::server::TlsStream<TcpStream> {
 /// What a connection is doing: requests in progress, and when bytes last moved.
 #[derive(Default)]
 struct Activity {
+    /// Requests in progress: from a whole head's arrival until its response is ready.
     requests: AtomicUsize,
-    /// A whole request head has arrived at least once.
-    started: AtomicBool,
+    /// A whole request head has arrived at least once (it stays set: it says whether
+    /// closing the connection could cut a response going out, not what it does now).
+    served: AtomicBool,
     /// Asks the connection to close, to make room at the cap.
     evict: tokio::sync::Notify,
     /// Milliseconds since the listener's epoch.
@@ -478,8 +485,14 @@ struct Activity {
 }
 
 impl Activity {
-    fn started(&self) -> bool {
-        self.started.load(Ordering::Relaxed)
+    /// Whether a request is in progress: one that is not may be evicted (it is silent,
+    /// half-sent, or between two requests, waiting for or receiving the next head).
+    fn in_request(&self) -> bool {
+        self.requests.load(Ordering::Relaxed) > 0
+    }
+
+    fn served(&self) -> bool {
+        self.served.load(Ordering::Relaxed)
     }
 
     fn evict(&self) {
@@ -630,7 +643,7 @@ impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for InFlight 
 
     fn call(&mut self, request: axum::extract::Request<hyper::body::Incoming>) -> Self::Future {
         self.activity.requests.fetch_add(1, Ordering::Relaxed);
-        self.activity.started.store(true, Ordering::Relaxed);
+        self.activity.served.store(true, Ordering::Relaxed);
         let guard = RequestGuard(self.activity.clone());
         let inner = tower::Service::call(&mut self.inner, request.map(axum::body::Body::new));
         CountedFuture {
