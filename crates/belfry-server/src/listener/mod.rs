@@ -31,7 +31,11 @@
 //!   one burst again and again.
 //!
 //! With a TLS configuration (`tls.cert`, `tls.key`) every connection is HTTPS (`tls.rs`); its
-//! handshake must finish within `http.header_read_timeout`.
+//! handshake must finish within `http.header_read_timeout`, and until it has, the connection
+//! may be evicted at the cap like a silent one. A connection to the HTTPS port that does not
+//! start with a TLS handshake (plain HTTP) is answered `400 malformed_http` in plain text,
+//! saying to use https; one to the plain port that does start with one is answered the same
+//! way, saying the port speaks plain HTTP (`answer.rs`).
 //!
 //! A request hyper cannot parse gets the standard error JSON, not hyper's empty answer
 //! (`parse_error.rs`).
@@ -39,6 +43,7 @@
 //! Shutdown: when `shutdown` is cancelled the listener stops accepting and every connection
 //! finishes the request it is serving (hyper's graceful shutdown), then closes.
 
+mod answer;
 mod clients;
 pub mod open_files;
 mod parse_error;
@@ -274,6 +279,11 @@ struct Serving {
 impl Serving {
     /// Serves `tcp` on a task of its own, holding its client place and its slot until it ends.
     fn spawn(&self, tcp: TcpStream, place: clients::ClientPlace, slot: OwnedSemaphorePermit) {
+        let activity = Arc::new(Activity::default());
+        // Idle from the moment it connects (one that never sends a byte is closed too), and
+        // evictable from then on: a TLS handshake in progress has sent no request either.
+        activity.touch(self.epoch);
+        place.serving(activity.clone());
         let connection = Connection {
             router: self.router.clone(),
             limits: self.limits,
@@ -281,7 +291,8 @@ impl Serving {
             shutdown: self.shutdown.clone(),
             epoch: self.epoch,
             seq: self.stats.accepted.load(Ordering::Relaxed),
-            place,
+            _place: place,
+            activity,
         };
         // Two kinds of task, so that a plain connection's is only as big as serving it needs
         // (a task's future is sized for its largest state, and a TLS handshake's is large).
@@ -293,15 +304,8 @@ impl Serving {
             return;
         };
         self.connections.spawn(async move {
-            let handshake =
-                tokio::time::timeout(connection.limits.header_read_timeout, acceptor.accept(tcp));
-            match handshake.await {
-                Ok(Ok(stream)) => connection.serve(stream).await,
-                Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
-                Err(_) => {
-                    connection.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("TLS handshake not finished within the header read timeout");
-                }
+            if let Some(stream) = connection.handshake(acceptor, tcp).await {
+                connection.serve(stream).await;
             }
             drop(slot);
         });
@@ -328,7 +332,9 @@ struct Connection {
     /// The connection's number in accepting order, which spreads its idle timeout.
     seq: u64,
     /// Its client address's count, given back when the connection ends.
-    place: clients::ClientPlace,
+    _place: clients::ClientPlace,
+    /// What it is doing, as its place in `clients` sees it (for eviction).
+    activity: Arc<Activity>,
 }
 
 /// How much longer than `idle` connection number `seq` may stay idle: from zero to
@@ -340,12 +346,50 @@ fn idle_spread(idle: Duration, seq: u64) -> Duration {
 }
 
 impl Connection {
+    /// The TLS handshake, within `http.header_read_timeout`; None if it failed, timed out,
+    /// or the connection was evicted or the server stops meanwhile. A connection whose first
+    /// byte is not a TLS handshake gets a plain-text answer saying to use https.
+    async fn handshake(
+        &self,
+        acceptor: tokio_rustls::TlsAcceptor,
+        tcp: TcpStream,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        let handshake = async {
+            let mut first = [0u8; 1];
+            match tcp.peek(&mut first).await {
+                Ok(1) if first[0] != answer::TLS_HANDSHAKE => {
+                    let refusal = answer::plain_http_on_tls_port();
+                    answer::answer_and_close(tcp, &refusal).await;
+                    return None;
+                }
+                // Closed before a byte, or failed: nothing to answer.
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+            match acceptor.accept(tcp).await {
+                Ok(stream) => Some(stream),
+                Err(error) => {
+                    tracing::debug!(%error, "TLS handshake failed");
+                    None
+                }
+            }
+        };
+        tokio::select! {
+            stream = handshake => stream,
+            _ = self.shutdown.cancelled() => None,
+            // A light client took its place: it had sent no request.
+            _ = self.activity.evict.notified() => None,
+            _ = tokio::time::sleep(self.limits.header_read_timeout) => {
+                self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("TLS handshake not finished within the header read timeout");
+                None
+            }
+        }
+    }
+
     async fn serve<S: FirstBytes + AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, tcp: S) {
         self.stats.open.fetch_add(1, Ordering::Relaxed);
-        let activity = Arc::new(Activity::default());
-        // Idle from the moment it connects: one that never sends a byte is closed too.
-        activity.touch(self.epoch);
-        self.place.serving(activity.clone());
+        let activity = self.activity.clone();
         let idle = self.limits.idle_timeout + idle_spread(self.limits.idle_timeout, self.seq);
         let deadline = Instant::now() + idle;
         // HTTP's state only once the client sends something, in a future of its own: this
@@ -355,18 +399,24 @@ impl Connection {
             let shutdown = self.shutdown.cancelled();
             let evicted = activity.evict.notified();
             tokio::select! {
-                _ = tcp.first_bytes() => true,
-                _ = shutdown => false,
+                first = tcp.first_bytes() => Some(first),
+                _ = shutdown => None,
                 // It had not started a request: nothing is lost by closing it.
-                _ = evicted => false,
+                _ = evicted => None,
                 _ = tokio::time::sleep_until(deadline) => {
                     self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                    false
+                    None
                 }
             }
         };
-        if first_bytes {
-            Box::pin(self.serve_http(tcp, &activity, idle, deadline)).await;
+        match first_bytes {
+            // TLS to the plain port: hyper would answer that it is not HTTP; say why.
+            Some(Some(answer::TLS_HANDSHAKE)) => {
+                let refusal = answer::tls_on_plain_port();
+                Box::pin(answer::answer_and_close(tcp, &refusal)).await;
+            }
+            Some(_) => Box::pin(self.serve_http(tcp, &activity, idle, deadline)).await,
+            None => {}
         }
         self.stats.open.fetch_sub(1, Ordering::Relaxed);
     }
@@ -454,20 +504,27 @@ impl Connection {
 /// A connection's first bytes: on plain TCP, waits until the client has sent something (or
 /// closed); a TLS stream has already had its handshake, so it is ready at once.
 trait FirstBytes {
-    fn first_bytes(&self) -> impl std::future::Future<Output = ()> + Send;
+    /// The first byte, if known (None: the stream ended or failed, or a TLS stream).
+    fn first_bytes(&self) -> impl std::future::Future<Output = Option<u8>> + Send;
 }
 
 impl FirstBytes for TcpStream {
-    async fn first_bytes(&self) {
+    async fn first_bytes(&self) -> Option<u8> {
         // `readable()` alone reports a new socket ready at once; a peek waits for a byte
         // (or the end of the stream). An error (the socket failed) is hyper's to find and
         // report when it reads.
-        let _ = self.peek(&mut [0u8; 1]).await;
+        let mut first = [0u8; 1];
+        match self.peek(&mut first).await {
+            Ok(1) => Some(first[0]),
+            _ => None,
+        }
     }
 }
 
 impl FirstBytes for tokio_rustls::server::TlsStream<TcpStream> {
-    async fn first_bytes(&self) {}
+    async fn first_bytes(&self) -> Option<u8> {
+        None
+    }
 }
 
 /// What a connection is doing: requests in progress, and when bytes last moved.
