@@ -684,7 +684,8 @@ async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
     s.handle.stop().await.expect("clean stop");
 }
 
-/// A body that stops part way is answered, once the body timeout passes, with what to fix.
+/// A body that stops part way is answered, once the body timeout passes, with what to fix,
+/// and the connection is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_body_is_answered_with_the_setting_that_cut_it() {
     let s = TestServer::start_with(config()).await;
@@ -693,12 +694,67 @@ async fn a_stalled_body_is_answered_with_the_setting_that_cut_it() {
         .await
         .expect("connect");
     stream.write_all(partial(3)).await.expect("send");
+    let (head, json) = answer_until_closed(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 408 "), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert_eq!(json["error"]["code"], "request_timeout", "{json}");
+    let message = json["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("sent nothing for http.body_read_timeout"),
+        "{message}"
+    );
+    s.handle.stop().await.expect("clean stop");
+}
+
+/// Found by the HTTP audit: a body drip-fed a byte at a time, each inside the body read
+/// timeout, held its connection for ever (and, not evictable, a few addresses could hold
+/// every place). It is cut once its total time is spent, answered 408, and closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drip_fed_body_is_cut_at_its_total_deadline() {
+    const TIMEOUT_MS: u64 = 1_000;
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_body_read_timeout_ms: TIMEOUT_MS,
+        ..config()
+    })
+    .await;
+    s.queue("q", json!({})).await;
+    let stream = TcpStream::connect(s.handle.local_addr())
+        .await
+        .expect("connect");
+    let (mut reading, mut writing) = stream.into_split();
+    writing
+        .write_all(
+            b"POST /v1/queues/q/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+              content-length: 1000\r\n\r\n{",
+        )
+        .await
+        .expect("send");
+    let started = Instant::now();
+    // A byte every 50 ms: never silent for the timeout, and far below a KiB a second.
+    let dripping = tokio::spawn(async move {
+        while started.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if writing.write_all(b" ").await.is_err() {
+                break;
+            }
+        }
+    });
     let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer));
-    let _ = read.await;
+    tokio::time::timeout(Duration::from_secs(10), reading.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed while the body still drips")
+        .expect("read");
     let text = String::from_utf8_lossy(&answer);
-    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
-    assert!(text.contains("http.body_read_timeout"), "{text}");
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+    assert!(text.contains("arrived too slowly"), "{text}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(TIMEOUT_MS),
+        "{:?}",
+        started.elapsed()
+    );
+    dripping.abort();
     s.handle.stop().await.expect("clean stop");
 }
 
