@@ -641,7 +641,8 @@ async fn at_the_cap_a_light_client_takes_the_place_of_a_half_sent_keep_alive_con
 }
 
 /// A client that trickles its headers (never idle, never done) is closed by the header
-/// timeout, and counted with the connections closed for being too slow.
+/// timeout, and counted with the connections closed for being too slow. Found by the HTTP
+/// audit: it was closed without an answer; it gets `408 request_timeout` first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
     let s = TestServer::start_with(belfry_server::ServerConfig {
@@ -661,6 +662,7 @@ async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
         .expect("send");
     let started = Instant::now();
     let mut buf = [0u8; 256];
+    let mut answer = Vec::new();
     // One header byte every 50 ms: always moving, never finished.
     let closed = loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -669,6 +671,7 @@ async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
         }
         match tokio::time::timeout(Duration::from_millis(1), stream.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
             _ if started.elapsed() > Duration::from_secs(5) => break false,
             _ => {}
         }
@@ -679,8 +682,27 @@ async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
         "{:?}",
         started.elapsed()
     );
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an answer");
+    assert!(
+        head.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("connection: close"), "{head}");
+    let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(json["error"]["code"], "request_timeout", "{json}");
+    let message = json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("http.header_read_timeout"), "{message}");
     let after = stats.closed_idle.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(after - before, 1, "the header timeout's close is counted");
+
+    // A keep-alive connection that sends nothing after its response is closed by the same
+    // timer without an answer: it asked for none.
+    let mut quiet = TcpStream::connect(s.handle.local_addr())
+        .await
+        .expect("connect");
+    assert_eq!(healthz_on(&mut quiet).await, "HTTP/1.1 200 OK");
+    assert_eq!(read_until_closed(&mut quiet).await, "");
     s.handle.stop().await.expect("clean stop");
 }
 

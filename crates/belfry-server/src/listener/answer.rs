@@ -1,6 +1,7 @@
 //! Answers the listener writes itself, outside hyper, before it closes a connection: plain
 //! HTTP sent to the HTTPS port, TLS sent to the plain port, and a request head that did not
-//! arrive within `http.header_read_timeout`. Each is the standard error JSON with a stable
+//! arrive within `http.header_read_timeout` (hyper's timer closes the connection, writing
+//! nothing). Each is the standard error JSON with a stable
 //! code, as every other 4xx, so that a client (or the person reading its log) learns what
 //! to fix instead of seeing a reset, a TLS alert or an empty answer.
 //!
@@ -56,6 +57,18 @@ pub(super) fn tls_on_plain_port() -> Vec<u8> {
         ErrorCode::MalformedHttp,
         "this port serves plain HTTP, without TLS: use http://, not https:// (the server has \
          no tls.cert and tls.key configured)",
+    )
+}
+
+/// To a connection whose request head (line and headers) did not all arrive in time.
+pub(super) fn head_too_slow(timeout: Duration) -> Vec<u8> {
+    error_answer(
+        ErrorCode::RequestTimeout,
+        &format!(
+            "the request line and headers did not all arrive within http.header_read_timeout \
+             ({} ms): send the whole head at once",
+            timeout.as_millis()
+        ),
     )
 }
 

@@ -20,9 +20,12 @@
 //!   2 KiB instead of 15;
 //! - a request's headers must be complete within `http.header_read_timeout` of the moment
 //!   the connection starts waiting for them (its first bytes arrived, or the previous
-//!   response went out): hyper's header timer, which trickled bytes do not reset;
-//! - a request body that sends nothing for `http.body_read_timeout` fails the request
-//!   (`RequestBodyTimeoutLayer`, applied in `api::finish`);
+//!   response went out): hyper's header timer, which trickled bytes do not reset. A client
+//!   that had sent part of a head is answered `408 request_timeout` (`answer.rs`); one that
+//!   sent nothing since its last response is just closed;
+//! - a request body that sends nothing for `http.body_read_timeout`, or arrives too slowly
+//!   in all, fails the request with `408 request_timeout` and closes the connection
+//!   (`api::body_timeout`, applied in `api::finish`);
 //! - a connection with no request in progress and no bytes moving for `http.idle_timeout`
 //!   is closed: an idle keep-alive connection, or one that connected and sent nothing (the
 //!   header timer would close those too, later, when it is the longer of the two). Each
@@ -445,8 +448,45 @@ impl Connection {
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.header_read_timeout)
             .keep_alive(true);
-        let connection = builder.serve_connection(TokioIo::new(io), service);
-        let mut connection = std::pin::pin!(connection);
+        // Not pinned in place (it is `Unpin`): after hyper's header timeout, its parts tell
+        // whether a head had started, and give the socket back for the answer.
+        let mut connection = builder.serve_connection(TokioIo::new(io), service);
+        if let Err(error) = self.drive(&mut connection, activity, idle, deadline).await {
+            // A request's headers that took longer than header_read_timeout (hyper's own
+            // timer): closed for being too slow, as an idle one is.
+            if error.is_timeout() {
+                self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                self.answer_slow_head(connection).await;
+            }
+            tracing::debug!(%error, "HTTP connection ended with an error");
+        }
+    }
+
+    /// Answers `408` to a connection whose head did not arrive within the header read
+    /// timeout, if part of one had (hyper's buffer holds it); one that waited for its next
+    /// request in silence is closed without an answer, which it did not ask for.
+    async fn answer_slow_head<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        connection: Http1<S>,
+    ) {
+        let parts = connection.into_parts();
+        if parts.read_buf.is_empty() {
+            return;
+        }
+        let answer = answer::head_too_slow(self.limits.header_read_timeout);
+        answer::answer_and_close(parts.io.into_inner().inner, &answer).await;
+    }
+
+    /// Drives hyper's connection until it ends (its result), or until the listener closes
+    /// it (idle, or evicted before any request: `Ok`).
+    async fn drive<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        connection: &mut Http1<S>,
+        activity: &Arc<Activity>,
+        idle: Duration,
+        deadline: Instant,
+    ) -> hyper::Result<()> {
+        let mut connection = Pin::new(connection);
         // One timer per connection, set for the moment it would have been idle for its
         // timeout, and pushed back when bytes moved meanwhile. (A periodic check woke every
         // held connection several times per timeout; ten thousand held ones woke in bursts.)
@@ -460,17 +500,7 @@ impl Connection {
         let mut draining = false;
         loop {
             tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        // A request's headers that took longer than header_read_timeout
-                        // (hyper's own timer): closed for being too slow, as an idle one is.
-                        if error.is_timeout() {
-                            self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                        }
-                        tracing::debug!(%error, "HTTP connection ended with an error");
-                    }
-                    break;
-                }
+                result = connection.as_mut() => return result,
                 _ = shutdown.as_mut(), if !draining => {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
@@ -483,7 +513,7 @@ impl Connection {
                 _ = evicted.as_mut(), if !evict_passed => {
                     evict_passed = true;
                     if !activity.served() {
-                        break;
+                        return Ok(());
                     }
                     draining = true;
                     connection.as_mut().graceful_shutdown();
@@ -492,7 +522,7 @@ impl Connection {
                     let idle_for = activity.idle_for(self.epoch);
                     if idle_for >= idle {
                         self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                        break;
+                        return Ok(());
                     }
                     check.as_mut().reset(Instant::now() + (idle - idle_for));
                 }
@@ -500,6 +530,10 @@ impl Connection {
         }
     }
 }
+
+/// hyper's HTTP/1 connection over a watched socket, serving the router.
+type Http1<S> =
+    hyper::server::conn::http1::Connection<TokioIo<Watched<S>>, TowerToHyperService<InFlight>>;
 
 /// A connection's first bytes: on plain TCP, waits until the client has sent something (or
 /// closed); a TLS stream has already had its handshake, so it is ready at once.
