@@ -121,7 +121,8 @@ pub struct ServerConfig {
     pub dispatch_per_target_max: usize,
     /// How long a request's headers may take, from their first byte.
     pub http_header_read_timeout_ms: u64,
-    /// How long a request body may send nothing.
+    /// How long a request body may send nothing; also its total waiting time, plus a second
+    /// per KiB received (`api::body_timeout`).
     pub http_body_read_timeout_ms: u64,
     /// How long a connection with no request in progress may move no bytes (each connection
     /// up to a quarter more: `listener::idle_spread`).

@@ -604,8 +604,45 @@ async fn at_the_cap_a_light_client_takes_the_place_of_a_heavy_clients_silent_con
     s.handle.stop().await.expect("clean stop");
 }
 
+/// Found by the HTTP audit: keep-alive connections that served a request and now trickle
+/// their next head held every place at the cap, and no newcomer was ever served. They are
+/// evictable like silent ones; the one picked is closed, the others keep working.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_light_client_takes_the_place_of_a_half_sent_keep_alive_connection() {
+    const CAP: usize = 6;
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_connections_max: CAP,
+        ..per_client_config(CAP)
+    })
+    .await;
+    let addr = s.handle.local_addr();
+    let stats = &s.handle.service().connections;
+    // A holds every place: each connection served a request, then sent half of the next
+    // head (the header and idle timeouts are a minute: only eviction frees a place).
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        let mut stream = connect_from(CLIENT_A, addr).await;
+        assert_eq!(healthz_on(&mut stream).await, "HTTP/1.1 200 OK");
+        stream.write_all(b"GET /healthz HT").await.expect("send");
+        held.push(stream);
+    }
+    // B, light, is served well before any timeout could free a place.
+    let mut b = connect_from(CLIENT_B, addr).await;
+    assert_eq!(healthz_on(&mut b).await, "HTTP/1.1 200 OK");
+    assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let mut closed = 0;
+    for stream in &mut held {
+        if closed_within(stream, Duration::from_millis(20)).await {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 1, "exactly one of A's connections made room");
+    s.handle.stop().await.expect("clean stop");
+}
+
 /// A client that trickles its headers (never idle, never done) is closed by the header
-/// timeout, and counted with the connections closed for being too slow.
+/// timeout, and counted with the connections closed for being too slow. Found by the HTTP
+/// audit: it was closed without an answer; it gets `408 request_timeout` first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
     let s = TestServer::start_with(belfry_server::ServerConfig {
@@ -625,6 +662,7 @@ async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
         .expect("send");
     let started = Instant::now();
     let mut buf = [0u8; 256];
+    let mut answer = Vec::new();
     // One header byte every 50 ms: always moving, never finished.
     let closed = loop {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -633,6 +671,7 @@ async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
         }
         match tokio::time::timeout(Duration::from_millis(1), stream.read(&mut buf)).await {
             Ok(Ok(0)) | Ok(Err(_)) => break true,
+            Ok(Ok(n)) => answer.extend_from_slice(&buf[..n]),
             _ if started.elapsed() > Duration::from_secs(5) => break false,
             _ => {}
         }
@@ -643,12 +682,32 @@ async fn trickled_headers_are_cut_at_the_header_timeout_and_counted() {
         "{:?}",
         started.elapsed()
     );
+    let answer = String::from_utf8_lossy(&answer);
+    let (head, body) = answer.split_once("\r\n\r\n").expect("an answer");
+    assert!(
+        head.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("connection: close"), "{head}");
+    let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    assert_eq!(json["error"]["code"], "request_timeout", "{json}");
+    let message = json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("http.header_read_timeout"), "{message}");
     let after = stats.closed_idle.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(after - before, 1, "the header timeout's close is counted");
+
+    // A keep-alive connection that sends nothing after its response is closed by the same
+    // timer without an answer: it asked for none.
+    let mut quiet = TcpStream::connect(s.handle.local_addr())
+        .await
+        .expect("connect");
+    assert_eq!(healthz_on(&mut quiet).await, "HTTP/1.1 200 OK");
+    assert_eq!(read_until_closed(&mut quiet).await, "");
     s.handle.stop().await.expect("clean stop");
 }
 
-/// A body that stops part way is answered, once the body timeout passes, with what to fix.
+/// A body that stops part way is answered, once the body timeout passes, with what to fix,
+/// and the connection is closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_body_is_answered_with_the_setting_that_cut_it() {
     let s = TestServer::start_with(config()).await;
@@ -657,12 +716,67 @@ async fn a_stalled_body_is_answered_with_the_setting_that_cut_it() {
         .await
         .expect("connect");
     stream.write_all(partial(3)).await.expect("send");
+    let (head, json) = answer_until_closed(&mut stream).await;
+    assert!(head.starts_with("HTTP/1.1 408 "), "{head}");
+    assert!(head.contains("connection: close"), "{head}");
+    assert_eq!(json["error"]["code"], "request_timeout", "{json}");
+    let message = json["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("sent nothing for http.body_read_timeout"),
+        "{message}"
+    );
+    s.handle.stop().await.expect("clean stop");
+}
+
+/// Found by the HTTP audit: a body drip-fed a byte at a time, each inside the body read
+/// timeout, held its connection for ever (and, not evictable, a few addresses could hold
+/// every place). It is cut once its total time is spent, answered 408, and closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drip_fed_body_is_cut_at_its_total_deadline() {
+    const TIMEOUT_MS: u64 = 1_000;
+    let s = TestServer::start_with(belfry_server::ServerConfig {
+        http_body_read_timeout_ms: TIMEOUT_MS,
+        ..config()
+    })
+    .await;
+    s.queue("q", json!({})).await;
+    let stream = TcpStream::connect(s.handle.local_addr())
+        .await
+        .expect("connect");
+    let (mut reading, mut writing) = stream.into_split();
+    writing
+        .write_all(
+            b"POST /v1/queues/q/tasks HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+              content-length: 1000\r\n\r\n{",
+        )
+        .await
+        .expect("send");
+    let started = Instant::now();
+    // A byte every 50 ms: never silent for the timeout, and far below a KiB a second.
+    let dripping = tokio::spawn(async move {
+        while started.elapsed() < Duration::from_secs(20) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if writing.write_all(b" ").await.is_err() {
+                break;
+            }
+        }
+    });
     let mut answer = Vec::new();
-    let read = tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer));
-    let _ = read.await;
+    tokio::time::timeout(Duration::from_secs(10), reading.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed while the body still drips")
+        .expect("read");
     let text = String::from_utf8_lossy(&answer);
-    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
-    assert!(text.contains("http.body_read_timeout"), "{text}");
+    assert!(text.starts_with("HTTP/1.1 408 "), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
+    assert!(text.contains("\"code\":\"request_timeout\""), "{text}");
+    assert!(text.contains("arrived too slowly"), "{text}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(TIMEOUT_MS),
+        "{:?}",
+        started.elapsed()
+    );
+    dripping.abort();
     s.handle.stop().await.expect("clean stop");
 }
 

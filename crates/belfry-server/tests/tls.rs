@@ -1,9 +1,11 @@
 //! HTTPS end to end: a certificate made by the test (self-signed, for 127.0.0.1), a server
-//! started with it, and clients that trust it, that do not, and that speak plain HTTP.
+//! started with it, and clients that trust it, that do not, and that speak plain HTTP; and
+//! TLS handshakes that never finish, at the connection cap.
 
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use belfry_server::listener::tls;
 use belfry_server::Server;
@@ -77,15 +79,132 @@ async fn the_server_speaks_https_to_clients_that_trust_its_certificate() {
         "an unknown certificate must not be accepted"
     );
 
-    // Plain HTTP to the HTTPS port gets no HTTP answer.
-    let plain = untrusting
-        .get(format!("http://127.0.0.1:{port}/healthz"))
-        .send()
-        .await;
+    handle.stop().await.unwrap();
+}
+
+/// Everything the server sends on `stream` until it closes it (within 10 s).
+async fn read_until_closed(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the server answers and closes")
+        .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// Sends `request` on a new connection to `port` and parses the answer: its head, and the
+/// error code and message of its JSON body.
+async fn exchange(port: u16, request: &[u8]) -> (String, String, String) {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    stream.write_all(request).await.expect("send");
+    let answer = read_until_closed(&mut stream).await;
+    let (head, body) = answer
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP answer: {answer:?}"));
+    let json: serde_json::Value = serde_json::from_str(body).expect("a JSON body");
+    let text = |field: &str| json["error"][field].as_str().unwrap_or_default().to_owned();
+    (head.to_owned(), text("code"), text("message"))
+}
+
+/// Found by the HTTP audit: plain HTTP sent to the HTTPS port got a raw TLS alert, which
+/// curl reports as "HTTP/0.9". It gets a plain-text 400 saying to use https; and TLS sent to
+/// the plain port is told that port speaks plain HTTP.
+#[tokio::test]
+async fn the_wrong_protocol_for_the_port_is_answered_with_what_to_use() {
+    let cert = self_signed();
+    let config = tls::load(&cert.cert, &cert.key).expect("the certificate loads");
+    let https = Server::builder(test_config(), Arc::new(MemoryStore::new()))
+        .tls(config)
+        .start()
+        .await
+        .expect("server starts");
+    let (head, code, message) = exchange(
+        https.local_addr().port(),
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{head}");
+    assert!(head.contains("content-type: application/json"), "{head}");
+    assert_eq!(code, "malformed_http");
     assert!(
-        plain.is_err() || !plain.unwrap().status().is_success(),
-        "plain HTTP must not be served"
+        message.starts_with("this port serves HTTPS: use https://"),
+        "{message}"
     );
+    https.stop().await.unwrap();
+
+    let plain = Server::builder(test_config(), Arc::new(MemoryStore::new()))
+        .start()
+        .await
+        .expect("server starts");
+    // The start of a TLS ClientHello: a handshake record (0x16), TLS 1.0 record version.
+    let hello = [
+        0x16, 0x03, 0x01, 0x00, 0x2a, 0x01, 0x00, 0x00, 0x26, 0x03, 0x03,
+    ];
+    let (head, code, message) = exchange(plain.local_addr().port(), &hello).await;
+    assert!(head.starts_with("HTTP/1.1 400 "), "{head}");
+    assert_eq!(code, "malformed_http");
+    assert!(message.contains("plain HTTP"), "{message}");
+    plain.stop().await.unwrap();
+}
+
+/// Found by the HTTP audit: connections that never finished their TLS handshake could not
+/// be evicted, so at the cap a newcomer waited up to the header read timeout (here a
+/// minute). They are evictable like silent plain connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_a_light_client_takes_the_place_of_a_silent_tls_connection() {
+    const CAP: usize = 4;
+    let cert = self_signed();
+    let config = tls::load(&cert.cert, &cert.key).expect("the certificate loads");
+    let handle = Server::builder(
+        belfry_server::ServerConfig {
+            http_connections_max: CAP,
+            http_connections_per_client_max: Some(CAP),
+            http_header_read_timeout_ms: 60_000,
+            http_idle_timeout_ms: 60_000,
+            ..test_config()
+        },
+        Arc::new(MemoryStore::new()),
+    )
+    .tls(config)
+    .start()
+    .await
+    .expect("server starts");
+    let addr = handle.local_addr();
+    let stats = &handle.service().connections;
+    // 127.0.0.1 holds every place with connections that never say hello.
+    let mut held = Vec::new();
+    for _ in 0..CAP {
+        held.push(tokio::net::TcpStream::connect(addr).await.expect("connect"));
+    }
+    let heavy: std::net::IpAddr = [127, 0, 0, 1].into();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while stats.open_from(heavy) < CAP {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cap was never reached"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // 127.0.0.2, light, is served well before the handshake timeout frees a place.
+    let light = reqwest::Client::builder()
+        .no_proxy()
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .add_root_certificate(reqwest::Certificate::from_pem(cert.pem.as_bytes()).unwrap())
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let answer = light
+        .get(format!("https://127.0.0.1:{}/healthz", addr.port()))
+        .send()
+        .await
+        .expect("served at the cap");
+    assert_eq!(answer.status(), 200);
+    assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
+    drop(held);
     handle.stop().await.unwrap();
 }
 

@@ -18,6 +18,10 @@ pub enum ErrorCode {
     HeadersTooLarge,
     /// The request target (path and query) is longer than the server reads.
     UriTooLong,
+    /// The request's head did not arrive within `http.header_read_timeout`, or its body
+    /// stalled or arrived too slowly (`http.body_read_timeout`): answered, then the
+    /// connection is closed.
+    RequestTimeout,
     /// The JSON has a wrong type, an unknown or missing field, or a value out of range.
     InvalidRequest,
     InvalidQueueName,
@@ -100,6 +104,7 @@ impl ErrorCode {
             ErrorCode::MalformedHttp => "malformed_http",
             ErrorCode::HeadersTooLarge => "headers_too_large",
             ErrorCode::UriTooLong => "uri_too_long",
+            ErrorCode::RequestTimeout => "request_timeout",
             ErrorCode::InvalidRequest => "invalid_request",
             ErrorCode::InvalidQueueName => "invalid_queue_name",
             ErrorCode::InvalidTaskId => "invalid_task_id",
@@ -175,6 +180,7 @@ impl ErrorCode {
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
+            ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::QueueNotFound
             | ErrorCode::TaskNotFound
             | ErrorCode::RouteNotFound
@@ -317,6 +323,13 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from(seconds),
             );
         }
+        if self.code == ErrorCode::RequestTimeout {
+            // The rest of a slow body is not waited for: the connection ends here.
+            response.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
         if self.code == ErrorCode::Unauthorized {
             response.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
@@ -395,6 +408,7 @@ mod tests {
             ErrorCode::MalformedHttp,
             ErrorCode::HeadersTooLarge,
             ErrorCode::UriTooLong,
+            ErrorCode::RequestTimeout,
             ErrorCode::InvalidRequest,
             ErrorCode::InvalidQueueName,
             ErrorCode::InvalidTaskId,

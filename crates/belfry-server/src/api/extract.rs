@@ -49,11 +49,13 @@ where
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
                 too_large_body()
-            } else if timed_out(&rejection) {
+            } else if let Some(timed_out) = timed_out(&rejection) {
                 ApiError::new(
-                    ErrorCode::InvalidRequest,
-                    "the request body sent nothing for http.body_read_timeout: send the whole \
-                     body without pausing, or raise the timeout in the server's configuration",
+                    ErrorCode::RequestTimeout,
+                    format!(
+                        "{timed_out}: send the whole body without pausing, or raise the \
+                         timeout in the server's configuration"
+                    ),
                 )
             } else {
                 // The length is within bounds and the body did not stall: what is left is its
@@ -77,16 +79,18 @@ fn too_large_body() -> ApiError {
     )
 }
 
-/// Whether reading the body failed because it sent nothing for the body read timeout.
-fn timed_out(rejection: &axum::extract::rejection::BytesRejection) -> bool {
+/// Why reading the body timed out, if it did (it stalled, or it was too slow in all).
+fn timed_out(
+    rejection: &axum::extract::rejection::BytesRejection,
+) -> Option<&super::body_timeout::BodyTimedOut> {
     let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
     while let Some(error) = cause {
-        if error.is::<super::body_timeout::BodyTimedOut>() {
-            return true;
+        if let Some(timed_out) = error.downcast_ref::<super::body_timeout::BodyTimedOut>() {
+            return Some(timed_out);
         }
         cause = error.source();
     }
-    false
+    None
 }
 
 /// Parses a body read by `JsonBytes`, with `JsonBody`'s rules (an empty body is `{}`).

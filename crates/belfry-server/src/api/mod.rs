@@ -77,8 +77,9 @@ pub fn router(service: Arc<Service>) -> Router {
 
 /// What every router of the server gets, after merging: our error format for unknown routes
 /// and methods, request latency metrics, the bearer-token check (`auth`; it passes everything
-/// when no token is configured), a request body that sends nothing for `body_read_timeout`
-/// failing its request (a slow or stalled client cannot hold a handler), and `body_limit`
+/// when no token is configured), a request body that sends nothing for `body_read_timeout`,
+/// or arrives too slowly in all, failing its request (`body_timeout`: a slow or stalled
+/// client cannot hold a handler or its connection), and `body_limit`
 /// for bodies read whole (a route that streams its body lifts it with its own
 /// `DefaultBodyLimit::disable()`, which runs after this one).
 ///

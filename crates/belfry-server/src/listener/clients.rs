@@ -10,8 +10,11 @@
 //!
 //! At the connection cap, a newcomer from a light address (holding at most half as many
 //! connections as the heaviest address) takes the place of one of the heaviest address's
-//! connections that has not sent a whole request yet (`make_room_for`): a few addresses
-//! holding every place with silent or half-sent connections do not lock other clients out.
+//! connections that has no request in progress (`make_room_for`): silent, half-sent, or
+//! between two requests, waiting for (or slowly receiving) its next head. A few addresses
+//! holding every place with such connections do not lock other clients out, whether or not
+//! those connections served a request before. A connection with a request in progress is
+//! not picked: its request is not cut (a slow body is bounded by the body read deadline).
 //! The evicted client's own reconnection is not light, so it waits for a place like any
 //! other: evictions do not chain into a reconnection storm.
 //!
@@ -64,7 +67,7 @@ struct Open {
 struct Address {
     count: usize,
     /// The served connections that could be evicted, by place number: their activity says
-    /// whether a request has started.
+    /// whether a request is in progress.
     served: HashMap<u64, Arc<Activity>>,
 }
 
@@ -82,8 +85,8 @@ impl Drop for ClientPlace {
 }
 
 impl ClientPlace {
-    /// The connection is served now: it may be evicted to make room while it has not
-    /// started a request.
+    /// The connection is served now: it may be evicted to make room while it has no request
+    /// in progress.
     pub(super) fn serving(&self, activity: Arc<Activity>) {
         let mut open = self.clients.lock();
         if let Some(address) = open.addresses.get_mut(&self.ip) {
@@ -130,7 +133,7 @@ impl Clients {
     }
 
     /// At the connection cap: if `ip` is light next to the heaviest address, asks one of
-    /// that address's connections that has not started a request to close, and answers true;
+    /// that address's connections that has no request in progress to close, and answers true;
     /// its place then frees within moments.
     pub(super) fn make_room_for(&self, ip: IpAddr) -> bool {
         let ip = ip.to_canonical();
@@ -147,7 +150,7 @@ impl Clients {
         let evictable = address
             .served
             .iter()
-            .find(|(_, activity)| !activity.started())
+            .find(|(_, activity)| !activity.in_request())
             .map(|(id, _)| *id);
         let Some(activity) = evictable.and_then(|id| address.served.remove(&id)) else {
             return false;
@@ -288,11 +291,13 @@ mod tests {
         assert_eq!(clients.addresses(), 0);
     }
 
-    /// A served connection from `ip`, and its activity (a request started or not).
-    fn served(clients: &Arc<Clients>, ip: &str, started: bool) -> (ClientPlace, Arc<Activity>) {
+    /// A served connection from `ip`, and its activity (a request in progress or not).
+    fn served(clients: &Arc<Clients>, ip: &str, busy: bool) -> (ClientPlace, Arc<Activity>) {
         let place = clients.admit(super::tests::ip(ip)).expect("under the cap");
         let activity = Arc::new(Activity::default());
-        activity.started.store(started, Ordering::Relaxed);
+        activity
+            .requests
+            .store(usize::from(busy), Ordering::Relaxed);
         place.serving(activity.clone());
         (place, activity)
     }
@@ -342,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn a_connection_that_started_a_request_is_never_evicted() {
+    fn a_connection_with_a_request_in_progress_is_never_evicted() {
         let clients = Clients::new(100);
         let busy: Vec<_> = (0..4).map(|_| served(&clients, "10.0.0.1", true)).collect();
         assert!(!clients.make_room_for(ip("10.0.0.9")));
@@ -354,6 +359,21 @@ mod tests {
             .collect();
         assert!(clients.make_room_for(ip("10.0.0.9")));
         assert_eq!(idle.iter().filter(|(_, a)| asked_to_close(a)).count(), 1);
+    }
+
+    /// Found by the HTTP audit: a connection that had served one request was never picked
+    /// again, so keep-alive connections trickling their next head held every place.
+    #[test]
+    fn a_connection_between_two_requests_may_be_evicted() {
+        let clients = Clients::new(100);
+        let (_place, keep_alive) = served(&clients, "10.0.0.1", true);
+        keep_alive.served.store(true, Ordering::Relaxed);
+        let _busy = served(&clients, "10.0.0.1", true);
+        assert!(!clients.make_room_for(ip("10.0.0.9")), "both are busy");
+        // Its response is done: it waits for (or receives) its next head, and may be picked.
+        keep_alive.requests.store(0, Ordering::Relaxed);
+        assert!(clients.make_room_for(ip("10.0.0.9")));
+        assert!(asked_to_close(&keep_alive));
     }
 
     #[test]

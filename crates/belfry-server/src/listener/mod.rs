@@ -20,9 +20,12 @@
 //!   2 KiB instead of 15;
 //! - a request's headers must be complete within `http.header_read_timeout` of the moment
 //!   the connection starts waiting for them (its first bytes arrived, or the previous
-//!   response went out): hyper's header timer, which trickled bytes do not reset;
-//! - a request body that sends nothing for `http.body_read_timeout` fails the request
-//!   (`RequestBodyTimeoutLayer`, applied in `api::finish`);
+//!   response went out): hyper's header timer, which trickled bytes do not reset. A client
+//!   that had sent part of a head is answered `408 request_timeout` (`answer.rs`); one that
+//!   sent nothing since its last response is just closed;
+//! - a request body that sends nothing for `http.body_read_timeout`, or arrives too slowly
+//!   in all, fails the request with `408 request_timeout` and closes the connection
+//!   (`api::body_timeout`, applied in `api::finish`);
 //! - a connection with no request in progress and no bytes moving for `http.idle_timeout`
 //!   is closed: an idle keep-alive connection, or one that connected and sent nothing (the
 //!   header timer would close those too, later, when it is the longer of the two). Each
@@ -31,7 +34,11 @@
 //!   one burst again and again.
 //!
 //! With a TLS configuration (`tls.cert`, `tls.key`) every connection is HTTPS (`tls.rs`); its
-//! handshake must finish within `http.header_read_timeout`.
+//! handshake must finish within `http.header_read_timeout`, and until it has, the connection
+//! may be evicted at the cap like a silent one. A connection to the HTTPS port that does not
+//! start with a TLS handshake (plain HTTP) is answered `400 malformed_http` in plain text,
+//! saying to use https; one to the plain port that does start with one is answered the same
+//! way, saying the port speaks plain HTTP (`answer.rs`).
 //!
 //! A request hyper cannot parse gets the standard error JSON, not hyper's empty answer
 //! (`parse_error.rs`).
@@ -39,6 +46,7 @@
 //! Shutdown: when `shutdown` is cancelled the listener stops accepting and every connection
 //! finishes the request it is serving (hyper's graceful shutdown), then closes.
 
+mod answer;
 mod clients;
 pub mod open_files;
 mod parse_error;
@@ -274,6 +282,11 @@ struct Serving {
 impl Serving {
     /// Serves `tcp` on a task of its own, holding its client place and its slot until it ends.
     fn spawn(&self, tcp: TcpStream, place: clients::ClientPlace, slot: OwnedSemaphorePermit) {
+        let activity = Arc::new(Activity::default());
+        // Idle from the moment it connects (one that never sends a byte is closed too), and
+        // evictable from then on: a TLS handshake in progress has sent no request either.
+        activity.touch(self.epoch);
+        place.serving(activity.clone());
         let connection = Connection {
             router: self.router.clone(),
             limits: self.limits,
@@ -281,7 +294,8 @@ impl Serving {
             shutdown: self.shutdown.clone(),
             epoch: self.epoch,
             seq: self.stats.accepted.load(Ordering::Relaxed),
-            place,
+            _place: place,
+            activity,
         };
         // Two kinds of task, so that a plain connection's is only as big as serving it needs
         // (a task's future is sized for its largest state, and a TLS handshake's is large).
@@ -293,15 +307,8 @@ impl Serving {
             return;
         };
         self.connections.spawn(async move {
-            let handshake =
-                tokio::time::timeout(connection.limits.header_read_timeout, acceptor.accept(tcp));
-            match handshake.await {
-                Ok(Ok(stream)) => connection.serve(stream).await,
-                Ok(Err(error)) => tracing::debug!(%error, "TLS handshake failed"),
-                Err(_) => {
-                    connection.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("TLS handshake not finished within the header read timeout");
-                }
+            if let Some(stream) = connection.handshake(acceptor, tcp).await {
+                connection.serve(stream).await;
             }
             drop(slot);
         });
@@ -328,7 +335,9 @@ struct Connection {
     /// The connection's number in accepting order, which spreads its idle timeout.
     seq: u64,
     /// Its client address's count, given back when the connection ends.
-    place: clients::ClientPlace,
+    _place: clients::ClientPlace,
+    /// What it is doing, as its place in `clients` sees it (for eviction).
+    activity: Arc<Activity>,
 }
 
 /// How much longer than `idle` connection number `seq` may stay idle: from zero to
@@ -340,12 +349,50 @@ fn idle_spread(idle: Duration, seq: u64) -> Duration {
 }
 
 impl Connection {
+    /// The TLS handshake, within `http.header_read_timeout`; None if it failed, timed out,
+    /// or the connection was evicted or the server stops meanwhile. A connection whose first
+    /// byte is not a TLS handshake gets a plain-text answer saying to use https.
+    async fn handshake(
+        &self,
+        acceptor: tokio_rustls::TlsAcceptor,
+        tcp: TcpStream,
+    ) -> Option<tokio_rustls::server::TlsStream<TcpStream>> {
+        let handshake = async {
+            let mut first = [0u8; 1];
+            match tcp.peek(&mut first).await {
+                Ok(1) if first[0] != answer::TLS_HANDSHAKE => {
+                    let refusal = answer::plain_http_on_tls_port();
+                    answer::answer_and_close(tcp, &refusal).await;
+                    return None;
+                }
+                // Closed before a byte, or failed: nothing to answer.
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+            match acceptor.accept(tcp).await {
+                Ok(stream) => Some(stream),
+                Err(error) => {
+                    tracing::debug!(%error, "TLS handshake failed");
+                    None
+                }
+            }
+        };
+        tokio::select! {
+            stream = handshake => stream,
+            _ = self.shutdown.cancelled() => None,
+            // A light client took its place: it had sent no request.
+            _ = self.activity.evict.notified() => None,
+            _ = tokio::time::sleep(self.limits.header_read_timeout) => {
+                self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!("TLS handshake not finished within the header read timeout");
+                None
+            }
+        }
+    }
+
     async fn serve<S: FirstBytes + AsyncRead + AsyncWrite + Unpin + Send + 'static>(self, tcp: S) {
         self.stats.open.fetch_add(1, Ordering::Relaxed);
-        let activity = Arc::new(Activity::default());
-        // Idle from the moment it connects: one that never sends a byte is closed too.
-        activity.touch(self.epoch);
-        self.place.serving(activity.clone());
+        let activity = self.activity.clone();
         let idle = self.limits.idle_timeout + idle_spread(self.limits.idle_timeout, self.seq);
         let deadline = Instant::now() + idle;
         // HTTP's state only once the client sends something, in a future of its own: this
@@ -355,18 +402,24 @@ impl Connection {
             let shutdown = self.shutdown.cancelled();
             let evicted = activity.evict.notified();
             tokio::select! {
-                _ = tcp.first_bytes() => true,
-                _ = shutdown => false,
+                first = tcp.first_bytes() => Some(first),
+                _ = shutdown => None,
                 // It had not started a request: nothing is lost by closing it.
-                _ = evicted => false,
+                _ = evicted => None,
                 _ = tokio::time::sleep_until(deadline) => {
                     self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                    false
+                    None
                 }
             }
         };
-        if first_bytes {
-            Box::pin(self.serve_http(tcp, &activity, idle, deadline)).await;
+        match first_bytes {
+            // TLS to the plain port: hyper would answer that it is not HTTP; say why.
+            Some(Some(answer::TLS_HANDSHAKE)) => {
+                let refusal = answer::tls_on_plain_port();
+                Box::pin(answer::answer_and_close(tcp, &refusal)).await;
+            }
+            Some(_) => Box::pin(self.serve_http(tcp, &activity, idle, deadline)).await,
+            None => {}
         }
         self.stats.open.fetch_sub(1, Ordering::Relaxed);
     }
@@ -395,8 +448,45 @@ impl Connection {
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.header_read_timeout)
             .keep_alive(true);
-        let connection = builder.serve_connection(TokioIo::new(io), service);
-        let mut connection = std::pin::pin!(connection);
+        // Not pinned in place (it is `Unpin`): after hyper's header timeout, its parts tell
+        // whether a head had started, and give the socket back for the answer.
+        let mut connection = builder.serve_connection(TokioIo::new(io), service);
+        if let Err(error) = self.drive(&mut connection, activity, idle, deadline).await {
+            // A request's headers that took longer than header_read_timeout (hyper's own
+            // timer): closed for being too slow, as an idle one is.
+            if error.is_timeout() {
+                self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
+                self.answer_slow_head(connection).await;
+            }
+            tracing::debug!(%error, "HTTP connection ended with an error");
+        }
+    }
+
+    /// Answers `408` to a connection whose head did not arrive within the header read
+    /// timeout, if part of one had (hyper's buffer holds it); one that waited for its next
+    /// request in silence is closed without an answer, which it did not ask for.
+    async fn answer_slow_head<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        connection: Http1<S>,
+    ) {
+        let parts = connection.into_parts();
+        if parts.read_buf.is_empty() {
+            return;
+        }
+        let answer = answer::head_too_slow(self.limits.header_read_timeout);
+        answer::answer_and_close(parts.io.into_inner().inner, &answer).await;
+    }
+
+    /// Drives hyper's connection until it ends (its result), or until the listener closes
+    /// it (idle, or evicted before any request: `Ok`).
+    async fn drive<S: AsyncRead + AsyncWrite + Unpin + Send + 'static>(
+        &self,
+        connection: &mut Http1<S>,
+        activity: &Arc<Activity>,
+        idle: Duration,
+        deadline: Instant,
+    ) -> hyper::Result<()> {
+        let mut connection = Pin::new(connection);
         // One timer per connection, set for the moment it would have been idle for its
         // timeout, and pushed back when bytes moved meanwhile. (A periodic check woke every
         // held connection several times per timeout; ten thousand held ones woke in bursts.)
@@ -410,34 +500,29 @@ impl Connection {
         let mut draining = false;
         loop {
             tokio::select! {
-                result = connection.as_mut() => {
-                    if let Err(error) = result {
-                        // A request's headers that took longer than header_read_timeout
-                        // (hyper's own timer): closed for being too slow, as an idle one is.
-                        if error.is_timeout() {
-                            self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                        }
-                        tracing::debug!(%error, "HTTP connection ended with an error");
-                    }
-                    break;
-                }
+                result = connection.as_mut() => return result,
                 _ = shutdown.as_mut(), if !draining => {
                     draining = true;
                     connection.as_mut().graceful_shutdown();
                 }
-                // A light client took this connection's place: it had not started a request
-                // when it was picked, and if one arrived since, that request is served.
+                // A light client took this connection's place: it had no request in progress
+                // when it was picked. One that never had a request (a half-sent first head)
+                // loses nothing by closing now. On one that served requests, hyper closes at
+                // once if it waits for its next head (even half-sent), or else after the
+                // request in progress (one arrived since, or its response is going out).
                 _ = evicted.as_mut(), if !evict_passed => {
-                    if activity.requests.load(Ordering::Relaxed) == 0 {
-                        break;
-                    }
                     evict_passed = true;
+                    if !activity.served() {
+                        return Ok(());
+                    }
+                    draining = true;
+                    connection.as_mut().graceful_shutdown();
                 }
                 _ = check.as_mut() => {
                     let idle_for = activity.idle_for(self.epoch);
                     if idle_for >= idle {
                         self.stats.closed_idle.fetch_add(1, Ordering::Relaxed);
-                        break;
+                        return Ok(());
                     }
                     check.as_mut().reset(Instant::now() + (idle - idle_for));
                 }
@@ -446,31 +531,44 @@ impl Connection {
     }
 }
 
+/// hyper's HTTP/1 connection over a watched socket, serving the router.
+type Http1<S> =
+    hyper::server::conn::http1::Connection<TokioIo<Watched<S>>, TowerToHyperService<InFlight>>;
+
 /// A connection's first bytes: on plain TCP, waits until the client has sent something (or
 /// closed); a TLS stream has already had its handshake, so it is ready at once.
 trait FirstBytes {
-    fn first_bytes(&self) -> impl std::future::Future<Output = ()> + Send;
+    /// The first byte, if known (None: the stream ended or failed, or a TLS stream).
+    fn first_bytes(&self) -> impl std::future::Future<Output = Option<u8>> + Send;
 }
 
 impl FirstBytes for TcpStream {
-    async fn first_bytes(&self) {
+    async fn first_bytes(&self) -> Option<u8> {
         // `readable()` alone reports a new socket ready at once; a peek waits for a byte
         // (or the end of the stream). An error (the socket failed) is hyper's to find and
         // report when it reads.
-        let _ = self.peek(&mut [0u8; 1]).await;
+        let mut first = [0u8; 1];
+        match self.peek(&mut first).await {
+            Ok(1) => Some(first[0]),
+            _ => None,
+        }
     }
 }
 
 impl FirstBytes for tokio_rustls::server::TlsStream<TcpStream> {
-    async fn first_bytes(&self) {}
+    async fn first_bytes(&self) -> Option<u8> {
+        None
+    }
 }
 
 /// What a connection is doing: requests in progress, and when bytes last moved.
 #[derive(Default)]
 struct Activity {
+    /// Requests in progress: from a whole head's arrival until its response is ready.
     requests: AtomicUsize,
-    /// A whole request head has arrived at least once.
-    started: AtomicBool,
+    /// A whole request head has arrived at least once (it stays set: it says whether
+    /// closing the connection could cut a response going out, not what it does now).
+    served: AtomicBool,
     /// Asks the connection to close, to make room at the cap.
     evict: tokio::sync::Notify,
     /// Milliseconds since the listener's epoch.
@@ -478,8 +576,14 @@ struct Activity {
 }
 
 impl Activity {
-    fn started(&self) -> bool {
-        self.started.load(Ordering::Relaxed)
+    /// Whether a request is in progress: one that is not may be evicted (it is silent,
+    /// half-sent, or between two requests, waiting for or receiving the next head).
+    fn in_request(&self) -> bool {
+        self.requests.load(Ordering::Relaxed) > 0
+    }
+
+    fn served(&self) -> bool {
+        self.served.load(Ordering::Relaxed)
     }
 
     fn evict(&self) {
@@ -630,7 +734,7 @@ impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for InFlight 
 
     fn call(&mut self, request: axum::extract::Request<hyper::body::Incoming>) -> Self::Future {
         self.activity.requests.fetch_add(1, Ordering::Relaxed);
-        self.activity.started.store(true, Ordering::Relaxed);
+        self.activity.served.store(true, Ordering::Relaxed);
         let guard = RequestGuard(self.activity.clone());
         let inner = tower::Service::call(&mut self.inner, request.map(axum::body::Body::new));
         CountedFuture {
