@@ -169,7 +169,8 @@ impl std::fmt::Display for BodyTimedOut {
         match self.overall {
             true => write!(
                 f,
-                "the request body arrived too slowly: it may take http.body_read_timeout plus                  one second per {BODY_MIN_RATE} bytes received"
+                "the request body arrived too slowly: it may take http.body_read_timeout plus \
+                 one second per {BODY_MIN_RATE} bytes received"
             ),
             false => f.write_str("the request body sent nothing for http.body_read_timeout"),
         }
