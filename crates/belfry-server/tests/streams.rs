@@ -304,8 +304,13 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
             "main",
             ConnectionSpec::url(ConnectionKind::Redis, "redis://127.0.0.1:9/0"),
         )
-        .with("bus", ConnectionSpec::kafka(["127.0.0.1:9"]));
+        .with("bus", ConnectionSpec::kafka(["127.0.0.1:9"]))
+        .with(
+            "events",
+            ConnectionSpec::url(ConnectionKind::Nats, "nats://127.0.0.1:9"),
+        );
     let s = start(connections).await;
+    let nats = |subject: &str| json!({"type": "nats", "connection": "events", "subject": subject});
     let cases = [
         (
             json!({"type": "carrier_pigeon"}),
@@ -332,6 +337,24 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
             "invalid_request",
             "stream",
         ),
+        // Subjects the NATS server owns: a task there is a request to the server (this one
+        // would delete stream X), not a message.
+        (
+            nats("$JS.API.STREAM.DELETE.X"),
+            "invalid_delivery",
+            "delivery.subject: \"$JS.API.STREAM.DELETE.X\" is in the \"$JS.\" namespace",
+        ),
+        (
+            nats("$JS.ACK.S.C.1.1.1.1.0"),
+            "invalid_delivery",
+            "\"$JS.\"",
+        ),
+        (
+            nats("$SYS.REQ.SERVER.PING"),
+            "invalid_delivery",
+            "\"$SYS.\"",
+        ),
+        (nats("_INBOX.abc"), "invalid_delivery", "\"_INBOX.\""),
     ];
     for (delivery, code, hint) in cases {
         let (status, answer) = s
@@ -361,6 +384,11 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
         .await;
     let warnings = created["warnings"].to_string();
     assert!(warnings.contains("not reachable"), "{created}");
+    // The stores' subjects stay open: key-value and object-store buckets are streams.
+    for (name, subject) in [("kv", "$KV.bucket.key"), ("objects", "$O.bucket.C.x")] {
+        let created = s.queue(name, json!({ "delivery": nats(subject) })).await;
+        assert_eq!(created["delivery"]["subject"], subject, "{created}");
+    }
     s.handle.stop().await.expect("clean stop");
 }
 
