@@ -355,6 +355,12 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
             "\"$SYS.\"",
         ),
         (nats("_INBOX.abc"), "invalid_delivery", "\"_INBOX.\""),
+        // Trimming to zero entries would drop every task as it is appended.
+        (
+            json!({"type": "redis_stream", "connection": "main", "stream": "s", "maxlen": 0}),
+            "invalid_delivery",
+            "delivery.maxlen: at least 1; leave it out for no trimming",
+        ),
     ];
     for (delivery, code, hint) in cases {
         let (status, answer) = s

@@ -352,6 +352,7 @@ impl StandardSinks {
                         field: "timeout_ms",
                         reason: error.to_string(),
                     },
+                    SinkError::InvalidDelivery { .. } => error,
                     other => SinkError::InvalidDelivery {
                         field: "connection",
                         reason: other.to_string(),

@@ -282,6 +282,21 @@ async fn a_stopped_server_is_retried_and_the_sink_reconnects() {
     assert_eq!(xlen(&server, "s").await, 1);
 }
 
+/// `maxlen: 0` would make `XADD ... MAXLEN ~ 0` drop each entry as it is appended, every
+/// task counted delivered and none ever read: refused, naming the field.
+#[tokio::test]
+async fn a_maxlen_of_zero_is_refused() {
+    // Checked when the sink is built: nothing connects.
+    let mut config = RedisStreamConfig::new("redis://127.0.0.1:9/0", "s");
+    config.max_len = Some(0);
+    let error = RedisStreamSink::new(config, TargetPolicy::ALLOW_PRIVATE)
+        .expect_err("maxlen 0 must be refused");
+    assert_eq!(
+        error.to_string(),
+        "delivery.maxlen: at least 1; leave it out for no trimming"
+    );
+}
+
 #[tokio::test]
 async fn default_policy_refuses_loopback() {
     let server = RedisServer::start().await;

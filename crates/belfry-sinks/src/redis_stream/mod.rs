@@ -169,6 +169,14 @@ impl RedisStreamSink {
                 max: STREAM_KEY_LEN_MAX,
             });
         }
+        if config.max_len == Some(0) {
+            // `XADD MAXLEN ~ 0` removes the entry it just appended: every task would count
+            // delivered while no consumer ever sees one.
+            return Err(SinkError::InvalidDelivery {
+                field: "maxlen",
+                reason: "at least 1; leave it out for no trimming".to_owned(),
+            });
+        }
         if !(TIMEOUT_MIN..=TIMEOUT_MAX).contains(&config.timeout) {
             return Err(SinkError::InvalidRedisTimeout {
                 got: config.timeout,
