@@ -398,6 +398,41 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
     s.handle.stop().await.expect("clean stop");
 }
 
+/// A broker that refuses the connection for good (here Redis refusing the password) is not
+/// "not reachable yet ... will be retried": the answer warns that tasks will be dead-lettered,
+/// the health says refused, and it stays refused once a task was dead-lettered at its first
+/// attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_warns_of_dead_letters() {
+    let redis = RedisServer::start().await;
+    let mut wrong_password = ConnectionSpec::url(ConnectionKind::Redis, redis.url());
+    wrong_password.username = Some("nobody".into());
+    wrong_password.password = Some("wrong".into());
+    let s = start(Connections::empty().with("main", wrong_password)).await;
+    let delivery = json!({"type": "redis_stream", "connection": "main", "stream": "s"});
+    let created = s.queue("events", json!({ "delivery": delivery })).await;
+    let warnings = created["warnings"].to_string();
+    assert!(
+        warnings.contains("refused the connection")
+            && warnings.contains("dead-lettered at their first attempt")
+            && !warnings.contains("will be retried"),
+        "{created}"
+    );
+    let health = |q: &Value| q["delivery_health"].as_str().unwrap_or_default().to_owned();
+    assert!(health(&created).starts_with("refused: "), "{created}");
+    let id = s.submit("events", json!({"payload": 1})).await;
+    s.advance(1);
+    let dead = eventually("the task dead-lettered", || async {
+        let task = s.task("events", &id).await;
+        (task["state"] == "dead").then_some(task)
+    })
+    .await;
+    assert_eq!(dead["attempts"], 1, "{dead}");
+    let q = s.ok("GET", "/v1/queues/events", Value::Null, 200).await;
+    assert!(health(&q).starts_with("refused: "), "{q}");
+    s.handle.stop().await.expect("clean stop");
+}
+
 /// A stream delivery takes no secret (its connection's credentials live in the server's
 /// config), so its queue shows no `secret_set`, which would read as "no secret" where there
 /// is nothing to set; a webhook's says whether it has one.

@@ -534,7 +534,7 @@ impl Sink for KafkaSink {
         &self.config.target
     }
 
-    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+    fn open(&self) -> SinkFuture<'_, Result<(), crate::OpenError>> {
         Box::pin(async move {
             let result = tokio::time::timeout(self.config.timeout, self.link()).await;
             let outcome = match result {

@@ -486,7 +486,7 @@ impl Sink for NatsSink {
         &self.config.target
     }
 
-    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+    fn open(&self) -> SinkFuture<'_, Result<(), crate::OpenError>> {
         Box::pin(async move {
             let result = tokio::time::timeout(self.config.timeout, self.link()).await;
             let outcome = match result {

@@ -401,7 +401,7 @@ impl Sink for RedisStreamSink {
         &self.target
     }
 
-    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+    fn open(&self) -> SinkFuture<'_, Result<(), crate::OpenError>> {
         Box::pin(async move {
             let outcome = match tokio::time::timeout(self.timeout, self.connection()).await {
                 Ok(Ok(_)) => Outcome::Delivered,
