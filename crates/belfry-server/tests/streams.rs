@@ -332,10 +332,37 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
             "invalid_delivery",
             "delivery.topic",
         ),
+        // Missing, ill-typed and unknown fields are refused like the other bad stream
+        // deliveries, naming the field once.
         (
             json!({"type": "redis_stream", "connection": "main"}),
-            "invalid_request",
-            "stream",
+            "invalid_delivery",
+            "delivery: missing field `stream`",
+        ),
+        (
+            json!({"type": "nats", "connection": "events"}),
+            "invalid_delivery",
+            "delivery: missing field `subject`",
+        ),
+        (
+            json!({"type": "kafka", "topic": "t"}),
+            "invalid_delivery",
+            "delivery: missing field `connection`",
+        ),
+        (
+            json!({"type": "redis_stream", "connection": "main", "stream": "s", "maxlen": -5}),
+            "invalid_delivery",
+            "delivery.maxlen: invalid value: integer `-5`",
+        ),
+        (
+            json!({"type": "nats", "connection": "events", "subject": "s", "timeout_ms": 1.5}),
+            "invalid_delivery",
+            "delivery.timeout_ms: invalid type: floating point `1.5`",
+        ),
+        (
+            json!({"type": "kafka", "connection": "bus", "topic": "t", "partition": 1}),
+            "invalid_delivery",
+            "delivery.partition: unknown field `partition`",
         ),
         // Subjects the NATS server owns: a task there is a request to the server (this one
         // would delete stream X), not a message.
@@ -380,6 +407,7 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
             message.contains(hint),
             "{delivery}: {message:?} should name {hint}"
         );
+        assert!(!message.contains("delivery: delivery"), "{message:?}");
     }
     // An unreachable broker is reported, not refused.
     let created = s

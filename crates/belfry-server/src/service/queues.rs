@@ -276,8 +276,13 @@ async fn check_reachable(
 }
 
 fn refused(spec: &belfry_sinks::SinkSpec, error: belfry_sinks::SinkError) -> ServiceError {
+    let message = match error {
+        // Already names its field: `delivery.subject: ...`.
+        belfry_sinks::SinkError::InvalidDelivery { .. } => error.to_string(),
+        other => format!("delivery: {other}"),
+    };
     ServiceError::DeliveryRefused {
         sink: spec.kind(),
-        message: error.to_string(),
+        message,
     }
 }
