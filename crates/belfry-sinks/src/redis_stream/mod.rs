@@ -310,36 +310,58 @@ impl RedisStreamSink {
     }
 
     /// Appends every task of `batch` in one pipeline; one outcome for the whole batch.
+    ///
+    /// A connection that died while idle (Redis restarted, failed over, or closed it) is only
+    /// found dead when used: on an I/O error the pipeline goes out once more on a new
+    /// connection, within this attempt, so a restart costs no task an attempt. Should the
+    /// first send have reached Redis before the connection broke, its entries are appended
+    /// twice; delivery is at-least-once and consumers deduplicate on `id`.
     async fn append(&self, batch: &[Attempt<'_>]) -> Outcome {
-        let mut connection = match self.connection().await {
-            Ok(connection) => connection,
-            Err(ConnectFailure(outcome)) => return outcome,
-        };
         let mut pipeline = redis::pipe();
         for item in batch {
             pipeline.add_command(self.command(item.task, item.attempt));
         }
-        match pipeline
+        let result = match self.send(&pipeline, batch.len()).await {
+            Err(error) if error.is_io_error() && !error.is_timeout() => {
+                tracing::debug!(target = %self.target, %error, "the redis connection broke; sending the batch again on a new one");
+                self.send(&pipeline, batch.len()).await
+            }
+            other => other,
+        };
+        result.unwrap_or_else(|error| redis_outcome(&error))
+    }
+
+    /// Sends the pipeline of `count` appends over the shared connection (made if there is
+    /// none); the outcome, or the error of a connection that failed while sending.
+    async fn send(
+        &self,
+        pipeline: &redis::Pipeline,
+        count: usize,
+    ) -> Result<Outcome, redis::RedisError> {
+        let mut connection = match self.connection().await {
+            Ok(connection) => connection,
+            Err(ConnectFailure(outcome)) => return Ok(outcome),
+        };
+        let replies = pipeline
             .query_async::<Vec<redis::Value>>(&mut connection)
             .await
-        {
-            Ok(replies) if replies.len() == batch.len() => Outcome::Delivered,
-            Ok(replies) => classify_transport(
-                TransportFailure::Connection,
-                &format!(
-                    "redis answered {} replies to {} appends",
-                    replies.len(),
-                    batch.len()
-                ),
-            ),
-            Err(error) => {
+            .inspect_err(|error| {
                 if error.is_unrecoverable_error() || error.is_io_error() {
-                    // The connection is broken; the next delivery makes a new one.
+                    // The connection is broken; the next send makes a new one.
                     self.connection.forget();
                 }
-                redis_outcome(&error)
-            }
-        }
+            })?;
+        Ok(if replies.len() == count {
+            Outcome::Delivered
+        } else {
+            classify_transport(
+                TransportFailure::Connection,
+                &format!(
+                    "redis answered {} replies to {count} appends",
+                    replies.len()
+                ),
+            )
+        })
     }
 
     async fn deliver_all(&self, batch: &[Attempt<'_>]) -> Vec<Outcome> {
