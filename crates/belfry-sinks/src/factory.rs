@@ -430,6 +430,7 @@ impl StandardSinks {
             topic: spec.topic.clone(),
             key,
             timeout: spec_timeout(spec.timeout_ms),
+            metadata_max_age: crate::kafka::METADATA_MAX_AGE,
             target: spec.connection.clone(),
         };
         Ok(Arc::new(KafkaSink::new(config)?))
