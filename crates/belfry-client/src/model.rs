@@ -93,9 +93,13 @@ pub struct Queue {
     #[serde(default)]
     pub dead: Option<u64>,
     /// Push queues: what the last delivery saw of the target (`reachable`, `unreachable:
-    /// …`, `unknown`).
+    /// …`, `refused: …`, `unknown`).
     #[serde(default)]
     pub delivery_health: Option<String>,
+    /// What the server wants the caller of a create or update to know, e.g. that the
+    /// delivery target did not answer or refused the connection. Only in a `PUT`'s answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]

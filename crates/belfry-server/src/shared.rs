@@ -57,8 +57,9 @@ pub enum ServiceError {
     NotPullQueue(QueueName, &'static str),
     #[error("invalid queue configuration: {0}")]
     InvalidQueueConfig(#[from] crate::queues::InvalidQueueConfig),
-    /// A push queue's delivery spec its sink refuses; `sink` is the spec's type.
-    #[error("delivery: {message}")]
+    /// A push queue's delivery spec its sink refuses; `sink` is the spec's type, `message`
+    /// names the field (`delivery.connection: ...`, `delivery: webhook url ...`).
+    #[error("{message}")]
     DeliveryRefused { sink: &'static str, message: String },
     #[error("the server is shutting down")]
     ShuttingDown,

@@ -304,8 +304,13 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
             "main",
             ConnectionSpec::url(ConnectionKind::Redis, "redis://127.0.0.1:9/0"),
         )
-        .with("bus", ConnectionSpec::kafka(["127.0.0.1:9"]));
+        .with("bus", ConnectionSpec::kafka(["127.0.0.1:9"]))
+        .with(
+            "events",
+            ConnectionSpec::url(ConnectionKind::Nats, "nats://127.0.0.1:9"),
+        );
     let s = start(connections).await;
+    let nats = |subject: &str| json!({"type": "nats", "connection": "events", "subject": subject});
     let cases = [
         (
             json!({"type": "carrier_pigeon"}),
@@ -327,10 +332,61 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
             "invalid_delivery",
             "delivery.topic",
         ),
+        // Missing, ill-typed and unknown fields are refused like the other bad stream
+        // deliveries, naming the field once.
         (
             json!({"type": "redis_stream", "connection": "main"}),
-            "invalid_request",
-            "stream",
+            "invalid_delivery",
+            "delivery: missing field `stream`",
+        ),
+        (
+            json!({"type": "nats", "connection": "events"}),
+            "invalid_delivery",
+            "delivery: missing field `subject`",
+        ),
+        (
+            json!({"type": "kafka", "topic": "t"}),
+            "invalid_delivery",
+            "delivery: missing field `connection`",
+        ),
+        (
+            json!({"type": "redis_stream", "connection": "main", "stream": "s", "maxlen": -5}),
+            "invalid_delivery",
+            "delivery.maxlen: invalid value: integer `-5`",
+        ),
+        (
+            json!({"type": "nats", "connection": "events", "subject": "s", "timeout_ms": 1.5}),
+            "invalid_delivery",
+            "delivery.timeout_ms: invalid type: floating point `1.5`",
+        ),
+        (
+            json!({"type": "kafka", "connection": "bus", "topic": "t", "partition": 1}),
+            "invalid_delivery",
+            "delivery.partition: unknown field `partition`",
+        ),
+        // Subjects the NATS server owns: a task there is a request to the server (this one
+        // would delete stream X), not a message.
+        (
+            nats("$JS.API.STREAM.DELETE.X"),
+            "invalid_delivery",
+            "delivery.subject: \"$JS.API.STREAM.DELETE.X\" is in the \"$JS.\" namespace",
+        ),
+        (
+            nats("$JS.ACK.S.C.1.1.1.1.0"),
+            "invalid_delivery",
+            "\"$JS.\"",
+        ),
+        (
+            nats("$SYS.REQ.SERVER.PING"),
+            "invalid_delivery",
+            "\"$SYS.\"",
+        ),
+        (nats("_INBOX.abc"), "invalid_delivery", "\"_INBOX.\""),
+        // Trimming to zero entries would drop every task as it is appended.
+        (
+            json!({"type": "redis_stream", "connection": "main", "stream": "s", "maxlen": 0}),
+            "invalid_delivery",
+            "delivery.maxlen: at least 1; leave it out for no trimming",
         ),
     ];
     for (delivery, code, hint) in cases {
@@ -351,6 +407,7 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
             message.contains(hint),
             "{delivery}: {message:?} should name {hint}"
         );
+        assert!(!message.contains("delivery: delivery"), "{message:?}");
     }
     // An unreachable broker is reported, not refused.
     let created = s
@@ -361,6 +418,46 @@ async fn bad_stream_deliveries_are_refused_naming_the_field() {
         .await;
     let warnings = created["warnings"].to_string();
     assert!(warnings.contains("not reachable"), "{created}");
+    // The stores' subjects stay open: key-value and object-store buckets are streams.
+    for (name, subject) in [("kv", "$KV.bucket.key"), ("objects", "$O.bucket.C.x")] {
+        let created = s.queue(name, json!({ "delivery": nats(subject) })).await;
+        assert_eq!(created["delivery"]["subject"], subject, "{created}");
+    }
+    s.handle.stop().await.expect("clean stop");
+}
+
+/// A broker that refuses the connection for good (here Redis refusing the password) is not
+/// "not reachable yet ... will be retried": the answer warns that tasks will be dead-lettered,
+/// the health says refused, and it stays refused once a task was dead-lettered at its first
+/// attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_warns_of_dead_letters() {
+    let redis = RedisServer::start().await;
+    let mut wrong_password = ConnectionSpec::url(ConnectionKind::Redis, redis.url());
+    wrong_password.username = Some("nobody".into());
+    wrong_password.password = Some("wrong".into());
+    let s = start(Connections::empty().with("main", wrong_password)).await;
+    let delivery = json!({"type": "redis_stream", "connection": "main", "stream": "s"});
+    let created = s.queue("events", json!({ "delivery": delivery })).await;
+    let warnings = created["warnings"].to_string();
+    assert!(
+        warnings.contains("refused the connection")
+            && warnings.contains("dead-lettered at their first attempt")
+            && !warnings.contains("will be retried"),
+        "{created}"
+    );
+    let health = |q: &Value| q["delivery_health"].as_str().unwrap_or_default().to_owned();
+    assert!(health(&created).starts_with("refused: "), "{created}");
+    let id = s.submit("events", json!({"payload": 1})).await;
+    s.advance(1);
+    let dead = eventually("the task dead-lettered", || async {
+        let task = s.task("events", &id).await;
+        (task["state"] == "dead").then_some(task)
+    })
+    .await;
+    assert_eq!(dead["attempts"], 1, "{dead}");
+    let q = s.ok("GET", "/v1/queues/events", Value::Null, 200).await;
+    assert!(health(&q).starts_with("refused: "), "{q}");
     s.handle.stop().await.expect("clean stop");
 }
 

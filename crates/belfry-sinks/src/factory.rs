@@ -352,6 +352,7 @@ impl StandardSinks {
                         field: "timeout_ms",
                         reason: error.to_string(),
                     },
+                    SinkError::InvalidDelivery { .. } => error,
                     other => SinkError::InvalidDelivery {
                         field: "connection",
                         reason: other.to_string(),
@@ -429,6 +430,7 @@ impl StandardSinks {
             topic: spec.topic.clone(),
             key,
             timeout: spec_timeout(spec.timeout_ms),
+            metadata_max_age: crate::kafka::METADATA_MAX_AGE,
             target: spec.connection.clone(),
         };
         Ok(Arc::new(KafkaSink::new(config)?))

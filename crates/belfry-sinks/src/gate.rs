@@ -8,7 +8,7 @@
 
 use tokio::sync::{RwLock, RwLockReadGuard};
 
-use crate::Outcome;
+use crate::{OpenError, Outcome};
 
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
@@ -57,24 +57,39 @@ impl HealthCell {
         self.lock().clone()
     }
 
-    /// Records what an outcome says about reachability: delivered or refused means the target
-    /// answered; a retry means it may not have.
+    /// Records what a delivery's outcome says about reachability: delivered or refused means
+    /// the target answered; a retry means it may not have. A refusal leaves a refused
+    /// connection shown as refused: only a delivery that gets through clears it.
     pub(crate) fn record(&self, outcome: &Outcome) {
-        *self.lock() = match outcome {
-            Outcome::Delivered | Outcome::Reject { .. } => crate::SinkHealth::Reachable,
+        let mut health = self.lock();
+        *health = match outcome {
+            Outcome::Delivered => crate::SinkHealth::Reachable,
+            Outcome::Reject { .. } if matches!(*health, crate::SinkHealth::Refused(_)) => return,
+            Outcome::Reject { .. } => crate::SinkHealth::Reachable,
             Outcome::Retry { reason, .. } => crate::SinkHealth::Unreachable(reason.clone()),
         };
     }
 
     /// Records the outcome of an `open` (a connection attempt) and answers as `Sink::open`
     /// does: `Ok` when the target answered, else why not, naming `what` (e.g. "kafka
-    /// connection main").
-    pub(crate) fn record_open(&self, outcome: Outcome, what: &str) -> Result<(), String> {
-        self.record(&outcome);
+    /// connection main"). A rejection there refuses the connection itself (credentials, an
+    /// unknown topic), so every delivery would be rejected alike: shown as refused.
+    pub(crate) fn record_open(&self, outcome: Outcome, what: &str) -> Result<(), OpenError> {
         match outcome {
-            Outcome::Delivered => Ok(()),
-            Outcome::Retry { reason, .. } | Outcome::Reject { reason } => {
-                Err(format!("{what} is not reachable yet: {reason}"))
+            Outcome::Delivered => {
+                *self.lock() = crate::SinkHealth::Reachable;
+                Ok(())
+            }
+            Outcome::Retry { reason, .. } => {
+                let error =
+                    OpenError::Unreachable(format!("{what} is not reachable yet: {reason}"));
+                *self.lock() = crate::SinkHealth::Unreachable(reason);
+                Err(error)
+            }
+            Outcome::Reject { reason } => {
+                let error = OpenError::Refused(format!("{what} was refused: {reason}"));
+                *self.lock() = crate::SinkHealth::Refused(reason);
+                Err(error)
             }
         }
     }

@@ -106,6 +106,37 @@ pub enum SinkHealth {
     Reachable,
     /// The last attempt failed, and why (no credentials in it).
     Unreachable(String),
+    /// Connecting was refused for good (unknown topic, credentials refused), and why: every
+    /// delivery is dead-lettered at its first attempt until the target or the server's
+    /// connection config changes. Cleared by the next delivery that gets through.
+    Refused(String),
+}
+
+/// Why [`Sink::open`] could not ready the sink; both carry a reason naming the connection
+/// (no credentials in it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenError {
+    /// No answer, or a failure that can pass (a refused or lost connection, a timeout):
+    /// deliveries retry, and succeed once the target is up.
+    Unreachable(String),
+    /// The target answered with a refusal that retrying cannot change (an unknown topic,
+    /// refused credentials): deliveries are dead-lettered at their first attempt.
+    Refused(String),
+}
+
+impl OpenError {
+    /// The reason, whichever kind.
+    pub fn reason(&self) -> &str {
+        match self {
+            OpenError::Unreachable(reason) | OpenError::Refused(reason) => reason,
+        }
+    }
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.reason())
+    }
 }
 
 /// A boxed future, as the object-safe [`Sink`] methods return.
@@ -162,8 +193,9 @@ pub trait Sink: Send + Sync + 'static {
     fn target(&self) -> &str;
 
     /// Connects (or checks the target) ahead of the first delivery. An error is reported to
-    /// whoever configured the queue; it does not stop the queue, whose deliveries retry.
-    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+    /// whoever configured the queue, saying whether deliveries will retry or be dead-lettered;
+    /// it does not stop the queue.
+    fn open(&self) -> SinkFuture<'_, Result<(), OpenError>> {
         Box::pin(std::future::ready(Ok(())))
     }
 

@@ -196,12 +196,15 @@ pub enum NatsFailure {
     InvalidRequest,
 }
 
-/// JetStream API error codes after which publishing the same message again cannot succeed:
-/// 10054 the message exceeds the stream's maximum message size, 10060 expected stream does not
-/// match, 10070 and 10071 a failed expected-last-id or -sequence check, 10058 the stream is
-/// sealed. Every other API error (insufficient resources, store failures, leader elections) can
-/// pass and is retried.
-const NATS_PERMANENT_API_CODES: &[u64] = &[10054, 10058, 10060, 10070, 10071];
+/// JetStream API error codes after which publishing the same message again cannot succeed
+/// (nats-server's `errors.json`): 10054 the message exceeds the stream's maximum message size
+/// (`JSStreamMessageExceedsMaximumErr`), 10060 expected stream does not match
+/// (`JSStreamNotMatchErr`), 10070 and 10071 a failed expected-last-id or -sequence check
+/// (`JSStreamWrongLastMsgIDErrF`, `JSStreamWrongLastSequenceErrF`), 10109 the stream is sealed
+/// (`JSStreamSealedErr`, "invalid operation on sealed stream": a sealed stream never takes a
+/// message again). Every other API error (insufficient resources, store failures, leader
+/// elections) can pass and is retried.
+const NATS_PERMANENT_API_CODES: &[u64] = &[10054, 10060, 10070, 10071, 10109];
 
 /// The outcome for a failed JetStream publish.
 pub fn classify_nats_failure(failure: NatsFailure, detail: &str) -> Outcome {

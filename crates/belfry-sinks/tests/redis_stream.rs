@@ -282,6 +282,47 @@ async fn a_stopped_server_is_retried_and_the_sink_reconnects() {
     assert_eq!(xlen(&server, "s").await, 1);
 }
 
+/// A Redis restart while the sink is idle leaves it a dead connection, found only when the
+/// next batch is written to it: that batch is sent again on a new connection within the same
+/// attempt, not failed (which cost every queue a retry and a backoff after each restart).
+#[tokio::test]
+async fn a_restart_while_idle_costs_no_attempt() {
+    let server = RedisServer::start().await;
+    let sink = sink(&server, "s", None);
+    assert_eq!(
+        sink.deliver(&task(1, b"{}", &[]), 1, 0).await,
+        Outcome::Delivered
+    );
+    let (port, dir) = server.stop();
+    let server = RedisServer::spawn(port, dir).await;
+    let batch = [task(2, b"{}", &[]), task(3, b"{}", &[])];
+    let attempts: Vec<_> = batch
+        .iter()
+        .map(|task| belfry_sinks::Attempt { task, attempt: 1 })
+        .collect();
+    assert_eq!(
+        sink.deliver_batch(&attempts, 0).await,
+        vec![Outcome::Delivered, Outcome::Delivered]
+    );
+    // The restarted server kept nothing (no persistence): it holds exactly the batch.
+    assert_eq!(xlen(&server, "s").await, 2);
+}
+
+/// `maxlen: 0` would make `XADD ... MAXLEN ~ 0` drop each entry as it is appended, every
+/// task counted delivered and none ever read: refused, naming the field.
+#[tokio::test]
+async fn a_maxlen_of_zero_is_refused() {
+    // Checked when the sink is built: nothing connects.
+    let mut config = RedisStreamConfig::new("redis://127.0.0.1:9/0", "s");
+    config.max_len = Some(0);
+    let error = RedisStreamSink::new(config, TargetPolicy::ALLOW_PRIVATE)
+        .expect_err("maxlen 0 must be refused");
+    assert_eq!(
+        error.to_string(),
+        "delivery.maxlen: at least 1; leave it out for no trimming"
+    );
+}
+
 #[tokio::test]
 async fn default_policy_refuses_loopback() {
     let server = RedisServer::start().await;

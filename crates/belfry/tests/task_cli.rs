@@ -563,18 +563,23 @@ url = "nats://127.0.0.1:9"
         created["warnings"].to_string().contains("not reachable"),
         "{created}"
     );
-    ok(
-        &server,
-        &[
-            "queue",
-            "create",
-            "r",
-            "--redis-stream",
-            "cache:tasks",
-            "--maxlen",
-            "1000",
-        ],
+    let args = [
+        "queue",
+        "create",
+        "r",
+        "--redis-stream",
+        "cache:tasks",
+        "--maxlen",
+        "1000",
+    ];
+    let (success, stdout, stderr) = belfry(&server, &args);
+    assert!(success, "{stderr}");
+    // The server's warning reaches the user, on stderr; stdout is the queue.
+    assert!(
+        stderr.starts_with("warning: the delivery target is not reachable yet"),
+        "{stderr}"
     );
+    assert!(stdout.contains("redis_stream cache:tasks"), "{stdout}");
     ok(
         &server,
         &["queue", "create", "n", "--nats", "events:orders.due"],

@@ -55,6 +55,39 @@ pub struct RetryBody {
 pub enum DeliveryBody {
     Pull,
     Push(belfry_sinks::SinkSpec),
+    /// A stream delivery whose fields do not fit (missing, unknown or of the wrong type), and
+    /// why: refused as `invalid_delivery`, like its other refusals (an unknown connection, an
+    /// empty subject), not as a body-shape error.
+    Invalid(String),
+}
+
+/// A stream delivery's spec from its object (`type` is `kind`), or why it does not fit,
+/// naming the field.
+fn stream_spec(
+    kind: &str,
+    mut value: serde_json::Value,
+) -> Option<Result<belfry_sinks::SinkSpec, String>> {
+    use belfry_sinks::SinkSpec;
+    fn fields<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+        serde_path_to_error::deserialize(value).map_err(|error| {
+            let path = error.path().to_string();
+            let inner = error.into_inner();
+            if path.is_empty() || path == "." {
+                format!("delivery: {inner}")
+            } else {
+                format!("delivery.{path}: {inner}")
+            }
+        })
+    }
+    if let Some(object) = value.as_object_mut() {
+        object.remove("type");
+    }
+    Some(match kind {
+        "redis_stream" => fields(value).map(SinkSpec::RedisStream),
+        "nats" => fields(value).map(SinkSpec::Nats),
+        "kafka" => fields(value).map(SinkSpec::Kafka),
+        _ => return None,
+    })
 }
 
 impl<'de> Deserialize<'de> for DeliveryBody {
@@ -63,7 +96,7 @@ impl<'de> Deserialize<'de> for DeliveryBody {
         let value = serde_json::Value::deserialize(deserializer)?;
         if !value.is_object() {
             return Err(D::Error::custom(format!(
-                "delivery is an object with a \"type\": {{\"type\": \"pull\"}}, or a push \
+                "must be an object with a \"type\": {{\"type\": \"pull\"}}, or a push \
                  sink's such as {{\"type\": \"webhook\", \"url\": ...}}; got {value}"
             )));
         }
@@ -72,18 +105,29 @@ impl<'de> Deserialize<'de> for DeliveryBody {
             return match value.as_object().map(|o| o.len()) {
                 Some(1) => Ok(DeliveryBody::Pull),
                 _ => Err(D::Error::custom(
-                    "delivery: a pull delivery takes no fields besides \"type\"",
+                    "a pull delivery takes no fields besides \"type\"",
                 )),
             };
         }
+        let kind = value
+            .get("type")
+            .and_then(|t| t.as_str())
+            .unwrap_or_default();
+        if let Some(spec) = stream_spec(kind, value.clone()) {
+            return Ok(spec.map_or_else(DeliveryBody::Invalid, DeliveryBody::Push));
+        }
+        // The path already names `delivery`.
         belfry_sinks::SinkSpec::deserialize(value)
             .map(DeliveryBody::Push)
-            .map_err(|e| D::Error::custom(format!("delivery: {e} (or \"pull\" for a pull queue)")))
+            .map_err(|e| D::Error::custom(format!("{e} (or \"pull\" for a pull queue)")))
     }
 }
 
 impl QueueBody {
     pub fn into_patch(self) -> Result<QueuePatch, ApiError> {
+        if let Some(DeliveryBody::Invalid(message)) = self.delivery {
+            return Err(invalid(ErrorCode::InvalidDelivery, message));
+        }
         let retry = self.retry.unwrap_or_default();
         let late_policy = late_policy_from(self.late, self.late_policy, self.late_after_ms)?;
         Ok(QueuePatch {
@@ -93,9 +137,10 @@ impl QueueBody {
             max_attempts: retry.max_attempts,
             backoff_initial_ms: retry.backoff_initial_ms,
             backoff_max_ms: retry.backoff_max_ms,
-            delivery: self.delivery.map(|d| match d {
-                DeliveryBody::Pull => Delivery::Pull,
-                DeliveryBody::Push(spec) => Delivery::Push(spec),
+            delivery: self.delivery.and_then(|d| match d {
+                DeliveryBody::Pull => Some(Delivery::Pull),
+                DeliveryBody::Push(spec) => Some(Delivery::Push(spec)),
+                DeliveryBody::Invalid(_) => None,
             }),
             paused: self.paused,
             late_policy,

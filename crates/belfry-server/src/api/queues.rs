@@ -15,8 +15,7 @@ pub async fn put(
     QueuePath(queue): QueuePath,
     JsonBody(body): JsonBody<QueueBody>,
 ) -> Result<Response, ApiError> {
-    let (config, created, unreachable) =
-        service.put_queue(queue.clone(), body.into_patch()?).await?;
+    let (config, created, not_open) = service.put_queue(queue.clone(), body.into_patch()?).await?;
     let counts = service.queue_counts(&queue).await?;
     let status = if created {
         StatusCode::CREATED
@@ -25,10 +24,8 @@ pub async fn put(
     };
     let mut view = QueueView::new(&queue, &config, Some(counts));
     view.health = health(&service, &queue);
-    if let Some(reason) = unreachable {
-        view.warnings.push(format!(
-            "the delivery target is not reachable yet ({reason}); the queue is created and deliveries will be retried"
-        ));
+    if let Some(error) = not_open {
+        view.warnings.push(open_warning(&error));
     }
     Ok((status, Json(view)).into_response())
 }
@@ -44,6 +41,19 @@ pub async fn get(
     Ok(Json(view))
 }
 
+/// The warning for a sink whose target did not answer or refused when the queue was put.
+fn open_warning(error: &belfry_sinks::OpenError) -> String {
+    use belfry_sinks::OpenError;
+    match error {
+        OpenError::Unreachable(reason) => format!(
+            "the delivery target is not reachable yet ({reason}); the queue is saved and deliveries will be retried"
+        ),
+        OpenError::Refused(reason) => format!(
+            "the delivery target refused the connection ({reason}); the queue is saved, but its tasks will be dead-lettered at their first attempt until the target or the server's connection config is fixed"
+        ),
+    }
+}
+
 /// A push queue's sink health as the API shows it.
 fn health(service: &AppState, queue: &belfry_core::QueueName) -> Option<String> {
     use belfry_sinks::SinkHealth;
@@ -51,6 +61,7 @@ fn health(service: &AppState, queue: &belfry_core::QueueName) -> Option<String> 
         SinkHealth::Unknown => "unknown".to_owned(),
         SinkHealth::Reachable => "reachable".to_owned(),
         SinkHealth::Unreachable(reason) => format!("unreachable: {reason}"),
+        SinkHealth::Refused(reason) => format!("refused: {reason}"),
     })
 }
 

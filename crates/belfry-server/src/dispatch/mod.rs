@@ -256,8 +256,14 @@ impl Dispatcher {
     /// Connects the sink ahead of its first delivery; a failure is only reported.
     fn open(&self, push: Arc<Push>) {
         self.tasks.spawn(async move {
-            if let Err(reason) = push.sink.open().await {
-                tracing::warn!(sink = push.kind, target = push.sink.target(), %reason, "the sink's target is not reachable yet; deliveries will be retried");
+            match push.sink.open().await {
+                Ok(()) => {}
+                Err(belfry_sinks::OpenError::Unreachable(reason)) => {
+                    tracing::warn!(sink = push.kind, target = push.sink.target(), %reason, "the sink's target is not reachable yet; deliveries will be retried");
+                }
+                Err(belfry_sinks::OpenError::Refused(reason)) => {
+                    tracing::warn!(sink = push.kind, target = push.sink.target(), %reason, "the sink's target refused the connection; its tasks will be dead-lettered until the target or the connection config is fixed");
+                }
             }
         });
     }

@@ -58,12 +58,13 @@ impl Service {
 
     /// Creates a queue or changes its configuration. Returns the new configuration, whether
     /// the queue was created, and for a push queue whose target could not be reached within
-    /// `OPEN_CHECK_MS`, why (reported, not refused: a broker may come up after the queue).
+    /// `OPEN_CHECK_MS` or refused the connection, why (reported, not refused: a broker may
+    /// come up, or its config be fixed, after the queue).
     pub async fn put_queue(
         &self,
         queue: QueueName,
         patch: QueuePatch,
-    ) -> Result<(QueueConfig, bool, Option<String>)> {
+    ) -> Result<(QueueConfig, bool, Option<belfry_sinks::OpenError>)> {
         let admin = self.admin.lock().await;
         let existing = self.queues.get(&queue);
         let base = existing
@@ -260,19 +261,28 @@ fn decode(name: &QueueName, bytes: &[u8]) -> Result<QueueConfig> {
 /// How long creating or changing a push queue waits to learn whether its target answers.
 pub const OPEN_CHECK_MS: u64 = 2_000;
 
-/// Why the sink's target did not answer within `OPEN_CHECK_MS`, if it did not.
-async fn check_reachable(sink: std::sync::Arc<dyn belfry_sinks::Sink>) -> Option<String> {
+/// Why the sink's target did not answer within `OPEN_CHECK_MS`, or refused, if it did.
+async fn check_reachable(
+    sink: std::sync::Arc<dyn belfry_sinks::Sink>,
+) -> Option<belfry_sinks::OpenError> {
     let wait = std::time::Duration::from_millis(OPEN_CHECK_MS);
     match tokio::time::timeout(wait, sink.open()).await {
         Ok(Ok(())) => None,
-        Ok(Err(reason)) => Some(reason),
-        Err(_) => Some(format!("no answer within {OPEN_CHECK_MS} ms")),
+        Ok(Err(error)) => Some(error),
+        Err(_) => Some(belfry_sinks::OpenError::Unreachable(format!(
+            "no answer within {OPEN_CHECK_MS} ms"
+        ))),
     }
 }
 
 fn refused(spec: &belfry_sinks::SinkSpec, error: belfry_sinks::SinkError) -> ServiceError {
+    let message = match error {
+        // Already names its field: `delivery.subject: ...`.
+        belfry_sinks::SinkError::InvalidDelivery { .. } => error.to_string(),
+        other => format!("delivery: {other}"),
+    };
     ServiceError::DeliveryRefused {
         sink: spec.kind(),
-        message: error.to_string(),
+        message,
     }
 }

@@ -11,7 +11,8 @@
 //! (murmur2 of the key modulo the partition count), so consumers of other producers agree; an
 //! unkeyed batch goes to one partition, chosen round-robin per batch, which keeps the batch in
 //! due order for a consumer of that partition. A batch is one produce request per partition,
-//! all sent at once.
+//! all sent at once. The partition list is read again every [`METADATA_MAX_AGE`] (and after a
+//! failed produce), so added partitions are used as by Kafka's own producers.
 //!
 //! The topic must exist: an unknown topic is a rejection (dead letter), because this sink never
 //! creates topics (their partition count and retention are the operator's choice).
@@ -20,7 +21,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use belfry_core::{Task, UnixMs};
 use futures_util::future::join_all;
@@ -63,6 +64,11 @@ const CLIENT_BACKOFF_MIN: Duration = Duration::from_millis(20);
 const CLIENT_BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// The share of the delivery's limit the client may spend sleeping between its own retries.
 const CLIENT_BUDGET_SHARE: f64 = 0.25;
+/// How long the topic's partition list is trusted before it is read again, as Kafka's own
+/// producers do (`metadata.max.age.ms`, 5 minutes): after partitions are added, keyed records
+/// follow the new count (where every other producer puts them) and unkeyed ones use the new
+/// partitions within this long. A produce that fails reads it again at once.
+pub const METADATA_MAX_AGE: Duration = Duration::from_secs(5 * 60);
 
 /// Where a record's key comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,6 +152,8 @@ pub struct KafkaConfig {
     pub topic: String,
     pub key: KafkaKey,
     pub timeout: Duration,
+    /// How long the partition list is trusted ([`METADATA_MAX_AGE`] by default).
+    pub metadata_max_age: Duration,
     /// What [`Sink::target`] reports: the connection's name.
     pub target: String,
 }
@@ -162,6 +170,7 @@ impl KafkaConfig {
             topic: topic.into(),
             key: KafkaKey::None,
             timeout: TIMEOUT_DEFAULT,
+            metadata_max_age: METADATA_MAX_AGE,
         }
     }
 }
@@ -178,6 +187,7 @@ impl fmt::Debug for KafkaConfig {
             .field("topic", &self.topic)
             .field("key", &self.key)
             .field("timeout", &self.timeout)
+            .field("metadata_max_age", &self.metadata_max_age)
             .field("target", &self.target)
             .finish()
     }
@@ -199,7 +209,30 @@ fn client_deadline(timeout: Duration) -> Duration {
 /// A connected client and one producer per partition of the topic.
 #[derive(Clone)]
 struct Link {
+    client: Arc<Client>,
+    /// The topic's partition ids as last read, sorted; one producer each, in that order.
+    ids: Arc<Vec<i32>>,
     partitions: Arc<Vec<PartitionClient>>,
+    /// When the partition list is to be read again; shared by the clones, so one delivery
+    /// reads it while the others go on.
+    refresh_at: Arc<std::sync::Mutex<Instant>>,
+}
+
+impl Link {
+    /// Whether the partition list is due to be read again; if so, the next time is set
+    /// `max_age` from now, so only the caller that was told yes reads it.
+    fn take_refresh(&self, max_age: Duration) -> bool {
+        let now = Instant::now();
+        let mut at = self
+            .refresh_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if now < *at {
+            return false;
+        }
+        *at = now + max_age;
+        true
+    }
 }
 
 /// Produces one queue's tasks to a Kafka topic.
@@ -252,8 +285,44 @@ impl KafkaSink {
         })
     }
 
+    /// The shared connection (made if there is none); reconnected when the topic's partition
+    /// list, read again once it is older than `metadata_max_age`, has changed.
     async fn link(&self) -> Result<Link, Outcome> {
-        self.link.get_or_connect(|| self.connect()).await
+        let link = self.link.get_or_connect(|| self.connect()).await?;
+        if !link.take_refresh(self.config.metadata_max_age) {
+            return Ok(link);
+        }
+        match self.partition_ids(&link.client).await {
+            Ok(ids) if ids == *link.ids => Ok(link),
+            Ok(ids) => {
+                tracing::info!(target = %self.config.target, topic = %self.config.topic, before = link.ids.len(), after = ids.len(), "the topic's partitions changed; reconnecting to produce to them");
+                self.link.forget();
+                self.link.get_or_connect(|| self.connect()).await
+            }
+            // The produce finds out whether the broker or the topic is gone.
+            Err(_) => Ok(link),
+        }
+    }
+
+    /// The topic's partition ids, sorted, from fresh metadata.
+    async fn partition_ids(&self, client: &Client) -> Result<Vec<i32>, Outcome> {
+        let topic = &self.config.topic;
+        let topics = client.list_topics().await.map_err(|e| kafka_outcome(&e))?;
+        let Some(found) = topics.into_iter().find(|t| &t.name == topic) else {
+            return Err(classify_kafka_failure(
+                KafkaFailure::UnknownTopic,
+                &format!("{topic:?} is not in the cluster's metadata"),
+            ));
+        };
+        let mut ids = found.partitions.into_iter().collect::<Vec<i32>>();
+        ids.sort_unstable();
+        if ids.is_empty() {
+            return Err(classify_kafka_failure(
+                KafkaFailure::Broker("LeaderNotAvailable"),
+                "the topic has no partitions yet",
+            ));
+        }
+        Ok(ids)
     }
 
     async fn connect(&self) -> Result<Link, Outcome> {
@@ -279,23 +348,9 @@ impl KafkaSink {
             builder = builder.tls_config(Arc::clone(tls));
         }
         let client: Client = builder.build().await.map_err(|e| kafka_outcome(&e))?;
-        let topics = client.list_topics().await.map_err(|e| kafka_outcome(&e))?;
-        let Some(topic) = topics.into_iter().find(|t| t.name == config.topic) else {
-            return Err(classify_kafka_failure(
-                KafkaFailure::UnknownTopic,
-                &format!("{:?} is not in the cluster's metadata", config.topic),
-            ));
-        };
-        let mut ids = topic.partitions.into_iter().collect::<Vec<i32>>();
-        ids.sort_unstable();
-        if ids.is_empty() {
-            return Err(classify_kafka_failure(
-                KafkaFailure::Broker("LeaderNotAvailable"),
-                "the topic has no partitions yet",
-            ));
-        }
+        let ids = self.partition_ids(&client).await?;
         let mut partitions = Vec::with_capacity(ids.len());
-        for id in ids {
+        for &id in &ids {
             let partition = client
                 .partition_client(config.topic.clone(), id, UnknownTopicHandling::Error)
                 .await
@@ -307,7 +362,12 @@ impl KafkaSink {
         let set = nodelay::set_on_connections_to(&peers);
         tracing::debug!(target = %config.target, set, "TCP_NODELAY on broker connections");
         Ok(Link {
+            client: Arc::new(client),
+            ids: Arc::new(ids),
             partitions: Arc::new(partitions),
+            refresh_at: Arc::new(std::sync::Mutex::new(
+                Instant::now() + config.metadata_max_age,
+            )),
         })
     }
 
@@ -534,7 +594,7 @@ impl Sink for KafkaSink {
         &self.config.target
     }
 
-    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+    fn open(&self) -> SinkFuture<'_, Result<(), crate::OpenError>> {
         Box::pin(async move {
             let result = tokio::time::timeout(self.config.timeout, self.link()).await;
             let outcome = match result {

@@ -101,7 +101,22 @@ impl fmt::Debug for NatsConfig {
     }
 }
 
-/// Checks a subject: tokens separated by `.`, none empty, no wildcards or whitespace.
+/// Subject prefixes the server owns, and what lives there. A publish to one of them is not a
+/// message a stream stores but a request to the server: a task on
+/// `$JS.API.STREAM.DELETE.<name>` deletes that stream. `$KV.` and `$O.` are not here: the
+/// key-value and object stores are streams that capture them, and publishing to them is how
+/// one writes to those stores.
+pub const RESERVED_SUBJECT_PREFIXES: &[(&str, &str)] = &[
+    (
+        "$JS.",
+        "the JetStream API, acks, flow control and advisories",
+    ),
+    ("$SYS.", "the server's system account"),
+    ("_INBOX.", "reply subjects of requests"),
+];
+
+/// Checks a subject: tokens separated by `.`, none empty, no wildcards or whitespace, and not
+/// in a namespace the server owns ([`RESERVED_SUBJECT_PREFIXES`]).
 pub fn validate_subject(subject: &str) -> Result<(), String> {
     if subject.is_empty() || subject.len() > SUBJECT_LEN_MAX {
         return Err(format!("must be 1 to {SUBJECT_LEN_MAX} bytes long"));
@@ -116,6 +131,16 @@ pub fn validate_subject(subject: &str) -> Result<(), String> {
         return Err(
             "must not contain wildcards ('*', '>'), spaces or control characters".to_owned(),
         );
+    }
+    if let Some((prefix, what)) = RESERVED_SUBJECT_PREFIXES
+        .iter()
+        .find(|(prefix, _)| subject.starts_with(prefix))
+    {
+        return Err(format!(
+            "{subject:?} is in the {prefix:?} namespace, reserved for {what}: a publish there is a \
+             request to the NATS server (it could delete or purge a stream), not a message a \
+             stream stores; use a subject of your own that a stream captures"
+        ));
     }
     Ok(())
 }
@@ -461,7 +486,7 @@ impl Sink for NatsSink {
         &self.config.target
     }
 
-    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+    fn open(&self) -> SinkFuture<'_, Result<(), crate::OpenError>> {
         Box::pin(async move {
             let result = tokio::time::timeout(self.config.timeout, self.link()).await;
             let outcome = match result {

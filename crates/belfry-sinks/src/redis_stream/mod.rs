@@ -169,6 +169,14 @@ impl RedisStreamSink {
                 max: STREAM_KEY_LEN_MAX,
             });
         }
+        if config.max_len == Some(0) {
+            // `XADD MAXLEN ~ 0` removes the entry it just appended: every task would count
+            // delivered while no consumer ever sees one.
+            return Err(SinkError::InvalidDelivery {
+                field: "maxlen",
+                reason: "at least 1; leave it out for no trimming".to_owned(),
+            });
+        }
         if !(TIMEOUT_MIN..=TIMEOUT_MAX).contains(&config.timeout) {
             return Err(SinkError::InvalidRedisTimeout {
                 got: config.timeout,
@@ -302,36 +310,58 @@ impl RedisStreamSink {
     }
 
     /// Appends every task of `batch` in one pipeline; one outcome for the whole batch.
+    ///
+    /// A connection that died while idle (Redis restarted, failed over, or closed it) is only
+    /// found dead when used: on an I/O error the pipeline goes out once more on a new
+    /// connection, within this attempt, so a restart costs no task an attempt. Should the
+    /// first send have reached Redis before the connection broke, its entries are appended
+    /// twice; delivery is at-least-once and consumers deduplicate on `id`.
     async fn append(&self, batch: &[Attempt<'_>]) -> Outcome {
-        let mut connection = match self.connection().await {
-            Ok(connection) => connection,
-            Err(ConnectFailure(outcome)) => return outcome,
-        };
         let mut pipeline = redis::pipe();
         for item in batch {
             pipeline.add_command(self.command(item.task, item.attempt));
         }
-        match pipeline
+        let result = match self.send(&pipeline, batch.len()).await {
+            Err(error) if error.is_io_error() && !error.is_timeout() => {
+                tracing::debug!(target = %self.target, %error, "the redis connection broke; sending the batch again on a new one");
+                self.send(&pipeline, batch.len()).await
+            }
+            other => other,
+        };
+        result.unwrap_or_else(|error| redis_outcome(&error))
+    }
+
+    /// Sends the pipeline of `count` appends over the shared connection (made if there is
+    /// none); the outcome, or the error of a connection that failed while sending.
+    async fn send(
+        &self,
+        pipeline: &redis::Pipeline,
+        count: usize,
+    ) -> Result<Outcome, redis::RedisError> {
+        let mut connection = match self.connection().await {
+            Ok(connection) => connection,
+            Err(ConnectFailure(outcome)) => return Ok(outcome),
+        };
+        let replies = pipeline
             .query_async::<Vec<redis::Value>>(&mut connection)
             .await
-        {
-            Ok(replies) if replies.len() == batch.len() => Outcome::Delivered,
-            Ok(replies) => classify_transport(
-                TransportFailure::Connection,
-                &format!(
-                    "redis answered {} replies to {} appends",
-                    replies.len(),
-                    batch.len()
-                ),
-            ),
-            Err(error) => {
+            .inspect_err(|error| {
                 if error.is_unrecoverable_error() || error.is_io_error() {
-                    // The connection is broken; the next delivery makes a new one.
+                    // The connection is broken; the next send makes a new one.
                     self.connection.forget();
                 }
-                redis_outcome(&error)
-            }
-        }
+            })?;
+        Ok(if replies.len() == count {
+            Outcome::Delivered
+        } else {
+            classify_transport(
+                TransportFailure::Connection,
+                &format!(
+                    "redis answered {} replies to {count} appends",
+                    replies.len()
+                ),
+            )
+        })
     }
 
     async fn deliver_all(&self, batch: &[Attempt<'_>]) -> Vec<Outcome> {
@@ -393,7 +423,7 @@ impl Sink for RedisStreamSink {
         &self.target
     }
 
-    fn open(&self) -> SinkFuture<'_, Result<(), String>> {
+    fn open(&self) -> SinkFuture<'_, Result<(), crate::OpenError>> {
         Box::pin(async move {
             let outcome = match tokio::time::timeout(self.timeout, self.connection()).await {
                 Ok(Ok(_)) => Outcome::Delivered,

@@ -201,12 +201,17 @@ impl Backend {
                     (auth, task(2, b"{}"), "redis error"),
                 ]
             }
-            Backend::Nats(_) => {
+            Backend::Nats(server) => {
                 let no_stream = build(
                     self.connections(),
                     &SinkSpec::Nats(NatsSpec::new("main", "nobody.listens")),
                 );
                 let large = vec![b'x'; NATS_MESSAGE_BYTES_MAX as usize * 2];
+                seal_nats_stream(server, "SEALED", "sealed.>").await;
+                let sealed = build(
+                    self.connections(),
+                    &SinkSpec::Nats(NatsSpec::new("main", "sealed.orders")),
+                );
                 vec![
                     (no_stream, task(1, b"{}"), "no JetStream stream"),
                     (
@@ -214,6 +219,8 @@ impl Backend {
                         task_with_payload(2, large),
                         "10054",
                     ),
+                    // JSStreamSealedErr: a sealed stream never takes a message again.
+                    (sealed, task(3, b"{}"), "10109"),
                 ]
             }
             Backend::Kafka(_) => {
@@ -304,6 +311,26 @@ async fn create_nats_stream(server: &NatsServer) {
         })
         .await
         .expect("create the JetStream stream");
+}
+
+/// Creates stream `name` capturing `subjects`, then seals it (a stream cannot be created
+/// sealed).
+async fn seal_nats_stream(server: &NatsServer, name: &str, subjects: &str) {
+    let jetstream = server.jetstream().await;
+    let mut config = async_nats::jetstream::stream::Config {
+        name: name.to_owned(),
+        subjects: vec![subjects.to_owned()],
+        ..Default::default()
+    };
+    jetstream
+        .create_stream(config.clone())
+        .await
+        .expect("create the stream to seal");
+    config.sealed = true;
+    jetstream
+        .update_stream(config)
+        .await
+        .expect("seal the stream");
 }
 
 /// Metadata from `belfry-*` headers (webhook, NATS, Kafka).
@@ -772,7 +799,10 @@ async fn open_reports_reachability(kind: Kind) {
     backend.stop().await;
     let later = backend.sink(Variant::ShortTimeout);
     let error = later.open().await.expect_err("unreachable");
-    assert!(error.contains("main"), "{kind:?}: {error}");
+    assert!(
+        matches!(&error, belfry_sinks::OpenError::Unreachable(reason) if reason.contains("main")),
+        "{kind:?}: {error:?}"
+    );
 }
 
 macro_rules! conformance {

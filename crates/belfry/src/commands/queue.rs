@@ -310,7 +310,20 @@ pub async fn queue(remote: &Remote, command: QueueCommand) -> anyhow::Result<()>
     match command {
         QueueCommand::Create(args) => {
             let name = args.queue.clone();
-            run(remote, Request::put_queue(&name, &spec(*args)?), show).await
+            // The warnings go to stderr, so stdout stays the queue (`--json` prints the
+            // server's answer, warnings included).
+            let show_warned = |q: Queue| {
+                for warning in &q.warnings {
+                    eprintln!("warning: {warning}");
+                }
+                describe(&q)
+            };
+            run(
+                remote,
+                Request::put_queue(&name, &spec(*args)?),
+                show_warned,
+            )
+            .await
         }
         QueueCommand::Get { queue } => run(remote, Request::get_queue(&queue), show).await,
         QueueCommand::List { after } => {
