@@ -185,7 +185,11 @@ pub enum NatsFailure {
     Timeout,
     /// The server refused our credentials.
     Authorization,
-    /// No stream captures the subject ("no responders"): nothing would ever store the message.
+    /// No stream captures the subject ("no responders"). Retried: a stream being created,
+    /// or JetStream starting after a server restart, answers so too, and a dead letter at the
+    /// first attempt emptied a queue into its dead letters during a restart (nats.go's own
+    /// publish retries it as well). A subject no stream will ever capture runs out of
+    /// attempts.
     NoStream,
     /// The message is larger than the server's `max_payload`; the server would close the
     /// connection rather than take it.
@@ -221,8 +225,9 @@ pub fn classify_nats_failure(failure: NatsFailure, detail: &str) -> Outcome {
         NatsFailure::Authorization => Outcome::Reject {
             reason: reason("authorization refused"),
         },
-        NatsFailure::NoStream => Outcome::Reject {
-            reason: reason("no JetStream stream captures the subject"),
+        NatsFailure::NoStream => Outcome::Retry {
+            after: None,
+            reason: reason("no JetStream stream captures the subject (yet)"),
         },
         NatsFailure::TooLarge => Outcome::Reject {
             reason: reason("message too large"),
@@ -239,12 +244,13 @@ pub fn classify_nats_failure(failure: NatsFailure, detail: &str) -> Outcome {
 }
 
 /// Kafka protocol errors (by rskafka's name for them) after which producing the same record
-/// again cannot help: the topic does not exist or is invalid, the record or batch is too large
+/// again cannot help: the topic is invalid, the record or batch is too large
 /// or invalid, authorization or SASL authentication failed, the broker refuses the request's
 /// shape. Everything else (not the leader, not enough replicas, request timed out, network
 /// errors, throttling) is transient in Kafka's own terms and retried.
+/// A topic not (yet) in the metadata, `UnknownTopicOrPartition`, is retried, as Kafka's own
+/// producers do: a topic being created, or a partition whose leader is moving, answers so.
 const KAFKA_PERMANENT_ERRORS: &[&str] = &[
-    "UnknownTopicOrPartition",
     "InvalidTopicException",
     "MessageTooLarge",
     "RecordListTooLarge",
@@ -271,7 +277,7 @@ pub enum KafkaFailure<'a> {
     Broker(&'a str),
     /// SASL authentication was refused.
     Authentication,
-    /// The topic is not in the cluster's metadata.
+    /// The topic is not in the cluster's metadata (yet: retried, see above).
     UnknownTopic,
     /// The record could not be built (a key the spec cannot take, for instance).
     InvalidRequest,
@@ -292,8 +298,9 @@ pub fn classify_kafka_failure(failure: KafkaFailure<'_>, detail: &str) -> Outcom
         KafkaFailure::Authentication => Outcome::Reject {
             reason: reason("authentication refused"),
         },
-        KafkaFailure::UnknownTopic => Outcome::Reject {
-            reason: reason("unknown topic"),
+        KafkaFailure::UnknownTopic => Outcome::Retry {
+            after: None,
+            reason: reason("unknown topic (not in the cluster's metadata yet)"),
         },
         KafkaFailure::Broker(name) if KAFKA_PERMANENT_ERRORS.contains(&name) => Outcome::Reject {
             reason: reason(&format!("broker error {name}")),
@@ -582,7 +589,7 @@ mod tests {
         check(NatsFailure::Connection, Expected::Retry(None));
         check(NatsFailure::Timeout, Expected::Retry(None));
         check(NatsFailure::Authorization, Expected::Reject);
-        check(NatsFailure::NoStream, Expected::Reject);
+        check(NatsFailure::NoStream, Expected::Retry(None));
         check(NatsFailure::TooLarge, Expected::Reject);
         check(NatsFailure::Api(10054), Expected::Reject);
         check(NatsFailure::Api(10023), Expected::Retry(None));
@@ -601,11 +608,11 @@ mod tests {
         check(KafkaFailure::Connection, Expected::Retry(None));
         check(KafkaFailure::Timeout, Expected::Retry(None));
         check(KafkaFailure::Authentication, Expected::Reject);
-        check(KafkaFailure::UnknownTopic, Expected::Reject);
+        check(KafkaFailure::UnknownTopic, Expected::Retry(None));
         check(KafkaFailure::Broker("MessageTooLarge"), Expected::Reject);
         check(
             KafkaFailure::Broker("UnknownTopicOrPartition"),
-            Expected::Reject,
+            Expected::Retry(None),
         );
         check(
             KafkaFailure::Broker("NotLeaderOrFollower"),

@@ -14,8 +14,9 @@
 //! all sent at once. The partition list is read again every [`METADATA_MAX_AGE`] (and after a
 //! failed produce), so added partitions are used as by Kafka's own producers.
 //!
-//! The topic must exist: an unknown topic is a rejection (dead letter), because this sink never
-//! creates topics (their partition count and retention are the operator's choice).
+//! The topic must exist: this sink never creates topics (their partition count and retention
+//! are the operator's choice). An unknown topic is retried, as Kafka's own producers do (a
+//! topic being created answers so too), and a task dead-letters once its attempts run out.
 
 use std::collections::BTreeMap;
 use std::fmt;
