@@ -158,11 +158,21 @@ impl ConnectionSpec {
         Ok(())
     }
 
-    /// A password needs a username (except on Redis); a token is for NATS, and alone.
+    /// A password needs a username (except on Redis), and on NATS and Kafka a username needs
+    /// a password (a NATS username alone was accepted, then the connection made with no
+    /// credentials at all); a token is for NATS, and alone.
     fn validate_credentials(&self, key: &dyn Fn(&str) -> String) -> Result<(), String> {
         if self.password.is_some() && self.username.is_none() && self.kind != ConnectionKind::Redis
         {
             return Err(format!("{}: a password needs a username", key("password")));
+        }
+        if self.username.is_some() && self.password.is_none() && self.kind != ConnectionKind::Redis
+        {
+            return Err(format!(
+                "{}: a username needs a password (a {} connection sends both or neither)",
+                key("username"),
+                self.kind
+            ));
         }
         if self.token.is_some() && self.kind != ConnectionKind::Nats {
             return Err(format!(
@@ -533,6 +543,15 @@ mod tests {
         let mut kafka_password_only = ConnectionSpec::kafka(["h:1"]);
         kafka_password_only.password = Some("p".into());
         check("k", kafka_password_only, Some("connections.k.password"));
+        // A NATS username alone was taken, and the connection made with no credentials.
+        let mut nats_user_only = ConnectionSpec::url(Nats, "nats://x:4222");
+        nats_user_only.username = Some("u".into());
+        check("n", nats_user_only.clone(), Some("connections.n.username"));
+        nats_user_only.password = Some("p".into());
+        check("n", nats_user_only, None);
+        let mut kafka_user_only = ConnectionSpec::kafka(["h:1"]);
+        kafka_user_only.username = Some("u".into());
+        check("k", kafka_user_only, Some("a username needs a password"));
     }
 
     #[test]
