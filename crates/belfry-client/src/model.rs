@@ -54,11 +54,15 @@ pub enum DeliverySpec {
         stream: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         maxlen: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
     },
     /// JetStream publish to a subject of a `nats` connection the server declares.
     Nats {
         connection: String,
         subject: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
     },
     /// Produce to a topic of a `kafka` connection the server declares; `key` is `"task_id"`,
     /// `"header:NAME"` or absent.
@@ -67,6 +71,8 @@ pub enum DeliverySpec {
         topic: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         key: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
     },
 }
 

@@ -580,12 +580,30 @@ url = "nats://127.0.0.1:9"
         "{stderr}"
     );
     assert!(stdout.contains("redis_stream cache:tasks"), "{stdout}");
-    ok(
+    // A stream delivery's timeout, as a webhook's.
+    let created = ok(
         &server,
-        &["queue", "create", "n", "--nats", "events:orders.due"],
+        &[
+            "queue",
+            "create",
+            "n",
+            "--nats",
+            "events:orders.due",
+            "--timeout",
+            "2s",
+            "--json",
+        ],
     );
+    let created: serde_json::Value = serde_json::from_str(&created).expect("JSON");
+    assert_eq!(created["delivery"]["timeout_ms"], 2_000, "{created}");
     let shown = ok(&server, &["queue", "get", "n"]);
     assert!(shown.contains("nats events:orders.due"), "{shown}");
+    let (success, _, stderr) = belfry(&server, &["queue", "create", "p", "--timeout", "2s"]);
+    assert!(!success);
+    assert!(
+        stderr.contains("--timeout is a push delivery's"),
+        "{stderr}"
+    );
     // Undeclared connection, and a value without the colon: one clear line each.
     let (success, _, stderr) = belfry(&server, &["queue", "create", "x", "--kafka", "nope:t"]);
     assert!(!success);

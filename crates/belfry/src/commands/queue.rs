@@ -75,8 +75,9 @@ pub struct QueueCreate {
     /// HMAC-SHA256 signing secret for the webhook.
     #[arg(long, requires = "webhook")]
     pub secret: Option<String>,
-    /// How long one webhook call may take: "5s".
-    #[arg(long, value_name = "DURATION", requires = "webhook")]
+    /// How long one delivery call may take: "5s" (a webhook request, or a stream append,
+    /// publish or produce; each sink's bounds are in docs/sinks/).
+    #[arg(long, value_name = "DURATION")]
     pub timeout: Option<String>,
     /// --timeout in ms (the earlier form).
     #[arg(long, hide = true, requires = "webhook", conflicts_with = "timeout")]
@@ -130,11 +131,21 @@ fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
                 backoff_max_ms,
             });
     let (late_policy, late_after_ms) = args.late.policy()?.unzip();
+    let timeout_ms = parse_ms("timeout", args.timeout.as_deref())?.or(args.timeout_ms);
+    let pushes = args.webhook.is_some()
+        || args.redis_stream.is_some()
+        || args.nats.is_some()
+        || args.kafka.is_some();
+    if timeout_ms.is_some() && !pushes {
+        anyhow::bail!(
+            "--timeout is a push delivery's: give it with --webhook, --redis-stream, --nats or --kafka"
+        );
+    }
     let delivery = if let Some(url) = args.webhook {
         Some(DeliverySpec::Webhook {
             url,
             secret: args.secret,
-            timeout_ms: parse_ms("timeout", args.timeout.as_deref())?.or(args.timeout_ms),
+            timeout_ms,
         })
     } else if let Some(value) = &args.redis_stream {
         let (connection, stream) = connection_and("redis-stream", value)?;
@@ -142,12 +153,14 @@ fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
             connection,
             stream,
             maxlen: args.maxlen,
+            timeout_ms,
         })
     } else if let Some(value) = &args.nats {
         let (connection, subject) = connection_and("nats", value)?;
         Some(DeliverySpec::Nats {
             connection,
             subject,
+            timeout_ms,
         })
     } else if let Some(value) = &args.kafka {
         let (connection, topic) = connection_and("kafka", value)?;
@@ -155,6 +168,7 @@ fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
             connection,
             topic,
             key: args.key.clone(),
+            timeout_ms,
         })
     } else if args.pull {
         Some(DeliverySpec::Pull)
