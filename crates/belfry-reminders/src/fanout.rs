@@ -411,6 +411,11 @@ impl ReminderService {
                 made_this_step += self.put_batch(r, batch, report)?;
             }
             if finished {
+                // Checked again: the puts may have taken long, and a stale delete would end
+                // the new owner's fan-out record under it.
+                if !self.holds(r, lease, report) {
+                    return Ok(true);
+                }
                 self.store.delete_meta(FANOUTS_NAMESPACE, &key)?;
                 report.fanouts_finished += 1;
                 return Ok(false);
