@@ -83,6 +83,7 @@ error_codes! {
     InvalidUserId => "invalid_user_id",
     UserNotFound => "user_not_found",
     BodyIncomplete => "body_incomplete",
+    RequestTimeout => "request_timeout",
 }
 
 impl std::fmt::Display for ErrorCode {

@@ -158,20 +158,19 @@ impl ConnectionSpec {
         Ok(())
     }
 
-    /// A password needs a username (except on Redis), and on NATS and Kafka a username needs
-    /// a password (a NATS username alone was accepted, then the connection made with no
-    /// credentials at all); a token is for NATS, and alone.
+    /// A password needs a username (except on Redis), and on NATS a username needs a password
+    /// (a username alone was accepted, then the connection made with no credentials at all;
+    /// Kafka's SASL check says the same, `validate_kafka_security`); a token is for NATS, and
+    /// alone.
     fn validate_credentials(&self, key: &dyn Fn(&str) -> String) -> Result<(), String> {
         if self.password.is_some() && self.username.is_none() && self.kind != ConnectionKind::Redis
         {
             return Err(format!("{}: a password needs a username", key("password")));
         }
-        if self.username.is_some() && self.password.is_none() && self.kind != ConnectionKind::Redis
-        {
+        if self.username.is_some() && self.password.is_none() && self.kind == ConnectionKind::Nats {
             return Err(format!(
-                "{}: a username needs a password (a {} connection sends both or neither)",
-                key("username"),
-                self.kind
+                "{}: a username needs a password (a nats connection sends both or neither)",
+                key("username")
             ));
         }
         if self.token.is_some() && self.kind != ConnectionKind::Nats {
@@ -551,7 +550,11 @@ mod tests {
         check("n", nats_user_only, None);
         let mut kafka_user_only = ConnectionSpec::kafka(["h:1"]);
         kafka_user_only.username = Some("u".into());
-        check("k", kafka_user_only, Some("a username needs a password"));
+        check(
+            "k",
+            kafka_user_only,
+            Some("connections.k.password: required with a username"),
+        );
     }
 
     #[test]
