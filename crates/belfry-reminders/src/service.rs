@@ -71,6 +71,8 @@ impl ReminderError {
 #[derive(Debug, Clone, Default)]
 pub struct ReminderPatch {
     pub content: Option<bytes::Bytes>,
+    /// The new time. A `When::Cron` whose `timezone` is empty keeps the reminder's zone (UTC
+    /// if it had none): changing "09:00 Paris" to "08:00" moved it to 08:00 UTC.
     pub when: Option<When>,
     pub urgency: Option<Urgency>,
 }
@@ -192,7 +194,15 @@ impl ReminderService {
         if let Some(urgency) = patch.urgency {
             reminder.def.urgency = urgency;
         }
-        if let Some(when) = patch.when {
+        if let Some(mut when) = patch.when {
+            if let When::Cron { timezone, .. } = &mut when {
+                if timezone.is_empty() {
+                    *timezone = match &reminder.def.when {
+                        When::Cron { timezone, .. } => timezone.clone(),
+                        When::At(_) => "UTC".into(),
+                    };
+                }
+            }
             reminder.def.when = when;
             reminder.def.validate()?;
             reminder.next_fire_ms = match &reminder.def.when {

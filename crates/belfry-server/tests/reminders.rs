@@ -414,6 +414,20 @@ async fn bad_input(s: TestServer) {
             .contains("send both"),
         "{e}"
     );
+    // A new cron alone keeps the reminder's zone ("20:00 Tokyo" to "21:00 Tokyo"); it went to
+    // UTC, nine hours off.
+    let patched = s
+        .ok(
+            "PATCH",
+            "/v1/reminders/tz",
+            json!({"cron": "0 21 * * *"}),
+            200,
+        )
+        .await;
+    assert_eq!(
+        (&patched["cron"], &patched["timezone"]),
+        (&json!("0 21 * * *"), &json!("Asia/Tokyo"))
+    );
     let (status, e) = s
         .call("PUT", "/v1/reminders/ghost/subscribers/u1", Value::Null)
         .await;

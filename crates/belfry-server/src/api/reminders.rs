@@ -216,9 +216,10 @@ impl TimeBody {
     }
 
     /// The time given; a one-shot time past the year 9999 (which `run_at` cannot name
-    /// either) is refused.
-    fn when(self, now_ms: UnixMs) -> Result<When, ApiError> {
-        let when = self.given(now_ms)?;
+    /// either) is refused. A `cron` without `timezone` is in `default_zone`: `UTC` for a new
+    /// reminder, `""` for a PATCH (the reminder's own zone, `ReminderPatch`).
+    fn when(self, now_ms: UnixMs, default_zone: &str) -> Result<When, ApiError> {
+        let when = self.given(now_ms, default_zone)?;
         if let When::At(at) = when {
             if at > jiff::Timestamp::MAX.as_millisecond().unsigned_abs() {
                 return Err(invalid(format!(
@@ -229,7 +230,7 @@ impl TimeBody {
         Ok(when)
     }
 
-    fn given(self, now_ms: UnixMs) -> Result<When, ApiError> {
+    fn given(self, now_ms: UnixMs, default_zone: &str) -> Result<When, ApiError> {
         let given = [
             self.run_at.is_some(),
             self.run_at_ms.is_some(),
@@ -263,7 +264,7 @@ impl TimeBody {
                 expression,
                 timezone: self
                     .timezone
-                    .map_or_else(|| "UTC".into(), |tz| canonical_zone_name(&tz)),
+                    .map_or_else(|| default_zone.into(), |tz| canonical_zone_name(&tz)),
             });
         }
         if let Some(delay) = self.delay_ms {
@@ -474,7 +475,7 @@ async fn create(
     let id = body.id.as_deref().map(reminder_id).transpose()?;
     let def = ReminderDef {
         queue: queue_name(&body.queue)?,
-        when: body.time.when(now_ms)?,
+        when: body.time.when(now_ms, "UTC")?,
         content: content_bytes(body.content)?.unwrap_or_else(|| Bytes::from_static(b"null")),
         urgency: body.priority.map(Urgency::from).unwrap_or_default(),
         chunk_size: body.chunk_size.unwrap_or(CHUNK_SIZE_DEFAULT),
@@ -512,7 +513,7 @@ async fn patch(
     let when = if body.time.is_empty() {
         None
     } else {
-        Some(body.time.when(now_ms)?)
+        Some(body.time.when(now_ms, "")?)
     };
     let change = ReminderPatch {
         content: content_bytes(body.content)?,
