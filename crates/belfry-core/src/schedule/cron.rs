@@ -10,8 +10,9 @@
 //! value   = number | name            (month names JAN-DEC, weekday names SUN-SAT, any case)
 //! ```
 //!
-//! - `a/step` means `a-max/step`. `?` means the same as `*` and is only allowed in the two day
-//!   fields (Quartz users write it there).
+//! - `a/step` means `a-max/step`, where the day of week's max is 6 (Saturday): `MON/2` is MON,
+//!   WED, FRI, as in Quartz, Kubernetes' CronJobs and croniter. `?` means the same as `*` and is
+//!   only allowed in the two day fields (Quartz users write it there).
 //! - Day of week: 0 and 7 are both Sunday. A range ending in Sunday (`FRI-SUN`, `5-0`) is read
 //!   as ending in 7, so it does not run backwards.
 //! - Day rule (as in Vixie cron): when **both** day-of-month and day-of-week are restricted
@@ -61,6 +62,16 @@ impl CronField {
             CronField::DayOfMonth => (1, 31),
             CronField::Month => (1, 12),
             CronField::DayOfWeek => (0, 7),
+        }
+    }
+
+    /// Where `*` and `a/n` run to: the largest value, but Saturday (6) for the day of week,
+    /// where 7 is only another name for Sunday (0): `MON/2` is MON, WED, FRI, as in Quartz,
+    /// Kubernetes' CronJobs and croniter, not also SUN.
+    fn walk_max(self) -> u8 {
+        match self {
+            CronField::DayOfWeek => 6,
+            other => other.bounds().1,
         }
     }
 
@@ -382,7 +393,7 @@ fn parse_field(field: CronField, text: &str) -> Result<u64, (String, FieldProble
 }
 
 fn parse_item(field: CronField, item: &str) -> Result<u64, FieldProblem> {
-    let (min, max) = field.bounds();
+    let (min, max) = (field.bounds().0, field.walk_max());
     if item.is_empty() {
         return Err(FieldProblem::EmptyItem);
     }
@@ -454,7 +465,7 @@ fn parse_value(field: CronField, text: &str) -> Result<u8, FieldProblem> {
     if let Some(index) = names.iter().position(|n| n.eq_ignore_ascii_case(text)) {
         return Ok(field.first_name_value() + index as u8);
     }
-    if text.contains(['L', 'l', 'W', 'w', '#']) {
+    if is_extension(text) {
         return Err(FieldProblem::Unsupported);
     }
     Err(FieldProblem::NotAValue {
@@ -464,6 +475,18 @@ fn parse_value(field: CronField, text: &str) -> Result<u8, FieldProblem> {
             _ => "",
         },
     })
+}
+
+/// Whether `text` is one of Quartz's `L`, `W` and `#` forms (`L`, `5L`, `LW`, `15W`, `5#3`),
+/// not a word that happens to hold an L or a W (`July`, `Wednesday` were called extensions).
+fn is_extension(text: &str) -> bool {
+    if text.contains('#') {
+        return true;
+    }
+    let stem = text.trim_start_matches(|c: char| c.is_ascii_digit());
+    ["L", "W", "LW"]
+        .iter()
+        .any(|form| stem.eq_ignore_ascii_case(form))
 }
 
 /// The smallest set bit at or after `from`, if any.
@@ -668,6 +691,10 @@ mod tests {
         check("0 0 * * 7", [1, 1, 1, d, mo, 1], false);
         check("0 0 * * FRI-SUN", [1, 1, 1, d, mo, set(&[0, 5, 6])], false);
         check("0 0 * * 5-0", [1, 1, 1, d, mo, set(&[0, 5, 6])], false);
+        // A step from a weekday runs to Saturday: no Sunday after Friday.
+        check("0 0 * * MON/2", [1, 1, 1, d, mo, set(&[1, 3, 5])], false);
+        check("0 0 * * 1/2", [1, 1, 1, d, mo, set(&[1, 3, 5])], false);
+        check("0 0 * * */2", [1, 1, 1, d, mo, set(&[0, 2, 4, 6])], false);
         check("0 0 13 * FRI", [1, 1, 1, set(&[13]), mo, set(&[5])], true);
         check(
             "0 0 */2 * 1",
@@ -779,6 +806,15 @@ mod tests {
         check(
             "0 0 * * 5#3",
             r#"field 5 (day of week) "5#3": the L, W and # extensions are not supported"#,
+        );
+        // Words that hold an L or a W are words, not extensions.
+        check(
+            "0 0 * July *",
+            r#"field 4 (month) "July": not a number or a month name (JAN-DEC)"#,
+        );
+        check(
+            "0 0 * * Wednesday",
+            r#"field 5 (day of week) "Wednesday": not a number or a weekday name (SUN-SAT)"#,
         );
         check(
             "0 0 30 2 *",
