@@ -328,6 +328,16 @@ fn a_zone_name_a_typo_away_gets_the_known_one_suggested() {
     }
 }
 
+/// The zone directory's files that are not zones are refused: `localtime` is the host's zone,
+/// so a schedule in it fired by each node's /etc/localtime.
+#[test]
+fn host_dependent_zone_files_are_refused() {
+    let expr = CronExpr::parse("0 9 * * *").unwrap();
+    for name in ["localtime", "posixrules", "Factory", "LOCALTIME"] {
+        assert!(CronSchedule::new(expr.clone(), name).is_err(), "{name}");
+    }
+}
+
 #[test]
 fn intervals_and_bounds() {
     let spec = |start, end| {

@@ -63,6 +63,15 @@ pub fn time_zone(name: &str) -> Result<TimeZone, UnknownTimeZone> {
     if name.is_empty() || name.len() > TIME_ZONE_NAME_LEN_MAX {
         return Err(error(None));
     }
+    // Files of the zone directory that are not zones: `localtime` is the host's own zone
+    // (/etc/localtime), `posixrules` a default for POSIX TZ strings, `Factory` a placeholder.
+    // A schedule in one would fire by the host's settings, differently on each node.
+    if ["localtime", "posixrules", "Factory"]
+        .iter()
+        .any(|host| host.eq_ignore_ascii_case(name))
+    {
+        return Err(error(None));
+    }
     TimeZone::get(name).map_err(|_| error(closest_zone(name)))
 }
 
