@@ -274,11 +274,13 @@ fn instants_beyond_year_9999_have_no_next_firing() {
     let cron = CronSchedule::new(CronExpr::parse("* * * * * *").unwrap(), "Europe/Berlin").unwrap();
     assert_eq!(cron.next_after(u64::MAX), None);
     assert_eq!(cron.next_after(253_402_300_799_000), None);
-    // Three hours before the end (local 9999-12-31T22:00 in Berlin) firings still happen.
-    assert_eq!(
-        cron.next_after(253_402_290_000_000),
-        Some(253_402_290_001_000)
-    );
+    // The last instant the time zone library can write (9999-12-30T22:00:00Z): a firing past
+    // it was answered as "at": "".
+    let last = jiff::Timestamp::MAX.as_second() as u64 * 1000;
+    assert_eq!(cron.next_after(last - 2_000), Some(last - 1_000));
+    assert_eq!(cron.next_after(last - 1_000), Some(last));
+    assert_eq!(cron.next_after(last), None);
+    assert!(jiff::Timestamp::from_second((last / 1000) as i64).is_ok());
 }
 
 #[test]

@@ -32,9 +32,10 @@ pub const TIME_ZONE_NAME_LEN_MAX: usize = 64;
 /// database is under 26 hours, so two days covers any gap or fold next to the instant.
 const OFFSET_WINDOW_SECONDS: i64 = 2 * 86_400;
 
-/// 9999-12-31T23:59:59Z, the last second the time zone library represents. Firings stop
-/// there (a little earlier in zones east of UTC).
-const LAST_SECOND: i64 = 253_402_300_799;
+/// 9999-12-30T22:00:00Z, the last instant the time zone library represents
+/// (`jiff::Timestamp::MAX`: its civil range is year 9999 in every offset). Firings stop there;
+/// one after it could not be written as a time (it was answered as `"at": ""`).
+const LAST_SECOND: i64 = 253_402_207_200;
 
 /// A bound on the candidates one `next_after` call examines. Reaching it means a bug or a
 /// pathological zone; the call then answers "no further firing" rather than spinning.
@@ -199,7 +200,7 @@ impl CronSchedule {
             }
             civil = Civil::from_epoch_seconds(c + 1);
         }
-        let best = best?;
+        let best = best.filter(|b| *b <= LAST_SECOND)?;
         u64::try_from(best).ok()?.checked_mul(1000)
     }
 
