@@ -22,6 +22,7 @@ mod follow;
 pub mod listener;
 mod log_every;
 mod low_priority;
+mod metric_help;
 pub mod metrics;
 mod missing_queue;
 pub mod outcome;
@@ -168,6 +169,7 @@ impl ServerBuilder {
     pub async fn start(self) -> Result<ServerHandle, ServerError> {
         self.config.validate()?;
         metrics::handle();
+        metric_help::describe();
         metrics::register_at_zero();
         let sinks = match self.sinks {
             Some(sinks) => sinks,

@@ -172,3 +172,28 @@ async fn a_lease_taken_again_adds_no_lateness() {
     assert_eq!(value(&text, count), Some(1.0), "in:\n{text}");
     assert_eq!(value(&text, sum), Some(4.0), "in:\n{text}");
 }
+
+/// Every metric on the page says what it counts (`# HELP`), so a Prometheus user needs no docs
+/// to read it: a new metric without its line in `metric_help.rs` fails here.
+#[tokio::test]
+async fn every_metric_has_its_help() {
+    let s = TestServer::start().await;
+    s.queue("helped", json!({})).await;
+    s.submit("helped", json!({"payload": 1})).await;
+    s.lease("helped", json!({})).await;
+    let text = s.metrics_text().await;
+    let typed: Vec<&str> = text
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.split(' ').next())
+        .collect();
+    assert!(typed.len() >= 20, "{text}");
+    for name in typed {
+        assert!(
+            text.lines().any(|line| line
+                .strip_prefix("# HELP ")
+                .is_some_and(|rest| rest.split(' ').next() == Some(name))),
+            "{name} has no # HELP"
+        );
+    }
+}

@@ -105,6 +105,19 @@ pub const LEASES_LOST: &str = "belfry_shard_leases_lost_total";
 /// Counter: claims in a partition refused for a stale fence, by `at` (`node` or `redis`).
 pub const FENCE_REFUSED: &str = "belfry_fence_refused_total";
 
+/// Gives the ownership metrics their `# HELP` text. Call once the process's recorder is
+/// installed (the server installs it when it starts; descriptions sent before are lost).
+pub fn describe_metrics() {
+    metrics::describe_gauge!(LEASES_OWNED, "Partitions this node holds a valid lease on.");
+    metrics::describe_gauge!(
+        NODES_LIVE,
+        "Live nodes in the last heartbeat reply, this one included."
+    );
+    metrics::describe_counter!(TAKEOVERS, "Partition leases this node took.");
+    metrics::describe_counter!(LEASES_LOST, "Leases lost without a release, by reason (lapsed: past the local deadline, as after a pause; taken: another node holds it).");
+    metrics::describe_counter!(FENCE_REFUSED, "Claims refused for a stale fencing token, by where (node: its own deadline; redis: the claim script).");
+}
+
 /// Counts a claim the claim script refused because the partition has another owner now.
 pub(crate) fn fence_refused_by_redis() {
     metrics::counter!(FENCE_REFUSED, "at" => "redis").increment(1);

@@ -32,6 +32,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         "http"
     };
     let handle = builder.start().await.context("start the server")?;
+    if matches!(settings.store, StoreKind::Redis(_)) {
+        belfry_store_redis::ownership::describe_metrics();
+    }
     let data = match &settings.store {
         StoreKind::Engine => format!("data in {}", settings.data_dir.display()),
         StoreKind::Memory => {
