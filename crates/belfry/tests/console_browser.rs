@@ -382,6 +382,11 @@ async fn queue_page(browser: &Session, server: &Served) {
         .wait_text("#config-fields", "type: redis_stream")
         .await;
     assert!(!delivery.contains("secret"), "{delivery}");
+    // Its broker (port 9) answers nothing: the page says so, with why.
+    browser.wait_text("#config-fields", "Delivery health").await;
+    browser
+        .wait_text("#config-fields", "unreachable: connection failed")
+        .await;
 
     // Pause by a click; the API agrees. A pull queue without max_in_flight has no cap.
     show(browser, server, "#/queue/mail").await;

@@ -142,8 +142,12 @@ function lateText(policy, afterMs) {
 }
 
 function configTable(q) {
+  // A push queue's last look at its target: "reachable", "unreachable: why", "refused: why"
+  // (tasks dead-letter until the target or the connection is fixed) or "unknown".
+  const health = q.delivery_health ? [["Delivery health", q.delivery_health]] : [];
   return fields([
     ["Delivery", deliveryText(q.delivery)],
+    ...health,
     ["Max attempts", count(q.retry?.max_attempts)],
     ["Backoff", `${count(q.retry?.backoff_initial_ms)} ms doubling, up to ` +
       `${count(q.retry?.backoff_max_ms)} ms`],
