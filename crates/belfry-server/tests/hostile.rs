@@ -551,6 +551,17 @@ async fn idle_connections_close_after_their_timeout_never_before_and_busy_ones_s
     );
 }
 
+/// How many of `held` the server has closed (each given 20 ms to show it).
+async fn count_closed(held: &mut [TcpStream]) -> usize {
+    let mut closed = 0;
+    for stream in held {
+        if closed_within(stream, Duration::from_millis(20)).await {
+            closed += 1;
+        }
+    }
+    closed
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_the_cap_a_light_client_takes_the_place_of_a_heavy_clients_silent_connection() {
     const CAP: usize = 8;
@@ -581,13 +592,11 @@ async fn at_the_cap_a_light_client_takes_the_place_of_a_heavy_clients_silent_con
         started.elapsed()
     );
     assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
-    let mut closed = 0;
-    for stream in &mut held {
-        if closed_within(stream, Duration::from_millis(20)).await {
-            closed += 1;
-        }
-    }
-    assert_eq!(closed, 1, "exactly one of A's connections made room");
+    assert_eq!(
+        count_closed(&mut held).await,
+        1,
+        "exactly one of A's connections made room"
+    );
     // A's next connection is not light: it waits for a place, and gets the one B gives back.
     let mut again = connect_from(CLIENT_A, addr).await;
     again
@@ -630,13 +639,11 @@ async fn at_the_cap_a_light_client_takes_the_place_of_a_half_sent_keep_alive_con
     let mut b = connect_from(CLIENT_B, addr).await;
     assert_eq!(healthz_on(&mut b).await, "HTTP/1.1 200 OK");
     assert_eq!(stats.evicted.load(std::sync::atomic::Ordering::Relaxed), 1);
-    let mut closed = 0;
-    for stream in &mut held {
-        if closed_within(stream, Duration::from_millis(20)).await {
-            closed += 1;
-        }
-    }
-    assert_eq!(closed, 1, "exactly one of A's connections made room");
+    assert_eq!(
+        count_closed(&mut held).await,
+        1,
+        "exactly one of A's connections made room"
+    );
     s.handle.stop().await.expect("clean stop");
 }
 
