@@ -122,15 +122,13 @@ pub fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError
         Ok(value) => Ok(value),
         // JSON text is UTF-8 (RFC 8259): bytes that are not are a syntax error, not a field
         // of the wrong shape ("payload: invalid unicode code point").
-        Err(_) if std::str::from_utf8(text).is_err() => {
-            let at = std::str::from_utf8(text)
-                .err()
-                .map_or(0, |e| e.valid_up_to());
-            Err(ApiError::new(
-                ErrorCode::MalformedJson,
-                format!("the body is not valid UTF-8 (at byte {at}): JSON text is UTF-8"),
-            ))
-        }
+        Err(_) if let Err(bad) = std::str::from_utf8(text) => Err(ApiError::new(
+            ErrorCode::MalformedJson,
+            format!(
+                "the body is not valid UTF-8 (at byte {}): JSON text is UTF-8",
+                bad.valid_up_to()
+            ),
+        )),
         // Some shape errors are reported as syntax ("expected value") by the borrowed
         // types; valid JSON means the shape is at fault.
         Err(error) if serde_json::from_slice::<serde::de::IgnoredAny>(text).is_ok() => {
@@ -277,8 +275,12 @@ pub fn page_limit(limit: Option<usize>, default: usize, max: usize) -> Result<us
     Ok(limit)
 }
 
-/// Whether `text`, a time jiff parsed, has an offset of a day or more.
+/// Whether `text`, a time jiff parsed, has an offset of a day or more. A time in UTC (`Z`,
+/// what most clients send) has none, and is not parsed again.
 fn rfc3339_offset_out_of_range(text: &str) -> bool {
+    if text.ends_with(['Z', 'z']) {
+        return false;
+    }
     jiff::fmt::temporal::Pieces::parse(text)
         .ok()
         .and_then(|p| p.to_numeric_offset())
