@@ -43,6 +43,7 @@ const HELP: &[(&str, Kind, &str)] = &[
     (SINK_DURATION, Histogram, "Seconds of one delivery call to a push sink, by queue, sink type and outcome (delivered, retry, reject)."),
     (HTTP_CONNECTIONS_OPEN, Gauge, "HTTP connections open now."),
     (HTTP_CONNECTIONS_WAITING, Gauge, "Connections accepted at the cap that wait for a place."),
+    (TLS_CERT_NOT_AFTER, Gauge, "When the listener's TLS certificate expires, in Unix seconds: alert well before time() reaches it (HTTPS only)."),
     (HTTP_CONNECTIONS_ACCEPTED, Counter, "HTTP connections accepted."),
     (HTTP_CONNECTIONS_CLOSED_IDLE, Counter, "Connections closed for being silent, half-sent or idle past their timeout."),
     (HTTP_CONNECTIONS_EVICTED, Counter, "Connections closed at the cap to make room for a lighter client's."),

@@ -43,6 +43,8 @@ pub const HTTP_CONNECTIONS_REFUSED: &str = "belfry_http_connections_refused_tota
 /// accepted at the cap that wait for a place now.
 pub const HTTP_CONNECTIONS_EVICTED: &str = "belfry_http_connections_evicted_total";
 pub const HTTP_CONNECTIONS_WAITING: &str = "belfry_http_connections_waiting";
+/// When the listener's TLS certificate stops being valid, in Unix seconds (HTTPS only).
+pub const TLS_CERT_NOT_AFTER: &str = "belfry_tls_cert_not_after_timestamp_seconds";
 
 /// Lateness buckets: from 1 ms (the precision we promise) to minutes (after an outage).
 const LATENESS_BUCKETS_S: &[f64] = &[

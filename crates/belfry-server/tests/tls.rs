@@ -250,3 +250,46 @@ fn bad_certificate_files_say_which_and_why() {
         "{error}"
     );
 }
+
+/// A certificate valid from `from` to `until` (years), written as PEM into a temporary dir.
+fn dated(from: i32, until: i32) -> (tempfile::TempDir, std::path::PathBuf) {
+    let mut params = rcgen::CertificateParams::new(vec!["127.0.0.1".into()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(from, 1, 1);
+    params.not_after = rcgen::date_time_ymd(until, 1, 1);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let made = params.self_signed(&key).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cert.pem");
+    std::fs::write(&path, made.pem()).unwrap();
+    (dir, path)
+}
+
+#[test]
+fn certificate_dates_are_read_and_judged() {
+    let (_dir, path) = dated(2020, 2021);
+    let dates = tls::CertDates::read(&path).expect("dates read");
+    let year_2020 = 1_577_836_800;
+    let year_2021 = 1_609_459_200;
+    assert_eq!((dates.not_before, dates.not_after), (year_2020, year_2021));
+    let expired = dates.judge(&path, year_2021 + 3 * 86_400).unwrap_err();
+    assert!(
+        expired.contains("expired at 2021-01-01T00:00:00Z (3 days ago)")
+            && expired.contains("renew"),
+        "{expired}"
+    );
+    let early = dates.judge(&path, year_2020 - 1).unwrap_err();
+    assert!(early.contains("valid only from 2020-01-01"), "{early}");
+    let soon = dates.judge(&path, year_2021 - 5 * 86_400).unwrap_err();
+    assert!(soon.contains("in 5 days"), "{soon}");
+    let fine = dates.judge(&path, year_2020 + 86_400).unwrap();
+    assert!(fine.contains("valid until 2021-01-01T00:00:00Z"), "{fine}");
+    // Not a certificate at all: said, not a panic.
+    let junk = path.with_file_name("junk.pem");
+    std::fs::write(
+        &junk,
+        "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+    )
+    .unwrap();
+    let error = tls::CertDates::read(&junk).unwrap_err().to_string();
+    assert!(error.contains("not an X.509 certificate"), "{error}");
+}

@@ -32,6 +32,9 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
         "http"
     };
     let handle = builder.start().await.context("start the server")?;
+    if let Some((cert, _)) = &settings.tls {
+        belfry_server::listener::tls::announce_dates(cert);
+    }
     if matches!(settings.store, StoreKind::Redis(_)) {
         belfry_store_redis::ownership::describe_metrics();
     }

@@ -85,3 +85,99 @@ fn refused(error: &rustls::Error, cert: &Path, key: &Path) -> TlsError {
         }
     })
 }
+
+/// When the server's own certificate (the first in the chain) may be used, in Unix seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CertDates {
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+/// How many days before expiry the start-up log warns.
+const EXPIRY_WARNING_DAYS: i64 = 14;
+
+impl CertDates {
+    /// The dates of the first certificate in the PEM file `cert` (the file [`load`] took).
+    pub fn read(cert: &Path) -> Result<CertDates, TlsError> {
+        use x509_cert::der::Decode;
+        let file = std::fs::File::open(cert)
+            .map_err(|e| TlsError(format!("tls.cert: cannot read {}: {e}", cert.display())))?;
+        let first = rustls_pemfile::certs(&mut BufReader::new(file))
+            .next()
+            .transpose()
+            .map_err(|e| TlsError(format!("tls.cert: {}: not PEM: {e}", cert.display())))?
+            .ok_or_else(|| {
+                TlsError(format!("tls.cert: {} holds no certificate", cert.display()))
+            })?;
+        let parsed = x509_cert::Certificate::from_der(first.as_ref()).map_err(|e| {
+            TlsError(format!(
+                "tls.cert: {}: not an X.509 certificate: {e}",
+                cert.display()
+            ))
+        })?;
+        let validity = parsed.tbs_certificate.validity;
+        let seconds = |time: x509_cert::time::Time| {
+            i64::try_from(time.to_unix_duration().as_secs()).unwrap_or(i64::MAX)
+        };
+        Ok(CertDates {
+            not_before: seconds(validity.not_before),
+            not_after: seconds(validity.not_after),
+        })
+    }
+
+    /// What an operator should hear about these dates at `now` (Unix seconds): `Err` when
+    /// clients will refuse the certificate or soon will, `Ok` otherwise.
+    pub fn judge(&self, cert: &Path, now: i64) -> Result<String, String> {
+        let at = |seconds: i64| {
+            jiff::Timestamp::from_second(seconds)
+                .map(|t| t.to_string())
+                .unwrap_or_else(|_| format!("{seconds} (Unix seconds)"))
+        };
+        let cert = cert.display();
+        let days = |seconds: i64| seconds.div_euclid(86_400);
+        if now >= self.not_after {
+            Err(format!(
+                "tls.cert: {cert} expired at {} ({} days ago): clients refuse it; renew it and \
+                 restart belfry",
+                at(self.not_after),
+                days(now - self.not_after)
+            ))
+        } else if now < self.not_before {
+            Err(format!(
+                "tls.cert: {cert} is valid only from {}: clients refuse it until then (is this \
+                 machine's clock right?)",
+                at(self.not_before)
+            ))
+        } else if self.not_after - now < EXPIRY_WARNING_DAYS * 86_400 {
+            Err(format!(
+                "tls.cert: {cert} expires at {}, in {} days: renew it and restart belfry",
+                at(self.not_after),
+                days(self.not_after - now)
+            ))
+        } else {
+            Ok(format!(
+                "tls.cert: {cert} is valid until {}",
+                at(self.not_after)
+            ))
+        }
+    }
+}
+
+/// Says at start-up until when the certificate `cert` is valid (a warning when clients refuse
+/// it or will within two weeks), and shows the expiry on `/metrics`; the server serves either
+/// way, as the certificate is the operator's to renew.
+pub fn announce_dates(cert: &Path) {
+    let dates = match CertDates::read(cert) {
+        Ok(dates) => dates,
+        Err(why) => {
+            tracing::warn!("{why}: its expiry is not checked");
+            return;
+        }
+    };
+    let now = jiff::Timestamp::now().as_second();
+    match dates.judge(cert, now) {
+        Ok(fine) => tracing::info!("{fine}"),
+        Err(warning) => tracing::warn!("{warning}"),
+    }
+    metrics::gauge!(crate::metrics::TLS_CERT_NOT_AFTER).set(dates.not_after as f64);
+}
