@@ -38,6 +38,23 @@ pub(crate) struct Settle {
     pub earliest: i64,
 }
 
+/// A hint update that a Redis at its `maxmemory` refused is not an error of the call that
+/// made it: the claim, ack or nack before it has happened (its tasks leased, acked or due
+/// again), and failing the call would lose that (a claim's leased tasks would wait out their
+/// lease undelivered, again at every claim, so a full Redis could never drain). A hint only
+/// says where to look: a claim's settle refused leaves the visited partitions due in it, so
+/// the next claim looks there again; a lowering refused (a nack's retry time) is made by the
+/// sweep once memory is freed.
+fn hint_left_for_memory(update: Result<()>) -> Result<()> {
+    match update {
+        Err(belfry_store::StoreError::Full { detail }) => {
+            tracing::debug!(%detail, "hint update left for lack of memory in redis");
+            Ok(())
+        }
+        other => other,
+    }
+}
+
 /// What a claim in one partition found.
 enum PartClaim {
     Done,
@@ -59,8 +76,8 @@ impl RedisStore {
         }
         let keys = self.keys.hint_keys(uid);
         let args = self.hint_args(queue, p, at);
-        self.script(c, &scripts::HINT, &keys, &args, "update a queue's hint")?;
-        Ok(())
+        let lowered = self.script(c, &scripts::HINT, &keys, &args, "update a queue's hint");
+        hint_left_for_memory(lowered.map(drop))
     }
 
     /// The hint script's arguments: partition `p` of `queue` has work at `at`, and the
@@ -266,14 +283,14 @@ impl RedisStore {
             args.push(s.version.clone());
             args.push(s.earliest.to_string().into_bytes());
         }
-        self.script(
+        let settled = self.script(
             c,
             &scripts::HINT_CLAIM,
             &keys,
             &args,
             "update a queue's hint",
-        )?;
-        Ok(())
+        );
+        hint_left_for_memory(settled.map(drop))
     }
 
     #[allow(clippy::too_many_arguments)] // one partition's claim: the queue, where, what, and its results

@@ -3,7 +3,7 @@
 //! refused credentials say so, and neither is "corrupt data".
 
 use belfry_core::{NewTask, QueueName};
-use belfry_store::{Store, StoreError};
+use belfry_store::{LeaseOutcome, Store, StoreError};
 use belfry_store_redis::testing::RedisServer;
 use belfry_store_redis::{RedisOptions, RedisStore, RedisTarget};
 use bytes::Bytes;
@@ -123,4 +123,46 @@ fn a_cluster_url_naming_one_redis_is_refused_for_good() {
         why.contains(&format!("use redis://127.0.0.1:{}", server.port())),
         "{why}"
     );
+}
+
+/// A full Redis still delivers: deliveries are what free its memory (an ack deletes the
+/// task), so claims, acks, nacks and dead letters go on, and only the hint updates behind
+/// them (which Redis refuses) are left for later.
+#[test]
+fn a_redis_at_maxmemory_goes_on_delivering() {
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.target(), options("oom-deliver")).unwrap();
+    let queue = QueueName::new("q").unwrap();
+    store.put_queue(&queue, Bytes::new()).unwrap();
+    let due = || NewTask::new(queue.clone(), NOW - 1, "{}");
+    store.put(vec![due(), due(), due(), due()]).unwrap();
+
+    config_set(&server, "maxmemory", "1");
+    let batch = store
+        .claim(&queue, NOW, 3, 30_000)
+        .expect("a claim at maxmemory");
+    let [acked, nacked, buried] = &batch.leased[..] else {
+        panic!("3 tasks leased: {:?}", batch.leased);
+    };
+    let ack = store.ack(&queue, acked.task.id, acked.lease_id, NOW);
+    assert_eq!(ack.unwrap(), LeaseOutcome::Ok);
+    let nack = store.nack(&queue, nacked.task.id, nacked.lease_id, NOW + 10, NOW);
+    assert_eq!(nack.unwrap(), LeaseOutcome::Ok);
+    let dead = store.dead_letter(&queue, buried.task.id, buried.lease_id, "gone", NOW);
+    assert_eq!(dead.unwrap(), LeaseOutcome::Ok);
+    // The fourth task, and the nacked one at its retry time.
+    let later = store.claim(&queue, NOW + 20, 10, 30_000).unwrap();
+    let mut ids: Vec<_> = later.leased.iter().map(|t| t.task.id).collect();
+    ids.sort();
+    assert_eq!(ids.len(), 2, "{:?}", later.leased);
+    assert!(ids.contains(&nacked.task.id));
+    let counts = store.counts(&queue, NOW + 20).unwrap();
+    assert_eq!((counts.in_flight, counts.dead), (2, 1), "{counts:?}");
+    // Submits are still refused until memory is freed.
+    assert!(matches!(
+        store.put(vec![due()]),
+        Err(StoreError::Full { .. })
+    ));
+    config_set(&server, "maxmemory", "0");
+    store.put(vec![due()]).unwrap();
 }
