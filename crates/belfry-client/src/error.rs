@@ -124,8 +124,11 @@ pub enum Error {
     Http(#[from] reqwest::Error),
     #[error("unexpected answer from belfry (HTTP {status}): {detail}")]
     Unexpected { status: u16, detail: String },
-    #[error("invalid server URL {0:?}: give http://HOST:PORT or https://HOST:PORT, without /v1 (each call adds it)")]
+    #[error("invalid server URL {0:?}: give http://HOST:PORT or https://HOST:PORT, without /v1 (each call adds it), a query or a fragment")]
     BadUrl(String),
+    /// A name in the call's path is `.` or `..`, which a URL cannot carry.
+    #[error("{0:?} is not a name belfry takes (a URL path cannot carry it): no queue, key, user, schedule, reminder or token is \".\" or \"..\"")]
+    DotName(String),
     /// The CA file given for an `https://` server holds no usable certificate.
     #[error("CA certificates: {0}")]
     BadCa(String),

@@ -93,12 +93,19 @@ pub struct Client {
 
 impl Client {
     /// `base` is the server's URL, e.g. `http://127.0.0.1:7070`.
-    pub fn new(base: &str) -> Result<Self> {
-        let base = base.trim_end_matches('/').to_owned();
+    pub fn new(given: &str) -> Result<Self> {
+        let base = given.trim_end_matches('/').to_owned();
         // A path is kept (a proxy may serve belfry under one), but every route starts with
         // /v1 itself: a base ending in /v1 would ask for /v1/v1/… and get route_not_found.
-        if !(base.starts_with("http://") || base.starts_with("https://")) || base.ends_with("/v1") {
-            return Err(Error::BadUrl(base));
+        // A query or a fragment would end up after the routes' paths, which then all read
+        // as the base's path.
+        let fits = (base.starts_with("http://") || base.starts_with("https://"))
+            && !base.ends_with("/v1")
+            && reqwest::Url::parse(&base).is_ok_and(|url| {
+                url.has_host() && url.query().is_none() && url.fragment().is_none()
+            });
+        if !fits {
+            return Err(Error::BadUrl(given.to_owned()));
         }
         let http = reqwest::Client::builder()
             .no_proxy()
@@ -159,6 +166,12 @@ impl Client {
         body: Option<reqwest::Body>,
         timeout: Option<Duration>,
     ) -> Result<reqwest::Response> {
+        // A name "." or ".." would be resolved away by the URL ("/v1/users/../reminders" is
+        // "/v1/reminders") and the call would reach another route: no name is either.
+        let path = request.path.split('?').next().unwrap_or_default();
+        if let Some(dots) = path.split('/').find(|s| matches!(*s, "." | "..")) {
+            return Err(Error::DotName(dots.to_owned()));
+        }
         let mut builder = self.http.request(
             request.method.clone(),
             format!("{}{}", self.base, request.path),

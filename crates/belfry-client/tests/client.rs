@@ -540,6 +540,26 @@ async fn operations_and_transport_errors() {
         Err(e @ Error::BadUrl(_)) => assert!(e.to_string().contains("without /v1"), "{e}"),
         other => panic!("expected BadUrl, got {other:?}"),
     }
+    // "." and ".." are no names: sent, they would be resolved into another route's path.
+    for dots in [".", ".."] {
+        match nobody.get_queue(dots).await {
+            Err(e @ Error::DotName(_)) => assert!(e.to_string().contains("not a name"), "{e}"),
+            other => panic!("{dots}: expected DotName, got {other:?}"),
+        }
+    }
+    // A query or a fragment would swallow every route's path; the message quotes what was given.
+    for given in [
+        "http://127.0.0.1:7070?x=1",
+        "http://127.0.0.1:7070/#",
+        "http://",
+    ] {
+        match Client::new(given) {
+            Err(e @ Error::BadUrl(_)) => {
+                assert!(e.to_string().contains(&format!("{given:?}")), "{e}")
+            }
+            other => panic!("{given}: expected BadUrl, got {other:?}"),
+        }
+    }
     // https URLs are accepted (TLS itself is tested with the TLS work), and a proxy's prefix.
     assert!(Client::new("https://belfry.example:7443/").is_ok());
     assert!(Client::new("https://example.com/belfry").is_ok());

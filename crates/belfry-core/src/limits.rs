@@ -37,6 +37,14 @@ pub const HEADERS_MAX: usize = 64;
 pub const HEADER_NAME_LEN_MAX: usize = 256;
 pub const HEADER_VALUE_LEN_MAX: usize = 4096;
 
+/// Whether `name` is `.` or `..`: a URL path cannot carry either as a name (clients resolve
+/// them as "this" and "the parent" segment, even percent-encoded, before sending), so names
+/// that appear in paths (queues, task keys, user ids, schedule and reminder ids, token names)
+/// may not be one.
+pub fn is_dot_segment(name: &str) -> bool {
+    name == "." || name == ".."
+}
+
 /// Longest idempotency key.
 pub const IDEMPOTENCY_KEY_LEN_MAX: usize = 256;
 

@@ -14,7 +14,7 @@ use crate::limits::QUEUE_NAME_LEN_MAX;
 pub struct QueueName(Arc<str>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("queue names are 1 to {QUEUE_NAME_LEN_MAX} characters of A-Z, a-z, 0-9, '_', '.' and '-'; got {got:?}")]
+#[error("queue names are 1 to {QUEUE_NAME_LEN_MAX} characters of A-Z, a-z, 0-9, '_', '.' and '-', not \".\" or \"..\"; got {got:?}")]
 pub struct InvalidQueueName {
     pub got: String,
 }
@@ -29,8 +29,9 @@ impl QueueName {
             && name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-        // "." and ".." are refused because queue names become file names.
-        if valid && name != "." && name != ".." {
+        // "." and ".." are refused: a URL path cannot name them, and queue names become file
+        // names.
+        if valid && !crate::limits::is_dot_segment(name) {
             Ok(QueueName(Arc::from(name)))
         } else {
             Err(InvalidQueueName {

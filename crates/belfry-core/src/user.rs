@@ -6,7 +6,8 @@ use std::str::FromStr;
 
 use crate::limits::USER_ID_LEN_MAX;
 
-/// A validated user id: 1 to [`USER_ID_LEN_MAX`] bytes of UTF-8 without control characters.
+/// A validated user id: 1 to [`USER_ID_LEN_MAX`] bytes of UTF-8 without control characters,
+/// not `.` or `..` ([`crate::limits::is_dot_segment`]).
 /// The id is opaque to belfry; a canonical decimal number (`"0"`, `"42"`, no sign, no leading
 /// zero, at most `u64::MAX`) is stored as 8 bytes, anything else as its bytes.
 ///
@@ -17,7 +18,7 @@ pub struct UserId(Box<str>);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "user ids are 1 to {USER_ID_LEN_MAX} bytes of UTF-8 without control characters; got {got:?}"
+    "user ids are 1 to {USER_ID_LEN_MAX} bytes of UTF-8 without control characters, not \".\" or \"..\" (a URL path cannot name them); got {got:?}"
 )]
 pub struct InvalidUserId {
     pub got: String,
@@ -76,7 +77,10 @@ impl UserId {
 }
 
 fn is_valid(id: &str) -> bool {
-    !id.is_empty() && id.len() <= USER_ID_LEN_MAX && !id.chars().any(char::is_control)
+    !id.is_empty()
+        && id.len() <= USER_ID_LEN_MAX
+        && !id.chars().any(char::is_control)
+        && !crate::limits::is_dot_segment(id)
 }
 
 /// `s` as a number, if it is a canonical decimal `u64`.
@@ -258,6 +262,10 @@ mod tests {
         bad(&"x".repeat(USER_ID_LEN_MAX + 1));
         bad("a\nb");
         bad("tab\there");
+        // A URL path cannot name them.
+        bad(".");
+        bad("..");
+        ok("...");
     }
 
     #[test]
@@ -309,7 +317,7 @@ mod tests {
     fn any_id() -> impl Strategy<Value = UserId> {
         prop_oneof![
             any::<u64>().prop_map(|n| UserId::new(n.to_string()).unwrap()),
-            "[a-z0-9@._-]{1,20}".prop_map(|s| UserId::new(s).unwrap()),
+            "[a-z0-9@._-]{1,20}".prop_filter_map("not a dot segment", |s| UserId::new(s).ok()),
         ]
     }
 

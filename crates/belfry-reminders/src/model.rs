@@ -31,7 +31,7 @@ pub const USERS_PER_SECOND_MAX: u32 = 1_000_000;
 pub struct ReminderId(String);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("reminder ids are 1 to {REMINDER_ID_LEN_MAX} characters of A-Z, a-z, 0-9, '_', '.' and '-'; got {got:?}")]
+#[error("reminder ids are 1 to {REMINDER_ID_LEN_MAX} characters of A-Z, a-z, 0-9, '_', '.' and '-', not \".\" or \"..\"; got {got:?}")]
 pub struct InvalidReminderId {
     pub got: String,
 }
@@ -43,7 +43,8 @@ impl ReminderId {
             && id.len() <= REMINDER_ID_LEN_MAX
             && id
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+            && !belfry_core::limits::is_dot_segment(&id);
         if valid {
             Ok(ReminderId(id))
         } else {

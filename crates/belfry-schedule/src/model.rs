@@ -26,7 +26,7 @@ const _: () = assert!(
 pub struct ScheduleId(String);
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("schedule ids are 1 to {SCHEDULE_ID_LEN_MAX} characters of A-Z, a-z, 0-9, '_', '.' and '-'; got {got:?}")]
+#[error("schedule ids are 1 to {SCHEDULE_ID_LEN_MAX} characters of A-Z, a-z, 0-9, '_', '.' and '-', not \".\" or \"..\"; got {got:?}")]
 pub struct InvalidScheduleId {
     pub got: String,
 }
@@ -38,7 +38,8 @@ impl ScheduleId {
             && id.len() <= SCHEDULE_ID_LEN_MAX
             && id
                 .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+            && !belfry_core::limits::is_dot_segment(&id);
         if valid {
             Ok(ScheduleId(id))
         } else {

@@ -184,6 +184,9 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         (400, "invalid_payload", "POST", tasks, b(r#"{"payload":1,"payload_base64":"AA=="}"#)),
         (400, "invalid_payload", "POST", tasks, b(r#"{"payload_base64":"***"}"#)),
         (400, "invalid_request", "POST", tasks, b(r#"{"priority":"urgent"}"#)),
+        // A URL path cannot name "." or "..": the task could never be read by its key.
+        (400, "invalid_request", "POST", tasks, b(r#"{"idempotency_key":".."}"#)),
+        (400, "invalid_schedule_id", "POST", "/v1/schedules", b(r#"{"id":"..","queue":"q","every_ms":60000}"#)),
         (404, "queue_not_found", "POST", "/v1/queues/nope/tasks", b("{}")),
         (400, "invalid_queue_name", "POST", "/v1/queues/bad%20name/tasks", b("{}")),
         (400, "invalid_queue_name", "PUT", &long_name, None),

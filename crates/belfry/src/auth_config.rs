@@ -103,7 +103,7 @@ pub struct TokenCreateArgs {
     #[arg(long = "scope", required = true)]
     pub scopes: Vec<String>,
     /// Requests per second the token may make (none: unlimited).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::parse_rate)]
     pub rate: Option<f64>,
     /// Make the token here and print the `[[auth.tokens]]` lines for the server's config,
     /// instead of asking a running server (for a server's first token).
@@ -120,8 +120,8 @@ pub async fn token(
     use belfry_client::Request;
     match command {
         TokenCommand::Create(args) if args.offline => {
-            print!("{}", create_token(&args)?);
-            Ok(())
+            let text = create_token(&args)?;
+            crate::commands::say(text.trim_end())
         }
         TokenCommand::Create(args) => {
             for scope in &args.scopes {
@@ -179,9 +179,9 @@ pub fn create_token(args: &TokenCreateArgs) -> anyhow::Result<String> {
     for scope in &args.scopes {
         Scope::parse(scope).map_err(|e| anyhow!("--scope: {e}"))?;
     }
-    if args.name.contains('"') || args.name.contains('\\') {
-        bail!("--name: no quotes or backslashes (it goes into TOML)");
-    }
+    belfry_server::api::tokens::check_name(&args.name).map_err(|e| anyhow!("--{e}"))?;
+    belfry_server::auth::TokenRate::from_parts(args.rate, None)
+        .map_err(|e| anyhow!("--rate: {}", e.trim_start_matches("rate_per_s: ")))?;
     let token = generate_token();
     let rate = match args.rate {
         Some(rate) => format!("rate_per_s = {rate}\n"),

@@ -61,8 +61,6 @@ pub enum Command {
     },
     /// A user's upcoming reminders: urgent first, then in due order.
     Feed {
-        #[command(flatten)]
-        remote: Remote,
         /// The user id.
         user: String,
         /// How far ahead: "1h", "1d" (at most 31d) [default: 1d].
@@ -71,6 +69,9 @@ pub enum Command {
         /// At most this many reminders, 1 to 1000 [default: 50].
         #[arg(long)]
         limit: Option<usize>,
+        // Last: its options have a heading of their own, which the ones after it would take.
+        #[command(flatten)]
+        remote: Remote,
     },
     /// Make, list and revoke bearer tokens.
     Token {

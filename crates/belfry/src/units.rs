@@ -54,37 +54,81 @@ fn split_number(text: &str) -> Result<(f64, String), String> {
     Ok((number, unit.trim().to_ascii_lowercase()))
 }
 
-/// A duration with its unit, in milliseconds. A number without a unit is refused (except 0):
-/// "30" reads as seconds to some and as milliseconds to others, and either guess is off by a
-/// factor of 1,000 for the rest. (A TOML integer, `HumanDuration::Millis`, is milliseconds.)
+/// A duration with its unit, in milliseconds: one part ("90s", "1.5 m") or several, largest
+/// first or not ("1m 30s", "1h30m", the form the CLI prints durations in). A number without a
+/// unit is refused (except 0): "30" reads as seconds to some and as milliseconds to others,
+/// and either guess is off by a factor of 1,000 for the rest. (A TOML integer,
+/// `HumanDuration::Millis`, is milliseconds.)
 pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
-    let (number, unit) = split_number(text)?;
-    let factor: f64 = match unit.as_str() {
-        "" if number == 0.0 => 0.0,
-        "" => {
-            let n = text.trim();
-            return Err(format!(
-                "{n:?} has no unit: write \"{n}ms\" or \"{n}s\" (units: ms, s, m, h, d, w, y)"
-            ));
-        }
-        "ms" => 1.0,
-        "s" | "sec" => 1_000.0,
-        "m" | "min" => 60_000.0,
-        "h" => 3_600_000.0,
-        "d" => 86_400_000.0,
-        "w" => 7.0 * 86_400_000.0,
-        "y" => 365.0 * 86_400_000.0,
-        _ => {
-            return Err(format!(
-                "unknown duration unit in {text:?}; use ms, s, m, h, d, w or y (e.g. \"30s\")"
-            ))
-        }
-    };
-    let ms = number * factor;
+    let trimmed = text.trim();
+    let mut rest = trimmed;
+    let mut ms = 0.0;
+    while !rest.is_empty() {
+        let (part, after) = next_part(rest);
+        let (number, unit) = split_number(part).map_err(|e| {
+            if rest.len() == trimmed.len() {
+                e
+            } else {
+                format!("{trimmed:?}: expected a number and a unit at {rest:?}")
+            }
+        })?;
+        let factor: f64 = match unit.as_str() {
+            "" if number == 0.0 && part.len() == trimmed.len() => 0.0,
+            "" if part.len() == trimmed.len() => {
+                return Err(format!(
+                    "{trimmed:?} has no unit: write \"{trimmed}ms\" or \"{trimmed}s\" (units: ms, s, \
+                     m, h, d, w, y)"
+                ));
+            }
+            "ms" => 1.0,
+            "s" | "sec" => 1_000.0,
+            "m" | "min" => 60_000.0,
+            "h" => 3_600_000.0,
+            "d" => 86_400_000.0,
+            "w" => 7.0 * 86_400_000.0,
+            "y" => 365.0 * 86_400_000.0,
+            _ => {
+                return Err(format!(
+                    "unknown duration unit in {text:?}; use ms, s, m, h, d, w or y, one number \
+                     each (e.g. \"30s\", \"1m 30s\")"
+                ))
+            }
+        };
+        ms += number * factor;
+        rest = after.trim_start();
+    }
+    if trimmed.is_empty() {
+        return Err("an empty duration: write one such as \"30s\"".into());
+    }
     if !ms.is_finite() || ms > u64::MAX as f64 / 2.0 {
         return Err(format!("{text:?} is too long"));
     }
     Ok(ms.round() as u64)
+}
+
+/// The first part of a duration ("1m" of "1m 30s", "1h" of "1h30m", "1.5 m" of "1.5 m"): a
+/// number, spaces, and the letters after it; and what follows.
+fn next_part(text: &str) -> (&str, &str) {
+    let number_end = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let unit_start =
+        number_end + (text[number_end..].len() - text[number_end..].trim_start().len());
+    let unit_end = text[unit_start..]
+        .find(|c: char| !c.is_alphabetic())
+        .map_or(text.len(), |at| unit_start + at);
+    text.split_at(unit_end)
+}
+
+/// A rate per second on the command line: a finite number, 0 or more. (JSON has no NaN or
+/// infinity: they would go out as `null`, which the server reads as "not given".)
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate >= 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{text:?} is not a rate: give a number of 0 or more, such as 50 or 0.5"
+        )),
+    }
 }
 
 pub fn parse_size_bytes(text: &str) -> Result<u64, String> {
@@ -127,6 +171,14 @@ mod tests {
         check("10y", Some(315_360_000_000));
         check("5 fortnights", None);
         check("s", None);
+        check("", None);
+        check("1m 30s", Some(90_000));
+        check("1h30m", Some(5_400_000));
+        check("1 h 30 m", Some(5_400_000));
+        check("2d 3h 4m 5s 6ms", Some(183_845_006));
+        check("1m 30", None);
+        check("1m x", None);
+        check("1m -5s", None);
         let no_unit = parse_duration_ms(" 1000 ").unwrap_err();
         assert!(no_unit.contains("\"1000ms\" or \"1000s\""), "{no_unit}");
     }

@@ -54,7 +54,14 @@ pub struct BulkParser {
     overlong: bool,
     /// Something other than whitespace followed the array.
     trailing: bool,
+    /// Bytes of a UTF-8 byte order mark skipped at the body's start (as Windows editors save
+    /// text files): up to 3, and [`BOM_DONE`] once the first other byte came.
+    bom: usize,
 }
+
+/// The UTF-8 byte order mark; not a part of the first id.
+const UTF8_BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
+const BOM_DONE: usize = usize::MAX;
 
 impl Default for BulkParser {
     fn default() -> Self {
@@ -64,6 +71,7 @@ impl Default for BulkParser {
             line: 1,
             overlong: false,
             trailing: false,
+            bom: 0,
         }
     }
 }
@@ -76,6 +84,20 @@ impl BulkParser {
 
     pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<Item>) {
         for &byte in chunk {
+            if self.bom != BOM_DONE {
+                if self.bom < UTF8_BOM.len() && byte == UTF8_BOM[self.bom] {
+                    self.bom += 1;
+                    continue;
+                }
+                // Not a whole mark: the bytes taken for one are the first item's.
+                let taken = if self.bom < UTF8_BOM.len() {
+                    self.bom
+                } else {
+                    0
+                };
+                self.bom = BOM_DONE;
+                self.feed(&UTF8_BOM[..taken], out);
+            }
             match self.mode {
                 Mode::Unknown => {
                     if byte.is_ascii_whitespace() {
@@ -406,6 +428,25 @@ mod tests {
 
     /// Bytes that are not UTF-8 are refused by item, not read with replacement characters
     /// (`\xff` and `\xfe` would both have become one user, U+FFFD).
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_id() {
+        for body in ["\u{feff}a\nb\n", "\u{feff}[\"a\", \"b\"]"] {
+            for step in 1..4 {
+                let (users, bad, end) = run(body, step);
+                assert_eq!(
+                    (users, bad, end),
+                    (vec!["a".into(), "b".into()], vec![], Ok(()))
+                );
+            }
+        }
+        // Only at the start: further in, it is an id's text.
+        let (users, _, _) = run("a\n\u{feff}b\n", 1);
+        assert_eq!(users, vec!["a".to_string(), "\u{feff}b".to_string()]);
+        // A cut mark is not one: its bytes stay, and the line is not UTF-8.
+        let (users, bad, _) = run(b"\xEF\xBBa\nb\n", 1);
+        assert_eq!((users, bad), (vec!["b".to_string()], vec![1]));
+    }
+
     #[test]
     fn ids_that_are_not_utf8_are_refused() {
         for step in [1, 3, 100] {

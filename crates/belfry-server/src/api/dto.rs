@@ -450,6 +450,15 @@ impl TaskBody<'_> {
                     format!("idempotency_key must be 1 to {IDEMPOTENCY_KEY_LEN_MAX} bytes"),
                 ));
             }
+            if belfry_core::limits::is_dot_segment(key) {
+                return Err(invalid(
+                    ErrorCode::InvalidRequest,
+                    format!(
+                        "idempotency_key may not be {key:?}: a URL path cannot name it, so the \
+                         task could not be read or cancelled by its key"
+                    ),
+                ));
+            }
         }
         Ok(NewTask {
             queue: queue.clone(),

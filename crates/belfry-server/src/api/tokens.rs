@@ -28,6 +28,24 @@ pub const TOKENS_NAMESPACE: &str = "auth.tokens";
 /// Longest token name.
 pub const TOKEN_NAME_LEN_MAX: usize = 64;
 
+/// A token name's rule (`belfry token create --offline` applies it too, so that the config
+/// lines it prints load): the error says what a name may be.
+pub fn check_name(name: &str) -> Result<(), String> {
+    let fits = !name.is_empty()
+        && name.len() <= TOKEN_NAME_LEN_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        && !belfry_core::limits::is_dot_segment(name);
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "name: 1 to {TOKEN_NAME_LEN_MAX} characters of A-Z a-z 0-9 _ . -, not \".\" or \"..\""
+        ))
+    }
+}
+
 /// What the token routes use.
 pub struct TokensState {
     pub(crate) auth: Arc<Auth>,
@@ -106,17 +124,7 @@ fn invalid(message: impl Into<String>) -> ApiError {
 
 /// The entry a create asks for, validated (everything but the name's uniqueness).
 fn entry_of(body: &CreateBody, hash: TokenHash) -> Result<TokenEntry, ApiError> {
-    let name_ok = !body.name.is_empty()
-        && body.name.len() <= TOKEN_NAME_LEN_MAX
-        && body
-            .name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'));
-    if !name_ok {
-        return Err(invalid(format!(
-            "name: 1 to {TOKEN_NAME_LEN_MAX} characters of A-Z a-z 0-9 _ . -"
-        )));
-    }
+    check_name(&body.name).map_err(invalid)?;
     if body.scopes.is_empty() {
         return Err(invalid(
             "scopes: give at least one (admin, read, produce:<queues>, consume:<queues>)",

@@ -78,8 +78,7 @@ pub(crate) async fn run<T: DeserializeOwned>(
         return print_raw(&answer);
     }
     let value: T = answer.json()?;
-    println!("{}", describe(value));
-    Ok(())
+    say(describe(value))
 }
 
 /// Like `run`, for calls answered `204 No Content`: prints `done` unless `--json`.
@@ -92,20 +91,47 @@ pub(crate) async fn run_empty(
     if remote.json {
         return print_raw(&answer);
     }
-    println!("{done}");
-    Ok(())
+    say(done)
+}
+
+/// Prints one line of human output. A failed write is an error, not a panic: `main` ends
+/// quietly when the reader went away (`| head`), and says why otherwise (`> /dev/full`).
+pub(crate) fn say(line: impl std::fmt::Display) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}")
+        .and_then(|()| out.flush())
+        .context("write the answer to stdout")
+}
+
+/// Whether `error` is stdout's reader having gone away (`belfry queue list | head -1`): the
+/// command did its work, and like other command-line tools it ends quietly then.
+pub fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 /// Sends `request`. With `--json`, an API error's `{"error": {"code", "message"}}` also goes to
 /// stdout, so a script reads every answer there (the exit status and stderr still say it
 /// failed).
-async fn send(remote: &Remote, request: &Request) -> anyhow::Result<Answer> {
+pub(crate) async fn send(remote: &Remote, request: &Request) -> anyhow::Result<Answer> {
     let sent = client(remote)?.send(request).await;
-    if let (true, Err(belfry_client::Error::Api { code, message, .. })) = (remote.json, &sent) {
+    if let Err(error) = &sent {
+        print_api_error(remote, error)?;
+    }
+    Ok(sent?)
+}
+
+/// With `--json`, an API error's `{"error": {"code", "message"}}` on stdout, for calls that
+/// do not go through [`send`].
+pub(crate) fn print_api_error(remote: &Remote, error: &belfry_client::Error) -> anyhow::Result<()> {
+    if let (true, belfry_client::Error::Api { code, message, .. }) = (remote.json, error) {
         let body = serde_json::json!({"error": {"code": code.as_str(), "message": message}});
         print_body(body.to_string().as_bytes())?;
     }
-    Ok(sent?)
+    Ok(())
 }
 
 /// The body byte for byte; a newline after it only at a terminal, so that a pipe gets exactly
@@ -114,7 +140,7 @@ pub(crate) fn print_raw(answer: &Answer) -> anyhow::Result<()> {
     print_body(&answer.body)
 }
 
-fn print_body(body: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn print_body(body: &[u8]) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     out.write_all(body)?;
     if std::io::IsTerminal::is_terminal(&out) && !body.is_empty() {

@@ -44,7 +44,7 @@ pub struct QueueCreate {
     /// The queue's name: 1 to 128 of A-Z a-z 0-9 _ . -
     pub queue: String,
     /// Tasks per second (0 = unlimited).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::units::parse_rate)]
     pub rate: Option<f64>,
     /// Token bucket size.
     #[arg(long)]

@@ -14,7 +14,7 @@ use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::io::{AsyncRead, ReadBuf};
 
-use super::{client, parse_ms, run, run_empty};
+use super::{client, parse_ms, print_api_error, print_body, run, run_empty, say};
 use crate::commands::Remote;
 use crate::show::{clip, duration, fields, now_ms, table, time};
 
@@ -235,18 +235,21 @@ pub async fn reminder(remote: &Remote, command: ReminderCommand) -> anyhow::Resu
         }
         ReminderCommand::Get { id } => run(remote, Request::get_reminder(&id), show).await,
         ReminderCommand::List { queue } => {
-            let reminders = client(remote)?.list_reminders(queue.as_deref()).await?;
+            let listed = client(remote)?.list_reminders(queue.as_deref()).await;
+            if let Err(error) = &listed {
+                print_api_error(remote, error)?;
+            }
+            let reminders = listed?;
             if remote.json {
                 // Every page as one answer, in the server's page shape.
                 let all = ReminderList {
                     reminders,
                     next_after: None,
                 };
-                println!("{}", serde_json::to_string(&all)?);
+                print_body(&serde_json::to_vec(&all)?)
             } else {
-                println!("{}", describe_list(&reminders));
+                say(describe_list(&reminders))
             }
-            Ok(())
         }
         ReminderCommand::Delete { id } => {
             let done = format!("deleted reminder {id}");
@@ -298,12 +301,15 @@ async fn bulk(remote: &Remote, args: Subscribers, subscribe: bool) -> anyhow::Re
     let answer = match &result {
         Ok(answer) => answer,
         Err(belfry_client::Error::BulkIncomplete { answer, .. }) => answer.as_ref(),
-        Err(_) => return result.map(|_| ()).map_err(Into::into),
+        Err(error) => {
+            print_api_error(remote, error)?;
+            return result.map(|_| ()).map_err(Into::into);
+        }
     };
     if remote.json {
-        println!("{}", serde_json::to_string(answer)?);
+        print_body(&serde_json::to_vec(answer)?)?;
     } else {
-        println!("{}", describe_bulk(answer, subscribe));
+        say(describe_bulk(answer, subscribe))?;
     }
     result.map(|_| ()).map_err(Into::into)
 }

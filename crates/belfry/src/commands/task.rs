@@ -8,7 +8,9 @@ use belfry_client::{
 };
 use clap::{Args, Subcommand};
 
-use super::{client, parse_headers, parse_ms, parse_payload, print_raw, run, run_empty, LateArgs};
+use super::{
+    parse_headers, parse_ms, parse_payload, print_raw, run, run_empty, say, send, LateArgs,
+};
 use crate::commands::Remote;
 use crate::show::{clip, fields, late_policy, now_ms, table, time};
 
@@ -351,17 +353,18 @@ async fn ack(remote: &Remote, queue: &str, pairs: &[String]) -> anyhow::Result<(
         .chunks(2)
         .map(|pair| (pair[0].clone(), pair[1].clone()))
         .collect();
-    let answer = client(remote)?
-        .send(&Request::ack_batch(queue, &acks))
-        .await?;
+    let answer = send(remote, &Request::ack_batch(queue, &acks)).await?;
     let results: Results<AckItemResult> = answer.json()?;
     if remote.json {
         print_raw(&answer)?;
     } else {
         for result in &results.results {
             match &result.error {
-                None => println!("{} done", result.id),
-                Some(e) => println!("{} not acked: {}: {}", result.id, e.code, e.message),
+                None => say(format_args!("{} done", result.id))?,
+                Some(e) => say(format_args!(
+                    "{} not acked: {}: {}",
+                    result.id, e.code, e.message
+                ))?,
             }
         }
     }
