@@ -203,6 +203,7 @@ impl ServerBuilder {
             self.config.request_bytes_max,
             Duration::from_millis(self.config.http_body_read_timeout_ms),
             self.auth,
+            self.config.listen.ip().is_loopback(),
         );
         let shutdown = CancellationToken::new();
         let background = TaskTracker::new();
@@ -308,7 +309,7 @@ fn check_exposure(auth: &auth::Auth, listen: SocketAddr, allowed: bool) -> Resul
         return Ok(());
     }
     if listen.ip().is_loopback() {
-        tracing::info!("no bearer token is configured: any process on this machine may call the API at {listen} (see [auth] in config/belfry.example.toml)");
+        tracing::info!("no bearer token is configured: any process on this machine may call the API at {listen}, but web pages in its browsers may not write to it (see [auth] in config/belfry.example.toml)");
     } else if allowed {
         tracing::warn!("no bearer token is configured (allow_unauthenticated): anyone who can reach {listen} may call the API");
     } else {

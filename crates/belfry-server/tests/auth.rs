@@ -504,3 +504,89 @@ async fn the_token_api_keeps_an_admin_token() {
     assert_eq!(status, 401, "authentication stays on");
     handle.stop().await.unwrap();
 }
+
+/// A web page another site serves cannot make a server without tokens write (a "simple"
+/// cross-site POST needs no preflight), nor read it through DNS rebinding; programs and the
+/// server's own console are served as before.
+#[tokio::test]
+async fn browsers_cannot_write_for_other_sites_nor_rebind() {
+    let handle = Server::builder(test_config(), Arc::new(MemoryStore::new()))
+        .start()
+        .await
+        .expect("server starts");
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let base = format!("http://{}", handle.local_addr());
+    let send = |method: Method, path: &str, headers: &[(&str, &str)], body: &str| {
+        let mut request = http
+            .request(method, format!("{base}{path}"))
+            .header("content-type", "text/plain")
+            .body(body.to_owned());
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        async move {
+            let answer = request.send().await.unwrap();
+            let status = answer.status().as_u16();
+            (status, answer.json::<Value>().await.unwrap_or_default())
+        }
+    };
+    let evil = [
+        ("origin", "https://evil.example"),
+        ("sec-fetch-site", "cross-site"),
+    ];
+    let (status, value) = send(Method::PUT, "/v1/queues/q", &[], "{}").await;
+    assert_eq!(status, 201, "{value}");
+    for (path, body) in [
+        ("/v1/queues/q/tasks", r#"{"payload": "from another site"}"#),
+        ("/v1/queues/q/pause", ""),
+        ("/v1/tokens", r#"{"name": "evil", "scopes": ["admin"]}"#),
+    ] {
+        let (status, value) = send(Method::POST, path, &evil, body).await;
+        assert_eq!(
+            (status, code(&value)),
+            (403, "cross_origin_refused"),
+            "{path}: {value}"
+        );
+        // An older browser says only where the page is from.
+        let (status, value) = send(Method::POST, path, &evil[..1], body).await;
+        assert_eq!(
+            (status, code(&value)),
+            (403, "cross_origin_refused"),
+            "{path}: {value}"
+        );
+    }
+    // Nothing was made: no task, not paused, and no token (the API is still open).
+    let (_, queue) = send(Method::GET, "/v1/queues/q", &[], "").await;
+    assert_eq!(queue["pending"], 0, "{queue}");
+    assert_eq!(queue["paused"], false, "{queue}");
+    // DNS rebinding: a page on evil.example reads as its own origin, with its host name.
+    let (status, value) = send(
+        Method::GET,
+        "/v1/queues/q",
+        &[("host", "evil.example:7070")],
+        "",
+    )
+    .await;
+    assert_eq!(
+        (status, code(&value)),
+        (403, "cross_origin_refused"),
+        "{value}"
+    );
+    // The console (same origin) and programs (no browser headers) write.
+    let origin = base.clone();
+    let console = [
+        ("origin", origin.as_str()),
+        ("sec-fetch-site", "same-origin"),
+    ];
+    let (status, value) = send(Method::POST, "/v1/queues/q/tasks", &console, "{}").await;
+    assert_eq!(status, 201, "{value}");
+    let (status, value) = send(
+        Method::POST,
+        "/v1/queues/q/tasks",
+        &[("host", "localhost")],
+        "{}",
+    )
+    .await;
+    assert_eq!(status, 201, "{value}");
+    handle.stop().await.unwrap();
+}

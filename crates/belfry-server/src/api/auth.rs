@@ -1,5 +1,7 @@
 //! Authentication at the HTTP edge: which [`Need`] each route has, and a tower layer that
-//! refuses a request before its handler runs (`401 unauthorized`, `403 forbidden`).
+//! refuses a request before its handler runs (`401 unauthorized`, `403 forbidden`), and
+//! before that a browser's request for another site (`403 cross_origin_refused`,
+//! [`super::origin`]).
 //!
 //! The policy is decided from the matched route alone (its template, the method, and the
 //! `{queue}` segment of the path), never from the body. It is deny-by-default: a route this
@@ -140,11 +142,13 @@ fn refusal(denied: Denied) -> Response {
 #[derive(Clone)]
 pub struct AuthLayer {
     auth: Arc<Auth>,
+    loopback: bool,
 }
 
 impl AuthLayer {
-    pub fn new(auth: Arc<Auth>) -> Self {
-        AuthLayer { auth }
+    /// `loopback`: the listener's address is a loopback one (see [`super::origin`]).
+    pub fn new(auth: Arc<Auth>, loopback: bool) -> Self {
+        AuthLayer { auth, loopback }
     }
 }
 
@@ -155,6 +159,7 @@ impl<S> tower::Layer<S> for AuthLayer {
         AuthService {
             inner,
             auth: self.auth.clone(),
+            loopback: self.loopback,
         }
     }
 }
@@ -163,6 +168,7 @@ impl<S> tower::Layer<S> for AuthLayer {
 pub struct AuthService<S> {
     inner: S,
     auth: Arc<Auth>,
+    loopback: bool,
 }
 
 impl<S> tower::Service<Request> for AuthService<S>
@@ -179,7 +185,14 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
-        if self.auth.enabled() {
+        let open = !self.auth.enabled();
+        if let Some(why) =
+            super::origin::refusal(request.method(), request.headers(), open && self.loopback)
+        {
+            let refused = ApiError::new(ErrorCode::CrossOriginRefused, why).into_response();
+            return AuthFuture::Refused(Some(refused));
+        }
+        if !open {
             let route = request.extensions().get::<MatchedPath>();
             let need = need(
                 request.method(),

@@ -46,6 +46,9 @@ pub enum ErrorCode {
     Unauthorized,
     /// A known token without the scope the request needs; the message names it.
     Forbidden,
+    /// A web browser's write for a page of another site, or (on an open loopback server) a
+    /// request addressed to a host name that is not this machine's (`api/origin.rs`).
+    CrossOriginRefused,
     /// The token made more requests than its `rate_per_s` allows: retry after `Retry-After`.
     RateLimited,
     /// `DELETE /v1/tokens/{name}` of a name no token has.
@@ -131,6 +134,7 @@ impl ErrorCode {
             ErrorCode::TooManyConnections => "too_many_connections",
             ErrorCode::Unauthorized => "unauthorized",
             ErrorCode::Forbidden => "forbidden",
+            ErrorCode::CrossOriginRefused => "cross_origin_refused",
             ErrorCode::RateLimited => "rate_limited",
             ErrorCode::TokenNotFound => "token_not_found",
             ErrorCode::TokenExists => "token_exists",
@@ -189,7 +193,7 @@ impl ErrorCode {
             | ErrorCode::UserNotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+            ErrorCode::Forbidden | ErrorCode::CrossOriginRefused => StatusCode::FORBIDDEN,
             ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             ErrorCode::TokenNotFound => StatusCode::NOT_FOUND,
             ErrorCode::TokenExists | ErrorCode::LastAdminToken => StatusCode::CONFLICT,
@@ -435,6 +439,7 @@ mod tests {
             ErrorCode::TooManyConnections,
             ErrorCode::Unauthorized,
             ErrorCode::Forbidden,
+            ErrorCode::CrossOriginRefused,
             ErrorCode::RateLimited,
             ErrorCode::TokenNotFound,
             ErrorCode::TokenExists,

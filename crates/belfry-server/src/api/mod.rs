@@ -9,6 +9,7 @@ mod error;
 mod extract;
 mod leases;
 mod ops;
+mod origin;
 mod payload;
 mod queues;
 pub(crate) mod reminders;
@@ -92,10 +93,11 @@ pub fn finish(
     body_limit: usize,
     body_read_timeout: std::time::Duration,
     auth: Arc<crate::auth::Auth>,
+    loopback: bool,
 ) -> Router {
     let edge = tower::ServiceBuilder::new()
         .layer(TrackLatencyLayer)
-        .layer(auth::AuthLayer::new(auth))
+        .layer(auth::AuthLayer::new(auth, loopback))
         .layer(body_timeout::BodyTimeoutLayer::new(
             body_read_timeout,
             body_limit,
