@@ -198,3 +198,100 @@ async fn a_failed_fsync_makes_readyz_report_store_unavailable_and_loses_nothing_
     drop((store, engine));
     assert_all_kept(dir.path(), EngineOptions::default(), "q", &acknowledged);
 }
+
+/// Bytes free on the filesystem holding `path`, as `df` reports them.
+fn free_bytes(path: &Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["--output=avail", "-B1"])
+        .arg(path)
+        .output()
+        .expect("run df");
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .nth(1)
+        .and_then(|l| l.trim().parse().ok())
+        .expect("df's figure")
+}
+
+/// A bulk subscribe whose batch the store refuses mid-stream (the disk filled up) stops at
+/// that batch's first line: everything before `stopped_at_line` was applied and nothing from
+/// it on, so resending from there subscribes every id exactly once. (Before, the ids read
+/// after the refused batch were applied and `stopped_at_line` pointed past all of them: a
+/// client resuming from it lost the refused batch's 10,000 ids.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_subscribe_refused_mid_stream_stops_at_the_refused_batch() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let disk = Tmpfs::mount("16m");
+    let engine = Engine::open(&disk.path().join("data"), EngineOptions::default()).unwrap();
+    let server = TestServer::start_with_sinks(test_config(), Arc::new(engine), None, None).await;
+    server.queue("q", json!({})).await;
+    let reminder = json!({"id": "r", "queue": "q", "delay_ms": 3_600_000});
+    server.ok("POST", "/v1/reminders", reminder, 201).await;
+    let lines = |from: u64, to: u64| (from..=to).map(|i| format!("{i}\n")).collect::<String>();
+    let chunk = |text: String| format!("{:x}\r\n{text}\r\n", text.len());
+
+    let mut conn = tokio::net::TcpStream::connect(server.handle.local_addr())
+        .await
+        .unwrap();
+    let head = "POST /v1/reminders/r/subscribers HTTP/1.1\r\nhost: x\r\n\
+                transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    conn.write_all(head.as_bytes()).await.unwrap();
+    // Lines 1 to 10,500: the first batch of 10,000 is applied.
+    conn.write_all(chunk(lines(1, 10_500)).as_bytes())
+        .await
+        .unwrap();
+    let count = "/v1/reminders/r/subscribers/count";
+    while server.ok("GET", count, Value::Null, 200).await["subscribers"] != 10_000 {
+        tokio::task::yield_now().await;
+    }
+    // Another program fills the disk to half the engine's reserve (an eighth of 16 MiB);
+    // a submit refused says the engine read it.
+    let filler = disk.path().join("other-program.log");
+    let fill = free_bytes(disk.path()).saturating_sub(1024 * 1024);
+    std::fs::write(&filler, vec![0x5a; usize::try_from(fill).unwrap()]).unwrap();
+    loop {
+        let (status, _) = server.call("POST", "/v1/queues/q/tasks", json!({})).await;
+        if status == 507 {
+            break;
+        }
+    }
+    // Lines 10,501 to 25,000: the batch of 10,001 to 20,000 is refused.
+    conn.write_all(chunk(lines(10_501, 25_000)).as_bytes())
+        .await
+        .unwrap();
+    let _ = conn.write_all(b"0\r\n\r\n").await;
+    let mut response = Vec::new();
+    let _ = conn.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response);
+    let answer: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert!(text.starts_with("HTTP/1.1 507"), "{text}");
+    assert_eq!(answer["stopped_at_line"], 10_001, "{answer}");
+    assert_eq!(
+        (&answer["changed"], &answer["complete"]),
+        (&json!(10_000), &json!(false))
+    );
+    assert_eq!(
+        server.ok("GET", count, Value::Null, 200).await["subscribers"],
+        10_000
+    );
+
+    // Space freed, the client resends from the line it was given: every id, once.
+    std::fs::remove_file(&filler).unwrap();
+    let rest = server
+        .http
+        .post(format!("{}/v1/reminders/r/subscribers", server.base))
+        .body(lines(10_001, 25_000))
+        .send()
+        .await
+        .unwrap();
+    let rest: Value = rest.json().await.unwrap();
+    assert_eq!(
+        (&rest["changed"], &rest["complete"]),
+        (&json!(15_000), &json!(true)),
+        "{rest}"
+    );
+    assert_eq!(
+        server.ok("GET", count, Value::Null, 200).await["subscribers"],
+        25_000
+    );
+}

@@ -13,8 +13,12 @@ const ITEM_BYTES_MAX: usize = 8 * USER_ID_LEN_MAX;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Item {
-    User(UserId),
-    Bad { line: u64, message: String },
+    /// A user id, and its item number.
+    User(UserId, u64),
+    Bad {
+        line: u64,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -214,7 +218,7 @@ impl BulkParser {
             return self.bad("expected a user id as a JSON string or a number".into());
         };
         match UserId::new(id) {
-            Ok(user) => Item::User(user),
+            Ok(user) => Item::User(user, self.line),
             Err(e) => self.bad(e.to_string()),
         }
     }
@@ -370,7 +374,7 @@ mod tests {
         let mut bad = Vec::new();
         for item in items {
             match item {
-                Item::User(u) => users.push(u.to_string()),
+                Item::User(u, _) => users.push(u.to_string()),
                 Item::Bad { line, .. } => bad.push(line),
             }
         }

@@ -21,22 +21,20 @@ use belfry_reminders::{
     CHUNK_SIZE_DEFAULT, LIST_LIMIT_MAX,
 };
 use bytes::Bytes;
-use futures_util::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use super::bulk::{BulkParser, Item};
 use super::error::{ApiError, ErrorCode};
 use super::extract::{page_limit, page_query, queue_name, JsonBody};
 use crate::reminders::{Feed, RemindersState};
 use crate::shared::Caller;
 
+mod bulk_apply;
+
+use bulk_apply::{bulk_subscribe, bulk_unsubscribe};
+
 type AppState = Arc<RemindersState>;
 
-/// Ids one store call of a bulk request takes.
-const BULK_BATCH: usize = 10_000;
-/// Bad items a bulk answer lists (all are counted).
-const BULK_ERRORS_LISTED: usize = 100;
 /// Subscribers one page lists at most, and by default.
 const SUBSCRIBERS_PAGE_MAX: usize = 10_000;
 const SUBSCRIBERS_PAGE_DEFAULT: usize = 1_000;
@@ -440,31 +438,6 @@ pub struct ReminderList {
     pub next_after: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
-struct BulkError {
-    line: u64,
-    message: String,
-}
-
-/// The answer of a bulk subscribe or unsubscribe.
-#[derive(Debug, Default, Serialize)]
-struct BulkAnswer {
-    /// Subscribe: ids that were not subscribed before. Unsubscribe: ids that were.
-    changed: u64,
-    /// Subscribe: ids already subscribed (or listed twice). Unsubscribe: ids that were not.
-    unchanged: u64,
-    /// Items that are not user ids (each in `errors`, the first hundred).
-    refused: u64,
-    errors: Vec<BulkError>,
-    /// Whether the whole body was read. If not, `stopped_at_line` is the item where reading
-    /// stopped; everything before it was applied.
-    complete: bool,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    stopped_at_line: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<super::error::ErrorBody>,
-}
-
 // ---- handlers ----
 
 async fn create(
@@ -648,177 +621,6 @@ async fn subscribers(
         body["next_after"] = next.into();
     }
     Ok(Json(body))
-}
-
-async fn bulk_subscribe(
-    State(state): State<AppState>,
-    ReminderPath(id): ReminderPath,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    bulk(state, id, headers, body, true).await
-}
-
-async fn bulk_unsubscribe(
-    State(state): State<AppState>,
-    ReminderPath(id): ReminderPath,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    bulk(state, id, headers, body, false).await
-}
-
-/// Streams a bulk body: items are parsed as bytes arrive and applied `BULK_BATCH` at a time,
-/// each batch durable before the next is read. A cut or oversized body stops the reading;
-/// what came before stays applied and the answer says where it stopped.
-async fn bulk(
-    state: AppState,
-    id: ReminderId,
-    headers: HeaderMap,
-    body: Body,
-    subscribe: bool,
-) -> Response {
-    let max = state.shared.config.subscribers_body_bytes_max;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > max) {
-        return too_large(max).into_response();
-    }
-    // The reminder must exist (and take subscribers) before anything is read.
-    let check = id.clone();
-    let checked = blocking(&state, move |s| {
-        let reminder = s.service.get(&check)?;
-        if subscribe && reminder.has_fired_for_good() {
-            return Err(ReminderError::AlreadyFired(check));
-        }
-        Ok(())
-    })
-    .await;
-    if let Err(e) = checked {
-        return e.into_response();
-    }
-    let mut answer = BulkAnswer::default();
-    let mut parser = BulkParser::default();
-    let stop = read_and_apply(&state, &id, body, subscribe, &mut parser, &mut answer).await;
-    answer.complete = stop.is_none();
-    let status = match &stop {
-        None => StatusCode::OK,
-        Some(e) => {
-            answer.stopped_at_line = Some(parser.line());
-            e.code.status()
-        }
-    };
-    answer.error = stop.map(|e| e.body());
-    (status, Json(answer)).into_response()
-}
-
-/// Reads `body` to its end, applying its users a batch at a time and counting them in
-/// `answer`. Answers why it stopped early, if it did: the body broke off or ran over the
-/// limit, or a batch could not be applied (what came before it stays applied).
-async fn read_and_apply(
-    state: &AppState,
-    id: &ReminderId,
-    body: Body,
-    subscribe: bool,
-    parser: &mut BulkParser,
-    answer: &mut BulkAnswer,
-) -> Option<ApiError> {
-    let max = state.shared.config.subscribers_body_bytes_max;
-    let mut items = Vec::new();
-    let mut batch: Vec<UserId> = Vec::with_capacity(BULK_BATCH);
-    let mut stream = body.into_data_stream();
-    let mut read: u64 = 0;
-    let mut stop: Option<ApiError> = None;
-    'reading: loop {
-        let chunk = match stream.next().await {
-            Some(Ok(chunk)) => chunk,
-            Some(Err(e)) => {
-                stop = Some(ApiError::new(
-                    ErrorCode::BodyIncomplete,
-                    format!("the body broke off at line {}: {e}", parser.line()),
-                ));
-                break;
-            }
-            None => {
-                if let Err(message) = parser.finish(&mut items) {
-                    stop = Some(ApiError::new(ErrorCode::BodyIncomplete, message));
-                }
-                break;
-            }
-        };
-        read += chunk.len() as u64;
-        if read > max {
-            // The lines wholly within the limit are still applied; the one it cuts is not.
-            let within = chunk.len() - usize::try_from(read - max).unwrap_or(chunk.len());
-            parser.feed(&chunk[..within.min(chunk.len())], &mut items);
-            stop = Some(too_large(max));
-            break;
-        }
-        parser.feed(&chunk, &mut items);
-        take_items(&mut items, &mut batch, answer);
-        while batch.len() >= BULK_BATCH {
-            let rest = batch.split_off(BULK_BATCH);
-            let full = std::mem::replace(&mut batch, rest);
-            if let Err(e) = apply(state, id, full, subscribe, answer).await {
-                stop = Some(e);
-                break 'reading;
-            }
-        }
-    }
-    take_items(&mut items, &mut batch, answer);
-    if !batch.is_empty() {
-        if let Err(e) = apply(state, id, batch, subscribe, answer).await {
-            stop.get_or_insert(e);
-        }
-    }
-    stop
-}
-
-fn take_items(items: &mut Vec<Item>, batch: &mut Vec<UserId>, answer: &mut BulkAnswer) {
-    for item in items.drain(..) {
-        match item {
-            Item::User(user) => batch.push(user),
-            Item::Bad { line, message } => {
-                answer.refused += 1;
-                if answer.errors.len() < BULK_ERRORS_LISTED {
-                    answer.errors.push(BulkError { line, message });
-                }
-            }
-        }
-    }
-}
-
-async fn apply(
-    state: &AppState,
-    id: &ReminderId,
-    batch: Vec<UserId>,
-    subscribe: bool,
-    answer: &mut BulkAnswer,
-) -> Result<(), ApiError> {
-    let id = id.clone();
-    let total = batch.len() as u64;
-    let batch = blocking(state, move |s| {
-        let changed = if subscribe {
-            s.service.subscribe(&id, &batch)?
-        } else {
-            s.service.unsubscribe(&id, &batch)?
-        };
-        s.forget_users(&batch);
-        Ok(changed)
-    })
-    .await?;
-    answer.changed += batch;
-    answer.unchanged += total - batch;
-    Ok(())
-}
-
-fn too_large(max: u64) -> ApiError {
-    ApiError::new(
-        ErrorCode::PayloadTooLarge,
-        format!("the body is larger than limits.subscribers_body_max ({max} bytes); split it into several requests"),
-    )
 }
 
 #[derive(Debug, Serialize)]
