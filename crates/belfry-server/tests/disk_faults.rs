@@ -222,7 +222,7 @@ fn free_bytes(path: &Path) -> u64 {
 async fn a_bulk_subscribe_refused_mid_stream_stops_at_the_refused_batch() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let disk = Tmpfs::mount("16m");
-    let engine = Engine::open(&disk.path().join("data"), EngineOptions::default()).unwrap();
+    let engine = Engine::open(disk.path().join("data"), EngineOptions::default()).unwrap();
     let server = TestServer::start_with_sinks(test_config(), Arc::new(engine), None, None).await;
     server.queue("q", json!({})).await;
     let reminder = json!({"id": "r", "queue": "q", "delay_ms": 3_600_000});
