@@ -10,7 +10,7 @@ use belfry_client::{Client, LeaseRequest, NewTask, QueueSpec};
 
 mod common;
 
-use common::{serve, serve_with_env, BIN};
+use common::{serve, serve_with_env, Served, BIN};
 
 fn belfry(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN).args(args).output().expect("run belfry");
@@ -341,4 +341,37 @@ fn serve_warns_when_the_hard_open_files_limit_cannot_hold_the_connection_cap() {
         ),
         "{log}"
     );
+}
+
+/// Writes `request` on a fresh connection to `served`, ends the sending side, and reads the
+/// answer to its end.
+fn half_closed_exchange(served: &Served, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let addr = served.url.trim_start_matches("http://");
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    conn.write_all(request).unwrap();
+    conn.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = Vec::new();
+    let _ = conn.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A client that ends its sending side once its whole request is sent (`nc -N`, socat, some
+/// proxies) gets its answer, and the request is made: hyper used to drop both.
+#[test]
+fn a_request_followed_by_a_half_close_is_answered() {
+    let served = serve(&["--store", "memory"]);
+    let put = half_closed_exchange(
+        &served,
+        b"PUT /v1/queues/q HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}",
+    );
+    assert!(put.starts_with("HTTP/1.1 201"), "{put}");
+    let submit = half_closed_exchange(
+        &served,
+        b"POST /v1/queues/q/tasks HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\
+          connection: close\r\n\r\n{}",
+    );
+    assert!(submit.starts_with("HTTP/1.1 201"), "{submit}");
 }

@@ -447,7 +447,10 @@ impl Connection {
         builder
             .timer(TokioTimer::new())
             .header_read_timeout(self.limits.header_read_timeout)
-            .keep_alive(true);
+            .keep_alive(true)
+            // A client that ends its sending side after a whole request (`nc -N`, socat,
+            // some proxies) still gets the answer; by default hyper dropped the request.
+            .half_close(true);
         // Not pinned in place (it is `Unpin`): after hyper's header timeout, its parts tell
         // whether a head had started, and give the socket back for the answer.
         let mut connection = builder.serve_connection(TokioIo::new(io), service);
