@@ -388,7 +388,10 @@ impl DueBody {
         let limit = now_ms.saturating_add(horizon_ms);
         if due > limit {
             let when = if due == u64::MAX {
-                "past the year 9999".to_owned()
+                format!(
+                    "after {}, the latest time belfry takes",
+                    super::extract::LATEST_TIME
+                )
             } else {
                 format!("at {due} ms")
             };
@@ -903,7 +906,7 @@ mod tests {
         let body: DueBody = serde_json::from_str(r#"{"run_at": "9999-12-31T23:59:59Z"}"#).unwrap();
         let error = body.resolve(1_000, 10_000).unwrap_err();
         assert!(
-            error.message.contains("due past the year 9999"),
+            error.message.contains("due after 9999-12-30T22:00:00Z"),
             "{}",
             error.message
         );

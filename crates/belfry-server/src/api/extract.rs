@@ -287,6 +287,10 @@ fn rfc3339_offset_out_of_range(text: &str) -> bool {
         .is_some_and(|offset| offset.seconds().abs() >= 24 * 3600)
 }
 
+/// The latest instant belfry takes (the time library's last, `jiff::Timestamp::MAX`, to the
+/// second), as messages name it: a little before the end of the year 9999.
+pub const LATEST_TIME: &str = "9999-12-30T22:00:00Z";
+
 /// An RFC 3339 instant (`2030-01-01T12:00:00Z`, any offset) in unix ms, negative before 1970.
 /// `Ok(None)`: a valid RFC 3339 time past the last instant belfry represents (late in the
 /// year 9999), which callers refuse as beyond their horizon rather than as bad text.
@@ -312,5 +316,15 @@ pub fn rfc3339_ms(text: &str) -> Result<Option<i64>, String> {
                 )),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_latest_time_is_the_time_librarys() {
+        let max = jiff::Timestamp::MAX.as_second();
+        let named = jiff::Timestamp::from_second(max).unwrap().to_string();
+        assert_eq!(named, super::LATEST_TIME);
     }
 }

@@ -221,7 +221,9 @@ impl TimeBody {
         if let When::At(at) = when {
             if at > jiff::Timestamp::MAX.as_millisecond().unsigned_abs() {
                 return Err(invalid(format!(
-                    "the reminder would fire at {at} ms, past the year 9999"
+                    "the reminder would fire at {at} ms, after {}, the latest time belfry \
+                     takes",
+                    super::extract::LATEST_TIME
                 )));
             }
         }
@@ -277,7 +279,12 @@ impl TimeBody {
         }
         let text = self.run_at.unwrap_or_default();
         let at = super::extract::rfc3339_ms(&text).map_err(|e| invalid(format!("run_at {e}")))?;
-        let at = at.ok_or_else(|| invalid(format!("run_at {text:?} is past the year 9999")))?;
+        let at = at.ok_or_else(|| {
+            invalid(format!(
+                "run_at {text:?} is after {}, the latest time belfry takes",
+                super::extract::LATEST_TIME
+            ))
+        })?;
         u64::try_from(at)
             .map(When::At)
             .map_err(|_| invalid("run_at must not be before 1970"))
@@ -304,8 +311,16 @@ pub struct CreateBody {
 pub struct PatchBody {
     #[serde(flatten)]
     pub time: TimeBody,
+    /// `null` is a content like any other (a reminder created without one has it): only a
+    /// missing field leaves the content as it is.
+    #[serde(default, deserialize_with = "present")]
     pub content: Option<Box<RawValue>>,
     pub priority: Option<PriorityBody>,
+}
+
+/// A field that is present, whatever its value, `null` included.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
 }
 
 /// A reminder's content as given, bounded in depth like a task's payload (it is delivered

@@ -177,12 +177,20 @@ fn instant(name: &str, text: Option<&str>, ms: Option<u64>) -> Result<Option<Uni
             "give {name} (RFC 3339) or {name}_ms (unix ms), not both"
         ))),
         (None, Some(ms)) if ms > jiff::Timestamp::MAX.as_millisecond().unsigned_abs() => {
-            Err(invalid(format!("{name}_ms {ms} is past the year 9999")))
+            Err(invalid(format!(
+                "{name}_ms {ms} is after {}, the latest time belfry takes",
+                super::extract::LATEST_TIME
+            )))
         }
         (None, ms) => Ok(ms),
         (Some(text), None) => {
             let at = rfc3339_ms(text).map_err(|e| invalid(format!("{name} {e}")))?;
-            let at = at.ok_or_else(|| invalid(format!("{name} {text:?} is past the year 9999")))?;
+            let at = at.ok_or_else(|| {
+                invalid(format!(
+                    "{name} {text:?} is after {}, the latest time belfry takes",
+                    super::extract::LATEST_TIME
+                ))
+            })?;
             u64::try_from(at)
                 .map(Some)
                 .map_err(|_| invalid(format!("{name} must not be before 1970, got {text:?}")))
