@@ -58,10 +58,17 @@ pub struct BulkParser {
     overlong: bool,
     /// Something other than whitespace followed the array.
     trailing: bool,
+    /// The array element being read came after another without a comma: it is refused,
+    /// whatever it holds.
+    no_comma: bool,
     /// Bytes of a UTF-8 byte order mark skipped at the body's start (as Windows editors save
     /// text files): up to 3, and [`BOM_DONE`] once the first other byte came.
     bom: usize,
 }
+
+/// Why an array element that follows another without a comma is refused.
+const MISSING_COMMA: &str =
+    "no comma before this element (expected , or ] after the one before): it is not applied";
 
 /// The UTF-8 byte order mark; not a part of the first id.
 const UTF8_BOM: [u8; 3] = [0xEF, 0xBB, 0xBF];
@@ -75,6 +82,7 @@ impl Default for BulkParser {
             line: 1,
             overlong: false,
             trailing: false,
+            no_comma: false,
             bom: 0,
         }
     }
@@ -175,7 +183,9 @@ impl BulkParser {
 
     fn end_element(&mut self, out: &mut Vec<Item>) {
         let raw = std::mem::take(&mut self.item);
-        let item = if self.overlong {
+        let item = if std::mem::take(&mut self.no_comma) {
+            self.bad(MISSING_COMMA.into())
+        } else if self.overlong {
             self.bad(format!("longer than {ITEM_BYTES_MAX} bytes"))
         } else {
             match std::str::from_utf8(&raw) {
@@ -309,11 +319,11 @@ impl BulkParser {
             b if b.is_ascii_whitespace() => Mode::Array(ArrayState::Separator),
             b',' | b']' => self.separator(byte),
             _ => {
-                // Two values without a comma: refuse this one, read on.
-                out.push(self.bad("expected , or ] between elements".into()));
+                // Two values without a comma: this one is read to its end and refused (one
+                // item, counted once), and the array goes on.
                 self.line += 1;
-                self.push_byte(byte);
-                Mode::Array(ArrayState::Word)
+                self.no_comma = true;
+                self.array_value(byte, out)
             }
         }
     }
@@ -338,7 +348,12 @@ impl BulkParser {
             _ => (depth, false, false),
         };
         if depth == 0 {
-            out.push(self.bad("expected a user id as a JSON string or a number".into()));
+            let message = if std::mem::take(&mut self.no_comma) {
+                MISSING_COMMA
+            } else {
+                "expected a user id as a JSON string or a number"
+            };
+            out.push(self.bad(message.into()));
             return Mode::Array(ArrayState::Separator);
         }
         Mode::Array(ArrayState::Skip {
@@ -432,6 +447,18 @@ mod tests {
 
     /// Bytes that are not UTF-8 are refused by item, not read with replacement characters
     /// (`\xff` and `\xfe` would both have become one user, U+FFFD).
+    #[test]
+    fn an_element_without_its_comma_is_refused_once_and_not_applied() {
+        for step in 1..5 {
+            let (users, bad, end) = run(r#"["a1" "b1" "c1"]"#, step);
+            assert_eq!((users, bad, end), (vec!["a1".into()], vec![2, 3], Ok(())));
+            let (users, bad, _) = run(r#"["a" x, "b"]"#, step);
+            assert_eq!((users, bad), (vec!["a".into(), "b".into()], vec![2]));
+            let (users, bad, _) = run(r#"["a" ["x", "y"], 7]"#, step);
+            assert_eq!((users, bad), (vec!["a".into(), "7".into()], vec![2]));
+        }
+    }
+
     #[test]
     fn a_byte_order_mark_is_not_part_of_the_first_id() {
         for body in ["\u{feff}a\nb\n", "\u{feff}[\"a\", \"b\"]"] {
