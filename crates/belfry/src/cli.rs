@@ -167,16 +167,29 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn init_tracing(level: &str, format: LogFormat) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(level))
         .unwrap_or_else(|_| EnvFilter::new("info"));
     // Colours only for people at a terminal, not in files and pipes.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+    let secrets = tracing_subscriber::filter::filter_fn(|meta| !may_hold_secrets(meta));
+    let text = tracing_subscriber::fmt::layer().with_ansi(ansi);
+    let layer = match format {
+        LogFormat::Text => text.with_filter(secrets).boxed(),
+        LogFormat::Json => text.json().with_filter(secrets).boxed(),
+    };
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(layer)
+        .init();
+}
+
+/// Events no filter may show, since they can carry credentials: the NATS client traces the
+/// CONNECT message it sends, user, password and token included. Connections' passwords and
+/// tokens are never logged (config/belfry.example.toml), whatever the level.
+fn may_hold_secrets(meta: &tracing::Metadata<'_>) -> bool {
+    *meta.level() == tracing::Level::TRACE && meta.target().starts_with("async_nats")
 }

@@ -375,3 +375,90 @@ fn a_request_followed_by_a_half_close_is_answered() {
     );
     assert!(submit.starts_with("HTTP/1.1 201"), "{submit}");
 }
+
+/// A `nats-server` with a user and password on a free port, stopped (by its PID) on drop.
+struct Nats {
+    child: std::process::Child,
+    port: u16,
+}
+
+impl Drop for Nats {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn nats_with_password(user: &str, password: &str) -> Nats {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = Command::new("nats-server")
+        .args([
+            "-a",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--user",
+            user,
+            "--pass",
+            password,
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nats-server runs (apt-get install nats-server; scripts/test.sh installs it)");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "nats-server did not listen on {port}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Nats { child, port }
+}
+
+/// A connection's password is never logged, even at `trace`, where the NATS client traces
+/// the CONNECT message it sends (user and password in it).
+#[test]
+fn a_nats_password_is_not_logged_even_at_trace() {
+    let password = "NATS-PASSWORD-NEVER-LOGGED";
+    let nats = nats_with_password("belfry", password);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("belfry.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[connections.n]\ntype = \"nats\"\nurl = \"nats://127.0.0.1:{}\"\n\
+             username = \"belfry\"\npassword = \"{password}\"\n",
+            nats.port
+        ),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    let served = serve_with_env(
+        &["--store", "memory", "--config", config],
+        &[("RUST_LOG", "trace")],
+    );
+    let (ok, _, err) = belfry(&[
+        "queue",
+        "create",
+        "nq",
+        "--nats",
+        "n:s",
+        "--server",
+        &served.url,
+    ]);
+    assert!(ok, "{err}");
+    // The client connected and logged what it does (the filter ran on its events).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !served.log.lock().unwrap().contains("async_nats") {
+        assert!(Instant::now() < deadline, "no async_nats event in the log");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let log = served.log.lock().unwrap().clone();
+    assert!(!log.contains(password), "the password is in the log");
+}
