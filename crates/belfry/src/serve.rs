@@ -11,12 +11,23 @@ use crate::config::{Settings, StoreKind};
 
 pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     let signal = shutdown_signal()?;
+    tokio::pin!(signal);
     tracing::info!(node_id = %settings.server.node_id, "belfry starting");
     fit_open_files_limit(
         settings.server.http_connections_max,
         settings.server.http_listen_backlog as usize,
     );
-    let store = open_store(&settings).await?;
+    // Opening the store can take long (a big log to replay, a Redis that does not answer): a
+    // signal meanwhile stops the start at once. The process exits rather than returns, since
+    // the runtime would wait for the blocking open to finish; stopping it half-way is safe,
+    // as a crash there is.
+    let store = tokio::select! {
+        store = open_store(&settings) => store?,
+        () = &mut signal => {
+            tracing::warn!("stopped while opening the store, before serving");
+            std::process::exit(0);
+        }
+    };
     let mut builder = Server::builder(settings.server.clone(), store)
         .connections(settings.connections.clone())
         .auth(settings.auth.clone())
@@ -31,7 +42,13 @@ pub async fn serve(settings: Settings) -> anyhow::Result<()> {
     } else {
         "http"
     };
-    let handle = builder.start().await.context("start the server")?;
+    let handle = tokio::select! {
+        handle = builder.start() => handle.context("start the server")?,
+        () = &mut signal => {
+            tracing::warn!("stopped while starting the server (recovery), before serving");
+            std::process::exit(0);
+        }
+    };
     if let Some((cert, _)) = &settings.tls {
         belfry_server::listener::tls::announce_dates(cert);
     }
@@ -85,6 +102,7 @@ async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
     let store: Arc<dyn Store> = match &settings.store {
         StoreKind::Engine => {
             let dir = settings.data_dir.clone();
+            tracing::info!("opening the storage engine in {}", dir.display());
             let options = EngineOptions {
                 fsync: settings.fsync,
                 ..EngineOptions::default()
@@ -104,6 +122,7 @@ async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
             options.node_id = Some(settings.server.node_id.clone());
             // The target's Display hides any password.
             let named = target.to_string();
+            tracing::info!("connecting to the Redis store at {named}");
             let store = tokio::task::spawn_blocking(move || RedisStore::connect(&target, options))
                 .await
                 .with_context(|| format!("connect to the Redis store at {named}"))?
@@ -114,8 +133,9 @@ async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
     Ok(store)
 }
 
-/// Registers SIGTERM and SIGINT handlers now (before the server announces itself, so an early
-/// signal is never fatal) and returns a future that completes on the first of them. A second
+/// Registers SIGTERM and SIGINT handlers now (before the store is opened, so an early signal
+/// stops the start in order) and returns a future that completes on the first of them; SIGHUP
+/// is ignored, with a warning. A second
 /// one during the drain exits at once, with status 1: what was acknowledged is durable, and
 /// deliveries cut short are sent again once their leases end, as after a crash.
 fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
@@ -124,6 +144,14 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
         use tokio::signal::unix::{signal, SignalKind};
         let mut term = signal(SignalKind::terminate()).context("listen for SIGTERM")?;
         let mut int = signal(SignalKind::interrupt()).context("listen for SIGINT")?;
+        // SIGHUP's default is to end the process on the spot (no drain, deliveries in flight
+        // sent again), and tools send it expecting a reload (logrotate, config management).
+        let mut hup = signal(SignalKind::hangup()).context("listen for SIGHUP")?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::warn!("SIGHUP received and ignored: belfry does not reload its configuration (restart it to apply a change; SIGTERM stops it with a drain)");
+            }
+        });
         Ok(async move {
             tokio::select! {
                 _ = term.recv() => tracing::info!("SIGTERM received; a second signal stops at once"),

@@ -462,3 +462,88 @@ fn a_nats_password_is_not_logged_even_at_trace() {
     let log = served.log.lock().unwrap().clone();
     assert!(!log.contains(password), "the password is in the log");
 }
+
+/// SIGHUP (sent by tools expecting a reload, or by a closing terminal) is ignored with a
+/// warning, where its default would end the process on the spot, without a drain.
+#[test]
+fn sighup_is_ignored_with_a_warning() {
+    let mut server = serve(&["--store", "memory"]);
+    let pid = server.child.id().to_string();
+    let kill = |name: &str| {
+        assert!(Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    kill("-HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server
+        .log
+        .lock()
+        .unwrap()
+        .contains("SIGHUP received and ignored")
+    {
+        assert!(Instant::now() < deadline, "SIGHUP was not logged");
+        assert!(
+            server.child.try_wait().unwrap().is_none(),
+            "SIGHUP ended the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (ok, out, err) = belfry(&["queue", "list", "--server", &server.url]);
+    assert!(ok, "the server still answers after SIGHUP: {out} {err}");
+    kill("-TERM");
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "exit status {exit:?}");
+}
+
+/// A signal while the store is being opened stops the start at once: here a Redis that
+/// accepts connections and never answers would hold it for the connect timeout (30 s).
+#[test]
+fn a_signal_while_the_store_opens_stops_the_start_at_once() {
+    use std::io::{BufRead, BufReader};
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(format!("redis://127.0.0.1:{port}"))
+        .env("RUST_LOG", "info")
+        .env("BELFRY_REDIS_CONNECT_TIMEOUT", "30s")
+        .env("BELFRY_REDIS_COMMAND_TIMEOUT", "30s")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let log = |want: &str| loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the log goes on");
+        if line.contains(want) {
+            return;
+        }
+    };
+    log("connecting to the Redis store");
+    let sent = Instant::now();
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    log("stopped while opening the store");
+    let exit = child.wait().unwrap();
+    assert!(
+        sent.elapsed() < Duration::from_secs(5),
+        "{:?} after the signal",
+        sent.elapsed()
+    );
+    assert!(exit.success(), "exit status {exit:?}");
+    drop(silent);
+}
