@@ -179,6 +179,15 @@ impl TokenHash {
 
     /// Parses `sha256:<64 hex digits>` (what `belfry token create` prints).
     pub fn parse(text: &str) -> Result<TokenHash, String> {
+        // A token pasted where its hash goes: say so without echoing any of it.
+        if text.starts_with(TOKEN_PREFIX) {
+            return Err(
+                "this is a token, not its hash (none of it is shown here): put the \
+                        token's sha256:<64 hex digits> from `belfry token create`, and keep the \
+                        token itself out of config files"
+                    .into(),
+            );
+        }
         let hex_digits = text.strip_prefix("sha256:").ok_or_else(|| {
             format!(
                 "expected sha256:<64 hex digits> (from `belfry token create`), got {:?}",
@@ -208,10 +217,13 @@ fn cut(text: &str) -> String {
     text.chars().take(24).collect()
 }
 
+/// How every token belfry makes starts.
+const TOKEN_PREFIX: &str = "bfy_";
+
 /// A new random token: `bfy_` and 64 hex digits.
 pub fn generate_token() -> String {
     let bytes: [u8; TOKEN_RANDOM_BYTES] = rand::random();
-    format!("bfy_{}", hex::encode(bytes))
+    format!("{TOKEN_PREFIX}{}", hex::encode(bytes))
 }
 
 /// One configured token: a name (for logs and errors; never the token), its hash, its scopes,
@@ -630,6 +642,11 @@ mod tests {
         assert_eq!(TokenHash::parse(&hash.to_string()).unwrap(), hash);
         assert!(TokenHash::parse("secret").unwrap_err().contains("sha256:"));
         assert!(TokenHash::parse("sha256:abc").is_err());
+        // A token where its hash goes: said, and none of it echoed.
+        let token = generate_token();
+        let refused = TokenHash::parse(&token).unwrap_err();
+        assert!(refused.contains("a token, not its hash"), "{refused}");
+        assert!(!refused.contains(&token[4..12]), "{refused}");
         assert!(!format!("{hash:?}").contains(&hex::encode(hash.0)));
         let token = generate_token();
         assert!(

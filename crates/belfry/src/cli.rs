@@ -145,6 +145,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
                 crate::resolve::check_log_filter("RUST_LOG", &rust_log).context("configuration")?;
             }
             init_tracing(&settings.log_level, settings.log_format);
+            let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+            for warning in crate::env_check::unknown_vars(names) {
+                tracing::warn!("{warning}");
+            }
             crate::serve::serve(settings).await
         }
         Command::Queue { remote, command } => crate::commands::queue::queue(&remote, command).await,

@@ -5,6 +5,7 @@ mod auth_config;
 mod cli;
 mod commands;
 mod config;
+mod env_check;
 mod resolve;
 mod schedule_cmd;
 mod serve;

@@ -65,6 +65,13 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
     let mut ms = 0.0;
     while !rest.is_empty() {
         let (part, after) = next_part(rest);
+        // "6M" could be meant as months, "1MS" as megaseconds: the units are lower case only.
+        if part.chars().any(char::is_uppercase) {
+            return Err(format!(
+                "{trimmed:?}: duration units are lower case (ms, s, m, h, d, w, y), so that \
+                 \"M\" is not read as minutes when months were meant"
+            ));
+        }
         let (number, unit) = split_number(part).map_err(|e| {
             if rest.len() == trimmed.len() {
                 e
@@ -179,6 +186,9 @@ mod tests {
         check("1m 30", None);
         check("1m x", None);
         check("1m -5s", None);
+        check("6M", None);
+        check("30S", None);
+        check("1MS", None);
         let no_unit = parse_duration_ms(" 1000 ").unwrap_err();
         assert!(no_unit.contains("\"1000ms\" or \"1000s\""), "{no_unit}");
     }
