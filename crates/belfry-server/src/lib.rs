@@ -469,6 +469,10 @@ fn listener_limits(config: &ServerConfig) -> listener::Limits {
 ///    connections, long-polls return empty, the dispatcher and the schedule runner stop.
 async fn stop_taking_work(service: &Service, http_shutdown: &CancellationToken) {
     service.set_draining();
+    service
+        .connections
+        .draining
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     let drain_delay = Duration::from_millis(service.config.shutdown_drain_delay_ms);
     if !drain_delay.is_zero() {
         tracing::info!(

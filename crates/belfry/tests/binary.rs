@@ -547,3 +547,80 @@ fn a_signal_while_the_store_opens_stops_the_start_at_once() {
     assert!(exit.success(), "exit status {exit:?}");
     drop(silent);
 }
+
+/// One answer read from `conn`: its head (lower-cased) and body, by its content-length.
+fn read_answer(conn: &mut std::net::TcpStream) -> (String, Vec<u8>) {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let mut byte = [0u8; 1];
+    while !bytes.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            conn.read(&mut byte).unwrap(),
+            1,
+            "the connection closed mid-answer"
+        );
+        bytes.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&bytes).to_ascii_lowercase();
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .and_then(|n| n.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    conn.read_exact(&mut body).unwrap();
+    (head, body)
+}
+
+/// During the drain delay every answer says `Connection: close`, so that a client's pool
+/// reconnects (to another node) while this one still serves, instead of keeping a connection
+/// that the end of the drain cuts under its next request.
+#[test]
+fn answers_during_the_drain_close_their_connection() {
+    use std::io::{Read, Write};
+    let mut server = serve_with_env(
+        &["--store", "memory"],
+        &[("BELFRY_SHUTDOWN_DRAIN_DELAY", "30s")],
+    );
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let get = b"GET /v1/queues HTTP/1.1\r\nhost: x\r\n\r\n";
+    conn.write_all(get).unwrap();
+    let (head, _) = read_answer(&mut conn);
+    assert!(
+        head.starts_with("http/1.1 200") && !head.contains("connection: close"),
+        "{head}"
+    );
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !server
+        .log
+        .lock()
+        .unwrap()
+        .contains("still serving until the drain delay ends")
+    {
+        assert!(Instant::now() < deadline, "the drain did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The same kept-alive connection: served, and told to close.
+    conn.write_all(get).unwrap();
+    let (head, _) = read_answer(&mut conn);
+    assert!(
+        head.starts_with("http/1.1 200") && head.contains("connection: close"),
+        "{head}"
+    );
+    let mut rest = Vec::new();
+    assert_eq!(
+        conn.read_to_end(&mut rest).unwrap(),
+        0,
+        "the server closed it"
+    );
+    let _ = server.child.kill();
+}

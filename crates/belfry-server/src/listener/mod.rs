@@ -108,6 +108,10 @@ pub struct ConnectionStats {
     pub waiting: AtomicUsize,
     /// Connections open from each client address.
     clients: std::sync::OnceLock<Arc<clients::Clients>>,
+    /// Shutdown began (the drain delay): each answer says `Connection: close`, so that a
+    /// client's pool reconnects, to another node, while this one still serves, rather than
+    /// finding its kept-alive connection cut when the drain ends.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl ConnectionStats {
@@ -442,6 +446,7 @@ impl Connection {
         let service = TowerToHyperService::new(InFlight {
             inner: self.router.clone(),
             activity: activity.clone(),
+            stats: self.stats.clone(),
         });
         let mut builder = hyper::server::conn::http1::Builder::new();
         builder
@@ -723,6 +728,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 struct InFlight {
     inner: Router,
     activity: Arc<Activity>,
+    stats: Arc<ConnectionStats>,
 }
 
 impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for InFlight {
@@ -743,6 +749,7 @@ impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for InFlight 
         CountedFuture {
             inner,
             _guard: guard,
+            close: self.stats.draining.load(Ordering::Relaxed),
         }
     }
 }
@@ -753,13 +760,25 @@ impl tower::Service<axum::extract::Request<hyper::body::Incoming>> for InFlight 
 struct CountedFuture {
     inner: axum::routing::future::RouteFuture<Infallible>,
     _guard: RequestGuard,
+    /// The answer closes the connection (the server is draining).
+    close: bool,
 }
 
 impl std::future::Future for CountedFuture {
     type Output = Result<axum::response::Response, Infallible>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.inner).poll(cx)
+        let close = self.close;
+        Pin::new(&mut self.inner).poll(cx).map_ok(|mut response| {
+            if close {
+                let headers = response.headers_mut();
+                headers.insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
+            response
+        })
     }
 }
 
