@@ -234,8 +234,13 @@ pub(crate) fn check_log_filter(name: &str, text: &str) -> anyhow::Result<()> {
             .rsplit_once('=')
             .map_or(directive, |(_, level)| level);
         if !LEVELS.contains(&level.trim().to_ascii_lowercase().as_str()) {
+            let within = if directive.trim() == text.trim() {
+                String::new()
+            } else {
+                format!(" in {text:?}")
+            };
             bail!(
-                "{name}: {directive:?} in {text:?} is not a level; give one of trace, debug, \
+                "{name}: {directive:?}{within} is not a level; give one of trace, debug, \
                  info, warn, error, off, or target=level directives separated by commas \
                  (\"belfry_server=debug,info\")"
             );
