@@ -202,6 +202,14 @@ fn classify(e: &RedisError) -> Class {
 /// [`StoreError::AccessDenied`]; only what belfry cannot make sense of is `Corrupt`.
 pub(crate) fn map_error(e: RedisError, context: &'static str) -> StoreError {
     match classify(&e) {
+        // A read that timed out reaches us as the socket's EAGAIN ("Resource temporarily
+        // unavailable (os error 11)"): say what it means.
+        Class::Transient if is_no_answer(&e) => StoreError::Unavailable {
+            detail: format!(
+                "{context}: redis did not answer within redis.command_timeout (it is stopped, \
+                 overloaded, or the network drops its packets): {e}"
+            ),
+        },
         Class::Transient => StoreError::Unavailable {
             detail: format!("{context}: {e}"),
         },
@@ -228,6 +236,20 @@ pub(crate) fn map_error(e: RedisError, context: &'static str) -> StoreError {
             detail: e.to_string(),
         },
     }
+}
+
+/// Whether `e` is a socket read or write that timed out (the OS says `WouldBlock` for a
+/// socket timeout on Linux, `TimedOut` elsewhere).
+fn is_no_answer(e: &RedisError) -> bool {
+    e.is_timeout()
+        || std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                )
+            })
 }
 
 /// A reply of an unexpected shape: a typed error naming what was expected.

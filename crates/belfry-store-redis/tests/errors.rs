@@ -166,3 +166,24 @@ fn a_redis_at_maxmemory_goes_on_delivering() {
     config_set(&server, "maxmemory", "0");
     store.put(vec![due()]).unwrap();
 }
+
+/// A Redis that accepts connections and never answers (stopped, or a network that drops its
+/// packets) is said to be one, not "Resource temporarily unavailable (os error 11)".
+#[test]
+fn a_redis_that_never_answers_is_said_to_be_silent() {
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let target = RedisTarget::parse(&format!("redis://{}", silent.local_addr().unwrap())).unwrap();
+    let quick = RedisOptions {
+        timeouts: belfry_store_redis::Timeouts {
+            connect: std::time::Duration::from_millis(300),
+            command: std::time::Duration::from_millis(300),
+        },
+        ..options("silent")
+    };
+    let refused = RedisStore::connect(&target, quick);
+    let Err(StoreError::Unavailable { detail }) = refused else {
+        panic!("a silent redis: {refused:?}");
+    };
+    assert!(detail.contains("did not answer within"), "{detail}");
+    drop(silent);
+}
