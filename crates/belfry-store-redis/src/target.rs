@@ -15,7 +15,7 @@ pub enum RedisTarget {
 
 /// Why a `--store` URL is not one belfry can use, in words that say what to write instead.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("--store {url:?}: {reason}")]
+#[error("{url:?}: {reason}")]
 pub struct TargetError {
     pub url: String,
     pub reason: String,

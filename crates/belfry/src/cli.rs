@@ -149,7 +149,14 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             for warning in crate::env_check::unknown_vars(names) {
                 tracing::warn!("{warning}");
             }
-            crate::serve::serve(settings).await
+            let json = matches!(settings.log_format, LogFormat::Json);
+            let served = crate::serve::serve(settings).await;
+            // A log collector reading JSON lines sees why the server stopped too (`main` also
+            // prints it on stderr, as for every command).
+            if let (true, Err(error)) = (json, &served) {
+                tracing::error!(error = %crate::commands::causes(error), "belfry stopped");
+            }
+            served
         }
         Command::Queue { remote, command } => crate::commands::queue::queue(&remote, command).await,
         Command::Task { remote, command } => crate::commands::task::task(&remote, command).await,

@@ -157,9 +157,9 @@ impl StoreKind {
             "memory" => Ok(StoreKind::Memory),
             url if url.contains("://") => RedisTarget::parse(url)
                 .map(StoreKind::Redis)
-                .map_err(|e| anyhow!("store: {e}")),
+                .map_err(|e| anyhow!("store (--store, BELFRY_STORE or the file's store key): {e}")),
             other => bail!(
-                "store: expected \"engine\", \"memory\", \"redis://host:port\" or \
+                "store (--store, BELFRY_STORE or the file's store key): expected \"engine\", \"memory\", \"redis://host:port\" or \
                  \"redis-cluster://host:port,host:port\", got {other:?}"
             ),
         }

@@ -624,3 +624,28 @@ fn answers_during_the_drain_close_their_connection() {
     );
     let _ = server.child.kill();
 }
+
+/// With `log.format = "json"`, why the server stopped is a JSON line on stdout too (for a
+/// log collector), besides the `error:` line on stderr.
+#[test]
+fn a_failed_start_is_logged_as_json_when_the_log_is_json() {
+    let refused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = refused.local_addr().unwrap().port();
+    drop(refused);
+    let output = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(format!("redis://127.0.0.1:{port}"))
+        .env("BELFRY_LOG_FORMAT", "json")
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a log line")).expect("JSON");
+    assert_eq!(last["level"], "ERROR", "{last}");
+    let error = last["fields"]["error"].as_str().unwrap();
+    assert!(error.contains(&format!("127.0.0.1:{port}")), "{error}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("error: "), "{stderr}");
+}
