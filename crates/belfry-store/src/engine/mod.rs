@@ -61,6 +61,7 @@ mod store_impl;
 mod subs;
 mod wal;
 
+mod wal_tail;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -28,6 +28,7 @@ use super::record::{self, Record, WalTarget};
 use super::space::FreeSpace;
 use super::subs::{self, Subs};
 use super::wal::{create_wal, old_wal_files, wal_path, Flusher, Wal};
+use super::wal_tail;
 use super::{
     io, parse_queue_dir, queue_dir, Core, Engine, EngineOptions, FsyncPolicy, State,
     CHECKPOINT_FILE, META_FILE, WAL_DIR,
@@ -402,28 +403,6 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File> {
     }
 }
 
-/// Whether a bad frame at the end of the log (the last non-empty WAL file) is a torn write
-/// (cut it) rather than damage to acknowledged data (refuse to open): it runs past the end of
-/// the file, or only zeros follow the end its header declares (it is the file's last frame,
-/// or space prepared ahead follows it, or a write cut short inside its header left a shorter
-/// declared length with zeros after it).
-pub(super) fn is_torn_tail(rest: &[u8], error: &record::DecodeError) -> bool {
-    if matches!(error, record::DecodeError::Truncated { .. }) {
-        return true;
-    }
-    if rest.iter().all(|b| *b == 0) {
-        return true;
-    }
-    if rest.len() >= record::FRAME_HEADER_BYTES {
-        let declared = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let end = record::FRAME_HEADER_BYTES.saturating_add(declared);
-        return rest
-            .get(end..)
-            .is_some_and(|after| after.iter().all(|b| *b == 0));
-    }
-    false
-}
-
 /// Whether the WAL file at `path` holds any frame (or part of one): its first bytes are not
 /// zeros. A file created ahead of use, or holding only prepared zeros, does not.
 fn holds_frames(path: &Path) -> Result<bool> {
@@ -526,33 +505,25 @@ struct Replay<'a> {
 
 impl Replay<'_> {
     /// Replays one WAL file, frame by frame. A bad frame is cut as a torn tail if the file
-    /// ends the log (`is_tail`: no later file holds a byte) and [`is_torn_tail`] says so;
+    /// ends the log (`is_tail`: no later file holds a byte) and [`wal_tail::is_torn_tail`] says so;
     /// otherwise it is `Corrupt`.
     fn file(&mut self, path: &Path, is_tail: bool) -> Result<()> {
         let bytes = fs::read(path).map_err(io("read a WAL file"))?;
         let mut offset = 0;
         while offset < bytes.len() {
             if record::is_log_end(&bytes[offset..]) {
-                // Space prepared ahead and never written: the log ends here in this file.
-                // Anything written after it is damage (frames are written in order, with no
-                // gap), so it is refused rather than skipped.
-                return match bytes[offset..].iter().position(|b| *b != 0) {
-                    None => Ok(()),
-                    Some(at) => Err(StoreError::Corrupt {
-                        location: format!("{} at offset {}", path.display(), offset + at),
-                        detail: format!(
-                            "bytes written after the end of the log (zeros from offset {offset})"
-                        ),
-                    }),
-                };
+                // Space prepared ahead and never written: the log ends here in this file,
+                // unless what follows shows damage.
+                return wal_tail::check_log_end(path, &bytes, offset);
             }
             let (entries, len) = match record::decode_wal(&bytes[offset..]) {
                 Ok(decoded) => decoded,
-                Err(error) if is_tail && is_torn_tail(&bytes[offset..], &error) => {
+                Err(error) if is_tail && wal_tail::is_torn_tail(&bytes[offset..], &error) => {
                     // The log ends in a frame that was being written at the crash: its call
                     // never returned (a call returns only once its whole frame is written),
                     // and nothing was written after it, so dropping it loses nothing
-                    // acknowledged.
+                    // acknowledged. Unless it shows signs of damage instead.
+                    wal_tail::check_torn(path, &bytes[offset..], offset)?;
                     tracing::warn!(path = %path.display(), offset, %error, "cutting a torn WAL tail");
                     let file = OpenOptions::new()
                         .write(true)
