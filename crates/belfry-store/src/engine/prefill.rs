@@ -129,6 +129,7 @@ fn run(core: &Core) {
         if let Err(source) = file.sync_data() {
             wal.stop_after_background_fsync(&crate::store::StoreError::Io {
                 context: "fsync zeros prepared in the WAL",
+                path: None,
                 source,
             });
         }

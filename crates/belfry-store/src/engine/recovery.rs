@@ -27,10 +27,11 @@ use super::queue::{Bucket, EngineStats, Queue};
 use super::record::{self, Record, WalTarget};
 use super::space::FreeSpace;
 use super::subs::{self, Subs};
+use super::sweep;
 use super::wal::{create_wal, old_wal_files, wal_path, Flusher, Wal};
 use super::wal_tail;
 use super::{
-    io, parse_queue_dir, queue_dir, Core, Engine, EngineOptions, FsyncPolicy, State,
+    io_at, parse_queue_dir, queue_dir, Core, Engine, EngineOptions, FsyncPolicy, State,
     CHECKPOINT_FILE, META_FILE, WAL_DIR,
 };
 use crate::store::{Result, StoreError};
@@ -52,9 +53,10 @@ impl Engine {
     pub fn open(dir: impl AsRef<Path>, options: EngineOptions) -> Result<Engine> {
         let dir = dir.as_ref().to_path_buf();
         owner::check(&dir)?;
-        fs::create_dir_all(&dir).map_err(io("create the data directory"))?;
+        fs::create_dir_all(&dir).map_err(io_at("create the data directory", &dir))?;
         owner::mark(&dir)?;
-        fs::create_dir_all(dir.join(WAL_DIR)).map_err(io("create the data directory"))?;
+        let wal_dir = dir.join(WAL_DIR);
+        fs::create_dir_all(&wal_dir).map_err(io_at("create the WAL directory", &wal_dir))?;
         let lock = lock_dir(&dir)?;
         refuse_partial(&dir)?;
         let (meta, legacy_entries) = MetaFile::read(&dir.join(META_FILE))?;
@@ -203,9 +205,9 @@ fn list_dir(sub: &Path) -> Result<Vec<fs::DirEntry>> {
     match fs::read_dir(sub) {
         Ok(entries) => entries
             .collect::<std::io::Result<Vec<_>>>()
-            .map_err(io("list the data directory")),
+            .map_err(io_at("list a directory", sub)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(io("list the data directory")(e)),
+        Err(e) => Err(io_at("list a directory", sub)(e)),
     }
 }
 
@@ -244,25 +246,33 @@ fn engine_files(dir: &Path) -> Result<Option<String>> {
 fn restore_queues(dir: &Path, state: &mut State) -> Result<()> {
     for (name, (uid, _)) in &state.meta.queues {
         let qdir = queue_dir(dir, *uid);
-        fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
+        fs::create_dir_all(&qdir).map_err(io_at("create a queue directory", &qdir))?;
         state
             .queues
             .insert(*uid, Queue::new(name.clone(), *uid, qdir, state.key_hasher));
     }
-    for entry in fs::read_dir(dir).map_err(io("list the data directory"))? {
-        let entry = entry.map_err(io("list the data directory"))?;
+    for entry in fs::read_dir(dir).map_err(io_at("list the data directory", dir))? {
+        let entry = entry.map_err(io_at("list the data directory", dir))?;
         let name = entry.file_name();
-        if let Some(uid) = name.to_str().and_then(parse_queue_dir) {
-            if !state.queues.contains_key(&uid) {
-                fs::remove_dir_all(entry.path()).map_err(io("remove a deleted queue"))?;
-            }
+        let Some(uid) = name.to_str().and_then(parse_queue_dir) else {
+            continue;
+        };
+        if state.queues.contains_key(&uid) {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            sweep::remove_queue_dir(&path, |n| bucket::parse_file_name(n).is_some())?;
+        } else {
+            tracing::warn!(path = %path.display(), "leaving a file named like a queue directory");
         }
     }
     Ok(())
 }
 
 /// Buckets known to the checkpoint: cut anything written after it (the WAL replay writes it
-/// again); files it does not know were created after it: remove them.
+/// again); bucket files it does not know were created after it: remove them (other names are
+/// left alone, `sweep.rs`).
 fn restore_buckets(checkpoint: &Checkpoint, state: &mut State) -> Result<()> {
     let mut known: HashMap<u64, HashSet<u64>> = HashMap::new();
     for cb in &checkpoint.buckets {
@@ -276,17 +286,13 @@ fn restore_buckets(checkpoint: &Checkpoint, state: &mut State) -> Result<()> {
     }
     for queue in state.queues.values_mut() {
         let known = known.remove(&queue.uid).unwrap_or_default();
-        for entry in fs::read_dir(&queue.dir).map_err(io("list a queue directory"))? {
-            let entry = entry.map_err(io("list a queue directory"))?;
-            let keep = entry
-                .file_name()
-                .to_str()
-                .and_then(bucket::parse_file_name)
-                .is_some_and(|key| known.contains(&key));
-            if !keep {
-                fs::remove_file(entry.path()).map_err(io("remove a stale bucket file"))?;
-            }
-        }
+        sweep::sweep(
+            &queue.dir,
+            |name| bucket::parse_file_name(name).is_some(),
+            |name| bucket::parse_file_name(name).is_some_and(|key| known.contains(&key)),
+            "bucket files the checkpoint does not list (written after it: the WAL replay \
+             writes them again)",
+        )?;
     }
     Ok(())
 }
@@ -329,12 +335,7 @@ fn cut_to_checkpoint(path: &Path, file_len: u64) -> Result<()> {
     let actual = match fs::metadata(path) {
         Ok(m) => m.len(),
         Err(e) if e.kind() == ErrorKind::NotFound => 0,
-        Err(source) => {
-            return Err(StoreError::Io {
-                context: "stat a bucket file",
-                source,
-            })
-        }
+        Err(source) => return Err(StoreError::io_at("stat a bucket file", path, source)),
     };
     if actual < file_len {
         return Err(StoreError::Corrupt {
@@ -346,9 +347,9 @@ fn cut_to_checkpoint(path: &Path, file_len: u64) -> Result<()> {
         let file = OpenOptions::new()
             .write(true)
             .open(path)
-            .map_err(io("open a bucket file to cut its tail"))?;
+            .map_err(io_at("open a bucket file to cut its tail", path))?;
         file.set_len(file_len)
-            .map_err(io("cut a bucket file's tail"))?;
+            .map_err(io_at("cut a bucket file's tail", path))?;
     }
     Ok(())
 }
@@ -379,7 +380,7 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(io("open the data directory's lock file"))?;
+        .map_err(io_at("open the data directory's lock file", &path))?;
     let started = Instant::now();
     loop {
         match file.try_lock() {
@@ -394,10 +395,7 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File> {
                 })
             }
             Err(std::fs::TryLockError::Error(source)) => {
-                return Err(StoreError::Io {
-                    context: "lock the data directory",
-                    source,
-                })
+                return Err(StoreError::io_at("lock the data directory", &path, source))
             }
         }
     }
@@ -407,9 +405,9 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File> {
 /// zeros. A file created ahead of use, or holding only prepared zeros, does not.
 fn holds_frames(path: &Path) -> Result<bool> {
     let mut head = [0u8; record::FRAME_HEADER_BYTES];
-    let file = File::open(path).map_err(io("read a WAL file"))?;
-    let read =
-        std::os::unix::fs::FileExt::read_at(&file, &mut head, 0).map_err(io("read a WAL file"))?;
+    let file = File::open(path).map_err(io_at("read a WAL file", path))?;
+    let read = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0)
+        .map_err(io_at("read a WAL file", path))?;
     Ok(!record::is_log_end(&head[..read]))
 }
 
@@ -431,7 +429,9 @@ pub(super) fn replay(
     for number in numbers {
         let path = wal_path(dir, number);
         if number < start {
-            fs::remove_file(&path).map_err(io("remove an old WAL file"))?;
+            // Replayed into the checkpoint, which stopped before it removed them.
+            fs::remove_file(&path).map_err(io_at("remove an old WAL file", &path))?;
+            tracing::info!(path = %path.display(), "removed a WAL file the checkpoint holds");
         } else {
             let written = holds_frames(&path)?;
             live.push((path, written));
@@ -508,7 +508,7 @@ impl Replay<'_> {
     /// ends the log (`is_tail`: no later file holds a byte) and [`wal_tail::is_torn_tail`] says so;
     /// otherwise it is `Corrupt`.
     fn file(&mut self, path: &Path, is_tail: bool) -> Result<()> {
-        let bytes = fs::read(path).map_err(io("read a WAL file"))?;
+        let bytes = fs::read(path).map_err(io_at("read a WAL file", path))?;
         let mut offset = 0;
         while offset < bytes.len() {
             if record::is_log_end(&bytes[offset..]) {
@@ -528,9 +528,9 @@ impl Replay<'_> {
                     let file = OpenOptions::new()
                         .write(true)
                         .open(path)
-                        .map_err(io("open a WAL file to cut its tail"))?;
+                        .map_err(io_at("open a WAL file to cut its tail", path))?;
                     file.set_len(offset as u64)
-                        .map_err(io("cut a WAL file's tail"))?;
+                        .map_err(io_at("cut a WAL file's tail", path))?;
                     return Ok(());
                 }
                 Err(error) => {

@@ -85,8 +85,9 @@ pub(crate) fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> St
     }
 }
 
-fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |source| StoreError::Io { context, source }
+/// An I/O error naming the run file at `path` (copied only if there is an error).
+fn io<'a>(context: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::io_at(context, path, source)
 }
 
 /// Where a block is and the first key it holds (in `Run::index_keys`).
@@ -333,10 +334,7 @@ impl Run {
                 std::io::ErrorKind::UnexpectedEof => {
                     corrupt(&self.path, b.offset, "block cut short")
                 }
-                _ => StoreError::Io {
-                    context: "read a run file",
-                    source: e,
-                },
+                _ => StoreError::io_at("read a run file", &self.path, e),
             })
     }
 
@@ -431,19 +429,16 @@ impl Run {
             std::io::ErrorKind::NotFound => {
                 corrupt(path, 0, "run file listed by the checkpoint is missing")
             }
-            _ => StoreError::Io {
-                context: "open a run file",
-                source: e,
-            },
+            _ => StoreError::io_at("open a run file", path, e),
         })?;
-        let file_bytes = file.metadata().map_err(io("stat a run file"))?.len();
+        let file_bytes = file.metadata().map_err(io("stat a run file", path))?.len();
         if file_bytes < FOOTER_BYTES as u64 {
             return Err(corrupt(path, 0, "run file shorter than its footer"));
         }
         let footer_at = file_bytes - FOOTER_BYTES as u64;
         let mut footer = [0u8; FOOTER_BYTES];
         file.read_exact_at(&mut footer, footer_at)
-            .map_err(io("read a run file"))?;
+            .map_err(io("read a run file", path))?;
         let f = Footer::decode(&footer, kind).map_err(|d| corrupt(path, footer_at, d))?;
         let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
             if len as usize > META_FRAME_BYTES_MAX || offset + len > footer_at {
@@ -451,7 +446,7 @@ impl Run {
             }
             let mut buf = vec![0; len as usize];
             file.read_exact_at(&mut buf, offset)
-                .map_err(io("read a run file"))?;
+                .map_err(io("read a run file", path))?;
             let (body, total) = split_frame_limited(&buf, META_FRAME_BYTES_MAX)
                 .map_err(|e| corrupt(path, offset, format!("frame: {e}")))?;
             // As for blocks (`read_block_frame`): zeros would pass as an empty frame.
@@ -625,7 +620,7 @@ impl RunWriter {
         filtered_keys: usize,
     ) -> Result<RunWriter> {
         let path = dir.join(run_name(id));
-        let file = File::create(&path).map_err(io("create a run file"))?;
+        let file = File::create(&path).map_err(io("create a run file", &path))?;
         Ok(RunWriter {
             kind,
             id,
@@ -697,7 +692,9 @@ impl RunWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out.write_all(bytes).map_err(io("write a run file"))
+        self.out
+            .write_all(bytes)
+            .map_err(io("write a run file", &self.path))
     }
 
     /// Writes the index, bloom filter and footer, fsyncs the file and opens it as a run
@@ -735,7 +732,9 @@ impl RunWriter {
         frame.extend_from_slice(&crc.finalize().to_le_bytes());
         for chunk in words.chunks(8 * 1024) {
             frame.extend(chunk.iter().flat_map(|w| w.to_le_bytes()));
-            self.out.write_all(&frame).map_err(io("write a run file"))?;
+            self.out
+                .write_all(&frame)
+                .map_err(io("write a run file", &self.path))?;
             frame.clear();
         }
         let (bloom_offset, bloom_len) = (self.offset, (FRAME_HEADER_BYTES + body_len) as u64);
@@ -749,13 +748,14 @@ impl RunWriter {
             entries: self.entries,
         };
         self.write(&footer.encode())?;
-        let file = self.out.into_inner().map_err(|e| StoreError::Io {
-            context: "write a run file",
-            source: e.into_error(),
-        })?;
-        file.sync_all().map_err(io("fsync a run file"))?;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| StoreError::io_at("write a run file", &self.path, e.into_error()))?;
+        file.sync_all()
+            .map_err(io("fsync a run file", &self.path))?;
         drop(file);
-        let file = File::open(&self.path).map_err(io("open a run file"))?;
+        let file = File::open(&self.path).map_err(io("open a run file", &self.path))?;
         Ok(Run {
             id: self.id,
             path: self.path,
