@@ -305,6 +305,7 @@ async fn tick(state: &Arc<SchedulesState>) -> Result<TickReport, ScheduleService
     ticked.unwrap_or_else(|e| {
         Err(ScheduleServiceError::Store(belfry_store::StoreError::Io {
             context: "run a schedule tick on the blocking pool",
+            path: None,
             source: std::io::Error::other(e.to_string()),
         }))
     })

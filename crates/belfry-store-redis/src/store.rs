@@ -976,6 +976,7 @@ impl Store for RedisStore {
         )
         .map_err(|source| StoreError::Io {
             context: "start the store-event thread",
+            path: None,
             source,
         })?;
         *self.listener.lock() = Some(listener);

@@ -18,6 +18,7 @@
 //! returning. See `docs/storage-format.md`, "Durability of delivery state".
 
 use std::io;
+use std::path::{Path, PathBuf};
 
 use belfry_core::{
     LeaseId, LeasedTask, NewTask, QueueName, Task, TaskId, TaskState, UnixMs, UserId, UserPage,
@@ -32,9 +33,13 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 pub enum StoreError {
     #[error("queue {0} does not exist")]
     QueueNotFound(QueueName),
-    #[error("I/O error while trying to {context}: {source}")]
+    #[error("I/O error while trying to {context}{}: {source}", on_path(.path.as_deref()))]
     Io {
         context: &'static str,
+        /// The file or directory the operation was on, when there is one: an operator needs
+        /// it to fix a permission or a disk, and the context alone cannot tell `meta` from
+        /// `checkpoint` or one bucket file from another.
+        path: Option<PathBuf>,
         #[source]
         source: io::Error,
     },
@@ -86,7 +91,22 @@ pub enum StoreError {
     AccessDenied { detail: String },
 }
 
+/// How an I/O error names its path: ` (<path>)` after the operation, or nothing.
+fn on_path(path: Option<&Path>) -> String {
+    path.map(|p| format!(" ({})", p.display()))
+        .unwrap_or_default()
+}
+
 impl StoreError {
+    /// An I/O error while trying to `context` on the file or directory at `path`.
+    pub fn io_at(context: &'static str, path: &Path, source: io::Error) -> StoreError {
+        StoreError::Io {
+            context,
+            path: Some(path.to_path_buf()),
+            source,
+        }
+    }
+
     /// Whether the same call may succeed if retried later, unchanged.
     pub fn is_transient(&self) -> bool {
         matches!(self, StoreError::Unavailable { .. })

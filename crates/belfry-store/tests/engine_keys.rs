@@ -7,6 +7,9 @@ use belfry_core::{NewTask, QueueName, TaskId, TaskState};
 use belfry_store::{ChangeOutcome, Engine, EngineOptions, FsyncPolicy, PutOutcome, Store};
 use bytes::Bytes;
 
+#[path = "support/damage.rs"]
+mod damage;
+
 const NOW: u64 = 1_700_000_000_000;
 const HOUR_MS: u64 = 3_600_000;
 const DAY_MS: u64 = 24 * HOUR_MS;
@@ -283,4 +286,45 @@ fn a_damaged_run_is_a_clear_error_at_open() {
     let error = Engine::open(dir.path(), options()).unwrap_err().to_string();
     assert!(error.contains(&run.display().to_string()), "{error}");
     assert!(error.contains("checksum"), "{error}");
+}
+
+/// A zeroed block of a key run is `Corrupt` naming the run, for a put of one of its keys and
+/// for a lookup by key: never read as "no such key", which would let a second task in under
+/// the key of a live one.
+#[test]
+fn a_zeroed_key_run_block_refuses_puts_of_its_keys_rather_than_duplicate_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    let ids = put_new(&engine, "orders", 0..3_000, far);
+    engine.flush().unwrap();
+    drop(engine);
+    let run = std::fs::read_dir(dir.path().join("keys"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "run"))
+        .expect("a key run");
+    let (offset, len) = damage::run_block(&run, 2);
+    damage::zero(&run, offset, len);
+    let engine = open(dir.path());
+    let wanted = format!(
+        "{} at offset {offset}",
+        run.file_name().unwrap().to_str().unwrap()
+    );
+    let mut refused = 0;
+    for (i, id) in ids.iter().enumerate() {
+        match engine.put(vec![keyed("orders", &format!("order-{i}"), far(i))]) {
+            Ok(mut outcome) => match outcome.remove(0) {
+                PutOutcome::Duplicate(task) => assert_eq!(task.id, *id, "key {i}"),
+                created => panic!("key {i} let a second task in: {created:?}"),
+            },
+            Err(error) => {
+                assert!(error.to_string().contains(&wanted), "{error}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no put read the zeroed block");
+    let by_key =
+        (0..3_000).map(|i| engine.get_by_key(&queue("orders"), &format!("order-{i}"), NOW));
+    assert!(by_key.into_iter().any(|r| r.is_err()));
 }

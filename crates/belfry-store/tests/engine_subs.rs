@@ -8,6 +8,9 @@ use belfry_core::UserId;
 use belfry_store::{Engine, EngineOptions, MemoryStore, Store, StoreError};
 use proptest::prelude::*;
 
+#[path = "support/damage.rs"]
+mod damage;
+
 const SETS: u64 = 4;
 const POOL: usize = 24;
 
@@ -249,4 +252,51 @@ fn stray_run_files_are_removed_at_open() {
     let engine = Engine::open(dir.path(), EngineOptions::default()).unwrap();
     assert!(!stray.exists());
     assert_eq!(engine.subscriber_count(3).unwrap(), 5_000);
+}
+
+/// A zeroed block reads as an error from every path, never as a block with no members: paging
+/// (which the fan-out uses) and membership alike, and a merge does not copy it away.
+#[test]
+fn a_zeroed_block_is_corrupt_for_pages_lookups_and_merges() {
+    let dir = tempfile::tempdir().unwrap();
+    let users = filled(dir.path());
+    let run = runs(dir.path()).pop().expect("a run file");
+    let (offset, len) = damage::run_block(&run, 3);
+    damage::zero(&run, offset, len);
+    let engine = Engine::open(dir.path(), tiny()).unwrap();
+    let mut after: Option<UserId> = None;
+    let mut seen = 0;
+    let paged = loop {
+        match engine.subscribers(3, after.as_ref(), 1_000) {
+            Ok(page) if page.is_empty() => break Ok(seen),
+            Ok(page) => {
+                seen += page.len();
+                after = page.last().cloned();
+            }
+            Err(error) => break Err(error),
+        }
+    };
+    assert_corrupt(paged, &run);
+    assert!(seen < users.len());
+    let lookups: Vec<_> = users.iter().map(|u| engine.is_subscribed(3, u)).collect();
+    assert!(
+        lookups.iter().all(|r| !matches!(r, Ok(false))),
+        "a member read as absent"
+    );
+    assert_corrupt(lookups.into_iter().find(|r| r.is_err()).unwrap(), &run);
+    // A merge of that run with a new one fails rather than write a run without the block.
+    // (Larger than the damaged run, so that the size-tiered policy merges the two.)
+    let more: Vec<UserId> = (0..6_000u64)
+        .map(|i| UserId::new(format!("m{i}")).unwrap())
+        .collect();
+    // (The tiny memtable may make the subscribe itself checkpoint and merge.)
+    let merged = engine.subscribe(4, &more).and_then(|_| engine.flush());
+    let name = run.file_name().unwrap().to_str().unwrap();
+    let wanted = format!("{name} at offset {offset}");
+    assert!(
+        merged
+            .as_ref()
+            .is_err_and(|e| e.to_string().contains(&wanted)),
+        "{merged:?}"
+    );
 }

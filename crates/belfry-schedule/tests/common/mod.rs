@@ -80,6 +80,7 @@ impl belfry_store::ForwardingStore for CrashingStore {
         {
             return Err(StoreError::Io {
                 context: "persist the schedule cursor",
+                path: None,
                 source: std::io::Error::other("simulated crash"),
             });
         }

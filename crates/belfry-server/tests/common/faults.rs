@@ -55,6 +55,7 @@ impl belfry_store::ForwardingStore for FaultyStore {
         if fail {
             return Err(StoreError::Io {
                 context: "write metadata (injected failure)",
+                path: None,
                 source: std::io::Error::other("injected"),
             });
         }

@@ -17,7 +17,7 @@ use super::keys::Frozen;
 use super::lsm::release_free_memory;
 use super::persist::{self, Checkpoint, CheckpointBucket};
 use super::wal::{create_wal, old_wal_files, wal_path};
-use super::{io, Core, Engine, State, CHECKPOINT_FILE};
+use super::{io, io_at, Core, Engine, State, CHECKPOINT_FILE};
 use crate::store::{Result, StoreError};
 
 /// Idempotency keys copied into a checkpoint per hold of the state lock.
@@ -348,7 +348,8 @@ impl Core {
         self.write_checkpoint(&checkpoint, &plan.key_queues, &tail)?;
         for n in old_wal_files(&self.dir)? {
             if n <= old_wal {
-                fs::remove_file(wal_path(&self.dir, n)).map_err(io("remove an old WAL file"))?;
+                let path = wal_path(&self.dir, n);
+                fs::remove_file(&path).map_err(io_at("remove an old WAL file", &path))?;
             }
         }
         for path in plan.subs.obsolete.iter().chain(&plan.key_runs_obsolete) {
@@ -356,10 +357,7 @@ impl Core {
                 Ok(()) => {}
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(source) => {
-                    return Err(StoreError::Io {
-                        context: "remove a merged run file",
-                        source,
-                    })
+                    return Err(StoreError::io_at("remove a merged run file", path, source))
                 }
             }
         }
@@ -378,6 +376,7 @@ impl Core {
         if fault::crash_after_next_wal_created(&wal_path(&self.dir, number - 1)) {
             return Err(StoreError::Io {
                 context: "checkpoint (stopped by a test fault point)",
+                path: None,
                 source: std::io::Error::other("simulated crash"),
             });
         }
@@ -439,14 +438,17 @@ impl Core {
         }
         for path in &plan.sync_files {
             match File::open(path) {
-                Ok(file) => file.sync_all().map_err(io("fsync a bucket file"))?,
+                Ok(file) => file
+                    .sync_all()
+                    .map_err(io_at("fsync a bucket file", path))?,
                 // Deleted meanwhile with its queue: nothing to keep.
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(source) => {
-                    return Err(StoreError::Io {
-                        context: "open a bucket file to fsync it",
+                    return Err(StoreError::io_at(
+                        "open a bucket file to fsync it",
+                        path,
                         source,
-                    })
+                    ))
                 }
             }
         }
@@ -489,10 +491,11 @@ impl Core {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
                     Err(source) => {
-                        return Err(StoreError::Io {
-                            context: "remove a finished bucket file",
+                        return Err(StoreError::io_at(
+                            "remove a finished bucket file",
+                            &path,
                             source,
-                        })
+                        ))
                     }
                 }
             }

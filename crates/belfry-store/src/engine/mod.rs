@@ -59,7 +59,9 @@ mod recovery;
 mod space;
 mod store_impl;
 mod subs;
+mod sweep;
 mod wal;
+mod wal_tail;
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -236,8 +238,21 @@ fn parse_queue_dir(name: &str) -> Option<u64> {
         .flatten()
 }
 
+/// An I/O error with no one path to name (the WAL writer's open file, say).
 fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |source| StoreError::Io { context, source }
+    move |source| StoreError::Io {
+        context,
+        path: None,
+        source,
+    }
+}
+
+/// An I/O error naming the file or directory at `path` (copied only if there is an error).
+fn io_at<'a>(
+    context: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::io_at(context, path, source)
 }
 
 #[derive(Debug)]
@@ -568,11 +583,31 @@ pub(super) fn poison_advice(error: &StoreError) -> &'static str {
              belfry recovers every acknowledged change from its write-ahead log at the next \
              start"
         }
+        // A restart cannot help with these two, so the advice does not offer one.
+        StoreError::Io { source, .. } if is_permission(source) => {
+            "belfry may not write a file or directory of its data directory (named above): \
+             let the user belfry runs as read and write everything in the data directory, \
+             on a filesystem mounted read-write, then start belfry again; belfry recovers \
+             every acknowledged change from its write-ahead log"
+        }
+        StoreError::Corrupt { .. } => {
+            "A file of the data directory is damaged (named above), and a restart does not \
+             repair it: restore the data directory from a backup (docs/operations.md, \"A data \
+             directory that will not open\")"
+        }
         _ => {
             "Restart belfry; belfry recovers every acknowledged change from its write-ahead \
              log at the next start. If this repeats, the error above names the file"
         }
     }
+}
+
+/// Whether an I/O error is the system refusing access (file modes, a read-only mount).
+fn is_permission(error: &std::io::Error) -> bool {
+    matches!(
+        error.raw_os_error(),
+        Some(libc::EACCES | libc::EPERM | libc::EROFS)
+    )
 }
 
 /// Records a change in a batch for one task.
@@ -676,5 +711,41 @@ impl Drop for Engine {
         if let Err(error) = self.core.wal.sync_written(&mut sync) {
             tracing::warn!(%error, "final WAL fsync at close failed");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The advice logged when the engine stops (at open too) fits the error: a permission
+    /// problem or a damaged file is not fixed by a restart, so their advice offers none, and an
+    /// I/O error names its file.
+    #[test]
+    fn the_advice_fits_the_error_and_io_errors_name_their_file() {
+        let path = Path::new("/data/checkpoint.tmp");
+        for errno in [libc::EACCES, libc::EROFS] {
+            let error = StoreError::io_at(
+                "create a temporary file",
+                path,
+                std::io::Error::from_raw_os_error(errno),
+            );
+            assert!(
+                error.to_string().starts_with(
+                    "I/O error while trying to create a temporary file (/data/checkpoint.tmp): "
+                ),
+                "{error}"
+            );
+            let advice = poison_advice(&error);
+            assert!(!advice.contains("Restart belfry"), "{advice}");
+            assert!(advice.contains("read and write"), "{advice}");
+        }
+        let corrupt = StoreError::Corrupt {
+            location: "/data/keys/0000000000000009.run at offset 4096".into(),
+            detail: "block".into(),
+        };
+        assert!(poison_advice(&corrupt).contains("backup"));
+        let other = StoreError::io_at("read a WAL file", path, std::io::Error::other("EIO"));
+        assert!(poison_advice(&other).contains("Restart belfry"));
     }
 }

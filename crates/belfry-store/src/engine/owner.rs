@@ -14,7 +14,7 @@ use std::io::{ErrorKind, Write};
 use std::path::Path;
 
 use super::recovery::LOCK_FILE;
-use super::{io, CHECKPOINT_FILE, META_FILE, WAL_DIR};
+use super::{io_at, CHECKPOINT_FILE, META_FILE, WAL_DIR};
 use crate::store::{Result, StoreError};
 
 /// Written into every data directory the engine owns.
@@ -33,16 +33,11 @@ pub(super) fn check(dir: &Path) -> Result<()> {
     let entries = match fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(StoreError::Io {
-                context: "list the data directory",
-                source,
-            })
-        }
+        Err(source) => return Err(StoreError::io_at("list the data directory", dir, source)),
     };
     let mut names = Vec::new();
     for entry in entries {
-        let entry = entry.map_err(io("list the data directory"))?;
+        let entry = entry.map_err(io_at("list the data directory", dir))?;
         names.push(entry.file_name().to_string_lossy().into_owned());
     }
     let has = |name: &str| names.iter().any(|n| n == name);
@@ -73,8 +68,9 @@ pub(super) fn mark(dir: &Path) -> Result<()> {
     if path.exists() {
         return Ok(());
     }
-    let mut file = fs::File::create(&path).map_err(io("mark the data directory as belfry's"))?;
+    let mut file =
+        fs::File::create(&path).map_err(io_at("mark the data directory as belfry's", &path))?;
     file.write_all(MARKER_TEXT.as_bytes())
         .and_then(|()| file.sync_all())
-        .map_err(io("mark the data directory as belfry's"))
+        .map_err(io_at("mark the data directory as belfry's", &path))
 }

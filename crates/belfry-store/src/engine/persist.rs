@@ -323,8 +323,12 @@ fn read_points(
     Ok(points)
 }
 
-fn io_err(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |source| StoreError::Io { context, source }
+/// An I/O error naming the file or directory at `path` (copied only if there is an error).
+fn io_err<'a>(
+    context: &'static str,
+    path: &'a Path,
+) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::io_at(context, path, source)
 }
 
 fn corrupt(path: &Path, detail: impl Into<String>) -> StoreError {
@@ -358,10 +362,10 @@ const FRAMED_WRITE_BUFFER_BYTES: usize = 1024 * 1024;
 impl FramedWriter {
     pub fn create(path: &Path) -> Result<FramedWriter> {
         let temp = path.with_extension("tmp");
-        let file = File::create(&temp).map_err(io_err("create a temporary file"))?;
+        let file = File::create(&temp).map_err(io_err("create a temporary file", &temp))?;
         let mut file = std::io::BufWriter::with_capacity(FRAMED_WRITE_BUFFER_BYTES, file);
         file.write_all(&[0; 8])
-            .map_err(io_err("write a temporary file"))?;
+            .map_err(io_err("write a temporary file", &temp))?;
         Ok(FramedWriter {
             file,
             crc: crc32fast::Hasher::new(),
@@ -376,26 +380,31 @@ impl FramedWriter {
         self.len += piece.len() as u64;
         self.file
             .write_all(piece)
-            .map_err(io_err("write a temporary file"))
+            .map_err(io_err("write a temporary file", &self.temp))
     }
 
     pub fn finish(self) -> Result<()> {
-        let len = u32::try_from(self.len).map_err(|_| StoreError::Io {
-            context: "write a metadata file",
-            source: std::io::Error::other("body longer than a frame can hold (4 GiB)"),
+        let len = u32::try_from(self.len).map_err(|_| {
+            StoreError::io_at(
+                "write a metadata file",
+                &self.path,
+                std::io::Error::other("body longer than a frame can hold (4 GiB)"),
+            )
         })?;
-        let file = self.file.into_inner().map_err(|e| StoreError::Io {
-            context: "write a temporary file",
-            source: e.into_error(),
-        })?;
+        let file = self
+            .file
+            .into_inner()
+            .map_err(|e| StoreError::io_at("write a temporary file", &self.temp, e.into_error()))?;
         let mut header = [0u8; 8];
         header[..4].copy_from_slice(&len.to_le_bytes());
         header[4..].copy_from_slice(&self.crc.finalize().to_le_bytes());
         std::os::unix::fs::FileExt::write_all_at(&file, &header, 0)
-            .map_err(io_err("write a temporary file"))?;
-        file.sync_all().map_err(io_err("fsync a temporary file"))?;
+            .map_err(io_err("write a temporary file", &self.temp))?;
+        file.sync_all()
+            .map_err(io_err("fsync a temporary file", &self.temp))?;
         drop(file);
-        fs::rename(&self.temp, &self.path).map_err(io_err("rename a temporary file into place"))?;
+        fs::rename(&self.temp, &self.path)
+            .map_err(io_err("rename a temporary file into place", &self.path))?;
         if let Some(parent) = self.path.parent() {
             sync_dir(parent)?;
         }
@@ -406,7 +415,7 @@ impl FramedWriter {
 pub fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(io_err("fsync a directory"))
+        .map_err(io_err("fsync a directory", dir))
 }
 
 /// [`read_framed`] for a file with several known versions: the version read and the body.
@@ -418,12 +427,7 @@ fn read_framed_versions(
     let bytes = match fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-        Err(source) => {
-            return Err(StoreError::Io {
-                context: "read a metadata file",
-                source,
-            })
-        }
+        Err(source) => return Err(StoreError::io_at("read a metadata file", path, source)),
     };
     let (body, total) = split_frame_limited(&bytes, usize::MAX)
         .map_err(|e| corrupt(path, format!("frame: {e}")))?;

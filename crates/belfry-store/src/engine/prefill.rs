@@ -30,6 +30,10 @@ use super::Core;
 
 /// Zeros kept ahead of the log's end at most.
 pub(super) const LEAD: u64 = 1024 * 1024;
+/// The most zeros that can lie beyond the log's end in a WAL file: a fill stops once `LEAD`
+/// lie ahead, after a piece that may take it up to a piece past that. Recovery reads a
+/// longer run of zeros after the last frame as damage (`wal_tail.rs`).
+pub(super) const PREPARED_ZEROS_MAX: u64 = LEAD + PIECE as u64;
 /// A write that leaves fewer zeros than this ahead asks for more.
 pub(super) const LOW_WATER: u64 = LEAD / 2;
 /// Zeros written per hold of the writer lock: short enough that a writer waiting for the lock
@@ -125,6 +129,7 @@ fn run(core: &Core) {
         if let Err(source) = file.sync_data() {
             wal.stop_after_background_fsync(&crate::store::StoreError::Io {
                 context: "fsync zeros prepared in the WAL",
+                path: None,
                 source,
             });
         }

@@ -276,10 +276,7 @@ impl Bucket {
         let file = open_bucket_file(&mut self.file, &self.path)?;
         (&*file)
             .write_all(&self.buf)
-            .map_err(|source| StoreError::Io {
-                context: "append to a bucket file",
-                source,
-            })?;
+            .map_err(|source| StoreError::io_at("append to a bucket file", &self.path, source))?;
         let written = self.buf.len();
         self.flushed_len += written as u64;
         // Loaded buckets (near now) keep their file open and their buffer's capacity for the
@@ -380,9 +377,8 @@ impl Bucket {
         let mut owned = vec![0; (end - start) as usize];
         open_bucket_file(&mut self.file, &self.path)?
             .read_exact_at(&mut owned, start)
-            .map_err(|source| StoreError::Io {
-                context: "read tasks from a bucket file",
-                source,
+            .map_err(|source| {
+                StoreError::io_at("read tasks from a bucket file", &self.path, source)
             })?;
         Ok(bytes::Bytes::from(owned))
     }
@@ -415,10 +411,7 @@ fn open_bucket_file<'a>(slot: &'a mut Option<File>, path: &Path) -> Result<&'a F
         .read(true)
         .append(true)
         .open(path)
-        .map_err(|source| StoreError::Io {
-            context: "open a bucket file",
-            source,
-        })?;
+        .map_err(|source| StoreError::io_at("open a bucket file", path, source))?;
     Ok(slot.insert(file))
 }
 
@@ -451,23 +444,15 @@ const LOAD_READ_BUFFER_BYTES: usize = 1024 * 1024;
 
 /// Decodes bytes `from..to` of a bucket file, streaming, one frame at a time.
 fn decode_file(path: &Path, from: u64, to: u64) -> Result<Vec<LoadedRecord>> {
-    let file = File::open(path).map_err(|source| StoreError::Io {
-        context: "open a bucket file to load it",
-        source,
-    })?;
+    let file = File::open(path)
+        .map_err(|source| StoreError::io_at("open a bucket file to load it", path, source))?;
     let mut reader = BufReader::with_capacity(LOAD_READ_BUFFER_BYTES, file);
     reader
         .seek(SeekFrom::Start(from))
-        .map_err(|source| StoreError::Io {
-            context: "seek in a bucket file",
-            source,
-        })?;
+        .map_err(|source| StoreError::io_at("seek in a bucket file", path, source))?;
     let read_error = |source: std::io::Error, at: u64| match source.kind() {
         ErrorKind::UnexpectedEof => corrupt_at(path, at, "file shorter than written".into()),
-        _ => StoreError::Io {
-            context: "read a bucket file",
-            source,
-        },
+        _ => StoreError::io_at("read a bucket file", path, source),
     };
     let mut records = Vec::new();
     let mut frame = Vec::new();

@@ -342,25 +342,38 @@ pub fn decode_wal(bytes: &[u8]) -> Result<(WalEntries<'_>, usize), DecodeError> 
     let mut entries = Vec::new();
     let mut rest = body;
     while !rest.is_empty() {
-        let mut reader = Reader { bytes: rest };
-        let queue_uid = reader.u64()?;
-        let bucket = reader.u64()?;
-        let inner = reader.bytes;
-        let checked = if queue_uid == META_TARGET_UID {
-            decode_meta(inner).map(|(_, len)| len)
-        } else if queue_uid == super::subs::record::SUBS_TARGET_UID {
-            super::subs::record::decode(inner).map(|(_, len)| len)
-        } else {
-            decode_light(inner).map(|(_, len)| len)
-        };
-        let inner_len = checked.map_err(|e| match e {
+        let (target, len) = decode_wal_entry(rest).map_err(|e| match e {
             DecodeError::Truncated { .. } => DecodeError::Malformed("inner frame truncated"),
             other => other,
         })?;
-        entries.push((WalTarget { queue_uid, bucket }, &inner[..inner_len]));
-        rest = &inner[inner_len..];
+        entries.push((target, &rest[WAL_TARGET_BYTES..len]));
+        rest = &rest[len..];
     }
     Ok((entries, total))
+}
+
+/// Bytes of a WAL entry's target (queue uid and bucket key), before its inner frame.
+pub const WAL_TARGET_BYTES: usize = 16;
+
+/// Decodes the WAL entry at the front of `bytes` (one entry of a WAL frame's body, not a
+/// frame): its target and its length, target included. The inner frame is checked (its
+/// checksum and its record), so a run of entries that decode is records the engine wrote.
+pub fn decode_wal_entry(bytes: &[u8]) -> Result<(WalTarget, usize), DecodeError> {
+    let mut reader = Reader { bytes };
+    let queue_uid = reader.u64()?;
+    let bucket = reader.u64()?;
+    let inner = reader.bytes;
+    let inner_len = if queue_uid == META_TARGET_UID {
+        decode_meta(inner).map(|(_, len)| len)
+    } else if queue_uid == super::subs::record::SUBS_TARGET_UID {
+        super::subs::record::decode(inner).map(|(_, len)| len)
+    } else {
+        decode_light(inner).map(|(_, len)| len)
+    }?;
+    Ok((
+        WalTarget { queue_uid, bucket },
+        WAL_TARGET_BYTES + inner_len,
+    ))
 }
 
 /// Largest WAL frame body: one store call's records. A batch of 1,000 tasks of 1 MiB fits.

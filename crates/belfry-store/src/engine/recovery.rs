@@ -27,9 +27,11 @@ use super::queue::{Bucket, EngineStats, Queue};
 use super::record::{self, Record, WalTarget};
 use super::space::FreeSpace;
 use super::subs::{self, Subs};
+use super::sweep;
 use super::wal::{create_wal, old_wal_files, wal_path, Flusher, Wal};
+use super::wal_tail;
 use super::{
-    io, parse_queue_dir, queue_dir, Core, Engine, EngineOptions, FsyncPolicy, State,
+    io_at, parse_queue_dir, queue_dir, Core, Engine, EngineOptions, FsyncPolicy, State,
     CHECKPOINT_FILE, META_FILE, WAL_DIR,
 };
 use crate::store::{Result, StoreError};
@@ -51,9 +53,10 @@ impl Engine {
     pub fn open(dir: impl AsRef<Path>, options: EngineOptions) -> Result<Engine> {
         let dir = dir.as_ref().to_path_buf();
         owner::check(&dir)?;
-        fs::create_dir_all(&dir).map_err(io("create the data directory"))?;
+        fs::create_dir_all(&dir).map_err(io_at("create the data directory", &dir))?;
         owner::mark(&dir)?;
-        fs::create_dir_all(dir.join(WAL_DIR)).map_err(io("create the data directory"))?;
+        let wal_dir = dir.join(WAL_DIR);
+        fs::create_dir_all(&wal_dir).map_err(io_at("create the WAL directory", &wal_dir))?;
         let lock = lock_dir(&dir)?;
         refuse_partial(&dir)?;
         let (meta, legacy_entries) = MetaFile::read(&dir.join(META_FILE))?;
@@ -202,9 +205,9 @@ fn list_dir(sub: &Path) -> Result<Vec<fs::DirEntry>> {
     match fs::read_dir(sub) {
         Ok(entries) => entries
             .collect::<std::io::Result<Vec<_>>>()
-            .map_err(io("list the data directory")),
+            .map_err(io_at("list a directory", sub)),
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(io("list the data directory")(e)),
+        Err(e) => Err(io_at("list a directory", sub)(e)),
     }
 }
 
@@ -243,25 +246,33 @@ fn engine_files(dir: &Path) -> Result<Option<String>> {
 fn restore_queues(dir: &Path, state: &mut State) -> Result<()> {
     for (name, (uid, _)) in &state.meta.queues {
         let qdir = queue_dir(dir, *uid);
-        fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
+        fs::create_dir_all(&qdir).map_err(io_at("create a queue directory", &qdir))?;
         state
             .queues
             .insert(*uid, Queue::new(name.clone(), *uid, qdir, state.key_hasher));
     }
-    for entry in fs::read_dir(dir).map_err(io("list the data directory"))? {
-        let entry = entry.map_err(io("list the data directory"))?;
+    for entry in fs::read_dir(dir).map_err(io_at("list the data directory", dir))? {
+        let entry = entry.map_err(io_at("list the data directory", dir))?;
         let name = entry.file_name();
-        if let Some(uid) = name.to_str().and_then(parse_queue_dir) {
-            if !state.queues.contains_key(&uid) {
-                fs::remove_dir_all(entry.path()).map_err(io("remove a deleted queue"))?;
-            }
+        let Some(uid) = name.to_str().and_then(parse_queue_dir) else {
+            continue;
+        };
+        if state.queues.contains_key(&uid) {
+            continue;
+        }
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            sweep::remove_queue_dir(&path, |n| bucket::parse_file_name(n).is_some())?;
+        } else {
+            tracing::warn!(path = %path.display(), "leaving a file named like a queue directory");
         }
     }
     Ok(())
 }
 
 /// Buckets known to the checkpoint: cut anything written after it (the WAL replay writes it
-/// again); files it does not know were created after it: remove them.
+/// again); bucket files it does not know were created after it: remove them (other names are
+/// left alone, `sweep.rs`).
 fn restore_buckets(checkpoint: &Checkpoint, state: &mut State) -> Result<()> {
     let mut known: HashMap<u64, HashSet<u64>> = HashMap::new();
     for cb in &checkpoint.buckets {
@@ -275,17 +286,13 @@ fn restore_buckets(checkpoint: &Checkpoint, state: &mut State) -> Result<()> {
     }
     for queue in state.queues.values_mut() {
         let known = known.remove(&queue.uid).unwrap_or_default();
-        for entry in fs::read_dir(&queue.dir).map_err(io("list a queue directory"))? {
-            let entry = entry.map_err(io("list a queue directory"))?;
-            let keep = entry
-                .file_name()
-                .to_str()
-                .and_then(bucket::parse_file_name)
-                .is_some_and(|key| known.contains(&key));
-            if !keep {
-                fs::remove_file(entry.path()).map_err(io("remove a stale bucket file"))?;
-            }
-        }
+        sweep::sweep(
+            &queue.dir,
+            |name| bucket::parse_file_name(name).is_some(),
+            |name| bucket::parse_file_name(name).is_some_and(|key| known.contains(&key)),
+            "bucket files the checkpoint does not list (written after it: the WAL replay \
+             writes them again)",
+        )?;
     }
     Ok(())
 }
@@ -328,12 +335,7 @@ fn cut_to_checkpoint(path: &Path, file_len: u64) -> Result<()> {
     let actual = match fs::metadata(path) {
         Ok(m) => m.len(),
         Err(e) if e.kind() == ErrorKind::NotFound => 0,
-        Err(source) => {
-            return Err(StoreError::Io {
-                context: "stat a bucket file",
-                source,
-            })
-        }
+        Err(source) => return Err(StoreError::io_at("stat a bucket file", path, source)),
     };
     if actual < file_len {
         return Err(StoreError::Corrupt {
@@ -345,9 +347,9 @@ fn cut_to_checkpoint(path: &Path, file_len: u64) -> Result<()> {
         let file = OpenOptions::new()
             .write(true)
             .open(path)
-            .map_err(io("open a bucket file to cut its tail"))?;
+            .map_err(io_at("open a bucket file to cut its tail", path))?;
         file.set_len(file_len)
-            .map_err(io("cut a bucket file's tail"))?;
+            .map_err(io_at("cut a bucket file's tail", path))?;
     }
     Ok(())
 }
@@ -378,7 +380,7 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(io("open the data directory's lock file"))?;
+        .map_err(io_at("open the data directory's lock file", &path))?;
     let started = Instant::now();
     loop {
         match file.try_lock() {
@@ -393,44 +395,19 @@ pub(super) fn lock_dir(dir: &Path) -> Result<File> {
                 })
             }
             Err(std::fs::TryLockError::Error(source)) => {
-                return Err(StoreError::Io {
-                    context: "lock the data directory",
-                    source,
-                })
+                return Err(StoreError::io_at("lock the data directory", &path, source))
             }
         }
     }
-}
-
-/// Whether a bad frame at the end of the log (the last non-empty WAL file) is a torn write
-/// (cut it) rather than damage to acknowledged data (refuse to open): it runs past the end of
-/// the file, or only zeros follow the end its header declares (it is the file's last frame,
-/// or space prepared ahead follows it, or a write cut short inside its header left a shorter
-/// declared length with zeros after it).
-pub(super) fn is_torn_tail(rest: &[u8], error: &record::DecodeError) -> bool {
-    if matches!(error, record::DecodeError::Truncated { .. }) {
-        return true;
-    }
-    if rest.iter().all(|b| *b == 0) {
-        return true;
-    }
-    if rest.len() >= record::FRAME_HEADER_BYTES {
-        let declared = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
-        let end = record::FRAME_HEADER_BYTES.saturating_add(declared);
-        return rest
-            .get(end..)
-            .is_some_and(|after| after.iter().all(|b| *b == 0));
-    }
-    false
 }
 
 /// Whether the WAL file at `path` holds any frame (or part of one): its first bytes are not
 /// zeros. A file created ahead of use, or holding only prepared zeros, does not.
 fn holds_frames(path: &Path) -> Result<bool> {
     let mut head = [0u8; record::FRAME_HEADER_BYTES];
-    let file = File::open(path).map_err(io("read a WAL file"))?;
-    let read =
-        std::os::unix::fs::FileExt::read_at(&file, &mut head, 0).map_err(io("read a WAL file"))?;
+    let file = File::open(path).map_err(io_at("read a WAL file", path))?;
+    let read = std::os::unix::fs::FileExt::read_at(&file, &mut head, 0)
+        .map_err(io_at("read a WAL file", path))?;
     Ok(!record::is_log_end(&head[..read]))
 }
 
@@ -452,7 +429,9 @@ pub(super) fn replay(
     for number in numbers {
         let path = wal_path(dir, number);
         if number < start {
-            fs::remove_file(&path).map_err(io("remove an old WAL file"))?;
+            // Replayed into the checkpoint, which stopped before it removed them.
+            fs::remove_file(&path).map_err(io_at("remove an old WAL file", &path))?;
+            tracing::info!(path = %path.display(), "removed a WAL file the checkpoint holds");
         } else {
             let written = holds_frames(&path)?;
             live.push((path, written));
@@ -526,40 +505,32 @@ struct Replay<'a> {
 
 impl Replay<'_> {
     /// Replays one WAL file, frame by frame. A bad frame is cut as a torn tail if the file
-    /// ends the log (`is_tail`: no later file holds a byte) and [`is_torn_tail`] says so;
+    /// ends the log (`is_tail`: no later file holds a byte) and [`wal_tail::is_torn_tail`] says so;
     /// otherwise it is `Corrupt`.
     fn file(&mut self, path: &Path, is_tail: bool) -> Result<()> {
-        let bytes = fs::read(path).map_err(io("read a WAL file"))?;
+        let bytes = fs::read(path).map_err(io_at("read a WAL file", path))?;
         let mut offset = 0;
         while offset < bytes.len() {
             if record::is_log_end(&bytes[offset..]) {
-                // Space prepared ahead and never written: the log ends here in this file.
-                // Anything written after it is damage (frames are written in order, with no
-                // gap), so it is refused rather than skipped.
-                return match bytes[offset..].iter().position(|b| *b != 0) {
-                    None => Ok(()),
-                    Some(at) => Err(StoreError::Corrupt {
-                        location: format!("{} at offset {}", path.display(), offset + at),
-                        detail: format!(
-                            "bytes written after the end of the log (zeros from offset {offset})"
-                        ),
-                    }),
-                };
+                // Space prepared ahead and never written: the log ends here in this file,
+                // unless what follows shows damage.
+                return wal_tail::check_log_end(path, &bytes, offset);
             }
             let (entries, len) = match record::decode_wal(&bytes[offset..]) {
                 Ok(decoded) => decoded,
-                Err(error) if is_tail && is_torn_tail(&bytes[offset..], &error) => {
+                Err(error) if is_tail && wal_tail::is_torn_tail(&bytes[offset..], &error) => {
                     // The log ends in a frame that was being written at the crash: its call
                     // never returned (a call returns only once its whole frame is written),
                     // and nothing was written after it, so dropping it loses nothing
-                    // acknowledged.
+                    // acknowledged. Unless it shows signs of damage instead.
+                    wal_tail::check_torn(path, &bytes[offset..], offset)?;
                     tracing::warn!(path = %path.display(), offset, %error, "cutting a torn WAL tail");
                     let file = OpenOptions::new()
                         .write(true)
                         .open(path)
-                        .map_err(io("open a WAL file to cut its tail"))?;
+                        .map_err(io_at("open a WAL file to cut its tail", path))?;
                     file.set_len(offset as u64)
-                        .map_err(io("cut a WAL file's tail"))?;
+                        .map_err(io_at("cut a WAL file's tail", path))?;
                     return Ok(());
                 }
                 Err(error) => {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use super::{io, persist, Engine, FsyncPolicy, WAL_DIR};
+use super::{io, io_at, persist, Engine, FsyncPolicy, WAL_DIR};
 use crate::store::Result;
 
 pub(super) fn wal_path(dir: &Path, number: u64) -> PathBuf {
@@ -151,6 +151,7 @@ impl Wal {
         if self.fail_next_sync.swap(false, Ordering::AcqRel) {
             return Err(crate::store::StoreError::Io {
                 context: "fsync the WAL",
+                path: None,
                 source: std::io::Error::from_raw_os_error(libc::EIO),
             });
         }
@@ -316,20 +317,22 @@ pub(super) fn create_wal(dir: &Path, number: u64) -> Result<File> {
     // It exists already only if a checkpoint created it and stopped before switching to it:
     // then it is empty. Not truncated: were that ever wrong, recovery would refuse the bytes
     // left after the new frames rather than lose them silently.
+    let path = wal_path(dir, number);
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(wal_path(dir, number))
-        .map_err(io("create a WAL file"))?;
+        .open(&path)
+        .map_err(io_at("create a WAL file", &path))?;
     persist::sync_dir(&dir.join(WAL_DIR))?;
     Ok(file)
 }
 
 pub(super) fn old_wal_files(dir: &Path) -> Result<Vec<u64>> {
     let mut numbers = Vec::new();
-    for entry in fs::read_dir(dir.join(WAL_DIR)).map_err(io("list the WAL directory"))? {
-        let entry = entry.map_err(io("list the WAL directory"))?;
+    let wal_dir = dir.join(WAL_DIR);
+    for entry in fs::read_dir(&wal_dir).map_err(io_at("list the WAL directory", &wal_dir))? {
+        let entry = entry.map_err(io_at("list the WAL directory", &wal_dir))?;
         if let Some(n) = entry.file_name().to_str().and_then(parse_wal_name) {
             numbers.push(n);
         }

@@ -18,7 +18,8 @@ use std::sync::Arc;
 
 use self::merge::Merge;
 use self::run::{parse_run_name, run_name, Run, RunKind, RunWriter};
-use crate::engine::io;
+use crate::engine::io_at;
+use crate::engine::sweep::sweep;
 use crate::store::Result;
 
 pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
@@ -85,25 +86,21 @@ pub(crate) fn release_free_memory() {
 }
 
 /// Opens the runs a checkpoint lists in `dir` (footers, indexes and bloom filters only) and
-/// removes every other file there: runs written by a checkpoint that did not finish, or
-/// merged away by one that did.
+/// removes every other run file there: runs written by a checkpoint that did not finish, or
+/// merged away by one that did. Other names are left alone (`engine/sweep.rs`).
 pub(crate) fn open_listed_runs(dir: &Path, kind: RunKind, listed: &[u64]) -> Result<Vec<Arc<Run>>> {
-    fs::create_dir_all(dir).map_err(io("create a runs directory"))?;
+    fs::create_dir_all(dir).map_err(io_at("create a runs directory", dir))?;
     let mut runs = Vec::with_capacity(listed.len());
     for &id in listed {
         runs.push(Arc::new(Run::open(&dir.join(run_name(id)), id, kind)?));
     }
-    for entry in fs::read_dir(dir).map_err(io("list a runs directory"))? {
-        let entry = entry.map_err(io("list a runs directory"))?;
-        let name = entry.file_name();
-        let is_listed = name
-            .to_str()
-            .and_then(parse_run_name)
-            .is_some_and(|id| listed.contains(&id));
-        if !is_listed {
-            fs::remove_file(entry.path()).map_err(io("remove a stale run file"))?;
-        }
-    }
+    sweep(
+        dir,
+        |name| parse_run_name(name).is_some(),
+        |name| parse_run_name(name).is_some_and(|id| listed.contains(&id)),
+        "run files the checkpoint does not list (written by a checkpoint that did not \
+         finish, or merged away by one that did)",
+    )?;
     Ok(runs)
 }
 
@@ -130,7 +127,7 @@ pub(crate) fn write_merged(
     }
     let run = writer.finish()?;
     if written == 0 {
-        fs::remove_file(&run.path).map_err(io("remove an empty run file"))?;
+        fs::remove_file(&run.path).map_err(io_at("remove an empty run file", &run.path))?;
         return Ok(None);
     }
     Ok(Some(run))

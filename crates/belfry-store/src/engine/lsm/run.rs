@@ -85,8 +85,9 @@ pub(crate) fn corrupt(path: &Path, offset: u64, detail: impl Into<String>) -> St
     }
 }
 
-fn io(context: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
-    move |source| StoreError::Io { context, source }
+/// An I/O error naming the run file at `path` (copied only if there is an error).
+fn io<'a>(context: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> StoreError + 'a {
+    move |source| StoreError::io_at(context, path, source)
 }
 
 /// Where a block is and the first key it holds (in `Run::index_keys`).
@@ -230,10 +231,7 @@ impl Run {
         let b = self.blocks[index];
         if scan.block != Some(index) {
             scan.block = None;
-            scan.frame.resize(b.len as usize, 0);
-            self.read_frame(b, &mut scan.frame)?;
-            split_frame_limited(&scan.frame, b.len as usize)
-                .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
+            self.read_block_frame(b, &mut scan.frame)?;
             scan.block = Some(index);
             scan.pos = FRAME_HEADER_BYTES;
             scan.key.clear();
@@ -336,20 +334,40 @@ impl Run {
                 std::io::ErrorKind::UnexpectedEof => {
                     corrupt(&self.path, b.offset, "block cut short")
                 }
-                _ => StoreError::Io {
-                    context: "read a run file",
-                    source: e,
-                },
+                _ => StoreError::io_at("read a run file", &self.path, e),
             })
+    }
+
+    /// Reads block `b`'s frame into `frame` and checks it: the frame must fill exactly the
+    /// length the index records for it and hold at least one entry. The length check is what
+    /// catches zeroed sectors: a header of zeros declares an empty body whose checksum (0)
+    /// matches, so without it a zeroed block would read as a valid block holding nothing,
+    /// and its keys would silently be missing (duplicates let in, subscribers skipped). Every
+    /// reader of a data block comes through here. Returns the body's range in `frame`.
+    fn read_block_frame(&self, b: BlockRef, frame: &mut Vec<u8>) -> Result<std::ops::Range<usize>> {
+        frame.resize(b.len as usize, 0);
+        self.read_frame(b, frame)?;
+        let (body, total) = split_frame_limited(frame, b.len as usize)
+            .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
+        if total != b.len as usize || body.is_empty() {
+            return Err(corrupt(
+                &self.path,
+                b.offset,
+                format!(
+                    "block: its frame declares {} bytes where the index records {} (zeroed or \
+                     overwritten on disk)",
+                    total, b.len
+                ),
+            ));
+        }
+        Ok(FRAME_HEADER_BYTES..total)
     }
 
     pub(crate) fn read_block(&self, i: usize) -> Result<Block> {
         let b = self.blocks[i];
-        let mut buf = vec![0; b.len as usize];
-        self.read_frame(b, &mut buf)?;
-        let (body, _) = split_frame_limited(&buf, b.len as usize)
-            .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
-        Block::decode(body).map_err(|d| corrupt(&self.path, b.offset, d))
+        let mut frame = Vec::new();
+        let body = self.read_block_frame(b, &mut frame)?;
+        Block::decode(&frame[body]).map_err(|d| corrupt(&self.path, b.offset, d))
     }
 
     /// Calls `f` with each entry whose key starts with `prefix`, in key order, reading the
@@ -372,11 +390,8 @@ impl Run {
         let mut index = self.block_for(prefix);
         loop {
             let b = self.blocks[index];
-            frame.resize(b.len as usize, 0);
-            self.read_frame(b, frame)?;
-            let (body, _) = split_frame_limited(frame, b.len as usize)
-                .map_err(|e| corrupt(&self.path, b.offset, format!("block: {e}")))?;
-            let mut entries = Entries::new(body);
+            let body = self.read_block_frame(b, frame)?;
+            let mut entries = Entries::new(&frame[body]);
             key.clear();
             // `m`: how many leading bytes the current key shares with `prefix`. An entry that
             // shares more than `m` bytes with the previous key (which sorted below `prefix`)
@@ -414,19 +429,16 @@ impl Run {
             std::io::ErrorKind::NotFound => {
                 corrupt(path, 0, "run file listed by the checkpoint is missing")
             }
-            _ => StoreError::Io {
-                context: "open a run file",
-                source: e,
-            },
+            _ => StoreError::io_at("open a run file", path, e),
         })?;
-        let file_bytes = file.metadata().map_err(io("stat a run file"))?.len();
+        let file_bytes = file.metadata().map_err(io("stat a run file", path))?.len();
         if file_bytes < FOOTER_BYTES as u64 {
             return Err(corrupt(path, 0, "run file shorter than its footer"));
         }
         let footer_at = file_bytes - FOOTER_BYTES as u64;
         let mut footer = [0u8; FOOTER_BYTES];
         file.read_exact_at(&mut footer, footer_at)
-            .map_err(io("read a run file"))?;
+            .map_err(io("read a run file", path))?;
         let f = Footer::decode(&footer, kind).map_err(|d| corrupt(path, footer_at, d))?;
         let read = |offset: u64, len: u64| -> Result<Vec<u8>> {
             if len as usize > META_FRAME_BYTES_MAX || offset + len > footer_at {
@@ -434,9 +446,17 @@ impl Run {
             }
             let mut buf = vec![0; len as usize];
             file.read_exact_at(&mut buf, offset)
-                .map_err(io("read a run file"))?;
-            let (body, _) = split_frame_limited(&buf, META_FRAME_BYTES_MAX)
+                .map_err(io("read a run file", path))?;
+            let (body, total) = split_frame_limited(&buf, META_FRAME_BYTES_MAX)
                 .map_err(|e| corrupt(path, offset, format!("frame: {e}")))?;
+            // As for blocks (`read_block_frame`): zeros would pass as an empty frame.
+            if total as u64 != len {
+                return Err(corrupt(
+                    path,
+                    offset,
+                    format!("frame declares {total} bytes where the footer records {len}"),
+                ));
+            }
             Ok(body.to_vec())
         };
         let index = read(f.index_offset, f.index_len)?;
@@ -465,7 +485,9 @@ impl Run {
             let len = r.u32().map_err(|_| "index entry")?;
             let key_len = r.u8().map_err(|_| "index entry")?;
             let key = r.take(key_len as usize).map_err(|_| "index key")?;
-            if offset + u64::from(len) > limit || (len as usize) < FRAME_HEADER_BYTES {
+            // A block holds at least one entry: its frame is longer than a header.
+            if offset.saturating_add(u64::from(len)) > limit || (len as usize) <= FRAME_HEADER_BYTES
+            {
                 return Err("index points outside the data blocks");
             }
             let key_start = self.index_keys.len() as u32;
@@ -598,7 +620,7 @@ impl RunWriter {
         filtered_keys: usize,
     ) -> Result<RunWriter> {
         let path = dir.join(run_name(id));
-        let file = File::create(&path).map_err(io("create a run file"))?;
+        let file = File::create(&path).map_err(io("create a run file", &path))?;
         Ok(RunWriter {
             kind,
             id,
@@ -670,7 +692,9 @@ impl RunWriter {
     }
 
     fn write(&mut self, bytes: &[u8]) -> Result<()> {
-        self.out.write_all(bytes).map_err(io("write a run file"))
+        self.out
+            .write_all(bytes)
+            .map_err(io("write a run file", &self.path))
     }
 
     /// Writes the index, bloom filter and footer, fsyncs the file and opens it as a run
@@ -708,7 +732,9 @@ impl RunWriter {
         frame.extend_from_slice(&crc.finalize().to_le_bytes());
         for chunk in words.chunks(8 * 1024) {
             frame.extend(chunk.iter().flat_map(|w| w.to_le_bytes()));
-            self.out.write_all(&frame).map_err(io("write a run file"))?;
+            self.out
+                .write_all(&frame)
+                .map_err(io("write a run file", &self.path))?;
             frame.clear();
         }
         let (bloom_offset, bloom_len) = (self.offset, (FRAME_HEADER_BYTES + body_len) as u64);
@@ -722,13 +748,14 @@ impl RunWriter {
             entries: self.entries,
         };
         self.write(&footer.encode())?;
-        let file = self.out.into_inner().map_err(|e| StoreError::Io {
-            context: "write a run file",
-            source: e.into_error(),
-        })?;
-        file.sync_all().map_err(io("fsync a run file"))?;
+        let file = self
+            .out
+            .into_inner()
+            .map_err(|e| StoreError::io_at("write a run file", &self.path, e.into_error()))?;
+        file.sync_all()
+            .map_err(io("fsync a run file", &self.path))?;
         drop(file);
-        let file = File::open(&self.path).map_err(io("open a run file"))?;
+        let file = File::open(&self.path).map_err(io("open a run file", &self.path))?;
         Ok(Run {
             id: self.id,
             path: self.path,
@@ -754,6 +781,7 @@ impl Run {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::lsm::merge::{Merge, RunCursor, Source};
 
     #[test]
     fn shared_prefix_counts_common_leading_bytes() {
@@ -887,6 +915,75 @@ mod tests {
             let hash = BloomHash::of(&keys[5]);
             assert!(run.in_filtered_range(&keys[5]) && run.bloom_may_hold(&hash));
             assert!(!run.in_filtered_range(&keys[1_005]));
+        }
+    }
+
+    /// A zeroed block (a header of zeros declares an empty body whose checksum matches) or a
+    /// block whose frame is shorter than the index says is `Corrupt` naming the file and the
+    /// block's offset, from every reader of blocks: a block read, a prefix scan, a point
+    /// lookup and a merge's cursor. Never an empty block.
+    #[test]
+    fn a_zeroed_or_shortened_block_is_corrupt_for_every_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let keys: Vec<Vec<u8>> = (0u32..3_000)
+            .map(|i| {
+                let mut key = vec![1, 4];
+                key.extend_from_slice(&i.to_be_bytes());
+                key.extend_from_slice(&i.wrapping_mul(2_654_435_761).to_le_bytes());
+                key
+            })
+            .collect();
+        let mut writer = RunWriter::create(dir.path(), 1, RunKind::Subs, 0).unwrap();
+        for key in &keys {
+            writer.add(key, true).unwrap();
+        }
+        let run = writer.finish().unwrap();
+        assert!(run.block_count() > 3);
+        let b = run.blocks[2];
+        let first = run.first_key(2).to_vec();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&run.path)
+            .unwrap();
+        let check = |name: &str, result: Result<()>| match result {
+            Err(StoreError::Corrupt { location, detail }) => {
+                assert!(
+                    location.ends_with(&format!("0000000000000001.run at offset {}", b.offset)),
+                    "{name}: {location}"
+                );
+                assert!(detail.contains("the index records"), "{name}: {detail}");
+            }
+            other => panic!("{name}: expected Corrupt, got {other:?}"),
+        };
+        // The whole block zeroed, then a valid frame shorter than the block (as if an
+        // empty block had been written there).
+        let mut short = Vec::new();
+        write_frame_header(&mut short, &[]);
+        short.resize(b.len as usize, 0);
+        for bytes in [vec![0u8; b.len as usize], short] {
+            file.write_all_at(&bytes, b.offset).unwrap();
+            let reopened = Run::open(&run.path, 1, RunKind::Subs).unwrap();
+            check("read_block", reopened.read_block(2).map(|_| ()));
+            let mut frame = Vec::new();
+            let scanned = reopened.scan_prefix(&first[..3], &mut frame, usize::MAX, |_, _| {});
+            check("scan_prefix", scanned.map(|_| ()));
+            let mut scan = BlockScan::default();
+            check(
+                "lookup_in_block",
+                reopened.lookup_in_block(2, &first, &mut scan).map(|_| ()),
+            );
+            // A merge reads the run from its first key on: it stops at the block.
+            let mut copied = 0;
+            let merged = RunCursor::new(&reopened, &keys[0]).and_then(|cursor| {
+                let mut merge = Merge::new(vec![Box::new(cursor) as Box<dyn Source>]);
+                let mut key = Vec::new();
+                while merge.next(&mut key)?.is_some() {
+                    copied += 1;
+                }
+                Ok(())
+            });
+            check("merge", merged);
+            assert!(copied < keys.len());
         }
     }
 }
