@@ -197,7 +197,7 @@ pub struct Reminder {
     #[serde(default)]
     pub users_per_second: Option<u32>,
     pub firings: u64,
-    /// Shown by create and get, not by list and patch.
+    /// Shown by create, get and list, not by patch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscribers: Option<u64>,
     pub created_at_ms: u64,

@@ -422,6 +422,18 @@ async fn ack_nack_extend_and_lease_expiry(s: TestServer) {
     let page = s.ok("GET", "/v1/queues/q/dead", Value::Null, 200).await;
     assert_eq!(page["tasks"][0]["id"], id.as_str());
     assert!(page["tasks"][0]["dead_reason"].is_string());
+    assert_eq!(page["tasks"][0]["payload"], 1, "{page}");
+    // Without payloads (the console's list of ids and reasons): everything else is there.
+    let bare = s
+        .ok("GET", "/v1/queues/q/dead?payload=false", Value::Null, 200)
+        .await;
+    let mut without = page["tasks"][0].clone();
+    without.as_object_mut().unwrap().remove("payload");
+    assert_eq!(bare["tasks"][0], without);
+    let (status, body) = s
+        .call("GET", "/v1/queues/q/dead?payload=no", Value::Null)
+        .await;
+    assert_eq!((status, code(&body)), (400, "invalid_request"), "{body}");
     let redriven = s
         .ok(
             "POST",

@@ -635,7 +635,8 @@ async fn bulk_many(s: TestServer) {
 }
 
 /// `GET /v1/reminders/{id}` shows a paced fan-out's progress by chunks, and `null` when none
-/// is running.
+/// is running; the list shows the same, and the subscriber count, for every reminder of a
+/// page (the console draws its table from that one call).
 async fn fanout_progress(s: TestServer) {
     pull_queue(&s).await;
     s.ok(
@@ -649,6 +650,11 @@ async fn fanout_progress(s: TestServer) {
     s.ok("GET", "/v1/users/1/reminders", Value::Null, 200).await;
     let before = s.ok("GET", "/v1/reminders/slow", Value::Null, 200).await;
     assert_eq!(before["fanout"], Value::Null);
+    let listed = s
+        .ok("GET", "/v1/reminders?limit=10", Value::Null, 200)
+        .await;
+    assert_eq!(listed["reminders"][0]["subscribers"], 5, "{listed}");
+    assert_eq!(listed["reminders"][0]["fanout"], Value::Null, "{listed}");
     s.advance(MINUTE);
     // One user a second, made a second ahead: chunks 0 and 1 at the fire time.
     let progress = eventually("the fan-out's first chunks", || async {
@@ -659,6 +665,11 @@ async fn fanout_progress(s: TestServer) {
     assert_eq!(progress["fanout"]["chunks"], 5);
     assert_eq!(progress["fanout"]["users"], 2);
     assert_eq!(progress["fanout"]["firing_ms"], T0 + MINUTE);
+    let listed = s.ok("GET", "/v1/reminders", Value::Null, 200).await;
+    let shown = &listed["reminders"][0];
+    assert_eq!(shown["subscribers"], 5, "{listed}");
+    assert_eq!(shown["fanout"]["chunks"], 5, "{listed}");
+    assert_eq!(shown["fanout"]["firing_ms"], T0 + MINUTE, "{listed}");
     let metrics = s.metrics_text().await;
     for name in [
         "belfry_reminder_fanouts_running",

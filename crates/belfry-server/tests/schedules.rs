@@ -269,7 +269,7 @@ async fn schedule_lifecycle_through_http() {
 }
 
 #[tokio::test]
-async fn the_list_filters_by_queue_and_refuses_other_parameters() {
+async fn the_list_filters_by_queue_pages_and_refuses_other_parameters() {
     let t = Scheduled::start().await;
     for queue in ["a", "b"] {
         t.s.queue(queue, json!({})).await;
@@ -292,8 +292,28 @@ async fn the_list_filters_by_queue_and_refuses_other_parameters() {
         t.s.ok("GET", "/v1/schedules?queue=b", Value::Null, 200)
             .await;
     assert_eq!(ids(&of_b), ["b-0", "b-1"]);
+    // Pages of `limit` after `after`, `next_after` on all but the last; without `limit`, every
+    // schedule and no `next_after`.
+    assert!(all.get("next_after").is_none(), "{all}");
+    let first =
+        t.s.ok("GET", "/v1/schedules?limit=3", Value::Null, 200)
+            .await;
+    assert_eq!(ids(&first), ["a-0", "a-1", "b-0"]);
+    assert_eq!(first["next_after"], "b-0");
+    let last =
+        t.s.ok("GET", "/v1/schedules?limit=3&after=b-0", Value::Null, 200)
+            .await;
+    assert_eq!(ids(&last), ["b-1"]);
+    assert!(last.get("next_after").is_none(), "{last}");
+    let of_a =
+        t.s.ok("GET", "/v1/schedules?queue=a&after=a-0", Value::Null, 200)
+            .await;
+    assert_eq!(ids(&of_a), ["a-1"]);
     for (path, expected) in [
-        ("/v1/schedules?limit=1", "invalid_request"),
+        ("/v1/schedules?limit=0", "invalid_request"),
+        ("/v1/schedules?limit=1001", "invalid_request"),
+        ("/v1/schedules?color=red", "invalid_request"),
+        ("/v1/schedules?after=..", "invalid_schedule_id"),
         ("/v1/schedules?queue=bad%20name", "invalid_queue_name"),
     ] {
         let (status, answer) = t.s.call("GET", path, Value::Null).await;

@@ -2,9 +2,12 @@
 //! (`chromedriver`) against a real `belfry serve` holding data. Each page is loaded and
 //! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
 //! it), "Redrive all" redrives each dead letter of a still-refusing webhook once (a receiver in
-//! the test counts), the forecast chart is drawn, and no JavaScript error is logged. A second test checks the
-//! token flow: the page loads without a token, its API calls fail until one is entered, and a
-//! read-only token's refused pause (403) opens the login form again.
+//! the test counts), the forecast chart is drawn, schedules page and refresh, a malformed
+//! address says "No such page.", the banner says when the server cannot be reached and goes
+//! once it can, and no JavaScript error is logged. A second test checks the token flow: the
+//! page loads without a token, its API calls fail until one is entered, a read-only token's
+//! refused pause (403) opens the login form again (and another page closes it), and a token
+//! with a low request rate still sees its reminders while a refused refresh slows down.
 //!
 //! Needs `chromium` and `chromium-driver` (scripts/test.sh installs them); without them the
 //! tests fail, saying how to install them. Screenshots go to `<target>/tmp/console-screenshots/`.
@@ -32,8 +35,10 @@ const TEST_DEADLINE: Duration = Duration::from_secs(240);
 const SECRET: &str = "webhook-secret-never-shown";
 const URL_TOKEN: &str = "query-token-never-shown";
 
-/// Records uncaught errors, unhandled rejections and `console.error` calls of every page.
+/// Records uncaught errors, unhandled rejections and `console.error` calls of every page, and
+/// keeps every request's resource timing (the default buffer holds 250).
 const RECORDER: &str = "window.__errors = [];
+  performance.setResourceTimingBufferSize(100000);
   window.addEventListener('error', (e) => window.__errors.push('error: ' + e.message));
   window.addEventListener('unhandledrejection', (e) =>
     window.__errors.push('rejection: ' + (e.reason && e.reason.message || e.reason)));
@@ -171,6 +176,9 @@ async fn seed(server: &Served) -> String {
     let stream =
         json!({"delivery": {"type": "redis_stream", "connection": "cache", "stream": "s"}});
     ok(server, "PUT", "/v1/queues/events", stream).await;
+    let kafka = json!({"delivery": {"type": "kafka", "connection": "log", "topic": "tasks",
+                                    "key": "header:X-Order"}});
+    ok(server, "PUT", "/v1/queues/kq", kafka).await;
 
     // A dead letter: leased once, nacked on its only attempt.
     let dead = ok(
@@ -230,6 +238,12 @@ async fn deliveries_and_schedules(server: &Served) {
 
     let schedule = json!({"id": "nightly", "queue": "orders", "cron": "*/30 * * * *", "timezone": "Europe/Paris", "payload": {"report": "sales"}});
     ok(server, "POST", "/v1/schedules", schedule).await;
+    // A page and one more of schedules (the console shows 100 a page): `tick-099` is on the
+    // second, after `nightly` and `tick-000`..`tick-098`.
+    for n in 0..100 {
+        let tick = json!({"id": format!("tick-{n:03}"), "queue": "push", "every_ms": 3_600_000});
+        ok(server, "POST", "/v1/schedules", tick).await;
+    }
     let reminder = json!({"id": "match-42", "queue": "push", "run_at": "2099-06-01T20:00:00Z", "content": {"title": "Kick-off!"}, "chunk_size": 2});
     ok(server, "POST", "/v1/reminders", reminder).await;
     let http = reqwest::Client::new();
@@ -270,12 +284,14 @@ async fn show(browser: &Session, server: &Served, hash: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_works_against_a_real_server() {
-    // A Redis connection for a stream queue; nothing listens there, and nothing is sent to it.
+    // Redis and Kafka connections for stream queues; nothing listens there, and nothing is
+    // sent to them.
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("belfry.toml");
     std::fs::write(
         &config,
-        "[connections.cache]\ntype = \"redis\"\nurl = \"redis://127.0.0.1:9/0\"\n",
+        "[connections.cache]\ntype = \"redis\"\nurl = \"redis://127.0.0.1:9/0\"\n\
+         [connections.log]\ntype = \"kafka\"\nbrokers = [\"127.0.0.1:9\"]\n",
     )
     .unwrap();
     let server = serve_with_env(
@@ -291,7 +307,9 @@ async fn every_page_works_against_a_real_server() {
         task_lookup(&browser, &server).await;
         schedules(&browser, &server).await;
         reminders(&browser, &server).await;
+        malformed_address(&browser, &server).await;
         assert_no_errors(&browser).await;
+        offline_and_back(&browser, &server).await;
     })
     .await;
 }
@@ -387,6 +405,11 @@ async fn queue_page(browser: &Session, server: &Served) {
     browser
         .wait_text("#config-fields", "unreachable: connection failed")
         .await;
+    // A Kafka queue's message key is no secret: it is shown.
+    show(browser, server, "#/queue/kq").await;
+    browser
+        .wait_text("#config-fields", "key: header:X-Order")
+        .await;
 
     // Pause by a click; the API agrees. A pull queue without max_in_flight has no cap.
     show(browser, server, "#/queue/mail").await;
@@ -411,6 +434,30 @@ async fn dead_letters(browser: &Session, server: &Served, id: &str) {
     browser
         .wait_text("#inspect", "<b>ann</b>@example.com")
         .await;
+    // The list came without payloads; Inspect fetched the one task.
+    let asked = browser
+        .js(
+            "return performance.getEntriesByType('resource').map((e) => e.name)",
+            vec![],
+        )
+        .await;
+    let asked: Vec<&str> = asked
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let lists: Vec<&&str> = asked.iter().filter(|u| u.contains("/dead?")).collect();
+    assert!(
+        !lists.is_empty() && lists.iter().all(|u| u.contains("payload=false")),
+        "dead letters listed with their payloads: {asked:?}"
+    );
+    assert!(
+        asked
+            .iter()
+            .any(|u| u.ends_with(&format!("/v1/queues/mail/tasks/{id}"))),
+        "{asked:?}"
+    );
     let injected = browser
         .js("return document.querySelector('main b') !== null", vec![])
         .await;
@@ -484,6 +531,17 @@ async fn schedules(browser: &Session, server: &Served) {
     show(browser, server, "#/schedules").await;
     let row = "tr[data-schedule='nightly']";
     browser.wait_text(row, "Europe/Paris").await;
+    // A page of 100, and the next one.
+    browser.wait("tr[data-schedule='tick-098']").await;
+    let shown = "return document.querySelectorAll('#schedules tr[data-schedule]').length";
+    assert_eq!(browser.js(shown, vec![]).await, 100);
+    browser.click("#schedules-next:not([disabled])").await;
+    browser.wait("tr[data-schedule='tick-099']").await;
+    browser.click("#schedules-prev:not([disabled])").await;
+    // The page refreshes itself: a schedule made meanwhile shows up.
+    let made = json!({"id": "added", "queue": "push", "every_ms": 60_000});
+    ok(server, "POST", "/v1/schedules", made).await;
+    browser.wait("tr[data-schedule='added']").await;
     browser.click(&format!("{row} button.next")).await;
     let count = "return document.querySelectorAll('.fire-times li').length === 10";
     browser.wait_js("ten next fire times", count, vec![]).await;
@@ -522,6 +580,47 @@ async fn reminders(browser: &Session, server: &Served) {
         .await;
     println!("flash fan-out: {progress}");
     shoot(browser, "7-reminders").await;
+}
+
+/// A malformed %-escape in the address: "No such page." and a banner, no uncaught error.
+async fn malformed_address(browser: &Session, server: &Served) {
+    for hash in ["#/queue/%E0%A4%A", "#/queue/%"] {
+        show(browser, server, hash).await;
+        browser.wait_text("#main", "No such page.").await;
+        browser.wait_text("#banner", "malformed %-escape").await;
+    }
+}
+
+/// The network goes away (the browser is put offline) and comes back: meanwhile the banner
+/// says the server cannot be reached and from when the data shown is; once a refresh gets
+/// through again it is gone.
+async fn offline_and_back(browser: &Session, server: &Served) {
+    show(browser, server, "#/").await;
+    browser.wait("#queues tr[data-queue='mail']").await;
+    let offline = |offline: bool| {
+        json!({"offline": offline, "latency": 0, "downloadThroughput": -1,
+               "uploadThroughput": -1})
+    };
+    browser.cdp("Network.enable", json!({})).await;
+    browser
+        .cdp("Network.emulateNetworkConditions", offline(true))
+        .await;
+    let banner = browser
+        .wait_text("#banner", "cannot reach the server")
+        .await;
+    assert!(banner.contains("showing data from"), "{banner}");
+    // The last data stays on screen.
+    browser.wait("#queues tr[data-queue='mail']").await;
+    shoot(browser, "8-offline").await;
+    browser
+        .cdp("Network.emulateNetworkConditions", offline(false))
+        .await;
+    browser.wait("#banner[hidden]").await;
+    browser.cdp("Network.disable", json!({})).await;
+    // The failed loads are in the browser's log, expected; the scripts logged no error.
+    browser.browser_log().await;
+    let recorded = browser.js("return window.__errors", vec![]).await;
+    assert_eq!(recorded, json!([]), "the console logged JavaScript errors");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -567,6 +666,13 @@ async fn the_page_loads_without_a_token_and_the_api_waits_for_one() {
         browser.click("#pause:not([disabled])").await;
         browser.wait_text("#banner", "403").await;
         browser.wait("#login:not([hidden])").await;
+        // Another page closes the form again: the read token may look there.
+        show(&browser, &server, "#/schedules").await;
+        browser.wait("#schedules").await;
+        browser.wait("#login[hidden]").await;
+        browser.wait("#banner[hidden]").await;
+        show(&browser, &server, "#/queue/jobs").await;
+        browser.click("#login-open").await;
 
         // The admin token may.
         browser.fill("#token", token).await;
@@ -576,9 +682,68 @@ async fn the_page_loads_without_a_token_and_the_api_waits_for_one() {
         browser.wait("#resume:not([disabled])").await;
         let (_, jobs) = api(&server, Some(token), "GET", "/v1/queues/jobs", None).await;
         assert_eq!(jobs["paused"], true, "{jobs}");
+        rate_limited(&browser, &server, token).await;
         // Refused API calls are in the browser's log as failed loads; scripts logged nothing.
         let recorded = browser.js("return window.__errors", vec![]).await;
         assert_eq!(recorded, json!([]), "the console logged JavaScript errors");
     })
     .await;
+}
+
+/// A read token with a low request rate: the Reminders page is one request a refresh, so it
+/// shows a page of 25 reminders with their subscribers; and where a refresh is over the rate
+/// (`429`), the next waits longer.
+async fn rate_limited(browser: &Session, server: &Served, admin: &str) {
+    let call = move |method: &'static str, path: String, body: Value| async move {
+        let (status, answer) = api(server, Some(admin), method, &path, Some(body)).await;
+        assert!(status < 300, "{method} {path}: {status} {answer}");
+        answer
+    };
+    for n in 0..30 {
+        let body =
+            json!({"id": format!("r{n:02}"), "queue": "jobs", "run_at": "2099-06-01T20:00:00Z"});
+        call("POST", "/v1/reminders".into(), body).await;
+    }
+    let added = reqwest::Client::new()
+        .post(format!("{}/v1/reminders/r00/subscribers", server.url))
+        .bearer_auth(admin)
+        .body("1\n2\n3\n")
+        .send()
+        .await
+        .unwrap();
+    assert!(added.status().is_success(), "{:?}", added.text().await);
+    let slow = json!({"name": "slow", "scopes": ["read"], "rate_per_s": 2, "burst": 2});
+    let slow = call("POST", "/v1/tokens".into(), slow).await;
+    let trickle = json!({"name": "trickle", "scopes": ["read"], "rate_per_s": 1, "burst": 1});
+    let trickle = call("POST", "/v1/tokens".into(), trickle).await;
+
+    show(browser, server, "#/reminders").await;
+    browser.click("#login-open").await;
+    browser
+        .fill("#token", slow["token"].as_str().unwrap())
+        .await;
+    browser.click("#login-submit").await;
+    let full = "return document.querySelectorAll('#reminders tr[data-reminder]').length === 25";
+    browser
+        .wait_js("a page of 25 reminders", full, vec![])
+        .await;
+    let subscribers = "const cells = document.querySelectorAll(\"tr[data-reminder='r00'] td\"); \
+                       return cells.length > 5 && cells[5].innerText === '3'";
+    browser
+        .wait_js("r00's 3 subscribers", subscribers, vec![])
+        .await;
+    browser.wait("#banner[hidden]").await;
+
+    // The overview asks for two things a refresh; a token allowed one a second is refused
+    // the second, and the page slows down.
+    show(browser, server, "#/").await;
+    browser.click("#login-open").await;
+    browser
+        .fill("#token", trickle["token"].as_str().unwrap())
+        .await;
+    browser.click("#login-submit").await;
+    let banner = browser
+        .wait_text("#banner", "refreshing again in 6 s")
+        .await;
+    assert!(banner.contains("over its request rate"), "{banner}");
 }

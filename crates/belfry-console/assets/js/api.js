@@ -20,14 +20,20 @@ export class AuthError extends Error {
   }
 }
 
-/** Any other error answer, with the API's stable `code`. */
+/** Any other error answer, with the API's stable `code`, and its `Retry-After` in seconds
+ * when it has one (a `429` or `503` says when to ask again). */
 export class ApiError extends Error {
-  constructor(status, code, message) {
+  constructor(status, code, message, retryAfterS = null) {
     super(message);
     this.status = status;
     this.code = code;
+    this.retryAfterS = retryAfterS;
   }
 }
+
+/** No answer at all: the server is down or unreachable (the browser says only "Failed to
+ * fetch"). */
+export class NetworkError extends Error {}
 
 async function send(method, path, body) {
   const headers = {};
@@ -35,7 +41,12 @@ async function send(method, path, body) {
   if (t) headers.Authorization = `Bearer ${t}`;
   const init = { method, headers, cache: "no-store" };
   if (body !== undefined) init.body = JSON.stringify(body);
-  const response = await fetch(path, init);
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (e) {
+    throw new NetworkError(`cannot reach the server (${e?.message ?? e})`);
+  }
   if (response.ok) return response;
   let code = "", message = `${response.status} ${response.statusText}`;
   try {
@@ -48,7 +59,9 @@ async function send(method, path, body) {
   if (response.status === 401 || response.status === 403) {
     throw new AuthError(response.status, code, message);
   }
-  throw new ApiError(response.status, code, message);
+  const retryAfter = Number.parseInt(response.headers.get("Retry-After") ?? "", 10);
+  throw new ApiError(response.status, code, message,
+    Number.isNaN(retryAfter) ? null : retryAfter);
 }
 
 /** A JSON answer. */

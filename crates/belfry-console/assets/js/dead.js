@@ -1,5 +1,6 @@
 // A queue's dead letters: a page at a time, with reason and attempts; inspect a payload,
-// redrive one, or all of them.
+// redrive one, or all of them. Lists are asked for without payloads (`payload=false`: a page
+// of them at the size limit would be tens of megabytes); Inspect fetches the one task.
 
 import { ApiError, get, post, seg } from "./api.js";
 import { count, h, link, pretty, row, table, time } from "./dom.js";
@@ -7,8 +8,10 @@ import { count, h, link, pretty, row, table, time } from "./dom.js";
 const PAGE = 50;
 /** Redrive-all stops after this many, however many there are (press it again for more). */
 const REDRIVE_ALL_MAX = 10000;
-/** Dead letters listed a request by redrive-all (the API's most). */
-const LIST_PAGE = 1000;
+/** Dead letters listed a request by redrive-all. The answer has no payloads, but the server
+ * still reads each listed task whole from its store: a page of 1,000 at the payload limit
+ * would be a gigabyte of reads. */
+const LIST_PAGE = 100;
 
 export async function showDead(ctx) {
   const name = ctx.params.args[0];
@@ -18,14 +21,25 @@ export async function showDead(ctx) {
   const pages = [""];
   let next = null;
 
+  // The list has no payloads: Inspect fetches the one task, payload and all.
+  const inspectTask = async (id) => {
+    try {
+      const t = await get(`/v1/queues/${seg(name)}/tasks/${seg(id)}`);
+      if (ctx.alive()) showTask(inspect, t);
+    } catch (e) {
+      ctx.fail(e);
+    }
+  };
+
   const load = async () => {
     const after = pages[pages.length - 1];
-    const page = await get(`${base}?limit=${PAGE}` + (after ? `&after=${seg(after)}` : ""));
+    const page = await get(`${base}?payload=false&limit=${PAGE}` +
+      (after ? `&after=${seg(after)}` : ""));
     if (!ctx.alive()) return;
     next = page.next_after ?? null;
     prev.disabled = pages.length <= 1;
     more.disabled = !next;
-    list.replaceChildren(deadTable(page.tasks, { inspect: (t) => show(inspect, t), redrive }));
+    list.replaceChildren(deadTable(page.tasks, { inspect: (t) => inspectTask(t.id), redrive }));
   };
 
   const redrive = async (task, button) => {
@@ -73,7 +87,7 @@ function deadTable(tasks, on) {
   return table(["Task", { num: "Attempts" }, "Reason", "Was due", ""], rows, { id: "dead" });
 }
 
-function show(container, t) {
+function showTask(container, t) {
   const body = t.payload_base64 !== undefined
     ? [h("p", { class: "muted" }, "Payload (bytes, base64):"), h("pre", {}, t.payload_base64)]
     : [h("p", { class: "muted" }, "Payload (JSON):"), h("pre", {}, pretty(t.payload))];
@@ -144,7 +158,8 @@ async function deadIds(base, alive) {
   const ids = [];
   let after = null;
   while (alive()) {
-    const page = await get(`${base}?limit=${LIST_PAGE}` + (after ? `&after=${seg(after)}` : ""));
+    const page = await get(`${base}?payload=false&limit=${LIST_PAGE}` +
+      (after ? `&after=${seg(after)}` : ""));
     for (const t of page.tasks) {
       if (ids.length === REDRIVE_ALL_MAX) return { ids, more: true };
       ids.push(t.id);

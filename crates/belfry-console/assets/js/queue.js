@@ -114,14 +114,18 @@ function stateTable(q) {
   ], "state-fields");
 }
 
-/** The delivery spec without anything secret: the server already redacts the secret (only
- * `secret_set`) and the URL's credentials and query; anything else secret-looking is hidden.
- * A secret row only when the answer has `secret_set`: a stream delivery takes no secret. */
+/** Delivery fields never shown, should a server ever send them: the server already leaves
+ * out the webhook's `secret` (only `secret_set`) and the URL's credentials and query. Whole
+ * names only: a Kafka queue's `key` (which header keys its messages) is not a secret. */
+const SECRET_FIELDS = ["secret", "token", "password"];
+
+/** The delivery spec without anything secret. A secret row only when the answer has
+ * `secret_set`: a stream delivery takes no secret. */
 function deliveryText(delivery) {
   if (!delivery) return "pull";
   const shown = [];
   for (const [k, v] of Object.entries(delivery)) {
-    if (/secret|token|password|key/i.test(k) && k !== "secret_set") continue;
+    if (SECRET_FIELDS.includes(k)) continue;
     if (k === "secret_set") shown.push(`secret: ${v ? "set (hidden)" : "none"}`);
     else shown.push(`${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`);
   }

@@ -1,45 +1,76 @@
-// Schedules: their next firing in their own time zone, the next few on demand, pause and
-// resume.
+// Schedules: a page at a time, refreshed every few seconds, with their next firing in their
+// own time zone, the next few on demand, pause and resume.
 
 import { get, post, seg } from "./api.js";
 import { h, row, table } from "./dom.js";
 
+const PAGE = 100;
 const NEXT = 10;
 
 export async function showSchedules(ctx) {
   const list = h("div", { id: "schedules-list" });
-  ctx.main.append(h("h1", {}, "Schedules"), list);
+  const pages = [""];
+  let next = null;
+  // The next fire times shown, by schedule id: they stay open across refreshes.
+  const opened = new Map();
+  const prev = h("button", { type: "button", id: "schedules-prev", disabled: true,
+    onclick: () => { pages.pop(); load().catch(ctx.fail); } }, "← Previous");
+  const more = h("button", { type: "button", id: "schedules-next", disabled: true,
+    onclick: () => { if (next) { pages.push(next); load().catch(ctx.fail); } } }, "Next →");
+
+  ctx.main.append(
+    h("h1", {}, "Schedules"),
+    h("p", { class: "muted" }, "Refreshed every few seconds."),
+    list,
+    h("div", { class: "pager" }, prev, more),
+  );
 
   const load = async () => {
-    const answer = await get("/v1/schedules");
+    const after = pages[pages.length - 1];
+    const answer = await get(`/v1/schedules?limit=${PAGE}` + (after ? `&after=${seg(after)}` : ""));
     if (!ctx.alive()) return;
-    list.replaceChildren(schedulesTable(ctx, answer.schedules, load));
+    next = answer.next_after ?? null;
+    prev.disabled = pages.length <= 1;
+    more.disabled = !next;
+    list.replaceChildren(schedulesTable(ctx, answer.schedules, opened, load));
   };
-  await load();
+  await ctx.live(load);
 }
 
-function schedulesTable(ctx, schedules, reload) {
+/** The "Next 10" row of schedule `s`, filled from `opened` and toggled by its button. */
+function nextFires(ctx, s, opened) {
+  const cell = h("td", { colSpan: 7, class: "next-fires" });
+  const nextRow = h("tr", { hidden: true }, cell);
+  const fill = (n) => {
+    cell.replaceChildren(h("strong", {}, `Next ${n.fire_times.length} in ${n.timezone ?? "UTC"}: `),
+      h("ol", { class: "fire-times" }, n.fire_times.map((t) => h("li", {}, t.local ?? t.at))));
+    nextRow.hidden = false;
+  };
+  if (opened.has(s.id)) fill(opened.get(s.id));
+  const toggle = async (event) => {
+    if (!nextRow.hidden) {
+      nextRow.hidden = true;
+      opened.delete(s.id);
+      return;
+    }
+    event.target.disabled = true;
+    try {
+      const n = await get(`/v1/schedules/${seg(s.id)}/next?n=${NEXT}`);
+      opened.set(s.id, n);
+      fill(n);
+    } catch (e) {
+      ctx.fail(e);
+    } finally {
+      event.target.disabled = false;
+    }
+  };
+  return { nextRow, toggle };
+}
+
+function schedulesTable(ctx, schedules, opened, reload) {
   const rows = [];
   for (const s of schedules) {
-    const next = h("td", { colSpan: 7, class: "next-fires" });
-    const nextRow = h("tr", { hidden: true }, next);
-    const toggle = async (event) => {
-      if (!nextRow.hidden) {
-        nextRow.hidden = true;
-        return;
-      }
-      event.target.disabled = true;
-      try {
-        const n = await get(`/v1/schedules/${seg(s.id)}/next?n=${NEXT}`);
-        next.replaceChildren(h("strong", {}, `Next ${n.fire_times.length} in ${n.timezone ?? "UTC"}: `),
-          h("ol", { class: "fire-times" }, n.fire_times.map((t) => h("li", {}, t.local ?? t.at))));
-        nextRow.hidden = false;
-      } catch (e) {
-        ctx.fail(e);
-      } finally {
-        event.target.disabled = false;
-      }
-    };
+    const { nextRow, toggle } = nextFires(ctx, s, opened);
     const act = (verb) => async (event) => {
       event.target.disabled = true;
       try {

@@ -599,6 +599,12 @@ fn priority_str(p: Priority) -> &'static str {
 
 impl TaskView {
     pub fn new(task: &Task) -> Self {
+        Self::shown(task, true)
+    }
+
+    /// The task, with its payload only when `payload` (a dead-letter listing may leave it
+    /// out: it is neither copied nor encoded then).
+    pub fn shown(task: &Task, payload: bool) -> Self {
         let (late_policy, late_after_ms) = late_policy_view(task.late_policy);
         TaskView {
             id: task.id.to_string(),
@@ -610,7 +616,7 @@ impl TaskView {
             late_policy,
             late_after_ms,
             headers: task.headers.iter().cloned().collect(),
-            payload: if task.payload_dropped {
+            payload: if task.payload_dropped || !payload {
                 PayloadView::dropped()
             } else {
                 PayloadView::new(task.payload_kind, &task.payload)
@@ -856,6 +862,9 @@ pub struct AckResult {
 pub struct DeadQuery {
     pub after: Option<String>,
     pub limit: Option<usize>,
+    /// `false`: the tasks without `payload` / `payload_base64`, for a listing of ids and
+    /// reasons (a page of 1,000 payloads at the size limit is about a gigabyte).
+    pub payload: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]

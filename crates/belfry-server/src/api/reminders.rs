@@ -375,7 +375,7 @@ pub struct ReminderView {
     pub firings: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub subscribers: Option<u64>,
-    /// The fan-out in progress (`GET` of one reminder): `null` when none.
+    /// The fan-out in progress (`GET` of one reminder, and the list): `null` when none.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fanout: Option<Option<FanoutView>>,
     pub created_at_ms: u64,
@@ -531,15 +531,30 @@ async fn list(
     let limit = page_limit(q.limit, LIST_LIMIT_MAX, LIST_LIMIT_MAX)?;
     let queue = q.queue.as_deref().map(queue_name).transpose()?;
     let after = q.after.as_deref().map(reminder_id).transpose()?;
-    let page = blocking(&state, move |s| {
-        s.service.list(queue.as_ref(), after.as_ref(), limit)
+    // Each reminder's subscriber count and fan-out come with the page (two batched store
+    // calls), so a page of them is one request, not one per reminder.
+    let (page, progress) = blocking(&state, move |s| {
+        let page = s.service.list(queue.as_ref(), after.as_ref(), limit)?;
+        let uids: Vec<u64> = page.iter().map(|r| r.uid).collect();
+        let progress = s.service.progress_of(&uids)?;
+        Ok((page, progress))
     })
     .await?;
     let next_after = (page.len() == limit)
         .then(|| page.last().map(|r| r.id.to_string()))
         .flatten();
+    let reminders = page
+        .iter()
+        .zip(progress)
+        .map(|(r, (count, fanout))| {
+            let mut view = ReminderView::of(r, Some(count));
+            view.fanout = Some(fanout.map(FanoutView::from));
+            view.queue_missing = state.shared.queues.get(&r.def.queue).is_none();
+            view
+        })
+        .collect();
     Ok(Json(ReminderList {
-        reminders: page.iter().map(|r| ReminderView::of(r, None)).collect(),
+        reminders,
         next_after,
     }))
 }

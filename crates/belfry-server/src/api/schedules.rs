@@ -28,7 +28,7 @@ use serde_json::value::RawValue;
 
 use super::dto::{late_policy_from, LateBody, LatePolicyName, PayloadView, PriorityBody};
 use super::error::{ApiError, ErrorCode};
-use super::extract::{page_query, queue_name, rfc3339_ms, JsonBody, QueuePath};
+use super::extract::{page_limit, page_query, queue_name, rfc3339_ms, JsonBody, QueuePath};
 use super::payload::payload_from;
 use crate::schedules::SchedulesState;
 use crate::shared::Caller;
@@ -403,6 +403,9 @@ impl ScheduleView {
 #[derive(Debug, Serialize)]
 pub struct ScheduleList {
     pub schedules: Vec<ScheduleView>,
+    /// With `limit`: pass as `after` to read the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -468,26 +471,45 @@ pub async fn create(
         .into_response())
 }
 
-/// `GET /v1/schedules?queue=Q`: the schedules (of queue `Q` only, when given).
+/// `GET /v1/schedules?queue=Q&after=ID&limit=N`: the schedules (of queue `Q` only, when
+/// given), every one or, with `limit`, a page of them after `after`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     pub queue: Option<String>,
+    pub after: Option<String>,
+    pub limit: Option<usize>,
 }
+
+/// The most schedules a page lists (`limit`), as for the other lists.
+const LIST_PAGE_MAX: usize = 1_000;
 
 pub async fn list(
     State(state): State<AppState>,
     q: Result<Query<ListQuery>, QueryRejection>,
 ) -> Result<Json<ScheduleList>, ApiError> {
-    let q = page_query(q, "queue=<queue name>")?;
+    let q = page_query(q, "queue=<queue name>&after=<schedule id>&limit=<n>")?;
     let queue = q.queue.as_deref().map(queue_name).transpose()?;
+    let after = q.after.as_deref().map(schedule_id).transpose()?;
+    // No `limit`: every schedule, as before paging existed (the CLI and scripts read them all).
+    let limit = match q.limit {
+        Some(limit) => Some(page_limit(Some(limit), LIST_PAGE_MAX, LIST_PAGE_MAX)?),
+        None => None,
+    };
     let schedules = blocking(&state, |s| s.service.list()).await?;
+    let page: Vec<ScheduleView> = schedules
+        .iter()
+        .filter(|schedule| queue.as_ref().is_none_or(|q| schedule.def.queue == *q))
+        .filter(|schedule| after.as_ref().is_none_or(|after| schedule.id > *after))
+        .take(limit.unwrap_or(usize::MAX))
+        .map(|schedule| ScheduleView::new(schedule, &state))
+        .collect();
+    let next_after = limit
+        .filter(|limit| page.len() == *limit)
+        .and_then(|_| page.last().map(|view| view.id.clone()));
     Ok(Json(ScheduleList {
-        schedules: schedules
-            .iter()
-            .filter(|schedule| queue.as_ref().is_none_or(|q| schedule.def.queue == *q))
-            .map(|schedule| ScheduleView::new(schedule, &state))
-            .collect(),
+        schedules: page,
+        next_after,
     }))
 }
 

@@ -197,7 +197,7 @@ pub async fn list_dead(
     QueuePath(queue): QueuePath,
     query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<DeadList>, ApiError> {
-    let query = page_query(query, "after=<task id>&limit=<n>")?;
+    let query = page_query(query, "after=<task id>&limit=<n>&payload=<true|false>")?;
     let after = query.after.as_deref().map(task_id).transpose()?;
     let limit = page_limit(
         query.limit,
@@ -211,7 +211,10 @@ pub async fn list_dead(
         None
     };
     Ok(Json(DeadList {
-        tasks: tasks.iter().map(TaskView::new).collect(),
+        tasks: tasks
+            .iter()
+            .map(|task| TaskView::shown(task, query.payload != Some(false)))
+            .collect(),
         next_after,
     }))
 }

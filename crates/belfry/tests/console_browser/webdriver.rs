@@ -225,11 +225,19 @@ impl Session {
         }
     }
 
-    /// Waits for the element and clicks it.
+    /// Waits for the element and clicks it. A page that refreshes itself may replace the
+    /// element between finding and clicking it: then the new one is found and clicked.
     pub async fn click(&self, css: &str) {
-        let id = self.wait(css).await;
-        self.cmd("POST", &format!("/element/{id}/click"), Some(json!({})))
-            .await;
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let id = self.wait(css).await;
+            let path = format!("/element/{id}/click");
+            match Self::call(&self.http, &self.url, "POST", &path, Some(json!({}))).await {
+                Ok(_) => return,
+                Err(e) if e.contains("stale element") && Instant::now() < deadline => continue,
+                Err(e) => panic!("click {css}: {e}"),
+            }
+        }
     }
 
     /// Waits for the input, empties it and types `text`.
