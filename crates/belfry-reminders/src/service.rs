@@ -42,7 +42,7 @@ pub enum ReminderError {
     NotFound(ReminderId),
     #[error("reminder {0} already exists")]
     AlreadyExists(ReminderId),
-    #[error("reminder {0} fired once and for good; it takes no more subscribers")]
+    #[error("reminder {0} fired once and for good; it takes no more subscribers (a PATCH of its time re-arms it)")]
     AlreadyFired(ReminderId),
     #[error("stored reminder {key:?} is unreadable: {detail}")]
     Corrupt { key: String, detail: String },
