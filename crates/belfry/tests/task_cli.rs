@@ -682,3 +682,93 @@ fn late_policies_and_durations_from_the_command_line() {
         "{stderr}"
     );
 }
+
+/// Payloads too big for the command line come from a file or stdin: JSON with
+/// `--payload-file`, any bytes with `--binary-file` (sent as base64, stored as they are).
+#[test]
+fn payloads_come_from_files_and_stdin() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "files", "--pull"]);
+    let dir = tempfile::tempdir().unwrap();
+    // 200 KB of JSON: more than one command-line argument may hold (128 KiB on Linux).
+    let big = serde_json::json!({"items": vec!["x".repeat(100); 2_000]});
+    let json_file = dir.path().join("payload.json");
+    std::fs::write(&json_file, big.to_string()).unwrap();
+    let added = json(
+        &server,
+        &[
+            "task",
+            "add",
+            "files",
+            "--payload-file",
+            json_file.to_str().unwrap(),
+        ],
+    );
+    let got = json(&server, &["task", "get", "files", &text(&added["id"])]);
+    assert_eq!(got["payload"], big);
+
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(3_000).collect();
+    let binary = dir.path().join("payload.bin");
+    std::fs::write(&binary, &bytes).unwrap();
+    let added = json(
+        &server,
+        &[
+            "task",
+            "add",
+            "files",
+            "--binary-file",
+            binary.to_str().unwrap(),
+        ],
+    );
+    let got = json(&server, &["task", "get", "files", &text(&added["id"])]);
+    use base64::Engine as _;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(text(&got["payload_base64"]))
+        .unwrap();
+    assert_eq!(decoded, bytes);
+
+    // From stdin.
+    let mut child = Command::new(BIN)
+        .args([
+            "task",
+            "add",
+            "files",
+            "--payload-file",
+            "-",
+            "--json",
+            "--server",
+            &server.url,
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(br#"{"from": "stdin"}"#)
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let added: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let got = json(&server, &["task", "get", "files", &text(&added["id"])]);
+    assert_eq!(got["payload"]["from"], "stdin");
+
+    // Not JSON: said, with the way to send such bytes.
+    let error = fails(
+        &server,
+        &[
+            "task",
+            "add",
+            "files",
+            "--payload-file",
+            binary.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        error.contains("not JSON") && error.contains("--binary-file"),
+        "{error}"
+    );
+}

@@ -1,7 +1,7 @@
 //! `belfry task ...`: submit, inspect, cancel and reschedule tasks (by id or by idempotency
 //! key), and consume a pull queue by hand: lease, ack, nack, extend.
 
-use anyhow::{anyhow, bail};
+use anyhow::{anyhow, bail, Context};
 use belfry_client::{
     AckItemResult, DueTime, LeaseRequest, LeasedList, Nack, NewTask, Request, Results, Submitted,
     Task, TaskState,
@@ -117,8 +117,15 @@ pub struct TaskAdd {
     /// The queue to add it to; it must exist (`belfry queue create`).
     pub queue: String,
     /// JSON payload (default null).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["payload_file", "binary_file"])]
     pub payload: Option<String>,
+    /// The JSON payload read from a file ("-": stdin), for one too big for the command line.
+    #[arg(long, value_name = "PATH", conflicts_with = "binary_file")]
+    pub payload_file: Option<std::path::PathBuf>,
+    /// Any bytes read from a file ("-": stdin), delivered as they are (sent as
+    /// payload_base64; a webhook gets them as application/octet-stream).
+    #[arg(long, value_name = "PATH")]
+    pub binary_file: Option<std::path::PathBuf>,
     /// Due after this long: "10s", "5m", "250ms".
     #[arg(long, conflicts_with_all = ["at", "at_ms"])]
     pub delay: Option<String>,
@@ -142,11 +149,50 @@ pub struct TaskAdd {
     pub late: LateArgs,
 }
 
+/// The bytes of the file at `path`, or of stdin for "-".
+fn read_input(flag: &str, path: &std::path::Path) -> anyhow::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    if path.as_os_str() == "-" {
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .with_context(|| format!("{flag} -: read stdin"))?;
+    } else {
+        bytes = std::fs::read(path).with_context(|| format!("{flag} {}", path.display()))?;
+    }
+    Ok(bytes)
+}
+
+/// The task's payload: `--payload`'s JSON, `--payload-file`'s, or `--binary-file`'s bytes
+/// (base64 for the API).
+fn payload_of(args: &TaskAdd) -> anyhow::Result<(Option<serde_json::Value>, Option<String>)> {
+    use base64::Engine as _;
+    if let Some(path) = &args.binary_file {
+        let bytes = read_input("--binary-file", path)?;
+        return Ok((
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+        ));
+    }
+    if let Some(path) = &args.payload_file {
+        let bytes = read_input("--payload-file", path)?;
+        let value = serde_json::from_slice(&bytes).with_context(|| {
+            format!(
+                "--payload-file {}: not JSON (send other bytes with --binary-file)",
+                path.display()
+            )
+        })?;
+        return Ok((Some(value), None));
+    }
+    Ok((parse_payload(args.payload.as_deref())?, None))
+}
+
 fn new_task(args: &TaskAdd) -> anyhow::Result<NewTask> {
     let (late_policy, late_after_ms) = args.late.policy()?.unzip();
+    let (payload, payload_base64) = payload_of(args)?;
     Ok(NewTask {
-        payload: parse_payload(args.payload.as_deref())?,
-        payload_base64: None,
+        payload,
+        payload_base64,
         delay_ms: parse_ms("delay", args.delay.as_deref())?,
         run_at: args.at.clone(),
         run_at_ms: args.at_ms,
