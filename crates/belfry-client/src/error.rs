@@ -62,6 +62,7 @@ error_codes! {
     TooManyConnections => "too_many_connections",
     Unauthorized => "unauthorized",
     Forbidden => "forbidden",
+    CrossOriginRefused => "cross_origin_refused",
     RateLimited => "rate_limited",
     TokenNotFound => "token_not_found",
     TokenExists => "token_exists",
@@ -126,8 +127,8 @@ pub enum Error {
     Unexpected { status: u16, detail: String },
     #[error("invalid server URL {0:?}: give http://HOST:PORT or https://HOST:PORT, without /v1 (each call adds it), a query or a fragment")]
     BadUrl(String),
-    /// A name in the call's path is `.` or `..`, which a URL cannot carry.
-    #[error("{0:?} is not a name belfry takes (a URL path cannot carry it): no queue, key, user, schedule, reminder or token is \".\" or \"..\"")]
+    /// A name in the call's path is empty, `.` or `..`, which a URL cannot carry.
+    #[error("{0:?} is not a name belfry takes (a URL path cannot carry it): no queue, key, user, schedule, reminder or token is empty, \".\" or \"..\"")]
     DotName(String),
     /// The CA file given for an `https://` server holds no usable certificate.
     #[error("CA certificates: {0}")]

@@ -169,7 +169,12 @@ impl Client {
         // A name "." or ".." would be resolved away by the URL ("/v1/users/../reminders" is
         // "/v1/reminders") and the call would reach another route: no name is either.
         let path = request.path.split('?').next().unwrap_or_default();
-        if let Some(dots) = path.split('/').find(|s| matches!(*s, "." | "..")) {
+        // An empty name ("/v1/queues//tasks") would reach another route, or none.
+        if let Some(dots) = path
+            .split('/')
+            .skip(1)
+            .find(|s| matches!(*s, "" | "." | ".."))
+        {
             return Err(Error::DotName(dots.to_owned()));
         }
         let mut builder = self.http.request(
