@@ -33,6 +33,7 @@ mod events;
 mod health;
 mod inflight;
 mod keys;
+mod layout;
 pub mod ownership;
 mod record;
 mod reply;

@@ -106,7 +106,7 @@ impl Default for RedisOptions {
 pub struct RedisStore {
     pub(crate) pool: Pool,
     pub(crate) keys: Keys,
-    target: RedisTarget,
+    pub(crate) target: RedisTarget,
     pub(crate) retention_ms: u64,
     /// `RedisOptions::far_after_ms` and `placement_now_ms`.
     pub(crate) far_after_ms: u64,
@@ -225,61 +225,6 @@ impl RedisStore {
             )?);
         }
         Ok(store)
-    }
-
-    /// Records the namespace's layout at first use and checks it since: the partition count
-    /// must match; the subscriber-set shard count must match when given. Returns the shard
-    /// count.
-    fn check_layout(&self, options: &RedisOptions) -> Result<u16> {
-        let settings = self.keys.settings();
-        let shards_default = match self.target {
-            RedisTarget::Cluster(_) => SUBSCRIBER_SHARDS_CLUSTER,
-            RedisTarget::Single(_) => 1,
-        };
-        let shards_wanted = options.subscriber_shards.unwrap_or(shards_default);
-        let (partitions, shards): (Option<u16>, Option<String>) =
-            self.pool.with("read the store's settings", |c| {
-                for (field, value) in [
-                    ("partitions", options.partitions),
-                    ("subscriber_shards", shards_wanted),
-                ] {
-                    redis::cmd("HSETNX")
-                        .arg(&settings)
-                        .arg(field)
-                        .arg(value)
-                        .query::<i64>(c.as_dyn())?;
-                }
-                redis::cmd("HMGET")
-                    .arg(&settings)
-                    .arg("partitions")
-                    .arg("subscriber_shards")
-                    .query(c.as_dyn())
-            })?;
-        let namespace = &options.namespace;
-        let target = &self.target;
-        if partitions != Some(options.partitions) {
-            return Err(StoreError::Invalid(format!(
-                "namespace {namespace:?} in {target} was made with {} partitions, not {}: start \
-                 with the same partition count (or another namespace)",
-                partitions.map_or("an unknown number of".to_owned(), |p| p.to_string()),
-                options.partitions
-            )));
-        }
-        let stored = shards
-            .as_deref()
-            .and_then(|s| s.parse::<u16>().ok())
-            .filter(|n| (1..=SUBSCRIBER_SHARDS_MAX).contains(n))
-            .ok_or_else(|| StoreError::Corrupt {
-                location: format!("redis settings {settings}"),
-                detail: format!("subscriber_shards is {shards:?}, not a number from 1 to {SUBSCRIBER_SHARDS_MAX}"),
-            })?;
-        match options.subscriber_shards {
-            Some(wanted) if wanted != stored => Err(StoreError::Invalid(format!(
-                "namespace {namespace:?} in {target} was made with {stored} subscriber-set \
-                 shards, not {wanted}: start with the same number (or another namespace)"
-            ))),
-            _ => Ok(stored),
-        }
     }
 
     /// This node's shard ownership, when it has a node id.
@@ -555,6 +500,7 @@ impl Store for RedisStore {
     }
 
     fn sweep(&self) -> Result<()> {
+        self.reassert_layout();
         self.sweep_hints()
     }
 

@@ -289,3 +289,28 @@ fn many_sets_are_counted_at_once_as_one_by_one() {
         (0..600).map(|i| i % 13).sum::<u64>()
     );
 }
+
+/// A Redis that lost its data (restarted without persistence, flushed) lost the layout's
+/// record too: a running node records it again at its next sweep, so a node started then with
+/// another partition count is still refused, rather than taken in beside it (each would look
+/// for idempotency keys in other partitions, and de-duplicate nothing between them).
+#[test]
+fn a_running_node_records_the_layout_again_after_redis_lost_it() {
+    let server = RedisServer::start();
+    let options = |partitions: u16| RedisOptions {
+        namespace: "relayout".into(),
+        partitions,
+        ..RedisOptions::default()
+    };
+    let running = RedisStore::connect(&server.target(), options(8)).expect("connect");
+    redis::cmd("FLUSHALL")
+        .exec(&mut server.connection())
+        .unwrap();
+    running.sweep().unwrap();
+    let err = RedisStore::connect(&server.target(), options(16)).unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Invalid(m) if m.contains("8 partitions, not 16")),
+        "{err}"
+    );
+    assert!(RedisStore::connect(&server.target(), options(8)).is_ok());
+}
