@@ -300,6 +300,11 @@ fn management_subcommands_talk_to_the_server() {
     assert!(ok && out.contains("deleted"), "{out}");
     let (ok, _, err) = run(&["queue", "get", "mail"]);
     assert!(!ok && err.contains("queue_not_found"), "{err}");
+    // The advice is the command's, not the route's.
+    assert!(
+        err.contains("belfry queue create NAME") && !err.contains("PUT /v1"),
+        "{err}"
+    );
 }
 
 /// The soft and hard open-files limits of process `pid`, from /proc.

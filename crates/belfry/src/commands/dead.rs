@@ -39,7 +39,7 @@ pub enum DeadCommand {
     },
 }
 
-fn describe_page(queue: &str, page: DeadPage) -> String {
+fn describe_page(queue: &str, limit: Option<usize>, page: DeadPage) -> String {
     if page.tasks.is_empty() {
         return format!("no dead letters in {queue}");
     }
@@ -61,7 +61,10 @@ fn describe_page(queue: &str, page: DeadPage) -> String {
         .collect();
     let mut text = table(&["TASK", "ATTEMPTS", "LAST DUE", "REASON"], &rows);
     if let Some(next) = page.next_after {
-        text.push_str(&format!("\nmore: belfry dead list {queue} --after {next}"));
+        let limit = limit.map(|n| format!(" --limit {n}")).unwrap_or_default();
+        text.push_str(&format!(
+            "\nmore: belfry dead list {queue} --after {next}{limit}"
+        ));
     }
     text
 }
@@ -74,7 +77,7 @@ pub async fn dead(remote: &Remote, command: DeadCommand) -> anyhow::Result<()> {
             limit,
         } => {
             let request = Request::list_dead(&queue, after.as_deref(), limit);
-            run(remote, request, |page| describe_page(&queue, page)).await
+            run(remote, request, |page| describe_page(&queue, limit, page)).await
         }
         // The API has no dead-letter route for one task: a dead letter is a task in state
         // `dead`, shown by the task route.

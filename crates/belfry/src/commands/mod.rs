@@ -185,6 +185,15 @@ pub fn error_line(error: &anyhow::Error) -> String {
             "{} (the server requires a token: set BELFRY_TOKEN or pass --token; `belfry token create --offline` makes one for the server's config)",
             causes(error)
         ),
+        // The server's advice names its route; here the command is what helps.
+        Some(belfry_client::Error::Api {
+            code: belfry_client::ErrorCode::QueueNotFound,
+            message,
+            ..
+        }) => {
+            let message = message.split("; create it with PUT").next().unwrap_or(message);
+            format!("queue_not_found: {message} (create it with `belfry queue create NAME`)")
+        }
         _ => causes(error),
     }
 }

@@ -66,7 +66,8 @@ pub enum TaskCommand {
         /// Retry after this long: "5s" [default: the queue's backoff].
         #[arg(long)]
         delay: Option<String>,
-        /// Why it failed; kept with the task.
+        /// Why it failed: kept as the dead reason if this was the last attempt (a nack that
+        /// retries keeps no reason).
         #[arg(long)]
         reason: Option<String>,
     },
