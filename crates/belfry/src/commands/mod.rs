@@ -188,11 +188,17 @@ pub fn error_line(error: &anyhow::Error) -> String {
         // The server's advice names its route; here the command is what helps.
         Some(belfry_client::Error::Api {
             code: belfry_client::ErrorCode::QueueNotFound,
-            message,
             ..
         }) => {
-            let message = message.split("; create it with PUT").next().unwrap_or(message);
-            format!("queue_not_found: {message} (create it with `belfry queue create NAME`)")
+            let line = causes(error);
+            match (line.find("; create it with PUT"), line.rfind(" (HTTP")) {
+                (Some(from), Some(to)) if from < to => format!(
+                    "{}; create it with `belfry queue create NAME`{}",
+                    &line[..from],
+                    &line[to..]
+                ),
+                _ => line,
+            }
         }
         _ => causes(error),
     }
