@@ -87,6 +87,8 @@ async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
             let dir = settings.data_dir.clone();
             let options = EngineOptions {
                 fsync: settings.fsync,
+                checkpoint_wal_bytes: settings.checkpoint_wal_bytes,
+                free_space_reserve_bytes: settings.free_space_reserve_bytes,
                 ..EngineOptions::default()
             };
             let engine = tokio::task::spawn_blocking(move || Engine::open(&dir, options))
