@@ -46,7 +46,7 @@ pub enum ReminderError {
     AlreadyFired(ReminderId),
     #[error("stored reminder {key:?} is unreadable: {detail}")]
     Corrupt { key: String, detail: String },
-    #[error("storage error: {0}")]
+    #[error("storage failed: {0}")]
     Store(#[from] StoreError),
 }
 

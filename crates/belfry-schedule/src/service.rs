@@ -86,7 +86,7 @@ pub enum ScheduleServiceError {
     AlreadyExists(ScheduleId),
     #[error("stored schedule {id:?} is unreadable: {detail}")]
     Corrupt { id: String, detail: String },
-    #[error("storage error: {0}")]
+    #[error("storage failed: {0}")]
     Store(#[from] StoreError),
 }
 

@@ -9,7 +9,10 @@ mod forward;
 pub mod memory;
 mod store;
 
-pub use engine::{Engine, EngineOptions, FsyncPolicy};
+pub use engine::{
+    Engine, EngineOptions, FsyncPolicy, CHECKPOINT_WAL_BYTES_DEFAULT,
+    FREE_SPACE_RESERVE_BYTES_DEFAULT,
+};
 pub use forward::ForwardingStore;
 pub use memory::MemoryStore;
 pub use store::*;

@@ -69,16 +69,40 @@ pub enum StoreError {
          created"
     )]
     ForeignDataDir { dir: String, found: String },
-    /// The data directory's filesystem has less free space than the store keeps in reserve:
-    /// a change that would grow the data was refused before it touched anything. Reads and
-    /// delivery state (claim, ack, nack) go on; the same call succeeds once space is freed
-    /// (or the queues drain and a checkpoint deletes finished files), without a restart.
+    /// The data directory's filesystem has too little free space for this change: a change
+    /// that would grow the data leaves the whole reserve free (`floor_bytes ==
+    /// reserve_bytes`); a claim, nack or extension goes into the reserve down to the delivery
+    /// floor, an ack or cancel a little further (`floor_bytes < reserve_bytes`). The call was
+    /// refused before it touched anything. Reads go on; the same call succeeds once space is
+    /// freed (or the queues drain and a checkpoint deletes finished files), without a restart.
+    #[error("{}", disk_full_message(*free_bytes, *needed_bytes, *floor_bytes, *reserve_bytes))]
+    DiskFull {
+        free_bytes: u64,
+        /// About how many bytes the change would write.
+        needed_bytes: u64,
+        /// The free space the change had to leave.
+        floor_bytes: u64,
+        reserve_bytes: u64,
+    },
+    /// Opening the data directory ran out of disk space: recovery copies the WAL written
+    /// since the last checkpoint into bucket files and writes a new checkpoint before it can
+    /// delete that WAL. Nothing is lost; the open succeeds once that much space is free.
     #[error(
-        "the data directory's filesystem has {free_bytes} bytes free, below the reserve of \
-         {reserve_bytes} bytes kept for deliveries and checkpoints: nothing was stored; free \
-         disk space (or let the queues drain) and retry"
+        "not enough free disk space to open the data directory {dir}: recovery copies the \
+         {wal_bytes} bytes of write-ahead log written since the last checkpoint into bucket \
+         files and writes a new checkpoint (the last one took {checkpoint_bytes} bytes) before \
+         it deletes that log, so it needs up to about {needed_bytes} bytes free, and the \
+         filesystem had {free_bytes}. Nothing acknowledged was lost: free that much disk \
+         space (or grow the filesystem), then start belfry again ({source})"
     )]
-    DiskFull { free_bytes: u64, reserve_bytes: u64 },
+    NoSpaceToOpen {
+        dir: String,
+        free_bytes: u64,
+        needed_bytes: u64,
+        wal_bytes: u64,
+        checkpoint_bytes: u64,
+        source: std::io::Error,
+    },
     /// A networked store is out of memory (Redis at its `maxmemory`) and refused a change
     /// that would grow the data: the same refusal as [`StoreError::DiskFull`], answered the
     /// same way. Reads and delivery state go on; the call succeeds once memory is freed.
@@ -95,6 +119,42 @@ pub enum StoreError {
 fn on_path(path: Option<&Path>) -> String {
     path.map(|p| format!(" ({})", p.display()))
         .unwrap_or_default()
+}
+
+/// What [`StoreError::DiskFull`] says: how much is free, and which limit the change would
+/// cross (the free figure is above the limit when the change's own bytes would cross it).
+fn disk_full_message(free: u64, needed: u64, floor: u64, reserve: u64) -> String {
+    let state = if free < floor {
+        format!("the data directory's filesystem has {free} bytes free")
+    } else {
+        format!(
+            "the data directory's filesystem has {free} bytes free, and this change would \
+             write about {needed}"
+        )
+    };
+    if floor >= reserve {
+        let position = if free < reserve {
+            "below"
+        } else {
+            "which would leave less than"
+        };
+        format!(
+            "{state}, {position} the reserve of {reserve} bytes kept for deliveries and \
+             checkpoints: nothing was stored; free disk space (or let the queues drain) and \
+             retry"
+        )
+    } else {
+        let position = if free < floor {
+            "below"
+        } else {
+            "which would leave less than"
+        };
+        format!(
+            "{state}, {position} {floor} bytes, the last part of the {reserve}-byte free-space \
+             reserve, kept for acks and for the checkpoint that frees space: nothing was \
+             stored; free disk space and retry shortly"
+        )
+    }
 }
 
 impl StoreError {
@@ -123,6 +183,9 @@ pub enum StoreHealth {
     LowDiskSpace {
         free_bytes: u64,
         reserve_bytes: u64,
+        /// The size of the change refused last, when free space is above the reserve but too
+        /// close to it for that change; `0` otherwise.
+        refused_bytes: u64,
     },
     /// The store stopped after a fatal error and answers every call with
     /// [`StoreError::Poisoned`]: the reason, and what to do, as the log has them.
@@ -695,5 +758,34 @@ pub trait Store: Send + Sync + 'static {
     /// its command timeout).
     fn health(&self) -> StoreHealth {
         StoreHealth::Healthy
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The free figure can be above the limit: the change's own bytes are what would cross it
+    /// (the audit saw "2699264 bytes free, below the reserve of 2621440").
+    #[test]
+    fn a_disk_full_refusal_says_which_side_of_the_limit_free_space_is() {
+        let full = |free, needed, floor| {
+            StoreError::DiskFull {
+                free_bytes: free,
+                needed_bytes: needed,
+                floor_bytes: floor,
+                reserve_bytes: 1000,
+            }
+            .to_string()
+        };
+        let above = full(1200, 400, 1000);
+        assert!(above.contains("1200 bytes free, and this change would write about 400, which would leave less than the reserve of 1000"), "{above}");
+        let below = full(900, 10, 1000);
+        assert!(
+            below.contains("900 bytes free, below the reserve of 1000"),
+            "{below}"
+        );
+        let delivery = full(200, 10, 250);
+        assert!(delivery.contains("200 bytes free, below 250 bytes, the last part of the 1000-byte free-space reserve"), "{delivery}");
     }
 }

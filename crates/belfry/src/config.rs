@@ -231,6 +231,8 @@ pub struct SchedulesSection {
 pub struct StorageSection {
     pub fsync: Option<String>,
     pub fsync_interval: Option<HumanDuration>,
+    pub checkpoint_wal_bytes: Option<HumanSize>,
+    pub free_space_reserve: Option<HumanSize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -268,6 +270,10 @@ pub struct Settings {
     /// `[redis]`, for the Redis kinds of `store`.
     pub redis: belfry_store_redis::RedisOptions,
     pub fsync: FsyncPolicy,
+    /// `[storage] checkpoint_wal_bytes`: WAL bytes between the engine's checkpoints.
+    pub checkpoint_wal_bytes: u64,
+    /// `[storage] free_space_reserve`: free space the engine keeps on its disk.
+    pub free_space_reserve_bytes: u64,
     pub log_level: String,
     pub log_format: LogFormat,
     /// The `[connections.*]` brokers that stream deliveries name; `serve` hands them to the
@@ -331,6 +337,14 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_SCHEDULES_LEAD", "schedules.lead"),
     ("BELFRY_FSYNC", "storage.fsync"),
     ("BELFRY_FSYNC_INTERVAL", "storage.fsync_interval"),
+    (
+        "BELFRY_STORAGE_CHECKPOINT_WAL_BYTES",
+        "storage.checkpoint_wal_bytes",
+    ),
+    (
+        "BELFRY_STORAGE_FREE_SPACE_RESERVE",
+        "storage.free_space_reserve",
+    ),
     ("BELFRY_SHUTDOWN_GRACE", "shutdown.grace"),
     ("BELFRY_SHUTDOWN_DRAIN_DELAY", "shutdown.drain_delay"),
     ("BELFRY_METRICS_REFRESH", "metrics.refresh"),
@@ -428,6 +442,12 @@ impl FileConfig {
                 "storage.fsync" => self.storage.fsync = Some(value.clone()),
                 "storage.fsync_interval" => {
                     self.storage.fsync_interval = Some(env_duration(var, key, &value)?)
+                }
+                "storage.checkpoint_wal_bytes" => {
+                    self.storage.checkpoint_wal_bytes = Some(env_size(var, key, &value)?)
+                }
+                "storage.free_space_reserve" => {
+                    self.storage.free_space_reserve = Some(env_size(var, key, &value)?)
                 }
                 "shutdown.grace" => self.shutdown.grace = Some(env_duration(var, key, &value)?),
                 "shutdown.drain_delay" => {
@@ -669,6 +689,62 @@ sasl_mechanism = "SCRAM-SHA-256"
         assert!(format!("{err:#}").contains("a duration such as"), "{err:#}");
         let err = parse("[limits]\npayload_max = true\n").unwrap_err();
         assert!(format!("{err:#}").contains("a size such as"), "{err:#}");
+    }
+
+    /// The engine's checkpoint threshold and free-space reserve (issue #12: the docs and the
+    /// advice after a full disk name them), from the file or the environment, in human sizes.
+    #[test]
+    fn the_checkpoint_threshold_and_the_free_space_reserve_are_settable() {
+        let settings = parse("").unwrap().resolve(None, None, None).unwrap();
+        assert_eq!(
+            settings.checkpoint_wal_bytes,
+            belfry_store::CHECKPOINT_WAL_BYTES_DEFAULT
+        );
+        assert_eq!(
+            settings.free_space_reserve_bytes,
+            belfry_store::FREE_SPACE_RESERVE_BYTES_DEFAULT
+        );
+        let text = "[storage]\ncheckpoint_wal_bytes = \"4 MiB\"\nfree_space_reserve = \"16 MiB\"\n";
+        let settings = parse(text).unwrap().resolve(None, None, None).unwrap();
+        assert_eq!(settings.checkpoint_wal_bytes, 4 << 20);
+        assert_eq!(settings.free_space_reserve_bytes, 16 << 20);
+        let mut file = parse(text).unwrap();
+        file.apply_env(|var| match var {
+            "BELFRY_STORAGE_CHECKPOINT_WAL_BYTES" => Some("1 MiB".into()),
+            "BELFRY_STORAGE_FREE_SPACE_RESERVE" => Some("0".into()),
+            _ => None,
+        })
+        .unwrap();
+        let settings = file.resolve(None, None, None).unwrap();
+        assert_eq!(settings.checkpoint_wal_bytes, 1 << 20);
+        assert_eq!(settings.free_space_reserve_bytes, 0);
+        let err = parse("[storage]\ncheckpoint_wal_bytes = \"1 KiB\"\n")
+            .unwrap()
+            .resolve(None, None, None)
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("storage.checkpoint_wal_bytes: must be at least 64 KiB"),
+            "{err}"
+        );
+        let err = parse("[storage]\nfree_space_reserve = \"lots\"\n")
+            .unwrap()
+            .resolve(None, None, None)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("storage.free_space_reserve"),
+            "{err}"
+        );
+        let mut file = parse("").unwrap();
+        let err = file
+            .apply_env(|var| (var == "BELFRY_STORAGE_FREE_SPACE_RESERVE").then(|| "big".into()))
+            .unwrap_err();
+        assert!(
+            format!("{err:#}").contains(
+                "BELFRY_STORAGE_FREE_SPACE_RESERVE (overrides storage.free_space_reserve)"
+            ),
+            "{err:#}"
+        );
     }
 
     /// An interval of 0 would spin the flusher on a core; an interval without its mode would

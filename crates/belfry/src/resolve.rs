@@ -53,6 +53,8 @@ impl FileConfig {
             store,
             redis: self.redis.resolve()?,
             fsync: self.storage.fsync_policy()?,
+            checkpoint_wal_bytes: self.storage.checkpoint_wal_bytes()?,
+            free_space_reserve_bytes: self.storage.free_space_reserve_bytes()?,
             log_level: self.log.level()?,
             log_format: self.log.format()?,
             connections,
@@ -194,7 +196,34 @@ impl MetricsSection {
     }
 }
 
+/// Smallest `storage.checkpoint_wal_bytes`: below it the engine would checkpoint (fsync every
+/// bucket file, rewrite the checkpoint) after every few calls.
+const CHECKPOINT_WAL_BYTES_MIN: u64 = 64 * 1024;
+
 impl StorageSection {
+    fn checkpoint_wal_bytes(&self) -> anyhow::Result<u64> {
+        let Some(size) = &self.checkpoint_wal_bytes else {
+            return Ok(belfry_store::CHECKPOINT_WAL_BYTES_DEFAULT);
+        };
+        let key = "storage.checkpoint_wal_bytes";
+        let bytes = size.to_bytes().map_err(|e| anyhow!("{key}: {e}"))?;
+        if bytes < CHECKPOINT_WAL_BYTES_MIN {
+            bail!("{key}: must be at least 64 KiB (such as \"4 MiB\"), got {bytes} bytes");
+        }
+        Ok(bytes)
+    }
+
+    /// `0` turns the reserve off. A reserve below twice the checkpoint threshold is allowed:
+    /// the engine then checkpoints every half reserve instead (`Core::checkpoint_wal_threshold`).
+    fn free_space_reserve_bytes(&self) -> anyhow::Result<u64> {
+        match &self.free_space_reserve {
+            None => Ok(belfry_store::FREE_SPACE_RESERVE_BYTES_DEFAULT),
+            Some(size) => size
+                .to_bytes()
+                .map_err(|e| anyhow!("storage.free_space_reserve: {e}")),
+        }
+    }
+
     fn fsync_policy(&self) -> anyhow::Result<FsyncPolicy> {
         let mode = self.fsync.as_deref().unwrap_or("always");
         let interval = ms_if("storage.fsync_interval", &self.fsync_interval)?;

@@ -105,6 +105,8 @@ async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Store>> {
             tracing::info!("opening the storage engine in {}", dir.display());
             let options = EngineOptions {
                 fsync: settings.fsync,
+                checkpoint_wal_bytes: settings.checkpoint_wal_bytes,
+                free_space_reserve_bytes: settings.free_space_reserve_bytes,
                 ..EngineOptions::default()
             };
             let engine = tokio::task::spawn_blocking(move || Engine::open(&dir, options))

@@ -56,18 +56,36 @@ pub async fn readyz(State(service): State<AppState>) -> Response {
         StoreHealth::LowDiskSpace {
             free_bytes,
             reserve_bytes,
+            refused_bytes,
         } => serde_json::json!({
             "status": "ready",
             "storage": "low_disk_space",
-            "message": format!(
-                "{free_bytes} bytes free, below the reserve of {reserve_bytes}: submits and \
-                 other changes that grow the data answer 507 insufficient_storage until disk \
-                 space is freed; reads and deliveries go on"
-            ),
+            "message": low_disk_space_message(free_bytes, reserve_bytes, refused_bytes),
         }),
         _ => serde_json::json!({"status": "ready"}),
     };
     (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+/// What `/readyz` says about a disk short of space: where free space stands against the
+/// reserve (the free figure can be above it when the change refused last was what did not
+/// fit), and what is refused at that depth (`docs/storage-format.md`, "Disk faults").
+fn low_disk_space_message(free_bytes: u64, reserve_bytes: u64, refused_bytes: u64) -> String {
+    let standing = if free_bytes < reserve_bytes {
+        format!("{free_bytes} bytes free, below the free-space reserve of {reserve_bytes}")
+    } else {
+        format!(
+            "{free_bytes} bytes free, too close to the free-space reserve of {reserve_bytes} \
+             for the last refused change ({refused_bytes} bytes)"
+        )
+    };
+    let refused = if free_bytes < reserve_bytes / 4 {
+        "submits and other changes that grow the data answer 507 insufficient_storage, and so \
+         do leases, nacks and extensions near the end of the reserve"
+    } else {
+        "submits and other changes that grow the data answer 507 insufficient_storage"
+    };
+    format!("{standing}: {refused} until disk space is freed; reads and acks go on")
 }
 
 pub async fn metrics(State(service): State<AppState>) -> Response {
@@ -100,4 +118,26 @@ pub async fn openapi() -> impl IntoResponse {
         [(axum::http::header::CONTENT_TYPE, "application/json")],
         OPENAPI_JSON,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::low_disk_space_message;
+
+    #[test]
+    fn low_disk_space_says_which_side_of_the_reserve_free_space_is() {
+        let at = low_disk_space_message(2_621_440, 2_621_440, 4_096);
+        assert!(
+            at.starts_with("2621440 bytes free, too close to the free-space reserve of 2621440 for the last refused change (4096 bytes)"),
+            "{at}"
+        );
+        let below = low_disk_space_message(2_000_000, 2_621_440, 0);
+        assert!(
+            below.starts_with("2000000 bytes free, below the free-space reserve of 2621440"),
+            "{below}"
+        );
+        assert!(!below.contains("leases"), "{below}");
+        let deep = low_disk_space_message(100_000, 2_621_440, 0);
+        assert!(deep.contains("leases, nacks and extensions"), "{deep}");
+    }
 }

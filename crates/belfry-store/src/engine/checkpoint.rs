@@ -14,7 +14,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::keys::runs;
 use super::keys::Frozen;
-use super::lsm::release_free_memory;
+use super::lsm::{merge_output_bound, postpone_full_merge, release_free_memory};
 use super::persist::{self, Checkpoint, CheckpointBucket};
 use super::wal::{create_wal, old_wal_files, wal_path};
 use super::{io, io_at, Core, Engine, State, CHECKPOINT_FILE};
@@ -36,6 +36,13 @@ pub(super) enum CheckpointNeed {
 /// WAL growth, in checkpoint thresholds, at which writers stop leaving checkpoints to the
 /// checkpoint thread and wait for one themselves.
 pub(super) const CHECKPOINT_OVERDUE_FACTOR: u64 = 2;
+/// While free space is below the reserve, a checkpoint is due after this fraction of the
+/// usual WAL bytes: each one deletes the WAL before it (and finished buckets), which is how
+/// space comes back while deliveries write into the reserve.
+pub(super) const LOW_SPACE_CHECKPOINT_DIVISOR: u64 = 8;
+/// ...but not sooner than after this many WAL bytes, so that a slow trickle of acks does not
+/// run a checkpoint for each.
+pub(super) const LOW_SPACE_CHECKPOINT_WAL_BYTES_MIN: u64 = 64 * 1024;
 
 /// A thread that runs a checkpoint whenever a call finds one due, so that no caller waits
 /// for the bucket files' fsync (`EngineOptions::background_checkpoints`).
@@ -170,7 +177,7 @@ impl Engine {
     /// Whether the WAL grew enough since the last checkpoint for the next one. Read while the
     /// caller still holds the state lock, so `finish` need not take it again.
     pub(super) fn checkpoint_due(&self, state: &State) -> CheckpointNeed {
-        let threshold = self.core.options.checkpoint_wal_bytes;
+        let threshold = self.core.checkpoint_wal_threshold();
         if state.wal_since_checkpoint >= threshold.saturating_mul(CHECKPOINT_OVERDUE_FACTOR) {
             CheckpointNeed::Overdue
         } else if state.wal_since_checkpoint >= threshold {
@@ -202,7 +209,7 @@ impl Engine {
                     let _guard = self.core.checkpointing.lock();
                     // The checkpoint that held the guard may have made this one unnecessary.
                     let still = self.core.state.lock().wal_since_checkpoint
-                        >= self.core.options.checkpoint_wal_bytes
+                        >= self.core.checkpoint_wal_threshold()
                         || self.core.subs.lock().mem_bytes()
                             >= self.core.options.subs_memtable_bytes;
                     if !still {
@@ -223,6 +230,24 @@ impl Engine {
 }
 
 impl Core {
+    /// WAL bytes after which a checkpoint is due: `checkpoint_wal_bytes`, but at most half the
+    /// reserve in force (on a small filesystem the reserve is an eighth of it, and the WAL a
+    /// checkpoint deletes must fit in the reserve with its copy in bucket files), and much
+    /// sooner while free space is below the reserve.
+    pub(super) fn checkpoint_wal_threshold(&self) -> u64 {
+        let configured = self.options.checkpoint_wal_bytes;
+        let mut threshold = match self.space.reserve_in_force() {
+            0 => configured,
+            reserve => configured.min(reserve / 2),
+        };
+        if self.space.is_low() {
+            threshold = (threshold / LOW_SPACE_CHECKPOINT_DIVISOR)
+                .max(LOW_SPACE_CHECKPOINT_WAL_BYTES_MIN)
+                .min(threshold);
+        }
+        threshold
+    }
+
     /// Makes the bucket files durable, records where they end, and drops the WAL before that
     /// point. Also unloads far buckets and deletes buckets whose tasks are all finished.
     ///
@@ -311,7 +336,19 @@ impl Core {
                     None => break,
                 }
             };
-            let out = runs::merge(&dir, &plan).map_err(|e| self.state.lock().poison(&e))?;
+            // Written beside its inputs until the next checkpoint: it needs room for a copy.
+            let output = merge_output_bound(&plan.inputs);
+            if !self
+                .space
+                .room_for_merge(output, "a merge of idempotency-key runs")
+            {
+                break;
+            }
+            let out = match runs::merge(&dir, &plan) {
+                Ok(out) => out,
+                Err(error) if postpone_full_merge(&dir, plan.id, &error) => break,
+                Err(error) => return Err(self.state.lock().poison(&error)),
+            };
             let mut state = self.state.lock();
             if let Some(run) = &out {
                 self.space.wrote(run.file_bytes);

@@ -15,6 +15,7 @@ use parking_lot::MutexGuard;
 
 use super::persist::MetaEntries;
 use super::record::{self, WalBatch};
+use super::space::Use;
 use super::Engine;
 use crate::store::{MetaChange, Result, StoreError};
 
@@ -28,7 +29,7 @@ impl Engine {
         // Deletes alone only shrink the entries; any put grows them (in the WAL now, in the
         // checkpoint later) and respects the free-space reserve.
         if changes.iter().any(|c| c.value.is_some()) {
-            self.core.space.admit(2 * frame.len() as u64)?;
+            self.core.space.admit(2 * frame.len() as u64, Use::Growth)?;
         }
         let meta = self.core.meta.lock();
         self.commit_meta(meta, &frame, changes)

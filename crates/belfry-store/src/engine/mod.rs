@@ -135,10 +135,12 @@ pub struct EngineOptions {
     /// due runs it before returning (its caller waits for the bucket files' fsync).
     pub background_checkpoints: bool,
     /// Free space kept on the data directory's filesystem for delivery state and checkpoints:
-    /// changes that grow the data (put, reschedule, redrive, queue and metadata puts) are
-    /// refused with `StoreError::DiskFull` once less than this is free, before they touch
-    /// anything. On a filesystem smaller than eight times this, the reserve is an eighth of
-    /// the filesystem. `0` turns the reserve off (a full disk then stops the engine).
+    /// changes that grow the data (put, reschedule, redrive, queue and metadata puts,
+    /// subscribes) are refused with `StoreError::DiskFull` once less than this is free, before
+    /// they touch anything; claims, nacks and extensions once less than a quarter of it is,
+    /// acks and cancels below an eighth (`space.rs`). On a filesystem smaller than eight times
+    /// this, the reserve is an eighth of the filesystem. `0` turns the reserve off (a full
+    /// disk then stops the engine).
     pub free_space_reserve_bytes: u64,
     /// The subscription memtable is written to a run file (by a checkpoint it asks for) once
     /// its entries take about this many bytes of memory; writers wait for that checkpoint
@@ -571,10 +573,11 @@ impl State {
 pub(super) fn poison_advice(error: &StoreError) -> &'static str {
     match error {
         StoreError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
-            "The disk filled up past the free-space reserve during a write (raise \
-             free_space_reserve_bytes if bursts outrun it): free disk space, then restart \
-             belfry; belfry recovers every acknowledged change from its write-ahead log at \
-             the next start"
+            "The disk filled up past the free-space reserve during a write (another program \
+             filled it, or storage.free_space_reserve is too small for storage.\
+             checkpoint_wal_bytes): free disk space, then restart belfry; belfry recovers \
+             every acknowledged change from its write-ahead log at the next start (it needs \
+             room to copy that log into bucket files: it says how much if there is not)"
         }
         StoreError::Io { context, .. } if context.contains("fsync") => {
             "An fsync failed: the kernel may have dropped written data it could not store, so \
@@ -629,6 +632,18 @@ fn push(batch: &mut WalBatch, pending: &mut Vec<Pending>, uid: u64, key: u64, re
 }
 
 impl Engine {
+    /// Opens (or creates) an engine in `dir`, recovering after a crash (`recovery.rs`): the
+    /// WAL written since the last checkpoint is replayed (a torn tail is cut off), far buckets
+    /// are not read. Recovery copies that WAL into bucket files and writes a checkpoint before
+    /// it deletes the WAL; if the disk has no room for that, the error says how much it needs
+    /// ([`StoreError::NoSpaceToOpen`]) rather than only that a write failed.
+    pub fn open(dir: impl AsRef<Path>, options: EngineOptions) -> Result<Engine> {
+        let dir = dir.as_ref();
+        let free_before = space::free_bytes(dir);
+        Engine::open_recovering(dir, options)
+            .map_err(|error| space::explain_open_failure(dir, free_before, error))
+    }
+
     /// Closes the engine as a crash of the process would leave it: no checkpoint, no final
     /// fsync of delivery state, write buffers dropped. The directory lock is released, so the
     /// same process can reopen the directory and see what a restart after `kill -9` sees.
@@ -651,9 +666,10 @@ impl Engine {
             }
         }
         match self.core.space.low() {
-            Some((free_bytes, reserve_bytes)) => StoreHealth::LowDiskSpace {
+            Some((free_bytes, reserve_bytes, refused_bytes)) => StoreHealth::LowDiskSpace {
                 free_bytes,
                 reserve_bytes,
+                refused_bytes,
             },
             None => StoreHealth::Healthy,
         }

@@ -50,8 +50,9 @@ pub(super) const LOCK_RETRY_PAUSE: Duration = Duration::from_millis(10);
 impl Engine {
     /// Opens (or creates) an engine in `dir`, recovering after a crash: the WAL written since
     /// the last checkpoint is replayed (a torn tail is cut off), far buckets are not read.
-    pub fn open(dir: impl AsRef<Path>, options: EngineOptions) -> Result<Engine> {
-        let dir = dir.as_ref().to_path_buf();
+    /// `Engine::open` explains a failure for want of disk space.
+    pub(super) fn open_recovering(dir: &Path, options: EngineOptions) -> Result<Engine> {
+        let dir = dir.to_path_buf();
         owner::check(&dir)?;
         fs::create_dir_all(&dir).map_err(io_at("create the data directory", &dir))?;
         owner::mark(&dir)?;

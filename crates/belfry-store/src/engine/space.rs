@@ -1,10 +1,22 @@
 //! The free-space reserve: changes that grow the data are refused (`StoreError::DiskFull`)
 //! before they touch memory or the WAL once the data directory's filesystem has less free
 //! space than the reserve, so a full disk never surfaces as a failed write in the middle of a
-//! call (which the engine can only answer by stopping, see `State::poison`). Delivery state
-//! (claims, acks, nacks) and changes that end things (cancel, deleting a queue or metadata)
-//! still write into the reserve: they are small, and they let the queues drain, after which a
-//! checkpoint deletes finished bucket files and old WAL files, which frees space again.
+//! call (which the engine can only answer by stopping, see `State::poison`).
+//!
+//! The reserve is spent in layers ([`Use`]), so that nothing the engine writes by itself
+//! reaches the end of the disk:
+//! - delivery state that can repeat without end (claims, nacks, extensions) goes on into the
+//!   reserve down to the *delivery floor*, a quarter of it: the queues drain, and a consumer
+//!   that leases without acking cannot spend the rest;
+//! - changes that end something (acks, cancels, dead letters) go on down to an eighth of it:
+//!   each task ends once, so they are bounded by what was leased or scheduled;
+//! - the last eighth is the checkpoint's: it writes the buffered bucket bytes and the
+//!   checkpoint file, then deletes the old WAL and finished buckets, which frees space.
+//!
+//! While free space is below the reserve, checkpoints come sooner (`low_space`, see
+//! `Engine::checkpoint_due`), so the WAL they delete stays small. Merges of sorted runs (which
+//! write a copy of their inputs before deleting them) start only if their output fits above
+//! the whole reserve (`room_for_merge`), and are postponed otherwise.
 //!
 //! Free space is read with `statvfs`, at most every `FREE_SPACE_RECHECK_INTERVAL` while it is
 //! well above the reserve; in between, the bytes the engine wrote since the last reading are
@@ -31,6 +43,38 @@ pub(super) const FREE_SPACE_RECHECK_BYTES: u64 = 4 * 1024 * 1024;
 /// On a filesystem smaller than eight times the configured reserve, the reserve is an eighth
 /// of the filesystem instead (see `EngineOptions::free_space_reserve_bytes`).
 pub(super) const FREE_SPACE_RESERVE_FRACTION: u64 = 8;
+/// Claims, nacks and extensions stop once free space falls below this fraction of the reserve
+/// (the delivery floor): what is left is for acks and cancels, then checkpoints.
+pub(super) const DELIVERY_FLOOR_FRACTION: u64 = 4;
+/// Acks, cancels and dead letters stop below this fraction of the reserve: the rest is the
+/// checkpoint's (buffered bucket bytes and the checkpoint file), the one writer that frees
+/// space.
+pub(super) const ENDING_FLOOR_FRACTION: u64 = 8;
+const _: () = assert!(DELIVERY_FLOOR_FRACTION < ENDING_FLOOR_FRACTION);
+
+/// How far into the reserve a change may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Use {
+    /// Grows the data (puts, reschedules, redrives, queue and metadata puts, subscribes):
+    /// leaves the whole reserve free.
+    Growth,
+    /// Delivery state that can repeat without end (claims, nacks, extensions): down to the
+    /// delivery floor.
+    Delivery,
+    /// Ends a task (acks, cancels, dead letters): down to the last eighth of the reserve.
+    Ending,
+}
+
+impl Use {
+    /// The free space this use must leave, under `reserve_bytes`.
+    fn floor(self, reserve_bytes: u64) -> u64 {
+        match self {
+            Use::Growth => reserve_bytes,
+            Use::Delivery => reserve_bytes / DELIVERY_FLOOR_FRACTION,
+            Use::Ending => reserve_bytes / ENDING_FLOOR_FRACTION,
+        }
+    }
+}
 
 /// A free-space reading of the data directory's filesystem.
 #[derive(Debug, Clone, Copy)]
@@ -56,6 +100,13 @@ pub(super) struct FreeSpace {
     /// The size of the change refused last, `0` once one was admitted after it: health
     /// reports low space while a change that size would still be refused.
     refused_bytes: AtomicU64,
+    /// Whether the last estimate was below the reserve: checkpoints then come sooner.
+    low: AtomicBool,
+    /// The reserve in force at the last reading (`0` before the first or when unreadable).
+    reserve_in_force: AtomicU64,
+    /// Whether a postponed merge was logged since the last merge that had room (one line
+    /// per episode, not one per checkpoint).
+    merge_postponed: AtomicBool,
 }
 
 impl FreeSpace {
@@ -67,6 +118,9 @@ impl FreeSpace {
             reading: Mutex::new(None),
             unreadable: AtomicBool::new(false),
             refused_bytes: AtomicU64::new(0),
+            low: AtomicBool::new(false),
+            reserve_in_force: AtomicU64::new(0),
+            merge_postponed: AtomicBool::new(false),
         }
     }
 
@@ -81,24 +135,72 @@ impl FreeSpace {
             .min(total_bytes / FREE_SPACE_RESERVE_FRACTION)
     }
 
-    /// `Ok` if a change that writes about `incoming` bytes leaves at least the reserve free;
-    /// `DiskFull` otherwise (based on a fresh reading).
-    pub(super) fn admit(&self, incoming: u64) -> Result<()> {
+    /// `Ok` if a change of kind `usage` that writes about `incoming` bytes leaves at least
+    /// its floor free (the whole reserve for growth); `DiskFull` otherwise (based on a fresh
+    /// reading).
+    pub(super) fn admit(&self, incoming: u64, usage: Use) -> Result<()> {
         if self.reserve_bytes_max == 0 {
             return Ok(());
         }
-        let Some((free_bytes, reserve_bytes)) = self.current(incoming) else {
+        let floor_of = |reserve| usage.floor(reserve);
+        let Some((free_bytes, reserve_bytes)) = self.current(incoming, floor_of) else {
             return Ok(());
         };
-        if free_bytes.saturating_sub(incoming) < reserve_bytes {
-            self.refused_bytes.store(incoming.max(1), Ordering::Relaxed);
+        let floor_bytes = floor_of(reserve_bytes);
+        let refused = free_bytes.saturating_sub(incoming) < floor_bytes;
+        if usage == Use::Growth {
+            let refused_bytes = if refused { incoming.max(1) } else { 0 };
+            self.refused_bytes.store(refused_bytes, Ordering::Relaxed);
+        }
+        if refused {
             return Err(StoreError::DiskFull {
                 free_bytes,
+                needed_bytes: incoming,
+                floor_bytes,
                 reserve_bytes,
             });
         }
-        self.refused_bytes.store(0, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Whether a merge that writes about `output` bytes (its inputs stay until the next
+    /// checkpoint) leaves the whole reserve free. Logs the first postponement of an episode;
+    /// merges are tried again after later checkpoints.
+    pub(super) fn room_for_merge(&self, output: u64, what: &str) -> bool {
+        if self.reserve_bytes_max == 0 {
+            return true;
+        }
+        let room = match self.current(output, |reserve| reserve) {
+            None => true,
+            Some((free_bytes, reserve_bytes)) => {
+                let room = free_bytes.saturating_sub(output) >= reserve_bytes;
+                if !room && !self.merge_postponed.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        free_bytes,
+                        output_bytes = output,
+                        reserve_bytes,
+                        dir = %self.dir.display(),
+                        "{what} postponed: its output would not leave the free-space reserve; \
+                         it runs once there is room (reads look at more runs meanwhile)"
+                    );
+                }
+                room
+            }
+        };
+        if room && self.merge_postponed.swap(false, Ordering::Relaxed) {
+            tracing::info!(dir = %self.dir.display(), "merges of sorted runs have room again");
+        }
+        room
+    }
+
+    /// Whether free space was below the reserve at the last estimate.
+    pub(super) fn is_low(&self) -> bool {
+        self.low.load(Ordering::Relaxed)
+    }
+
+    /// The reserve in force at the last reading (`0`: none yet, or the reserve is off).
+    pub(super) fn reserve_in_force(&self) -> u64 {
+        self.reserve_in_force.load(Ordering::Relaxed)
     }
 
     /// Whether `incoming` bytes that no change asked for (zeros prepared ahead in the WAL)
@@ -106,7 +208,7 @@ impl FreeSpace {
     /// well before the reserve that admitted changes and checkpoints rely on. Records no
     /// refusal (health is about changes). Counts them as written when it says yes.
     pub(super) fn room_for_extra(&self, incoming: u64) -> bool {
-        let room = match self.current(incoming) {
+        let room = match self.current(incoming, |reserve| reserve.saturating_mul(2)) {
             None => true,
             Some((free_bytes, reserve_bytes)) => {
                 free_bytes.saturating_sub(incoming) >= reserve_bytes.saturating_mul(2)
@@ -118,21 +220,25 @@ impl FreeSpace {
         room
     }
 
-    /// `(free, reserve)` when free space is below the reserve, or too close to it for the
-    /// change refused last, for health reports.
-    pub(super) fn low(&self) -> Option<(u64, u64)> {
+    /// When free space is below the reserve, or too close to it for the change refused
+    /// last: `(free, reserve, size of that change)`, for health reports.
+    pub(super) fn low(&self) -> Option<(u64, u64, u64)> {
         if self.reserve_bytes_max == 0 {
             return None;
         }
         let refused = self.refused_bytes.load(Ordering::Relaxed);
-        let (free_bytes, reserve_bytes) = self.current(refused)?;
-        (free_bytes.saturating_sub(refused) < reserve_bytes).then_some((free_bytes, reserve_bytes))
+        let (free_bytes, reserve_bytes) = self.current(refused, |reserve| reserve)?;
+        (free_bytes.saturating_sub(refused) < reserve_bytes).then_some((
+            free_bytes,
+            reserve_bytes,
+            refused,
+        ))
     }
 
     /// Estimated free bytes and the reserve, re-reading when the reading is old, much has
-    /// been written since, or the estimate would refuse `incoming`. `None` if free space
-    /// cannot be read.
-    fn current(&self, incoming: u64) -> Option<(u64, u64)> {
+    /// been written since, or the estimate would leave less than `floor_of(reserve)` after
+    /// `incoming`. `None` if free space cannot be read.
+    fn current(&self, incoming: u64, floor_of: impl Fn(u64) -> u64) -> Option<(u64, u64)> {
         let mut reading = self.reading.lock();
         let written = self.written.load(Ordering::Relaxed);
         let estimate = reading.map(|r| {
@@ -143,7 +249,8 @@ impl FreeSpace {
             (fresh, free, self.reserve_bytes(r.total_bytes))
         });
         match estimate {
-            Some((true, free, reserve)) if free.saturating_sub(incoming) >= reserve => {
+            Some((true, free, reserve)) if free.saturating_sub(incoming) >= floor_of(reserve) => {
+                self.low.store(free < reserve, Ordering::Relaxed);
                 return Some((free, reserve));
             }
             _ => {}
@@ -156,7 +263,10 @@ impl FreeSpace {
                     total_bytes,
                     written_at: written,
                 });
-                Some((free_bytes, self.reserve_bytes(total_bytes)))
+                let reserve = self.reserve_bytes(total_bytes);
+                self.low.store(free_bytes < reserve, Ordering::Relaxed);
+                self.reserve_in_force.store(reserve, Ordering::Relaxed);
+                Some((free_bytes, reserve))
             }
             Err(error) => {
                 if !self.unreadable.swap(true, Ordering::Relaxed) {
@@ -169,6 +279,43 @@ impl FreeSpace {
                 None
             }
         }
+    }
+}
+
+/// Free bytes of the filesystem holding `dir` (or its nearest existing ancestor, for a data
+/// directory not created yet); `None` if unreadable.
+pub(super) fn free_bytes(dir: &Path) -> Option<u64> {
+    dir.ancestors()
+        .find(|d| d.exists())
+        .and_then(|d| statvfs(d).ok())
+        .map(|(free, _)| free)
+}
+
+/// `error` from opening `dir`, turned into [`StoreError::NoSpaceToOpen`] if the disk was
+/// full: how much recovery needs (the WAL it copies into bucket files, and a checkpoint; both
+/// are still on disk, since the old WAL goes only once the new checkpoint is written) and
+/// how much was free when the open began (`free_before`).
+pub(super) fn explain_open_failure(
+    dir: &Path,
+    free_before: Option<u64>,
+    error: StoreError,
+) -> StoreError {
+    let source = match error {
+        StoreError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => source,
+        other => return other,
+    };
+    let size = |path: &Path| std::fs::metadata(path).map_or(0, |m| m.len());
+    let wal_bytes: u64 = std::fs::read_dir(dir.join(super::WAL_DIR))
+        .map(|entries| entries.flatten().map(|e| size(&e.path())).sum())
+        .unwrap_or(0);
+    let checkpoint_bytes = size(&dir.join(super::CHECKPOINT_FILE));
+    StoreError::NoSpaceToOpen {
+        dir: dir.display().to_string(),
+        free_bytes: free_before.or_else(|| free_bytes(dir)).unwrap_or(0),
+        needed_bytes: wal_bytes + checkpoint_bytes,
+        wal_bytes,
+        checkpoint_bytes,
+        source,
     }
 }
 
@@ -207,7 +354,7 @@ mod tests {
     #[test]
     fn a_zero_reserve_admits_everything() {
         let space = FreeSpace::new(Path::new("/nonexistent"), 0);
-        assert!(space.admit(u64::MAX).is_ok());
+        assert!(space.admit(u64::MAX, Use::Growth).is_ok());
         assert_eq!(space.low(), None);
     }
 
@@ -215,10 +362,27 @@ mod tests {
     fn a_change_larger_than_the_free_space_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let space = FreeSpace::new(dir.path(), 1);
-        assert!(space.admit(0).is_ok());
-        match space.admit(u64::MAX) {
-            Err(StoreError::DiskFull { reserve_bytes, .. }) => assert_eq!(reserve_bytes, 1),
+        assert!(space.admit(0, Use::Growth).is_ok());
+        match space.admit(u64::MAX, Use::Growth) {
+            Err(StoreError::DiskFull {
+                reserve_bytes,
+                floor_bytes,
+                needed_bytes,
+                ..
+            }) => {
+                assert_eq!(reserve_bytes, 1);
+                assert_eq!(floor_bytes, 1);
+                assert_eq!(needed_bytes, u64::MAX);
+            }
             other => panic!("expected DiskFull, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn deliveries_go_deeper_into_the_reserve_than_growth_and_endings_deeper_still() {
+        let reserve = 64 << 20;
+        assert_eq!(Use::Growth.floor(reserve), reserve);
+        assert_eq!(Use::Delivery.floor(reserve), 16 << 20);
+        assert_eq!(Use::Ending.floor(reserve), 8 << 20);
     }
 }

@@ -16,6 +16,7 @@ use super::calls::{
 use super::persist::{self, BucketMeta};
 use super::queue::{Queue, TaskFacts};
 use super::record::{self, PutRecord, Record, WalBatch};
+use super::space::Use;
 use super::{io, push, queue_dir, Engine, EngineOptions, State, META_FILE};
 use crate::store::{
     ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Result, Store,
@@ -26,7 +27,7 @@ impl Store for Engine {
     fn put_queue(&self, queue: &QueueName, config: Bytes) -> Result<bool> {
         self.core
             .space
-            .admit(QUEUE_CHANGE_BYTES_HINT + config.len() as u64)?;
+            .admit(QUEUE_CHANGE_BYTES_HINT + config.len() as u64, Use::Growth)?;
         let mut state = self.lock_state()?;
         let mut meta = state.meta.clone();
         let created = match meta.queues.get_mut(queue) {
@@ -98,7 +99,7 @@ impl Store for Engine {
             .sum();
         // Refused before anything changes when it would eat into the free-space reserve. The
         // records go to the WAL and, later, to their bucket files: twice the bytes.
-        self.core.space.admit(2 * size as u64)?;
+        self.core.space.admit(2 * size as u64, Use::Growth)?;
         let mut batch = WalBatch::with_capacity(size);
         let mut state = self.lock_state()?;
         let mut uids = Vec::with_capacity(tasks.len());
@@ -172,6 +173,9 @@ impl Store for Engine {
     }
 
     fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
+        self.core
+            .space
+            .admit(STATE_CHANGE_BYTES_HINT, Use::Ending)?;
         self.change_state(queue, id, now_ms, TaskState::Scheduled, |seq| {
             Record::Cancel { seq }
         })
@@ -185,7 +189,9 @@ impl Store for Engine {
         now_ms: UnixMs,
     ) -> Result<ChangeOutcome> {
         // Repeatable without end, so it grows the data: it respects the reserve.
-        self.core.space.admit(STATE_CHANGE_BYTES_HINT)?;
+        self.core
+            .space
+            .admit(STATE_CHANGE_BYTES_HINT, Use::Growth)?;
         self.change_state(queue, id, now_ms, TaskState::Scheduled, |seq| {
             Record::Reschedule { seq, due_at_ms }
         })
@@ -198,6 +204,11 @@ impl Store for Engine {
         max: usize,
         visibility_ms: u64,
     ) -> Result<ClaimBatch> {
+        // Repeatable without end (a consumer that leases and never acks), so it stops at the
+        // delivery floor, before the part of the reserve that acks and checkpoints need.
+        let records = max.min(CLAIM_ADMIT_RECORDS_MAX) as u64;
+        let bytes = 2 * records * LEASE_RECORD_BYTES_HINT as u64;
+        self.core.space.admit(bytes, Use::Delivery)?;
         self.preload(queue, now_ms)?;
         let mut state = self.lock_state()?;
         let mut result = ClaimBatch::default();
@@ -227,6 +238,9 @@ impl Store for Engine {
         lease: LeaseId,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
+        self.core
+            .space
+            .admit(STATE_CHANGE_BYTES_HINT, Use::Ending)?;
         self.change_lease(queue, id, lease, now_ms, |seq, _| Record::Done { seq })
     }
 
@@ -241,6 +255,8 @@ impl Store for Engine {
         if acks.is_empty() {
             return Ok(Vec::new());
         }
+        let bytes = acks.len() as u64 * STATE_CHANGE_BYTES_HINT;
+        self.core.space.admit(bytes, Use::Ending)?;
         let mut state = self.lock_state()?;
         let mut outcomes = Vec::with_capacity(acks.len());
         // Records reach memory only at commit, so a task acked earlier in this chunk still
@@ -288,6 +304,10 @@ impl Store for Engine {
         retry_at_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
+        // A nacked task is claimed again: repeatable without end, like a claim.
+        self.core
+            .space
+            .admit(STATE_CHANGE_BYTES_HINT, Use::Delivery)?;
         self.change_lease(queue, id, lease, now_ms, |seq, _| Record::Nack {
             seq,
             due_at_ms: retry_at_ms,
@@ -302,6 +322,9 @@ impl Store for Engine {
         lease_until_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
+        self.core
+            .space
+            .admit(STATE_CHANGE_BYTES_HINT, Use::Delivery)?;
         self.change_lease(queue, id, lease, now_ms, |seq, _| Record::Extend {
             seq,
             lease_id: lease.0,
@@ -317,6 +340,7 @@ impl Store for Engine {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
+        self.core.space.admit(DEAD_RECORD_BYTES_HINT, Use::Ending)?;
         self.bury(queue, (id, lease), reason, now_ms, false)
     }
 
@@ -328,6 +352,7 @@ impl Store for Engine {
         reason: &str,
         now_ms: UnixMs,
     ) -> Result<LeaseOutcome> {
+        self.core.space.admit(DEAD_RECORD_BYTES_HINT, Use::Ending)?;
         self.bury(queue, (id, lease), reason, now_ms, true)
     }
 
@@ -367,7 +392,9 @@ impl Store for Engine {
 
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
         // A redriven task is delivered (and written) again: it respects the reserve.
-        self.core.space.admit(STATE_CHANGE_BYTES_HINT)?;
+        self.core
+            .space
+            .admit(STATE_CHANGE_BYTES_HINT, Use::Growth)?;
         // With `now`, like cancel and reschedule: a lease that has run out is ended first, so
         // the state reported for a task that is not dead is the one `get` would show.
         self.change_state(queue, id, now_ms, TaskState::Dead, |seq| Record::Redrive {
@@ -566,6 +593,12 @@ impl Store for Engine {
 const QUEUE_CHANGE_BYTES_HINT: u64 = 16 * 1024;
 /// Bytes a reschedule or redrive writes: one small record, in the WAL and its bucket file.
 const STATE_CHANGE_BYTES_HINT: u64 = 2 * LEASE_RECORD_BYTES_HINT as u64;
+/// Bytes a dead letter writes: its record carries a reason (cut to a bound) besides.
+const DEAD_RECORD_BYTES_HINT: u64 =
+    STATE_CHANGE_BYTES_HINT + 2 * record::DEAD_REASON_BYTES_MAX as u64;
+/// A claim is admitted for at most this many records: the check is an estimate against a
+/// floor of megabytes, and a `max` in the millions must not refuse a claim that finds a few.
+const CLAIM_ADMIT_RECORDS_MAX: usize = 4 * 1024;
 
 /// A task a claim leased: `(seq, bucket key, lease id, due, attempts, put offset, put
 /// length)`, all its view needs besides its put record.

@@ -20,7 +20,7 @@ use self::merge::Merge;
 use self::run::{parse_run_name, run_name, Run, RunKind, RunWriter};
 use crate::engine::io_at;
 use crate::engine::sweep::sweep;
-use crate::store::Result;
+use crate::store::{Result, StoreError};
 
 pub(crate) fn put_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
@@ -131,4 +131,29 @@ pub(crate) fn write_merged(
         return Ok(None);
     }
     Ok(Some(run))
+}
+
+/// Bytes a merge of `inputs` writes at most: its output is never larger than its inputs
+/// together (it drops entries, never adds any).
+pub(crate) fn merge_output_bound(inputs: &[Arc<Run>]) -> u64 {
+    inputs.iter().map(|r| r.file_bytes).sum()
+}
+
+/// After a merge into run `id` of `dir` failed: if the disk filled up meanwhile (another
+/// program wrote faster than the free-space check foresaw), removes the partial output and
+/// answers `true`: the merge changed nothing else, so it is postponed rather than fatal.
+/// Any other error is left to stop the engine.
+pub(crate) fn postpone_full_merge(dir: &Path, id: u64, error: &StoreError) -> bool {
+    let full = matches!(error, StoreError::Io { source, .. }
+        if source.raw_os_error() == Some(libc::ENOSPC));
+    if full {
+        let path = dir.join(run_name(id));
+        if let Err(e) = fs::remove_file(&path) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(error = %e, path = %path.display(), "remove a merge's partial output; the next open removes it");
+            }
+        }
+        tracing::warn!(%error, path = %path.display(), "a merge of sorted runs ran out of disk space; postponed (its inputs are untouched)");
+    }
+    full
 }

@@ -41,6 +41,7 @@ pub(crate) use self::tree::{open_runs, SubsPlan};
 use self::view::View;
 use super::checkpoint::CheckpointNeed;
 use super::record::WalBatch;
+use super::space::Use;
 use super::Engine;
 use crate::engine::lsm::run::{BlockScan, Run};
 pub use crate::engine::persist::SubsPersisted;
@@ -234,7 +235,7 @@ impl Engine {
             // The WAL now, a run at the next checkpoint, and a copy while runs merge.
             self.core
                 .space
-                .admit(3 * (buf.len() + 2 * ranges.len()) as u64)?;
+                .admit(3 * (buf.len() + 2 * ranges.len()) as u64, Use::Growth)?;
         }
         let subs = self.lock_subs()?;
         let current = subs.sets.get(&set).copied();

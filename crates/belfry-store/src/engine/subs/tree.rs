@@ -11,7 +11,9 @@ use super::memtable::{Memtable, SlabSource};
 use super::{Subs, SUBS_DIR};
 use crate::engine::lsm::merge::{Merge, RunCursor, Source};
 use crate::engine::lsm::run::{Run, RunKind};
-use crate::engine::lsm::{self, open_listed_runs, pick, release_free_memory};
+use crate::engine::lsm::{
+    self, merge_output_bound, open_listed_runs, pick, postpone_full_merge, release_free_memory,
+};
 use crate::engine::persist::{sync_dir, SubsPersisted};
 use crate::engine::Core;
 use crate::store::{Result, StoreError};
@@ -154,6 +156,15 @@ impl Core {
             if k == 0 {
                 return Ok(false);
             }
+            // Its output is written beside its inputs, which go only once the next
+            // checkpoint stops listing them: it needs room for a copy (issue #12).
+            let output = merge_output_bound(&subs.runs[..k]);
+            if !self
+                .space
+                .room_for_merge(output, "a merge of subscription runs")
+            {
+                return Ok(false);
+            }
             subs.next_run += 1;
             let inputs: Vec<Arc<Run>> = subs.runs[..k].to_vec();
             // Entries of any other epoch are dead for good (epochs only grow), and entries
@@ -169,7 +180,11 @@ impl Core {
         for run in &inputs {
             sources.push(Box::new(RunCursor::new(run, &[])?));
         }
-        let out = write_merged(dir, id, Merge::new(sources), set_keys, &epochs, bottom)?;
+        let out = match write_merged(dir, id, Merge::new(sources), set_keys, &epochs, bottom) {
+            Ok(out) => out,
+            Err(error) if postpone_full_merge(dir, id, &error) => return Ok(false),
+            Err(error) => return Err(error),
+        };
         sync_dir(dir)?;
         let mut subs = self.subs.lock();
         if let Some(run) = &out {
