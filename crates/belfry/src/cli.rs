@@ -146,7 +146,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             init_tracing(&settings.log_level, settings.log_format);
             let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
-            for warning in crate::env_check::unknown_vars(names) {
+            for warning in crate::env_check::unknown_vars(names)
+                .iter()
+                .chain(&settings.warnings)
+            {
                 tracing::warn!("{warning}");
             }
             let json = matches!(settings.log_format, LogFormat::Json);

@@ -285,6 +285,8 @@ pub struct Settings {
     pub allow_unauthenticated: bool,
     /// `[tls]` certificate and key files: serve HTTPS.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// What the start-up log should warn about: settings the chosen store ignores.
+    pub warnings: Vec<String>,
 }
 
 /// Reads the TOML file. Unknown keys are refused with their name.
@@ -966,5 +968,38 @@ sasl_mechanism = "SCRAM-SHA-256"
             let err = parse(&text).unwrap().resolve(None, None, None).unwrap_err();
             assert!(err.to_string().contains("node_id"), "{bad:?}: {err}");
         }
+    }
+
+    #[test]
+    fn settings_the_chosen_store_ignores_are_warned_about() {
+        let warnings = |text: &str| {
+            parse(text)
+                .unwrap()
+                .resolve(None, None, None)
+                .unwrap()
+                .warnings
+        };
+        let on_memory = warnings(
+            "store = \"memory\"\n[storage]\nfsync = \"never\"\n[redis]\nnamespace = \"x\"\n",
+        );
+        assert_eq!(
+            on_memory,
+            [
+                "storage.fsync is set but does nothing on the memory store",
+                "redis.namespace is set but does nothing on the memory store"
+            ]
+        );
+        let on_redis =
+            warnings("store = \"redis://127.0.0.1:6379\"\n[storage]\nfsync = \"always\"\n");
+        assert_eq!(
+            on_redis,
+            ["storage.fsync is set but does nothing on a Redis store"]
+        );
+        let on_engine = warnings("[storage]\nfsync = \"never\"\n[redis]\npartitions = 8\n");
+        assert_eq!(
+            on_engine,
+            ["redis.partitions is set but does nothing on the embedded store"]
+        );
+        assert!(warnings("[storage]\nfsync = \"never\"\n").is_empty());
     }
 }

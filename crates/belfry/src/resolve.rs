@@ -25,6 +25,8 @@ impl FileConfig {
         data_dir: Option<PathBuf>,
         store: Option<String>,
     ) -> anyhow::Result<Settings> {
+        let store = StoreKind::parse(store.or(self.store.clone()).as_deref().unwrap_or("engine"))?;
+        let warnings = self.settings_the_store_ignores(&store);
         let connections = self.resolve_connections()?;
         let mut server = ServerConfig {
             listen: listen_address(listen.or(self.listen))?,
@@ -41,8 +43,8 @@ impl FileConfig {
             server.node_id = id;
         }
         server.validate()?;
-        let store = StoreKind::parse(store.or(self.store).as_deref().unwrap_or("engine"))?;
         Ok(Settings {
+            warnings,
             auth: std::sync::Arc::new(self.auth.resolve()?),
             allow_unauthenticated: self.auth.allow_unauthenticated.unwrap_or(false),
             tls: self.tls.pair()?,
@@ -59,6 +61,57 @@ impl FileConfig {
             log_format: self.log.format()?,
             connections,
         })
+    }
+}
+
+impl FileConfig {
+    /// Settings given for another kind of store than the one chosen: they would do nothing,
+    /// and one believing `fsync = "always"` protects a Redis store would be wrong.
+    fn settings_the_store_ignores(&self, store: &StoreKind) -> Vec<String> {
+        let storage = [
+            ("storage.fsync", self.storage.fsync.is_some()),
+            (
+                "storage.fsync_interval",
+                self.storage.fsync_interval.is_some(),
+            ),
+            (
+                "storage.checkpoint_wal_bytes",
+                self.storage.checkpoint_wal_bytes.is_some(),
+            ),
+            (
+                "storage.free_space_reserve",
+                self.storage.free_space_reserve.is_some(),
+            ),
+        ];
+        let r = &self.redis;
+        let redis = [
+            ("redis.namespace", r.namespace.is_some()),
+            ("redis.partitions", r.partitions.is_some()),
+            ("redis.subscriber_shards", r.subscriber_shards.is_some()),
+            ("redis.command_timeout", r.command_timeout.is_some()),
+            ("redis.connect_timeout", r.connect_timeout.is_some()),
+            ("redis.replica_acks", r.replica_acks.is_some()),
+            ("redis.far_after", r.far_after.is_some()),
+        ];
+        let (ignored, kind): (&[(&str, bool)], &str) = match store {
+            StoreKind::Engine => (&redis, "the embedded store"),
+            StoreKind::Memory => (&storage, "the memory store"),
+            StoreKind::Redis(_) => (&storage, "a Redis store"),
+        };
+        let mut warnings: Vec<String> = ignored
+            .iter()
+            .filter(|(_, given)| *given)
+            .map(|(key, _)| format!("{key} is set but does nothing on {kind}"))
+            .collect();
+        if matches!(store, StoreKind::Memory) {
+            warnings.extend(
+                redis
+                    .iter()
+                    .filter(|(_, given)| *given)
+                    .map(|(key, _)| format!("{key} is set but does nothing on the memory store")),
+            );
+        }
+        warnings
     }
 }
 
