@@ -20,7 +20,8 @@ pub mod config;
 pub mod dispatch;
 mod follow;
 pub mod listener;
-mod log_every;
+// Shared with the sinks, which throttle their failure lines the same way.
+use belfry_core::log_every;
 mod low_priority;
 mod metric_help;
 pub mod metrics;
