@@ -241,8 +241,13 @@ fn standard_sinks(
     let policy = TargetPolicy {
         allow_private: config.allow_private_targets,
     };
-    let standard = StandardSinks::new(policy, config.dispatch_per_target_max, connections)
-        .map_err(ServerError::Sinks)?;
+    let standard = StandardSinks::with_webhook_ca(
+        policy,
+        config.dispatch_per_target_max,
+        connections,
+        config.webhook_ca_file.as_deref(),
+    )
+    .map_err(ServerError::Sinks)?;
     Ok(Arc::new(standard))
 }
 
