@@ -7,6 +7,7 @@ pub mod clock;
 pub mod headers;
 pub mod id;
 pub mod limits;
+pub mod log_every;
 pub mod look;
 pub mod queue;
 pub mod retry;

@@ -105,6 +105,9 @@ pub struct ServerConfig {
     pub shutdown_drain_delay_ms: u64,
     /// Whether webhook URLs may point at loopback and private addresses (SSRF guard off).
     pub allow_private_targets: bool,
+    /// A PEM file of CA certificates webhooks trust besides the built-in Mozilla roots and the
+    /// system's roots (`webhooks.ca_file`): receivers with a private CA.
+    pub webhook_ca_file: Option<std::path::PathBuf>,
     /// How often per-queue gauges are refreshed.
     pub metrics_refresh_ms: u64,
     /// Concurrent webhook deliveries per queue when the queue sets no `max_in_flight`.
@@ -153,6 +156,7 @@ impl Default for ServerConfig {
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             shutdown_drain_delay_ms: 0,
             allow_private_targets: false,
+            webhook_ca_file: None,
             metrics_refresh_ms: METRICS_REFRESH_MS_DEFAULT,
             webhook_in_flight_default: WEBHOOK_IN_FLIGHT_DEFAULT,
             store_calls_in_flight_max: STORE_CALLS_IN_FLIGHT_MAX_DEFAULT,

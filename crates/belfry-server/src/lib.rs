@@ -20,7 +20,8 @@ pub mod config;
 pub mod dispatch;
 mod follow;
 pub mod listener;
-mod log_every;
+// Shared with the sinks, which throttle their failure lines the same way.
+use belfry_core::log_every;
 mod low_priority;
 mod metric_help;
 pub mod metrics;
@@ -240,8 +241,13 @@ fn standard_sinks(
     let policy = TargetPolicy {
         allow_private: config.allow_private_targets,
     };
-    let standard = StandardSinks::new(policy, config.dispatch_per_target_max, connections)
-        .map_err(ServerError::Sinks)?;
+    let standard = StandardSinks::with_webhook_ca(
+        policy,
+        config.dispatch_per_target_max,
+        connections,
+        config.webhook_ca_file.as_deref(),
+    )
+    .map_err(ServerError::Sinks)?;
     Ok(Arc::new(standard))
 }
 

@@ -99,6 +99,10 @@ async fn retries_server_errors_then_delivers_signed_and_never_early(s: TestServe
             belfry_sinks::verify_signature(b"s3cret", timestamp, &r.body, signature),
             "bad signature {signature:?}"
         );
+        assert!(
+            belfry_sinks::verify_signature_v2(b"s3cret", &id, timestamp, &r.body, signature),
+            "bad v2 signature {signature:?}"
+        );
     }
     // Each retry waited at least half its backoff (1 s, then 2 s) after the previous attempt.
     assert!(got[1].at_ms >= got[0].at_ms + 500);
@@ -368,4 +372,111 @@ async fn private_targets_are_refused_by_default() {
         .await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], "webhook_target_refused");
+}
+
+/// A webhook queue's `PUT` probes its target as a stream queue's does: nothing listening is a
+/// warning (the queue is saved, deliveries will be retried); a listening target is none.
+#[tokio::test]
+async fn put_warns_about_a_webhook_target_that_does_not_answer() {
+    let s = TestServer::start().await;
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let url = format!("http://{closed}/nobody");
+    let (status, created) = s
+        .call(
+            "PUT",
+            "/v1/queues/down",
+            json!({"delivery": {"type": "webhook", "url": url}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let warnings = created["warnings"].to_string();
+    assert!(
+        warnings.contains("not reachable yet")
+            && warnings.contains(&format!("could not connect to {closed}"))
+            && warnings.contains("will be retried"),
+        "{created}"
+    );
+    let health = created["delivery_health"].as_str().unwrap_or_default();
+    assert!(health.starts_with("unreachable: "), "{created}");
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let open = listener.local_addr().unwrap();
+    let created = s
+        .ok(
+            "PUT",
+            "/v1/queues/up",
+            json!({"delivery": {"type": "webhook", "url": format!("http://{open}/hook")}}),
+            201,
+        )
+        .await;
+    assert!(created.get("warnings").is_none(), "{created}");
+    assert_eq!(created["delivery_health"], "reachable", "{created}");
+    s.handle.stop().await.expect("clean shutdown");
+}
+
+/// A host name that resolves to an address the server forbids passes the URL check (only DNS
+/// can tell), so `PUT` resolves it: the answer warns that its tasks will be dead-lettered and
+/// the health says refused, from before the first task and after it. Needs a name other than
+/// `localhost` that resolves to a non-public address: this machine's host name usually does.
+#[tokio::test]
+async fn put_warns_about_a_name_resolving_to_a_forbidden_address() {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    let resolved: Vec<std::net::SocketAddr> = tokio::net::lookup_host((host.as_str(), 0))
+        .await
+        .map(|addrs| addrs.collect())
+        .unwrap_or_default();
+    if host.is_empty()
+        || !resolved
+            .iter()
+            .any(|a| belfry_sinks::non_public_range(a.ip()).is_some())
+    {
+        eprintln!("skipped: host name {host:?} does not resolve to a non-public address");
+        return;
+    }
+    let config = belfry_server::ServerConfig {
+        allow_private_targets: false,
+        ..common::test_config()
+    };
+    let s = TestServer::start_with(config).await;
+    let url = format!("http://{host}:9/hook");
+    let created = s
+        .ok(
+            "PUT",
+            "/v1/queues/inside",
+            json!({"delivery": {"type": "webhook", "url": url}}),
+            201,
+        )
+        .await;
+    let warnings = created["warnings"].to_string();
+    assert!(
+        warnings.contains("refused")
+            && warnings.contains("forbidden target")
+            && warnings.contains("dead-lettered at their first attempt"),
+        "{created}"
+    );
+    let health = |q: &Value| q["delivery_health"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        health(&created).starts_with("refused: forbidden target"),
+        "{created}"
+    );
+    let id = s.submit("inside", json!({"payload": 1})).await;
+    s.advance(1);
+    let dead = common::eventually("the task dead-lettered", || async {
+        let task = s.task("inside", &id).await;
+        (task["state"] == "dead").then_some(task)
+    })
+    .await;
+    assert_eq!(dead["attempts"], 1, "{dead}");
+    let queue = s.ok("GET", "/v1/queues/inside", Value::Null, 200).await;
+    assert!(
+        health(&queue).starts_with("refused: forbidden target"),
+        "{queue}"
+    );
+    s.handle.stop().await.expect("clean shutdown");
 }

@@ -235,7 +235,28 @@ impl StandardSinks {
         idle_per_target: usize,
         connections: Connections,
     ) -> Result<Self, SinkError> {
-        let webhook_client = webhook::target::try_client_with_pool(&policy, idle_per_target)?;
+        Self::with_webhook_ca(policy, idle_per_target, connections, None)
+    }
+
+    /// [`StandardSinks::new`], with webhooks trusting the CA certificates in `ca_file` (the
+    /// server config's `[webhooks] ca_file`) next to the built-in and the system's roots. A
+    /// missing or malformed file is an error naming the key.
+    pub fn with_webhook_ca(
+        policy: TargetPolicy,
+        idle_per_target: usize,
+        connections: Connections,
+        ca_file: Option<&std::path::Path>,
+    ) -> Result<Self, SinkError> {
+        let extra_roots = match ca_file {
+            None => Vec::new(),
+            Some(path) => {
+                crate::trust::read_ca_file(path).map_err(|reason| SinkError::InvalidTls {
+                    reason: format!("webhooks.ca_file: {reason}"),
+                })?
+            }
+        };
+        let webhook_client =
+            webhook::target::try_client_trusting(&policy, idle_per_target, &extra_roots)?;
         Ok(StandardSinks {
             policy,
             webhook_client,

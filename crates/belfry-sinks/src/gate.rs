@@ -58,7 +58,8 @@ impl HealthCell {
     }
 
     /// Records what a delivery's outcome says about reachability: delivered or refused means
-    /// the target answered; a retry means it may not have. A refusal leaves a refused
+    /// the target answered; a retry means it may not have. (A refusal that belfry made
+    /// without asking the target goes through [`HealthCell::record_refused`] instead.) A refusal leaves a refused
     /// connection shown as refused: only a delivery that gets through clears it.
     pub(crate) fn record(&self, outcome: &Outcome) {
         let mut health = self.lock();
@@ -70,28 +71,34 @@ impl HealthCell {
         };
     }
 
+    /// Records a refusal that belfry made itself before reaching the target (a webhook host
+    /// resolving to an address the target policy forbids): the target never answered, so it
+    /// is not shown as reachable; every delivery is dead-lettered alike until the target or
+    /// the configuration changes.
+    pub(crate) fn record_refused(&self, reason: &str) {
+        *self.lock() = crate::SinkHealth::Refused(reason.to_owned());
+    }
+
     /// Records the outcome of an `open` (a connection attempt) and answers as `Sink::open`
     /// does: `Ok` when the target answered, else why not, naming `what` (e.g. "kafka
     /// connection main"). A rejection there refuses the connection itself (credentials, an
     /// unknown topic), so every delivery would be rejected alike: shown as refused.
     pub(crate) fn record_open(&self, outcome: Outcome, what: &str) -> Result<(), OpenError> {
-        match outcome {
-            Outcome::Delivered => {
-                *self.lock() = crate::SinkHealth::Reachable;
-                Ok(())
-            }
-            Outcome::Retry { reason, .. } => {
-                let error =
-                    OpenError::Unreachable(format!("{what} is not reachable yet: {reason}"));
-                *self.lock() = crate::SinkHealth::Unreachable(reason);
-                Err(error)
-            }
-            Outcome::Reject { reason } => {
-                let error = OpenError::Refused(format!("{what} was refused: {reason}"));
-                *self.lock() = crate::SinkHealth::Refused(reason);
-                Err(error)
-            }
+        let (health, answer) = open_answer(outcome, what);
+        *self.lock() = health;
+        answer
+    }
+
+    /// [`HealthCell::record_open`] for a probe that runs beside the first deliveries (a
+    /// webhook's): what a delivery saw is more than a probe sees, so the probe's outcome is
+    /// shown only while nothing else has been.
+    pub(crate) fn record_probe(&self, outcome: Outcome, what: &str) -> Result<(), OpenError> {
+        let (health, answer) = open_answer(outcome, what);
+        let mut current = self.lock();
+        if *current == crate::SinkHealth::Unknown {
+            *current = health;
         }
+        answer
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, crate::SinkHealth> {
@@ -99,6 +106,21 @@ impl HealthCell {
         self.0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The health an `open`'s outcome shows, and `Sink::open`'s answer.
+fn open_answer(outcome: Outcome, what: &str) -> (crate::SinkHealth, Result<(), OpenError>) {
+    match outcome {
+        Outcome::Delivered => (crate::SinkHealth::Reachable, Ok(())),
+        Outcome::Retry { reason, .. } => {
+            let error = OpenError::Unreachable(format!("{what} is not reachable yet: {reason}"));
+            (crate::SinkHealth::Unreachable(reason), Err(error))
+        }
+        Outcome::Reject { reason } => {
+            let error = OpenError::Refused(format!("{what} was refused: {reason}"));
+            (crate::SinkHealth::Refused(reason), Err(error))
+        }
     }
 }
 

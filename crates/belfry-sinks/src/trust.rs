@@ -1,4 +1,5 @@
-//! The CA certificates a connection trusts (`[connections.NAME.tls] ca_file`).
+//! The CA certificates a connection trusts (`[connections.NAME.tls] ca_file`, and
+//! `[webhooks] ca_file` for every webhook).
 //!
 //! [`read_ca_file`] reads and checks the file once, when the config is loaded and again when a
 //! sink is built, so a missing, unreadable or malformed file is a config error naming the
@@ -51,7 +52,6 @@ pub fn read_ca_file(path: &Path) -> Result<Vec<CertificateDer<'static>>, String>
 /// The system's trusted roots that rustls can use, read once per process: every queue on a
 /// TLS connection shares them. Roots rustls refuses are left out (a client would refuse the
 /// whole store over one of them).
-#[cfg(any(feature = "redis-streams", feature = "kafka"))]
 pub(crate) fn system_roots() -> &'static [CertificateDer<'static>] {
     static SYSTEM: std::sync::OnceLock<Vec<CertificateDer<'static>>> = std::sync::OnceLock::new();
     SYSTEM.get_or_init(|| {

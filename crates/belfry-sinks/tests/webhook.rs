@@ -13,8 +13,8 @@ use axum::Router;
 use belfry_core::{PayloadKind, QueueName, Task, TaskId, TaskState, UnixMs};
 use belfry_sinks::retry::format_http_date;
 use belfry_sinks::{
-    client_for, default_client, sign, verify_signature, Outcome, Sink, SinkError, TargetPolicy,
-    WebhookConfig, WebhookSink,
+    client_for, default_client, sign, verify_signature, verify_signature_v2, Outcome, Sink,
+    SinkError, SinkHealth, TargetPolicy, WebhookConfig, WebhookSink,
 };
 use bytes::Bytes;
 
@@ -67,7 +67,10 @@ async fn receive(
             };
             let timestamp = header("belfry-timestamp");
             let signature = header("belfry-signature");
-            if verify_signature(SECRET.as_bytes(), &timestamp, &body, &signature) {
+            let task_id = header("belfry-task-id");
+            if verify_signature(SECRET.as_bytes(), &timestamp, &body, &signature)
+                && verify_signature_v2(SECRET.as_bytes(), &task_id, &timestamp, &body, &signature)
+            {
                 StatusCode::NO_CONTENT.into_response()
             } else {
                 (StatusCode::UNAUTHORIZED, "bad signature").into_response()
@@ -91,6 +94,13 @@ async fn receive(
         "missing" => (StatusCode::NOT_FOUND, "no such hook").into_response(),
         "gone" => StatusCode::GONE.into_response(),
         "redirect" => (StatusCode::FOUND, [("location", "/hook/ok")]).into_response(),
+        // A Location with credentials and a token, and a body: shown redacted, body after.
+        "moved" => (
+            StatusCode::MOVED_PERMANENTLY,
+            [("location", "https://u:pw@new.example/hook/?token=sekrit")],
+            "moved",
+        )
+            .into_response(),
         "huge-error" => (StatusCode::BAD_REQUEST, "x".repeat(1 << 20)).into_response(),
         "slow" => {
             // Longer than any sink timeout in these tests; the test never waits for it.
@@ -211,11 +221,28 @@ async fn delivers_json_with_belfry_headers_and_a_valid_signature() {
         [(NOW_MS - 5_000).to_string()]
     );
     assert_eq!(header(request, "belfry-timestamp"), ["1700000000"]);
-    let expected_signature = sign(SECRET.as_bytes(), "1700000000", br#"{"order":42}"#);
+    let expected_signature = sign(
+        SECRET.as_bytes(),
+        "0123456789abcdef0011223344556677",
+        "1700000000",
+        br#"{"order":42}"#,
+    );
     assert_eq!(
         header(request, "belfry-signature"),
         [expected_signature.as_str()]
     );
+    // v2 also covers the task id: the same request under another id does not verify.
+    let signed = |id: &str| {
+        verify_signature_v2(
+            SECRET.as_bytes(),
+            id,
+            "1700000000",
+            br#"{"order":42}"#,
+            &expected_signature,
+        )
+    };
+    assert!(signed("0123456789abcdef0011223344556677"));
+    assert!(!signed("ffffffffffffffffffffffffffffffff"));
     assert!(header(request, "belfry-anything").is_empty());
     assert_eq!(header(request, "belfry-shard"), ["2"]);
     assert_eq!(header(request, "belfry-shard-count"), ["4"]);
@@ -329,10 +356,24 @@ async fn statuses_map_to_outcomes() {
         },
     )
     .await;
+    // The reason says where the redirect pointed, resolved against the URL.
     check(
         "redirect",
         Outcome::Reject {
-            reason: "HTTP 302 Found (redirects are not followed; configure the final URL)".into(),
+            reason: format!(
+                "HTTP 302 Found (redirects are not followed; configure the final URL): \
+                 Location http://{addr}/hook/ok"
+            ),
+        },
+    )
+    .await;
+
+    check(
+        "moved",
+        Outcome::Reject {
+            reason: "HTTP 301 Moved Permanently (redirects are not followed; configure the \
+                     final URL): Location https://new.example/hook/?<redacted>; moved"
+                .into(),
         },
     )
     .await;
@@ -348,7 +389,8 @@ async fn statuses_map_to_outcomes() {
             "busy-forever",
             "missing",
             "gone",
-            "redirect"
+            "redirect",
+            "moved"
         ]
     );
 }
@@ -465,14 +507,15 @@ async fn default_client_refuses_a_name_resolving_to_loopback_at_connect_time() {
     let outcome = sink
         .deliver(&task(b"{}", PayloadKind::Json, &[]), 1, NOW_MS)
         .await;
-    match outcome {
-        Outcome::Reject { reason } => {
-            assert!(reason.starts_with("forbidden target"), "{reason}");
-            assert!(reason.contains("loopback"), "{reason}");
-        }
+    let reason = match outcome {
+        Outcome::Reject { reason } => reason,
         other => panic!("expected a rejection, got {other:?}"),
-    }
+    };
+    assert!(reason.starts_with("forbidden target"), "{reason}");
+    assert!(reason.contains("loopback"), "{reason}");
     assert!(receiver.seen().is_empty());
+    // The receiver never answered: belfry's own rule refused it, and health says so.
+    assert_eq!(sink.health(), SinkHealth::Refused(reason));
 
     // The same name with a client that allows private targets is delivered: the refusal
     // above came from the policy, not from a broken receiver.
@@ -532,11 +575,20 @@ async fn config_errors_say_what_to_fix() {
 /// A raw TCP "receiver" that reads the request head, then answers `reply` (possibly nothing)
 /// and closes the connection.
 async fn start_raw_receiver(reply: &'static [u8]) -> SocketAddr {
+    start_recording_raw_receiver(reply).await.0
+}
+
+/// [`start_raw_receiver`] that also keeps each request head, as the bytes arrived.
+async fn start_recording_raw_receiver(
+    reply: &'static [u8],
+) -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind the raw receiver");
     let addr = listener.local_addr().expect("raw receiver address");
+    let heads = Arc::new(Mutex::new(Vec::new()));
+    let recorded = heads.clone();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             let mut buffer = vec![0u8; 64 * 1024];
@@ -548,11 +600,39 @@ async fn start_raw_receiver(reply: &'static [u8]) -> SocketAddr {
                     Ok(n) => seen.extend_from_slice(&buffer[..n]),
                 }
             }
+            let head = String::from_utf8_lossy(&seen).into_owned();
+            recorded.lock().expect("heads lock").push(head);
             let _ = stream.write_all(reply).await;
             // Dropping the stream closes the connection.
         }
     });
-    addr
+    (addr, heads)
+}
+
+/// Some front ends answer a body-less POST without a length 411, which dead-letters the task:
+/// an empty payload goes out with `Content-Length: 0`, once, and no chunked framing.
+#[tokio::test]
+async fn an_empty_payload_is_sent_with_content_length_zero() {
+    let (addr, heads) =
+        start_recording_raw_receiver(b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n").await;
+    let sink = sink(addr, "ok", None, Duration::from_secs(10));
+    for payload in [&b""[..], b"{}"] {
+        let mut task = task(b"", PayloadKind::Binary, &[]);
+        task.payload = Bytes::copy_from_slice(payload);
+        assert_eq!(sink.deliver(&task, 1, NOW_MS).await, Outcome::Delivered);
+    }
+    let heads = heads.lock().expect("heads lock").clone();
+    assert_eq!(heads.len(), 2, "{heads:?}");
+    for (head, length) in heads.iter().zip(["0", "2"]) {
+        let lower = head.to_ascii_lowercase();
+        let lengths: Vec<&str> = lower
+            .lines()
+            .filter_map(|line| line.strip_prefix("content-length:"))
+            .map(str::trim)
+            .collect();
+        assert_eq!(lengths, [length], "{head}");
+        assert!(!lower.contains("transfer-encoding"), "{head}");
+    }
 }
 
 #[tokio::test]
@@ -590,4 +670,62 @@ async fn a_success_whose_body_is_cut_off_still_counts_as_delivered() {
             .await,
         Outcome::Delivered
     );
+}
+
+/// A log sink for one test: a `tracing` subscriber writes here.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("log lock").extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A receiver that is down fails every task: each queue's sink logs one line per period,
+/// naming its queue, and counts the lines it held back.
+#[tokio::test]
+async fn failure_lines_name_the_queue_and_are_throttled_per_sink() {
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer(move || writer.clone())
+        .finish();
+    // This test's runtime runs on this thread, deliveries included.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let addr = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address")
+    };
+    let first = sink(addr, "ok", None, Duration::from_secs(10));
+    let second = sink(addr, "ok", None, Duration::from_secs(10));
+    let mut other_task = task(b"{}", PayloadKind::Json, &[]);
+    other_task.queue = QueueName::new("refunds").expect("valid queue name");
+    for attempt in 1..=5 {
+        let outcome = first
+            .deliver(&task(b"{}", PayloadKind::Json, &[]), attempt, NOW_MS)
+            .await;
+        assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    }
+    second.deliver(&other_task, 1, NOW_MS).await;
+
+    let text = String::from_utf8(log.0.lock().expect("log lock").clone()).expect("UTF-8 log");
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("webhook failed"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].contains("queue=orders.eu-1") && lines[0].contains("held_back=0"),
+        "{}",
+        lines[0]
+    );
+    assert!(lines[1].contains("queue=refunds"), "{}", lines[1]);
 }

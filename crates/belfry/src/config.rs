@@ -199,6 +199,8 @@ pub struct LimitsSection {
 pub struct WebhooksSection {
     pub allow_private_targets: Option<bool>,
     pub in_flight_default: Option<u32>,
+    /// A PEM file of CAs webhooks trust besides the built-in and the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -322,6 +324,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
         "BELFRY_WEBHOOK_IN_FLIGHT_DEFAULT",
         "webhooks.in_flight_default",
     ),
+    ("BELFRY_WEBHOOKS_CA_FILE", "webhooks.ca_file"),
     (
         "BELFRY_HTTP_HEADER_READ_TIMEOUT",
         "http.header_read_timeout",
@@ -411,6 +414,7 @@ impl FileConfig {
                     self.webhooks.in_flight_default =
                         Some(value.parse().map_err(|_| bad("expected a whole number"))?)
                 }
+                "webhooks.ca_file" => self.webhooks.ca_file = Some(PathBuf::from(&value)),
                 "http.header_read_timeout" => {
                     self.http.header_read_timeout = Some(env_duration(var, key, &value)?)
                 }
@@ -630,6 +634,48 @@ brokers = ["127.0.0.1:9092"]
             err.contains("connections.main.tls.ca_file") && err.contains("holds no certificate"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn webhooks_ca_file_maps_and_a_bad_one_stops_the_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        let text = format!("[webhooks]\nca_file = \"{}\"\n", ca.display());
+        let settings = parse(&text).unwrap().resolve(None, None, None).unwrap();
+        assert_eq!(
+            settings.server.webhook_ca_file.as_deref(),
+            Some(ca.as_path())
+        );
+
+        // The environment names it too.
+        let mut file = parse("").unwrap();
+        let shown = ca.display().to_string();
+        file.apply_env(|var| (var == "BELFRY_WEBHOOKS_CA_FILE").then(|| shown.clone()))
+            .unwrap();
+        let settings = file.resolve(None, None, None).unwrap();
+        assert_eq!(
+            settings.server.webhook_ca_file.as_deref(),
+            Some(ca.as_path())
+        );
+
+        let check = |text: &str, needle: &str| {
+            let err = parse(text).unwrap().resolve(None, None, None).unwrap_err();
+            let err = err.to_string();
+            assert!(
+                err.starts_with("webhooks.ca_file: ") && err.contains(needle),
+                "{text}: {err}"
+            );
+        };
+        check(
+            "[webhooks]\nca_file = \"/no/such/ca.pem\"\n",
+            "cannot read /no/such/ca.pem",
+        );
+        std::fs::write(&ca, "not a certificate\n").unwrap();
+        check(&text, "holds no certificate");
     }
 
     #[test]

@@ -33,7 +33,7 @@ impl FileConfig {
             ..ServerConfig::default()
         };
         self.limits.apply(&mut server)?;
-        self.webhooks.apply(&mut server);
+        self.webhooks.apply(&mut server)?;
         self.http.apply(&mut server)?;
         self.dispatch.apply(&mut server);
         self.schedules.apply(&mut server)?;
@@ -174,13 +174,21 @@ impl LimitsSection {
 }
 
 impl WebhooksSection {
-    fn apply(&self, server: &mut ServerConfig) {
+    fn apply(&self, server: &mut ServerConfig) -> anyhow::Result<()> {
         if let Some(allow) = self.allow_private_targets {
             server.allow_private_targets = allow;
         }
         if let Some(n) = self.in_flight_default {
             server.webhook_in_flight_default = n;
         }
+        if let Some(path) = &self.ca_file {
+            // Read here so a missing or malformed file stops the start naming the key; the
+            // server reads it again when it builds the webhook client.
+            belfry_sinks::trust::read_ca_file(path)
+                .map_err(|reason| anyhow!("webhooks.ca_file: {reason}"))?;
+            server.webhook_ca_file = Some(path.clone());
+        }
+        Ok(())
     }
 }
 

@@ -3,27 +3,32 @@
 //! Request: the payload bytes as the body (`application/json` or `application/octet-stream`),
 //! the task's own headers, then belfry's headers, which always win:
 //! `Belfry-Task-Id`, `Belfry-Queue`, `Belfry-Attempt`, `Belfry-Due-At` (unix ms), and with a
-//! secret `Belfry-Timestamp` (unix s) and `Belfry-Signature` (see [`signature`]).
+//! secret `Belfry-Timestamp` (unix s) and `Belfry-Signature` (`v1=…,v2=…`, see [`signature`]).
 //! Response: classified by [`crate::retry`].
 
+mod probe;
 pub mod signature;
 pub mod target;
+mod tls;
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use belfry_core::limits::HEADERS_MAX;
+use belfry_core::log_every::LogEvery;
 use belfry_core::{PayloadKind, Task, UnixMs};
 use hmac::Hmac;
-use http::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{
+    HeaderMap, HeaderName, HeaderValue, CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER,
+};
 use reqwest::Url;
 use sha2::Sha256;
 
 use crate::gate::HealthCell;
 use crate::retry::{classify_status, classify_transport, TransportFailure};
-use crate::{Outcome, Sink, SinkError, SinkHealth, TargetPolicy};
+use crate::{OpenError, Outcome, Sink, SinkError, SinkFuture, SinkHealth, TargetPolicy};
 
 /// Header names belfry sets on every webhook request.
 pub const HEADER_TASK_ID: &str = "belfry-task-id";
@@ -47,6 +52,11 @@ pub const SECRET_BYTES_MAX: usize = 1024;
 /// How much of a failed response's body is kept in the outcome's reason: enough for an error
 /// message, small enough for a dead-letter record and a log line.
 const RESPONSE_DETAIL_BYTES_MAX: usize = 256;
+
+/// Failure lines of one webhook sink (one queue's target) are logged at most once per period
+/// per kind: a receiver that is down fails every task, and a line each would bury the first,
+/// useful one under thousands.
+pub const FAILURE_LOG_PERIOD: Duration = Duration::from_secs(10);
 
 // Task headers belfry sets or owns (`belfry_core::headers::is_reserved`: `Belfry-*`, hop-by-hop
 // and transport headers) are never forwarded: the API refuses them on submit, and a task that
@@ -129,6 +139,13 @@ pub struct WebhookSink {
     client: reqwest::Client,
     /// What the last delivery saw of the receiver.
     health: HealthCell,
+    /// Throttles for the failure log lines (see [`WebhookSink::log`]).
+    retry_log: LogEvery,
+    reject_log: LogEvery,
+    /// For [`Sink::open`]: the target policy the probe applies, and its answer, found once
+    /// (the server asks twice when a queue is put: the dispatcher and the API).
+    policy: TargetPolicy,
+    opened: tokio::sync::OnceCell<Result<(), OpenError>>,
 }
 
 impl fmt::Debug for WebhookSink {
@@ -185,6 +202,10 @@ impl WebhookSink {
             timeout: config.timeout,
             client,
             health: HealthCell::default(),
+            retry_log: LogEvery::new(FAILURE_LOG_PERIOD),
+            reject_log: LogEvery::new(FAILURE_LOG_PERIOD),
+            policy,
+            opened: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -224,6 +245,12 @@ impl WebhookSink {
             PayloadKind::Binary => "application/octet-stream",
         };
         headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if task.payload.is_empty() {
+            // The client sends no length for an empty body, which HTTP/1.1 allows, but some
+            // front ends (Google's, IIS) answer a POST without one 411 Length Required, which
+            // is permanent: such a task could never be delivered there.
+            headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
+        }
         let mut set = |name: &'static str, value: String| {
             // Ids, numbers and queue names are ASCII by construction, so this cannot fail;
             // a failure would only drop the header, never panic.
@@ -243,7 +270,8 @@ impl WebhookSink {
         }
         if let Some(mac) = &self.mac {
             let timestamp = (now_ms / 1000).to_string();
-            let signature = signature::sign_with(mac, &timestamp, &task.payload);
+            let task_id = task.id.to_string();
+            let signature = signature::sign_with(mac, &task_id, &timestamp, &task.payload);
             set(HEADER_SIGNATURE, signature);
             set(HEADER_TIMESTAMP, timestamp);
         }
@@ -259,22 +287,7 @@ impl WebhookSink {
             // `Bytes` clones share the buffer: the payload is not copied.
             .body(task.payload.clone());
         let outcome = match request.send().await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let retry_after = response
-                    .headers()
-                    .get(RETRY_AFTER)
-                    .map(|value| value.as_bytes().to_vec());
-                let detail = if response.status().is_success() {
-                    // Read the (usually empty or tiny) body anyway: a connection whose
-                    // response was read to the end goes back to the pool for the next task.
-                    drain_detail(response).await;
-                    String::new()
-                } else {
-                    drain_detail(response).await
-                };
-                classify_status(status, retry_after.as_deref(), now_ms, &detail)
-            }
+            Ok(response) => self.answered(response, now_ms).await,
             Err(error) => {
                 let failure = transport_failure(&error);
                 let detail = if failure == TransportFailure::Timeout {
@@ -282,22 +295,85 @@ impl WebhookSink {
                 } else {
                     describe(&error)
                 };
-                classify_transport(failure, &detail)
+                let outcome = classify_transport(failure, &detail);
+                if let (TransportFailure::ForbiddenTarget, Outcome::Reject { reason }) =
+                    (failure, &outcome)
+                {
+                    // Belfry's own target rule refused it: the receiver never answered.
+                    self.health.record_refused(reason);
+                    self.log(task, attempt, &outcome);
+                    return outcome;
+                }
+                outcome
             }
         };
         self.health.record(&outcome);
-        match &outcome {
+        self.log(task, attempt, &outcome);
+        outcome
+    }
+
+    /// The outcome of a request the receiver answered.
+    async fn answered(&self, response: reqwest::Response, now_ms: UnixMs) -> Outcome {
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .map(|value| value.as_bytes().to_vec());
+        if status.is_success() {
+            // Read the (usually empty or tiny) body anyway: a connection whose response was
+            // read to the end goes back to the pool for the next task.
+            drain_detail(response).await;
+            return classify_status(status.as_u16(), None, now_ms, "");
+        }
+        // A redirect is not followed; where it pointed tells the operator the final URL
+        // (often only a trailing slash away). Redacted like the queue's own URL.
+        let location = status
+            .is_redirection()
+            .then(|| {
+                response
+                    .headers()
+                    .get(LOCATION)
+                    .map(|l| self.redacted_location(l))
+            })
+            .flatten();
+        let body = drain_detail(response).await;
+        let detail = match location {
+            Some(location) if body.is_empty() => format!("Location {location}"),
+            Some(location) => format!("Location {location}; {body}"),
+            None => body,
+        };
+        classify_status(status.as_u16(), retry_after.as_deref(), now_ms, &detail)
+    }
+
+    /// A `Location` header as logs may show it, resolved against the webhook's URL.
+    fn redacted_location(&self, location: &HeaderValue) -> String {
+        match location.to_str().ok().map(|text| self.url.join(text)) {
+            Some(Ok(url)) => redact_url(&url),
+            _ => "<invalid url>".to_owned(),
+        }
+    }
+
+    /// One line per failure, at most one each [`FAILURE_LOG_PERIOD`] per kind (retryable,
+    /// rejected) for this sink, that is this queue and target; a line counts in `held_back`
+    /// the failures not logged since the previous one (the metrics count every one).
+    fn log(&self, task: &Task, attempt: u32, outcome: &Outcome) {
+        let queue = &task.queue;
+        let target = &self.url_for_logs;
+        match outcome {
             Outcome::Delivered => {
-                tracing::debug!(task = %task.id, attempt, target = %self.url_for_logs, "delivered webhook")
+                tracing::debug!(%queue, task = %task.id, attempt, %target, "delivered webhook")
             }
             Outcome::Retry { reason, after } => {
-                tracing::info!(task = %task.id, attempt, target = %self.url_for_logs, %reason, ?after, "webhook failed; retryable (the queue's retry policy decides whether it is tried again)")
+                if let Some(held_back) = self.retry_log.check(Instant::now()) {
+                    tracing::info!(%queue, task = %task.id, attempt, %target, %reason, ?after, held_back, "webhook failed; retryable (the queue's retry policy decides whether it is tried again)")
+                }
             }
             Outcome::Reject { reason } => {
-                tracing::warn!(task = %task.id, attempt, target = %self.url_for_logs, %reason, "webhook rejected the task")
+                if let Some(held_back) = self.reject_log.check(Instant::now()) {
+                    tracing::warn!(%queue, task = %task.id, attempt, %target, %reason, held_back, "webhook rejected the task")
+                }
             }
         }
-        outcome
     }
 }
 
@@ -313,6 +389,21 @@ impl Sink for WebhookSink {
 
     fn target(&self) -> &str {
         &self.target
+    }
+
+    /// Resolves the host under the target policy and opens a TCP connection to it (see
+    /// [`probe`]); once per sink.
+    fn open(&self) -> SinkFuture<'_, Result<(), OpenError>> {
+        Box::pin(async move {
+            self.opened
+                .get_or_init(|| async {
+                    let outcome = probe::probe(&self.url, &self.policy).await;
+                    let what = format!("webhook {}", self.url_for_logs);
+                    self.health.record_probe(outcome, &what)
+                })
+                .await
+                .clone()
+        })
     }
 
     fn health(&self) -> SinkHealth {
@@ -380,6 +471,9 @@ fn find_sink_error(error: &reqwest::Error) -> Option<&SinkError> {
 fn describe(error: &reqwest::Error) -> String {
     if let Some(sink_error) = find_sink_error(error) {
         return sink_error.to_string();
+    }
+    if let Some(advice) = tls::certificate_advice(error) {
+        return advice;
     }
     let mut text = String::new();
     let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(error);
@@ -520,7 +614,10 @@ mod tests {
         assert_eq!(headers[HEADER_ATTEMPT], "2");
         assert_eq!(headers[HEADER_DUE_AT], "5000");
         assert_eq!(headers[HEADER_TIMESTAMP], "7");
-        assert_eq!(headers[HEADER_SIGNATURE], signature::sign(b"s", "7", b"{}"));
+        assert_eq!(
+            headers[HEADER_SIGNATURE],
+            signature::sign(b"s", &TaskId(1).to_string(), "7", b"{}")
+        );
         assert_eq!(headers[CONTENT_TYPE], "application/json");
         assert_eq!(headers.len(), 8, "{headers:?}");
     }

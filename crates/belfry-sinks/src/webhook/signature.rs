@@ -1,16 +1,26 @@
-//! Webhook signatures: `Belfry-Signature: v1=<hex HMAC-SHA256 of "{timestamp}.{body}">`.
+//! Webhook signatures: `Belfry-Signature: v1=<hex>,v2=<hex>`, a comma-separated list of
+//! `scheme=<hex HMAC-SHA256>` entries under the queue's secret:
 //!
-//! The timestamp (unix seconds, also sent as `Belfry-Timestamp`) is inside the signed text so
-//! a receiver can refuse replays of old requests. The `v1=` prefix leaves room for a future
-//! scheme without breaking receivers that check the version.
+//! - `v1` signs `"{timestamp}.{body}"`;
+//! - `v2` signs `"{task_id}.{timestamp}.{body}"`, with the task id exactly as the
+//!   `Belfry-Task-Id` header carries it (32 lower-case hex digits).
+//!
+//! The timestamp (unix seconds, also sent as `Belfry-Timestamp`) is inside both signed texts
+//! so a receiver can refuse replays of old requests. `v2` also authenticates the task id, the
+//! receiver's de-duplication key: under `v1` alone a captured request could be replayed
+//! within the receiver's freshness window with a new `Belfry-Task-Id`, and de-duplication
+//! would not catch it. `v1` stays for receivers written before `v2`; new ones should check
+//! `v2` and require it. Receivers should ignore entries with a scheme they do not know, so
+//! another one can be added the same way.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// The version prefix of the signature header value.
+/// The scheme prefixes of the entries of the signature header value.
 pub const SIGNATURE_PREFIX: &str = "v1=";
+pub const SIGNATURE_V2_PREFIX: &str = "v2=";
 
 /// A MAC keyed once with the secret, cloned for each request so the key schedule is not redone.
 pub(crate) fn keyed(secret: &[u8]) -> HmacSha256 {
@@ -19,91 +29,188 @@ pub(crate) fn keyed(secret: &[u8]) -> HmacSha256 {
     HmacSha256::new_from_slice(secret).expect("HMAC accepts keys of any length")
 }
 
-/// The signature header value for a body sent at `timestamp`, from a MAC already keyed.
-pub(crate) fn sign_with(mac: &HmacSha256, timestamp: &str, body: &[u8]) -> String {
+/// The MAC of `parts` joined by `.`, from a MAC already keyed.
+fn mac_of(mac: &HmacSha256, parts: &[&[u8]]) -> HmacSha256 {
     let mut mac = mac.clone();
-    mac.update(timestamp.as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    let digest = mac.finalize().into_bytes();
-    let mut value = String::with_capacity(SIGNATURE_PREFIX.len() + 2 * digest.len());
-    value.push_str(SIGNATURE_PREFIX);
-    value.push_str(&hex::encode(digest));
+    for (index, part) in parts.iter().enumerate() {
+        if index > 0 {
+            mac.update(b".");
+        }
+        mac.update(part);
+    }
+    mac
+}
+
+fn push_entry(value: &mut String, prefix: &str, mac: HmacSha256) {
+    value.push_str(prefix);
+    value.push_str(&hex::encode(mac.finalize().into_bytes()));
+}
+
+/// The signature header value (`v1=…,v2=…`) for a body of task `task_id` sent at `timestamp`,
+/// from a MAC already keyed.
+pub(crate) fn sign_with(mac: &HmacSha256, task_id: &str, timestamp: &str, body: &[u8]) -> String {
+    // Two entries of a prefix, 64 hex digits each, and the comma.
+    let mut value = String::with_capacity(2 * (SIGNATURE_PREFIX.len() + 64) + 1);
+    push_entry(
+        &mut value,
+        SIGNATURE_PREFIX,
+        mac_of(mac, &[timestamp.as_bytes(), body]),
+    );
+    value.push(',');
+    push_entry(
+        &mut value,
+        SIGNATURE_V2_PREFIX,
+        mac_of(mac, &[task_id.as_bytes(), timestamp.as_bytes(), body]),
+    );
     value
 }
 
-/// `v1=<hex HMAC-SHA256(secret, "{timestamp}.{body}")>`, the `Belfry-Signature` header value.
-pub fn sign(secret: &[u8], timestamp: &str, body: &[u8]) -> String {
-    sign_with(&keyed(secret), timestamp, body)
+/// The `Belfry-Signature` header value: `v1=<hex HMAC-SHA256(secret, "{timestamp}.{body}")>,
+/// v2=<hex HMAC-SHA256(secret, "{task_id}.{timestamp}.{body}")>` (no space after the comma).
+pub fn sign(secret: &[u8], task_id: &str, timestamp: &str, body: &[u8]) -> String {
+    sign_with(&keyed(secret), task_id, timestamp, body)
 }
 
-/// Checks a `Belfry-Signature` header value, in constant time, for receivers (and tests).
-/// Checking the timestamp's age is the receiver's choice and is not done here.
-pub fn verify_signature(secret: &[u8], timestamp: &str, body: &[u8], signature: &str) -> bool {
-    let Some(hex_digest) = signature.strip_prefix(SIGNATURE_PREFIX) else {
+/// The entry of `scheme` (e.g. `v2=`) in a signature header value, as hex; `None` when the
+/// header has no such entry. Entries are separated by commas, optionally followed by spaces
+/// (as a proxy that joins repeated header lines writes them).
+fn entry<'a>(header: &'a str, prefix: &str) -> Option<&'a str> {
+    header
+        .split(',')
+        .map(str::trim)
+        .find_map(|entry| entry.strip_prefix(prefix))
+}
+
+fn verify_entry(mac: HmacSha256, header: &str, prefix: &str) -> bool {
+    let Some(hex_digest) = entry(header, prefix) else {
         return false;
     };
     let Ok(expected) = hex::decode(hex_digest) else {
         return false;
     };
-    let mut mac = keyed(secret);
-    mac.update(timestamp.as_bytes());
-    mac.update(b".");
-    mac.update(body);
     mac.verify_slice(&expected).is_ok()
+}
+
+/// Checks the `v1` entry of a `Belfry-Signature` header value, in constant time, for
+/// receivers (and tests). It does not authenticate the task id: prefer
+/// [`verify_signature_v2`]. Checking the timestamp's age is the receiver's choice and is not
+/// done here.
+pub fn verify_signature(secret: &[u8], timestamp: &str, body: &[u8], header: &str) -> bool {
+    let mac = mac_of(&keyed(secret), &[timestamp.as_bytes(), body]);
+    verify_entry(mac, header, SIGNATURE_PREFIX)
+}
+
+/// Checks the `v2` entry of a `Belfry-Signature` header value, in constant time: the body, the
+/// timestamp and the task id (`Belfry-Task-Id`) are what the secret's holder sent. A header
+/// without a `v2` entry fails (a forger could otherwise strip it and keep `v1`).
+pub fn verify_signature_v2(
+    secret: &[u8],
+    task_id: &str,
+    timestamp: &str,
+    body: &[u8],
+    header: &str,
+) -> bool {
+    let mac = mac_of(
+        &keyed(secret),
+        &[task_id.as_bytes(), timestamp.as_bytes(), body],
+    );
+    verify_entry(mac, header, SIGNATURE_V2_PREFIX)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    const ID: &str = "0123456789abcdef0011223344556677";
+
     /// Expected values computed independently with Python's `hmac` module, e.g.
-    /// `hmac.new(b"whsec_test", b'1700000000.{"hello":"world"}', hashlib.sha256).hexdigest()`.
+    /// `hmac.new(b"whsec_test", b'1700000000.{"hello":"world"}', hashlib.sha256).hexdigest()`
+    /// for v1, and the same with `ID + "."` in front for v2.
     #[test]
     fn known_vectors() {
-        let check = |secret: &[u8], timestamp: &str, body: &[u8], expected: &str| {
-            let signature = sign(secret, timestamp, body);
-            assert_eq!(signature, expected);
+        let check = |secret: &[u8], id: &str, timestamp: &str, body: &[u8], v1: &str, v2: &str| {
+            let signature = sign(secret, id, timestamp, body);
+            assert_eq!(signature, format!("v1={v1},v2={v2}"));
             assert!(verify_signature(secret, timestamp, body, &signature));
+            assert!(verify_signature_v2(secret, id, timestamp, body, &signature));
         };
         check(
             b"whsec_test",
+            ID,
             "1700000000",
             br#"{"hello":"world"}"#,
-            "v1=f592bbf3951cfc94e560eecfb5d9dd4da6b0fff2e626235f8ab4b54860925d0b",
+            "f592bbf3951cfc94e560eecfb5d9dd4da6b0fff2e626235f8ab4b54860925d0b",
+            "d2c8480d941f62fa5cb9dcb73cc0f848ec7845e88c80d95004472899d8ccb7de",
         );
         check(
             b"key",
+            "00000000000000000000000000000001",
             "1",
             b"",
-            "v1=53123bc365c2fe4bee48bc5cc6cd6c19699147d43513154ed34277c7c063e80f",
+            "53123bc365c2fe4bee48bc5cc6cd6c19699147d43513154ed34277c7c063e80f",
+            "fefadb8100e5b2b370767de165b3cb8329128a9de14c5ca8e2798a2bfa814fd9",
         );
-        // A key longer than the SHA-256 block (hashed first) and a binary body.
-        check(
-            &[b'k'; 100],
-            "42",
-            &[0, 255, 10],
-            "v1=2a929cdd12ab6620fe4dc8412b9085b586326d6da5b170edafcdc86397ada9e1",
-        );
+        // A key longer than the SHA-256 block (hashed first) and a binary body: v1 only.
+        let long = sign(&[b'k'; 100], ID, "42", &[0, 255, 10]);
+        assert!(long.starts_with(
+            "v1=2a929cdd12ab6620fe4dc8412b9085b586326d6da5b170edafcdc86397ada9e1,v2="
+        ));
     }
 
     #[test]
     fn verify_refuses_tampering() {
-        let good = sign(b"secret", "100", b"body");
+        let good = sign(b"secret", ID, "100", b"body");
         assert!(verify_signature(b"secret", "100", b"body", &good));
-        let check_bad = |secret: &[u8], timestamp: &str, body: &[u8], signature: &str| {
+        assert!(verify_signature_v2(b"secret", ID, "100", b"body", &good));
+        let check_bad = |secret: &[u8], id: &str, timestamp: &str, body: &[u8], header: &str| {
             assert!(
-                !verify_signature(secret, timestamp, body, signature),
-                "accepted {signature:?} for {timestamp:?}"
+                !verify_signature_v2(secret, id, timestamp, body, header),
+                "v2 accepted {header:?} for {id:?} at {timestamp:?}"
             );
         };
-        check_bad(b"other", "100", b"body", &good);
-        check_bad(b"secret", "101", b"body", &good);
-        check_bad(b"secret", "100", b"Body", &good);
-        check_bad(b"secret", "100", b"body", &good[3..]);
-        check_bad(b"secret", "100", b"body", &good.replace("v1=", "v2="));
-        check_bad(b"secret", "100", b"body", "v1=zz");
-        check_bad(b"secret", "100", b"body", "v1=");
-        check_bad(b"secret", "100", b"body", &good[..good.len() - 2]);
+        for (secret, timestamp, body) in [
+            (&b"other"[..], "100", &b"body"[..]),
+            (b"secret", "101", b"body"),
+            (b"secret", "100", b"Body"),
+        ] {
+            check_bad(secret, ID, timestamp, body, &good);
+            assert!(!verify_signature(secret, timestamp, body, &good));
+        }
+        check_bad(b"secret", ID, "100", b"body", &good.replace("v2=", ""));
+        check_bad(b"secret", ID, "100", b"body", "v2=zz");
+        check_bad(b"secret", ID, "100", b"body", "v2=");
+        check_bad(b"secret", ID, "100", b"body", &good[..good.len() - 2]);
+        // Stripping v2 leaves a header v2 verification refuses.
+        let v1_only = good.split(',').next().expect("a v1 entry");
+        check_bad(b"secret", ID, "100", b"body", v1_only);
+        // Another task id: v1 still verifies (it never covered the id), v2 does not.
+        let other_id = "ffffffffffffffffffffffffffffffff";
+        assert!(verify_signature(b"secret", "100", b"body", &good));
+        check_bad(b"secret", other_id, "100", b"body", &good);
+        // The schemes are not interchangeable.
+        let swapped = good.replace("v1=", "vX=").replace("v2=", "v1=");
+        assert!(!verify_signature(b"secret", "100", b"body", &swapped));
+    }
+
+    #[test]
+    fn entries_are_found_in_any_order_and_after_a_comma_and_space() {
+        let good = sign(b"secret", ID, "100", b"body");
+        let (v1, v2) = good.split_once(',').expect("two entries");
+        for header in [
+            format!("{v2},{v1}"),
+            format!("{v1}, {v2}"),
+            format!("v9=00,{v2}"),
+        ] {
+            assert!(
+                verify_signature_v2(b"secret", ID, "100", b"body", &header),
+                "{header}"
+            );
+        }
+        assert!(verify_signature(
+            b"secret",
+            "100",
+            b"body",
+            &format!("{v2}, {v1}")
+        ));
     }
 }

@@ -431,6 +431,18 @@ pub fn try_client_with_pool(
     policy: &TargetPolicy,
     idle_per_host: usize,
 ) -> Result<reqwest::Client, SinkError> {
+    try_client_trusting(policy, idle_per_host, &[])
+}
+
+/// [`try_client_with_pool`] that also trusts `extra_roots` (`webhooks.ca_file`, read with
+/// [`crate::trust::read_ca_file`]). Every client trusts the Mozilla roots built into the
+/// binary and the system's roots (`/etc/ssl/certs` and the like, `SSL_CERT_FILE`): a receiver
+/// behind a company CA that the machine already trusts needs no setting.
+pub fn try_client_trusting(
+    policy: &TargetPolicy,
+    idle_per_host: usize,
+    extra_roots: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<reqwest::Client, SinkError> {
     let mut builder = reqwest::Client::builder()
         .user_agent(concat!("belfry/", env!("CARGO_PKG_VERSION")))
         .redirect(reqwest::redirect::Policy::none())
@@ -442,6 +454,14 @@ pub fn try_client_with_pool(
         .tcp_nodelay(true);
     if !policy.allow_private {
         builder = builder.dns_resolver(Arc::new(GuardedResolver { policy: *policy }));
+    }
+    for root in crate::trust::system_roots().iter().chain(extra_roots) {
+        let root = reqwest::Certificate::from_der(root.as_ref()).map_err(|error| {
+            SinkError::HttpClient {
+                reason: format!("a trusted root certificate is not usable: {error}"),
+            }
+        })?;
+        builder = builder.add_root_certificate(root);
     }
     builder.build().map_err(|error| SinkError::HttpClient {
         reason: error.to_string(),

@@ -1,15 +1,18 @@
 //! A repeated failure logged at a bounded rate.
 //!
-//! While the store is unreachable every delivery outcome and every claim fails the same way:
-//! one line per task would bury the first, useful line under thousands of copies and cost a
-//! write each. A [`LogEvery`] lets the first occurrence through, then at most one per period,
+//! While the store is unreachable every delivery outcome and every claim fails the same way,
+//! and while a webhook receiver is down every delivery to it does: one line per task would
+//! bury the first, useful line under thousands of copies and cost a write each. A [`LogEvery`] lets the first occurrence through, then at most one per period,
 //! and tells each line it lets through how many it held back since the last, so the log still
 //! says how often it happened (the metrics count every one).
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Lets one occurrence in each `period` be logged. One per call site, usually a `static`.
+/// Lets one occurrence in each `period` be logged. One per call site (usually a `static`), or
+/// one per thing that fails on its own (a webhook sink has its own, so one queue's failing
+/// receiver does not silence another's). The caller passes the time: this crate reads no
+/// clock.
 #[derive(Debug)]
 pub struct LogEvery {
     period: Duration,
