@@ -99,9 +99,10 @@ async fn retries_server_errors_then_delivers_signed_and_never_early(s: TestServe
             belfry_sinks::verify_signature(b"s3cret", timestamp, &r.body, signature),
             "bad signature {signature:?}"
         );
+        let signature_v2 = header(r, "belfry-signature-v2");
         assert!(
-            belfry_sinks::verify_signature_v2(b"s3cret", &id, timestamp, &r.body, signature),
-            "bad v2 signature {signature:?}"
+            belfry_sinks::verify_signature_v2(b"s3cret", &id, timestamp, &r.body, signature_v2),
+            "bad v2 signature {signature_v2:?}"
         );
     }
     // Each retry waited at least half its backoff (1 s, then 2 s) after the previous attempt.

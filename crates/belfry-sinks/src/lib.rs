@@ -47,7 +47,7 @@ pub use error::SinkError;
 pub use factory::{
     KafkaSpec, NatsSpec, RedisStreamSpec, SinkFactory, SinkSpec, StandardSinks, WebhookSpec,
 };
-pub use webhook::signature::{sign, verify_signature, verify_signature_v2};
+pub use webhook::signature::{sign, verify_signature, verify_signature_v2, Signatures};
 pub use webhook::target::{
     check_webhook_target, client_for, default_client, non_public_range, try_client_for,
     validate_webhook_url, TargetPolicy,

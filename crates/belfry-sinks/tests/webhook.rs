@@ -67,9 +67,16 @@ async fn receive(
             };
             let timestamp = header("belfry-timestamp");
             let signature = header("belfry-signature");
+            let signature_v2 = header("belfry-signature-v2");
             let task_id = header("belfry-task-id");
             if verify_signature(SECRET.as_bytes(), &timestamp, &body, &signature)
-                && verify_signature_v2(SECRET.as_bytes(), &task_id, &timestamp, &body, &signature)
+                && verify_signature_v2(
+                    SECRET.as_bytes(),
+                    &task_id,
+                    &timestamp,
+                    &body,
+                    &signature_v2,
+                )
             {
                 StatusCode::NO_CONTENT.into_response()
             } else {
@@ -229,7 +236,11 @@ async fn delivers_json_with_belfry_headers_and_a_valid_signature() {
     );
     assert_eq!(
         header(request, "belfry-signature"),
-        [expected_signature.as_str()]
+        [expected_signature.v1.as_str()]
+    );
+    assert_eq!(
+        header(request, "belfry-signature-v2"),
+        [expected_signature.v2.as_str()]
     );
     // v2 also covers the task id: the same request under another id does not verify.
     let signed = |id: &str| {
@@ -238,7 +249,7 @@ async fn delivers_json_with_belfry_headers_and_a_valid_signature() {
             id,
             "1700000000",
             br#"{"order":42}"#,
-            &expected_signature,
+            &expected_signature.v2,
         )
     };
     assert!(signed("0123456789abcdef0011223344556677"));

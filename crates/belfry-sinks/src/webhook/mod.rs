@@ -3,7 +3,8 @@
 //! Request: the payload bytes as the body (`application/json` or `application/octet-stream`),
 //! the task's own headers, then belfry's headers, which always win:
 //! `Belfry-Task-Id`, `Belfry-Queue`, `Belfry-Attempt`, `Belfry-Due-At` (unix ms), and with a
-//! secret `Belfry-Timestamp` (unix s) and `Belfry-Signature` (`v1=…,v2=…`, see [`signature`]).
+//! secret `Belfry-Timestamp` (unix s), `Belfry-Signature` (`v1=…`) and `Belfry-Signature-V2`
+//! (`v2=…`, see [`signature`]).
 //! Response: classified by [`crate::retry`].
 
 mod probe;
@@ -37,6 +38,7 @@ pub const HEADER_ATTEMPT: &str = "belfry-attempt";
 pub const HEADER_DUE_AT: &str = "belfry-due-at";
 pub const HEADER_TIMESTAMP: &str = "belfry-timestamp";
 pub const HEADER_SIGNATURE: &str = "belfry-signature";
+pub const HEADER_SIGNATURE_V2: &str = "belfry-signature-v2";
 
 /// Shortest and longest per-request timeout. Under 100 ms a healthy receiver across a network
 /// could not answer; over 5 minutes a hung receiver would hold a concurrency slot (and delay
@@ -271,8 +273,9 @@ impl WebhookSink {
         if let Some(mac) = &self.mac {
             let timestamp = (now_ms / 1000).to_string();
             let task_id = task.id.to_string();
-            let signature = signature::sign_with(mac, &task_id, &timestamp, &task.payload);
-            set(HEADER_SIGNATURE, signature);
+            let signed = signature::sign_with(mac, &task_id, &timestamp, &task.payload);
+            set(HEADER_SIGNATURE, signed.v1);
+            set(HEADER_SIGNATURE_V2, signed.v2);
             set(HEADER_TIMESTAMP, timestamp);
         }
         headers
@@ -596,6 +599,7 @@ mod tests {
             HEADER_DUE_AT,
             HEADER_TIMESTAMP,
             HEADER_SIGNATURE,
+            HEADER_SIGNATURE_V2,
             "Belfry-Other",
         ] {
             given.push((name.to_owned(), "forged".to_owned()));
@@ -614,12 +618,11 @@ mod tests {
         assert_eq!(headers[HEADER_ATTEMPT], "2");
         assert_eq!(headers[HEADER_DUE_AT], "5000");
         assert_eq!(headers[HEADER_TIMESTAMP], "7");
-        assert_eq!(
-            headers[HEADER_SIGNATURE],
-            signature::sign(b"s", &TaskId(1).to_string(), "7", b"{}")
-        );
+        let signed = signature::sign(b"s", &TaskId(1).to_string(), "7", b"{}");
+        assert_eq!(headers[HEADER_SIGNATURE], signed.v1);
+        assert_eq!(headers[HEADER_SIGNATURE_V2], signed.v2);
         assert_eq!(headers[CONTENT_TYPE], "application/json");
-        assert_eq!(headers.len(), 8, "{headers:?}");
+        assert_eq!(headers.len(), 9, "{headers:?}");
     }
 
     #[test]

@@ -1,17 +1,18 @@
-//! Webhook signatures: `Belfry-Signature: v1=<hex>,v2=<hex>`, a comma-separated list of
-//! `scheme=<hex HMAC-SHA256>` entries under the queue's secret:
+//! Webhook signatures, each a `scheme=<hex HMAC-SHA256>` entry under the queue's secret, in
+//! a header of its own:
 //!
-//! - `v1` signs `"{timestamp}.{body}"`;
-//! - `v2` signs `"{task_id}.{timestamp}.{body}"`, with the task id exactly as the
-//!   `Belfry-Task-Id` header carries it (32 lower-case hex digits).
+//! - `Belfry-Signature: v1=<hex>` signs `"{timestamp}.{body}"` (the scheme since the start,
+//!   its header unchanged, so receivers written for it go on working);
+//! - `Belfry-Signature-V2: v2=<hex>` signs `"{task_id}.{timestamp}.{body}"`, with the task id
+//!   exactly as the `Belfry-Task-Id` header carries it (32 lower-case hex digits).
 //!
 //! The timestamp (unix seconds, also sent as `Belfry-Timestamp`) is inside both signed texts
 //! so a receiver can refuse replays of old requests. `v2` also authenticates the task id, the
 //! receiver's de-duplication key: under `v1` alone a captured request could be replayed
 //! within the receiver's freshness window with a new `Belfry-Task-Id`, and de-duplication
-//! would not catch it. `v1` stays for receivers written before `v2`; new ones should check
-//! `v2` and require it. Receivers should ignore entries with a scheme they do not know, so
-//! another one can be added the same way.
+//! would not catch it. New receivers should check `v2` and require it. The verifiers find
+//! their entry in a comma-separated list, so a receiver may also hand them both headers
+//! joined, as a proxy that merges header lines would.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -46,28 +47,38 @@ fn push_entry(value: &mut String, prefix: &str, mac: HmacSha256) {
     value.push_str(&hex::encode(mac.finalize().into_bytes()));
 }
 
-/// The signature header value (`v1=…,v2=…`) for a body of task `task_id` sent at `timestamp`,
-/// from a MAC already keyed.
-pub(crate) fn sign_with(mac: &HmacSha256, task_id: &str, timestamp: &str, body: &[u8]) -> String {
-    // Two entries of a prefix, 64 hex digits each, and the comma.
-    let mut value = String::with_capacity(2 * (SIGNATURE_PREFIX.len() + 64) + 1);
-    push_entry(
-        &mut value,
-        SIGNATURE_PREFIX,
-        mac_of(mac, &[timestamp.as_bytes(), body]),
-    );
-    value.push(',');
-    push_entry(
-        &mut value,
-        SIGNATURE_V2_PREFIX,
-        mac_of(mac, &[task_id.as_bytes(), timestamp.as_bytes(), body]),
-    );
-    value
+/// The two signature headers' values of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Signatures {
+    /// `Belfry-Signature`: `v1=<hex HMAC-SHA256(secret, "{timestamp}.{body}")>`.
+    pub v1: String,
+    /// `Belfry-Signature-V2`: `v2=<hex HMAC-SHA256(secret, "{task_id}.{timestamp}.{body}")>`.
+    pub v2: String,
 }
 
-/// The `Belfry-Signature` header value: `v1=<hex HMAC-SHA256(secret, "{timestamp}.{body}")>,
-/// v2=<hex HMAC-SHA256(secret, "{task_id}.{timestamp}.{body}")>` (no space after the comma).
-pub fn sign(secret: &[u8], task_id: &str, timestamp: &str, body: &[u8]) -> String {
+/// The signatures of a body of task `task_id` sent at `timestamp`, from a MAC already keyed.
+pub(crate) fn sign_with(
+    mac: &HmacSha256,
+    task_id: &str,
+    timestamp: &str,
+    body: &[u8],
+) -> Signatures {
+    let entry = |prefix: &str, mac: HmacSha256| {
+        let mut value = String::with_capacity(prefix.len() + 64);
+        push_entry(&mut value, prefix, mac);
+        value
+    };
+    Signatures {
+        v1: entry(SIGNATURE_PREFIX, mac_of(mac, &[timestamp.as_bytes(), body])),
+        v2: entry(
+            SIGNATURE_V2_PREFIX,
+            mac_of(mac, &[task_id.as_bytes(), timestamp.as_bytes(), body]),
+        ),
+    }
+}
+
+/// The `Belfry-Signature` and `Belfry-Signature-V2` header values of a request.
+pub fn sign(secret: &[u8], task_id: &str, timestamp: &str, body: &[u8]) -> Signatures {
     sign_with(&keyed(secret), task_id, timestamp, body)
 }
 
@@ -100,9 +111,9 @@ pub fn verify_signature(secret: &[u8], timestamp: &str, body: &[u8], header: &st
     verify_entry(mac, header, SIGNATURE_PREFIX)
 }
 
-/// Checks the `v2` entry of a `Belfry-Signature` header value, in constant time: the body, the
-/// timestamp and the task id (`Belfry-Task-Id`) are what the secret's holder sent. A header
-/// without a `v2` entry fails (a forger could otherwise strip it and keep `v1`).
+/// Checks the `v2` entry of a `Belfry-Signature-V2` header value, in constant time: the body,
+/// the timestamp and the task id (`Belfry-Task-Id`) are what the secret's holder sent. A value
+/// without a `v2` entry fails (a forger could otherwise drop the header and keep `v1`).
 pub fn verify_signature_v2(
     secret: &[u8],
     task_id: &str,
@@ -129,10 +140,13 @@ mod tests {
     #[test]
     fn known_vectors() {
         let check = |secret: &[u8], id: &str, timestamp: &str, body: &[u8], v1: &str, v2: &str| {
-            let signature = sign(secret, id, timestamp, body);
-            assert_eq!(signature, format!("v1={v1},v2={v2}"));
-            assert!(verify_signature(secret, timestamp, body, &signature));
-            assert!(verify_signature_v2(secret, id, timestamp, body, &signature));
+            let signed = sign(secret, id, timestamp, body);
+            assert_eq!(
+                (signed.v1.as_str(), signed.v2.as_str()),
+                (&*format!("v1={v1}"), &*format!("v2={v2}"))
+            );
+            assert!(verify_signature(secret, timestamp, body, &signed.v1));
+            assert!(verify_signature_v2(secret, id, timestamp, body, &signed.v2));
         };
         check(
             b"whsec_test",
@@ -152,15 +166,17 @@ mod tests {
         );
         // A key longer than the SHA-256 block (hashed first) and a binary body: v1 only.
         let long = sign(&[b'k'; 100], ID, "42", &[0, 255, 10]);
-        assert!(long.starts_with(
-            "v1=2a929cdd12ab6620fe4dc8412b9085b586326d6da5b170edafcdc86397ada9e1,v2="
-        ));
+        assert_eq!(
+            long.v1,
+            "v1=2a929cdd12ab6620fe4dc8412b9085b586326d6da5b170edafcdc86397ada9e1"
+        );
     }
 
     #[test]
     fn verify_refuses_tampering() {
-        let good = sign(b"secret", ID, "100", b"body");
-        assert!(verify_signature(b"secret", "100", b"body", &good));
+        let signed = sign(b"secret", ID, "100", b"body");
+        let good = signed.v2.clone();
+        assert!(verify_signature(b"secret", "100", b"body", &signed.v1));
         assert!(verify_signature_v2(b"secret", ID, "100", b"body", &good));
         let check_bad = |secret: &[u8], id: &str, timestamp: &str, body: &[u8], header: &str| {
             assert!(
@@ -174,28 +190,27 @@ mod tests {
             (b"secret", "100", b"Body"),
         ] {
             check_bad(secret, ID, timestamp, body, &good);
-            assert!(!verify_signature(secret, timestamp, body, &good));
+            assert!(!verify_signature(secret, timestamp, body, &signed.v1));
         }
         check_bad(b"secret", ID, "100", b"body", &good.replace("v2=", ""));
         check_bad(b"secret", ID, "100", b"body", "v2=zz");
         check_bad(b"secret", ID, "100", b"body", "v2=");
         check_bad(b"secret", ID, "100", b"body", &good[..good.len() - 2]);
-        // Stripping v2 leaves a header v2 verification refuses.
-        let v1_only = good.split(',').next().expect("a v1 entry");
-        check_bad(b"secret", ID, "100", b"body", v1_only);
+        // The v1 header handed in for v2 has no v2 entry: refused.
+        check_bad(b"secret", ID, "100", b"body", &signed.v1);
         // Another task id: v1 still verifies (it never covered the id), v2 does not.
         let other_id = "ffffffffffffffffffffffffffffffff";
-        assert!(verify_signature(b"secret", "100", b"body", &good));
+        assert!(verify_signature(b"secret", "100", b"body", &signed.v1));
         check_bad(b"secret", other_id, "100", b"body", &good);
         // The schemes are not interchangeable.
-        let swapped = good.replace("v1=", "vX=").replace("v2=", "v1=");
+        let swapped = good.replace("v2=", "v1=");
         assert!(!verify_signature(b"secret", "100", b"body", &swapped));
     }
 
     #[test]
     fn entries_are_found_in_any_order_and_after_a_comma_and_space() {
-        let good = sign(b"secret", ID, "100", b"body");
-        let (v1, v2) = good.split_once(',').expect("two entries");
+        let signed = sign(b"secret", ID, "100", b"body");
+        let (v1, v2) = (&signed.v1, &signed.v2);
         for header in [
             format!("{v2},{v1}"),
             format!("{v1}, {v2}"),
