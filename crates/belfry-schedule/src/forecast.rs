@@ -12,6 +12,11 @@ pub const FORECAST_STEPS_MAX: usize = 100_000;
 /// Beyond it the forecast undercounts that schedule rather than spend unbounded time.
 pub const FORECAST_FIRINGS_MAX: usize = 200_000;
 
+/// Most firings one forecast counts over all its queue's schedules (a few hundred ms of CPU):
+/// any caller with the `read` scope may ask for one, and 500 per-second schedules over the
+/// longest horizon were 1.3 billion steps (seconds of CPU, past the store call's deadline).
+pub const FORECAST_FIRINGS_TOTAL_MAX: usize = 2_000_000;
+
 impl ScheduleService {
     /// How many tasks the queue's active schedules will create in each of `steps` windows
     /// `[from + i*step, from + (i+1)*step)`, counting firings not yet created (after each
@@ -35,14 +40,19 @@ impl ScheduleService {
             )));
         }
         let mut counts = vec![0u64; steps];
+        let mut budget = FORECAST_FIRINGS_TOTAL_MAX;
         for entry in self.scan()?.into_iter().filter_map(|(_, entry)| entry.ok()) {
+            if budget == 0 {
+                break;
+            }
             let (stored, spec) = (&entry.parsed.stored, &entry.parsed.spec);
             if stored.def.paused || &stored.def.queue != queue {
                 continue;
             }
             let shards = u64::from(spec.shard_count());
             let mut cursor = entry.cursor_ms.max(from_ms.saturating_sub(1));
-            for _ in 0..FORECAST_FIRINGS_MAX {
+            for _ in 0..FORECAST_FIRINGS_MAX.min(budget) {
+                budget -= 1;
                 let Some(next) = spec.next_after(cursor) else {
                     break;
                 };

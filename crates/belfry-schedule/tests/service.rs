@@ -396,6 +396,32 @@ fn forecast_counts_future_firings_per_step() {
     assert!(service.forecast_firings(&queue(), T0, 0, 3).is_err());
 }
 
+/// A forecast counts at most `FORECAST_FIRINGS_TOTAL_MAX` firings over all schedules, so its
+/// cost is bounded whatever the schedules (any reader may ask for one).
+#[test]
+fn a_forecast_counts_a_bounded_number_of_firings() {
+    let (_store, service) = setup();
+    for i in 0..12 {
+        service
+            .create(
+                Some(id(&format!("s{i}"))),
+                ScheduleDef::every(queue(), SECOND),
+                T0,
+            )
+            .unwrap();
+    }
+    // Two days in hours: 12 schedules × 172,800 firings each, capped per schedule at
+    // 200,000 and in all at 2,000,000.
+    let counts = service
+        .forecast_firings(&queue(), T0, 60 * MINUTE, 48)
+        .unwrap();
+    // Uncapped, 2,073,600; each schedule's look past the horizon takes one step of the
+    // budget without counting.
+    let total: u64 = counts.iter().sum();
+    let budget = belfry_schedule::FORECAST_FIRINGS_TOTAL_MAX as u64;
+    assert!(total <= budget && total > budget - 12, "{total}");
+}
+
 /// Creates batched into one call each get their own answer, in order: the valid ones are
 /// stored; an invalid one, one naming a missing queue, one whose id exists, and the second of
 /// two with the same id fail alone.
