@@ -27,6 +27,6 @@ pub use service::{
 
 // The schedule vocabulary callers need, so they do not have to reach into belfry-core.
 pub use belfry_core::schedule::{
-    MisfirePolicy, ScheduleSpec, CATCH_UP_MAX, INTERVAL_MS_MIN, MISFIRE_THRESHOLD_MS,
-    SHARD_COUNT_HEADER, SHARD_COUNT_MAX, SHARD_HEADER,
+    MisfirePolicy, ScheduleSpec, CATCH_UP_MAX, FIRE_TIME_HEADER, INTERVAL_MS_MIN,
+    MISFIRE_THRESHOLD_MS, SCHEDULE_HEADER, SHARD_COUNT_HEADER, SHARD_COUNT_MAX, SHARD_HEADER,
 };

@@ -41,8 +41,8 @@ use std::sync::Arc;
 
 use belfry_core::limits::BATCH_TASKS_MAX;
 use belfry_core::schedule::{
-    format_in_zone, format_utc, ScheduleSpec, TimeZone, Trigger, PREVIEW_MAX, SHARD_COUNT_HEADER,
-    SHARD_HEADER,
+    format_in_zone, format_utc, ScheduleSpec, TimeZone, Trigger, FIRE_TIME_HEADER, PREVIEW_MAX,
+    SCHEDULE_HEADER, SHARD_COUNT_HEADER, SHARD_HEADER,
 };
 use belfry_core::{LastLook, NewTask, QueueName, Timetable, UnixMs, TIMETABLE_MAX};
 use belfry_store::{MetaChange, PutOutcome, Store, StoreError};
@@ -939,6 +939,8 @@ fn firing_task(parsed: &Parsed, fire_ms: UnixMs, shard: usize) -> NewTask {
     let def = &parsed.stored.def;
     let shards = parsed.spec.shard_count();
     let mut headers = def.headers.clone();
+    headers.push((SCHEDULE_HEADER.to_string(), parsed.stored.id.to_string()));
+    headers.push((FIRE_TIME_HEADER.to_string(), fire_ms.to_string()));
     if shards > 1 {
         headers.push((SHARD_HEADER.to_string(), shard.to_string()));
         headers.push((SHARD_COUNT_HEADER.to_string(), shards.to_string()));

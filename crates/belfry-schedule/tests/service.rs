@@ -8,8 +8,8 @@ use std::sync::Arc;
 use belfry_core::{QueueName, UnixMs};
 use belfry_schedule::{
     firing_key, MisfirePolicy, NewSchedule, ScheduleDef, ScheduleId, ScheduleService,
-    ScheduleServiceError, TickReport, TriggerDef, CURSORS_NAMESPACE, SCHEDULES_NAMESPACE,
-    SHARD_COUNT_HEADER, SHARD_HEADER,
+    ScheduleServiceError, TickReport, TriggerDef, CURSORS_NAMESPACE, FIRE_TIME_HEADER,
+    SCHEDULES_NAMESPACE, SCHEDULE_HEADER, SHARD_COUNT_HEADER, SHARD_HEADER,
 };
 use belfry_store::{MemoryStore, Store};
 use bytes::Bytes;
@@ -184,7 +184,14 @@ fn tick_creates_each_firing_once_with_its_key() {
         .expect("the firing's task exists");
     assert_eq!(task.due_at_ms, T0 + 10 * SECOND);
     assert_eq!(&task.payload[..], b"{}");
-    assert!(task.headers.is_empty());
+    // The firing says which schedule and fire time it is, whatever its due time becomes.
+    assert_eq!(
+        task.headers,
+        vec![
+            (SCHEDULE_HEADER.to_string(), "ten".to_string()),
+            (FIRE_TIME_HEADER.to_string(), (T0 + 10 * SECOND).to_string()),
+        ]
+    );
 
     // A slightly late tick (within the misfire threshold) still creates every firing.
     let report = service.tick(T0 + 45 * SECOND).unwrap();
@@ -255,6 +262,8 @@ fn sharded_firings_carry_shard_headers() {
             task.headers,
             vec![
                 ("X-Job".to_string(), "reindex".to_string()),
+                (SCHEDULE_HEADER.to_string(), "sharded".to_string()),
+                (FIRE_TIME_HEADER.to_string(), (T0 + MINUTE).to_string()),
                 (SHARD_HEADER.to_string(), shard.to_string()),
                 (SHARD_COUNT_HEADER.to_string(), "3".to_string()),
             ]

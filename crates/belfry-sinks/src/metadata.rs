@@ -7,7 +7,7 @@
 //! deduplicates on); the shard headers a schedule adds are carried as metadata instead.
 
 use belfry_core::limits::HEADERS_MAX;
-use belfry_core::schedule::{SHARD_COUNT_HEADER, SHARD_HEADER};
+use belfry_core::schedule::{FIRE_TIME_HEADER, SCHEDULE_HEADER, SHARD_COUNT_HEADER, SHARD_HEADER};
 use belfry_core::{PayloadKind, Task};
 
 pub const HEADER_TASK_ID: &str = "belfry-task-id";
@@ -16,6 +16,8 @@ pub const HEADER_ATTEMPT: &str = "belfry-attempt";
 pub const HEADER_DUE_AT: &str = "belfry-due-at";
 pub const HEADER_SHARD: &str = "belfry-shard";
 pub const HEADER_SHARD_COUNT: &str = "belfry-shard-count";
+pub const HEADER_SCHEDULE: &str = "belfry-schedule";
+pub const HEADER_FIRE_TIME: &str = "belfry-fire-time";
 pub const HEADER_CONTENT_TYPE: &str = "content-type";
 
 /// Task header names starting with this are the server's (never forwarded as the task's own).
@@ -29,16 +31,23 @@ pub fn content_type(kind: PayloadKind) -> &'static str {
     }
 }
 
+/// The value of the task's header `wanted` (any case).
+fn find<'a>(task: &'a Task, wanted: &str) -> Option<&'a str> {
+    task.headers
+        .iter()
+        .take(HEADERS_MAX)
+        .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
+        .map(|(_, value)| value.as_str())
+}
+
 /// The shard index and count a schedule's firing carries, when the task has them.
 pub fn shard(task: &Task) -> Option<(&str, &str)> {
-    let find = |wanted: &str| {
-        task.headers
-            .iter()
-            .take(HEADERS_MAX)
-            .find(|(name, _)| name.eq_ignore_ascii_case(wanted))
-            .map(|(_, value)| value.as_str())
-    };
-    Some((find(SHARD_HEADER)?, find(SHARD_COUNT_HEADER)?))
+    Some((find(task, SHARD_HEADER)?, find(task, SHARD_COUNT_HEADER)?))
+}
+
+/// The schedule id and fire time (unix ms) a schedule's firing carries, when the task is one.
+pub fn firing(task: &Task) -> Option<(&str, &str)> {
+    Some((find(task, SCHEDULE_HEADER)?, find(task, FIRE_TIME_HEADER)?))
 }
 
 /// The metadata of one attempt as `(name, value)` pairs with the `belfry-*` names, in a fixed
@@ -54,6 +63,10 @@ pub fn headers(task: &Task, attempt: u32) -> Vec<(&'static str, String)> {
             content_type(task.payload_kind).to_owned(),
         ),
     ];
+    if let Some((schedule, fire_ms)) = firing(task) {
+        out.push((HEADER_SCHEDULE, schedule.to_owned()));
+        out.push((HEADER_FIRE_TIME, fire_ms.to_owned()));
+    }
     if let Some((index, count)) = shard(task) {
         out.push((HEADER_SHARD, index.to_owned()));
         out.push((HEADER_SHARD_COUNT, count.to_owned()));

@@ -41,6 +41,10 @@ pub const PREVIEW_MAX: usize = 1_000;
 pub const SHARD_HEADER: &str = "Belfry-Shard";
 /// Header carrying the shard count on each task of a sharded firing.
 pub const SHARD_COUNT_HEADER: &str = "Belfry-Shard-Count";
+/// Headers on every task of a firing: the schedule's id and the firing's fire time (unix ms),
+/// which stays the firing's after a retry moves the task's due time.
+pub const SCHEDULE_HEADER: &str = "Belfry-Schedule";
+pub const FIRE_TIME_HEADER: &str = "Belfry-Fire-Time";
 
 const _: () = assert!(INTERVAL_MS_MIN <= INTERVAL_MS_MAX);
 // A shard count fits the store's batch, so one firing's tasks can be put all or none.

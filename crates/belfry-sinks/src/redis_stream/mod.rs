@@ -296,6 +296,13 @@ impl RedisStreamSink {
             })
             .arg("payload")
             .arg(&task.payload[..]);
+        if let Some((schedule, fire_ms)) = metadata::firing(task) {
+            command
+                .arg("schedule")
+                .arg(schedule)
+                .arg("fire_time")
+                .arg(fire_ms);
+        }
         if let Some((index, count)) = metadata::shard(task) {
             command
                 .arg("shard")

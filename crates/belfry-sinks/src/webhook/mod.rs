@@ -266,6 +266,10 @@ impl WebhookSink {
         set(HEADER_DUE_AT, task.due_at_ms.to_string());
         // A sharded schedule's firing: its `belfry-shard*` headers were skipped above with
         // the other reserved names, and are set here from the task, as every sink does.
+        if let Some((schedule, fire_ms)) = crate::metadata::firing(task) {
+            set(crate::metadata::HEADER_SCHEDULE, schedule.to_owned());
+            set(crate::metadata::HEADER_FIRE_TIME, fire_ms.to_owned());
+        }
         if let Some((index, count)) = crate::metadata::shard(task) {
             set(crate::metadata::HEADER_SHARD, index.to_owned());
             set(crate::metadata::HEADER_SHARD_COUNT, count.to_owned());

@@ -61,6 +61,8 @@ struct Received {
     attempt: String,
     due_at_ms: String,
     shard: Option<(String, String)>,
+    /// A schedule's firing: the schedule's id and the fire time.
+    firing: Option<(String, String)>,
     /// The task's own headers, by lower-case name.
     own: Vec<(String, String)>,
 }
@@ -367,6 +369,7 @@ fn from_headers(payload: Vec<u8>, headers: &[(String, String)]) -> Received {
             .map(|(_, v)| v.clone())
     };
     let shard = get("belfry-shard").zip(get("belfry-shard-count"));
+    let firing = get("belfry-schedule").zip(get("belfry-fire-time"));
     let own = headers
         .iter()
         .map(|(n, v)| (n.to_ascii_lowercase(), v.clone()))
@@ -379,6 +382,7 @@ fn from_headers(payload: Vec<u8>, headers: &[(String, String)]) -> Received {
         attempt: get("belfry-attempt").unwrap_or_default(),
         due_at_ms: get("belfry-due-at").unwrap_or_default(),
         shard,
+        firing,
         own,
     }
 }
@@ -422,6 +426,7 @@ async fn read_redis(server: &RedisServer) -> Vec<Received> {
                 attempt: text("attempt").unwrap_or_default(),
                 due_at_ms: text("due_at_ms").unwrap_or_default(),
                 shard: text("shard").zip(text("shard_count")),
+                firing: text("schedule").zip(text("fire_time")),
                 own: pairs
                     .iter()
                     .filter_map(|(n, v)| {
@@ -555,7 +560,8 @@ fn expect_retry(outcome: &Outcome, context: &str) {
 
 // ---- the scenarios ----
 
-/// Delivered, and read back by a consumer: payload exactly, metadata, shard, own headers.
+/// Delivered, and read back by a consumer: payload exactly, metadata, a schedule's firing and
+/// shard, own headers.
 async fn delivered(kind: Kind) {
     let backend = Backend::start(kind).await;
     let sink = backend.sink(Variant::Normal);
@@ -564,6 +570,8 @@ async fn delivered(kind: Kind) {
         ("X-Trace".into(), "t-1".into()),
         ("Belfry-Shard".into(), "3".into()),
         ("Belfry-Shard-Count".into(), "8".into()),
+        ("Belfry-Schedule".into(), "nightly".into()),
+        ("Belfry-Fire-Time".into(), "1700000000000".into()),
         ("Belfry-Task-Id".into(), "forged".into()),
     ];
     assert_eq!(
@@ -581,6 +589,7 @@ async fn delivered(kind: Kind) {
             attempt: "3".into(),
             due_at_ms: task.due_at_ms.to_string(),
             shard: Some(("3".into(), "8".into())),
+            firing: Some(("nightly".into(), "1700000000000".into())),
             own: vec![("x-trace".into(), "t-1".into())],
         },
         "{kind:?}"
