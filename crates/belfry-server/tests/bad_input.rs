@@ -186,6 +186,9 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         (400, "invalid_request", "POST", tasks, b(r#"{"priority":"urgent"}"#)),
         // A URL path cannot name "." or "..": the task could never be read by its key.
         (400, "invalid_request", "POST", tasks, b(r#"{"idempotency_key":".."}"#)),
+        // Belfry's own keys: such a task would take a firing's or a chunk's place.
+        (400, "invalid_request", "POST", tasks, b(r#"{"idempotency_key":"schedule:nightly:1767225600000:0"}"#)),
+        (400, "invalid_request", "POST", tasks, b(r#"{"idempotency_key":"reminder:r:1:1:0"}"#)),
         (400, "invalid_schedule_id", "POST", "/v1/schedules", b(r#"{"id":"..","queue":"q","every_ms":60000}"#)),
         (404, "queue_not_found", "POST", "/v1/queues/nope/tasks", b("{}")),
         (400, "invalid_queue_name", "POST", "/v1/queues/bad%20name/tasks", b("{}")),

@@ -947,3 +947,47 @@ async fn an_unreadable_stored_schedule_is_reported_not_fatal() {
     assert_eq!(fired[0]["due_at_ms"], T0 + 1000);
     t.stop().await;
 }
+
+/// A schedule's payload is bounded like a reminder's content (64 KiB), below the task limit:
+/// a schedule is metadata, held in memory and copied into every checkpoint.
+#[tokio::test]
+async fn a_schedule_payload_is_bounded_below_the_task_limit() {
+    let config = belfry_server::ServerConfig {
+        payload_bytes_max: 1024 * 1024,
+        request_bytes_max: 2 * 1024 * 1024,
+        ..test_config()
+    };
+    let s = TestServer::start_with(config).await;
+    s.queue("q", json!({})).await;
+    let big = "z".repeat(70 * 1024);
+    // As a task it fits.
+    s.ok("POST", "/v1/queues/q/tasks", json!({"payload": big}), 201)
+        .await;
+    let (status, answer) = s
+        .call(
+            "POST",
+            "/v1/schedules",
+            json!({"queue": "q", "every_ms": 60_000, "payload": big}),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&answer)),
+        (413, "payload_too_large"),
+        "{answer}"
+    );
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("65536"),
+        "{answer}"
+    );
+    let small = "z".repeat(60 * 1024);
+    s.ok(
+        "POST",
+        "/v1/schedules",
+        json!({"queue": "q", "every_ms": 60_000, "payload": small}),
+        201,
+    )
+    .await;
+}

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use base64::Engine as _;
-use belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX;
 use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, QueueName, Task, UnixMs};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -447,21 +446,8 @@ impl TaskBody<'_> {
         belfry_core::headers::check_all(headers.iter().map(|(n, v)| (n.as_str(), v.as_str())))
             .map_err(|problem| invalid(ErrorCode::InvalidRequest, format!("headers: {problem}")))?;
         if let Some(key) = &self.idempotency_key {
-            if key.is_empty() || key.len() > IDEMPOTENCY_KEY_LEN_MAX {
-                return Err(invalid(
-                    ErrorCode::InvalidRequest,
-                    format!("idempotency_key must be 1 to {IDEMPOTENCY_KEY_LEN_MAX} bytes"),
-                ));
-            }
-            if belfry_core::limits::is_dot_segment(key) {
-                return Err(invalid(
-                    ErrorCode::InvalidRequest,
-                    format!(
-                        "idempotency_key may not be {key:?}: a URL path cannot name it, so the \
-                         task could not be read or cancelled by its key"
-                    ),
-                ));
-            }
+            super::extract::check_idempotency_key(key)
+                .map_err(|why| invalid(ErrorCode::InvalidRequest, why))?;
         }
         Ok(NewTask {
             queue: queue.clone(),

@@ -287,6 +287,35 @@ fn rfc3339_offset_out_of_range(text: &str) -> bool {
         .is_some_and(|offset| offset.seconds().abs() >= 24 * 3600)
 }
 
+/// Whether a task's idempotency key may be submitted: 1 to 256 bytes, not `.` or `..` (a URL
+/// path cannot name them, so the task could not be read or cancelled by its key), and not
+/// under the prefixes of belfry's own keys (a schedule's firings, a reminder's chunks), whose
+/// place such a task would take.
+pub fn check_idempotency_key(key: &str) -> Result<(), String> {
+    let max = belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX;
+    if key.is_empty() || key.len() > max {
+        return Err(format!("idempotency_key must be 1 to {max} bytes"));
+    }
+    if ["schedule:", "reminder:"]
+        .iter()
+        .any(|p| key.starts_with(p))
+    {
+        return Err(
+            "idempotency keys starting with schedule: or reminder: are belfry's own (a \
+                    schedule's firings, a reminder's chunks): a task with one would take a \
+                    firing's or a chunk's place; choose another prefix"
+                .into(),
+        );
+    }
+    if belfry_core::limits::is_dot_segment(key) {
+        return Err(format!(
+            "idempotency_key may not be {key:?}: a URL path cannot name it, so the task could \
+             not be read or cancelled by its key"
+        ));
+    }
+    Ok(())
+}
+
 /// The latest instant belfry takes (the time library's last, `jiff::Timestamp::MAX`, to the
 /// second), as messages name it: a little before the end of the year 9999.
 pub const LATEST_TIME: &str = "9999-12-30T22:00:00Z";

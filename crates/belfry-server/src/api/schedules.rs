@@ -33,6 +33,10 @@ use super::payload::payload_from;
 use crate::schedules::SchedulesState;
 use crate::shared::Caller;
 
+/// Largest schedule payload: a schedule is metadata, held in memory and copied into every
+/// checkpoint (a reminder's content has the same bound).
+pub const SCHEDULE_PAYLOAD_BYTES_MAX: usize = 64 * 1024;
+
 type AppState = Arc<SchedulesState>;
 
 /// Fire times `next` returns when the caller does not say.
@@ -230,10 +234,12 @@ impl ScheduleBody {
         };
         let start_at_ms = instant("start_at", self.start_at.as_deref(), self.start_at_ms)?;
         let end_at_ms = instant("end_at", self.end_at.as_deref(), self.end_at_ms)?;
+        // A schedule is metadata, held in memory and copied into every checkpoint: its payload
+        // is bounded like a reminder's content, below the task limit.
         let (payload, payload_kind) = payload_from(
             self.payload.as_deref(),
             self.payload_base64.as_deref(),
-            payload_bytes_max,
+            payload_bytes_max.min(SCHEDULE_PAYLOAD_BYTES_MAX),
         )?;
         let def = ScheduleDef {
             queue,
