@@ -177,13 +177,8 @@ async fn lifecycle(s: TestServer) {
         .await
         .unwrap();
     assert_eq!(any.status(), 304, "* matches any current answer");
-    s.ok(
-        "PATCH",
-        "/v1/reminders/kickoff",
-        json!({"content": {"title": "Kick-off!"}}),
-        200,
-    )
-    .await;
+    let patch = |body: Value| s.ok("PATCH", "/v1/reminders/kickoff", body, 200);
+    patch(json!({"content": {"title": "Kick-off!"}})).await;
     let changed = s
         .http
         .get(format!("{}/v1/users/u1/reminders", s.base))
@@ -199,31 +194,11 @@ async fn lifecycle(s: TestServer) {
     let body: Value = changed.json().await.unwrap();
     assert_eq!(body["reminders"][0]["content"]["title"], "Kick-off!");
     // A PATCH without content keeps it; `null` is a content like any other.
-    let kept = s
-        .ok(
-            "PATCH",
-            "/v1/reminders/kickoff",
-            json!({"priority": "normal"}),
-            200,
-        )
-        .await;
+    let kept = patch(json!({"priority": "normal"})).await;
     assert_eq!(kept["content"]["title"], "Kick-off!", "{kept}");
-    let nulled = s
-        .ok(
-            "PATCH",
-            "/v1/reminders/kickoff",
-            json!({"content": null}),
-            200,
-        )
-        .await;
+    let nulled = patch(json!({"content": null})).await;
     assert_eq!(nulled["content"], Value::Null, "{nulled}");
-    s.ok(
-        "PATCH",
-        "/v1/reminders/kickoff",
-        json!({"content": {"title": "Kick-off!"}}),
-        200,
-    )
-    .await;
+    patch(json!({"content": {"title": "Kick-off!"}})).await;
 
     // Unsubscribed before the fan-out: not in any chunk.
     let (status, _) = s

@@ -29,24 +29,7 @@ impl RedisStore {
             RedisTarget::Single(_) => 1,
         };
         let shards_wanted = options.subscriber_shards.unwrap_or(shards_default);
-        let (partitions, shards): (Option<u16>, Option<String>) =
-            self.pool.with("read the store's settings", |c| {
-                for (field, value) in [
-                    ("partitions", options.partitions),
-                    ("subscriber_shards", shards_wanted),
-                ] {
-                    redis::cmd("HSETNX")
-                        .arg(&settings)
-                        .arg(field)
-                        .arg(value)
-                        .query::<i64>(c.as_dyn())?;
-                }
-                redis::cmd("HMGET")
-                    .arg(&settings)
-                    .arg("partitions")
-                    .arg("subscriber_shards")
-                    .query(c.as_dyn())
-            })?;
+        let (partitions, shards) = self.record_layout(options.partitions, shards_wanted)?;
         let namespace = &options.namespace;
         let target = &self.target;
         if partitions != Some(options.partitions) {
@@ -74,30 +57,35 @@ impl RedisStore {
         }
     }
 
+    /// Records `partitions` and `shards` as the namespace's layout where it has none (`HSETNX`),
+    /// and reads the layout it has: (partitions, subscriber shards as stored).
+    fn record_layout(&self, partitions: u16, shards: u16) -> Result<(Option<u16>, Option<String>)> {
+        let settings = self.keys.settings();
+        self.pool.with("record the store's layout", |c| {
+            for (field, value) in [("partitions", partitions), ("subscriber_shards", shards)] {
+                redis::cmd("HSETNX")
+                    .arg(&settings)
+                    .arg(field)
+                    .arg(value)
+                    .query::<i64>(c.as_dyn())?;
+            }
+            redis::cmd("HMGET")
+                .arg(&settings)
+                .arg("partitions")
+                .arg("subscriber_shards")
+                .query(c.as_dyn())
+        })
+    }
+
     /// Records this node's layout again if the record is gone, and says (once, as an error)
     /// if another node recorded a different one meanwhile. Failures to reach Redis are the
     /// sweep's to report.
     pub(crate) fn reassert_layout(&self) {
-        let settings = self.keys.settings();
         let ours = (self.keys.partitions, self.keys.subscriber_shards);
-        let recorded: Result<(Option<u16>, Option<u16>)> =
-            self.pool.with("record the store's layout", |c| {
-                for (field, value) in [("partitions", ours.0), ("subscriber_shards", ours.1)] {
-                    redis::cmd("HSETNX")
-                        .arg(&settings)
-                        .arg(field)
-                        .arg(value)
-                        .query::<i64>(c.as_dyn())?;
-                }
-                redis::cmd("HMGET")
-                    .arg(&settings)
-                    .arg("partitions")
-                    .arg("subscriber_shards")
-                    .query(c.as_dyn())
-            });
-        let Ok((partitions, shards)) = recorded else {
+        let Ok((partitions, shards)) = self.record_layout(ours.0, ours.1) else {
             return;
         };
+        let shards = shards.and_then(|s| s.parse::<u16>().ok());
         if (partitions, shards) != (Some(ours.0), Some(ours.1))
             && !MISMATCH_SAID.swap(true, Ordering::Relaxed)
         {

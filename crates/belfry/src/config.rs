@@ -603,14 +603,19 @@ brokers = ["127.0.0.1:9092"]
         assert!(err.to_string().contains("COLOUR"), "{err}");
     }
 
+    /// A self-signed CA certificate, as PEM, at `path`.
+    fn write_ca(path: &Path) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        std::fs::write(path, params.self_signed(&key).unwrap().pem()).unwrap();
+    }
+
     #[test]
     fn connection_tls_maps_and_a_bad_ca_file_stops_the_start() {
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        write_ca(&ca);
         let text = format!(
             "[connections.main]\ntype = \"redis\"\nurl = \"rediss://redis.internal:6380/0\"\n\
              [connections.main.tls]\nca_file = \"{}\"\n\
@@ -640,10 +645,7 @@ brokers = ["127.0.0.1:9092"]
     fn webhooks_ca_file_maps_and_a_bad_one_stops_the_start() {
         let dir = tempfile::tempdir().unwrap();
         let ca = dir.path().join("ca.pem");
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        std::fs::write(&ca, params.self_signed(&key).unwrap().pem()).unwrap();
+        write_ca(&ca);
         let text = format!("[webhooks]\nca_file = \"{}\"\n", ca.display());
         let settings = parse(&text).unwrap().resolve(None, None, None).unwrap();
         assert_eq!(
