@@ -204,7 +204,6 @@ impl ServerBuilder {
             self.config.request_bytes_max,
             Duration::from_millis(self.config.http_body_read_timeout_ms),
             self.auth,
-            self.config.listen.ip().is_loopback(),
         );
         let shutdown = CancellationToken::new();
         let background = TaskTracker::new();

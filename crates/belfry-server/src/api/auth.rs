@@ -142,13 +142,11 @@ fn refusal(denied: Denied) -> Response {
 #[derive(Clone)]
 pub struct AuthLayer {
     auth: Arc<Auth>,
-    loopback: bool,
 }
 
 impl AuthLayer {
-    /// `loopback`: the listener's address is a loopback one (see [`super::origin`]).
-    pub fn new(auth: Arc<Auth>, loopback: bool) -> Self {
-        AuthLayer { auth, loopback }
+    pub fn new(auth: Arc<Auth>) -> Self {
+        AuthLayer { auth }
     }
 }
 
@@ -159,7 +157,6 @@ impl<S> tower::Layer<S> for AuthLayer {
         AuthService {
             inner,
             auth: self.auth.clone(),
-            loopback: self.loopback,
         }
     }
 }
@@ -168,7 +165,6 @@ impl<S> tower::Layer<S> for AuthLayer {
 pub struct AuthService<S> {
     inner: S,
     auth: Arc<Auth>,
-    loopback: bool,
 }
 
 impl<S> tower::Service<Request> for AuthService<S>
@@ -186,9 +182,7 @@ where
 
     fn call(&mut self, request: Request) -> Self::Future {
         let open = !self.auth.enabled();
-        if let Some(why) =
-            super::origin::refusal(request.method(), request.headers(), open && self.loopback)
-        {
+        if let Some(why) = super::origin::refusal(request.method(), request.headers(), open) {
             let refused = ApiError::new(ErrorCode::CrossOriginRefused, why).into_response();
             return AuthFuture::Refused(Some(refused));
         }

@@ -93,11 +93,10 @@ pub fn finish(
     body_limit: usize,
     body_read_timeout: std::time::Duration,
     auth: Arc<crate::auth::Auth>,
-    loopback: bool,
 ) -> Router {
     let edge = tower::ServiceBuilder::new()
         .layer(TrackLatencyLayer)
-        .layer(auth::AuthLayer::new(auth, loopback))
+        .layer(auth::AuthLayer::new(auth))
         .layer(body_timeout::BodyTimeoutLayer::new(
             body_read_timeout,
             body_limit,

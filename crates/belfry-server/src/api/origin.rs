@@ -12,10 +12,11 @@
 //!   not `same-origin` or `none` (typed by the user), or, without it, whose `Origin` is not
 //!   the `Host` it was sent to, is refused. Other clients (curl, the CLI, SDKs) send neither
 //!   header and pass, as do reads, which a page cannot see the answers of.
-//! - **DNS rebinding.** A page on `evil.example` can make its name resolve to 127.0.0.1 and
-//!   then read the API as its own origin. Such a request names the page's host in `Host`, so
-//!   an open server listening on loopback answers only requests addressed to this machine by
-//!   an IP address, `localhost` or another name without a dot.
+//! - **DNS rebinding.** A page on `evil.example` can make its name resolve to 127.0.0.1 (or
+//!   to a private address a tokenless server listens on, with `allow_unauthenticated`) and
+//!   then read the API as its own origin, and write as it too. Such a request names the
+//!   page's host in `Host`, so an open server answers only requests addressed to it by an IP
+//!   address, `localhost` or another name without a dot.
 //!
 //! With tokens configured, neither attack carries the bearer token (browsers do not add it
 //! by themselves), but the checks cost two header lookups and stay on.
@@ -23,15 +24,16 @@
 use axum::http::{header, HeaderMap, Method};
 
 /// Why a request was refused (the `cross_origin_refused` message), if it was.
-pub(super) fn refusal(method: &Method, headers: &HeaderMap, open_loopback: bool) -> Option<String> {
+/// `open`: the server has no token (the Host check applies then).
+pub(super) fn refusal(method: &Method, headers: &HeaderMap, open: bool) -> Option<String> {
     let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
-    if open_loopback {
+    if open {
         if let Some(host) = host.filter(|h| !names_this_machine(h)) {
             return Some(format!(
-                "this server has no bearer token and listens on loopback, so it answers only \
-                 requests addressed to this machine (Host: 127.0.0.1, [::1], localhost); got \
+                "this server has no bearer token, so it answers only requests addressed to it \
+                 by an IP address or a name without a dot (127.0.0.1, [::1], localhost); got \
                  Host {host:?}, as a web page reaching it through DNS rebinding would send: \
-                 call it by address or as localhost, or configure [auth] tokens"
+                 call it by address, or configure [auth] tokens"
             ));
         }
     }
@@ -86,12 +88,12 @@ fn names_this_machine(host: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn ask(method: Method, pairs: &[(&'static str, &str)], open_loopback: bool) -> Option<String> {
+    fn ask(method: Method, pairs: &[(&'static str, &str)], open: bool) -> Option<String> {
         let mut headers = HeaderMap::new();
         for (name, value) in pairs {
             headers.insert(*name, value.parse().unwrap());
         }
-        refusal(&method, &headers, open_loopback)
+        refusal(&method, &headers, open)
     }
 
     #[test]
@@ -140,7 +142,7 @@ mod tests {
     }
 
     #[test]
-    fn an_open_loopback_server_answers_only_its_own_host_names() {
+    fn an_open_server_answers_only_its_own_host_names() {
         for host in [
             "127.0.0.1:7070",
             "[::1]:7070",
@@ -166,7 +168,7 @@ mod tests {
                 refused.is_some_and(|r| r.contains("DNS rebinding")),
                 "{host}"
             );
-            // With tokens, or beyond loopback (the operator chose), any name is served.
+            // With tokens (a page cannot send them), any name is served.
             assert_eq!(ask(Method::GET, &[("host", host)], false), None, "{host}");
         }
     }
