@@ -326,3 +326,34 @@ async fn bodies_that_are_not_utf8_or_badly_framed_say_so() {
         0
     );
 }
+
+/// An HTTP/1.1 request without a `Host`, or with two, is refused (RFC 9112 §3.2): the
+/// cross-origin checks read it, and a proxy in front may read a missing or second one
+/// differently.
+#[tokio::test]
+async fn a_request_without_one_host_header_is_refused() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let s = TestServer::start().await;
+    s.queue("q", json!({})).await;
+    let addr = s.base.trim_start_matches("http://");
+    for head in [
+        "POST /v1/queues/q/tasks HTTP/1.1\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}",
+        "POST /v1/queues/q/tasks HTTP/1.1\r\nhost: 127.0.0.1\r\nhost: evil.example\r\n\
+         content-length: 2\r\nconnection: close\r\n\r\n{}",
+    ] {
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(head.as_bytes()).await.unwrap();
+        let mut response = Vec::new();
+        let _ = conn.read_to_end(&mut response).await;
+        let text = String::from_utf8_lossy(&response);
+        assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+        assert!(
+            text.contains("malformed_http") && text.contains("Host"),
+            "{text}"
+        );
+    }
+    assert_eq!(
+        s.ok("GET", "/v1/queues/q", Value::Null, 200).await["pending"],
+        0
+    );
+}

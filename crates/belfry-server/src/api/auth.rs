@@ -181,6 +181,10 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
+        if let Some(why) = super::origin::host_problem(request.version(), request.headers()) {
+            let refused = ApiError::new(ErrorCode::MalformedHttp, why).into_response();
+            return AuthFuture::Refused(Some(refused));
+        }
         let open = !self.auth.enabled();
         if let Some(why) = super::origin::refusal(request.method(), request.headers(), open) {
             let refused = ApiError::new(ErrorCode::CrossOriginRefused, why).into_response();

@@ -57,6 +57,20 @@ pub(super) fn refusal(method: &Method, headers: &HeaderMap, open: bool) -> Optio
     (!same).then(|| from_elsewhere(&format!("Origin: {origin}")))
 }
 
+/// What is wrong with the request's `Host` header (RFC 9112 §3.2: an HTTP/1.1 request must
+/// carry exactly one), if anything: the checks above read it, and a proxy in front may read
+/// a missing or second one differently.
+pub(super) fn host_problem(version: axum::http::Version, headers: &HeaderMap) -> Option<String> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => Some("the request carries two Host headers: send one".into()),
+        (None, _) if version == axum::http::Version::HTTP_11 => {
+            Some("an HTTP/1.1 request must carry a Host header: send one".into())
+        }
+        _ => None,
+    }
+}
+
 /// `scheme://authority` of an `Origin` header: its authority (`host[:port]`).
 fn origin_authority(origin: &str) -> Option<&str> {
     let (_, rest) = origin.split_once("://")?;
@@ -139,6 +153,18 @@ mod tests {
             ask(Method::GET, &[host, ("sec-fetch-site", "cross-site")], true),
             None
         );
+    }
+
+    #[test]
+    fn a_request_carries_one_host_header() {
+        use axum::http::Version;
+        let mut headers = HeaderMap::new();
+        assert!(host_problem(Version::HTTP_11, &headers).is_some_and(|p| p.contains("must")));
+        assert_eq!(host_problem(Version::HTTP_10, &headers), None);
+        headers.insert("host", "127.0.0.1:7070".parse().unwrap());
+        assert_eq!(host_problem(Version::HTTP_11, &headers), None);
+        headers.append("host", "evil.example".parse().unwrap());
+        assert!(host_problem(Version::HTTP_11, &headers).is_some_and(|p| p.contains("two")));
     }
 
     #[test]
