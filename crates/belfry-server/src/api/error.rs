@@ -230,10 +230,17 @@ pub struct ApiError {
     pub retry_after_s: Option<u32>,
 }
 
+/// `Retry-After` of a `507 insufficient_storage`: a full store changes on the scale of
+/// checkpoints and operators, not of milliseconds.
+const INSUFFICIENT_STORAGE_RETRY_AFTER_S: u32 = 10;
+
 impl ApiError {
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         let retry_after_s = match code {
             ErrorCode::Overloaded | ErrorCode::TooManyConnections => Some(RETRY_AFTER_S),
+            // A full store frees space as deliveries and checkpoints go on, or once an operator
+            // frees some: a client (a consumer's lease above all) should wait, not spin.
+            ErrorCode::InsufficientStorage => Some(INSUFFICIENT_STORAGE_RETRY_AFTER_S),
             _ => None,
         };
         ApiError {
@@ -405,6 +412,14 @@ mod tests {
 
     /// Every code (a new one goes here too), unique, in docs/api.md's table with its status,
     /// and in docs/openapi.json's `ErrorBody.code` enum.
+    #[test]
+    fn a_full_store_says_when_to_retry() {
+        let full = ApiError::new(ErrorCode::InsufficientStorage, "full");
+        assert_eq!(full.retry_after_s, Some(INSUFFICIENT_STORAGE_RETRY_AFTER_S));
+        let response = full.into_response();
+        assert_eq!(response.headers()[axum::http::header::RETRY_AFTER], "10");
+    }
+
     #[test]
     fn codes_are_unique_and_documented() {
         let all = [
