@@ -14,7 +14,7 @@ mod record;
 mod service;
 
 pub use belfry_core::TIMETABLE_MAX;
-pub use forecast::{FORECAST_FIRINGS_MAX, FORECAST_FIRINGS_TOTAL_MAX, FORECAST_STEPS_MAX};
+pub use forecast::{FiringsForecast, FORECAST_FIRINGS_TOTAL_MAX, FORECAST_STEPS_MAX};
 pub use model::{
     FireTime, InvalidSchedule, InvalidScheduleId, Schedule, ScheduleDef, ScheduleId, TriggerDef,
     SCHEDULE_HEADERS_MAX, SCHEDULE_ID_LEN_MAX,

@@ -273,7 +273,8 @@ fn sharded_firings_carry_shard_headers() {
     assert_eq!(
         service
             .forecast_firings(&queue(), T0 + MINUTE, MINUTE, 3)
-            .unwrap(),
+            .unwrap()
+            .counts,
         // The firing at T0+1min already exists as tasks; the next ones do not.
         vec![0, 3, 3]
     );
@@ -391,7 +392,10 @@ fn forecast_counts_future_firings_per_step() {
     service.create(Some(id("c")), paused, T0).unwrap();
     let other = QueueName::new("other").unwrap();
     assert_eq!(
-        service.forecast_firings(&other, T0, MINUTE, 2).unwrap(),
+        service
+            .forecast_firings(&other, T0, MINUTE, 2)
+            .unwrap()
+            .counts,
         vec![0, 0]
     );
     // Steps of 30 minutes from T0: the interval fires 180 times per step, but 179 in the
@@ -399,16 +403,18 @@ fn forecast_counts_future_firings_per_step() {
     assert_eq!(
         service
             .forecast_firings(&queue(), T0, 30 * MINUTE, 3)
-            .unwrap(),
+            .unwrap()
+            .counts,
         vec![179, 180, 180 + 5]
     );
     assert!(service.forecast_firings(&queue(), T0, 0, 3).is_err());
 }
 
 /// A forecast counts at most `FORECAST_FIRINGS_TOTAL_MAX` firings over all schedules, so its
-/// cost is bounded whatever the schedules (any reader may ask for one).
+/// cost is bounded whatever the schedules (any reader may ask for one). It counts them in time
+/// order, so the steps before the cut are exact for every schedule, and it says where it cut.
 #[test]
-fn a_forecast_counts_a_bounded_number_of_firings() {
+fn a_forecast_counts_a_bounded_number_of_firings_in_time_order() {
     let (_store, service) = setup();
     for i in 0..12 {
         service
@@ -419,16 +425,25 @@ fn a_forecast_counts_a_bounded_number_of_firings() {
             )
             .unwrap();
     }
-    // Two days in hours: 12 schedules × 172,800 firings each, capped per schedule at
-    // 200,000 and in all at 2,000,000.
-    let counts = service
+    // Two days in hours: 12 schedules × 172,800 firings, more than the budget.
+    let forecast = service
         .forecast_firings(&queue(), T0, 60 * MINUTE, 48)
         .unwrap();
-    // Uncapped, 2,073,600; each schedule's look past the horizon takes one step of the
-    // budget without counting.
-    let total: u64 = counts.iter().sum();
     let budget = belfry_schedule::FORECAST_FIRINGS_TOTAL_MAX as u64;
-    assert!(total <= budget && total > budget - 12, "{total}");
+    assert_eq!(forecast.counts.iter().sum::<u64>(), budget);
+    let cut = forecast
+        .cut_at_ms
+        .expect("the forecast says where it was cut");
+    let cut_step = ((cut - T0) / (60 * MINUTE)) as usize;
+    // Every hour before the cut is whole for all twelve (the first lacks T0 itself).
+    assert_eq!(forecast.counts[0], 12 * 3_599);
+    assert!(forecast.counts[1..cut_step]
+        .iter()
+        .all(|&n| n == 12 * 3_600));
+    assert!(forecast.counts[cut_step + 1..].iter().all(|&n| n == 0));
+    // A forecast within the budget is not cut.
+    let short = service.forecast_firings(&queue(), T0, MINUTE, 60).unwrap();
+    assert_eq!(short.cut_at_ms, None);
 }
 
 /// Creates batched into one call each get their own answer, in order: the valid ones are

@@ -457,6 +457,10 @@ pub struct ForecastView {
     pub step_ms: u64,
     pub horizon_ms: u64,
     pub steps: Vec<ForecastStep>,
+    /// Set when the schedules' firings were counted only up to here (the forecast's budget,
+    /// `FORECAST_FIRINGS_TOTAL_MAX`): later steps leave some firings out.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub firings_counted_until_ms: Option<UnixMs>,
 }
 
 // ---- handlers ----
@@ -641,7 +645,7 @@ pub async fn forecast(
     .await?;
     let steps = tasks
         .iter()
-        .zip(&firings)
+        .zip(&firings.counts)
         .enumerate()
         .map(|(i, (&tasks, &firings))| ForecastStep {
             start_ms: from_ms.saturating_add(step_ms.saturating_mul(i as u64)),
@@ -656,6 +660,7 @@ pub async fn forecast(
         step_ms,
         horizon_ms,
         steps,
+        firings_counted_until_ms: firings.cut_at_ms,
     }))
 }
 
@@ -688,7 +693,7 @@ fn forecast_counts(
     from_ms: UnixMs,
     step_ms: u64,
     steps: usize,
-) -> Result<(Vec<u64>, Vec<u64>), ScheduleServiceError> {
+) -> Result<(Vec<u64>, belfry_schedule::FiringsForecast), ScheduleServiceError> {
     if s.shared.store.get_queue(queue)?.is_none() {
         return Err(ScheduleServiceError::QueueNotFound(queue.clone()));
     }
