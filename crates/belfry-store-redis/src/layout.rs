@@ -89,13 +89,16 @@ impl RedisStore {
         if (partitions, shards) != (Some(ours.0), Some(ours.1))
             && !MISMATCH_SAID.swap(true, Ordering::Relaxed)
         {
+            let shown =
+                |n: Option<u16>| n.map_or("an unreadable number of".into(), |n| n.to_string());
             tracing::error!(
-                "the store's layout in {} is {partitions:?} partitions and {shards:?} \
-                 subscriber-set shards, and this node runs with {} and {}: a node started with \
-                 other counts after Redis lost its data; stop it, or every node, and start them \
-                 all with the same counts (idempotency keys do not de-duplicate across nodes \
-                 that place keys differently)",
+                "the store's layout in {} is {} partitions and {} subscriber-set shards, and \
+                 this node runs with {} and {}: a node started with other counts after Redis \
+                 lost its data; stop it, or every node, and start them all with the same counts \
+                 (idempotency keys do not de-duplicate across nodes that place keys differently)",
                 self.target,
+                shown(partitions),
+                shown(shards),
                 ours.0,
                 ours.1
             );

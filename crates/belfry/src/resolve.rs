@@ -236,13 +236,23 @@ impl SchedulesSection {
     }
 }
 
+/// Longest `shutdown.grace` and `shutdown.drain_delay`: a stop that waits longer is a typo'd
+/// unit ("1y"), and would hold a rollout until someone kills the process.
+const SHUTDOWN_WAIT_MS_MAX: u64 = 10 * 60 * 1000;
+
 impl ShutdownSection {
     fn apply(&self, server: &mut ServerConfig) -> anyhow::Result<()> {
+        let bounded = |key: &str, ms: u64| {
+            if ms > SHUTDOWN_WAIT_MS_MAX {
+                bail!("{key}: at most 10m (a stop that waits longer holds a rollout), got {ms} ms");
+            }
+            Ok(ms)
+        };
         if let Some(ms) = ms_if("shutdown.grace", &self.grace)? {
-            server.shutdown_grace_ms = ms;
+            server.shutdown_grace_ms = bounded("shutdown.grace", ms)?;
         }
         if let Some(ms) = ms_if("shutdown.drain_delay", &self.drain_delay)? {
-            server.shutdown_drain_delay_ms = ms;
+            server.shutdown_drain_delay_ms = bounded("shutdown.drain_delay", ms)?;
         }
         Ok(())
     }

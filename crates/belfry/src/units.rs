@@ -65,11 +65,12 @@ pub fn parse_duration_ms(text: &str) -> Result<u64, String> {
     let mut ms = 0.0;
     while !rest.is_empty() {
         let (part, after) = next_part(rest);
-        // "6M" could be meant as months, "1MS" as megaseconds: the units are lower case only.
-        if part.chars().any(char::is_uppercase) {
+        // "6M" could be meant as months: an upper-case M (in M, MS, MIN) is refused rather than
+        // read as minutes. Other units take any case ("30S").
+        if part.contains('M') {
             return Err(format!(
-                "{trimmed:?}: duration units are lower case (ms, s, m, h, d, w, y), so that \
-                 \"M\" is not read as minutes when months were meant"
+                "{trimmed:?}: write minutes as \"m\" and milliseconds as \"ms\", in lower \
+                 case (units: ms, s, m, h, d, w, y): \"M\" could mean months"
             ));
         }
         let (number, unit) = split_number(part).map_err(|e| {
@@ -187,8 +188,10 @@ mod tests {
         check("1m x", None);
         check("1m -5s", None);
         check("6M", None);
-        check("30S", None);
+        check("30S", Some(30_000));
+        check("2H", Some(7_200_000));
         check("1MS", None);
+        check("5 Min", None);
         let no_unit = parse_duration_ms(" 1000 ").unwrap_err();
         assert!(no_unit.contains("\"1000ms\" or \"1000s\""), "{no_unit}");
     }
