@@ -18,6 +18,10 @@ use crate::queues::QueueRuntime;
 
 /// Outcome writes fail task by task while the store is unreachable: one line per period.
 static OUTCOME_WRITE_ERRORS: LogEvery = LogEvery::new(Duration::from_secs(10));
+/// Dead letters made by push delivery: one line per ten seconds, not per task (a receiver
+/// that refuses everything would write one per task; `belfry_tasks_dead_lettered_total`
+/// counts them all).
+static DEAD_LETTERS: LogEvery = LogEvery::new(Duration::from_secs(10));
 
 /// Budget a delivery holds (only to give it back when it ends): its tasks' share of the
 /// global cap and one call to its target.
@@ -209,7 +213,9 @@ impl DeliveryJob {
                         retried = true;
                     }
                     Action::Dead { reason } | Action::DeadUntried { reason } => {
-                        tracing::warn!(%queue, task = %id, %reason, "delivery gave up; the task is a dead letter");
+                        if let Some(held_back) = DEAD_LETTERS.check(Instant::now()) {
+                            tracing::warn!(%queue, task = %id, %reason, held_back, "delivery gave up; the task is a dead letter (`held_back`: dead letters of any queue not logged since the last line)");
+                        }
                         metrics::dead_lettered(queue.as_str(), 1)
                     }
                     Action::Proceed => {}
