@@ -7,14 +7,12 @@ use crate::auth_config::ADMIN_TOKEN_ENV;
 use crate::config::{CONNECTION_ENV_PREFIX, ENV_OVERRIDES};
 use crate::store_config::REDIS_ENV_OVERRIDES;
 
-/// The other variables belfry reads: the server's flags, the CLI's, and the test and bench
-/// tools'.
+/// The other variables belfry reads (besides the settings' overrides): the server's flags,
+/// the CLI's, and the test and bench tools'.
 const OTHER_VARS: &[&str] = &[
     "BELFRY_CONFIG",
     "BELFRY_LISTEN",
     "BELFRY_DATA_DIR",
-    "BELFRY_STORE",
-    "BELFRY_NODE_ID",
     "BELFRY_SERVER",
     "BELFRY_TOKEN",
     "BELFRY_CA_FILE",

@@ -92,10 +92,15 @@ fn names_this_machine(host: &str) -> bool {
         }
         None => host.rsplit_once(':').map_or(host, |(name, _port)| name),
     };
-    let name = name.to_ascii_lowercase();
+    // Checked on every request of an open server: no lower-cased copy of the name.
+    const LOCALHOST_SUFFIX: &str = ".localhost";
+    let suffix = name
+        .len()
+        .checked_sub(LOCALHOST_SUFFIX.len())
+        .and_then(|at| name.get(at..));
     name.parse::<std::net::Ipv4Addr>().is_ok()
         || !name.contains('.')
-        || name.ends_with(".localhost")
+        || suffix.is_some_and(|s| s.eq_ignore_ascii_case(LOCALHOST_SUFFIX))
 }
 
 #[cfg(test)]
