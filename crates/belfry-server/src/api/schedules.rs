@@ -3,7 +3,7 @@
 //!
 //! Like the rest of `api`, this module is the only one that knows the JSON shapes; the
 //! service knows nothing of HTTP. Payload, headers, priority and late policy use the same
-//! shapes as tasks (`dto.rs`).
+//! shapes as tasks (`dto/tasks.rs`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

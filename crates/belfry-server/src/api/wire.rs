@@ -4,7 +4,7 @@
 //! DTOs: building a `LeasedView` per task (a `String` for the id, the queue, the lease id and a
 //! copy of the payload, a `BTreeMap` for the headers) and then serializing it cost about twice
 //! what the engine's claim of the same task costs, and that work shares the node's two cores
-//! with dispatch. The bytes are the same as the serde shapes in `dto.rs` produce (field order,
+//! with dispatch. The bytes are the same as the serde shapes in `dto/` produce (field order,
 //! escaping, number format): the tests below compare the two for many kinds of task.
 
 use std::collections::BTreeMap;
