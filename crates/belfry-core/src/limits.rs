@@ -37,6 +37,9 @@ pub const HEADERS_MAX: usize = 64;
 pub const HEADER_NAME_LEN_MAX: usize = 256;
 pub const HEADER_VALUE_LEN_MAX: usize = 4096;
 
+/// Longest delivery target a task may carry (a webhook URL, as long as a queue's may be).
+pub const TARGET_LEN_MAX: usize = 2048;
+
 /// Whether `name` is `.` or `..`: a URL path cannot carry either as a name (clients resolve
 /// them as "this" and "the parent" segment, even percent-encoded, before sending), so names
 /// that appear in paths (queues, task keys, user ids, schedule and reminder ids, token names)

@@ -49,6 +49,10 @@ pub struct NewTask {
     pub priority: Priority,
     pub idempotency_key: Option<String>,
     pub late_policy: LatePolicy,
+    /// Where a push sink delivers this task instead of its queue's target: a webhook URL
+    /// (checked against the server's target policy on submit and again at connect time).
+    /// `None`: the queue's.
+    pub target: Option<String>,
 }
 
 impl NewTask {
@@ -64,6 +68,7 @@ impl NewTask {
             priority: Priority::Normal,
             idempotency_key: None,
             late_policy: LatePolicy::Fire,
+            target: None,
         }
     }
 }
@@ -132,6 +137,8 @@ pub struct Task {
     pub priority: Priority,
     pub idempotency_key: Option<String>,
     pub late_policy: LatePolicy,
+    /// The task's own delivery target, overriding its queue's (see [`NewTask::target`]).
+    pub target: Option<String>,
     pub state: TaskState,
     /// Deliveries started so far (a claim counts one).
     pub attempts: u32,

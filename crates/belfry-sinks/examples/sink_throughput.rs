@@ -42,6 +42,7 @@ fn task(n: usize) -> Task {
         priority: Default::default(),
         idempotency_key: None,
         late_policy: Default::default(),
+        target: None,
         state: TaskState::Leased,
         attempts: 1,
         lease_until_ms: None,

@@ -120,6 +120,7 @@ fn task(n: u128, payload: &'static [u8], headers: &[(&str, &str)]) -> Task {
         priority: Default::default(),
         idempotency_key: None,
         late_policy: Default::default(),
+        target: None,
         state: TaskState::Leased,
         attempts: 1,
         lease_until_ms: None,

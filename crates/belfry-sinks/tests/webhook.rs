@@ -150,6 +150,7 @@ fn task(payload: &'static [u8], kind: PayloadKind, headers: &[(&str, &str)]) -> 
         priority: Default::default(),
         idempotency_key: None,
         late_policy: Default::default(),
+        target: None,
         state: TaskState::Leased,
         attempts: 3,
         lease_until_ms: Some(NOW_MS + 30_000),

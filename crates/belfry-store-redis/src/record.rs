@@ -9,11 +9,14 @@
 //! [flags & EXTRAS: extras len u32 | extras] | payload
 //! extras: [late kind != fire: late after ms u64] | key len u16, key
 //!         | header count u16, (name len u16, name, value len u32, value)*
+//!         | [a target: target len u16, target]
 //! flags: bit 0 normal priority, bit 1 binary payload, bits 2-3 late kind, bit 4 EXTRAS
 //! ```
 //! A task without idempotency key, headers or late policy costs 15 bytes beyond its payload
 //! in a ready set, 19 in a far-future bucket. Finished records are cut after the extras (the payload dropped). Times and
-//! lease ids stay below 2^53 (Lua numbers are doubles).
+//! lease ids stay below 2^53 (Lua numbers are doubles). The target is last in the extras so
+//! that the scripts, which read the key, and records written before targets existed, are
+//! unchanged.
 
 use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, TaskState, UnixMs};
 use bytes::Bytes;
@@ -39,6 +42,7 @@ pub(crate) struct Record {
     pub late_policy: LatePolicy,
     pub idempotency_key: Option<String>,
     pub headers: Vec<(String, String)>,
+    pub target: Option<String>,
     pub payload: Bytes,
 }
 
@@ -80,7 +84,7 @@ pub(crate) fn encode(task: &NewTask) -> Vec<u8> {
     let (late_kind, late_after) = late_parts(task.late_policy);
     let mut extras = Vec::new();
     let key = task.idempotency_key.as_deref().unwrap_or("");
-    if late_kind != 0 || !key.is_empty() || !task.headers.is_empty() {
+    if late_kind != 0 || !key.is_empty() || !task.headers.is_empty() || task.target.is_some() {
         if late_kind != 0 {
             extras.extend_from_slice(&late_after.to_be_bytes());
         }
@@ -92,6 +96,10 @@ pub(crate) fn encode(task: &NewTask) -> Vec<u8> {
             extras.extend_from_slice(name.as_bytes());
             extras.extend_from_slice(&(value.len() as u32).to_be_bytes());
             extras.extend_from_slice(value.as_bytes());
+        }
+        if let Some(target) = &task.target {
+            extras.extend_from_slice(&(target.len() as u16).to_be_bytes());
+            extras.extend_from_slice(target.as_bytes());
         }
     }
     let mut flags = late_kind << 2;
@@ -181,6 +189,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, String> {
     let mut late_after = 0;
     let mut key = String::new();
     let mut headers = Vec::new();
+    let mut target = None;
     if flags & EXTRAS != 0 {
         let len = r.u32()? as usize;
         let end = r.at.checked_add(len).filter(|&e| e <= bytes.len());
@@ -197,6 +206,10 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, String> {
             let name = r.text(n)?;
             let n = r.u32()? as usize;
             headers.push((name, r.text(n)?));
+        }
+        if r.at < end {
+            let n = r.u16()? as usize;
+            target = Some(r.text(n)?);
         }
         if r.at != end {
             return Err(format!("extras end at {end} but their fields at {}", r.at));
@@ -231,6 +244,7 @@ pub(crate) fn decode(bytes: &Bytes) -> Result<Record, String> {
         late_policy,
         idempotency_key: (!key.is_empty()).then_some(key),
         headers,
+        target,
         payload: bytes.slice(r.at..),
     })
 }
@@ -256,6 +270,7 @@ mod tests {
         assert_eq!(record.late_policy, task.late_policy);
         assert_eq!(&record.payload[..], b"{\"a\":1}");
         assert_eq!(record.state, TaskState::Scheduled);
+        assert_eq!(record.target, None);
         for cut in 0..bytes.len() {
             let _ = decode(&bytes.slice(..cut));
         }
@@ -294,5 +309,31 @@ mod tests {
             decode(&Bytes::from(bucketed)).unwrap().state,
             TaskState::Scheduled
         );
+    }
+
+    #[test]
+    fn a_target_follows_the_headers_and_needs_no_other_extra() {
+        let mut task = NewTask::new(QueueName::new("q").unwrap(), 5, "{}");
+        task.target = Some("https://hooks.example.com/a?b=c".into());
+        let bytes = Bytes::from(encode(&task));
+        let record = decode(&bytes).unwrap();
+        assert_eq!(record.target, task.target);
+        assert_eq!(record.idempotency_key, None);
+        assert!(record.headers.is_empty());
+        assert_eq!(&record.payload[..], b"{}");
+        // After a key and headers too.
+        task.idempotency_key = Some("k".into());
+        task.headers = vec![("x".into(), "y".into())];
+        let record = decode(&Bytes::from(encode(&task))).unwrap();
+        assert_eq!(
+            (record.target, record.idempotency_key),
+            (task.target.clone(), Some("k".into()))
+        );
+        // A target cut short inside the extras is an error, not a shorter target.
+        let mut bytes = encode(&task);
+        let extras_len_at = HDR_LEN;
+        let len = u32::from_be_bytes(bytes[extras_len_at..extras_len_at + 4].try_into().unwrap());
+        bytes[extras_len_at..extras_len_at + 4].copy_from_slice(&(len - 3).to_be_bytes());
+        assert!(decode(&Bytes::from(bytes)).is_err());
     }
 }

@@ -64,6 +64,7 @@ pub(crate) fn to_task(
         priority: r.priority,
         idempotency_key: r.idempotency_key,
         late_policy: r.late_policy,
+        target: r.target,
         state,
         attempts: r.attempts,
         lease_until_ms: lease_until,

@@ -229,6 +229,7 @@ impl Store for MemoryStore {
                 priority: new.priority,
                 idempotency_key: new.idempotency_key,
                 late_policy: new.late_policy,
+                target: new.target,
                 state: TaskState::Scheduled,
                 attempts: 0,
                 lease_until_ms: None,

@@ -379,6 +379,7 @@ mod tests {
             },
             idempotency_key: None,
             late_policy: LatePolicy::Fire,
+            target: None,
             state: TaskState::Leased,
             attempts: (id % 7) as u32,
             lease_until_ms: Some(u64::MAX),

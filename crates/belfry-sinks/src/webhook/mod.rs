@@ -574,6 +574,7 @@ mod tests {
             priority: Default::default(),
             idempotency_key: None,
             late_policy: Default::default(),
+            target: None,
             state: TaskState::Leased,
             attempts: 1,
             lease_until_ms: None,

@@ -913,6 +913,7 @@ impl Queue {
             priority: put.priority,
             idempotency_key: put.idempotency_key,
             late_policy: put.late_policy,
+            target: put.target,
             state: facts.state,
             attempts: facts.attempts,
             lease_until_ms: facts.until,

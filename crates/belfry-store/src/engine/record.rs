@@ -6,7 +6,7 @@
 //! All integers are little-endian. Decoding never panics and never allocates more than the
 //! frame's declared (and bounded) length.
 
-use belfry_core::limits::{HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX};
+use belfry_core::limits::{HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX, TARGET_LEN_MAX};
 use belfry_core::{Header, LatePolicy, PayloadKind, Priority, UnixMs};
 use bytes::Bytes;
 
@@ -40,6 +40,10 @@ const KIND_SKIPPED: u8 = 11;
 // Kind 12 is the subscriber-set record (`subs/record.rs`).
 const KIND_DEAD_UNTRIED: u8 = 13;
 
+/// Bits of a put record's optional-strings byte: an idempotency key follows, then a target.
+const PUT_HAS_KEY: u8 = 1;
+const PUT_HAS_TARGET: u8 = 2;
+
 /// A new task as stored in its bucket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PutRecord {
@@ -49,6 +53,8 @@ pub struct PutRecord {
     pub payload_kind: PayloadKind,
     pub late_policy: LatePolicy,
     pub idempotency_key: Option<String>,
+    /// The task's own delivery target (`NewTask::target`).
+    pub target: Option<String>,
     pub headers: Vec<Header>,
     pub payload: Bytes,
 }
@@ -399,10 +405,20 @@ pub fn check_put(put: &PutRecord) -> Result<(), String> {
     {
         return Err(format!("idempotency key longer than {KEY_BYTES_MAX} bytes"));
     }
+    if put
+        .target
+        .as_ref()
+        .is_some_and(|t| t.len() > TARGET_LEN_MAX)
+    {
+        return Err(format!("target longer than {TARGET_LEN_MAX} bytes"));
+    }
     // Header bytes plus payload must fit one frame, with room for the fixed fields.
     let header_bytes: usize = put.headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
     let key_bytes = put.idempotency_key.as_ref().map_or(0, |k| k.len() + 4);
-    if put.payload.len() + header_bytes + key_bytes + PUT_FIXED_BYTES > FRAME_BODY_BYTES_MAX {
+    let target_bytes = put.target.as_ref().map_or(0, |t| t.len() + 4);
+    if put.payload.len() + header_bytes + key_bytes + target_bytes + PUT_FIXED_BYTES
+        > FRAME_BODY_BYTES_MAX
+    {
         return Err(format!(
             "task larger than the {FRAME_BODY_BYTES_MAX}-byte record limit"
         ));
@@ -413,11 +429,20 @@ pub fn check_put(put: &PutRecord) -> Result<(), String> {
 /// Bytes of a put record besides strings and payload (generous).
 const PUT_FIXED_BYTES: usize = 64;
 
-/// About how many bytes a put of this task adds to a WAL frame (target, framing, fields,
+/// About how many bytes a put of this task adds to a WAL frame (WAL target, framing, fields,
 /// strings, payload): enough to size the frame's buffer once.
-pub fn put_size_hint(payload: usize, headers: &[belfry_core::Header], key: Option<&str>) -> usize {
-    let strings: usize = headers.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
-    16 + FRAME_HEADER_BYTES + PUT_FIXED_BYTES + payload + strings + key.map_or(0, |k| k.len() + 4)
+pub fn put_size_hint(task: &belfry_core::NewTask) -> usize {
+    let strings: usize = task
+        .headers
+        .iter()
+        .map(|(n, v)| n.len() + v.len() + 8)
+        .sum();
+    let optional = [task.idempotency_key.as_deref(), task.target.as_deref()]
+        .iter()
+        .flatten()
+        .map(|text| text.len() + 4)
+        .sum::<usize>();
+    16 + FRAME_HEADER_BYTES + PUT_FIXED_BYTES + task.payload.len() + strings + optional
 }
 
 /// Cuts a dead-letter reason to what a record stores, on a character boundary.
@@ -528,12 +553,18 @@ fn encode_put(out: &mut Vec<u8>, put: &PutRecord) {
     };
     out.push(tag);
     put_u64(out, after);
-    match &put.idempotency_key {
-        None => out.push(0),
-        Some(key) => {
-            out.push(1);
-            put_str(out, key);
-        }
+    // Which optional strings follow, in this order. Records written before targets existed
+    // have only the key bit, so they read the same.
+    let mut optional = 0;
+    if put.idempotency_key.is_some() {
+        optional |= PUT_HAS_KEY;
+    }
+    if put.target.is_some() {
+        optional |= PUT_HAS_TARGET;
+    }
+    out.push(optional);
+    for text in [&put.idempotency_key, &put.target].into_iter().flatten() {
+        put_str(out, text);
     }
     out.extend_from_slice(&(put.headers.len() as u32).to_le_bytes());
     for (name, value) in &put.headers {
@@ -739,16 +770,25 @@ fn decode_put(r: &mut Reader<'_>, keep: Keep<'_>) -> Result<PutRecord, DecodeErr
         2 => LatePolicy::Dead { after_ms },
         _ => return Err(DecodeError::Malformed("late policy")),
     };
-    let idempotency_key = match r.u8()? {
+    let optional = r.u8()?;
+    if optional & !(PUT_HAS_KEY | PUT_HAS_TARGET) != 0 {
+        return Err(DecodeError::Malformed("key flag"));
+    }
+    let idempotency_key = match optional & PUT_HAS_KEY {
         0 => None,
-        1 => Some(r.string(KEY_BYTES_MAX)?),
-        _ => return Err(DecodeError::Malformed("key flag")),
+        _ => Some(r.string(KEY_BYTES_MAX)?),
+    };
+    let light = matches!(keep, Keep::Light);
+    let target = match optional & PUT_HAS_TARGET {
+        0 => None,
+        // Checked, and left on disk by a bucket load like the headers.
+        _ if light => r.str(TARGET_LEN_MAX).map(|_| None)?,
+        _ => Some(r.string(TARGET_LEN_MAX)?),
     };
     let header_count = r.u32()? as usize;
     if header_count > HEADERS_MAX {
         return Err(DecodeError::Malformed("too many headers"));
     }
-    let light = matches!(keep, Keep::Light);
     let mut headers = Vec::with_capacity(if light { 0 } else { header_count });
     for _ in 0..header_count {
         let name = r.str(HEADER_NAME_LEN_MAX)?;
@@ -771,6 +811,7 @@ fn decode_put(r: &mut Reader<'_>, keep: Keep<'_>) -> Result<PutRecord, DecodeErr
         payload_kind,
         late_policy,
         idempotency_key,
+        target,
         headers,
         payload,
     })
@@ -830,162 +871,5 @@ fn decode_body(body: &[u8], keep: Keep<'_>) -> Result<Record, DecodeError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    pub(crate) fn samples() -> Vec<Record> {
-        vec![
-            Record::Put(PutRecord {
-                seq: 7,
-                due_at_ms: 1_000,
-                priority: Priority::High,
-                payload_kind: PayloadKind::Binary,
-                late_policy: LatePolicy::Dead { after_ms: 5 },
-                idempotency_key: Some("k-1".into()),
-                headers: vec![("a".into(), "b".into())],
-                payload: Bytes::from_static(b"{\"x\":1}"),
-            }),
-            Record::Cancel { seq: 1 },
-            Record::Reschedule {
-                seq: 2,
-                due_at_ms: 3,
-            },
-            Record::Lease {
-                seq: 4,
-                lease_id: 5,
-                until_ms: 6,
-                attempts: 7,
-            },
-            Record::Done { seq: 8 },
-            Record::Skipped { seq: 8 },
-            Record::Nack {
-                seq: 9,
-                due_at_ms: 10,
-            },
-            Record::Extend {
-                seq: 11,
-                lease_id: 12,
-                until_ms: 13,
-            },
-            Record::Dead {
-                seq: 14,
-                reason: "gone".into(),
-                attempts: None,
-            },
-            Record::Dead {
-                seq: 17,
-                reason: "no answer".into(),
-                attempts: Some(2),
-            },
-            Record::Redrive {
-                seq: 15,
-                due_at_ms: 16,
-            },
-        ]
-    }
-
-    #[test]
-    fn records_round_trip_and_detect_damage() {
-        for record in samples() {
-            let mut bytes = Vec::new();
-            encode(&mut bytes, &record);
-            let (decoded, len) = decode(&bytes).unwrap();
-            assert_eq!(decoded, record);
-            assert_eq!(len, bytes.len());
-            for cut in 0..bytes.len() {
-                assert!(matches!(
-                    decode(&bytes[..cut]),
-                    Err(DecodeError::Truncated { .. })
-                ));
-            }
-            for i in 0..bytes.len() {
-                let mut damaged = bytes.clone();
-                damaged[i] ^= 0x40;
-                assert!(decode(&damaged).is_err(), "flip at {i} accepted");
-            }
-        }
-    }
-
-    #[test]
-    fn wal_frames_wrap_bucket_frames() {
-        let mut batch = WalBatch::new();
-        let target = WalTarget {
-            queue_uid: 9,
-            bucket: 42,
-        };
-        let mut expected = Vec::new();
-        for record in samples() {
-            let range = batch.push(target, &record);
-            expected.push(range);
-        }
-        let wal = batch.finish();
-        let (entries, len) = decode_wal(&wal).unwrap();
-        assert_eq!(len, wal.len());
-        assert_eq!(entries.len(), expected.len());
-        for ((got_target, inner), range) in entries.into_iter().zip(expected) {
-            assert_eq!(got_target, target);
-            assert_eq!(inner, &wal[range]);
-        }
-        for cut in 0..wal.len() {
-            assert!(decode_wal(&wal[..cut]).is_err());
-        }
-    }
-
-    fn meta_changes() -> Vec<MetaChange> {
-        vec![
-            MetaChange::put("schedules", "s-1", Bytes::from_static(b"cursor01")),
-            MetaChange::delete("schedules", "s-2"),
-            MetaChange::put("", "", Bytes::new()),
-        ]
-    }
-
-    #[test]
-    fn meta_records_round_trip_and_detect_damage() {
-        let changes = meta_changes();
-        check_meta(&changes).unwrap();
-        let mut bytes = Vec::new();
-        encode_meta(&mut bytes, &changes);
-        assert_eq!(bytes.len(), meta_size_hint(&changes));
-        assert_eq!(decode_meta(&bytes).unwrap(), (changes, bytes.len()));
-        for cut in 0..bytes.len() {
-            assert!(matches!(
-                decode_meta(&bytes[..cut]),
-                Err(DecodeError::Truncated { .. })
-            ));
-        }
-        for i in 0..bytes.len() {
-            let mut damaged = bytes.clone();
-            damaged[i] ^= 0x40;
-            assert!(decode_meta(&damaged).is_err(), "flip at {i} accepted");
-        }
-        // A metadata record is not a bucket record, and the other way round.
-        assert_eq!(decode(&bytes), Err(DecodeError::Kind(KIND_META)));
-        let mut done = Vec::new();
-        encode(&mut done, &Record::Done { seq: 1 });
-        assert_eq!(decode_meta(&done), Err(DecodeError::Kind(KIND_DONE)));
-    }
-
-    #[test]
-    fn a_wal_frame_holds_a_meta_record_whole() {
-        let mut batch = WalBatch::new();
-        batch.push_meta(&meta_changes());
-        let wal = batch.finish();
-        let (entries, len) = decode_wal(&wal).unwrap();
-        assert_eq!(len, wal.len());
-        assert_eq!(entries.len(), 1);
-        assert_eq!(entries[0].0.queue_uid, META_TARGET_UID);
-        assert_eq!(decode_meta(entries[0].1).unwrap().0, meta_changes());
-        for cut in 0..wal.len() {
-            assert!(decode_wal(&wal[..cut]).is_err());
-        }
-    }
-
-    #[test]
-    fn meta_changes_beyond_the_format_are_refused() {
-        let long = "k".repeat(META_NAME_BYTES_MAX + 1);
-        assert!(check_meta(&[MetaChange::delete("ns", &long)]).is_err());
-        assert!(check_meta(&[MetaChange::delete(&long, "k")]).is_err());
-        let huge = Bytes::from(vec![0u8; FRAME_BODY_BYTES_MAX]);
-        assert!(check_meta(&[MetaChange::put("ns", "k", huge)]).is_err());
-    }
-}
+#[path = "record_tests.rs"]
+mod tests;

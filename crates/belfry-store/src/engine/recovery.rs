@@ -662,6 +662,7 @@ mod tests {
                 payload_kind: belfry_core::PayloadKind::Binary,
                 late_policy: belfry_core::LatePolicy::Fire,
                 idempotency_key: None,
+                target: None,
                 headers: Vec::new(),
                 payload: Bytes::from(vec![7u8; 64]),
             });

@@ -91,12 +91,7 @@ impl Store for Engine {
 
     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
         // Sized before taking the lock: the frame is built once, without regrowing.
-        let size: usize = tasks
-            .iter()
-            .map(|t| {
-                record::put_size_hint(t.payload.len(), &t.headers, t.idempotency_key.as_deref())
-            })
-            .sum();
+        let size: usize = tasks.iter().map(record::put_size_hint).sum();
         // Refused before anything changes when it would eat into the free-space reserve. The
         // records go to the WAL and, later, to their bucket files: twice the bytes.
         self.core.space.admit(2 * size as u64, Use::Growth)?;
@@ -725,6 +720,7 @@ fn scheduled_view(task: &NewTask, id: TaskId) -> Task {
         priority: task.priority,
         idempotency_key: task.idempotency_key.clone(),
         late_policy: task.late_policy,
+        target: task.target.clone(),
         state: TaskState::Scheduled,
         attempts: 0,
         lease_until_ms: None,
@@ -740,6 +736,7 @@ fn put_record(seq: u64, task: NewTask) -> PutRecord {
         payload_kind: task.payload_kind,
         late_policy: task.late_policy,
         idempotency_key: task.idempotency_key,
+        target: task.target,
         headers: task.headers,
         payload: task.payload,
     }

@@ -156,6 +156,7 @@ impl TaskBody<'_> {
             idempotency_key: self.idempotency_key,
             late_policy: late_policy_from(self.late, self.late_policy, self.late_after_ms)?
                 .unwrap_or(limits.late_default),
+            target: None,
         })
     }
 }
@@ -437,6 +438,7 @@ mod tests {
             priority: Priority::Normal,
             idempotency_key: Some("k".into()),
             late_policy: LatePolicy::Fire,
+            target: None,
             state: belfry_core::TaskState::Done,
             attempts: 1,
             lease_until_ms: None,
