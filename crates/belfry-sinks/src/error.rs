@@ -69,4 +69,8 @@ pub enum SinkError {
     /// server does not have. `field` is the path inside `delivery` (`connection`, `topic`).
     #[error("delivery.{field}: {reason}")]
     InvalidDelivery { field: &'static str, reason: String },
+
+    /// A task names its own target, and this sink delivers only to its queue's.
+    #[error("this sink delivers every task to its queue's target; only webhook queues take a task's own target")]
+    TaskTargetNotSupported,
 }

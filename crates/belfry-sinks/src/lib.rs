@@ -192,6 +192,14 @@ pub trait Sink: Send + Sync + 'static {
     /// contains credentials.
     fn target(&self) -> &str;
 
+    /// Checks a task's own target ([`Task::target`]) when the task is submitted, so a target
+    /// this sink could never deliver to is refused then rather than dead-lettered later. A
+    /// sink that delivers only to its queue's target (the default) refuses every one.
+    fn check_task_target(&self, target: &str) -> Result<(), SinkError> {
+        let _ = target;
+        Err(SinkError::TaskTargetNotSupported)
+    }
+
     /// Connects (or checks the target) ahead of the first delivery. An error is reported to
     /// whoever configured the queue, saying whether deliveries will retry or be dead-lettered;
     /// it does not stop the queue.

@@ -741,3 +741,70 @@ async fn failure_lines_name_the_queue_and_are_throttled_per_sink() {
     );
     assert!(lines[1].contains("queue=refunds"), "{}", lines[1]);
 }
+
+/// A task's own target takes the request, signed with the queue's secret; the queue's URL
+/// sees nothing, and the queue's health (which describes its own URL) is unchanged.
+#[tokio::test]
+async fn a_task_with_its_own_target_is_sent_there_signed() {
+    let (queue_receiver, queue_addr) = start_receiver().await;
+    let (other_receiver, other_addr) = start_receiver().await;
+    let sink = sink(queue_addr, "ok", Some(SECRET), Duration::from_secs(10));
+    let target = format!("http://{other_addr}/hook/signed");
+    sink.check_task_target(&target).expect("a valid target");
+    let mut own = task(br#"{"order":7}"#, PayloadKind::Json, &[("X-A", "b")]);
+    own.target = Some(target);
+
+    let outcome = sink.deliver(&own, 1, NOW_MS).await;
+
+    assert_eq!(outcome, Outcome::Delivered);
+    assert!(queue_receiver.seen().is_empty());
+    let seen = other_receiver.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, Bytes::from_static(br#"{"order":7}"#));
+    assert_eq!(header(&seen[0], "x-a"), ["b"]);
+    assert_eq!(sink.health(), SinkHealth::Unknown);
+    // Without a target the same sink goes on delivering to the queue's URL.
+    let plain = task(b"{}", PayloadKind::Json, &[]);
+    assert_eq!(sink.deliver(&plain, 1, NOW_MS).await, Outcome::Delivered);
+    assert_eq!(queue_receiver.seen().len(), 1);
+    assert_eq!(sink.health(), SinkHealth::Reachable);
+}
+
+/// Under the default policy a task's target is checked like a queue's URL: on submit, and
+/// again when it is due (a task stored before the policy changed), when it is rejected
+/// without any connection.
+#[tokio::test]
+async fn a_task_target_the_policy_forbids_is_refused_and_never_connected() {
+    let (receiver, addr) = start_receiver().await;
+    let sink = WebhookSink::new(
+        WebhookConfig::new("https://example.com/hook"),
+        TargetPolicy::default(),
+        default_client(),
+    )
+    .expect("a public queue URL");
+    let forbidden = format!("http://{addr}/hook/ok");
+    let refused = |target: &str| sink.check_task_target(target).expect_err(target);
+    assert!(matches!(
+        refused(&forbidden),
+        SinkError::ForbiddenTarget { .. }
+    ));
+    assert!(matches!(
+        refused("ftp://example.com/x"),
+        SinkError::UnsupportedScheme { .. }
+    ));
+    assert!(matches!(refused("not a url"), SinkError::InvalidUrl { .. }));
+    let mut own = task(b"{}", PayloadKind::Json, &[]);
+    own.target = Some(forbidden);
+
+    let outcome = sink.deliver(&own, 1, NOW_MS).await;
+
+    let Outcome::Reject { reason } = outcome else {
+        panic!("a forbidden target is rejected, got {outcome:?}")
+    };
+    assert!(
+        reason.starts_with("the task's target is refused"),
+        "{reason}"
+    );
+    assert!(receiver.seen().is_empty());
+    assert_eq!(sink.health(), SinkHealth::Unknown);
+}

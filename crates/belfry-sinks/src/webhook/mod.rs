@@ -6,6 +6,11 @@
 //! secret `Belfry-Timestamp` (unix s), `Belfry-Signature` (`v1=…`) and `Belfry-Signature-V2`
 //! (`v2=…`, see [`signature`]).
 //! Response: classified by [`crate::retry`].
+//!
+//! A task with its own target (`Task::target`) goes to that URL instead of the queue's, with
+//! the same headers and signature; it is checked against the target policy on submit
+//! ([`Sink::check_task_target`]) and again when sent. Its outcomes do not change the queue's
+//! delivery health, which describes the queue's own URL.
 
 mod probe;
 pub mod signature;
@@ -286,15 +291,50 @@ impl WebhookSink {
     }
 
     async fn deliver_once(&self, task: &Task, attempt: u32, now_ms: UnixMs) -> Outcome {
+        // The task's own target, checked again: the policy may have changed since the submit.
+        let own = match task.target.as_deref() {
+            None => None,
+            Some(text) => match target::validate_webhook_url(text, &self.policy) {
+                Ok(url) => Some(url),
+                Err(e) => {
+                    let outcome = Outcome::Reject {
+                        reason: format!("the task's target is refused: {e}"),
+                    };
+                    self.log(task, attempt, &outcome, &redact_url_text(text));
+                    return outcome;
+                }
+            },
+        };
+        let url = own.as_ref().unwrap_or(&self.url);
+        let (outcome, refused_by_policy) = self.send(url, task, attempt, now_ms).await;
+        match &own {
+            None => {
+                match &outcome {
+                    // Belfry's own target rule refused it: the receiver never answered.
+                    Outcome::Reject { reason } if refused_by_policy => {
+                        self.health.record_refused(reason)
+                    }
+                    _ => self.health.record(&outcome),
+                }
+                self.log(task, attempt, &outcome, &self.url_for_logs);
+            }
+            Some(own) => self.log(task, attempt, &outcome, &redact_url(own)),
+        }
+        outcome
+    }
+
+    /// One request to `url`, and what came of it; `true` with it when belfry's own target rule
+    /// refused the connection (the receiver never answered).
+    async fn send(&self, url: &Url, task: &Task, attempt: u32, now_ms: UnixMs) -> (Outcome, bool) {
         let request = self
             .client
-            .post(self.url.clone())
+            .post(url.clone())
             .headers(self.headers(task, attempt, now_ms))
             .timeout(self.timeout)
             // `Bytes` clones share the buffer: the payload is not copied.
             .body(task.payload.clone());
-        let outcome = match request.send().await {
-            Ok(response) => self.answered(response, now_ms).await,
+        match request.send().await {
+            Ok(response) => (self.answered(response, url, now_ms).await, false),
             Err(error) => {
                 let failure = transport_failure(&error);
                 let detail = if failure == TransportFailure::Timeout {
@@ -303,24 +343,13 @@ impl WebhookSink {
                     describe(&error)
                 };
                 let outcome = classify_transport(failure, &detail);
-                if let (TransportFailure::ForbiddenTarget, Outcome::Reject { reason }) =
-                    (failure, &outcome)
-                {
-                    // Belfry's own target rule refused it: the receiver never answered.
-                    self.health.record_refused(reason);
-                    self.log(task, attempt, &outcome);
-                    return outcome;
-                }
-                outcome
+                (outcome, failure == TransportFailure::ForbiddenTarget)
             }
-        };
-        self.health.record(&outcome);
-        self.log(task, attempt, &outcome);
-        outcome
+        }
     }
 
     /// The outcome of a request the receiver answered.
-    async fn answered(&self, response: reqwest::Response, now_ms: UnixMs) -> Outcome {
+    async fn answered(&self, response: reqwest::Response, url: &Url, now_ms: UnixMs) -> Outcome {
         let status = response.status();
         let retry_after = response
             .headers()
@@ -340,7 +369,7 @@ impl WebhookSink {
                 response
                     .headers()
                     .get(LOCATION)
-                    .map(|l| self.redacted_location(l))
+                    .map(|l| redacted_location(url, l))
             })
             .flatten();
         let body = drain_detail(response).await;
@@ -352,20 +381,11 @@ impl WebhookSink {
         classify_status(status.as_u16(), retry_after.as_deref(), now_ms, &detail)
     }
 
-    /// A `Location` header as logs may show it, resolved against the webhook's URL.
-    fn redacted_location(&self, location: &HeaderValue) -> String {
-        match location.to_str().ok().map(|text| self.url.join(text)) {
-            Some(Ok(url)) => redact_url(&url),
-            _ => "<invalid url>".to_owned(),
-        }
-    }
-
     /// One line per failure, at most one each [`FAILURE_LOG_PERIOD`] per kind (retryable,
     /// rejected) for this sink, that is this queue and target; a line counts in `held_back`
     /// the failures not logged since the previous one (the metrics count every one).
-    fn log(&self, task: &Task, attempt: u32, outcome: &Outcome) {
+    fn log(&self, task: &Task, attempt: u32, outcome: &Outcome, target: &str) {
         let queue = &task.queue;
-        let target = &self.url_for_logs;
         match outcome {
             Outcome::Delivered => {
                 tracing::debug!(%queue, task = %task.id, attempt, %target, "delivered webhook")
@@ -398,6 +418,10 @@ impl Sink for WebhookSink {
         &self.target
     }
 
+    fn check_task_target(&self, target: &str) -> Result<(), SinkError> {
+        target::validate_webhook_url(target, &self.policy).map(|_| ())
+    }
+
     /// Resolves the host under the target policy and opens a TCP connection to it (see
     /// [`probe`]); once per sink.
     fn open(&self) -> SinkFuture<'_, Result<(), OpenError>> {
@@ -415,6 +439,14 @@ impl Sink for WebhookSink {
 
     fn health(&self) -> SinkHealth {
         self.health.get()
+    }
+}
+
+/// A `Location` header as logs may show it, resolved against the URL that answered.
+fn redacted_location(url: &Url, location: &HeaderValue) -> String {
+    match location.to_str().ok().map(|text| url.join(text)) {
+        Some(Ok(url)) => redact_url(&url),
+        _ => "<invalid url>".to_owned(),
     }
 }
 
