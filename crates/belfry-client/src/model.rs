@@ -148,6 +148,9 @@ pub struct NewTask {
     pub late_policy: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub late_after_ms: Option<u64>,
+    /// Webhook queues only: the URL this task is POSTed to instead of the queue's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 impl NewTask {
@@ -175,6 +178,12 @@ impl NewTask {
 
     pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
         self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Delivers this task to `url` instead of its (webhook) queue's URL.
+    pub fn target(mut self, url: impl Into<String>) -> Self {
+        self.target = Some(url.into());
         self
     }
 }
@@ -211,6 +220,9 @@ pub struct Task {
     pub payload_base64: Option<String>,
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// The task's own target, without credentials or query string.
+    #[serde(default)]
+    pub target: Option<String>,
     #[serde(default)]
     pub lease_until_ms: Option<u64>,
     #[serde(default)]
@@ -261,6 +273,10 @@ pub struct Leased {
     pub attempt: u32,
     pub due_at_ms: u64,
     pub priority: String,
+    /// The task's own target, whole: only on a task submitted to a webhook queue that has
+    /// since become a pull queue.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     pub lease_id: String,
     pub lease_until_ms: u64,
 }

@@ -481,3 +481,109 @@ async fn put_warns_about_a_name_resolving_to_a_forbidden_address() {
     );
     s.handle.stop().await.expect("clean shutdown");
 }
+
+both_stores!(a_task_with_its_own_target_is_delivered_there);
+async fn a_task_with_its_own_target_is_delivered_there(s: TestServer) {
+    let queue_receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    let own_receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    webhook_queue(&s, "hooks", &queue_receiver, json!({})).await;
+    let target = format!("{}?token=abc", own_receiver.url());
+    let id = s
+        .submit(
+            "hooks",
+            json!({"payload": {"n": 1}, "target": target, "headers": {"X-A": "b"}}),
+        )
+        .await;
+    s.submit("hooks", json!({"payload": {"n": 2}})).await;
+
+    eventually("both delivered", || async {
+        (own_receiver.count() == 1 && queue_receiver.count() == 1).then_some(())
+    })
+    .await;
+    let own = &own_receiver.received()[0];
+    assert_eq!(own.body, br#"{"n":1}"#);
+    assert_eq!(header(own, "belfry-task-id"), id);
+    assert_eq!(header(own, "x-a"), "b");
+    assert!(header(own, "belfry-signature-v2").starts_with("v2="));
+    assert_eq!(queue_receiver.received()[0].body, br#"{"n":2}"#);
+    // Shown as a queue's URL is: no query string.
+    let task = s
+        .ok(
+            "GET",
+            &format!("/v1/queues/hooks/tasks/{id}"),
+            Value::Null,
+            200,
+        )
+        .await;
+    assert_eq!(task["target"], format!("{}?<redacted>", own_receiver.url()));
+}
+
+#[tokio::test]
+async fn task_targets_are_checked_on_submit() {
+    let config = belfry_server::ServerConfig {
+        allow_private_targets: false,
+        ..common::test_config()
+    };
+    let s = TestServer::start_with(config).await;
+    s.queue(
+        "hooks",
+        json!({"delivery": {"type": "webhook", "url": "https://example.com/hook"}}),
+    )
+    .await;
+    s.queue("pull", json!({})).await;
+    let refused = |queue: &'static str, target: &'static str| {
+        let s = &s;
+        async move {
+            let (status, body) = s
+                .call(
+                    "POST",
+                    &format!("/v1/queues/{queue}/tasks"),
+                    json!({"payload": 1, "target": target}),
+                )
+                .await;
+            assert_eq!(status, 400, "{body}");
+            (
+                body["error"]["code"].as_str().unwrap().to_owned(),
+                body["error"]["message"].as_str().unwrap().to_owned(),
+            )
+        }
+    };
+    let (code, message) = refused("hooks", "http://127.0.0.1:9/x").await;
+    assert_eq!(code, "webhook_target_refused");
+    assert!(
+        message.starts_with("target: ") && message.contains("loopback"),
+        "{message}"
+    );
+    let (code, _) = refused("hooks", "ftp://example.com/x").await;
+    assert_eq!(code, "webhook_target_refused");
+    let (code, message) = refused("pull", "https://example.com/x").await;
+    assert_eq!(code, "target_not_supported");
+    assert!(message.contains("pull queue"), "{message}");
+    // In a batch, only the task with the bad target fails.
+    let answer = s
+        .ok(
+            "POST",
+            "/v1/queues/hooks/tasks:batch",
+            json!({"tasks": [
+                {"payload": 1, "target": "https://example.org/a"},
+                {"payload": 2, "target": "http://10.0.0.1/a"},
+            ]}),
+            200,
+        )
+        .await;
+    assert_eq!(answer["results"][0]["state"], "scheduled", "{answer}");
+    assert_eq!(
+        answer["results"][1]["error"]["code"], "webhook_target_refused",
+        "{answer}"
+    );
+    let id = answer["results"][0]["id"].as_str().unwrap();
+    let task = s
+        .ok(
+            "GET",
+            &format!("/v1/queues/hooks/tasks/{id}"),
+            Value::Null,
+            200,
+        )
+        .await;
+    assert_eq!(task["target"], "https://example.org/a");
+}

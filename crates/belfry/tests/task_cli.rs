@@ -8,7 +8,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{serve, Served, BIN};
+use common::{serve, serve_with_env, Served, BIN};
 
 /// Runs `belfry ARGS --server URL`; returns (success, stdout, stderr).
 fn belfry(server: &Served, args: &[&str]) -> (bool, String, String) {
@@ -770,5 +770,54 @@ fn payloads_come_from_files_and_stdin() {
     assert!(
         error.contains("not JSON") && error.contains("--binary-file"),
         "{error}"
+    );
+}
+
+/// `task add --target` sends the task's own URL; `task get` shows it without its query
+/// string; a pull queue refuses a target with a line that says why.
+#[test]
+fn a_task_with_its_own_target() {
+    let server = serve_with_env(
+        &["--store", "memory"],
+        &[("BELFRY_ALLOW_PRIVATE_TARGETS", "true")],
+    );
+    ok(
+        &server,
+        &[
+            "queue",
+            "create",
+            "hooks",
+            "--webhook",
+            "http://127.0.0.1:9/hook",
+        ],
+    );
+    let added = json(
+        &server,
+        &[
+            "task",
+            "add",
+            "hooks",
+            "--delay",
+            "1h",
+            "--target",
+            "http://127.0.0.1:9/own?token=secret",
+        ],
+    );
+    let id = text(&added["id"]);
+    let shown = ok(&server, &["task", "get", "hooks", &id]);
+    assert!(
+        shown.contains("target:") && shown.contains("http://127.0.0.1:9/own?<redacted>"),
+        "{shown}"
+    );
+    assert!(!shown.contains("secret"), "{shown}");
+
+    ok(&server, &["queue", "create", "pull"]);
+    let refused = fails(
+        &server,
+        &["task", "add", "pull", "--target", "https://example.com/x"],
+    );
+    assert!(
+        refused.contains("target_not_supported") || refused.contains("pull queue"),
+        "{refused}"
     );
 }

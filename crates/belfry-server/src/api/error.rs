@@ -42,6 +42,8 @@ pub enum ErrorCode {
     /// A push delivery (other than a webhook) its sink refuses: an unknown connection, a
     /// missing or invalid field.
     InvalidDelivery,
+    /// A task names its own target, and its queue does not deliver by webhook.
+    TargetNotSupported,
     /// No bearer token, or one this server does not know (`401`, with `WWW-Authenticate`).
     Unauthorized,
     /// A known token without the scope the request needs; the message names it.
@@ -121,6 +123,7 @@ impl ErrorCode {
             ErrorCode::InvalidQueueConfig => "invalid_queue_config",
             ErrorCode::WebhookTargetRefused => "webhook_target_refused",
             ErrorCode::InvalidDelivery => "invalid_delivery",
+            ErrorCode::TargetNotSupported => "target_not_supported",
             ErrorCode::QueueNotFound => "queue_not_found",
             ErrorCode::TaskNotFound => "task_not_found",
             ErrorCode::RouteNotFound => "route_not_found",
@@ -175,6 +178,7 @@ impl ErrorCode {
             | ErrorCode::InvalidQueueConfig
             | ErrorCode::WebhookTargetRefused
             | ErrorCode::InvalidDelivery
+            | ErrorCode::TargetNotSupported
             | ErrorCode::InvalidScheduleId
             | ErrorCode::InvalidSchedule
             | ErrorCode::InvalidReminderId
@@ -441,6 +445,7 @@ mod tests {
             ErrorCode::InvalidQueueConfig,
             ErrorCode::WebhookTargetRefused,
             ErrorCode::InvalidDelivery,
+            ErrorCode::TargetNotSupported,
             ErrorCode::QueueNotFound,
             ErrorCode::TaskNotFound,
             ErrorCode::RouteNotFound,

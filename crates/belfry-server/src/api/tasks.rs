@@ -9,7 +9,8 @@ use belfry_core::QueueName;
 use belfry_store::PutOutcome;
 
 use super::dto::{
-    BatchBody, BatchTasks, DeadList, DeadQuery, DueBody, TaskBody, TaskLimits, TaskView,
+    BatchBody, BatchTasks, DeadList, DeadQuery, DueBody, TaskBody, TaskLimits, TaskTargets,
+    TaskView,
 };
 use super::error::{ApiError, ErrorCode};
 use super::extract::{
@@ -25,10 +26,21 @@ const DEAD_PAGE_DEFAULT: usize = 100;
 /// reported here, before any complaint about the task itself.
 async fn limits(service: &AppState, queue: &QueueName) -> Result<TaskLimits, ApiError> {
     let runtime = service.runtime(queue).await?;
+    let config = runtime.config();
+    let targets = match (config.sink(), service.dispatcher.sink(queue)) {
+        (_, Some(sink)) => TaskTargets::Sink(sink),
+        (None, None) => TaskTargets::Refused(format!(
+            "queue {queue} is a pull queue: its consumers lease the tasks, so a task's target means nothing there; targets are for webhook queues"
+        )),
+        (Some(_), None) => TaskTargets::Refused(format!(
+            "queue {queue}'s delivery is not running on this server (see its delivery_health), so a task's target cannot be checked"
+        )),
+    };
     Ok(TaskLimits {
         payload_bytes_max: service.config.payload_bytes_max,
         horizon_ms: service.config.horizon_ms,
-        late_default: runtime.config().late_policy,
+        late_default: config.late_policy,
+        targets,
     })
 }
 
@@ -39,7 +51,7 @@ pub async fn submit(
 ) -> Result<Response, ApiError> {
     let body: TaskBody = parse_json(&bytes)?;
     let limits = limits(&service, &queue).await?;
-    let task = body.into_new_task(&queue, service.now_ms(), limits)?;
+    let task = body.into_new_task(&queue, service.now_ms(), &limits)?;
     let outcome = service
         .submit(&queue, vec![task])
         .await?
@@ -85,7 +97,7 @@ pub async fn submit_batch(
     let mut entries: Vec<Option<SubmitEntry<TaskView>>> = Vec::with_capacity(tasks.len());
     let mut valid = Vec::with_capacity(tasks.len());
     for task in tasks {
-        let parsed = task.and_then(|task| task.into_new_task(&queue, now_ms, limits));
+        let parsed = task.and_then(|task| task.into_new_task(&queue, now_ms, &limits));
         match parsed {
             Ok(task) => {
                 valid.push(task);

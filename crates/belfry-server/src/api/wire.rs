@@ -192,6 +192,7 @@ pub fn leased_list(tasks: &[LeasedTask]) -> Vec<u8> {
             LEASED_TASK_FIXED_BYTES
                 + t.task.payload.len()
                 + t.task.queue.as_str().len()
+                + t.task.target.as_ref().map_or(0, |t| t.len() + 12)
                 + t.task
                     .headers
                     .iter()
@@ -230,7 +231,12 @@ pub fn leased_list(tasks: &[LeasedTask]) -> Vec<u8> {
         push_u64(&mut out, task.due_at_ms);
         out.extend_from_slice(b",\"priority\":\"");
         out.extend_from_slice(priority_str(task.priority).as_bytes());
-        out.extend_from_slice(b"\",\"lease_id\":\"");
+        out.push(b'"');
+        if let Some(target) = &task.target {
+            out.extend_from_slice(b",\"target\":");
+            push_str(&mut out, target);
+        }
+        out.extend_from_slice(b",\"lease_id\":\"");
         push_u64(&mut out, leased.lease_id.0);
         out.extend_from_slice(b"\",\"lease_until_ms\":");
         push_u64(&mut out, leased.lease_until_ms);
@@ -404,6 +410,8 @@ mod tests {
         let mut tasks = tasks;
         // The queue name is cached per answer: a task of another queue must still show its own.
         tasks[6].queue = QueueName::new("other").unwrap();
+        // A task's own target is shown whole (escaped) where it has one.
+        tasks[2].target = Some("https://h.example.com/a?t=\"x\"&u=\u{1}".into());
         tasks
             .into_iter()
             .enumerate()

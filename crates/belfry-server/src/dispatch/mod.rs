@@ -241,6 +241,12 @@ impl Dispatcher {
         )))
     }
 
+    /// The sink delivering `queue` now (`None`: a pull queue, or one whose sink this server's
+    /// configuration refused).
+    pub fn sink(&self, queue: &QueueName) -> Option<Arc<dyn Sink>> {
+        self.slots.lock().push(queue).map(|push| push.sink.clone())
+    }
+
     /// Stops delivering the queue (deleted, or now a pull queue).
     pub fn detach(&self, queue: &QueueName) {
         self.refused.lock().remove(queue);

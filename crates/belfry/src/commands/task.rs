@@ -148,6 +148,10 @@ pub struct TaskAdd {
     pub headers: Vec<String>,
     #[command(flatten)]
     pub late: LateArgs,
+    /// Webhook queues only: POST this task to URL instead of the queue's webhook URL (signed
+    /// and retried the same way).
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
 }
 
 /// The bytes of the file at `path`, or of stdin for "-".
@@ -202,6 +206,7 @@ fn new_task(args: &TaskAdd) -> anyhow::Result<NewTask> {
         priority: args.high.then(|| "high".to_owned()),
         late_policy,
         late_after_ms: late_after_ms.flatten(),
+        target: args.target.clone(),
     })
 }
 
@@ -243,6 +248,7 @@ pub(crate) fn describe(t: &Task) -> String {
             late_policy(t.late_policy.as_deref(), t.late_after_ms),
         ),
         ("key", t.idempotency_key.clone().unwrap_or_default()),
+        ("target", t.target.clone().unwrap_or_default()),
         ("dead because", t.dead_reason.clone().unwrap_or_default()),
         ("headers", headers.join(", ")),
         ("payload", payload),

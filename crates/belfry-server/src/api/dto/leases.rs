@@ -34,6 +34,8 @@ pub struct LeasedView {
     pub attempt: u32,
     pub due_at_ms: UnixMs,
     pub priority: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     pub lease_id: String,
     pub lease_until_ms: UnixMs,
 }
@@ -52,6 +54,7 @@ impl LeasedView {
             attempt: task.attempts,
             due_at_ms: task.due_at_ms,
             priority: priority_str(task.priority),
+            target: task.target.clone(),
             lease_id: leased.lease_id.0.to_string(),
             lease_until_ms: leased.lease_until_ms,
         }

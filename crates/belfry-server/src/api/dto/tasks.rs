@@ -1,9 +1,12 @@
 //! Task shapes: submit (one or a batch), views, due times.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use belfry_core::{LatePolicy, NewTask, PayloadKind, Priority, QueueName, Task, UnixMs};
+use belfry_sinks::webhook::redact_url_text;
+use belfry_sinks::{Sink, SinkError};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -18,12 +21,46 @@ use {crate::api::error::ErrorBody, belfry_core::TaskId};
 const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// Limits that apply to submitted tasks (from the server configuration).
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone)]
 pub struct TaskLimits {
     pub payload_bytes_max: usize,
     pub horizon_ms: u64,
     /// The queue's late policy, for tasks that name none.
     pub late_default: LatePolicy,
+    /// What checks a task's own target.
+    pub targets: TaskTargets,
+}
+
+/// Whether the queue takes tasks with their own target, and what checks one.
+#[derive(Clone)]
+pub enum TaskTargets {
+    /// The queue's push sink, which checks a target against what it can deliver to.
+    Sink(Arc<dyn Sink>),
+    /// Why the queue takes none (a pull queue, or a push queue without a running sink).
+    Refused(String),
+}
+
+impl TaskTargets {
+    /// Checks `target` as the task's own delivery target.
+    pub fn check(&self, target: &str) -> Result<(), ApiError> {
+        let sink = match self {
+            TaskTargets::Refused(why) => {
+                return Err(invalid(ErrorCode::TargetNotSupported, why.clone()))
+            }
+            TaskTargets::Sink(sink) => sink,
+        };
+        match sink.check_task_target(target) {
+            Ok(()) => Ok(()),
+            Err(e @ SinkError::TaskTargetNotSupported) => Err(invalid(
+                ErrorCode::TargetNotSupported,
+                format!("target: {e}"),
+            )),
+            Err(e) => Err(invalid(
+                ErrorCode::WebhookTargetRefused,
+                format!("target: {e}"),
+            )),
+        }
+    }
 }
 
 /// When a task is due: at most one of the three.
@@ -116,6 +153,7 @@ pub struct TaskBody<'a> {
     pub late: Option<LateBody>,
     pub late_policy: Option<LatePolicyName>,
     pub late_after_ms: Option<u64>,
+    pub target: Option<String>,
 }
 
 impl TaskBody<'_> {
@@ -123,7 +161,7 @@ impl TaskBody<'_> {
         self,
         queue: &QueueName,
         now_ms: UnixMs,
-        limits: TaskLimits,
+        limits: &TaskLimits,
     ) -> Result<NewTask, ApiError> {
         let due = DueBody {
             delay_ms: self.delay_ms,
@@ -143,6 +181,9 @@ impl TaskBody<'_> {
             crate::api::extract::check_idempotency_key(key)
                 .map_err(|why| invalid(ErrorCode::InvalidRequest, why))?;
         }
+        if let Some(target) = &self.target {
+            limits.targets.check(target)?;
+        }
         Ok(NewTask {
             queue: queue.clone(),
             due_at_ms,
@@ -156,7 +197,7 @@ impl TaskBody<'_> {
             idempotency_key: self.idempotency_key,
             late_policy: late_policy_from(self.late, self.late_policy, self.late_after_ms)?
                 .unwrap_or(limits.late_default),
-            target: None,
+            target: self.target,
         })
     }
 }
@@ -263,6 +304,10 @@ pub struct TaskView {
     pub payload: PayloadView,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
+    /// The task's own target, shown as a queue's webhook URL is: without credentials or
+    /// query string.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_until_ms: Option<UnixMs>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -303,6 +348,7 @@ impl TaskView {
                 PayloadView::new(task.payload_kind, &task.payload)
             },
             idempotency_key: task.idempotency_key.clone(),
+            target: task.target.as_deref().map(redact_url_text),
             lease_until_ms: task.lease_until_ms,
             dead_reason: task.dead_reason.clone(),
             duplicate: None,
@@ -415,9 +461,10 @@ mod tests {
             payload_bytes_max: 100,
             horizon_ms: 100,
             late_default: LatePolicy::Fire,
+            targets: TaskTargets::Refused("a pull queue".into()),
         };
         let task = body
-            .into_new_task(&QueueName::new("q").unwrap(), 5, limits)
+            .into_new_task(&QueueName::new("q").unwrap(), 5, &limits)
             .unwrap();
         assert_eq!(&task.payload[..], br#"{"a": [1, 2]}"#);
         assert_eq!(task.due_at_ms, 5);
