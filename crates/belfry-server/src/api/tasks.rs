@@ -1,11 +1,16 @@
-//! Task endpoints: submit (one or a batch), get, cancel, reschedule, dead letters.
+//! Task endpoints: submit (one, a batch, or a streamed import), get, cancel, reschedule, dead
+//! letters.
+
+mod import;
+
+pub use import::import;
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use belfry_core::limits::BATCH_TASKS_MAX;
-use belfry_core::QueueName;
+use belfry_core::{NewTask, QueueName, UnixMs};
 use belfry_store::PutOutcome;
 
 use super::dto::{
@@ -21,15 +26,39 @@ use super::AppState;
 /// Dead letters per page when the caller does not say.
 const DEAD_PAGE_DEFAULT: usize = 100;
 
-/// What a submitted task is checked against, and the queue's defaults. An unknown queue is
-/// reported here, before any complaint about the task itself.
-async fn limits(service: &AppState, queue: &QueueName) -> Result<TaskLimits, ApiError> {
-    let runtime = service.runtime(queue).await?;
-    Ok(TaskLimits {
-        payload_bytes_max: service.config.payload_bytes_max,
-        horizon_ms: service.config.horizon_ms,
-        late_default: runtime.config().late_policy,
-    })
+/// What a submitted task is checked against in one queue: the queue's name, the server's
+/// limits and the queue's defaults. Every submit path (one task, a batch, an import) turns a
+/// `TaskBody` into a `NewTask` through [`Intake::task`] alone, so a field added to the body is
+/// taken, and checked, the same way by all of them.
+#[derive(Debug, Clone)]
+pub(super) struct Intake {
+    queue: QueueName,
+    limits: TaskLimits,
+}
+
+impl Intake {
+    /// The queue's intake. An unknown queue is reported here, before any complaint about a
+    /// task itself (and before an import reads its body).
+    pub(super) async fn of(service: &AppState, queue: &QueueName) -> Result<Self, ApiError> {
+        let runtime = service.runtime(queue).await?;
+        Ok(Intake {
+            queue: queue.clone(),
+            limits: TaskLimits {
+                payload_bytes_max: service.config.payload_bytes_max,
+                horizon_ms: service.config.horizon_ms,
+                late_default: runtime.config().late_policy,
+            },
+        })
+    }
+
+    pub(super) fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    /// One task of a submit, as the store takes it, due times resolved against `now_ms`.
+    pub(super) fn task(&self, body: TaskBody<'_>, now_ms: UnixMs) -> Result<NewTask, ApiError> {
+        body.into_new_task(&self.queue, now_ms, self.limits)
+    }
 }
 
 pub async fn submit(
@@ -38,8 +67,8 @@ pub async fn submit(
     JsonBytes(bytes): JsonBytes,
 ) -> Result<Response, ApiError> {
     let body: TaskBody = parse_json(&bytes)?;
-    let limits = limits(&service, &queue).await?;
-    let task = body.into_new_task(&queue, service.now_ms(), limits)?;
+    let intake = Intake::of(&service, &queue).await?;
+    let task = intake.task(body, service.now_ms())?;
     let outcome = service
         .submit(&queue, vec![task])
         .await?
@@ -81,11 +110,11 @@ pub async fn submit_batch(
         ));
     }
     let now_ms = service.now_ms();
-    let limits = limits(&service, &queue).await?;
+    let intake = Intake::of(&service, &queue).await?;
     let mut entries: Vec<Option<SubmitEntry<TaskView>>> = Vec::with_capacity(tasks.len());
     let mut valid = Vec::with_capacity(tasks.len());
     for task in tasks {
-        let parsed = task.and_then(|task| task.into_new_task(&queue, now_ms, limits));
+        let parsed = task.and_then(|task| intake.task(task, now_ms));
         match parsed {
             Ok(task) => {
                 valid.push(task);
