@@ -389,8 +389,11 @@ fn import_body_max_defaults_parses_takes_env_and_refuses_junk() {
         from_env.server.import_body_bytes_max,
         2 * 1024 * 1024 * 1024
     );
-    let err = parse("[limits]\nimport_body_max = \"lots\"\n").unwrap_err();
-    assert!(format!("{err:#}").contains("import_body_max"), "{err:#}");
+    let err = resolve("[limits]\nimport_body_max = \"lots\"\n").unwrap_err();
+    assert!(
+        format!("{err:#}").contains("limits.import_body_max"),
+        "{err:#}"
+    );
     let mut file = parse("").unwrap();
     let err = file
         .apply_env(|var| (var == "BELFRY_IMPORT_BODY_MAX").then(|| "lots".into()))
