@@ -113,6 +113,18 @@ pub enum Error {
         message: String,
         answer: Box<crate::BulkAnswer>,
     },
+    /// A task import the server stopped part way (cut off, broken off, too large, a batch the
+    /// store refused): `answer` counts what it applied before `answer.stopped_at_line`, the
+    /// line to resume from.
+    #[error("{code}: {message} (HTTP {status}; applied before line {line}: {created} created, {duplicates} duplicates, {refused} refused)",
+        line = answer.stopped_at_line.unwrap_or(0), created = answer.created,
+        duplicates = answer.duplicates, refused = answer.refused)]
+    ImportIncomplete {
+        status: u16,
+        code: ErrorCode,
+        message: String,
+        answer: Box<crate::ImportAnswer>,
+    },
     /// No connection to the server could be made (nothing listens there, or a wrong host).
     #[error("cannot reach belfry at {url}")]
     Unreachable {
@@ -139,7 +151,9 @@ impl Error {
     /// The API error code, when the server sent one.
     pub fn code(&self) -> Option<&ErrorCode> {
         match self {
-            Error::Api { code, .. } | Error::BulkIncomplete { code, .. } => Some(code),
+            Error::Api { code, .. }
+            | Error::BulkIncomplete { code, .. }
+            | Error::ImportIncomplete { code, .. } => Some(code),
             _ => None,
         }
     }

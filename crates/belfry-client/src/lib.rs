@@ -26,6 +26,7 @@
 
 mod calls;
 mod error;
+mod import;
 mod model;
 mod reminders;
 mod request;
@@ -36,6 +37,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 pub use error::{Error, ErrorCode};
+pub use import::{ImportAnswer, ImportLineError};
 pub use model::{
     AckItemResult, ApiErrorBody, BatchItem, DeadPage, DeliverySpec, LeaseRequest, Leased,
     LeasedList, NewTask, Queue, QueueList, QueueSpec, Results, Retry, RetrySpec, Submitted, Task,

@@ -254,10 +254,22 @@ pub struct BulkAnswer {
     pub error: Option<ApiErrorBody>,
 }
 
-/// The body of a bulk call: NDJSON (one id a line: `"alice"`, `42` or bare `alice`) or one
-/// JSON array, streamed as it is produced, never held whole by this client.
+/// The answer of a streamed bulk call: counts, and why it stopped when it did.
+pub(crate) trait StreamedAnswer: serde::de::DeserializeOwned {
+    fn stop_error(&self) -> Option<&ApiErrorBody>;
+}
+
+impl StreamedAnswer for BulkAnswer {
+    fn stop_error(&self) -> Option<&ApiErrorBody> {
+        self.error.as_ref()
+    }
+}
+
+/// The body of a bulk call, streamed as it is produced, never held whole by this client: for
+/// subscribers, NDJSON (one id a line: `"alice"`, `42` or bare `alice`) or one JSON array; for
+/// a task import, NDJSON of tasks.
 #[derive(Debug)]
-pub struct BulkBody(reqwest::Body);
+pub struct BulkBody(pub(crate) reqwest::Body);
 
 impl BulkBody {
     /// Streams an `AsyncRead` (a file, stdin, a socket) in chunks as the request goes out.
@@ -539,10 +551,30 @@ impl Client {
 
     async fn bulk(&self, id: &str, body: BulkBody, subscribe: bool) -> Result<BulkAnswer> {
         let request = Request::bulk(id, subscribe);
-        // No overall timeout: a body of millions of ids takes as long as it takes to send.
-        let response = match self.call(&request, Some(body.0), None).await {
+        self.streamed(&request, body, |status, code, message, answer| {
+            Error::BulkIncomplete {
+                status,
+                code,
+                message,
+                answer: Box::new(answer),
+            }
+        })
+        .await
+    }
+
+    /// Sends `body` streamed to a bulk route and parses its answer. An answer that stopped
+    /// part way (the body cut off, too large, a batch refused) carries the counts of what was
+    /// applied, and becomes the error `stopped` makes of it; anything else is a plain error.
+    pub(crate) async fn streamed<A: StreamedAnswer>(
+        &self,
+        request: &Request,
+        body: BulkBody,
+        stopped: impl FnOnce(u16, crate::ErrorCode, String, A) -> Error,
+    ) -> Result<A> {
+        // No overall timeout: a body of millions of lines takes as long as it takes to send.
+        let response = match self.call(request, Some(body.0), None).await {
             Ok(response) => response,
-            Err(Error::Http(sent)) => return Err(self.why_bulk_broke(&request, sent).await),
+            Err(Error::Http(sent)) => return Err(self.why_bulk_broke(request, sent).await),
             Err(other) => return Err(other),
         };
         let status = response.status().as_u16();
@@ -554,22 +586,16 @@ impl Client {
             }
             .json();
         }
-        // A body stopped part way answers with the counts; anything else is a plain error.
-        match serde_json::from_slice::<BulkAnswer>(&bytes) {
+        match serde_json::from_slice::<A>(&bytes) {
             Ok(answer) => {
-                let (code, message) = match &answer.error {
+                let (code, message) = match answer.stop_error() {
                     Some(e) => (crate::ErrorCode::parse(&e.code), e.message.clone()),
                     None => (
                         crate::ErrorCode::BodyIncomplete,
                         "the server did not read the whole body".to_owned(),
                     ),
                 };
-                Err(Error::BulkIncomplete {
-                    status,
-                    code,
-                    message,
-                    answer: Box::new(answer),
-                })
+                Err(stopped(status, code, message, answer))
             }
             Err(_) => Err(crate::api_error(status, &bytes)),
         }

@@ -173,6 +173,11 @@ impl Request {
             .with_body(serde_json::json!({ "tasks": tasks }))
     }
 
+    /// The import route, without its body (`Client::import_tasks` streams one).
+    pub(crate) fn import_tasks(queue: &str) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/tasks:import"))
+    }
+
     pub fn get_task(queue: &str, id: &str) -> Self {
         Self::new(Method::GET, Self::task_path(queue, id, ""))
     }

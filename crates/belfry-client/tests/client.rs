@@ -854,3 +854,73 @@ async fn list_reminders_follows_the_pages() {
     assert_eq!(in_b[0].timezone.as_deref(), Some("Europe/Paris"));
     h.stop().await;
 }
+
+/// A task import from memory and from a stream of chunks that split lines; a stream that
+/// breaks off is `ImportIncomplete`, with the counts of what was applied.
+#[tokio::test]
+async fn import_tasks_streams_and_reports_where_it_stopped() {
+    let h = Harness::start().await;
+    let c = &h.client;
+    h.pull_queue("imports").await;
+    let tasks = [
+        NewTask::json(json!({"n": 1})).delay_ms(5),
+        NewTask {
+            idempotency_key: Some("once".into()),
+            ..NewTask::json(json!({"n": 2}))
+        },
+        NewTask {
+            idempotency_key: Some("once".into()),
+            ..NewTask::json(json!({"n": 3}))
+        },
+        NewTask {
+            priority: Some("urgent-ish".into()),
+            ..NewTask::default()
+        },
+    ];
+    let answer = c
+        .import_tasks("imports", BulkBody::tasks(&tasks))
+        .await
+        .unwrap();
+    assert_eq!(
+        (answer.created, answer.duplicates, answer.refused),
+        (2, 1, 1),
+        "{answer:?}"
+    );
+    assert_eq!(answer.errors[0].line, 4);
+    assert_eq!(answer.errors[0].error.code, "invalid_request");
+    assert!(answer.complete);
+
+    // Chunks that split a line; then an error that breaks the body off in line 2. Whether the
+    // bytes of line 1 reach the server before the client drops the connection is up to its
+    // HTTP stack; the answer, when it comes, counts exactly what was stored.
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![
+        Ok(b"{\"payload\": ".to_vec()),
+        Ok(b"7}\n{\"payl".to_vec()),
+        Err(std::io::Error::other("the source failed")),
+    ];
+    let stored = match c
+        .import_tasks(
+            "imports",
+            BulkBody::stream(futures_util::stream::iter(chunks)),
+        )
+        .await
+    {
+        Err(Error::ImportIncomplete { code, answer, .. }) => {
+            assert_eq!(code, ErrorCode::BodyIncomplete);
+            assert!(!answer.complete);
+            assert!(answer.stopped_at_line.is_some(), "{answer:?}");
+            Some(answer.created)
+        }
+        // The client may see its own body's failure instead of the server's answer.
+        Err(Error::Http(_)) => None,
+        other => panic!("expected ImportIncomplete, got {other:?}"),
+    };
+    let queue = c.get_queue("imports").await.unwrap();
+    if let Some(created) = stored {
+        assert_eq!(queue.pending, Some(2 + created), "{queue:?}");
+    }
+    match c.import_tasks("nope", BulkBody::tasks(&tasks)).await {
+        Err(Error::Api { code, .. }) => assert_eq!(code, ErrorCode::QueueNotFound),
+        other => panic!("expected queue_not_found, got {other:?}"),
+    }
+}

@@ -85,6 +85,9 @@ const _: () = assert!(PAYLOAD_BYTES_MAX_DEFAULT < REQUEST_BYTES_MAX_DEFAULT);
 /// Largest bulk subscribers body by default: 1 GiB, about 100 million numeric ids as NDJSON.
 pub const SUBSCRIBERS_BODY_BYTES_MAX_DEFAULT: u64 = 1024 * 1024 * 1024;
 
+/// Largest task import body by default: 1 GiB, about five million tasks of 200 bytes as NDJSON.
+pub const IMPORT_BODY_BYTES_MAX_DEFAULT: u64 = 1024 * 1024 * 1024;
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     /// Where the HTTP API listens. Port 0 picks a free port (tests).
@@ -96,6 +99,9 @@ pub struct ServerConfig {
     /// Largest bulk subscribe or unsubscribe body (`limits.subscribers_body_max`): it is
     /// streamed, never held whole, so this bounds the time one request takes, not memory.
     pub subscribers_body_bytes_max: u64,
+    /// Largest task import body (`limits.import_body_max`, `POST …/tasks:import`): streamed
+    /// like the bulk subscribers body, so this too bounds a request's length, not memory.
+    pub import_body_bytes_max: u64,
     /// How far in the future a task may be due.
     pub horizon_ms: u64,
     /// How long shutdown waits for in-flight deliveries before flushing and exiting anyway.
@@ -152,6 +158,7 @@ impl Default for ServerConfig {
             payload_bytes_max: PAYLOAD_BYTES_MAX_DEFAULT,
             request_bytes_max: REQUEST_BYTES_MAX_DEFAULT,
             subscribers_body_bytes_max: SUBSCRIBERS_BODY_BYTES_MAX_DEFAULT,
+            import_body_bytes_max: IMPORT_BODY_BYTES_MAX_DEFAULT,
             horizon_ms: HORIZON_MS_DEFAULT,
             shutdown_grace_ms: SHUTDOWN_GRACE_MS_DEFAULT,
             shutdown_drain_delay_ms: 0,

@@ -188,6 +188,7 @@ pub struct LimitsSection {
     pub payload_max: Option<HumanSize>,
     pub request_max: Option<HumanSize>,
     pub subscribers_body_max: Option<HumanSize>,
+    pub import_body_max: Option<HumanSize>,
     pub horizon: Option<HumanDuration>,
     pub store_calls_in_flight: Option<usize>,
     pub store_admission_wait: Option<HumanDuration>,
@@ -309,6 +310,7 @@ pub const ENV_OVERRIDES: &[(&str, &str)] = &[
     ("BELFRY_PAYLOAD_MAX", "limits.payload_max"),
     ("BELFRY_REQUEST_MAX", "limits.request_max"),
     ("BELFRY_SUBSCRIBERS_BODY_MAX", "limits.subscribers_body_max"),
+    ("BELFRY_IMPORT_BODY_MAX", "limits.import_body_max"),
     ("BELFRY_HORIZON", "limits.horizon"),
     (
         "BELFRY_STORE_CALLS_IN_FLIGHT",
@@ -390,6 +392,9 @@ impl FileConfig {
                 "limits.request_max" => self.limits.request_max = Some(env_size(var, key, &value)?),
                 "limits.subscribers_body_max" => {
                     self.limits.subscribers_body_max = Some(env_size(var, key, &value)?)
+                }
+                "limits.import_body_max" => {
+                    self.limits.import_body_max = Some(env_size(var, key, &value)?)
                 }
                 "limits.horizon" => self.limits.horizon = Some(env_duration(var, key, &value)?),
                 "limits.store_calls_in_flight" => {

@@ -372,6 +372,38 @@ fn store_call_timeout_defaults_parses_takes_env_and_refuses_zero_or_junk() {
     }
 }
 
+#[test]
+fn import_body_max_defaults_parses_takes_env_and_refuses_junk() {
+    let resolve = |text: &str| parse(text).unwrap().resolve(None, None, None);
+    assert_eq!(
+        resolve("").unwrap().server.import_body_bytes_max,
+        1024 * 1024 * 1024
+    );
+    let set = resolve("[limits]\nimport_body_max = \"64 MiB\"\n").unwrap();
+    assert_eq!(set.server.import_body_bytes_max, 64 * 1024 * 1024);
+    let mut file = parse("").unwrap();
+    file.apply_env(|var| (var == "BELFRY_IMPORT_BODY_MAX").then(|| "2 GiB".into()))
+        .unwrap();
+    let from_env = file.resolve(None, None, None).unwrap();
+    assert_eq!(
+        from_env.server.import_body_bytes_max,
+        2 * 1024 * 1024 * 1024
+    );
+    let err = resolve("[limits]\nimport_body_max = \"lots\"\n").unwrap_err();
+    assert!(
+        format!("{err:#}").contains("limits.import_body_max"),
+        "{err:#}"
+    );
+    let mut file = parse("").unwrap();
+    let err = file
+        .apply_env(|var| (var == "BELFRY_IMPORT_BODY_MAX").then(|| "lots".into()))
+        .unwrap_err();
+    assert!(
+        format!("{err:#}").contains("BELFRY_IMPORT_BODY_MAX (overrides limits.import_body_max)"),
+        "{err:#}"
+    );
+}
+
 /// A number with no unit means milliseconds only as a TOML integer; as a string (every
 /// environment variable is one) it is refused, naming the variable, rather than guessed.
 #[test]

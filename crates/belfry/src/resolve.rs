@@ -151,6 +151,11 @@ impl LimitsSection {
                 .to_bytes()
                 .map_err(|e| anyhow!("limits.subscribers_body_max: {e}"))?;
         }
+        if let Some(size) = &self.import_body_max {
+            server.import_body_bytes_max = size
+                .to_bytes()
+                .map_err(|e| anyhow!("limits.import_body_max: {e}"))?;
+        }
         if let Some(ms) = ms_if("limits.horizon", &self.horizon)? {
             server.horizon_ms = ms;
         }

@@ -821,3 +821,70 @@ fn a_task_with_its_own_target() {
         "{refused}"
     );
 }
+
+/// The pending count of `queue`, as `queue get --json` shows it.
+fn pending(server: &Served, queue: &str) -> u64 {
+    let shown = json(server, &["queue", "get", queue]);
+    shown["pending"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{shown}"))
+}
+
+/// `task import` streams a file, prints the counts and each refused line (text and `--json`),
+/// and what it acknowledged survives a `kill -9` of the server.
+#[test]
+fn task_import_streams_a_file_reports_bad_lines_and_survives_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data").to_string_lossy().into_owned();
+    let server = serve(&["--data-dir", &data]);
+    ok(&server, &["queue", "create", "bulk"]);
+    let mut body = String::new();
+    for i in 1..=3_000 {
+        match i {
+            5 => body.push_str("{\"bogus\": 1}\n"),
+            6 => body.push('\n'),
+            _ => body.push_str(&format!(
+                "{{\"payload\": {{\"n\": {i}}}, \"delay_ms\": 3600000, \"idempotency_key\": \"k{i}\"}}\n"
+            )),
+        }
+    }
+    let file = dir.path().join("tasks.ndjson");
+    std::fs::write(&file, body).unwrap();
+    let shown = ok(&server, &["task", "import", "bulk", file.to_str().unwrap()]);
+    assert!(
+        shown.contains("created") && shown.contains("2998"),
+        "{shown}"
+    );
+    assert!(shown.contains("line 5: invalid_request:"), "{shown}");
+
+    // Again with one new line: every other line is a duplicate, and --json prints the answer.
+    let again = dir.path().join("again.ndjson");
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str("{\"payload\": 0, \"idempotency_key\": \"new\"}\n");
+    std::fs::write(&again, text).unwrap();
+    let answer = json(
+        &server,
+        &["task", "import", "bulk", again.to_str().unwrap()],
+    );
+    assert_eq!(answer["created"], 1, "{answer}");
+    assert_eq!(answer["duplicates"], 2_998, "{answer}");
+    assert_eq!(answer["errors"][0]["line"], 5, "{answer}");
+    assert_eq!(answer["errors"][0]["error"]["code"], "invalid_request");
+    assert_eq!(answer["complete"], true, "{answer}");
+
+    // Errors say what to fix, in one line.
+    let missing = fails(&server, &["task", "import", "bulk", "/nonexistent/tasks"]);
+    assert!(
+        missing.contains("FILE: open /nonexistent/tasks"),
+        "{missing}"
+    );
+    let unknown = fails(&server, &["task", "import", "nope", file.to_str().unwrap()]);
+    assert!(unknown.contains("queue_not_found"), "{unknown}");
+
+    // `Served` is dropped with SIGKILL: no shutdown, no flush. The answer promised durability.
+    drop(server);
+    let server = serve(&["--data-dir", &data]);
+    assert_eq!(pending(&server, "bulk"), 2_999);
+    let task = json(&server, &["task", "get", "bulk", "--key", "k3000"]);
+    assert_eq!(task["payload"]["n"], 3_000, "{task}");
+}

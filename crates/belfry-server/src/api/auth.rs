@@ -26,6 +26,7 @@ use crate::auth::{Auth, Denied, Need};
 const PRODUCE_ROUTES: &[&str] = &[
     "/v1/queues/{queue}/tasks",
     "/v1/queues/{queue}/tasks:batch",
+    "/v1/queues/{queue}/tasks:import",
     "/v1/queues/{queue}/tasks/{id}",
     "/v1/queues/{queue}/keys/{key}",
 ];

@@ -8,6 +8,7 @@ mod dto;
 mod error;
 mod extract;
 mod leases;
+mod lines;
 mod ops;
 mod origin;
 mod payload;
@@ -50,6 +51,11 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/queues/{queue}/resume", post(queues::resume))
         .route("/v1/queues/{queue}/tasks", post(tasks::submit))
         .route("/v1/queues/{queue}/tasks:batch", post(tasks::submit_batch))
+        .route(
+            "/v1/queues/{queue}/tasks:import",
+            // Streamed and bounded by `import_body_bytes_max`, not the request limit.
+            post(tasks::import).layer(DefaultBodyLimit::disable()),
+        )
         .route(
             "/v1/queues/{queue}/tasks/{id}",
             get(tasks::get)

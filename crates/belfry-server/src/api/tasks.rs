@@ -1,11 +1,16 @@
-//! Task endpoints: submit (one or a batch), get, cancel, reschedule, dead letters.
+//! Task endpoints: submit (one, a batch, or a streamed import), get, cancel, reschedule, dead
+//! letters.
+
+mod import;
+
+pub use import::import;
 
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use belfry_core::limits::BATCH_TASKS_MAX;
-use belfry_core::QueueName;
+use belfry_core::{NewTask, QueueName, UnixMs};
 use belfry_store::PutOutcome;
 
 use super::dto::{
@@ -22,26 +27,50 @@ use super::AppState;
 /// Dead letters per page when the caller does not say.
 const DEAD_PAGE_DEFAULT: usize = 100;
 
-/// What a submitted task is checked against, and the queue's defaults. An unknown queue is
-/// reported here, before any complaint about the task itself.
-async fn limits(service: &AppState, queue: &QueueName) -> Result<TaskLimits, ApiError> {
-    let runtime = service.runtime(queue).await?;
-    let config = runtime.config();
-    let targets = match (config.sink(), service.dispatcher.sink(queue)) {
-        (_, Some(sink)) => TaskTargets::Sink(sink),
-        (None, None) => TaskTargets::Refused(format!(
-            "queue {queue} is a pull queue: its consumers lease the tasks, so a task's target means nothing there; targets are for webhook queues"
-        )),
-        (Some(_), None) => TaskTargets::Refused(format!(
-            "queue {queue}'s delivery is not running on this server (see its delivery_health), so a task's target cannot be checked"
-        )),
-    };
-    Ok(TaskLimits {
-        payload_bytes_max: service.config.payload_bytes_max,
-        horizon_ms: service.config.horizon_ms,
-        late_default: config.late_policy,
-        targets,
-    })
+/// What a submitted task is checked against in one queue: the queue's name, the server's
+/// limits, the queue's defaults and what checks a task's own target. Every submit path (one
+/// task, a batch, an import) turns a `TaskBody` into a `NewTask` through [`Intake::task`]
+/// alone, so a field added to the body is taken, and checked, the same way by all of them.
+#[derive(Clone)]
+pub(super) struct Intake {
+    queue: QueueName,
+    limits: TaskLimits,
+}
+
+impl Intake {
+    /// The queue's intake. An unknown queue is reported here, before any complaint about a
+    /// task itself (and before an import reads its body).
+    pub(super) async fn of(service: &AppState, queue: &QueueName) -> Result<Self, ApiError> {
+        let runtime = service.runtime(queue).await?;
+        let config = runtime.config();
+        let targets = match (config.sink(), service.dispatcher.sink(queue)) {
+            (_, Some(sink)) => TaskTargets::Sink(sink),
+            (None, None) => TaskTargets::Refused(format!(
+                "queue {queue} is a pull queue: its consumers lease the tasks, so a task's target means nothing there; targets are for webhook queues"
+            )),
+            (Some(_), None) => TaskTargets::Refused(format!(
+                "queue {queue}'s delivery is not running on this server (see its delivery_health), so a task's target cannot be checked"
+            )),
+        };
+        Ok(Intake {
+            queue: queue.clone(),
+            limits: TaskLimits {
+                payload_bytes_max: service.config.payload_bytes_max,
+                horizon_ms: service.config.horizon_ms,
+                late_default: config.late_policy,
+                targets,
+            },
+        })
+    }
+
+    pub(super) fn queue(&self) -> &QueueName {
+        &self.queue
+    }
+
+    /// One task of a submit, as the store takes it, due times resolved against `now_ms`.
+    pub(super) fn task(&self, body: TaskBody<'_>, now_ms: UnixMs) -> Result<NewTask, ApiError> {
+        body.into_new_task(&self.queue, now_ms, &self.limits)
+    }
 }
 
 pub async fn submit(
@@ -50,8 +79,8 @@ pub async fn submit(
     JsonBytes(bytes): JsonBytes,
 ) -> Result<Response, ApiError> {
     let body: TaskBody = parse_json(&bytes)?;
-    let limits = limits(&service, &queue).await?;
-    let task = body.into_new_task(&queue, service.now_ms(), &limits)?;
+    let intake = Intake::of(&service, &queue).await?;
+    let task = intake.task(body, service.now_ms())?;
     let outcome = service
         .submit(&queue, vec![task])
         .await?
@@ -93,11 +122,11 @@ pub async fn submit_batch(
         ));
     }
     let now_ms = service.now_ms();
-    let limits = limits(&service, &queue).await?;
+    let intake = Intake::of(&service, &queue).await?;
     let mut entries: Vec<Option<SubmitEntry<TaskView>>> = Vec::with_capacity(tasks.len());
     let mut valid = Vec::with_capacity(tasks.len());
     for task in tasks {
-        let parsed = task.and_then(|task| task.into_new_task(&queue, now_ms, &limits));
+        let parsed = task.and_then(|task| intake.task(task, now_ms));
         match parsed {
             Ok(task) => {
                 valid.push(task);

@@ -11,13 +11,15 @@ use belfry_sinks::{Outcome, Sink, SinkError, SinkFactory, SinkFuture, SinkSpec};
 use belfry_store::{MetaChange, PutOutcome, QueueCounts, Store, StoreError};
 use parking_lot::Mutex;
 
-/// Wraps a store: `counts` can be made slow (to hold API admission slots), and `write_meta`
-/// can be made to fail a number of times (a crash between a tick's puts and its cursors).
-/// It notes how many tasks each `put` held.
+/// Wraps a store: `counts` can be made slow (to hold API admission slots), `write_meta`
+/// can be made to fail a number of times (a crash between a tick's puts and its cursors),
+/// and the puts from the `puts_refused_from`-th on (0-based) refused as a full disk. It notes
+/// how many tasks each `put` held.
 pub struct FaultyStore {
     pub inner: Arc<dyn Store>,
     pub counts_delay_ms: AtomicU64,
     pub write_meta_failures: AtomicUsize,
+    pub puts_refused_from: AtomicUsize,
     pub puts: Mutex<Vec<usize>>,
 }
 
@@ -27,6 +29,7 @@ impl FaultyStore {
             inner,
             counts_delay_ms: AtomicU64::new(0),
             write_meta_failures: AtomicUsize::new(0),
+            puts_refused_from: AtomicUsize::new(usize::MAX),
             puts: Mutex::new(Vec::new()),
         })
     }
@@ -37,7 +40,17 @@ impl belfry_store::ForwardingStore for FaultyStore {
         &*self.inner
     }
     fn put(&self, tasks: Vec<NewTask>) -> belfry_store::Result<Vec<PutOutcome>> {
-        self.puts.lock().push(tasks.len());
+        let mut puts = self.puts.lock();
+        if puts.len() >= self.puts_refused_from.load(Ordering::SeqCst) {
+            return Err(StoreError::DiskFull {
+                free_bytes: 0,
+                needed_bytes: 1,
+                floor_bytes: 1,
+                reserve_bytes: 1,
+            });
+        }
+        puts.push(tasks.len());
+        drop(puts);
         self.inner.put(tasks)
     }
     fn counts(&self, q: &QueueName, now: UnixMs) -> belfry_store::Result<QueueCounts> {

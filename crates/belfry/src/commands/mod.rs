@@ -5,6 +5,7 @@
 pub mod dead;
 pub mod queue;
 pub mod reminder;
+mod streamed;
 pub mod task;
 
 use std::collections::BTreeMap;

@@ -2,18 +2,15 @@
 //! command line, or streamed from a file through the bulk endpoint) and a user's feed.
 
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
-use std::task::{Context as TaskContext, Poll};
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use belfry_client::{
     BulkAnswer, BulkBody, Feed, FeedQuery, Priority, Reminder, ReminderList, ReminderSpec, Request,
     SubscriberCount,
 };
 use clap::{Args, Subcommand};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use tokio::io::{AsyncRead, ReadBuf};
 
+use super::streamed::file_body;
 use super::{client, parse_ms, print_api_error, print_body, run, run_empty, say};
 use crate::commands::Remote;
 use crate::show::{clip, duration, fields, now_ms, table, time};
@@ -285,7 +282,7 @@ async fn bulk(remote: &Remote, args: Subscribers, subscribe: bool) -> anyhow::Re
     let client = client(remote)?;
     let (body, bar) = match &args.file {
         Some(path) => {
-            let (body, bar) = file_body(path).await?;
+            let (body, bar) = file_body("--file", path).await?;
             (body, Some(bar))
         }
         None => (BulkBody::users(&args.users), None),
@@ -312,63 +309,6 @@ async fn bulk(remote: &Remote, args: Subscribers, subscribe: bool) -> anyhow::Re
         say(describe_bulk(answer, subscribe))?;
     }
     result.map(|_| ()).map_err(Into::into)
-}
-
-/// The file (or stdin for `-`) as a streamed body, counting the bytes read on a progress bar
-/// on stderr, drawn only when stderr is a terminal.
-async fn file_body(path: &Path) -> anyhow::Result<(BulkBody, ProgressBar)> {
-    let (reader, len): (Box<dyn AsyncRead + Send + Unpin>, Option<u64>) = if path == Path::new("-")
-    {
-        (Box::new(tokio::io::stdin()), None)
-    } else {
-        let file = tokio::fs::File::open(path)
-            .await
-            .with_context(|| format!("--file: open {}", path.display()))?;
-        let meta = file
-            .metadata()
-            .await
-            .with_context(|| format!("--file: read {}", path.display()))?;
-        if meta.is_dir() {
-            bail!("--file: {} is a directory", path.display());
-        }
-        let len = meta.is_file().then_some(meta.len());
-        (Box::new(file), len)
-    };
-    let bar = ProgressBar::with_draw_target(len, ProgressDrawTarget::stderr());
-    let style = match len {
-        Some(_) => ProgressStyle::with_template(
-            "{bar:40} {bytes}/{total_bytes} ({bytes_per_sec}, {eta} left)",
-        ),
-        None => ProgressStyle::with_template("{spinner} {bytes} sent ({bytes_per_sec})"),
-    }
-    .map_err(|e| anyhow!("progress bar template: {e}"))?;
-    bar.set_style(style);
-    let counted = Counted {
-        inner: reader,
-        bar: bar.clone(),
-    };
-    Ok((BulkBody::reader(counted), bar))
-}
-
-/// Counts the bytes read from `inner` on a progress bar.
-struct Counted<R> {
-    inner: R,
-    bar: ProgressBar,
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = &polled {
-            self.bar.inc((buf.filled().len() - before) as u64);
-        }
-        polled
-    }
 }
 
 /// `belfry feed USER`: the user's upcoming reminders.

@@ -1,15 +1,18 @@
-//! `belfry task ...`: submit, inspect, cancel and reschedule tasks (by id or by idempotency
-//! key), and consume a pull queue by hand: lease, ack, nack, extend.
+//! `belfry task ...`: submit (one, or an NDJSON file streamed through the import), inspect,
+//! cancel and reschedule tasks (by id or by idempotency key), and consume a pull queue by
+//! hand: lease, ack, nack, extend.
 
 use anyhow::{anyhow, bail, Context};
 use belfry_client::{
-    AckItemResult, DueTime, LeaseRequest, LeasedList, Nack, NewTask, Request, Results, Submitted,
-    Task, TaskState,
+    AckItemResult, DueTime, ImportAnswer, LeaseRequest, LeasedList, Nack, NewTask, Request,
+    Results, Submitted, Task, TaskState,
 };
 use clap::{Args, Subcommand};
 
+use super::streamed::file_body;
 use super::{
-    parse_headers, parse_ms, parse_payload, print_raw, run, run_empty, say, send, LateArgs,
+    client, parse_headers, parse_ms, parse_payload, print_api_error, print_body, print_raw, run,
+    run_empty, say, send, LateArgs,
 };
 use crate::commands::Remote;
 use crate::show::{clip, fields, late_policy, now_ms, table, time};
@@ -21,6 +24,14 @@ const PAYLOAD_COLUMN_CHARS_MAX: usize = 60;
 pub enum TaskCommand {
     /// Schedule a task: due now, after --delay, or --at a time.
     Add(TaskAdd),
+    /// Import tasks from an NDJSON file, one task a line as the API's submit takes it
+    /// ({"payload": ..., "delay_ms": ...}), streamed: FILE, or - for stdin.
+    Import {
+        /// The queue to add them to; it must exist.
+        queue: String,
+        /// The NDJSON file, or - for stdin.
+        file: std::path::PathBuf,
+    },
     /// Show a task: its state, due time, attempts and payload.
     Get(Target),
     /// Cancel a scheduled task (not one leased or finished).
@@ -223,6 +234,63 @@ fn due_time(when: When) -> anyhow::Result<DueTime> {
     }
 }
 
+/// Streams the file through the import endpoint and prints the answer. An import the server
+/// stopped part way fails the command after the counts are printed (what came before
+/// `stopped_at_line` was applied).
+async fn import(remote: &Remote, queue: &str, file: &std::path::Path) -> anyhow::Result<()> {
+    let client = client(remote)?;
+    let (body, bar) = file_body("FILE", file).await?;
+    let result = client.import_tasks(queue, body).await;
+    bar.finish_and_clear();
+    let answer = match &result {
+        Ok(answer) => answer,
+        Err(belfry_client::Error::ImportIncomplete { answer, .. }) => answer.as_ref(),
+        Err(error) => {
+            print_api_error(remote, error)?;
+            return result.map(|_| ()).map_err(Into::into);
+        }
+    };
+    if remote.json {
+        print_body(&serde_json::to_vec(answer)?)?;
+    } else {
+        say(describe_import(answer))?;
+    }
+    result.map(|_| ()).map_err(Into::into)
+}
+
+fn describe_import(answer: &ImportAnswer) -> String {
+    let mut text = fields(&[
+        ("created", answer.created.to_string()),
+        (
+            "duplicates",
+            format!("{} (idempotency key of a live task)", answer.duplicates),
+        ),
+        ("refused", format!("{} (not valid tasks)", answer.refused)),
+    ]);
+    for line in &answer.errors {
+        text.push_str(&format!(
+            "\nline {}: {}: {}",
+            line.line, line.error.code, line.error.message
+        ));
+    }
+    let listed = answer.errors.len() as u64;
+    if answer.refused > listed {
+        text.push_str(&format!(
+            "\n... and {} more refused (the server lists the first {listed})",
+            answer.refused - listed
+        ));
+    }
+    if !answer.complete {
+        let line = answer.stopped_at_line.unwrap_or(1);
+        text.push_str(&format!(
+            "\nincomplete: the server stopped at line {line}; every line before it was \
+             applied, none from it on: resend from line {line} (with idempotency keys, the \
+             whole file again is safe)"
+        ));
+    }
+    text
+}
+
 /// The task's fields, one aligned line each.
 pub(crate) fn describe(t: &Task) -> String {
     let now = now_ms();
@@ -321,6 +389,7 @@ pub async fn task(remote: &Remote, command: TaskCommand) -> anyhow::Result<()> {
             let request = Request::submit(&args.queue, &new_task(&args)?);
             run(remote, request, describe_submitted).await
         }
+        TaskCommand::Import { queue, file } => import(remote, &queue, &file).await,
         TaskCommand::Get(target) => run(remote, get_request(&target), show).await,
         TaskCommand::Cancel(target) => cancel(remote, &target).await,
         TaskCommand::Reschedule { target, due } => {
