@@ -48,6 +48,7 @@ error_codes! {
     InvalidQueueConfig => "invalid_queue_config",
     WebhookTargetRefused => "webhook_target_refused",
     InvalidDelivery => "invalid_delivery",
+    TargetNotSupported => "target_not_supported",
     PayloadTooLarge => "payload_too_large",
     QueueNotFound => "queue_not_found",
     TaskNotFound => "task_not_found",
