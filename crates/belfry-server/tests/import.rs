@@ -148,6 +148,31 @@ async fn twenty_thousand_lines_are_each_stored_as_given() {
     drop(dir);
 }
 
+/// Large payloads are submitted in smaller batches: a batch never holds more payload than a
+/// single submit's body may (`limits.request_max`), whatever the count.
+#[tokio::test]
+async fn a_batch_of_large_payloads_is_cut_at_the_request_size() {
+    let config = belfry_server::ServerConfig {
+        request_bytes_max: 64 * 1024,
+        payload_bytes_max: 16 * 1024,
+        ..test_config()
+    };
+    let faulty = FaultyStore::new(Arc::new(MemoryStore::new()));
+    let s = TestServer::start_with_sinks(config, faulty.clone(), None, None).await;
+    pull_queue(&s).await;
+    let text = "x".repeat(10_000);
+    let body: String = (0..30)
+        .map(|i| format!("{}\n", json!({"payload": {"i": i, "text": text}})))
+        .collect();
+    let (status, answer, _) = import(&s, body).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["created"], 30, "{answer}");
+    let puts = faulty.puts.lock().clone();
+    // About 10 KB a payload: a batch is sent once it holds 64 KiB, so 7 tasks at most.
+    assert!(puts.iter().all(|&n| n <= 7), "{puts:?}");
+    assert_eq!(puts.iter().sum::<usize>(), 30, "{puts:?}");
+}
+
 #[tokio::test]
 async fn bad_lines_are_reported_by_number_and_the_others_applied() {
     let s = TestServer::start().await;

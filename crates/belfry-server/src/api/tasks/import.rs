@@ -17,7 +17,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use belfry_core::limits::{
     BATCH_TASKS_MAX, HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX,
-    IDEMPOTENCY_KEY_LEN_MAX,
+    IDEMPOTENCY_KEY_LEN_MAX, TARGET_LEN_MAX,
 };
 use belfry_core::NewTask;
 use belfry_store::PutOutcome;
@@ -33,12 +33,14 @@ use crate::api::lines::{Line, LineSplitter};
 /// Refused lines an import answer lists (all are counted).
 const IMPORT_ERRORS_LISTED: usize = 100;
 
-/// Most bytes a line holds besides its payload: every header and the idempotency key at
-/// their longest with each byte written as a six-byte `\uXXXX` escape (the longest JSON can
-/// spell a byte), and 64 KiB for the due time, the policies, field names and spaces.
-const TASK_FIELDS_BYTES_MAX: usize =
-    (HEADERS_MAX * (HEADER_NAME_LEN_MAX + HEADER_VALUE_LEN_MAX) + IDEMPOTENCY_KEY_LEN_MAX) * 6
-        + 64 * 1024;
+/// Most bytes a line holds besides its payload: every header, the idempotency key and the
+/// target at their longest with each byte written as a six-byte `\uXXXX` escape (the longest
+/// JSON can spell a byte), and 64 KiB for the due time, the policies, field names and spaces.
+const TASK_FIELDS_BYTES_MAX: usize = (HEADERS_MAX * (HEADER_NAME_LEN_MAX + HEADER_VALUE_LEN_MAX)
+    + IDEMPOTENCY_KEY_LEN_MAX
+    + TARGET_LEN_MAX)
+    * 6
+    + 64 * 1024;
 
 /// Most bytes one line may hold: a task whose payload is at the limit written in its longer
 /// form (`payload_base64`, 4 bytes for 3: a JSON `payload`'s limit counts its text), with
@@ -134,6 +136,10 @@ pub async fn import(
 #[derive(Default)]
 struct Pending {
     tasks: Vec<NewTask>,
+    /// Payload bytes among them: a batch is also submitted once it holds a single submit's
+    /// largest body (`limits.request_max`), so an import of large payloads holds no more than
+    /// a batch submit may.
+    payload_bytes: usize,
     /// The number of the first of them (a task or a refused line), once one came.
     first_line: Option<u64>,
     /// The refused lines among them, and how many of the answer's listed errors they are.
@@ -239,13 +245,14 @@ impl Import<'_> {
     }
 
     /// Counts `items` into the pending batch, submitting it whenever it holds
-    /// `BATCH_TASKS_MAX` tasks. A batch refused stops it all, at the batch's first line,
+    /// `BATCH_TASKS_MAX` tasks or `limits.request_max` bytes of payload. A batch refused stops it all, at the batch's first line,
     /// unapplied from there.
     async fn take(&mut self, items: &mut Vec<Item>) -> Result<(), (ApiError, u64)> {
         for item in items.drain(..) {
             match item {
                 Item::Task(task, line) => {
                     self.pending.first_line.get_or_insert(line);
+                    self.pending.payload_bytes += task.payload.len();
                     self.pending.tasks.push(task);
                 }
                 Item::Bad(error, line) => {
@@ -261,7 +268,9 @@ impl Import<'_> {
                     }
                 }
             }
-            if self.pending.tasks.len() >= BATCH_TASKS_MAX {
+            if self.pending.tasks.len() >= BATCH_TASKS_MAX
+                || self.pending.payload_bytes >= self.service.config.request_bytes_max
+            {
                 self.apply().await?;
             }
         }
