@@ -10,6 +10,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use belfry_core::limits::BATCH_TASKS_MAX;
+use std::sync::OnceLock;
+
 use belfry_core::{NewTask, QueueName, UnixMs};
 use belfry_store::PutOutcome;
 
@@ -31,10 +33,15 @@ const DEAD_PAGE_DEFAULT: usize = 100;
 /// limits, the queue's defaults and what checks a task's own target. Every submit path (one
 /// task, a batch, an import) turns a `TaskBody` into a `NewTask` through [`Intake::task`]
 /// alone, so a field added to the body is taken, and checked, the same way by all of them.
-#[derive(Clone)]
 pub(super) struct Intake {
     queue: QueueName,
     limits: TaskLimits,
+    service: AppState,
+    /// Whether the queue delivers by push (pull queues take no target).
+    pushed: bool,
+    /// What checks a task's own target: looked up with the first task that has one, so the
+    /// common submit does not touch the dispatcher's state.
+    targets: OnceLock<TaskTargets>,
 }
 
 impl Intake {
@@ -43,23 +50,32 @@ impl Intake {
     pub(super) async fn of(service: &AppState, queue: &QueueName) -> Result<Self, ApiError> {
         let runtime = service.runtime(queue).await?;
         let config = runtime.config();
-        let targets = match (config.sink(), service.dispatcher.sink(queue)) {
-            (_, Some(sink)) => TaskTargets::Sink(sink),
-            (None, None) => TaskTargets::Refused(format!(
-                "queue {queue} is a pull queue: its consumers lease the tasks, so a task's target means nothing there; targets are for webhook queues"
-            )),
-            (Some(_), None) => TaskTargets::Refused(format!(
-                "queue {queue}'s delivery is not running on this server (see its delivery_health), so a task's target cannot be checked"
-            )),
-        };
         Ok(Intake {
             queue: queue.clone(),
             limits: TaskLimits {
                 payload_bytes_max: service.config.payload_bytes_max,
                 horizon_ms: service.config.horizon_ms,
                 late_default: config.late_policy,
-                targets,
             },
+            service: service.clone(),
+            pushed: config.sink().is_some(),
+            targets: OnceLock::new(),
+        })
+    }
+
+    /// What checks a task's own target in this queue: its attached sink, or why none can.
+    fn targets(&self) -> &TaskTargets {
+        self.targets.get_or_init(|| {
+            let queue = &self.queue;
+            match (self.pushed, self.service.dispatcher.sink(queue)) {
+                (_, Some(sink)) => TaskTargets::Sink(sink),
+                (false, None) => TaskTargets::Refused(format!(
+                    "queue {queue} is a pull queue: its consumers lease the tasks, so a task's target means nothing there; targets are for webhook queues"
+                )),
+                (true, None) => TaskTargets::Refused(format!(
+                    "queue {queue}'s delivery is not running on this server (see its delivery_health), so a task's target cannot be checked"
+                )),
+            }
         })
     }
 
@@ -69,7 +85,10 @@ impl Intake {
 
     /// One task of a submit, as the store takes it, due times resolved against `now_ms`.
     pub(super) fn task(&self, body: TaskBody<'_>, now_ms: UnixMs) -> Result<NewTask, ApiError> {
-        body.into_new_task(&self.queue, now_ms, &self.limits)
+        if let Some(target) = &body.target {
+            self.targets().check(target)?;
+        }
+        body.into_new_task(&self.queue, now_ms, self.limits)
     }
 }
 

@@ -21,18 +21,16 @@ use {crate::api::error::ErrorBody, belfry_core::TaskId};
 const BASE64: base64::engine::GeneralPurpose = base64::engine::general_purpose::STANDARD;
 
 /// Limits that apply to submitted tasks (from the server configuration).
-#[derive(Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct TaskLimits {
     pub payload_bytes_max: usize,
     pub horizon_ms: u64,
     /// The queue's late policy, for tasks that name none.
     pub late_default: LatePolicy,
-    /// What checks a task's own target.
-    pub targets: TaskTargets,
 }
 
-/// Whether the queue takes tasks with their own target, and what checks one.
-#[derive(Clone)]
+/// Whether the queue takes tasks with their own target, and what checks one (the submit's
+/// intake checks a task's `target` with it before the rest of the task is converted).
 pub enum TaskTargets {
     /// The queue's push sink, which checks a target against what it can deliver to.
     Sink(Arc<dyn Sink>),
@@ -157,11 +155,13 @@ pub struct TaskBody<'a> {
 }
 
 impl TaskBody<'_> {
+    /// The task, its fields checked; a `target` is taken as it is (the intake checked it
+    /// against the queue's sink).
     pub fn into_new_task(
         self,
         queue: &QueueName,
         now_ms: UnixMs,
-        limits: &TaskLimits,
+        limits: TaskLimits,
     ) -> Result<NewTask, ApiError> {
         let due = DueBody {
             delay_ms: self.delay_ms,
@@ -180,9 +180,6 @@ impl TaskBody<'_> {
         if let Some(key) = &self.idempotency_key {
             crate::api::extract::check_idempotency_key(key)
                 .map_err(|why| invalid(ErrorCode::InvalidRequest, why))?;
-        }
-        if let Some(target) = &self.target {
-            limits.targets.check(target)?;
         }
         Ok(NewTask {
             queue: queue.clone(),
@@ -461,10 +458,9 @@ mod tests {
             payload_bytes_max: 100,
             horizon_ms: 100,
             late_default: LatePolicy::Fire,
-            targets: TaskTargets::Refused("a pull queue".into()),
         };
         let task = body
-            .into_new_task(&QueueName::new("q").unwrap(), 5, &limits)
+            .into_new_task(&QueueName::new("q").unwrap(), 5, limits)
             .unwrap();
         assert_eq!(&task.payload[..], br#"{"a": [1, 2]}"#);
         assert_eq!(task.due_at_ms, 5);
