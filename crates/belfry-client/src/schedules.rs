@@ -62,6 +62,9 @@ pub struct ScheduleSpec {
     pub misfire: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub paused: Option<bool>,
+    /// Webhook queues only: the URL the firings go to instead of the queue's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
 }
 
 impl ScheduleSpec {
@@ -138,6 +141,9 @@ pub struct Schedule {
     pub shard_count: u32,
     pub misfire: String,
     pub paused: bool,
+    /// The firings' own target, without credentials or query string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     pub created_at_ms: u64,
     pub updated_at_ms: u64,
     /// The next firing not yet created: absent when paused or finished.

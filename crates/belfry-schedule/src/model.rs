@@ -4,7 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use belfry_core::limits::{HEADERS_MAX, PAYLOAD_BYTES_MAX_DEFAULT};
+use belfry_core::limits::{HEADERS_MAX, PAYLOAD_BYTES_MAX_DEFAULT, TARGET_LEN_MAX};
 use belfry_core::schedule::{MisfirePolicy, ScheduleError, ScheduleSpec, Trigger};
 use belfry_core::{Header, LatePolicy, PayloadKind, Priority, QueueName, UnixMs};
 use bytes::Bytes;
@@ -102,6 +102,9 @@ pub struct ScheduleDef {
     pub headers: Vec<Header>,
     pub priority: Priority,
     pub late_policy: LatePolicy,
+    /// The firings' own delivery target (`NewTask::target`): a webhook URL their tasks go to
+    /// instead of the queue's. The API checks it; this crate only bounds its length.
+    pub target: Option<String>,
     /// Tasks per firing, 1 to `SHARD_COUNT_MAX`.
     pub shard_count: u32,
     pub misfire: MisfirePolicy,
@@ -136,6 +139,7 @@ impl ScheduleDef {
             headers: Vec::new(),
             priority: Priority::Normal,
             late_policy: LatePolicy::Fire,
+            target: None,
             shard_count: 1,
             misfire: MisfirePolicy::default(),
             paused: false,
@@ -151,6 +155,11 @@ impl ScheduleDef {
             });
         }
         self.check_headers()?;
+        if let Some(target) = &self.target {
+            if target.len() > TARGET_LEN_MAX {
+                return Err(InvalidSchedule::TargetTooLong { got: target.len() });
+            }
+        }
         let trigger = match &self.trigger {
             TriggerDef::Cron {
                 expression,
@@ -192,6 +201,8 @@ pub enum InvalidSchedule {
     PayloadTooLarge { got: usize },
     #[error("invalid headers: {0}")]
     Headers(String),
+    #[error("target is {got} bytes long, more than the {TARGET_LEN_MAX} allowed")]
+    TargetTooLong { got: usize },
 }
 
 /// A stored schedule.

@@ -14,6 +14,7 @@
 //!  "start_at_ms":null,"end_at_ms":null,
 //!  "payload_base64":"e30=","payload_kind":"json","headers":[["k","v"]],
 //!  "priority":"normal","late_policy":"fire","late_after_ms":null,
+//!  "target":"https://…",                                (only when the schedule has one)
 //!  "shard_count":1,"misfire":"fire_once","paused":false,
 //!  "created_at_ms":…,"updated_at_ms":…,"not_before_ms":…}
 //! ```
@@ -58,6 +59,9 @@ struct ScheduleV1 {
     priority: String,
     late_policy: String,
     late_after_ms: Option<u64>,
+    /// Absent in records written before schedules had targets, and when there is none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    target: Option<String>,
     shard_count: u32,
     misfire: String,
     paused: bool,
@@ -132,6 +136,7 @@ pub(crate) fn encode_schedule(stored: &StoredSchedule) -> Bytes {
         .to_string(),
         late_policy: late_policy.to_string(),
         late_after_ms,
+        target: def.target.clone(),
         shard_count: def.shard_count,
         misfire: def.misfire.as_str().to_string(),
         paused: def.paused,
@@ -197,6 +202,7 @@ pub(crate) fn decode_schedule(bytes: &[u8]) -> Result<StoredSchedule, DecodeErro
             ("dead", Some(after_ms)) => LatePolicy::Dead { after_ms },
             (other, _) => return Err(bad(format!("bad late policy {other:?}"))),
         },
+        target: r.target,
         shard_count: r.shard_count,
         misfire: MisfirePolicy::parse(&r.misfire)
             .ok_or_else(|| bad(format!("unknown misfire policy {:?}", r.misfire)))?,
@@ -287,6 +293,7 @@ mod tests {
         def.shard_count = 4;
         def.misfire = MisfirePolicy::CatchUp;
         def.start_at_ms = Some(7);
+        def.target = Some("https://hooks.example.com/nightly?k=v".into());
         for def in [def, ScheduleDef::every(queue, 60_000)] {
             let record = stored(def);
             let bytes = encode_schedule(&record);
@@ -294,6 +301,16 @@ mod tests {
         }
         assert_eq!(decode_cursor(&encode_cursor(42)).unwrap(), 42);
         assert_eq!(&encode_cursor(42)[..], br#"{"v":1,"cursor_ms":42}"#);
+    }
+
+    /// A record written before schedules had targets reads as one without, and one without
+    /// a target is written without the field (so it reads back on an older node too).
+    #[test]
+    fn a_record_without_a_target_is_the_one_written_before_targets() {
+        let record = stored(ScheduleDef::every(QueueName::new("q").unwrap(), 1_000));
+        let text = String::from_utf8(encode_schedule(&record).to_vec()).unwrap();
+        assert!(!text.contains("target"), "{text}");
+        assert_eq!(decode_schedule(text.as_bytes()).unwrap().def.target, None);
     }
 
     #[test]

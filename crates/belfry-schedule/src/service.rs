@@ -954,7 +954,7 @@ fn firing_task(parsed: &Parsed, fire_ms: UnixMs, shard: usize) -> NewTask {
         priority: def.priority,
         idempotency_key: Some(firing_key(&parsed.stored.id, fire_ms, shard)),
         late_policy: def.late_policy,
-        target: None,
+        target: def.target.clone(),
     }
 }
 

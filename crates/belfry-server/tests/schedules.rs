@@ -991,3 +991,58 @@ async fn a_schedule_payload_is_bounded_below_the_task_limit() {
     )
     .await;
 }
+
+/// A schedule's `target` takes its firings (not the queue's URL); it is checked on create as
+/// a task's is, and shown without its query string.
+#[tokio::test]
+async fn a_schedules_target_takes_its_firings() {
+    let t = Scheduled::start().await;
+    let queue_receiver = common::Receiver::start(&t.s.clock, vec![(200, vec![])]).await;
+    let own = common::Receiver::start(&t.s.clock, vec![(200, vec![])]).await;
+    t.s.queue(
+        "hooks",
+        json!({"delivery": {"type": "webhook", "url": queue_receiver.url()}}),
+    )
+    .await;
+    t.s.queue("pull", json!({})).await;
+    let refused =
+        |queue: &str, target: &str| json!({"queue": queue, "every_ms": MINUTE, "target": target});
+    let (status, body) =
+        t.s.call("POST", "/v1/schedules", refused("pull", &own.url()))
+            .await;
+    assert_eq!(
+        (status, code(&body)),
+        (400, "target_not_supported"),
+        "{body}"
+    );
+    let (status, body) =
+        t.s.call(
+            "POST",
+            "/v1/schedules",
+            refused("hooks", "ftp://example.com/x"),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (400, "webhook_target_refused"),
+        "{body}"
+    );
+
+    let created = t
+        .create(json!({"id": "own", "queue": "hooks", "every_ms": MINUTE,
+            "payload": {"n": 1}, "target": format!("{}?k=v", own.url())}))
+        .await;
+    assert_eq!(created["target"], format!("{}?<redacted>", own.url()));
+    t.advance(MINUTE);
+    eventually("the firing at the schedule's target", || async {
+        (own.count() >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(queue_receiver.count(), 0);
+    let firing = &own.received()[0];
+    assert_eq!(firing.body, br#"{"n":1}"#);
+    assert_eq!(
+        firing.headers.get("belfry-schedule").map(|v| v.as_bytes()),
+        Some(&b"own"[..])
+    );
+}

@@ -97,6 +97,9 @@ pub struct ScheduleCreate {
     /// The late policy of each firing's tasks.
     #[command(flatten)]
     pub late: commands::LateArgs,
+    /// Webhook queues only: POST the firings to URL instead of the queue's webhook URL.
+    #[arg(long, value_name = "URL")]
+    pub target: Option<String>,
 }
 
 fn spec(args: ScheduleCreate) -> anyhow::Result<ScheduleSpec> {
@@ -125,6 +128,7 @@ fn spec(args: ScheduleCreate) -> anyhow::Result<ScheduleSpec> {
         misfire: args.misfire,
         paused: args.paused.then_some(true),
         late,
+        target: args.target,
         ..ScheduleSpec::default()
     })
 }
@@ -163,8 +167,12 @@ fn describe(s: &Schedule) -> String {
         }
         _ => String::new(),
     };
+    let target = s
+        .target
+        .as_deref()
+        .map_or_else(String::new, |target| format!(" (to {target})"));
     format!(
-        "{id} -> {queue}: {rule}{shards}, misfire {misfire}{late}\n  {next}",
+        "{id} -> {queue}{target}: {rule}{shards}, misfire {misfire}{late}\n  {next}",
         id = s.id,
         queue = s.queue,
         misfire = s.misfire,

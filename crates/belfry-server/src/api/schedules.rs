@@ -172,6 +172,8 @@ pub struct ScheduleBody {
     pub shard_count: Option<u32>,
     pub misfire: Option<MisfireBody>,
     pub paused: Option<bool>,
+    /// Webhook queues only: the URL the firings' tasks go to instead of the queue's.
+    pub target: Option<String>,
 }
 
 /// An instant given as RFC 3339 text or as unix milliseconds (at most one of the two).
@@ -263,9 +265,45 @@ impl ScheduleBody {
                 Some(MisfireBody::FireOnce) | None => MisfirePolicy::FireOnce,
             },
             paused: self.paused.unwrap_or(false),
+            target: self.target,
         };
         Ok((self.id, def))
     }
+}
+
+/// A schedule's target, checked as a task's is, from the queue's configuration rather than
+/// its attached sink (the schedule routes have no dispatcher): the queue must deliver by
+/// webhook, and the URL pass the server's target policy. A missing queue is left to the
+/// service, which answers `queue_not_found`. The webhook checks the URL again when it sends
+/// each firing.
+fn check_target(state: &SchedulesState, def: &ScheduleDef) -> Result<(), ApiError> {
+    let Some(target) = &def.target else {
+        return Ok(());
+    };
+    if let Some(runtime) = state.shared.queues.get(&def.queue) {
+        let queue = &def.queue;
+        match runtime.config().sink().map(|spec| spec.kind()) {
+            Some("webhook") => {}
+            None => {
+                return Err(ApiError::new(
+                    ErrorCode::TargetNotSupported,
+                    format!("queue {queue} is a pull queue: its consumers lease the firings, so a target means nothing there; targets are for webhook queues"),
+                ))
+            }
+            Some(kind) => {
+                return Err(ApiError::new(
+                    ErrorCode::TargetNotSupported,
+                    format!("queue {queue} delivers to a {kind} stream, every task to the queue's own; targets are for webhook queues"),
+                ))
+            }
+        }
+    }
+    let policy = belfry_sinks::TargetPolicy {
+        allow_private: state.shared.config.allow_private_targets,
+    };
+    belfry_sinks::webhook::target::validate_webhook_url(target, &policy)
+        .map(|_| ())
+        .map_err(|e| ApiError::new(ErrorCode::WebhookTargetRefused, format!("target: {e}")))
 }
 
 fn schedule_id(text: &str) -> Result<ScheduleId, ApiError> {
@@ -335,6 +373,9 @@ pub struct ScheduleView {
     pub shard_count: u32,
     pub misfire: &'static str,
     pub paused: bool,
+    /// The firings' own target, without credentials or query string (as a queue's URL).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
     pub created_at_ms: UnixMs,
     pub updated_at_ms: UnixMs,
     /// The next firing not yet created (absent when paused or finished). It may be slightly
@@ -396,6 +437,10 @@ impl ScheduleView {
             shard_count: def.shard_count,
             misfire: def.misfire.as_str(),
             paused: def.paused,
+            target: def
+                .target
+                .as_deref()
+                .map(belfry_sinks::webhook::redact_url_text),
             created_at_ms: schedule.created_at_ms,
             updated_at_ms: schedule.updated_at_ms,
             next_fire_at: next.and_then(format_utc),
@@ -471,6 +516,7 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     let (id, def) = body.into_def(state.payload_bytes_max)?;
     let id = id.as_deref().map(schedule_id).transpose()?;
+    check_target(&state, &def)?;
     let now_ms = state.shared.now_ms();
     let schedule = state.create(NewSchedule { id, def, now_ms }).await??;
     state.schedule_written(schedule.next_fire_ms());
@@ -542,6 +588,7 @@ pub async fn replace(
     JsonBody(body): JsonBody<ScheduleBody>,
 ) -> Result<Json<ScheduleView>, ApiError> {
     let (body_id, def) = body.into_def(state.payload_bytes_max)?;
+    check_target(&state, &def)?;
     if let Some(body_id) = body_id {
         if body_id != id.as_str() {
             return Err(ApiError::new(
