@@ -587,3 +587,39 @@ async fn task_targets_are_checked_on_submit() {
         .await;
     assert_eq!(task["target"], "https://example.org/a");
 }
+
+/// Tasks sent to their own slow target hold no calls to their queue's host: another queue on
+/// that host is delivered while they hang.
+#[tokio::test]
+async fn a_slow_task_target_does_not_hold_the_queue_hosts_calls() {
+    let config = belfry_server::ServerConfig {
+        dispatch_per_target_max: 2,
+        ..common::test_config()
+    };
+    let s = TestServer::start_with(config).await;
+    let shared_host = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    let slow = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    slow.hold();
+    // Longer than the test waits: without the fix the slow calls would hold the host's
+    // calls for the whole test, not time out and hand them back.
+    let patient =
+        json!({"delivery": {"type": "webhook", "url": shared_host.url(), "timeout_ms": 300_000}});
+    webhook_queue(&s, "targets", &shared_host, patient).await;
+    webhook_queue(&s, "other", &shared_host, json!({})).await;
+    for n in 0..5 {
+        s.submit("targets", json!({"payload": n, "target": slow.url()}))
+            .await;
+    }
+    eventually(
+        "the slow target holds more than the host's calls",
+        || async { (slow.count() > 2).then_some(()) },
+    )
+    .await;
+    s.submit("other", json!({"payload": "other"})).await;
+    eventually("the other queue delivered", || async {
+        (shared_host.count() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(shared_host.received()[0].body, br#""other""#);
+    slow.release();
+}

@@ -24,10 +24,13 @@ static OUTCOME_WRITE_ERRORS: LogEvery = LogEvery::new(Duration::from_secs(10));
 static DEAD_LETTERS: LogEvery = LogEvery::new(Duration::from_secs(10));
 
 /// Budget a delivery holds (only to give it back when it ends): its tasks' share of the
-/// global cap and one call to its target.
+/// global cap and one call to its target. A delivery to a task's own target holds no call to
+/// the queue's target: it does not go there, and a slow target of the producer's choosing
+/// must not hold the calls other queues on the queue's host need. It is still bounded by its
+/// queue's in-flight limit and the global cap.
 pub(super) struct Budget {
     _tasks: OwnedSemaphorePermit,
-    _call: OwnedSemaphorePermit,
+    _call: Option<OwnedSemaphorePermit>,
 }
 
 impl Dispatcher {
@@ -54,9 +57,10 @@ impl Dispatcher {
                 }
                 break;
             };
+            let own_target = batch.iter().all(|leased| leased.task.target.is_some());
             let budget = Budget {
                 _tasks: task_share,
-                _call: call,
+                _call: (!own_target).then_some(call),
             };
             let job = DeliveryJob {
                 dispatcher: self.clone(),
