@@ -361,3 +361,44 @@ async fn an_unknown_queue_is_refused_before_the_body_is_read() {
     assert_eq!(status, 404, "{answer}");
     assert_eq!(code(&answer), "queue_not_found", "{answer}");
 }
+
+/// A body that stops arriving is answered as any slow request body is, `408
+/// request_timeout`, with the counts of what came before it; a malformed line's error names
+/// its column, not the parser's "line 1".
+#[tokio::test]
+async fn a_body_that_stalls_is_a_timeout_with_what_was_applied() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let config = belfry_server::ServerConfig {
+        http_body_read_timeout_ms: 300,
+        ..test_config()
+    };
+    let s = TestServer::start_with(config).await;
+    pull_queue(&s).await;
+    let mut conn = tokio::net::TcpStream::connect(s.handle.local_addr())
+        .await
+        .unwrap();
+    let lines = format!("{}{{\"payload\": nope}}\n", task_line(0));
+    let head = format!(
+        "POST {IMPORT} HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{lines}\r\n",
+        lines.len()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    // Nothing more is sent, and the write half stays open: the server's body timeout ends it.
+    let mut response = Vec::new();
+    let _ = conn.read_to_end(&mut response).await;
+    let text = String::from_utf8_lossy(&response);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    let body: Value = serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap();
+    assert_eq!(body["error"]["code"], "request_timeout", "{body}");
+    assert_eq!(
+        (body["created"].as_u64(), body["refused"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(body["stopped_at_line"], 3, "{body}");
+    let message = body["errors"][0]["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("the line is not valid JSON") && !message.contains("line 1"),
+        "{message}"
+    );
+    assert_eq!(pending(&s).await, 1);
+}

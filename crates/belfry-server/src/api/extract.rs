@@ -79,11 +79,12 @@ fn too_large_body() -> ApiError {
     )
 }
 
-/// Why reading the body timed out, if it did (it stalled, or it was too slow in all).
-fn timed_out(
-    rejection: &axum::extract::rejection::BytesRejection,
-) -> Option<&super::body_timeout::BodyTimedOut> {
-    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(rejection);
+/// Why reading the body timed out, if `error` (a rejection, a body stream's error) says it
+/// did: it stalled, or it was too slow in all.
+pub(super) fn timed_out<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a super::body_timeout::BodyTimedOut> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(error) = cause {
         if let Some(timed_out) = error.downcast_ref::<super::body_timeout::BodyTimedOut>() {
             return Some(timed_out);

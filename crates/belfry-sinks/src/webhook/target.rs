@@ -277,6 +277,13 @@ pub fn validate_webhook_url(url: &str, policy: &TargetPolicy) -> Result<Url, Sin
     let parsed = Url::parse(url).map_err(|error| SinkError::InvalidUrl {
         reason: error.to_string(),
     })?;
+    // The URL as it is sent: percent-encoding can make it three times the text given.
+    if parsed.as_str().len() > WEBHOOK_URL_LEN_MAX {
+        return Err(SinkError::UrlTooLong {
+            len: parsed.as_str().len(),
+            max: WEBHOOK_URL_LEN_MAX,
+        });
+    }
     match parsed.scheme() {
         "http" | "https" => {}
         other => {
@@ -666,6 +673,12 @@ mod tests {
         check("http://localhost:9000/", private, Ok(()));
         check(
             &format!("https://example.com/{}", "a".repeat(WEBHOOK_URL_LEN_MAX)),
+            public,
+            Err("limit is 2048 bytes"),
+        );
+        // Short as given, too long once percent-encoded (é is %C3%A9).
+        check(
+            &format!("https://example.com/{}", "é".repeat(500)),
             public,
             Err("limit is 2048 bytes"),
         );

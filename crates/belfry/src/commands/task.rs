@@ -25,7 +25,9 @@ pub enum TaskCommand {
     /// Schedule a task: due now, after --delay, or --at a time.
     Add(TaskAdd),
     /// Import tasks from an NDJSON file, one task a line as the API's submit takes it
-    /// ({"payload": ..., "delay_ms": ...}), streamed: FILE, or - for stdin.
+    /// ({"payload": ..., "delay_ms": ...}), streamed: FILE, or - for stdin (which must keep
+    /// up: the server ends a body that sends nothing for http.body_read_timeout). Exits 0 once
+    /// the whole file was read, refused lines listed; 1 when the import stopped early.
     Import {
         /// The queue to add them to; it must exist.
         queue: String,

@@ -120,6 +120,10 @@ pub async fn import(
             (e.code.status(), e.retry_after_s)
         }
     };
+    if let Some((error, line)) = &stop {
+        // The client may never see the answer (it went away): the log says what was kept.
+        tracing::info!(%queue, created = answer.created, duplicates = answer.duplicates, refused = answer.refused, stopped_at_line = line, code = error.code.as_str(), "a task import stopped before the end of its body; the lines before stopped_at_line were applied");
+    }
     answer.error = stop.map(|(e, _)| e.body());
     let mut response = (status, Json(answer)).into_response();
     // A refused batch (an overloaded server, a full disk) says when to resume, as the error
@@ -174,12 +178,7 @@ impl Import<'_> {
             let now_ms = self.service.now_ms();
             let chunk = match next {
                 Some(Ok(chunk)) => chunk,
-                Some(Err(e)) => {
-                    break Some(ApiError::new(
-                        ErrorCode::BodyIncomplete,
-                        format!("the body broke off at line {}: {e}", lines.line()),
-                    ));
-                }
+                Some(Err(e)) => break Some(broke_off(&e, lines.line())),
                 None => {
                     lines.finish(|line| items.extend(self.convert(line, now_ms)));
                     break None;
@@ -240,7 +239,7 @@ impl Import<'_> {
         let task = parse_json::<TaskBody>(bytes).and_then(|body| self.intake.task(body, now_ms));
         Some(match task {
             Ok(task) => Item::Task(task, number),
-            Err(e) => Item::Bad(e, number),
+            Err(e) => Item::Bad(line_error(e), number),
         })
     }
 
@@ -300,6 +299,41 @@ impl Import<'_> {
             }
         }
     }
+}
+
+/// Why the body stopped at `line`: too slow (`408 request_timeout`, as any request body
+/// would be), or cut off.
+fn broke_off(error: &axum::Error, line: u64) -> ApiError {
+    match crate::api::extract::timed_out(error) {
+        Some(timed_out) => ApiError::new(
+            ErrorCode::RequestTimeout,
+            format!(
+                "{timed_out} (at line {line}): an import must keep sending; feed it from a \
+                 file, or raise http.body_read_timeout"
+            ),
+        ),
+        None => ApiError::new(
+            ErrorCode::BodyIncomplete,
+            format!("the body broke off at line {line}: {error}"),
+        ),
+    }
+}
+
+/// A line's own error: a JSON error names the line's column (every line is "line 1" to the
+/// JSON parser).
+fn line_error(error: ApiError) -> ApiError {
+    if error.code != ErrorCode::MalformedJson {
+        return error;
+    }
+    let message = error
+        .message
+        .replacen(
+            "the body is not valid JSON",
+            "the line is not valid JSON",
+            1,
+        )
+        .replacen(" at line 1 column ", " at column ", 1);
+    ApiError::new(ErrorCode::MalformedJson, message)
 }
 
 fn too_large(max: u64) -> ApiError {
