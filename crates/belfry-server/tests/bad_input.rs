@@ -181,6 +181,9 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         (400, "beyond_horizon", "POST", tasks, b(r#"{"run_at":"9999-12-31T10:00:00+05:00"}"#)),
         (413, "payload_too_large", "POST", tasks, Some(format!(r#"{{"payload":"{big}"}}"#))),
         (413, "payload_too_large", "POST", tasks, Some(format!(r#"{{"payload":"{huge}"}}"#))),
+        // A task's own target is for webhook queues; q is a pull queue.
+        (400, "target_not_supported", "POST", tasks, b(r#"{"target":"https://example.com/x"}"#)),
+        (400, "invalid_request", "POST", tasks, b(r#"{"target":5}"#)),
         (400, "invalid_payload", "POST", tasks, b(r#"{"payload":1,"payload_base64":"AA=="}"#)),
         (400, "invalid_payload", "POST", tasks, b(r#"{"payload_base64":"***"}"#)),
         (400, "invalid_request", "POST", tasks, b(r#"{"priority":"urgent"}"#)),
@@ -229,6 +232,16 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         let message = answer["error"]["message"].as_str().unwrap_or("");
         assert!(!message.is_empty(), "{method} {path}: no message");
     }
+    // A body declared over the limit is told both numbers.
+    let (got, answer) = s
+        .raw("POST", tasks, Some(format!(r#"{{"payload":"{huge}"}}"#)))
+        .await;
+    let message = answer["error"]["message"].as_str().unwrap_or("");
+    assert_eq!(got, 413, "{answer}");
+    assert!(
+        message.contains(&format!("{}", huge.len() + 14)) && message.contains("65536"),
+        "{message}"
+    );
     // A body that is JSON but not an object is told so, and so is a delivery given as text.
     for (method, path, body, hint) in [
         ("POST", tasks, "[{}]", "must be a JSON object"),

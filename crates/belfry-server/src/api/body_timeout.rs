@@ -48,7 +48,11 @@ impl BodyTimeoutLayer {
 /// requests carry it, so the common request pays a header lookup and no insert. The bulk
 /// subscriber routes have their own limit and do not look at it.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct DeclaredOverLimit;
+pub(super) struct DeclaredOverLimit {
+    /// The length the request declared, and the limit it is over, for the error message.
+    pub declared: u64,
+    pub limit: usize,
+}
 
 impl<S> tower::Layer<S> for BodyTimeoutLayer {
     type Service = BodyTimeout<S>;
@@ -88,8 +92,11 @@ where
             .get(axum::http::header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > self.limit as u64) {
-            request.extensions_mut().insert(DeclaredOverLimit);
+        if let Some(declared) = declared.filter(|len| *len > self.limit as u64) {
+            request.extensions_mut().insert(DeclaredOverLimit {
+                declared,
+                limit: self.limit,
+            });
         }
         self.inner
             .call(request.map(|body| TimedBody::new(body, timeout)))

@@ -39,12 +39,19 @@ where
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         // A declared length over the limit is refused at once, not after waiting for a body
         // that may never come.
-        if req
+        if let Some(over) = req
             .extensions()
             .get::<super::body_timeout::DeclaredOverLimit>()
-            .is_some()
         {
-            return Err(too_large_body());
+            return Err(ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the request body is {} bytes, more than the {} this server takes \
+                     (limits.request_max in its configuration); send less per request, or use \
+                     the batch or import routes for many tasks",
+                    over.declared, over.limit
+                ),
+            ));
         }
         let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
             if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
