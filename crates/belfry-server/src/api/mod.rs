@@ -4,6 +4,7 @@
 pub mod auth;
 mod body_timeout;
 mod bulk;
+mod bulk_read;
 mod dto;
 mod error;
 mod extract;

@@ -10,16 +10,16 @@
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use belfry_core::UserId;
 use belfry_reminders::{ReminderError, ReminderId};
-use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::{blocking, AppState, ReminderPath};
 use crate::api::bulk::{BulkParser, Item};
+use crate::api::bulk_read::{declared_over, read_and_apply, BulkApply};
 use crate::api::error::{ApiError, ErrorCode};
 
 /// Ids one store call of a bulk request takes.
@@ -78,11 +78,7 @@ async fn bulk(
     subscribe: bool,
 ) -> Response {
     let max = state.shared.config.subscribers_body_bytes_max;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > max) {
+    if declared_over(&headers, max) {
         return too_large(max).into_response();
     }
     // The reminder must exist (and take subscribers) before anything is read.
@@ -102,10 +98,12 @@ async fn bulk(
         state: &state,
         id: &id,
         subscribe,
+        parser: BulkParser::default(),
+        items: Vec::new(),
         answer: BulkAnswer::default(),
         pending: Pending::default(),
     };
-    let stop = bulk.read_and_apply(body).await;
+    let stop = read_and_apply(&mut bulk, body, max, too_large).await;
     let mut answer = bulk.answer;
     answer.complete = stop.is_none();
     let status = match &stop {
@@ -135,63 +133,46 @@ struct Bulk<'a> {
     state: &'a AppState,
     id: &'a ReminderId,
     subscribe: bool,
+    parser: BulkParser,
+    /// Items parsed and not yet counted into `pending`.
+    items: Vec<Item>,
     answer: BulkAnswer,
     pending: Pending,
 }
 
-impl Bulk<'_> {
-    /// Reads `body` to its end, applying its users a batch at a time. Answers why it stopped
-    /// early, if it did, and the item it stopped at.
-    async fn read_and_apply(&mut self, body: Body) -> Option<(ApiError, u64)> {
-        let max = self.state.shared.config.subscribers_body_bytes_max;
-        let mut parser = BulkParser::default();
-        let mut items = Vec::new();
-        let mut stream = body.into_data_stream();
-        let mut read: u64 = 0;
-        let stop = loop {
-            let chunk = match stream.next().await {
-                Some(Ok(chunk)) => chunk,
-                Some(Err(e)) => {
-                    break Some(ApiError::new(
-                        ErrorCode::BodyIncomplete,
-                        format!("the body broke off at line {}: {e}", parser.line()),
-                    ));
-                }
-                None => {
-                    break parser
-                        .finish(&mut items)
-                        .err()
-                        .map(|message| ApiError::new(ErrorCode::BodyIncomplete, message))
-                }
-            };
-            read += chunk.len() as u64;
-            if read > max {
-                // The items wholly within the limit are still applied; the one it cuts is not.
-                let within = chunk.len() - usize::try_from(read - max).unwrap_or(chunk.len());
-                parser.feed(&chunk[..within.min(chunk.len())], &mut items);
-                break Some(too_large(max));
-            }
-            parser.feed(&chunk, &mut items);
-            if let Err(refused) = self.take(&mut items).await {
-                return Some(refused);
-            }
-        };
-        // What was read before the end (or the cut) is applied, whatever its count.
-        let rest = match self.take(&mut items).await {
-            Ok(()) if self.pending.users.is_empty() => Ok(()),
-            Ok(()) => self.apply().await,
-            Err(refused) => Err(refused),
-        };
-        match rest {
-            Ok(()) => stop.map(|e| (e, parser.line())),
-            Err(refused) => Some(refused),
-        }
+impl BulkApply for Bulk<'_> {
+    fn feed(&mut self, bytes: &[u8]) {
+        self.parser.feed(bytes, &mut self.items);
     }
 
+    fn finish(&mut self) -> Result<(), ApiError> {
+        self.parser
+            .finish(&mut self.items)
+            .map_err(|message| ApiError::new(ErrorCode::BodyIncomplete, message))
+    }
+
+    fn line(&self) -> u64 {
+        self.parser.line()
+    }
+
+    async fn take(&mut self) -> Result<(), (ApiError, u64)> {
+        self.take_items().await
+    }
+
+    async fn flush(&mut self) -> Result<(), (ApiError, u64)> {
+        if self.pending.users.is_empty() {
+            return Ok(());
+        }
+        self.apply().await
+    }
+}
+
+impl Bulk<'_> {
     /// Counts `items` into the pending batch, applying it whenever it holds `BULK_BATCH`
     /// users. A batch refused stops it all, at the batch's first item, unapplied from there.
-    async fn take(&mut self, items: &mut Vec<Item>) -> Result<(), (ApiError, u64)> {
-        for item in items.drain(..) {
+    async fn take_items(&mut self) -> Result<(), (ApiError, u64)> {
+        let items = std::mem::take(&mut self.items);
+        for item in items {
             match item {
                 Item::User(user, line) => {
                     self.pending.first_line.get_or_insert(line);

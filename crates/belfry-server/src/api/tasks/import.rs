@@ -21,10 +21,10 @@ use belfry_core::limits::{
 };
 use belfry_core::NewTask;
 use belfry_store::PutOutcome;
-use futures_util::StreamExt;
 use serde::Serialize;
 
 use super::{AppState, Intake};
+use crate::api::bulk_read::{declared_over, read_and_apply, BulkApply};
 use crate::api::dto::TaskBody;
 use crate::api::error::{ApiError, ErrorBody, ErrorCode};
 use crate::api::extract::{parse_json, QueuePath};
@@ -92,11 +92,7 @@ pub async fn import(
     body: Body,
 ) -> Response {
     let max = service.config.import_body_bytes_max;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > max) {
+    if declared_over(&headers, max) {
         return too_large(max).into_response();
     }
     // The queue must exist before anything is read.
@@ -104,13 +100,19 @@ pub async fn import(
         Ok(intake) => intake,
         Err(e) => return e.into_response(),
     };
+    let config = &service.config;
     let mut import = Import {
         service: &service,
         intake,
+        lines: LineSplitter::new(line_bytes_max(
+            config.payload_bytes_max,
+            config.request_bytes_max,
+        )),
+        items: Vec::new(),
         answer: ImportAnswer::default(),
         pending: Pending::default(),
     };
-    let stop = import.read_and_apply(body).await;
+    let stop = read_and_apply(&mut import, body, max, too_large).await;
     let mut answer = import.answer;
     answer.complete = stop.is_none();
     let (status, retry_after) = match &stop {
@@ -155,99 +157,65 @@ struct Pending {
 struct Import<'a> {
     service: &'a AppState,
     intake: Intake,
+    lines: LineSplitter,
+    /// Lines converted and not yet counted into `pending`.
+    items: Vec<Item>,
     answer: ImportAnswer,
     pending: Pending,
 }
 
+impl BulkApply for Import<'_> {
+    fn feed(&mut self, bytes: &[u8]) {
+        // Due times given as a delay count from when their line arrived.
+        let now_ms = self.service.now_ms();
+        let Import {
+            lines,
+            items,
+            intake,
+            service,
+            ..
+        } = self;
+        lines.feed(bytes, |line| {
+            items.extend(convert(intake, service, line, now_ms))
+        });
+    }
+
+    fn finish(&mut self) -> Result<(), ApiError> {
+        let now_ms = self.service.now_ms();
+        let Import {
+            lines,
+            items,
+            intake,
+            service,
+            ..
+        } = self;
+        lines.finish(|line| items.extend(convert(intake, service, line, now_ms)));
+        Ok(())
+    }
+
+    fn line(&self) -> u64 {
+        self.lines.line()
+    }
+
+    async fn take(&mut self) -> Result<(), (ApiError, u64)> {
+        self.take_items().await
+    }
+
+    async fn flush(&mut self) -> Result<(), (ApiError, u64)> {
+        if self.pending.first_line.is_none() {
+            return Ok(());
+        }
+        self.apply().await
+    }
+}
+
 impl Import<'_> {
-    /// Reads `body` to its end, submitting its tasks a batch at a time. Answers why it stopped
-    /// early, if it did, and the line it stopped at.
-    async fn read_and_apply(&mut self, body: Body) -> Option<(ApiError, u64)> {
-        let config = &self.service.config;
-        let max = config.import_body_bytes_max;
-        let mut lines = LineSplitter::new(line_bytes_max(
-            config.payload_bytes_max,
-            config.request_bytes_max,
-        ));
-        let mut items = Vec::new();
-        let mut stream = body.into_data_stream();
-        let mut read: u64 = 0;
-        let stop = loop {
-            let next = stream.next().await;
-            // Due times given as a delay count from when their line arrived.
-            let now_ms = self.service.now_ms();
-            let chunk = match next {
-                Some(Ok(chunk)) => chunk,
-                Some(Err(e)) => break Some(broke_off(&e, lines.line())),
-                None => {
-                    lines.finish(|line| items.extend(self.convert(line, now_ms)));
-                    break None;
-                }
-            };
-            read += chunk.len() as u64;
-            let within = if read > max {
-                // The lines wholly within the limit are still applied; the one it cuts is not.
-                chunk.len() - usize::try_from(read - max).unwrap_or(chunk.len())
-            } else {
-                chunk.len()
-            };
-            lines.feed(&chunk[..within], |line| {
-                items.extend(self.convert(line, now_ms));
-            });
-            if read > max {
-                break Some(too_large(max));
-            }
-            if let Err(refused) = self.take(&mut items).await {
-                return Some(refused);
-            }
-        };
-        // What was read before the end (or the cut) is applied, whatever its count.
-        let rest = match self.take(&mut items).await {
-            Ok(()) if self.pending.first_line.is_none() => Ok(()),
-            Ok(()) => self.apply().await,
-            Err(refused) => Err(refused),
-        };
-        match rest {
-            Ok(()) => stop.map(|e| (e, lines.line())),
-            Err(refused) => Some(refused),
-        }
-    }
-
-    /// A line as a task, through the same conversion as every submit; a blank line is none.
-    fn convert(&self, line: Line<'_>, now_ms: belfry_core::UnixMs) -> Option<Item> {
-        let (number, bytes) = match line {
-            Line::Text { number, bytes } => (number, bytes),
-            Line::Overlong { number } => {
-                let max = line_bytes_max(
-                    self.service.config.payload_bytes_max,
-                    self.service.config.request_bytes_max,
-                );
-                let why = format!(
-                    "the line is longer than {max} bytes, more than any task needs (a payload \
-                     at limits.payload_max as base64, every other field at its longest); it \
-                     was skipped unread"
-                );
-                return Some(Item::Bad(
-                    ApiError::new(ErrorCode::PayloadTooLarge, why),
-                    number,
-                ));
-            }
-        };
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return None;
-        }
-        let task = parse_json::<TaskBody>(bytes).and_then(|body| self.intake.task(body, now_ms));
-        Some(match task {
-            Ok(task) => Item::Task(task, number),
-            Err(e) => Item::Bad(line_error(e), number),
-        })
-    }
-
     /// Counts `items` into the pending batch, submitting it whenever it holds
     /// `BATCH_TASKS_MAX` tasks or `limits.request_max` bytes of payload. A batch refused stops it all, at the batch's first line,
     /// unapplied from there.
-    async fn take(&mut self, items: &mut Vec<Item>) -> Result<(), (ApiError, u64)> {
-        for item in items.drain(..) {
+    async fn take_items(&mut self) -> Result<(), (ApiError, u64)> {
+        let items = std::mem::take(&mut self.items);
+        for item in items {
             match item {
                 Item::Task(task, line) => {
                     self.pending.first_line.get_or_insert(line);
@@ -301,22 +269,39 @@ impl Import<'_> {
     }
 }
 
-/// Why the body stopped at `line`: too slow (`408 request_timeout`, as any request body
-/// would be), or cut off.
-fn broke_off(error: &axum::Error, line: u64) -> ApiError {
-    match crate::api::extract::timed_out(error) {
-        Some(timed_out) => ApiError::new(
-            ErrorCode::RequestTimeout,
-            format!(
-                "{timed_out} (at line {line}): an import must keep sending; feed it from a \
-                 file, or raise http.body_read_timeout"
-            ),
-        ),
-        None => ApiError::new(
-            ErrorCode::BodyIncomplete,
-            format!("the body broke off at line {line}: {error}"),
-        ),
+/// A line as a task, through the same conversion as every submit; a blank line is none.
+fn convert(
+    intake: &Intake,
+    service: &AppState,
+    line: Line<'_>,
+    now_ms: belfry_core::UnixMs,
+) -> Option<Item> {
+    let (number, bytes) = match line {
+        Line::Text { number, bytes } => (number, bytes),
+        Line::Overlong { number } => {
+            let max = line_bytes_max(
+                service.config.payload_bytes_max,
+                service.config.request_bytes_max,
+            );
+            let why = format!(
+                "the line is longer than {max} bytes, more than any task needs (a payload \
+                 at limits.payload_max as base64, every other field at its longest); it \
+                 was skipped unread"
+            );
+            return Some(Item::Bad(
+                ApiError::new(ErrorCode::PayloadTooLarge, why),
+                number,
+            ));
+        }
+    };
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return None;
     }
+    let task = parse_json::<TaskBody>(bytes).and_then(|body| intake.task(body, now_ms));
+    Some(match task {
+        Ok(task) => Item::Task(task, number),
+        Err(e) => Item::Bad(line_error(e), number),
+    })
 }
 
 /// A line's own error: a JSON error names the line's column (every line is "line 1" to the
