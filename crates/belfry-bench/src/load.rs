@@ -134,6 +134,30 @@ impl Tally {
             self.first_error = Some(text.chars().take(ERROR_TEXT_MAX).collect());
         }
     }
+
+    /// Counts a 2xx answer `body` to a request of `tasks` tasks, as `judge` reads it.
+    fn answered(&mut self, judge: &Judge, body: &[u8], tasks: u64, single: bool) {
+        let rejected = match judge.rejected(body, tasks, single) {
+            Ok(rejected) => rejected,
+            Err(e) => {
+                self.error(e);
+                tasks
+            }
+        };
+        if rejected > 0 {
+            let request = if judge.answers == Answers::Import {
+                "import"
+            } else {
+                "batch"
+            };
+            self.error(format!(
+                "{request} had rejected tasks: {}",
+                String::from_utf8_lossy(body)
+            ));
+        }
+        self.rejected += rejected;
+        self.accepted += tasks - rejected;
+    }
 }
 
 /// Everything a submit phase needs.
@@ -349,26 +373,7 @@ async fn worker(
         tally.requests += 1;
         match result {
             Ok((status, body)) if status.is_success() => {
-                let rejected = match judge.rejected(&body, tasks, bodies.batch == 1) {
-                    Ok(rejected) => rejected,
-                    Err(e) => {
-                        tally.error(e);
-                        tasks
-                    }
-                };
-                if rejected > 0 {
-                    tally.error(format!(
-                        "{} had rejected tasks: {}",
-                        if judge.answers == Answers::Import {
-                            "import"
-                        } else {
-                            "batch"
-                        },
-                        String::from_utf8_lossy(&body)
-                    ));
-                }
-                tally.rejected += rejected;
-                tally.accepted += tasks - rejected;
+                tally.answered(&judge, &body, tasks, bodies.batch == 1);
             }
             Ok((status, body)) => {
                 tally.rejected += tasks;
