@@ -139,7 +139,11 @@ impl HttpConn {
         for (name, value) in headers {
             builder = builder.header(*name, *value);
         }
-        if !body.is_empty() {
+        // JSON unless the caller names its own type (the import's NDJSON).
+        let typed = headers
+            .iter()
+            .any(|(name, _)| name.eq_ignore_ascii_case(header::CONTENT_TYPE.as_str()));
+        if !body.is_empty() && !typed {
             builder = builder.header(header::CONTENT_TYPE, "application/json");
         }
         let request = builder.body(Full::new(body))?;

@@ -65,8 +65,9 @@ pub const CLIENT_THREADS_MAX: usize = 64;
 
 #[derive(Debug, clap::Subcommand)]
 pub enum BenchCommand {
-    /// Submit N tasks (one per request, or --batch K) over C connections; report accepted
-    /// tasks/s and request latency against the fsync, HTTP and Redis baselines.
+    /// Submit N tasks (one per request, or --batch K, or --via import through the streamed
+    /// NDJSON import, or --via both) over C connections; report accepted tasks/s and request
+    /// latency against the fsync, HTTP and Redis baselines.
     Ingest(Box<ingest::IngestArgs>),
     /// Schedule N tasks due over a short window and consume them (pull leasing, or
     /// --webhook); report delivered/s and firing lateness, early, lost and duplicates.

@@ -35,6 +35,20 @@ pub enum Answers {
     Belfry,
     /// Any 2xx accepts every task of the request (the trivial handler).
     AnySuccess,
+    /// Belfry's streamed import (`tasks:import`, NDJSON bodies): one answer of counts per
+    /// request, `{"created", "duplicates", "refused", "errors", "complete"}`.
+    Import,
+}
+
+impl Answers {
+    /// Headers every request carries besides the defaults: the import's bodies are NDJSON,
+    /// and a real loader says so.
+    fn headers(self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Answers::Import => &[("content-type", "application/x-ndjson")],
+            Answers::Belfry | Answers::AnySuccess => &[],
+        }
+    }
 }
 
 /// The outcome of one submit phase.
@@ -75,6 +89,19 @@ struct BatchItem<'a> {
     id: Option<Cow<'a, str>>,
 }
 
+/// The counts of an import's answer (its `errors` list is read from the raw text when
+/// reported).
+#[derive(Deserialize)]
+struct ImportAnswer {
+    created: u64,
+    duplicates: u64,
+    complete: bool,
+    #[serde(default)]
+    stopped_at_line: Option<u64>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
 /// The id of a single-task submit's answer.
 #[derive(Deserialize)]
 struct SingleAnswer<'a> {
@@ -106,6 +133,30 @@ impl Tally {
         if self.first_error.is_none() {
             self.first_error = Some(text.chars().take(ERROR_TEXT_MAX).collect());
         }
+    }
+
+    /// Counts a 2xx answer `body` to a request of `tasks` tasks, as `judge` reads it.
+    fn answered(&mut self, judge: &Judge, body: &[u8], tasks: u64, single: bool) {
+        let rejected = match judge.rejected(body, tasks, single) {
+            Ok(rejected) => rejected,
+            Err(e) => {
+                self.error(e);
+                tasks
+            }
+        };
+        if rejected > 0 {
+            let request = if judge.answers == Answers::Import {
+                "import"
+            } else {
+                "batch"
+            };
+            self.error(format!(
+                "{request} had rejected tasks: {}",
+                String::from_utf8_lossy(body)
+            ));
+        }
+        self.rejected += rejected;
+        self.accepted += tasks - rejected;
     }
 }
 
@@ -203,6 +254,7 @@ impl Judge {
     fn rejected(&self, body: &[u8], tasks: u64, single: bool) -> Result<u64, String> {
         match self.answers {
             Answers::AnySuccess => Ok(0),
+            Answers::Import => import_rejected(body, tasks),
             Answers::Belfry if single => {
                 if let Some(sample) = &self.keep_ids {
                     match serde_json::from_slice::<SingleAnswer>(body) {
@@ -226,6 +278,35 @@ impl Judge {
             }
         }
     }
+}
+
+/// Tasks of an import of `tasks` lines that were not stored, from its answer `body`; or the
+/// text of why the whole request counts as failed: an answer that is not the import's, counts
+/// more tasks than were sent, or says `complete: false` (the server stopped reading; what it
+/// stored before `stopped_at_line` stands, but a bulk load that stopped part way is no
+/// measure of the import's rate, so the run must see an error, not a smaller count).
+fn import_rejected(body: &[u8], tasks: u64) -> Result<u64, String> {
+    let a = serde_json::from_slice::<ImportAnswer>(body).map_err(|e| {
+        format!("import answer is not {{\"created\", \"duplicates\", \"complete\", ...}}: {e}")
+    })?;
+    if !a.complete {
+        let line = a.stopped_at_line.map_or("?".to_string(), |l| l.to_string());
+        let error = a
+            .error
+            .map_or("no error given".to_string(), |e| e.to_string());
+        return Err(format!(
+            "import stopped at line {line} of {tasks} (complete: false, {} created): {error}",
+            a.created
+        ));
+    }
+    let stored = a.created.saturating_add(a.duplicates);
+    if stored > tasks {
+        return Err(format!(
+            "import answer counts {stored} tasks stored of {tasks} lines sent"
+        ));
+    }
+    // Refused lines, and lines the answer does not count at all, were not stored.
+    Ok(tasks - stored)
 }
 
 /// Where each body goes: one path for all, or one per body.
@@ -281,27 +362,18 @@ async fn worker(
         };
         let sent = Instant::now();
         let result = c
-            .request(Method::POST, paths.of(b), bodies.bodies[b].clone())
+            .request_with_headers(
+                Method::POST,
+                paths.of(b),
+                bodies.bodies[b].clone(),
+                judge.answers.headers(),
+            )
             .await;
         record_clamped(&mut latency, sent.elapsed().as_micros() as u64);
         tally.requests += 1;
         match result {
             Ok((status, body)) if status.is_success() => {
-                let rejected = match judge.rejected(&body, tasks, bodies.batch == 1) {
-                    Ok(rejected) => rejected,
-                    Err(e) => {
-                        tally.error(e);
-                        tasks
-                    }
-                };
-                if rejected > 0 {
-                    tally.error(format!(
-                        "batch had rejected tasks: {}",
-                        String::from_utf8_lossy(&body)
-                    ));
-                }
-                tally.rejected += rejected;
-                tally.accepted += tasks - rejected;
+                tally.answered(&judge, &body, tasks, bodies.batch == 1);
             }
             Ok((status, body)) => {
                 tally.rejected += tasks;
@@ -435,6 +507,52 @@ mod tests {
         assert_eq!(j.rejected(b"{}", 1, true), Ok(0));
         assert_eq!(j.rejected(br#"{"results":[{"id":"x"}]}"#, 1, false), Ok(0));
         assert!(kept(&sample).is_empty());
+    }
+
+    #[test]
+    fn import_answers_count_what_was_not_stored_and_fail_when_incomplete() {
+        let j = Judge {
+            answers: Answers::Import,
+            keep_ids: None,
+        };
+        let complete = br#"{"created":9,"duplicates":1,"refused":0,"errors":[],"complete":true}"#;
+        assert_eq!(j.rejected(complete, 10, false), Ok(0));
+        let refused = br#"{"created":7,"duplicates":0,"refused":3,"errors":[{"line":2,"error":{"code":"invalid_due_time","message":"x"}}],"complete":true}"#;
+        assert_eq!(j.rejected(refused, 10, false), Ok(3));
+        // A single line is still an import answer, not a single submit's.
+        assert_eq!(
+            j.rejected(
+                br#"{"created":1,"duplicates":0,"refused":0,"errors":[],"complete":true}"#,
+                1,
+                true
+            ),
+            Ok(0)
+        );
+        let stopped = br#"{"created":4000,"duplicates":0,"refused":0,"errors":[],"complete":false,"stopped_at_line":4001,"error":{"code":"insufficient_storage","message":"disk full"}}"#;
+        let err = j.rejected(stopped, 10_000, false).unwrap_err();
+        assert!(
+            err.contains("line 4001")
+                && err.contains("insufficient_storage")
+                && err.contains("4000 created"),
+            "{err}"
+        );
+        assert!(j
+            .rejected(
+                br#"{"created":11,"duplicates":0,"complete":true}"#,
+                10,
+                false
+            )
+            .is_err());
+        assert!(j.rejected(br#"{"results":[]}"#, 10, false).is_err());
+    }
+
+    #[test]
+    fn only_import_requests_say_they_are_ndjson() {
+        assert_eq!(
+            Answers::Import.headers(),
+            [("content-type", "application/x-ndjson")]
+        );
+        assert!(Answers::Belfry.headers().is_empty() && Answers::AnySuccess.headers().is_empty());
     }
 
     #[test]

@@ -13,6 +13,10 @@ pub const PAYLOAD_BYTES_MIN: usize = 32;
 /// Largest payload the bench generates; the server's default limit is 1 MiB.
 pub const PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
 
+/// Most bytes an NDJSON line holds besides its payload: `{"payload":,"run_at_ms":}`, a
+/// due time of up to 20 digits and the newline, rounded up.
+pub const NDJSON_LINE_OVERHEAD_BYTES: usize = 64;
+
 /// Due times for `count` tasks spread evenly over `[start_ms, start_ms + window_ms)`, in
 /// order, so task `i` is due no earlier than task `i - 1`.
 pub fn due_times(count: u64, start_ms: u64, window_ms: u64) -> Vec<u64> {
@@ -55,9 +59,11 @@ pub fn task_json(index: u64, due_at_ms: u64, payload_bytes: usize) -> String {
 }
 
 /// Request bodies for all tasks: one task per body when `batch == 1` (the single-task
-/// endpoint), otherwise `{"tasks":[...]}` with up to `batch` tasks each.
+/// endpoint), otherwise `{"tasks":[...]}` with up to `batch` tasks each; or, built by
+/// [`Bodies::ndjson`], the streamed import's NDJSON with up to `batch` lines each.
 #[derive(Debug)]
 pub struct Bodies {
+    /// Tasks per body (the last may hold fewer).
     pub batch: usize,
     pub bodies: Vec<Bytes>,
     /// Index of the first task of each body; body `b` holds tasks `first[b]..first[b+1]`.
@@ -102,6 +108,32 @@ impl Bodies {
         }
         Bodies {
             batch,
+            bodies,
+            first,
+            tasks: due_at_ms.len() as u64,
+        }
+    }
+
+    /// Bodies for the streamed import (`tasks:import`): up to `lines` tasks each, one task
+    /// object a line in the single submit's shape, every line ending in `\n` (the last too,
+    /// as a file written line by line would).
+    pub fn ndjson(due_at_ms: &[u64], lines: usize, payload_bytes: usize) -> Self {
+        let lines = lines.max(1);
+        let mut bodies = Vec::with_capacity(due_at_ms.len().div_ceil(lines));
+        let mut first = Vec::with_capacity(bodies.capacity());
+        for (chunk_number, chunk) in due_at_ms.chunks(lines).enumerate() {
+            let start = (chunk_number * lines) as u64;
+            first.push(start);
+            let mut body =
+                String::with_capacity(chunk.len() * (payload_bytes + NDJSON_LINE_OVERHEAD_BYTES));
+            for (offset, &due) in chunk.iter().enumerate() {
+                body.push_str(&task_json(start + offset as u64, due, payload_bytes));
+                body.push('\n');
+            }
+            bodies.push(Bytes::from(body));
+        }
+        Bodies {
+            batch: lines,
             bodies,
             first,
             tasks: due_at_ms.len() as u64,
@@ -185,6 +217,32 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&single.bodies[1]).unwrap();
         assert_eq!(v["payload"]["i"], 1);
         assert_eq!(v["run_at_ms"], 1);
+    }
+
+    #[test]
+    fn ndjson_bodies_hold_one_task_a_line_in_the_single_submit_shape() {
+        let due = due_times(5, 100, 50);
+        let b = Bodies::ndjson(&due, 2, 64);
+        assert_eq!((b.bodies.len(), b.batch, b.tasks), (3, 2, 5));
+        assert_eq!((b.tasks_in(0), b.tasks_in(2)), (2, 1));
+        assert_eq!(b.first, [0, 2, 4]);
+        let text = std::str::from_utf8(&b.bodies[1]).unwrap();
+        // Every line ends in a newline, the last too, and holds no other.
+        assert!(text.ends_with('\n'));
+        let lines: Vec<&str> = text.split_terminator('\n').collect();
+        assert_eq!(lines.len(), 2);
+        for (offset, line) in lines.iter().enumerate() {
+            let index = 2 + offset as u64;
+            assert_eq!(*line, task_json(index, due[index as usize], 64));
+            assert!(line.len() <= 64 + NDJSON_LINE_OVERHEAD_BYTES);
+        }
+        // The same tasks, byte for byte, as the batch bodies carry.
+        let batch = Bodies::build(&due, 5, 64);
+        let v: serde_json::Value = serde_json::from_slice(&batch.bodies[0]).unwrap();
+        let line: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+        assert_eq!(v["tasks"][2], line);
+        // More lines than tasks: one body of all of them.
+        assert_eq!(Bodies::ndjson(&due, 1_000, 64).bodies.len(), 1);
     }
 
     #[test]
