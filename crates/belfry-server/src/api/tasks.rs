@@ -5,13 +5,13 @@ mod import;
 
 pub use import::import;
 
+use std::sync::OnceLock;
+
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use belfry_core::limits::BATCH_TASKS_MAX;
-use std::sync::OnceLock;
-
 use belfry_core::{NewTask, QueueName, UnixMs};
 use belfry_store::PutOutcome;
 
