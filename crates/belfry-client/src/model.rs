@@ -45,6 +45,9 @@ pub enum DeliverySpec {
         url: String,
         #[serde(skip_serializing_if = "Option::is_none")]
         secret: Option<String>,
+        /// The secret being rotated out: requests are signed under it too while it is set.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        previous_secret: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },

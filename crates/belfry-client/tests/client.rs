@@ -420,6 +420,7 @@ async fn lease_on_a_push_queue_is_refused() {
         delivery: Some(DeliverySpec::Webhook {
             url: "http://127.0.0.1:9/hook".into(),
             secret: None,
+            previous_secret: None,
             timeout_ms: None,
         }),
         ..QueueSpec::default()

@@ -623,3 +623,35 @@ async fn a_slow_task_target_does_not_hold_the_queue_hosts_calls() {
     assert_eq!(shared_host.received()[0].body, br#""other""#);
     slow.release();
 }
+
+/// A queue whose secret is being rotated says so, and echoes neither secret.
+#[tokio::test]
+async fn a_rotating_secret_is_shown_as_set_and_never_echoed() {
+    let s = TestServer::start().await;
+    let receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    let shown = s
+        .queue(
+            "hooks",
+            json!({"delivery": {"type": "webhook", "url": receiver.url(),
+                "secret": "new-secret-1", "previous_secret": "old-secret-0"}}),
+        )
+        .await;
+    let text = shown.to_string();
+    assert!(
+        !text.contains("new-secret-1") && !text.contains("old-secret-0"),
+        "{text}"
+    );
+    assert_eq!(shown["delivery"]["secret_set"], true, "{shown}");
+    assert_eq!(shown["delivery"]["previous_secret_set"], true, "{shown}");
+    // The rotation ends by leaving the previous secret out.
+    let after = s
+        .queue(
+            "hooks",
+            json!({"delivery": {"type": "webhook", "url": receiver.url(), "secret": "new-secret-1"}}),
+        )
+        .await;
+    assert!(
+        after["delivery"].get("previous_secret_set").is_none(),
+        "{after}"
+    );
+}

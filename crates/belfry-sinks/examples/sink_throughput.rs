@@ -159,6 +159,7 @@ async fn webhook(count: usize, concurrency: usize) {
             WebhookConfig {
                 url: url.clone(),
                 secret: Some("bench-secret".to_owned()),
+                previous_secret: None,
                 timeout: Duration::from_secs(10),
             },
             policy,

@@ -70,6 +70,9 @@ pub enum SinkError {
     #[error("delivery.{field}: {reason}")]
     InvalidDelivery { field: &'static str, reason: String },
 
+    #[error("webhook previous_secret is for rotating a secret: it needs a secret (the new one) beside it")]
+    PreviousSecretAlone,
+
     /// A task names its own target, and this sink delivers only to its queue's.
     #[error("this sink delivers every task to its queue's target; only webhook queues take a task's own target")]
     TaskTargetNotSupported,

@@ -50,6 +50,7 @@ impl SinkSpec {
             SinkSpec::Webhook(spec) => SinkSpec::Webhook(WebhookSpec {
                 url: webhook::redact_url_text(&spec.url),
                 secret: None,
+                previous_secret: None,
                 timeout_ms: spec.timeout_ms,
             }),
             // Stream specs name a connection; its credentials live in the server config.
@@ -65,6 +66,11 @@ impl SinkSpec {
             SinkSpec::Webhook(spec) => Some(spec.secret.is_some()),
             SinkSpec::RedisStream(_) | SinkSpec::Nats(_) | SinkSpec::Kafka(_) => None,
         }
+    }
+
+    /// Whether a webhook's secret is being rotated: it signs with a previous secret too.
+    pub fn rotating_secret(&self) -> bool {
+        matches!(self, SinkSpec::Webhook(spec) if spec.previous_secret.is_some())
     }
 
     /// How long one delivery may take at most (the dispatcher's lease covers it).
@@ -181,6 +187,9 @@ pub struct WebhookSpec {
     pub url: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
+    /// The secret being rotated out: signed with too (a second `v2` entry) while set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_secret: Option<String>,
     #[serde(default = "webhook_timeout_ms_default")]
     pub timeout_ms: u64,
 }
@@ -194,6 +203,7 @@ impl WebhookSpec {
         WebhookSpec {
             url: url.into(),
             secret: None,
+            previous_secret: None,
             timeout_ms: webhook_timeout_ms_default(),
         }
     }
@@ -205,6 +215,10 @@ impl std::fmt::Debug for WebhookSpec {
         f.debug_struct("WebhookSpec")
             .field("url", &webhook::redact_url_text(&self.url))
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field(
+                "previous_secret",
+                &self.previous_secret.as_ref().map(|_| "<redacted>"),
+            )
             .field("timeout_ms", &self.timeout_ms)
             .finish()
     }
@@ -320,6 +334,7 @@ impl SinkFactory for StandardSinks {
                 let config = WebhookConfig {
                     url: spec.url.clone(),
                     secret: spec.secret.clone(),
+                    previous_secret: spec.previous_secret.clone(),
                     timeout: Duration::from_millis(spec.timeout_ms),
                 };
                 let sink = WebhookSink::new(config, self.policy, self.webhook_client.clone())?;
@@ -488,6 +503,7 @@ mod tests {
         let spec = SinkSpec::Webhook(WebhookSpec {
             url: "https://user:pw@example.com/h?token=t".into(),
             secret: Some("s3cret".into()),
+            previous_secret: None,
             timeout_ms: 500,
         });
         assert_eq!(spec.secret_set(), Some(true));

@@ -165,6 +165,7 @@ fn sink(addr: SocketAddr, mode: &str, secret: Option<&str>, timeout: Duration) -
         WebhookConfig {
             url: format!("http://{addr}/hook/{mode}"),
             secret: secret.map(str::to_owned),
+            previous_secret: None,
             timeout,
         },
         policy,
@@ -455,6 +456,7 @@ async fn a_closed_port_is_retried_and_the_reason_hides_credentials() {
         WebhookConfig {
             url: format!("http://user:hunter2@{addr}/hook?token=sekrit"),
             secret: Some("signing-secret-value".into()),
+            previous_secret: None,
             timeout: Duration::from_secs(10),
         },
         policy,
@@ -807,4 +809,65 @@ async fn a_task_target_the_policy_forbids_is_refused_and_never_connected() {
     );
     assert!(receiver.seen().is_empty());
     assert_eq!(sink.health(), SinkHealth::Unknown);
+}
+
+/// Rotating a secret: while the queue names the one being rotated out as `previous_secret`,
+/// a receiver that still holds only that one keeps verifying (each header carries an entry
+/// under each secret); without it, the new secret alone does not verify there.
+#[tokio::test]
+async fn a_receiver_holding_the_previous_secret_verifies_during_a_rotation() {
+    let (receiver, addr) = start_receiver().await;
+    let policy = TargetPolicy::ALLOW_PRIVATE;
+    let sink = |previous: Option<&str>| {
+        WebhookSink::new(
+            WebhookConfig {
+                url: format!("http://{addr}/hook/signed"),
+                secret: Some("whsec_new".into()),
+                previous_secret: previous.map(str::to_owned),
+                timeout: Duration::from_secs(10),
+            },
+            policy,
+            client_for(&policy),
+        )
+        .expect("valid sink config")
+    };
+    let task = task(br#"{"order":1}"#, PayloadKind::Json, &[]);
+
+    assert_eq!(
+        sink(Some(SECRET)).deliver(&task, 1, NOW_MS).await,
+        Outcome::Delivered
+    );
+    let seen = receiver.seen();
+    let v2 = header(&seen[0], "belfry-signature-v2")[0].to_owned();
+    assert_eq!(v2.matches("v2=").count(), 2, "{v2}");
+    let (id, ts) = (
+        header(&seen[0], "belfry-task-id")[0].to_owned(),
+        header(&seen[0], "belfry-timestamp")[0].to_owned(),
+    );
+    for (secret, valid) in [("whsec_new", true), (SECRET, true), ("other", false)] {
+        assert_eq!(
+            verify_signature_v2(secret.as_bytes(), &id, &ts, &seen[0].body, &v2),
+            valid,
+            "{secret}"
+        );
+    }
+    // `Belfry-Signature` has an entry under each secret too.
+    let v1 = header(&seen[0], "belfry-signature")[0];
+    assert_eq!(v1.matches("v1=").count(), 2, "{v1}");
+    assert!(verify_signature(b"whsec_new", &ts, &seen[0].body, v1));
+    assert!(verify_signature(SECRET.as_bytes(), &ts, &seen[0].body, v1));
+
+    let after = sink(None).deliver(&task, 1, NOW_MS).await;
+    assert!(matches!(after, Outcome::Reject { .. }), "{after:?}");
+    let alone = WebhookSink::new(
+        WebhookConfig {
+            secret: None,
+            previous_secret: Some("old".into()),
+            ..WebhookConfig::new("https://example.com/h")
+        },
+        TargetPolicy::default(),
+        default_client(),
+    )
+    .expect_err("a previous secret needs a secret");
+    assert!(matches!(alone, SinkError::PreviousSecretAlone), "{alone}");
 }

@@ -112,6 +112,7 @@ impl QueueConfig {
         if let Delivery::Push(SinkSpec::Webhook(WebhookSpec {
             url,
             secret,
+            previous_secret,
             timeout_ms,
         })) = &self.delivery
         {
@@ -128,6 +129,21 @@ impl QueueConfig {
                 return fail(
                     "delivery.secret",
                     format!("must be 1 to {WEBHOOK_SECRET_LEN_MAX} characters when set"),
+                );
+            }
+            if previous_secret
+                .as_ref()
+                .is_some_and(|s| s.is_empty() || s.len() > WEBHOOK_SECRET_LEN_MAX)
+            {
+                return fail(
+                    "delivery.previous_secret",
+                    format!("must be 1 to {WEBHOOK_SECRET_LEN_MAX} characters when set"),
+                );
+            }
+            if previous_secret.is_some() && secret.is_none() {
+                return fail(
+                    "delivery.previous_secret",
+                    "is the secret being rotated out: give the new one as delivery.secret beside it".to_owned(),
                 );
             }
             if !(WEBHOOK_TIMEOUT_MS_MIN..=WEBHOOK_TIMEOUT_MS_MAX).contains(timeout_ms) {
@@ -278,6 +294,7 @@ impl From<Record> for QueueConfig {
                 (None, Some(w)) => Delivery::Push(SinkSpec::Webhook(WebhookSpec {
                     url: w.url,
                     secret: w.secret,
+                    previous_secret: None,
                     timeout_ms: w.timeout_ms,
                 })),
                 (None, None) => Delivery::Pull,
@@ -307,6 +324,7 @@ mod tests {
             delivery: Delivery::Push(SinkSpec::Webhook(WebhookSpec {
                 url: "http://example.invalid/x".into(),
                 secret: Some("s".into()),
+                previous_secret: None,
                 timeout_ms: 500,
             })),
             paused: true,
@@ -328,6 +346,7 @@ mod tests {
             Delivery::Push(SinkSpec::Webhook(WebhookSpec {
                 url: "http://h/x".into(),
                 secret: None,
+                previous_secret: None,
                 timeout_ms: 700
             }))
         );
@@ -361,6 +380,7 @@ mod tests {
                 delivery: Delivery::Push(SinkSpec::Webhook(WebhookSpec {
                     url: "http://x".into(),
                     secret: None,
+                    previous_secret: None,
                     timeout_ms: 0,
                 })),
                 ..QueueConfig::default()

@@ -302,6 +302,7 @@ mod tests {
             delivery: Delivery::Push(belfry_sinks::SinkSpec::Webhook(belfry_sinks::WebhookSpec {
                 url: "http://receiver.invalid/hook".into(),
                 secret: None,
+                previous_secret: None,
                 timeout_ms: 1_000,
             })),
             ..QueueConfig::default()

@@ -254,6 +254,7 @@ fn queue_patch(spec: &QueueSpec) -> QueuePatch {
         Some(timeout_ms) => Delivery::Push(SinkSpec::Webhook(WebhookSpec {
             url: format!("http://{}.sim.invalid/hook", spec.name),
             secret: None,
+            previous_secret: None,
             timeout_ms,
         })),
         None => Delivery::Pull,

@@ -83,6 +83,9 @@ pub struct WebhookConfig {
     pub url: String,
     /// Signing secret; when set, requests carry `Belfry-Timestamp` and `Belfry-Signature`.
     pub secret: Option<String>,
+    /// The secret being rotated out: while set (with `secret`), each signature header carries
+    /// a second entry under it, so receivers still holding it keep verifying.
+    pub previous_secret: Option<String>,
     /// Limit for one whole request: connecting, sending and receiving the answer.
     pub timeout: Duration,
 }
@@ -92,6 +95,7 @@ impl WebhookConfig {
         WebhookConfig {
             url: url.into(),
             secret: None,
+            previous_secret: None,
             timeout: TIMEOUT_DEFAULT,
         }
     }
@@ -104,6 +108,10 @@ impl fmt::Debug for WebhookConfig {
         f.debug_struct("WebhookConfig")
             .field("url", &redact_url_str(&self.url))
             .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field(
+                "previous_secret",
+                &self.previous_secret.as_ref().map(|_| "<redacted>"),
+            )
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -142,6 +150,8 @@ pub struct WebhookSink {
     /// The URL as logs may show it.
     url_for_logs: String,
     mac: Option<Hmac<Sha256>>,
+    /// The secret being rotated out, keyed (see [`WebhookConfig::previous_secret`]).
+    previous_mac: Option<Hmac<Sha256>>,
     timeout: Duration,
     client: reqwest::Client,
     /// What the last delivery saw of the receiver.
@@ -185,15 +195,10 @@ impl WebhookSink {
                 max: TIMEOUT_MAX,
             });
         }
-        let mac = match &config.secret {
-            None => None,
-            Some(secret) if secret.is_empty() || secret.len() > SECRET_BYTES_MAX => {
-                return Err(SinkError::InvalidSecret {
-                    len: secret.len(),
-                    max: SECRET_BYTES_MAX,
-                })
-            }
-            Some(secret) => Some(signature::keyed(secret.as_bytes())),
+        let mac = keyed_secret(config.secret.as_deref())?;
+        let previous_mac = match (&mac, keyed_secret(config.previous_secret.as_deref())?) {
+            (None, Some(_)) => return Err(SinkError::PreviousSecretAlone),
+            (_, previous) => previous,
         };
         let target = format!(
             "{}://{}:{}",
@@ -206,6 +211,7 @@ impl WebhookSink {
             url_for_logs: redact_url(&url),
             url,
             mac,
+            previous_mac,
             timeout: config.timeout,
             client,
             health: HealthCell::default(),
@@ -282,7 +288,15 @@ impl WebhookSink {
         if let Some(mac) = &self.mac {
             let timestamp = (now_ms / 1000).to_string();
             let task_id = task.id.to_string();
-            let signed = signature::sign_with(mac, &task_id, &timestamp, &task.payload);
+            let mut signed = signature::sign_with(mac, &task_id, &timestamp, &task.payload);
+            if let Some(previous) = &self.previous_mac {
+                // A second entry in each header, under the secret being rotated out.
+                let old = signature::sign_with(previous, &task_id, &timestamp, &task.payload);
+                for (value, entry) in [(&mut signed.v1, old.v1), (&mut signed.v2, old.v2)] {
+                    value.push(',');
+                    value.push_str(&entry);
+                }
+            }
             set(HEADER_SIGNATURE, signed.v1);
             set(HEADER_SIGNATURE_V2, signed.v2);
             set(HEADER_TIMESTAMP, timestamp);
@@ -442,6 +456,20 @@ impl Sink for WebhookSink {
     }
 }
 
+/// A signing secret, checked and keyed; `None` for none.
+fn keyed_secret(secret: Option<&str>) -> Result<Option<Hmac<Sha256>>, SinkError> {
+    match secret {
+        None => Ok(None),
+        Some(secret) if secret.is_empty() || secret.len() > SECRET_BYTES_MAX => {
+            Err(SinkError::InvalidSecret {
+                len: secret.len(),
+                max: SECRET_BYTES_MAX,
+            })
+        }
+        Some(secret) => Ok(Some(signature::keyed(secret.as_bytes()))),
+    }
+}
+
 /// A `Location` header as logs may show it, resolved against the URL that answered.
 fn redacted_location(url: &Url, location: &HeaderValue) -> String {
     match location.to_str().ok().map(|text| url.join(text)) {
@@ -570,6 +598,7 @@ mod tests {
         let config = WebhookConfig {
             url: "https://user:pw-in-url@example.com/hook?token=tok-in-query".into(),
             secret: Some("signing-secret".into()),
+            previous_secret: None,
             timeout: TIMEOUT_DEFAULT,
         };
         let text = format!("{config:?}");

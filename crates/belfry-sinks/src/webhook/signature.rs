@@ -82,24 +82,21 @@ pub fn sign(secret: &[u8], task_id: &str, timestamp: &str, body: &[u8]) -> Signa
     sign_with(&keyed(secret), task_id, timestamp, body)
 }
 
-/// The entry of `scheme` (e.g. `v2=`) in a signature header value, as hex; `None` when the
-/// header has no such entry. Entries are separated by commas, optionally followed by spaces
-/// (as a proxy that joins repeated header lines writes them).
-fn entry<'a>(header: &'a str, prefix: &str) -> Option<&'a str> {
+/// The entries of `scheme` (e.g. `v2=`) in a signature header value, as hex. Entries are
+/// separated by commas, optionally followed by spaces (as a proxy that joins repeated header
+/// lines writes them); a queue whose secret is being rotated sends one `v2` entry per secret.
+fn entries<'a>(header: &'a str, prefix: &'a str) -> impl Iterator<Item = &'a str> + 'a {
     header
         .split(',')
         .map(str::trim)
-        .find_map(|entry| entry.strip_prefix(prefix))
+        .filter_map(move |entry| entry.strip_prefix(prefix))
 }
 
+/// Whether any `prefix` entry of `header` is `mac`'s (each compared in constant time).
 fn verify_entry(mac: HmacSha256, header: &str, prefix: &str) -> bool {
-    let Some(hex_digest) = entry(header, prefix) else {
-        return false;
-    };
-    let Ok(expected) = hex::decode(hex_digest) else {
-        return false;
-    };
-    mac.verify_slice(&expected).is_ok()
+    entries(header, prefix).any(|hex_digest| {
+        hex::decode(hex_digest).is_ok_and(|expected| mac.clone().verify_slice(&expected).is_ok())
+    })
 }
 
 /// Checks the `v1` entry of a `Belfry-Signature` header value, in constant time, for

@@ -75,6 +75,10 @@ pub struct QueueCreate {
     /// HMAC-SHA256 signing secret for the webhook.
     #[arg(long, requires = "webhook")]
     pub secret: Option<String>,
+    /// While rotating the secret: the old one, which requests are signed under too, so
+    /// receivers still holding it keep verifying; update the queue without it to finish.
+    #[arg(long, requires = "secret")]
+    pub previous_secret: Option<String>,
     /// How long one delivery call may take: "5s" (a webhook request, or a stream append,
     /// publish or produce; each sink's bounds are in docs/sinks/).
     #[arg(long, value_name = "DURATION")]
@@ -145,6 +149,7 @@ fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
         Some(DeliverySpec::Webhook {
             url,
             secret: args.secret,
+            previous_secret: args.previous_secret,
             timeout_ms,
         })
     } else if let Some(value) = &args.redis_stream {
@@ -195,8 +200,14 @@ fn delivery(q: &Queue) -> String {
                 .get("url")
                 .and_then(|u| u.as_str())
                 .unwrap_or("?"),
-            match q.delivery.get("secret_set").and_then(|s| s.as_bool()) {
-                Some(true) => " (signed)",
+            match (
+                q.delivery.get("secret_set").and_then(|s| s.as_bool()),
+                q.delivery
+                    .get("previous_secret_set")
+                    .and_then(|s| s.as_bool()),
+            ) {
+                (Some(true), Some(true)) => " (signed, rotating its secret)",
+                (Some(true), _) => " (signed)",
                 _ => " (unsigned)",
             }
         ),

@@ -192,6 +192,9 @@ pub enum DeliveryView {
         spec: belfry_sinks::SinkSpec,
         #[serde(skip_serializing_if = "Option::is_none")]
         secret_set: Option<bool>,
+        /// Only while a webhook's secret is rotated: `true`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        previous_secret_set: Option<bool>,
     },
 }
 
@@ -217,6 +220,7 @@ impl QueueView {
                 Delivery::Push(spec) => DeliveryView::Push {
                     spec: spec.redacted(),
                     secret_set: spec.secret_set(),
+                    previous_secret_set: spec.rotating_secret().then_some(true),
                 },
             },
             paused: config.paused,
