@@ -655,3 +655,51 @@ async fn a_rotating_secret_is_shown_as_set_and_never_echoed() {
         "{after}"
     );
 }
+
+/// A schedule's `target` takes its firings (not the queue's URL); it is checked on create as
+/// a task's is, and shown without its query string.
+#[tokio::test]
+async fn a_schedules_target_takes_its_firings() {
+    let s = TestServer::start().await;
+    let queue_receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    let own = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    webhook_queue(&s, "hooks", &queue_receiver, json!({})).await;
+    s.queue("pull", json!({})).await;
+    let every_minute =
+        |queue: &str, target: &str| json!({"queue": queue, "every_ms": 60_000, "target": target});
+    let (status, body) = s
+        .call("POST", "/v1/schedules", every_minute("pull", &own.url()))
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "target_not_supported", "{body}");
+    let (status, body) = s
+        .call(
+            "POST",
+            "/v1/schedules",
+            every_minute("hooks", "ftp://example.com/x"),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "webhook_target_refused", "{body}");
+
+    let created = s
+        .ok(
+            "POST",
+            "/v1/schedules",
+            json!({"id": "own", "queue": "hooks", "every_ms": 60_000,
+                "payload": {"n": 1}, "target": format!("{}?k=v", own.url())}),
+            201,
+        )
+        .await;
+    assert_eq!(created["target"], format!("{}?<redacted>", own.url()));
+    s.advance(60_000);
+    s.handle.schedules().wake();
+    eventually("the firing at the schedule's target", || async {
+        (own.count() >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(queue_receiver.count(), 0);
+    let firing = &own.received()[0];
+    assert_eq!(firing.body, br#"{"n":1}"#);
+    assert_eq!(header(firing, "belfry-schedule"), "own");
+}
