@@ -10,7 +10,7 @@ use belfry_client::{
 };
 use clap::{Args, Subcommand};
 
-use super::streamed::file_body;
+use super::streamed::{file_body, report};
 use super::{client, parse_ms, print_api_error, print_body, run, run_empty, say};
 use crate::commands::Remote;
 use crate::show::{clip, duration, fields, now_ms, table, time};
@@ -295,20 +295,17 @@ async fn bulk(remote: &Remote, args: Subscribers, subscribe: bool) -> anyhow::Re
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
-    let answer = match &result {
-        Ok(answer) => answer,
-        Err(belfry_client::Error::BulkIncomplete { answer, .. }) => answer.as_ref(),
-        Err(error) => {
-            print_api_error(remote, error)?;
-            return result.map(|_| ()).map_err(Into::into);
-        }
-    };
-    if remote.json {
-        print_body(&serde_json::to_vec(answer)?)?;
-    } else {
-        say(describe_bulk(answer, subscribe))?;
+    report(remote, result, bulk_stopped, |answer| {
+        describe_bulk(answer, subscribe)
+    })
+}
+
+/// The counts of a bulk subscribe or unsubscribe that stopped part way.
+fn bulk_stopped(error: &belfry_client::Error) -> Option<&BulkAnswer> {
+    match error {
+        belfry_client::Error::BulkIncomplete { answer, .. } => Some(answer.as_ref()),
+        _ => None,
     }
-    result.map(|_| ()).map_err(Into::into)
 }
 
 /// `belfry feed USER`: the user's upcoming reminders.

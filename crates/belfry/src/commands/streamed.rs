@@ -7,6 +7,9 @@ use std::task::{Context as TaskContext, Poll};
 
 use anyhow::{anyhow, bail, Context};
 use belfry_client::BulkBody;
+use serde::Serialize;
+
+use super::{print_api_error, print_body, say, Remote};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::io::{AsyncRead, ReadBuf};
 
@@ -65,4 +68,32 @@ impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
         }
         polled
     }
+}
+
+/// Prints what a bulk call answered: the answer, or the counts of one that stopped part way
+/// (`stopped` finds them in its error), as JSON with `--json` or as `describe` words it; any
+/// other error as every command prints one. Returns the call's outcome (an import that
+/// stopped part way fails the command, after its counts are printed).
+pub(crate) fn report<A: Serialize>(
+    remote: &Remote,
+    result: Result<A, belfry_client::Error>,
+    stopped: fn(&belfry_client::Error) -> Option<&A>,
+    describe: impl Fn(&A) -> String,
+) -> anyhow::Result<()> {
+    let answer = match &result {
+        Ok(answer) => answer,
+        Err(error) => match stopped(error) {
+            Some(answer) => answer,
+            None => {
+                print_api_error(remote, error)?;
+                return result.map(|_| ()).map_err(Into::into);
+            }
+        },
+    };
+    if remote.json {
+        print_body(&serde_json::to_vec(answer)?)?;
+    } else {
+        say(describe(answer))?;
+    }
+    result.map(|_| ()).map_err(Into::into)
 }

@@ -9,10 +9,9 @@ use belfry_client::{
 };
 use clap::{Args, Subcommand};
 
-use super::streamed::file_body;
+use super::streamed::{file_body, report};
 use super::{
-    client, parse_headers, parse_ms, parse_payload, print_api_error, print_body, print_raw, run,
-    run_empty, say, send, LateArgs,
+    client, parse_headers, parse_ms, parse_payload, print_raw, run, run_empty, say, send, LateArgs,
 };
 use crate::commands::Remote;
 use crate::show::{clip, fields, late_policy, now_ms, table, time};
@@ -244,20 +243,15 @@ async fn import(remote: &Remote, queue: &str, file: &std::path::Path) -> anyhow:
     let (body, bar) = file_body("FILE", file).await?;
     let result = client.import_tasks(queue, body).await;
     bar.finish_and_clear();
-    let answer = match &result {
-        Ok(answer) => answer,
-        Err(belfry_client::Error::ImportIncomplete { answer, .. }) => answer.as_ref(),
-        Err(error) => {
-            print_api_error(remote, error)?;
-            return result.map(|_| ()).map_err(Into::into);
-        }
-    };
-    if remote.json {
-        print_body(&serde_json::to_vec(answer)?)?;
-    } else {
-        say(describe_import(answer))?;
+    report(remote, result, import_stopped, describe_import)
+}
+
+/// The counts of an import that stopped part way.
+fn import_stopped(error: &belfry_client::Error) -> Option<&ImportAnswer> {
+    match error {
+        belfry_client::Error::ImportIncomplete { answer, .. } => Some(answer.as_ref()),
+        _ => None,
     }
-    result.map(|_| ()).map_err(Into::into)
 }
 
 fn describe_import(answer: &ImportAnswer) -> String {
