@@ -132,6 +132,20 @@ pub fn clip(text: &str, max: usize) -> String {
     cut
 }
 
+/// The line a bulk answer's summary ends its refused lines with when the server listed only
+/// some of them (empty when it listed all).
+pub fn more_refused(refused: u64, listed: usize) -> String {
+    let listed = listed as u64;
+    if refused > listed {
+        format!(
+            "\n... and {} more refused (the server lists the first {listed})",
+            refused - listed
+        )
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

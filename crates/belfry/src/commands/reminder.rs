@@ -13,7 +13,7 @@ use clap::{Args, Subcommand};
 use super::streamed::{file_body, report};
 use super::{client, parse_ms, print_api_error, print_body, run, run_empty, say};
 use crate::commands::Remote;
-use crate::show::{clip, duration, fields, now_ms, table, time};
+use crate::show::{clip, duration, fields, more_refused, now_ms, table, time};
 
 /// How much of a reminder's content a table row shows.
 const CONTENT_COLUMN_CHARS_MAX: usize = 60;
@@ -205,13 +205,7 @@ fn describe_bulk(answer: &BulkAnswer, subscribe: bool) -> String {
     for error in &answer.errors {
         text.push_str(&format!("\nline {}: {}", error.line, error.message));
     }
-    let listed = answer.errors.len() as u64;
-    if answer.refused > listed {
-        text.push_str(&format!(
-            "\n... and {} more refused (the server lists the first {listed})",
-            answer.refused - listed
-        ));
-    }
+    text.push_str(&more_refused(answer.refused, answer.errors.len()));
     if !answer.complete {
         let line = answer
             .stopped_at_line

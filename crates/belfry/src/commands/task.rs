@@ -14,7 +14,7 @@ use super::{
     client, parse_headers, parse_ms, parse_payload, print_raw, run, run_empty, say, send, LateArgs,
 };
 use crate::commands::Remote;
-use crate::show::{clip, fields, late_policy, now_ms, table, time};
+use crate::show::{clip, fields, late_policy, more_refused, now_ms, table, time};
 
 /// How much of a payload a table row shows.
 const PAYLOAD_COLUMN_CHARS_MAX: usize = 60;
@@ -269,13 +269,7 @@ fn describe_import(answer: &ImportAnswer) -> String {
             line.line, line.error.code, line.error.message
         ));
     }
-    let listed = answer.errors.len() as u64;
-    if answer.refused > listed {
-        text.push_str(&format!(
-            "\n... and {} more refused (the server lists the first {listed})",
-            answer.refused - listed
-        ));
-    }
+    text.push_str(&more_refused(answer.refused, answer.errors.len()));
     if !answer.complete {
         let line = answer.stopped_at_line.unwrap_or(1);
         text.push_str(&format!(

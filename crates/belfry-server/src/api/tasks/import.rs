@@ -166,30 +166,11 @@ struct Import<'a> {
 
 impl BulkApply for Import<'_> {
     fn feed(&mut self, bytes: &[u8]) {
-        // Due times given as a delay count from when their line arrived.
-        let now_ms = self.service.now_ms();
-        let Import {
-            lines,
-            items,
-            intake,
-            service,
-            ..
-        } = self;
-        lines.feed(bytes, |line| {
-            items.extend(convert(intake, service, line, now_ms))
-        });
+        self.split(Some(bytes));
     }
 
     fn finish(&mut self) -> Result<(), ApiError> {
-        let now_ms = self.service.now_ms();
-        let Import {
-            lines,
-            items,
-            intake,
-            service,
-            ..
-        } = self;
-        lines.finish(|line| items.extend(convert(intake, service, line, now_ms)));
+        self.split(None);
         Ok(())
     }
 
@@ -210,6 +191,24 @@ impl BulkApply for Import<'_> {
 }
 
 impl Import<'_> {
+    /// Converts the lines `bytes` ends (or, at the body's end, `None`, the last one) into
+    /// items. Due times given as a delay count from when their line arrived.
+    fn split(&mut self, bytes: Option<&[u8]>) {
+        let now_ms = self.service.now_ms();
+        let Import {
+            lines,
+            items,
+            intake,
+            service,
+            ..
+        } = self;
+        let each = |line: Line<'_>| items.extend(convert(intake, service, line, now_ms));
+        match bytes {
+            Some(bytes) => lines.feed(bytes, each),
+            None => lines.finish(each),
+        }
+    }
+
     /// Counts `items` into the pending batch, submitting it whenever it holds
     /// `BATCH_TASKS_MAX` tasks or `limits.request_max` bytes of payload. A batch refused stops it all, at the batch's first line,
     /// unapplied from there.
