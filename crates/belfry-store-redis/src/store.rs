@@ -751,6 +751,10 @@ impl Store for RedisStore {
         self.change(queue, id, "redrive", 0, now_ms)
     }
 
+    fn discard_dead(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
+        self.change(queue, id, "discard", 0, now_ms)
+    }
+
     fn put_meta(&self, namespace: &str, key: &str, value: Bytes) -> Result<()> {
         self.write_meta(vec![MetaChange::put(namespace, key, value)])
     }

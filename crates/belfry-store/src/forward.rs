@@ -41,8 +41,8 @@ use belfry_core::{LeaseId, NewTask, QueueName, Task, TaskId, UnixMs, UserId, Use
 use bytes::Bytes;
 
 use crate::{
-    ChangeOutcome, ClaimBatch, EventSink, InFlightRoom, LeaseOutcome, MetaChange, PutOutcome,
-    QueueCounts, Result, Store, StoreHealth,
+    ChangeOutcome, ClaimBatch, DeadAction, EventSink, InFlightRoom, LeaseOutcome, MetaChange,
+    PutOutcome, QueueCounts, Result, Store, StoreHealth,
 };
 
 /// Writes [`ForwardingStore`], each method forwarding to the wrapped store by default, and
@@ -146,6 +146,15 @@ forwarding! {
         limit: usize,
     ) -> Result<Vec<Task>>;
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+    fn discard_dead(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs)
+        -> Result<ChangeOutcome>;
+    fn settle_dead(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        action: DeadAction,
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>>;
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts>;
     fn forecast(
         &self,

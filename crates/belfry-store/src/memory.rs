@@ -472,6 +472,21 @@ impl Store for MemoryStore {
         Ok(ChangeOutcome::Ok)
     }
 
+    fn discard_dead(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
+        let mut inner = self.inner.lock();
+        let queue = inner.queue(queue)?;
+        queue.expire_leases(now_ms);
+        let Some(stored) = queue.tasks.get_mut(&id) else {
+            return Ok(ChangeOutcome::NotFound);
+        };
+        if stored.task.state != TaskState::Dead {
+            return Ok(ChangeOutcome::WrongState(stored.task.state));
+        }
+        stored.task.state = TaskState::Cancelled;
+        stored.task.dead_reason = None;
+        Ok(ChangeOutcome::Ok)
+    }
+
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
         let mut inner = self.inner.lock();
         let queue = inner.queue(queue)?;

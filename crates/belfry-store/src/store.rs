@@ -243,6 +243,15 @@ pub enum ChangeOutcome {
     WrongState(TaskState),
 }
 
+/// What [`Store::settle_dead`] does with each dead letter it is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeadAction {
+    /// Schedule it again, due now, attempts reset ([`Store::redrive`]).
+    Redrive,
+    /// Finish it as cancelled ([`Store::discard_dead`]).
+    Discard,
+}
+
 /// One change of small metadata (see [`Store::write_meta`]): `Some` puts the value, `None`
 /// deletes the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -495,6 +504,31 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Vec<Task>>;
     /// A dead task is scheduled again, due at `now_ms`, with its attempt count reset.
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+    /// A dead task is discarded: it becomes `Cancelled` (without its dead reason), a finished
+    /// task like any other, so its idempotency key is free and the store may forget it.
+    /// `WrongState` for a task that is not dead.
+    fn discard_dead(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+    /// [`Store::redrive`] or [`Store::discard_dead`] of each of `ids`, in order: the outcomes
+    /// are those of the single calls made one after another (a task named twice is `Ok` the
+    /// first time and `WrongState` after).
+    ///
+    /// The default loops. The embedded engine takes its lock once per chunk of 128 and
+    /// writes each chunk as one WAL frame; a call that fails with an error may have applied
+    /// the chunks before the failing one.
+    fn settle_dead(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        action: DeadAction,
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>> {
+        ids.iter()
+            .map(|&id| match action {
+                DeadAction::Redrive => self.redrive(queue, id, now_ms),
+                DeadAction::Discard => self.discard_dead(queue, id, now_ms),
+            })
+            .collect()
+    }
 
     // ---- observation ----
 

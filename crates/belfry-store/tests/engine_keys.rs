@@ -328,3 +328,94 @@ fn a_zeroed_key_run_block_refuses_puts_of_its_keys_rather_than_duplicate_them() 
         (0..3_000).map(|i| engine.get_by_key(&queue("orders"), &format!("order-{i}"), NOW));
     assert!(by_key.into_iter().any(|r| r.is_err()));
 }
+
+/// The bucket files of queue `q`'s directory (`q-<uid>/b-<key>.seg`).
+fn bucket_files(dir: &std::path::Path) -> Vec<String> {
+    let mut files = Vec::new();
+    for queue_dir in std::fs::read_dir(dir).unwrap() {
+        let queue_dir = queue_dir.unwrap().path();
+        if !queue_dir.is_dir()
+            || !queue_dir
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("q-")
+        {
+            continue;
+        }
+        for file in std::fs::read_dir(&queue_dir).unwrap() {
+            files.push(file.unwrap().file_name().into_string().unwrap());
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn a_discarded_dead_letter_frees_its_key_and_its_bucket_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    let ids = put_new(&engine, "orders", 0..3, |i| NOW + i as u64);
+    let batch = engine
+        .claim(&queue("orders"), NOW + 10, 10, 60_000)
+        .unwrap();
+    for leased in &batch.leased {
+        let outcome = engine.dead_letter(
+            &queue("orders"),
+            leased.task.id,
+            leased.lease_id,
+            "gone",
+            NOW + 20,
+        );
+        assert_eq!(outcome.unwrap(), belfry_store::LeaseOutcome::Ok);
+    }
+    engine.flush().unwrap();
+    let dead_bucket = bucket_files(dir.path());
+    assert_eq!(dead_bucket.len(), 1, "{dead_bucket:?}");
+    // A dead letter keeps its key (it may be redriven) and its bucket.
+    assert_eq!(put_again(&engine, "orders", 0, far(0)), (ids[0], true));
+    let outcomes = engine
+        .settle_dead(
+            &queue("orders"),
+            &ids[..2],
+            belfry_store::DeadAction::Discard,
+            NOW + 30,
+        )
+        .unwrap();
+    assert_eq!(outcomes, [ChangeOutcome::Ok, ChangeOutcome::Ok]);
+    let (again, duplicate) = put_again(&engine, "orders", 0, far(0));
+    assert!(
+        !duplicate && again != ids[0],
+        "a discarded dead letter's key is free"
+    );
+    engine.flush().unwrap();
+    assert!(
+        bucket_files(dir.path()).contains(&dead_bucket[0]),
+        "one dead letter is left"
+    );
+    assert_eq!(
+        engine
+            .discard_dead(&queue("orders"), ids[2], NOW + 40)
+            .unwrap(),
+        ChangeOutcome::Ok
+    );
+    engine.flush().unwrap();
+    let left = bucket_files(dir.path());
+    assert!(
+        !left.contains(&dead_bucket[0]),
+        "the finished bucket is deleted: {left:?}"
+    );
+    // And after a restart, each task reads as cancelled, the new one as scheduled.
+    drop(engine);
+    let engine = open(dir.path());
+    for id in &ids {
+        let task = engine.get(&queue("orders"), *id, NOW + 50).unwrap();
+        assert!(task.is_none_or(|t| t.state == TaskState::Cancelled), "{id}");
+    }
+    let task = engine
+        .get(&queue("orders"), again, NOW + 50)
+        .unwrap()
+        .unwrap();
+    assert_eq!(task.state, TaskState::Scheduled);
+}

@@ -35,6 +35,8 @@ enum Op {
     Cancel(usize),
     Reschedule(usize, i64),
     Redrive(usize),
+    /// A dead letter discarded, alone or twice in one `settle_dead`.
+    Discard(usize, bool),
     Get(usize),
     GetByKey(usize, u8),
     Observe(usize),
@@ -71,6 +73,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Cancel),
         2 => (any::<usize>(), -1_000i64..8_000).prop_map(|(i, d)| Op::Reschedule(i, d)),
         1 => any::<usize>().prop_map(Op::Redrive),
+        1 => (any::<usize>(), any::<bool>()).prop_map(|(i, twice)| Op::Discard(i, twice)),
         2 => any::<usize>().prop_map(Op::Get),
         1 => (0..2usize, 0..4u8).prop_map(|(q, k)| Op::GetByKey(q, k)),
         3 => (0..2usize).prop_map(Op::Observe),
@@ -372,7 +375,7 @@ impl World {
                 }
                 prop_assert_eq!(m, e);
             }
-            Op::Cancel(i) | Op::Reschedule(i, _) | Op::Redrive(i) => {
+            Op::Cancel(i) | Op::Reschedule(i, _) | Op::Redrive(i) | Op::Discard(i, _) => {
                 if self.ids.is_empty() {
                     return Ok(());
                 }
@@ -393,6 +396,21 @@ impl World {
                         self.model.redrive(&q, mid, now).unwrap(),
                         self.engine().redrive(&q, eid, now).unwrap(),
                     ),
+                    Op::Discard(_, false) => (
+                        self.model.discard_dead(&q, mid, now).unwrap(),
+                        self.engine().discard_dead(&q, eid, now).unwrap(),
+                    ),
+                    Op::Discard(_, true) => {
+                        let (action, twice) = (belfry_store::DeadAction::Discard, [eid, eid]);
+                        let m = self.model.discard_dead(&q, mid, now).unwrap();
+                        let e = self.engine().settle_dead(&q, &twice, action, now).unwrap();
+                        let again = self.model.discard_dead(&q, mid, now).unwrap();
+                        // (A forgotten finished task is NotFound in the engine, twice.)
+                        if e[0] != belfry_store::ChangeOutcome::NotFound {
+                            prop_assert_eq!(again, e[1]);
+                        }
+                        (m, e[0])
+                    }
                     _ => unreachable!(),
                 };
                 // A forgotten finished task is NotFound in the engine.

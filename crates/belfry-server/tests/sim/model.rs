@@ -134,8 +134,12 @@ pub struct Stats {
 #[derive(Debug, Clone, Copy)]
 pub enum Change {
     Cancel,
-    Reschedule { due_at_ms: UnixMs },
+    Reschedule {
+        due_at_ms: UnixMs,
+    },
     Redrive,
+    /// A dead letter discarded: it finishes as cancelled.
+    Discard,
 }
 
 /// The change a lease call asks for.
@@ -511,7 +515,7 @@ impl Model {
         };
         let seen = task.state.clone();
         let allowed = match change {
-            Change::Redrive => matches!(seen, State::Dead(_)),
+            Change::Redrive | Change::Discard => matches!(seen, State::Dead(_)),
             _ => matches!(seen, State::Scheduled | State::Expired { .. }),
         };
         let fits = match outcome {
@@ -545,7 +549,7 @@ impl Model {
                     task.original_due = due_at_ms;
                 }
             }
-            Change::Cancel => task.state = State::Cancelled,
+            Change::Cancel | Change::Discard => task.state = State::Cancelled,
         }
     }
 

@@ -285,6 +285,14 @@ impl Store for SimStore {
             |m, outcome| m.on_change(queue, id, now_ms, Change::Redrive, *outcome),
         )
     }
+    fn discard_dead(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
+        self.call(
+            34,
+            id_key(id) ^ now_ms,
+            |e| e.discard_dead(queue, id, now_ms),
+            |m, outcome| m.on_change(queue, id, now_ms, Change::Discard, *outcome),
+        )
+    }
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
         self.call(
             17,

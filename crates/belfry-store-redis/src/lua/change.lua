@@ -1,5 +1,6 @@
 -- Changes a task that is not leased. ARGV: now, retain_ms, op, seq, value, far_after_ms.
--- op: 'cancel' | 'reschedule' (value: new due; a far one waits in its bucket) | 'redrive'.
+-- op: 'cancel' | 'reschedule' (value: new due; a far one waits in its bucket) | 'redrive' |
+-- 'discard' (a dead letter finishes as cancelled).
 -- Replies {code, state, earliest}: code 0 ok, 1 not found, 3 wrong state (state says which).
 local now, retain, op, seq = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local far_after = tonumber(ARGV[6] or '0')
@@ -8,7 +9,7 @@ local rec = redis.call('HGET', KEYS[4], seq)
 if not rec then return {1, 0, earliest()} end
 local h = unpack_hdr(rec)
 local ok = h.state == SCHEDULED or h.state == BUCKETED
-if op == 'redrive' then ok = h.state == DEAD end
+if op == 'redrive' or op == 'discard' then ok = h.state == DEAD end
 if not ok then return {3, h.state, earliest()} end
 if op == 'cancel' then
   unplace(seq, h)
@@ -25,6 +26,10 @@ elseif op == 'redrive' then
   h.due = now
   place(seq, h, now, 0)
   redis.call('HSET', KEYS[4], seq, pack(rec, h))
+elseif op == 'discard' then
+  redis.call('ZREM', KEYS[6], seq)
+  redis.call('HDEL', KEYS[7], seq)
+  finish(seq, rec, h, CANCELLED, now)
 else
   return redis.error_reply('belfry: unknown change op ' .. op)
 end

@@ -13,8 +13,10 @@ use belfry_core::{
 };
 use bytes::Bytes;
 
+mod dead;
 mod subscriptions;
 
+pub use dead::{dead_letters_settled, dead_letters_settled_in_hundreds};
 pub use subscriptions::{subscriptions_basics, subscriptions_many};
 
 use crate::{ChangeOutcome, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Store, StoreError};
@@ -878,6 +880,8 @@ macro_rules! __conformance_scenario_names {
         claim_order,
         lease_lifecycle,
         dead_letters,
+        dead_letters_settled,
+        dead_letters_settled_in_hundreds,
         late_policies,
         cancel_and_reschedule,
         idempotency,

@@ -12,7 +12,9 @@ use super::points::Prior;
 use super::queue::{self, EngineStats, Queue};
 use super::record::{Record, WalBatch};
 use super::{push, Engine, Pending, State};
-use crate::store::{ChangeOutcome, LeaseOutcome, Result};
+use rustc_hash::FxHashSet;
+
+use crate::store::{ChangeOutcome, DeadAction, LeaseOutcome, Result};
 
 /// About the bytes a lease record takes in a WAL frame (target, framing, fields).
 pub(super) const LEASE_RECORD_BYTES_HINT: usize = 64;
@@ -187,6 +189,67 @@ impl Engine {
         }
         self.commit(state, batch, pending, false)?;
         Ok(ChangeOutcome::Ok)
+    }
+
+    /// Redrives or discards many dead letters of one queue (`Store::settle_dead`): one hold of
+    /// the lock and one WAL frame per chunk of [`LOCK_CHUNK_RECORDS`], then one wait for the
+    /// last chunk to be durable.
+    pub(super) fn settle_dead_chunks(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        action: DeadAction,
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>> {
+        let mut state = self.lock_state()?;
+        let mut outcomes = Vec::with_capacity(ids.len());
+        let mut last_ticket = None;
+        let settled_state = match action {
+            DeadAction::Redrive => TaskState::Scheduled,
+            DeadAction::Discard => TaskState::Cancelled,
+        };
+        for (i, chunk) in ids.chunks(LOCK_CHUNK_RECORDS).enumerate() {
+            if i > 0 {
+                self.let_others_in(&mut state)?;
+            }
+            let mut batch = WalBatch::new();
+            let mut pending = Vec::with_capacity(chunk.len());
+            // Records reach memory only at commit, so a task settled earlier in this chunk
+            // still looks dead: answer a repeat as the single calls would.
+            let mut settled = FxHashSet::default();
+            for &id in chunk {
+                let Some(target) = self.change_target(&mut state, queue, id, Some(now_ms))? else {
+                    outcomes.push(ChangeOutcome::NotFound);
+                    continue;
+                };
+                if target.state != TaskState::Dead {
+                    outcomes.push(ChangeOutcome::WrongState(target.state));
+                    continue;
+                }
+                if !settled.insert((target.seq, target.key)) {
+                    outcomes.push(ChangeOutcome::WrongState(settled_state));
+                    continue;
+                }
+                // A point index never holds a dead task (`Touch::can_hold`), so a dead one was
+                // found in its loaded bucket.
+                debug_assert!(target.prior.is_none());
+                let seq = target.seq;
+                let record = match action {
+                    DeadAction::Redrive => Record::Redrive {
+                        seq,
+                        due_at_ms: now_ms,
+                    },
+                    DeadAction::Discard => Record::Cancel { seq },
+                };
+                push(&mut batch, &mut pending, target.uid, target.key, record);
+                outcomes.push(ChangeOutcome::Ok);
+            }
+            last_ticket = self
+                .commit_chunk(&mut state, batch, pending)?
+                .or(last_ticket);
+        }
+        self.finish_chunks(state, last_ticket, false)?;
+        Ok(outcomes)
     }
 
     /// The shared path of ack, nack, extend and dead_letter: check the lease, then append the

@@ -67,7 +67,11 @@ impl Entry {
     fn follow(&mut self, record: &Record) {
         match record {
             Record::Put(_) => {}
-            Record::Cancel { .. } => self.state = TaskState::Cancelled,
+            Record::Cancel { .. } => {
+                // A discarded dead letter is cancelled too, and keeps no reason.
+                self.state = TaskState::Cancelled;
+                self.dead_reason = None;
+            }
             Record::Reschedule { due_at_ms, .. } | Record::Nack { due_at_ms, .. } => {
                 self.state = TaskState::Scheduled;
                 self.due_ms = *due_at_ms;

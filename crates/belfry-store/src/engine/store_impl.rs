@@ -19,8 +19,8 @@ use super::record::{self, PutRecord, Record, WalBatch};
 use super::space::Use;
 use super::{io, push, queue_dir, Engine, EngineOptions, State, META_FILE};
 use crate::store::{
-    ChangeOutcome, ClaimBatch, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Result, Store,
-    StoreError, StoreHealth,
+    ChangeOutcome, ClaimBatch, DeadAction, LeaseOutcome, MetaChange, PutOutcome, QueueCounts,
+    Result, Store, StoreError, StoreHealth,
 };
 
 impl Store for Engine {
@@ -396,6 +396,35 @@ impl Store for Engine {
             seq,
             due_at_ms: now_ms,
         })
+    }
+
+    fn discard_dead(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
+        // Ends a task, like an ack: bounded by what was dead-lettered.
+        self.core
+            .space
+            .admit(STATE_CHANGE_BYTES_HINT, Use::Ending)?;
+        self.change_state(queue, id, now_ms, TaskState::Dead, |seq| Record::Cancel {
+            seq,
+        })
+    }
+
+    fn settle_dead(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        action: DeadAction,
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let space = match action {
+            DeadAction::Redrive => Use::Growth,
+            DeadAction::Discard => Use::Ending,
+        };
+        let bytes = ids.len() as u64 * STATE_CHANGE_BYTES_HINT;
+        self.core.space.admit(bytes, space)?;
+        self.settle_dead_chunks(queue, ids, action, now_ms)
     }
 
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {
