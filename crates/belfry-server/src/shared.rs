@@ -48,10 +48,14 @@ pub enum ServiceError {
         id: belfry_core::TaskId,
         state: belfry_core::TaskState,
     },
-    #[error("task {id} is {}, only dead tasks can be redriven", state.as_str())]
+    #[error("task {id} is {}, only dead letters can be {}", state.as_str(), match action {
+        belfry_store::DeadAction::Redrive => "redriven",
+        belfry_store::DeadAction::Discard => "deleted",
+    })]
     NotDead {
         id: belfry_core::TaskId,
         state: belfry_core::TaskState,
+        action: belfry_store::DeadAction,
     },
     #[error("queue {0} delivers by push ({1}); leases are only for pull queues")]
     NotPullQueue(QueueName, &'static str),

@@ -505,7 +505,7 @@ pub trait Store: Send + Sync + 'static {
     /// A dead task is scheduled again, due at `now_ms`, with its attempt count reset.
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
     /// A dead task is discarded: it becomes `Cancelled` (without its dead reason), a finished
-    /// task like any other, so its idempotency key is free and the store may forget it.
+    /// task like any other, which the store may forget (freeing its idempotency key).
     /// `WrongState` for a task that is not dead.
     fn discard_dead(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
     /// [`Store::redrive`] or [`Store::discard_dead`] of each of `ids`, in order: the outcomes

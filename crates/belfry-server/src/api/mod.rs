@@ -5,6 +5,7 @@ pub mod auth;
 mod body_timeout;
 mod bulk;
 mod bulk_read;
+mod dead;
 mod dto;
 mod error;
 mod extract;
@@ -30,7 +31,7 @@ use std::time::Instant;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request};
 use axum::http::Method;
 use axum::response::Response;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 pub use error::{ApiError, ErrorCode};
@@ -74,8 +75,11 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/queues/{queue}/tasks/{id}/ack", post(leases::ack))
         .route("/v1/queues/{queue}/tasks/{id}/nack", post(leases::nack))
         .route("/v1/queues/{queue}/tasks/{id}/extend", post(leases::extend))
-        .route("/v1/queues/{queue}/dead", get(tasks::list_dead))
-        .route("/v1/queues/{queue}/dead/{id}/redrive", post(tasks::redrive))
+        .route("/v1/queues/{queue}/dead", get(dead::list_dead))
+        .route("/v1/queues/{queue}/dead:redrive", post(dead::redrive_many))
+        .route("/v1/queues/{queue}/dead:delete", post(dead::delete_many))
+        .route("/v1/queues/{queue}/dead/{id}", delete(dead::delete))
+        .route("/v1/queues/{queue}/dead/{id}/redrive", post(dead::redrive))
         .route("/healthz", get(ops::healthz))
         .route("/readyz", get(ops::readyz))
         .route("/metrics", get(ops::metrics))

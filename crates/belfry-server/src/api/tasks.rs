@@ -1,5 +1,4 @@
-//! Task endpoints: submit (one, a batch, or a streamed import), get, cancel, reschedule, dead
-//! letters.
+//! Task endpoints: submit (one, a batch, or a streamed import), get, cancel, reschedule.
 
 mod import;
 
@@ -7,7 +6,7 @@ pub use import::import;
 
 use std::sync::OnceLock;
 
-use axum::extract::{Query, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -15,19 +14,11 @@ use belfry_core::limits::BATCH_TASKS_MAX;
 use belfry_core::{NewTask, QueueName, UnixMs};
 use belfry_store::PutOutcome;
 
-use super::dto::{
-    BatchBody, BatchTasks, DeadList, DeadQuery, DueBody, TaskBody, TaskLimits, TaskTargets,
-    TaskView,
-};
+use super::dto::{BatchBody, BatchTasks, DueBody, TaskBody, TaskLimits, TaskTargets, TaskView};
 use super::error::{ApiError, ErrorCode};
-use super::extract::{
-    page_limit, page_query, parse_json, task_id, JsonBody, JsonBytes, KeyPath, QueuePath, TaskPath,
-};
+use super::extract::{parse_json, JsonBody, JsonBytes, KeyPath, QueuePath, TaskPath};
 use super::wire::{self, SubmitEntry};
 use super::AppState;
-
-/// Dead letters per page when the caller does not say.
-const DEAD_PAGE_DEFAULT: usize = 100;
 
 /// What a submitted task is checked against in one queue: the queue's name, the server's
 /// limits, the queue's defaults and what checks a task's own target. Every submit path (one
@@ -249,40 +240,5 @@ pub async fn reschedule_by_key(
     let due = new_due_time(&service, &queue, &body).await?;
     let task = service.task_by_key(&queue, &key).await?;
     let task = service.reschedule(&queue, task.id, due).await?;
-    Ok(Json(TaskView::new(&task)))
-}
-
-pub async fn list_dead(
-    State(service): State<AppState>,
-    QueuePath(queue): QueuePath,
-    query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<DeadList>, ApiError> {
-    let query = page_query(query, "after=<task id>&limit=<n>&payload=<true|false>")?;
-    let after = query.after.as_deref().map(task_id).transpose()?;
-    let limit = page_limit(
-        query.limit,
-        DEAD_PAGE_DEFAULT,
-        crate::service::DEAD_PAGE_MAX,
-    )?;
-    let tasks = service.list_dead(&queue, after, limit).await?;
-    let next_after = if tasks.len() == limit {
-        tasks.last().map(|t| t.id.to_string())
-    } else {
-        None
-    };
-    Ok(Json(DeadList {
-        tasks: tasks
-            .iter()
-            .map(|task| TaskView::shown(task, query.payload != Some(false)))
-            .collect(),
-        next_after,
-    }))
-}
-
-pub async fn redrive(
-    State(service): State<AppState>,
-    TaskPath(queue, id): TaskPath,
-) -> Result<Json<TaskView>, ApiError> {
-    let task = service.redrive(&queue, id).await?;
     Ok(Json(TaskView::new(&task)))
 }

@@ -1,11 +1,13 @@
 //! The server's operations, between the API (which knows HTTP and JSON) and the `Store`
 //! (which knows bytes on disk), split by job: `queues` (configuration and push attachment),
-//! `tasks` (submit, read, cancel, reschedule, dead letters), `leases` (pull consumers).
+//! `tasks` (submit, read, cancel, reschedule), `dead` (dead letters), `leases` (pull
+//! consumers).
 //!
 //! `Service` is the API's handle: the shared parts (`Deref` to [`Shared`]), the dispatcher it
 //! attaches push queues to, and the submit coalescer. It depends on the dispatcher, never the
 //! other way round: the dispatcher hears about queues through their wake-up hook.
 
+mod dead;
 mod leases;
 mod queues;
 mod tasks;
@@ -25,6 +27,7 @@ use crate::queues::{QueueRuntime, Queues};
 use crate::shared::{Caller, Shared, StoreCalls};
 
 pub use crate::shared::{Result, ServiceError};
+pub use dead::{DeadPick, Settled};
 pub use leases::NackResult;
 pub use queues::QueuePatch;
 

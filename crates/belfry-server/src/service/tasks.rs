@@ -1,9 +1,9 @@
-//! Tasks: submit (single submits coalesced), read, cancel, reschedule, and dead letters.
+//! Tasks: submit (single submits coalesced), read, cancel and reschedule.
 
 use belfry_core::{NewTask, QueueName, Task, TaskId, UnixMs};
 use belfry_store::{ChangeOutcome, PutOutcome};
 
-use super::{Result, Service, ServiceError, DEAD_PAGE_MAX};
+use super::{Result, Service, ServiceError};
 use crate::metrics;
 use crate::shared::Caller;
 
@@ -80,38 +80,6 @@ impl Service {
             })
             .await?;
         change_result(id, outcome)?;
-        runtime.wake();
-        task.ok_or(ServiceError::TaskNotFound(id))
-    }
-
-    pub async fn list_dead(
-        &self,
-        queue: &QueueName,
-        after: Option<TaskId>,
-        limit: usize,
-    ) -> Result<Vec<Task>> {
-        self.runtime(queue).await?;
-        let name = queue.clone();
-        let limit = limit.min(DEAD_PAGE_MAX);
-        self.blocking(move |s| Ok(s.list_dead(&name, after, limit)?))
-            .await
-    }
-
-    pub async fn redrive(&self, queue: &QueueName, id: TaskId) -> Result<Task> {
-        let runtime = self.runtime(queue).await?;
-        let name = queue.clone();
-        let now_ms = self.now_ms();
-        let (outcome, task) = self
-            .blocking(move |s| {
-                let outcome = s.redrive(&name, id, now_ms)?;
-                Ok((outcome, s.get(&name, id, now_ms)?))
-            })
-            .await?;
-        match outcome {
-            ChangeOutcome::Ok => {}
-            ChangeOutcome::NotFound => return Err(ServiceError::TaskNotFound(id)),
-            ChangeOutcome::WrongState(state) => return Err(ServiceError::NotDead { id, state }),
-        }
         runtime.wake();
         task.ok_or(ServiceError::TaskNotFound(id))
     }

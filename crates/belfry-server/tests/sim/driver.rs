@@ -1,13 +1,15 @@
 //! The schedule: each step draws one operation from the seed — submits, pull leases and their
-//! acks, nacks and extensions, cancels, redrives, time passing, wall-clock steps and crashes —
+//! acks, nacks and extensions, cancels, redrives and deletes of dead letters (one or many),
+//! time passing, wall-clock steps and crashes —
 //! applies it, and checks the model. At the end everything is drained with the faults off and
 //! every task's final state is compared with the model's, before and after a reopen.
 
 use std::time::Duration;
 
 use belfry_core::{NewTask, QueueName, TaskId};
-use belfry_server::service::NackResult;
+use belfry_server::service::{DeadPick, NackResult};
 use belfry_server::ServiceError;
+use belfry_store::DeadAction;
 
 use super::model::{State, Stats};
 use super::world::{Held, World};
@@ -64,7 +66,9 @@ async fn one_step(world: &mut World) {
         }
         920..=929 => cancel(world).await,
         930..=939 => reschedule(world).await,
-        940..=959 => redrive(world).await,
+        940..=949 => redrive(world).await,
+        950..=954 => delete_dead(world).await,
+        955..=959 => settle_dead(world).await,
         960..=989 => step_clock(world),
         _ => {
             world.note("crash and restart".into());
@@ -303,6 +307,49 @@ async fn redrive(world: &mut World) {
     world.note(format!("redrive {id}"));
     if let Err(e) = world.service().redrive(&queue, id).await {
         fail(world, format!("redrive of dead letter {id}: {e}"));
+    }
+}
+
+async fn delete_dead(world: &mut World) {
+    let Some((id, queue)) = pick_task(world, true) else {
+        return;
+    };
+    world.note(format!("delete dead letter {id}"));
+    if let Err(e) = world.service().delete_dead(&queue, id).await {
+        fail(world, format!("delete of dead letter {id}: {e}"));
+    }
+}
+
+/// Redrives or deletes a dead letter named twice (the repeat is reported, not done), or the
+/// first few of its queue.
+async fn settle_dead(world: &mut World) {
+    let Some((id, queue)) = pick_task(world, true) else {
+        return;
+    };
+    let action = if world.rng.chance(500) {
+        DeadAction::Redrive
+    } else {
+        DeadAction::Discard
+    };
+    let by_id = world.rng.chance(500);
+    let pick = if by_id {
+        DeadPick::Ids(vec![id, id])
+    } else {
+        DeadPick::First(world.rng.range(1, 4) as usize)
+    };
+    world.note(format!("{action:?} dead letters {pick:?}"));
+    match world.service().settle_dead(&queue, pick, action).await {
+        Ok(settled) if by_id && (settled.done, settled.not_dead.len()) != (1, 1) => {
+            fail(world, format!("{action:?} of {id} twice: {settled:?}"));
+        }
+        Ok(settled) if settled.done == 0 => {
+            fail(
+                world,
+                format!("{action:?} of the first dead letters of {queue}: {settled:?}"),
+            );
+        }
+        Ok(_) => {}
+        Err(e) => fail(world, format!("{action:?} of dead letters: {e}")),
     }
 }
 

@@ -3,7 +3,7 @@
 use belfry_core::UnixMs;
 use serde::{Deserialize, Serialize};
 
-use super::{invalid, TaskView};
+use super::invalid;
 use crate::api::error::{ApiError, ErrorCode};
 #[cfg(test)]
 use {
@@ -211,24 +211,4 @@ pub struct AckResult {
     pub ok: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorBody>,
-}
-
-// ---- dead letters ----
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeadQuery {
-    pub after: Option<String>,
-    pub limit: Option<usize>,
-    /// `false`: the tasks without `payload` / `payload_base64`, for a listing of ids and
-    /// reasons (a page of 1,000 payloads at the size limit is about a gigabyte).
-    pub payload: Option<bool>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DeadList {
-    pub tasks: Vec<TaskView>,
-    /// Pass as `after` to read the next page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_after: Option<String>,
 }

@@ -7,9 +7,11 @@ use super::error::{ApiError, ErrorCode};
 use crate::queues::{Delivery, QueueConfig};
 use crate::service::QueuePatch;
 
+mod dead;
 mod leases;
 mod tasks;
 
+pub use dead::*;
 pub use leases::*;
 pub use tasks::*;
 

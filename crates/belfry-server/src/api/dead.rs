@@ -1,0 +1,135 @@
+//! Dead-letter endpoints: list, redrive or delete one, and redrive or delete many.
+
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use belfry_core::TaskId;
+use belfry_store::DeadAction;
+
+use super::dto::{DeadBulkAnswer, DeadBulkBody, DeadList, DeadQuery, NotDeadEntry, TaskView};
+use super::error::{ApiError, ErrorCode};
+use super::extract::{page_limit, page_query, task_id, JsonBody, QueuePath, TaskPath};
+use super::AppState;
+use crate::service::{DeadPick, DEAD_PAGE_MAX};
+
+/// Dead letters per page when the caller does not say.
+const DEAD_PAGE_DEFAULT: usize = 100;
+
+pub async fn list_dead(
+    State(service): State<AppState>,
+    QueuePath(queue): QueuePath,
+    query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DeadList>, ApiError> {
+    let query = page_query(query, "after=<task id>&limit=<n>&payload=<true|false>")?;
+    let after = query.after.as_deref().map(task_id).transpose()?;
+    let limit = page_limit(query.limit, DEAD_PAGE_DEFAULT, DEAD_PAGE_MAX)?;
+    let tasks = service.list_dead(&queue, after, limit).await?;
+    let next_after = if tasks.len() == limit {
+        tasks.last().map(|t| t.id.to_string())
+    } else {
+        None
+    };
+    Ok(Json(DeadList {
+        tasks: tasks
+            .iter()
+            .map(|task| TaskView::shown(task, query.payload != Some(false)))
+            .collect(),
+        next_after,
+    }))
+}
+
+pub async fn redrive(
+    State(service): State<AppState>,
+    TaskPath(queue, id): TaskPath,
+) -> Result<Json<TaskView>, ApiError> {
+    let task = service.redrive(&queue, id).await?;
+    Ok(Json(TaskView::new(&task)))
+}
+
+/// `DELETE /v1/queues/{queue}/dead/{id}`: the dead letter is finished as cancelled.
+pub async fn delete(
+    State(service): State<AppState>,
+    TaskPath(queue, id): TaskPath,
+) -> Result<StatusCode, ApiError> {
+    service.delete_dead(&queue, id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /v1/queues/{queue}/dead:redrive`.
+pub async fn redrive_many(
+    state: State<AppState>,
+    path: QueuePath,
+    body: JsonBody<DeadBulkBody>,
+) -> Result<Json<DeadBulkAnswer>, ApiError> {
+    settle(state, path, body, DeadAction::Redrive).await
+}
+
+/// `POST /v1/queues/{queue}/dead:delete`.
+pub async fn delete_many(
+    state: State<AppState>,
+    path: QueuePath,
+    body: JsonBody<DeadBulkBody>,
+) -> Result<Json<DeadBulkAnswer>, ApiError> {
+    settle(state, path, body, DeadAction::Discard).await
+}
+
+async fn settle(
+    State(service): State<AppState>,
+    QueuePath(queue): QueuePath,
+    JsonBody(body): JsonBody<DeadBulkBody>,
+    action: DeadAction,
+) -> Result<Json<DeadBulkAnswer>, ApiError> {
+    let pick = pick(body)?;
+    let settled = service.settle_dead(&queue, pick, action).await?;
+    let done = Some(settled.done);
+    let (redriven, deleted) = match action {
+        DeadAction::Redrive => (done, None),
+        DeadAction::Discard => (None, done),
+    };
+    Ok(Json(DeadBulkAnswer {
+        redriven,
+        deleted,
+        not_dead: settled
+            .not_dead
+            .iter()
+            .map(|(id, state)| NotDeadEntry {
+                id: id.to_string(),
+                state: state.as_str(),
+            })
+            .collect(),
+        not_found: settled.not_found.iter().map(TaskId::to_string).collect(),
+        dead_left: settled.dead_left,
+    }))
+}
+
+/// The dead letters a bulk body names: `ids` (1 to 1,000 task ids) or `limit` (the first 1 to
+/// 1,000 in id order), exactly one of them.
+fn pick(body: DeadBulkBody) -> Result<DeadPick, ApiError> {
+    let invalid = |message: String| ApiError::new(ErrorCode::InvalidRequest, message);
+    match (body.ids, body.limit) {
+        (Some(ids), None) => {
+            if ids.is_empty() || ids.len() > DEAD_PAGE_MAX {
+                return Err(invalid(format!(
+                    "ids must name between 1 and {DEAD_PAGE_MAX} tasks, got {}",
+                    ids.len()
+                )));
+            }
+            let parsed = ids.iter().enumerate().map(|(i, text)| {
+                text.parse().map_err(|e: belfry_core::ParseTaskIdError| {
+                    ApiError::new(ErrorCode::InvalidTaskId, format!("ids[{i}]: {e}"))
+                })
+            });
+            Ok(DeadPick::Ids(parsed.collect::<Result<_, _>>()?))
+        }
+        (None, Some(limit)) => Ok(DeadPick::First(page_limit(
+            Some(limit),
+            DEAD_PAGE_MAX,
+            DEAD_PAGE_MAX,
+        )?)),
+        _ => Err(invalid(
+            "give either ids (the task ids of the dead letters, at most 1000) or limit (the \
+             first 1 to 1000 dead letters in id order), not both"
+                .to_owned(),
+        )),
+    }
+}
