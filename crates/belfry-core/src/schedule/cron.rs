@@ -4,10 +4,12 @@
 //!
 //! ```text
 //! [second] minute hour day-of-month month day-of-week      (5 fields, or 6 with seconds first)
-//! field   = item ("," item)*
-//! item    = base ["/" step]
-//! base    = "*" | "?" | value | value "-" value
-//! value   = number | name            (month names JAN-DEC, weekday names SUN-SAT, any case)
+//! field    = item ("," item)*
+//! item     = base ["/" step] | day-form
+//! base     = "*" | "?" | value | value "-" value
+//! value    = number | name           (month names JAN-DEC, weekday names SUN-SAT, any case)
+//! day-form = "L" | "L-" n | n "W" | "LW"     (day of month only)
+//!          | weekday "L" | weekday "#" n     (day of week only; weekday = 0-7 or SUN-SAT)
 //! ```
 //!
 //! - `a/step` means `a-max/step`, where the day of week's max is 6 (Saturday): `MON/2` is MON,
@@ -19,6 +21,9 @@
 //!   (neither is exactly `*` or `?`), a day matches if **either** matches: `0 0 13 * FRI` fires
 //!   on every 13th and on every Friday. When one of them is `*` or `?`, only the other decides.
 //!   Unlike Vixie cron, `*/2` counts as restricted: only the bare `*`/`?` mean "any day".
+//! - Day forms (Quartz's, `cron_days.rs` has their exact meaning): day of month `L`, `L-N`,
+//!   `NW`, `LW`; day of week `DL` (`FRIL`) and `D#N` (`TUE#2`). Each is one item of a list
+//!   (`1,L`), never part of a range or a step, and makes its field restricted for the day rule.
 //! - Aliases: `@yearly` = `@annually` = `0 0 1 1 *`, `@monthly` = `0 0 1 * *`, `@weekly` =
 //!   `0 0 * * 0`, `@daily` = `@midnight` = `0 0 * * *`, `@hourly` = `0 * * * *`.
 //!   `@every` is not cron: fixed intervals are a separate kind of trigger.
@@ -28,13 +33,18 @@
 
 use std::fmt;
 
+use super::cron_days::{self, DayForms};
+
 /// Longest accepted expression, so an error message or a stored schedule stays small.
 pub const CRON_EXPRESSION_LEN_MAX: usize = 256;
 
 /// How many years ahead a search for the next matching date goes before giving up. Every
-/// expression that passes validation matches within 8 years (29 February can be 8 years
-/// apart, across a non-leap century year), so 9 is enough and bounds the work.
-const SEARCH_YEARS_MAX: i32 = 9;
+/// expression that passes validation matches within 40 years: 29 February (or `L-28` or `29W`
+/// in February) can be 8 years apart, across a non-leap century year, and a February with a
+/// 5th Monday (`* 2 MON#5`, a leap year whose February starts on a Monday) 40 years apart,
+/// around 2100. The search moves a month at a time past months without a matching day, so
+/// this bounds the work to a few hundred steps.
+const SEARCH_YEARS_MAX: i32 = 41;
 
 /// Largest year a civil date-time may have (the limit of the time zone library).
 const YEAR_MAX: i32 = 9999;
@@ -124,8 +134,24 @@ pub enum FieldProblem {
     BadStep { max: u8 },
     #[error("'?' is only allowed in the day-of-month and day-of-week fields")]
     QuestionMarkNotAllowed,
-    #[error("the L, W and # extensions are not supported")]
-    Unsupported,
+    #[error("L, W and # are only allowed in the day-of-month field (L, L-N, NW, LW) and the day-of-week field (DL, D#N)")]
+    DayFormNotAllowed,
+    #[error(
+        "L, W and # forms stand alone: not in a range or with a step (a list such as 1,L is fine)"
+    )]
+    DayFormNotSingle,
+    #[error("not a day-of-month form: the forms are L, L-N (N 0-30), NW (N 1-31) and LW")]
+    NotADayOfMonthForm,
+    #[error("L-N takes N from 0 to 30 (days before the last day of the month)")]
+    BeforeLastOutOfRange,
+    #[error("NW takes a day N from 1 to 31 (W alone names no day)")]
+    NearestWeekdayOutOfRange,
+    #[error("not a day-of-week form: the forms are DL (the last weekday D of the month) and D#N (the Nth, N 1-5)")]
+    NotADayOfWeekForm,
+    #[error("DL and D#N take a weekday D from 0 to 7 or SUN-SAT")]
+    FormWeekday,
+    #[error("D#N takes N from 1 to 5")]
+    NthOutOfRange,
 }
 
 /// Why an expression was refused. The `Field` variant points at the bad field by its position
@@ -159,12 +185,14 @@ pub struct CronExpr {
     seconds: u64,
     minutes: u64,
     hours: u64,
-    days_of_month: u64,
+    pub(super) days_of_month: u64,
     months: u64,
     /// Bits 0 (Sunday) to 6 (Saturday); 7 is folded into 0 when parsing.
-    days_of_week: u64,
+    pub(super) days_of_week: u64,
+    /// The day fields' L, W and # forms.
+    pub(super) forms: DayForms,
     /// Both day fields restricted: a day matches when either matches (see the module docs).
-    days_either: bool,
+    pub(super) days_either: bool,
     source: String,
 }
 
@@ -188,6 +216,7 @@ impl std::str::FromStr for CronExpr {
 }
 
 const ALL_HOURS: u64 = (1 << 24) - 1;
+const ALL_WEEKDAYS: u64 = (1 << 7) - 1;
 
 impl CronExpr {
     pub fn parse(text: &str) -> Result<CronExpr, CronError> {
@@ -226,14 +255,17 @@ impl CronExpr {
         // A 5-field expression fires at second 0.
         sets[0] = 1;
         let mut restricted = [true; 6];
+        let mut forms = DayForms::default();
         for (index, (&field, text)) in order.iter().zip(&fields).enumerate() {
             let position = index + 1;
             sets[field as usize] =
-                parse_field(field, text).map_err(|(bad, problem)| CronError::Field {
-                    position,
-                    field,
-                    text: bad.chars().take(ERROR_TEXT_LEN_MAX).collect(),
-                    problem,
+                parse_field(field, text, &mut forms).map_err(|(bad, problem)| {
+                    CronError::Field {
+                        position,
+                        field,
+                        text: bad.chars().take(ERROR_TEXT_LEN_MAX).collect(),
+                        problem,
+                    }
                 })?;
             restricted[field as usize] = !matches!(*text, "*" | "?");
         }
@@ -248,6 +280,7 @@ impl CronExpr {
             days_of_month: sets[CronField::DayOfMonth as usize],
             months: sets[CronField::Month as usize],
             days_of_week,
+            forms,
             days_either: restricted[CronField::DayOfMonth as usize]
                 && restricted[CronField::DayOfWeek as usize],
             source: trimmed.to_string(),
@@ -269,32 +302,50 @@ impl CronExpr {
         self.hours == ALL_HOURS
     }
 
-    /// Whether some day exists that the day fields allow (e.g. not `30 2` = 30 February).
+    /// Whether some day exists that the day fields allow (e.g. not `30 2` = 30 February, nor
+    /// `L-29 2` or `30W 2`). A day of week, or a day-of-week form, names some day of every
+    /// allowed month in some year (a February with a 5th Monday is a leap year's whose 1st is
+    /// a Monday), so only the days of month can make an expression fire never.
     fn can_fire(&self) -> bool {
         if self.days_either {
             return true;
         }
+        let days = self.days_of_month | self.forms.days_needed();
         (1..=12u8).any(|month| {
             // 29 February exists in leap years, so February counts 29 days here.
             self.months & (1 << month) != 0
-                && (1..=days_in_month(2000, month)).any(|day| self.days_of_month & (1 << day) != 0)
+                && days & cron_days::in_month(days_in_month(2000, month)) != 0
         })
     }
 
-    fn day_matches(&self, year: i32, month: u8, day: u8) -> bool {
-        let dom = self.days_of_month & (1 << day) != 0;
-        let dow = self.days_of_week & (1 << weekday(year, month, day)) != 0;
+    /// The days (bit n = day n) of `month` in `year` that the day fields allow, by the day
+    /// rule (see the module docs).
+    fn month_days(&self, year: i32, month: u8) -> u64 {
+        let len = days_in_month(year, month);
+        // The common case (`* * *`, `1 * *`): only the days of month decide, no weekday to
+        // work out.
+        if !self.days_either
+            && self.days_of_week == ALL_WEEKDAYS
+            && self.forms == DayForms::default()
+        {
+            return self.days_of_month & cron_days::in_month(len);
+        }
+        let first = weekday(year, month, 1);
+        let of_month =
+            (self.days_of_month | self.forms.days_of_month(len, first)) & cron_days::in_month(len);
+        let of_week = cron_days::days_on_weekdays(self.days_of_week, len, first)
+            | self.forms.days_of_week(len, first);
         if self.days_either {
-            dom || dow
+            of_month | of_week
         } else {
-            dom && dow
+            of_month & of_week
         }
     }
 
     /// Whether the civil date-time matches every field.
     pub fn matches(&self, c: Civil) -> bool {
         self.months & (1 << c.month) != 0
-            && self.day_matches(c.year, c.month, c.day)
+            && self.month_days(c.year, c.month) & (1 << c.day) != 0
             && self.hours & (1 << c.hour) != 0
             && self.minutes & (1 << c.minute) != 0
             && self.seconds & (1 << c.second) != 0
@@ -319,9 +370,15 @@ impl CronExpr {
                 }
                 Some(_) => {}
             }
-            if !self.day_matches(t.year, t.month, t.day) {
-                t = t.next_day();
-                continue;
+            // A month without a matching day is passed in one step, so rare days (`29W` in
+            // February, `MON#5`) cost a step a month, not one a day.
+            match next_bit(self.month_days(t.year, t.month), t.day) {
+                None => {
+                    t = t.next_month();
+                    continue;
+                }
+                Some(day) if day != t.day => t = Civil::midnight(t.year, t.month, day),
+                Some(_) => {}
             }
             match next_bit(self.hours, t.hour) {
                 None => {
@@ -380,11 +437,16 @@ fn expand_alias(alias: &str) -> Result<&'static str, CronError> {
     })
 }
 
-/// Parses one field into a bit set, or returns the offending item and what is wrong with it.
-fn parse_field(field: CronField, text: &str) -> Result<u64, (String, FieldProblem)> {
+/// Parses one field into a bit set, adding its day forms to `forms`, or returns the offending
+/// item and what is wrong with it.
+fn parse_field(
+    field: CronField,
+    text: &str,
+    forms: &mut DayForms,
+) -> Result<u64, (String, FieldProblem)> {
     let mut set = 0u64;
     for item in text.split(',') {
-        set |= parse_item(field, item).map_err(|problem| {
+        set |= parse_item(field, item, forms).map_err(|problem| {
             let shown = if item.is_empty() { text } else { item };
             (shown.to_string(), problem)
         })?;
@@ -392,10 +454,19 @@ fn parse_field(field: CronField, text: &str) -> Result<u64, (String, FieldProble
     Ok(set)
 }
 
-fn parse_item(field: CronField, item: &str) -> Result<u64, FieldProblem> {
+fn parse_item(field: CronField, item: &str, forms: &mut DayForms) -> Result<u64, FieldProblem> {
     let (min, max) = (field.bounds().0, field.walk_max());
     if item.is_empty() {
         return Err(FieldProblem::EmptyItem);
+    }
+    // A form with a step (`L/2`) goes on, to be refused as a range end or a step's start.
+    if !item.contains('/') && cron_days::is_day_form(item) {
+        match field {
+            CronField::DayOfMonth => cron_days::parse_day_of_month(item, forms)?,
+            CronField::DayOfWeek => cron_days::parse_day_of_week(item, forms)?,
+            _ => return Err(FieldProblem::DayFormNotAllowed),
+        }
+        return Ok(0);
     }
     let (base, step) = match item.split_once('/') {
         Some((base, step)) => {
@@ -465,8 +536,11 @@ fn parse_value(field: CronField, text: &str) -> Result<u8, FieldProblem> {
     if let Some(index) = names.iter().position(|n| n.eq_ignore_ascii_case(text)) {
         return Ok(field.first_name_value() + index as u8);
     }
-    if is_extension(text) {
-        return Err(FieldProblem::Unsupported);
+    if cron_days::is_day_form(text) {
+        return Err(match field {
+            CronField::DayOfMonth | CronField::DayOfWeek => FieldProblem::DayFormNotSingle,
+            _ => FieldProblem::DayFormNotAllowed,
+        });
     }
     Err(FieldProblem::NotAValue {
         names: match field {
@@ -475,18 +549,6 @@ fn parse_value(field: CronField, text: &str) -> Result<u8, FieldProblem> {
             _ => "",
         },
     })
-}
-
-/// Whether `text` is one of Quartz's `L`, `W` and `#` forms (`L`, `5L`, `LW`, `15W`, `5#3`),
-/// not a word that happens to hold an L or a W (`July`, `Wednesday` were called extensions).
-fn is_extension(text: &str) -> bool {
-    if text.contains('#') {
-        return true;
-    }
-    let stem = text.trim_start_matches(|c: char| c.is_ascii_digit());
-    ["L", "W", "LW"]
-        .iter()
-        .any(|form| stem.eq_ignore_ascii_case(form))
 }
 
 /// The smallest set bit at or after `from`, if any.
@@ -525,6 +587,14 @@ impl Civil {
         if self.day < days_in_month(self.year, self.month) {
             Civil::midnight(self.year, self.month, self.day + 1)
         } else if self.month < 12 {
+            Civil::midnight(self.year, self.month + 1, 1)
+        } else {
+            Civil::midnight(self.year + 1, 1, 1)
+        }
+    }
+
+    fn next_month(self) -> Civil {
+        if self.month < 12 {
             Civil::midnight(self.year, self.month + 1, 1)
         } else {
             Civil::midnight(self.year + 1, 1, 1)
@@ -628,7 +698,7 @@ fn civil_from_days(days: i64) -> (i32, u8, u8) {
 }
 
 /// 0 = Sunday … 6 = Saturday. 1970-01-01 was a Thursday.
-fn weekday(year: i32, month: u8, day: u8) -> u8 {
+pub(super) fn weekday(year: i32, month: u8, day: u8) -> u8 {
     (days_from_civil(year, month, day) + 4).rem_euclid(7) as u8
 }
 
@@ -795,19 +865,8 @@ mod tests {
             "? * * * *",
             r#"field 1 (minute) "?": '?' is only allowed in the day-of-month and day-of-week fields"#,
         );
-        check(
-            "0 0 L * *",
-            r#"field 3 (day of month) "L": the L, W and # extensions are not supported"#,
-        );
-        check(
-            "0 0 15W * *",
-            r#"field 3 (day of month) "15W": the L, W and # extensions are not supported"#,
-        );
-        check(
-            "0 0 * * 5#3",
-            r#"field 5 (day of week) "5#3": the L, W and # extensions are not supported"#,
-        );
-        // Words that hold an L or a W are words, not extensions.
+        // The L, W and # forms are tested in cron_days.rs; words that hold an L or a W are
+        // words, not forms.
         check(
             "0 0 * July *",
             r#"field 4 (month) "July": not a number or a month name (JAN-DEC)"#,

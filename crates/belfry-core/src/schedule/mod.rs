@@ -10,6 +10,7 @@
 //! See docs/schedules.md for the user-facing rules.
 
 pub mod cron;
+mod cron_days;
 mod misfire;
 pub mod zoned;
 
