@@ -741,4 +741,32 @@ mod tests {
         none("0 0 L 12 *", "9999-12-31T00:00:01");
         none("0 0 29W 2 *", "9997-01-01");
     }
+
+    proptest::proptest! {
+        /// Day fields made mostly of form characters: no panic, and whatever parses finds
+        /// matching times in order (the parser's own proptest covers whole expressions).
+        #[test]
+        fn day_form_fields_never_panic(
+            dom in "(L|LW|L-[0-9]{1,2}|[0-9]{1,2}W)(,[0-9]{1,2}W|,L-[0-9]{1,2})?|[0-9LWlw#?*,/-]{1,8}",
+            month in proptest::sample::select(vec!["*", "2", "2,4", "1-6", "FEB"]),
+            dow in r"\?|\*|[0-8](L|#[0-6])(,[0-8]#[1-5])?|(SUN|MON|FRI|sat)(L|#[0-6])|[0-7LW#?*,/-]{1,6}",
+            year in 1990i32..2400,
+        ) {
+            let text = format!("0 0 {dom} {month} {dow}");
+            match CronExpr::parse(&text) {
+                Ok(expr) => {
+                    let from = Civil::midnight(year, 1, 1);
+                    if let Some(first) = expr.next_match(from) {
+                        proptest::prop_assert!(first >= from && expr.matches(first), "{}", text);
+                        let after = Civil::from_epoch_seconds(first.as_epoch_seconds() + 1);
+                        let second = expr.next_match(after);
+                        proptest::prop_assert!(second.is_some_and(|s| s > first && expr.matches(s)), "{}", text);
+                    } else {
+                        proptest::prop_assert!(false, "{} never fires from {}", text, from);
+                    }
+                }
+                Err(error) => proptest::prop_assert!(error.to_string().len() < 300),
+            }
+        }
+    }
 }

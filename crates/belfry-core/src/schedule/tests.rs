@@ -197,6 +197,94 @@ fn berlin_transitions() {
     );
 }
 
+/// The L, W and # forms fire on DST days by the same skip and repeat rules as any day.
+#[test]
+fn day_forms_on_dst_days_follow_the_dst_rule() {
+    let berlin = "Europe/Berlin";
+    // 2024-03-31, the last day of March, was a Sunday: Berlin skipped 02:00-02:59.
+    check(
+        "0 30 2 L * *",
+        berlin,
+        "2024-03-30T12:00:00+01:00[Europe/Berlin]",
+        &[
+            "2024-03-31T03:00:00+02:00[Europe/Berlin]",
+            "2024-04-30T02:30:00+02:00[Europe/Berlin]",
+        ],
+    );
+    // 2027-10-31, the last day of October, is a Sunday: Berlin repeats 02:00-02:59. A fixed
+    // hour fires at the first occurrence only; every hour fires at both.
+    check(
+        "0 30 2 L * *",
+        berlin,
+        "2027-10-30T12:00:00+02:00[Europe/Berlin]",
+        &[
+            "2027-10-31T02:30:00+02:00[Europe/Berlin]",
+            "2027-11-30T02:30:00+01:00[Europe/Berlin]",
+        ],
+    );
+    check(
+        "0 30 * L * *",
+        berlin,
+        "2027-10-31T01:00:00+02:00[Europe/Berlin]",
+        &[
+            "2027-10-31T01:30:00+02:00[Europe/Berlin]",
+            "2027-10-31T02:30:00+02:00[Europe/Berlin]",
+            "2027-10-31T02:30:00+01:00[Europe/Berlin]",
+            "2027-10-31T03:30:00+01:00[Europe/Berlin]",
+        ],
+    );
+    // Berlin changes on the last Sunday of March and October: SUNL is always a DST day.
+    check(
+        "0 30 2 ? * SUNL",
+        berlin,
+        "2026-03-01T00:00:00+01:00[Europe/Berlin]",
+        &[
+            "2026-03-29T03:00:00+02:00[Europe/Berlin]",
+            "2026-04-26T02:30:00+02:00[Europe/Berlin]",
+        ],
+    );
+    // LW on a Friday before a Sunday the 31st is not moved by the change that Sunday.
+    check(
+        "0 30 2 LW 10 *",
+        berlin,
+        "2027-01-01T00:00:00+01:00[Europe/Berlin]",
+        &[
+            "2027-10-29T02:30:00+02:00[Europe/Berlin]",
+            "2028-10-31T02:30:00+01:00[Europe/Berlin]",
+        ],
+    );
+    // New York changes on the second Sunday of March and the first of November.
+    let new_york = "America/New_York";
+    check(
+        "30 2 * * SUN#2",
+        new_york,
+        "2026-03-01T00:00:00-05:00[America/New_York]",
+        &[
+            "2026-03-08T03:00:00-04:00[America/New_York]",
+            "2026-04-12T02:30:00-04:00[America/New_York]",
+        ],
+    );
+    check(
+        "30 1 * * 7#1",
+        new_york,
+        "2026-10-15T00:00:00-04:00[America/New_York]",
+        &[
+            "2026-11-01T01:30:00-04:00[America/New_York]",
+            "2026-12-06T01:30:00-05:00[America/New_York]",
+        ],
+    );
+    // The last day of February in a DST zone, across a leap year.
+    check(
+        "0 23 L 2 *",
+        new_york,
+        "2027-01-01T00:00:00-05:00[America/New_York]",
+        &[
+            "2027-02-28T23:00:00-05:00[America/New_York]",
+            "2028-02-29T23:00:00-05:00[America/New_York]",
+        ],
+    );
+}
+
 #[test]
 fn lord_howe_half_hour_shift() {
     let zone = "Australia/Lord_Howe";
@@ -672,6 +760,36 @@ fn expression() -> impl Strategy<Value = String> {
     (second, minute, hour, dom, dow).prop_map(|(s, mi, h, d, w)| format!("{s} {mi} {h} {d} * {w}"))
 }
 
+fn time_fields() -> impl Strategy<Value = String> {
+    let second = prop::sample::select(vec!["0", "*/15", "30"]);
+    let minute = prop::sample::select(vec!["*", "*/7", "0", "30", "15,45"]);
+    let hour = prop::sample::select(vec!["*", "1", "2", "1-3", "*/2", "0", "2,3", "23"]);
+    (second, minute, hour).prop_map(|(s, mi, h)| format!("{s} {mi} {h}"))
+}
+
+/// An expression whose day fields name `date` and the two days after it (in its month) by
+/// one kind of L, W or # form, so it fires within days of `date`.
+fn day_form_expression(time: &str, kind: usize, date: Civil) -> String {
+    let len = super::cron::days_in_month(date.year, date.month);
+    const NAMES: [&str; 7] = ["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"];
+    let items: Vec<String> = (date.day..=(date.day + 2).min(len))
+        .map(|day| {
+            let wd = usize::from(super::cron::weekday(date.year, date.month, day));
+            match kind {
+                0 => format!("L-{}", len - day),
+                1 => format!("{day}W"),
+                2 => format!("{wd}#{}", (day - 1) / 7 + 1),
+                _ if day + 7 > len => format!("{}L", NAMES[wd]),
+                _ => format!("{}#{}", NAMES[wd], (day - 1) / 7 + 1),
+            }
+        })
+        .collect();
+    match kind {
+        0 | 1 => format!("{time} {} * ?", items.join(",")),
+        _ => format!("{time} ? * {}", items.join(",")),
+    }
+}
+
 fn offset_at(cron: &CronSchedule, second: i64) -> i64 {
     i64::from(
         cron.zone()
@@ -762,6 +880,27 @@ proptest! {
         let after_s = transitions[which] + shift_s;
         let expected = brute_next(&cron, after_s, after_s + 8 * 86_400);
         let got = cron.next_after(after_s as u64 * 1000).map(|ms| (ms / 1000) as i64);
+        prop_assert_eq!(got, expected, "{} in {} after {}", text, zone, after_s);
+    }
+
+    #[test]
+    fn day_forms_agree_with_brute_force_around_transitions(
+        time in time_fields(),
+        kind in 0usize..4,
+        zone in prop::sample::select(DST_ZONES.to_vec()),
+        which in 0usize..2,
+        shift_s in -6 * 3_600i64..6 * 3_600,
+    ) {
+        let utc = CronSchedule::new(CronExpr::parse("* * * * *").unwrap(), zone).unwrap();
+        let transition = transitions_2026(&utc)[which];
+        // The local date just after the change (Santiago's fall-back lands on the day before).
+        let date = utc.local(transition as u64 * 1000).unwrap();
+        let text = day_form_expression(&time, kind, date);
+        let cron = CronSchedule::new(CronExpr::parse(&text).unwrap(), zone).unwrap();
+        let after_s = transition + shift_s;
+        let expected = brute_next(&cron, after_s, after_s + 8 * 86_400);
+        let got = cron.next_after(after_s as u64 * 1000).map(|ms| (ms / 1000) as i64);
+        prop_assert!(expected.is_some(), "{} in {} after {}", text, zone, after_s);
         prop_assert_eq!(got, expected, "{} in {} after {}", text, zone, after_s);
     }
 
