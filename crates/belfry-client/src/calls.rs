@@ -2,8 +2,8 @@
 //! `Request` and parses the answer.
 
 use crate::model::{
-    AckItemResult, BatchItem, DeadPage, LeaseRequest, Leased, LeasedList, NewTask, Queue,
-    QueueList, QueueSpec, Results, Submitted, Task, TaskState,
+    AckItemResult, BatchItem, DeadBulkAnswer, DeadPage, DeadSelection, LeaseRequest, Leased,
+    LeasedList, NewTask, Queue, QueueList, QueueSpec, Results, Submitted, Task, TaskState,
 };
 use crate::request::{DueTime, Nack, Request};
 use crate::{Client, Result};
@@ -145,5 +145,30 @@ impl Client {
     /// Schedules a dead letter again, due now, with its attempts reset.
     pub async fn redrive(&self, queue: &str, id: &str) -> Result<Task> {
         self.expect(Request::redrive(queue, id)).await
+    }
+
+    /// Deletes a dead letter: it is finished as cancelled, its idempotency key freed.
+    pub async fn delete_dead(&self, queue: &str, id: &str) -> Result<()> {
+        self.expect_empty(Request::delete_dead(queue, id)).await
+    }
+
+    /// Redrives up to 1,000 dead letters in one call. Tasks that are not dead letters, or not
+    /// in the queue, are reported in the answer, not as errors; `dead_left` says how many
+    /// remain, so `DeadSelection::First(1000)` repeated until it reads 0 redrives them all.
+    pub async fn redrive_dead_many(
+        &self,
+        queue: &str,
+        which: &DeadSelection,
+    ) -> Result<DeadBulkAnswer> {
+        self.expect(Request::redrive_dead_many(queue, which)).await
+    }
+
+    /// Deletes up to 1,000 dead letters in one call (as [`Client::redrive_dead_many`]).
+    pub async fn delete_dead_many(
+        &self,
+        queue: &str,
+        which: &DeadSelection,
+    ) -> Result<DeadBulkAnswer> {
+        self.expect(Request::delete_dead_many(queue, which)).await
     }
 }

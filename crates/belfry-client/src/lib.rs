@@ -39,9 +39,9 @@ use serde::de::DeserializeOwned;
 pub use error::{Error, ErrorCode};
 pub use import::{ImportAnswer, ImportLineError};
 pub use model::{
-    AckItemResult, ApiErrorBody, BatchItem, DeadPage, DeliverySpec, LeaseRequest, Leased,
-    LeasedList, NewTask, Queue, QueueList, QueueSpec, Results, Retry, RetrySpec, Submitted, Task,
-    TaskState,
+    AckItemResult, ApiErrorBody, BatchItem, DeadBulkAnswer, DeadPage, DeadSelection, DeliverySpec,
+    LeaseRequest, Leased, LeasedList, NewTask, NotDead, Queue, QueueList, QueueSpec, Results,
+    Retry, RetrySpec, Submitted, Task, TaskState,
 };
 pub use reminders::{
     BulkAnswer, BulkBody, BulkLineError, Feed, FeedItem, FeedQuery, Priority, Reminder,

@@ -316,6 +316,56 @@ pub struct DeadPage {
     pub next_after: Option<String>,
 }
 
+/// The dead letters a bulk call acts on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeadSelection {
+    /// These task ids (1 to 1,000).
+    Ids(Vec<String>),
+    /// The first this many (1 to 1,000) in id order.
+    First(usize),
+}
+
+impl DeadSelection {
+    pub(crate) fn body(&self) -> serde_json::Value {
+        match self {
+            DeadSelection::Ids(ids) => serde_json::json!({ "ids": ids }),
+            DeadSelection::First(n) => serde_json::json!({ "limit": n }),
+        }
+    }
+}
+
+/// What a bulk redrive or delete of dead letters did.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct DeadBulkAnswer {
+    /// Redriven (`dead:redrive`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redriven: Option<u64>,
+    /// Deleted (`dead:delete`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deleted: Option<u64>,
+    /// Tasks named that are not dead letters, with their state.
+    #[serde(default)]
+    pub not_dead: Vec<NotDead>,
+    /// Tasks named that the queue does not have.
+    #[serde(default)]
+    pub not_found: Vec<String>,
+    /// Dead letters left in the queue after the call.
+    pub dead_left: u64,
+}
+
+impl DeadBulkAnswer {
+    /// Dead letters redriven or deleted, whichever the call did.
+    pub fn done(&self) -> u64 {
+        self.redriven.or(self.deleted).unwrap_or(0)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct NotDead {
+    pub id: String,
+    pub state: String,
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct ErrorEnvelope {
     pub(crate) error: ApiErrorBody,

@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::model::{LeaseRequest, NewTask, QueueSpec};
+use crate::model::{DeadSelection, LeaseRequest, NewTask, QueueSpec};
 
 /// A new due time for a scheduled task: exactly one of the API's three forms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,7 +247,24 @@ impl Request {
     // ---- dead letters ----
 
     pub fn list_dead(queue: &str, after: Option<&str>, limit: Option<usize>) -> Self {
+        Self::dead_page(queue, after, limit, true)
+    }
+
+    /// A page of dead letters without their payloads: ids, reasons and attempts, a small
+    /// answer however large the payloads are.
+    pub fn list_dead_without_payloads(
+        queue: &str,
+        after: Option<&str>,
+        limit: Option<usize>,
+    ) -> Self {
+        Self::dead_page(queue, after, limit, false)
+    }
+
+    fn dead_page(queue: &str, after: Option<&str>, limit: Option<usize>, payload: bool) -> Self {
         let mut query = Vec::new();
+        if !payload {
+            query.push("payload=false".to_owned());
+        }
         if let Some(after) = after {
             query.push(format!("after={}", segment(after)));
         }
@@ -264,6 +281,22 @@ impl Request {
     pub fn redrive(queue: &str, id: &str) -> Self {
         let path = Self::queue_path(queue, &format!("/dead/{}/redrive", segment(id)));
         Self::new(Method::POST, path)
+    }
+
+    /// Deletes a dead letter (it is finished as cancelled).
+    pub fn delete_dead(queue: &str, id: &str) -> Self {
+        let path = Self::queue_path(queue, &format!("/dead/{}", segment(id)));
+        Self::new(Method::DELETE, path)
+    }
+
+    /// Redrives up to 1,000 dead letters: those named, or the first ones in id order.
+    pub fn redrive_dead_many(queue: &str, which: &DeadSelection) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/dead:redrive")).with_body(which.body())
+    }
+
+    /// Deletes up to 1,000 dead letters: those named, or the first ones in id order.
+    pub fn delete_dead_many(queue: &str, which: &DeadSelection) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/dead:delete")).with_body(which.body())
     }
 }
 

@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_client::{
-    BatchItem, BulkBody, Client, DeliverySpec, DueTime, Error, ErrorCode, FeedQuery, LeaseRequest,
-    Nack, NewTask, Priority, QueueSpec, ReminderPatch, ReminderSpec, Request, RetrySpec,
-    ScheduleSpec,
+    BatchItem, BulkBody, Client, DeadSelection, DeliverySpec, DueTime, Error, ErrorCode, FeedQuery,
+    LeaseRequest, Nack, NewTask, NotDead, Priority, QueueSpec, ReminderPatch, ReminderSpec,
+    Request, RetrySpec, ScheduleSpec,
 };
 use belfry_core::{Clock, ManualClock};
 use belfry_server::{Server, ServerConfig, ServerHandle};
@@ -401,6 +401,64 @@ async fn dead_letters_list_and_redrive() {
     assert_eq!(
         (redriven.state.as_str(), redriven.attempts),
         ("scheduled", 0)
+    );
+    // Deleted one by one, or many at once: the redriven task dies again, with two others.
+    let more = [json!(1), json!(2)].map(NewTask::json);
+    let more: Vec<String> = c
+        .submit_batch("fragile", &more)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|item| match item {
+            BatchItem::Submitted(s) => s.id,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    for leased in c
+        .lease(
+            "fragile",
+            &LeaseRequest {
+                max: Some(3),
+                ..LeaseRequest::default()
+            },
+        )
+        .await
+        .unwrap()
+    {
+        c.nack("fragile", &leased.id, &leased.lease_id, &Nack::default())
+            .await
+            .unwrap();
+    }
+    c.delete_dead("fragile", &submitted.id).await.unwrap();
+    assert_eq!(
+        c.get_task("fragile", &submitted.id).await.unwrap().state,
+        "cancelled"
+    );
+    assert_eq!(
+        code(c.delete_dead("fragile", &submitted.id).await),
+        ErrorCode::TaskNotDead
+    );
+    let named = DeadSelection::Ids(vec![more[0].clone(), submitted.id.clone()]);
+    let answer = c.redrive_dead_many("fragile", &named).await.unwrap();
+    assert_eq!(
+        (answer.done(), answer.redriven, answer.dead_left),
+        (1, Some(1), 1)
+    );
+    assert_eq!(
+        answer.not_dead,
+        [NotDead {
+            id: submitted.id.clone(),
+            state: "cancelled".into()
+        }]
+    );
+    let answer = c
+        .delete_dead_many("fragile", &DeadSelection::First(10))
+        .await
+        .unwrap();
+    assert_eq!((answer.deleted, answer.dead_left), (Some(1), 0));
+    assert_eq!(
+        c.get_task("fragile", &more[1]).await.unwrap().state,
+        "cancelled"
     );
     assert_eq!(
         code(c.list_dead("nosuch", None, None).await),
