@@ -2,7 +2,7 @@
 //! (`chromedriver`) against a real `belfry serve` holding data. Each page is loaded and
 //! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
 //! it), "Redrive all" redrives each dead letter of a still-refusing webhook once (a receiver in
-//! the test counts), the forecast chart is drawn, schedules page and refresh, a malformed
+//! the test counts), one is deleted from its row and "Delete all" deletes the rest, the forecast chart is drawn, schedules page and refresh, a malformed
 //! address says "No such page.", the banner says when the server cannot be reached and goes
 //! once it can, and no JavaScript error is logged. A second test checks the token flow: the
 //! page loads without a token, its API calls fail until one is entered, a read-only token's
@@ -479,7 +479,8 @@ async fn dead_letters(browser: &Session, server: &Served, id: &str) {
 
 /// "Redrive all" on a queue whose receiver still refuses every task: each dead letter there
 /// was when it was pressed is redriven once (and is a dead letter again at once, under the
-/// same id), and the message gives that count.
+/// same id), and the message gives that count. Then one is deleted from its row, and "Delete
+/// all" deletes the rest.
 async fn redrive_all(browser: &Session, server: &Served) {
     const TASKS: u64 = 30;
     let (url, seen) = refusing_receiver().await;
@@ -512,6 +513,22 @@ async fn redrive_all(browser: &Session, server: &Served) {
         "each task is delivered once, then once more after its one redrive: {seen:?}"
     );
     shoot(browser, "4b-redrive-all").await;
+
+    // One deleted from its row (the first click arms the button), then the rest at once.
+    let first = "#dead tr[data-task] .delete";
+    browser.click(first).await;
+    browser.wait_text(first, "Click again").await;
+    browser.click(first).await;
+    browser.wait_text("#banner", "deleted").await;
+    settled(server, "broken", TASKS - 1).await;
+    browser.click("#delete-all").await;
+    browser.wait_text("#delete-all", "Click again").await;
+    browser.click("#delete-all").await;
+    let note = browser.wait_text("#banner", "Deleted").await;
+    assert_eq!(note, format!("Deleted {} dead letters.", TASKS - 1));
+    browser.wait_text("#dead", "No dead letters.").await;
+    let (_, queue) = api(server, None, "GET", "/v1/queues/broken", None).await;
+    assert_eq!(queue["dead"], 0, "{queue}");
 }
 
 async fn task_lookup(browser: &Session, server: &Served) {

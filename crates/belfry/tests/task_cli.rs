@@ -8,69 +8,14 @@ use serde_json::Value;
 
 mod common;
 
+use common::cli::{add_and_lease, belfry, fails, json, ok, text};
 use common::{serve, serve_with_env, Served, BIN};
-
-/// Runs `belfry ARGS --server URL`; returns (success, stdout, stderr).
-fn belfry(server: &Served, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .args(["--server", &server.url])
-        .env_remove("BELFRY_SERVER")
-        .output()
-        .expect("run belfry");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn ok(server: &Served, args: &[&str]) -> String {
-    let (success, stdout, stderr) = belfry(server, args);
-    assert!(success, "belfry {args:?} failed: {stderr}");
-    stdout
-}
-
-/// Runs the command with `--json` and parses what it printed.
-fn json(server: &Served, args: &[&str]) -> Value {
-    let mut with_json = args.to_vec();
-    with_json.push("--json");
-    let stdout = ok(server, &with_json);
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {stdout}"))
-}
-
-/// Runs a command that must fail; returns its stderr, which must be one line.
-fn fails(server: &Served, args: &[&str]) -> String {
-    let (success, stdout, stderr) = belfry(server, args);
-    assert!(!success, "belfry {args:?} succeeded: {stdout}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "one line: {stderr}");
-    stderr
-}
 
 fn now_ms() -> u64 {
     let since = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();
     since.as_millis() as u64
-}
-
-fn text(value: &Value) -> String {
-    value
-        .as_str()
-        .unwrap_or_else(|| panic!("a string: {value}"))
-        .to_owned()
-}
-
-/// Adds a task due now and leases it: (task id, lease id).
-fn add_and_lease(server: &Served, queue: &str, visibility: &str) -> (String, String) {
-    let added = json(server, &["task", "add", queue, "--payload", r#"{"n": 1}"#]);
-    let leased = json(
-        server,
-        &["task", "lease", queue, "--visibility", visibility],
-    );
-    let task = &leased["tasks"][0];
-    assert_eq!(task["id"], added["id"], "{leased}");
-    (text(&task["id"]), text(&task["lease_id"]))
 }
 
 #[test]
@@ -305,61 +250,6 @@ fn get_reschedule_and_cancel_by_idempotency_key() {
     assert!(unknown.contains("task_not_found"), "{unknown}");
     let neither = belfry(&server, &["task", "get", "orders"]);
     assert!(!neither.0 && neither.2.contains("<ID>"), "{}", neither.2);
-}
-
-#[test]
-fn dead_get_list_and_redrive() {
-    let server = serve(&["--store", "memory"]);
-    ok(
-        &server,
-        &["queue", "create", "fragile", "--max-attempts", "1"],
-    );
-    let (id, lease_id) = add_and_lease(&server, "fragile", "30s");
-    let out = ok(
-        &server,
-        &[
-            "task",
-            "nack",
-            "fragile",
-            &id,
-            &lease_id,
-            "--reason",
-            "bad input",
-        ],
-    );
-    assert_eq!(
-        out.trim(),
-        format!("{id} is a dead letter now (out of attempts)")
-    );
-
-    let dead = ok(&server, &["dead", "get", "fragile", &id]);
-    assert!(
-        dead.contains("state:") && dead.contains(" dead\n"),
-        "{dead}"
-    );
-    assert!(dead.contains("dead because:"), "{dead}");
-    let listed = ok(&server, &["dead", "list", "fragile"]);
-    assert!(
-        listed.starts_with("TASK") && listed.contains(&id),
-        "{listed}"
-    );
-    let got = json(&server, &["dead", "get", "fragile", &id]);
-    assert_eq!(got["state"], "dead");
-
-    let redriven = json(&server, &["dead", "redrive", "fragile", &id]);
-    assert_eq!(
-        (&redriven["state"], &redriven["attempts"]),
-        (&Value::from("scheduled"), &Value::from(0))
-    );
-    let not_dead = fails(&server, &["dead", "redrive", "fragile", &id]);
-    assert!(not_dead.contains("task_not_dead"), "{not_dead}");
-    // Shown, but with a note that it is no dead letter.
-    let shown = ok(&server, &["dead", "get", "fragile", &id]);
-    assert!(
-        shown.contains("note: not a dead letter: the task is scheduled"),
-        "{shown}"
-    );
-    assert!(!dead.contains("note:"), "{dead}");
 }
 
 /// `--json` prints the server's answer byte for byte, not a re-serialisation.

@@ -2,6 +2,8 @@
 //! finding where it listens.
 #![allow(dead_code)] // each test file uses a different part
 
+pub mod cli;
+
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
