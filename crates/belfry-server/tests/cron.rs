@@ -1,6 +1,7 @@
 //! Schedules at scale, on the embedded engine: ten thousand per-second schedules fire once
 //! each per second while a pull consumer's leases stay quick, and a crash between a tick's
-//! firings and its cursor records neither loses nor duplicates a firing.
+//! firings and its cursor records neither loses nor duplicates a firing. Also the cron day
+//! forms (`L`, `NW`, `D#N`) through the API.
 
 mod common;
 
@@ -199,4 +200,44 @@ async fn ticks_put_their_firings_in_small_batches() {
     assert_eq!(puts.iter().sum::<usize>(), SCHEDULES);
     assert!(puts.iter().all(|&n| n <= FIRING_PUT_TASKS), "{puts:?}");
     s.handle.stop().await.expect("clean stop");
+}
+
+/// The day forms (`L`, `NW`, `D#N`…) through the API: a schedule on the last day of the month
+/// in Berlin, across its spring-forward; a malformed form is refused naming its field.
+#[tokio::test]
+async fn day_forms_are_taken_and_previewed_through_the_api() {
+    let s = TestServer::start().await;
+    s.queue("reports", json!({})).await;
+    let body = json!({"id": "month-end", "queue": "reports", "cron": "0 0 23 L * *",
+                      "timezone": "Europe/Berlin"});
+    s.ok("POST", "/v1/schedules", body, 201).await;
+    let next = s
+        .ok("GET", "/v1/schedules/month-end/next?n=3", Value::Null, 200)
+        .await;
+    let local: Vec<&str> = next["fire_times"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["local"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        local,
+        [
+            "2026-01-31T23:00:00+01:00[Europe/Berlin]",
+            "2026-02-28T23:00:00+01:00[Europe/Berlin]",
+            "2026-03-31T23:00:00+02:00[Europe/Berlin]",
+        ]
+    );
+    let body = json!({"queue": "reports", "cron": "0 0 9 ? * TUE#6", "timezone": "UTC"});
+    let (status, answer) = s.call("POST", "/v1/schedules", body).await;
+    assert_eq!(
+        (status, common::code(&answer)),
+        (400, "invalid_schedule"),
+        "{answer}"
+    );
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("day of week") && message.contains("1 to 5"),
+        "{message}"
+    );
 }

@@ -58,7 +58,9 @@ pub enum ScheduleCommand {
 pub struct ScheduleCreate {
     /// The queue the firings go to.
     pub queue: String,
-    /// Cron expression: 5 fields, 6 with seconds first, or @hourly, @daily, ...
+    /// Cron expression: 5 fields, 6 with seconds first, or @hourly, @daily, ...; the day fields
+    /// also take L (last day), 15W (nearest weekday), FRIL (last Friday), TUE#2 (second
+    /// Tuesday): docs/schedules.md
     #[arg(long, required_unless_present = "every", conflicts_with = "every")]
     pub cron: Option<String>,
     /// IANA time zone of the cron expression [default: UTC].
