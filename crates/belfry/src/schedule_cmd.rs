@@ -11,6 +11,9 @@ use crate::show::{duration, late_policy, now_ms, rfc3339, table, time};
 pub enum ScheduleCommand {
     /// Create a schedule: --cron EXPR [--timezone ZONE] or --every DURATION.
     Create(Box<ScheduleCreate>),
+    /// Replace a schedule's whole definition (the same flags as create, what is left out takes
+    /// its default); it fires afresh from now, no past firing replayed.
+    Replace(Box<ScheduleReplace>),
     /// List schedules.
     List,
     /// Show a schedule.
@@ -56,6 +59,24 @@ pub enum ScheduleCommand {
 
 #[derive(Debug, Args)]
 pub struct ScheduleCreate {
+    /// The schedule's id [default: generated].
+    #[arg(long)]
+    pub id: Option<String>,
+    #[command(flatten)]
+    pub def: ScheduleDefArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct ScheduleReplace {
+    /// The schedule's id.
+    pub id: String,
+    #[command(flatten)]
+    pub def: ScheduleDefArgs,
+}
+
+/// What a schedule does: the flags create and replace share.
+#[derive(Debug, Args)]
+pub struct ScheduleDefArgs {
     /// The queue the firings go to.
     pub queue: String,
     /// Cron expression: 5 fields, 6 with seconds first, or @hourly, @daily, ...; the day fields
@@ -69,9 +90,6 @@ pub struct ScheduleCreate {
     /// Fixed interval instead of cron: "30s", "5m" (at least 1s).
     #[arg(long)]
     pub every: Option<String>,
-    /// The schedule's id [default: generated].
-    #[arg(long)]
-    pub id: Option<String>,
     /// JSON payload of each task (default null).
     #[arg(long)]
     pub payload: Option<String>,
@@ -104,7 +122,7 @@ pub struct ScheduleCreate {
     pub target: Option<String>,
 }
 
-fn spec(args: ScheduleCreate) -> anyhow::Result<ScheduleSpec> {
+fn spec(id: Option<String>, args: ScheduleDefArgs) -> anyhow::Result<ScheduleSpec> {
     let payload = parse_payload(args.payload.as_deref())?;
     let every_ms = commands::parse_ms("every", args.every.as_deref())?;
     let headers = parse_headers(&args.headers)?;
@@ -116,7 +134,7 @@ fn spec(args: ScheduleCreate) -> anyhow::Result<ScheduleSpec> {
             None => serde_json::json!({ "policy": policy }),
         });
     Ok(ScheduleSpec {
-        id: args.id,
+        id,
         queue: args.queue,
         cron: args.cron,
         timezone: args.timezone,
@@ -185,7 +203,13 @@ pub async fn run(remote: &Remote, command: ScheduleCommand) -> anyhow::Result<()
     let show = |s: Schedule| describe(&s);
     match command {
         ScheduleCommand::Create(args) => {
-            commands::run(remote, Request::create_schedule(&spec(*args)?), show).await
+            let ScheduleCreate { id, def } = *args;
+            commands::run(remote, Request::create_schedule(&spec(id, def)?), show).await
+        }
+        ScheduleCommand::Replace(args) => {
+            let ScheduleReplace { id, def } = *args;
+            let request = Request::replace_schedule(&id, &spec(None, def)?);
+            commands::run(remote, request, show).await
         }
         ScheduleCommand::Get { id } => {
             commands::run(remote, Request::get_schedule(&id), show).await

@@ -317,3 +317,85 @@ fn reminders_subscribers_and_the_feed_from_the_command_line() {
     assert_eq!(exit, Some(1));
     assert!(stderr.contains("--file: open"), "{stderr}");
 }
+
+#[test]
+fn reminders_are_updated_and_their_subscribers_listed_or_checked() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "push"]);
+    ok(
+        &server,
+        &["reminder", "create", "r1", "--queue", "push", "--in", "1h"],
+    );
+    ok(&server, &["reminder", "subscribe", "r1", "c", "a", "b"]);
+
+    let all = ok(&server, &["reminder", "subscribers", "r1"]);
+    assert_eq!(all.trim(), "a\nb\nc");
+    let page = ok(&server, &["reminder", "subscribers", "r1", "--limit", "2"]);
+    assert_eq!(
+        page.trim(),
+        "a\nb\nmore: belfry reminder subscribers r1 --after b"
+    );
+    let rest = json(&server, &["reminder", "subscribers", "r1", "--after", "b"]);
+    assert_eq!(rest["users"], serde_json::json!(["c"]), "{rest}");
+    let yes = ok(&server, &["reminder", "subscribers", "r1", "b"]);
+    assert_eq!(yes.trim(), "b is subscribed to r1");
+    let no = json(&server, &["reminder", "subscribers", "r1", "zed"]);
+    assert_eq!(no, serde_json::json!({"subscribed": false}));
+
+    let updated = json(
+        &server,
+        &[
+            "reminder",
+            "update",
+            "r1",
+            "--content",
+            r#"{"t": 2}"#,
+            "--urgent",
+        ],
+    );
+    assert_eq!(updated["content"], serde_json::json!({"t": 2}));
+    assert_eq!(updated["priority"], "urgent");
+    let updated = json(
+        &server,
+        &[
+            "reminder",
+            "update",
+            "r1",
+            "--cron",
+            "0 9 * * *",
+            "--timezone",
+            "Europe/Paris",
+            "--normal",
+        ],
+    );
+    assert_eq!(
+        (&updated["cron"], &updated["timezone"], &updated["priority"]),
+        (
+            &Value::from("0 9 * * *"),
+            &Value::from("Europe/Paris"),
+            &Value::from("normal")
+        )
+    );
+    assert_eq!(updated["content"], serde_json::json!({"t": 2}), "kept");
+    let (exit, _, stderr) = belfry(&server, &["reminder", "update", "r1"]);
+    assert_eq!(exit, Some(1));
+    assert!(stderr.contains("nothing to change"), "{stderr}");
+    let (exit, _, stderr) = belfry(
+        &server,
+        &[
+            "reminder",
+            "update",
+            "r1",
+            "--at",
+            "2099-01-01T00:00:00Z",
+            "--cron",
+            "0 9 * * *",
+        ],
+    );
+    assert_eq!(exit, Some(2), "a usage error: {stderr}");
+    fails_with(
+        &server,
+        &["reminder", "update", "ghost", "--urgent"],
+        "reminder_not_found",
+    );
+}

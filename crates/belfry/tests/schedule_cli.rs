@@ -1,49 +1,20 @@
 //! `belfry schedule ...` against a spawned `belfry serve`, and a schedule firing on the real
 //! clock through the real binary (the runner `serve` starts).
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use belfry_client::{Client, LeaseRequest};
-use serde_json::Value;
 
 mod common;
 
-use common::{serve, Served, BIN};
+use common::cli::{belfry, json, ok};
+use common::{serve, Served};
 
 /// How long the test waits for an every-second schedule to fire on the real clock.
 const FIRE_DEADLINE: Duration = Duration::from_secs(30);
 
 fn serve_in_memory() -> Served {
     serve(&["--store", "memory"])
-}
-
-/// Runs `belfry ARGS --server URL`; returns (success, stdout, stderr).
-fn belfry(server: &Served, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN)
-        .args(args)
-        .args(["--server", &server.url])
-        .env_remove("BELFRY_SERVER")
-        .output()
-        .expect("run belfry");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn ok(server: &Served, args: &[&str]) -> String {
-    let (success, stdout, stderr) = belfry(server, args);
-    assert!(success, "belfry {args:?} failed: {stderr}");
-    stdout
-}
-
-fn json(server: &Served, args: &[&str]) -> Value {
-    let mut with_json = args.to_vec();
-    with_json.push("--json");
-    let stdout = ok(server, &with_json);
-    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {stdout}"))
 }
 
 #[test]
@@ -143,6 +114,41 @@ fn schedule_subcommands_against_a_running_server() {
     assert_eq!(totals.len(), 2);
     // `often` fires every 90 s from its resume: three or four times in each 5 minutes.
     assert!(totals.iter().all(|n| (3..=4).contains(n)), "{totals:?}");
+
+    // Replace: the whole definition, named by its id; what is left out takes its default.
+    let replaced = json(
+        &server,
+        &[
+            "schedule",
+            "replace",
+            "nightly",
+            "jobs",
+            "--cron",
+            "0 0 23 L * *",
+            "--timezone",
+            "Europe/Berlin",
+        ],
+    );
+    assert_eq!(replaced["id"], "nightly");
+    assert_eq!(replaced["cron"], "0 0 23 L * *");
+    assert_eq!(replaced["shard_count"], 1, "{replaced}");
+    assert_eq!(
+        replaced["paused"], false,
+        "a replacement is active: {replaced}"
+    );
+    let local = replaced["next_fire_local"].as_str().unwrap_or_default();
+    assert!(
+        local.contains("T23:00:00+0") && local.ends_with("[Europe/Berlin]"),
+        "{local}"
+    );
+    let (success, _, stderr) = belfry(
+        &server,
+        &["schedule", "replace", "nope", "jobs", "--every", "1m"],
+    );
+    assert!(
+        !success && stderr.contains("schedule_not_found"),
+        "{stderr}"
+    );
 
     ok(&server, &["schedule", "delete", "nightly"]);
     let (success, _, stderr) = belfry(&server, &["schedule", "get", "nightly"]);

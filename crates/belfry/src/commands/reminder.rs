@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
 use belfry_client::{
-    BulkAnswer, BulkBody, Feed, FeedQuery, Priority, Reminder, ReminderList, ReminderSpec, Request,
-    SubscriberCount,
+    BulkAnswer, BulkBody, Feed, FeedQuery, Priority, Reminder, ReminderList, ReminderPatch,
+    ReminderSpec, Request, SubscriberCount, SubscriberPage,
 };
 use clap::{Args, Subcommand};
 
@@ -33,6 +33,8 @@ pub enum ReminderCommand {
         #[arg(long)]
         queue: Option<String>,
     },
+    /// Change a reminder's time, content or priority (what is not given stays).
+    Update(ReminderUpdate),
     /// Delete a reminder and its subscribers (chunks already made stay in their queue).
     Delete {
         /// The reminder's id.
@@ -47,6 +49,52 @@ pub enum ReminderCommand {
         /// The reminder's id.
         id: String,
     },
+    /// List subscribers in id order, a page at a time; with USER, whether that one is.
+    Subscribers {
+        /// The reminder's id.
+        id: String,
+        /// Only say whether this user is subscribed.
+        #[arg(conflicts_with_all = ["after", "limit"])]
+        user: Option<String>,
+        /// Start after this user (the last one of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+        /// Most users in the page (1 to 10000) [server: 1000].
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ReminderUpdate {
+    /// The reminder's id.
+    pub id: String,
+    /// Fire once, at this RFC 3339 time instead.
+    #[arg(long, conflicts_with_all = ["in", "cron"])]
+    pub at: Option<String>,
+    /// Fire once, this long from now instead: "30m", "2h", "1d".
+    #[arg(
+        long = "in",
+        id = "in",
+        value_name = "DURATION",
+        conflicts_with = "cron"
+    )]
+    pub after: Option<String>,
+    /// Fire at every fire time of this cron expression instead.
+    #[arg(long)]
+    pub cron: Option<String>,
+    /// IANA time zone of --cron [default: UTC].
+    #[arg(long, requires = "cron")]
+    pub timezone: Option<String>,
+    /// The new content, a JSON document up to 64 KiB.
+    #[arg(long)]
+    pub content: Option<String>,
+    /// Lead every feed from now on.
+    #[arg(long, conflicts_with = "normal")]
+    pub urgent: bool,
+    /// No longer urgent.
+    #[arg(long)]
+    pub normal: bool,
 }
 
 /// When a new reminder fires: exactly one of the three forms.
@@ -108,14 +156,16 @@ pub struct Subscribers {
     pub file: Option<PathBuf>,
 }
 
+/// `--content` parsed as JSON, if given.
+fn content(text: Option<&str>) -> anyhow::Result<Option<serde_json::Value>> {
+    text.map(|text| {
+        serde_json::from_str(text).context("--content must be JSON (quote strings: '\"hi\"')")
+    })
+    .transpose()
+}
+
 fn spec(args: ReminderCreate) -> anyhow::Result<ReminderSpec> {
-    let content = args
-        .content
-        .as_deref()
-        .map(|text| {
-            serde_json::from_str(text).context("--content must be JSON (quote strings: '\"hi\"')")
-        })
-        .transpose()?;
+    let content = content(args.content.as_deref())?;
     Ok(ReminderSpec {
         id: args.id,
         queue: args.queue,
@@ -129,6 +179,26 @@ fn spec(args: ReminderCreate) -> anyhow::Result<ReminderSpec> {
         users_per_second: args.users_per_second,
         ..ReminderSpec::default()
     })
+}
+
+fn patch(args: &ReminderUpdate) -> anyhow::Result<ReminderPatch> {
+    let patch = ReminderPatch {
+        run_at: args.at.clone(),
+        delay_ms: parse_ms("in", args.after.as_deref())?,
+        cron: args.cron.clone(),
+        timezone: args.timezone.clone(),
+        content: content(args.content.as_deref())?,
+        priority: match (args.urgent, args.normal) {
+            (true, _) => Some(Priority::Urgent),
+            (_, true) => Some(Priority::Normal),
+            _ => None,
+        },
+        ..ReminderPatch::default()
+    };
+    if patch == ReminderPatch::default() {
+        bail!("nothing to change: give --at, --in or --cron, --content, --urgent or --normal");
+    }
+    Ok(patch)
 }
 
 /// The reminder's fields, one aligned line each.
@@ -241,6 +311,39 @@ pub async fn reminder(remote: &Remote, command: ReminderCommand) -> anyhow::Resu
             } else {
                 say(describe_list(&reminders))
             }
+        }
+        ReminderCommand::Update(args) => {
+            let request = Request::patch_reminder(&args.id, &patch(&args)?);
+            run(remote, request, show).await
+        }
+        ReminderCommand::Subscribers {
+            id,
+            user: Some(user),
+            ..
+        } => {
+            let answer = client(remote)?.is_subscribed(&id, &user).await;
+            if let Err(error) = &answer {
+                print_api_error(remote, error)?;
+            }
+            let subscribed = answer?;
+            if remote.json {
+                return print_body(
+                    serde_json::json!({ "subscribed": subscribed })
+                        .to_string()
+                        .as_bytes(),
+                );
+            }
+            let not = if subscribed { "" } else { "not " };
+            say(format!("{user} is {not}subscribed to {id}"))
+        }
+        ReminderCommand::Subscribers {
+            id, after, limit, ..
+        } => {
+            let request = Request::subscribers(&id, after.as_deref(), limit);
+            run(remote, request, |page: SubscriberPage| {
+                describe_subscribers(&id, page)
+            })
+            .await
         }
         ReminderCommand::Delete { id } => {
             let done = format!("deleted reminder {id}");
@@ -357,6 +460,20 @@ fn describe_feed(feed: &Feed, window_ms: u64) -> String {
         &rows,
     ));
     lines.join("\n")
+}
+
+/// One user a line, then how to ask for the next page.
+fn describe_subscribers(id: &str, page: SubscriberPage) -> String {
+    if page.users.is_empty() {
+        return format!("no subscribers of {id} here");
+    }
+    let mut text = page.users.join("\n");
+    if let Some(next) = page.next_after {
+        text.push_str(&format!(
+            "\nmore: belfry reminder subscribers {id} --after {next}"
+        ));
+    }
+    text
 }
 
 #[cfg(test)]
