@@ -288,6 +288,65 @@ impl RedisStore {
         }
     }
 
+    /// Runs the queue registry's script (`lua/queue.lua`) with `args`, then waits for the
+    /// replicas a durable change needs.
+    fn registry_call(&self, what: &'static str, args: &[Vec<u8>]) -> Result<Value> {
+        let keys: Vec<Vec<u8>> = self
+            .keys
+            .registry()
+            .iter()
+            .map(|k| k.clone().into_bytes())
+            .collect();
+        let (v, acks) = self.pool.with(what, |c| {
+            let v = run_script(c.as_dyn(), &scripts::QUEUE, &keys, args)?;
+            Ok((v, self.replica_wait(c, &keys[0])?))
+        })?;
+        self.check_replicas(acks)?;
+        Ok(v)
+    }
+
+    /// Removes the keys of a queue incarnation the registry no longer names (a deleted queue,
+    /// or the tasks of a purged one). Each partition's far-future bucket lists are named in its
+    /// bucket index (key 10).
+    fn remove_queue_keys(&self, uid: u64) -> Result<()> {
+        let reads = (0..self.keys.partitions)
+            .map(|p| {
+                let mut cmd = redis::cmd("ZRANGE");
+                cmd.arg(&self.part(p, uid).keys[9]).arg(0).arg(-1);
+                cmd
+            })
+            .collect();
+        let buckets = self
+            .pool
+            .with("read a queue's buckets", |c| pipeline(c, reads))?;
+        let mut cmds = Vec::with_capacity(self.keys.partitions as usize + 2);
+        for (p, listed) in (0..self.keys.partitions).zip(&buckets) {
+            let listed: Vec<String> =
+                redis::from_redis_value(listed).map_err(|_| unexpected("bucket index", listed))?;
+            let mut cmd = redis::cmd("UNLINK");
+            cmd.arg(self.keys.task_keys(p, uid));
+            cmd.arg(self.keys.bucket_lists(p, uid, &listed));
+            cmds.push(cmd);
+        }
+        let [room, starved, extra] = self.keys.in_flight(uid);
+        let [hint, versions] = self.keys.hint_keys(uid);
+        for key in [
+            hint,
+            versions,
+            self.keys.rate(uid).into_bytes(),
+            room.into_bytes(),
+            starved.into_bytes(),
+            extra.into_bytes(),
+        ] {
+            let mut cmd = redis::cmd("UNLINK");
+            cmd.arg(key);
+            cmds.push(cmd);
+        }
+        self.pool
+            .with("delete a queue's tasks", |c| pipeline(c, cmds))?;
+        Ok(())
+    }
+
     pub(crate) fn uid(&self, c: &mut Conn, queue: &QueueName) -> Result<u64> {
         let [registry, _] = self.keys.registry();
         let raw: Option<Vec<u8>> = redis::cmd("HGET")
@@ -535,12 +594,6 @@ impl Store for RedisStore {
     }
 
     fn put_queue(&self, queue: &QueueName, config: Bytes) -> Result<bool> {
-        let keys: Vec<Vec<u8>> = self
-            .keys
-            .registry()
-            .iter()
-            .map(|k| k.clone().into_bytes())
-            .collect();
         // Task ids hold the uid in 32 bits: the counter starts below 2^31, leaving 2^31 queues.
         let first_uid = rand::random::<u32>() >> 1;
         let args = [
@@ -549,11 +602,7 @@ impl Store for RedisStore {
             config.to_vec(),
             first_uid.to_string().into_bytes(),
         ];
-        let (v, acks) = self.pool.with("create a queue", |c| {
-            let v = run_script(c.as_dyn(), &scripts::QUEUE, &keys, &args)?;
-            Ok((v, self.replica_wait(c, &keys[0])?))
-        })?;
-        self.check_replicas(acks)?;
+        let v = self.registry_call("create a queue", &args)?;
         self.publish(crate::events::queue_message(queue));
         Ok(as_i64(&v) == Some(1))
     }
@@ -588,61 +637,27 @@ impl Store for RedisStore {
     }
 
     fn delete_queue(&self, queue: &QueueName) -> Result<bool> {
-        let keys: Vec<Vec<u8>> = self
-            .keys
-            .registry()
-            .iter()
-            .map(|k| k.clone().into_bytes())
-            .collect();
         let args = [b"delete".to_vec(), queue.as_str().as_bytes().to_vec()];
-        let (v, acks) = self.pool.with("delete a queue", |c| {
-            let v = run_script(c.as_dyn(), &scripts::QUEUE, &keys, &args)?;
-            Ok((v, self.replica_wait(c, &keys[0])?))
-        })?;
-        self.check_replicas(acks)?;
+        let v = self.registry_call("delete a queue", &args)?;
         let uid = as_i64(&v).ok_or_else(|| unexpected("delete queue", &v))?;
         if uid == 0 {
             return Ok(false);
         }
         let uid = uid as u64;
         self.publish(crate::events::queue_message(queue));
-        // The queue is gone from the registry: nothing finds these keys any more; remove them.
-        // Each partition's far-future bucket lists are named in its bucket index (key 10).
-        let reads = (0..self.keys.partitions)
-            .map(|p| {
-                let mut cmd = redis::cmd("ZRANGE");
-                cmd.arg(&self.part(p, uid).keys[9]).arg(0).arg(-1);
-                cmd
-            })
-            .collect();
-        let buckets = self
-            .pool
-            .with("read a queue's buckets", |c| pipeline(c, reads))?;
-        let mut cmds = Vec::with_capacity(self.keys.partitions as usize + 2);
-        for (p, listed) in (0..self.keys.partitions).zip(&buckets) {
-            let listed: Vec<String> =
-                redis::from_redis_value(listed).map_err(|_| unexpected("bucket index", listed))?;
-            let mut cmd = redis::cmd("UNLINK");
-            cmd.arg(self.keys.task_keys(p, uid));
-            cmd.arg(self.keys.bucket_lists(p, uid, &listed));
-            cmds.push(cmd);
+        self.remove_queue_keys(uid)?;
+        Ok(true)
+    }
+
+    fn purge_queue(&self, queue: &QueueName) -> Result<bool> {
+        let args = [b"purge".to_vec(), queue.as_str().as_bytes().to_vec()];
+        let v = self.registry_call("purge a queue", &args)?;
+        let uid = as_i64(&v).ok_or_else(|| unexpected("purge queue", &v))?;
+        if uid == 0 {
+            return Ok(false);
         }
-        let [room, starved, extra] = self.keys.in_flight(uid);
-        let [hint, versions] = self.keys.hint_keys(uid);
-        for key in [
-            hint,
-            versions,
-            self.keys.rate(uid).into_bytes(),
-            room.into_bytes(),
-            starved.into_bytes(),
-            extra.into_bytes(),
-        ] {
-            let mut cmd = redis::cmd("UNLINK");
-            cmd.arg(key);
-            cmds.push(cmd);
-        }
-        self.pool
-            .with("delete a queue's tasks", |c| pipeline(c, cmds))?;
+        self.publish(crate::events::queue_message(queue));
+        self.remove_queue_keys(uid as u64)?;
         Ok(true)
     }
 

@@ -76,6 +76,7 @@ forwarding! {
     fn get_queue(&self, queue: &QueueName) -> Result<Option<Bytes>>;
     fn list_queues(&self) -> Result<Vec<(QueueName, Bytes)>>;
     fn delete_queue(&self, queue: &QueueName) -> Result<bool>;
+    fn purge_queue(&self, queue: &QueueName) -> Result<bool>;
     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>>;
     fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>>;
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>>;

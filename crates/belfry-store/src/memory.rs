@@ -200,6 +200,18 @@ impl Store for MemoryStore {
         Ok(self.inner.lock().queues.remove(queue).is_some())
     }
 
+    fn purge_queue(&self, queue: &QueueName) -> Result<bool> {
+        let mut inner = self.inner.lock();
+        let Some(state) = inner.queues.get_mut(queue) else {
+            return Ok(false);
+        };
+        *state = QueueState {
+            config: std::mem::take(&mut state.config),
+            ..QueueState::default()
+        };
+        Ok(true)
+    }
+
     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
         let mut inner = self.inner.lock();
         if let Some(missing) = tasks.iter().find(|t| !inner.queues.contains_key(&t.queue)) {

@@ -382,6 +382,11 @@ pub trait Store: Send + Sync + 'static {
     fn list_queues(&self) -> Result<Vec<(QueueName, Bytes)>>;
     /// Deletes the queue and every task in it. Returns whether it existed.
     fn delete_queue(&self, queue: &QueueName) -> Result<bool>;
+    /// Drops every task of the queue — scheduled, leased and dead — and keeps the queue and
+    /// its configuration, in one step: a task put before it is gone, one put after it is kept.
+    /// The tasks' idempotency keys are free, and their leases answer `NotFound`. Returns
+    /// whether the queue exists.
+    fn purge_queue(&self, queue: &QueueName) -> Result<bool>;
 
     // ---- tasks ----
 

@@ -419,3 +419,25 @@ fn a_discarded_dead_letter_frees_its_key_and_its_bucket_file() {
         .unwrap();
     assert_eq!(task.state, TaskState::Scheduled);
 }
+
+#[test]
+fn a_purged_queue_frees_its_keys_and_its_files_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = open(dir.path());
+    let ids = put_new(&engine, "orders", 0..300, far);
+    engine.flush().unwrap();
+    assert!(!bucket_files(dir.path()).is_empty());
+    assert!(engine.purge_queue(&queue("orders")).unwrap());
+    assert!(
+        bucket_files(dir.path()).is_empty(),
+        "the old incarnation's files are gone"
+    );
+    let (again, duplicate) = put_again(&engine, "orders", 7, far(7));
+    assert!(!duplicate && again != ids[7], "a purged task's key is free");
+    // After a restart, only the new task is there.
+    drop(engine);
+    let engine = open(dir.path());
+    assert_eq!(engine.counts(&queue("orders"), NOW).unwrap().pending, 1);
+    assert_eq!(put_again(&engine, "orders", 7, far(7)), (again, true));
+    assert!(!put_again(&engine, "orders", 8, far(8)).1);
+}

@@ -104,6 +104,10 @@ impl Store for SimStore {
     fn delete_queue(&self, queue: &QueueName) -> Result<bool> {
         self.plain(4, |e| e.delete_queue(queue))
     }
+    /// Not driven by the simulation (its model has no purge).
+    fn purge_queue(&self, queue: &QueueName) -> Result<bool> {
+        self.plain(35, |e| e.purge_queue(queue))
+    }
     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
         let key = tasks.first().map_or(0, |t| t.due_at_ms);
         let asked = tasks.clone();

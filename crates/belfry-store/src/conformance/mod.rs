@@ -14,9 +14,11 @@ use belfry_core::{
 use bytes::Bytes;
 
 mod dead;
+mod purge;
 mod subscriptions;
 
 pub use dead::{dead_letters_settled, dead_letters_settled_in_hundreds};
+pub use purge::queue_purge_drops_every_task_and_keeps_the_queue;
 pub use subscriptions::{subscriptions_basics, subscriptions_many};
 
 use crate::{ChangeOutcome, LeaseOutcome, MetaChange, PutOutcome, QueueCounts, Store, StoreError};
@@ -887,6 +889,7 @@ macro_rules! __conformance_scenario_names {
         idempotency,
         counts_forecast_next_due,
         queue_delete_removes_tasks,
+        queue_purge_drops_every_task_and_keeps_the_queue,
         queues_are_isolated,
         clock_jumps_never_fire_early_nor_lose_tasks,
         subscriptions_basics,

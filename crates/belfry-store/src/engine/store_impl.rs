@@ -89,6 +89,37 @@ impl Store for Engine {
         Ok(true)
     }
 
+    fn purge_queue(&self, queue: &QueueName) -> Result<bool> {
+        let mut state = self.lock_state()?;
+        let mut meta = state.meta.clone();
+        let Some((old_uid, config)) = meta.queues.get(queue).cloned() else {
+            return Ok(false);
+        };
+        // A new incarnation with the same configuration, named in one write of the meta file:
+        // the old uid's files, WAL records and idempotency keys are ignored from then on, as
+        // a deleted queue's are (see `delete_queue`).
+        let uid = meta.next_queue_uid;
+        meta.next_queue_uid += 1;
+        let qdir = queue_dir(&self.core.dir, uid);
+        fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
+        persist::sync_dir(&self.core.dir)?;
+        meta.queues.insert(queue.clone(), (uid, config));
+        meta.write(&self.core.dir.join(META_FILE))?;
+        state.meta = meta;
+        let hasher = state.key_hasher;
+        state
+            .queues
+            .insert(uid, Queue::new(queue.clone(), uid, qdir, hasher));
+        if let Some(old) = state.queues.remove(&old_uid) {
+            let buffered: usize = old.buckets.values().map(|b| b.buf.len()).sum();
+            state.buffered_bytes -= buffered;
+            if let Err(error) = fs::remove_dir_all(&old.dir) {
+                tracing::warn!(%error, dir = %old.dir.display(), "could not remove a purged queue's files; they go at the next open");
+            }
+        }
+        Ok(true)
+    }
+
     fn put(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
         // Sized before taking the lock: the frame is built once, without regrowing.
         let size: usize = tasks.iter().map(record::put_size_hint).sum();
