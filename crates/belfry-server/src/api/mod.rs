@@ -49,6 +49,7 @@ pub fn router(service: Arc<Service>) -> Router {
             "/v1/queues/{queue}",
             put(queues::put).get(queues::get).delete(queues::delete),
         )
+        .route("/v1/queues/{queue}/purge", post(queues::purge))
         .route("/v1/queues/{queue}/pause", post(queues::pause))
         .route("/v1/queues/{queue}/resume", post(queues::resume))
         .route("/v1/queues/{queue}/tasks", post(tasks::submit))

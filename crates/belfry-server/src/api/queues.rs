@@ -116,6 +116,21 @@ pub async fn delete(
     }
 }
 
+/// `POST /v1/queues/{queue}/purge`: every task goes, the queue and its settings stay.
+pub async fn purge(
+    State(service): State<AppState>,
+    QueuePath(queue): QueuePath,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let counts = service.purge_queue(&queue).await?;
+    Ok(Json(serde_json::json!({
+        "purged": {
+            "pending": counts.pending,
+            "in_flight": counts.in_flight,
+            "dead": counts.dead,
+        }
+    })))
+}
+
 pub async fn pause(
     State(service): State<AppState>,
     QueuePath(queue): QueuePath,

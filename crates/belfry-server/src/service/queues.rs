@@ -234,6 +234,33 @@ impl Service {
         self.blocking(move |s| Ok(s.counts(&name, now_ms)?)).await
     }
 
+    /// Drops every task of the queue and keeps the queue (`Store::purge_queue`). Answers what
+    /// it held, counted just before (a task submitted meanwhile may be counted or not).
+    pub async fn purge_queue(&self, queue: &QueueName) -> Result<QueueCounts> {
+        let runtime = self.runtime(queue).await?;
+        let name = queue.clone();
+        let now_ms = self.now_ms();
+        let (counts, existed) = self
+            .blocking(move |s| {
+                let counts = s.counts(&name, now_ms)?;
+                Ok((counts, s.purge_queue(&name)?))
+            })
+            .await?;
+        if !existed {
+            return Err(ServiceError::QueueNotFound(queue.clone()));
+        }
+        // Its dispatch looks again, and finds nothing.
+        runtime.wake();
+        tracing::info!(
+            queue = %queue,
+            pending = counts.pending,
+            in_flight = counts.in_flight,
+            dead = counts.dead,
+            "queue purged"
+        );
+        Ok(counts)
+    }
+
     pub async fn delete_queue(&self, queue: QueueName) -> Result<bool> {
         let _admin = self.admin.lock().await;
         let runtime = self.forget_queue(&queue);
