@@ -3,7 +3,7 @@
 
 use crate::model::{
     AckItemResult, BatchItem, DeadBulkAnswer, DeadPage, DeadSelection, LeaseRequest, Leased,
-    LeasedList, NewTask, Queue, QueueList, QueueSpec, Results, Submitted, Task, TaskState,
+    LeasedList, NewTask, Purged, Queue, QueueList, QueueSpec, Results, Submitted, Task, TaskState,
 };
 use crate::request::{DueTime, Nack, Request};
 use crate::{Client, Result};
@@ -34,6 +34,17 @@ impl Client {
     /// Deletes the queue and every task in it.
     pub async fn delete_queue(&self, queue: &str) -> Result<()> {
         self.expect_empty(Request::delete_queue(queue)).await
+    }
+
+    /// Drops every task of the queue — scheduled, leased and dead — and keeps the queue and
+    /// its settings; answers what it held just before.
+    pub async fn purge_queue(&self, queue: &str) -> Result<Purged> {
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            purged: Purged,
+        }
+        let answer: Answer = self.expect(Request::purge_queue(queue)).await?;
+        Ok(answer.purged)
     }
 
     /// Stops delivery; tasks are still accepted.

@@ -40,8 +40,8 @@ pub use error::{Error, ErrorCode};
 pub use import::{ImportAnswer, ImportLineError};
 pub use model::{
     AckItemResult, ApiErrorBody, BatchItem, DeadBulkAnswer, DeadPage, DeadSelection, DeliverySpec,
-    LeaseRequest, Leased, LeasedList, NewTask, NotDead, Queue, QueueList, QueueSpec, Results,
-    Retry, RetrySpec, Submitted, Task, TaskState,
+    LeaseRequest, Leased, LeasedList, NewTask, NotDead, Purged, Queue, QueueList, QueueSpec,
+    Results, Retry, RetrySpec, Submitted, Task, TaskState,
 };
 pub use reminders::{
     BulkAnswer, BulkBody, BulkLineError, Feed, FeedItem, FeedQuery, Priority, Reminder,

@@ -316,6 +316,14 @@ pub struct DeadPage {
     pub next_after: Option<String>,
 }
 
+/// What a queue held when it was purged.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+pub struct Purged {
+    pub pending: u64,
+    pub in_flight: u64,
+    pub dead: u64,
+}
+
 /// The dead letters a bulk call acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeadSelection {

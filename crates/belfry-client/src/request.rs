@@ -154,6 +154,11 @@ impl Request {
         Self::new(Method::DELETE, Self::queue_path(queue, ""))
     }
 
+    /// Drops every task of the queue; the queue and its settings stay.
+    pub fn purge_queue(queue: &str) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/purge"))
+    }
+
     pub fn pause_queue(queue: &str) -> Self {
         Self::new(Method::POST, Self::queue_path(queue, "/pause"))
     }

@@ -2,7 +2,8 @@
 //! (`chromedriver`) against a real `belfry serve` holding data. Each page is loaded and
 //! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
 //! it), "Redrive all" redrives each dead letter of a still-refusing webhook once (a receiver in
-//! the test counts), one is deleted from its row and "Delete all" deletes the rest, the forecast chart is drawn, schedules page and refresh, a malformed
+//! the test counts), one is deleted from its row and "Delete all" deletes the rest, a queue is
+//! purged, the forecast chart is drawn, schedules page and refresh, a malformed
 //! address says "No such page.", the banner says when the server cannot be reached and goes
 //! once it can, and no JavaScript error is logged. A second test checks the token flow: the
 //! page loads without a token, its API calls fail until one is entered, a read-only token's
@@ -529,6 +530,20 @@ async fn redrive_all(browser: &Session, server: &Served) {
     browser.wait_text("#dead", "No dead letters.").await;
     let (_, queue) = api(server, None, "GET", "/v1/queues/broken", None).await;
     assert_eq!(queue["dead"], 0, "{queue}");
+
+    // Purge from the queue's page (armed by the first click): tasks due later are dropped.
+    for n in 0..3 {
+        let task = json!({ "payload": n, "delay_ms": 3_600_000 });
+        ok(server, "POST", "/v1/queues/broken/tasks", task).await;
+    }
+    show(browser, server, "#/queue/broken").await;
+    browser.click("#purge").await;
+    browser.wait_text("#purge", "Click again").await;
+    browser.click("#purge").await;
+    let note = browser.wait_text("#banner", "purged").await;
+    assert!(note.contains("3 scheduled"), "{note}");
+    let (_, queue) = api(server, None, "GET", "/v1/queues/broken", None).await;
+    assert_eq!(queue["pending"], 0, "{queue}");
 }
 
 async fn task_lookup(browser: &Session, server: &Served) {

@@ -778,3 +778,40 @@ fn task_import_streams_a_file_reports_bad_lines_and_survives_kill_9() {
     let task = json(&server, &["task", "get", "bulk", "--key", "k3000"]);
     assert_eq!(task["payload"]["n"], 3_000, "{task}");
 }
+
+#[test]
+fn queue_purge_needs_yes_and_drops_every_task() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "work", "--rate", "5"]);
+    for _ in 0..3 {
+        ok(
+            &server,
+            &["task", "add", "work", "--payload", "1", "--delay", "1h"],
+        );
+    }
+    let refused = fails(&server, &["queue", "purge", "work"]);
+    assert!(refused.contains("--yes"), "{refused}");
+    assert_eq!(
+        json(&server, &["queue", "get", "work"])["pending"],
+        3,
+        "nothing purged"
+    );
+    let out = ok(&server, &["queue", "purge", "work", "--yes"]);
+    assert_eq!(
+        out.trim(),
+        "purged work: 3 scheduled, 0 in flight and 0 dead tasks dropped; the queue and its \
+         settings stay"
+    );
+    let queue = json(&server, &["queue", "get", "work"]);
+    assert_eq!(
+        (&queue["pending"], &queue["rate_per_s"]),
+        (&Value::from(0), &Value::from(5.0))
+    );
+    let answer = json(&server, &["queue", "purge", "work", "--yes"]);
+    assert_eq!(
+        answer,
+        serde_json::json!({"purged": {"pending": 0, "in_flight": 0, "dead": 0}})
+    );
+    let missing = fails(&server, &["queue", "purge", "nope", "--yes"]);
+    assert!(missing.contains("queue_not_found"), "{missing}");
+}

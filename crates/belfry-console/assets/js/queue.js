@@ -1,4 +1,4 @@
-// One queue: its configuration, pause and resume, in-flight and rate-limit state, the
+// One queue: its configuration, pause, resume and purge, in-flight and rate-limit state, the
 // forecast of tasks falling due (uPlot), and its lateness distribution (from /metrics).
 
 import { get, metricsText, post, seg } from "./api.js";
@@ -24,7 +24,7 @@ export async function showQueue(ctx) {
 
   ctx.main.append(
     h("h1", {}, "Queue ", name),
-    h("div", { class: "actions" }, buttons.pause, buttons.resume,
+    h("div", { class: "actions" }, buttons.pause, buttons.resume, buttons.purge,
       link(`#/queue/${seg(name)}/dead`, "Dead letters →")),
     h("div", { class: "grid" },
       h("div", {}, h("h2", {}, "State"), state, h("h2", {}, "Configuration"), config),
@@ -73,7 +73,37 @@ function actions(ctx, name, reload) {
       "Pause"),
     resume: h("button", { type: "button", id: "resume", class: "primary",
       onclick: act("resume") }, "Resume"),
+    purge: purgeButton(ctx, name, reload),
   };
+}
+
+/** Drops every task of the queue after a second click within 5 s: there is no undo. */
+function purgeButton(ctx, name, reload) {
+  let armed = null;
+  const label = "Purge all tasks";
+  const button = h("button", { type: "button", id: "purge", class: "danger" }, label);
+  button.addEventListener("click", async () => {
+    if (!armed) {
+      button.textContent = "Click again to drop every task (no undo)";
+      armed = setTimeout(() => { armed = null; button.textContent = label; }, 5000);
+      return;
+    }
+    clearTimeout(armed);
+    armed = null;
+    button.disabled = true;
+    try {
+      const { purged } = await post(`/v1/queues/${seg(name)}/purge`);
+      ctx.note(`Queue ${name} purged: ${count(purged.pending)} scheduled, ` +
+        `${count(purged.in_flight)} in flight and ${count(purged.dead)} dead tasks dropped.`);
+      await reload();
+    } catch (e) {
+      ctx.fail(e);
+    } finally {
+      button.disabled = false;
+      button.textContent = label;
+    }
+  });
+  return button;
 }
 
 function fields(pairs, id) {

@@ -1,6 +1,6 @@
 //! `belfry queue ...`: create, inspect, pause and delete queues.
 
-use belfry_client::{DeliverySpec, Queue, QueueList, QueueSpec, Request, RetrySpec};
+use belfry_client::{DeliverySpec, Purged, Queue, QueueList, QueueSpec, Request, RetrySpec};
 use clap::{Args, Subcommand};
 
 use super::{parse_ms, run, run_empty, LateArgs};
@@ -36,6 +36,15 @@ pub enum QueueCommand {
     Delete {
         /// The queue's name.
         queue: String,
+    },
+    /// Drop every task of a queue (scheduled, leased and dead); the queue and its settings
+    /// stay.
+    Purge {
+        /// The queue's name.
+        queue: String,
+        /// Yes, drop them all (required: there is no undo).
+        #[arg(long)]
+        yes: bool,
     },
 }
 
@@ -364,7 +373,37 @@ pub async fn queue(remote: &Remote, command: QueueCommand) -> anyhow::Result<()>
             let done = format!("deleted queue {queue} and its tasks");
             run_empty(remote, Request::delete_queue(&queue), done).await
         }
+        QueueCommand::Purge { queue, yes } => {
+            if !yes {
+                anyhow::bail!(
+                    "purging drops every task of {queue}, scheduled, leased and dead, with no \
+                     undo: run it again with --yes"
+                );
+            }
+            run(
+                remote,
+                Request::purge_queue(&queue),
+                |answer: PurgeAnswer| {
+                    let Purged {
+                        pending,
+                        in_flight,
+                        dead,
+                    } = answer.purged;
+                    format!(
+                    "purged {queue}: {pending} scheduled, {in_flight} in flight and {dead} dead \
+                     tasks dropped; the queue and its settings stay"
+                )
+                },
+            )
+            .await
+        }
     }
+}
+
+/// The answer of `POST /v1/queues/{queue}/purge`.
+#[derive(serde::Deserialize)]
+struct PurgeAnswer {
+    purged: Purged,
 }
 
 #[cfg(test)]
