@@ -12,6 +12,7 @@ mod forecast;
 mod model;
 mod record;
 mod service;
+mod tick;
 
 pub use belfry_core::TIMETABLE_MAX;
 pub use forecast::{FiringsForecast, FORECAST_FIRINGS_TOTAL_MAX, FORECAST_STEPS_MAX};
@@ -21,9 +22,10 @@ pub use model::{
 };
 pub use record::{CURSORS_NAMESPACE, SCHEDULES_NAMESPACE};
 pub use service::{
-    firing_key, owner_key, NewSchedule, Result, ScheduleService, ScheduleServiceError, TickReport,
+    firing_key, owner_key, NewSchedule, Result, ScheduleService, ScheduleServiceError,
     FIRING_PUT_TASKS, FULL_TICK_MS,
 };
+pub use tick::TickReport;
 
 // The schedule vocabulary callers need, so they do not have to reach into belfry-core.
 pub use belfry_core::schedule::{
