@@ -22,7 +22,7 @@ pub use model::{
 };
 pub use record::{CURSORS_NAMESPACE, SCHEDULES_NAMESPACE};
 pub use service::{
-    firing_key, owner_key, NewSchedule, Result, ScheduleService, ScheduleServiceError,
+    firing_key, owner_key, run_key, NewSchedule, Result, ScheduleService, ScheduleServiceError,
     FIRING_PUT_TASKS, FULL_TICK_MS,
 };
 pub use tick::TickReport;

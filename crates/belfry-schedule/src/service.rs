@@ -44,7 +44,7 @@ use belfry_core::schedule::{
     SCHEDULE_HEADER, SHARD_COUNT_HEADER, SHARD_HEADER,
 };
 use belfry_core::{LastLook, NewTask, QueueName, Timetable, UnixMs, TIMETABLE_MAX};
-use belfry_store::{MetaChange, Store, StoreError};
+use belfry_store::{MetaChange, PutOutcome, Store, StoreError};
 use bytes::Bytes;
 use parking_lot::Mutex;
 
@@ -398,6 +398,31 @@ impl ScheduleService {
         Ok(existed)
     }
 
+    /// Fires the schedule once now, outside its timetable (a "run now"): its tasks, one per
+    /// shard, are due at `now_ms` and carry the firing headers, with the idempotency key
+    /// [`run_key`], so a repeat within the same millisecond is the same run. A paused or
+    /// finished schedule runs too; its cursor and next fire time do not move. Answers the
+    /// schedule and the put's outcomes, one per shard.
+    pub fn run_now(&self, id: &ScheduleId, now_ms: UnixMs) -> Result<(Schedule, Vec<PutOutcome>)> {
+        let Some(bytes) = self.store.get_meta(SCHEDULES_NAMESPACE, id.as_str())? else {
+            return Err(ScheduleServiceError::NotFound(id.clone()));
+        };
+        let parsed = self.parse_cached(id.as_str(), &bytes)?;
+        let tasks = (0..parsed.spec.shard_count() as usize)
+            .map(|shard| NewTask {
+                idempotency_key: Some(run_key(id, now_ms, shard)),
+                ..firing_task(&parsed, now_ms, shard)
+            })
+            .collect();
+        let outcomes = self.store.put(tasks).map_err(|error| match error {
+            StoreError::QueueNotFound(queue) => ScheduleServiceError::QueueNotFound(queue),
+            other => other.into(),
+        })?;
+        let cursor = self.store.get_meta(CURSORS_NAMESPACE, id.as_str())?;
+        let cursor_ms = effective_cursor(id.as_str(), &parsed, cursor.as_deref())?;
+        Ok((parsed.to_schedule(cursor_ms), outcomes))
+    }
+
     /// Stops firing. Idempotent.
     pub fn pause(&self, id: &ScheduleId, now_ms: UnixMs) -> Result<Schedule> {
         let _guard = self.lock(id);
@@ -620,6 +645,12 @@ pub fn owner_key(id: &ScheduleId) -> String {
 /// The idempotency key of one shard of one firing.
 pub fn firing_key(id: &ScheduleId, fire_ms: UnixMs, shard: usize) -> String {
     format!("schedule:{id}:{fire_ms}:{shard}")
+}
+
+/// The idempotency key of one shard of a run outside the timetable
+/// ([`ScheduleService::run_now`]): never the key of a firing of the timetable.
+pub fn run_key(id: &ScheduleId, at_ms: UnixMs, shard: usize) -> String {
+    format!("schedule:{id}:run:{at_ms}:{shard}")
 }
 
 fn fire_time(spec: &ScheduleSpec, at_ms: UnixMs) -> FireTime {

@@ -73,6 +73,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/v1/schedules/{id}/pause", post(pause))
         .route("/v1/schedules/{id}/resume", post(resume))
+        .route("/v1/schedules/{id}/run", post(run))
         .route("/v1/schedules/{id}/next", get(next))
         .route("/v1/queues/{queue}/forecast", get(forecast))
         .with_state(state)
@@ -638,6 +639,57 @@ pub async fn resume(
     let schedule = blocking(&state, move |s| s.service.resume(&id, now_ms)).await?;
     state.schedule_written(schedule.next_fire_ms());
     Ok(Json(ScheduleView::new(&schedule, &state)))
+}
+
+/// `POST /v1/schedules/{id}/run`: fires the schedule once now, outside its timetable.
+pub async fn run(
+    State(state): State<AppState>,
+    SchedulePath(id): SchedulePath,
+) -> Result<(StatusCode, Json<RunView>), ApiError> {
+    let now_ms = state.shared.now_ms();
+    let (schedule, outcomes) = blocking(&state, move |s| s.service.run_now(&id, now_ms)).await?;
+    let queue = schedule.def.queue.clone();
+    let created = outcomes
+        .iter()
+        .filter(|o| matches!(o, belfry_store::PutOutcome::Created { .. }))
+        .count();
+    if created > 0 {
+        crate::metrics::submitted(queue.as_str(), created);
+        if let Some(runtime) = state.shared.queues.get(&queue) {
+            runtime.wake();
+        }
+    }
+    tracing::info!(schedule = %schedule.id, %queue, tasks = outcomes.len(), "schedule run by hand");
+    let tasks = outcomes
+        .iter()
+        .map(|o| RunTask {
+            id: o.id().to_string(),
+            duplicate: matches!(o, belfry_store::PutOutcome::Duplicate(_)),
+        })
+        .collect();
+    let view = RunView {
+        schedule: schedule.id.to_string(),
+        queue: queue.to_string(),
+        fired_at_ms: now_ms,
+        tasks,
+    };
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// The answer of a run by hand: the tasks it made, one per shard.
+#[derive(Debug, Serialize)]
+pub struct RunView {
+    pub schedule: String,
+    pub queue: String,
+    pub fired_at_ms: UnixMs,
+    pub tasks: Vec<RunTask>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RunTask {
+    pub id: String,
+    /// A run of the same millisecond made it already.
+    pub duplicate: bool,
 }
 
 pub async fn next(
