@@ -49,7 +49,8 @@ pub use reminders::{
 };
 pub use request::{DueTime, Nack, Request};
 pub use schedules::{
-    FireTime, Forecast, ForecastStep, NextFireTimes, Schedule, ScheduleList, ScheduleSpec,
+    FireTime, Forecast, ForecastStep, NextFireTimes, RunTask, Schedule, ScheduleList, ScheduleRun,
+    ScheduleSpec,
 };
 
 /// How long a request may take, beyond any long-poll `wait_ms` it asks for.

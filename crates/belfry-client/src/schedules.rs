@@ -170,6 +170,22 @@ pub struct FireTime {
     pub local: String,
 }
 
+/// What a run by hand made: one task per shard.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ScheduleRun {
+    pub schedule: String,
+    pub queue: String,
+    pub fired_at_ms: u64,
+    pub tasks: Vec<RunTask>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct RunTask {
+    pub id: String,
+    /// A run in the same millisecond made it already.
+    pub duplicate: bool,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 pub struct NextFireTimes {
     pub id: String,
@@ -223,6 +239,11 @@ impl Request {
 
     pub fn resume_schedule(id: &str) -> Self {
         Self::new(Method::POST, schedule_path(id, "/resume"))
+    }
+
+    /// Fires the schedule once now, outside its timetable.
+    pub fn run_schedule(id: &str) -> Self {
+        Self::new(Method::POST, schedule_path(id, "/run"))
     }
 
     pub fn next_fire_times(id: &str, n: Option<usize>) -> Self {
@@ -286,6 +307,12 @@ impl Client {
     /// Fires again from now on; the paused period is not replayed.
     pub async fn resume_schedule(&self, id: &str) -> Result<Schedule> {
         self.expect(Request::resume_schedule(id)).await
+    }
+
+    /// Fires the schedule once now, outside its timetable (paused or not): one task per
+    /// shard, due now; its next fire time does not move.
+    pub async fn run_schedule(&self, id: &str) -> Result<ScheduleRun> {
+        self.expect(Request::run_schedule(id)).await
     }
 
     /// The next `n` fire times (the server's default, 10, when `None`).

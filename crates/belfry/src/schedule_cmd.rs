@@ -1,6 +1,8 @@
 //! `belfry schedule ...`: manage schedules on a running server through `belfry-client`.
 
-use belfry_client::{Forecast, NextFireTimes, Request, Schedule, ScheduleList, ScheduleSpec};
+use belfry_client::{
+    Forecast, NextFireTimes, Request, Schedule, ScheduleList, ScheduleRun, ScheduleSpec,
+};
 use clap::{Args, Subcommand};
 
 use crate::commands::Remote;
@@ -36,6 +38,11 @@ pub enum ScheduleCommand {
     },
     /// Fire again from now on.
     Resume {
+        /// The schedule's id.
+        id: String,
+    },
+    /// Fire once now, outside the timetable (paused or not): one task per shard.
+    Run {
         /// The schedule's id.
         id: String,
     },
@@ -219,6 +226,23 @@ pub async fn run(remote: &Remote, command: ScheduleCommand) -> anyhow::Result<()
         }
         ScheduleCommand::Resume { id } => {
             commands::run(remote, Request::resume_schedule(&id), show).await
+        }
+        ScheduleCommand::Run { id } => {
+            commands::run(remote, Request::run_schedule(&id), |run: ScheduleRun| {
+                let ids: Vec<&str> = run.tasks.iter().map(|t| t.id.as_str()).collect();
+                let again = if run.tasks.iter().all(|t| t.duplicate) {
+                    " (the same millisecond's run: no new task)"
+                } else {
+                    ""
+                };
+                format!(
+                    "ran {} into {}: {}{again}",
+                    run.schedule,
+                    run.queue,
+                    ids.join(" ")
+                )
+            })
+            .await
         }
         ScheduleCommand::List => {
             commands::run(remote, Request::list_schedules(), describe_list).await

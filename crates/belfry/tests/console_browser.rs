@@ -3,7 +3,7 @@
 //! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
 //! it), "Redrive all" redrives each dead letter of a still-refusing webhook once (a receiver in
 //! the test counts), one is deleted from its row and "Delete all" deletes the rest, a queue is
-//! purged, the forecast chart is drawn, schedules page and refresh, a malformed
+//! purged, the forecast chart is drawn, schedules page and refresh and one runs now, a malformed
 //! address says "No such page.", the banner says when the server cannot be reached and goes
 //! once it can, and no JavaScript error is logged. A second test checks the token flow: the
 //! page loads without a token, its API calls fail until one is entered, a read-only token's
@@ -583,6 +583,15 @@ async fn schedules(browser: &Session, server: &Served) {
     browser.wait(&format!("{row} button.resume")).await;
     let (_, schedule) = api(server, None, "GET", "/v1/schedules/nightly", None).await;
     assert_eq!(schedule["paused"], true, "{schedule}");
+    // Run now, paused or not: one task in its queue, due now.
+    let (_, before) = api(server, None, "GET", "/v1/queues/orders", None).await;
+    browser.click(&format!("{row} button.run")).await;
+    browser
+        .wait_text("#banner", "ran now: 1 task in orders")
+        .await;
+    let (_, after) = api(server, None, "GET", "/v1/queues/orders", None).await;
+    let pending = |q: &Value| q["pending"].as_u64().unwrap();
+    assert_eq!(pending(&after), pending(&before) + 1, "{after}");
 }
 
 async fn reminders(browser: &Session, server: &Served) {

@@ -150,6 +150,13 @@ fn schedule_subcommands_against_a_running_server() {
         "{stderr}"
     );
 
+    // Run by hand: one task per shard, due now, the schedule untouched.
+    let out = ok(&server, &["schedule", "run", "nightly"]);
+    assert!(out.starts_with("ran nightly into jobs: "), "{out}");
+    assert_eq!(out.trim().split(' ').count(), 5, "one task id: {out}");
+    let queue = json(&server, &["queue", "get", "jobs"]);
+    assert_eq!(queue["pending"], 1, "{queue}");
+
     ok(&server, &["schedule", "delete", "nightly"]);
     let (success, _, stderr) = belfry(&server, &["schedule", "get", "nightly"]);
     assert!(!success);

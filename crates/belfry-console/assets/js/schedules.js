@@ -1,5 +1,5 @@
 // Schedules: a page at a time, refreshed every few seconds, with their next firing in their
-// own time zone, the next few on demand, pause and resume.
+// own time zone, the next few on demand, pause, resume and run now.
 
 import { get, post, seg } from "./api.js";
 import { h, row, table } from "./dom.js";
@@ -82,6 +82,18 @@ function schedulesTable(ctx, schedules, opened, reload) {
         ctx.fail(e);
       }
     };
+    const runNow = async (event) => {
+      event.target.disabled = true;
+      try {
+        const run = await post(`/v1/schedules/${seg(s.id)}/run`);
+        const made = run.tasks.filter((t) => !t.duplicate).length;
+        ctx.note(`Schedule ${s.id} ran now: ${made} task${made === 1 ? "" : "s"} in ${run.queue}.`);
+      } catch (e) {
+        ctx.fail(e);
+      } finally {
+        event.target.disabled = false;
+      }
+    };
     rows.push(row({ dataset: { schedule: s.id } }, [
       s.id,
       s.queue + (s.queue_missing ? " (missing)" : ""),
@@ -91,6 +103,7 @@ function schedulesTable(ctx, schedules, opened, reload) {
       s.misfire,
       h("span", { class: "actions" },
         h("button", { type: "button", class: "next", onclick: toggle }, `Next ${NEXT}`),
+        h("button", { type: "button", class: "run", onclick: runNow }, "Run now"),
         s.paused
           ? h("button", { type: "button", class: "resume primary", onclick: act("resume") }, "Resume")
           : h("button", { type: "button", class: "pause danger", onclick: act("pause") }, "Pause")),
