@@ -396,18 +396,19 @@ impl RedisStore {
             let args = [b"counts".to_vec(), now_ms.to_string().into_bytes()];
             for v in this.read_every_partition(c, uid, &args)? {
                 let items = as_array(&v).ok_or_else(|| unexpected("counts", &v))?;
-                let n: Vec<u64> = items
-                    .iter()
-                    .filter_map(as_i64)
-                    .map(|n| n.max(0) as u64)
-                    .collect();
-                let [pending, due, in_flight, dead] = n[..] else {
+                let n: Vec<i64> = items.iter().filter_map(as_i64).collect();
+                let [pending, due, in_flight, dead, oldest] = n[..] else {
                     return Err(unexpected("counts", &v));
                 };
-                counts.pending += pending;
-                counts.due += due;
-                counts.in_flight += in_flight;
-                counts.dead += dead;
+                counts.pending += pending.max(0) as u64;
+                counts.due += due.max(0) as u64;
+                counts.in_flight += in_flight.max(0) as u64;
+                counts.dead += dead.max(0) as u64;
+                // -1: nothing due in this partition.
+                if let Ok(oldest) = u64::try_from(oldest) {
+                    counts.oldest_due_ms =
+                        Some(counts.oldest_due_ms.map_or(oldest, |o| o.min(oldest)));
+                }
             }
             Ok(counts)
         })

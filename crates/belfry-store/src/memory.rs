@@ -517,6 +517,12 @@ impl Store for MemoryStore {
                 TaskState::Done | TaskState::Cancelled | TaskState::Skipped => {}
             }
         }
+        // The ready sets hold every scheduled task (expired leases were put back above).
+        counts.oldest_due_ms = [&queue.ready_high, &queue.ready_normal]
+            .into_iter()
+            .filter_map(|set| set.first().map(|(due, _)| *due))
+            .filter(|due| *due <= now_ms)
+            .min();
         Ok(counts)
     }
 

@@ -290,6 +290,10 @@ pub struct QueueCounts {
     pub in_flight: u64,
     /// Dead letters.
     pub dead: u64,
+    /// The due time of the earliest scheduled task whose due time has passed (a task whose
+    /// lease ran out counts at its original due time): `None` exactly when `due` is 0. How
+    /// long the queue's oldest waiting task has waited is `now_ms` minus this.
+    pub oldest_due_ms: Option<UnixMs>,
 }
 
 /// Room granted under a queue's in-flight cap that every node on a store shares (see

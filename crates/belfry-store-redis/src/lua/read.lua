@@ -3,7 +3,8 @@
 --   'key' idempotency key, now, retain_ms -> {seq, record, dead reason} or {}
 --     (a task finished the retention or more before `now` is not found, forgotten or not)
 --   'dead' after seq ('' first), limit -> {seq, record, reason, ...}
---   'counts' now                   -> {pending, due, leased-until-after-now, dead}
+--   'counts' now                   -> {pending, due, leased-until-after-now, dead,
+--                                      earliest due time of a due task (-1: none due)}
 --   'forecast' from, step, steps   -> counts per step
 --   'due' now                      -> {tasks a claim could take now, earliest instant (when
 --                                      none is due; else -1)}
@@ -26,15 +27,19 @@ local function bucketed_dues(b)
   return out
 end
 
--- Bucketed tasks due by `now` (only when promotion lags: buckets are promoted ahead).
+-- Bucketed tasks due by `now` (only when promotion lags: buckets are promoted ahead), and
+-- the earliest of their due times (-1: none).
 local function bucketed_due(now)
-  local n = 0
+  local n, oldest = 0, -1
   for _, b in ipairs(redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', now)) do
     for _, due in ipairs(bucketed_dues(tonumber(b))) do
-      if due <= now then n = n + 1 end
+      if due <= now then
+        n = n + 1
+        if oldest < 0 or due < oldest then oldest = due end
+      end
     end
   end
-  return n
+  return n, oldest
 end
 if op == 'get' or op == 'key' then
   local seq = ARGV[2]
@@ -65,8 +70,16 @@ elseif op == 'counts' then
   local now = tonumber(ARGV[2])
   local pending = redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
     + tonumber(redis.call('HGET', KEYS[11], 'all') or '0')
+  local bucketed, oldest = bucketed_due(now)
   local due = redis.call('ZCOUNT', KEYS[1], '-inf', now) + redis.call('ZCOUNT', KEYS[2], '-inf', now)
-    + bucketed_due(now)
+    + bucketed
+  local function consider(at)
+    if at and at <= now and (oldest < 0 or at < oldest) then oldest = at end
+  end
+  -- Each ready set's first task is its earliest (one lookup each, whatever the set's size).
+  for _, key in ipairs({KEYS[1], KEYS[2]}) do
+    consider(tonumber(redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')[2]))
+  end
   -- A lease that has ended is a scheduled, due task again (at its original due time).
   local ended = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
   for _, seq in ipairs(ended) do
@@ -74,11 +87,14 @@ elseif op == 'counts' then
     if rec then
       local h = unpack_hdr(rec)
       pending = pending + 1
-      if h.due <= now then due = due + 1 end
+      if h.due <= now then
+        due = due + 1
+        consider(h.due)
+      end
     end
   end
   local leased = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
-  return {pending, due, leased, redis.call('ZCARD', KEYS[6])}
+  return {pending, due, leased, redis.call('ZCARD', KEYS[6]), oldest}
 elseif op == 'forecast' then
   local from, step, steps = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
   local out = {}

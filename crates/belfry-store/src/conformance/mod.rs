@@ -14,10 +14,12 @@ use belfry_core::{
 use bytes::Bytes;
 
 mod dead;
+mod lag;
 mod purge;
 mod subscriptions;
 
 pub use dead::{dead_letters_settled, dead_letters_settled_in_hundreds};
+pub use lag::oldest_due_in_counts;
 pub use purge::queue_purge_drops_every_task_and_keeps_the_queue;
 pub use subscriptions::{subscriptions_basics, subscriptions_many};
 
@@ -231,7 +233,8 @@ pub fn lease_lifecycle(h: &mut dyn Harness) {
             pending: 0,
             due: 0,
             in_flight: 1,
-            dead: 0
+            dead: 0,
+            oldest_due_ms: None,
         }
     );
     // Extend moves the deadline.
@@ -495,7 +498,8 @@ pub fn counts_forecast_next_due(h: &mut dyn Harness) {
             pending: 15,
             due: 5,
             in_flight: 0,
-            dead: 0
+            dead: 0,
+            oldest_due_ms: Some(1_000),
         }
     );
     assert_eq!(s.next_due_ms(&q("a")).unwrap(), Some(1_000));
@@ -518,11 +522,14 @@ pub fn counts_forecast_next_due(h: &mut dyn Harness) {
             pending: 5,
             due: 0,
             in_flight: 10,
-            dead: 0
+            dead: 0,
+            oldest_due_ms: None,
         }
     );
     // Once the leases expire the earliest far task is next... after the re-deliveries.
-    assert_eq!(s.counts(&q("a"), 11_000).unwrap().due, 10);
+    let counts = s.counts(&q("a"), 11_000).unwrap();
+    // ...each at its original due time.
+    assert_eq!((counts.due, counts.oldest_due_ms), (10, Some(1_000)));
 }
 
 pub fn queue_delete_removes_tasks(h: &mut dyn Harness) {
@@ -888,6 +895,7 @@ macro_rules! __conformance_scenario_names {
         cancel_and_reschedule,
         idempotency,
         counts_forecast_next_due,
+        oldest_due_in_counts,
         queue_delete_removes_tasks,
         queue_purge_drops_every_task_and_keeps_the_queue,
         queues_are_isolated,

@@ -467,6 +467,14 @@ impl Store for Engine {
             counts.pending += set.len() as u64;
             counts.due += set.range(..=(now_ms, u64::MAX, u64::MAX)).count() as u64;
         }
+        // Unloaded buckets hold nothing due, so the ready index's first is the earliest.
+        counts.oldest_due_ms = q
+            .index
+            .ready
+            .iter()
+            .filter_map(|set| set.first().map(|(due, _, _)| *due))
+            .filter(|due| *due <= now_ms)
+            .min();
         counts.in_flight = q.index.leases.len() as u64;
         counts.dead = q.index.dead_loaded;
         for bucket in q.buckets.values().filter(|b| b.entries.is_none()) {
