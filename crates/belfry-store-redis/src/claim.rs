@@ -352,9 +352,10 @@ impl RedisStore {
                 _ => Err(bad()),
             };
         }
-        let [leased, skipped, dead, earliest] = items else {
+        let [leased, skipped, dead, earliest, expired] = items else {
             return Err(bad());
         };
+        batch.leases_expired += as_i64(expired).ok_or_else(bad)?.max(0) as u64;
         for pair in as_array(leased).ok_or_else(bad)?.chunks(2) {
             let [seq, rec] = pair else {
                 return Err(bad());

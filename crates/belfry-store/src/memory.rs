@@ -45,6 +45,8 @@ struct QueueState {
     ready_normal: BTreeSet<ReadyKey>,
     /// Leased tasks by lease deadline.
     leases: BTreeSet<(UnixMs, TaskId)>,
+    /// Leases ended by expiry that no claim has reported yet (`ClaimBatch::leases_expired`).
+    leases_expired: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -90,6 +92,7 @@ impl QueueState {
             stored.task.lease_until_ms = None;
             stored.lease = None;
             self.make_ready(id);
+            self.leases_expired += 1;
         }
     }
 
@@ -317,7 +320,10 @@ impl Store for MemoryStore {
         let first_lease = inner.next_lease;
         let queue = inner.queue(queue)?;
         queue.expire_leases(now_ms);
-        let mut batch = ClaimBatch::default();
+        let mut batch = ClaimBatch {
+            leases_expired: std::mem::take(&mut queue.leases_expired),
+            ..ClaimBatch::default()
+        };
         let mut next_lease = first_lease;
         let lease_until_ms = now_ms.saturating_add(visibility_ms);
         while batch.leased.len() < max {

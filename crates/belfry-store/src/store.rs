@@ -222,6 +222,12 @@ pub struct ClaimBatch {
     pub late_skipped: Vec<TaskId>,
     /// Found later than their `LatePolicy::Dead` allowed: now `Dead`.
     pub late_dead: Vec<TaskId>,
+    /// Leases of the queue that ran out (reached their deadline without an ack, nack,
+    /// extension or dead-lettering) and that no earlier claim reported: each lease the store
+    /// ends by expiry is counted by one claim only, whichever call of any node ended it. A
+    /// store that keeps the count in memory may count again, after a restart, a lease that
+    /// ran out before it and was not leased again since (expiry writes nothing).
+    pub leases_expired: u64,
 }
 
 /// The result of ack, nack, extend or dead-lettering a leased task.
@@ -373,6 +379,8 @@ pub type EventSink = std::sync::Arc<dyn Fn(StoreEvent) + Send + Sync>;
 /// - Due tasks are claimed high priority first, then by due time, then in submit order.
 /// - A lease that reaches `lease_until_ms` without ack ends: the task is due again (with its
 ///   original due time, so it goes to the front) and the old lease id is refused.
+///   Whichever call ends it, one later claim of the queue counts it in
+///   [`ClaimBatch::leases_expired`].
 /// - Finished tasks (done, cancelled) may be forgotten at any time after they finish: `get`
 ///   may then return `None` and their idempotency key may be reused. Dead tasks are kept until
 ///   redriven or their queue is deleted.

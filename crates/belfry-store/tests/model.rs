@@ -110,6 +110,10 @@ struct World {
     to_model: HashMap<TaskId, TaskId>,
     /// (model lease, engine lease, task index) of every lease handed out.
     leases: Vec<(LeaseId, LeaseId, usize)>,
+    /// Whether the engine was reopened: expiry writes nothing, so a reopened engine ends
+    /// (and counts in `ClaimBatch::leases_expired`) again a lease that ran out before, was
+    /// reported, and was not leased again; from then on only the leases are compared.
+    reopened: bool,
 }
 
 fn qn(i: usize) -> QueueName {
@@ -138,6 +142,7 @@ impl World {
             ids: Vec::new(),
             to_model: HashMap::new(),
             leases: Vec::new(),
+            reopened: false,
         }
     }
 
@@ -177,6 +182,7 @@ impl World {
                 .map(|id| self.to_model[id])
                 .collect(),
             late_dead: batch.late_dead.iter().map(|id| self.to_model[id]).collect(),
+            leases_expired: batch.leases_expired,
         }
     }
 
@@ -281,9 +287,13 @@ impl World {
                 let e = self.translate_batch(e);
                 let model_leases: Vec<LeaseId> = m.leased.iter().map(|l| l.lease_id).collect();
                 let engine_leases: Vec<LeaseId> = e.leased.iter().map(|l| l.lease_id).collect();
+                let reopened = self.reopened;
                 let strip = |mut b: ClaimBatch| {
                     for l in &mut b.leased {
                         l.lease_id = LeaseId(0);
+                    }
+                    if reopened {
+                        b.leases_expired = 0;
                     }
                     b
                 };
@@ -503,6 +513,7 @@ impl World {
                     engine.abandon();
                 }
                 self.engine = Some(Engine::open(self.dir.path(), options()).unwrap());
+                self.reopened = true;
                 self.compare_meta()?;
                 // ...and the first thing a restarted server does is look at its queues with
                 // the current time, which ends those leases again in both stores.

@@ -4,7 +4,9 @@
 -- Replies {code, state, earliest}: code 0 ok, 1 not found, 3 wrong state (state says which).
 local now, retain, op, seq = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local far_after = tonumber(ARGV[6] or '0')
-expire(now, 1000)
+-- Leases ended here are kept for the next claim to report (`ClaimBatch::leases_expired`).
+local expired = expire(now, 1000)
+if expired > 0 then redis.call('HINCRBY', KEYS[11], 'expired', expired) end
 local rec = redis.call('HGET', KEYS[4], seq)
 if not rec then return {1, 0, earliest()} end
 local h = unpack_hdr(rec)

@@ -1,7 +1,8 @@
 -- KEYS 1-11 as the prelude says, 12: the partition's owner lease (when fenced).
 -- ARGV: now, max, visibility_ms, retain_ms, fence ('' for none).
--- Replies {leased {seq, record, ...}, skipped {seq...}, dead {seq...}, earliest} or {-1}
--- when the fence no longer holds.
+-- Replies {leased {seq, record, ...}, skipped {seq...}, dead {seq...}, earliest, expired}
+-- or {-1} when the fence no longer holds. `expired`: the leases this claim ended, and those
+-- other scripts ended since the last claim (each lease is reported by one claim only).
 --
 -- Most claims take a task or two from a partition, so what a claim costs is mostly its fixed
 -- calls: each ready set is read once by rank (the due tasks, and the first one not taken is
@@ -11,7 +12,12 @@ if ARGV[5] ~= '' and redis.call('GET', KEYS[12]) ~= ARGV[5] then
   return {-1}
 end
 local next_bucket = promote(now, 2000)
-expire(now, 1000)
+local expired = expire(now, 1000)
+local kept = redis.call('HGET', KEYS[11], 'expired')
+if kept then
+  expired = expired + tonumber(kept)
+  redis.call('HDEL', KEYS[11], 'expired')
+end
 local leased, skipped, dead = {}, {}, {}
 local left = max
 -- Late tasks skipped or dead-lettered do not count against `max`; this bounds one call's
@@ -112,4 +118,4 @@ if next_bucket == nil then
   next_bucket = tonumber(first[2]) or -1
 end
 if next_bucket >= 0 then consider(next_bucket) end
-return {leased, skipped, dead, best}
+return {leased, skipped, dead, best, expired}

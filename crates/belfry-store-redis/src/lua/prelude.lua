@@ -10,7 +10,8 @@
 --   9 s: the partition's counter (sequences and lease ids)
 --  10 b: far-future buckets (ZSET: bucket number -> when to promote it, ms); bucket `n`'s sequences
 --        (as decimal numbers, a few bytes each) are the LIST `KEYS[10] .. ':' .. n`
---  11 c: bucketed tasks (HASH: bucket number -> how many, 'all' -> how many in all)
+--  11 c: bucketed tasks (HASH: bucket number -> how many, 'all' -> how many in all), and
+--        'expired' -> leases a script other than a claim ended, for the next claim to report
 -- A record: a fixed header (layout below, big-endian), a leased task's lease, the extras
 -- (late after, idempotency key, headers) when flags say so, then the payload. Finished
 -- records drop the payload. `record.rs` has the layout.
@@ -204,9 +205,10 @@ local function promote(now, budget)
 end
 
 -- Ends the lease of every leased task whose deadline has come (at most `max`): scheduled
--- again, at its original due time.
+-- again, at its original due time. Answers how many leases it ended.
 local function expire(now, max)
   local ended = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, max)
+  local n = 0
   for _, seq in ipairs(ended) do
     local rec = redis.call('HGET', KEYS[4], seq)
     if rec then
@@ -215,10 +217,12 @@ local function expire(now, max)
         h.state = SCHEDULED
         redis.call('HSET', KEYS[4], seq, pack(rec, h))
         redis.call('ZADD', ready_key(h), h.due, seq)
+        n = n + 1
       end
     end
     redis.call('ZREM', KEYS[3], seq)
   end
+  return n
 end
 
 -- A task reaches a final state: its record is kept (without payload) for the retention,

@@ -19,7 +19,7 @@ mod purge;
 mod subscriptions;
 
 pub use dead::{dead_letters_settled, dead_letters_settled_in_hundreds};
-pub use lag::oldest_due_in_counts;
+pub use lag::{expired_leases_reported_once, oldest_due_in_counts};
 pub use purge::queue_purge_drops_every_task_and_keeps_the_queue;
 pub use subscriptions::{subscriptions_basics, subscriptions_many};
 
@@ -896,6 +896,7 @@ macro_rules! __conformance_scenario_names {
         idempotency,
         counts_forecast_next_due,
         oldest_due_in_counts,
+        expired_leases_reported_once,
         queue_delete_removes_tasks,
         queue_purge_drops_every_task_and_keeps_the_queue,
         queues_are_isolated,

@@ -557,6 +557,10 @@ pub(crate) struct Queue {
     pub index: Index,
     /// The engine's idempotency-key hash.
     pub hasher: KeyHasher,
+    /// Leases ended by expiry that no claim has reported yet (`ClaimBatch::leases_expired`).
+    /// In memory only, like expiry itself: after a restart a lease that ran out before it
+    /// and was not leased again ends (and is counted) again.
+    pub leases_expired: u64,
 }
 
 /// Counters of work done by loads and replay, for tests and metrics.
@@ -594,6 +598,7 @@ impl Queue {
             wake: BTreeSet::new(),
             index: Index::default(),
             hasher,
+            leases_expired: 0,
         }
     }
 
@@ -800,6 +805,7 @@ impl Queue {
             debug_assert_eq!(entry.state, TaskState::Leased);
             entry.state = TaskState::Scheduled;
             self.index.insert(key, seq, entry);
+            self.leases_expired += 1;
         }
     }
 

@@ -682,6 +682,7 @@ fn claim_chunk(
 ) -> Result<Option<(u64, bool)>> {
     let mut next_lease = state.next_lease;
     let (q, _) = state.queue_at(queue, now_ms, options.lookahead_ms)?;
+    result.leases_expired += std::mem::take(&mut q.leases_expired);
     let uid = q.uid;
     let lease_until_ms = now_ms.saturating_add(visibility_ms);
     let ready: usize = q.index.ready.iter().map(|slot| slot.len()).sum();
