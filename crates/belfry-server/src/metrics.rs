@@ -22,6 +22,8 @@ pub const TASKS_PENDING: &str = "belfry_tasks_pending";
 pub const TASKS_DUE: &str = "belfry_tasks_due";
 pub const TASKS_IN_FLIGHT: &str = "belfry_tasks_in_flight";
 pub const TASKS_DEAD: &str = "belfry_tasks_dead";
+/// How long the queue's oldest due, undelivered task has waited: now − its due time.
+pub const QUEUE_OLDEST_DUE_AGE: &str = "belfry_queue_oldest_due_age_seconds";
 /// Delivery start minus due time, in seconds.
 pub const FIRING_LATENESS: &str = "belfry_firing_lateness_seconds";
 pub const HTTP_REQUEST_DURATION: &str = "belfry_http_request_duration_seconds";
@@ -239,11 +241,16 @@ fn request_histogram(method: &'static str, route: &str, status: u16) -> Histogra
     )
 }
 
-pub fn queue_counts(queue: &str, counts: &belfry_store::QueueCounts) {
+/// Sets a queue's gauges from its counts taken at `now_ms`.
+pub fn queue_counts(queue: &str, counts: &belfry_store::QueueCounts, now_ms: u64) {
     gauge!(TASKS_PENDING, "queue" => queue.to_owned()).set(counts.pending as f64);
     gauge!(TASKS_DUE, "queue" => queue.to_owned()).set(counts.due as f64);
     gauge!(TASKS_IN_FLIGHT, "queue" => queue.to_owned()).set(counts.in_flight as f64);
     gauge!(TASKS_DEAD, "queue" => queue.to_owned()).set(counts.dead as f64);
+    let age_ms = counts
+        .oldest_due_ms
+        .map_or(0, |due| now_ms.saturating_sub(due));
+    gauge!(QUEUE_OLDEST_DUE_AGE, "queue" => queue.to_owned()).set(age_ms as f64 / 1000.0);
 }
 
 /// Shows every counter whose labels are known in advance at 0 from the start, so that a

@@ -75,31 +75,90 @@ async fn a_feed_304_counts_once() {
 }
 
 /// A deleted queue's gauges go to 0 at the next refresh rather than keep their last values
-/// (an alert on `belfry_tasks_due` would otherwise never clear).
+/// (an alert on `belfry_tasks_due` or on the oldest due age would otherwise never clear).
 #[tokio::test]
 async fn a_deleted_queue_gauges_read_zero() {
-    let mut config = test_config();
-    config.metrics_refresh_ms = 10;
-    let s = TestServer::start_with(config).await;
+    let s = TestServer::start_with(refreshed_often()).await;
     s.queue("gauged-gone", json!({})).await;
     for i in 0..3 {
         s.submit("gauged-gone", json!({"payload": i})).await;
     }
     assert_eq!(s.lease("gauged-gone", json!({"max": 1})).await.len(), 1);
+    s.advance(3_000);
     let pending = "belfry_tasks_pending{queue=\"gauged-gone\"}";
     let in_flight = "belfry_tasks_in_flight{queue=\"gauged-gone\"}";
+    let age = "belfry_queue_oldest_due_age_seconds{queue=\"gauged-gone\"}";
+    let shown = |text: &str| {
+        (
+            value(text, pending),
+            value(text, in_flight),
+            value(text, age),
+        )
+    };
     eventually("the gauges show the queue", || async {
         let text = s.metrics_text().await;
-        (value(&text, pending) == Some(2.0) && value(&text, in_flight) == Some(1.0)).then_some(())
+        (shown(&text) == (Some(2.0), Some(1.0), Some(3.0))).then_some(())
     })
     .await;
     s.ok("DELETE", "/v1/queues/gauged-gone", Value::Null, 204)
         .await;
     eventually("the deleted queue's gauges read 0", || async {
         let text = s.metrics_text().await;
-        (value(&text, pending) == Some(0.0) && value(&text, in_flight) == Some(0.0)).then_some(())
+        (shown(&text) == (Some(0.0), Some(0.0), Some(0.0))).then_some(())
     })
     .await;
+}
+
+/// A server whose per-queue gauges are refreshed every 10 ms (of real time: the gauges read
+/// the manual clock, which only the test moves).
+fn refreshed_often() -> belfry_server::ServerConfig {
+    let mut config = test_config();
+    config.metrics_refresh_ms = 10;
+    config
+}
+
+/// Waits until the gauge `series` reads `want`.
+async fn gauge_reads(s: &TestServer, series: &str, want: f64) {
+    eventually(&format!("{series} reads {want}"), || async {
+        (sample(s, series).await == Some(want)).then_some(())
+    })
+    .await;
+}
+
+/// Queue lag shows while nothing is delivered (where the lateness histogram records
+/// nothing): a paused queue's oldest due task ages with the clock, and the age is 0 again
+/// once that task is delivered.
+#[tokio::test]
+async fn a_paused_queue_oldest_due_age_grows_until_delivered() {
+    let s = TestServer::start_with(refreshed_often()).await;
+    s.queue("lagging", json!({})).await;
+    let age = "belfry_queue_oldest_due_age_seconds{queue=\"lagging\"}";
+    gauge_reads(&s, age, 0.0).await;
+    let id = s.submit("lagging", json!({"payload": 1})).await;
+    s.ok("POST", "/v1/queues/lagging/pause", Value::Null, 200)
+        .await;
+    s.advance(5_000);
+    gauge_reads(&s, age, 5.0).await;
+    // A task due later does not make the queue look younger.
+    s.submit("lagging", json!({"payload": 2, "delay_ms": 1_000}))
+        .await;
+    s.advance(10_000);
+    gauge_reads(&s, age, 15.0).await;
+    assert!(s.lease("lagging", json!({})).await.is_empty(), "paused");
+    s.ok("POST", "/v1/queues/lagging/resume", Value::Null, 200)
+        .await;
+    let leased = s.lease("lagging", json!({"max": 2})).await;
+    assert_eq!(leased.len(), 2);
+    assert_eq!(leased[0]["id"], id.as_str());
+    for task in &leased {
+        let path = format!(
+            "/v1/queues/lagging/tasks/{}/ack",
+            task["id"].as_str().unwrap()
+        );
+        s.ok("POST", &path, json!({"lease_id": task["lease_id"]}), 200)
+            .await;
+    }
+    gauge_reads(&s, age, 0.0).await;
 }
 
 /// Tasks a schedule's firings and a reminder's fan-out store are submitted to their queue,

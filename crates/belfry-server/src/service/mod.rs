@@ -17,7 +17,7 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use belfry_core::{Clock, QueueName};
+use belfry_core::{Clock, QueueName, UnixMs};
 use belfry_sinks::SinkFactory;
 use belfry_store::Store;
 
@@ -176,7 +176,7 @@ impl Service {
                 })
                 .await;
             match counted {
-                Ok(all) => shown = show_queue_counts(all, shown),
+                Ok(all) => shown = show_queue_counts(all, shown, now_ms),
                 Err(e) => tracing::warn!(error = %e, "refresh queue gauges"),
             }
             if let Some(handle) = crate::metrics::handle() {
@@ -190,17 +190,18 @@ impl Service {
     }
 }
 
-/// Sets the gauges of each queue counted, and zeroes those of the queues `shown` before that
-/// are gone now. Answers the queues shown now.
+/// Sets the gauges of each queue counted at `now_ms`, and zeroes those of the queues `shown`
+/// before that are gone now. Answers the queues shown now.
 fn show_queue_counts(
     all: Vec<(QueueName, belfry_store::Result<belfry_store::QueueCounts>)>,
     mut before: HashSet<QueueName>,
+    now_ms: UnixMs,
 ) -> HashSet<QueueName> {
     let mut shown = HashSet::with_capacity(all.len());
     for (name, counts) in all {
         match counts {
             Ok(counts) => {
-                crate::metrics::queue_counts(name.as_str(), &counts);
+                crate::metrics::queue_counts(name.as_str(), &counts, now_ms);
                 before.remove(&name);
                 shown.insert(name);
             }
@@ -215,7 +216,8 @@ fn show_queue_counts(
         }
     }
     for gone in before {
-        crate::metrics::queue_counts(gone.as_str(), &belfry_store::QueueCounts::default());
+        let none = belfry_store::QueueCounts::default();
+        crate::metrics::queue_counts(gone.as_str(), &none, now_ms);
     }
     shown
 }
