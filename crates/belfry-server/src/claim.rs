@@ -77,7 +77,7 @@ pub async fn claim_once(
     };
     let quick = shared.store.claim_is_quick(&runtime.name, now_ms);
     let claimed = shared.delivery(caller, quick, move |s| plan.run(s)).await;
-    let (leased, (skipped, dead), next_due_ms) = match claimed {
+    let (leased, ended, next_due_ms) = match claimed {
         Ok(StoreClaim::Claimed(claimed)) => claimed,
         Ok(StoreClaim::Limited(retry_in)) => {
             // The shared limits are spent: other nodes took this second's tokens, or hold
@@ -98,7 +98,7 @@ pub async fn claim_once(
         .map(|t| (t.lease_id, t.lease_until_ms))
         .collect();
     runtime.settle(granted, &leases, in_flight_default);
-    record_metrics(runtime.name.as_str(), &leased, skipped, dead, now_ms);
+    record_metrics(runtime.name.as_str(), &leased, &ended, now_ms);
     Ok(Claimed {
         leased,
         retry_in: None,
@@ -132,8 +132,19 @@ struct Plan {
     cap: Option<usize>,
 }
 
-/// Leased tasks, how many the claim finished as (skipped, dead), and the next due instant.
-type Taken = (Vec<LeasedTask>, (usize, usize), Option<Option<UnixMs>>);
+/// What a claim ended besides the leases it took.
+#[derive(Debug, Default)]
+struct Ended {
+    /// Tasks finished as skipped, or sent to the dead letters, by their late policy or for
+    /// being out of attempts.
+    skipped: usize,
+    dead: usize,
+    /// Leases that ran out, as the store reported them (each once).
+    leases_expired: u64,
+}
+
+/// Leased tasks, what the claim ended, and the next due instant.
+type Taken = (Vec<LeasedTask>, Ended, Option<Option<UnixMs>>);
 
 enum StoreClaim {
     Claimed(Taken),
@@ -208,7 +219,7 @@ impl Plan {
     fn claim(&self, s: &dyn Store, allowed: usize) -> Result<Taken> {
         let (name, now_ms) = (&self.name, self.now_ms);
         let mut leased = Vec::with_capacity(allowed);
-        let (mut skipped, mut dead) = (0, 0);
+        let mut ended = Ended::default();
         let mut rounds = 0;
         let store_had_fewer = loop {
             let want = allowed - leased.len();
@@ -216,11 +227,12 @@ impl Plan {
                 ClaimFor::Lease => s.claim(name, now_ms, want, self.visibility_ms)?,
                 ClaimFor::Push => s.claim_owned(name, now_ms, want, self.visibility_ms)?,
             };
-            skipped += batch.late_skipped.len();
-            dead += batch.late_dead.len();
+            ended.skipped += batch.late_skipped.len();
+            ended.dead += batch.late_dead.len();
+            ended.leases_expired += batch.leases_expired;
             let got = batch.leased.len();
             let exhausted = self.leave_exhausted(s, batch.leased, &mut leased)?;
-            dead += exhausted;
+            ended.dead += exhausted;
             rounds += 1;
             if got < want {
                 break true;
@@ -237,7 +249,7 @@ impl Plan {
         } else {
             None
         };
-        Ok((leased, (skipped, dead), next_due_ms))
+        Ok((leased, ended, next_due_ms))
     }
 
     /// Moves the claimed tasks that may go ahead into `leased` and sends those out of
@@ -294,12 +306,15 @@ fn give_back_tokens(s: &dyn Store, queue: &QueueName, unused: usize, per_s: f64,
     }
 }
 
-fn record_metrics(queue: &str, leased: &[LeasedTask], skipped: usize, dead: usize, now_ms: UnixMs) {
-    if skipped > 0 {
-        metrics::skipped_late(queue, skipped);
+fn record_metrics(queue: &str, leased: &[LeasedTask], ended: &Ended, now_ms: UnixMs) {
+    if ended.skipped > 0 {
+        metrics::skipped_late(queue, ended.skipped);
     }
-    if dead > 0 {
-        metrics::dead_lettered(queue, dead);
+    if ended.dead > 0 {
+        metrics::dead_lettered(queue, ended.dead);
+    }
+    if ended.leases_expired > 0 {
+        metrics::leases_expired(queue, ended.leases_expired);
     }
     if !leased.is_empty() {
         metrics::dispatched(queue, leased.len());

@@ -37,6 +37,7 @@ const HELP: &[(&str, Kind, &str)] = &[
     (TASKS_IN_FLIGHT, Gauge, "Tasks leased or in delivery, by queue."),
     (TASKS_DEAD, Gauge, "Dead letters, by queue."),
     (QUEUE_OLDEST_DUE_AGE, Gauge, "Seconds the queue's oldest due, undelivered task has waited since its due time (0 when none is due), by queue; rises while a queue is paused, unconsumed or its sink stalls (refreshed every metrics.refresh)."),
+    (LEASES_EXPIRED, Counter, "Leases that ran out without an ack, nack, extension or dead letter (a consumer crashed or overran its visibility timeout), by queue; counted by the next claim of the queue."),
     (FIRING_LATENESS, Histogram, "Seconds from a task's due time to the start of its first delivery, by queue."),
     (HTTP_REQUEST_DURATION, Histogram, "Seconds to answer an HTTP request, by method (or other), route and status."),
     (DISPATCH_CLAIM_ERRORS, Counter, "Push dispatch claims that failed with a store error."),

@@ -24,6 +24,9 @@ pub const TASKS_IN_FLIGHT: &str = "belfry_tasks_in_flight";
 pub const TASKS_DEAD: &str = "belfry_tasks_dead";
 /// How long the queue's oldest due, undelivered task has waited: now − its due time.
 pub const QUEUE_OLDEST_DUE_AGE: &str = "belfry_queue_oldest_due_age_seconds";
+/// Leases (pull leases and push deliveries' leases) that ran out without an ack, a nack,
+/// an extension or a dead letter.
+pub const LEASES_EXPIRED: &str = "belfry_leases_expired_total";
 /// Delivery start minus due time, in seconds.
 pub const FIRING_LATENESS: &str = "belfry_firing_lateness_seconds";
 pub const HTTP_REQUEST_DURATION: &str = "belfry_http_request_duration_seconds";
@@ -163,6 +166,10 @@ pub fn dead_lettered(queue: &str, n: usize) {
 
 pub fn skipped_late(queue: &str, n: usize) {
     counter!(TASKS_SKIPPED_LATE, "queue" => queue.to_owned()).increment(n as u64);
+}
+
+pub fn leases_expired(queue: &str, n: u64) {
+    counter!(LEASES_EXPIRED, "queue" => queue.to_owned()).increment(n);
 }
 
 /// Records how late each of a batch of deliveries started, in one histogram lookup.

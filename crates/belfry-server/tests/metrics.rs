@@ -161,6 +161,41 @@ async fn a_paused_queue_oldest_due_age_grows_until_delivered() {
     gauge_reads(&s, age, 0.0).await;
 }
 
+/// A lease that runs out (a consumer that crashed or overran its visibility timeout) is
+/// counted once: not again by the claims, gauge refreshes, reads and late ack after it.
+#[tokio::test]
+async fn an_expired_lease_counts_once() {
+    let s = TestServer::start_with(refreshed_often()).await;
+    s.queue("expiring", json!({})).await;
+    let id = s.submit("expiring", json!({"payload": 1})).await;
+    let expired = "belfry_leases_expired_total{queue=\"expiring\"}";
+    let first = s.lease("expiring", json!({"visibility_ms": 100})).await;
+    assert_eq!(first.len(), 1);
+    s.advance(50);
+    assert!(s.lease("expiring", json!({})).await.is_empty());
+    assert_eq!(sample(&s, expired).await, None, "nothing ran out yet");
+    s.advance(1_000);
+    // The gauge refresh ends the lease (it counts at the new time) before any claim.
+    let due = "belfry_tasks_due{queue=\"expiring\"}";
+    gauge_reads(&s, due, 1.0).await;
+    s.task("expiring", &id).await;
+    let (status, _) = s
+        .call(
+            "POST",
+            &format!("/v1/queues/expiring/tasks/{id}/ack"),
+            json!({"lease_id": first[0]["lease_id"]}),
+        )
+        .await;
+    assert_eq!(status, 409, "the late ack is refused");
+    let again = s.lease("expiring", json!({})).await;
+    assert_eq!(again[0]["attempt"], 2);
+    assert_eq!(sample(&s, expired).await, Some(1.0));
+    assert!(s.lease("expiring", json!({})).await.is_empty());
+    s.advance(1_000);
+    gauge_reads(&s, due, 0.0).await;
+    assert_eq!(sample(&s, expired).await, Some(1.0));
+}
+
 /// Tasks a schedule's firings and a reminder's fan-out store are submitted to their queue,
 /// as tasks sent through the API are.
 #[tokio::test]
