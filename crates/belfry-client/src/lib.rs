@@ -45,7 +45,7 @@ pub use model::{
 };
 pub use reminders::{
     BulkAnswer, BulkBody, BulkLineError, Feed, FeedItem, FeedQuery, Priority, Reminder,
-    ReminderList, ReminderPatch, ReminderSpec, SubscriberCount, SubscriberPage,
+    ReminderList, ReminderPatch, ReminderSpec, SubscriberCount, SubscriberPage, UserSubscriptions,
 };
 pub use request::{DueTime, Nack, Request};
 pub use schedules::{

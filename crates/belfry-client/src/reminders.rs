@@ -214,6 +214,15 @@ pub struct ReminderList {
 }
 
 /// One page of a reminder's subscribers, in the store's order.
+/// The reminders a user is subscribed to.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
+pub struct UserSubscriptions {
+    pub user: String,
+    pub reminders: Vec<Reminder>,
+    /// The user has more than one answer lists.
+    pub truncated: bool,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
 pub struct SubscriberPage {
     pub users: Vec<String>,
@@ -459,6 +468,22 @@ impl Request {
         let path = format!("/v1/users/{}/reminders", segment(user));
         Self::new(Method::GET, with_query(path, &params))
     }
+
+    /// Every reminder the user is subscribed to (at most 10,000).
+    pub fn user_subscriptions(user: &str) -> Self {
+        Self::new(
+            Method::GET,
+            format!("/v1/users/{}/subscriptions", segment(user)),
+        )
+    }
+
+    /// Ends every subscription of the user.
+    pub fn unsubscribe_everywhere(user: &str) -> Self {
+        Self::new(
+            Method::DELETE,
+            format!("/v1/users/{}/subscriptions", segment(user)),
+        )
+    }
 }
 
 impl Client {
@@ -620,6 +645,22 @@ impl Client {
             }
             _ => Error::Http(sent),
         }
+    }
+
+    /// Every reminder `user` is subscribed to, fired or not, at most 10,000 (`truncated` when
+    /// there are more).
+    pub async fn user_subscriptions(&self, user: &str) -> Result<UserSubscriptions> {
+        self.expect(Request::user_subscriptions(user)).await
+    }
+
+    /// Ends every subscription of `user`: how many there were.
+    pub async fn unsubscribe_everywhere(&self, user: &str) -> Result<u64> {
+        #[derive(Deserialize)]
+        struct Ended {
+            unsubscribed: u64,
+        }
+        let ended: Ended = self.expect(Request::unsubscribe_everywhere(user)).await?;
+        Ok(ended.unsubscribed)
     }
 
     /// The user's reminders due within `query.within_ms`, with the `degraded` flag and the

@@ -1,7 +1,7 @@
 //! Belfry's reminders: a reminder is content due at a time (once, or on a cron schedule) for
 //! a set of subscribers. At the time its subscribers are cut into chunks, each one task in
 //! the reminder's queue (`fanout`); any time, a user can ask what is coming up for them
-//! (`feed`). Subscriber sets live in the store (`Store::subscribe` and friends); reminders and
+//! (`feed`), list or end all their subscriptions (`users`). Subscriber sets live in the store (`Store::subscribe` and friends); reminders and
 //! fan-out cursors in its metadata (`record`).
 //!
 //! The HTTP API, the runner that calls [`ReminderService::step`] and the feed's cache live in
@@ -13,6 +13,7 @@ mod model;
 mod quiet;
 mod record;
 mod service;
+mod users;
 
 pub use fanout::{chunk_key, owner_key, StepReport, LEAD_MS};
 pub use model::{
@@ -23,3 +24,4 @@ pub use model::{
 pub use quiet::FULL_LOOK_MS;
 pub use record::{parse_uid_key, Fanout, FANOUTS_NAMESPACE, IDS_NAMESPACE, REMINDERS_NAMESPACE};
 pub use service::{ReminderError, ReminderPatch, ReminderService, Result, LIST_LIMIT_MAX};
+pub use users::Subscriptions;

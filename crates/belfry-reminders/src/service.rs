@@ -291,9 +291,14 @@ impl ReminderService {
     pub fn unsubscribe(&self, id: &ReminderId, users: &[UserId]) -> Result<u64> {
         let uid = self.uid_of(id)?;
         let removed = self.store.unsubscribe(uid, users)?;
+        self.note_unsubscribed(removed);
+        Ok(removed)
+    }
+
+    /// Tells the runner's look that `removed` subscriptions ended.
+    pub(crate) fn note_unsubscribed(&self, removed: u64) {
         self.looks
             .subscribed(-i64::try_from(removed).unwrap_or(i64::MAX));
-        Ok(removed)
     }
 
     pub fn count(&self, id: &ReminderId) -> Result<u64> {

@@ -59,16 +59,11 @@ pub enum Command {
         #[command(subcommand)]
         command: crate::commands::reminder::ReminderCommand,
     },
-    /// A user's upcoming reminders: urgent first, then in due order.
+    /// A user's upcoming reminders: urgent first, then in due order (or all their
+    /// subscriptions, or end them all).
     Feed {
-        /// The user id.
-        user: String,
-        /// How far ahead: "1h", "1d" (at most 31d) [default: 1d].
-        #[arg(long)]
-        within: Option<String>,
-        /// At most this many reminders, 1 to 1000 [default: 50].
-        #[arg(long)]
-        limit: Option<usize>,
+        #[command(flatten)]
+        args: crate::commands::reminder::FeedArgs,
         // Last: its options have a heading of their own, which the ones after it would take.
         #[command(flatten)]
         remote: Remote,
@@ -168,12 +163,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Reminder { remote, command } => {
             crate::commands::reminder::reminder(&remote, command).await
         }
-        Command::Feed {
-            remote,
-            user,
-            within,
-            limit,
-        } => crate::commands::reminder::feed(&remote, &user, within.as_deref(), limit).await,
+        Command::Feed { remote, args } => crate::commands::reminder::feed(&remote, args).await,
         Command::Token { remote, command } => crate::auth_config::token(&remote, command).await,
         // `main` runs the bench before any runtime exists: it builds its own.
         Command::Bench { .. } => anyhow::bail!("belfry bench must be dispatched by main"),

@@ -398,4 +398,22 @@ fn reminders_are_updated_and_their_subscribers_listed_or_checked() {
         &["reminder", "update", "ghost", "--urgent"],
         "reminder_not_found",
     );
+
+    // One user across reminders: listed, then every subscription ended (with --yes only).
+    ok(
+        &server,
+        &["reminder", "create", "r2", "--queue", "push", "--in", "2h"],
+    );
+    ok(&server, &["reminder", "subscribe", "r2", "b"]);
+    let listed = ok(&server, &["feed", "b", "--subscriptions"]);
+    assert!(listed.contains("r1") && listed.contains("r2"), "{listed}");
+    let (exit, _, stderr) = belfry(&server, &["feed", "b", "--unsubscribe-all"]);
+    assert_eq!(exit, Some(1));
+    assert!(stderr.contains("--yes"), "{stderr}");
+    let ended = ok(&server, &["feed", "b", "--unsubscribe-all", "--yes"]);
+    assert_eq!(ended.trim(), "b unsubscribed from 2 reminders");
+    let listed = json(&server, &["feed", "b", "--subscriptions"]);
+    assert_eq!(listed["reminders"], serde_json::json!([]), "{listed}");
+    let none = ok(&server, &["feed", "b", "--subscriptions"]);
+    assert_eq!(none.trim(), "b is subscribed to no reminder");
 }

@@ -30,6 +30,7 @@ use crate::reminders::{Feed, RemindersState};
 use crate::shared::Caller;
 
 mod bulk_apply;
+mod users;
 
 use bulk_apply::{bulk_subscribe, bulk_unsubscribe};
 
@@ -66,6 +67,10 @@ pub fn router(state: AppState) -> Router {
                 .delete(unsubscribe_one),
         )
         .route("/v1/users/{user}/reminders", get(feed))
+        .route(
+            "/v1/users/{user}/subscriptions",
+            get(users::subscriptions).delete(users::unsubscribe_everywhere),
+        )
         .merge(bulk)
         .with_state(state)
 }

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use belfry_client::{
     BulkAnswer, BulkBody, Feed, FeedQuery, Priority, Reminder, ReminderList, ReminderPatch,
-    ReminderSpec, Request, SubscriberCount, SubscriberPage,
+    ReminderSpec, Request, SubscriberCount, SubscriberPage, UserSubscriptions,
 };
 use clap::{Args, Subcommand};
 
@@ -406,15 +406,51 @@ fn bulk_stopped(error: &belfry_client::Error) -> Option<&BulkAnswer> {
 }
 
 /// `belfry feed USER`: the user's upcoming reminders.
-pub async fn feed(
-    remote: &Remote,
-    user: &str,
-    within: Option<&str>,
-    limit: Option<usize>,
-) -> anyhow::Result<()> {
+/// `belfry feed USER`: the feed, or with a flag one of the user's calls across reminders.
+#[derive(Debug, Args)]
+pub struct FeedArgs {
+    /// The user id.
+    pub user: String,
+    /// How far ahead: "1h", "1d" (at most 31d) [default: 1d].
+    #[arg(long)]
+    pub within: Option<String>,
+    /// At most this many reminders, 1 to 1000 [default: 50].
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Instead: every reminder the user is subscribed to, fired or not (at most 10,000).
+    #[arg(long, conflicts_with_all = ["within", "limit", "unsubscribe_all"])]
+    pub subscriptions: bool,
+    /// Instead: end every subscription of the user (an account closed); needs --yes.
+    #[arg(long, conflicts_with_all = ["within", "limit"])]
+    pub unsubscribe_all: bool,
+    /// Yes, end them all (there is no undo).
+    #[arg(long, requires = "unsubscribe_all")]
+    pub yes: bool,
+}
+
+pub async fn feed(remote: &Remote, args: FeedArgs) -> anyhow::Result<()> {
+    let user = args.user.as_str();
+    if args.subscriptions {
+        let request = Request::user_subscriptions(user);
+        return run(remote, request, |s: UserSubscriptions| {
+            describe_subscriptions(&s)
+        })
+        .await;
+    }
+    if args.unsubscribe_all {
+        if !args.yes {
+            bail!("--unsubscribe-all ends every subscription of {user}, with no undo: run it again with --yes");
+        }
+        let request = Request::unsubscribe_everywhere(user);
+        return run(remote, request, |ended: serde_json::Value| {
+            let n = ended["unsubscribed"].as_u64().unwrap_or(0);
+            format!("{user} unsubscribed from {n} reminders")
+        })
+        .await;
+    }
     let query = FeedQuery {
-        within_ms: parse_ms("within", within)?,
-        limit,
+        within_ms: parse_ms("within", args.within.as_deref())?,
+        limit: args.limit,
     };
     // The server's default window, for the message about an empty feed.
     let window = query.within_ms.unwrap_or(86_400_000);
@@ -460,6 +496,21 @@ fn describe_feed(feed: &Feed, window_ms: u64) -> String {
         &rows,
     ));
     lines.join("\n")
+}
+
+/// The user's reminders, one row each.
+fn describe_subscriptions(s: &UserSubscriptions) -> String {
+    if s.reminders.is_empty() {
+        return format!("{} is subscribed to no reminder", s.user);
+    }
+    let mut text = describe_list(&s.reminders);
+    if s.truncated {
+        text.push_str(&format!(
+            "\n(the first {}: there are more)",
+            s.reminders.len()
+        ));
+    }
+    text
 }
 
 /// One user a line, then how to ask for the next page.
