@@ -6,7 +6,10 @@
 //! API refuses them up front, with a message that says which header and why, and the sinks
 //! drop nothing a producer could have sent.
 
-use crate::limits::{HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX};
+use crate::limits::{
+    HEADERS_MAX, HEADER_NAME_LEN_MAX, HEADER_VALUE_LEN_MAX, QUEUE_HEADERS_BYTES_MAX,
+    QUEUE_HEADERS_MAX,
+};
 
 /// Names a producer may not set: hop-by-hop headers (RFC 9110 §7.6.1), headers the HTTP
 /// client owns (`host`, `content-length`), `content-type` (set from the payload kind) and
@@ -83,6 +86,40 @@ pub fn check_all<'a>(
     Ok(())
 }
 
+/// Checks a webhook queue's fixed headers (`delivery.headers`): each by [`check`], at most
+/// [`QUEUE_HEADERS_MAX`] of them and [`QUEUE_HEADERS_BYTES_MAX`] of names and values in all,
+/// and no name twice in any case (`X-Env` and `x-env` are one HTTP header, and the request
+/// could carry only one of the two values). The error names the header, never its value: a
+/// queue's header values are credentials.
+pub fn check_queue_headers<'a>(
+    headers: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+) -> Result<(), String> {
+    if headers.len() > QUEUE_HEADERS_MAX {
+        return Err(format!(
+            "at most {QUEUE_HEADERS_MAX} headers, got {}",
+            headers.len()
+        ));
+    }
+    let mut seen: Vec<&str> = Vec::with_capacity(headers.len());
+    let mut bytes = 0usize;
+    for (name, value) in headers {
+        check(name, value)?;
+        if let Some(first) = seen.iter().find(|n| n.eq_ignore_ascii_case(name)) {
+            return Err(format!(
+                "header {name:?} is given twice (also as {first:?}): header names are case-insensitive, give each once"
+            ));
+        }
+        seen.push(name);
+        bytes += name.len() + value.len();
+        if bytes > QUEUE_HEADERS_BYTES_MAX {
+            return Err(format!(
+                "header {name:?}: names and values are at most {QUEUE_HEADERS_BYTES_MAX} bytes in all"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// RFC 9110 `tchar`.
 fn is_token_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)
@@ -125,6 +162,40 @@ mod tests {
         assert!(!ok(&"n".repeat(HEADER_NAME_LEN_MAX + 1), "v"));
         assert!(!ok("x", &"v".repeat(HEADER_VALUE_LEN_MAX + 1)));
         assert!(check("Host", "v").unwrap_err().contains("Host"));
+    }
+
+    #[test]
+    fn queue_headers_are_checked_like_task_headers_and_once_per_name() {
+        let check = |given: &[(&str, &str)]| check_queue_headers(given.iter().copied());
+        assert!(check(&[("Authorization", "Bearer abc"), ("X-Env", "prod")]).is_ok());
+        assert!(check(&[]).is_ok());
+        // The shared rule, the header named in the message and its value never.
+        let reserved = check(&[("X-Env", "prod"), ("Belfry-Queue", "forged-value")]);
+        let reserved = reserved.unwrap_err();
+        assert!(reserved.contains("Belfry-Queue"), "{reserved}");
+        assert!(!reserved.contains("forged-value"), "{reserved}");
+        assert!(check(&[("Host", "h")]).is_err());
+        assert!(check(&[("X-A", "line\r\nInjected: 1")]).is_err());
+        // One name in two cases is one header given twice.
+        let twice = check(&[("X-Env", "prod"), ("x-env", "dev")]).unwrap_err();
+        assert!(
+            twice.contains("x-env") && twice.contains("X-Env"),
+            "{twice}"
+        );
+        // The count and the total size.
+        let names: Vec<String> = (0..=QUEUE_HEADERS_MAX).map(|i| format!("x-h{i}")).collect();
+        let many: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
+        assert!(check(&many).unwrap_err().contains("at most 32 headers"));
+        assert!(check(&many[..QUEUE_HEADERS_MAX]).is_ok());
+        // Two of 4,095 bytes (name and value) fit in 8 KiB, a third does not.
+        let big = "v".repeat(HEADER_VALUE_LEN_MAX - 4);
+        let two_big = check(&[("x-a", &big), ("x-b", &big)]);
+        assert!(two_big.is_ok(), "{two_big:?}");
+        let three_big = check(&[("x-a", &big), ("x-b", &big), ("x-c", &big)]).unwrap_err();
+        assert!(
+            three_big.contains("x-c") && three_big.contains("8192"),
+            "{three_big}"
+        );
     }
 
     #[test]

@@ -37,6 +37,14 @@ pub const HEADERS_MAX: usize = 64;
 pub const HEADER_NAME_LEN_MAX: usize = 256;
 pub const HEADER_VALUE_LEN_MAX: usize = 4096;
 
+/// Fixed headers a webhook queue adds to every request (`delivery.headers`): a credential
+/// for an API gateway and a few markers. At most 32 of them and 8 KiB in all (names and
+/// values), the size of one request-header buffer of common front ends (nginx's
+/// `large_client_header_buffers`, Apache's `LimitRequestFieldSize`), so they cannot crowd out
+/// a task's own headers there.
+pub const QUEUE_HEADERS_MAX: usize = 32;
+pub const QUEUE_HEADERS_BYTES_MAX: usize = 8 * 1024;
+
 /// Longest delivery target a task may carry (a webhook URL, as long as a queue's may be).
 pub const TARGET_LEN_MAX: usize = 2048;
 
