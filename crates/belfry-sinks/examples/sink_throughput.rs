@@ -160,6 +160,7 @@ async fn webhook(count: usize, concurrency: usize) {
                 url: url.clone(),
                 secret: Some("bench-secret".to_owned()),
                 previous_secret: None,
+                headers: Default::default(),
                 timeout: Duration::from_secs(10),
             },
             policy,

@@ -8,6 +8,7 @@
 //! Adding a sink: a folder with its spec struct and its `Sink`, one variant here, one arm in
 //! [`StandardSinks::build`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -51,6 +52,7 @@ impl SinkSpec {
                 url: webhook::redact_url_text(&spec.url),
                 secret: None,
                 previous_secret: None,
+                headers: BTreeMap::new(),
                 timeout_ms: spec.timeout_ms,
             }),
             // Stream specs name a connection; its credentials live in the server config.
@@ -71,6 +73,17 @@ impl SinkSpec {
     /// Whether a webhook's secret is being rotated: it signs with a previous secret too.
     pub fn rotating_secret(&self) -> bool {
         matches!(self, SinkSpec::Webhook(spec) if spec.previous_secret.is_some())
+    }
+
+    /// The names of a webhook's fixed headers (`delivery.headers`), whose values
+    /// [`SinkSpec::redacted`] leaves out; `None` when it has none, or for a stream spec.
+    pub fn header_names(&self) -> Option<Vec<String>> {
+        match self {
+            SinkSpec::Webhook(spec) if !spec.headers.is_empty() => {
+                Some(spec.headers.keys().cloned().collect())
+            }
+            _ => None,
+        }
     }
 
     /// How long one delivery may take at most (the dispatcher's lease covers it).
@@ -180,7 +193,8 @@ impl KafkaSpec {
     }
 }
 
-/// `{"type": "webhook", "url": "...", "secret": "...", "timeout_ms": 10000}`.
+/// `{"type": "webhook", "url": "...", "secret": "...", "headers": {"Authorization": "..."},
+/// "timeout_ms": 10000}`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookSpec {
@@ -190,6 +204,10 @@ pub struct WebhookSpec {
     /// The secret being rotated out: signed with too (a second `v2` entry) while set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub previous_secret: Option<String>,
+    /// Fixed headers on every request, replacing a task header of the same name; sent to a
+    /// task's own target only when it has the queue URL's origin. Write-only, like `secret`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
     #[serde(default = "webhook_timeout_ms_default")]
     pub timeout_ms: u64,
 }
@@ -204,12 +222,13 @@ impl WebhookSpec {
             url: url.into(),
             secret: None,
             previous_secret: None,
+            headers: BTreeMap::new(),
             timeout_ms: webhook_timeout_ms_default(),
         }
     }
 }
 
-/// Never prints the secret or the URL's credentials.
+/// Never prints the secrets, a header value (names only) or the URL's credentials.
 impl std::fmt::Debug for WebhookSpec {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebhookSpec")
@@ -219,6 +238,7 @@ impl std::fmt::Debug for WebhookSpec {
                 "previous_secret",
                 &self.previous_secret.as_ref().map(|_| "<redacted>"),
             )
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("timeout_ms", &self.timeout_ms)
             .finish()
     }
@@ -335,6 +355,7 @@ impl SinkFactory for StandardSinks {
                     url: spec.url.clone(),
                     secret: spec.secret.clone(),
                     previous_secret: spec.previous_secret.clone(),
+                    headers: spec.headers.clone(),
                     timeout: Duration::from_millis(spec.timeout_ms),
                 };
                 let sink = WebhookSink::new(config, self.policy, self.webhook_client.clone())?;
@@ -495,6 +516,12 @@ mod tests {
             serde_json_lite(r#"{"type":"webhook","url":"https://x","colour":1}"#).is_err(),
             "unknown fields are refused"
         );
+        let with_headers =
+            r#"{"type":"webhook","url":"https://x","headers":{"Authorization":"Bearer a"}}"#;
+        let SinkSpec::Webhook(spec) = serde_json_lite(with_headers).unwrap() else {
+            panic!("a webhook spec");
+        };
+        assert_eq!(spec.headers["Authorization"], "Bearer a");
         assert!(serde_json_lite(r#"{"type":"carrier_pigeon"}"#).is_err());
     }
 
@@ -504,16 +531,35 @@ mod tests {
             url: "https://user:pw@example.com/h?token=t".into(),
             secret: Some("s3cret".into()),
             previous_secret: None,
+            headers: [
+                ("X-Env".to_owned(), "prod".to_owned()),
+                ("Authorization".to_owned(), "Bearer hdr-value".to_owned()),
+            ]
+            .into(),
             timeout_ms: 500,
         });
         assert_eq!(spec.secret_set(), Some(true));
+        assert_eq!(
+            spec.header_names(),
+            Some(vec!["Authorization".to_owned(), "X-Env".to_owned()])
+        );
         let shown = spec.redacted();
         let SinkSpec::Webhook(shown) = shown else {
             panic!("redacted changed the type");
         };
         assert_eq!(shown.secret, None);
+        assert!(shown.headers.is_empty(), "{:?}", shown.headers.keys());
         assert!(!shown.url.contains("pw") && !shown.url.contains("token=t"));
-        assert!(!format!("{spec:?}").contains("s3cret"));
+        let debug = format!("{spec:?}");
+        assert!(
+            !debug.contains("s3cret") && !debug.contains("hdr-value"),
+            "{debug}"
+        );
+        assert!(debug.contains("Authorization"), "{debug}");
+        assert_eq!(
+            SinkSpec::Webhook(WebhookSpec::new("https://x")).header_names(),
+            None
+        );
     }
 
     fn factory() -> StandardSinks {

@@ -166,6 +166,7 @@ fn sink(addr: SocketAddr, mode: &str, secret: Option<&str>, timeout: Duration) -
             url: format!("http://{addr}/hook/{mode}"),
             secret: secret.map(str::to_owned),
             previous_secret: None,
+            headers: Default::default(),
             timeout,
         },
         policy,
@@ -457,6 +458,7 @@ async fn a_closed_port_is_retried_and_the_reason_hides_credentials() {
             url: format!("http://user:hunter2@{addr}/hook?token=sekrit"),
             secret: Some("signing-secret-value".into()),
             previous_secret: None,
+            headers: Default::default(),
             timeout: Duration::from_secs(10),
         },
         policy,
@@ -824,6 +826,7 @@ async fn a_receiver_holding_the_previous_secret_verifies_during_a_rotation() {
                 url: format!("http://{addr}/hook/signed"),
                 secret: Some("whsec_new".into()),
                 previous_secret: previous.map(str::to_owned),
+                headers: Default::default(),
                 timeout: Duration::from_secs(10),
             },
             policy,
@@ -870,4 +873,67 @@ async fn a_receiver_holding_the_previous_secret_verifies_during_a_rotation() {
     )
     .expect_err("a previous secret needs a secret");
     assert!(matches!(alone, SinkError::PreviousSecretAlone), "{alone}");
+}
+
+/// A queue's fixed headers (`delivery.headers`) arrive on every attempt, retries included,
+/// replace a task header of the same name in any case, and go to a task's own target of the
+/// queue URL's origin; a target of another origin (chosen by a producer, not the operator)
+/// gets the task's headers and the signature, never the queue's credential.
+#[tokio::test]
+async fn fixed_headers_arrive_on_every_attempt_and_only_at_the_queues_origin() {
+    let (receiver, addr) = start_receiver().await;
+    let (elsewhere, other_addr) = start_receiver().await;
+    let policy = TargetPolicy::ALLOW_PRIVATE;
+    let sink = WebhookSink::new(
+        WebhookConfig {
+            url: format!("http://{addr}/hook/fail"),
+            secret: Some(SECRET.into()),
+            headers: [
+                ("Authorization".to_owned(), "Bearer queue-token".to_owned()),
+                ("X-Env".to_owned(), "prod".to_owned()),
+            ]
+            .into(),
+            ..WebhookConfig::new("http://unused.invalid/")
+        },
+        policy,
+        client_for(&policy),
+    )
+    .expect("valid sink config");
+    let given = [
+        ("authorization", "Bearer task-token"),
+        ("X-ENV", "dev"),
+        ("X-Trace", "t1"),
+    ];
+    let plain = task(br#"{"n":1}"#, PayloadKind::Json, &given);
+    for attempt in 1..=2 {
+        let outcome = sink.deliver(&plain, attempt, NOW_MS).await;
+        assert!(matches!(outcome, Outcome::Retry { .. }), "{outcome:?}");
+    }
+    let mut same_origin = plain.clone();
+    same_origin.target = Some(format!("http://{addr}/hook/signed?k=1"));
+    assert_eq!(
+        sink.deliver(&same_origin, 3, NOW_MS).await,
+        Outcome::Delivered
+    );
+
+    let seen = receiver.seen();
+    let modes: Vec<&str> = seen.iter().map(|s| s.mode.as_str()).collect();
+    assert_eq!(modes, ["fail", "fail", "signed"]);
+    for request in &seen {
+        assert_eq!(header(request, "authorization"), ["Bearer queue-token"]);
+        assert_eq!(header(request, "x-env"), ["prod"]);
+        assert_eq!(header(request, "x-trace"), ["t1"]);
+    }
+
+    let mut other_origin = plain.clone();
+    other_origin.target = Some(format!("http://{other_addr}/hook/signed"));
+    assert_eq!(
+        sink.deliver(&other_origin, 1, NOW_MS).await,
+        Outcome::Delivered
+    );
+    let there = &elsewhere.seen()[0];
+    assert_eq!(header(there, "authorization"), ["Bearer task-token"]);
+    assert_eq!(header(there, "x-env"), ["dev"]);
+    assert_eq!(header(there, "x-trace"), ["t1"]);
+    assert!(!format!("{sink:?}").contains("queue-token"));
 }

@@ -1,22 +1,26 @@
 //! The HTTP webhook sink: POST each due task to a URL.
 //!
 //! Request: the payload bytes as the body (`application/json` or `application/octet-stream`),
-//! the task's own headers, then belfry's headers, which always win:
+//! the task's own headers, the queue's fixed headers (`delivery.headers`, which replace a task
+//! header of the same name; see [`fixed_headers`]), then belfry's headers, which always win:
 //! `Belfry-Task-Id`, `Belfry-Queue`, `Belfry-Attempt`, `Belfry-Due-At` (unix ms), and with a
 //! secret `Belfry-Timestamp` (unix s), `Belfry-Signature` (`v1=…`) and `Belfry-Signature-V2`
 //! (`v2=…`, see [`signature`]).
 //! Response: classified by [`crate::retry`].
 //!
 //! A task with its own target (`Task::target`) goes to that URL instead of the queue's, with
-//! the same headers and signature; it is checked against the target policy on submit
+//! the same headers and signature (the queue's fixed headers only when the target has the
+//! queue URL's origin); it is checked against the target policy on submit
 //! ([`Sink::check_task_target`]) and again when sent. Its outcomes do not change the queue's
 //! delivery health, which describes the queue's own URL.
 
+mod fixed_headers;
 mod probe;
 pub mod signature;
 pub mod target;
 mod tls;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -35,6 +39,7 @@ use sha2::Sha256;
 use crate::gate::HealthCell;
 use crate::retry::{classify_status, classify_transport, TransportFailure};
 use crate::{OpenError, Outcome, Sink, SinkError, SinkFuture, SinkHealth, TargetPolicy};
+use fixed_headers::FixedHeaders;
 
 /// Header names belfry sets on every webhook request.
 pub const HEADER_TASK_ID: &str = "belfry-task-id";
@@ -86,6 +91,10 @@ pub struct WebhookConfig {
     /// The secret being rotated out: while set (with `secret`), each signature header carries
     /// a second entry under it, so receivers still holding it keep verifying.
     pub previous_secret: Option<String>,
+    /// Fixed headers on every request (`delivery.headers`): they replace a task header of the
+    /// same name, and go to a task's own target only when it has the queue URL's origin.
+    /// Values are credentials: never shown.
+    pub headers: BTreeMap<String, String>,
     /// Limit for one whole request: connecting, sending and receiving the answer.
     pub timeout: Duration,
 }
@@ -96,13 +105,14 @@ impl WebhookConfig {
             url: url.into(),
             secret: None,
             previous_secret: None,
+            headers: BTreeMap::new(),
             timeout: TIMEOUT_DEFAULT,
         }
     }
 }
 
-/// Never prints the secret, nor credentials or a query string in the URL (they often carry
-/// tokens).
+/// Never prints the secret or a header value (names only), nor credentials or a query string
+/// in the URL (they often carry tokens).
 impl fmt::Debug for WebhookConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WebhookConfig")
@@ -112,6 +122,7 @@ impl fmt::Debug for WebhookConfig {
                 "previous_secret",
                 &self.previous_secret.as_ref().map(|_| "<redacted>"),
             )
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -152,6 +163,8 @@ pub struct WebhookSink {
     mac: Option<Hmac<Sha256>>,
     /// The secret being rotated out, keyed (see [`WebhookConfig::previous_secret`]).
     previous_mac: Option<Hmac<Sha256>>,
+    /// The queue's fixed headers (see [`fixed_headers`]).
+    fixed_headers: FixedHeaders,
     timeout: Duration,
     client: reqwest::Client,
     /// What the last delivery saw of the receiver.
@@ -170,6 +183,7 @@ impl fmt::Debug for WebhookSink {
         f.debug_struct("WebhookSink")
             .field("url", &self.url_for_logs)
             .field("signed", &self.mac.is_some())
+            .field("headers", &self.fixed_headers)
             .field("timeout", &self.timeout)
             .finish()
     }
@@ -200,6 +214,7 @@ impl WebhookSink {
             (None, Some(_)) => return Err(SinkError::PreviousSecretAlone),
             (_, previous) => previous,
         };
+        let fixed_headers = FixedHeaders::new(&config.headers)?;
         let target = format!(
             "{}://{}:{}",
             url.scheme(),
@@ -212,6 +227,7 @@ impl WebhookSink {
             url,
             mac,
             previous_mac,
+            fixed_headers,
             timeout: config.timeout,
             client,
             health: HealthCell::default(),
@@ -227,31 +243,11 @@ impl WebhookSink {
         &self.url_for_logs
     }
 
-    /// The request headers for one attempt.
-    fn headers(&self, task: &Task, attempt: u32, now_ms: UnixMs) -> HeaderMap {
-        // The API bounds a task's headers on submit; the bound is repeated here so a task from
-        // any other path cannot make a request arbitrarily large.
-        let mut headers = HeaderMap::with_capacity(task.headers.len().min(HEADERS_MAX) + 7);
-        for (name, value) in task.headers.iter().take(HEADERS_MAX) {
-            if !forwarded(name) {
-                continue;
-            }
-            let lower = name.to_ascii_lowercase();
-            match (
-                HeaderName::from_bytes(lower.as_bytes()),
-                HeaderValue::from_str(value),
-            ) {
-                // `append`, so repeated names in the task all arrive.
-                (Ok(name), Ok(value)) => {
-                    headers.append(name, value);
-                }
-                // The API validates headers on submit; one that still does not fit HTTP is
-                // dropped rather than failing the whole delivery. The value is not logged: it
-                // may be a credential.
-                _ => {
-                    tracing::debug!(task = %task.id, header = %lower.escape_debug(), "skip a task header that is not valid HTTP")
-                }
-            }
+    /// The request headers for one attempt; `fixed` adds the queue's fixed headers.
+    fn headers(&self, task: &Task, attempt: u32, now_ms: UnixMs, fixed: bool) -> HeaderMap {
+        let mut headers = task_headers(task);
+        if fixed {
+            self.fixed_headers.apply(&mut headers);
         }
         let content_type = match task.payload_kind {
             PayloadKind::Json => "application/json",
@@ -264,6 +260,18 @@ impl WebhookSink {
             // is permanent: such a task could never be delivered there.
             headers.insert(CONTENT_LENGTH, HeaderValue::from_static("0"));
         }
+        self.set_belfry_headers(&mut headers, task, attempt, now_ms);
+        headers
+    }
+
+    /// Belfry's own headers, which replace anything of the same name.
+    fn set_belfry_headers(
+        &self,
+        headers: &mut HeaderMap,
+        task: &Task,
+        attempt: u32,
+        now_ms: UnixMs,
+    ) {
         let mut set = |name: &'static str, value: String| {
             // Ids, numbers and queue names are ASCII by construction, so this cannot fail;
             // a failure would only drop the header, never panic.
@@ -275,8 +283,8 @@ impl WebhookSink {
         set(HEADER_QUEUE, task.queue.to_string());
         set(HEADER_ATTEMPT, attempt.to_string());
         set(HEADER_DUE_AT, task.due_at_ms.to_string());
-        // A sharded schedule's firing: its `belfry-shard*` headers were skipped above with
-        // the other reserved names, and are set here from the task, as every sink does.
+        // A sharded schedule's firing: its `belfry-shard*` headers were skipped with the
+        // other reserved names, and are set here from the task, as every sink does.
         if let Some((schedule, fire_ms)) = crate::metadata::firing(task) {
             set(crate::metadata::HEADER_SCHEDULE, schedule.to_owned());
             set(crate::metadata::HEADER_FIRE_TIME, fire_ms.to_owned());
@@ -301,7 +309,6 @@ impl WebhookSink {
             set(HEADER_SIGNATURE_V2, signed.v2);
             set(HEADER_TIMESTAMP, timestamp);
         }
-        headers
     }
 
     async fn deliver_once(&self, task: &Task, attempt: u32, now_ms: UnixMs) -> Outcome {
@@ -343,7 +350,12 @@ impl WebhookSink {
         let request = self
             .client
             .post(url.clone())
-            .headers(self.headers(task, attempt, now_ms))
+            .headers(self.headers(
+                task,
+                attempt,
+                now_ms,
+                fixed_headers::trusted(&self.url, url),
+            ))
             .timeout(self.timeout)
             // `Bytes` clones share the buffer: the payload is not copied.
             .body(task.payload.clone());
@@ -454,6 +466,35 @@ impl Sink for WebhookSink {
     fn health(&self) -> SinkHealth {
         self.health.get()
     }
+}
+
+/// A task's own headers that may be forwarded (see [`forwarded`]).
+fn task_headers(task: &Task) -> HeaderMap {
+    // The API bounds a task's headers on submit; the bound is repeated here so a task from
+    // any other path cannot make a request arbitrarily large.
+    let mut headers = HeaderMap::with_capacity(task.headers.len().min(HEADERS_MAX) + 7);
+    for (name, value) in task.headers.iter().take(HEADERS_MAX) {
+        if !forwarded(name) {
+            continue;
+        }
+        let lower = name.to_ascii_lowercase();
+        match (
+            HeaderName::from_bytes(lower.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            // `append`, so repeated names in the task all arrive.
+            (Ok(name), Ok(value)) => {
+                headers.append(name, value);
+            }
+            // The API validates headers on submit; one that still does not fit HTTP is
+            // dropped rather than failing the whole delivery. The value is not logged: it
+            // may be a credential.
+            _ => {
+                tracing::debug!(task = %task.id, header = %lower.escape_debug(), "skip a task header that is not valid HTTP")
+            }
+        }
+    }
+    headers
 }
 
 /// A signing secret, checked and keyed; `None` for none.
@@ -599,14 +640,29 @@ mod tests {
             url: "https://user:pw-in-url@example.com/hook?token=tok-in-query".into(),
             secret: Some("signing-secret".into()),
             previous_secret: None,
+            headers: [("X-Api-Key".to_owned(), "key-in-header".to_owned())].into(),
             timeout: TIMEOUT_DEFAULT,
         };
         let text = format!("{config:?}");
-        for secret in ["pw-in-url", "tok-in-query", "signing-secret"] {
+        for secret in [
+            "pw-in-url",
+            "tok-in-query",
+            "signing-secret",
+            "key-in-header",
+        ] {
             assert!(!text.contains(secret), "{secret} in {text}");
         }
         assert!(
-            text.contains("<redacted>") && text.contains("example.com"),
+            text.contains("<redacted>")
+                && text.contains("example.com")
+                && text.contains("X-Api-Key"),
+            "{text}"
+        );
+        let sink = WebhookSink::new(config, TargetPolicy::default(), reqwest::Client::new())
+            .expect("valid config");
+        let text = format!("{sink:?}");
+        assert!(
+            text.contains("x-api-key") && !text.contains("key-in-header"),
             "{text}"
         );
     }
@@ -675,7 +731,7 @@ mod tests {
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
-        let headers = sink.headers(&task(&given), 2, 7_999);
+        let headers = sink.headers(&task(&given), 2, 7_999, true);
 
         for (name, value) in &headers {
             assert_ne!(value, "forged", "{name} was taken from the task");
@@ -701,7 +757,7 @@ mod tests {
         .expect("valid config");
         let names: Vec<String> = (0..HEADERS_MAX + 10).map(|i| format!("x-h{i}")).collect();
         let given: Vec<(&str, &str)> = names.iter().map(|n| (n.as_str(), "v")).collect();
-        let headers = sink.headers(&task(&given), 1, 0);
+        let headers = sink.headers(&task(&given), 1, 0, true);
         // Belfry's own four headers and Content-Type, plus the first HEADERS_MAX task headers.
         assert_eq!(headers.len(), HEADERS_MAX + 5);
         assert!(headers.contains_key(format!("x-h{}", HEADERS_MAX - 1).as_str()));
