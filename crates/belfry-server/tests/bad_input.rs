@@ -207,6 +207,10 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
         (400, "invalid_queue_config", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","timeout_ms":300001}}"#)),
         // A secret being rotated out needs the new one beside it.
         (400, "invalid_queue_config", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","previous_secret":"old"}}"#)),
+        // A fixed header belfry sets itself, or one name twice in two cases.
+        (400, "invalid_queue_config", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","headers":{"Host":"h"}}}"#)),
+        (400, "invalid_queue_config", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","headers":{"X-A":"1","x-a":"2"}}}"#)),
+        (400, "invalid_request", "PUT", queue, b(r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","headers":["X-A: 1"]}}"#)),
         (400, "invalid_request", "PUT", queue, b(r#"{"burst":"lots"}"#)),
         (400, "invalid_task_id", "GET", "/v1/queues/q/tasks/xyz", None),
         (404, "task_not_found", "GET", "/v1/queues/q/tasks/0000000000000000000000000000abcd", None),

@@ -703,3 +703,118 @@ async fn a_schedules_target_takes_its_firings() {
     assert_eq!(firing.body, br#"{"n":1}"#);
     assert_eq!(header(firing, "belfry-schedule"), "own");
 }
+
+both_stores!(fixed_headers_arrive_on_every_attempt_and_replace_task_headers);
+/// A queue's fixed headers (`delivery.headers`) arrive on every attempt, retries included,
+/// replacing a task header of the same name; a task's own target at the queue URL's origin
+/// gets them too, one elsewhere (a producer's choice) does not.
+async fn fixed_headers_arrive_on_every_attempt_and_replace_task_headers(s: TestServer) {
+    let receiver = Receiver::start(&s.clock, vec![(503, vec![]), (200, vec![])]).await;
+    let elsewhere = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    let fixed = json!({"Authorization": "Bearer queue-token", "X-Env": "prod"});
+    let delivery =
+        json!({"delivery": {"type": "webhook", "url": receiver.url(), "headers": fixed}});
+    webhook_queue(&s, "hooks", &receiver, delivery).await;
+    let task_headers = json!({"authorization": "Bearer task-token", "X-Trace": "t1"});
+    let id = s
+        .submit("hooks", json!({"payload": 1, "headers": task_headers}))
+        .await;
+    advance_until(&s, 250, "a retry after the 503", || receiver.count() >= 2).await;
+    let own = format!("{}?own=1", receiver.url());
+    s.submit("hooks", json!({"payload": 2, "target": own}))
+        .await;
+    let other = json!({"payload": 3, "target": elsewhere.url(), "headers": task_headers});
+    s.submit("hooks", other).await;
+    eventually("the targets delivered", || async {
+        (receiver.count() == 3 && elsewhere.count() == 1).then_some(())
+    })
+    .await;
+
+    for (i, r) in receiver.received().iter().enumerate() {
+        let auth: Vec<_> = r.headers.get_all("authorization").iter().collect();
+        assert_eq!(auth, ["Bearer queue-token"], "request {i}");
+        assert_eq!(header(r, "x-env"), "prod", "request {i}");
+    }
+    let first = &receiver.received()[..2];
+    assert!(first.iter().all(|r| header(r, "belfry-task-id") == id));
+    assert_eq!(header(&first[1], "belfry-attempt"), "2");
+    assert_eq!(header(&first[1], "x-trace"), "t1");
+    let there = &elsewhere.received()[0];
+    assert_eq!(header(there, "authorization"), "Bearer task-token");
+    assert_eq!(header(there, "x-env"), "");
+}
+
+/// `GET` shows a queue's fixed headers by name, never a value; they follow `secret` on update:
+/// kept by an update that leaves `delivery` out, dropped by a `delivery` given without them.
+#[tokio::test]
+async fn fixed_headers_are_shown_by_name_only_and_follow_the_secret_on_update() {
+    let s = TestServer::start().await;
+    let receiver = Receiver::start(&s.clock, vec![(200, vec![])]).await;
+    let delivery = json!({"type": "webhook", "url": receiver.url(), "secret": "s3cret",
+        "headers": {"X-Env": "value-env-1", "Authorization": "Bearer value-auth-2"}});
+    let created = s.queue("hooks", json!({ "delivery": delivery })).await;
+    let got = s.ok("GET", "/v1/queues/hooks", Value::Null, 200).await;
+    let list = s.ok("GET", "/v1/queues", Value::Null, 200).await;
+    for shown in [&created, &got, &list["queues"][0]] {
+        let text = shown.to_string();
+        assert!(
+            !text.contains("value-env-1") && !text.contains("value-auth-2"),
+            "{text}"
+        );
+        assert_eq!(
+            shown["delivery"]["headers_set"],
+            json!(["Authorization", "X-Env"]),
+            "{shown}"
+        );
+        assert!(shown["delivery"].get("headers").is_none(), "{shown}");
+    }
+    // Like the secret: an update without `delivery` keeps them.
+    let kept = s.queue("hooks", json!({"rate_per_s": 5})).await;
+    assert_eq!(
+        kept["delivery"]["headers_set"],
+        json!(["Authorization", "X-Env"])
+    );
+    assert_eq!(kept["delivery"]["secret_set"], true);
+    // A new `delivery` without them is replaced whole: no headers, as no secret.
+    let replaced = json!({"delivery": {"type": "webhook", "url": receiver.url()}});
+    let replaced = s.queue("hooks", replaced).await;
+    assert!(
+        replaced["delivery"].get("headers_set").is_none(),
+        "{replaced}"
+    );
+    assert_eq!(replaced["delivery"]["secret_set"], false);
+}
+
+/// A header belfry sets itself, one no request can carry, one name twice in two cases, or too
+/// many: `400 invalid_queue_config` naming `delivery.headers` and the header, never a value.
+#[tokio::test]
+async fn refused_fixed_headers_name_the_field_and_the_header() {
+    let s = TestServer::start().await;
+    let many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("X-H{i}"), json!("v"))).collect();
+    let cases = [
+        (json!({"Host": "value-1"}), "Host"),
+        (json!({"Belfry-Task-Id": "value-1"}), "Belfry-Task-Id"),
+        (json!({"Content-Type": "value-1"}), "Content-Type"),
+        (json!({"Transfer-Encoding": "value-1"}), "Transfer-Encoding"),
+        (json!({"X-Bad": "value-1\r\nX-Injected: 1"}), "X-Bad"),
+        (json!({"Bad Name": "value-1"}), "Bad Name"),
+        (json!({"X-Env": "value-1", "x-env": "value-1"}), "X-Env"),
+        (Value::Object(many), "at most 32 headers"),
+    ];
+    for (headers, named) in cases {
+        let body = json!({"delivery": {"type": "webhook", "url": "http://127.0.0.1:9/hook",
+            "headers": headers}});
+        let (status, answer) = s.call("PUT", "/v1/queues/hooks", body).await;
+        assert_eq!(status, 400, "{headers}: {answer}");
+        assert_eq!(common::code(&answer), "invalid_queue_config", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("delivery.headers: ") && message.contains(named),
+            "{message}"
+        );
+        assert!(!message.contains("value-1"), "{message}");
+    }
+    let (status, _) = s.call("GET", "/v1/queues/hooks", Value::Null).await;
+    assert_eq!(status, 404, "nothing was created");
+}

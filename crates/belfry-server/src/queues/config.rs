@@ -109,51 +109,8 @@ impl QueueConfig {
         if let Err(e) = self.retry.validate() {
             return fail("retry", e.to_string());
         }
-        if let Delivery::Push(SinkSpec::Webhook(WebhookSpec {
-            url,
-            secret,
-            previous_secret,
-            timeout_ms,
-        })) = &self.delivery
-        {
-            if url.is_empty() || url.len() > WEBHOOK_URL_LEN_MAX {
-                return fail(
-                    "delivery.url",
-                    format!("must be 1 to {WEBHOOK_URL_LEN_MAX} characters"),
-                );
-            }
-            if secret
-                .as_ref()
-                .is_some_and(|s| s.is_empty() || s.len() > WEBHOOK_SECRET_LEN_MAX)
-            {
-                return fail(
-                    "delivery.secret",
-                    format!("must be 1 to {WEBHOOK_SECRET_LEN_MAX} characters when set"),
-                );
-            }
-            if previous_secret
-                .as_ref()
-                .is_some_and(|s| s.is_empty() || s.len() > WEBHOOK_SECRET_LEN_MAX)
-            {
-                return fail(
-                    "delivery.previous_secret",
-                    format!("must be 1 to {WEBHOOK_SECRET_LEN_MAX} characters when set"),
-                );
-            }
-            if previous_secret.is_some() && secret.is_none() {
-                return fail(
-                    "delivery.previous_secret",
-                    "is the secret being rotated out: give the new one as delivery.secret beside it".to_owned(),
-                );
-            }
-            if !(WEBHOOK_TIMEOUT_MS_MIN..=WEBHOOK_TIMEOUT_MS_MAX).contains(timeout_ms) {
-                return fail(
-                    "delivery.timeout_ms",
-                    format!(
-                        "must be between {WEBHOOK_TIMEOUT_MS_MIN} and {WEBHOOK_TIMEOUT_MS_MAX}, got {timeout_ms}"
-                    ),
-                );
-            }
+        if let Delivery::Push(SinkSpec::Webhook(spec)) = &self.delivery {
+            validate_webhook(spec)?;
         }
         Ok(())
     }
@@ -207,6 +164,64 @@ impl QueueConfig {
             ..record.into()
         })
     }
+}
+
+/// A webhook delivery's fields; the error names the field (`delivery.headers` and the header,
+/// never a value).
+fn validate_webhook(spec: &WebhookSpec) -> Result<(), InvalidQueueConfig> {
+    let fail = |field, problem: String| Err(InvalidQueueConfig { field, problem });
+    let WebhookSpec {
+        url,
+        secret,
+        previous_secret,
+        headers,
+        timeout_ms,
+    } = spec;
+    if url.is_empty() || url.len() > WEBHOOK_URL_LEN_MAX {
+        return fail(
+            "delivery.url",
+            format!("must be 1 to {WEBHOOK_URL_LEN_MAX} characters"),
+        );
+    }
+    if secret
+        .as_ref()
+        .is_some_and(|s| s.is_empty() || s.len() > WEBHOOK_SECRET_LEN_MAX)
+    {
+        return fail(
+            "delivery.secret",
+            format!("must be 1 to {WEBHOOK_SECRET_LEN_MAX} characters when set"),
+        );
+    }
+    if previous_secret
+        .as_ref()
+        .is_some_and(|s| s.is_empty() || s.len() > WEBHOOK_SECRET_LEN_MAX)
+    {
+        return fail(
+            "delivery.previous_secret",
+            format!("must be 1 to {WEBHOOK_SECRET_LEN_MAX} characters when set"),
+        );
+    }
+    if previous_secret.is_some() && secret.is_none() {
+        return fail(
+            "delivery.previous_secret",
+            "is the secret being rotated out: give the new one as delivery.secret beside it"
+                .to_owned(),
+        );
+    }
+    // The rule of task and schedule headers, with the queue's own limits and no name twice.
+    belfry_core::headers::check_queue_headers(
+        headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+    )
+    .or_else(|problem| fail("delivery.headers", problem))?;
+    if !(WEBHOOK_TIMEOUT_MS_MIN..=WEBHOOK_TIMEOUT_MS_MAX).contains(timeout_ms) {
+        return fail(
+            "delivery.timeout_ms",
+            format!(
+                "must be between {WEBHOOK_TIMEOUT_MS_MIN} and {WEBHOOK_TIMEOUT_MS_MAX}, got {timeout_ms}"
+            ),
+        );
+    }
+    Ok(())
 }
 
 /// Version 2 stores a push queue's sink spec in `delivery`. Version 1 knew only webhooks, in
@@ -295,6 +310,7 @@ impl From<Record> for QueueConfig {
                     url: w.url,
                     secret: w.secret,
                     previous_secret: None,
+                    headers: Default::default(),
                     timeout_ms: w.timeout_ms,
                 })),
                 (None, None) => Delivery::Pull,
@@ -325,6 +341,7 @@ mod tests {
                 url: "http://example.invalid/x".into(),
                 secret: Some("s".into()),
                 previous_secret: None,
+                headers: [("Authorization".to_owned(), "Bearer b".to_owned())].into(),
                 timeout_ms: 500,
             })),
             paused: true,
@@ -347,6 +364,7 @@ mod tests {
                 url: "http://h/x".into(),
                 secret: None,
                 previous_secret: None,
+                headers: Default::default(),
                 timeout_ms: 700
             }))
         );
@@ -381,11 +399,31 @@ mod tests {
                     url: "http://x".into(),
                     secret: None,
                     previous_secret: None,
+                    headers: Default::default(),
                     timeout_ms: 0,
                 })),
                 ..QueueConfig::default()
             },
             Some("delivery.timeout_ms"),
+        );
+        let headers = |pairs: &[(&str, &str)]| QueueConfig {
+            delivery: Delivery::Push(SinkSpec::Webhook(WebhookSpec {
+                headers: pairs
+                    .iter()
+                    .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                    .collect(),
+                ..WebhookSpec::new("http://x")
+            })),
+            ..QueueConfig::default()
+        };
+        check(headers(&[("Authorization", "Bearer a")]), None);
+        check(
+            headers(&[("Content-Type", "text/plain")]),
+            Some("delivery.headers"),
+        );
+        check(
+            headers(&[("X-Env", "a"), ("x-env", "b")]),
+            Some("delivery.headers"),
         );
     }
 

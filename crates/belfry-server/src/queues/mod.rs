@@ -303,6 +303,7 @@ mod tests {
                 url: "http://receiver.invalid/hook".into(),
                 secret: None,
                 previous_secret: None,
+                headers: Default::default(),
                 timeout_ms: 1_000,
             })),
             ..QueueConfig::default()

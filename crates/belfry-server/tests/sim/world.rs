@@ -255,6 +255,7 @@ fn queue_patch(spec: &QueueSpec) -> QueuePatch {
             url: format!("http://{}.sim.invalid/hook", spec.name),
             secret: None,
             previous_secret: None,
+            headers: Default::default(),
             timeout_ms,
         })),
         None => Delivery::Pull,

@@ -181,7 +181,8 @@ pub struct RetryView {
 }
 
 /// Secrets are never echoed back (`secret_set` says whether there is one, for a sink that
-/// takes one: a webhook), nor credentials or query strings in URLs.
+/// takes one: a webhook; `headers_set` names a webhook's fixed headers, without values), nor
+/// credentials or query strings in URLs.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum DeliveryView {
@@ -197,6 +198,10 @@ pub enum DeliveryView {
         /// Only while a webhook's secret is rotated: `true`.
         #[serde(skip_serializing_if = "Option::is_none")]
         previous_secret_set: Option<bool>,
+        /// A webhook's fixed headers (`delivery.headers`): their names only, the values are
+        /// write-only like the secret. Absent when it has none.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        headers_set: Option<Vec<String>>,
     },
 }
 
@@ -223,6 +228,7 @@ impl QueueView {
                     spec: spec.redacted(),
                     secret_set: spec.secret_set(),
                     previous_secret_set: spec.rotating_secret().then_some(true),
+                    headers_set: spec.header_names(),
                 },
             },
             paused: config.paused,
