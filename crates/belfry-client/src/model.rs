@@ -37,7 +37,8 @@ pub struct RetrySpec {
     pub backoff_max_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+/// A queue's `delivery`. Its `Debug` shows neither secret nor a header value.
+#[derive(Clone, Serialize, PartialEq, Eq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum DeliverySpec {
     Pull,
@@ -48,6 +49,12 @@ pub enum DeliverySpec {
         /// The secret being rotated out: requests are signed under it too while it is set.
         #[serde(skip_serializing_if = "Option::is_none")]
         previous_secret: Option<String>,
+        /// Fixed headers on every request (e.g. `Authorization` for an API gateway in front
+        /// of the receiver), replacing a task header of the same name; write-only like the
+        /// secret (a queue shows their names as `headers_set`). Sent to a task's own target
+        /// only when it has the queue URL's origin.
+        #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+        headers: BTreeMap<String, String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },
@@ -77,6 +84,63 @@ pub enum DeliverySpec {
         #[serde(skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
     },
+}
+
+impl std::fmt::Debug for DeliverySpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let hidden = |secret: &Option<String>| secret.as_ref().map(|_| "<redacted>");
+        match self {
+            DeliverySpec::Pull => f.write_str("Pull"),
+            DeliverySpec::Webhook {
+                url,
+                secret,
+                previous_secret,
+                headers,
+                timeout_ms,
+            } => f
+                .debug_struct("Webhook")
+                .field("url", url)
+                .field("secret", &hidden(secret))
+                .field("previous_secret", &hidden(previous_secret))
+                .field("headers", &headers.keys().collect::<Vec<_>>())
+                .field("timeout_ms", timeout_ms)
+                .finish(),
+            DeliverySpec::RedisStream {
+                connection,
+                stream,
+                maxlen,
+                timeout_ms,
+            } => f
+                .debug_struct("RedisStream")
+                .field("connection", connection)
+                .field("stream", stream)
+                .field("maxlen", maxlen)
+                .field("timeout_ms", timeout_ms)
+                .finish(),
+            DeliverySpec::Nats {
+                connection,
+                subject,
+                timeout_ms,
+            } => f
+                .debug_struct("Nats")
+                .field("connection", connection)
+                .field("subject", subject)
+                .field("timeout_ms", timeout_ms)
+                .finish(),
+            DeliverySpec::Kafka {
+                connection,
+                topic,
+                key,
+                timeout_ms,
+            } => f
+                .debug_struct("Kafka")
+                .field("connection", connection)
+                .field("topic", topic)
+                .field("key", key)
+                .field("timeout_ms", timeout_ms)
+                .finish(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
@@ -377,4 +441,47 @@ pub struct NotDead {
 #[derive(Debug, Deserialize)]
 pub(crate) struct ErrorEnvelope {
     pub(crate) error: ApiErrorBody,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn webhook(headers: &[(&str, &str)]) -> DeliverySpec {
+        DeliverySpec::Webhook {
+            url: "https://example.com/h".into(),
+            secret: Some("s3cret".into()),
+            previous_secret: None,
+            headers: headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect(),
+            timeout_ms: None,
+        }
+    }
+
+    #[test]
+    fn webhook_headers_are_sent_as_an_object_and_left_out_when_none() {
+        let spec = webhook(&[("X-Env", "prod"), ("Authorization", "Bearer abc")]);
+        assert_eq!(
+            serde_json::to_value(&spec).unwrap(),
+            serde_json::json!({"type": "webhook", "url": "https://example.com/h",
+                "secret": "s3cret", "headers": {"Authorization": "Bearer abc", "X-Env": "prod"}})
+        );
+        let none = serde_json::to_value(webhook(&[])).unwrap();
+        assert!(none.get("headers").is_none(), "{none}");
+    }
+
+    #[test]
+    fn debug_shows_no_secret_and_no_header_value() {
+        let shown = format!("{:?}", webhook(&[("Authorization", "Bearer abc")]));
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("Bearer abc"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("Authorization") && shown.contains("example.com"),
+            "{shown}"
+        );
+    }
 }

@@ -479,6 +479,7 @@ async fn lease_on_a_push_queue_is_refused() {
             url: "http://127.0.0.1:9/hook".into(),
             secret: None,
             previous_secret: None,
+            headers: Default::default(),
             timeout_ms: None,
         }),
         ..QueueSpec::default()
@@ -486,6 +487,43 @@ async fn lease_on_a_push_queue_is_refused() {
     h.client.put_queue("hooks", &push).await.unwrap();
     let refused = h.client.lease("hooks", &LeaseRequest::default()).await;
     assert_eq!(code(refused), ErrorCode::NotPullQueue);
+    h.stop().await;
+}
+
+/// A webhook queue's fixed headers reach the server; it answers with their names only.
+#[tokio::test]
+async fn a_webhook_queues_headers_are_shown_by_name() {
+    let h = Harness::start().await;
+    let spec = QueueSpec {
+        delivery: Some(DeliverySpec::Webhook {
+            url: "http://127.0.0.1:9/hook".into(),
+            secret: None,
+            previous_secret: None,
+            headers: [
+                ("Authorization".to_owned(), "Bearer value-1".to_owned()),
+                ("X-Env".to_owned(), "value-2".to_owned()),
+            ]
+            .into(),
+            timeout_ms: None,
+        }),
+        ..QueueSpec::default()
+    };
+    let created = h.client.put_queue("hooks", &spec).await.unwrap();
+    assert_eq!(
+        created.delivery["headers_set"],
+        json!(["Authorization", "X-Env"])
+    );
+    let text = h
+        .client
+        .get_queue("hooks")
+        .await
+        .unwrap()
+        .delivery
+        .to_string();
+    assert!(
+        !text.contains("value-1") && !text.contains("value-2"),
+        "{text}"
+    );
     h.stop().await;
 }
 
