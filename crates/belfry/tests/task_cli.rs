@@ -815,3 +815,100 @@ fn queue_purge_needs_yes_and_drops_every_task() {
     let missing = fails(&server, &["queue", "purge", "nope", "--yes"]);
     assert!(missing.contains("queue_not_found"), "{missing}");
 }
+
+/// A webhook receiver on loopback that answers `200` and sends the head (request line and
+/// headers) of each request it gets; connections without a request (the server's probe of a
+/// new queue's target) are ignored.
+fn receiver() -> (String, std::sync::mpsc::Receiver<String>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a receiver");
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (heads, received) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let _ = stream.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && matches!(stream.read(&mut byte), Ok(1)) {
+                head.push(byte[0]);
+            }
+            if head.ends_with(b"\r\n\r\n") {
+                let _ = stream.write_all(
+                    b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+                let _ = heads.send(String::from_utf8_lossy(&head).to_lowercase());
+            }
+        }
+    });
+    (url, received)
+}
+
+/// `queue create --header` round trip: the headers reach the receiver with each task, replacing
+/// a task header of the same name; the queue shows their names, never a value; a header
+/// belfry sets itself is refused naming `delivery.headers`.
+#[test]
+fn a_webhook_queue_with_fixed_headers() {
+    let server = serve_with_env(
+        &["--store", "memory"],
+        &[("BELFRY_ALLOW_PRIVATE_TARGETS", "true")],
+    );
+    let (url, heads) = receiver();
+    let create = [
+        "queue",
+        "create",
+        "hooks",
+        "--webhook",
+        &url,
+        "--header",
+        "Authorization: Bearer queue-value-1",
+        "--header",
+        "X-Env:  prod ",
+    ];
+    let created = ok(&server, &create);
+    assert!(
+        created.contains("headers:") && created.contains("Authorization, X-Env (values hidden)"),
+        "{created}"
+    );
+    let shown = json(&server, &["queue", "get", "hooks"]);
+    assert_eq!(
+        shown["delivery"]["headers_set"],
+        serde_json::json!(["Authorization", "X-Env"])
+    );
+    assert!(!shown.to_string().contains("queue-value-1"), "{shown}");
+
+    let add = [
+        "task",
+        "add",
+        "hooks",
+        "--header",
+        "authorization=Bearer task-value",
+    ];
+    ok(&server, &add);
+    let head = heads
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the task was delivered");
+    assert!(
+        head.contains("\r\nauthorization: bearer queue-value-1\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("\r\nx-env: prod\r\n"), "{head}");
+    assert!(!head.contains("task-value"), "{head}");
+
+    let refused = fails(
+        &server,
+        &[
+            "queue",
+            "create",
+            "hooks",
+            "--webhook",
+            &url,
+            "--header",
+            "Host: h",
+        ],
+    );
+    assert!(
+        refused.contains("delivery.headers") && refused.contains("Host"),
+        "{refused}"
+    );
+}

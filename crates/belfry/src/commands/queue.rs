@@ -1,5 +1,7 @@
 //! `belfry queue ...`: create, inspect, pause and delete queues.
 
+use std::collections::BTreeMap;
+
 use belfry_client::{DeliverySpec, Purged, Queue, QueueList, QueueSpec, Request, RetrySpec};
 use clap::{Args, Subcommand};
 
@@ -88,6 +90,12 @@ pub struct QueueCreate {
     /// receivers still holding it keep verifying; update the queue without it to finish.
     #[arg(long, requires = "secret")]
     pub previous_secret: Option<String>,
+    /// A fixed header on every webhook request, "Name: value" or NAME=VALUE (repeat for more), e.g.
+    /// --header 'Authorization: Bearer …' for an API gateway. It replaces a task header of the
+    /// same name; the queue shows only its name. Updating the webhook without --header
+    /// removes them, as it does the secret.
+    #[arg(long = "header", value_name = "NAME: VALUE", requires = "webhook")]
+    pub headers: Vec<String>,
     /// How long one delivery call may take: "5s" (a webhook request, or a stream append,
     /// publish or produce; each sink's bounds are in docs/sinks/).
     #[arg(long, value_name = "DURATION")]
@@ -117,6 +125,28 @@ pub struct QueueCreate {
     /// The late policy of tasks that name none.
     #[command(flatten)]
     pub late: LateArgs,
+}
+
+/// `--header` values, "Name: value" each (or NAME=VALUE, as `task add --header` takes them:
+/// neither `:` nor `=` can be part of a header name, so the first of them ends it), as the
+/// delivery's `headers`. A name given twice (in any case) is refused here, where the flags can
+/// be named; the server checks the rest.
+fn fixed_headers(given: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut headers = BTreeMap::new();
+    for header in given {
+        let Some((name, value)) = header.split_once([':', '=']) else {
+            anyhow::bail!("--header takes \"Name: value\" (or NAME=VALUE), got {header:?}");
+        };
+        let name = name.trim();
+        if headers
+            .keys()
+            .any(|n: &String| n.eq_ignore_ascii_case(name))
+        {
+            anyhow::bail!("--header {name:?} is given twice: header names are case-insensitive");
+        }
+        headers.insert(name.to_owned(), value.trim().to_owned());
+    }
+    Ok(headers)
 }
 
 /// `CONNECTION:TARGET` split at its first colon.
@@ -159,6 +189,7 @@ fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
             url,
             secret: args.secret,
             previous_secret: args.previous_secret,
+            headers: fixed_headers(&args.headers)?,
             timeout_ms,
         })
     } else if let Some(value) = &args.redis_stream {
@@ -240,6 +271,15 @@ fn delivery(q: &Queue) -> String {
     }
 }
 
+/// A webhook's fixed headers, by name (the server never returns their values).
+fn header_names(q: &Queue) -> String {
+    let Some(names) = q.delivery.get("headers_set").and_then(|h| h.as_array()) else {
+        return String::new();
+    };
+    let names: Vec<&str> = names.iter().filter_map(|n| n.as_str()).collect();
+    format!("{} (values hidden)", names.join(", "))
+}
+
 fn rate(q: &Queue) -> String {
     if q.rate_per_s > 0.0 {
         format!("{}/s (burst {})", q.rate_per_s, q.burst)
@@ -270,6 +310,7 @@ pub(crate) fn describe(q: &Queue) -> String {
             format!("{}{}", q.name, if q.paused { " [paused]" } else { "" }),
         ),
         ("delivery", delivery(q)),
+        ("headers", header_names(q)),
         // Push queues only (empty rows are left out).
         ("health", q.delivery_health.clone().unwrap_or_default()),
         ("rate", rate(q)),
@@ -462,5 +503,24 @@ mod tests {
         );
         let pull = describe(&queue(0, serde_json::json!({"type": "pull"})));
         assert!(!pull.contains("health:"), "{pull}");
+        assert!(!pull.contains("headers:"), "{pull}");
+    }
+
+    #[test]
+    fn header_flags_are_name_and_value() {
+        let given = |flags: &[&str]| {
+            let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
+            fixed_headers(&flags)
+        };
+        let headers = given(&["Authorization: Bearer a=b:c", "X-Env:prod", "X-Key=k:v="]).unwrap();
+        assert_eq!(headers["Authorization"], "Bearer a=b:c");
+        assert_eq!(headers["X-Env"], "prod");
+        assert_eq!(headers["X-Key"], "k:v=");
+        assert!(given(&["no colon"])
+            .unwrap_err()
+            .to_string()
+            .contains("Name: value"));
+        let twice = given(&["X-Env: a", "x-env: b"]).unwrap_err().to_string();
+        assert!(twice.contains("twice"), "{twice}");
     }
 }
