@@ -145,9 +145,10 @@ function stateTable(q) {
 }
 
 /** Delivery fields never shown, should a server ever send them: the server already leaves
- * out the webhook's `secret` (only `secret_set`) and the URL's credentials and query. Whole
- * names only: a Kafka queue's `key` (which header keys its messages) is not a secret. */
-const SECRET_FIELDS = ["secret", "previous_secret", "token", "password"];
+ * out the webhook's `secret` (only `secret_set`), its fixed `headers` (only their names, in
+ * `headers_set`) and the URL's credentials and query. Whole names only: a Kafka queue's `key`
+ * (which header keys its messages) is not a secret. */
+const SECRET_FIELDS = ["secret", "previous_secret", "headers", "token", "password"];
 
 /** The delivery spec without anything secret. A secret row only when the answer has
  * `secret_set`: a stream delivery takes no secret. */
@@ -158,6 +159,7 @@ function deliveryText(delivery) {
     if (SECRET_FIELDS.includes(k)) continue;
     if (k === "secret_set") shown.push(`secret: ${v ? "set (hidden)" : "none"}`);
     else if (k === "previous_secret_set") shown.push("previous secret: set (hidden), rotating");
+    else if (k === "headers_set") shown.push(`headers: ${v.join(", ")} (values hidden)`);
     else shown.push(`${k}: ${typeof v === "object" ? JSON.stringify(v) : v}`);
   }
   return shown.join(", ");
