@@ -161,6 +161,9 @@ pub struct Queue {
     pub pending: Option<u64>,
     #[serde(default)]
     pub due: Option<u64>,
+    /// The due time of the oldest due task not handed out yet (while `due` is not 0).
+    #[serde(default)]
+    pub oldest_due_ms: Option<u64>,
     #[serde(default)]
     pub in_flight: Option<u64>,
     #[serde(default)]

@@ -144,6 +144,10 @@ async fn a_paused_queue_oldest_due_age_grows_until_delivered() {
         .await;
     s.advance(10_000);
     gauge_reads(&s, age, 15.0).await;
+    // The queue's GET names the oldest due time too.
+    let queue = s.ok("GET", "/v1/queues/lagging", Value::Null, 200).await;
+    let submitted_at = belfry_core::Clock::wall_ms(&s.clock) - 15_000;
+    assert_eq!(queue["oldest_due_ms"], submitted_at, "{queue}");
     assert!(s.lease("lagging", json!({})).await.is_empty(), "paused");
     s.ok("POST", "/v1/queues/lagging/resume", Value::Null, 200)
         .await;
@@ -159,6 +163,8 @@ async fn a_paused_queue_oldest_due_age_grows_until_delivered() {
             .await;
     }
     gauge_reads(&s, age, 0.0).await;
+    let queue = s.ok("GET", "/v1/queues/lagging", Value::Null, 200).await;
+    assert!(queue.get("oldest_due_ms").is_none(), "nothing due: {queue}");
 }
 
 /// A lease that runs out (a consumer that crashed or overran its visibility timeout) is

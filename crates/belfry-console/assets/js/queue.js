@@ -137,7 +137,8 @@ function stateTable(q) {
   return fields([
     ["Status", q.paused ? h("span", { class: "paused" }, "paused") : "running"],
     ["Pending", count(q.pending)],
-    ["Due now", count(q.due)],
+    ["Due now", q.oldest_due_ms == null ? count(q.due)
+      : `${count(q.due)}, the oldest waiting ${duration(Math.max(0, Date.now() - q.oldest_due_ms))}`],
     ["In flight", inFlightText(q)],
     ["Dead letters", count(q.dead)],
     ["Rate limit", limit],

@@ -7,7 +7,7 @@ use clap::{Args, Subcommand};
 
 use super::{parse_ms, run, run_empty, LateArgs};
 use crate::commands::Remote;
-use crate::show::{duration, fields, late_policy, table};
+use crate::show::{duration, fields, late_policy, now_ms, table};
 
 #[derive(Debug, Subcommand)]
 pub enum QueueCommand {
@@ -331,9 +331,12 @@ pub(crate) fn describe(q: &Queue) -> String {
         (
             "tasks",
             format!(
-                "pending {} (due {}), in flight {}, dead {}",
+                "pending {} (due {}{}), in flight {}, dead {}",
                 q.pending.unwrap_or(0),
                 q.due.unwrap_or(0),
+                q.oldest_due_ms
+                    .map(|at| format!(", the oldest for {}", duration(now_ms().saturating_sub(at))))
+                    .unwrap_or_default(),
                 q.in_flight.unwrap_or(0),
                 q.dead.unwrap_or(0)
             ),

@@ -160,6 +160,10 @@ pub struct QueueView {
     pub pending: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub due: Option<u64>,
+    /// The due time of the oldest due task not handed out yet: present while `due` is not 0
+    /// (now − this is what `belfry_queue_oldest_due_age_seconds` shows).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oldest_due_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub in_flight: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -236,6 +240,7 @@ impl QueueView {
             late_after_ms,
             pending: counts.map(|c| c.pending),
             due: counts.map(|c| c.due),
+            oldest_due_ms: counts.and_then(|c| c.oldest_due_ms),
             in_flight: counts.map(|c| c.in_flight),
             dead: counts.map(|c| c.dead),
             health: None,
