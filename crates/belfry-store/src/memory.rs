@@ -129,6 +129,33 @@ impl Inner {
 }
 
 impl MemoryStore {
+    /// Redrive and discard of dead task `id`: ends the leases that ran out first (so a task
+    /// whose lease ran out is reported as scheduled, not leased, as cancel does), lets
+    /// `change` make the task what it becomes, and makes it claimable if that is scheduled.
+    fn settle_one(
+        &self,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: UnixMs,
+        change: impl FnOnce(&mut Task),
+    ) -> Result<ChangeOutcome> {
+        let mut inner = self.inner.lock();
+        let queue = inner.queue(queue)?;
+        queue.expire_leases(now_ms);
+        let Some(stored) = queue.tasks.get_mut(&id) else {
+            return Ok(ChangeOutcome::NotFound);
+        };
+        if stored.task.state != TaskState::Dead {
+            return Ok(ChangeOutcome::WrongState(stored.task.state));
+        }
+        stored.task.dead_reason = None;
+        change(&mut stored.task);
+        if stored.task.state == TaskState::Scheduled {
+            queue.make_ready(id);
+        }
+        Ok(ChangeOutcome::Ok)
+    }
+
     /// An empty store whose task ids start at a random number (see
     /// `EngineOptions::first_seq`: ids must not repeat across stores, nor across restarts of
     /// a server on this one). `MemoryStore::default()` counts from 0.
@@ -472,37 +499,15 @@ impl Store for MemoryStore {
     }
 
     fn redrive(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
-        let mut inner = self.inner.lock();
-        let queue = inner.queue(queue)?;
-        // Like cancel: a task whose lease ran out is reported as scheduled, not leased.
-        queue.expire_leases(now_ms);
-        let Some(stored) = queue.tasks.get_mut(&id) else {
-            return Ok(ChangeOutcome::NotFound);
-        };
-        if stored.task.state != TaskState::Dead {
-            return Ok(ChangeOutcome::WrongState(stored.task.state));
-        }
-        stored.task.state = TaskState::Scheduled;
-        stored.task.attempts = 0;
-        stored.task.due_at_ms = now_ms;
-        stored.task.dead_reason = None;
-        queue.make_ready(id);
-        Ok(ChangeOutcome::Ok)
+        self.settle_one(queue, id, now_ms, |task| {
+            task.state = TaskState::Scheduled;
+            task.attempts = 0;
+            task.due_at_ms = now_ms;
+        })
     }
 
     fn discard_dead(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
-        let mut inner = self.inner.lock();
-        let queue = inner.queue(queue)?;
-        queue.expire_leases(now_ms);
-        let Some(stored) = queue.tasks.get_mut(&id) else {
-            return Ok(ChangeOutcome::NotFound);
-        };
-        if stored.task.state != TaskState::Dead {
-            return Ok(ChangeOutcome::WrongState(stored.task.state));
-        }
-        stored.task.state = TaskState::Cancelled;
-        stored.task.dead_reason = None;
-        Ok(ChangeOutcome::Ok)
+        self.settle_one(queue, id, now_ms, |task| task.state = TaskState::Cancelled)
     }
 
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {

@@ -36,16 +36,7 @@ impl Store for Engine {
                 false
             }
             None => {
-                let uid = meta.next_queue_uid;
-                meta.next_queue_uid += 1;
-                let qdir = queue_dir(&self.core.dir, uid);
-                fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
-                persist::sync_dir(&self.core.dir)?;
-                meta.queues.insert(queue.clone(), (uid, config));
-                let hasher = state.key_hasher;
-                state
-                    .queues
-                    .insert(uid, Queue::new(queue.clone(), uid, qdir, hasher));
+                self.add_incarnation(&mut state, &mut meta, queue, config)?;
                 true
             }
         };
@@ -79,13 +70,7 @@ impl Store for Engine {
         // WAL records for its uid are ignored, so removing the directory may lag.
         meta.write(&self.core.dir.join(META_FILE))?;
         state.meta = meta;
-        if let Some(q) = state.queues.remove(&uid) {
-            let buffered: usize = q.buckets.values().map(|b| b.buf.len()).sum();
-            state.buffered_bytes -= buffered;
-            if let Err(error) = fs::remove_dir_all(&q.dir) {
-                tracing::warn!(%error, dir = %q.dir.display(), "could not remove a deleted queue's files; they go at the next open");
-            }
-        }
+        drop_incarnation(&mut state, uid);
         Ok(true)
     }
 
@@ -98,25 +83,10 @@ impl Store for Engine {
         // A new incarnation with the same configuration, named in one write of the meta file:
         // the old uid's files, WAL records and idempotency keys are ignored from then on, as
         // a deleted queue's are (see `delete_queue`).
-        let uid = meta.next_queue_uid;
-        meta.next_queue_uid += 1;
-        let qdir = queue_dir(&self.core.dir, uid);
-        fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
-        persist::sync_dir(&self.core.dir)?;
-        meta.queues.insert(queue.clone(), (uid, config));
+        self.add_incarnation(&mut state, &mut meta, queue, config)?;
         meta.write(&self.core.dir.join(META_FILE))?;
         state.meta = meta;
-        let hasher = state.key_hasher;
-        state
-            .queues
-            .insert(uid, Queue::new(queue.clone(), uid, qdir, hasher));
-        if let Some(old) = state.queues.remove(&old_uid) {
-            let buffered: usize = old.buckets.values().map(|b| b.buf.len()).sum();
-            state.buffered_bytes -= buffered;
-            if let Err(error) = fs::remove_dir_all(&old.dir) {
-                tracing::warn!(%error, dir = %old.dir.display(), "could not remove a purged queue's files; they go at the next open");
-            }
-        }
+        drop_incarnation(&mut state, old_uid);
         Ok(true)
     }
 
@@ -794,6 +764,44 @@ fn scheduled_view(task: &NewTask, id: TaskId) -> Task {
         attempts: 0,
         lease_until_ms: None,
         dead_reason: None,
+    }
+}
+
+impl Engine {
+    /// A new incarnation of queue `name` (a new uid, its directory, its in-memory side), named
+    /// in `meta` for the caller to write: what creating a queue and purging one both make.
+    fn add_incarnation(
+        &self,
+        state: &mut State,
+        meta: &mut persist::MetaFile,
+        name: &QueueName,
+        config: Bytes,
+    ) -> Result<()> {
+        let uid = meta.next_queue_uid;
+        meta.next_queue_uid += 1;
+        let qdir = queue_dir(&self.core.dir, uid);
+        fs::create_dir_all(&qdir).map_err(io("create a queue directory"))?;
+        persist::sync_dir(&self.core.dir)?;
+        meta.queues.insert(name.clone(), (uid, config));
+        let hasher = state.key_hasher;
+        state
+            .queues
+            .insert(uid, Queue::new(name.clone(), uid, qdir, hasher));
+        Ok(())
+    }
+}
+
+/// Forgets incarnation `uid` of a queue, which the meta file no longer names (deleted, or
+/// purged), and removes its files. The meta file is the truth: once it no longer names the
+/// uid, its files and WAL records are ignored, so a removal that fails waits for the next
+/// open.
+fn drop_incarnation(state: &mut State, uid: u64) {
+    if let Some(q) = state.queues.remove(&uid) {
+        let buffered: usize = q.buckets.values().map(|b| b.buf.len()).sum();
+        state.buffered_bytes -= buffered;
+        if let Err(error) = fs::remove_dir_all(&q.dir) {
+            tracing::warn!(%error, dir = %q.dir.display(), "could not remove the files of a deleted or purged queue; they go at the next open");
+        }
     }
 }
 
