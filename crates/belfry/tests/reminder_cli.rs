@@ -333,7 +333,7 @@ fn reminders_are_updated_and_their_subscribers_listed_or_checked() {
     let page = ok(&server, &["reminder", "subscribers", "r1", "--limit", "2"]);
     assert_eq!(
         page.trim(),
-        "a\nb\nmore: belfry reminder subscribers r1 --after b"
+        "a\nb\nmore: belfry reminder subscribers r1 --after b --limit 2"
     );
     let rest = json(&server, &["reminder", "subscribers", "r1", "--after", "b"]);
     assert_eq!(rest["users"], serde_json::json!(["c"]), "{rest}");

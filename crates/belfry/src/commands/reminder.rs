@@ -341,7 +341,7 @@ pub async fn reminder(remote: &Remote, command: ReminderCommand) -> anyhow::Resu
         } => {
             let request = Request::subscribers(&id, after.as_deref(), limit);
             run(remote, request, |page: SubscriberPage| {
-                describe_subscribers(&id, page)
+                describe_subscribers(&id, limit, page)
             })
             .await
         }
@@ -514,14 +514,15 @@ fn describe_subscriptions(s: &UserSubscriptions) -> String {
 }
 
 /// One user a line, then how to ask for the next page.
-fn describe_subscribers(id: &str, page: SubscriberPage) -> String {
+fn describe_subscribers(id: &str, limit: Option<usize>, page: SubscriberPage) -> String {
     if page.users.is_empty() {
         return format!("no subscribers of {id} here");
     }
     let mut text = page.users.join("\n");
     if let Some(next) = page.next_after {
+        let limit = limit.map(|n| format!(" --limit {n}")).unwrap_or_default();
         text.push_str(&format!(
-            "\nmore: belfry reminder subscribers {id} --after {next}"
+            "\nmore: belfry reminder subscribers {id} --after {next}{limit}"
         ));
     }
     text
