@@ -79,3 +79,24 @@ async fn a_purged_push_queue_delivers_nothing_it_held(s: TestServer) {
     assert_eq!(received.len(), 1, "only the task put after the purge");
     assert_eq!(received[0].body, b"\"after\"");
 }
+
+/// A purge frees a pull queue's in-flight cap at once: the purged leases hold no slot (before,
+/// new tasks waited until the purged leases' visibility ran out).
+both_stores!(a_purge_frees_the_in_flight_cap);
+async fn a_purge_frees_the_in_flight_cap(s: TestServer) {
+    s.queue("capped", json!({"max_in_flight": 3})).await;
+    for _ in 0..3 {
+        s.submit("capped", json!({"payload": 1})).await;
+    }
+    let held = s
+        .lease("capped", json!({"max": 10, "visibility_ms": 600_000}))
+        .await;
+    assert_eq!(held.len(), 3);
+    s.ok("POST", "/v1/queues/capped/purge", Value::Null, 200)
+        .await;
+    for _ in 0..3 {
+        s.submit("capped", json!({"payload": 2})).await;
+    }
+    let leased = s.lease("capped", json!({"max": 10})).await;
+    assert_eq!(leased.len(), 3, "the cap is free after the purge");
+}

@@ -203,6 +203,18 @@ impl QueueRuntime {
         }
     }
 
+    /// The queue was purged: its leases are gone, so a pull queue's no longer count against
+    /// its cap (a push queue's deliveries under way release theirs as they end, so the cap
+    /// still bounds what its receiver gets at once). Wakes the queue.
+    pub fn purged(&self) {
+        if matches!(self.config().delivery, Delivery::Pull) {
+            let mut limits = self.limits.lock();
+            limits.in_flight = InFlight::default();
+            limits.held_by_cap = false;
+        }
+        self.wake();
+    }
+
     /// A lease was extended: keep counting it until the new deadline.
     pub fn extended(&self, lease: LeaseId, until_ms: UnixMs) {
         let mut limits = self.limits.lock();

@@ -249,8 +249,8 @@ impl Service {
         if !existed {
             return Err(ServiceError::QueueNotFound(queue.clone()));
         }
-        // Its dispatch looks again, and finds nothing.
-        runtime.wake();
+        // Its leases no longer hold its cap; its dispatch looks again, and finds nothing.
+        runtime.purged();
         tracing::info!(
             queue = %queue,
             pending = counts.pending,
