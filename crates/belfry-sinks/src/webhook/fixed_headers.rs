@@ -61,6 +61,28 @@ impl FixedHeaders {
     }
 }
 
+impl FixedHeaders {
+    /// `text` (what a receiver answered) with every fixed header's value replaced by
+    /// `<redacted>`: a receiver or gateway that echoes the request's headers in an error must
+    /// not put the queue's credential into a dead letter's reason or a log line. Values
+    /// shorter than 4 bytes are left: they are no secret, and would blot out common words.
+    pub(super) fn redact(&self, mut text: String) -> String {
+        for (_, value) in &self.0 {
+            let Ok(value) = value.to_str() else {
+                continue;
+            };
+            if value.len() >= REDACT_LEN_MIN && text.contains(value) {
+                text = text.replace(value, "<redacted>");
+            }
+        }
+        text
+    }
+}
+
+/// Fixed header values shorter than this are not redacted from answers (see
+/// [`FixedHeaders::redact`]).
+const REDACT_LEN_MIN: usize = 4;
+
 /// Whether a request to `url` gets the queue's fixed headers: the queue's own URL, or a
 /// task's target of the same origin as it.
 pub(super) fn trusted(queue_url: &Url, url: &Url) -> bool {
@@ -131,6 +153,20 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn their_values_are_redacted_from_an_answer() {
+        let fixed = FixedHeaders::new(&given(&[
+            ("Authorization", "Bearer s3cr3t-token"),
+            ("X-Env", "eu"),
+        ]))
+        .expect("valid");
+        let echoed = "bad request; you sent: authorization=Bearer s3cr3t-token; x-env=eu".into();
+        assert_eq!(
+            fixed.redact(echoed),
+            "bad request; you sent: authorization=<redacted>; x-env=eu"
+        );
     }
 
     #[test]

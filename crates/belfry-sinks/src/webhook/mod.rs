@@ -398,7 +398,9 @@ impl WebhookSink {
                     .map(|l| redacted_location(url, l))
             })
             .flatten();
-        let body = drain_detail(response).await;
+        // A receiver or gateway that echoes the request's headers in its error must not put
+        // the queue's credential in a dead letter's reason or a log line.
+        let body = self.fixed_headers.redact(drain_detail(response).await);
         let detail = match location {
             Some(location) if body.is_empty() => format!("Location {location}"),
             Some(location) => format!("Location {location}; {body}"),
