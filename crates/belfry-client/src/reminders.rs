@@ -537,6 +537,10 @@ impl Client {
     }
 
     pub async fn is_subscribed(&self, id: &str, user: &str) -> Result<bool> {
+        if user == "count" {
+            // `…/subscribers/count` is the count route: look the user up in the list.
+            return self.listed(id, user).await;
+        }
         match self.send(&Request::is_subscribed(id, user)).await {
             Ok(_) => Ok(true),
             Err(Error::Api {
@@ -544,6 +548,25 @@ impl Client {
                 ..
             }) => Ok(false),
             Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the list of `id`'s subscribers holds `user`, a non-numeric id: the pages from
+    /// just below it (ids other than numbers are listed bytewise, after every number) up to
+    /// the first id past it.
+    async fn listed(&self, id: &str, user: &str) -> Result<bool> {
+        let mut after = user[..user.len() - 1].to_owned();
+        loop {
+            let page = self.subscribers(id, Some(&after), Some(1_000)).await?;
+            for listed in &page.users {
+                if listed.as_str() >= user {
+                    return Ok(listed == user);
+                }
+            }
+            match page.next_after {
+                Some(next) => after = next,
+                None => return Ok(false),
+            }
         }
     }
 

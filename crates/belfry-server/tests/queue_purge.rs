@@ -80,9 +80,9 @@ async fn a_purged_push_queue_delivers_nothing_it_held(s: TestServer) {
     assert_eq!(received[0].body, b"\"after\"");
 }
 
+both_stores!(a_purge_frees_the_in_flight_cap);
 /// A purge frees a pull queue's in-flight cap at once: the purged leases hold no slot (before,
 /// new tasks waited until the purged leases' visibility ran out).
-both_stores!(a_purge_frees_the_in_flight_cap);
 async fn a_purge_frees_the_in_flight_cap(s: TestServer) {
     s.queue("capped", json!({"max_in_flight": 3})).await;
     for _ in 0..3 {

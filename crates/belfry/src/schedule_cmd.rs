@@ -100,7 +100,7 @@ pub struct ScheduleDefArgs {
     /// JSON payload of each task (default null).
     #[arg(long)]
     pub payload: Option<String>,
-    /// A header NAME=VALUE (repeatable).
+    /// A header, "Name: value" or NAME=VALUE (repeatable).
     #[arg(long = "header")]
     pub headers: Vec<String>,
     /// Deliver before normal-priority tasks.

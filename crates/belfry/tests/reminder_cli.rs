@@ -341,6 +341,19 @@ fn reminders_are_updated_and_their_subscribers_listed_or_checked() {
     assert_eq!(yes.trim(), "b is subscribed to r1");
     let no = json(&server, &["reminder", "subscribers", "r1", "zed"]);
     assert_eq!(no, serde_json::json!({"subscribed": false}));
+    // A user called `count` (whose single-user path is the count route) is looked up too.
+    let count = ok(&server, &["reminder", "subscribers", "r1", "count"]);
+    assert_eq!(count.trim(), "count is not subscribed to r1");
+    ok(
+        &server,
+        &["reminder", "subscribe", "r1", "count", "coun", "countz"],
+    );
+    let count = ok(&server, &["reminder", "subscribers", "r1", "count"]);
+    assert_eq!(count.trim(), "count is subscribed to r1");
+    ok(
+        &server,
+        &["reminder", "unsubscribe", "r1", "count", "coun", "countz"],
+    );
 
     let updated = json(
         &server,

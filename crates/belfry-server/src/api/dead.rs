@@ -126,9 +126,14 @@ fn pick(body: DeadBulkBody) -> Result<DeadPick, ApiError> {
             DEAD_PAGE_MAX,
             DEAD_PAGE_MAX,
         )?)),
-        _ => Err(invalid(
+        (Some(_), Some(_)) => Err(invalid(
+            "give ids or limit, not both: ids names the dead letters (at most 1000), limit \
+             takes the first 1 to 1000 in id order"
+                .to_owned(),
+        )),
+        (None, None) => Err(invalid(
             "give either ids (the task ids of the dead letters, at most 1000) or limit (the \
-             first 1 to 1000 dead letters in id order), not both"
+             first 1 to 1000 dead letters in id order)"
                 .to_owned(),
         )),
     }

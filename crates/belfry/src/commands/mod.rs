@@ -266,15 +266,31 @@ impl LateArgs {
 }
 
 /// Repeated `--header NAME=VALUE` flags.
+/// `--header` values, "Name: value" each or NAME=VALUE (neither `:` nor `=` can be part of a
+/// header name, so the first of them ends it), for tasks, schedules and a webhook queue's
+/// fixed headers alike. A name given twice (in any case) is refused here, where the flags can
+/// be named; the server checks the rest. An error never repeats a value: it may be a
+/// credential, and command lines end up in logs.
 pub(crate) fn parse_headers(flags: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
-    flags
-        .iter()
-        .map(|h| {
-            h.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .ok_or_else(|| anyhow!("--header must be NAME=VALUE, got {h:?}"))
-        })
-        .collect()
+    let mut headers = BTreeMap::new();
+    for (i, header) in flags.iter().enumerate() {
+        let Some((name, value)) = header.split_once([':', '=']) else {
+            bail!(
+                "--header takes \"Name: value\" (or NAME=VALUE); header {} of {} has neither ':' nor '='",
+                i + 1,
+                flags.len()
+            );
+        };
+        let name = name.trim();
+        if headers
+            .keys()
+            .any(|n: &String| n.eq_ignore_ascii_case(name))
+        {
+            bail!("--header {name:?} is given twice: header names are case-insensitive");
+        }
+        headers.insert(name.to_owned(), value.trim().to_owned());
+    }
+    Ok(headers)
 }
 
 /// A duration flag such as `--delay 10m`, in milliseconds.

@@ -1,7 +1,5 @@
 //! `belfry queue ...`: create, inspect, pause and delete queues.
 
-use std::collections::BTreeMap;
-
 use belfry_client::{DeliverySpec, Purged, Queue, QueueList, QueueSpec, Request, RetrySpec};
 use clap::{Args, Subcommand};
 
@@ -127,28 +125,6 @@ pub struct QueueCreate {
     pub late: LateArgs,
 }
 
-/// `--header` values, "Name: value" each (or NAME=VALUE, as `task add --header` takes them:
-/// neither `:` nor `=` can be part of a header name, so the first of them ends it), as the
-/// delivery's `headers`. A name given twice (in any case) is refused here, where the flags can
-/// be named; the server checks the rest.
-fn fixed_headers(given: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
-    let mut headers = BTreeMap::new();
-    for header in given {
-        let Some((name, value)) = header.split_once([':', '=']) else {
-            anyhow::bail!("--header takes \"Name: value\" (or NAME=VALUE), got {header:?}");
-        };
-        let name = name.trim();
-        if headers
-            .keys()
-            .any(|n: &String| n.eq_ignore_ascii_case(name))
-        {
-            anyhow::bail!("--header {name:?} is given twice: header names are case-insensitive");
-        }
-        headers.insert(name.to_owned(), value.trim().to_owned());
-    }
-    Ok(headers)
-}
-
 /// `CONNECTION:TARGET` split at its first colon.
 fn connection_and(flag: &str, value: &str) -> anyhow::Result<(String, String)> {
     match value.split_once(':') {
@@ -189,7 +165,7 @@ fn spec(args: QueueCreate) -> anyhow::Result<QueueSpec> {
             url,
             secret: args.secret,
             previous_secret: args.previous_secret,
-            headers: fixed_headers(&args.headers)?,
+            headers: super::parse_headers(&args.headers)?,
             timeout_ms,
         })
     } else if let Some(value) = &args.redis_stream {
@@ -513,7 +489,7 @@ mod tests {
     fn header_flags_are_name_and_value() {
         let given = |flags: &[&str]| {
             let flags: Vec<String> = flags.iter().map(|f| (*f).to_owned()).collect();
-            fixed_headers(&flags)
+            crate::commands::parse_headers(&flags)
         };
         let headers = given(&["Authorization: Bearer a=b:c", "X-Env:prod", "X-Key=k:v="]).unwrap();
         assert_eq!(headers["Authorization"], "Bearer a=b:c");

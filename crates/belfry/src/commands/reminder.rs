@@ -83,7 +83,7 @@ pub struct ReminderUpdate {
     /// Fire at every fire time of this cron expression instead.
     #[arg(long)]
     pub cron: Option<String>,
-    /// IANA time zone of --cron [default: UTC].
+    /// IANA time zone of --cron [default: the reminder's zone is kept].
     #[arg(long, requires = "cron")]
     pub timezone: Option<String>,
     /// The new content, a JSON document up to 64 KiB.

@@ -155,7 +155,7 @@ pub struct TaskAdd {
     /// Deliver before normal-priority tasks.
     #[arg(long)]
     pub high: bool,
-    /// A header NAME=VALUE (repeatable).
+    /// A header, "Name: value" or NAME=VALUE (repeatable).
     #[arg(long = "header")]
     pub headers: Vec<String>,
     #[command(flatten)]
