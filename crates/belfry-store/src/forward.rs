@@ -81,6 +81,13 @@ forwarding! {
     fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>>;
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>>;
     fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+    fn list_tasks(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+        now_ms: UnixMs,
+    ) -> Result<Vec<Task>>;
     fn reschedule(
         &self,
         queue: &QueueName,

@@ -299,6 +299,27 @@ impl Store for MemoryStore {
         Ok(queue.by_key.get(key).and_then(|id| queue.view(*id)))
     }
 
+    fn list_tasks(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+        now_ms: UnixMs,
+    ) -> Result<Vec<Task>> {
+        let mut inner = self.inner.lock();
+        let queue = inner.queue(queue)?;
+        queue.expire_leases(now_ms);
+        let mut live: Vec<&Task> = queue
+            .tasks
+            .values()
+            .map(|s| &s.task)
+            .filter(|t| matches!(t.state, TaskState::Scheduled | TaskState::Leased))
+            .filter(|t| after.is_none_or(|a| t.id > a))
+            .collect();
+        live.sort_by_key(|t| t.id);
+        Ok(live.into_iter().take(limit).cloned().collect())
+    }
+
     fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome> {
         let mut inner = self.inner.lock();
         let queue = inner.queue(queue)?;

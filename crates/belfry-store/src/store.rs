@@ -417,6 +417,24 @@ pub trait Store: Send + Sync + 'static {
         now_ms: UnixMs,
     ) -> Result<ChangeOutcome>;
 
+    /// Up to `limit` of the queue's live tasks (scheduled or leased; not finished, not dead),
+    /// with their payloads, starting after the task `after` (the last of the previous page; it
+    /// need not exist any more). What an operator's listing and an export walk.
+    ///
+    /// The order is the store's own and is fixed by the tasks' ids: the memory store and
+    /// Redis list in id order (on Redis, ids sort by partition, then by submit order), the
+    /// embedded engine by home bucket, then submit order. So a walk from `None` lists every
+    /// task that stays live throughout it exactly once; a task put, finished or dead-lettered
+    /// during the walk may or may not be listed. A leased task whose lease ran out by `now_ms`
+    /// is listed as scheduled. Memory used is bounded by `limit`, not by the queue's size.
+    fn list_tasks(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+        now_ms: UnixMs,
+    ) -> Result<Vec<Task>>;
+
     // ---- delivery ----
 
     /// Leases up to `max` due tasks until `now_ms + visibility_ms`, counting an attempt on each.

@@ -15,11 +15,13 @@ use bytes::Bytes;
 
 mod dead;
 mod lag;
+mod listing;
 mod purge;
 mod subscriptions;
 
 pub use dead::{dead_letters_settled, dead_letters_settled_in_hundreds};
 pub use lag::{expired_leases_reported_once, oldest_due_in_counts};
+pub use listing::{live_tasks_listed_in_thousands, live_tasks_listed_once};
 pub use purge::queue_purge_drops_every_task_and_keeps_the_queue;
 pub use subscriptions::{subscriptions_basics, subscriptions_many};
 
@@ -893,6 +895,8 @@ macro_rules! __conformance_scenario_names {
         dead_letters_settled_in_hundreds,
         late_policies,
         cancel_and_reschedule,
+        live_tasks_listed_once,
+        live_tasks_listed_in_thousands,
         idempotency,
         counts_forecast_next_due,
         oldest_due_in_counts,
