@@ -6,9 +6,11 @@ use axum::Json;
 use belfry_core::TaskId;
 use belfry_store::DeadAction;
 
-use super::dto::{DeadBulkAnswer, DeadBulkBody, DeadList, DeadQuery, NotDeadEntry, TaskView};
+use super::dto::{DeadBulkAnswer, DeadBulkBody, NotDeadEntry, TaskPage, TaskPageQuery, TaskView};
 use super::error::{ApiError, ErrorCode};
-use super::extract::{page_limit, page_query, task_id, JsonBody, QueuePath, TaskPath};
+use super::extract::{
+    page_limit, page_query, task_id, JsonBody, QueuePath, TaskPath, PAGE_QUERY_FORM,
+};
 use super::AppState;
 use crate::service::{DeadPick, DEAD_PAGE_MAX};
 
@@ -18,24 +20,13 @@ const DEAD_PAGE_DEFAULT: usize = 100;
 pub async fn list_dead(
     State(service): State<AppState>,
     QueuePath(queue): QueuePath,
-    query: Result<Query<DeadQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<DeadList>, ApiError> {
-    let query = page_query(query, "after=<task id>&limit=<n>&payload=<true|false>")?;
+    query: Result<Query<TaskPageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<TaskPage>, ApiError> {
+    let query = page_query(query, PAGE_QUERY_FORM)?;
     let after = query.after.as_deref().map(task_id).transpose()?;
     let limit = page_limit(query.limit, DEAD_PAGE_DEFAULT, DEAD_PAGE_MAX)?;
     let tasks = service.list_dead(&queue, after, limit).await?;
-    let next_after = if tasks.len() == limit {
-        tasks.last().map(|t| t.id.to_string())
-    } else {
-        None
-    };
-    Ok(Json(DeadList {
-        tasks: tasks
-            .iter()
-            .map(|task| TaskView::shown(task, query.payload != Some(false)))
-            .collect(),
-        next_after,
-    }))
+    Ok(Json(TaskPage::new(&tasks, limit, &query)))
 }
 
 pub async fn redrive(

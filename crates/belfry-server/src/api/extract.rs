@@ -242,6 +242,10 @@ impl<S: Send + Sync> FromRequestParts<S> for TaskPath {
     }
 }
 
+/// The form of a listing of tasks' query, for its errors.
+pub const PAGE_QUERY_FORM: &str =
+    "after=<task id>&limit=<n>&payload=<true|false>&full_target=<true|false>";
+
 /// The query of a paged list, or a 400 that shows its expected `form`
 /// (`after=<task id>&limit=<n>`).
 pub fn page_query<T>(

@@ -52,7 +52,10 @@ pub fn router(service: Arc<Service>) -> Router {
         .route("/v1/queues/{queue}/purge", post(queues::purge))
         .route("/v1/queues/{queue}/pause", post(queues::pause))
         .route("/v1/queues/{queue}/resume", post(queues::resume))
-        .route("/v1/queues/{queue}/tasks", post(tasks::submit))
+        .route(
+            "/v1/queues/{queue}/tasks",
+            post(tasks::submit).get(tasks::list),
+        )
         .route("/v1/queues/{queue}/tasks:batch", post(tasks::submit_batch))
         .route(
             "/v1/queues/{queue}/tasks:import",

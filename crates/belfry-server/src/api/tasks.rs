@@ -6,7 +6,7 @@ pub use import::import;
 
 use std::sync::OnceLock;
 
-use axum::extract::State;
+use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,11 +14,16 @@ use belfry_core::limits::BATCH_TASKS_MAX;
 use belfry_core::{NewTask, QueueName, UnixMs};
 use belfry_store::PutOutcome;
 
-use super::dto::{BatchBody, BatchTasks, DueBody, TaskBody, TaskLimits, TaskTargets, TaskView};
+use super::dto::{
+    BatchBody, BatchTasks, DueBody, TaskBody, TaskLimits, TaskPage, TaskPageQuery, TaskTargets,
+    TaskView,
+};
 use super::error::{ApiError, ErrorCode};
-use super::extract::{parse_json, JsonBody, JsonBytes, KeyPath, QueuePath, TaskPath};
+use super::extract::{page_limit, page_query, parse_json, task_id, JsonBody, JsonBytes, KeyPath};
+use super::extract::{QueuePath, TaskPath, PAGE_QUERY_FORM};
 use super::wire::{self, SubmitEntry};
 use super::AppState;
+use crate::service::TASK_PAGE_MAX;
 
 /// What a submitted task is checked against in one queue: the queue's name, the server's
 /// limits, the queue's defaults and what checks a task's own target. Every submit path (one
@@ -168,6 +173,22 @@ pub async fn submit_batch(
         StatusCode::OK,
         wire::submit_results(&queue, &entries),
     ))
+}
+
+/// Live tasks per page when the caller does not say.
+const TASK_PAGE_DEFAULT: usize = 100;
+
+/// `GET /v1/queues/{queue}/tasks`: a page of the queue's scheduled and leased tasks.
+pub async fn list(
+    State(service): State<AppState>,
+    QueuePath(queue): QueuePath,
+    query: Result<Query<TaskPageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<TaskPage>, ApiError> {
+    let query = page_query(query, PAGE_QUERY_FORM)?;
+    let after = query.after.as_deref().map(task_id).transpose()?;
+    let limit = page_limit(query.limit, TASK_PAGE_DEFAULT, TASK_PAGE_MAX)?;
+    let tasks = service.list_tasks(&queue, after, limit).await?;
+    Ok(Json(TaskPage::new(&tasks, limit, &query)))
 }
 
 pub async fn get(

@@ -34,6 +34,9 @@ pub use queues::QueuePatch;
 /// Dead letters listed per page at most.
 pub const DEAD_PAGE_MAX: usize = 1_000;
 
+/// Live tasks listed per page at most.
+pub const TASK_PAGE_MAX: usize = 1_000;
+
 pub struct Service {
     shared: Arc<Shared>,
     pub(crate) dispatcher: Arc<Dispatcher>,

@@ -32,6 +32,22 @@ impl Service {
         Ok(outcomes)
     }
 
+    /// A page of the queue's live tasks (scheduled or leased), after the task `after`, in the
+    /// store's listing order (see `Store::list_tasks`).
+    pub async fn list_tasks(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<Task>> {
+        self.runtime(queue).await?;
+        let name = queue.clone();
+        let now_ms = self.now_ms();
+        let limit = limit.min(super::TASK_PAGE_MAX);
+        self.blocking(move |s| Ok(s.list_tasks(&name, after, limit, now_ms)?))
+            .await
+    }
+
     pub async fn get_task(&self, queue: &QueueName, id: TaskId) -> Result<Task> {
         self.runtime(queue).await?;
         let name = queue.clone();

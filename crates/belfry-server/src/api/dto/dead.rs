@@ -2,26 +2,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::TaskView;
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeadQuery {
-    pub after: Option<String>,
-    pub limit: Option<usize>,
-    /// `false`: the tasks without `payload` / `payload_base64`, for a listing of ids and
-    /// reasons (a page of 1,000 payloads at the size limit is about a gigabyte).
-    pub payload: Option<bool>,
-}
-
-#[derive(Debug, Serialize)]
-pub struct DeadList {
-    pub tasks: Vec<TaskView>,
-    /// Pass as `after` to read the next page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_after: Option<String>,
-}
-
 /// `POST /v1/queues/{queue}/dead:redrive` and `dead:delete`: the dead letters named, or the
 /// first `limit` of them in id order (exactly one of the two).
 #[derive(Debug, Default, Deserialize)]

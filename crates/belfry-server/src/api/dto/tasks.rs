@@ -244,6 +244,54 @@ impl Created {
     }
 }
 
+/// The query of a listing of tasks: `GET /v1/queues/{queue}/tasks` (live tasks) and
+/// `GET /v1/queues/{queue}/dead` (dead letters).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskPageQuery {
+    pub after: Option<String>,
+    pub limit: Option<usize>,
+    /// `false`: the tasks without `payload` / `payload_base64`, for a listing of ids and
+    /// reasons (a page of 1,000 payloads at the size limit is about a gigabyte).
+    pub payload: Option<bool>,
+    /// `true`: each task's own `target` whole, credentials and query string included, as a
+    /// lease shows it (for an export that must put the tasks back as they were).
+    pub full_target: Option<bool>,
+}
+
+/// A page of tasks, and where the next one starts.
+#[derive(Debug, Serialize)]
+pub struct TaskPage {
+    pub tasks: Vec<TaskView>,
+    /// Pass as `after` to read the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<String>,
+}
+
+impl TaskPage {
+    /// The page of `tasks` read with `limit` and shown as `query` asks. A full page may
+    /// have more after it; a shorter one is the last.
+    pub fn new(tasks: &[Task], limit: usize, query: &TaskPageQuery) -> Self {
+        let next_after = if tasks.len() == limit {
+            tasks.last().map(|t| t.id.to_string())
+        } else {
+            None
+        };
+        let payload = query.payload != Some(false);
+        let tasks = tasks
+            .iter()
+            .map(|task| {
+                let mut view = TaskView::shown(task, payload);
+                if query.full_target == Some(true) {
+                    view.target.clone_from(&task.target);
+                }
+                view
+            })
+            .collect();
+        TaskPage { tasks, next_after }
+    }
+}
+
 /// A payload as JSON: the producer's JSON as is, or bytes in base64.
 #[derive(Debug, Serialize)]
 pub struct PayloadView {
