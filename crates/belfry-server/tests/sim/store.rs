@@ -273,6 +273,16 @@ impl Store for SimStore {
             |m, outcome| m.on_lease_call(queue, id, lease, now_ms, call, *outcome),
         )
     }
+    /// Not driven by the simulation (its model lists no live tasks).
+    fn list_tasks(
+        &self,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+        now_ms: UnixMs,
+    ) -> Result<Vec<Task>> {
+        self.plain(36, |e| e.list_tasks(queue, after, limit, now_ms))
+    }
     fn list_dead(
         &self,
         queue: &QueueName,
