@@ -3,7 +3,8 @@
 
 use crate::model::{
     AckItemResult, BatchItem, DeadBulkAnswer, DeadPage, DeadSelection, LeaseRequest, Leased,
-    LeasedList, NewTask, Purged, Queue, QueueList, QueueSpec, Results, Submitted, Task, TaskState,
+    LeasedList, NewTask, Purged, Queue, QueueList, QueueSpec, Results, Submitted, Task, TaskPage,
+    TaskState,
 };
 use crate::request::{DueTime, Nack, Request};
 use crate::{Client, Result};
@@ -140,6 +141,30 @@ impl Client {
     ) -> Result<Vec<AckItemResult>> {
         let results: Results<AckItemResult> = self.expect(Request::ack_batch(queue, acks)).await?;
         Ok(results.results)
+    }
+
+    /// A page of the queue's live tasks (scheduled and leased), with their payloads, after
+    /// the task `after` (a previous page's `next_after`). Each task's own target is shown
+    /// without credentials or query string.
+    pub async fn list_tasks(
+        &self,
+        queue: &str,
+        after: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<TaskPage> {
+        self.expect(Request::list_tasks(queue, after, limit)).await
+    }
+
+    /// As [`Client::list_tasks`], with each task's own target whole: what an export needs
+    /// to submit the tasks again as they were.
+    pub async fn list_tasks_for_export(
+        &self,
+        queue: &str,
+        after: Option<&str>,
+        limit: Option<usize>,
+    ) -> Result<TaskPage> {
+        self.expect(Request::list_tasks_for_export(queue, after, limit))
+            .await
     }
 
     // ---- dead letters ----

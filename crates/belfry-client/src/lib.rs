@@ -41,7 +41,7 @@ pub use import::{ImportAnswer, ImportLineError};
 pub use model::{
     AckItemResult, ApiErrorBody, BatchItem, DeadBulkAnswer, DeadPage, DeadSelection, DeliverySpec,
     LeaseRequest, Leased, LeasedList, NewTask, NotDead, Purged, Queue, QueueList, QueueSpec,
-    Results, Retry, RetrySpec, Submitted, Task, TaskState,
+    Results, Retry, RetrySpec, Submitted, Task, TaskPage, TaskState,
 };
 pub use reminders::{
     BulkAnswer, BulkBody, BulkLineError, Feed, FeedItem, FeedQuery, Priority, Reminder,

@@ -376,12 +376,17 @@ pub struct AckItemResult {
     pub error: Option<ApiErrorBody>,
 }
 
+/// A page of tasks (live tasks or dead letters), and where the next page starts.
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-pub struct DeadPage {
+pub struct TaskPage {
     pub tasks: Vec<Task>,
+    /// Pass as `after` for the next page; `None` on the last page.
     #[serde(default)]
     pub next_after: Option<String>,
 }
+
+/// A page of dead letters.
+pub type DeadPage = TaskPage;
 
 /// What a queue held when it was purged.
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]

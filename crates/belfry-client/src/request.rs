@@ -252,7 +252,7 @@ impl Request {
     // ---- dead letters ----
 
     pub fn list_dead(queue: &str, after: Option<&str>, limit: Option<usize>) -> Self {
-        Self::dead_page(queue, after, limit, true)
+        Self::task_page(queue, "/dead", after, limit, &[])
     }
 
     /// A page of dead letters without their payloads: ids, reasons and attempts, a small
@@ -262,21 +262,35 @@ impl Request {
         after: Option<&str>,
         limit: Option<usize>,
     ) -> Self {
-        Self::dead_page(queue, after, limit, false)
+        Self::task_page(queue, "/dead", after, limit, &["payload=false"])
     }
 
-    fn dead_page(queue: &str, after: Option<&str>, limit: Option<usize>, payload: bool) -> Self {
-        let mut query = Vec::new();
-        if !payload {
-            query.push("payload=false".to_owned());
-        }
+    /// A page of the queue's live tasks (scheduled and leased).
+    pub fn list_tasks(queue: &str, after: Option<&str>, limit: Option<usize>) -> Self {
+        Self::task_page(queue, "/tasks", after, limit, &[])
+    }
+
+    /// A page of the queue's live tasks with each task's own target whole (credentials and
+    /// query string included), to submit them again elsewhere.
+    pub fn list_tasks_for_export(queue: &str, after: Option<&str>, limit: Option<usize>) -> Self {
+        Self::task_page(queue, "/tasks", after, limit, &["full_target=true"])
+    }
+
+    fn task_page(
+        queue: &str,
+        listing: &str,
+        after: Option<&str>,
+        limit: Option<usize>,
+        extra: &[&str],
+    ) -> Self {
+        let mut query: Vec<String> = extra.iter().map(|q| (*q).to_owned()).collect();
         if let Some(after) = after {
             query.push(format!("after={}", segment(after)));
         }
         if let Some(limit) = limit {
             query.push(format!("limit={limit}"));
         }
-        let mut path = Self::queue_path(queue, "/dead");
+        let mut path = Self::queue_path(queue, listing);
         if !query.is_empty() {
             path = format!("{path}?{}", query.join("&"));
         }

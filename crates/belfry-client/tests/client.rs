@@ -726,3 +726,48 @@ async fn import_tasks_streams_and_reports_where_it_stopped() {
         other => panic!("expected queue_not_found, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn live_tasks_listed_in_pages_and_for_export() {
+    let h = Harness::start().await;
+    let c = &h.client;
+    h.pull_queue("jobs").await;
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        let task = NewTask {
+            delay_ms: Some(60_000 + n),
+            ..NewTask::json(json!({ "n": n }))
+        };
+        ids.push(c.submit("jobs", &task).await.unwrap().id);
+    }
+    let first = c.list_tasks("jobs", None, Some(3)).await.unwrap();
+    assert_eq!(first.tasks.len(), 3);
+    let next = first.next_after.clone().expect("a full page has a next");
+    let rest = c.list_tasks("jobs", Some(&next), Some(3)).await.unwrap();
+    assert_eq!(rest.tasks.len(), 2);
+    assert!(rest.next_after.is_none());
+    let mut listed: Vec<String> = first
+        .tasks
+        .iter()
+        .chain(&rest.tasks)
+        .map(|t| t.id.clone())
+        .collect();
+    listed.sort();
+    ids.sort();
+    assert_eq!(listed, ids);
+    assert!(first
+        .tasks
+        .iter()
+        .all(|t| t.state == "scheduled" && t.payload.is_some()));
+    let whole = c.list_tasks_for_export("jobs", None, None).await.unwrap();
+    assert_eq!(whole.tasks.len(), 5);
+    assert_eq!(
+        code(c.list_tasks("nosuch", None, None).await),
+        ErrorCode::QueueNotFound
+    );
+    assert_eq!(
+        code(c.list_tasks("jobs", Some("not-an-id"), None).await),
+        ErrorCode::InvalidTaskId
+    );
+    h.stop().await;
+}

@@ -3,6 +3,7 @@
 //! answer is parsed and described for a person (see `show`).
 
 pub mod dead;
+mod export;
 pub mod queue;
 pub mod reminder;
 mod streamed;

@@ -5,7 +5,7 @@
 use anyhow::{anyhow, bail, Context};
 use belfry_client::{
     AckItemResult, DueTime, ImportAnswer, LeaseRequest, LeasedList, Nack, NewTask, Request,
-    Results, Submitted, Task, TaskState,
+    Results, Submitted, Task, TaskPage, TaskState,
 };
 use clap::{Args, Subcommand};
 
@@ -32,6 +32,29 @@ pub enum TaskCommand {
         queue: String,
         /// The NDJSON file, or - for stdin.
         file: std::path::PathBuf,
+    },
+    /// List a queue's scheduled and leased tasks, a page at a time (in the store's order:
+    /// by id, or on the embedded store by the file that holds each task, then by id).
+    List {
+        /// The queue.
+        queue: String,
+        /// Start after this task id (the last one of the previous page).
+        #[arg(long)]
+        after: Option<String>,
+        /// Most tasks in the page (1 to 1000) [server: 100].
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+    /// Write a queue's scheduled and leased tasks as NDJSON, one submit a line (due time,
+    /// payload, key, headers, priority, late policy, target), which `belfry task import`
+    /// takes back: to move tasks to another server or store. Ids, attempts and leases are not
+    /// kept; leased tasks are written due when they were.
+    Export {
+        /// The queue.
+        queue: String,
+        /// Where to write: a file, or - (the default) for stdout. A progress bar and the
+        /// summary go to stderr.
+        file: Option<std::path::PathBuf>,
     },
     /// Show a task: its state, due time, attempts and payload.
     Get(Target),
@@ -281,6 +304,44 @@ fn describe_import(answer: &ImportAnswer) -> String {
     text
 }
 
+/// A page of live tasks as a table, and the command for the next page.
+fn describe_page(queue: &str, limit: Option<usize>, page: TaskPage) -> String {
+    if page.tasks.is_empty() {
+        return format!("no scheduled or leased tasks in {queue}");
+    }
+    let now = now_ms();
+    let rows: Vec<Vec<String>> = page
+        .tasks
+        .iter()
+        .map(|t| {
+            let due = match t.lease_until_ms {
+                Some(until) => format!("leased until {}", time(until, now)),
+                None => time(t.due_at_ms, now),
+            };
+            let payload = match (&t.payload, &t.payload_base64) {
+                (_, Some(bytes)) => format!("{bytes} (base64)"),
+                (Some(json), None) => json.to_string(),
+                (None, None) => String::new(),
+            };
+            vec![
+                t.id.clone(),
+                t.state.clone(),
+                due,
+                t.attempts.to_string(),
+                clip(&payload, PAYLOAD_COLUMN_CHARS_MAX),
+            ]
+        })
+        .collect();
+    let mut text = table(&["TASK", "STATE", "DUE", "ATTEMPTS", "PAYLOAD"], &rows);
+    if let Some(next) = page.next_after {
+        let limit = limit.map(|n| format!(" --limit {n}")).unwrap_or_default();
+        text.push_str(&format!(
+            "\nmore: belfry task list {queue} --after {next}{limit}"
+        ));
+    }
+    text
+}
+
 /// The task's fields, one aligned line each.
 pub(crate) fn describe(t: &Task) -> String {
     let now = now_ms();
@@ -380,6 +441,17 @@ pub async fn task(remote: &Remote, command: TaskCommand) -> anyhow::Result<()> {
             run(remote, request, describe_submitted).await
         }
         TaskCommand::Import { queue, file } => import(remote, &queue, &file).await,
+        TaskCommand::List {
+            queue,
+            after,
+            limit,
+        } => {
+            let request = Request::list_tasks(&queue, after.as_deref(), limit);
+            run(remote, request, |page| describe_page(&queue, limit, page)).await
+        }
+        TaskCommand::Export { queue, file } => {
+            super::export::export(remote, &queue, file.as_deref()).await
+        }
         TaskCommand::Get(target) => run(remote, get_request(&target), show).await,
         TaskCommand::Cancel(target) => cancel(remote, &target).await,
         TaskCommand::Reschedule { target, due } => {

@@ -1,0 +1,205 @@
+//! `belfry task list` and `belfry task export` of the real binary against spawned servers:
+//! an export of one server's queue, imported into another server on another store, makes the
+//! same tasks again, payloads byte for byte.
+
+use std::collections::BTreeSet;
+
+mod common;
+
+use common::cli::{belfry, fails, json, ok, text};
+use common::{serve, Served};
+
+/// The export's lines, checked to be one JSON object each.
+fn lines(ndjson: &str) -> Vec<String> {
+    let lines: Vec<String> = ndjson.lines().map(str::to_owned).collect();
+    for line in &lines {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert!(value.is_object(), "{line}");
+    }
+    lines
+}
+
+/// Imports `body` into `queue` of `server` through `task import`.
+fn import(server: &Served, queue: &str, body: &str) -> serde_json::Value {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tasks.ndjson");
+    std::fs::write(&file, body).unwrap();
+    json(server, &["task", "import", queue, file.to_str().unwrap()])
+}
+
+#[test]
+fn an_export_imported_elsewhere_makes_the_same_tasks() {
+    let source = serve(&["--store", "memory"]);
+    ok(&source, &["queue", "create", "jobs"]);
+    let mut body = String::new();
+    for i in 0..2_500 {
+        body.push_str(&format!(
+            "{{\"payload\": {{\"n\": {i}}}, \"delay_ms\": {}}}\n",
+            3_600_000 + i * 1_000
+        ));
+    }
+    body.push_str(concat!(
+        r#"{"payload": {"b": 1, "a": 1.50}, "delay_ms": 7200000, "idempotency_key": "order-7", "#,
+        r#""headers": {"X-Trace": "t-1"}, "priority": "high", "late_policy": "dead", "#,
+        r#""late_after_ms": 5000}"#,
+        "\n",
+        r#"{"payload_base64": "AAEC/w==", "delay_ms": 86400000}"#,
+        "\n",
+        r#"{"payload": "leased"}"#,
+        "\n",
+    ));
+    assert_eq!(import(&source, "jobs", &body)["created"], 2_503);
+    let leased = json(&source, &["task", "lease", "jobs", "--visibility", "10m"]);
+    assert_eq!(leased["tasks"][0]["payload"], "leased");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.ndjson");
+    let (success, stdout, stderr) =
+        belfry(&source, &["task", "export", "jobs", file.to_str().unwrap()]);
+    assert!(success, "{stderr}");
+    assert!(stdout.is_empty(), "the tasks go to the file: {stdout}");
+    assert!(
+        stderr.contains("exported 2503 tasks from jobs (1 of them leased"),
+        "{stderr}"
+    );
+    let exported = std::fs::read_to_string(&file).unwrap();
+    let exported_lines = lines(&exported);
+    assert_eq!(exported_lines.len(), 2_503);
+    // The payload as the producer wrote it, and everything it was submitted with.
+    let keyed = exported_lines
+        .iter()
+        .find(|l| l.contains("order-7"))
+        .unwrap();
+    assert!(
+        keyed.starts_with(r#"{"run_at_ms":"#)
+            && keyed.ends_with(concat!(
+                r#""payload":{"b": 1, "a": 1.50},"idempotency_key":"order-7","#,
+                r#""headers":{"X-Trace":"t-1"},"priority":"high","late_policy":"dead","#,
+                r#""late_after_ms":5000}"#
+            )),
+        "{keyed}"
+    );
+    assert!(exported.contains(r#""payload_base64":"AAEC/w==""#));
+
+    // Into a server on the embedded store.
+    let data = dir.path().join("data");
+    let target = serve(&["--data-dir", data.to_str().unwrap()]);
+    ok(&target, &["queue", "create", "jobs"]);
+    let answer = import(&target, "jobs", &exported);
+    assert_eq!(
+        (&answer["created"], &answer["refused"]),
+        (&2_503.into(), &0.into())
+    );
+    let keyed = json(&target, &["task", "get", "jobs", "--key", "order-7"]);
+    assert_eq!(keyed["priority"], "high");
+    assert_eq!(keyed["late_policy"], "dead");
+    let raw = ok(
+        &target,
+        &["task", "get", "jobs", "--key", "order-7", "--json"],
+    );
+    assert!(raw.contains(r#""payload":{"b": 1, "a": 1.50}"#), "{raw}");
+
+    // The second server's export is the first's (in its own order), but for the task that
+    // was leased: it was due in the past, so the import made it due on arrival.
+    let (success, again, stderr) = belfry(&target, &["task", "export", "jobs"]);
+    assert!(success, "{stderr}");
+    assert!(stderr.contains("exported 2503 tasks from jobs"), "{stderr}");
+    let unleased = |lines: Vec<String>| -> BTreeSet<String> {
+        lines
+            .into_iter()
+            .filter(|l| !l.contains("\"leased\""))
+            .collect()
+    };
+    let first = unleased(exported_lines);
+    assert_eq!(first.len(), 2_502);
+    assert_eq!(unleased(lines(&again)), first);
+}
+
+#[test]
+fn a_task_target_is_exported_whole_and_listing_pages() {
+    let server = serve(&["--store", "memory"]);
+    ok(
+        &server,
+        &[
+            "queue",
+            "create",
+            "hook",
+            "--webhook",
+            "http://93.184.216.34/x",
+        ],
+    );
+    let target = "http://93.184.216.34/own?token=abc";
+    let added = json(
+        &server,
+        &[
+            "task",
+            "add",
+            "hook",
+            "--payload",
+            "1",
+            "--delay",
+            "1h",
+            "--target",
+            target,
+        ],
+    );
+    let id = text(&added["id"]);
+    for n in 2..=3 {
+        let payload = n.to_string();
+        ok(
+            &server,
+            &[
+                "task",
+                "add",
+                "hook",
+                "--payload",
+                &payload,
+                "--delay",
+                "2h",
+            ],
+        );
+    }
+    // Listed without the target's query string, exported with it.
+    let page = json(&server, &["task", "list", "hook", "--limit", "2"]);
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 2);
+    let shown = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["id"] == id.as_str());
+    assert_eq!(
+        shown.unwrap()["target"],
+        "http://93.184.216.34/own?<redacted>"
+    );
+    let next = text(&page["next_after"]);
+    let rest = json(
+        &server,
+        &["task", "list", "hook", "--after", &next, "--limit", "2"],
+    );
+    assert_eq!(rest["tasks"].as_array().unwrap().len(), 1);
+    assert!(rest.get("next_after").is_none(), "{rest}");
+    let table = ok(&server, &["task", "list", "hook", "--limit", "2"]);
+    assert!(
+        table.starts_with("TASK") && table.contains("scheduled"),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!(
+            "more: belfry task list hook --after {next} --limit 2"
+        )),
+        "{table}"
+    );
+    let (success, exported, _) = belfry(&server, &["task", "export", "hook", "-"]);
+    assert!(success);
+    assert!(
+        exported.contains(&format!("\"target\":\"{target}\"")),
+        "{exported}"
+    );
+
+    let empty = ok(&server, &["queue", "create", "empty"]);
+    assert!(!empty.is_empty());
+    let none = ok(&server, &["task", "list", "empty"]);
+    assert_eq!(none.trim(), "no scheduled or leased tasks in empty");
+    let unknown = fails(&server, &["task", "export", "nope"]);
+    assert!(unknown.contains("queue_not_found"), "{unknown}");
+}
