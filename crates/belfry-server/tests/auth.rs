@@ -216,6 +216,22 @@ async fn every_route_needs_its_scope() {
         .call("GET", "/v2/nothing", Some(&tokens.consume), None)
         .await;
     assert_eq!((status, code(&value)), (404, "route_not_found"));
+    // A listing that shows the tasks' own targets whole (credentials included) needs what a
+    // submit needs, not `read`; of dead letters, `admin`.
+    for (path, right) in [
+        ("/v1/queues/q/tasks?full_target=true", &tokens.produce),
+        ("/v1/queues/q/tasks?full%5Ftarget=true", &tokens.produce),
+        ("/v1/queues/q/dead?limit=5&full_target=true", &tokens.admin),
+    ] {
+        let (status, value, _) = client.call("GET", path, Some(&tokens.read), None).await;
+        assert_eq!(
+            (status, code(&value)),
+            (403, "forbidden"),
+            "{path}: {value}"
+        );
+        let (status, value, _) = client.call("GET", path, Some(right), None).await;
+        assert!(status != 401 && status != 403, "{path}: {status} {value}");
+    }
     handle.stop().await.unwrap();
 }
 

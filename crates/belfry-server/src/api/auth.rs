@@ -85,6 +85,34 @@ pub fn need(method: &Method, route: Option<&str>, path: &str) -> Need {
     }
 }
 
+/// [`need`], for a request with `query`: a listing that asks for tasks' own targets whole
+/// (`full_target=true`, credentials and query strings included) needs what a submit to its
+/// queue needs (`produce:<queue>`) rather than `read`, and a dead-letter listing `admin`.
+pub fn need_with_query(
+    method: &Method,
+    route: Option<&str>,
+    path: &str,
+    query: Option<&str>,
+) -> Need {
+    let need = need(method, route, path);
+    if !asks_full_targets(query) {
+        return need;
+    }
+    match need {
+        Need::Produce { queue, .. } => Need::Produce { queue, read: false },
+        Need::Read => Need::Admin,
+        other => other,
+    }
+}
+
+/// Whether the query says `full_target=true`, decoded as the handlers' extractor decodes it
+/// (`full%5Ftarget=true` is the same).
+fn asks_full_targets(query: Option<&str>) -> bool {
+    query.is_some_and(|query| {
+        form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "full_target" && v != "false")
+    })
+}
+
 /// The path segment where `route` has `{queue}`. A segment with a `%` escape is returned as
 /// `%`, which no pattern matches: an escaped name is never matched against a scope (the
 /// handler would decode it; refusing is the safe side).
@@ -193,10 +221,11 @@ where
         }
         if !open {
             let route = request.extensions().get::<MatchedPath>();
-            let need = need(
+            let need = need_with_query(
                 request.method(),
                 route.map(MatchedPath::as_str),
                 request.uri().path(),
+                request.uri().query(),
             );
             if let Err(denied) = self.auth.check(bearer(&request), &need) {
                 return AuthFuture::Refused(Some(refusal(denied)));
@@ -292,5 +321,28 @@ mod tests {
         for (method, route, path, expected) in cases {
             assert_eq!(need(&method, route, path), expected, "{method} {path}");
         }
+    }
+
+    #[test]
+    fn listings_of_whole_targets_need_more_than_read() {
+        let tasks = Some("/v1/queues/{queue}/tasks");
+        let dead = Some("/v1/queues/{queue}/dead");
+        let with = |route, path, query| need_with_query(&Method::GET, route, path, query);
+        let listed = Need::Produce {
+            queue: "orders".into(),
+            read: true,
+        };
+        let whole = Need::Produce {
+            queue: "orders".into(),
+            read: false,
+        };
+        let path = "/v1/queues/orders/tasks";
+        assert_eq!(with(tasks, path, None), listed);
+        assert_eq!(with(tasks, path, Some("limit=5&full_target=false")), listed);
+        assert_eq!(with(tasks, path, Some("limit=5&full_target=true")), whole);
+        assert_eq!(with(tasks, path, Some("full%5Ftarget=true")), whole);
+        let path = "/v1/queues/orders/dead";
+        assert_eq!(with(dead, path, Some("payload=false")), Need::Read);
+        assert_eq!(with(dead, path, Some("full_target=true")), Need::Admin);
     }
 }
