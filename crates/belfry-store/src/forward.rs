@@ -81,6 +81,12 @@ forwarding! {
     fn get(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<Option<Task>>;
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>>;
     fn cancel(&self, queue: &QueueName, id: TaskId, now_ms: UnixMs) -> Result<ChangeOutcome>;
+    fn cancel_many(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>>;
     fn list_tasks(
         &self,
         queue: &QueueName,

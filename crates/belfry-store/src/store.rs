@@ -416,6 +416,23 @@ pub trait Store: Send + Sync + 'static {
         due_at_ms: UnixMs,
         now_ms: UnixMs,
     ) -> Result<ChangeOutcome>;
+    /// [`Store::cancel`] of each of `ids`, in order: the outcomes are those of the single
+    /// calls made one after another (a task named twice is `Ok` the first time and
+    /// `WrongState(Cancelled)` after). Durable when it returns, as `cancel` is.
+    ///
+    /// The default loops. The embedded engine takes its lock once per 128 tasks and waits
+    /// once for them all to be durable. A call that fails with an error may have cancelled
+    /// tasks before the failing one.
+    fn cancel_many(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>> {
+        ids.iter()
+            .map(|&id| self.cancel(queue, id, now_ms))
+            .collect()
+    }
 
     /// Up to `limit` of the queue's live tasks (scheduled or leased; not finished, not dead),
     /// with their payloads, starting after the task `after` (the last of the previous page; it

@@ -13,12 +13,14 @@ use belfry_core::{
 };
 use bytes::Bytes;
 
+mod cancel_many;
 mod dead;
 mod lag;
 mod listing;
 mod purge;
 mod subscriptions;
 
+pub use cancel_many::{cancel_many_empties_far_buckets, cancel_many_matches_single_cancels};
 pub use dead::{dead_letters_settled, dead_letters_settled_in_hundreds};
 pub use lag::{expired_leases_reported_once, oldest_due_in_counts};
 pub use listing::{live_tasks_listed_in_thousands, live_tasks_listed_once};
@@ -895,6 +897,8 @@ macro_rules! __conformance_scenario_names {
         dead_letters_settled_in_hundreds,
         late_policies,
         cancel_and_reschedule,
+        cancel_many_matches_single_cancels,
+        cancel_many_empties_far_buckets,
         live_tasks_listed_once,
         live_tasks_listed_in_thousands,
         idempotency,

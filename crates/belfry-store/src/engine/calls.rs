@@ -161,11 +161,54 @@ impl Engine {
         make: impl FnOnce(u64) -> Record,
     ) -> Result<ChangeOutcome> {
         let mut state = self.lock_state()?;
-        let Some(target) = self.change_target(&mut state, queue, id, Some(now_ms))? else {
-            return Ok(ChangeOutcome::NotFound);
+        let (outcome, ticket) = self.stage_change(&mut state, queue, id, now_ms, required, make)?;
+        self.finish_chunks(state, ticket, false)?;
+        Ok(outcome)
+    }
+
+    /// Cancels many scheduled tasks of one queue (`Store::cancel_many`). Each cancel is
+    /// applied as the single call applies it, one after another (a far bucket's bounds are
+    /// then found over the cancels before it), with one hold of the lock per
+    /// [`LOCK_CHUNK_RECORDS`] tasks and one wait at the end for all of them to be durable.
+    pub(super) fn cancel_chunks(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>> {
+        let mut state = self.lock_state()?;
+        let mut outcomes = Vec::with_capacity(ids.len());
+        let mut last_ticket = None;
+        for (i, &id) in ids.iter().enumerate() {
+            if i > 0 && i % LOCK_CHUNK_RECORDS == 0 {
+                self.let_others_in(&mut state)?;
+            }
+            let cancel = |seq| Record::Cancel { seq };
+            let (outcome, ticket) =
+                self.stage_change(&mut state, queue, id, now_ms, TaskState::Scheduled, cancel)?;
+            outcomes.push(outcome);
+            last_ticket = ticket.or(last_ticket);
+        }
+        self.finish_chunks(state, last_ticket, false)?;
+        Ok(outcomes)
+    }
+
+    /// [`Engine::change_state`] without the wait: applies the change and queues its frame
+    /// for the WAL. Returns the outcome and the frame's ticket (`None`: nothing written).
+    fn stage_change(
+        &self,
+        state: &mut parking_lot::MutexGuard<'_, State>,
+        queue: &QueueName,
+        id: TaskId,
+        now_ms: UnixMs,
+        required: TaskState,
+        make: impl FnOnce(u64) -> Record,
+    ) -> Result<(ChangeOutcome, Option<u64>)> {
+        let Some(target) = self.change_target(state, queue, id, Some(now_ms))? else {
+            return Ok((ChangeOutcome::NotFound, None));
         };
         if target.state != required {
-            return Ok(ChangeOutcome::WrongState(target.state));
+            return Ok((ChangeOutcome::WrongState(target.state), None));
         }
         let mut batch = WalBatch::new();
         let mut pending = Vec::new();
@@ -187,8 +230,8 @@ impl Engine {
         if let Some(last) = pending.last_mut() {
             last.prior = prior;
         }
-        self.commit(state, batch, pending, false)?;
-        Ok(ChangeOutcome::Ok)
+        let ticket = self.commit_chunk(state, batch, pending)?;
+        Ok((ChangeOutcome::Ok, ticket))
     }
 
     /// Redrives or discards many dead letters of one queue (`Store::settle_dead`): one hold of

@@ -219,6 +219,20 @@ impl Store for Engine {
         })
     }
 
+    fn cancel_many(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bytes = STATE_CHANGE_BYTES_HINT * ids.len() as u64;
+        self.core.space.admit(bytes, Use::Ending)?;
+        self.cancel_chunks(queue, ids, now_ms)
+    }
+
     fn reschedule(
         &self,
         queue: &QueueName,
