@@ -27,6 +27,7 @@ const PRODUCE_ROUTES: &[&str] = &[
     "/v1/queues/{queue}/tasks",
     "/v1/queues/{queue}/tasks:batch",
     "/v1/queues/{queue}/tasks:import",
+    "/v1/queues/{queue}/tasks:cancel",
     "/v1/queues/{queue}/tasks/{id}",
     "/v1/queues/{queue}/keys/{key}",
 ];

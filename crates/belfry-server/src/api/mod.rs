@@ -57,6 +57,7 @@ pub fn router(service: Arc<Service>) -> Router {
             post(tasks::submit).get(tasks::list),
         )
         .route("/v1/queues/{queue}/tasks:batch", post(tasks::submit_batch))
+        .route("/v1/queues/{queue}/tasks:cancel", post(tasks::cancel_many))
         .route(
             "/v1/queues/{queue}/tasks:import",
             // Streamed and bounded by `import_body_bytes_max`, not the request limit.

@@ -1,7 +1,9 @@
 //! Task endpoints: submit (one, a batch, or a streamed import), get, cancel, reschedule.
 
+mod cancel_many;
 mod import;
 
+pub use cancel_many::cancel_many;
 pub use import::import;
 
 use std::sync::OnceLock;

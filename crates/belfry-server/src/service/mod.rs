@@ -7,6 +7,7 @@
 //! attaches push queues to, and the submit coalescer. It depends on the dispatcher, never the
 //! other way round: the dispatcher hears about queues through their wake-up hook.
 
+mod cancel_many;
 mod dead;
 mod leases;
 mod queues;
@@ -27,6 +28,7 @@ use crate::queues::{QueueRuntime, Queues};
 use crate::shared::{Caller, Shared, StoreCalls};
 
 pub use crate::shared::{Result, ServiceError};
+pub use cancel_many::{CancelPick, CancelledMany, CANCEL_MANY_MAX};
 pub use dead::{DeadPick, Settled};
 pub use leases::NackResult;
 pub use queues::QueuePatch;
