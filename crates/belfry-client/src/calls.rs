@@ -2,9 +2,9 @@
 //! `Request` and parses the answer.
 
 use crate::model::{
-    AckItemResult, BatchItem, DeadBulkAnswer, DeadPage, DeadSelection, LeaseRequest, Leased,
-    LeasedList, NewTask, Purged, Queue, QueueList, QueueSpec, Results, Submitted, Task, TaskPage,
-    TaskState,
+    AckItemResult, BatchItem, CancelManyAnswer, CancelSelection, DeadBulkAnswer, DeadPage,
+    DeadSelection, LeaseRequest, Leased, LeasedList, NewTask, Purged, Queue, QueueList, QueueSpec,
+    Results, Submitted, Task, TaskPage, TaskState,
 };
 use crate::request::{DueTime, Nack, Request};
 use crate::{Client, Result};
@@ -165,6 +165,16 @@ impl Client {
     ) -> Result<TaskPage> {
         self.expect(Request::list_tasks_for_export(queue, after, limit))
             .await
+    }
+
+    /// Cancels up to 1,000 scheduled tasks in one call. Tasks that are not scheduled, or not
+    /// in the queue, are reported in the answer, not as errors.
+    pub async fn cancel_many(
+        &self,
+        queue: &str,
+        which: &CancelSelection,
+    ) -> Result<CancelManyAnswer> {
+        self.expect(Request::cancel_many(queue, which)).await
     }
 
     // ---- dead letters ----

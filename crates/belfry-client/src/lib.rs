@@ -39,9 +39,10 @@ use serde::de::DeserializeOwned;
 pub use error::{Error, ErrorCode};
 pub use import::{ImportAnswer, ImportLineError};
 pub use model::{
-    AckItemResult, ApiErrorBody, BatchItem, DeadBulkAnswer, DeadPage, DeadSelection, DeliverySpec,
-    LeaseRequest, Leased, LeasedList, NewTask, NotDead, Purged, Queue, QueueList, QueueSpec,
-    Results, Retry, RetrySpec, Submitted, Task, TaskPage, TaskState,
+    AckItemResult, ApiErrorBody, BatchItem, CancelManyAnswer, CancelSelection, DeadBulkAnswer,
+    DeadPage, DeadSelection, DeliverySpec, LeaseRequest, Leased, LeasedList, NewTask, NotDead,
+    NotScheduled, Purged, Queue, QueueList, QueueSpec, Results, Retry, RetrySpec, Submitted, Task,
+    TaskPage, TaskState,
 };
 pub use reminders::{
     BulkAnswer, BulkBody, BulkLineError, Feed, FeedItem, FeedQuery, Priority, Reminder,

@@ -446,6 +446,45 @@ pub struct NotDead {
     pub state: String,
 }
 
+/// The tasks a bulk cancel names (1 to 1,000).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CancelSelection {
+    /// Task ids.
+    Ids(Vec<String>),
+    /// Idempotency keys: each names the live task that holds it.
+    Keys(Vec<String>),
+}
+
+impl CancelSelection {
+    pub(crate) fn body(&self) -> serde_json::Value {
+        match self {
+            CancelSelection::Ids(ids) => serde_json::json!({ "ids": ids }),
+            CancelSelection::Keys(keys) => serde_json::json!({ "keys": keys }),
+        }
+    }
+}
+
+/// What a bulk cancel did.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct CancelManyAnswer {
+    pub cancelled: u64,
+    /// Tasks named that were not scheduled (leased, finished, dead, or named twice).
+    #[serde(default)]
+    pub not_scheduled: Vec<NotScheduled>,
+    /// Ids or keys the queue does not have.
+    #[serde(default)]
+    pub not_found: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct NotScheduled {
+    pub id: String,
+    /// The key the task was named by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    pub state: String,
+}
+
 #[derive(Debug, Deserialize)]
 pub(crate) struct ErrorEnvelope {
     pub(crate) error: ApiErrorBody,

@@ -8,7 +8,7 @@ use reqwest::Method;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::model::{DeadSelection, LeaseRequest, NewTask, QueueSpec};
+use crate::model::{CancelSelection, DeadSelection, LeaseRequest, NewTask, QueueSpec};
 
 /// A new due time for a scheduled task: exactly one of the API's three forms.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -311,6 +311,11 @@ impl Request {
     /// Redrives up to 1,000 dead letters: those named, or the first ones in id order.
     pub fn redrive_dead_many(queue: &str, which: &DeadSelection) -> Self {
         Self::new(Method::POST, Self::queue_path(queue, "/dead:redrive")).with_body(which.body())
+    }
+
+    /// Cancels up to 1,000 scheduled tasks, named by id or by idempotency key.
+    pub fn cancel_many(queue: &str, which: &CancelSelection) -> Self {
+        Self::new(Method::POST, Self::queue_path(queue, "/tasks:cancel")).with_body(which.body())
     }
 
     /// Deletes up to 1,000 dead letters: those named, or the first ones in id order.

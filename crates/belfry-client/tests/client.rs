@@ -2,8 +2,8 @@
 //! port, on a manual clock so due times are exact. Errors are checked by their typed code.
 
 use belfry_client::{
-    BatchItem, BulkBody, Client, DeadSelection, DeliverySpec, DueTime, Error, ErrorCode,
-    LeaseRequest, Nack, NewTask, NotDead, QueueSpec, Request, RetrySpec, ScheduleSpec,
+    BatchItem, BulkBody, CancelSelection, Client, DeadSelection, DeliverySpec, DueTime, Error,
+    ErrorCode, LeaseRequest, Nack, NewTask, NotDead, QueueSpec, Request, RetrySpec, ScheduleSpec,
 };
 use serde_json::json;
 
@@ -761,6 +761,25 @@ async fn live_tasks_listed_in_pages_and_for_export() {
         .all(|t| t.state == "scheduled" && t.payload.is_some()));
     let whole = c.list_tasks_for_export("jobs", None, None).await.unwrap();
     assert_eq!(whole.tasks.len(), 5);
+    let which = CancelSelection::Ids(vec![ids[0].clone(), ids[1].clone(), ids[0].clone()]);
+    let cancelled = c.cancel_many("jobs", &which).await.unwrap();
+    assert_eq!(cancelled.cancelled, 2);
+    assert_eq!(cancelled.not_scheduled.len(), 1);
+    assert_eq!(
+        (
+            cancelled.not_scheduled[0].id.as_str(),
+            cancelled.not_scheduled[0].state.as_str()
+        ),
+        (ids[0].as_str(), "cancelled")
+    );
+    let which = CancelSelection::Keys(vec!["no-such-key".into()]);
+    let none = c.cancel_many("jobs", &which).await.unwrap();
+    assert_eq!(
+        (none.cancelled, none.not_found.clone()),
+        (0, vec!["no-such-key".to_owned()])
+    );
+    let left = c.list_tasks("jobs", None, None).await.unwrap();
+    assert_eq!(left.tasks.len(), 3);
     assert_eq!(
         code(c.list_tasks("nosuch", None, None).await),
         ErrorCode::QueueNotFound

@@ -203,3 +203,94 @@ fn a_task_target_is_exported_whole_and_listing_pages() {
     let unknown = fails(&server, &["task", "export", "nope"]);
     assert!(unknown.contains("queue_not_found"), "{unknown}");
 }
+
+/// `task cancel` with several ids, keys, or a file of ids from `task list`: the bulk route,
+/// every outcome listed, and a failure when any task was not cancelled.
+#[test]
+fn many_tasks_cancelled_by_ids_keys_and_a_file() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "jobs"]);
+    let mut body = String::new();
+    for i in 0..2_100 {
+        body.push_str(&format!(
+            "{{\"payload\": {i}, \"delay_ms\": 3600000, \"idempotency_key\": \"k{i}\"}}\n"
+        ));
+    }
+    assert_eq!(import(&server, "jobs", &body)["created"], 2_100);
+    let page = json(&server, &["task", "list", "jobs", "--limit", "3"]);
+    let ids: Vec<String> = page["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| text(&t["id"]))
+        .collect();
+
+    let out = ok(&server, &["task", "cancel", "jobs", &ids[0], &ids[1]]);
+    assert_eq!(out.trim(), "cancelled 2");
+    // One already cancelled: listed, and the command fails after printing.
+    let (success, out, err) = belfry(&server, &["task", "cancel", "jobs", &ids[1], &ids[2]]);
+    assert!(!success);
+    assert!(out.starts_with("cancelled 1"), "{out}");
+    assert!(
+        out.contains(&format!("{} not cancelled: it is cancelled", ids[1])),
+        "{out}"
+    );
+    assert!(err.contains("1 of 2 tasks not cancelled"), "{err}");
+    let (success, out, _) = belfry(
+        &server,
+        &[
+            "task", "cancel", "jobs", "--key", "k100", "--key", "nope", "--json",
+        ],
+    );
+    assert!(!success, "one key names no task");
+    let by_key: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(by_key["cancelled"], 1, "{by_key}");
+    assert!(
+        by_key["not_found"]
+            .as_array()
+            .unwrap()
+            .contains(&"nope".into()),
+        "{by_key}"
+    );
+
+    // Every id of the queue, from a file of what `task list` printed: three requests.
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["task", "list", "jobs", "--limit", "1000"];
+        if let Some(a) = &after {
+            args.extend(["--after", a.as_str()]);
+        }
+        let page = json(&server, &args);
+        all.extend(
+            page["tasks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| text(&t["id"])),
+        );
+        match page.get("next_after") {
+            Some(next) => after = Some(text(next)),
+            None => break,
+        }
+    }
+    assert_eq!(all.len(), 2_100 - 4);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ids.txt");
+    std::fs::write(&file, all.join("\n") + "\n\n").unwrap();
+    let out = ok(
+        &server,
+        &[
+            "task",
+            "cancel",
+            "jobs",
+            "--ids-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.trim(), "cancelled 2096");
+    let none = ok(&server, &["task", "list", "jobs"]);
+    assert_eq!(none.trim(), "no scheduled or leased tasks in jobs");
+    let unknown = fails(&server, &["task", "cancel", "nope", &ids[0], &ids[1]]);
+    assert!(unknown.contains("queue_not_found"), "{unknown}");
+}

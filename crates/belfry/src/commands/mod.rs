@@ -2,6 +2,7 @@
 //! Each sends one `Request`; `--json` prints the server's answer as received, otherwise the
 //! answer is parsed and described for a person (see `show`).
 
+mod cancel;
 pub mod dead;
 mod export;
 pub mod queue;

@@ -10,9 +10,7 @@ use belfry_client::{
 use clap::{Args, Subcommand};
 
 use super::streamed::{file_body, report};
-use super::{
-    client, parse_headers, parse_ms, parse_payload, print_raw, run, run_empty, say, send, LateArgs,
-};
+use super::{client, parse_headers, parse_ms, parse_payload, print_raw, run, say, send, LateArgs};
 use crate::commands::Remote;
 use crate::show::{clip, fields, late_policy, more_refused, now_ms, table, time};
 
@@ -58,8 +56,10 @@ pub enum TaskCommand {
     },
     /// Show a task: its state, due time, attempts and payload.
     Get(Target),
-    /// Cancel a scheduled task (not one leased or finished).
-    Cancel(Target),
+    /// Cancel scheduled tasks (not leased or finished): by id, several ids, --key (repeatable)
+    /// or --ids-file. Several go through the bulk route, 1,000 a request; the command fails if
+    /// any was not cancelled, after listing each.
+    Cancel(super::cancel::CancelArgs),
     /// Move a scheduled task to a new due time.
     Reschedule {
         #[command(flatten)]
@@ -453,7 +453,7 @@ pub async fn task(remote: &Remote, command: TaskCommand) -> anyhow::Result<()> {
             super::export::export(remote, &queue, file.as_deref()).await
         }
         TaskCommand::Get(target) => run(remote, get_request(&target), show).await,
-        TaskCommand::Cancel(target) => cancel(remote, &target).await,
+        TaskCommand::Cancel(args) => super::cancel::cancel(remote, args).await,
         TaskCommand::Reschedule { target, due } => {
             let due = due_time(due)?;
             let request = match (&target.id, &target.key) {
@@ -510,18 +510,6 @@ fn get_request(target: &Target) -> Request {
         (_, Some(key)) => Request::get_task_by_key(&target.queue, key),
         (id, None) => Request::get_task(&target.queue, id.as_deref().unwrap_or_default()),
     }
-}
-
-async fn cancel(remote: &Remote, target: &Target) -> anyhow::Result<()> {
-    let (request, name) = match (&target.id, &target.key) {
-        (_, Some(key)) => (
-            Request::cancel_by_key(&target.queue, key),
-            format!("the task with key {key:?}"),
-        ),
-        (Some(id), None) => (Request::cancel(&target.queue, id), id.clone()),
-        (None, None) => bail!("name the task by ID or --key"),
-    };
-    run_empty(remote, request, format!("cancelled {name}")).await
 }
 
 /// One pair acks through the single-task route; several go in one batch, and any failed ack
