@@ -47,6 +47,7 @@ pub mod bucket;
 mod calls;
 mod checkpoint;
 mod keys;
+mod listing;
 mod lsm;
 mod meta;
 mod owner;

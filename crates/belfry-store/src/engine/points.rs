@@ -202,6 +202,16 @@ impl PointIndex {
         at.checked_sub(1).map(|i| self.samples[i].1)
     }
 
+    /// Where a listing of the bucket's puts from seq `first` on starts reading: the last
+    /// sample at or below `first`, else the file's start. `None` when the bucket holds no put
+    /// from `first` on.
+    pub fn list_start(&self, first: u64) -> Option<u64> {
+        if first > self.max_put_seq {
+            return None;
+        }
+        Some(self.scan_start(first).unwrap_or(0))
+    }
+
     /// Appends the index to a checkpoint section (see `docs/storage-format.md`).
     pub fn encode(&self, out: &mut Vec<u8>) {
         debug_assert!(self.complete);

@@ -46,7 +46,12 @@ pub(crate) struct Entry {
 
 impl Entry {
     /// A task as its put record left it, at `offset` and `len` in the bucket file.
-    fn put(put: &record::PutRecord, offset: u64, len: u32, key_hash: Option<u64>) -> Entry {
+    pub(super) fn put(
+        put: &record::PutRecord,
+        offset: u64,
+        len: u32,
+        key_hash: Option<u64>,
+    ) -> Entry {
         Entry {
             due_ms: put.due_at_ms,
             until_ms: 0,
@@ -63,8 +68,9 @@ impl Entry {
         }
     }
 
-    /// The task's state after a record that follows its put.
-    fn follow(&mut self, record: &Record) {
+    /// The task's state after a record that follows its put (`listing::Seen::follow` keeps
+    /// a listing's few fields the same way).
+    pub(super) fn follow(&mut self, record: &Record) {
         match record {
             Record::Put(_) => {}
             Record::Cancel { .. } => {
@@ -211,6 +217,12 @@ impl Entries {
     pub fn len(&self) -> usize {
         self.seqs.len()
     }
+
+    /// The entries after sequence number `after` (all if `None`), in sequence order.
+    pub fn after(&self, after: Option<u64>) -> impl Iterator<Item = (&u64, &Entry)> {
+        let from = after.map_or(0, |seq| self.seqs.partition_point(|&s| s <= seq));
+        self.seqs[from..].iter().zip(&self.items[from..])
+    }
 }
 
 impl<'a> IntoIterator for &'a Entries {
@@ -238,7 +250,14 @@ pub(crate) struct Bucket {
     pub points: PointIndex,
     /// Open for reads and appends while the bucket is loaded (see [`Bucket::flush`]).
     file: Option<File>,
+    /// Which `Bucket` this is, unique in the process: a bucket deleted and made again under
+    /// the same key (a new file) gets a new one. A read of the file made without the engine
+    /// lock is valid while the stamp is the same (see `listing.rs`).
+    pub stamp: u64,
 }
+
+/// The next [`Bucket::stamp`].
+static NEXT_BUCKET_STAMP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl Bucket {
     pub fn new(path: PathBuf, flushed_len: u64, meta: BucketMeta, loaded: bool) -> Bucket {
@@ -257,6 +276,7 @@ impl Bucket {
                 PointIndex::unknown()
             },
             file: None,
+            stamp: NEXT_BUCKET_STAMP.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
     }
 

@@ -872,4 +872,4 @@ fn decode_body(body: &[u8], keep: Keep<'_>) -> Result<Record, DecodeError> {
 
 #[cfg(test)]
 #[path = "record_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -158,7 +158,6 @@ impl Store for Engine {
         Ok(task)
     }
 
-    // PLACEHOLDER: loads every bucket it passes; to be replaced by a bounded read.
     fn list_tasks(
         &self,
         queue: &QueueName,
@@ -166,38 +165,8 @@ impl Store for Engine {
         limit: usize,
         now_ms: UnixMs,
     ) -> Result<Vec<Task>> {
-        let mut state = self.lock_state()?;
-        let (q, stats) = state.queue_at(queue, now_ms, self.core.options.lookahead_ms)?;
-        let start = after.map(split_id);
-        let keys: Vec<u64> = q
-            .buckets
-            .range(start.map_or(0, |(_, key)| key)..)
-            .map(|(key, _)| *key)
-            .collect();
-        let mut wanted = Vec::new();
-        for key in keys {
-            if wanted.len() >= limit {
-                break;
-            }
-            q.load(key, stats)?;
-            let Some(entries) = &q.buckets[&key].entries else {
-                continue;
-            };
-            for (seq, entry) in entries {
-                if start.is_some_and(|(s, k)| k == key && *seq <= s) {
-                    continue;
-                }
-                if matches!(entry.state, TaskState::Scheduled | TaskState::Leased) {
-                    wanted.push((*seq, key));
-                    if wanted.len() >= limit {
-                        break;
-                    }
-                }
-            }
-        }
-        let tasks = q.view_many(&wanted)?.into_iter().flatten().collect();
-        state.trim_far(None, &self.core.options);
-        Ok(tasks)
+        // Reads unloaded buckets without loading them (`listing.rs`).
+        self.list_live(queue, after, limit, now_ms)
     }
 
     fn get_by_key(&self, queue: &QueueName, key: &str, now_ms: UnixMs) -> Result<Option<Task>> {
