@@ -55,7 +55,7 @@ use super::{Engine, State};
 use crate::store::{Result, StoreError};
 
 /// Tasks a window of [`Mode::Fold`] may hold (if `limit` is smaller), and a window of
-/// [`Mode::Index`] may grow to: about 1 MiB of [`Seen`]s.
+/// [`Mode::Index`] may grow to: about 1 MiB of [`Seen`]s (about 60 bytes each in the map).
 pub(super) const WINDOW_MIN: usize = 16_384;
 
 /// Bytes read at a time from a bucket with a complete index (a page usually needs a few
