@@ -87,6 +87,22 @@ fn moved(i: usize) -> bool {
     i % 11 == 5 && !cancelled(i)
 }
 
+/// Cancels every 7th task and moves every 11th (not cancelled) half a day later; the first
+/// and the last (the bucket's due bounds) stay as they are.
+fn change_some(engine: &Engine, ids: &[TaskId], far: u64) {
+    for (i, id) in ids.iter().enumerate() {
+        let outcome = if cancelled(i) {
+            engine.cancel(&queue(), *id, NOW).unwrap()
+        } else if moved(i) {
+            let due = far + DAY_MS / 2 + i as u64;
+            engine.reschedule(&queue(), *id, due, NOW).unwrap()
+        } else {
+            continue;
+        };
+        assert_eq!(outcome, ChangeOutcome::Ok);
+    }
+}
+
 /// 50,000 tasks due in 59 days (one day-wide bucket), unloaded by a restart; cancels and
 /// reschedules made while it is unloaded (through its point index) show in the listing.
 #[test]
@@ -102,18 +118,7 @@ fn a_walk_over_a_large_unloaded_bucket_lists_every_task_once_and_leaves_it_unloa
     };
     let engine = open(dir.path());
     assert_eq!(loads(&engine), (0, 0), "{:?}", engine.stats());
-    // The first and last tasks (the bucket's due bounds) stay as they are.
-    for (i, id) in ids.iter().enumerate() {
-        let outcome = if cancelled(i) {
-            engine.cancel(&queue(), *id, NOW).unwrap()
-        } else if moved(i) {
-            let due = far + DAY_MS / 2 + i as u64;
-            engine.reschedule(&queue(), *id, due, NOW).unwrap()
-        } else {
-            continue;
-        };
-        assert_eq!(outcome, ChangeOutcome::Ok);
-    }
+    change_some(&engine, &ids, far);
     assert_eq!(loads(&engine), (0, 0), "changes went through the index");
 
     let check = |engine: &Engine, page: usize| {
@@ -161,6 +166,50 @@ fn a_walk_over_a_large_unloaded_bucket_lists_every_task_once_and_leaves_it_unloa
     check(&engine, 2_500);
 }
 
+/// Tasks of the bucket [`dead_letter_bucket`] changes: dead-lettered, leased (until 90 days
+/// after `NEAR`), nacked (due `far + 5`, one attempt), cancelled, moved a day later.
+const DEAD: usize = 10;
+const LEASED: usize = 20;
+const NACKED: usize = 30;
+const GONE: [usize; 2] = [40, 41];
+const LATER: usize = 50;
+const NEAR: u64 = NOW + 1_000;
+
+/// Puts `tasks` due at `far + i` into one bucket of a new engine in `dir`, changes some of
+/// them while the bucket is loaded (see [`DEAD`]), and closes the engine cleanly: its
+/// checkpoint unloads the bucket, which holds a dead letter, so its index is given up.
+fn dead_letter_bucket(dir: &std::path::Path, tasks: usize, far: u64) -> Vec<TaskId> {
+    let engine = open(dir);
+    let ids = fill(&engine, tasks, far);
+    for i in [DEAD, LEASED, NACKED] {
+        let outcome = engine.reschedule(&queue(), ids[i], NEAR, NOW).unwrap();
+        assert_eq!(outcome, ChangeOutcome::Ok);
+    }
+    let claim = |visibility: u64| {
+        let batch = engine.claim(&queue(), NEAR, 1, visibility).unwrap();
+        let leased = batch.leased.into_iter().next().unwrap();
+        (leased.task.id, leased.lease_id)
+    };
+    let (id, lease) = claim(60_000);
+    assert_eq!(id, ids[DEAD]);
+    let outcome = engine.dead_letter(&queue(), id, lease, "boom", NEAR);
+    assert_eq!(outcome.unwrap(), LeaseOutcome::Ok);
+    let (id, _) = claim(90 * DAY_MS);
+    assert_eq!(id, ids[LEASED]);
+    let (id, lease) = claim(60_000);
+    assert_eq!(id, ids[NACKED]);
+    let outcome = engine.nack(&queue(), id, lease, far + 5, NEAR);
+    assert_eq!(outcome.unwrap(), LeaseOutcome::Ok);
+    for i in GONE {
+        let outcome = engine.cancel(&queue(), ids[i], NEAR).unwrap();
+        assert_eq!(outcome, ChangeOutcome::Ok);
+    }
+    let outcome = engine.reschedule(&queue(), ids[LATER], far + DAY_MS, NEAR);
+    assert_eq!(outcome.unwrap(), ChangeOutcome::Ok);
+    engine.flush().unwrap();
+    ids
+}
+
 /// A far bucket that holds a dead letter has no complete point index once unloaded: its
 /// listing reads the states from its records (a lease in force, a nack's attempts, cancels
 /// and a reschedule made while it was loaded), still without loading it.
@@ -169,48 +218,14 @@ fn a_bucket_without_a_complete_index_is_listed_from_its_records() {
     const TASKS: usize = 3_000;
     let far = NOW + 30 * DAY_MS;
     let dir = tempfile::tempdir().unwrap();
-    let (dead, leased, nacked, gone, later) = (10, 20, 30, [40, 41], 50);
-    let near = NOW + 1_000;
-    let (ids, lease_until) = {
-        let engine = open(dir.path());
-        let ids = fill(&engine, TASKS, far);
-        for i in [dead, leased, nacked] {
-            let outcome = engine.reschedule(&queue(), ids[i], near, NOW).unwrap();
-            assert_eq!(outcome, ChangeOutcome::Ok);
-        }
-        let claim = |visibility: u64| {
-            let batch = engine.claim(&queue(), near, 1, visibility).unwrap();
-            let leased = batch.leased.into_iter().next().unwrap();
-            (leased.task.id, leased.lease_id)
-        };
-        let (id, lease) = claim(60_000);
-        assert_eq!(id, ids[dead]);
-        let outcome = engine.dead_letter(&queue(), id, lease, "boom", near);
-        assert_eq!(outcome.unwrap(), LeaseOutcome::Ok);
-        let (id, _) = claim(90 * DAY_MS);
-        assert_eq!(id, ids[leased]);
-        let (id, lease) = claim(60_000);
-        assert_eq!(id, ids[nacked]);
-        let outcome = engine.nack(&queue(), id, lease, far + 5, near);
-        assert_eq!(outcome.unwrap(), LeaseOutcome::Ok);
-        for i in gone {
-            assert_eq!(
-                engine.cancel(&queue(), ids[i], near).unwrap(),
-                ChangeOutcome::Ok
-            );
-        }
-        let outcome = engine.reschedule(&queue(), ids[later], far + DAY_MS, near);
-        assert_eq!(outcome.unwrap(), ChangeOutcome::Ok);
-        engine.flush().unwrap();
-        (ids, near + 90 * DAY_MS)
-    };
+    let ids = dead_letter_bucket(dir.path(), TASKS, far);
     let engine = open(dir.path());
     assert_eq!(loads(&engine), (0, 0), "{:?}", engine.stats());
 
     for page in [7, 1_000] {
-        let seen = walk(&engine, page, near + 1_000);
+        let seen = walk(&engine, page, NEAR + 1_000);
         let live: BTreeSet<TaskId> = (0..TASKS)
-            .filter(|i| *i != dead && !gone.contains(i))
+            .filter(|i| *i != DEAD && !GONE.contains(i))
             .map(|i| ids[i])
             .collect();
         assert_eq!(seen.keys().copied().collect::<BTreeSet<_>>(), live);
@@ -218,9 +233,9 @@ fn a_bucket_without_a_complete_index_is_listed_from_its_records() {
             let Some(task) = seen.get(id) else { continue };
             assert_eq!(task.payload, payload(i), "{i}");
             let expected = match i {
-                _ if i == leased => (TaskState::Leased, near, 1, Some(lease_until)),
-                _ if i == nacked => (TaskState::Scheduled, far + 5, 1, None),
-                _ if i == later => (TaskState::Scheduled, far + DAY_MS, 0, None),
+                LEASED => (TaskState::Leased, NEAR, 1, Some(NEAR + 90 * DAY_MS)),
+                NACKED => (TaskState::Scheduled, far + 5, 1, None),
+                LATER => (TaskState::Scheduled, far + DAY_MS, 0, None),
                 _ => (TaskState::Scheduled, far + i as u64, 0, None),
             };
             let got = (
@@ -234,7 +249,7 @@ fn a_bucket_without_a_complete_index_is_listed_from_its_records() {
         assert_eq!(loads(&engine), (0, 0), "{:?}", engine.stats());
     }
     // The bucket had no complete index: reading one of its tasks loads it.
-    let task = engine.get(&queue(), ids[0], near + 1_000).unwrap().unwrap();
+    let task = engine.get(&queue(), ids[0], NEAR + 1_000).unwrap().unwrap();
     assert_eq!(task.due_at_ms, far);
     assert_eq!(loads(&engine).0, 1, "{:?}", engine.stats());
 }
