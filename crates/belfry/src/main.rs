@@ -40,6 +40,7 @@ fn main() -> std::process::ExitCode {
     match runtime.block_on(cli::run(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) if commands::is_broken_pipe(&e) => std::process::ExitCode::SUCCESS,
+        Err(e) if commands::is_answer_no(&e) => std::process::ExitCode::FAILURE,
         Err(e) => {
             eprintln!("error: {}", commands::error_line(&e));
             std::process::ExitCode::FAILURE

@@ -339,10 +339,13 @@ fn reminders_are_updated_and_their_subscribers_listed_or_checked() {
     assert_eq!(rest["users"], serde_json::json!(["c"]), "{rest}");
     let yes = ok(&server, &["reminder", "subscribers", "r1", "b"]);
     assert_eq!(yes.trim(), "b is subscribed to r1");
-    let no = json(&server, &["reminder", "subscribers", "r1", "zed"]);
-    assert_eq!(no, serde_json::json!({"subscribed": false}));
+    // "No" exits 1 (as grep does), saying so on stdout and nothing on stderr.
+    let (exit, no, stderr) = belfry(&server, &["reminder", "subscribers", "r1", "zed", "--json"]);
+    assert_eq!((exit, stderr.as_str()), (Some(1), ""));
+    assert_eq!(no.trim(), r#"{"subscribed":false}"#);
     // A user called `count` (whose single-user path is the count route) is looked up too.
-    let count = ok(&server, &["reminder", "subscribers", "r1", "count"]);
+    let (exit, count, _) = belfry(&server, &["reminder", "subscribers", "r1", "count"]);
+    assert_eq!(exit, Some(1));
     assert_eq!(count.trim(), "count is not subscribed to r1");
     ok(
         &server,

@@ -106,6 +106,25 @@ pub(crate) fn say(line: impl std::fmt::Display) -> anyhow::Result<()> {
         .context("write the answer to stdout")
 }
 
+/// A command that printed its answer and must exit with status 1 without an error line: the
+/// answer was "no" (`belfry reminder subscribers ID USER` for a user who is not subscribed),
+/// as `grep` exits 1 when nothing matched.
+#[derive(Debug)]
+pub struct AnswerIsNo;
+
+impl std::fmt::Display for AnswerIsNo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the answer is no")
+    }
+}
+
+impl std::error::Error for AnswerIsNo {}
+
+/// Whether `error` is [`AnswerIsNo`]: exit 1, having said everything already.
+pub fn is_answer_no(error: &anyhow::Error) -> bool {
+    error.downcast_ref::<AnswerIsNo>().is_some()
+}
+
 /// Whether `error` is stdout's reader having gone away (`belfry queue list | head -1`): the
 /// command did its work, and like other command-line tools it ends quietly then.
 pub fn is_broken_pipe(error: &anyhow::Error) -> bool {

@@ -49,7 +49,8 @@ pub enum ReminderCommand {
         /// The reminder's id.
         id: String,
     },
-    /// List subscribers in id order, a page at a time; with USER, whether that one is.
+    /// List subscribers in id order, a page at a time; with USER, whether that one is (exit
+    /// status 1 when not).
     Subscribers {
         /// The reminder's id.
         id: String,
@@ -327,14 +328,20 @@ pub async fn reminder(remote: &Remote, command: ReminderCommand) -> anyhow::Resu
             }
             let subscribed = answer?;
             if remote.json {
-                return print_body(
+                print_body(
                     serde_json::json!({ "subscribed": subscribed })
                         .to_string()
                         .as_bytes(),
-                );
+                )?;
+            } else {
+                let not = if subscribed { "" } else { "not " };
+                say(format!("{user} is {not}subscribed to {id}"))?;
             }
-            let not = if subscribed { "" } else { "not " };
-            say(format!("{user} is {not}subscribed to {id}"))
+            // Exit 1 for "no", as `grep` does, so that a script can test it.
+            match subscribed {
+                true => Ok(()),
+                false => Err(super::AnswerIsNo.into()),
+            }
         }
         ReminderCommand::Subscribers {
             id, after, limit, ..
