@@ -60,6 +60,7 @@ static ASSETS: &[Asset] = &[
     asset!("js/overview.js", JS),
     asset!("js/queue.js", JS),
     asset!("js/dead.js", JS),
+    asset!("js/tasks.js", JS),
     asset!("js/task.js", JS),
     asset!("js/schedules.js", JS),
     asset!("js/reminders.js", JS),

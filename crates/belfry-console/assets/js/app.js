@@ -4,6 +4,7 @@ import { ApiError, AuthError, NetworkError, setToken, token } from "./api.js";
 import { showOverview } from "./overview.js";
 import { showQueue } from "./queue.js";
 import { showDead } from "./dead.js";
+import { showTasks } from "./tasks.js";
 import { showTask } from "./task.js";
 import { showSchedules } from "./schedules.js";
 import { showReminders } from "./reminders.js";
@@ -18,6 +19,7 @@ const ROUTES = [
   [/^\/?$/, showOverview, "overview"],
   [/^\/queue\/([^/]+)$/, showQueue, "overview"],
   [/^\/queue\/([^/]+)\/dead$/, showDead, "overview"],
+  [/^\/queue\/([^/]+)\/tasks$/, showTasks, "overview"],
   [/^\/task$/, showTask, "task"],
   [/^\/schedules$/, showSchedules, "schedules"],
   [/^\/reminders$/, showReminders, "reminders"],

@@ -83,6 +83,20 @@ export function duration(ms) {
   return rest === 0 ? head : `${head} ${rest}${smallName}`;
 }
 
+/** How far an instant is from now, in `duration`'s words: `in 4m 10s`, `2h 5m ago`, `now`. */
+export function relative(ms, now = Date.now()) {
+  if (ms === undefined || ms === null) return "—";
+  const d = ms - now;
+  if (Math.abs(d) < 1000) return "now";
+  return d > 0 ? `in ${duration(d)}` : `${duration(-d)} ago`;
+}
+
+/** Unix milliseconds as a UTC time and how far from now: `2026-01-01 10:00:00 UTC (in 1h)`. */
+export function when(ms) {
+  if (ms === undefined || ms === null) return "—";
+  return `${time(ms)} (${relative(ms)})`;
+}
+
 /** A per-second rate. */
 export function rate(r) {
   if (r === null || r === undefined) return "—";
