@@ -59,7 +59,8 @@ function queuesTable(queues, delivered, lateness) {
       link(`#/queue/${encodeURIComponent(q.name)}`, q.name),
       q.paused ? h("span", { class: "paused" }, "paused") : "active",
       q.delivery?.type ?? "pull",
-      { num: count(q.pending) },
+      { num: q.pending > 0 ? link(`#/queue/${encodeURIComponent(q.name)}/tasks`, count(q.pending))
+        : "0" },
       { num: count(q.due) },
       { num: count(q.in_flight) },
       { num: q.dead > 0 ? link(`#/queue/${encodeURIComponent(q.name)}/dead`, count(q.dead)) : "0" },

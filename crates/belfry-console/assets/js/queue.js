@@ -25,6 +25,7 @@ export async function showQueue(ctx) {
   ctx.main.append(
     h("h1", {}, "Queue ", name),
     h("div", { class: "actions" }, buttons.pause, buttons.resume, buttons.purge,
+      link(`#/queue/${seg(name)}/tasks`, "Tasks →"),
       link(`#/queue/${seg(name)}/dead`, "Dead letters →")),
     h("div", { class: "grid" },
       h("div", {}, h("h2", {}, "State"), state, h("h2", {}, "Configuration"), config),
