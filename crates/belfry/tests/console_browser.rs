@@ -3,7 +3,8 @@
 //! photographed, a queue is paused and a dead letter redriven by clicks (and the API shows
 //! it), "Redrive all" redrives each dead letter of a still-refusing webhook once (a receiver in
 //! the test counts), one is deleted from its row and "Delete all" deletes the rest, a queue is
-//! purged, the forecast chart is drawn, schedules page and refresh and one runs now, a malformed
+//! purged, a queue's live tasks are listed a page at a time and one is cancelled from its row,
+//! the forecast chart is drawn, schedules page and refresh and one runs now, a malformed
 //! address says "No such page.", the banner says when the server cannot be reached and goes
 //! once it can, and no JavaScript error is logged. A second test checks the token flow: the
 //! page loads without a token, its API calls fail until one is entered, a read-only token's
@@ -306,6 +307,7 @@ async fn every_page_works_against_a_real_server() {
         dead_letters(&browser, &server, &dead).await;
         redrive_all(&browser, &server).await;
         task_lookup(&browser, &server).await;
+        live_tasks(&browser, &server).await;
         schedules(&browser, &server).await;
         reminders(&browser, &server).await;
         malformed_address(&browser, &server).await;
@@ -557,6 +559,140 @@ async fn task_lookup(browser: &Session, server: &Served) {
     // The queue's late policy, a length of time: not an instant in 1970.
     assert!(fields.contains("1m (60000 ms)"), "{fields}");
     shoot(browser, "5-task").await;
+}
+
+/// The ids of the task rows shown.
+async fn task_rows(browser: &Session) -> Vec<String> {
+    let ids = browser
+        .js(
+            "return Array.from(document.querySelectorAll('#tasks tr[data-task]'), \
+             (r) => r.dataset.task)",
+            vec![],
+        )
+        .await;
+    serde_json::from_value(ids).unwrap()
+}
+
+/// A queue's live tasks: scheduled and leased ones with their states, due times and clipped
+/// payloads (markup shown as text); a scheduled one cancelled from its row (the API says it is
+/// cancelled); one leased after the page showed it is refused with a message and its row shown
+/// as it is now; one opened whole in the task view; ten a page, the next page and back.
+async fn live_tasks(browser: &Session, server: &Served) {
+    let submit = |body: Value| async move {
+        let task = ok(server, "POST", "/v1/queues/later/tasks", body).await;
+        task["id"].as_str().unwrap().to_owned()
+    };
+    let lease = || async {
+        let leased = ok(
+            server,
+            "POST",
+            "/v1/queues/later/lease",
+            json!({"max": 1, "visibility_ms": 600_000}),
+        )
+        .await;
+        leased["tasks"][0]["id"]
+            .as_str()
+            .expect("a lease")
+            .to_owned()
+    };
+    ok(server, "PUT", "/v1/queues/later", json!({})).await;
+    // One leased for ten minutes; eleven due in an hour and more; one due now, still scheduled.
+    let leased = submit(json!({"payload": "leased"})).await;
+    assert_eq!(lease().await, leased);
+    let mut later = Vec::new();
+    for n in 0..11 {
+        let payload = json!({"n": n, "note": "<i>in an hour</i>", "pad": "x".repeat(200)});
+        later.push(submit(json!({"payload": payload, "delay_ms": 3_600_000 + n * 60_000})).await);
+    }
+    let racing = submit(json!({"payload": "racing"})).await;
+
+    show(browser, server, "#/queue/later/tasks").await;
+    browser.wait_text("#tasks-page", "page 1, 13 tasks").await;
+    browser.wait("#tasks-next[disabled]").await;
+    let row = |id: &str| format!("#tasks tr[data-task='{id}']");
+    let shown = browser.wait_text(&row(&leased), "leased").await;
+    assert!(
+        shown.contains("until") && shown.contains("(in 9m"),
+        "{shown}"
+    );
+    let shown = browser.wait_text(&row(&later[10]), "scheduled").await;
+    assert!(shown.contains("(in 1h 9m"), "{shown}");
+    assert!(
+        shown.contains("<i>in an hour</i>") && shown.contains("…"),
+        "{shown}"
+    );
+    let injected = browser
+        .js("return document.querySelector('main i') !== null", vec![])
+        .await;
+    assert_eq!(injected, false, "a payload was parsed as HTML");
+    let cancels = format!(
+        "return document.querySelector(\"{} .cancel\")",
+        row(&leased)
+    );
+    assert_eq!(
+        browser.js(&cancels, vec![]).await,
+        Value::Null,
+        "a leased task has Cancel"
+    );
+    shoot(browser, "5b-tasks").await;
+
+    // Cancel, armed by the first click: the row goes, and the task is cancelled.
+    let cancel = format!("{} .cancel", row(&later[0]));
+    browser.click(&cancel).await;
+    browser.wait_text(&cancel, "Click again").await;
+    browser.click(&cancel).await;
+    browser.wait_text("#banner", "cancelled").await;
+    browser.wait_text("#tasks-page", "page 1, 12 tasks").await;
+    assert!(!task_rows(browser).await.contains(&later[0]));
+    let path = format!("/v1/queues/later/tasks/{}", later[0]);
+    let (_, task) = api(server, None, "GET", &path, None).await;
+    assert_eq!(task["state"], "cancelled", "{task}");
+
+    // Leased since the page was shown: the cancel is refused (409), and the row says leased.
+    assert_eq!(lease().await, racing);
+    let cancel = format!("{} .cancel", row(&racing));
+    browser.click(&cancel).await;
+    browser.wait_text(&cancel, "Click again").await;
+    browser.click(&cancel).await;
+    let banner = browser.wait_text("#banner", "not cancelled").await;
+    assert!(banner.contains("it is leased now"), "{banner}");
+    let refreshed = format!("#tasks tr[data-task='{racing}'][data-state='leased']");
+    browser.wait_text(&refreshed, "until").await;
+    let path = format!("/v1/queues/later/tasks/{racing}");
+    let (_, task) = api(server, None, "GET", &path, None).await;
+    assert_eq!(task["state"], "leased", "{task}");
+    // The refused DELETE is in the browser's log as a failed load, and nothing else.
+    for entry in browser.browser_log().await {
+        if entry["level"] == "SEVERE" {
+            let message = entry["message"].as_str().unwrap_or_default();
+            assert!(message.contains("409"), "{entry}");
+        }
+    }
+
+    // The whole task, in the task view.
+    browser.click(&format!("{} a.view", row(&later[1]))).await;
+    let fields = browser.wait_text("#task-fields", &later[1]).await;
+    assert!(fields.contains(&"x".repeat(200)), "{fields}");
+
+    // Ten a page: the next page has the other two, and every live task is on one of them.
+    show(browser, server, "#/queue/later/tasks").await;
+    browser.wait_text("#tasks-page", "page 1, 12 tasks").await;
+    browser.click("#tasks-limit option[value='10']").await;
+    browser.wait_text("#tasks-page", "page 1, 10 tasks").await;
+    let first = task_rows(browser).await;
+    browser.click("#tasks-next:not([disabled])").await;
+    browser.wait_text("#tasks-page", "page 2, 2 tasks").await;
+    browser.wait("#tasks-next[disabled]").await;
+    let mut all = task_rows(browser).await;
+    all.extend(first.iter().cloned());
+    all.sort();
+    let mut live: Vec<String> = later[1..].to_vec();
+    live.extend([leased, racing]);
+    live.sort();
+    assert_eq!(all, live);
+    browser.click("#tasks-first:not([disabled])").await;
+    browser.wait_text("#tasks-page", "page 1, 10 tasks").await;
+    assert_eq!(task_rows(browser).await, first);
 }
 
 async fn schedules(browser: &Session, server: &Served) {
