@@ -212,6 +212,25 @@ pub(crate) fn split_id(id: TaskId, uid: u64, partitions: u16) -> Option<(u16, [u
     Some((p, (raw as u64).to_be_bytes()))
 }
 
+/// Where a listing in id order resumes for queue `uid`, after the task `after` (the last of
+/// the previous page, which need not exist any more): the partition to read first and the
+/// sequence there to read after (none: from that partition's start); none when `after` is
+/// past every id of the queue. An id of an earlier incarnation starts from the beginning.
+pub(crate) fn listing_start(after: Option<TaskId>, uid: u64) -> Option<(u16, Option<u64>)> {
+    let Some(id) = after else {
+        return Some((0, None));
+    };
+    let id_uid = (id.0 >> 96) as u64;
+    if id_uid < uid {
+        return Some((0, None));
+    }
+    // A later incarnation's id, or one with unused bits set: past every id of this queue.
+    if id_uid > uid || (id.0 >> 80) & 0xffff != 0 {
+        return None;
+    }
+    Some((((id.0 >> 64) & 0xffff) as u16, Some(id.0 as u64)))
+}
+
 pub(crate) fn seq_of(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(bytes.try_into().ok()?))
 }
@@ -239,6 +258,17 @@ const LEASE_COUNTER_MASK: u64 = (1 << 48) - 1;
 mod tests {
     use super::*;
     use crate::conn::key_slot;
+
+    #[test]
+    fn a_listing_resumes_after_its_cursor() {
+        let id = task_id(7, 3, 42);
+        assert_eq!(listing_start(None, 7), Some((0, None)));
+        assert_eq!(listing_start(Some(id), 7), Some((3, Some(42))));
+        // An earlier incarnation's id starts over; a later one's is past this queue.
+        assert_eq!(listing_start(Some(id), 8), Some((0, None)));
+        assert_eq!(listing_start(Some(id), 6), None);
+        assert_eq!(listing_start(Some(TaskId(id.0 | 1 << 80)), 7), None);
+    }
 
     #[test]
     fn each_subscriber_shard_lands_in_its_run_of_slots() {

@@ -10,7 +10,7 @@ use redis::Value;
 use crate::claim_many::evalsha;
 use crate::conn::{map_error, pipeline, unexpected, Conn, Result};
 use crate::each::{pipeline_each, ScriptCall};
-use crate::keys::{split_id, task_id};
+use crate::keys::{listing_start, split_id, task_id};
 use crate::record;
 use crate::reply::{as_array, as_bytes, as_i64, as_seq, corrupt, decode, one_reply_each, to_task};
 use crate::scripts;
@@ -356,19 +356,8 @@ impl RedisStore {
     ) -> Result<Vec<Task>> {
         self.with_queue(queue, |this, c, uid| {
             let mut out = Vec::new();
-            let (first_p, mut after_seq) = match after {
-                None => (0, None),
-                Some(id) if (id.0 >> 96) as u64 > uid => return Ok(out),
-                Some(id) if ((id.0 >> 96) as u64) < uid => (0, None),
-                Some(id) => {
-                    let p = ((id.0 >> 64) & 0xffff) as u16;
-                    let seq = (id.0 as u64).to_be_bytes();
-                    if (id.0 >> 80) & 0xffff != 0 {
-                        // Past every id of this queue's partitions with zero unused bits.
-                        return Ok(out);
-                    }
-                    (p, Some(seq))
-                }
+            let Some((first_p, mut after_seq)) = listing_start(after, uid) else {
+                return Ok(out);
             };
             for p in first_p..this.keys.partitions {
                 if out.len() >= limit {
@@ -377,7 +366,10 @@ impl RedisStore {
                 let part = this.part(p, uid);
                 let args = [
                     b"dead".to_vec(),
-                    after_seq.take().map(|s| s.to_vec()).unwrap_or_default(),
+                    after_seq
+                        .take()
+                        .map(|s| s.to_be_bytes().to_vec())
+                        .unwrap_or_default(),
                     (limit - out.len()).to_string().into_bytes(),
                 ];
                 let v = this.read(c, &part, &args)?;
