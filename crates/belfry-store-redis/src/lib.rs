@@ -34,6 +34,7 @@ mod health;
 mod inflight;
 mod keys;
 mod layout;
+mod list;
 pub mod ownership;
 mod record;
 mod reply;

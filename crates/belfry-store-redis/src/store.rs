@@ -579,17 +579,14 @@ impl Store for RedisStore {
         self.list_dead_tasks(queue, after, limit)
     }
 
-    // PLACEHOLDER: to be written.
     fn list_tasks(
         &self,
-        _queue: &QueueName,
-        _after: Option<TaskId>,
-        _limit: usize,
-        _now_ms: UnixMs,
+        queue: &QueueName,
+        after: Option<TaskId>,
+        limit: usize,
+        now_ms: UnixMs,
     ) -> Result<Vec<Task>> {
-        Err(StoreError::Invalid(
-            "listing tasks is not written yet".into(),
-        ))
+        self.list_live_tasks(queue, after, limit, now_ms)
     }
 
     fn counts(&self, queue: &QueueName, now_ms: UnixMs) -> Result<QueueCounts> {

@@ -203,19 +203,10 @@ impl RedisStore {
             return Err(bad());
         };
         let _ = c;
-        let seq = as_seq(seq).ok_or_else(bad)?;
-        let record = decode(as_bytes(rec).ok_or_else(bad)?)?;
         let reason = as_bytes(reason)
             .filter(|r| !r.is_empty())
             .map(|r| String::from_utf8_lossy(r).into_owned());
-        Ok(to_task(
-            record,
-            task_id(uid, p, seq),
-            queue,
-            reason,
-            now_ms,
-            false,
-        ))
+        task_of(queue, uid, p, seq, rec, reason, now_ms)
     }
 
     pub(crate) fn put_tasks(&self, tasks: Vec<NewTask>) -> Result<Vec<PutOutcome>> {
@@ -544,6 +535,30 @@ impl RedisStore {
         ];
         self.read(c, part, &args)
     }
+}
+
+/// The task a script's reply names by its 8-byte sequence and record, as it is at `now_ms`
+/// (a lease that has ended reads as scheduled: `to_task`).
+pub(crate) fn task_of(
+    queue: &QueueName,
+    uid: u64,
+    p: u16,
+    seq: &Value,
+    rec: &Value,
+    dead_reason: Option<String>,
+    now_ms: UnixMs,
+) -> Result<Task> {
+    let bad = || corrupt("redis reply (read a task)", "unexpected shape".into());
+    let seq = as_seq(seq).ok_or_else(bad)?;
+    let record = decode(as_bytes(rec).ok_or_else(bad)?)?;
+    Ok(to_task(
+        record,
+        task_id(uid, p, seq),
+        queue,
+        dead_reason,
+        now_ms,
+        false,
+    ))
 }
 
 /// One task's four arguments to the put script: due, priority, idempotency key, record.

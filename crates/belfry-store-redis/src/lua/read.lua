@@ -3,6 +3,8 @@
 --   'key' idempotency key, now, retain_ms -> {seq, record, dead reason} or {}
 --     (a task finished the retention or more before `now` is not found, forgotten or not)
 --   'dead' after seq ('' first), limit -> {seq, record, reason, ...}
+--   'live' after (a sequence number, 0 first), want, probe budget (0: scan)
+--                                  -> {next (-1: nothing live after), live count, seq, record, ...}
 --   'counts' now                   -> {pending, due, leased-until-after-now, dead,
 --                                      earliest due time of a due task (-1: none due)}
 --   'forecast' from, step, steps   -> counts per step
@@ -41,6 +43,125 @@ local function bucketed_due(now)
   end
   return n, oldest
 end
+-- A listing's page of live tasks (scheduled, bucketed or leased) in sequence order (`list.rs`).
+-- No index orders them by sequence: the ready and lease sets are ordered by time, the bucket
+-- lists by arrival. So a page either probes the record hash sequence by sequence (cheap where
+-- live tasks are dense among the sequences given out), or scans those sets and lists whole
+-- (cheap where the partition holds few), keeping only the page's smallest sequences.
+local PROBE_CHUNK, SCAN_CHUNK, SCAN_ALWAYS = 128, 1000, 256
+
+local function is_live(rec)
+  local _, state = struct.unpack('>BB', rec)
+  return state == SCHEDULED or state == LEASED or state == BUCKETED
+end
+
+-- The entries a scan reads, about: the ready and lease sets, and the tasks in buckets.
+local function live_count()
+  return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
+    + redis.call('ZCARD', KEYS[3]) + tonumber(redis.call('HGET', KEYS[11], 'all') or '0')
+end
+
+-- Appends to `out` the live records of sequences `after` + 1 on, in order, until `want` are
+-- found, `budget` sequences are probed or the partition's counter is passed. Returns the last
+-- sequence probed (-1: past the counter, nothing more to find).
+local function live_probe(out, after, want, budget)
+  local top = tonumber(redis.call('GET', KEYS[9]) or '0')
+  local s, found = after, 0
+  while s < top and budget > 0 do
+    local n = math.min(PROBE_CHUNK, top - s, budget)
+    local seqs = {}
+    for i = 1, n do seqs[i] = struct.pack('>I8', s + i) end
+    local recs = redis.call('HMGET', KEYS[4], unpack(seqs))
+    for i = 1, n do
+      if recs[i] and is_live(recs[i]) then
+        out[#out + 1] = seqs[i]
+        out[#out + 1] = recs[i]
+        found = found + 1
+        if found == want then return s + i end
+      end
+    end
+    s = s + n
+    budget = budget - n
+  end
+  if s >= top then return -1 end
+  return s
+end
+
+-- The `want` smallest sequence numbers after `after` among the ready sets, the lease set and
+-- the bucket lists, each once (a bucket list may name a task twice, or one now elsewhere),
+-- ascending: a max-heap of `want`, fed a chunk at a time.
+local function smallest_after(after, want)
+  local heap, held = {}, {}
+  local function sift(i)
+    while true do
+      local l, r, m = 2 * i, 2 * i + 1, i
+      if l <= #heap and heap[l] > heap[m] then m = l end
+      if r <= #heap and heap[r] > heap[m] then m = r end
+      if m == i then return end
+      heap[m], heap[i] = heap[i], heap[m]
+      i = m
+    end
+  end
+  local function offer(v)
+    if v <= after or held[v] then return end
+    if #heap < want then
+      heap[#heap + 1] = v
+      local i = #heap
+      while i > 1 and heap[math.floor(i / 2)] < heap[i] do
+        local up = math.floor(i / 2)
+        heap[up], heap[i] = heap[i], heap[up]
+        i = up
+      end
+    elseif v < heap[1] then
+      held[heap[1]] = nil
+      heap[1] = v
+      sift(1)
+    else
+      return
+    end
+    held[v] = true
+  end
+  local function each(read, decode)
+    local at = 0
+    repeat
+      local got = read(at, at + SCAN_CHUNK - 1)
+      for _, item in ipairs(got) do offer(decode(item)) end
+      at = at + SCAN_CHUNK
+    until #got < SCAN_CHUNK
+  end
+  local function seq_number(seq) return (struct.unpack('>I8', seq)) end
+  for _, key in ipairs({KEYS[1], KEYS[2], KEYS[3]}) do
+    each(function(a, b) return redis.call('ZRANGE', key, a, b) end, seq_number)
+  end
+  for _, b in ipairs(redis.call('ZRANGE', KEYS[10], 0, -1)) do
+    local list = bucket_list(tonumber(b))
+    each(function(a, b2) return redis.call('LRANGE', list, a, b2) end, tonumber)
+  end
+  table.sort(heap)
+  return heap
+end
+
+-- Appends to `out` the live records among the `want` smallest sequences after `after` that
+-- the sets and lists name. Returns the largest of those (-1: fewer, nothing more to find).
+local function live_scan(out, after, want)
+  local candidates = smallest_after(after, want)
+  for i = 1, #candidates, PROBE_CHUNK do
+    local seqs = {}
+    for j = i, math.min(i + PROBE_CHUNK - 1, #candidates) do
+      seqs[#seqs + 1] = struct.pack('>I8', candidates[j])
+    end
+    local recs = redis.call('HMGET', KEYS[4], unpack(seqs))
+    for j, seq in ipairs(seqs) do
+      if recs[j] and is_live(recs[j]) then
+        out[#out + 1] = seq
+        out[#out + 1] = recs[j]
+      end
+    end
+  end
+  if #candidates < want then return -1 end
+  return candidates[#candidates]
+end
+
 if op == 'get' or op == 'key' then
   local seq = ARGV[2]
   if op == 'key' then seq = redis.call('HGET', KEYS[5], ARGV[2]) end
@@ -64,6 +185,16 @@ elseif op == 'dead' then
       out[#out + 1] = rec
       out[#out + 1] = redis.call('HGET', KEYS[7], seq) or ''
     end
+  end
+  return out
+elseif op == 'live' then
+  local after, want, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+  local count = live_count()
+  local out = {-1, count}
+  if budget == 0 or count <= SCAN_ALWAYS then
+    out[1] = live_scan(out, after, want)
+  else
+    out[1] = live_probe(out, after, want, budget)
   end
   return out
 elseif op == 'counts' then
