@@ -3,34 +3,57 @@
 //!
 //! Nothing in a partition orders its live tasks by sequence (its ready and lease sets are
 //! ordered by time, its bucket lists by arrival), and the listing adds no index for every put
-//! to write. The read script's `live` op reads a partition's page one of two ways instead
-//! (`lua/read.lua`):
+//! to write. A page reads a partition one of three ways instead (`lua/read.lua`):
 //!
-//! - a **probe** reads the record hash sequence by sequence from the cursor on, a bounded
-//!   number of sequences a call, and stops once it has the page: its cost is the sequences
-//!   it passes, cheap where live tasks are dense among the sequences the partition gave out
-//!   (to tasks, and to leases), whatever the partition holds;
-//! - a **scan** reads the partition's ready sets, lease set and bucket lists whole, a chunk at
-//!   a time, keeping only the page's smallest sequences after the cursor: its cost is the
-//!   live tasks of the partition, every page, and it is one script (an atomic read, so that a
-//!   task moving between the sets is seen once).
+//! - a **probe** reads the record hash sequence by sequence from the cursor on, up to
+//!   [`PROBE_STEP`] sequences a call, and stops once it has the page: its cost is the
+//!   sequences it passes, cheap where live tasks are dense among the sequences the partition
+//!   gave out (to tasks, and to leases), however many the partition holds;
+//! - a **scan** reads the partition's ready sets, lease set and bucket lists whole in one
+//!   call (an atomic read, so a task moving between them is seen once), keeping only the
+//!   page's smallest sequences after the cursor: its cost is the partition's live tasks;
+//! - a **pass** over the record hash (`HSCAN`, [`PASS_STEP`] records a call) collects the
+//!   page's smallest live sequences after the cursor here, then reads them: its cost is the
+//!   partition's records (live, dead, and finished in the last minute), in calls that each
+//!   hold Redis briefly. `HSCAN` returns every record present for the whole pass, so a task
+//!   live throughout is found, though tasks move between sets meanwhile.
 //!
-//! A page probes first and turns to scanning once it has probed as many sequences as the
-//! partition holds live tasks (a partition holding few is scanned at once), so a page costs at
-//! most about twice the cheaper of the two. Either way a call answers the live tasks of a
-//! range of sequences just after the cursor and where the range ends, so the calls of a walk
-//! cover every sequence once: a task live throughout the walk is listed once.
+//! A page probes first. Once it has probed as many sequences as a scan or a pass would read,
+//! it scans (a partition holding at most [`SCAN_MAX`] live tasks) or passes (a bigger one,
+//! whose scan would hold Redis too long: 0.4 s for a million). A partition holding few live
+//! tasks is scanned at once. So a page costs at most about twice the cheapest way. Each call
+//! answers the live tasks of a range of sequences just after the cursor and where the range
+//! ends, so the calls of a walk cover every sequence once.
+
+use std::collections::BTreeSet;
 
 use belfry_core::{QueueName, Task, TaskId, UnixMs};
+use belfry_store::StoreError;
+use redis::Value;
 
 use crate::conn::{unexpected, Conn, Result};
 use crate::keys::listing_start;
-use crate::reply::{as_array, as_i64};
-use crate::store::RedisStore;
+use crate::reply::{as_array, as_bytes, as_i64, as_seq};
+use crate::store::{Part, RedisStore};
 use crate::tasks::task_of;
 
 /// Sequences one probe call reads at most: a few milliseconds of Redis's time.
 const PROBE_STEP: u64 = 1024;
+/// The most live tasks a partition is scanned with, in one call (10 to 15 ms of Redis's time).
+const SCAN_MAX: u64 = 32_768;
+/// Records one call of a pass over the record hash reads, about (`HSCAN`'s `COUNT`).
+const PASS_STEP: u64 = 1024;
+
+/// What every call of one page shares: the queue, its uid, the partition read, the page's
+/// size and its now (by which an ended lease reads as scheduled).
+#[derive(Clone, Copy)]
+struct Page<'a> {
+    queue: &'a QueueName,
+    uid: u64,
+    p: u16,
+    limit: usize,
+    now_ms: UnixMs,
+}
 
 impl RedisStore {
     pub(crate) fn list_live_tasks(
@@ -73,66 +96,158 @@ impl RedisStore {
         out: &mut Vec<Task>,
     ) -> Result<()> {
         let part = self.part(page.p, page.uid);
-        // Sequences this page probed in the partition, and the live tasks it holds (unknown
-        // before the first call).
-        let (mut probed, mut live) = (0u64, u64::MAX);
+        // Sequences this page probed here, and the partition's live tasks and records (as the
+        // last call found them; unknown before the first).
+        let mut probed = 0u64;
+        let mut sizes = None;
         while out.len() < page.limit {
-            let want = page.limit - out.len();
-            let budget = if probed >= live { 0 } else { PROBE_STEP };
-            let args = [
-                b"live".to_vec(),
-                after.to_string().into_bytes(),
-                want.to_string().into_bytes(),
-                budget.to_string().into_bytes(),
-            ];
-            let v = self.read(c, &part, &args)?;
-            let bad = || unexpected("list live tasks", &v);
-            let items = as_array(&v).ok_or_else(bad)?;
-            let [next, count, found @ ..] = items else {
-                return Err(bad());
+            let next = match sizes {
+                Some((live, records)) if live > SCAN_MAX && probed >= records / 4 => {
+                    self.pass(c, &part, page, after, out)?
+                }
+                _ => {
+                    let scan = sizes.is_some_and(|(live, _)| live <= SCAN_MAX && probed >= live);
+                    let budget = if scan { 0 } else { PROBE_STEP };
+                    let (next, live, records) =
+                        self.probe_or_scan(c, &part, page, after, budget, out)?;
+                    sizes = Some((live, records));
+                    if let Some(next) = next.filter(|_| budget > 0) {
+                        probed += next - after;
+                    }
+                    next
+                }
             };
-            if found.len() % 2 != 0 || found.len() / 2 > want {
-                return Err(bad());
+            match next {
+                Some(next) => after = next,
+                None => return Ok(()),
             }
-            let Page {
-                queue,
-                uid,
-                p,
-                now_ms,
-                ..
-            } = *page;
-            for pair in found.chunks(2) {
-                out.push(task_of(queue, uid, p, &pair[0], &pair[1], None, now_ms)?);
-            }
-            live = as_i64(count)
-                .and_then(|n| u64::try_from(n).ok())
-                .ok_or_else(bad)?;
-            let next = as_i64(next).ok_or_else(bad)?;
-            if next < 0 {
-                return Ok(());
-            }
-            // Each call covers at least one sequence past the cursor: a reply that does not
-            // would never end the walk.
-            let next = u64::try_from(next)
-                .ok()
-                .filter(|n| *n > after)
-                .ok_or_else(bad)?;
-            if budget > 0 {
-                probed += next - after;
-            }
-            after = next;
         }
         Ok(())
     }
+
+    /// One call of the read script's `live` op: a probe of up to `budget` sequences after
+    /// `after` (a scan when 0, or when the partition holds few live tasks). Appends the live
+    /// tasks found and answers the last sequence the call covered (none: the partition has
+    /// nothing more), with the partition's live tasks and records.
+    fn probe_or_scan(
+        &self,
+        c: &mut Conn,
+        part: &Part,
+        page: &Page<'_>,
+        after: u64,
+        budget: u64,
+        out: &mut Vec<Task>,
+    ) -> Result<(Option<u64>, u64, u64)> {
+        let want = page.limit - out.len();
+        let args = [
+            b"live".to_vec(),
+            after.to_string().into_bytes(),
+            want.to_string().into_bytes(),
+            budget.to_string().into_bytes(),
+        ];
+        let v = self.read(c, part, &args)?;
+        let bad = || unexpected("list live tasks", &v);
+        let items = as_array(&v).ok_or_else(bad)?;
+        let [next, live, records, found @ ..] = items else {
+            return Err(bad());
+        };
+        push_tasks(page, found, want, out, bad)?;
+        let count = |v: &Value| as_i64(v).and_then(|n| u64::try_from(n).ok());
+        let (live, records) = count(live).zip(count(records)).ok_or_else(bad)?;
+        let next = match as_i64(next).ok_or_else(bad)? {
+            n if n < 0 => None,
+            // Each call covers at least one sequence past the cursor: a reply that does not
+            // would never end the walk.
+            n => Some(
+                u64::try_from(n)
+                    .ok()
+                    .filter(|n| *n > after)
+                    .ok_or_else(bad)?,
+            ),
+        };
+        Ok((next, live, records))
+    }
+
+    /// A pass over the partition's record hash for the page's smallest live sequences after
+    /// `after` (a few more than the page wants, as a task may finish before it is read), then
+    /// a read of those. Appends the live tasks and answers the last sequence covered (none:
+    /// the partition has nothing more), as [`RedisStore::probe_or_scan`] does.
+    fn pass(
+        &self,
+        c: &mut Conn,
+        part: &Part,
+        page: &Page<'_>,
+        after: u64,
+        out: &mut Vec<Task>,
+    ) -> Result<Option<u64>> {
+        let want = page.limit - out.len();
+        let take = want + 64 + want / 8;
+        let mut smallest = BTreeSet::<u64>::new();
+        let mut cursor = b"0".to_vec();
+        loop {
+            // Once `take` are held, only smaller ones matter.
+            let below = match smallest.last() {
+                Some(max) if smallest.len() == take => max.to_string().into_bytes(),
+                _ => Vec::new(),
+            };
+            let args = [
+                b"live_records".to_vec(),
+                cursor,
+                after.to_string().into_bytes(),
+                PASS_STEP.to_string().into_bytes(),
+                below,
+            ];
+            let v = self.read(c, part, &args)?;
+            let bad = || unexpected("list live records", &v);
+            let [next, seqs @ ..] = as_array(&v).ok_or_else(bad)? else {
+                return Err(bad());
+            };
+            for seq in seqs {
+                smallest.insert(as_seq(seq).ok_or_else(bad)?);
+                if smallest.len() > take {
+                    smallest.pop_last();
+                }
+            }
+            cursor = as_bytes(next).ok_or_else(bad)?.to_vec();
+            if cursor == b"0" {
+                break;
+            }
+        }
+        let mut args = vec![b"live_read".to_vec(), want.to_string().into_bytes()];
+        args.extend(smallest.iter().map(|s| s.to_string().into_bytes()));
+        let v = self.read(c, part, &args)?;
+        let bad = || unexpected("read live tasks", &v);
+        let found = as_array(&v).ok_or_else(bad)?;
+        push_tasks(page, found, want, out, bad)?;
+        Ok(match smallest.last() {
+            _ if found.len() / 2 == want => out.last().map(|t| t.id.0 as u64),
+            Some(last) if smallest.len() == take => Some(*last),
+            _ => None,
+        })
+    }
 }
 
-/// What every call of one page shares: the queue, its uid, the partition read, the page's
-/// size and its now (by which an ended lease reads as scheduled).
-#[derive(Clone, Copy)]
-struct Page<'a> {
-    queue: &'a QueueName,
-    uid: u64,
-    p: u16,
-    limit: usize,
-    now_ms: UnixMs,
+/// Appends to `out` the tasks of `found`, a reply's sequence and record pairs (at most
+/// `want`); `bad` when the reply is not so shaped.
+fn push_tasks(
+    page: &Page<'_>,
+    found: &[Value],
+    want: usize,
+    out: &mut Vec<Task>,
+    bad: impl Fn() -> StoreError,
+) -> Result<()> {
+    if found.len() % 2 != 0 || found.len() / 2 > want {
+        return Err(bad());
+    }
+    let Page {
+        queue,
+        uid,
+        p,
+        now_ms,
+        ..
+    } = *page;
+    for pair in found.chunks(2) {
+        out.push(task_of(queue, uid, p, &pair[0], &pair[1], None, now_ms)?);
+    }
+    Ok(())
 }

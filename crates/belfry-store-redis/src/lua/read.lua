@@ -4,7 +4,11 @@
 --     (a task finished the retention or more before `now` is not found, forgotten or not)
 --   'dead' after seq ('' first), limit -> {seq, record, reason, ...}
 --   'live' after (a sequence number, 0 first), want, probe budget (0: scan)
---                                  -> {next (-1: nothing live after), live count, seq, record, ...}
+--                                  -> {next (-1: nothing live after), live count, records,
+--                                      seq, record, ...}
+--   'live_records' HSCAN cursor, after, count, below ('' none) -> {next cursor, seq, ...}
+--                                  (of live records, after `after` and below `below`)
+--   'live_read' want, sequence numbers ascending -> {seq, record, ...} (the first `want` live)
 --   'counts' now                   -> {pending, due, leased-until-after-now, dead,
 --                                      earliest due time of a due task (-1: none due)}
 --   'forecast' from, step, steps   -> counts per step
@@ -43,11 +47,13 @@ local function bucketed_due(now)
   end
   return n, oldest
 end
--- A listing's page of live tasks (scheduled, bucketed or leased) in sequence order (`list.rs`).
--- No index orders them by sequence: the ready and lease sets are ordered by time, the bucket
--- lists by arrival. So a page either probes the record hash sequence by sequence (cheap where
--- live tasks are dense among the sequences given out), or scans those sets and lists whole
--- (cheap where the partition holds few), keeping only the page's smallest sequences.
+-- A listing's page of live tasks (scheduled, bucketed or leased) in sequence order (`list.rs`
+-- says which way a page reads, and when). No index orders them by sequence: the ready and
+-- lease sets are ordered by time, the bucket lists by arrival. So a page probes the record
+-- hash sequence by sequence (cheap where live tasks are dense among the sequences given out),
+-- or scans those sets and lists whole in one call (cheap where the partition holds few),
+-- keeping only the page's smallest sequences, or, for a big partition, passes over the record
+-- hash in steps ('live_records') and reads the smallest it found ('live_read').
 local PROBE_CHUNK, SCAN_CHUNK, SCAN_ALWAYS = 128, 1000, 256
 
 local function is_live(rec)
@@ -87,10 +93,10 @@ local function live_probe(out, after, want, budget)
   return s
 end
 
--- The `want` smallest sequence numbers after `after` among the ready sets, the lease set and
+-- The `count` smallest sequence numbers after `after` among the ready sets, the lease set and
 -- the bucket lists, each once (a bucket list may name a task twice, or one now elsewhere),
--- ascending: a max-heap of `want`, fed a chunk at a time.
-local function smallest_after(after, want)
+-- ascending: a max-heap of `count`, fed a chunk at a time.
+local function smallest_after(after, count)
   local heap, held = {}, {}
   local function sift(i)
     while true do
@@ -104,7 +110,7 @@ local function smallest_after(after, want)
   end
   local function offer(v)
     if v <= after or held[v] then return end
-    if #heap < want then
+    if #heap < count then
       heap[#heap + 1] = v
       local i = #heap
       while i > 1 and heap[math.floor(i / 2)] < heap[i] do
@@ -141,10 +147,10 @@ local function smallest_after(after, want)
   return heap
 end
 
--- Appends to `out` the live records among the `want` smallest sequences after `after` that
--- the sets and lists name. Returns the largest of those (-1: fewer, nothing more to find).
-local function live_scan(out, after, want)
-  local candidates = smallest_after(after, want)
+-- Appends to `out` the live records among `candidates` (ascending sequence numbers), up to
+-- `want`. Returns the last sequence listed when `want` were found, else nil.
+local function read_live(out, candidates, want)
+  local found = 0
   for i = 1, #candidates, PROBE_CHUNK do
     local seqs = {}
     for j = i, math.min(i + PROBE_CHUNK - 1, #candidates) do
@@ -155,10 +161,24 @@ local function live_scan(out, after, want)
       if recs[j] and is_live(recs[j]) then
         out[#out + 1] = seq
         out[#out + 1] = recs[j]
+        found = found + 1
+        if found == want then return candidates[i + j - 1] end
       end
     end
   end
-  if #candidates < want then return -1 end
+  return nil
+end
+
+-- Appends to `out` the first `want` live records among the smallest sequences after `after`
+-- that the sets and lists name, taking a few more than `want` so that stale bucket entries
+-- (cancelled or moved tasks) seldom cost another scan. Returns the last sequence this covers:
+-- the last listed when `want` were found, else the largest taken (-1: nothing more to find).
+local function live_scan(out, after, want)
+  local take = want + 64 + math.floor(want / 8)
+  local candidates = smallest_after(after, take)
+  local last = read_live(out, candidates, want)
+  if last then return last end
+  if #candidates < take then return -1 end
   return candidates[#candidates]
 end
 
@@ -190,12 +210,30 @@ elseif op == 'dead' then
 elseif op == 'live' then
   local after, want, budget = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
   local count = live_count()
-  local out = {-1, count}
+  local out = {-1, count, redis.call('HLEN', KEYS[4])}
   if budget == 0 or count <= SCAN_ALWAYS then
     out[1] = live_scan(out, after, want)
   else
     out[1] = live_probe(out, after, want, budget)
   end
+  return out
+elseif op == 'live_records' then
+  -- One step of a pass over the record hash: the sequences of live records between bounds.
+  local got = redis.call('HSCAN', KEYS[4], ARGV[2], 'COUNT', ARGV[4])
+  local after, below, fields = tonumber(ARGV[3]), tonumber(ARGV[5]), got[2]
+  local out = {got[1]}
+  for i = 1, #fields, 2 do
+    local n = struct.unpack('>I8', fields[i])
+    if n > after and (not below or n < below) and is_live(fields[i + 1]) then
+      out[#out + 1] = fields[i]
+    end
+  end
+  return out
+elseif op == 'live_read' then
+  local out = {}
+  local candidates = {}
+  for i = 3, #ARGV do candidates[#candidates + 1] = tonumber(ARGV[i]) end
+  read_live(out, candidates, tonumber(ARGV[2]))
   return out
 elseif op == 'counts' then
   local now = tonumber(ARGV[2])
