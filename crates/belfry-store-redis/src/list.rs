@@ -18,10 +18,12 @@
 //!   hold Redis briefly. `HSCAN` returns every record present for the whole pass, so a task
 //!   live throughout is found, though tasks move between sets meanwhile.
 //!
-//! A page probes first. Once it has probed as many sequences as a scan or a pass would read,
-//! it scans (a partition holding at most [`SCAN_MAX`] live tasks) or passes (a bigger one,
-//! whose scan would hold Redis too long: 0.4 s for a million). A partition holding few live
-//! tasks is scanned at once. So a page costs at most about twice the cheapest way. Each call
+//! A page probes first. A partition holding at most [`SCAN_MAX`] live tasks is scanned once
+//! the page has probed as many sequences as it holds live tasks (at once when it holds few);
+//! a bigger one, whose scan would hold Redis too long (0.4 s for a million), is passed over
+//! once the page has probed a quarter as many sequences as it holds records (a pass costs a
+//! few times a probe per record). So no page costs much more than the cheaper of probing its
+//! way and the other, and no call holds Redis for more than a few milliseconds. Each call
 //! answers the live tasks of a range of sequences just after the cursor and where the range
 //! ends, so the calls of a walk cover every sequence once.
 
@@ -39,10 +41,53 @@ use crate::tasks::task_of;
 
 /// Sequences one probe call reads at most: a few milliseconds of Redis's time.
 const PROBE_STEP: u64 = 1024;
-/// The most live tasks a partition is scanned with, in one call (10 to 15 ms of Redis's time).
-const SCAN_MAX: u64 = 32_768;
+/// The most live tasks a partition is scanned with, in one call (a few ms of Redis's time).
+const SCAN_MAX: u64 = 8_192;
 /// Records one call of a pass over the record hash reads, about (`HSCAN`'s `COUNT`).
 const PASS_STEP: u64 = 1024;
+
+/// How a page reads a partition next (the module's comment says why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum How {
+    Probe,
+    Scan,
+    Pass,
+}
+
+/// What a page has seen of a partition so far.
+#[derive(Debug, Default)]
+struct Seen {
+    /// The partition's live tasks and records, as the last call found them (none before the
+    /// first).
+    sizes: Option<(u64, u64)>,
+    /// Sequences probed, and the live tasks found among them.
+    probed: u64,
+    listed: u64,
+}
+
+impl Seen {
+    /// How to read on, `want` tasks short of a full page: a probe, until it has cost about
+    /// what a scan would (a partition of at most [`SCAN_MAX`] live tasks), or until it has
+    /// probed a quarter as many sequences as the partition holds records and finding the rest
+    /// at the rate found so far would cost more than a pass (about three probes a record).
+    fn how(&self, want: usize) -> How {
+        let Some((live, records)) = self.sizes else {
+            return How::Probe;
+        };
+        if live <= SCAN_MAX {
+            return if self.probed >= live {
+                How::Scan
+            } else {
+                How::Probe
+            };
+        }
+        let rest = u128::from(self.probed) * want as u128;
+        if self.probed >= records / 4 && rest > 3 * u128::from(records) * u128::from(self.listed) {
+            return How::Pass;
+        }
+        How::Probe
+    }
+}
 
 /// What every call of one page shares: the queue, its uid, the partition read, the page's
 /// size and its now (by which an ended lease reads as scheduled).
@@ -96,26 +141,22 @@ impl RedisStore {
         out: &mut Vec<Task>,
     ) -> Result<()> {
         let part = self.part(page.p, page.uid);
-        // Sequences this page probed here, and the partition's live tasks and records (as the
-        // last call found them; unknown before the first).
-        let mut probed = 0u64;
-        let mut sizes = None;
+        let mut seen = Seen::default();
         while out.len() < page.limit {
-            let next = match sizes {
-                Some((live, records)) if live > SCAN_MAX && probed >= records / 4 => {
-                    self.pass(c, &part, page, after, out)?
+            let how = seen.how(page.limit - out.len());
+            let next = if how == How::Pass {
+                self.pass(c, &part, page, after, out)?
+            } else {
+                let budget = if how == How::Scan { 0 } else { PROBE_STEP };
+                let before = out.len();
+                let (next, live, records) =
+                    self.probe_or_scan(c, &part, page, after, budget, out)?;
+                seen.sizes = Some((live, records));
+                if let Some(next) = next.filter(|_| budget > 0) {
+                    seen.probed += next - after;
+                    seen.listed += (out.len() - before) as u64;
                 }
-                _ => {
-                    let scan = sizes.is_some_and(|(live, _)| live <= SCAN_MAX && probed >= live);
-                    let budget = if scan { 0 } else { PROBE_STEP };
-                    let (next, live, records) =
-                        self.probe_or_scan(c, &part, page, after, budget, out)?;
-                    sizes = Some((live, records));
-                    if let Some(next) = next.filter(|_| budget > 0) {
-                        probed += next - after;
-                    }
-                    next
-                }
+                next
             };
             match next {
                 Some(next) => after = next,
@@ -250,4 +291,39 @@ fn push_tasks(
         out.push(task_of(queue, uid, p, &pair[0], &pair[1], None, now_ms)?);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(live: u64, records: u64, probed: u64, listed: u64) -> Seen {
+        Seen {
+            sizes: Some((live, records)),
+            probed,
+            listed,
+        }
+    }
+
+    #[test]
+    fn a_page_probes_then_scans_a_small_partition() {
+        assert_eq!(Seen::default().how(10), How::Probe);
+        assert_eq!(seen(5_000, 9_000, 1_024, 3).how(10), How::Probe);
+        assert_eq!(seen(5_000, 9_000, 5_120, 3).how(10), How::Scan);
+    }
+
+    #[test]
+    fn a_page_passes_over_a_big_partition_only_where_probing_finds_little() {
+        let (live, records) = (1_000_000, 1_200_000);
+        // Not before a quarter of the records' count is probed.
+        assert_eq!(seen(live, records, 200_000, 0).how(1_000), How::Probe);
+        // A run with nothing live, or next to nothing.
+        assert_eq!(seen(live, records, 300_000, 0).how(1_000), How::Pass);
+        assert_eq!(seen(live, records, 300_000, 10).how(1_000), How::Pass);
+        // Dense: a big page goes on probing.
+        assert_eq!(
+            seen(live, records, 300_000, 150_000).how(200_000),
+            How::Probe
+        );
+    }
 }

@@ -47,6 +47,7 @@ local function bucketed_due(now)
   end
   return n, oldest
 end
+
 -- A listing's page of live tasks (scheduled, bucketed or leased) in sequence order (`list.rs`
 -- says which way a page reads, and when). No index orders them by sequence: the ready and
 -- lease sets are ordered by time, the bucket lists by arrival. So a page probes the record
@@ -61,7 +62,8 @@ local function is_live(rec)
   return state == SCHEDULED or state == LEASED or state == BUCKETED
 end
 
--- The entries a scan reads, about: the ready and lease sets, and the tasks in buckets.
+-- The partition's live tasks, which a scan reads: its ready and lease sets' entries and the
+-- tasks in its buckets (their lists may hold a few stale entries more).
 local function live_count()
   return redis.call('ZCARD', KEYS[1]) + redis.call('ZCARD', KEYS[2])
     + redis.call('ZCARD', KEYS[3]) + tonumber(redis.call('HGET', KEYS[11], 'all') or '0')
