@@ -6,16 +6,17 @@
 //! conformance scenarios hold only a few tasks per partition, which are always scanned.
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use belfry_core::{NewTask, Priority, QueueName, Task, TaskId, TaskState};
 use belfry_store::{ChangeOutcome, LeaseOutcome, PutOutcome, Store};
-use belfry_store_redis::testing::RedisServer;
-use belfry_store_redis::{RedisOptions, RedisStore};
+use belfry_store_redis::testing::{RedisCluster, RedisServer};
+use belfry_store_redis::{RedisOptions, RedisStore, RedisTarget};
 use bytes::Bytes;
 
 const DAY: u64 = 86_400_000;
 
-fn store(server: &RedisServer, namespace: &str, partitions: u16) -> RedisStore {
+fn store(target: &RedisTarget, namespace: &str, partitions: u16) -> RedisStore {
     let options = RedisOptions {
         namespace: namespace.into(),
         partitions,
@@ -23,7 +24,13 @@ fn store(server: &RedisServer, namespace: &str, partitions: u16) -> RedisStore {
         placement_now_ms: Some(0),
         ..RedisOptions::default()
     };
-    RedisStore::connect(&server.target(), options).unwrap()
+    RedisStore::connect(target, options).unwrap()
+}
+
+/// A 3-master cluster, started once for the tests that run on one.
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0))
 }
 
 fn put(store: &RedisStore, tasks: impl IntoIterator<Item = NewTask>) -> Vec<TaskId> {
@@ -103,17 +110,24 @@ fn claim_and_ack(
 /// - then 1,500 more claimed and acked: a run of 3,000 sequences with nothing live at the end.
 #[test]
 fn a_big_partition_lists_every_live_task_once_in_order() {
-    let server = RedisServer::start();
-    let s = store(&server, "list1", 1);
+    a_big_partition(&store(&RedisServer::start().target(), "list1", 1));
+}
+
+#[test]
+fn a_big_partition_lists_every_live_task_once_in_order_on_a_cluster() {
+    a_big_partition(&store(&cluster().target(), "list1", 1));
+}
+
+fn a_big_partition(s: &RedisStore) {
     let q = QueueName::new("q").unwrap();
     s.put_queue(&q, Bytes::new()).unwrap();
     let mut live: BTreeMap<TaskId, (u64, Priority)> = BTreeMap::new();
 
     let first = put(
-        &s,
+        s,
         (0..2_000).map(|i| task(&q, if i < 1_700 { 10 } else { 60_000 }, i)),
     );
-    let leased = claim_and_ack(&s, &q, 20, 1_700, 34);
+    let leased = claim_and_ack(s, &q, 20, 1_700, 34);
     assert_eq!(leased.len(), 50);
     for (i, id) in first.iter().enumerate() {
         if i >= 1_700 || leased.contains(id) {
@@ -129,7 +143,7 @@ fn a_big_partition_lists_every_live_task_once_in_order() {
         }
         t
     };
-    let second = put(&s, (0..400).map(far));
+    let second = put(s, (0..400).map(far));
     for (i, id) in second.iter().enumerate() {
         let t = far(i);
         live.insert(*id, (t.due_at_ms, t.priority));
@@ -148,12 +162,12 @@ fn a_big_partition_lists_every_live_task_once_in_order() {
             Some(due) => live.insert(*id, (due, Priority::Normal)),
         };
     }
-    put(&s, (0..1_500).map(|i| task(&q, 25, 3_000 + i)));
-    assert!(claim_and_ack(&s, &q, 30, 1_500, usize::MAX).is_empty());
+    put(s, (0..1_500).map(|i| task(&q, 25, 3_000 + i)));
+    assert!(claim_and_ack(s, &q, 30, 1_500, usize::MAX).is_empty());
     assert!(live.len() > 600, "{} live", live.len());
 
     for page in [1, 7, 100, 256, 1_000, 5_000] {
-        let seen = walk(&s, &q, page, 500);
+        let seen = walk(s, &q, page, 500);
         assert!(seen.keys().eq(live.keys()), "page {page}");
         for (id, t) in &seen {
             let (due, priority) = live[id];
@@ -168,7 +182,7 @@ fn a_big_partition_lists_every_live_task_once_in_order() {
         }
     }
     // Past their deadline the leases read as ended: scheduled again.
-    let seen = walk(&s, &q, 64, 1_020);
+    let seen = walk(s, &q, 64, 1_020);
     assert!(seen.keys().eq(live.keys()));
     assert!(seen.values().all(|t| t.state == TaskState::Scheduled));
     assert!(seen.values().all(|t| t.lease_until_ms.is_none()));
@@ -178,8 +192,16 @@ fn a_big_partition_lists_every_live_task_once_in_order() {
 /// partition order, and one that resumes after a task gone since still lists the rest.
 #[test]
 fn partitions_list_one_after_another() {
-    let server = RedisServer::start();
-    let s = store(&server, "list3", 3);
+    partitions_in_turn(&store(&RedisServer::start().target(), "list3", 3));
+}
+
+#[test]
+fn partitions_list_one_after_another_on_a_cluster() {
+    // Partitions 0, 1 and 2 of namespace `list3` hash to slots of three different masters.
+    partitions_in_turn(&store(&cluster().target(), "list3", 3));
+}
+
+fn partitions_in_turn(s: &RedisStore) {
     let q = QueueName::new("q").unwrap();
     s.put_queue(&q, Bytes::new()).unwrap();
     let mut live = Vec::new();
@@ -187,7 +209,7 @@ fn partitions_list_one_after_another() {
     for call in 0..9 {
         // Each put call lands in one partition, the next call in the next.
         let due = |i: usize| if i % 3 == 0 { 10 } else { DAY + i as u64 };
-        let ids = put(&s, (0..400).map(|i| task(&q, due(i), call * 400 + i)));
+        let ids = put(s, (0..400).map(|i| task(&q, due(i), call * 400 + i)));
         due_now += ids
             .iter()
             .enumerate()
@@ -200,14 +222,14 @@ fn partitions_list_one_after_another() {
                 .map(|(_, id)| *id),
         );
     }
-    live.extend(claim_and_ack(&s, &q, 20, due_now, 5));
+    live.extend(claim_and_ack(s, &q, 20, due_now, 5));
     live.sort();
     let mut partitions: Vec<u128> = live.iter().map(|id| (id.0 >> 64) & 0xffff).collect();
     partitions.dedup();
     assert_eq!(partitions, [0, 1, 2]);
 
     for page in [3, 250, 999, 10_000] {
-        let seen = walk(&s, &q, page, 500);
+        let seen = walk(s, &q, page, 500);
         assert!(seen.keys().eq(live.iter()), "page {page}");
     }
     // Resume after a task cancelled since: the walk goes on after it.
@@ -229,45 +251,66 @@ fn partitions_list_one_after_another() {
 #[test]
 fn a_partition_too_big_to_scan_is_passed_over() {
     let server = RedisServer::start();
-    let s = store(&server, "list-big", 1);
+    let s = store(&server.target(), "list-big", 1);
+    passed_over(&s, vec![server.connection()]);
+}
+
+#[test]
+fn a_partition_too_big_to_scan_is_passed_over_on_a_cluster() {
+    let s = store(&cluster().target(), "list-big", 1);
+    let masters = cluster().nodes().into_iter().filter(|n| n.is_master);
+    let conns = masters
+        .map(|n| {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{}", n.port)).unwrap();
+            client.get_connection().unwrap()
+        })
+        .collect();
+    passed_over(&s, conns);
+}
+
+/// `conns`: connections to every master, to move the partition's counter on where it is.
+fn passed_over(s: &RedisStore, conns: Vec<redis::Connection>) {
     let q = QueueName::new("q").unwrap();
     s.put_queue(&q, Bytes::new()).unwrap();
     let due = |i: usize| if i % 4 == 0 { 60_000 } else { DAY + i as u64 };
     let mut live = Vec::new();
     for call in 0..10 {
         live.extend(put(
-            &s,
+            s,
             (0..1_000).map(|i| task(&q, due(i), call * 1_000 + i)),
         ));
     }
-    let mut conn = server.connection();
-    let counters: Vec<String> = redis::cmd("KEYS")
-        .arg("{list-big/0}:*:s")
-        .query(&mut conn)
-        .unwrap();
-    let [counter] = &counters[..] else {
-        panic!("one counter: {counters:?}");
-    };
-    let _: u64 = redis::cmd("INCRBY")
-        .arg(counter)
-        .arg(100_000)
-        .query(&mut conn)
-        .unwrap();
-    live.extend(put(&s, (0..500).map(|i| task(&q, due(i), 40_000 + i))));
-    // Some die: cancelled among the first tasks, and at the start of those after the run.
-    for id in live.iter().step_by(97).chain(&live[10_000..10_010]) {
-        assert_eq!(s.cancel(&q, *id, 30).unwrap(), ChangeOutcome::Ok);
+    let mut moved = 0;
+    for mut conn in conns {
+        let counters: Vec<String> = redis::cmd("KEYS")
+            .arg("{list-big/0}:*:s")
+            .query(&mut conn)
+            .unwrap();
+        for counter in counters {
+            let _: u64 = redis::cmd("INCRBY")
+                .arg(counter)
+                .arg(100_000)
+                .query(&mut conn)
+                .unwrap();
+            moved += 1;
+        }
     }
+    assert_eq!(moved, 1, "one counter moved on");
+    live.extend(put(s, (0..500).map(|i| task(&q, due(i), 40_000 + i))));
+    // Some die: cancelled among the first tasks, and at the start of those after the run.
     let cancelled: Vec<TaskId> = live
         .iter()
         .step_by(97)
         .chain(&live[10_000..10_010])
         .copied()
         .collect();
+    for id in &cancelled {
+        assert_eq!(s.cancel(&q, *id, 30).unwrap(), ChangeOutcome::Ok);
+    }
     live.retain(|id| !cancelled.contains(id));
 
     for page in [700, 20_000] {
-        let seen = walk(&s, &q, page, 500);
+        let seen = walk(s, &q, page, 500);
         assert!(seen.keys().eq(live.iter()), "page {page}");
     }
 }
