@@ -444,6 +444,7 @@ pub trait Store: Send + Sync + 'static {
     /// task that stays live throughout it exactly once; a task put, finished or dead-lettered
     /// during the walk may or may not be listed. A leased task whose lease ran out by `now_ms`
     /// is listed as scheduled. Memory used is bounded by `limit`, not by the queue's size.
+    /// A page shorter than `limit` is the last: a store fills each page while tasks are left.
     fn list_tasks(
         &self,
         queue: &QueueName,
