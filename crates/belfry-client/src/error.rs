@@ -88,6 +88,26 @@ error_codes! {
     RequestTimeout => "request_timeout",
 }
 
+impl ErrorCode {
+    /// Whether the same call may succeed if sent again later: the server is busy
+    /// (`overloaded`, `too_many_connections`), the token is over its rate (`rate_limited`), the
+    /// store cannot serve for now (`store_unavailable`; but see [`Error::is_transient`]: without
+    /// `Retry-After` it is the storage engine stopped for good), the disk is short of space
+    /// (`insufficient_storage`), or the server is stopping (`shutting_down`: another node, or
+    /// this one restarted, serves the retry).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            ErrorCode::Overloaded
+                | ErrorCode::TooManyConnections
+                | ErrorCode::RateLimited
+                | ErrorCode::StoreUnavailable
+                | ErrorCode::InsufficientStorage
+                | ErrorCode::ShuttingDown
+        )
+    }
+}
+
 impl std::fmt::Display for ErrorCode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -102,6 +122,26 @@ pub enum Error {
         status: u16,
         code: ErrorCode,
         message: String,
+        /// The answer's `Retry-After` (whole seconds): the server's word that the same call
+        /// may succeed after this long.
+        retry_after: Option<std::time::Duration>,
+    },
+    /// A retried call whose outcome cannot be told: an earlier attempt may have taken effect
+    /// (its answer was lost, or the store could not say), and a later one was answered as a
+    /// repeat of a call that took effect is: an ack or nack refused with `lease_expired` (or
+    /// `task_not_found`, the task finished and forgotten), a `DELETE` with a not-found,
+    /// `task_not_scheduled` or `task_not_dead`. That answer may be this call's own earlier
+    /// attempt having worked, or something else having happened in between (the lease ran
+    /// out and another consumer took the task; another client deleted it): the client cannot
+    /// tell which, so it reports neither success nor that failure. Only from a client with
+    /// retries ([`crate::Client::with_retries`]).
+    #[error("outcome unknown after {attempts} attempts: an earlier attempt may have taken effect ({earlier}), and the last was answered as its repeat would be ({answer})")]
+    OutcomeUnknown {
+        attempts: u32,
+        /// The failure after which the call may have taken effect.
+        earlier: Box<Error>,
+        /// The last attempt's answer.
+        answer: Box<Error>,
     },
     /// A bulk (un)subscribe body the server did not read to its end (cut off, broken off,
     /// too large): `answer` counts what it applied before `answer.stopped_at_line`.
@@ -155,6 +195,47 @@ impl Error {
             Error::Api { code, .. }
             | Error::BulkIncomplete { code, .. }
             | Error::ImportIncomplete { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+
+    /// Whether the same call may succeed if sent again later: an API error whose code
+    /// [`ErrorCode::is_transient`] (`store_unavailable` only with `Retry-After`: without one the
+    /// storage engine stopped after a fatal error and refuses everything until restarted), no
+    /// connection ([`Error::Unreachable`]), or a connection that failed or timed out after
+    /// the request was sent ([`Error::Http`]). Whether it is *safe* to send again is another
+    /// question: see [`Error::may_have_taken_effect`].
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Api {
+                code, retry_after, ..
+            } => {
+                code.is_transient()
+                    && (*code != ErrorCode::StoreUnavailable || retry_after.is_some())
+            }
+            Error::Unreachable { .. } => true,
+            Error::Http(e) => !(e.is_builder() || e.is_redirect() || e.is_status()),
+            _ => false,
+        }
+    }
+
+    /// Whether the call that failed so may still have taken effect: its answer was lost (the
+    /// connection broke or timed out after the request was sent), or the store did not answer
+    /// in time (`store_unavailable`: "may or may not have been applied"). Refusals before any
+    /// work (`overloaded`, `rate_limited`, `too_many_connections`, `insufficient_storage`, no
+    /// connection) did not.
+    pub fn may_have_taken_effect(&self) -> bool {
+        match self {
+            Error::Api { code, .. } => *code == ErrorCode::StoreUnavailable,
+            Error::Http(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The server's `Retry-After`, when it sent one.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Error::Api { retry_after, .. } => *retry_after,
             _ => None,
         }
     }

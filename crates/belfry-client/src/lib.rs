@@ -23,6 +23,49 @@
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! # Retries
+//!
+//! Off by default: every call is sent once, and a passing refusal (`503 overloaded`, `429
+//! rate_limited`, …) comes back as an error at once. [`Client::with_retries`] sends the calls
+//! that are safe to repeat again, waiting what the server's `Retry-After` asks (capped by
+//! [`RetryPolicy::max_backoff`]) or an exponential backoff with jitter, within
+//! [`RetryPolicy::max_elapsed`]:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), belfry_client::Error> {
+//! use belfry_client::{Client, NewTask, RetryPolicy};
+//! let client = Client::new("http://127.0.0.1:7070")?.with_retries(RetryPolicy::default());
+//! // Repeated if need be: the key makes a repeat answer the task the first attempt stored.
+//! let task = NewTask::json(serde_json::json!({"order": 42})).idempotency_key("close-order-42");
+//! client.submit("orders", &task).await?;
+//! // Never repeated: without a key, a repeat after a lost answer would store a second task.
+//! client.submit("orders", &NewTask::json(serde_json::json!({"order": 43}))).await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Which failures: those [`Error::is_transient`] says may pass (`503 overloaded`, `503
+//! store_unavailable` with `Retry-After`, `429 rate_limited`, `507 insufficient_storage`, `503
+//! too_many_connections`, `503 shutting_down`, no connection, a connection broken or timed
+//! out). Which calls: reads, `PUT`s, `DELETE`s, leases, acks, nacks, extends, pausing and
+//! resuming a queue, submits whose every task has an idempotency key
+//! ([`Request::is_safe_to_repeat`]). Never a submit without a key, another `POST` that creates
+//! or changes something each time, or a streamed body (a task import, a bulk subscribe),
+//! which cannot be sent twice.
+//!
+//! A repeat may meet the effect of the attempt before it, when that attempt's answer was lost
+//! ([`Error::may_have_taken_effect`]): a keyed submit then answers its own task, with
+//! `duplicate: true`; an ack or nack is refused with `409 lease_expired` (the lease it names
+//! ended when the first attempt settled the task), or `404 task_not_found` once the finished
+//! task is forgotten; a `DELETE` finds nothing to delete. The client cannot tell that refusal
+//! from a lease that ran out, or a thing another client deleted, so it answers neither
+//! success nor that error but [`Error::OutcomeUnknown`], which carries both. A batch ack's
+//! repeat reports such acks in its per-task results, as `lease_expired`.
+//!
+//! Off by default, rather than on with a small budget, because of this: turned on, an answer
+//! can mean something else than the server's first one, and callers should know that they
+//! asked for it. The CLI, which answers a person at once, leaves them off. Code that runs
+//! unattended should turn them on.
 
 mod calls;
 mod error;
@@ -30,6 +73,7 @@ mod import;
 mod model;
 mod reminders;
 mod request;
+mod retry;
 mod schedules;
 
 use std::time::Duration;
@@ -49,6 +93,7 @@ pub use reminders::{
     ReminderList, ReminderPatch, ReminderSpec, SubscriberCount, SubscriberPage, UserSubscriptions,
 };
 pub use request::{DueTime, Nack, Request};
+pub use retry::RetryPolicy;
 pub use schedules::{
     FireTime, Forecast, ForecastStep, NextFireTimes, RunTask, Schedule, ScheduleList, ScheduleRun,
     ScheduleSpec,
@@ -93,6 +138,8 @@ pub struct Client {
     http: reqwest::Client,
     /// Sent as `Authorization: Bearer` on every call, when set.
     token: Option<String>,
+    /// How transient failures are retried; `None`: not at all.
+    retries: Option<RetryPolicy>,
 }
 
 impl Client {
@@ -119,6 +166,7 @@ impl Client {
             base,
             http,
             token: None,
+            retries: None,
         })
     }
 
@@ -144,22 +192,45 @@ impl Client {
         self
     }
 
+    /// Retries the calls that are safe to repeat when they fail for a passing reason, as
+    /// `policy` says: see [`RetryPolicy`] for which calls and failures, and how long it waits.
+    /// Off by default.
+    pub fn with_retries(mut self, policy: RetryPolicy) -> Self {
+        self.retries = Some(policy);
+        self
+    }
+
+    /// The retry policy, if retries are on.
+    pub fn retries(&self) -> Option<&RetryPolicy> {
+        self.retries.as_ref()
+    }
+
     pub fn base_url(&self) -> &str {
         &self.base
     }
 
-    /// Sends one call. A 2xx answer comes back as received; an error answer becomes
-    /// `Error::Api` with the server's code and message.
+    /// Sends one call (and, with [`Client::with_retries`], repeats it while it fails for a
+    /// passing reason and is safe to repeat). A 2xx answer comes back as received; an error
+    /// answer becomes `Error::Api` with the server's code and message.
     pub async fn send(&self, request: &Request) -> Result<Answer> {
+        match &self.retries {
+            Some(policy) => retry::send(self, policy, request).await,
+            None => self.send_once(request).await,
+        }
+    }
+
+    /// Sends one call once.
+    pub(crate) async fn send_once(&self, request: &Request) -> Result<Answer> {
         let response = self
             .call(request, None, Some(REQUEST_TIMEOUT + request.wait))
             .await?;
         let status = response.status().as_u16();
+        let retry_after = retry::retry_after(response.headers());
         let body = response.bytes().await?.to_vec();
         if (200..300).contains(&status) {
             return Ok(Answer { status, body });
         }
-        Err(api_error(status, &body))
+        Err(api_error(status, &body, retry_after))
     }
 
     /// Sends one call and hands back the response, whatever its status. `body` replaces the
@@ -249,12 +320,13 @@ impl Client {
 }
 
 /// An error answer: the API's `{"error": {"code", "message"}}`, or what came instead.
-fn api_error(status: u16, body: &[u8]) -> Error {
+fn api_error(status: u16, body: &[u8], retry_after: Option<Duration>) -> Error {
     match serde_json::from_slice::<model::ErrorEnvelope>(body) {
         Ok(envelope) => Error::Api {
             status,
             code: ErrorCode::parse(&envelope.error.code),
             message: envelope.error.message,
+            retry_after,
         },
         Err(_) => Error::Unexpected {
             status,

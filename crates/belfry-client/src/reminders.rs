@@ -626,6 +626,7 @@ impl Client {
             Err(other) => return Err(other),
         };
         let status = response.status().as_u16();
+        let retry_after = crate::retry::retry_after(response.headers());
         let bytes = response.bytes().await?;
         if (200..300).contains(&status) {
             return crate::Answer {
@@ -645,7 +646,7 @@ impl Client {
                 };
                 Err(stopped(status, code, message, answer))
             }
-            Err(_) => Err(crate::api_error(status, &bytes)),
+            Err(_) => Err(crate::api_error(status, &bytes, retry_after)),
         }
     }
 
@@ -661,8 +662,9 @@ impl Client {
         {
             Ok(response) if !response.status().is_success() => {
                 let status = response.status().as_u16();
+                let retry_after = crate::retry::retry_after(response.headers());
                 match response.bytes().await {
-                    Ok(bytes) => crate::api_error(status, &bytes),
+                    Ok(bytes) => crate::api_error(status, &bytes, retry_after),
                     Err(_) => Error::Http(sent),
                 }
             }
@@ -719,9 +721,10 @@ impl Client {
             .get(reqwest::header::ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let retry_after = crate::retry::retry_after(response.headers());
         let bytes = response.bytes().await?;
         if !(200..300).contains(&status) {
-            return Err(crate::api_error(status, &bytes));
+            return Err(crate::api_error(status, &bytes, retry_after));
         }
         let mut feed: Feed = crate::Answer {
             status,

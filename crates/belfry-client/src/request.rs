@@ -40,6 +40,34 @@ pub struct Nack {
     pub reason: Option<String>,
 }
 
+/// Whether a call may be sent again after a failure, and how a repeat of one that took
+/// effect is answered (see `crate::retry`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Repeat {
+    /// Never sent twice: a repeat could do it twice (a submit without a key, a create), or
+    /// its body cannot be sent again (a streamed one).
+    Never,
+    /// A repeat does nothing more, and is answered as the first call was, or as a duplicate
+    /// (reads, `PUT`, a lease, an extend, a submit with an idempotency key).
+    Same,
+    /// An ack or a nack: a repeat of one that took effect is refused with `lease_expired`, or
+    /// `task_not_found` once the finished task is forgotten.
+    Lease,
+    /// A `DELETE`: a repeat of one that took effect finds nothing to delete.
+    Gone,
+}
+
+impl Repeat {
+    /// What a call of `method` is, before any route says more.
+    fn of(method: &Method) -> Self {
+        match *method {
+            Method::GET | Method::HEAD | Method::PUT => Repeat::Same,
+            Method::DELETE => Repeat::Gone,
+            _ => Repeat::Never,
+        }
+    }
+}
+
 /// One API call, ready to send with `Client::send`.
 #[derive(Debug, Clone)]
 pub struct Request {
@@ -50,6 +78,8 @@ pub struct Request {
     pub(crate) wait: Duration,
     /// Extra request headers, such as `If-None-Match`.
     pub(crate) headers: Vec<(&'static str, String)>,
+    /// Whether a client with retries may send it again.
+    pub(crate) repeat: Repeat,
 }
 
 /// Percent-encodes one path segment: everything but RFC 3986's unreserved characters, so a
@@ -66,6 +96,16 @@ pub(crate) fn segment(text: &str) -> String {
     out
 }
 
+/// A submit of `tasks` may be repeated when each has an idempotency key: a repeat then
+/// answers the tasks the first stored as duplicates, and stores nothing twice.
+fn keyed(tasks: &[NewTask]) -> Repeat {
+    if !tasks.is_empty() && tasks.iter().all(|t| t.idempotency_key.is_some()) {
+        Repeat::Same
+    } else {
+        Repeat::Never
+    }
+}
+
 fn to_body(value: &impl Serialize) -> Value {
     // Our request types are plain structs with string keys: serialising them cannot fail.
     serde_json::to_value(value).expect("request bodies serialise to JSON")
@@ -74,12 +114,25 @@ fn to_body(value: &impl Serialize) -> Value {
 impl Request {
     pub(crate) fn new(method: Method, path: String) -> Self {
         Request {
+            repeat: Repeat::of(&method),
             method,
             path,
             body: None,
             wait: Duration::ZERO,
             headers: Vec::new(),
         }
+    }
+
+    fn repeat(mut self, repeat: Repeat) -> Self {
+        self.repeat = repeat;
+        self
+    }
+
+    /// Whether a client with retries ([`crate::Client::with_retries`]) sends this call again
+    /// after a passing failure: reads, `PUT`s, `DELETE`s, leases, acks, nacks, extends,
+    /// pausing and resuming a queue, and submits whose every task has an idempotency key.
+    pub fn is_safe_to_repeat(&self) -> bool {
+        self.repeat != Repeat::Never
     }
 
     pub(crate) fn with_header(mut self, name: &'static str, value: &str) -> Self {
@@ -159,23 +212,30 @@ impl Request {
         Self::new(Method::POST, Self::queue_path(queue, "/purge"))
     }
 
+    /// Pausing (and resuming) sets the queue's state: a repeat changes nothing more.
     pub fn pause_queue(queue: &str) -> Self {
-        Self::new(Method::POST, Self::queue_path(queue, "/pause"))
+        Self::new(Method::POST, Self::queue_path(queue, "/pause")).repeat(Repeat::Same)
     }
 
     pub fn resume_queue(queue: &str) -> Self {
-        Self::new(Method::POST, Self::queue_path(queue, "/resume"))
+        Self::new(Method::POST, Self::queue_path(queue, "/resume")).repeat(Repeat::Same)
     }
 
     // ---- tasks ----
 
+    /// Safe to repeat only with an idempotency key: a repeat of a keyless submit whose
+    /// answer was lost would store the task twice.
     pub fn submit(queue: &str, task: &NewTask) -> Self {
-        Self::new(Method::POST, Self::queue_path(queue, "/tasks")).with_body(to_body(task))
+        Self::new(Method::POST, Self::queue_path(queue, "/tasks"))
+            .with_body(to_body(task))
+            .repeat(keyed(std::slice::from_ref(task)))
     }
 
+    /// Safe to repeat only when every task has an idempotency key.
     pub fn submit_batch(queue: &str, tasks: &[NewTask]) -> Self {
         Self::new(Method::POST, Self::queue_path(queue, "/tasks:batch"))
             .with_body(serde_json::json!({ "tasks": tasks }))
+            .repeat(keyed(tasks))
     }
 
     /// The import route, without its body (`Client::import_tasks` streams one).
@@ -212,8 +272,12 @@ impl Request {
     // ---- pull consumers ----
 
     pub fn lease(queue: &str, request: &LeaseRequest) -> Self {
-        let mut call =
-            Self::new(Method::POST, Self::queue_path(queue, "/lease")).with_body(to_body(request));
+        // A lease whose answer was lost leaves its tasks leased until their visibility ends
+        // (then they are delivered again, as at-least-once delivery does anyway): a repeat
+        // takes other tasks, and loses none.
+        let mut call = Self::new(Method::POST, Self::queue_path(queue, "/lease"))
+            .with_body(to_body(request))
+            .repeat(Repeat::Same);
         call.wait = Duration::from_millis(request.wait_ms.unwrap_or(0));
         call
     }
@@ -221,6 +285,7 @@ impl Request {
     pub fn ack(queue: &str, id: &str, lease_id: &str) -> Self {
         Self::new(Method::POST, Self::task_path(queue, id, "/ack"))
             .with_body(serde_json::json!({ "lease_id": lease_id }))
+            .repeat(Repeat::Lease)
     }
 
     pub fn nack(queue: &str, id: &str, lease_id: &str, nack: &Nack) -> Self {
@@ -231,12 +296,16 @@ impl Request {
         if let Some(reason) = &nack.reason {
             body["reason"] = reason.as_str().into();
         }
-        Self::new(Method::POST, Self::task_path(queue, id, "/nack")).with_body(body)
+        Self::new(Method::POST, Self::task_path(queue, id, "/nack"))
+            .with_body(body)
+            .repeat(Repeat::Lease)
     }
 
+    /// A repeat of an extend that took effect holds the same lease, and extends it again.
     pub fn extend(queue: &str, id: &str, lease_id: &str, visibility_ms: u64) -> Self {
         Self::new(Method::POST, Self::task_path(queue, id, "/extend"))
             .with_body(serde_json::json!({ "lease_id": lease_id, "visibility_ms": visibility_ms }))
+            .repeat(Repeat::Same)
     }
 
     /// Acks many tasks: `(task id, lease id)` pairs.
@@ -245,8 +314,11 @@ impl Request {
             .iter()
             .map(|(id, lease)| serde_json::json!({ "id": id, "lease_id": lease }))
             .collect();
+        // Repeated, acks that took effect the first time answer `lease_expired` (or
+        // `task_not_found`) in their own results, not as the call's error.
         Self::new(Method::POST, Self::queue_path(queue, "/ack"))
             .with_body(serde_json::json!({ "acks": acks }))
+            .repeat(Repeat::Same)
     }
 
     // ---- dead letters ----

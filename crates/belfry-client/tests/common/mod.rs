@@ -2,13 +2,15 @@
 //! port, on a manual clock, and a client for it.
 #![allow(dead_code)] // each test file uses a different part
 
+pub mod stall;
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use belfry_client::{Client, Error, ErrorCode, LeaseRequest, QueueSpec};
 use belfry_core::{Clock, ManualClock};
 use belfry_server::{Server, ServerConfig, ServerHandle};
-use belfry_store::MemoryStore;
+use belfry_store::{MemoryStore, Store};
 
 /// The manual clock's start: 2026-01-01T00:00:00Z.
 pub const T0: u64 = 1_767_225_600_000;
@@ -21,13 +23,13 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start() -> Self {
-        let config = ServerConfig {
-            listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
-            allow_private_targets: true,
-            ..ServerConfig::default()
-        };
+        Self::start_with(test_config(), Arc::new(MemoryStore::new())).await
+    }
+
+    /// A server with `config` (see [`test_config`]) on `store`.
+    pub async fn start_with(config: ServerConfig, store: Arc<dyn Store>) -> Self {
         let clock = ManualClock::new(T0);
-        let handle = Server::builder(config, Arc::new(MemoryStore::new()))
+        let handle = Server::builder(config, store)
             .clock(Arc::new(clock.clone()) as Arc<dyn Clock>)
             .start()
             .await
@@ -67,6 +69,28 @@ impl Harness {
 
     pub async fn stop(self) {
         self.handle.stop().await.unwrap();
+    }
+}
+
+/// The tests' server settings: an ephemeral loopback port, webhooks to loopback allowed.
+pub fn test_config() -> ServerConfig {
+    ServerConfig {
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        allow_private_targets: true,
+        ..ServerConfig::default()
+    }
+}
+
+/// Waits (up to 10 s, real time) until `check` holds, or panics naming `what`.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
