@@ -66,6 +66,14 @@
 //! can mean something else than the server's first one, and callers should know that they
 //! asked for it. The CLI, which answers a person at once, leaves them off. Code that runs
 //! unattended should turn them on.
+//!
+//! # Workers
+//!
+//! [`Worker`] consumes a pull queue: it long-polls leases, runs an async handler per task (a
+//! bounded number at once), acks on `Ok`, nacks on `Err` with the error's text as the reason
+//! (and the delay the handler asks for), extends the lease of a handler still running at half
+//! its visibility, and stops on a signal, letting running handlers finish within a grace and
+//! giving the rest back. See its example.
 
 mod calls;
 mod error;
@@ -75,6 +83,7 @@ mod reminders;
 mod request;
 mod retry;
 mod schedules;
+mod worker;
 
 use std::time::Duration;
 
@@ -98,6 +107,7 @@ pub use schedules::{
     FireTime, Forecast, ForecastStep, NextFireTimes, RunTask, Schedule, ScheduleList, ScheduleRun,
     ScheduleSpec,
 };
+pub use worker::{TaskError, Worker, WorkerReport};
 
 /// How long a request may take, beyond any long-poll `wait_ms` it asks for.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);

@@ -23,7 +23,7 @@ use crate::{Answer, Client, Error, ErrorCode, Result};
 /// repeat of an ack may be refused as a stale lease although the first attempt worked (see
 /// [`Error::OutcomeUnknown`]), a keyed submit may come back as its own `duplicate`, and a
 /// command line tool or a test wants the server's first answer at once rather than seconds
-/// later. Code that runs unattended (a producer in a service, a consumer) should turn
+/// later. Code that runs unattended (a producer in a service, a [`crate::Worker`]) should turn
 /// them on: `RetryPolicy::default()` suits most.
 ///
 /// Which calls are repeated: reads, `PUT`s (a queue's settings are set, not added to),
