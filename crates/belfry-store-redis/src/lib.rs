@@ -25,6 +25,7 @@
 //! answers 503 with `Retry-After`); an unexpected reply or a damaged record is
 //! `StoreError::Corrupt`, never a panic.
 
+mod change_many;
 mod claim;
 mod claim_many;
 mod conn;

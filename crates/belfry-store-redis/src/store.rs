@@ -683,6 +683,15 @@ impl Store for RedisStore {
         self.change(queue, id, "cancel", 0, now_ms)
     }
 
+    fn cancel_many(
+        &self,
+        queue: &QueueName,
+        ids: &[TaskId],
+        now_ms: UnixMs,
+    ) -> Result<Vec<ChangeOutcome>> {
+        self.cancel_tasks(queue, ids, now_ms)
+    }
+
     fn reschedule(
         &self,
         queue: &QueueName,

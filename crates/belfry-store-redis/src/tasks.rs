@@ -153,36 +153,34 @@ impl RedisStore {
                 return Ok(ChangeOutcome::NotFound);
             };
             let part = this.part(p, uid);
-            let args = [
-                now_ms.to_string().into_bytes(),
-                this.retention_ms.to_string().into_bytes(),
-                op.as_bytes().to_vec(),
-                seq.to_vec(),
-                value.to_string().into_bytes(),
-                this.far_after_ms.to_string().into_bytes(),
-            ];
+            let args = this.change_args(op, &seq, value, now_ms);
             let v = this.script(c, &scripts::CHANGE, &part.keys, &args, "change a task")?;
-            let bad = || unexpected("change", &v);
-            let items = as_array(&v).ok_or_else(bad)?;
-            let [code, state, earliest] = items else {
-                return Err(bad());
-            };
-            let outcome = match as_i64(code) {
-                Some(0) => ChangeOutcome::Ok,
-                Some(1) => ChangeOutcome::NotFound,
-                Some(3) => ChangeOutcome::WrongState(
-                    as_i64(state).and_then(record::state_of).ok_or_else(bad)?,
-                ),
-                _ => return Err(bad()),
-            };
+            let (outcome, earliest) = change_reply(&v)?;
             if outcome == ChangeOutcome::Ok {
                 this.replicate(c, &part.keys[0])?;
-            }
-            if outcome == ChangeOutcome::Ok {
-                this.hint_lower(c, queue, uid, p, as_i64(earliest).ok_or_else(bad)?)?;
+                this.hint_lower(c, queue, uid, p, earliest)?;
             }
             Ok(outcome)
         })
+    }
+
+    /// The change script's arguments for task `seq`: `op` (`cancel`, `reschedule`, …) with
+    /// `value` (a new due time, or 0).
+    pub(crate) fn change_args(
+        &self,
+        op: &str,
+        seq: &[u8],
+        value: u64,
+        now_ms: UnixMs,
+    ) -> Vec<Vec<u8>> {
+        vec![
+            now_ms.to_string().into_bytes(),
+            self.retention_ms.to_string().into_bytes(),
+            op.as_bytes().to_vec(),
+            seq.to_vec(),
+            value.to_string().into_bytes(),
+            self.far_after_ms.to_string().into_bytes(),
+        ]
     }
 
     pub(crate) fn read(&self, c: &mut Conn, part: &Part, args: &[Vec<u8>]) -> Result<Value> {
@@ -312,7 +310,7 @@ impl RedisStore {
 
     /// [`RedisStore::hint_lower`] for each `(partition, earliest)` a put left, in one pipeline
     /// when there are several (the queue's hint keys share one slot).
-    fn hints_lower(
+    pub(crate) fn hints_lower(
         &self,
         c: &mut Conn,
         queue: &QueueName,
@@ -592,4 +590,27 @@ fn group_in_order<K: PartialEq>(
         }
     }
     groups
+}
+
+/// What the change script answered: the outcome, and the partition's earliest work after it
+/// (-1: none), for its hint.
+pub(crate) fn change_reply(v: &Value) -> Result<(ChangeOutcome, i64)> {
+    let bad = || unexpected("change", v);
+    let items = as_array(v).ok_or_else(bad)?;
+    let [code, state, earliest] = items else {
+        return Err(bad());
+    };
+    let outcome = match as_i64(code) {
+        Some(0) => ChangeOutcome::Ok,
+        Some(1) => ChangeOutcome::NotFound,
+        Some(3) => {
+            ChangeOutcome::WrongState(as_i64(state).and_then(record::state_of).ok_or_else(bad)?)
+        }
+        _ => return Err(bad()),
+    };
+    let earliest = match outcome {
+        ChangeOutcome::Ok => as_i64(earliest).ok_or_else(bad)?,
+        _ => -1,
+    };
+    Ok((outcome, earliest))
 }
