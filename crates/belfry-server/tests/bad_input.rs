@@ -257,6 +257,19 @@ async fn bad_input_gets_stable_codes(s: TestServer) {
             r#"{"delivery":"pull"}"#,
             r#"{"type": "pull"}"#,
         ),
+        // A field inside the delivery of the wrong type is named, down to the header.
+        (
+            "PUT",
+            queue,
+            r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","headers":{"Authorization":5}}}"#,
+            "delivery: headers.Authorization: invalid type: integer `5`, expected a string",
+        ),
+        (
+            "PUT",
+            queue,
+            r#"{"delivery":{"type":"webhook","url":"http://127.0.0.1:9/","timeout_ms":"5s"}}"#,
+            "delivery: timeout_ms: invalid type",
+        ),
     ] {
         let (status, answer) = s.raw(method, path, b(body)).await;
         let message = answer["error"]["message"].as_str().unwrap_or("");

@@ -112,7 +112,25 @@ impl<'de> Deserialize<'de> for DeliveryBody {
         if let Some(spec) = stream_spec(kind, value.clone()) {
             return Ok(spec.map_or_else(DeliveryBody::Invalid, DeliveryBody::Push));
         }
-        // The path already names `delivery`.
+        if kind == "webhook" {
+            // Parsed without its tag, so that a field of the wrong type is named (the tagged
+            // enum's parse buffers the object and loses the path); the path already names
+            // `delivery`.
+            let mut fields = value;
+            if let Some(object) = fields.as_object_mut() {
+                object.remove("type");
+            }
+            return serde_path_to_error::deserialize::<_, belfry_sinks::WebhookSpec>(fields)
+                .map(|spec| DeliveryBody::Push(belfry_sinks::SinkSpec::Webhook(spec)))
+                .map_err(|e| {
+                    let path = e.path().to_string();
+                    let inner = e.into_inner();
+                    match path.as_str() {
+                        "" | "." => D::Error::custom(inner),
+                        _ => D::Error::custom(format!("{path}: {inner}")),
+                    }
+                });
+        }
         belfry_sinks::SinkSpec::deserialize(value)
             .map(DeliveryBody::Push)
             .map_err(|e| D::Error::custom(format!("{e} (or \"pull\" for a pull queue)")))
