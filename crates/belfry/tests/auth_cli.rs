@@ -30,7 +30,12 @@ fn belfry(server: &Served, token: Option<&str>, args: &[&str]) -> (bool, String,
 
 /// `belfry token create`: (the token, the config lines).
 fn create_token(scopes: &[&str]) -> (String, String) {
-    let mut args = vec!["token", "create", "--offline", "--name", "ops"];
+    named_token("ops", scopes)
+}
+
+/// `belfry token create --name NAME`: (the token, the config lines).
+fn named_token(name: &str, scopes: &[&str]) -> (String, String) {
+    let mut args = vec!["token", "create", "--offline", "--name", name];
     for scope in scopes {
         args.extend(["--scope", scope]);
     }
@@ -67,6 +72,42 @@ fn a_configured_token_is_required_and_accepted() {
     assert!(ok, "{stderr}");
     let (ok, stdout, stderr) = belfry(&server, Some(&token), &["queue", "list"]);
     assert!(ok && stdout.contains("jobs"), "{stdout} {stderr}");
+}
+
+/// `task export` works with a `produce:<queue>` token alone (listing with whole targets is
+/// a producer's right; the queue's count for the progress bar is not needed), and a `read`
+/// token's refused export leaves the earlier file as it was.
+#[test]
+fn an_export_needs_produce_and_a_refused_one_keeps_the_earlier_file() {
+    let (admin, admin_lines) = named_token("ops", &["admin"]);
+    let (producer, producer_lines) = named_token("shop", &["produce:jobs"]);
+    let (reader, reader_lines) = named_token("dashboard", &["read"]);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("belfry.toml");
+    let tokens = format!("[auth]\n{admin_lines}\n{producer_lines}\n{reader_lines}");
+    std::fs::write(&config, tokens).unwrap();
+    let server = serve(&["--store", "memory", "--config", config.to_str().unwrap()]);
+    let (ok, _, stderr) = belfry(&server, Some(&admin), &["queue", "create", "jobs"]);
+    assert!(ok, "{stderr}");
+    let add = ["task", "add", "jobs", "--delay", "1h", "--payload", "7"];
+    let (ok, _, stderr) = belfry(&server, Some(&producer), &add);
+    assert!(ok, "{stderr}");
+
+    let file = dir.path().join("jobs.ndjson");
+    let export = ["task", "export", "jobs", file.to_str().unwrap()];
+    let (ok, _, stderr) = belfry(&server, Some(&producer), &export);
+    assert!(ok, "{stderr}");
+    let first = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(first.lines().count(), 1, "{first}");
+    let (ok, _, stderr) = belfry(&server, Some(&reader), &export);
+    assert!(!ok && stderr.contains("forbidden"), "{stderr}");
+    assert!(stderr.contains("was not written"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), first);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        2,
+        "no partial file"
+    );
 }
 
 #[test]

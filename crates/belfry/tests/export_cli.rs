@@ -293,4 +293,93 @@ fn many_tasks_cancelled_by_ids_keys_and_a_file() {
     assert_eq!(none.trim(), "no scheduled or leased tasks in jobs");
     let unknown = fails(&server, &["task", "cancel", "nope", &ids[0], &ids[1]]);
     assert!(unknown.contains("queue_not_found"), "{unknown}");
+
+    // A file is checked whole before anything is sent: a bad line cancels nothing. A
+    // byte-order mark and CRLF line ends are no part of an id.
+    let fresh: Vec<String> = (0..2)
+        .map(|i| {
+            let added = json(
+                &server,
+                &[
+                    "task",
+                    "add",
+                    "jobs",
+                    "--delay",
+                    "1h",
+                    "--payload",
+                    &i.to_string(),
+                ],
+            );
+            text(&added["id"])
+        })
+        .collect();
+    std::fs::write(
+        &file,
+        format!("{}\r\nnot-an-id\r\n{}\r\n", fresh[0], fresh[1]),
+    )
+    .unwrap();
+    let args = [
+        "task",
+        "cancel",
+        "jobs",
+        "--ids-file",
+        file.to_str().unwrap(),
+    ];
+    let bad = fails(&server, &args);
+    assert!(bad.contains("line 2") && bad.contains("not-an-id"), "{bad}");
+    assert_eq!(
+        json(&server, &["task", "list", "jobs"])["tasks"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+    std::fs::write(&file, format!("\u{feff}{}\r\n{}\r\n", fresh[0], fresh[1])).unwrap();
+    assert_eq!(ok(&server, &args).trim(), "cancelled 2");
+}
+
+/// A task without a payload (`null`) is exported like any other; a schedule's firing is left
+/// out (its schedule makes it), and said so; an export that fails leaves an earlier file of
+/// its name as it was, and no partial one.
+#[test]
+fn null_payloads_firings_and_a_failed_export() {
+    let server = serve(&["--store", "memory"]);
+    ok(&server, &["queue", "create", "jobs"]);
+    ok(&server, &["task", "add", "jobs", "--delay", "1h"]);
+    ok(
+        &server,
+        &[
+            "schedule", "create", "jobs", "--every", "1h", "--id", "hourly", "--paused",
+        ],
+    );
+    ok(&server, &["schedule", "run", "hourly"]);
+    let listed = json(&server, &["task", "list", "jobs"]);
+    assert_eq!(listed["tasks"].as_array().unwrap().len(), 2, "{listed}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("jobs.ndjson");
+    let path = file.to_str().unwrap();
+    let (success, _, stderr) = belfry(&server, &["task", "export", "jobs", path]);
+    assert!(success, "{stderr}");
+    assert!(
+        stderr.contains("exported 1 tasks from jobs; left out 1 schedule firings"),
+        "{stderr}"
+    );
+    let exported = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(lines(&exported).len(), 1);
+    assert!(exported.contains(r#""payload":null"#), "{exported}");
+    // It imports back.
+    let answer = import(&server, "jobs", &exported);
+    assert_eq!(answer["created"], 1, "{answer}");
+
+    // A failed export keeps the earlier file whole.
+    let (success, _, stderr) = belfry(&server, &["task", "export", "nope", path]);
+    assert!(!success);
+    assert!(stderr.contains("queue_not_found"), "{stderr}");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), exported);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 1, "no partial file left: {names:?}");
 }

@@ -94,12 +94,14 @@ async fn cancel_in_batches(
         let answer: CancelManyAnswer = match answer.and_then(|a| a.json()) {
             Ok(answer) => answer,
             Err(error) => {
+                let done = bar.position();
                 bar.finish_and_clear();
                 print_api_error(remote, &error)?;
                 return Err(anyhow!(error)).with_context(|| {
                     format!(
-                        "stopped after {} of {} tasks ({} cancelled)",
-                        bar.position(),
+                        "stopped at the request of tasks {} to {} of {} ({} cancelled before it)",
+                        done + 1,
+                        done + chunk.len() as u64,
                         named.len(),
                         total.cancelled
                     )
@@ -125,12 +127,22 @@ fn read_ids(file: &Path) -> anyhow::Result<Vec<String>> {
         Box::new(std::io::BufReader::new(opened))
     };
     let mut ids = Vec::new();
-    for line in reader.lines() {
+    for (n, line) in reader.lines().enumerate() {
         let line = line.with_context(|| format!("--ids-file {}: read", file.display()))?;
-        let id = line.trim();
-        if !id.is_empty() {
-            ids.push(id.to_owned());
+        // A byte-order mark some editors put first is no part of the id.
+        let id = line.trim().trim_start_matches('\u{feff}');
+        if id.is_empty() {
+            continue;
         }
+        // Checked before anything is sent, so a bad line cancels nothing.
+        if id.len() != 32 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            bail!(
+                "--ids-file {} line {}: {id:?} is not a task id (32 hex digits)",
+                file.display(),
+                n + 1
+            );
+        }
+        ids.push(id.to_owned());
     }
     Ok(ids)
 }

@@ -38,7 +38,9 @@ struct Listed<'a> {
     id: &'a str,
     state: &'a str,
     due_at_ms: u64,
-    #[serde(borrow, default)]
+    /// `null` is a payload like any other (a task submitted without one has it): read as
+    /// the raw text, so that only an absent field is `None`.
+    #[serde(borrow, default, deserialize_with = "present")]
     payload: Option<&'a RawValue>,
     #[serde(default)]
     payload_base64: Option<String>,
@@ -52,6 +54,11 @@ struct Listed<'a> {
     late_after_ms: Option<u64>,
     #[serde(default)]
     target: Option<String>,
+}
+
+/// A field that is present, whatever its JSON (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<&'de RawValue>, D::Error> {
+    <&RawValue>::deserialize(d).map(Some)
 }
 
 /// One line of the export: the submit that makes the task again.
@@ -98,6 +105,17 @@ impl<'a> Line<'a> {
 struct Exported {
     tasks: u64,
     leased: u64,
+    /// Schedule firings and reminder chunks left out: their schedules and reminders make
+    /// them (moved on their own), and an import refuses belfry's own keys and headers.
+    owned: u64,
+}
+
+/// Whether the task is one belfry made for a schedule or a reminder (its key is one of the
+/// prefixes the submit refuses).
+fn made_by_belfry(task: &Listed<'_>) -> bool {
+    task.idempotency_key
+        .as_deref()
+        .is_some_and(|key| key.starts_with("schedule:") || key.starts_with("reminder:"))
 }
 
 /// Writes the queue's live tasks to `file` (stdout when absent or `-`), with a progress bar
@@ -107,18 +125,67 @@ pub(crate) async fn export(
     queue: &str,
     file: Option<&Path>,
 ) -> anyhow::Result<()> {
-    let info: Queue = send(remote, &Request::get_queue(queue)).await?.json()?;
-    let out: Box<dyn Write> = match file {
-        Some(path) if path != Path::new("-") => Box::new(
-            std::fs::File::create(path).with_context(|| format!("FILE {}", path.display()))?,
-        ),
-        _ => Box::new(std::io::stdout().lock()),
+    // The count only sizes the progress bar: a token that may list the queue's tasks
+    // (`produce:<queue>`) but not read its settings exports without it.
+    let total = match super::client(remote)?
+        .send(&Request::get_queue(queue))
+        .await
+    {
+        Ok(answer) => answer.json::<Queue>().ok(),
+        Err(belfry_client::Error::Api { status: 403, .. }) => None,
+        Err(error) => {
+            super::print_api_error(remote, &error)?;
+            return Err(error.into());
+        }
     };
-    let mut out = std::io::BufWriter::new(out);
-    let bar = progress(info.pending.unwrap_or(0) + info.in_flight.unwrap_or(0))?;
-    let exported = write_pages(remote, queue, &mut out, &bar).await?;
-    out.flush().context("write the export")?;
+    let bar = progress(total.map(|q| q.pending.unwrap_or(0) + q.in_flight.unwrap_or(0)))?;
+    let exported = match file {
+        Some(path) if path != Path::new("-") => to_file(remote, queue, path, &bar).await?,
+        _ => {
+            let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+            let exported = write_pages(remote, queue, &mut out, &bar).await;
+            bar.finish_and_clear();
+            let exported = exported?;
+            out.flush().context("write the export")?;
+            exported
+        }
+    };
+    eprintln!("{}", summary(queue, &exported));
+    Ok(())
+}
+
+/// Writes the export to `PATH.partial` beside `path`, renamed to `path` once complete: a
+/// failed export leaves an earlier file of that name as it was, and no partial one.
+async fn to_file(
+    remote: &Remote,
+    queue: &str,
+    path: &Path,
+    bar: &ProgressBar,
+) -> anyhow::Result<Exported> {
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let file =
+        std::fs::File::create(&partial).with_context(|| format!("FILE {}", partial.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    let written = write_pages(remote, queue, &mut out, bar).await;
     bar.finish_and_clear();
+    let finished = written.and_then(|exported| {
+        let file = out.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        std::fs::rename(&partial, path)?;
+        Ok(exported)
+    });
+    finished.map_err(|error| {
+        let _ = std::fs::remove_file(&partial);
+        error.context(format!(
+            "the export stopped; {} was not written (an earlier file of that name is as it was)",
+            path.display()
+        ))
+    })
+}
+
+fn summary(queue: &str, exported: &Exported) -> String {
     let mut summary = format!("exported {} tasks from {queue}", exported.tasks);
     if exported.leased > 0 {
         summary.push_str(&format!(
@@ -127,8 +194,14 @@ pub(crate) async fn export(
             exported.leased
         ));
     }
-    eprintln!("{summary}");
-    Ok(())
+    if exported.owned > 0 {
+        summary.push_str(&format!(
+            "; left out {} schedule firings and reminder chunks (their schedules and \
+             reminders make them again where they are re-created)",
+            exported.owned
+        ));
+    }
+    summary
 }
 
 /// Reads the listing page by page and writes each task's line.
@@ -146,6 +219,10 @@ async fn write_pages(
         let page: Page<'_> =
             serde_json::from_slice(&answer.body).context("read a page of the listing")?;
         for task in &page.tasks {
+            if made_by_belfry(task) {
+                exported.owned += 1;
+                continue;
+            }
             serde_json::to_writer(&mut *out, &Line::of(task)?).context("write the export")?;
             out.write_all(b"\n").context("write the export")?;
             exported.tasks += 1;
@@ -160,10 +237,14 @@ async fn write_pages(
 }
 
 /// A bar of tasks written, out of `total` (the queue's count when the export began; tasks
-/// added since make it run past).
-fn progress(total: u64) -> anyhow::Result<ProgressBar> {
-    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
-    let style = ProgressStyle::with_template("{bar:40} {pos}/{len} tasks ({per_sec}, {eta} left)")
+/// added since make it run past), or a counter when the count is unknown.
+fn progress(total: Option<u64>) -> anyhow::Result<ProgressBar> {
+    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+    let template = match total {
+        Some(_) => "{bar:40} {pos}/{len} tasks ({per_sec}, {eta} left)",
+        None => "{spinner} {pos} tasks ({per_sec})",
+    };
+    let style = ProgressStyle::with_template(template)
         .map_err(|e| anyhow!("progress bar template: {e}"))?;
     bar.set_style(style);
     Ok(bar)
