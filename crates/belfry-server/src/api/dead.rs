@@ -25,8 +25,8 @@ pub async fn list_dead(
     let query = page_query(query, PAGE_QUERY_FORM)?;
     let after = query.after.as_deref().map(task_id).transpose()?;
     let limit = page_limit(query.limit, DEAD_PAGE_DEFAULT, DEAD_PAGE_MAX)?;
-    let tasks = service.list_dead(&queue, after, limit).await?;
-    Ok(Json(TaskPage::new(&tasks, limit, &query)))
+    let (tasks, more) = service.list_dead(&queue, after, limit).await?;
+    Ok(Json(TaskPage::new(&tasks, more, &query)))
 }
 
 pub async fn redrive(

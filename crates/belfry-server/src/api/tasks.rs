@@ -189,8 +189,8 @@ pub async fn list(
     let query = page_query(query, PAGE_QUERY_FORM)?;
     let after = query.after.as_deref().map(task_id).transpose()?;
     let limit = page_limit(query.limit, TASK_PAGE_DEFAULT, TASK_PAGE_MAX)?;
-    let tasks = service.list_tasks(&queue, after, limit).await?;
-    Ok(Json(TaskPage::new(&tasks, limit, &query)))
+    let (tasks, more) = service.list_tasks(&queue, after, limit).await?;
+    Ok(Json(TaskPage::new(&tasks, more, &query)))
 }
 
 pub async fn get(

@@ -33,12 +33,14 @@ impl Service {
         queue: &QueueName,
         after: Option<TaskId>,
         limit: usize,
-    ) -> Result<Vec<Task>> {
+    ) -> Result<(Vec<Task>, bool)> {
         self.runtime(queue).await?;
         let name = queue.clone();
         let limit = limit.min(DEAD_PAGE_MAX);
-        self.blocking(move |s| Ok(s.list_dead(&name, after, limit)?))
-            .await
+        self.blocking(move |s| {
+            super::pages::read_page(limit, after, |after, n| Ok(s.list_dead(&name, after, n)?))
+        })
+        .await
     }
 
     pub async fn redrive(&self, queue: &QueueName, id: TaskId) -> Result<Task> {

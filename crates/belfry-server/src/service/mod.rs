@@ -10,6 +10,7 @@
 mod cancel_many;
 mod dead;
 mod leases;
+mod pages;
 mod queues;
 mod tasks;
 
@@ -31,6 +32,7 @@ pub use crate::shared::{Result, ServiceError};
 pub use cancel_many::{CancelPick, CancelledMany, CANCEL_MANY_MAX};
 pub use dead::{DeadPick, Settled};
 pub use leases::NackResult;
+pub use pages::PAGE_PAYLOAD_BYTES_MAX;
 pub use queues::QueuePatch;
 
 /// Dead letters listed per page at most.

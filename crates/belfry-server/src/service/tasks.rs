@@ -33,19 +33,24 @@ impl Service {
     }
 
     /// A page of the queue's live tasks (scheduled or leased), after the task `after`, in the
-    /// store's listing order (see `Store::list_tasks`).
+    /// store's listing order (see `Store::list_tasks`), and whether more may follow (a page
+    /// ends early once its payloads reach [`super::PAGE_PAYLOAD_BYTES_MAX`]).
     pub async fn list_tasks(
         &self,
         queue: &QueueName,
         after: Option<TaskId>,
         limit: usize,
-    ) -> Result<Vec<Task>> {
+    ) -> Result<(Vec<Task>, bool)> {
         self.runtime(queue).await?;
         let name = queue.clone();
         let now_ms = self.now_ms();
         let limit = limit.min(super::TASK_PAGE_MAX);
-        self.blocking(move |s| Ok(s.list_tasks(&name, after, limit, now_ms)?))
-            .await
+        self.blocking(move |s| {
+            super::pages::read_page(limit, after, |after, n| {
+                Ok(s.list_tasks(&name, after, n, now_ms)?)
+            })
+        })
+        .await
     }
 
     pub async fn get_task(&self, queue: &QueueName, id: TaskId) -> Result<Task> {

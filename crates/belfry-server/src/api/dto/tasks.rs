@@ -269,13 +269,12 @@ pub struct TaskPage {
 }
 
 impl TaskPage {
-    /// The page of `tasks` read with `limit` and shown as `query` asks. A full page may
-    /// have more after it; a shorter one is the last.
-    pub fn new(tasks: &[Task], limit: usize, query: &TaskPageQuery) -> Self {
-        let next_after = if tasks.len() == limit {
-            tasks.last().map(|t| t.id.to_string())
-        } else {
-            None
+    /// The page of `tasks`, shown as `query` asks; `more`: tasks may follow it (a page ends
+    /// early once its payloads are large, so a short page is not always the last).
+    pub fn new(tasks: &[Task], more: bool, query: &TaskPageQuery) -> Self {
+        let next_after = match more {
+            true => tasks.last().map(|t| t.id.to_string()),
+            false => None,
         };
         let payload = query.payload != Some(false);
         let tasks = tasks
