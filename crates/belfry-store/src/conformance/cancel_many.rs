@@ -104,7 +104,8 @@ pub fn cancel_many_empties_far_buckets(h: &mut dyn Harness) {
             .unwrap();
         assert!(early.leased.is_empty(), "{reopened}");
     }
-    let left: Vec<TaskId> = last.iter().map(|(_, id)| **id).collect();
+    let mut left: Vec<TaskId> = last.iter().map(|(_, id)| **id).collect();
+    left.sort();
     let claimed = h
         .store()
         .claim(&q("a"), 41 * DAY, 10, 1_000)
