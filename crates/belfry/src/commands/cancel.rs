@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context};
 use belfry_client::{CancelManyAnswer, CancelSelection, Request};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{print_api_error, print_body, run_empty, say, Remote};
 
@@ -75,11 +74,7 @@ async fn cancel_in_batches(
     by_key: bool,
 ) -> anyhow::Result<CancelManyAnswer> {
     let client = super::client(remote)?;
-    let bar = ProgressBar::with_draw_target(Some(named.len() as u64), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} tasks ({per_sec}, {eta} left)")
-            .map_err(|e| anyhow!("progress bar template: {e}"))?,
-    );
+    let bar = super::streamed::count_bar(Some(named.len() as u64), "tasks")?;
     let mut total = CancelManyAnswer {
         cancelled: 0,
         not_scheduled: Vec::new(),

@@ -2,7 +2,6 @@
 
 use belfry_client::{DeadBulkAnswer, DeadPage, DeadSelection, NotDead, Request, Task};
 use clap::Subcommand;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use super::{run, run_empty, say};
 use crate::commands::Remote;
@@ -184,11 +183,7 @@ async fn settle(remote: &Remote, queue: &str, which: Which, action: Action) -> a
         false => Ok(which.ids.len() as u64),
     };
     let known = known.or_else(|error| stopped(remote, action, &total, error))?;
-    let bar = ProgressBar::with_draw_target(Some(known), ProgressDrawTarget::stderr());
-    bar.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} dead letters ({per_sec}, {eta} left)")
-            .map_err(|e| anyhow::anyhow!("progress bar template: {e}"))?,
-    );
+    let bar = super::streamed::count_bar(Some(known), "dead letters")?;
     let mut named = which.ids.chunks(DEAD_BATCH_MAX);
     let mut after: Option<String> = None;
     loop {

@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 
-use anyhow::{anyhow, bail, Context};
+use anyhow::{bail, Context};
 use belfry_client::{Queue, Request};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::ProgressBar;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -138,7 +138,9 @@ pub(crate) async fn export(
             return Err(error.into());
         }
     };
-    let bar = progress(total.map(|q| q.pending.unwrap_or(0) + q.in_flight.unwrap_or(0)))?;
+    // Out of the queue's count when the export began (tasks added since make it run past).
+    let total = total.map(|q| q.pending.unwrap_or(0) + q.in_flight.unwrap_or(0));
+    let bar = super::streamed::count_bar(total, "tasks")?;
     let exported = match file {
         Some(path) if path != Path::new("-") => to_file(remote, queue, path, &bar).await?,
         _ => {
@@ -234,18 +236,4 @@ async fn write_pages(
             None => return Ok(exported),
         }
     }
-}
-
-/// A bar of tasks written, out of `total` (the queue's count when the export began; tasks
-/// added since make it run past), or a counter when the count is unknown.
-fn progress(total: Option<u64>) -> anyhow::Result<ProgressBar> {
-    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
-    let template = match total {
-        Some(_) => "{bar:40} {pos}/{len} tasks ({per_sec}, {eta} left)",
-        None => "{spinner} {pos} tasks ({per_sec})",
-    };
-    let style = ProgressStyle::with_template(template)
-        .map_err(|e| anyhow!("progress bar template: {e}"))?;
-    bar.set_style(style);
-    Ok(bar)
 }

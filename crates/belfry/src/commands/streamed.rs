@@ -49,6 +49,20 @@ pub(crate) async fn file_body(flag: &str, path: &Path) -> anyhow::Result<(BulkBo
     Ok((BulkBody::reader(counted), bar))
 }
 
+/// A bar on stderr (drawn only at a terminal) of `noun` done, out of `total` when it is known,
+/// else a counter: what every command that walks many tasks shows.
+pub(crate) fn count_bar(total: Option<u64>, noun: &str) -> anyhow::Result<ProgressBar> {
+    let bar = ProgressBar::with_draw_target(total, ProgressDrawTarget::stderr());
+    let template = match total {
+        Some(_) => format!("{{bar:40}} {{pos}}/{{len}} {noun} ({{per_sec}}, {{eta}} left)"),
+        None => format!("{{spinner}} {{pos}} {noun} ({{per_sec}})"),
+    };
+    let style = ProgressStyle::with_template(&template)
+        .map_err(|e| anyhow!("progress bar template: {e}"))?;
+    bar.set_style(style);
+    Ok(bar)
+}
+
 /// Counts the bytes read from `inner` on a progress bar.
 struct Counted<R> {
     inner: R,
