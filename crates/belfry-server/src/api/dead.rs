@@ -9,7 +9,7 @@ use belfry_store::DeadAction;
 use super::dto::{DeadBulkAnswer, DeadBulkBody, NotDeadEntry, TaskPage, TaskPageQuery, TaskView};
 use super::error::{ApiError, ErrorCode};
 use super::extract::{
-    page_limit, page_query, task_id, JsonBody, QueuePath, TaskPath, PAGE_QUERY_FORM,
+    page_limit, page_query, task_id, task_ids, JsonBody, QueuePath, TaskPath, PAGE_QUERY_FORM,
 };
 use super::AppState;
 use crate::service::{DeadPick, DEAD_PAGE_MAX};
@@ -98,20 +98,7 @@ async fn settle(
 fn pick(body: DeadBulkBody) -> Result<DeadPick, ApiError> {
     let invalid = |message: String| ApiError::new(ErrorCode::InvalidRequest, message);
     match (body.ids, body.limit) {
-        (Some(ids), None) => {
-            if ids.is_empty() || ids.len() > DEAD_PAGE_MAX {
-                return Err(invalid(format!(
-                    "ids must name between 1 and {DEAD_PAGE_MAX} tasks, got {}",
-                    ids.len()
-                )));
-            }
-            let parsed = ids.iter().enumerate().map(|(i, text)| {
-                text.parse().map_err(|e: belfry_core::ParseTaskIdError| {
-                    ApiError::new(ErrorCode::InvalidTaskId, format!("ids[{i}]: {e}"))
-                })
-            });
-            Ok(DeadPick::Ids(parsed.collect::<Result<_, _>>()?))
-        }
+        (Some(ids), None) => Ok(DeadPick::Ids(task_ids(&ids, DEAD_PAGE_MAX)?)),
         (None, Some(limit)) => Ok(DeadPick::First(page_limit(
             Some(limit),
             DEAD_PAGE_MAX,

@@ -188,6 +188,25 @@ pub fn task_id(text: &str) -> Result<TaskId, ApiError> {
     })
 }
 
+/// The task ids of a bulk body's `ids` field: 1 to `max` of them, each parsed, an error
+/// naming the one at fault by its index (`ids[3]: ...`).
+pub fn task_ids(ids: &[String], max: usize) -> Result<Vec<TaskId>, ApiError> {
+    if ids.is_empty() || ids.len() > max {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("ids must name between 1 and {max} tasks, got {}", ids.len()),
+        ));
+    }
+    ids.iter()
+        .enumerate()
+        .map(|(i, text)| {
+            text.parse().map_err(|e: belfry_core::ParseTaskIdError| {
+                ApiError::new(ErrorCode::InvalidTaskId, format!("ids[{i}]: {e}"))
+            })
+        })
+        .collect()
+}
+
 /// `{queue}` from the path, validated.
 pub struct QueuePath(pub QueueName);
 

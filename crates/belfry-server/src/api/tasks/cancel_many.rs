@@ -6,7 +6,7 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::super::error::{ApiError, ErrorCode};
-use super::super::extract::{JsonBody, QueuePath};
+use super::super::extract::{task_ids, JsonBody, QueuePath};
 use super::super::AppState;
 use crate::service::{CancelPick, CANCEL_MANY_MAX};
 
@@ -59,26 +59,15 @@ pub async fn cancel_many(
 /// The tasks a body names: 1 to 1,000 ids or keys.
 fn pick(body: CancelManyBody) -> Result<CancelPick, ApiError> {
     let invalid = |message: String| ApiError::new(ErrorCode::InvalidRequest, message);
-    let count = |field: &str, n: usize| {
-        if n == 0 || n > CANCEL_MANY_MAX {
-            return Err(invalid(format!(
-                "{field} must name between 1 and {CANCEL_MANY_MAX} tasks, got {n}"
-            )));
-        }
-        Ok(())
-    };
     match (body.ids, body.keys) {
-        (Some(ids), None) => {
-            count("ids", ids.len())?;
-            let parsed = ids.iter().enumerate().map(|(i, text)| {
-                text.parse().map_err(|e: belfry_core::ParseTaskIdError| {
-                    ApiError::new(ErrorCode::InvalidTaskId, format!("ids[{i}]: {e}"))
-                })
-            });
-            Ok(CancelPick::Ids(parsed.collect::<Result<_, _>>()?))
-        }
+        (Some(ids), None) => Ok(CancelPick::Ids(task_ids(&ids, CANCEL_MANY_MAX)?)),
         (None, Some(keys)) => {
-            count("keys", keys.len())?;
+            if keys.is_empty() || keys.len() > CANCEL_MANY_MAX {
+                return Err(invalid(format!(
+                    "keys must name between 1 and {CANCEL_MANY_MAX} tasks, got {}",
+                    keys.len()
+                )));
+            }
             for (i, key) in keys.iter().enumerate() {
                 if key.is_empty() || key.len() > belfry_core::limits::IDEMPOTENCY_KEY_LEN_MAX {
                     return Err(invalid(format!(
