@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A/B: cancel 5,000 tasks (5 requests of 1,000) through `belfry task cancel --ids-file` on a
-# Redis-backed server, for the binary $1. Prints milliseconds.
+# Redis-backed server, for the binary $1. Prints milliseconds. Needs `redis-server` on PATH
+# (scripts/redis-install.sh installs one) and curl; starts and stops its own Redis on port 17601
+# and server on 17602.
 set -euo pipefail
 bin=$1
 dir=$(mktemp -d /tmp/cab.XXXX)
